@@ -1,0 +1,102 @@
+//! Starting `palisade-helper` with its calling convention: the plan on fd 3
+//! (a sealed-size memfd, never argv), the status channel on fd 4, and the
+//! run's cgroup directory on fd 5 when there is one. The environment is empty.
+
+use palisade_protocol::HelperRecord;
+use palisade_protocol::status::decode_records;
+use std::fs::File;
+use std::io::{self, Read, Seek, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+/// An outer resource limit set on the helper process itself (hard and soft),
+/// before it runs: a bound the sandbox cannot lift, used by tests.
+#[derive(Debug, Clone, Copy)]
+pub struct OuterLimit {
+    pub resource: libc::__rlimit_resource_t,
+    pub value: u64,
+}
+
+pub struct HelperCommand {
+    pub helper: PathBuf,
+    pub plan: Vec<u8>,
+    pub cgroup_dir: Option<OwnedFd>,
+    pub stdin: Stdio,
+    pub stdout: Stdio,
+    pub stderr: Stdio,
+    pub outer_limits: Vec<OuterLimit>,
+}
+
+pub struct HelperChild {
+    pub child: Child,
+    /// Read end of the status channel.
+    pub status: File,
+}
+
+impl HelperChild {
+    /// Reads every status record; call after the helper has exited (the
+    /// channel reaches end-of-file when the last holder closes it).
+    pub fn read_status(&mut self) -> io::Result<Vec<HelperRecord>> {
+        let mut bytes = Vec::new();
+        (&mut self.status).take(1 << 20).read_to_end(&mut bytes)?;
+        decode_records(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+}
+
+fn memfd_with(bytes: &[u8]) -> io::Result<File> {
+    let fd = nix::sys::memfd::memfd_create(c"palisade-plan", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
+    let mut file = File::from(fd);
+    file.write_all(bytes)?;
+    file.rewind()?;
+    Ok(file)
+}
+
+/// Moves `fds[i]` to descriptor `3 + i` in the child, between fork and exec.
+/// Only async-signal-safe calls: first every source is duplicated above the
+/// targets (so no target clobbers a source), then dup2 into place, which also
+/// clears close-on-exec on the targets.
+fn install_fds(fds: &[RawFd], limits: &[OuterLimit]) -> io::Result<()> {
+    let mut high = [0; 3];
+    for (i, fd) in fds.iter().enumerate() {
+        // SAFETY: fcntl on a descriptor number; no memory is passed.
+        high[i] = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10) };
+        if high[i] < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    for (i, fd) in high.iter().take(fds.len()).enumerate() {
+        // SAFETY: dup2 between two descriptor numbers; no memory is passed.
+        if unsafe { libc::dup2(*fd, 3 + i as RawFd) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    for limit in limits {
+        let value = libc::rlimit { rlim_cur: limit.value, rlim_max: limit.value };
+        // SAFETY: `value` is a valid rlimit that outlives the call.
+        if unsafe { libc::setrlimit(limit.resource, &value) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
+    let plan = memfd_with(&cmd.plan)?;
+    let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let mut fds = vec![plan.as_raw_fd(), status_write.as_raw_fd()];
+    if let Some(dir) = &cmd.cgroup_dir {
+        fds.push(dir.as_raw_fd());
+    }
+    let limits = cmd.outer_limits.clone();
+    let mut command = Command::new(&cmd.helper);
+    command.env_clear().stdin(cmd.stdin).stdout(cmd.stdout).stderr(cmd.stderr);
+    // SAFETY: the closure only calls async-signal-safe functions (fcntl, dup2, setrlimit).
+    unsafe {
+        command.pre_exec(move || install_fds(&fds, &limits));
+    }
+    let child = command.spawn()?;
+    drop(status_write);
+    Ok(HelperChild { child, status: File::from(status_read) })
+}

@@ -1,0 +1,144 @@
+//! Landlock, after the mounts (a restricted process can no longer mount) and
+//! before seccomp. The plan's required features are hard requirements; the
+//! rest is best effort, and what the kernel actually enforced is reported.
+
+use crate::error::{self, Context, HelperError, Result, fail};
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, LandlockStatus, NetPort,
+    PathBeneath, PathFd, RulesetAttr, RulesetCreatedAttr, RulesetError, RulesetStatus, Scope,
+};
+use nix::errno::Errno;
+use nix::sys::stat::{SFlag, fstat};
+use palisade_protocol::{
+    HelperRecord, LandlockFeatures as F, LandlockPlan, LandlockReport, RulesetState, Stage,
+};
+
+/// The newest ABI the plan's features need; newer rights are not handled.
+const ABI_USED: ABI = ABI::V6;
+
+pub fn restrict_self(plan: &LandlockPlan) -> Result<()> {
+    if plan.wanted.is_empty() {
+        return Ok(());
+    }
+    let level =
+        |f: F| if plan.required.contains(f) { CompatLevel::HardRequirement } else { CompatLevel::BestEffort };
+    let want = |f: F| plan.wanted.contains(f);
+    let failed = |f: F| move |e: RulesetError| unsupported(f, e);
+
+    let mut ruleset = landlock::Ruleset::default();
+    let mut handled = BitFlags::<AccessFs>::empty();
+    if want(F::FS) {
+        handled |= AccessFs::from_all(ABI::V1);
+        ruleset = ruleset
+            .set_compatibility(level(F::FS))
+            .handle_access(AccessFs::from_all(ABI::V1))
+            .map_err(failed(F::FS))?;
+    }
+    if want(F::FS_REFER) {
+        handled |= AccessFs::Refer;
+        ruleset = ruleset
+            .set_compatibility(level(F::FS_REFER))
+            .handle_access(AccessFs::Refer)
+            .map_err(failed(F::FS_REFER))?;
+    }
+    if want(F::FS_TRUNCATE) {
+        handled |= AccessFs::Truncate;
+        ruleset = ruleset
+            .set_compatibility(level(F::FS_TRUNCATE))
+            .handle_access(AccessFs::Truncate)
+            .map_err(failed(F::FS_TRUNCATE))?;
+    }
+    if want(F::NET_TCP) {
+        ruleset = ruleset
+            .set_compatibility(level(F::NET_TCP))
+            .handle_access(AccessNet::from_all(ABI_USED))
+            .map_err(failed(F::NET_TCP))?;
+    }
+    if want(F::SCOPE_ABSTRACT_UNIX) {
+        ruleset = ruleset
+            .set_compatibility(level(F::SCOPE_ABSTRACT_UNIX))
+            .scope(Scope::AbstractUnixSocket)
+            .map_err(failed(F::SCOPE_ABSTRACT_UNIX))?;
+    }
+    if want(F::SCOPE_SIGNAL) {
+        ruleset = ruleset
+            .set_compatibility(level(F::SCOPE_SIGNAL))
+            .scope(Scope::Signal)
+            .map_err(failed(F::SCOPE_SIGNAL))?;
+    }
+    // Rules grant within what is handled; rights the kernel lacks were dealt with above.
+    let mut created = ruleset.create().map_err(general)?.set_compatibility(CompatLevel::BestEffort);
+    let read = AccessFs::ReadFile | AccessFs::ReadDir;
+    // Everything but creating device nodes.
+    let write = read | AccessFs::from_write(ABI_USED) & !(AccessFs::MakeChar | AccessFs::MakeBlock);
+    let groups: [(&Vec<String>, BitFlags<AccessFs>); 4] = [
+        (&plan.read, read),
+        (&plan.write, write),
+        (&plan.execute, AccessFs::Execute.into()),
+        (&plan.list, AccessFs::ReadDir.into()),
+    ];
+    for (paths, access) in groups {
+        for path in paths {
+            created = created.add_rule(path_rule(path, access & handled)?).map_err(general)?;
+        }
+    }
+    for (ports, access) in [(&plan.tcp_bind, AccessNet::BindTcp), (&plan.tcp_connect, AccessNet::ConnectTcp)]
+    {
+        for port in ports {
+            created = created.add_rule(NetPort::new(*port, access)).map_err(general)?;
+        }
+    }
+    let status = created.restrict_self().map_err(general)?;
+    let abi = match status.landlock {
+        LandlockStatus::Available { effective_abi, .. } => effective_abi as u32,
+        _ => 0,
+    };
+    let (ruleset, enforced) = match status.ruleset {
+        RulesetStatus::FullyEnforced => (RulesetState::Full, plan.wanted),
+        RulesetStatus::PartiallyEnforced => {
+            (RulesetState::Partial, plan.wanted.intersection(F::supported_by_abi(abi)))
+        }
+        RulesetStatus::NotEnforced => (RulesetState::NotEnforced, F::EMPTY),
+    };
+    let missing = plan.required.difference(enforced);
+    if !missing.is_empty() {
+        return Err(fail(
+            Stage::Landlock,
+            Errno::EOPNOTSUPP,
+            format!("required Landlock features not enforced: {missing}"),
+        ));
+    }
+    error::send(&HelperRecord::Landlock(LandlockReport { abi, enforced, ruleset }));
+    Ok(())
+}
+
+fn path_rule(path: &str, access: BitFlags<AccessFs>) -> Result<PathBeneath<PathFd>> {
+    let fd = PathFd::new(path).map_err(|e| {
+        let errno = std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .and_then(|io| io.raw_os_error())
+            .map_or(Errno::UnknownErrno, Errno::from_raw);
+        fail(Stage::Landlock, errno, format!("open {path} for a Landlock rule: {errno:?}"))
+    })?;
+    let is_dir = fstat(&fd).at(Stage::Landlock, || format!("stat {path}"))?.st_mode & SFlag::S_IFMT.bits()
+        == SFlag::S_IFDIR.bits();
+    // A rule on a file may only carry rights that make sense for a file.
+    let access = if is_dir { access } else { access & AccessFs::from_file(ABI_USED) };
+    Ok(PathBeneath::new(fd, access))
+}
+
+fn unsupported(feature: F, e: RulesetError) -> HelperError {
+    fail(
+        Stage::Landlock,
+        Errno::EOPNOTSUPP,
+        format!("the policy requires Landlock {feature}, which this kernel lacks: {e}"),
+    )
+}
+
+fn general(e: RulesetError) -> HelperError {
+    let errno = std::error::Error::source(&e)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .and_then(|io| io.raw_os_error())
+        .map_or(Errno::UnknownErrno, Errno::from_raw);
+    fail(Stage::Landlock, errno, format!("landlock: {e}"))
+}

@@ -1,0 +1,63 @@
+//! The sandbox dies with whoever started it.
+//!
+//! Every process of the chain (helper, pid 1, command) asks the kernel for
+//! SIGKILL when its parent dies, then checks that the parent did not die
+//! before the request was in place. The kernel forgets the request on fork
+//! and on credential changes, so it is re-armed after each.
+
+use crate::error::{Context, Result, fail};
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::prctl;
+use nix::sys::signal::Signal;
+use nix::unistd::getppid;
+use palisade_protocol::Stage;
+use std::os::fd::{AsFd, OwnedFd};
+
+fn request_death_signal() -> Result<()> {
+    prctl::set_pdeathsig(Signal::SIGKILL).at(Stage::Lifeline, || "PR_SET_PDEATHSIG(SIGKILL)".into())
+}
+
+/// Arms the death signal against the caller, whose pid the plan names.
+pub fn arm_against_caller(expected_parent: u32) -> Result<()> {
+    request_death_signal()?;
+    let parent = getppid().as_raw();
+    if u32::try_from(parent).ok() != Some(expected_parent) {
+        return Err(fail(
+            Stage::Lifeline,
+            Errno::ESRCH,
+            format!("parent is pid {parent}, the plan expects {expected_parent}: the caller is gone"),
+        ));
+    }
+    Ok(())
+}
+
+/// A pipe between a parent and the child it forks: the parent holds the
+/// write end and never writes, so the child sees a hang-up exactly when the
+/// parent is gone. It works across pid namespaces, where getppid() says 0.
+pub struct Tether {
+    pub parent_end: OwnedFd,
+    pub child_end: OwnedFd,
+}
+
+pub fn tether() -> Result<Tether> {
+    let (child_end, parent_end) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC).at(Stage::Lifeline, || "pipe for the lifeline".into())?;
+    Ok(Tether { parent_end, child_end })
+}
+
+/// Arms (or re-arms) the death signal in a forked child, then checks the tether.
+pub fn arm_in_child(child_end: &OwnedFd) -> Result<()> {
+    request_death_signal()?;
+    let mut fds = [PollFd::new(child_end.as_fd(), PollFlags::POLLIN)];
+    let ready = poll(&mut fds, PollTimeout::ZERO).at(Stage::Lifeline, || "poll the lifeline".into())?;
+    if ready != 0 {
+        return Err(fail(
+            Stage::Lifeline,
+            Errno::ESRCH,
+            "the parent exited before the death signal was armed",
+        ));
+    }
+    Ok(())
+}

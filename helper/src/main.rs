@@ -1,0 +1,106 @@
+//! palisade-helper: builds one sandbox from a JailPlan, then execs the command.
+//!
+//! The broker spawns it with the plan on fd 3, the status channel on fd 4 and,
+//! when the plan names a cgroup, that cgroup's directory on fd 5. It has no
+//! setuid bit and no privilege of its own: everything it may do beyond an
+//! ordinary process comes from the user namespace it creates. Each step below
+//! either succeeds or reports `(stage, errno)` on fd 4, and the helper exits
+//! without exec. Nothing after a failed step runs.
+
+mod cgroup;
+mod creds;
+mod error;
+mod exec;
+mod fds;
+mod landlock;
+mod lifeline;
+mod monitor;
+mod mounts;
+mod net;
+mod rlimits;
+mod seccomp;
+mod session;
+mod userns;
+mod uts;
+
+use error::{Context, Result, fail};
+use monitor::Role;
+use nix::errno::Errno;
+use nix::sys::prctl;
+use palisade_protocol::{JailPlan, Stage};
+use std::convert::Infallible;
+
+fn main() {
+    if std::env::args_os().len() > 1 {
+        eprintln!(
+            "palisade-helper takes no arguments: the broker passes the plan on fd 3 (see ARCHITECTURE.md)"
+        );
+        std::process::exit(2);
+    }
+    let Err(err) = contain();
+    error::report(&err);
+    std::process::exit(error::EXIT_HELPER_FAILED);
+}
+
+fn contain() -> Result<Infallible> {
+    // Never gain privileges through exec, from here on.
+    prctl::set_no_new_privs().at(Stage::NoNewPrivs, || "PR_SET_NO_NEW_PRIVS".into())?;
+    fds::check_conventions()?;
+    let plan = fds::read_plan()?;
+    check(&plan)?;
+    fds::close_on_exec_above_stdio()?;
+    lifeline::arm_against_caller(plan.parent_pid)?;
+    if let Some(path) = &plan.cgroup {
+        // Before the namespaces: this cgroup becomes the root of the sandbox's cgroup namespace.
+        cgroup::join(path)?;
+    }
+    let tether = if plan.namespaces.user {
+        userns::enter(&plan.namespaces, plan.uid, plan.gid)?;
+        // The outer helper stays behind as monitor; its child is pid 1 of the new pid namespace.
+        let _to_monitor = monitor::fork_watched(Role::Relay)?;
+        mounts::build_root(&plan.mounts)?;
+        if let Some(name) = &plan.hostname {
+            uts::set_hostname(name)?;
+        }
+        if plan.loopback {
+            net::loopback_up()?;
+        }
+        // pid 1 stays as a tiny init; the command runs in its child.
+        monitor::fork_watched(Role::Init)?
+    } else {
+        monitor::fork_watched(Role::Reaper)?
+    };
+    rlimits::apply(&plan.rlimits)?;
+    creds::switch_ids_and_drop_capabilities(plan.uid, plan.gid)?;
+    // The kernel clears the death signal when credentials change.
+    lifeline::arm_in_child(&tether)?;
+    drop(tether);
+    // After the mounts (a Landlock-restricted process cannot mount), before seccomp.
+    landlock::restrict_self(&plan.landlock)?;
+    let command = exec::prepare(&plan)?;
+    session::enter_cwd(&plan.cwd)?;
+    session::new_session()?;
+    // Last before execve, so the filter need not allow anything the helper does.
+    seccomp::install(&plan.seccomp)?;
+    exec::exec(command)
+}
+
+/// What the helper can do with a plan: namespaces need a user namespace to own
+/// them, and a sandbox root needs mount and pid namespaces.
+fn check(plan: &JailPlan) -> Result<()> {
+    let ns = &plan.namespaces;
+    let problem = if !ns.user && (!ns.names().is_empty() || !plan.mounts.is_empty()) {
+        "namespaces or mounts without a user namespace"
+    } else if ns.user && !(ns.mount && ns.pid) {
+        "a user namespace without mount and pid namespaces"
+    } else if plan.hostname.is_some() && !ns.uts {
+        "a hostname without a UTS namespace"
+    } else if plan.loopback && !ns.net {
+        "loopback without a network namespace"
+    } else if !plan.program.starts_with('/') {
+        "a program path that is not absolute"
+    } else {
+        return Ok(());
+    };
+    Err(fail(Stage::Plan, Errno::EINVAL, format!("the plan asks for {problem}")))
+}

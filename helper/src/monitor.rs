@@ -1,0 +1,143 @@
+//! Forking a watched child.
+//!
+//! The parent of each fork becomes a monitor that never returns: it relays
+//! signals, reaps, and exits with the child's status. Three roles:
+//! - `Relay`: the outer helper in Tier C, watching pid 1 of the new pid namespace;
+//! - `Init`: pid 1 in Tier C, watching the command; when it exits the kernel
+//!   kills whatever is left in the namespace;
+//! - `Reaper`: the helper in Tier B, a child subreaper that kills every
+//!   remaining descendant when the command ends.
+//!
+//! SIGTERM to the helper means "tear the sandbox down now".
+
+use crate::error::{self, Context, Result};
+use crate::{creds, lifeline};
+use nix::errno::Errno;
+use nix::sys::prctl;
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{ForkResult, Pid, fork, getpid};
+use palisade_protocol::{ExitReport, HelperRecord, Stage};
+use std::os::fd::OwnedFd;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Relay,
+    Init,
+    Reaper,
+}
+
+const WATCHED: [Signal; 7] = [
+    Signal::SIGCHLD,
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+
+/// Forks. Returns in the child only, with its end of the lifeline tether.
+pub fn fork_watched(role: Role) -> Result<OwnedFd> {
+    if role == Role::Reaper {
+        // Orphans of the command are re-parented to us instead of escaping to init.
+        prctl::set_child_subreaper(true).at(Stage::Monitor, || "PR_SET_CHILD_SUBREAPER".into())?;
+    }
+    let tether = lifeline::tether()?;
+    let mut watched = SigSet::empty();
+    WATCHED.iter().for_each(|s| watched.add(*s));
+    // Blocked before fork, so no signal is lost between fork and sigwait; a
+    // blocked signal is queued even for a pid 1 that has no handler.
+    let previous =
+        watched.thread_swap_mask(SigmaskHow::SIG_BLOCK).at(Stage::Monitor, || "block signals".into())?;
+    // SAFETY: the helper is single-threaded, so the child may run any code after fork.
+    match unsafe { fork() }.at(Stage::Fork, || "fork".into())? {
+        ForkResult::Child => {
+            drop(tether.parent_end);
+            // The command must not inherit a blocked signal mask.
+            previous.thread_set_mask().at(Stage::Monitor, || "restore the signal mask".into())?;
+            lifeline::arm_in_child(&tether.child_end)?;
+            Ok(tether.child_end)
+        }
+        ForkResult::Parent { child } => {
+            drop(tether.child_end);
+            if role == Role::Init {
+                // pid 1 needs no privilege to reap and relay.
+                if let Err(e) = creds::drop_capabilities() {
+                    error::report(&e);
+                    let _ = kill(child, Signal::SIGKILL);
+                    std::process::exit(error::EXIT_HELPER_FAILED);
+                }
+            }
+            watch(child, role, &watched, tether.parent_end)
+        }
+    }
+}
+
+fn watch(child: Pid, role: Role, watched: &SigSet, _tether: OwnedFd) -> ! {
+    loop {
+        let Ok(signal) = watched.wait() else { continue };
+        match signal {
+            Signal::SIGCHLD => {
+                if let Some(status) = reap(child) {
+                    finish(status, role)
+                }
+            }
+            Signal::SIGTERM if role != Role::Init => {
+                // Best effort: the child may already be gone, and SIGCHLD follows either way.
+                let _ = kill(Pid::from_raw(-child.as_raw()), Signal::SIGKILL);
+                let _ = kill(child, Signal::SIGKILL);
+            }
+            other => {
+                // Relayed to the command's process group (it called setsid), else to the child.
+                if kill(Pid::from_raw(-child.as_raw()), other).is_err() {
+                    let _ = kill(child, other);
+                }
+            }
+        }
+    }
+}
+
+/// Reaps every exited process; returns the child's status once it has ended.
+fn reap(child: Pid) -> Option<ExitReport> {
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == child => return Some(ExitReport::Code(code)),
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
+                return Some(ExitReport::Signal(sig as i32));
+            }
+            Ok(WaitStatus::StillAlive) | Err(_) => return None,
+            Ok(_) => {}
+        }
+    }
+}
+
+fn finish(report: ExitReport, role: Role) -> ! {
+    if role != Role::Relay {
+        error::send(&HelperRecord::Exit(report));
+    }
+    if role == Role::Reaper {
+        kill_descendants();
+    }
+    std::process::exit(match report {
+        ExitReport::Code(code) => code,
+        ExitReport::Signal(sig) => 128 + sig,
+    })
+}
+
+/// Kills what the command left behind. Each killed process's children are
+/// re-parented to us (the subreaper), so repeating until nothing is left
+/// catches processes that double-forked and called setsid.
+fn kill_descendants() {
+    let me = getpid();
+    loop {
+        let children = std::fs::read_to_string(format!("/proc/self/task/{me}/children")).unwrap_or_default();
+        for pid in children.split_whitespace().filter_map(|p| p.parse().ok()) {
+            // ESRCH just means it already died.
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        if waitpid(None, None) == Err(Errno::ECHILD) {
+            return;
+        }
+    }
+}

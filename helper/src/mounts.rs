@@ -1,0 +1,243 @@
+//! The sandbox's root: a read-only tmpfs holding exactly the plan's mounts.
+//!
+//! Bind sources are captured with `open_tree` before anything is mounted, so a
+//! source under the staging directory (a workspace in /tmp, say) stays
+//! reachable. Attributes (read-only, nosuid, nodev) are set on each detached
+//! copy, recursively, before it is attached: the sandbox never sees a
+//! writable moment of a read-only bind.
+
+use crate::error::{Context, Result, fail};
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, open};
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::stat::{Mode, SFlag, fstat};
+use nix::unistd::{chdir, mkdir, pivot_root, symlinkat};
+use palisade_protocol::{Mount, Stage};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// Where the new root is assembled; after `pivot_root` nothing of it shows.
+const STAGING: &str = "/tmp";
+const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+const DEV_LINKS: [(&str, &str); 5] = [
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+    ("ptmx", "pts/ptmx"),
+];
+
+pub fn build_root(mounts: &[Mount]) -> Result<()> {
+    check_targets(mounts)?;
+    // Nothing mounted from here on may propagate back to the host.
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .at(Stage::Mounts, || "make / private".into())?;
+    let sources = mounts.iter().map(capture).collect::<Result<Vec<_>>>()?;
+    let fs_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount(Some("tmpfs"), STAGING, Some("tmpfs"), fs_flags, Some("size=1m,mode=0755"))
+        .at(Stage::Mounts, || "mount the new root's tmpfs".into())?;
+    chdir(STAGING).at(Stage::Mounts, || "chdir to the new root".into())?;
+    for (m, source) in mounts.iter().zip(sources) {
+        place(m, source)?;
+    }
+    // Nothing in the root itself is writable: writable places are explicit mounts.
+    set_attributes(None, ".", libc::MOUNT_ATTR_RDONLY, false)
+        .at(Stage::Mounts, || "make / read-only".into())?;
+    // Swap roots: the old root ends up stacked on the new one, then is detached.
+    pivot_root(".", ".").at(Stage::Mounts, || "pivot_root".into())?;
+    umount2(".", MntFlags::MNT_DETACH).at(Stage::Mounts, || "detach the old root".into())?;
+    chdir("/").at(Stage::Mounts, || "chdir /".into())
+}
+
+/// Targets are absolute and normalized, and none lies beneath a symlink the
+/// plan creates: every path resolves inside the new root, as written.
+fn check_targets(mounts: &[Mount]) -> Result<()> {
+    for (i, m) in mounts.iter().enumerate() {
+        let t = m.target();
+        let normalized = t.starts_with('/') && t[1..].split('/').all(|c| !matches!(c, "" | "." | ".."));
+        let under_link = mounts[..i].iter().any(|earlier| {
+            matches!(earlier, Mount::Symlink { .. })
+                && t.starts_with(earlier.target())
+                && t.as_bytes().get(earlier.target().len()) == Some(&b'/')
+        });
+        if !normalized || t == "/" || under_link {
+            return Err(fail(Stage::Mounts, Errno::EINVAL, format!("bad mount target {t:?}")));
+        }
+    }
+    Ok(())
+}
+
+enum Source {
+    None,
+    Tree(OwnedFd),
+    DevNodes(Vec<OwnedFd>),
+}
+
+fn capture(m: &Mount) -> Result<Source> {
+    Ok(match m {
+        Mount::Bind { source, .. } => Source::Tree(open_tree(source, true)?),
+        Mount::Dev { .. } => Source::DevNodes(
+            DEV_NODES.iter().map(|n| open_tree(&format!("/dev/{n}"), false)).collect::<Result<_>>()?,
+        ),
+        _ => Source::None,
+    })
+}
+
+fn place(m: &Mount, source: Source) -> Result<()> {
+    let rel = &m.target()[1..];
+    let nosuid_nodev = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+    match (m, source) {
+        (Mount::Bind { source, target, writable }, Source::Tree(tree)) => {
+            let is_dir = fstat(&tree).map(|st| SFlag::from_bits_truncate(st.st_mode) == SFlag::S_IFDIR);
+            make_mount_point(rel, is_dir.at(Stage::Mounts, || format!("stat {source}"))?)?;
+            let ro = if *writable { 0 } else { libc::MOUNT_ATTR_RDONLY };
+            let how = if *writable { "read-write" } else { "read-only" };
+            set_attributes(Some(&tree), "", nosuid_nodev | ro, true)
+                .at(Stage::Mounts, || format!("mount {target} {how}"))?;
+            attach(&tree, rel).at(Stage::Mounts, || format!("mount {source} on {target} {how}"))
+        }
+        (Mount::Tmpfs { target, size_bytes, mode }, _) => {
+            make_mount_point(rel, true)?;
+            let data = format!("size={size_bytes},mode={mode:o}");
+            mount(
+                Some("tmpfs"),
+                rel,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some(data.as_str()),
+            )
+            .at(Stage::Mounts, || format!("mount tmpfs on {target}"))
+        }
+        (Mount::Proc { target }, _) => {
+            make_mount_point(rel, true)?;
+            let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+            mount(Some("proc"), rel, Some("proc"), flags, None::<&str>)
+                .at(Stage::Mounts, || format!("mount proc on {target}"))
+        }
+        (Mount::Dev { target }, Source::DevNodes(nodes)) => build_dev(rel, target, nodes),
+        (Mount::Symlink { target, link }, _) => {
+            make_parents(rel)?;
+            symlinkat(link.as_str(), nix::fcntl::AT_FDCWD, rel)
+                .at(Stage::Mounts, || format!("symlink {target} -> {link}"))
+        }
+        _ => Err(fail(Stage::Mounts, Errno::EINVAL, format!("no source captured for {}", m.target()))),
+    }
+}
+
+/// A tmpfs with the host's harmless device nodes bound in, a private devpts
+/// and a small writable /dev/shm; the tmpfs itself ends up read-only.
+fn build_dev(rel: &str, target: &str, nodes: Vec<OwnedFd>) -> Result<()> {
+    make_mount_point(rel, true)?;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
+    mount(Some("tmpfs"), rel, Some("tmpfs"), flags, Some("size=64k,mode=0755"))
+        .at(Stage::Mounts, || format!("mount tmpfs on {target}"))?;
+    for (name, node) in DEV_NODES.iter().zip(nodes) {
+        let path = format!("{rel}/{name}");
+        make_mount_point(&path, false)?;
+        set_attributes(Some(&node), "", libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC, false)
+            .at(Stage::Mounts, || format!("mount {target}/{name} nosuid,noexec"))?;
+        attach(&node, &path).at(Stage::Mounts, || format!("bind /dev/{name} on {target}/{name}"))?;
+    }
+    for (name, link) in DEV_LINKS {
+        symlinkat(link, nix::fcntl::AT_FDCWD, format!("{rel}/{name}").as_str())
+            .at(Stage::Mounts, || format!("symlink {target}/{name} -> {link}"))?;
+    }
+    let (shm, pts) = (format!("{rel}/shm"), format!("{rel}/pts"));
+    make_mount_point(&shm, true)?;
+    mount(Some("tmpfs"), shm.as_str(), Some("tmpfs"), flags | MsFlags::MS_NODEV, Some("size=64m,mode=1777"))
+        .at(Stage::Mounts, || format!("mount tmpfs on {target}/shm"))?;
+    make_mount_point(&pts, true)?;
+    mount(Some("devpts"), pts.as_str(), Some("devpts"), flags, Some("newinstance,ptmxmode=0666,mode=0620"))
+        .at(Stage::Mounts, || format!("mount devpts on {target}/pts"))?;
+    set_attributes(None, rel, libc::MOUNT_ATTR_RDONLY, false)
+        .at(Stage::Mounts, || format!("make {target} read-only"))
+}
+
+fn make_parents(rel: &str) -> Result<()> {
+    let mut path = String::with_capacity(rel.len());
+    for component in rel.split('/').take(rel.split('/').count() - 1) {
+        if !path.is_empty() {
+            path.push('/');
+        }
+        path.push_str(component);
+        match mkdir(path.as_str(), Mode::from_bits_truncate(0o755)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(e).at(Stage::Mounts, || format!("mkdir /{path}")),
+        }
+    }
+    Ok(())
+}
+
+/// Creates a directory or an empty file to mount on, unless it exists.
+fn make_mount_point(rel: &str, dir: bool) -> Result<()> {
+    make_parents(rel)?;
+    let made = if dir {
+        mkdir(rel, Mode::from_bits_truncate(0o755))
+    } else {
+        let flags = OFlag::O_CREAT | OFlag::O_WRONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
+        open(rel, flags, Mode::from_bits_truncate(0o644)).map(drop)
+    };
+    match made {
+        Ok(()) | Err(Errno::EEXIST) => Ok(()),
+        Err(e) => Err(e).at(Stage::Mounts, || format!("create mount point /{rel}")),
+    }
+}
+
+fn cstr(s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| fail(Stage::Mounts, Errno::EINVAL, format!("NUL byte in path {s:?}")))
+}
+
+/// A detached copy of the mount at `path` (and, if `recursive`, below it).
+fn open_tree(path: &str, recursive: bool) -> Result<OwnedFd> {
+    let c = cstr(path)?;
+    let mut flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as u32;
+    }
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) };
+    let fd = Errno::result(fd).at(Stage::Mounts, || format!("capture {path} for binding"))?;
+    // SAFETY: open_tree returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Attaches a detached tree at `rel` (relative to the staging root).
+fn attach(tree: &OwnedFd, rel: &str) -> nix::Result<()> {
+    let to = CString::new(rel).map_err(|_| Errno::EINVAL)?;
+    let empty = c"";
+    // SAFETY: both strings are valid and NUL-terminated; `tree` is an open descriptor.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    Errno::result(rc).map(drop)
+}
+
+/// Sets mount attributes on `path` (relative to `dir`, or the cwd).
+fn set_attributes(dir: Option<&OwnedFd>, path: &str, set: u64, recursive: bool) -> nix::Result<()> {
+    let c = CString::new(path).map_err(|_| Errno::EINVAL)?;
+    let mut flags = if path.is_empty() { libc::AT_EMPTY_PATH } else { 0 };
+    if recursive {
+        flags |= libc::AT_RECURSIVE;
+    }
+    let attr = libc::mount_attr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    let dirfd = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
+    // SAFETY: `c` and `attr` are valid for the duration of the call and `attr`'s size is passed.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            dirfd,
+            c.as_ptr(),
+            flags,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    Errno::result(rc).map(drop)
+}

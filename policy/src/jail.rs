@@ -1,0 +1,236 @@
+//! From a resolved sandbox description to the helper's `JailPlan`.
+//!
+//! Everything host-dependent is decided here: which system directories exist
+//! and which are symlinks (merged /usr), which /etc files a program needs,
+//! what Landlock rules mirror the mounts. The helper receives the result and
+//! decides nothing.
+
+use crate::seccomp;
+use palisade_protocol::{
+    JailPlan, LandlockFeatures, LandlockPlan, Mount, Namespaces, RLIM_INFINITY, Rlimit, Rlimits, Tier,
+};
+use std::path::{Path, PathBuf};
+
+/// System directories made visible read-only (or recreated as symlinks).
+pub const SYSTEM_DIRS: [&str; 7] = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"];
+
+/// The parts of /etc ordinary tools need; everything else in /etc stays hidden.
+pub const ETC_ENTRIES: [&str; 22] = [
+    "/etc/alternatives",
+    "/etc/ca-certificates",
+    "/etc/debian_version",
+    "/etc/gitconfig",
+    "/etc/group",
+    "/etc/host.conf",
+    "/etc/hostname",
+    "/etc/hosts",
+    "/etc/inputrc",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/mime.types",
+    "/etc/nsswitch.conf",
+    "/etc/os-release",
+    "/etc/passwd",
+    "/etc/protocols",
+    "/etc/resolv.conf",
+    "/etc/services",
+    "/etc/ssl",
+    "/etc/timezone",
+];
+
+/// Host device files a Tier B sandbox may use (Tier C gets its own /dev).
+const TIER_B_DEVICES: [&str; 6] =
+    ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"];
+
+/// Resource limits of one run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    pub memory_bytes: u64,
+    pub cpu_seconds: u64,
+    pub processes: u64,
+    pub open_files: u64,
+    pub file_size_bytes: u64,
+    pub tmp_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: 512 << 20,
+            cpu_seconds: 300,
+            processes: 256,
+            open_files: 1024,
+            file_size_bytes: 1 << 30,
+            tmp_bytes: 256 << 20,
+        }
+    }
+}
+
+/// A resolved sandbox: paths are absolute and canonical, the command resolved.
+#[derive(Debug, Clone)]
+pub struct JailSpec {
+    pub tier: Tier,
+    pub program: String,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    /// Writable directories (the workspace first).
+    pub read_write: Vec<PathBuf>,
+    /// Extra read-only files or directories.
+    pub read_only: Vec<PathBuf>,
+    /// Directories from which programs may be executed, beyond the system ones.
+    pub exec_dirs: Vec<PathBuf>,
+    /// Tier B: a private temporary directory created by the broker.
+    pub tmp_dir: Option<PathBuf>,
+    /// Keep the host's network (no network namespace, no Landlock TCP rules).
+    pub host_network: bool,
+    pub limits: Limits,
+    /// Landlock features that must be enforced (the helper fails otherwise).
+    pub landlock_required: LandlockFeatures,
+    pub hostname: String,
+    /// Ids inside the sandbox (the broker's own by default).
+    pub uid: u32,
+    pub gid: u32,
+    pub parent_pid: u32,
+    pub cgroup: Option<String>,
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+fn depth_then_name(a: &Mount, b: &Mount) -> std::cmp::Ordering {
+    let key = |m: &Mount| (m.target().matches('/').count(), m.target().to_string());
+    key(a).cmp(&key(b))
+}
+
+/// The system directories and /etc entries present on this host: symlinks
+/// (as their link text) and real paths.
+fn system_paths() -> (Vec<(String, String)>, Vec<String>) {
+    let mut links = Vec::new();
+    let mut real = Vec::new();
+    for dir in SYSTEM_DIRS {
+        match std::fs::symlink_metadata(dir) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if let Ok(link) = std::fs::read_link(dir) {
+                    links.push((dir.to_string(), s(&link)));
+                }
+            }
+            Ok(m) if m.is_dir() => real.push(dir.to_string()),
+            _ => {}
+        }
+    }
+    real.extend(ETC_ENTRIES.iter().filter(|p| Path::new(p).exists()).map(|p| p.to_string()));
+    (links, real)
+}
+
+/// Builds the plan. Tier C: a private root of read-only system binds, the
+/// writable directories, tmpfs /tmp, fresh /proc and minimal /dev, with
+/// Landlock rules mirroring it. Tier B: the host's root, confined by Landlock
+/// alone.
+pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, seccomp::SeccompError> {
+    let (links, system) = system_paths();
+    let read_write: Vec<String> = spec.read_write.iter().map(|p| s(p)).collect();
+    let read_only: Vec<String> = spec.read_only.iter().map(|p| s(p)).collect();
+    let mut exec: Vec<String> = system.iter().filter(|p| !p.starts_with("/etc")).cloned().collect();
+    exec.extend(spec.exec_dirs.iter().map(|p| s(p)));
+
+    let mut wanted = LandlockFeatures::FS
+        .union(LandlockFeatures::FS_REFER)
+        .union(LandlockFeatures::FS_TRUNCATE)
+        .union(LandlockFeatures::SCOPE_ABSTRACT_UNIX)
+        .union(LandlockFeatures::SCOPE_SIGNAL);
+    // Tier C cuts the network with a namespace (loopback inside stays usable);
+    // Tier B has only Landlock's TCP rules and the seccomp socket families.
+    let ip_sockets = spec.host_network || spec.tier == Tier::C;
+    if spec.tier == Tier::B && !spec.host_network {
+        wanted = wanted.union(LandlockFeatures::NET_TCP);
+    }
+    let mut landlock = LandlockPlan {
+        wanted,
+        required: spec.landlock_required.intersection(wanted),
+        read: system.clone(),
+        write: read_write.clone(),
+        execute: exec,
+        list: vec![],
+        tcp_bind: vec![],
+        tcp_connect: vec![],
+    };
+    landlock.read.extend(read_only.iter().cloned());
+
+    let (namespaces, mut mounts, hostname) = match spec.tier {
+        Tier::C => {
+            let mut mounts: Vec<Mount> =
+                links.iter().map(|(t, l)| Mount::Symlink { target: t.clone(), link: l.clone() }).collect();
+            mounts.extend(system.iter().map(|p| Mount::Bind {
+                source: p.clone(),
+                target: p.clone(),
+                writable: false,
+            }));
+            mounts.extend(read_only.iter().map(|p| Mount::Bind {
+                source: p.clone(),
+                target: p.clone(),
+                writable: false,
+            }));
+            mounts.extend(read_write.iter().map(|p| Mount::Bind {
+                source: p.clone(),
+                target: p.clone(),
+                writable: true,
+            }));
+            mounts.push(Mount::Tmpfs {
+                target: "/tmp".into(),
+                size_bytes: spec.limits.tmp_bytes,
+                mode: 0o1777,
+            });
+            mounts.push(Mount::Proc { target: "/proc".into() });
+            mounts.push(Mount::Dev { target: "/dev".into() });
+            landlock.read.push("/proc".into());
+            landlock.write.extend(["/tmp".to_string(), "/dev".to_string()]);
+            // Inside the private root, listing directories reveals nothing that is not mounted.
+            landlock.list.push("/".into());
+            let ns = Namespaces { net: !spec.host_network, ..Namespaces::ALL };
+            (ns, mounts, Some(spec.hostname.clone()))
+        }
+        Tier::B => {
+            landlock.read.push("/proc".into());
+            landlock
+                .write
+                .extend(TIER_B_DEVICES.iter().filter(|p| Path::new(p).exists()).map(|p| p.to_string()));
+            landlock.write.extend(spec.tmp_dir.iter().map(|p| s(p)));
+            (Namespaces::NONE, vec![], None)
+        }
+    };
+    mounts.sort_by(depth_then_name);
+    let l = &spec.limits;
+    Ok(JailPlan {
+        program: spec.program.clone(),
+        argv: spec.argv.clone(),
+        env: spec.env.clone(),
+        cwd: s(&spec.cwd),
+        uid: spec.uid,
+        gid: spec.gid,
+        loopback: namespaces.net,
+        namespaces,
+        mounts,
+        hostname,
+        rlimits: Rlimits {
+            address_space: limit(l.memory_bytes),
+            // SIGXCPU at the limit, SIGKILL a second later.
+            cpu_seconds: Rlimit { soft: l.cpu_seconds, hard: l.cpu_seconds.saturating_add(1) },
+            processes: limit(l.processes),
+            open_files: limit(l.open_files),
+            file_size: limit(l.file_size_bytes),
+            core: Rlimit::both(0),
+        },
+        landlock,
+        seccomp: seccomp::default_program(ip_sockets)?.to_vec(),
+        cgroup: spec.cgroup.clone(),
+        parent_pid: spec.parent_pid,
+    })
+}
+
+fn limit(v: u64) -> Rlimit {
+    Rlimit::both(if v == 0 { RLIM_INFINITY } else { v })
+}

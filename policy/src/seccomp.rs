@@ -1,0 +1,654 @@
+//! The default seccomp profile, compiled with seccompiler into the classic BPF
+//! program the helper installs.
+//!
+//! An allow-list: a syscall not listed fails with EPERM. `clone3` fails with
+//! ENOSYS instead, so that libc falls back to `clone`, whose flags the filter
+//! can inspect (clone3 passes them in memory, out of the filter's reach).
+//! Argument checks compare 32-bit values as 32 bits (`Dword`): the kernel
+//! ignores the upper half of an `int` argument, so a filter comparing 64 bits
+//! could be bypassed by setting it (the TIOCSTI bypass of CVE-2017-5226).
+
+use palisade_protocol::BpfInstruction;
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond,
+    SeccompFilter, SeccompRule, TargetArch,
+};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::OnceLock;
+
+macro_rules! syscalls {
+    ($($name:ident),* $(,)?) => { &[$((stringify!($name), libc::$name as i64)),*] };
+}
+
+/// Allowed whatever their arguments.
+const ALLOWED: &[(&str, i64)] = syscalls![
+    SYS_accept,
+    SYS_accept4,
+    SYS_bind,
+    SYS_brk,
+    SYS_capget,
+    SYS_capset,
+    SYS_chdir,
+    SYS_chmod,
+    SYS_chown,
+    SYS_clock_getres,
+    SYS_clock_gettime,
+    SYS_clock_nanosleep,
+    SYS_close,
+    SYS_close_range,
+    SYS_connect,
+    SYS_copy_file_range,
+    SYS_dup,
+    SYS_dup3,
+    SYS_epoll_create1,
+    SYS_epoll_ctl,
+    SYS_epoll_pwait,
+    SYS_epoll_pwait2,
+    SYS_eventfd2,
+    SYS_execve,
+    SYS_execveat,
+    SYS_exit,
+    SYS_exit_group,
+    SYS_faccessat,
+    SYS_faccessat2,
+    SYS_fadvise64,
+    SYS_fallocate,
+    SYS_fchdir,
+    SYS_fchmod,
+    SYS_fchmodat,
+    SYS_fchmodat2,
+    SYS_fchown,
+    SYS_fchownat,
+    SYS_fcntl,
+    SYS_fdatasync,
+    SYS_fgetxattr,
+    SYS_flistxattr,
+    SYS_flock,
+    SYS_fremovexattr,
+    SYS_fsetxattr,
+    SYS_fstatfs,
+    SYS_fsync,
+    SYS_ftruncate,
+    SYS_futex,
+    SYS_futex_waitv,
+    SYS_get_mempolicy,
+    SYS_get_robust_list,
+    SYS_getcpu,
+    SYS_getcwd,
+    SYS_getdents64,
+    SYS_getegid,
+    SYS_geteuid,
+    SYS_getgid,
+    SYS_getgroups,
+    SYS_getitimer,
+    SYS_getpeername,
+    SYS_getpgid,
+    SYS_getpid,
+    SYS_getppid,
+    SYS_getpriority,
+    SYS_getrandom,
+    SYS_getresgid,
+    SYS_getresuid,
+    SYS_getrlimit,
+    SYS_getrusage,
+    SYS_getsid,
+    SYS_getsockname,
+    SYS_getsockopt,
+    SYS_gettid,
+    SYS_gettimeofday,
+    SYS_getuid,
+    SYS_getxattr,
+    SYS_inotify_add_watch,
+    SYS_inotify_init1,
+    SYS_inotify_rm_watch,
+    SYS_io_cancel,
+    SYS_io_destroy,
+    SYS_io_getevents,
+    SYS_io_setup,
+    SYS_io_submit,
+    SYS_ioprio_get,
+    SYS_ioprio_set,
+    SYS_kill,
+    SYS_landlock_add_rule,
+    SYS_landlock_create_ruleset,
+    SYS_landlock_restrict_self,
+    SYS_lgetxattr,
+    SYS_linkat,
+    SYS_listen,
+    SYS_listxattr,
+    SYS_llistxattr,
+    SYS_lremovexattr,
+    SYS_lseek,
+    SYS_lsetxattr,
+    SYS_madvise,
+    SYS_mbind,
+    SYS_membarrier,
+    SYS_memfd_create,
+    SYS_mincore,
+    SYS_mkdirat,
+    SYS_mknodat,
+    SYS_mlock,
+    SYS_mlock2,
+    SYS_mlockall,
+    SYS_mmap,
+    SYS_mprotect,
+    SYS_mq_getsetattr,
+    SYS_mq_notify,
+    SYS_mq_open,
+    SYS_mq_timedreceive,
+    SYS_mq_timedsend,
+    SYS_mq_unlink,
+    SYS_mremap,
+    SYS_msgctl,
+    SYS_msgget,
+    SYS_msgrcv,
+    SYS_msgsnd,
+    SYS_msync,
+    SYS_munlock,
+    SYS_munlockall,
+    SYS_munmap,
+    SYS_nanosleep,
+    SYS_newfstatat,
+    SYS_openat,
+    SYS_openat2,
+    SYS_pidfd_open,
+    SYS_pidfd_send_signal,
+    SYS_pipe2,
+    SYS_pkey_alloc,
+    SYS_pkey_free,
+    SYS_pkey_mprotect,
+    SYS_ppoll,
+    SYS_prctl,
+    SYS_pread64,
+    SYS_preadv,
+    SYS_preadv2,
+    SYS_prlimit64,
+    SYS_pselect6,
+    SYS_pwrite64,
+    SYS_pwritev,
+    SYS_pwritev2,
+    SYS_read,
+    SYS_readahead,
+    SYS_readlinkat,
+    SYS_readv,
+    SYS_recvfrom,
+    SYS_recvmmsg,
+    SYS_recvmsg,
+    SYS_remap_file_pages,
+    SYS_removexattr,
+    SYS_renameat,
+    SYS_renameat2,
+    SYS_restart_syscall,
+    SYS_rseq,
+    SYS_rt_sigaction,
+    SYS_rt_sigpending,
+    SYS_rt_sigprocmask,
+    SYS_rt_sigqueueinfo,
+    SYS_rt_sigreturn,
+    SYS_rt_sigsuspend,
+    SYS_rt_sigtimedwait,
+    SYS_rt_tgsigqueueinfo,
+    SYS_sched_get_priority_max,
+    SYS_sched_get_priority_min,
+    SYS_sched_getaffinity,
+    SYS_sched_getattr,
+    SYS_sched_getparam,
+    SYS_sched_getscheduler,
+    SYS_sched_rr_get_interval,
+    SYS_sched_setaffinity,
+    SYS_sched_setattr,
+    SYS_sched_setparam,
+    SYS_sched_setscheduler,
+    SYS_sched_yield,
+    SYS_seccomp,
+    SYS_semctl,
+    SYS_semget,
+    SYS_semop,
+    SYS_semtimedop,
+    SYS_sendfile,
+    SYS_sendmmsg,
+    SYS_sendmsg,
+    SYS_sendto,
+    SYS_set_mempolicy,
+    SYS_set_robust_list,
+    SYS_set_tid_address,
+    SYS_setfsgid,
+    SYS_setfsuid,
+    SYS_setgid,
+    SYS_setgroups,
+    SYS_setitimer,
+    SYS_setpgid,
+    SYS_setpriority,
+    SYS_setregid,
+    SYS_setresgid,
+    SYS_setresuid,
+    SYS_setreuid,
+    SYS_setrlimit,
+    SYS_setsid,
+    SYS_setsockopt,
+    SYS_setuid,
+    SYS_setxattr,
+    SYS_shmat,
+    SYS_shmctl,
+    SYS_shmdt,
+    SYS_shmget,
+    SYS_shutdown,
+    SYS_sigaltstack,
+    SYS_signalfd4,
+    SYS_socketpair,
+    SYS_splice,
+    SYS_statfs,
+    SYS_statx,
+    SYS_symlinkat,
+    SYS_sync,
+    SYS_sync_file_range,
+    SYS_syncfs,
+    SYS_sysinfo,
+    SYS_tee,
+    SYS_tgkill,
+    SYS_timer_create,
+    SYS_timer_delete,
+    SYS_timer_getoverrun,
+    SYS_timer_gettime,
+    SYS_timer_settime,
+    SYS_timerfd_create,
+    SYS_timerfd_gettime,
+    SYS_timerfd_settime,
+    SYS_times,
+    SYS_tkill,
+    SYS_truncate,
+    SYS_umask,
+    SYS_uname,
+    SYS_unlinkat,
+    SYS_utimensat,
+    SYS_vmsplice,
+    SYS_wait4,
+    SYS_waitid,
+    SYS_write,
+    SYS_writev,
+];
+
+/// The legacy x86_64 calls that newer architectures replaced with `*at` forms.
+#[cfg(target_arch = "x86_64")]
+const ALLOWED_ARCH: &[(&str, i64)] = syscalls![
+    SYS_access,
+    SYS_alarm,
+    SYS_arch_prctl,
+    SYS_creat,
+    SYS_dup2,
+    SYS_epoll_create,
+    SYS_epoll_wait,
+    SYS_eventfd,
+    SYS_fork,
+    SYS_fstat,
+    SYS_futimesat,
+    SYS_get_thread_area,
+    SYS_getdents,
+    SYS_getpgrp,
+    SYS_inotify_init,
+    SYS_lchown,
+    SYS_link,
+    SYS_lstat,
+    SYS_mkdir,
+    SYS_mknod,
+    SYS_open,
+    SYS_pause,
+    SYS_pipe,
+    SYS_poll,
+    SYS_readlink,
+    SYS_rename,
+    SYS_rmdir,
+    SYS_select,
+    SYS_set_thread_area,
+    SYS_signalfd,
+    SYS_stat,
+    SYS_symlink,
+    SYS_time,
+    SYS_unlink,
+    SYS_utime,
+    SYS_utimes,
+    SYS_vfork,
+];
+#[cfg(not(target_arch = "x86_64"))]
+const ALLOWED_ARCH: &[(&str, i64)] = &[];
+
+/// Never allowed: listed so the tests can check that none slipped into the
+/// allow-list, and so the golden listing shows them absent.
+pub const DENIED: &[(&str, i64)] = syscalls![
+    SYS_mount,
+    SYS_umount2,
+    SYS_pivot_root,
+    SYS_chroot,
+    SYS_ptrace,
+    SYS_process_vm_readv,
+    SYS_process_vm_writev,
+    SYS_keyctl,
+    SYS_add_key,
+    SYS_request_key,
+    SYS_bpf,
+    SYS_perf_event_open,
+    SYS_userfaultfd,
+    SYS_io_uring_setup,
+    SYS_io_uring_enter,
+    SYS_io_uring_register,
+    SYS_kexec_load,
+    SYS_kexec_file_load,
+    SYS_init_module,
+    SYS_finit_module,
+    SYS_delete_module,
+    SYS_setns,
+    SYS_open_by_handle_at,
+    SYS_name_to_handle_at,
+    SYS_reboot,
+    SYS_swapon,
+    SYS_swapoff,
+    SYS_acct,
+    SYS_syslog,
+    SYS_open_tree,
+    SYS_move_mount,
+    SYS_fsopen,
+    SYS_fsconfig,
+    SYS_fsmount,
+    SYS_fspick,
+    SYS_mount_setattr,
+    SYS_pidfd_getfd,
+    SYS_process_madvise,
+    SYS_kcmp,
+    SYS_fanotify_init,
+    SYS_quotactl,
+    SYS_settimeofday,
+    SYS_clock_settime,
+    SYS_clock_adjtime,
+    SYS_adjtimex,
+    SYS_sethostname,
+    SYS_setdomainname,
+    SYS_migrate_pages,
+    SYS_move_pages,
+    SYS_lookup_dcookie,
+    SYS_vhangup,
+    SYS_clone3,
+];
+
+/// The namespace flags of clone(2); CLONE_NEWTIME shares a bit with the exit
+/// signal there and only exists for unshare and clone3.
+const CLONE_NAMESPACES: u64 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWCGROUP
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET) as u64;
+const CLONE_NEWTIME: u64 = 0x80;
+
+/// personality(2) values a program may set: Linux, 32-bit Linux, UNAME26,
+/// both, and the 0xffffffff query. ADDR_NO_RANDOMIZE and friends are refused.
+const PERSONALITIES: [u64; 5] = [0, 0x0008, 0x0002_0000, 0x0002_0008, 0xffff_ffff];
+/// Socket families allowed when the sandbox may use IP (its own network
+/// namespace, or the host's network by policy), and when it may not (Tier B
+/// without network: Landlock covers TCP only, so IP sockets go entirely).
+const SOCKET_FAMILIES_IP: [i32; 4] = [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK];
+const SOCKET_FAMILIES_LOCAL: [i32; 1] = [libc::AF_UNIX];
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot compile the seccomp profile: {0}")]
+pub struct SeccompError(String);
+
+fn cond(arg: u8, len: Len, op: Op, value: u64) -> Result<Cond, SeccompError> {
+    Cond::new(arg, len, op, value).map_err(|e| SeccompError(e.to_string()))
+}
+
+fn rule(conds: Vec<Cond>) -> Result<SeccompRule, SeccompError> {
+    SeccompRule::new(conds).map_err(|e| SeccompError(e.to_string()))
+}
+
+fn conditional_rules(ip: bool) -> Result<Vec<(&'static str, i64, Vec<SeccompRule>)>, SeccompError> {
+    let families: &[i32] = if ip { &SOCKET_FAMILIES_IP } else { &SOCKET_FAMILIES_LOCAL };
+    let ioctl = vec![rule(vec![
+        cond(1, Len::Dword, Op::Ne, libc::TIOCSTI)?,
+        cond(1, Len::Dword, Op::Ne, libc::TIOCLINUX)?,
+    ])?];
+    let clone = vec![rule(vec![cond(0, Len::Qword, Op::MaskedEq(CLONE_NAMESPACES), 0)?])?];
+    let unshare = vec![rule(vec![cond(0, Len::Qword, Op::MaskedEq(CLONE_NAMESPACES | CLONE_NEWTIME), 0)?])?];
+    let personality = PERSONALITIES
+        .iter()
+        .map(|p| rule(vec![cond(0, Len::Dword, Op::Eq, *p)?]))
+        .collect::<Result<_, _>>()?;
+    let socket = families
+        .iter()
+        .map(|f| rule(vec![cond(0, Len::Dword, Op::Eq, *f as u64)?]))
+        .collect::<Result<_, _>>()?;
+    Ok(vec![
+        ("SYS_ioctl", libc::SYS_ioctl, ioctl),
+        ("SYS_clone", libc::SYS_clone, clone),
+        ("SYS_unshare", libc::SYS_unshare, unshare),
+        ("SYS_personality", libc::SYS_personality, personality),
+        ("SYS_socket", libc::SYS_socket, socket),
+    ])
+}
+
+fn target_arch() -> Result<TargetArch, SeccompError> {
+    TargetArch::try_from(std::env::consts::ARCH).map_err(|e| SeccompError(e.to_string()))
+}
+
+fn audit_arch() -> u32 {
+    match std::env::consts::ARCH {
+        "aarch64" => 0xc000_00b7,
+        "riscv64" => 0xc000_00f3,
+        _ => 0xc000_003e,
+    }
+}
+
+const BPF_LD_W_ABS: u16 = 0x20;
+const BPF_JEQ_K: u16 = 0x15;
+const BPF_RET_K: u16 = 0x06;
+const RET_ERRNO: u32 = 0x0005_0000;
+
+/// The compiled default program, cached. `ip`: whether IP sockets may be
+/// created at all (see [`SOCKET_FAMILIES_LOCAL`]).
+pub fn default_program(ip: bool) -> Result<&'static [BpfInstruction], SeccompError> {
+    static WITH_IP: OnceLock<Result<Vec<BpfInstruction>, String>> = OnceLock::new();
+    static LOCAL: OnceLock<Result<Vec<BpfInstruction>, String>> = OnceLock::new();
+    let cell = if ip { &WITH_IP } else { &LOCAL };
+    cell.get_or_init(|| compile(ip).map_err(|e| e.0)).as_deref().map_err(|e| SeccompError(e.clone()))
+}
+
+fn compile(ip: bool) -> Result<Vec<BpfInstruction>, SeccompError> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for (_, nr) in ALLOWED.iter().chain(ALLOWED_ARCH) {
+        rules.insert(*nr, vec![]);
+    }
+    for (_, nr, conditional) in conditional_rules(ip)? {
+        rules.insert(nr, conditional);
+    }
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Errno(libc::EPERM as u32),
+        SeccompAction::Allow,
+        target_arch()?,
+    )
+    .map_err(|e| SeccompError(e.to_string()))?;
+    let body: BpfProgram =
+        filter.try_into().map_err(|e: seccompiler::BackendError| SeccompError(e.to_string()))?;
+    // Prefix: on this architecture, clone3 returns ENOSYS. Anything else falls
+    // through to seccompiler's program, which checks the architecture itself.
+    let mut program = vec![
+        insn(BPF_LD_W_ABS, 0, 0, 4),
+        insn(BPF_JEQ_K, 0, 3, audit_arch()),
+        insn(BPF_LD_W_ABS, 0, 0, 0),
+        insn(BPF_JEQ_K, 0, 1, libc::SYS_clone3 as u32),
+        insn(BPF_RET_K, 0, 0, RET_ERRNO | libc::ENOSYS as u32),
+    ];
+    program.extend(body.iter().map(|i| insn(i.code, i.jt, i.jf, i.k)));
+    if program.len() > 4096 {
+        return Err(SeccompError(format!("program of {} instructions exceeds BPF_MAXINSNS", program.len())));
+    }
+    Ok(program)
+}
+
+fn insn(code: u16, jt: u8, jf: u8, k: u32) -> BpfInstruction {
+    BpfInstruction { code, jt, jf, k }
+}
+
+/// The syscalls the profile allows unconditionally, by name.
+pub fn allowed_names() -> Vec<&'static str> {
+    ALLOWED.iter().chain(ALLOWED_ARCH).map(|(n, _)| n.trim_start_matches("SYS_")).collect()
+}
+
+fn syscall_name(nr: u32) -> Option<&'static str> {
+    let conditional = [
+        ("SYS_ioctl", libc::SYS_ioctl),
+        ("SYS_clone", libc::SYS_clone),
+        ("SYS_unshare", libc::SYS_unshare),
+        ("SYS_personality", libc::SYS_personality),
+        ("SYS_socket", libc::SYS_socket),
+    ];
+    ALLOWED
+        .iter()
+        .chain(ALLOWED_ARCH)
+        .chain(DENIED)
+        .chain(conditional.iter())
+        .find(|(_, n)| *n == i64::from(nr))
+        .map(|(name, _)| name.trim_start_matches("SYS_"))
+}
+
+fn action(k: u32) -> String {
+    match k & 0xffff_0000 {
+        0x7fff_0000 => "ALLOW".into(),
+        0x0005_0000 => match (k & 0xffff) as i32 {
+            libc::EPERM => "ERRNO(EPERM)".into(),
+            libc::ENOSYS => "ERRNO(ENOSYS)".into(),
+            e => format!("ERRNO({e})"),
+        },
+        0x8000_0000 => "KILL_PROCESS".into(),
+        0 => "KILL_THREAD".into(),
+        other => format!("{other:#x}"),
+    }
+}
+
+/// Which `seccomp_data` offset the accumulator holds at each instruction
+/// (`None` when paths disagree). Classic BPF only jumps forward, so one pass
+/// in order sees every predecessor before its successors.
+fn loaded_offsets(program: &[BpfInstruction]) -> Vec<Option<u32>> {
+    let mut state: Vec<Option<Option<u32>>> = vec![None; program.len() + 1];
+    state[0] = Some(None);
+    let merge = |state: &mut Vec<Option<Option<u32>>>, at: usize, v: Option<u32>| {
+        if let Some(slot) = state.get_mut(at) {
+            *slot = match *slot {
+                None => Some(v),
+                Some(old) if old == v => Some(v),
+                Some(_) => Some(None),
+            };
+        }
+    };
+    for (pc, i) in program.iter().enumerate() {
+        let here = state[pc].flatten();
+        match i.code {
+            BPF_LD_W_ABS => merge(&mut state, pc + 1, Some(i.k)),
+            0x05 => merge(&mut state, pc + 1 + i.k as usize, here),
+            0x15 | 0x25 | 0x35 | 0x45 => {
+                merge(&mut state, pc + 1 + usize::from(i.jt), here);
+                merge(&mut state, pc + 1 + usize::from(i.jf), here);
+            }
+            BPF_RET_K => {}
+            _ => merge(&mut state, pc + 1, None),
+        }
+    }
+    state.into_iter().take(program.len()).map(Option::flatten).collect()
+}
+
+/// A readable listing of a program: one instruction per line, jump targets as
+/// absolute addresses, syscall numbers and actions by name.
+pub fn listing(program: &[BpfInstruction]) -> String {
+    let mut out = String::new();
+    let loaded = loaded_offsets(program);
+    for (pc, i) in program.iter().enumerate() {
+        let target = |off: u8| pc + 1 + usize::from(off);
+        let text = match i.code {
+            BPF_LD_W_ABS => {
+                let what = match i.k {
+                    0 => "syscall number".to_string(),
+                    4 => "architecture".to_string(),
+                    k if k >= 16 => {
+                        format!("args[{}] {}", (k - 16) / 8, if k % 8 == 0 { "low" } else { "high" })
+                    }
+                    k => format!("seccomp_data+{k}"),
+                };
+                format!("ld   [{}]  ; {what}", i.k)
+            }
+            0x15 | 0x25 | 0x35 | 0x45 => {
+                let op = match i.code {
+                    0x15 => "jeq ",
+                    0x25 => "jgt ",
+                    0x35 => "jge ",
+                    _ => "jset",
+                };
+                let note = match (loaded[pc], i.code) {
+                    (Some(0), 0x15) => syscall_name(i.k).map(|n| format!("  ; {n}")).unwrap_or_default(),
+                    (Some(4), 0x15) => "  ; AUDIT_ARCH".to_string(),
+                    _ => String::new(),
+                };
+                format!("{op} #{:#010x}  jt {:04} jf {:04}{note}", i.k, target(i.jt), target(i.jf))
+            }
+            0x05 => format!("ja   {:04}", pc + 1 + i.k as usize),
+            0x54 => format!("and  #{:#010x}", i.k),
+            BPF_RET_K => format!("ret  {}", action(i.k)),
+            _ => format!("raw  code={:#06x} jt={} jf={} k={:#x}", i.code, i.jt, i.jf, i.k),
+        };
+        let _ = writeln!(out, "{pc:04}  {text}");
+    }
+    out
+}
+
+/// A short human summary for `palisade explain`.
+pub fn summary(program: &[BpfInstruction], ip: bool) -> String {
+    format!(
+        "allow-list of {} syscalls, plus ioctl (not TIOCSTI/TIOCLINUX), clone and unshare (no namespace flags), \
+         personality (Linux only), socket ({}); default ERRNO(EPERM); clone3 ERRNO(ENOSYS); {} instructions",
+        ALLOWED.len() + ALLOWED_ARCH.len(),
+        if ip { "unix, inet, inet6, netlink" } else { "unix only" },
+        program.len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compiles_and_fits() {
+        let program = default_program(true).unwrap();
+        assert!(program.len() > 100 && program.len() <= 4096, "{} instructions", program.len());
+    }
+
+    #[test]
+    fn nothing_denied_is_allowed() {
+        let allowed: Vec<i64> = ALLOWED.iter().chain(ALLOWED_ARCH).map(|(_, n)| *n).collect();
+        for (name, nr) in DENIED {
+            assert!(!allowed.contains(nr), "{name} is on the allow-list");
+        }
+        let conditional: Vec<i64> = conditional_rules(true).unwrap().iter().map(|(_, n, _)| *n).collect();
+        for (name, nr) in DENIED {
+            assert!(!conditional.contains(nr), "{name} has a conditional rule");
+        }
+    }
+
+    #[test]
+    fn no_syscall_is_listed_twice() {
+        let mut all: Vec<i64> = ALLOWED.iter().chain(ALLOWED_ARCH).map(|(_, n)| *n).collect();
+        let n = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), n);
+    }
+
+    #[test]
+    fn listing_names_syscalls_and_actions() {
+        let text = listing(default_program(true).unwrap());
+        assert!(text.contains("; clone3"));
+        assert!(text.contains("ret  ERRNO(ENOSYS)"));
+        assert!(text.contains("; openat"));
+        assert!(text.contains("ret  ERRNO(EPERM)"));
+        assert!(!text.contains("; ptrace"));
+    }
+}

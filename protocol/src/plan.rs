@@ -1,0 +1,490 @@
+//! The `JailPlan`: what the broker hands the helper on fd 3.
+//!
+//! A plan is fully resolved: the helper decides nothing, it applies the plan in
+//! a fixed order and execs. On the wire a plan is a small fixed header (magic,
+//! version, architecture) followed by a bincode 2 body; the header is checked
+//! before the body is decoded, so a version or architecture mismatch is named as
+//! such rather than showing up as a decoding error.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// First bytes of every encoded plan.
+pub const PLAN_MAGIC: [u8; 4] = *b"PJP\x01";
+/// Bumped on every incompatible change of [`JailPlan`].
+pub const PLAN_VERSION: u32 = 1;
+/// Largest encoded plan the helper accepts (seccomp program included).
+pub const PLAN_MAX_BYTES: usize = 1 << 20;
+/// The architecture this build runs on and compiles seccomp programs for.
+pub const PLAN_ARCH: &str = std::env::consts::ARCH;
+
+/// Value of an rlimit that means "no limit".
+pub const RLIM_INFINITY: u64 = u64::MAX;
+
+/// Everything the helper needs to build one sandbox and exec one command.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct JailPlan {
+    /// Absolute path of the executable.
+    pub program: String,
+    /// Full argument vector, `argv[0]` included.
+    pub argv: Vec<String>,
+    /// The complete environment of the command; nothing else is inherited.
+    pub env: Vec<(String, String)>,
+    /// Working directory of the command (inside the sandbox's root).
+    pub cwd: String,
+    /// User id of the command inside the sandbox.
+    pub uid: u32,
+    /// Group id of the command inside the sandbox.
+    pub gid: u32,
+    /// Namespaces to create. None at all selects Tier B.
+    pub namespaces: Namespaces,
+    /// The sandbox's root, in order (parents before children). Empty in Tier B.
+    pub mounts: Vec<Mount>,
+    /// Host name inside a new UTS namespace.
+    pub hostname: Option<String>,
+    /// Bring `lo` up inside a new network namespace.
+    pub loopback: bool,
+    /// Resource limits, applied to the command and inherited by its children.
+    pub rlimits: Rlimits,
+    /// Landlock rules, applied after the mounts and before seccomp.
+    pub landlock: LandlockPlan,
+    /// Compiled classic BPF program installed last, right before `execve`.
+    pub seccomp: Vec<BpfInstruction>,
+    /// The run's cgroup, created by the broker; the helper joins it through fd 5.
+    pub cgroup: Option<String>,
+    /// Pid of the process that must stay alive for the sandbox to live (the broker).
+    pub parent_pid: u32,
+}
+
+impl JailPlan {
+    /// The tier this plan asks for, as reported in attestations.
+    pub fn tier(&self) -> Tier {
+        if self.namespaces.user { Tier::C } else { Tier::B }
+    }
+}
+
+/// Tier C uses namespaces; Tier B uses Landlock, seccomp and rlimits only.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    B,
+    C,
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Tier::B => "linux-tier-b",
+            Tier::C => "linux-tier-c",
+        })
+    }
+}
+
+/// The namespaces a plan creates. Any namespace requires `user`: the helper
+/// never runs with privileges on the host.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Namespaces {
+    pub user: bool,
+    pub mount: bool,
+    pub pid: bool,
+    pub net: bool,
+    pub ipc: bool,
+    pub uts: bool,
+    pub cgroup: bool,
+}
+
+impl Namespaces {
+    /// Every namespace: Tier C.
+    pub const ALL: Namespaces =
+        Namespaces { user: true, mount: true, pid: true, net: true, ipc: true, uts: true, cgroup: true };
+    /// No namespace: Tier B.
+    pub const NONE: Namespaces = Namespaces {
+        user: false,
+        mount: false,
+        pid: false,
+        net: false,
+        ipc: false,
+        uts: false,
+        cgroup: false,
+    };
+
+    /// Names of the namespaces in the set, for humans and attestations.
+    pub fn names(&self) -> Vec<&'static str> {
+        let all = [
+            (self.user, "user"),
+            (self.mount, "mount"),
+            (self.pid, "pid"),
+            (self.net, "net"),
+            (self.ipc, "ipc"),
+            (self.uts, "uts"),
+            (self.cgroup, "cgroup"),
+        ];
+        all.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect()
+    }
+}
+
+/// One step in building the sandbox's root. Paths are absolute; sources are
+/// host paths, targets are paths inside the sandbox.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum Mount {
+    /// Bind a host file or directory (recursively), always nosuid and nodev.
+    Bind { source: String, target: String, writable: bool },
+    /// A fresh tmpfs, nosuid and nodev, limited to `size_bytes`.
+    Tmpfs { target: String, size_bytes: u64, mode: u32 },
+    /// A fresh procfs for the sandbox's pid namespace.
+    Proc { target: String },
+    /// A minimal /dev: null, zero, full, random, urandom, tty, shm, pts.
+    Dev { target: String },
+    /// A symbolic link (for merged-/usr layouts: `/bin -> usr/bin`).
+    Symlink { target: String, link: String },
+}
+
+impl Mount {
+    pub fn target(&self) -> &str {
+        match self {
+            Mount::Bind { target, .. }
+            | Mount::Tmpfs { target, .. }
+            | Mount::Proc { target }
+            | Mount::Dev { target }
+            | Mount::Symlink { target, .. } => target,
+        }
+    }
+}
+
+/// A soft and hard limit pair; [`RLIM_INFINITY`] means unlimited.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rlimit {
+    pub soft: u64,
+    pub hard: u64,
+}
+
+impl Rlimit {
+    pub const fn both(value: u64) -> Rlimit {
+        Rlimit { soft: value, hard: value }
+    }
+    pub const UNLIMITED: Rlimit = Rlimit::both(RLIM_INFINITY);
+}
+
+/// The rlimits every sandbox gets. Core dumps are always off.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rlimits {
+    /// RLIMIT_AS, bytes of address space per process.
+    pub address_space: Rlimit,
+    /// RLIMIT_CPU, seconds of CPU time per process.
+    pub cpu_seconds: Rlimit,
+    /// RLIMIT_NPROC, processes of the sandbox's uid (in its user namespace).
+    pub processes: Rlimit,
+    /// RLIMIT_NOFILE, open descriptors per process.
+    pub open_files: Rlimit,
+    /// RLIMIT_FSIZE, largest file a process may write, bytes.
+    pub file_size: Rlimit,
+    /// RLIMIT_CORE; the policy always sets 0.
+    pub core: Rlimit,
+}
+
+/// A set of Landlock features, each tied to the ABI that introduced it.
+#[derive(Serialize, Deserialize, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LandlockFeatures(pub u32);
+
+impl LandlockFeatures {
+    /// Filesystem access control (ABI 1).
+    pub const FS: LandlockFeatures = LandlockFeatures(1 << 0);
+    /// Renaming and linking across directories (ABI 2).
+    pub const FS_REFER: LandlockFeatures = LandlockFeatures(1 << 1);
+    /// Truncation (ABI 3).
+    pub const FS_TRUNCATE: LandlockFeatures = LandlockFeatures(1 << 2);
+    /// TCP bind and connect by port (ABI 4).
+    pub const NET_TCP: LandlockFeatures = LandlockFeatures(1 << 3);
+    /// No connecting to abstract unix sockets outside the sandbox (ABI 6).
+    pub const SCOPE_ABSTRACT_UNIX: LandlockFeatures = LandlockFeatures(1 << 4);
+    /// No signals to processes outside the sandbox (ABI 6).
+    pub const SCOPE_SIGNAL: LandlockFeatures = LandlockFeatures(1 << 5);
+
+    pub const EMPTY: LandlockFeatures = LandlockFeatures(0);
+    pub const ALL: LandlockFeatures = LandlockFeatures(0b11_1111);
+
+    /// Every feature with the ABI version that introduced it and its name.
+    pub const TABLE: [(LandlockFeatures, u32, &'static str); 6] = [
+        (Self::FS, 1, "fs"),
+        (Self::FS_REFER, 2, "fs.refer"),
+        (Self::FS_TRUNCATE, 3, "fs.truncate"),
+        (Self::NET_TCP, 4, "net.tcp"),
+        (Self::SCOPE_ABSTRACT_UNIX, 6, "scope.abstract_unix"),
+        (Self::SCOPE_SIGNAL, 6, "scope.signal"),
+    ];
+
+    pub const fn contains(self, other: LandlockFeatures) -> bool {
+        self.0 & other.0 == other.0
+    }
+    pub const fn intersects(self, other: LandlockFeatures) -> bool {
+        self.0 & other.0 != 0
+    }
+    pub const fn union(self, other: LandlockFeatures) -> LandlockFeatures {
+        LandlockFeatures(self.0 | other.0)
+    }
+    pub const fn intersection(self, other: LandlockFeatures) -> LandlockFeatures {
+        LandlockFeatures(self.0 & other.0)
+    }
+    pub const fn difference(self, other: LandlockFeatures) -> LandlockFeatures {
+        LandlockFeatures(self.0 & !other.0)
+    }
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The features a kernel with Landlock ABI `abi` can enforce.
+    pub fn supported_by_abi(abi: u32) -> LandlockFeatures {
+        Self::TABLE.iter().filter(|(_, min, _)| abi >= *min).fold(Self::EMPTY, |acc, (f, _, _)| acc.union(*f))
+    }
+
+    /// Names of the features in the set.
+    pub fn names(self) -> Vec<&'static str> {
+        Self::TABLE.iter().filter(|(f, _, _)| self.contains(*f)).map(|(_, _, n)| *n).collect()
+    }
+}
+
+impl fmt::Debug for LandlockFeatures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{{{}}}", self.names().join(", "))
+    }
+}
+
+impl fmt::Display for LandlockFeatures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() { f.write_str("none") } else { f.write_str(&self.names().join(", ")) }
+    }
+}
+
+/// Landlock rules. Paths are inside the sandbox's root and must exist.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct LandlockPlan {
+    /// Features to handle (restrict). Empty: Landlock is not used.
+    pub wanted: LandlockFeatures,
+    /// Features that must be enforced: the helper fails when the kernel lacks one.
+    pub required: LandlockFeatures,
+    /// Read files and list directories beneath these paths.
+    pub read: Vec<String>,
+    /// Read, write, create and remove beneath these paths.
+    pub write: Vec<String>,
+    /// Execute files beneath these paths.
+    pub execute: Vec<String>,
+    /// Only directory listing (no file reads) beneath these paths.
+    pub list: Vec<String>,
+    /// TCP ports the sandbox may bind (when `NET_TCP` is handled).
+    pub tcp_bind: Vec<u16>,
+    /// TCP ports the sandbox may connect to (when `NET_TCP` is handled).
+    pub tcp_connect: Vec<u16>,
+}
+
+/// One classic BPF instruction (`struct sock_filter`).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BpfInstruction {
+    pub code: u16,
+    pub jt: u8,
+    pub jf: u8,
+    pub k: u32,
+}
+
+/// Why an encoded plan was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanError {
+    TooLarge { len: usize, max: usize },
+    Truncated,
+    BadMagic,
+    Version { found: u32, expected: u32 },
+    Arch { found: String, expected: &'static str },
+    Encode(String),
+    Decode(String),
+    TrailingBytes(usize),
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlanError::TooLarge { len, max } => write!(f, "plan of {len} bytes exceeds the {max}-byte limit"),
+            PlanError::Truncated => f.write_str("plan is truncated"),
+            PlanError::BadMagic => f.write_str("not a palisade plan (bad magic)"),
+            PlanError::Version { found, expected } => {
+                write!(f, "plan version {found}, this helper speaks version {expected}")
+            }
+            PlanError::Arch { found, expected } => {
+                write!(f, "plan built for {found}, this helper runs on {expected}")
+            }
+            PlanError::Encode(e) => write!(f, "cannot encode plan: {e}"),
+            PlanError::Decode(e) => write!(f, "cannot decode plan: {e}"),
+            PlanError::TrailingBytes(n) => write!(f, "{n} unexpected bytes after the plan"),
+        }
+    }
+}
+
+impl std::error::Error for PlanError {}
+
+fn body_config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<PLAN_MAX_BYTES>()
+}
+
+/// Encodes a plan: header (magic, version, arch) then the bincode body.
+pub fn encode_plan(plan: &JailPlan) -> Result<Vec<u8>, PlanError> {
+    let mut out = Vec::with_capacity(4096);
+    out.extend_from_slice(&PLAN_MAGIC);
+    out.extend_from_slice(&PLAN_VERSION.to_be_bytes());
+    let arch = PLAN_ARCH.as_bytes();
+    out.push(arch.len() as u8);
+    out.extend_from_slice(arch);
+    let body =
+        bincode::serde::encode_to_vec(plan, body_config()).map_err(|e| PlanError::Encode(e.to_string()))?;
+    out.extend_from_slice(&body);
+    if out.len() > PLAN_MAX_BYTES {
+        return Err(PlanError::TooLarge { len: out.len(), max: PLAN_MAX_BYTES });
+    }
+    Ok(out)
+}
+
+/// Decodes a plan, checking size, magic, version and architecture first.
+pub fn decode_plan(bytes: &[u8]) -> Result<JailPlan, PlanError> {
+    if bytes.len() > PLAN_MAX_BYTES {
+        return Err(PlanError::TooLarge { len: bytes.len(), max: PLAN_MAX_BYTES });
+    }
+    let rest = bytes.strip_prefix(&PLAN_MAGIC[..]).ok_or(if bytes.len() < 4 {
+        PlanError::Truncated
+    } else {
+        PlanError::BadMagic
+    })?;
+    let (version, rest) = rest.split_first_chunk::<4>().ok_or(PlanError::Truncated)?;
+    let version = u32::from_be_bytes(*version);
+    if version != PLAN_VERSION {
+        return Err(PlanError::Version { found: version, expected: PLAN_VERSION });
+    }
+    let (&arch_len, rest) = rest.split_first().ok_or(PlanError::Truncated)?;
+    let arch_len = usize::from(arch_len);
+    if rest.len() < arch_len {
+        return Err(PlanError::Truncated);
+    }
+    let (arch, body) = rest.split_at(arch_len);
+    if arch != PLAN_ARCH.as_bytes() {
+        return Err(PlanError::Arch {
+            found: String::from_utf8_lossy(arch).into_owned(),
+            expected: PLAN_ARCH,
+        });
+    }
+    let (plan, used): (JailPlan, usize) = bincode::serde::decode_from_slice(body, body_config())
+        .map_err(|e| PlanError::Decode(e.to_string()))?;
+    if used != body.len() {
+        return Err(PlanError::TrailingBytes(body.len() - used));
+    }
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> JailPlan {
+        JailPlan {
+            program: "/usr/bin/true".into(),
+            argv: vec!["true".into()],
+            env: vec![("PATH".into(), "/usr/bin".into())],
+            cwd: "/".into(),
+            uid: 1000,
+            gid: 1000,
+            namespaces: Namespaces::ALL,
+            mounts: vec![
+                Mount::Bind { source: "/usr".into(), target: "/usr".into(), writable: false },
+                Mount::Tmpfs { target: "/tmp".into(), size_bytes: 1 << 20, mode: 0o1777 },
+                Mount::Proc { target: "/proc".into() },
+                Mount::Dev { target: "/dev".into() },
+                Mount::Symlink { target: "/bin".into(), link: "usr/bin".into() },
+            ],
+            hostname: Some("palisade".into()),
+            loopback: true,
+            rlimits: Rlimits {
+                address_space: Rlimit::both(1 << 30),
+                cpu_seconds: Rlimit { soft: 10, hard: 11 },
+                processes: Rlimit::both(64),
+                open_files: Rlimit::both(256),
+                file_size: Rlimit::both(1 << 20),
+                core: Rlimit::both(0),
+            },
+            landlock: LandlockPlan {
+                wanted: LandlockFeatures::ALL,
+                required: LandlockFeatures::FS,
+                read: vec!["/usr".into()],
+                write: vec!["/tmp".into()],
+                execute: vec!["/usr".into()],
+                list: vec![],
+                tcp_bind: vec![],
+                tcp_connect: vec![],
+            },
+            seccomp: vec![BpfInstruction { code: 6, jt: 0, jf: 0, k: 0x7fff_0000 }],
+            cgroup: None,
+            parent_pid: 1,
+        }
+    }
+
+    fn header_len() -> usize {
+        9 + PLAN_ARCH.len()
+    }
+
+    #[test]
+    fn round_trip() {
+        let plan = sample();
+        let bytes = encode_plan(&plan).unwrap();
+        assert_eq!(decode_plan(&bytes).unwrap(), plan);
+    }
+
+    #[test]
+    fn header_is_checked_before_the_body() {
+        let mut bytes = encode_plan(&sample()).unwrap();
+        bytes[7] ^= 0x7f; // last byte of the version
+        assert!(matches!(decode_plan(&bytes), Err(PlanError::Version { .. })));
+
+        let mut bytes = encode_plan(&sample()).unwrap();
+        bytes[9] = b'Z'; // first byte of the architecture name
+        assert!(matches!(decode_plan(&bytes), Err(PlanError::Arch { .. })));
+
+        let mut bytes = encode_plan(&sample()).unwrap();
+        bytes[0] = b'X';
+        assert_eq!(decode_plan(&bytes), Err(PlanError::BadMagic));
+        assert_eq!(decode_plan(b"PJ"), Err(PlanError::Truncated));
+    }
+
+    #[test]
+    fn truncated_garbage_and_trailing_bytes_are_refused() {
+        let bytes = encode_plan(&sample()).unwrap();
+        for cut in [5, 9, 20, bytes.len() - 1] {
+            assert!(decode_plan(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert_eq!(decode_plan(&long), Err(PlanError::TrailingBytes(1)));
+        let mut garbage = bytes[..header_len()].to_vec();
+        garbage.extend(std::iter::repeat_n(0xff, 64));
+        assert!(matches!(decode_plan(&garbage), Err(PlanError::Decode(_))));
+    }
+
+    #[test]
+    fn oversized_plans_are_refused_without_decoding() {
+        let huge = vec![0u8; PLAN_MAX_BYTES + 1];
+        assert!(matches!(decode_plan(&huge), Err(PlanError::TooLarge { .. })));
+        let mut plan = sample();
+        plan.argv = vec!["x".repeat(4096); 300];
+        assert!(matches!(encode_plan(&plan), Err(PlanError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn a_huge_length_prefix_inside_the_body_hits_the_limit() {
+        let mut bytes = encode_plan(&sample()).unwrap()[..header_len()].to_vec();
+        // A varint claiming a string of 2^40 bytes.
+        bytes.extend_from_slice(&[253, 0, 0, 0, 0, 0, 1, 0, 0]);
+        assert!(decode_plan(&bytes).is_err());
+    }
+
+    #[test]
+    fn feature_sets_follow_the_abi() {
+        assert_eq!(LandlockFeatures::supported_by_abi(0), LandlockFeatures::EMPTY);
+        let abi2 = LandlockFeatures::supported_by_abi(2);
+        assert!(abi2.contains(LandlockFeatures::FS.union(LandlockFeatures::FS_REFER)));
+        assert!(!abi2.intersects(LandlockFeatures::FS_TRUNCATE));
+        assert_eq!(LandlockFeatures::supported_by_abi(7), LandlockFeatures::ALL);
+        assert_eq!(abi2.to_string(), "fs, fs.refer");
+    }
+}

@@ -1,0 +1,310 @@
+//! probe: run inside a sandbox (and outside, as the counter-test), it attempts
+//! one thing and reports `ok [detail]` (exit 0) or `err ERRNO [detail]` (exit 1).
+
+use nix::errno::Errno;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+type Outcome = Result<String, (Errno, String)>;
+
+fn errno(e: impl Into<Errno>) -> (Errno, String) {
+    (e.into(), String::new())
+}
+
+fn io(e: std::io::Error) -> (Errno, String) {
+    (Errno::from_raw(e.raw_os_error().unwrap_or(0)), e.to_string())
+}
+
+fn sys(rc: libc::c_long) -> Result<libc::c_long, (Errno, String)> {
+    Errno::result(rc).map_err(errno)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize| args.get(i).cloned().unwrap_or_default();
+    let outcome = match args.first().map(String::as_str).unwrap_or("") {
+        "read" => std::fs::read(arg(1))
+            .map(|b| format!("{} bytes: {}", b.len(), String::from_utf8_lossy(&b)))
+            .map_err(io),
+        "write" => std::fs::write(arg(1), b"probe\n").map(|_| String::new()).map_err(io),
+        "list" => std::fs::read_dir(arg(1))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .map_err(io),
+        "link" => std::fs::hard_link(arg(1), arg(2)).map(|_| String::new()).map_err(io),
+        "symlink" => std::os::unix::fs::symlink(arg(1), arg(2)).map(|_| String::new()).map_err(io),
+        "connect" => connect(&arg(1)),
+        "ifaces" => ifaces(),
+        "pids" => pids(),
+        "signal" => nix::sys::signal::kill(pid(&arg(1)), nix::sys::signal::Signal::SIGCONT)
+            .map(|_| String::new())
+            .map_err(errno),
+        "ptrace" => nix::sys::ptrace::seize(pid(&arg(1)), nix::sys::ptrace::Options::empty())
+            .map(|_| String::new())
+            .map_err(errno),
+        "mount" => mount(),
+        "chroot" => chroot(),
+        "userns" => {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map(|_| String::new()).map_err(errno)
+        }
+        "keyctl" => keyctl(),
+        "bpf" => bpf(),
+        "io_uring" => io_uring(),
+        "status" => status(),
+        "fds" => Ok(fds()),
+        "env" => Ok(std::env::vars().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("\n")),
+        "hostname" => nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).map_err(errno),
+        "ids" => Ok(format!("uid={} gid={}", nix::unistd::getuid(), nix::unistd::getgid())),
+        "cwd" => std::env::current_dir().map(|p| p.display().to_string()).map_err(io),
+        "tiocsti" => tiocsti(),
+        "forkbomb" => forkbomb(),
+        "membomb" => membomb(arg(1).parse().unwrap_or(4096)),
+        "spin" => spin(),
+        "bigfile" => bigfile(&arg(1), arg(2).parse().unwrap_or(1024)),
+        "daemonize" => daemonize(&arg(1)),
+        "sleep" => loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        },
+        "echo" => Ok(args[1..].join(" ")),
+        "cat" => {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).map(|_| s).map_err(io)
+        }
+        "exit" => std::process::exit(arg(1).parse().unwrap_or(0)),
+        "kill-self" => {
+            let sig = nix::sys::signal::Signal::try_from(arg(1).parse::<i32>().unwrap_or(9))
+                .unwrap_or(nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::signal::raise(sig);
+            Ok(String::new())
+        }
+        other => {
+            eprintln!("probe: unknown check {other:?}");
+            std::process::exit(2);
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    match outcome {
+        Ok(detail) => {
+            let _ = writeln!(out, "ok {detail}");
+            std::process::exit(0)
+        }
+        Err((e, detail)) => {
+            let _ = writeln!(out, "err {e:?} {detail}");
+            std::process::exit(1)
+        }
+    }
+}
+
+fn pid(s: &str) -> nix::unistd::Pid {
+    nix::unistd::Pid::from_raw(s.parse().unwrap_or(0))
+}
+
+fn connect(addr: &str) -> Outcome {
+    let addr: std::net::SocketAddr =
+        addr.parse().map_err(|_| (Errno::EINVAL, format!("bad address {addr}")))?;
+    std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map(|_| String::new()).map_err(io)
+}
+
+fn ifaces() -> Outcome {
+    let text = std::fs::read_to_string("/proc/net/dev").map_err(io)?;
+    Ok(text.lines().skip(2).filter_map(|l| l.split(':').next()).map(str::trim).collect::<Vec<_>>().join(","))
+}
+
+fn pids() -> Outcome {
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .map_err(io)?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    pids.sort();
+    Ok(pids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+}
+
+/// Tries every route to a mount: in a new user+mount namespace, in a new mount
+/// namespace, and (if neither could be made) in place on a scratch directory.
+fn mount() -> Outcome {
+    use nix::sched::{CloneFlags, unshare};
+    let private = unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS).is_ok()
+        || unshare(CloneFlags::CLONE_NEWNS).is_ok();
+    let target = if private { "/tmp".to_string() } else { format!("probe-mnt-{}", std::process::id()) };
+    if !private {
+        let _ = std::fs::create_dir(&target);
+    }
+    let r = nix::mount::mount(
+        Some("tmpfs"),
+        target.as_str(),
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    );
+    if !private {
+        if r.is_ok() {
+            let _ = nix::mount::umount(target.as_str());
+        }
+        let _ = std::fs::remove_dir(&target);
+    }
+    r.map(|_| format!("private namespace: {private}")).map_err(errno)
+}
+
+fn chroot() -> Outcome {
+    if nix::unistd::chroot(".").is_ok() {
+        return Ok("in place".into());
+    }
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map_err(errno)?;
+    nix::unistd::chroot(".").map(|_| "in a new user namespace".into()).map_err(errno)
+}
+
+fn keyctl() -> Outcome {
+    const KEYCTL_GET_KEYRING_ID: libc::c_long = 0;
+    const KEY_SPEC_SESSION_KEYRING: libc::c_long = -3;
+    // SAFETY: keyctl with integer arguments only.
+    sys(unsafe { libc::syscall(libc::SYS_keyctl, KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 1) })
+        .map(|id| format!("keyring {id}"))
+}
+
+fn bpf() -> Outcome {
+    // BPF_MAP_CREATE of a one-entry array map.
+    let mut attr = [0u32; 32];
+    attr[0] = 2; // BPF_MAP_TYPE_ARRAY
+    attr[1] = 4; // key_size
+    attr[2] = 4; // value_size
+    attr[3] = 1; // max_entries
+    // SAFETY: `attr` is a valid, large enough attribute buffer that outlives the call.
+    sys(unsafe { libc::syscall(libc::SYS_bpf, 0, attr.as_mut_ptr(), std::mem::size_of_val(&attr)) })
+        .map(|fd| format!("map fd {fd}"))
+}
+
+fn io_uring() -> Outcome {
+    let mut params = [0u8; 120];
+    // SAFETY: `params` is a zeroed io_uring_params buffer that outlives the call.
+    sys(unsafe { libc::syscall(libc::SYS_io_uring_setup, 1, params.as_mut_ptr()) })
+        .map(|fd| format!("ring fd {fd}"))
+}
+
+fn status() -> Outcome {
+    let text = std::fs::read_to_string("/proc/self/status").map_err(io)?;
+    let keep = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"];
+    Ok(text
+        .lines()
+        .filter(|l| keep.iter().any(|k| l.starts_with(&format!("{k}:"))))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join("="))
+        .map(|l| l.replacen(":=", "=", 1))
+        .collect::<Vec<_>>()
+        .join(" "))
+}
+
+/// Open descriptors, found without opening any.
+fn fds() -> String {
+    (0..4096)
+        .filter(|fd| {
+            // SAFETY: F_GETFD on a descriptor number only inspects it.
+            let flags = unsafe { libc::fcntl(*fd, libc::F_GETFD) };
+            flags >= 0
+        })
+        .map(|fd: i32| fd.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn tiocsti() -> Outcome {
+    let c: libc::c_char = b'#' as libc::c_char;
+    // SAFETY: TIOCSTI reads one byte from `c`, which outlives the call.
+    Errno::result(unsafe { libc::ioctl(0, libc::TIOCSTI, &c) }).map(|_| String::new()).map_err(errno)
+}
+
+/// Forks children that stay alive until fork fails; reports how many.
+fn forkbomb() -> Outcome {
+    let mut n = 0u32;
+    loop {
+        // SAFETY: the child only sleeps (async-signal-safe) until it is killed.
+        match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Child) => loop {
+                // SAFETY: pause has no arguments.
+                unsafe { libc::pause() };
+            },
+            Ok(nix::unistd::ForkResult::Parent { .. }) => n += 1,
+            Err(e) => return Err((e, format!("stopped after {n} forks"))),
+        }
+        if n >= 100_000 {
+            return Ok(format!("{n} forks and never stopped"));
+        }
+    }
+}
+
+/// Allocates and touches memory in 16 MiB steps, up to `mib`.
+fn membomb(mib: usize) -> Outcome {
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    for step in 0..mib / 16 {
+        let mut chunk = Vec::new();
+        if let Err(e) = chunk.try_reserve_exact(16 << 20) {
+            return Err((Errno::ENOMEM, format!("stopped after {} MiB: {e}", step * 16)));
+        }
+        chunk.resize(16 << 20, 1u8);
+        held.push(chunk);
+    }
+    Ok(format!("allocated {mib} MiB"))
+}
+
+fn spin() -> Outcome {
+    let mut x = 0u64;
+    loop {
+        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+    }
+}
+
+/// Writes up to `mib` MiB into `path`; reports how far it got.
+fn bigfile(path: &str, mib: usize) -> Outcome {
+    // Report EFBIG instead of dying of SIGXFSZ.
+    // SAFETY: setting a signal to SIG_IGN installs no handler code.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    let mut f = std::fs::File::create(path).map_err(io)?;
+    let chunk = vec![7u8; 1 << 20];
+    let mut written = 0usize;
+    for _ in 0..mib {
+        match f.write(&chunk) {
+            Ok(n) if n == chunk.len() => written += n,
+            Ok(n) => return Err((Errno::EFBIG, format!("short write after {} bytes", written + n))),
+            Err(e) => return Err((io(e).0, format!("stopped after {written} bytes"))),
+        }
+    }
+    Ok(format!("wrote {written} bytes"))
+}
+
+/// Double-forks a process that calls setsid and sleeps with `token` in its
+/// argv (so the host can find it), then sleeps itself.
+fn daemonize(token: &str) -> Outcome {
+    use nix::unistd::{ForkResult, fork, setsid};
+    let exe = std::env::current_exe().map_err(io)?;
+    // SAFETY: the children only call setsid, fork, exec and exit.
+    match unsafe { fork() }.map_err(errno)? {
+        ForkResult::Child => {
+            let _ = setsid();
+            // SAFETY: as above.
+            if let Ok(ForkResult::Child) = unsafe { fork() } {
+                let err = std::process::Command::new(&exe).args(["sleep", token]).exec_replace();
+                eprintln!("probe: exec failed: {err}");
+            }
+            std::process::exit(0);
+        }
+        ForkResult::Parent { .. } => {
+            println!("ok daemonized");
+            let _ = std::io::stdout().flush();
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+    }
+}
+
+trait ExecReplace {
+    fn exec_replace(&mut self) -> std::io::Error;
+}
+
+impl ExecReplace for std::process::Command {
+    fn exec_replace(&mut self) -> std::io::Error {
+        std::os::unix::process::CommandExt::exec(self)
+    }
+}

@@ -1,0 +1,290 @@
+//! Shared helpers for palisade's integration tests: locating the built
+//! binaries, temporary directories, and running the real helper binary on a
+//! plan with outer limits and a wall-clock bound, so that a broken sandbox
+//! cannot hurt the machine.
+
+use palisade_broker::spawn::{HelperCommand, OuterLimit, spawn};
+use palisade_policy::{JailSpec, Limits, build_plan};
+use palisade_protocol::{
+    ExitReport, HelperFailure, HelperRecord, JailPlan, LandlockReport, Tier, encode_plan,
+};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// A binary built by cargo next to the test executables (`target/<profile>/NAME`).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut dir = exe.parent().expect("test binary directory").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace first (cargo test --workspace builds it)",
+        path.display()
+    );
+    path
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// A directory removed (recursively) when dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let base = std::env::temp_dir().canonicalize().expect("temp dir");
+        let template = base.join(format!("palisade-{tag}-XXXXXX"));
+        let path = nix::unistd::mkdtemp(&template).expect("mkdtemp");
+        TempDir(path)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+    pub fn join(&self, p: &str) -> PathBuf {
+        self.0.join(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What a helper run produced.
+#[derive(Debug)]
+pub struct Outcome {
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub records: Vec<HelperRecord>,
+    pub timed_out: bool,
+}
+
+impl Outcome {
+    pub fn failure(&self) -> Option<&HelperFailure> {
+        self.records.iter().find_map(|r| match r {
+            HelperRecord::Failed(f) => Some(f),
+            _ => None,
+        })
+    }
+    pub fn exit(&self) -> Option<ExitReport> {
+        self.records.iter().find_map(|r| match r {
+            HelperRecord::Exit(e) => Some(*e),
+            _ => None,
+        })
+    }
+    pub fn landlock(&self) -> Option<LandlockReport> {
+        self.records.iter().find_map(|r| match r {
+            HelperRecord::Landlock(l) => Some(*l),
+            _ => None,
+        })
+    }
+    /// The probe's report: `Ok(detail)` for `ok`, `Err(errno name)` for `err`.
+    pub fn probe(&self) -> Result<String, String> {
+        let line = self.stdout.lines().next().unwrap_or("");
+        if let Some(rest) = line.strip_prefix("ok") {
+            Ok(rest.trim().to_string())
+        } else if let Some(rest) = line.strip_prefix("err ") {
+            Err(rest.split_whitespace().next().unwrap_or("").to_string())
+        } else {
+            panic!("no probe report in {self:#?}")
+        }
+    }
+    /// Panics with everything known unless the command ran to a report.
+    pub fn expect_ran(&self) -> &Self {
+        assert!(
+            self.failure().is_none() && !self.timed_out && self.exit().is_some(),
+            "the sandboxed command did not run normally: {self:#?}"
+        );
+        self
+    }
+}
+
+/// Outer bounds on the helper process, beyond anything the plan asks: if the
+/// sandbox failed, a fork bomb would stop at `processes` (counted for the whole
+/// uid), memory at `address_space` per process, and so on.
+pub fn outer_limits() -> Vec<OuterLimit> {
+    vec![
+        OuterLimit { resource: libc::RLIMIT_NPROC, value: 4096 },
+        OuterLimit { resource: libc::RLIMIT_AS, value: 4 << 30 },
+        OuterLimit { resource: libc::RLIMIT_CPU, value: 120 },
+        OuterLimit { resource: libc::RLIMIT_FSIZE, value: 256 << 20 },
+    ]
+}
+
+/// A sandbox for tests: the probe visible and executable, a workspace, and
+/// small limits.
+pub struct Jail {
+    pub spec: JailSpec,
+    pub timeout: Duration,
+    pub stdin: Option<std::fs::File>,
+    pub dir: TempDir,
+}
+
+pub fn test_limits() -> Limits {
+    Limits {
+        memory_bytes: 1 << 30,
+        cpu_seconds: 30,
+        processes: 64,
+        open_files: 256,
+        file_size_bytes: 16 << 20,
+        tmp_bytes: 16 << 20,
+    }
+}
+
+impl Jail {
+    pub fn new(tier: Tier) -> Jail {
+        let dir = TempDir::new("jail");
+        let workspace = dir.join("ws");
+        std::fs::create_dir(&workspace).unwrap();
+        let tmp = dir.join("tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        let probe = bin("probe");
+        let probe_dir = probe.parent().unwrap().to_path_buf();
+        let spec = JailSpec {
+            tier,
+            program: probe.to_string_lossy().into_owned(),
+            argv: vec!["probe".into()],
+            env: vec![("PATH".into(), "/usr/bin:/bin".into()), ("PALISADE_TEST".into(), "1".into())],
+            cwd: workspace.clone(),
+            read_write: vec![workspace],
+            read_only: vec![probe_dir.clone()],
+            exec_dirs: vec![probe_dir],
+            tmp_dir: Some(tmp),
+            host_network: false,
+            limits: test_limits(),
+            landlock_required: palisade_protocol::LandlockFeatures::FS,
+            hostname: "palisade-test".into(),
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            parent_pid: std::process::id(),
+            cgroup: None,
+        };
+        Jail { spec, timeout: Duration::from_secs(60), stdin: None, dir }
+    }
+
+    pub fn workspace(&self) -> PathBuf {
+        self.spec.read_write[0].clone()
+    }
+
+    pub fn plan(&self, args: &[&str]) -> JailPlan {
+        let mut spec = self.spec.clone();
+        spec.argv.extend(args.iter().map(|a| a.to_string()));
+        build_plan(&spec).expect("plan")
+    }
+
+    /// Runs the probe with `args` in this sandbox.
+    pub fn run(&mut self, args: &[&str]) -> Outcome {
+        let plan = self.plan(args);
+        self.run_plan(&plan)
+    }
+
+    pub fn run_plan(&mut self, plan: &JailPlan) -> Outcome {
+        let stdin = match self.stdin.take() {
+            Some(f) => Stdio::from(f),
+            None => Stdio::null(),
+        };
+        run_helper(plan, stdin, self.timeout)
+    }
+}
+
+/// Runs the real helper binary on `plan` and collects everything.
+pub fn run_helper(plan: &JailPlan, stdin: Stdio, timeout: Duration) -> Outcome {
+    let mut child = spawn(HelperCommand {
+        helper: bin("palisade-helper"),
+        plan: encode_plan(plan).expect("encode plan"),
+        cgroup_dir: None,
+        stdin,
+        stdout: Stdio::piped(),
+        stderr: Stdio::piped(),
+        outer_limits: outer_limits(),
+    })
+    .expect("spawn palisade-helper");
+    let mut out = child.child.stdout.take().unwrap();
+    let mut err = child.child.stderr.take().unwrap();
+    let out_reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = (&mut out).take(1 << 20).read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = (&mut err).take(1 << 20).read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
+    });
+    let start = Instant::now();
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(status) = child.child.try_wait().expect("wait") {
+            break status;
+        }
+        if start.elapsed() > timeout {
+            timed_out = true;
+            let _ = child.child.kill();
+            break child.child.wait().expect("wait");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let records = child.read_status().expect("status records");
+    Outcome {
+        status,
+        stdout: out_reader.join().unwrap(),
+        stderr: err_reader.join().unwrap(),
+        records,
+        timed_out,
+    }
+}
+
+/// Runs the probe directly, outside any sandbox: the counter-test.
+pub fn probe_outside(args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new(bin("probe")).args(args).output().expect("run probe");
+    let line = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string();
+    if let Some(rest) = line.strip_prefix("ok") {
+        Ok(rest.trim().to_string())
+    } else if let Some(rest) = line.strip_prefix("err ") {
+        Err(rest.split_whitespace().next().unwrap_or("").to_string())
+    } else {
+        panic!("no probe report: {out:?}")
+    }
+}
+
+/// A TCP listener on host loopback that accepts in the background.
+pub fn loopback_listener() -> (std::net::TcpListener, String) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    (l, addr)
+}
+
+/// Whether any process on the host has `token` in its command line.
+pub fn process_with_token(token: &str) -> Option<u32> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            if cmdline.split(|b| *b == 0).any(|arg| arg == token.as_bytes()) {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
+/// Polls `cond` every 20 ms until it holds or `limit` passes.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}
+
+pub use palisade_protocol::Tier as SandboxTier;
