@@ -33,9 +33,7 @@ pub fn prepare(plan: &JailPlan) -> Result<Prepared> {
 
 /// Execs; returns only on failure, after reporting `(exec, errno)`.
 pub fn exec(p: Prepared) -> ! {
-    let errno = match nix::unistd::execve(&p.program, &p.argv, &p.env) {
-        Err(e) => e,
-    };
+    let Err(errno) = nix::unistd::execve(&p.program, &p.argv, &p.env);
     let program = p.program.to_string_lossy();
     error::report(&HelperError { stage: Stage::Exec, errno, message: format!("exec {program}: {errno:?}") });
     std::process::exit(if errno == Errno::ENOENT { 127 } else { 126 })

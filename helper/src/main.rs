@@ -12,6 +12,7 @@ mod creds;
 mod error;
 mod exec;
 mod fds;
+mod hostids;
 mod landlock;
 mod lifeline;
 mod monitor;
@@ -55,10 +56,14 @@ fn contain() -> Result<Infallible> {
         cgroup::join(path)?;
     }
     let tether = if plan.namespaces.user {
+        let captured = match plan.host_ids {
+            Some(ids) => hostids::become_unprivileged(&plan, ids)?,
+            None => vec![],
+        };
         userns::enter(&plan.namespaces, plan.uid, plan.gid)?;
         // The outer helper stays behind as monitor; its child is pid 1 of the new pid namespace.
         let _to_monitor = monitor::fork_watched(Role::Relay)?;
-        mounts::build_root(&plan.mounts)?;
+        mounts::build_root(&plan.mounts, captured)?;
         if let Some(name) = &plan.hostname {
             uts::set_hostname(name)?;
         }
@@ -93,6 +98,8 @@ fn check(plan: &JailPlan) -> Result<()> {
         "namespaces or mounts without a user namespace"
     } else if ns.user && !(ns.mount && ns.pid) {
         "a user namespace without mount and pid namespaces"
+    } else if plan.host_ids.is_some() && !ns.user {
+        "host ids without a user namespace"
     } else if plan.hostname.is_some() && !ns.uts {
         "a hostname without a UTS namespace"
     } else if plan.loopback && !ns.net {

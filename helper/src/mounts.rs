@@ -27,12 +27,18 @@ const DEV_LINKS: [(&str, &str); 5] = [
     ("ptmx", "pts/ptmx"),
 ];
 
-pub fn build_root(mounts: &[Mount]) -> Result<()> {
+/// `captured`: trees prepared before the namespaces existed (idmapped writable
+/// binds of a helper started by root), by mount index.
+pub fn build_root(mounts: &[Mount], captured: Vec<Option<OwnedFd>>) -> Result<()> {
     check_targets(mounts)?;
     // Nothing mounted from here on may propagate back to the host.
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .at(Stage::Mounts, || "make / private".into())?;
-    let sources = mounts.iter().map(capture).collect::<Result<Vec<_>>>()?;
+    let sources = mounts
+        .iter()
+        .zip(captured.into_iter().chain(std::iter::repeat_with(|| None)))
+        .map(|(m, early)| early.map_or_else(|| capture(m), |tree| Ok(Source::Tree(tree))))
+        .collect::<Result<Vec<_>>>()?;
     let fs_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mount(Some("tmpfs"), STAGING, Some("tmpfs"), fs_flags, Some("size=1m,mode=0755"))
         .at(Stage::Mounts, || "mount the new root's tmpfs".into())?;
@@ -188,7 +194,7 @@ fn cstr(s: &str) -> Result<CString> {
 }
 
 /// A detached copy of the mount at `path` (and, if `recursive`, below it).
-fn open_tree(path: &str, recursive: bool) -> Result<OwnedFd> {
+pub fn open_tree(path: &str, recursive: bool) -> Result<OwnedFd> {
     let c = cstr(path)?;
     let mut flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC;
     if recursive {
@@ -219,14 +225,23 @@ fn attach(tree: &OwnedFd, rel: &str) -> nix::Result<()> {
     Errno::result(rc).map(drop)
 }
 
+/// Idmaps a detached tree with the mapping of `userns`.
+pub fn idmap(tree: &OwnedFd, userns: &OwnedFd) -> nix::Result<()> {
+    setattr(Some(tree), "", libc::MOUNT_ATTR_IDMAP, userns.as_raw_fd() as u64, true)
+}
+
 /// Sets mount attributes on `path` (relative to `dir`, or the cwd).
 fn set_attributes(dir: Option<&OwnedFd>, path: &str, set: u64, recursive: bool) -> nix::Result<()> {
+    setattr(dir, path, set, 0, recursive)
+}
+
+fn setattr(dir: Option<&OwnedFd>, path: &str, set: u64, userns_fd: u64, recursive: bool) -> nix::Result<()> {
     let c = CString::new(path).map_err(|_| Errno::EINVAL)?;
     let mut flags = if path.is_empty() { libc::AT_EMPTY_PATH } else { 0 };
     if recursive {
         flags |= libc::AT_RECURSIVE;
     }
-    let attr = libc::mount_attr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    let attr = libc::mount_attr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd };
     let dirfd = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
     // SAFETY: `c` and `attr` are valid for the duration of the call and `attr`'s size is passed.
     let rc = unsafe {

@@ -7,7 +7,8 @@
 
 use crate::seccomp;
 use palisade_protocol::{
-    JailPlan, LandlockFeatures, LandlockPlan, Mount, Namespaces, RLIM_INFINITY, Rlimit, Rlimits, Tier,
+    HostIds, JailPlan, LandlockFeatures, LandlockPlan, Mount, Namespaces, RLIM_INFINITY, Rlimit, Rlimits,
+    Tier,
 };
 use std::path::{Path, PathBuf};
 
@@ -93,6 +94,8 @@ pub struct JailSpec {
     /// Ids inside the sandbox (the broker's own by default).
     pub uid: u32,
     pub gid: u32,
+    /// Tier C started by root: the unprivileged host ids the sandbox runs as.
+    pub host_ids: Option<HostIds>,
     pub parent_pid: u32,
     pub cgroup: Option<String>,
 }
@@ -211,6 +214,7 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, seccomp::SeccompError> {
         cwd: s(&spec.cwd),
         uid: spec.uid,
         gid: spec.gid,
+        host_ids: if spec.tier == Tier::C { spec.host_ids } else { None },
         loopback: namespaces.net,
         namespaces,
         mounts,

@@ -402,7 +402,10 @@ fn rule(conds: Vec<Cond>) -> Result<SeccompRule, SeccompError> {
     SeccompRule::new(conds).map_err(|e| SeccompError(e.to_string()))
 }
 
-fn conditional_rules(ip: bool) -> Result<Vec<(&'static str, i64, Vec<SeccompRule>)>, SeccompError> {
+/// A syscall allowed only when one of its rules matches.
+type Conditional = (&'static str, i64, Vec<SeccompRule>);
+
+fn conditional_rules(ip: bool) -> Result<Vec<Conditional>, SeccompError> {
     let families: &[i32] = if ip { &SOCKET_FAMILIES_IP } else { &SOCKET_FAMILIES_LOCAL };
     let ioctl = vec![rule(vec![
         cond(1, Len::Dword, Op::Ne, libc::TIOCSTI)?,

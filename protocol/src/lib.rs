@@ -7,7 +7,7 @@ pub mod plan;
 pub mod status;
 
 pub use plan::{
-    BpfInstruction, JailPlan, LandlockFeatures, LandlockPlan, Mount, Namespaces, PLAN_ARCH, PLAN_MAX_BYTES,
-    PLAN_VERSION, PlanError, RLIM_INFINITY, Rlimit, Rlimits, Tier, decode_plan, encode_plan,
+    BpfInstruction, HostIds, JailPlan, LandlockFeatures, LandlockPlan, Mount, Namespaces, PLAN_ARCH,
+    PLAN_MAX_BYTES, PLAN_VERSION, PlanError, RLIM_INFINITY, Rlimit, Rlimits, Tier, decode_plan, encode_plan,
 };
 pub use status::{ExitReport, HelperFailure, HelperRecord, LandlockReport, RulesetState, Stage};

@@ -38,6 +38,12 @@ pub struct JailPlan {
     pub gid: u32,
     /// Namespaces to create. None at all selects Tier B.
     pub namespaces: Namespaces,
+    /// For a helper started by root (Tier C only): the unprivileged host ids the
+    /// sandbox runs as, so that no sandboxed process is ever host root (whose
+    /// process count RLIMIT_NPROC ignores, and who owns most of the host's
+    /// files). Writable binds are idmapped: files of their on-disk owner appear
+    /// owned by the sandbox, and what it creates is stored as that owner's.
+    pub host_ids: Option<HostIds>,
     /// The sandbox's root, in order (parents before children). Empty in Tier B.
     pub mounts: Vec<Mount>,
     /// Host name inside a new UTS namespace.
@@ -61,6 +67,13 @@ impl JailPlan {
     pub fn tier(&self) -> Tier {
         if self.namespaces.user { Tier::C } else { Tier::B }
     }
+}
+
+/// Unprivileged host ids for a sandbox started by root.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostIds {
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// Tier C uses namespaces; Tier B uses Landlock, seccomp and rlimits only.
@@ -387,6 +400,7 @@ mod tests {
             uid: 1000,
             gid: 1000,
             namespaces: Namespaces::ALL,
+            host_ids: Some(HostIds { uid: 65534, gid: 65534 }),
             mounts: vec![
                 Mount::Bind { source: "/usr".into(), target: "/usr".into(), writable: false },
                 Mount::Tmpfs { target: "/tmp".into(), size_bytes: 1 << 20, mode: 0o1777 },

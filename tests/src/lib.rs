@@ -164,6 +164,7 @@ impl Jail {
             hostname: "palisade-test".into(),
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
+            host_ids: is_root().then_some(palisade_protocol::HostIds { uid: 65534, gid: 65534 }),
             parent_pid: std::process::id(),
             cgroup: None,
         };

@@ -70,6 +70,22 @@ fn main() {
             std::thread::sleep(Duration::from_secs(3600));
         },
         "echo" => Ok(args[1..].join(" ")),
+        "session" => Ok(format!(
+            "pid={} sid={} pgid={}",
+            nix::unistd::getpid(),
+            nix::unistd::getsid(None).map(|p| p.as_raw()).unwrap_or(-1),
+            nix::unistd::getpgrp()
+        )),
+        "ns" => Ok(["user", "mnt", "pid", "net", "uts", "ipc"]
+            .iter()
+            .map(|n| {
+                std::fs::read_link(format!("/proc/self/ns/{n}"))
+                    .map(|l| l.display().to_string())
+                    .unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+            .join(",")),
+        "caller" => caller(&arg(1)),
         "cat" => {
             let mut s = String::new();
             std::io::stdin().read_to_string(&mut s).map(|_| s).map_err(io)
@@ -97,6 +113,28 @@ fn main() {
             std::process::exit(1)
         }
     }
+}
+
+/// Plays the broker for one run: reads a plan on stdin, names itself as the
+/// plan's parent, spawns the helper (`path`) and waits. Killing this process
+/// must kill the whole sandbox.
+fn caller(helper: &str) -> Outcome {
+    let mut bytes = Vec::new();
+    std::io::stdin().read_to_end(&mut bytes).map_err(io)?;
+    let mut plan = palisade_protocol::decode_plan(&bytes).map_err(|e| (Errno::EINVAL, e.to_string()))?;
+    plan.parent_pid = std::process::id();
+    let mut child = palisade_broker::spawn::spawn(palisade_broker::spawn::HelperCommand {
+        helper: helper.into(),
+        plan: palisade_protocol::encode_plan(&plan).map_err(|e| (Errno::EINVAL, e.to_string()))?,
+        cgroup_dir: None,
+        stdin: std::process::Stdio::null(),
+        stdout: std::process::Stdio::inherit(),
+        stderr: std::process::Stdio::inherit(),
+        outer_limits: vec![],
+    })
+    .map_err(io)?;
+    let status = child.child.wait().map_err(io)?;
+    Ok(format!("helper exited: {status}"))
 }
 
 fn pid(s: &str) -> nix::unistd::Pid {

@@ -1,0 +1,482 @@
+//! The jail, tested from inside: the probe runs in sandboxes built by the real
+//! `palisade-helper` binary and attempts what the sandbox must forbid; each
+//! attempt is also made outside, where it succeeds, so every test could fail.
+//!
+//! When run as root, `the_same_suite_passes_as_an_unprivileged_user` re-runs
+//! this whole file as an ordinary user (`palisade-test`, created by .ci/run).
+
+use nix::errno::Errno;
+use palisade_protocol::{ExitReport, LandlockFeatures, Stage, Tier};
+use palisade_tests::*;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BOTH: [Tier; 2] = [Tier::C, Tier::B];
+
+fn plant_secret(jail: &Jail) -> String {
+    let secret = jail.dir.join("secret.txt");
+    std::fs::write(&secret, "the-secret-value").unwrap();
+    secret.to_string_lossy().into_owned()
+}
+
+#[test]
+fn a_planted_secret_outside_the_allowed_paths_cannot_be_read() {
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        let secret = plant_secret(&jail);
+        assert!(probe_outside(&["read", &secret]).unwrap().contains("the-secret-value"));
+        let inside = jail.run(&["read", &secret]);
+        inside.expect_ran();
+        let err = inside.probe().expect_err("secret readable inside");
+        assert!(err == "ENOENT" || err == "EACCES", "{tier}: {err}");
+        assert!(!inside.stdout.contains("the-secret-value"));
+    }
+}
+
+#[test]
+fn writes_succeed_in_the_workspace_and_fail_everywhere_else() {
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        let inside_file = jail.workspace().join("made-inside");
+        let o = jail.run(&["write", inside_file.to_str().unwrap()]);
+        assert_eq!(o.expect_ran().probe(), Ok(String::new()), "{tier}");
+        assert_eq!(std::fs::read_to_string(&inside_file).unwrap(), "probe\n");
+
+        // Outside the workspace the write fails, or (Tier C's private /tmp, where the
+        // workspace's parent directories are recreated) lands in the sandbox only.
+        let outside_file = jail.dir.join("made-outside");
+        let target = outside_file.to_str().unwrap();
+        let _ = jail.run(&["write", target]).expect_ran();
+        assert!(!outside_file.exists(), "{tier}: a write reached the host outside the workspace");
+        let beside_probe = bin("probe").with_file_name("palisade-probe-write");
+        let beside_probe = beside_probe.to_str().unwrap();
+        for system in ["/usr/palisade-probe", "/etc/palisade-probe", "/palisade-probe", beside_probe] {
+            assert!(jail.run(&["write", system]).expect_ran().probe().is_err(), "{tier}: {system}");
+        }
+        assert!(!std::path::Path::new(beside_probe).exists());
+        assert_eq!(probe_outside(&["write", target]), Ok(String::new()));
+        assert!(outside_file.exists());
+    }
+}
+
+#[test]
+fn symlinks_and_hardlinks_in_the_workspace_that_point_outside_give_nothing() {
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        let secret = plant_secret(&jail);
+        let ws = jail.workspace();
+        let at = |name: &str| ws.join(name).to_string_lossy().into_owned();
+
+        // A symlink planted from outside before the run.
+        std::os::unix::fs::symlink(&secret, ws.join("planted")).unwrap();
+        assert!(probe_outside(&["read", &at("planted")]).unwrap().contains("the-secret-value"));
+        assert!(jail.run(&["read", &at("planted")]).expect_ran().probe().is_err(), "{tier}: planted symlink");
+
+        // A symlink made inside: making it is harmless, following it gives nothing.
+        let _ = jail.run(&["symlink", &secret, &at("made")]);
+        assert!(
+            jail.run(&["read", &at("made")]).expect_ran().probe().is_err(),
+            "{tier}: symlink made inside"
+        );
+        assert!(probe_outside(&["read", &at("made")]).unwrap().contains("the-secret-value"));
+
+        // A hard link to the secret cannot be made from inside.
+        assert!(jail.run(&["link", &secret, &at("hard")]).expect_ran().probe().is_err(), "{tier}: hardlink");
+        assert!(!ws.join("hard").exists());
+        assert_eq!(probe_outside(&["link", &secret, &at("hard-outside")]), Ok(String::new()));
+    }
+}
+
+#[test]
+fn a_listener_on_host_loopback_cannot_be_reached() {
+    let (listener, addr) = loopback_listener();
+    assert_eq!(probe_outside(&["connect", &addr]), Ok(String::new()));
+    listener.accept().expect("the connection from outside");
+    listener.set_nonblocking(true).unwrap();
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        let err = jail.run(&["connect", &addr]).expect_ran().probe().expect_err("connected from inside");
+        assert!(["ECONNREFUSED", "EACCES", "EPERM", "ENETUNREACH"].contains(&err.as_str()), "{tier}: {err}");
+    }
+    // Nothing from inside reached the listener.
+    assert!(listener.accept().is_err());
+}
+
+#[test]
+fn only_loopback_exists_inside_tier_c() {
+    let outside = probe_outside(&["ifaces"]).unwrap();
+    let mut jail = Jail::new(Tier::C);
+    assert_eq!(jail.run(&["ifaces"]).expect_ran().probe(), Ok("lo".to_string()), "host has {outside}");
+}
+
+#[test]
+fn proc_shows_only_the_sandbox_processes() {
+    let outside = probe_outside(&["pids"]).unwrap();
+    assert!(outside.split(',').any(|p| p == std::process::id().to_string()));
+    let mut jail = Jail::new(Tier::C);
+    let inside = jail.run(&["pids"]).expect_ran().probe().unwrap();
+    // pid 1 (the sandbox's init) and the probe itself.
+    assert_eq!(inside, "1,2");
+}
+
+fn victim() -> std::process::Child {
+    Command::new("sleep").arg("60").spawn().unwrap()
+}
+
+#[test]
+fn a_host_process_cannot_be_signalled_or_ptraced() {
+    let mut v = victim();
+    let pid = v.id().to_string();
+    assert_eq!(probe_outside(&["signal", &pid]), Ok(String::new()));
+    assert_eq!(probe_outside(&["ptrace", &pid]), Ok(String::new()));
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        for check in ["signal", "ptrace"] {
+            let err = jail.run(&[check, &pid]).expect_ran().probe().expect_err(check);
+            assert!(["ESRCH", "EPERM"].contains(&err.as_str()), "{tier} {check}: {err}");
+        }
+    }
+    let _ = v.kill();
+    let _ = v.wait();
+}
+
+#[test]
+fn mount_chroot_user_namespaces_keyctl_bpf_and_io_uring_fail() {
+    // Outside, each succeeds (bpf only for root: the host disables unprivileged bpf).
+    for check in ["mount", "chroot", "userns", "keyctl", "io_uring"] {
+        assert!(probe_outside(&[check]).is_ok(), "{check} fails even outside: {:?}", probe_outside(&[check]));
+    }
+    let bpf_outside = probe_outside(&["bpf"]);
+    if is_root() {
+        assert!(bpf_outside.is_ok(), "bpf as root: {bpf_outside:?}");
+    } else {
+        assert_eq!(bpf_outside, Err("EPERM".into()), "unprivileged bpf is disabled on this host");
+    }
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        for check in ["mount", "chroot", "userns", "keyctl", "bpf", "io_uring"] {
+            let o = jail.run(&[check]);
+            assert_eq!(o.expect_ran().probe(), Err("EPERM".into()), "{tier} {check}: {o:#?}");
+        }
+    }
+}
+
+#[test]
+fn no_capabilities_no_new_privs_and_seccomp_inside() {
+    let outside = probe_outside(&["status"]).unwrap();
+    assert!(outside.contains("NoNewPrivs=0") && outside.contains("Seccomp=0"), "{outside}");
+    if is_root() {
+        assert!(!outside.contains("CapEff=0000000000000000"), "{outside}");
+    }
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        let inside = jail.run(&["status"]).expect_ran().probe().unwrap();
+        for field in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
+            assert!(inside.contains(&format!("{field}=0000000000000000")), "{tier}: {inside}");
+        }
+        if tier == Tier::C || is_root() {
+            assert!(inside.contains("CapBnd=0000000000000000"), "{tier}: {inside}");
+        }
+        assert!(inside.contains("NoNewPrivs=1") && inside.contains("Seccomp=2"), "{tier}: {inside}");
+    }
+}
+
+#[test]
+fn only_stdio_is_inherited_env_is_the_plans_and_hostname_too() {
+    // A descriptor without close-on-exec, which a careless spawner would pass on.
+    let file = std::fs::File::open("/dev/null").unwrap();
+    // SAFETY: duplicating a valid descriptor; the copy is closed below.
+    let leaked = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_DUPFD, 100) };
+    assert!(leaked >= 100);
+    let outside = probe_outside(&["fds"]).unwrap();
+    assert!(outside.split(',').any(|fd| fd == leaked.to_string()), "{outside}");
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        assert_eq!(jail.run(&["fds"]).expect_ran().probe(), Ok("0,1,2".to_string()), "{tier}");
+        let o = jail.run(&["env"]);
+        let env = o.expect_ran().stdout.strip_prefix("ok ").unwrap();
+        let mut vars: Vec<&str> = env.lines().collect();
+        vars.sort();
+        assert_eq!(vars, ["PALISADE_TEST=1", "PATH=/usr/bin:/bin"], "{tier}");
+    }
+    // SAFETY: closing the descriptor made above.
+    unsafe { libc::close(leaked) };
+    let out = Command::new(bin("probe")).arg("env").env("PALISADE_OUTSIDE", "1").output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("PALISADE_OUTSIDE=1"));
+    let host = probe_outside(&["hostname"]).unwrap();
+    assert_ne!(host, "palisade-test");
+    let mut jail = Jail::new(Tier::C);
+    assert_eq!(jail.run(&["hostname"]).expect_ran().probe(), Ok("palisade-test".to_string()));
+}
+
+#[test]
+fn tiocsti_on_the_callers_terminal_fails() {
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    // Outside: the terminal is the probe's controlling terminal, and injection works.
+    let mut outside = Command::new(bin("probe"));
+    outside.arg("tiocsti").stdin(slave.try_clone().unwrap()).stdout(Stdio::piped());
+    // SAFETY: setsid and ioctl(TIOCSCTTY) are async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut outside, || {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = outside.output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ok"), "outside: {out:?}");
+    let mut master = std::fs::File::from(pty.master);
+    let mut injected = [0u8; 1];
+    master.read_exact(&mut injected).unwrap();
+    assert_eq!(&injected, b"#");
+
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        jail.stdin = Some(slave.try_clone().unwrap());
+        let err = jail.run(&["tiocsti"]).expect_ran().probe().expect_err("TIOCSTI worked inside");
+        assert_eq!(err, "EPERM", "{tier}");
+    }
+}
+
+#[test]
+fn a_fork_bomb_stops_at_the_process_limit() {
+    let forks = |limit: u64| {
+        let mut jail = Jail::new(Tier::C);
+        jail.spec.limits.processes = limit;
+        let o = jail.run(&["forkbomb"]);
+        o.expect_ran();
+        let line = o.stdout.lines().next().unwrap_or_default().to_string();
+        assert!(line.starts_with("err EAGAIN stopped after"), "{line}");
+        line.rsplit(' ').nth(1).unwrap().parse::<u64>().unwrap()
+    };
+    let small = forks(16);
+    assert!(small < 16, "{small} forks under a limit of 16");
+    let large = forks(200);
+    assert!(
+        large >= 150,
+        "only {large} forks under a limit of 200: the limit is not what stopped the small one"
+    );
+}
+
+#[test]
+fn a_memory_bomb_stops_at_the_address_space_limit() {
+    let mut jail = Jail::new(Tier::C);
+    jail.spec.limits.memory_bytes = 256 << 20;
+    let o = jail.run(&["membomb", "2048"]);
+    let line = o.expect_ran().stdout.lines().next().unwrap_or_default().to_string();
+    assert!(line.starts_with("err ENOMEM stopped after"), "{line}");
+    let mib: u64 = line.split_whitespace().nth(4).unwrap().parse().unwrap();
+    assert!(mib < 256, "{mib} MiB allocated under a 256 MiB limit");
+    // Counter-test: the same allocation pattern goes further with more room.
+    let mut roomy = Jail::new(Tier::C);
+    roomy.spec.limits.memory_bytes = 1 << 30;
+    assert_eq!(roomy.run(&["membomb", "512"]).expect_ran().probe(), Ok("allocated 512 MiB".to_string()));
+}
+
+#[test]
+fn a_cpu_spinner_is_stopped_by_the_cpu_limit() {
+    let mut jail = Jail::new(Tier::C);
+    jail.spec.limits.cpu_seconds = 1;
+    jail.timeout = Duration::from_secs(60);
+    let o = jail.run(&["spin"]);
+    assert!(!o.timed_out, "the spinner ran until the outer timeout: {o:#?}");
+    assert_eq!(o.exit(), Some(ExitReport::Signal(libc::SIGXCPU)), "{o:#?}");
+}
+
+#[test]
+fn a_huge_file_write_is_stopped_by_the_file_size_limit() {
+    let mut jail = Jail::new(Tier::C);
+    jail.spec.limits.file_size_bytes = 1 << 20;
+    let big = jail.workspace().join("big");
+    let o = jail.run(&["bigfile", big.to_str().unwrap(), "64"]);
+    assert!(o.expect_ran().stdout.starts_with("err EFBIG"), "{o:#?}");
+    assert!(std::fs::metadata(&big).unwrap().len() <= 1 << 20);
+    let mut roomy = Jail::new(Tier::C);
+    let big = roomy.workspace().join("big");
+    assert!(roomy.run(&["bigfile", big.to_str().unwrap(), "8"]).expect_ran().probe().is_ok());
+    assert_eq!(std::fs::metadata(&big).unwrap().len(), 8 << 20);
+}
+
+#[test]
+fn killing_the_helpers_caller_kills_the_whole_tree() {
+    let jail = Jail::new(Tier::C);
+    let token = format!("palisade-daemon-{}-{:?}", std::process::id(), std::thread::current().id());
+    let plan = jail.plan(&["daemonize", &token]);
+    let mut caller = Command::new(bin("probe"))
+        .args(["caller", bin("palisade-helper").to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    caller.stdin.take().unwrap().write_all(&palisade_protocol::encode_plan(&plan).unwrap()).unwrap();
+    let mut stdout = std::io::BufReader::new(caller.stdout.take().unwrap());
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut first).unwrap();
+    assert_eq!(first, "ok daemonized\n");
+    // The daemon exists on the host (found by its token) before the kill...
+    assert!(
+        eventually(Duration::from_secs(10), || process_with_token(&token).is_some()),
+        "daemon never started"
+    );
+    let daemon = process_with_token(&token).unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(caller.id() as i32), nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    let _ = caller.wait();
+    // ... and nothing of the sandbox survives it.
+    assert!(
+        eventually(Duration::from_secs(10), || process_with_token(&token).is_none()),
+        "pid {daemon} survived the caller"
+    );
+}
+
+#[test]
+fn a_missing_executable_reports_exec_enoent() {
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        let mut plan = jail.plan(&[]);
+        plan.program = "/nonexistent/palisade-probe".into();
+        let o = jail.run_plan(&plan);
+        let f = o.failure().unwrap_or_else(|| panic!("{tier}: no failure reported: {o:#?}"));
+        assert_eq!((f.stage, f.errno), (Stage::Exec, Errno::ENOENT as i32), "{tier}");
+        assert_eq!(f.message, "exec /nonexistent/palisade-probe: ENOENT");
+        assert_eq!(o.status.code(), Some(127));
+    }
+}
+
+#[test]
+fn a_failed_step_is_reported_as_stage_and_errno_and_nothing_runs() {
+    let mut jail = Jail::new(Tier::C);
+    let marker = jail.workspace().join("ran");
+    let mut plan = jail.plan(&["write", marker.to_str().unwrap()]);
+    plan.mounts.push(palisade_protocol::Mount::Bind {
+        source: "/nonexistent-source".into(),
+        target: "/srv/x".into(),
+        writable: false,
+    });
+    let o = jail.run_plan(&plan);
+    let f = o.failure().expect("failure reported");
+    assert_eq!((f.stage, f.errno), (Stage::Mounts, Errno::ENOENT as i32));
+    assert_eq!(f.message, "capture /nonexistent-source for binding: ENOENT");
+    assert_eq!(o.status.code(), Some(125));
+    assert!(!marker.exists() && o.stdout.is_empty());
+
+    // The caller must be the plan's parent.
+    let mut plan = jail.plan(&["write", marker.to_str().unwrap()]);
+    plan.parent_pid = 1;
+    let o = jail.run_plan(&plan);
+    assert_eq!(o.failure().map(|f| (f.stage, f.errno)), Some((Stage::Lifeline, Errno::ESRCH as i32)));
+    assert!(!marker.exists());
+}
+
+#[test]
+fn a_corrupt_plan_is_refused_before_anything_happens() {
+    let jail = Jail::new(Tier::C);
+    let mut bytes = palisade_protocol::encode_plan(&jail.plan(&["echo", "x"])).unwrap();
+    bytes[7] = 99; // version
+    let mut child = palisade_broker::spawn::spawn(palisade_broker::spawn::HelperCommand {
+        helper: bin("palisade-helper"),
+        plan: bytes,
+        cgroup_dir: None,
+        stdin: Stdio::null(),
+        stdout: Stdio::piped(),
+        stderr: Stdio::piped(),
+        outer_limits: vec![],
+    })
+    .unwrap();
+    let out = child.child.wait_with_output_ref();
+    let records = child.read_status().unwrap();
+    assert!(out.is_empty(), "{out}");
+    match records.as_slice() {
+        [palisade_protocol::HelperRecord::Failed(f)] => {
+            assert_eq!(f.stage, Stage::Plan);
+            assert!(f.message.starts_with("plan version 99"), "{}", f.message);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+trait WaitOutput {
+    fn wait_with_output_ref(&mut self) -> String;
+}
+
+impl WaitOutput for std::process::Child {
+    fn wait_with_output_ref(&mut self) -> String {
+        let mut s = String::new();
+        self.stdout.take().unwrap().read_to_string(&mut s).unwrap();
+        self.wait().unwrap();
+        s
+    }
+}
+
+#[test]
+fn tier_b_has_no_namespaces_but_landlock_seccomp_and_a_new_session() {
+    let outside_ns = probe_outside(&["ns"]).unwrap();
+    let mut b = Jail::new(Tier::B);
+    let o = b.run(&["ns"]);
+    assert_eq!(o.expect_ran().probe(), Ok(outside_ns.clone()), "Tier B must not create namespaces");
+    let landlock = o.landlock().expect("Landlock report");
+    assert!(landlock.enforced.contains(LandlockFeatures::FS), "{landlock:?}");
+
+    let mut c = Jail::new(Tier::C);
+    let inside_c = c.run(&["ns"]).expect_ran().probe().unwrap();
+    let differ = outside_ns.split(',').zip(inside_c.split(',')).filter(|(a, b)| a != b).count();
+    assert_eq!(differ, 6, "Tier C must create every namespace: {outside_ns} vs {inside_c}");
+
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        let s = jail.run(&["session"]).expect_ran().probe().unwrap();
+        let f: Vec<&str> = s.split(' ').map(|kv| kv.split('=').nth(1).unwrap()).collect();
+        assert_eq!(f[0], f[1], "{tier}: the command leads its own session: {s}");
+    }
+    let outside = probe_outside(&["session"]).unwrap();
+    let f: Vec<&str> = outside.split(' ').map(|kv| kv.split('=').nth(1).unwrap()).collect();
+    assert_ne!(f[0], f[1], "outside, the probe is not a session leader: {outside}");
+}
+
+#[test]
+fn the_command_runs_with_the_plans_ids_cwd_and_exit_status() {
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        let ids = jail.run(&["ids"]).expect_ran().probe().unwrap();
+        assert_eq!(ids, format!("uid={} gid={}", nix::unistd::getuid(), nix::unistd::getgid()));
+        let cwd = jail.run(&["cwd"]).expect_ran().probe().unwrap();
+        assert_eq!(cwd, jail.workspace().display().to_string());
+        let o = jail.run(&["exit", "7"]);
+        assert_eq!((o.exit(), o.status.code()), (Some(ExitReport::Code(7)), Some(7)), "{tier}");
+        let o = jail.run(&["kill-self", "15"]);
+        assert_eq!((o.exit(), o.status.code()), (Some(ExitReport::Signal(15)), Some(143)), "{tier}");
+    }
+}
+
+/// Re-runs this file as an ordinary user when the suite runs as root: the
+/// broker's users are unprivileged, so everything above must hold for them.
+#[test]
+fn the_same_suite_passes_as_an_unprivileged_user() {
+    if !is_root() {
+        // This run *is* the unprivileged one.
+        assert!(!nix::unistd::geteuid().is_root());
+        return;
+    }
+    let name = std::env::var("PALISADE_TEST_USER").unwrap_or_else(|_| "palisade-test".into());
+    let user = nix::unistd::User::from_name(&name).unwrap().unwrap_or_else(|| {
+        panic!("no user {name:?}: create it (useradd --system --create-home {name}), as .ci/run does")
+    });
+    let out = Command::new("setpriv")
+        .args(["--reuid", &user.uid.to_string(), "--regid", &user.gid.to_string(), "--clear-groups", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--test-threads", "4", "--skip", "the_same_suite_passes_as_an_unprivileged_user"])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", "/tmp")
+        .env("TMPDIR", "/tmp")
+        .output()
+        .unwrap();
+    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "as {name}:\n{text}");
+    assert!(text.contains("test result: ok"), "{text}");
+}
