@@ -1,4 +1,16 @@
-//! The broker side of palisade: spawning the helper, and (in `palisaded` and
-//! `palisade`) everything around it.
+//! palisade's broker side: `palisaded` (the daemon), `palisade` (the CLI and
+//! its embedded broker), and what they share: policy decisions turned into
+//! runs of palisade-helper, streamed, bounded and attested.
 
+pub mod attest;
+pub mod broker;
+pub mod cli;
+pub mod client;
+pub mod daemon;
+pub mod host;
+pub mod paths;
+pub mod run;
+pub mod server;
 pub mod spawn;
+pub mod spawner;
+pub mod systemd;

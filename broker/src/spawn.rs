@@ -31,6 +31,9 @@ pub struct HelperCommand {
 
 pub struct HelperChild {
     pub child: Child,
+    /// A pidfd for the helper, opened before anyone could reap it: signals
+    /// sent through it can never reach a recycled pid.
+    pub pidfd: OwnedFd,
     /// Read end of the status channel.
     pub status: File,
 }
@@ -98,5 +101,29 @@ pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
     }
     let child = command.spawn()?;
     drop(status_write);
-    Ok(HelperChild { child, status: File::from(status_read) })
+    let pidfd = pidfd_open(child.id())?;
+    Ok(HelperChild { child, pidfd, status: File::from(status_read) })
+}
+
+fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags; no memory is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pidfd_open returned a new descriptor that nothing else owns.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as RawFd) })
+}
+
+/// Sends `signal` through a pidfd. ESRCH (already exited) is not an error.
+pub fn pidfd_kill(pidfd: &OwnedFd, signal: i32) -> io::Result<()> {
+    // SAFETY: pidfd_send_signal with a null siginfo; no memory is passed.
+    let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal, 0usize, 0u32) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ESRCH) {
+            return Err(e);
+        }
+    }
+    Ok(())
 }

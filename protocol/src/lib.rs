@@ -2,9 +2,11 @@
 //!
 //! - [`plan`]: the broker → helper `JailPlan` (fd 3).
 //! - [`status`]: the helper → broker status records (fd 4).
+//! - [`wire`]: client ⇄ broker messages (the Unix socket).
 
 pub mod plan;
 pub mod status;
+pub mod wire;
 
 pub use plan::{
     BpfInstruction, HostIds, JailPlan, LandlockFeatures, LandlockPlan, Mount, Namespaces, PLAN_ARCH,

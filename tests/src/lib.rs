@@ -289,3 +289,162 @@ pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
 }
 
 pub use palisade_protocol::Tier as SandboxTier;
+
+/// The unprivileged user the suites run things as when they run as root.
+pub fn test_user() -> nix::unistd::User {
+    let name = std::env::var("PALISADE_TEST_USER").unwrap_or_else(|_| "palisade-test".into());
+    nix::unistd::User::from_name(&name).ok().flatten().unwrap_or_else(|| {
+        panic!("no user {name:?}: create it (useradd --system --create-home {name}), as .ci/run does")
+    })
+}
+
+/// `setpriv` arguments that run a command as `user` with no supplementary groups.
+pub fn as_user(user: &nix::unistd::User) -> Vec<String> {
+    vec![
+        "setpriv".into(),
+        "--reuid".into(),
+        user.uid.to_string(),
+        "--regid".into(),
+        user.gid.to_string(),
+        "--clear-groups".into(),
+        "--".into(),
+    ]
+}
+
+/// The configuration every broker test starts from: the probe is visible.
+pub fn base_config() -> String {
+    let probe_dir = bin("probe").parent().unwrap().to_path_buf();
+    format!("[defaults]\nread_only = [{:?}]\n", probe_dir.to_string_lossy())
+}
+
+/// Splits test TOML into lines for `[defaults]` (those before any table
+/// header) and the rest, so tests can add defaults to the base configuration.
+fn split_defaults(config: &str) -> (String, String) {
+    match config.find('[') {
+        Some(0) => (String::new(), config.to_string()),
+        Some(i) => (config[..i].to_string(), config[i..].to_string()),
+        None => (config.to_string(), String::new()),
+    }
+}
+
+/// A running `palisaded`, stopped (SIGTERM) when dropped.
+pub struct Daemon {
+    pub child: std::process::Child,
+    pub socket: PathBuf,
+    pub dir: TempDir,
+}
+
+#[derive(Default)]
+pub struct DaemonOptions {
+    /// TOML appended to [`base_config`].
+    pub config: String,
+    /// Run the daemon as this user (via setpriv).
+    pub user: Option<nix::unistd::User>,
+    pub env: Vec<(String, String)>,
+    /// A command the daemon runs under (e.g. `prlimit ... --`).
+    pub prefix: Vec<String>,
+}
+
+impl Daemon {
+    pub fn start(config: &str) -> Daemon {
+        Daemon::start_with(DaemonOptions { config: config.into(), ..Default::default() })
+    }
+
+    pub fn start_with(opts: DaemonOptions) -> Daemon {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = TempDir::new("daemon");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        if let Some(u) = &opts.user {
+            nix::unistd::chown(dir.path(), Some(u.uid), Some(u.gid)).unwrap();
+        }
+        let socket = dir.join("palisade.sock");
+        let config = dir.join("palisade.toml");
+        let (defaults, rest) = split_defaults(&opts.config);
+        std::fs::write(&config, format!("{}{}\n{}", base_config(), defaults, rest)).unwrap();
+        let log = std::fs::File::create(dir.join("palisaded.log")).unwrap();
+        let mut argv: Vec<String> = opts.prefix.clone();
+        argv.extend(opts.user.as_ref().map(as_user).unwrap_or_default());
+        argv.push(bin("palisaded").to_string_lossy().into_owned());
+        argv.extend(["--config".into(), config.to_string_lossy().into_owned()]);
+        argv.extend(["--socket".into(), socket.to_string_lossy().into_owned()]);
+        let mut cmd = std::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        cmd.env("PALISADE_LOG", "debug");
+        for (k, v) in &opts.env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("start palisaded");
+        let mut d = Daemon { child, socket, dir };
+        let up = eventually(Duration::from_secs(20), || {
+            std::os::unix::net::UnixStream::connect(&d.socket).is_ok()
+        });
+        if !up {
+            let _ = d.child.kill();
+            panic!("palisaded did not start:\n{}", d.log());
+        }
+        d
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("palisaded.log")).unwrap_or_default()
+    }
+
+    /// SIGTERM, then wait (bounded).
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20) {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        None
+    }
+
+    /// `palisade run --socket <this daemon> <args>` in `cwd`.
+    pub fn run(&self, cwd: &Path, args: &[&str]) -> std::process::Output {
+        palisade_cli(cwd, &["run", "--socket", self.socket.to_str().unwrap()], args, None)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.stop();
+        }
+    }
+}
+
+/// Runs the `palisade` CLI: `pre` (subcommand and options), then `-- args`.
+pub fn palisade_cli(
+    cwd: &Path,
+    pre: &[&str],
+    args: &[&str],
+    user: Option<&nix::unistd::User>,
+) -> std::process::Output {
+    let mut argv: Vec<String> = user.map(as_user).unwrap_or_default();
+    argv.push(bin("palisade").to_string_lossy().into_owned());
+    argv.extend(pre.iter().map(|s| s.to_string()));
+    argv.push("--".into());
+    argv.extend(args.iter().map(|s| s.to_string()));
+    std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run palisade")
+}
+
+/// A directory the test user can use as a workspace (mode 0777 under a 0755 parent).
+pub fn shared_workspace(dir: &TempDir, name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ws = dir.join(name);
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o777)).unwrap();
+    ws
+}

@@ -46,7 +46,10 @@ fn writes_succeed_in_the_workspace_and_fail_everywhere_else() {
         // Stored as the workspace owner's, also when a sandbox started by root ran as another uid.
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(&inside_file).unwrap();
-        assert_eq!((meta.uid(), meta.gid()), (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw()));
+        assert_eq!(
+            (meta.uid(), meta.gid()),
+            (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw())
+        );
 
         // Outside the workspace the write fails, or (Tier C's private /tmp, where the
         // workspace's parent directories are recreated) lands in the sandbox only.

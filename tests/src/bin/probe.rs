@@ -70,6 +70,7 @@ fn main() {
             std::thread::sleep(Duration::from_secs(3600));
         },
         "echo" => Ok(args[1..].join(" ")),
+        "flood" => flood(),
         "session" => Ok(format!(
             "pid={} sid={} pgid={}",
             nix::unistd::getpid(),
@@ -284,6 +285,17 @@ fn membomb(mib: usize) -> Outcome {
         held.push(chunk);
     }
     Ok(format!("allocated {mib} MiB"))
+}
+
+/// Writes to stdout until it cannot (the token in argv lets the host find it).
+fn flood() -> Outcome {
+    let chunk = vec![b'x'; 64 * 1024];
+    let mut out = std::io::stdout().lock();
+    loop {
+        if let Err(e) = out.write_all(&chunk) {
+            return Err(io(e));
+        }
+    }
 }
 
 fn spin() -> Outcome {

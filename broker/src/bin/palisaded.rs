@@ -1,0 +1,5 @@
+use clap::Parser;
+
+fn main() {
+    std::process::exit(palisade_broker::daemon::main(palisade_broker::daemon::Args::parse()));
+}

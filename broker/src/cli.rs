@@ -1,0 +1,230 @@
+//! palisade: the command-line client. `palisade run` uses a running broker,
+//! or an embedded one with the built-in default policy when none answers.
+
+use crate::broker::{Broker, Peer};
+use crate::client::{Client, ClientError};
+use crate::run::{Engine, Sink};
+use crate::spawner::Spawner;
+use crate::{host, paths};
+use clap::{Args as ClapArgs, Parser, Subcommand};
+use palisade_policy::{Config, Context};
+use palisade_protocol::wire::{
+    ErrorKind, ErrorReply, RunRequest, RunResult, RunStatus, ServerMessage, Stream,
+};
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+
+/// Exit status when palisade refused or failed (not the command).
+pub const EXIT_PALISADE: i32 = 125;
+
+/// Run commands in a kernel-enforced sandbox.
+#[derive(Parser, Debug)]
+#[command(name = "palisade", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a command in a sandbox: through the running broker, or an embedded one.
+    ///
+    /// Exits with the command's status, 128+N if it died of signal N, and 125
+    /// when palisade refused or failed (with a one-line message naming the error kind).
+    Run(RunArgs),
+}
+
+#[derive(ClapArgs, Debug)]
+pub struct RunArgs {
+    /// Broker socket [default: $PALISADE_SOCKET, else the default socket; an
+    /// embedded broker runs when none answers there].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// The writable workspace [default: the current directory].
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// Policy file: run with an embedded broker under this policy.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// Deadline in seconds (can only lower the policy's).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<u64>,
+    /// Output quota in bytes, stdout and stderr together (can only lower the policy's).
+    #[arg(long = "max-output", value_name = "BYTES")]
+    pub max_output: Option<u64>,
+    /// Print the result and its attestation as one JSON object (output included).
+    #[arg(long)]
+    pub json: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+pub fn main(cli: Cli) -> i32 {
+    crate::daemon::init_tracing("warn");
+    match cli.command {
+        Command::Run(args) => run(args),
+    }
+}
+
+fn fail(kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
+    eprintln!("palisade: {kind}: {message}");
+    EXIT_PALISADE
+}
+
+fn request(args: &RunArgs) -> Result<RunRequest, String> {
+    let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let mut stdin = Vec::new();
+    if !std::io::stdin().is_terminal() {
+        std::io::stdin().read_to_end(&mut stdin).map_err(|e| format!("reading stdin: {e}"))?;
+    }
+    Ok(RunRequest {
+        argv: args.command.clone(),
+        env: std::env::vars().collect(),
+        cwd: Some(cwd.to_string_lossy().into_owned()),
+        workspace: args.workspace.as_ref().map(|w| cwd.join(w).to_string_lossy().into_owned()),
+        stdin,
+        timeout_secs: args.timeout,
+        max_output_bytes: args.max_output,
+        tool: None,
+        params: Default::default(),
+    })
+}
+
+/// Shows a run's messages: output streamed as it comes, or gathered for --json.
+#[derive(Default)]
+struct Render {
+    json: bool,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+impl Render {
+    fn on(&mut self, msg: &ServerMessage) {
+        if let ServerMessage::Output { stream, data } = msg {
+            match (self.json, stream) {
+                (true, Stream::Stdout) => self.stdout.extend_from_slice(data),
+                (true, Stream::Stderr) => self.stderr.extend_from_slice(data),
+                (false, Stream::Stdout) => {
+                    let mut out = std::io::stdout().lock();
+                    let _ = out.write_all(data).and_then(|_| out.flush());
+                }
+                (false, Stream::Stderr) => {
+                    let _ = std::io::stderr().write_all(data);
+                }
+            }
+        }
+    }
+
+    fn finish(self, outcome: Result<RunResult, ErrorReply>) -> i32 {
+        if self.json {
+            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+            let value = match &outcome {
+                Ok(r) => {
+                    serde_json::json!({ "result": r, "stdout": text(&self.stdout), "stderr": text(&self.stderr) })
+                }
+                Err(e) => {
+                    serde_json::json!({ "error": e, "stdout": text(&self.stdout), "stderr": text(&self.stderr) })
+                }
+            };
+            println!("{value}");
+        }
+        match outcome {
+            Ok(r) => match r.status {
+                RunStatus::Exited { code } => code,
+                RunStatus::Signaled { signal } => 128 + signal,
+                RunStatus::TimedOut => quiet_fail(self.json, ErrorKind::TimedOut, "killed at the deadline"),
+                RunStatus::QuotaExceeded => {
+                    quiet_fail(self.json, ErrorKind::QuotaExceeded, "output exceeded its quota; killed")
+                }
+                RunStatus::MemoryLimitExceeded => {
+                    quiet_fail(self.json, ErrorKind::MemoryLimitExceeded, "killed by the memory limit")
+                }
+                RunStatus::Cancelled => {
+                    quiet_fail(self.json, ErrorKind::RuntimeFailure, "the run was cancelled")
+                }
+            },
+            Err(e) => quiet_fail(self.json, e.kind, e.message),
+        }
+    }
+}
+
+/// With --json the error is in the object; otherwise it gets its line.
+fn quiet_fail(json: bool, kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
+    if json { EXIT_PALISADE } else { fail(kind, message) }
+}
+
+fn run(args: RunArgs) -> i32 {
+    let request = match request(&args) {
+        Ok(r) => r,
+        Err(e) => return fail(ErrorKind::InvalidRequest, e),
+    };
+    let render = Render { json: args.json, ..Render::default() };
+    if let Some(policy) = &args.policy {
+        return match Config::load(policy) {
+            Ok(config) => embedded(config, request, render),
+            Err(e) => fail(ErrorKind::InvalidRequest, e),
+        };
+    }
+    let (socket, explicit) = match (&args.socket, std::env::var_os("PALISADE_SOCKET")) {
+        (Some(s), _) => (s.clone(), true),
+        (None, Some(s)) => (PathBuf::from(s), false),
+        (None, None) => (paths::default_socket(), false),
+    };
+    match Client::connect(&socket) {
+        Ok(client) => via_socket(client, request, render),
+        Err(ClientError::Io(e)) if !explicit => {
+            tracing::debug!("no broker at {}: {e}; running an embedded one", socket.display());
+            embedded(Config::default(), request, render)
+        }
+        Err(ClientError::Reply(e)) => fail(e.kind, e.message),
+        Err(e) => fail(ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),
+    }
+}
+
+fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -> i32 {
+    let outcome = client.run(request, |m| render.on(m));
+    match outcome {
+        Ok(r) => render.finish(Ok(r)),
+        Err(ClientError::Reply(e)) => render.finish(Err(e)),
+        Err(e) => fail(ErrorKind::RuntimeFailure, e),
+    }
+}
+
+struct RenderSink<'a>(&'a mut Render);
+
+impl Sink for RenderSink<'_> {
+    async fn send(&mut self, msg: ServerMessage) -> bool {
+        self.0.on(&msg);
+        true
+    }
+}
+
+/// A broker inside this process, under `config`.
+fn embedded(config: Config, request: RunRequest, mut render: Render) -> i32 {
+    // Probed before any thread exists: the user-namespace probe forks.
+    let host = host::probe();
+    let helper = config.broker.helper.clone().unwrap_or_else(paths::default_helper);
+    if let Err(e) = paths::check_helper(&helper) {
+        return fail(ErrorKind::RuntimeFailure, e);
+    }
+    let spawner = match Spawner::start() {
+        Ok(s) => s,
+        Err(e) => return fail(ErrorKind::RuntimeFailure, e),
+    };
+    let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+    let context = Context { host, parent_pid: std::process::id(), uid, gid };
+    let broker = Broker { engine: Engine::new(spawner, helper), config, context };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => return fail(ErrorKind::RuntimeFailure, e),
+    };
+    let peer = Peer { uid, gid, pid: Some(std::process::id() as i32) };
+    let outcome = runtime.block_on(async {
+        let cancel = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        broker.run(peer, &request, &mut RenderSink(&mut render), cancel).await
+    });
+    render.finish(outcome)
+}

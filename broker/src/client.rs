@@ -1,0 +1,84 @@
+//! A blocking client for the broker's socket (what the CLI uses).
+
+use palisade_protocol::wire::{
+    ClientMessage, Decoder, Encoding, ErrorReply, Hello, RunRequest, RunResult, ServerMessage, encode,
+};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+#[derive(Debug)]
+pub enum ClientError {
+    /// Connecting, reading or writing failed.
+    Io(std::io::Error),
+    /// The broker answered with an error.
+    Reply(ErrorReply),
+    /// The broker said something that makes no sense here.
+    Protocol(String),
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientError::Io(e) => write!(f, "{e}"),
+            ClientError::Reply(r) => write!(f, "{}: {}", r.kind, r.message),
+            ClientError::Protocol(e) => write!(f, "protocol error: {e}"),
+        }
+    }
+}
+
+pub struct Client {
+    stream: UnixStream,
+    decoder: Decoder,
+    encoding: Encoding,
+}
+
+impl Client {
+    /// Connects and completes the handshake.
+    pub fn connect(path: &Path) -> Result<Client, ClientError> {
+        let stream = UnixStream::connect(path).map_err(ClientError::Io)?;
+        let encoding = Encoding::Bincode;
+        let mut client = Client { stream, decoder: Decoder::new(Some(encoding)), encoding };
+        client.send(&ClientMessage::Hello(Hello::new(encoding)))?;
+        match client.receive()? {
+            ServerMessage::Hello(_) => Ok(client),
+            ServerMessage::Error(e) => Err(ClientError::Reply(e)),
+            other => Err(ClientError::Protocol(format!("expected a hello, got {other:?}"))),
+        }
+    }
+
+    pub fn send(&mut self, msg: &ClientMessage) -> Result<(), ClientError> {
+        let bytes = encode(msg, self.encoding).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.stream.write_all(&bytes).map_err(ClientError::Io)
+    }
+
+    pub fn receive(&mut self) -> Result<ServerMessage, ClientError> {
+        let mut buf = [0u8; 64 * 1024];
+        loop {
+            if let Some(m) = self.decoder.next_message().map_err(|e| ClientError::Protocol(e.to_string()))? {
+                return Ok(m);
+            }
+            let n = self.stream.read(&mut buf).map_err(ClientError::Io)?;
+            if n == 0 {
+                return Err(ClientError::Protocol("the broker closed the connection".into()));
+            }
+            self.decoder.push(&buf[..n]);
+        }
+    }
+
+    /// Runs a command; `each` sees every message before the final one.
+    pub fn run(
+        &mut self,
+        request: RunRequest,
+        mut each: impl FnMut(&ServerMessage),
+    ) -> Result<RunResult, ClientError> {
+        self.send(&ClientMessage::Run(request))?;
+        loop {
+            match self.receive()? {
+                ServerMessage::Finished(r) => return Ok(*r),
+                ServerMessage::Error(e) => return Err(ClientError::Reply(e)),
+                other => each(&other),
+            }
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! palisaded: the long-running broker.
+
+use crate::broker::Broker;
+use crate::run::Engine;
+use crate::server::Server;
+use crate::spawner::Spawner;
+use crate::{host, paths, systemd};
+use clap::Parser;
+use palisade_policy::{Config, Context};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// palisade's broker: serves sandboxed runs on a Unix socket.
+#[derive(Parser, Debug)]
+#[command(name = "palisaded", version, about, long_about = None)]
+pub struct Args {
+    /// Configuration file (TOML); see palisade.example.toml.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Socket path [default: $XDG_RUNTIME_DIR/palisade/palisade.sock, or
+    /// /run/palisade/palisade.sock for root]. Ignored under socket activation.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// palisade-helper to spawn [default: next to this binary].
+    #[arg(long, value_name = "PATH")]
+    pub helper: Option<PathBuf>,
+}
+
+pub fn init_tracing(default: &str) {
+    let filter = std::env::var("PALISADE_LOG")
+        .ok()
+        .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
+        .or_else(|| tracing_subscriber::EnvFilter::try_from_default_env().ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(default));
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+pub fn main(args: Args) -> i32 {
+    init_tracing("info");
+    let config = match &args.config {
+        Some(path) => match Config::load(path) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("palisaded: {e}");
+                return 2;
+            }
+        },
+        None => Config::default(),
+    };
+    // Probed before any thread exists: the user-namespace probe forks.
+    let host = host::probe();
+    tracing::info!(
+        user_namespaces = host.user_namespaces,
+        landlock_abi = host.landlock_abi,
+        "host capabilities"
+    );
+    let helper =
+        args.helper.clone().or_else(|| config.broker.helper.clone()).unwrap_or_else(paths::default_helper);
+    if let Err(e) = paths::check_helper(&helper) {
+        eprintln!("palisaded: {e}");
+        return 2;
+    }
+    let spawner = match Spawner::start() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("palisaded: cannot start the spawner thread: {e}");
+            return 1;
+        }
+    };
+    let context = Context {
+        host,
+        parent_pid: std::process::id(),
+        uid: nix::unistd::getuid().as_raw(),
+        gid: nix::unistd::getgid().as_raw(),
+    };
+    let socket =
+        args.socket.clone().or_else(|| config.broker.socket.clone()).unwrap_or_else(paths::default_socket);
+    let mode = config.broker.socket_mode;
+    let broker = Broker { engine: Engine::new(spawner, helper), config, context };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("palisaded: cannot start the runtime: {e}");
+            return 1;
+        }
+    };
+    runtime.block_on(serve(broker, socket, mode))
+}
+
+async fn serve(broker: Broker, socket: PathBuf, mode: u32) -> i32 {
+    let (listener, owned_path) = match systemd::activated_listener() {
+        Some(l) => {
+            let _ = l.set_nonblocking(true);
+            (tokio::net::UnixListener::from_std(l), None)
+        }
+        None => (bind(&socket, mode), Some(socket.clone())),
+    };
+    let listener = match listener {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("palisaded: cannot listen on {}: {e}", socket.display());
+            return 1;
+        }
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+        else {
+            tracing::error!("cannot install signal handlers");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM"),
+            _ = int.recv() => tracing::info!("SIGINT"),
+        }
+        let _ = stop.send(true);
+    });
+    match &owned_path {
+        Some(p) => tracing::info!(socket = %p.display(), "listening"),
+        None => tracing::info!("listening on the socket passed by systemd"),
+    }
+    systemd::notify("READY=1");
+    Arc::new(Server::new(broker)).serve(listener, stopped).await;
+    systemd::notify("STOPPING=1");
+    if let Some(p) = owned_path {
+        let _ = std::fs::remove_file(&p);
+    }
+    tracing::info!("stopped");
+    0
+}
+
+/// Binds the socket with `mode`, replacing a stale one but never a live one.
+fn bind(path: &Path, mode: u32) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another broker is listening there",
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    listener.set_nonblocking(true)?;
+    tokio::net::UnixListener::from_std(listener)
+}

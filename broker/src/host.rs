@@ -1,0 +1,42 @@
+//! What this host can enforce, probed once at start-up (before any thread
+//! exists, since one probe forks).
+
+use nix::sched::{CloneFlags, unshare};
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::{ForkResult, fork};
+use palisade_policy::HostCapabilities;
+
+/// Whether this process may create a user namespace, tried for real in a
+/// throwaway child (sysctls and AppArmor can each forbid it).
+pub fn user_namespaces() -> bool {
+    // SAFETY: called before the runtime starts threads; the child only makes
+    // async-signal-safe calls and exits.
+    match unsafe { fork() } {
+        Ok(ForkResult::Child) => {
+            let ok = unshare(CloneFlags::CLONE_NEWUSER).is_ok();
+            // SAFETY: _exit is async-signal-safe and ends the child at once.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+        }
+        Ok(ForkResult::Parent { child }) => matches!(waitpid(child, None), Ok(WaitStatus::Exited(_, 0))),
+        Err(_) => false,
+    }
+}
+
+/// The kernel's Landlock ABI version, 0 without Landlock.
+pub fn landlock_abi() -> u32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a null attribute and size 0 this only queries the ABI version.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if v > 0 { v as u32 } else { 0 }
+}
+
+pub fn probe() -> HostCapabilities {
+    HostCapabilities { user_namespaces: user_namespaces(), landlock_abi: landlock_abi() }
+}

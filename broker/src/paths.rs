@@ -1,0 +1,40 @@
+//! Default locations.
+
+use std::path::PathBuf;
+
+/// `/run/palisade/palisade.sock` for root (a system install), else
+/// `$XDG_RUNTIME_DIR/palisade/palisade.sock` (a user install).
+pub fn default_socket() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        return PathBuf::from("/run/palisade/palisade.sock");
+    }
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(format!("/run/user/{}", nix::unistd::geteuid())));
+    runtime.join("palisade/palisade.sock")
+}
+
+/// The helper installed next to the running binary.
+pub fn default_helper() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("palisade-helper")))
+        .unwrap_or_else(|| PathBuf::from("palisade-helper"))
+}
+
+/// Refuses a helper that is missing, not executable, or setuid/setgid:
+/// palisade-helper must never carry privilege of its own.
+pub fn check_helper(path: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).map_err(|e| {
+        format!("helper {}: {e} (build it: cargo build --release -p palisade-helper)", path.display())
+    })?;
+    let mode = meta.permissions().mode();
+    if !meta.is_file() || mode & 0o111 == 0 {
+        return Err(format!("helper {} is not an executable file", path.display()));
+    }
+    if mode & 0o6000 != 0 {
+        return Err(format!("helper {} is setuid or setgid: refusing to use it", path.display()));
+    }
+    Ok(())
+}

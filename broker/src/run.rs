@@ -1,0 +1,281 @@
+//! One run: spawn the helper, feed stdin, stream stdout and stderr as they
+//! come, enforce the output quota and the deadline, kill the whole tree when
+//! needed, then collect usage and build the result and its attestation.
+
+use crate::attest::attestation;
+use crate::spawn::{HelperCommand, pidfd_kill};
+use crate::spawner::Spawner;
+use palisade_policy::Resolved;
+use palisade_protocol::wire::{
+    ErrorKind, ErrorReply, RunRequest, RunResult, RunStatus, ServerMessage, Stream,
+};
+use palisade_protocol::{ExitReport, HelperRecord, Tier, encode_plan};
+use std::future::Future;
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+
+/// Output is read and forwarded in chunks of this size.
+pub const CHUNK_BYTES: usize = 4096;
+/// After the helper exits, how long stray holders of the output pipes may keep
+/// them open before the run is finished without their end-of-file.
+const DRAIN_GRACE: Duration = Duration::from_millis(200);
+/// Tier B: time between SIGTERM (the helper kills its descendants) and SIGKILL.
+const TERM_GRACE: Duration = Duration::from_millis(500);
+/// A timer that is armed later.
+const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Where a run's messages go. `false`: the client is gone.
+pub trait Sink {
+    fn send(&mut self, msg: ServerMessage) -> impl Future<Output = bool> + Send;
+}
+
+pub struct Engine {
+    spawner: Spawner,
+    helper: PathBuf,
+    next_run: AtomicU64,
+}
+
+fn failure(kind: ErrorKind, message: impl Into<String>) -> ErrorReply {
+    ErrorReply { kind, message: message.into() }
+}
+
+struct Usage {
+    user_ms: u64,
+    system_ms: u64,
+    max_rss_bytes: u64,
+    code: Option<i32>,
+    signal: Option<i32>,
+}
+
+impl Engine {
+    pub fn new(spawner: Spawner, helper: PathBuf) -> Engine {
+        Engine { spawner, helper, next_run: AtomicU64::new(1) }
+    }
+
+    pub fn helper(&self) -> &std::path::Path {
+        &self.helper
+    }
+
+    /// Runs `resolved`. `cancel` completing (a client gone, a shutdown) kills the run.
+    pub async fn execute<S: Sink + Send>(
+        &self,
+        resolved: &Resolved,
+        request: &RunRequest,
+        sink: &mut S,
+        cancel: impl Future<Output = ()> + Send,
+    ) -> Result<RunResult, ErrorReply> {
+        let run_id = self.next_run.fetch_add(1, Ordering::Relaxed);
+        let plan =
+            encode_plan(&resolved.plan).map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?;
+        let tier = resolved.plan.tier();
+        let started = Instant::now();
+        let mut helper = self
+            .spawner
+            .spawn(HelperCommand {
+                helper: self.helper.clone(),
+                plan,
+                cgroup_dir: None,
+                stdin: if request.stdin.is_empty() { Stdio::null() } else { Stdio::piped() },
+                stdout: Stdio::piped(),
+                stderr: Stdio::piped(),
+                outer_limits: vec![],
+            })
+            .await
+            .map_err(|e| {
+                failure(ErrorKind::RuntimeFailure, format!("cannot start {}: {e}", self.helper.display()))
+            })?;
+        let pid = helper.child.id();
+        tracing::debug!(run_id, pid, %tier, "helper started");
+        let io_err = |e: std::io::Error| failure(ErrorKind::RuntimeFailure, e.to_string());
+        // SAFETY: an OwnedFd's descriptor stays open as long as the AsyncFd owns it.
+        let pidfd = unsafe { AsyncFd::register(helper.pidfd) }.map_err(|e| io_err(e.into()))?;
+        let mut out = pipe_reader(helper.child.stdout.take()).map_err(io_err)?;
+        let mut err = pipe_reader(helper.child.stderr.take()).map_err(io_err)?;
+        if let Some(stdin) = helper.child.stdin.take() {
+            let mut tx = pipe::Sender::from_owned_fd(OwnedFd::from(stdin)).map_err(io_err)?;
+            let data = request.stdin.clone();
+            // A command that does not read its stdin must not hold up the run.
+            tokio::spawn(async move {
+                let _ = tx.write_all(&data).await;
+            });
+        }
+        let mut connected = sink.send(ServerMessage::Started { run_id, executor: tier.to_string() }).await;
+
+        let kill = |signal: i32| {
+            if let Err(e) = pidfd_kill(pidfd.get_ref(), signal) {
+                tracing::error!(run_id, pid, "cannot signal the helper: {e}");
+            }
+        };
+        // Tier C: SIGKILL to the helper takes pid 1 of the sandbox with it, and
+        // with it the whole pid namespace. Tier B: SIGTERM lets the helper (a
+        // subreaper) kill every descendant before it exits.
+        let first_signal = if tier == Tier::C { libc::SIGKILL } else { libc::SIGTERM };
+
+        let max = resolved.max_output_bytes;
+        let (mut total, mut stdout_bytes, mut stderr_bytes) = (0u64, 0u64, 0u64);
+        let (mut out_buf, mut err_buf) = ([0u8; CHUNK_BYTES], [0u8; CHUNK_BYTES]);
+        let (mut out_open, mut err_open, mut exited) = (true, true, false);
+        let mut ended: Option<RunStatus> = if connected { None } else { Some(RunStatus::Cancelled) };
+        if ended.is_some() {
+            kill(first_signal);
+        }
+        let deadline = tokio::time::sleep(resolved.timeout);
+        let drain = tokio::time::sleep(NEVER);
+        let escalate = tokio::time::sleep(NEVER);
+        tokio::pin!(deadline, drain, escalate, cancel);
+        let mut escalation_armed = false;
+
+        while !(exited && !out_open && !err_open) {
+            let mut chunk: Option<(Stream, usize)> = None;
+            tokio::select! {
+                r = out.read(&mut out_buf), if out_open => match r {
+                    Ok(n) if n > 0 => chunk = Some((Stream::Stdout, n)),
+                    _ => out_open = false,
+                },
+                r = err.read(&mut err_buf), if err_open => match r {
+                    Ok(n) if n > 0 => chunk = Some((Stream::Stderr, n)),
+                    _ => err_open = false,
+                },
+                r = pidfd.readable(), if !exited => {
+                    if let Ok(mut guard) = r {
+                        guard.retain_ready();
+                    }
+                    exited = true;
+                    drain.as_mut().reset(tokio::time::Instant::now() + DRAIN_GRACE);
+                }
+                _ = &mut deadline, if ended.is_none() && !exited => {
+                    ended = Some(RunStatus::TimedOut);
+                    kill(first_signal);
+                }
+                _ = &mut cancel, if ended.is_none() && !exited => {
+                    ended = Some(RunStatus::Cancelled);
+                    kill(first_signal);
+                }
+                _ = &mut escalate, if escalation_armed && !exited => {
+                    escalation_armed = false;
+                    kill(libc::SIGKILL);
+                }
+                _ = &mut drain, if exited => break,
+            }
+            if ended.is_some() && first_signal == libc::SIGTERM && !escalation_armed && !exited {
+                escalation_armed = true;
+                escalate.as_mut().reset(tokio::time::Instant::now() + TERM_GRACE);
+            }
+            let Some((stream, n)) = chunk else { continue };
+            if ended == Some(RunStatus::QuotaExceeded) {
+                continue;
+            }
+            let data = if stream == Stream::Stdout { &out_buf[..n] } else { &err_buf[..n] };
+            let room = max.saturating_sub(total);
+            let deliver = &data[..(n as u64).min(room) as usize];
+            if deliver.len() < n {
+                // Over the quota: the whole tree dies now, and no byte past the limit leaves.
+                ended = Some(RunStatus::QuotaExceeded);
+                kill(first_signal);
+                out_open = false;
+                err_open = false;
+            }
+            if !deliver.is_empty() {
+                total += deliver.len() as u64;
+                *(if stream == Stream::Stdout { &mut stdout_bytes } else { &mut stderr_bytes }) +=
+                    deliver.len() as u64;
+                if connected {
+                    connected = sink.send(ServerMessage::Output { stream, data: deliver.to_vec() }).await;
+                    if !connected && ended.is_none() {
+                        ended = Some(RunStatus::Cancelled);
+                        kill(first_signal);
+                    }
+                }
+            }
+        }
+        if !exited {
+            if ended.is_some() && first_signal == libc::SIGTERM {
+                tokio::select! {
+                    _ = pidfd.readable() => {}
+                    _ = tokio::time::sleep(TERM_GRACE) => kill(libc::SIGKILL),
+                }
+            }
+            let _ = pidfd.readable().await;
+        }
+        let wall_ms = started.elapsed().as_millis() as u64;
+        let usage = reap(pid).map_err(io_err)?;
+        let mut status_pipe = helper.status;
+        let records = tokio::task::spawn_blocking(move || {
+            let mut bytes = Vec::new();
+            (&mut status_pipe).take(1 << 20).read_to_end(&mut bytes).map(|_| bytes)
+        })
+        .await
+        .map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?
+        .map_err(io_err)
+        .and_then(|b| {
+            palisade_protocol::status::decode_records(&b)
+                .map_err(|e| failure(ErrorKind::RuntimeFailure, format!("bad status from the helper: {e}")))
+        })?;
+        let mut landlock = None;
+        let mut exit = None;
+        for r in records {
+            match r {
+                HelperRecord::Landlock(l) => landlock = Some(l),
+                HelperRecord::Exit(e) => exit = Some(e),
+                HelperRecord::Failed(f) if ended.is_none() => {
+                    return Err(failure(ErrorKind::RuntimeFailure, format!("sandbox setup failed: {f}")));
+                }
+                HelperRecord::Failed(_) => {}
+            }
+        }
+        let status = ended.unwrap_or(match exit {
+            Some(ExitReport::Code(code)) => RunStatus::Exited { code },
+            Some(ExitReport::Signal(signal)) => RunStatus::Signaled { signal },
+            None => match (usage.code, usage.signal) {
+                (Some(code), _) => RunStatus::Exited { code },
+                (_, Some(signal)) => RunStatus::Signaled { signal },
+                _ => RunStatus::Signaled { signal: libc::SIGKILL },
+            },
+        });
+        tracing::info!(run_id, pid, ?status, wall_ms, "run finished");
+        Ok(RunResult {
+            run_id,
+            status,
+            wall_ms,
+            cpu_user_ms: usage.user_ms,
+            cpu_system_ms: usage.system_ms,
+            peak_memory_bytes: usage.max_rss_bytes,
+            memory_source: "rusage".into(),
+            stdout_bytes,
+            stderr_bytes,
+            attestation: attestation(request, resolved, landlock),
+        })
+    }
+}
+
+fn pipe_reader<T: Into<OwnedFd>>(end: Option<T>) -> std::io::Result<pipe::Receiver> {
+    let fd = end.ok_or_else(|| std::io::Error::other("missing pipe"))?;
+    pipe::Receiver::from_owned_fd(fd.into())
+}
+
+/// Reaps the exited helper, with the resource usage of its whole waited-for tree.
+fn reap(pid: u32) -> std::io::Result<Usage> {
+    let mut status = 0;
+    // SAFETY: rusage is plain old data; all-zero is valid.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `status` and `ru` are valid for writing for the duration of the call.
+    let rc = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut ru) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let ms = |tv: libc::timeval| tv.tv_sec as u64 * 1000 + tv.tv_usec as u64 / 1000;
+    Ok(Usage {
+        user_ms: ms(ru.ru_utime),
+        system_ms: ms(ru.ru_stime),
+        max_rss_bytes: ru.ru_maxrss as u64 * 1024,
+        code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+        signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+    })
+}

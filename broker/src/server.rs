@@ -1,0 +1,266 @@
+//! palisaded's socket server: peer credentials, the handshake, framing, the
+//! concurrency limit with its bounded queue, and shutdown.
+
+use crate::broker::{Broker, Peer};
+use crate::run::Sink;
+use palisade_protocol::wire::{
+    ClientMessage, Decoder, Encoding, ErrorKind, ErrorReply, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION,
+    ServerHello, ServerMessage, encode,
+};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+
+/// How long a new connection may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest hello accepted from a peer (before the handshake, frames are small).
+const HELLO_MAX_BYTES: usize = 4096;
+/// How long shutdown waits for killed runs to report.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+pub struct Server {
+    broker: Arc<Broker>,
+    slots: Arc<Semaphore>,
+    queued: Arc<AtomicUsize>,
+    max_queued: usize,
+    max_concurrent: usize,
+    allowed_uids: Vec<u32>,
+    allowed_gids: Vec<u32>,
+}
+
+impl Server {
+    pub fn new(broker: Broker) -> Server {
+        let b = &broker.config.broker;
+        let allowed_uids =
+            if b.allowed_uids.is_empty() { vec![broker.context.uid] } else { b.allowed_uids.clone() };
+        Server {
+            slots: Arc::new(Semaphore::new(b.max_concurrent.max(1))),
+            queued: Arc::new(AtomicUsize::new(0)),
+            max_queued: b.max_queued,
+            max_concurrent: b.max_concurrent.max(1),
+            allowed_gids: b.allowed_gids.clone(),
+            allowed_uids,
+            broker: Arc::new(broker),
+        }
+    }
+
+    /// Serves until `shutdown` flips to true; then stops accepting, kills the
+    /// runs in progress (each client gets its `Cancelled` result) and returns.
+    pub async fn serve(self: Arc<Self>, listener: UnixListener, mut shutdown: watch::Receiver<bool>) {
+        let mut connections = JoinSet::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        let server = self.clone();
+                        let stop = shutdown.clone();
+                        connections.spawn(async move { server.connection(stream, stop).await });
+                    }
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                _ = shutdown.changed() => break,
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            }
+        }
+        drop(listener);
+        tracing::info!(connections = connections.len(), "shutting down: killing the runs in progress");
+        let _ =
+            tokio::time::timeout(SHUTDOWN_GRACE, async { while connections.join_next().await.is_some() {} })
+                .await;
+        connections.abort_all();
+    }
+
+    fn allowed(&self, peer: &Peer) -> bool {
+        self.allowed_uids.contains(&peer.uid) || self.allowed_gids.contains(&peer.gid)
+    }
+
+    async fn connection(&self, stream: UnixStream, shutdown: watch::Receiver<bool>) {
+        let peer = match stream.peer_cred() {
+            Ok(c) => Peer { uid: c.uid(), gid: c.gid(), pid: c.pid() },
+            Err(e) => {
+                tracing::warn!("no peer credentials: {e}");
+                return;
+            }
+        };
+        let (mut reader, writer) = stream.into_split();
+        let mut decoder = Decoder::default();
+        decoder.set_limit(HELLO_MAX_BYTES);
+        let hello = tokio::time::timeout(HELLO_TIMEOUT, read_message(&mut reader, &mut decoder)).await;
+        let encoding = decoder.encoding().unwrap_or(Encoding::Bincode);
+        let mut sink = SocketSink { writer, encoding };
+        let refuse = |kind, message: String| ErrorReply { kind, message };
+        let reply = match hello {
+            Err(_) => Err(refuse(ErrorKind::ProtocolError, "no hello within 10 s".into())),
+            Ok(Err(e)) => Err(refuse(ErrorKind::ProtocolError, e)),
+            Ok(Ok(None)) => return,
+            Ok(Ok(Some(ClientMessage::Hello(h)))) => {
+                if h.magic != MAGIC {
+                    Err(refuse(ErrorKind::ProtocolError, format!("bad magic {:?}", h.magic)))
+                } else if h.version != PROTOCOL_VERSION {
+                    Err(refuse(
+                        ErrorKind::ProtocolError,
+                        format!(
+                            "protocol version {} is not supported; this broker speaks {PROTOCOL_VERSION}",
+                            h.version
+                        ),
+                    ))
+                } else if h.encoding != encoding {
+                    Err(refuse(
+                        ErrorKind::ProtocolError,
+                        format!("hello says {:?} but the frame is {encoding:?}", h.encoding),
+                    ))
+                } else {
+                    Ok(())
+                }
+            }
+            Ok(Ok(Some(_))) => {
+                Err(refuse(ErrorKind::ProtocolError, "the first message must be a hello".into()))
+            }
+        };
+        if let Err(e) = reply {
+            tracing::info!(uid = peer.uid, pid = peer.pid, "refused: {}", e.message);
+            sink.send(ServerMessage::Error(e)).await;
+            return;
+        }
+        if !self.allowed(&peer) {
+            tracing::warn!(uid = peer.uid, gid = peer.gid, pid = peer.pid, "peer not allowed");
+            let message = format!("uid {} (gid {}) is not allowed to use this broker", peer.uid, peer.gid);
+            sink.send(ServerMessage::Error(ErrorReply { kind: ErrorKind::Unauthorized, message })).await;
+            return;
+        }
+        decoder.set_limit(MAX_FRAME_BYTES);
+        let hello = ServerHello {
+            version: PROTOCOL_VERSION,
+            broker: format!("palisaded {}", env!("CARGO_PKG_VERSION")),
+            encoding,
+        };
+        if !sink.send(ServerMessage::Hello(hello)).await {
+            return;
+        }
+        loop {
+            let message = match read_message(&mut reader, &mut decoder).await {
+                Ok(Some(m)) => m,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::info!(uid = peer.uid, "bad frame: {e}");
+                    sink.send(ServerMessage::Error(ErrorReply {
+                        kind: ErrorKind::ProtocolError,
+                        message: e,
+                    }))
+                    .await;
+                    return;
+                }
+            };
+            let request = match message {
+                ClientMessage::Run(r) => r,
+                ClientMessage::Cancel => continue,
+                ClientMessage::Hello(_) => {
+                    let e = ErrorReply { kind: ErrorKind::ProtocolError, message: "hello sent twice".into() };
+                    sink.send(ServerMessage::Error(e)).await;
+                    return;
+                }
+            };
+            let outcome =
+                self.serve_run(peer, &request, &mut sink, &mut reader, &mut decoder, shutdown.clone()).await;
+            let msg = match outcome {
+                Ok(result) => ServerMessage::Finished(Box::new(result)),
+                Err(e) => ServerMessage::Error(e),
+            };
+            if !sink.send(msg).await {
+                return;
+            }
+        }
+    }
+
+    async fn serve_run(
+        &self,
+        peer: Peer,
+        request: &palisade_protocol::wire::RunRequest,
+        sink: &mut SocketSink,
+        reader: &mut OwnedReadHalf,
+        decoder: &mut Decoder,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<palisade_protocol::wire::RunResult, ErrorReply> {
+        // A slot, or a place in the bounded queue, or Busy.
+        let permit = match self.slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                if self.queued.fetch_add(1, Ordering::SeqCst) >= self.max_queued {
+                    self.queued.fetch_sub(1, Ordering::SeqCst);
+                    return Err(ErrorReply {
+                        kind: ErrorKind::Busy,
+                        message: format!(
+                            "all {} run slots are in use and {} requests are already waiting; try again later",
+                            self.max_concurrent, self.max_queued
+                        ),
+                    });
+                }
+                let waited = self.slots.clone().acquire_owned().await;
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                waited.map_err(|_| ErrorReply {
+                    kind: ErrorKind::Busy,
+                    message: "the broker is shutting down".into(),
+                })?
+            }
+        };
+        // The run ends early if the client goes away, cancels, or the broker stops.
+        let cancel = async {
+            tokio::select! {
+                _ = client_gone(reader, decoder) => {}
+                _ = shutdown.wait_for(|stop| *stop) => {}
+            }
+        };
+        let result = self.broker.run(peer, request, sink, cancel).await;
+        drop(permit);
+        result
+    }
+}
+
+/// Completes when the client disconnects or sends `Cancel` (or anything else:
+/// a run in progress accepts nothing but a cancel).
+async fn client_gone(reader: &mut OwnedReadHalf, decoder: &mut Decoder) {
+    let _ = read_message(reader, decoder).await;
+}
+
+/// Reads until one whole message is decoded; `Ok(None)` at a clean end of input.
+async fn read_message(
+    reader: &mut OwnedReadHalf,
+    decoder: &mut Decoder,
+) -> Result<Option<ClientMessage>, String> {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        if let Some(m) = decoder.next_message::<ClientMessage>().map_err(|e| e.to_string())? {
+            return Ok(Some(m));
+        }
+        let n = reader.read(&mut buf).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return decoder.finish().map(|_| None).map_err(|e| e.to_string());
+        }
+        decoder.push(&buf[..n]);
+    }
+}
+
+pub struct SocketSink {
+    writer: OwnedWriteHalf,
+    encoding: Encoding,
+}
+
+impl Sink for SocketSink {
+    async fn send(&mut self, msg: ServerMessage) -> bool {
+        match encode(&msg, self.encoding) {
+            Ok(bytes) => self.writer.write_all(&bytes).await.is_ok(),
+            Err(e) => {
+                tracing::error!("cannot encode a reply: {e}");
+                false
+            }
+        }
+    }
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""A minimal palisade client over the JSON-lines encoding (standard library only).
+
+    python3 palisade_client.py [--socket PATH] -- CMD [ARGS...]
+
+Runs CMD through palisaded with the current directory as the workspace,
+streams its output, and exits with its status (128+N for signal N, 125 when
+palisade refused or failed).
+"""
+import json
+import os
+import socket
+import sys
+
+
+def default_socket():
+    if os.geteuid() == 0:
+        return "/run/palisade/palisade.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR", f"/run/user/{os.geteuid()}")
+    return os.path.join(runtime, "palisade", "palisade.sock")
+
+
+def main(argv):
+    path = os.environ.get("PALISADE_SOCKET") or default_socket()
+    if argv[:1] == ["--socket"]:
+        path, argv = argv[1], argv[2:]
+    if argv[:1] != ["--"] or len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    command = argv[1:]
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    lines = sock.makefile("rb")
+
+    def send(message):
+        sock.sendall(json.dumps(message).encode() + b"\n")
+
+    def receive():
+        line = lines.readline()
+        if not line:
+            raise EOFError("the broker closed the connection")
+        return json.loads(line)
+
+    send({"hello": {"magic": "palisade", "version": 1, "encoding": "json"}})
+    reply = receive()
+    if "error" in reply:
+        print(f"palisade: {reply['error']['kind']}: {reply['error']['message']}", file=sys.stderr)
+        return 125
+    send({"run": {"argv": command, "cwd": os.getcwd(), "env": dict(os.environ)}})
+    while True:
+        message = receive()
+        if "output" in message:
+            stream = sys.stdout if message["output"]["stream"] == "stdout" else sys.stderr
+            stream.buffer.write(bytes(message["output"]["data"]))
+            stream.flush()
+        elif "finished" in message:
+            status = message["finished"]["status"]
+            if "exited" in status:
+                return status["exited"]["code"]
+            if "signaled" in status:
+                return 128 + status["signaled"]["signal"]
+            print(f"palisade: {status}", file=sys.stderr)
+            return 125
+        elif "error" in message:
+            print(f"palisade: {message['error']['kind']}: {message['error']['message']}", file=sys.stderr)
+            return 125
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,493 @@
+//! Client ⇄ broker messages and their two encodings.
+//!
+//! A connection starts with the client's `Hello` (magic, protocol version,
+//! encoding). The broker tells the encodings apart by the first byte:
+//!
+//! - **bincode**: frames of a u32 big-endian length followed by a bincode 2
+//!   body (the length's first byte is 0 for any frame under 16 MiB);
+//! - **JSON lines**: one JSON object per line, starting with `{`.
+//!
+//! Both carry the same messages; `docs/protocol.md` documents the JSON form.
+//! Decoding is sans-IO: [`Decoder`] takes bytes as they arrive and yields
+//! messages, refusing frames over the size limit before buffering them.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+pub const MAGIC: &str = "palisade";
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Largest frame (or JSON line) either side accepts.
+pub const MAX_FRAME_BYTES: usize = 8 << 20;
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    Bincode,
+    Json,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    pub magic: String,
+    pub version: u32,
+    pub encoding: Encoding,
+}
+
+impl Hello {
+    pub fn new(encoding: Encoding) -> Hello {
+        Hello { magic: MAGIC.into(), version: PROTOCOL_VERSION, encoding }
+    }
+}
+
+/// A parameter of a declared tool: one value or a list.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ParamValue {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Run a command. Everything but `argv` is optional.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct RunRequest {
+    /// The command and its arguments; `argv[0]` is a name looked up in PATH or a path.
+    pub argv: Vec<String>,
+    /// Environment offered by the client; the policy decides what passes.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The client's working directory: relative paths are relative to it.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// The writable workspace (default: `cwd`).
+    #[serde(default)]
+    pub workspace: Option<String>,
+    /// Bytes fed to the command's stdin (then closed).
+    #[serde(default)]
+    pub stdin: Vec<u8>,
+    /// Lowers the policy's deadline.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+    /// Lowers the policy's output quota (stdout and stderr together).
+    #[serde(default)]
+    pub max_output_bytes: Option<u64>,
+    /// A tool declared in the configuration, instead of the default profile.
+    #[serde(default)]
+    pub tool: Option<String>,
+    /// The tool's parameters.
+    #[serde(default)]
+    pub params: BTreeMap<String, ParamValue>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientMessage {
+    Hello(Hello),
+    Run(RunRequest),
+    /// Stop the run in progress (as a disconnect would).
+    Cancel,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Stable error kinds: clients branch on these, never on messages.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The policy refuses the request.
+    PolicyDenied,
+    /// A path argument leaves the allowed roots.
+    WorkspaceScopeDenied,
+    /// A capability the request needs is not granted, or a preset forbids it.
+    CapabilityDenied,
+    /// The host lacks a mechanism the policy requires (fail closed).
+    Unavailable,
+    /// The policy wants a human's approval first.
+    NeedsApproval,
+    /// Output exceeded `max_output_bytes`; the sandbox was killed.
+    QuotaExceeded,
+    /// The deadline passed; the sandbox was killed.
+    TimedOut,
+    /// The cgroup's memory limit was hit and the OOM killer fired.
+    MemoryLimitExceeded,
+    /// Building or running the sandbox failed (a helper `(stage, errno)` among others).
+    RuntimeFailure,
+    /// The broker is at its concurrency limit and its queue is full.
+    Busy,
+    /// The peer's uid/gid is not allowed.
+    Unauthorized,
+    /// A malformed, oversized or unexpected frame.
+    ProtocolError,
+    /// A well-formed request that cannot be served as given.
+    InvalidRequest,
+}
+
+impl ErrorKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::PolicyDenied => "PolicyDenied",
+            ErrorKind::WorkspaceScopeDenied => "WorkspaceScopeDenied",
+            ErrorKind::CapabilityDenied => "CapabilityDenied",
+            ErrorKind::Unavailable => "Unavailable",
+            ErrorKind::NeedsApproval => "NeedsApproval",
+            ErrorKind::QuotaExceeded => "QuotaExceeded",
+            ErrorKind::TimedOut => "TimedOut",
+            ErrorKind::MemoryLimitExceeded => "MemoryLimitExceeded",
+            ErrorKind::RuntimeFailure => "RuntimeFailure",
+            ErrorKind::Busy => "Busy",
+            ErrorKind::Unauthorized => "Unauthorized",
+            ErrorKind::ProtocolError => "ProtocolError",
+            ErrorKind::InvalidRequest => "InvalidRequest",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ErrorReply {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+/// How a run ended.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Exited { code: i32 },
+    Signaled { signal: i32 },
+    TimedOut,
+    QuotaExceeded,
+    MemoryLimitExceeded,
+    Cancelled,
+}
+
+impl RunStatus {
+    /// The error kind of a run palisade ended, if it did.
+    pub fn error_kind(self) -> Option<ErrorKind> {
+        match self {
+            RunStatus::TimedOut => Some(ErrorKind::TimedOut),
+            RunStatus::QuotaExceeded => Some(ErrorKind::QuotaExceeded),
+            RunStatus::MemoryLimitExceeded => Some(ErrorKind::MemoryLimitExceeded),
+            _ => None,
+        }
+    }
+}
+
+/// What Landlock enforced, as the helper reported it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct LandlockEnforcement {
+    pub abi: u32,
+    /// `full`, `partial` or `not_enforced`.
+    pub ruleset: String,
+    pub enforced: Vec<String>,
+    pub not_enforced: Vec<String>,
+    pub required: Vec<String>,
+}
+
+/// What was actually in force for a run.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct Enforcement {
+    pub namespaces: Vec<String>,
+    /// The host uid the sandbox ran as.
+    pub host_uid: u32,
+    pub landlock: Option<LandlockEnforcement>,
+    pub seccomp_sha256: String,
+    pub seccomp_instructions: u32,
+    /// `name=soft/hard` for every rlimit set.
+    pub rlimits: Vec<String>,
+    /// The run's cgroup, when limits were enforced by one.
+    pub cgroup: Option<String>,
+    /// `cgroup` or `rlimits`: what bounded memory and processes.
+    pub limits_by: String,
+    pub network: String,
+    pub egress: String,
+    /// How the run's writes were bounded.
+    pub disk: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Attestation {
+    /// sha256 over the canonical (bincode) encoding of the request and the resolved plan.
+    pub execution_sha256: String,
+    /// e.g. `linux-tier-c`.
+    pub executor: String,
+    pub enforcement: Enforcement,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct RunResult {
+    pub run_id: u64,
+    pub status: RunStatus,
+    pub wall_ms: u64,
+    pub cpu_user_ms: u64,
+    pub cpu_system_ms: u64,
+    pub peak_memory_bytes: u64,
+    /// `cgroup` or `rusage`.
+    pub memory_source: String,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub attestation: Attestation,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ServerHello {
+    pub version: u32,
+    pub broker: String,
+    pub encoding: Encoding,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerMessage {
+    Hello(ServerHello),
+    Started { run_id: u64, executor: String },
+    Output { stream: Stream, data: Vec<u8> },
+    Finished(Box<RunResult>),
+    Error(ErrorReply),
+}
+
+/// Why bytes could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireError {
+    TooLarge { len: usize, max: usize },
+    Malformed(String),
+    Truncated { buffered: usize },
+    Unsupported(&'static str),
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::TooLarge { len, max } => {
+                write!(f, "frame of {len} bytes exceeds the {max}-byte limit")
+            }
+            WireError::Malformed(e) => write!(f, "malformed message: {e}"),
+            WireError::Truncated { buffered } => {
+                write!(f, "connection closed in the middle of a frame ({buffered} bytes buffered)")
+            }
+            WireError::Unsupported(what) => write!(f, "{what} is not supported by this build"),
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+fn bincode_config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<MAX_FRAME_BYTES>()
+}
+
+/// Encodes one message as a frame (bincode) or a line (JSON).
+pub fn encode<T: Serialize>(msg: &T, encoding: Encoding) -> Result<Vec<u8>, WireError> {
+    match encoding {
+        Encoding::Bincode => {
+            let body = bincode::serde::encode_to_vec(msg, bincode_config())
+                .map_err(|e| WireError::Malformed(e.to_string()))?;
+            if body.len() > MAX_FRAME_BYTES {
+                return Err(WireError::TooLarge { len: body.len(), max: MAX_FRAME_BYTES });
+            }
+            let mut out = Vec::with_capacity(body.len() + 4);
+            out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+            out.extend_from_slice(&body);
+            Ok(out)
+        }
+        #[cfg(feature = "json")]
+        Encoding::Json => {
+            let mut out = serde_json::to_vec(msg).map_err(|e| WireError::Malformed(e.to_string()))?;
+            if out.len() > MAX_FRAME_BYTES {
+                return Err(WireError::TooLarge { len: out.len(), max: MAX_FRAME_BYTES });
+            }
+            out.push(b'\n');
+            Ok(out)
+        }
+        #[cfg(not(feature = "json"))]
+        Encoding::Json => Err(WireError::Unsupported("the JSON encoding")),
+    }
+}
+
+/// The canonical bytes of a value, for hashing (bincode, fixed configuration).
+pub fn canonical_bytes<T: Serialize>(value: &T) -> Vec<u8> {
+    bincode::serde::encode_to_vec(value, bincode::config::standard()).unwrap_or_default()
+}
+
+/// Incremental decoder for one connection.
+#[derive(Debug)]
+pub struct Decoder {
+    encoding: Option<Encoding>,
+    buf: Vec<u8>,
+    max: usize,
+}
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Decoder::new(None)
+    }
+}
+
+impl Decoder {
+    /// `None`: detect the encoding from the first byte.
+    pub fn new(encoding: Option<Encoding>) -> Decoder {
+        Decoder { encoding, buf: Vec::new(), max: MAX_FRAME_BYTES }
+    }
+
+    pub fn encoding(&self) -> Option<Encoding> {
+        self.encoding
+    }
+
+    /// Lowers (or restores) the largest frame accepted, e.g. while waiting
+    /// for the hello of a peer not yet authenticated.
+    pub fn set_limit(&mut self, max: usize) {
+        self.max = max.min(MAX_FRAME_BYTES);
+    }
+
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Bytes received but not yet decoded.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The next complete message, `Ok(None)` when more bytes are needed.
+    pub fn next_message<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
+        let Some(&first) = self.buf.first() else { return Ok(None) };
+        let encoding =
+            *self.encoding.get_or_insert(if first == b'{' { Encoding::Json } else { Encoding::Bincode });
+        match encoding {
+            Encoding::Bincode => {
+                let Some(len) = self.buf.first_chunk::<4>() else { return Ok(None) };
+                let len = u32::from_be_bytes(*len) as usize;
+                if len > self.max {
+                    return Err(WireError::TooLarge { len, max: self.max });
+                }
+                if self.buf.len() < 4 + len {
+                    return Ok(None);
+                }
+                let (msg, used) = bincode::serde::decode_from_slice(&self.buf[4..4 + len], bincode_config())
+                    .map_err(|e| WireError::Malformed(e.to_string()))?;
+                if used != len {
+                    return Err(WireError::Malformed(format!("{} trailing bytes in frame", len - used)));
+                }
+                self.buf.drain(..4 + len);
+                Ok(Some(msg))
+            }
+            Encoding::Json => self.next_json(),
+        }
+    }
+
+    #[cfg(feature = "json")]
+    fn next_json<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
+        let Some(end) = self.buf.iter().position(|b| *b == b'\n') else {
+            if self.buf.len() > self.max {
+                return Err(WireError::TooLarge { len: self.buf.len(), max: self.max });
+            }
+            return Ok(None);
+        };
+        if end > self.max {
+            return Err(WireError::TooLarge { len: end, max: self.max });
+        }
+        let line: Vec<u8> = self.buf.drain(..=end).collect();
+        serde_json::from_slice(&line[..end]).map(Some).map_err(|e| WireError::Malformed(e.to_string()))
+    }
+
+    #[cfg(not(feature = "json"))]
+    fn next_json<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
+        Err(WireError::Unsupported("the JSON encoding"))
+    }
+
+    /// Call at end of input: leftover bytes mean a truncated frame.
+    pub fn finish(&self) -> Result<(), WireError> {
+        if self.buf.iter().all(|b| b.is_ascii_whitespace()) {
+            Ok(())
+        } else {
+            Err(WireError::Truncated { buffered: self.buf.len() })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run() -> ClientMessage {
+        ClientMessage::Run(RunRequest {
+            argv: vec!["echo".into(), "hi".into()],
+            stdin: b"in".to_vec(),
+            timeout_secs: Some(5),
+            ..RunRequest::default()
+        })
+    }
+
+    #[test]
+    fn bincode_frames_round_trip_across_split_reads() {
+        let mut bytes =
+            encode(&ClientMessage::Hello(Hello::new(Encoding::Bincode)), Encoding::Bincode).unwrap();
+        bytes.extend(encode(&run(), Encoding::Bincode).unwrap());
+        let mut d = Decoder::default();
+        let mut got = vec![];
+        for b in bytes {
+            d.push(&[b]);
+            while let Some(m) = d.next_message::<ClientMessage>().unwrap() {
+                got.push(m);
+            }
+        }
+        assert_eq!(got, vec![ClientMessage::Hello(Hello::new(Encoding::Bincode)), run()]);
+        assert_eq!(d.encoding(), Some(Encoding::Bincode));
+        d.finish().unwrap();
+    }
+
+    #[cfg(feature = "json")]
+    #[test]
+    fn json_lines_round_trip_and_are_detected() {
+        let bytes = encode(&run(), Encoding::Json).unwrap();
+        assert_eq!(bytes[0], b'{');
+        let mut d = Decoder::default();
+        d.push(&bytes);
+        assert_eq!(d.next_message::<ClientMessage>().unwrap(), Some(run()));
+        assert_eq!(d.encoding(), Some(Encoding::Json));
+        let mut d = Decoder::default();
+        d.push(br#"{"run": {"argv": ["ls"]}}"#);
+        d.push(b"\n");
+        assert_eq!(
+            d.next_message::<ClientMessage>().unwrap(),
+            Some(ClientMessage::Run(RunRequest { argv: vec!["ls".into()], ..Default::default() }))
+        );
+    }
+
+    #[cfg(feature = "json")]
+    #[test]
+    fn json_with_wrong_types_is_malformed() {
+        let mut d = Decoder::default();
+        d.push(b"{\"run\": {\"argv\": \"not a list\"}}\n");
+        assert!(matches!(d.next_message::<ClientMessage>(), Err(WireError::Malformed(_))));
+    }
+
+    #[test]
+    fn oversized_frames_are_refused_from_the_length_alone() {
+        let mut d = Decoder::default();
+        d.push(&(MAX_FRAME_BYTES as u32 + 1).to_be_bytes());
+        assert!(matches!(d.next_message::<ClientMessage>(), Err(WireError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn garbage_and_truncation_are_errors() {
+        let mut d = Decoder::default();
+        d.push(&[0, 0, 0, 3, 0xff, 0xff, 0xff]);
+        assert!(matches!(d.next_message::<ClientMessage>(), Err(WireError::Malformed(_))));
+        let mut d = Decoder::default();
+        let bytes = encode(&run(), Encoding::Bincode).unwrap();
+        d.push(&bytes[..bytes.len() - 2]);
+        assert_eq!(d.next_message::<ClientMessage>().unwrap(), None);
+        assert!(matches!(d.finish(), Err(WireError::Truncated { .. })));
+    }
+}

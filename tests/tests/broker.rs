@@ -1,0 +1,565 @@
+//! The broker and the CLI end to end, through the real binaries and the Unix
+//! socket: output, quotas, deadlines, disconnects, bad input, peers,
+//! concurrency, shutdown, systemd integration, and a broker run unprivileged.
+
+use palisade_broker::client::{Client, ClientError};
+use palisade_protocol::wire::{
+    ClientMessage, Decoder, Encoding, ErrorKind, Hello, MAX_FRAME_BYTES, RunRequest, RunStatus,
+    ServerMessage, Stream, encode,
+};
+use palisade_tests::*;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn probe() -> String {
+    bin("probe").to_string_lossy().into_owned()
+}
+
+fn request(cwd: &Path, args: &[&str]) -> RunRequest {
+    let mut argv = vec![probe()];
+    argv.extend(args.iter().map(|s| s.to_string()));
+    RunRequest { argv, cwd: Some(cwd.to_string_lossy().into_owned()), ..Default::default() }
+}
+
+fn token(tag: &str) -> String {
+    format!("palisade-{tag}-{}-{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "")
+}
+
+#[test]
+fn output_stdin_and_exit_status_go_end_to_end_through_the_cli() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let o = d.run(ws.path(), &[&probe(), "echo", "hello", "world"]);
+    assert_eq!((o.status.code(), stdout(&o).as_str()), (Some(0), "ok hello world\n"), "{}", d.log());
+
+    let mut cli = std::process::Command::new(bin("palisade"))
+        .args(["run", "--socket", d.socket.to_str().unwrap(), "--", &probe(), "cat"])
+        .current_dir(ws.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    cli.stdin.take().unwrap().write_all(b"fed through stdin").unwrap();
+    let o = cli.wait_with_output().unwrap();
+    assert_eq!(stdout(&o), "ok fed through stdin\n");
+
+    assert_eq!(d.run(ws.path(), &[&probe(), "exit", "7"]).status.code(), Some(7));
+    assert_eq!(d.run(ws.path(), &[&probe(), "kill-self", "15"]).status.code(), Some(128 + 15));
+    let o = d.run(ws.path(), &[&probe(), "write", ws.join("made").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(ws.join("made").exists(), "the current directory is the writable workspace");
+}
+
+#[test]
+fn json_output_carries_the_result_and_its_attestation() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let o = palisade_cli(
+        ws.path(),
+        &["run", "--json", "--socket", d.socket.to_str().unwrap()],
+        &[&probe(), "echo", "x"],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["stdout"], "ok x\n");
+    let r = &v["result"];
+    assert_eq!(r["status"]["exited"]["code"], 0);
+    assert_eq!(r["stdout_bytes"], 5);
+    let a = &r["attestation"];
+    assert_eq!(a["executor"], "linux-tier-c");
+    assert_eq!(a["execution_sha256"].as_str().unwrap().len(), 64);
+    let e = &a["enforcement"];
+    assert_eq!(e["namespaces"].as_array().unwrap().len(), 7);
+    assert_eq!(e["seccomp_sha256"].as_str().unwrap().len(), 64);
+    assert!(e["landlock"]["abi"].as_u64().unwrap() >= 1, "{e}");
+    assert!(e["rlimits"].as_array().unwrap().iter().any(|l| l == "CORE=0/0"), "{e}");
+    assert!(r["wall_ms"].as_u64().is_some() && r["peak_memory_bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn output_over_the_quota_kills_the_sandbox_and_never_reaches_the_client() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let tok = token("flood");
+    let mut client = Client::connect(&d.socket).unwrap();
+    let mut req = request(ws.path(), &["flood", &tok]);
+    req.max_output_bytes = Some(100_000);
+    let mut received = 0usize;
+    let result = client
+        .run(req, |m| {
+            if let ServerMessage::Output { data, .. } = m {
+                received += data.len();
+            }
+        })
+        .unwrap();
+    assert_eq!(result.status, RunStatus::QuotaExceeded);
+    assert_eq!(received, 100_000);
+    assert_eq!(result.stdout_bytes, 100_000);
+    assert!(eventually(Duration::from_secs(5), || process_with_token(&tok).is_none()), "the flood survived");
+    // With the CLI: exit 125 and the kind named.
+    let o = palisade_cli(
+        ws.path(),
+        &["run", "--socket", d.socket.to_str().unwrap(), "--max-output", "1000"],
+        &[&probe(), "flood"],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(125));
+    assert_eq!(o.stdout.len(), 1000);
+    assert!(stderr(&o).starts_with("palisade: QuotaExceeded: "), "{}", stderr(&o));
+}
+
+#[test]
+fn the_deadline_kills_a_double_forked_setsid_sleeper() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let tok = token("sleeper");
+    let cli = std::process::Command::new(bin("palisade"))
+        .args([
+            "run",
+            "--socket",
+            d.socket.to_str().unwrap(),
+            "--timeout",
+            "2",
+            "--",
+            &probe(),
+            "daemonize",
+            &tok,
+        ])
+        .current_dir(ws.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || process_with_token(&tok).is_some()),
+        "the sleeper never started"
+    );
+    let sleeper = process_with_token(&tok).unwrap();
+    let o = cli.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(125));
+    assert!(stderr(&o).starts_with("palisade: TimedOut: "), "{}", stderr(&o));
+    assert!(
+        eventually(Duration::from_secs(5), || !Path::new(&format!("/proc/{sleeper}")).exists()),
+        "pid {sleeper} outlived the deadline"
+    );
+}
+
+#[test]
+fn a_client_that_disconnects_gets_its_sandbox_killed() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let tok = token("abandoned");
+    let mut client = Client::connect(&d.socket).unwrap();
+    client.send(&ClientMessage::Run(request(ws.path(), &["daemonize", &tok]))).unwrap();
+    assert!(matches!(client.receive().unwrap(), ServerMessage::Started { .. }));
+    assert!(eventually(Duration::from_secs(10), || process_with_token(&tok).is_some()));
+    drop(client);
+    assert!(
+        eventually(Duration::from_secs(5), || process_with_token(&tok).is_none()),
+        "the sandbox outlived its client"
+    );
+}
+
+/// Sends `bytes` on a fresh connection, half-closes, and returns the broker's answer.
+fn exchange(socket: &Path, bytes: &[u8]) -> Vec<ServerMessage> {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let mut d = Decoder::default();
+    d.push(&out);
+    std::iter::from_fn(|| d.next_message::<ServerMessage>().ok().flatten()).collect()
+}
+
+fn the_error(msgs: &[ServerMessage]) -> (ErrorKind, String) {
+    match msgs.last() {
+        Some(ServerMessage::Error(e)) => (e.kind, e.message.clone()),
+        other => panic!("expected an error, got {other:?} in {msgs:?}"),
+    }
+}
+
+fn hello(encoding: Encoding) -> Vec<u8> {
+    encode(&ClientMessage::Hello(Hello::new(encoding)), encoding).unwrap()
+}
+
+#[test]
+fn bad_frames_get_an_error_and_the_broker_keeps_serving() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let still_serving = || {
+        let o = d.run(ws.path(), &[&probe(), "echo", "alive"]);
+        assert_eq!(stdout(&o), "ok alive\n", "{}", d.log());
+    };
+
+    // Oversized: a length prefix past the limit, refused before anything is buffered.
+    let mut oversized = hello(Encoding::Bincode);
+    oversized.extend(((MAX_FRAME_BYTES + 1) as u32).to_be_bytes());
+    let (kind, msg) = the_error(&exchange(&d.socket, &oversized));
+    assert_eq!(kind, ErrorKind::ProtocolError);
+    assert!(msg.contains("exceeds"), "{msg}");
+    still_serving();
+
+    // Garbage instead of a hello.
+    let (kind, _) = the_error(&exchange(&d.socket, b"\x00\x00\x00\x08\xff\xfe\xfd\xfc\xfb\xfa\xf9\xf8"));
+    assert_eq!(kind, ErrorKind::ProtocolError);
+    still_serving();
+
+    // A hello far larger than any hello is refused before authentication.
+    let mut big = 5000u32.to_be_bytes().to_vec();
+    big.extend(vec![0u8; 5000]);
+    assert_eq!(the_error(&exchange(&d.socket, &big)).0, ErrorKind::ProtocolError);
+    still_serving();
+
+    // A protocol version this broker does not speak.
+    let mut h = Hello::new(Encoding::Bincode);
+    h.version = 99;
+    let (kind, msg) =
+        the_error(&exchange(&d.socket, &encode(&ClientMessage::Hello(h), Encoding::Bincode).unwrap()));
+    assert_eq!(kind, ErrorKind::ProtocolError);
+    assert!(msg.contains("version 99"), "{msg}");
+    still_serving();
+
+    // A frame cut short by the end of the connection.
+    let mut truncated = hello(Encoding::Bincode);
+    let run = encode(&ClientMessage::Run(request(ws.path(), &["echo"])), Encoding::Bincode).unwrap();
+    truncated.extend(&run[..run.len() / 2]);
+    let (kind, msg) = the_error(&exchange(&d.socket, &truncated));
+    assert_eq!(kind, ErrorKind::ProtocolError);
+    assert!(msg.contains("middle of a frame"), "{msg}");
+    still_serving();
+
+    // JSON with the wrong types.
+    let mut json = hello(Encoding::Json);
+    json.extend(b"{\"run\": {\"argv\": \"echo not-a-list\", \"timeout_secs\": \"soon\"}}\n");
+    let msgs = exchange(&d.socket, &json);
+    assert!(matches!(msgs.first(), Some(ServerMessage::Hello(_))), "{msgs:?}");
+    assert_eq!(the_error(&msgs).0, ErrorKind::ProtocolError);
+    still_serving();
+
+    // A well-formed request the policy refuses also leaves the connection usable.
+    let mut c = Client::connect(&d.socket).unwrap();
+    let bad =
+        RunRequest { argv: vec!["/nonexistent/cmd".into()], cwd: Some("/tmp".into()), ..Default::default() };
+    assert!(matches!(c.run(bad, |_| {}), Err(ClientError::Reply(e)) if e.kind == ErrorKind::InvalidRequest));
+    let r = c.run(request(ws.path(), &["echo", "again"]), |_| {}).unwrap();
+    assert_eq!(r.status, RunStatus::Exited { code: 0 });
+}
+
+#[test]
+fn a_peer_whose_uid_is_not_allowed_is_refused() {
+    let ws = TempDir::new("ws");
+    let ws_path = shared_workspace(&ws, "w");
+    // Allow only a uid that is not the one that will connect.
+    let (allowed, connect_as) = if is_root() { (0, Some(test_user())) } else { (0, None) };
+    let d = Daemon::start(&format!("[broker]\nallowed_uids = [{allowed}]\nsocket_mode = 0o666\n"));
+    let o = palisade_cli(
+        &ws_path,
+        &["run", "--socket", d.socket.to_str().unwrap()],
+        &[&probe(), "echo", "x"],
+        connect_as.as_ref(),
+    );
+    assert_eq!(o.status.code(), Some(125));
+    assert!(stderr(&o).starts_with("palisade: Unauthorized: uid "), "{}", stderr(&o));
+    assert!(o.stdout.is_empty());
+    assert!(d.log().contains("peer not allowed"));
+    if is_root() {
+        // Counter-test: the allowed uid gets through.
+        let o = d.run(ws.path(), &[&probe(), "echo", "x"]);
+        assert_eq!(stdout(&o), "ok x\n");
+    }
+}
+
+#[test]
+fn fifty_concurrent_runs_all_finish_with_the_right_outputs() {
+    let d = Daemon::start("[broker]\nmax_concurrent = 8\nmax_queued = 64\n");
+    let ws = TempDir::new("ws");
+    let outputs: Vec<(usize, String, Option<i32>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..50)
+            .map(|i| {
+                let (d, ws) = (&d, &ws);
+                s.spawn(move || {
+                    let o = d.run(ws.path(), &[&probe(), "echo", &format!("run-{i}")]);
+                    (i, stdout(&o), o.status.code())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, out, code) in outputs {
+        assert_eq!((out, code), (format!("ok run-{i}\n"), Some(0)), "{}", d.log());
+    }
+}
+
+#[test]
+fn a_full_queue_answers_busy() {
+    let d = Daemon::start("[broker]\nmax_concurrent = 1\nmax_queued = 0\n");
+    let ws = TempDir::new("ws");
+    let mut first = Client::connect(&d.socket).unwrap();
+    first.send(&ClientMessage::Run(request(ws.path(), &["sleep", "x"]))).unwrap();
+    assert!(matches!(first.receive().unwrap(), ServerMessage::Started { .. }));
+    let o = d.run(ws.path(), &[&probe(), "echo", "x"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(stderr(&o).starts_with("palisade: Busy: "), "{}", stderr(&o));
+    drop(first);
+    // The slot frees once the first client is gone.
+    assert!(eventually(Duration::from_secs(10), || d
+        .run(ws.path(), &[&probe(), "echo", "x"])
+        .status
+        .success()));
+}
+
+#[test]
+fn a_helper_failure_reaches_the_client_as_stage_and_errno() {
+    // The broker runs under a hard RLIMIT_NOFILE of 4096 and the policy asks for
+    // more: the helper cannot raise a hard limit (no privilege in the initial
+    // user namespace), fails at its rlimits step, and execs nothing.
+    let d = Daemon::start_with(DaemonOptions {
+        config: "max_open_files = 100000\n".into(),
+        prefix: vec!["prlimit".into(), "--nofile=4096:4096".into(), "--".into()],
+        ..Default::default()
+    });
+    let ws = TempDir::new("ws");
+    let marker = ws.join("ran");
+    let o = d.run(ws.path(), &[&probe(), "write", marker.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o).trim_end(),
+        "palisade: RuntimeFailure: sandbox setup failed: (rlimits, EPERM) setrlimit RLIMIT_NOFILE 100000/100000: EPERM"
+    );
+    assert!(o.stdout.is_empty() && !marker.exists());
+    // Counter-test: within the hard limit the same run works.
+    let d = Daemon::start_with(DaemonOptions {
+        config: "max_open_files = 4096\n".into(),
+        prefix: vec!["prlimit".into(), "--nofile=4096:4096".into(), "--".into()],
+        ..Default::default()
+    });
+    assert_eq!(d.run(ws.path(), &[&probe(), "write", marker.to_str().unwrap()]).status.code(), Some(0));
+}
+
+#[test]
+fn sigterm_kills_running_sandboxes_removes_the_socket_and_exits_zero() {
+    let mut d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let tok = token("shutdown");
+    let mut client = Client::connect(&d.socket).unwrap();
+    client.send(&ClientMessage::Run(request(ws.path(), &["daemonize", &tok]))).unwrap();
+    assert!(eventually(Duration::from_secs(10), || process_with_token(&tok).is_some()));
+    let status = d.stop().expect("palisaded stopped");
+    assert_eq!(status.code(), Some(0), "{}", d.log());
+    assert!(!d.socket.exists(), "the socket was left behind");
+    assert!(
+        eventually(Duration::from_secs(5), || process_with_token(&tok).is_none()),
+        "a sandbox survived shutdown"
+    );
+    // The client heard how its run ended.
+    let mut saw_end = false;
+    while let Ok(m) = client.receive() {
+        if let ServerMessage::Finished(r) = m {
+            assert_eq!(r.status, RunStatus::Cancelled);
+            saw_end = true;
+        }
+    }
+    assert!(saw_end);
+}
+
+#[test]
+fn readiness_is_notified_and_a_socket_passed_by_systemd_is_used() {
+    // sd_notify
+    let dir = TempDir::new("notify");
+    let notify = dir.join("notify.sock");
+    let listener = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    listener.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let d = Daemon::start_with(DaemonOptions {
+        env: vec![("NOTIFY_SOCKET".into(), notify.to_string_lossy().into_owned())],
+        ..Default::default()
+    });
+    let mut buf = [0u8; 256];
+    let n = listener.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"READY=1");
+    drop(d);
+
+    // LISTEN_FDS: the test binds; palisaded (exec'd by a shell that sets
+    // LISTEN_PID to its own pid) serves on fd 3.
+    let sock = dir.join("activated.sock");
+    let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&l);
+    let cfg = dir.join("c.toml");
+    std::fs::write(&cfg, base_config()).unwrap();
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args([
+        "-c",
+        "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" --config \"$1\"",
+        bin("palisaded").to_str().unwrap(),
+    ])
+    .arg(&cfg)
+    .stderr(std::process::Stdio::null());
+    // SAFETY: dup2 is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            if libc::dup2(raw, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    drop(l);
+    let ws = TempDir::new("ws");
+    let o = palisade_cli(
+        ws.path(),
+        &["run", "--socket", sock.to_str().unwrap()],
+        &[&probe(), "echo", "activated"],
+        None,
+    );
+    assert_eq!(stdout(&o), "ok activated\n", "{}", stderr(&o));
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+#[test]
+fn the_broker_runs_as_an_unprivileged_user() {
+    if !is_root() {
+        // The whole suite already runs unprivileged.
+        return;
+    }
+    let user = test_user();
+    let d = Daemon::start_with(DaemonOptions { user: Some(user.clone()), ..Default::default() });
+    let ws = TempDir::new("ws");
+    let ws_path = shared_workspace(&ws, "w");
+    let o = palisade_cli(
+        &ws_path,
+        &["run", "--json", "--socket", d.socket.to_str().unwrap()],
+        &[&probe(), "ids"],
+        Some(&user),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}\n{}", stderr(&o), d.log());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["stdout"], format!("ok uid={} gid={}\n", user.uid, user.gid));
+    assert_eq!(v["result"]["attestation"]["enforcement"]["host_uid"], user.uid.as_raw());
+    // The broker's own process is unprivileged (setpriv execs palisaded in place).
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some(&user.uid.to_string()))
+    );
+    // Another user's workspace is refused: the broker does not lend its access.
+    let root_ws = TempDir::new("rootws");
+    let o = palisade_cli(
+        root_ws.path(),
+        &["run", "--socket", d.socket.to_str().unwrap()],
+        &[&probe(), "echo", "x"],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(125), "{}", stdout(&o));
+}
+
+#[test]
+fn the_json_lines_encoding_serves_a_whole_run() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let mut bytes = hello(Encoding::Json);
+    let req = request(ws.path(), &["echo", "json"]);
+    bytes.extend(encode(&ClientMessage::Run(req), Encoding::Json).unwrap());
+    // No half-close here: a client that stops sending is a client gone.
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    s.write_all(&bytes).unwrap();
+    let mut decoder = Decoder::default();
+    let mut msgs = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !matches!(msgs.last(), Some(ServerMessage::Finished(_)) | Some(ServerMessage::Error(_))) {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed early: {msgs:?}");
+        decoder.push(&buf[..n]);
+        while let Some(m) = decoder.next_message::<ServerMessage>().unwrap() {
+            msgs.push(m);
+        }
+    }
+    assert_eq!(decoder.encoding(), Some(Encoding::Json));
+    let out: Vec<u8> = msgs
+        .iter()
+        .filter_map(|m| match m {
+            ServerMessage::Output { stream: Stream::Stdout, data } => Some(data.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(out, b"ok json\n");
+    assert!(
+        matches!(msgs.last(), Some(ServerMessage::Finished(r)) if r.status == RunStatus::Exited { code: 0 })
+    );
+}
+
+#[test]
+fn the_documented_python_client_works() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/palisade_client.py");
+    let o = std::process::Command::new("python3")
+        .arg(&script)
+        .args(["--socket", d.socket.to_str().unwrap(), "--", &probe(), "echo", "from", "python"])
+        .current_dir(ws.path())
+        .output()
+        .expect("python3");
+    assert_eq!(stdout(&o), "ok from python\n", "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(0));
+    let o = std::process::Command::new("python3")
+        .arg(&script)
+        .args(["--socket", d.socket.to_str().unwrap(), "--", &probe(), "exit", "3"])
+        .current_dir(ws.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+}
+
+#[test]
+fn without_a_broker_the_cli_runs_an_embedded_one() {
+    let ws = TempDir::new("ws");
+    let nowhere = ws.join("no-broker.sock");
+    let o = std::process::Command::new(bin("palisade"))
+        .args(["run", "--", "/usr/bin/echo", "embedded"])
+        .env("PALISADE_SOCKET", &nowhere)
+        .current_dir(ws.path())
+        .output()
+        .unwrap();
+    assert_eq!((o.status.code(), stdout(&o).as_str()), (Some(0), "embedded\n"), "{}", stderr(&o));
+    // An explicit --socket that does not answer is an error, not a fallback.
+    let o = palisade_cli(
+        ws.path(),
+        &["run", "--socket", nowhere.to_str().unwrap()],
+        &["/usr/bin/echo", "x"],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(125));
+    assert!(stderr(&o).starts_with("palisade: RuntimeFailure: "), "{}", stderr(&o));
+}
+
+#[test]
+fn both_binaries_have_help() {
+    for b in ["palisade", "palisaded"] {
+        let o = std::process::Command::new(bin(b)).arg("--help").output().unwrap();
+        assert!(o.status.success());
+        assert!(stdout(&o).contains("Usage:"), "{b}");
+    }
+    let o = std::process::Command::new(bin("palisade")).args(["run", "--help"]).output().unwrap();
+    for flag in ["--socket", "--workspace", "--policy", "--timeout", "--max-output", "--json"] {
+        assert!(stdout(&o).contains(flag), "{flag}");
+    }
+}
