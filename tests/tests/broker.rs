@@ -550,16 +550,3 @@ fn without_a_broker_the_cli_runs_an_embedded_one() {
     assert_eq!(o.status.code(), Some(125));
     assert!(stderr(&o).starts_with("palisade: RuntimeFailure: "), "{}", stderr(&o));
 }
-
-#[test]
-fn both_binaries_have_help() {
-    for b in ["palisade", "palisaded"] {
-        let o = std::process::Command::new(bin(b)).arg("--help").output().unwrap();
-        assert!(o.status.success());
-        assert!(stdout(&o).contains("Usage:"), "{b}");
-    }
-    let o = std::process::Command::new(bin("palisade")).args(["run", "--help"]).output().unwrap();
-    for flag in ["--socket", "--workspace", "--policy", "--timeout", "--max-output", "--json"] {
-        assert!(stdout(&o).contains(flag), "{flag}");
-    }
-}
