@@ -1,17 +1,22 @@
 //! The broker's core, shared by palisaded and the CLI's embedded broker:
-//! decide by policy, then execute.
+//! decide by policy, prepare the run's host directories, execute.
 
 use crate::run::{Engine, Sink};
-use palisade_policy::{Config, Context, Decision, decide};
+use crate::spawner::Spawner;
+use crate::{host, paths};
+use palisade_policy::{Config, Context, Decision, Policy};
 use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest, RunResult};
 use std::future::Future;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub struct Broker {
     pub engine: Engine,
-    pub config: Config,
+    pub policy: Policy,
+    /// The context every decision starts from; `run` is set per request.
     pub context: Context,
+    next_run: AtomicU64,
 }
 
 /// Who is asking: the peer's credentials from SO_PEERCRED (or the CLI's own).
@@ -23,6 +28,34 @@ pub struct Peer {
 }
 
 impl Broker {
+    /// A broker for `config`. Call before starting any thread: the probe of
+    /// user namespaces forks.
+    pub fn assemble(config: Config, helper: Option<PathBuf>) -> Result<Broker, String> {
+        let host = host::probe();
+        tracing::info!(
+            user_namespaces = host.user_namespaces,
+            landlock_abi = host.landlock_abi,
+            "host capabilities"
+        );
+        let helper = helper.or_else(|| config.broker.helper.clone()).unwrap_or_else(paths::default_helper);
+        paths::check_helper(&helper)?;
+        let spawner = Spawner::start().map_err(|e| format!("cannot start the spawner thread: {e}"))?;
+        let context = Context {
+            host,
+            parent_pid: std::process::id(),
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            temp_root: config.policy.temp_root.clone().unwrap_or_else(paths::default_temp_root),
+            run: 0,
+        };
+        Ok(Broker {
+            engine: Engine::new(spawner, helper),
+            policy: Policy::new(config),
+            context,
+            next_run: AtomicU64::new(1),
+        })
+    }
+
     pub async fn run<S: Sink + Send>(
         &self,
         peer: Peer,
@@ -30,15 +63,32 @@ impl Broker {
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, ErrorReply> {
-        let resolved = match decide(&self.config, &self.context, request) {
+        let run_id = self.next_run.fetch_add(1, Ordering::Relaxed);
+        let context = Context { run: run_id, ..self.context.clone() };
+        let resolved = match self.policy.decide(&context, request) {
             Decision::Allow(r) => r,
-            Decision::Deny(d) => return Err(ErrorReply { kind: d.kind, message: d.reason }),
+            Decision::Deny(d) => {
+                tracing::info!(run_id, uid = peer.uid, rule = d.rule, "denied: {}", d.reason);
+                return Err(ErrorReply { kind: d.kind, message: d.reason, rule: Some(d.rule.into()) });
+            }
             Decision::NeedsApproval { reason } => {
-                return Err(ErrorReply { kind: ErrorKind::NeedsApproval, message: reason });
+                return Err(ErrorReply {
+                    kind: ErrorKind::NeedsApproval,
+                    message: reason,
+                    rule: Some("fallback.request_approval".into()),
+                });
             }
         };
+        for w in &resolved.warnings {
+            tracing::warn!(run_id, "{w}");
+        }
         self.check_ownership(peer, &resolved.writable)?;
-        self.engine.execute(&resolved, request, sink, cancel).await
+        let dirs = HostDirs::create(&resolved.host_dirs).map_err(|e| {
+            ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot create the run's directories: {e}"))
+        })?;
+        let result = self.engine.execute(run_id, &resolved, request, sink, cancel).await;
+        drop(dirs);
+        result
     }
 
     /// A broker serving other users must not lend them its own access: every
@@ -57,9 +107,55 @@ impl Broker {
                         path.display(),
                         peer.uid
                     ),
+                    rule: Some("scope.not_the_peers".into()),
                 });
             }
         }
         Ok(())
+    }
+}
+
+/// A run's host directories (Tier B's private /tmp and temporary workspace),
+/// removed with everything in them when the run is over.
+struct HostDirs(Vec<PathBuf>);
+
+impl HostDirs {
+    fn create(dirs: &[PathBuf]) -> std::io::Result<HostDirs> {
+        use std::os::unix::fs::DirBuilderExt;
+        let made = HostDirs(dirs.to_vec());
+        for d in dirs {
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(d)?;
+        }
+        Ok(made)
+    }
+}
+
+impl Drop for HostDirs {
+    fn drop(&mut self) {
+        // The first is the run's own directory; the others live inside it.
+        if let Some(root) = self.0.first() {
+            if let Err(e) = std::fs::remove_dir_all(root) {
+                tracing::warn!("cannot remove {}: {e}", root.display());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HostDirs;
+
+    #[test]
+    fn a_runs_host_directories_are_private_and_removed_afterwards() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("palisade-hostdirs-{}", std::process::id()));
+        let run = base.join("run-1");
+        let dirs = [run.clone(), run.join("tmp"), run.join("workspace")];
+        let made = HostDirs::create(&dirs).unwrap();
+        std::fs::write(run.join("workspace/left"), "x").unwrap();
+        assert_eq!(std::fs::metadata(&run).unwrap().permissions().mode() & 0o777, 0o700);
+        drop(made);
+        assert!(!run.exists(), "the run's directory outlived the run");
+        let _ = std::fs::remove_dir_all(&base);
     }
 }

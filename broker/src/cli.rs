@@ -3,13 +3,12 @@
 
 use crate::broker::{Broker, Peer};
 use crate::client::{Client, ClientError};
-use crate::run::{Engine, Sink};
-use crate::spawner::Spawner;
-use crate::{host, paths};
+use crate::paths;
+use crate::run::Sink;
 use clap::{Args as ClapArgs, Parser, Subcommand};
-use palisade_policy::{Config, Context};
+use palisade_policy::Config;
 use palisade_protocol::wire::{
-    ErrorKind, ErrorReply, RunRequest, RunResult, RunStatus, ServerMessage, Stream,
+    ErrorKind, ErrorReply, ParamValue, RunRequest, RunResult, RunStatus, ServerMessage, Stream,
 };
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
@@ -32,6 +31,29 @@ pub enum Command {
     /// Exits with the command's status, 128+N if it died of signal N, and 125
     /// when palisade refused or failed (with a one-line message naming the error kind).
     Run(RunArgs),
+    /// Print the policy's decision for a command and, when it is allowed, the
+    /// sandbox it would get (mounts, Landlock rules, limits, seccomp), without
+    /// running anything. Exits 0 when allowed, 1 otherwise.
+    Explain(ExplainArgs),
+}
+
+#[derive(ClapArgs, Debug)]
+pub struct ExplainArgs {
+    /// Policy file [default: the built-in default policy].
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// The writable workspace [default: the current directory].
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// A tool declared in the policy.
+    #[arg(long, value_name = "NAME")]
+    pub tool: Option<String>,
+    /// A tool parameter, NAME=PATH (repeat NAME for a list).
+    #[arg(long = "param", value_name = "NAME=PATH")]
+    pub params: Vec<String>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 #[derive(ClapArgs, Debug)]
@@ -64,7 +86,57 @@ pub fn main(cli: Cli) -> i32 {
     crate::daemon::init_tracing("warn");
     match cli.command {
         Command::Run(args) => run(args),
+        Command::Explain(args) => explain(args),
     }
+}
+
+fn params(pairs: &[String]) -> Result<std::collections::BTreeMap<String, ParamValue>, String> {
+    let mut out: std::collections::BTreeMap<String, ParamValue> = Default::default();
+    for p in pairs {
+        let (k, v) = p.split_once('=').ok_or_else(|| format!("--param {p}: expected NAME=PATH"))?;
+        let value = match out.remove(k) {
+            None => ParamValue::One(v.into()),
+            Some(ParamValue::One(first)) => ParamValue::Many(vec![first, v.into()]),
+            Some(ParamValue::Many(mut all)) => {
+                all.push(v.into());
+                ParamValue::Many(all)
+            }
+        };
+        out.insert(k.into(), value);
+    }
+    Ok(out)
+}
+
+fn explain(args: ExplainArgs) -> i32 {
+    let config = match args.policy.as_deref().map(Config::load).transpose() {
+        Ok(c) => c.unwrap_or_default(),
+        Err(e) => return fail(ErrorKind::InvalidRequest, e),
+    };
+    let run_args = RunArgs {
+        socket: None,
+        workspace: args.workspace,
+        policy: None,
+        timeout: None,
+        max_output: None,
+        json: false,
+        command: args.command,
+    };
+    let mut request = match request(&run_args, false) {
+        Ok(r) => r,
+        Err(e) => return fail(ErrorKind::InvalidRequest, e),
+    };
+    request.tool = args.tool;
+    request.params = match params(&args.params) {
+        Ok(p) => p,
+        Err(e) => return fail(ErrorKind::InvalidRequest, e),
+    };
+    let broker = match Broker::assemble(config, None) {
+        Ok(b) => b,
+        Err(e) => return fail(ErrorKind::RuntimeFailure, e),
+    };
+    let decision = broker.policy.decide(&broker.context, &request);
+    print!("{}", palisade_policy::explain::render(&decision));
+    if matches!(decision, palisade_policy::Decision::Allow(_)) { 0 } else { 1 }
 }
 
 fn fail(kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
@@ -72,10 +144,10 @@ fn fail(kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
     EXIT_PALISADE
 }
 
-fn request(args: &RunArgs) -> Result<RunRequest, String> {
+fn request(args: &RunArgs, read_stdin: bool) -> Result<RunRequest, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let mut stdin = Vec::new();
-    if !std::io::stdin().is_terminal() {
+    if read_stdin && !std::io::stdin().is_terminal() {
         std::io::stdin().read_to_end(&mut stdin).map_err(|e| format!("reading stdin: {e}"))?;
     }
     Ok(RunRequest {
@@ -155,7 +227,7 @@ fn quiet_fail(json: bool, kind: ErrorKind, message: impl std::fmt::Display) -> i
 }
 
 fn run(args: RunArgs) -> i32 {
-    let request = match request(&args) {
+    let request = match request(&args, true) {
         Ok(r) => r,
         Err(e) => return fail(ErrorKind::InvalidRequest, e),
     };
@@ -202,19 +274,12 @@ impl Sink for RenderSink<'_> {
 
 /// A broker inside this process, under `config`.
 fn embedded(config: Config, request: RunRequest, mut render: Render) -> i32 {
-    // Probed before any thread exists: the user-namespace probe forks.
-    let host = host::probe();
-    let helper = config.broker.helper.clone().unwrap_or_else(paths::default_helper);
-    if let Err(e) = paths::check_helper(&helper) {
-        return fail(ErrorKind::RuntimeFailure, e);
-    }
-    let spawner = match Spawner::start() {
-        Ok(s) => s,
+    // Before any thread exists: the probe of user namespaces forks.
+    let broker = match Broker::assemble(config, None) {
+        Ok(b) => b,
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),
     };
-    let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
-    let context = Context { host, parent_pid: std::process::id(), uid, gid };
-    let broker = Broker { engine: Engine::new(spawner, helper), config, context };
+    let (uid, gid) = (broker.context.uid, broker.context.gid);
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),

@@ -1,12 +1,10 @@
 //! palisaded: the long-running broker.
 
 use crate::broker::Broker;
-use crate::run::Engine;
 use crate::server::Server;
-use crate::spawner::Spawner;
-use crate::{host, paths, systemd};
+use crate::{paths, systemd};
 use clap::Parser;
-use palisade_policy::{Config, Context};
+use palisade_policy::Config;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -52,36 +50,17 @@ pub fn main(args: Args) -> i32 {
         },
         None => Config::default(),
     };
-    // Probed before any thread exists: the user-namespace probe forks.
-    let host = host::probe();
-    tracing::info!(
-        user_namespaces = host.user_namespaces,
-        landlock_abi = host.landlock_abi,
-        "host capabilities"
-    );
-    let helper =
-        args.helper.clone().or_else(|| config.broker.helper.clone()).unwrap_or_else(paths::default_helper);
-    if let Err(e) = paths::check_helper(&helper) {
-        eprintln!("palisaded: {e}");
-        return 2;
-    }
-    let spawner = match Spawner::start() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("palisaded: cannot start the spawner thread: {e}");
-            return 1;
-        }
-    };
-    let context = Context {
-        host,
-        parent_pid: std::process::id(),
-        uid: nix::unistd::getuid().as_raw(),
-        gid: nix::unistd::getgid().as_raw(),
-    };
     let socket =
         args.socket.clone().or_else(|| config.broker.socket.clone()).unwrap_or_else(paths::default_socket);
     let mode = config.broker.socket_mode;
-    let broker = Broker { engine: Engine::new(spawner, helper), config, context };
+    // Before any thread exists: the probe of user namespaces forks.
+    let broker = match Broker::assemble(config, args.helper.clone()) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("palisaded: {e}");
+            return 2;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {

@@ -14,6 +14,18 @@ pub fn default_socket() -> PathBuf {
     runtime.join("palisade/palisade.sock")
 }
 
+/// Where per-run host directories go: `/run/palisade/runs` for root, else
+/// `$XDG_RUNTIME_DIR/palisade/runs` (or a per-uid directory in /tmp).
+pub fn default_temp_root() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        return PathBuf::from("/run/palisade/runs");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(r) => PathBuf::from(r).join("palisade/runs"),
+        None => std::env::temp_dir().join(format!("palisade-{}/runs", nix::unistd::geteuid())),
+    }
+}
+
 /// The helper installed next to the running binary.
 pub fn default_helper() -> PathBuf {
     std::env::current_exe()

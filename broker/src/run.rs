@@ -15,14 +15,11 @@ use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 
-/// Output is read and forwarded in chunks of this size.
-pub const CHUNK_BYTES: usize = 4096;
 /// After the helper exits, how long stray holders of the output pipes may keep
 /// them open before the run is finished without their end-of-file.
 const DRAIN_GRACE: Duration = Duration::from_millis(200);
@@ -39,11 +36,10 @@ pub trait Sink {
 pub struct Engine {
     spawner: Spawner,
     helper: PathBuf,
-    next_run: AtomicU64,
 }
 
 fn failure(kind: ErrorKind, message: impl Into<String>) -> ErrorReply {
-    ErrorReply { kind, message: message.into() }
+    ErrorReply::new(kind, message)
 }
 
 struct Usage {
@@ -56,7 +52,7 @@ struct Usage {
 
 impl Engine {
     pub fn new(spawner: Spawner, helper: PathBuf) -> Engine {
-        Engine { spawner, helper, next_run: AtomicU64::new(1) }
+        Engine { spawner, helper }
     }
 
     pub fn helper(&self) -> &std::path::Path {
@@ -66,12 +62,12 @@ impl Engine {
     /// Runs `resolved`. `cancel` completing (a client gone, a shutdown) kills the run.
     pub async fn execute<S: Sink + Send>(
         &self,
+        run_id: u64,
         resolved: &Resolved,
         request: &RunRequest,
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, ErrorReply> {
-        let run_id = self.next_run.fetch_add(1, Ordering::Relaxed);
         let plan =
             encode_plan(&resolved.plan).map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?;
         let tier = resolved.plan.tier();
@@ -120,7 +116,8 @@ impl Engine {
 
         let max = resolved.max_output_bytes;
         let (mut total, mut stdout_bytes, mut stderr_bytes) = (0u64, 0u64, 0u64);
-        let (mut out_buf, mut err_buf) = ([0u8; CHUNK_BYTES], [0u8; CHUNK_BYTES]);
+        let chunk_bytes = resolved.capture_chunk_bytes;
+        let (mut out_buf, mut err_buf) = (vec![0u8; chunk_bytes], vec![0u8; chunk_bytes]);
         let (mut out_open, mut err_open, mut exited) = (true, true, false);
         let mut ended: Option<RunStatus> = if connected { None } else { Some(RunStatus::Cancelled) };
         if ended.is_some() {

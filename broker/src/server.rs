@@ -35,7 +35,7 @@ pub struct Server {
 
 impl Server {
     pub fn new(broker: Broker) -> Server {
-        let b = &broker.config.broker;
+        let b = &broker.policy.config.broker;
         let allowed_uids =
             if b.allowed_uids.is_empty() { vec![broker.context.uid] } else { b.allowed_uids.clone() };
         Server {
@@ -96,7 +96,7 @@ impl Server {
         let hello = tokio::time::timeout(HELLO_TIMEOUT, read_message(&mut reader, &mut decoder)).await;
         let encoding = decoder.encoding().unwrap_or(Encoding::Bincode);
         let mut sink = SocketSink { writer, encoding };
-        let refuse = |kind, message: String| ErrorReply { kind, message };
+        let refuse = |kind, message: String| ErrorReply::new(kind, message);
         let reply = match hello {
             Err(_) => Err(refuse(ErrorKind::ProtocolError, "no hello within 10 s".into())),
             Ok(Err(e)) => Err(refuse(ErrorKind::ProtocolError, e)),
@@ -133,7 +133,7 @@ impl Server {
         if !self.allowed(&peer) {
             tracing::warn!(uid = peer.uid, gid = peer.gid, pid = peer.pid, "peer not allowed");
             let message = format!("uid {} (gid {}) is not allowed to use this broker", peer.uid, peer.gid);
-            sink.send(ServerMessage::Error(ErrorReply { kind: ErrorKind::Unauthorized, message })).await;
+            sink.send(ServerMessage::Error(ErrorReply::new(ErrorKind::Unauthorized, message))).await;
             return;
         }
         decoder.set_limit(MAX_FRAME_BYTES);
@@ -151,11 +151,7 @@ impl Server {
                 Ok(None) => return,
                 Err(e) => {
                     tracing::info!(uid = peer.uid, "bad frame: {e}");
-                    sink.send(ServerMessage::Error(ErrorReply {
-                        kind: ErrorKind::ProtocolError,
-                        message: e,
-                    }))
-                    .await;
+                    sink.send(ServerMessage::Error(ErrorReply::new(ErrorKind::ProtocolError, e))).await;
                     return;
                 }
             };
@@ -163,7 +159,7 @@ impl Server {
                 ClientMessage::Run(r) => r,
                 ClientMessage::Cancel => continue,
                 ClientMessage::Hello(_) => {
-                    let e = ErrorReply { kind: ErrorKind::ProtocolError, message: "hello sent twice".into() };
+                    let e = ErrorReply::new(ErrorKind::ProtocolError, "hello sent twice");
                     sink.send(ServerMessage::Error(e)).await;
                     return;
                 }
@@ -195,20 +191,17 @@ impl Server {
             Err(_) => {
                 if self.queued.fetch_add(1, Ordering::SeqCst) >= self.max_queued {
                     self.queued.fetch_sub(1, Ordering::SeqCst);
-                    return Err(ErrorReply {
-                        kind: ErrorKind::Busy,
-                        message: format!(
+                    return Err(ErrorReply::new(
+                        ErrorKind::Busy,
+                        format!(
                             "all {} run slots are in use and {} requests are already waiting; try again later",
                             self.max_concurrent, self.max_queued
                         ),
-                    });
+                    ));
                 }
                 let waited = self.slots.clone().acquire_owned().await;
                 self.queued.fetch_sub(1, Ordering::SeqCst);
-                waited.map_err(|_| ErrorReply {
-                    kind: ErrorKind::Busy,
-                    message: "the broker is shutting down".into(),
-                })?
+                waited.map_err(|_| ErrorReply::new(ErrorKind::Busy, "the broker is shutting down"))?
             }
         };
         // The run ends early if the client goes away, cancels, or the broker stops.

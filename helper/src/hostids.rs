@@ -1,6 +1,6 @@
 //! A helper started by root never leaves a sandboxed process as host root:
-//! it prepares what needs root (idmapped writable binds), then becomes the
-//! plan's unprivileged host ids before creating any namespace.
+//! it prepares what needs root (idmapped binds of the granted paths), then
+//! becomes the plan's unprivileged host ids before creating any namespace.
 
 use crate::error::{Context, Result, fail};
 use crate::{lifeline, mounts};
@@ -14,7 +14,7 @@ use nix::unistd::{ForkResult, Gid, Uid, fork, getuid, read, setgroups, setresgid
 use palisade_protocol::{HostIds, JailPlan, Mount, Stage};
 use std::os::fd::OwnedFd;
 
-/// Returns the writable binds' detached, idmapped trees (by mount index).
+/// Returns the owned binds' detached, idmapped trees (by mount index).
 pub fn become_unprivileged(plan: &JailPlan, ids: HostIds) -> Result<Vec<Option<OwnedFd>>> {
     if !getuid().is_root() {
         return Err(fail(
@@ -24,24 +24,22 @@ pub fn become_unprivileged(plan: &JailPlan, ids: HostIds) -> Result<Vec<Option<O
         ));
     }
     let mut trees: Vec<Option<OwnedFd>> = plan.mounts.iter().map(|_| None).collect();
-    let writable: Vec<(usize, &str)> = plan
-        .mounts
-        .iter()
-        .enumerate()
-        .filter_map(|(i, m)| match m {
-            Mount::Bind { source, writable: true, .. } => Some((i, source.as_str())),
-            _ => None,
-        })
-        .collect();
-    if let Some((_, first)) = writable.first() {
-        let owner = stat(*first).at(Stage::Mounts, || format!("stat {first}"))?;
-        let userns = idmap_userns(owner.st_uid, owner.st_gid, ids)?;
-        for (i, source) in writable {
-            let tree = mounts::open_tree(source, true)?;
-            mounts::idmap(&tree, &userns)
-                .at(Stage::Mounts, || format!("idmap {source} for the sandbox's uid"))?;
-            trees[i] = Some(tree);
-        }
+    // One idmapping namespace per on-disk owner: that owner's files become the sandbox's.
+    let mut namespaces: Vec<((u32, u32), OwnedFd)> = Vec::new();
+    for (i, m) in plan.mounts.iter().enumerate() {
+        let Mount::Bind { source, owned: true, .. } = m else { continue };
+        let st = stat(source.as_str()).at(Stage::Mounts, || format!("stat {source}"))?;
+        let owner = (st.st_uid, st.st_gid);
+        let userns = match namespaces.iter().position(|(o, _)| *o == owner) {
+            Some(k) => &namespaces[k].1,
+            None => {
+                namespaces.push((owner, idmap_userns(owner.0, owner.1, ids)?));
+                &namespaces[namespaces.len() - 1].1
+            }
+        };
+        let tree = mounts::open_tree(source, true)?;
+        mounts::idmap(&tree, userns).at(Stage::Mounts, || format!("idmap {source} for the sandbox's uid"))?;
+        trees[i] = Some(tree);
     }
     setgroups(&[]).at(Stage::Ids, || "drop supplementary groups".into())?;
     setresgid(Gid::from_raw(ids.gid), Gid::from_raw(ids.gid), Gid::from_raw(ids.gid))

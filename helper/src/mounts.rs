@@ -93,7 +93,7 @@ fn place(m: &Mount, source: Source) -> Result<()> {
     let rel = &m.target()[1..];
     let nosuid_nodev = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
     match (m, source) {
-        (Mount::Bind { source, target, writable }, Source::Tree(tree)) => {
+        (Mount::Bind { source, target, writable, .. }, Source::Tree(tree)) => {
             let is_dir = fstat(&tree).map(|st| SFlag::from_bits_truncate(st.st_mode) == SFlag::S_IFDIR);
             make_mount_point(rel, is_dir.at(Stage::Mounts, || format!("stat {source}"))?)?;
             let ro = if *writable { 0 } else { libc::MOUNT_ATTR_RDONLY };

@@ -1,8 +1,16 @@
 //! The configuration file (TOML). Unknown keys and bad values are errors that
-//! name the line and column.
+//! name the line and column; so are overrides of a preset's immutable fields,
+//! unknown presets, and executables that cannot be found.
 
+use crate::capabilities::{
+    Binding, EnvironmentCapability, FsCapability, NetworkCapability, Overrides, Preset,
+};
+use crate::egress::EgressMode;
+use palisade_protocol::LandlockFeatures;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use toml::Spanned;
 
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -10,10 +18,14 @@ pub struct Config {
     #[serde(default)]
     pub broker: BrokerConfig,
     #[serde(default)]
+    pub policy: PolicyConfig,
+    #[serde(default)]
     pub defaults: DefaultProfile,
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolConfig>,
 }
 
-/// How palisaded serves (ignored by the CLI's embedded broker).
+/// How palisaded serves (the CLI's embedded broker ignores the socket settings).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerConfig {
@@ -53,34 +65,149 @@ impl Default for BrokerConfig {
     }
 }
 
-/// The profile `palisade run` uses when no tool is named.
+/// What to do where Tier C (user namespaces) is unavailable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FallbackPolicy {
+    /// Refuse to run (the default).
+    #[default]
+    Deny,
+    /// Ask a person before running in Tier B.
+    RequestApproval,
+    /// Log a warning and run in Tier B (Landlock, seccomp, rlimits; no namespaces).
+    WarnAndExecute,
+}
+
+/// Rules that hold for every run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    pub fallback: FallbackPolicy,
+    /// Landlock features every sandbox must have enforced (`fs`, `fs.refer`,
+    /// `fs.truncate`, `net.tcp`, `scope.abstract_unix`, `scope.signal`); runs
+    /// are refused on a kernel that lacks one. Tier B always requires `fs`.
+    pub require_landlock: Vec<Spanned<String>>,
+    /// Where per-run host directories go (Tier B's private /tmp and temp workspaces).
+    pub temp_root: Option<PathBuf>,
+    pub max_command_bytes: usize,
+    pub max_arguments: usize,
+    pub max_argument_bytes: usize,
+    pub max_env_vars: usize,
+    /// Output is read and forwarded in chunks of this size.
+    pub capture_chunk_bytes: usize,
+    /// Globs denied even inside an allowed root (added to the built-in list).
+    pub sensitive_paths: Vec<String>,
+    /// Regular expressions refused anywhere in a command line (added to the built-in list).
+    pub blocked_patterns: Vec<String>,
+    /// Interpreter names (globs) added to the built-in deny-list.
+    pub interpreters: Vec<String>,
+    /// `${PROJECT_ROOT}` in presets; default: the request's workspace.
+    pub project_root: Option<PathBuf>,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            fallback: FallbackPolicy::Deny,
+            require_landlock: vec![],
+            temp_root: None,
+            max_command_bytes: 256,
+            max_arguments: 128,
+            max_argument_bytes: 4096,
+            max_env_vars: 32,
+            capture_chunk_bytes: 4096,
+            sensitive_paths: vec![],
+            blocked_patterns: vec![],
+            interpreters: vec![],
+            project_root: None,
+        }
+    }
+}
+
+impl PolicyConfig {
+    pub fn required_landlock(&self) -> LandlockFeatures {
+        self.require_landlock
+            .iter()
+            .filter_map(|n| LandlockFeatures::TABLE.iter().find(|(_, _, name)| name == n.get_ref()))
+            .fold(LandlockFeatures::EMPTY, |acc, (f, _, _)| acc.union(*f))
+    }
+}
+
+/// The profile `palisade run` uses when no tool is named: the workspace
+/// read-write, system directories read-only, no network, forking allowed.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DefaultProfile {
-    pub timeout_secs: u64,
-    pub max_output_bytes: u64,
-    pub memory_mb: u64,
+    pub network: NetworkCapability,
+    pub egress: EgressMode,
+    pub environment: EnvironmentCapability,
+    pub no_fork: bool,
+    pub max_execution_time: u64,
+    pub max_memory_mb: u64,
     pub max_processes: u64,
     pub max_open_files: u64,
     pub max_file_size_mb: u64,
     pub tmp_size_mb: u64,
+    pub max_output_bytes: u64,
     /// Extra paths visible read-only (and executable) in the sandbox.
     pub read_only: Vec<PathBuf>,
+    pub allow_interpreters: bool,
+    pub allow_inline_code: bool,
+    /// Empty: any executable the sandbox can see.
+    pub allowed_executables: Vec<Spanned<String>>,
+    /// Programs in the workspace may be executed (builds run what they build).
+    pub exec_in_workspace: bool,
 }
 
 impl Default for DefaultProfile {
     fn default() -> Self {
         DefaultProfile {
-            timeout_secs: 300,
-            max_output_bytes: 64 << 20,
-            memory_mb: 512,
+            network: NetworkCapability::Deny,
+            egress: EgressMode::Preflight,
+            environment: EnvironmentCapability::Restricted,
+            no_fork: false,
+            max_execution_time: 300,
+            max_memory_mb: 512,
             max_processes: 256,
             max_open_files: 1024,
             max_file_size_mb: 1024,
             tmp_size_mb: 256,
+            max_output_bytes: 64 << 20,
             read_only: vec![],
+            allow_interpreters: false,
+            allow_inline_code: false,
+            allowed_executables: vec![],
+            exec_in_workspace: true,
         }
     }
+}
+
+/// A declared tool: a preset (or the conservative defaults), overrides, and
+/// parameter bindings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfig {
+    pub preset: Option<Spanned<String>>,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub overrides: Overrides,
+    #[serde(default)]
+    pub parameters: BTreeMap<String, Binding>,
+    #[serde(default)]
+    pub allowed_executables: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub allow_interpreters: bool,
+    #[serde(default)]
+    pub allow_inline_code: bool,
+    #[serde(default)]
+    pub egress: EgressMode,
+    #[serde(default = "default_tool_output")]
+    pub max_output_bytes: u64,
+}
+
+fn default_tool_output() -> u64 {
+    16 << 20
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -88,7 +215,7 @@ pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("{path}:{line}:{column}: {message}")]
-    Parse { path: PathBuf, line: usize, column: usize, message: String },
+    Invalid { path: PathBuf, line: usize, column: usize, message: String },
 }
 
 impl Config {
@@ -98,11 +225,94 @@ impl Config {
         Config::parse(&text, path)
     }
 
+    /// Parses and checks a configuration; `path` only names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|e| {
-            let (line, column) = e.span().map(|s| line_column(text, s.start)).unwrap_or((0, 0));
-            ConfigError::Parse { path: path.to_path_buf(), line, column, message: e.message().to_string() }
-        })
+        let at = |offset: usize, message: String| {
+            let (line, column) = line_column(text, offset);
+            ConfigError::Invalid { path: path.to_path_buf(), line, column, message }
+        };
+        let config: Config =
+            toml::from_str(text).map_err(|e| at(e.span().map_or(0, |s| s.start), e.message().into()))?;
+        config.check().map_err(|(offset, message)| at(offset, message))?;
+        Ok(config)
+    }
+
+    /// Semantic checks, each failing with the byte offset it is about.
+    fn check(&self) -> Result<(), (usize, String)> {
+        for name in &self.policy.require_landlock {
+            if !LandlockFeatures::TABLE.iter().any(|(_, _, n)| n == name.get_ref()) {
+                let known: Vec<&str> = LandlockFeatures::TABLE.iter().map(|(_, _, n)| *n).collect();
+                return Err((
+                    name.span().start,
+                    format!("unknown Landlock feature {:?} (known: {})", name.get_ref(), known.join(", ")),
+                ));
+            }
+        }
+        for pattern in &self.policy.blocked_patterns {
+            regex::Regex::new(pattern).map_err(|e| (0, format!("blocked_patterns: {e}")))?;
+        }
+        for glob in self.policy.sensitive_paths.iter().chain(&self.policy.interpreters) {
+            globset::Glob::new(glob).map_err(|e| (0, format!("bad glob {glob:?}: {e}")))?;
+        }
+        for exe in self
+            .defaults
+            .allowed_executables
+            .iter()
+            .chain(self.tools.values().flat_map(|t| &t.allowed_executables))
+        {
+            crate::validate::resolve_executable(exe.get_ref())
+                .map_err(|e| (exe.span().start, format!("allowed_executables: {e}")))?;
+        }
+        for (name, tool) in &self.tools {
+            let preset = match &tool.preset {
+                Some(p) => Some(Preset::named(p.get_ref()).ok_or_else(|| {
+                    (
+                        p.span().start,
+                        format!(
+                            "tool {name}: unknown preset {:?} (known: {})",
+                            p.get_ref(),
+                            Preset::NAMES.join(", ")
+                        ),
+                    )
+                })?),
+                None => None,
+            };
+            if let Some(preset) = &preset {
+                tool.overrides.check_against(preset).map_err(|(offset, field)| {
+                    (
+                        offset,
+                        format!(
+                            "tool {name}: the {field} of preset {} is immutable; the override is refused",
+                            preset.name
+                        ),
+                    )
+                })?;
+                if preset.immutable.filesystem {
+                    if let Some((param, _)) = tool.parameters.iter().next() {
+                        return Err((
+                            tool.preset.as_ref().map_or(0, |p| p.span().start),
+                            format!(
+                                "tool {name}: parameter {param} binds a filesystem capability, but the filesystem of preset {} is immutable",
+                                preset.name
+                            ),
+                        ));
+                    }
+                }
+            }
+            if let Some(fs) = &tool.overrides.filesystem {
+                for cap in fs.get_ref() {
+                    if let FsCapability::ReadOnly { path } | FsCapability::ReadWrite { path } = cap {
+                        if !path.starts_with('/') && !path.starts_with("${") {
+                            return Err((
+                                fs.span().start,
+                                format!("tool {name}: filesystem path {path:?} must be absolute"),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -118,25 +328,65 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
 mod tests {
     use super::*;
 
+    fn parse(text: &str) -> Result<Config, String> {
+        Config::parse(text, Path::new("p.toml")).map_err(|e| e.to_string())
+    }
+
     #[test]
     fn unknown_keys_are_refused_with_line_and_column() {
-        let text = "[broker]\nmax_concurrent = 4\nmax_concurent = 5\n";
-        let err = Config::parse(text, Path::new("p.toml")).unwrap_err().to_string();
+        let err = parse("[broker]\nmax_concurrent = 4\nmax_concurent = 5\n").unwrap_err();
         assert!(err.starts_with("p.toml:3:1: unknown field `max_concurent`"), "{err}");
+        let err = parse("[tools.x]\npreset = \"file_processor\"\n[tools.x.overrides]\nnetwrk = \"deny\"\n")
+            .unwrap_err();
+        assert!(err.starts_with("p.toml:4:1: unknown field `netwrk`"), "{err}");
     }
 
     #[test]
     fn bad_values_are_refused_with_line_and_column() {
-        let err = Config::parse("[defaults]\ntimeout_secs = \"soon\"\n", Path::new("p.toml"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.starts_with("p.toml:2:16: invalid type"), "{err}");
+        let err = parse("[defaults]\nmax_execution_time = \"soon\"\n").unwrap_err();
+        assert!(err.starts_with("p.toml:2:22: invalid type"), "{err}");
+        let err = parse("[defaults]\nnetwork = \"sometimes\"\n").unwrap_err();
+        assert!(err.starts_with("p.toml:2:11: "), "{err}");
+        let err = parse("[policy]\nfallback = \"pray\"\n").unwrap_err();
+        assert!(err.starts_with("p.toml:2:12: unknown variant `pray`"), "{err}");
+        let err = parse("[policy]\nrequire_landlock = [\"fs\", \"net.udp\"]\n").unwrap_err();
+        assert!(err.starts_with("p.toml:2:27: unknown Landlock feature \"net.udp\""), "{err}");
+        let err = parse("[defaults]\nallowed_executables = [\"no-such-program-xyz\"]\n").unwrap_err();
+        assert!(err.starts_with("p.toml:2:24: allowed_executables: "), "{err}");
+    }
+
+    #[test]
+    fn overriding_an_immutable_field_is_refused() {
+        let text =
+            "[tools.fetch]\npreset = \"file_processor\"\n[tools.fetch.overrides]\nnetwork = \"allow_all\"\n";
+        let err = parse(text).unwrap_err();
+        assert_eq!(
+            err,
+            "p.toml:4:11: tool fetch: the network of preset file_processor is immutable; the override is refused"
+        );
+        let text = "[tools.s]\npreset = \"web_scraper\"\n[tools.s.overrides]\nfilesystem = [{ read_only = \"/srv\" }]\n";
+        assert!(parse(text).unwrap_err().contains("the filesystem of preset web_scraper is immutable"));
+        let text = "[tools.s]\npreset = \"web_scraper\"\n[tools.s.parameters.out]\ncapability = \"filesystem.read_write\"\nvalidation = \"is_directory\"\nmapping = \"single\"\n";
+        assert!(parse(text).unwrap_err().contains("filesystem of preset web_scraper is immutable"));
+        // data_transformer has no immutable field; file_processor's process is mutable.
+        let ok = "[tools.t]\npreset = \"data_transformer\"\n[tools.t.overrides]\nnetwork = \"allow_all\"\nprocess = { max_memory_mb = 64 }\n";
+        assert!(parse(ok).is_ok());
+        let err = parse("[tools.t]\npreset = \"fast\"\n").unwrap_err();
+        assert!(err.starts_with("p.toml:2:10: tool t: unknown preset \"fast\""), "{err}");
     }
 
     #[test]
     fn an_empty_file_gives_the_defaults() {
-        let c = Config::parse("", Path::new("p.toml")).unwrap();
+        let c = parse("").unwrap();
         assert_eq!(c.broker.socket_mode, 0o660);
-        assert_eq!(c.defaults.timeout_secs, 300);
+        assert_eq!(c.defaults.max_execution_time, 300);
+        assert_eq!(c.policy.max_env_vars, 32);
+        assert_eq!(c.policy.fallback, FallbackPolicy::Deny);
+    }
+
+    #[test]
+    fn the_example_configuration_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../palisade.example.toml");
+        Config::load(&path).unwrap();
     }
 }

@@ -1,17 +1,32 @@
-//! From a request to a decision: refuse (with a stable kind and a reason that
-//! names the path, limit or rule), ask for approval, or allow with a fully
-//! resolved plan.
+//! From a request to a decision: refuse (with a stable kind, a stable rule
+//! and a reason that names the path, limit or rule), ask for approval, or
+//! allow with a fully resolved plan.
 
-use crate::config::Config;
-use crate::jail::{JailSpec, Limits, build_plan};
-use palisade_protocol::wire::{ErrorKind, RunRequest};
-use palisade_protocol::{HostIds, JailPlan, LandlockFeatures, Tier};
-use std::os::unix::fs::PermissionsExt;
+use crate::capabilities::{
+    Binding, BoundCapability, Capabilities, EnvironmentCapability, FsCapability, Mapping, NetworkCapability,
+    ProcessCapability, Validation,
+};
+use crate::config::{Config, FallbackPolicy};
+use crate::egress::{self, EgressMode};
+use crate::jail::{ETC_ENTRIES, JailSpec, Limits, SYSTEM_DIRS, build_plan};
+use crate::validate::{self, Rules, SENSITIVE_NAMES};
+use crate::{Preset, paths};
+use palisade_protocol::wire::{ErrorKind, ParamValue, RunRequest};
+use palisade_protocol::{HostIds, JailPlan, LandlockFeatures, Mount, Tier};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// PATH inside the sandbox, also used to resolve a bare command name.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// What a sandbox finds in /dev.
+const DEVICES: [&str; 13] = [
+    "null", "zero", "full", "random", "urandom", "tty", "shm", "pts", "ptmx", "fd", "stdin", "stdout",
+    "stderr",
+];
+
+/// Where a temporary workspace appears inside a Tier C sandbox (a tmpfs).
+pub const TEMP_WORKSPACE: &str = "/workspace";
 
 /// What the host can enforce, probed by the broker at start-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,17 +44,22 @@ pub struct Context {
     /// The broker's own ids.
     pub uid: u32,
     pub gid: u32,
+    /// Where this run's host directories go (Tier B): `<temp_root>/run-<run>`.
+    pub temp_root: PathBuf,
+    pub run: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Denial {
     pub kind: ErrorKind,
+    /// A stable name for the rule that refused (`scope.outside_roots`).
+    pub rule: &'static str,
     pub reason: String,
 }
 
 impl Denial {
-    pub fn new(kind: ErrorKind, reason: impl Into<String>) -> Denial {
-        Denial { kind, reason: reason.into() }
+    pub fn new(kind: ErrorKind, rule: &'static str, reason: impl Into<String>) -> Denial {
+        Denial { kind, rule, reason: reason.into() }
     }
 }
 
@@ -47,14 +67,21 @@ impl Denial {
 #[derive(Debug, Clone)]
 pub struct Resolved {
     pub plan: JailPlan,
-    /// Host directories the sandbox may write.
+    /// Host directories the sandbox may write (the peer must own them).
     pub writable: Vec<PathBuf>,
+    /// Host directories the broker creates (mode 0700) before the run and removes after it.
+    pub host_dirs: Vec<PathBuf>,
     pub timeout: Duration,
     pub max_output_bytes: u64,
-    /// Human labels for the attestation.
+    pub capture_chunk_bytes: usize,
+    /// The tool run, if any.
+    pub tool: Option<String>,
+    pub capabilities: Capabilities,
+    /// Human labels for the attestation and `palisade explain`.
     pub network: String,
     pub egress: String,
     pub disk: String,
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -64,151 +91,569 @@ pub enum Decision {
     Allow(Box<Resolved>),
 }
 
-pub fn decide(config: &Config, ctx: &Context, req: &RunRequest) -> Decision {
-    match resolve(config, ctx, req) {
-        Ok(r) => Decision::Allow(Box::new(r)),
-        Err(d) => Decision::Deny(d),
+/// A configuration with its rules compiled, ready to decide.
+#[derive(Debug)]
+pub struct Policy {
+    pub config: Config,
+    rules: Rules,
+}
+
+/// Everything that varies between the default profile and a tool.
+struct Profile {
+    tool: Option<String>,
+    capabilities: Capabilities,
+    egress: EgressMode,
+    allowed_executables: Vec<PathBuf>,
+    allow_interpreters: bool,
+    allow_inline_code: bool,
+    max_output_bytes: u64,
+    max_open_files: u64,
+    max_file_size_mb: u64,
+    tmp_size_mb: u64,
+    exec_in_writable: bool,
+    bindings: BTreeMap<String, Binding>,
+}
+
+fn denied<T>(kind: ErrorKind, rule: &'static str, reason: impl Into<String>) -> Result<T, Denial> {
+    Err(Denial::new(kind, rule, reason))
+}
+
+impl Policy {
+    pub fn new(config: Config) -> Policy {
+        let rules = Rules::new(&config.policy);
+        Policy { config, rules }
+    }
+
+    pub fn decide(&self, ctx: &Context, req: &RunRequest) -> Decision {
+        match self.resolve(ctx, req) {
+            Ok(Ok(r)) => Decision::Allow(Box::new(r)),
+            Ok(Err(reason)) => Decision::NeedsApproval { reason },
+            Err(d) => Decision::Deny(d),
+        }
+    }
+
+    fn profile(&self, req: &RunRequest) -> Result<Profile, Denial> {
+        let resolve_all = |names: &[toml::Spanned<String>]| -> Vec<PathBuf> {
+            names.iter().filter_map(|n| validate::resolve_executable(n.get_ref()).ok()).collect()
+        };
+        let Some(name) = &req.tool else {
+            let d = &self.config.defaults;
+            let mut filesystem = vec![FsCapability::ReadWrite { path: "${WORKSPACE}".into() }];
+            filesystem.extend(
+                d.read_only.iter().map(|p| FsCapability::ReadOnly { path: p.to_string_lossy().into() }),
+            );
+            return Ok(Profile {
+                tool: None,
+                capabilities: Capabilities {
+                    filesystem,
+                    network: d.network.clone(),
+                    process: ProcessCapability {
+                        no_fork: d.no_fork,
+                        max_execution_time: d.max_execution_time,
+                        max_memory_mb: d.max_memory_mb,
+                        max_processes: d.max_processes,
+                    },
+                    environment: d.environment,
+                },
+                egress: d.egress,
+                allowed_executables: resolve_all(&d.allowed_executables),
+                allow_interpreters: d.allow_interpreters,
+                allow_inline_code: d.allow_inline_code,
+                max_output_bytes: d.max_output_bytes,
+                max_open_files: d.max_open_files,
+                max_file_size_mb: d.max_file_size_mb,
+                tmp_size_mb: d.tmp_size_mb,
+                exec_in_writable: d.exec_in_workspace,
+                bindings: BTreeMap::new(),
+            });
+        };
+        let Some(tool) = self.config.tools.get(name) else {
+            let known: Vec<&str> = self.config.tools.keys().map(String::as_str).collect();
+            return denied(
+                ErrorKind::InvalidRequest,
+                "tools.unknown",
+                format!(
+                    "no tool {name:?} is declared (declared: {})",
+                    if known.is_empty() { "none".into() } else { known.join(", ") }
+                ),
+            );
+        };
+        let base = tool
+            .preset
+            .as_ref()
+            .and_then(|p| Preset::named(p.get_ref()))
+            .map_or_else(Capabilities::default, |p| p.capabilities);
+        let d = &self.config.defaults;
+        Ok(Profile {
+            tool: Some(name.clone()),
+            capabilities: tool.overrides.apply(&base),
+            egress: tool.egress,
+            allowed_executables: resolve_all(&tool.allowed_executables),
+            allow_interpreters: tool.allow_interpreters,
+            allow_inline_code: tool.allow_inline_code,
+            max_output_bytes: tool.max_output_bytes,
+            max_open_files: d.max_open_files,
+            max_file_size_mb: d.max_file_size_mb,
+            tmp_size_mb: d.tmp_size_mb,
+            exec_in_writable: false,
+            bindings: tool.parameters.clone(),
+        })
+    }
+
+    /// `Ok(Ok(run))`, `Ok(Err(why approval is needed))`, or a refusal.
+    fn resolve(&self, ctx: &Context, req: &RunRequest) -> Result<Result<Resolved, String>, Denial> {
+        let policy = &self.config.policy;
+        let mut profile = self.profile(req)?;
+        let Some(cwd) = &req.cwd else {
+            return denied(
+                ErrorKind::InvalidRequest,
+                "request.cwd",
+                "the request names no cwd (an absolute directory)",
+            );
+        };
+        let cwd = absolute_dir(cwd, "cwd")?;
+        let workspace = match &req.workspace {
+            Some(w) => absolute_dir(&cwd.join(w).to_string_lossy(), "workspace")?,
+            None => cwd.clone(),
+        };
+        let home = req.env.get("HOME").map(PathBuf::from);
+        let home = home.as_deref();
+
+        // Parameters bound to filesystem capabilities become concrete paths.
+        for (param, value) in &req.params {
+            let Some(binding) = profile.bindings.get(param) else {
+                return denied(
+                    ErrorKind::PolicyDenied,
+                    "tools.undeclared_parameter",
+                    format!(
+                        "parameter {param} is not declared by tool {}",
+                        profile.tool.as_deref().unwrap_or("-")
+                    ),
+                );
+            };
+            for path in bound_paths(param, value, binding, &cwd, home, &self.rules)? {
+                let path = path.to_string_lossy().into_owned();
+                profile.capabilities.filesystem.push(match binding.capability {
+                    BoundCapability::ReadOnly => FsCapability::ReadOnly { path },
+                    BoundCapability::ReadWrite => FsCapability::ReadWrite { path },
+                });
+            }
+        }
+
+        // The tier, or the fallback policy where Tier C is unavailable.
+        let mut warnings = Vec::new();
+        let tier = if ctx.host.user_namespaces {
+            Tier::C
+        } else {
+            let why = "Tier C needs unprivileged user namespaces, which this host does not allow";
+            match policy.fallback {
+                FallbackPolicy::Deny => {
+                    return denied(
+                        ErrorKind::Unavailable,
+                        "fallback.deny",
+                        format!("{why}; the fallback policy is deny"),
+                    );
+                }
+                FallbackPolicy::RequestApproval => {
+                    return Ok(Err(format!("{why}; the fallback policy asks for approval to run in Tier B")));
+                }
+                FallbackPolicy::WarnAndExecute => {
+                    warnings.push(format!(
+                        "{why}: running in Tier B (Landlock, seccomp, rlimits; no namespaces)"
+                    ));
+                    Tier::B
+                }
+            }
+        };
+        if profile.egress == EgressMode::Strict && tier != Tier::C {
+            return denied(
+                ErrorKind::Unavailable,
+                "egress.strict_unavailable",
+                "egress = strict needs a network namespace, which this host cannot create",
+            );
+        }
+
+        // Filesystem grants, with templates and the temporary workspace resolved.
+        let run_dir = ctx.temp_root.join(format!("run-{}", ctx.run));
+        let project_root = policy.project_root.clone().unwrap_or_else(|| workspace.clone());
+        let (mut read_only, mut read_write) = (Vec::new(), Vec::new());
+        let mut temp_workspace = None;
+        let mut host_dirs = Vec::new();
+        for cap in &profile.capabilities.filesystem {
+            match cap {
+                FsCapability::ReadOnly { path } | FsCapability::ReadWrite { path } => {
+                    let expanded = path
+                        .replace("${WORKSPACE}", &workspace.to_string_lossy())
+                        .replace("${PROJECT_ROOT}", &project_root.to_string_lossy());
+                    let writable = matches!(cap, FsCapability::ReadWrite { .. });
+                    let Ok(p) = Path::new(&expanded).canonicalize() else {
+                        if writable {
+                            return denied(
+                                ErrorKind::InvalidRequest,
+                                "filesystem.missing",
+                                format!("{expanded} does not exist"),
+                            );
+                        }
+                        // A read-only grant of a path that does not exist gives nothing.
+                        continue;
+                    };
+                    if p == Path::new("/") {
+                        return denied(
+                            ErrorKind::WorkspaceScopeDenied,
+                            "scope.root",
+                            "/ cannot be granted as a whole",
+                        );
+                    }
+                    if writable { read_write.push(p) } else { read_only.push(p) }
+                }
+                FsCapability::TempWorkspace => {
+                    let dir = match tier {
+                        Tier::C => PathBuf::from(TEMP_WORKSPACE),
+                        Tier::B => run_dir.join("workspace"),
+                    };
+                    temp_workspace = Some(dir);
+                }
+            }
+        }
+        read_only.retain(|p| !read_write.contains(p));
+        read_only.sort();
+        read_only.dedup();
+        read_write.sort();
+        read_write.dedup();
+        let tier_b_tmp = run_dir.join("tmp");
+        if tier == Tier::B {
+            host_dirs.push(run_dir.clone());
+            host_dirs.push(tier_b_tmp.clone());
+            host_dirs.extend(temp_workspace.clone());
+        }
+
+        // The working directory inside: the client's when the sandbox can see it.
+        let visible_dirs: Vec<&PathBuf> =
+            read_write.iter().chain(&read_only).chain(&temp_workspace).collect();
+        let sandbox_cwd = if visible_dirs.iter().any(|d| cwd.starts_with(d)) {
+            cwd.clone()
+        } else if let Some(t) = &temp_workspace {
+            t.clone()
+        } else {
+            read_write.first().or(read_only.first()).cloned().unwrap_or_else(|| PathBuf::from("/"))
+        };
+        let sandbox_home = temp_workspace
+            .clone()
+            .or_else(|| read_write.first().cloned())
+            .unwrap_or_else(|| sandbox_cwd.clone());
+
+        // The environment the command will see.
+        let env: Vec<(String, String)> = match profile.capabilities.environment {
+            EnvironmentCapability::None => vec![],
+            EnvironmentCapability::Restricted => {
+                let mut env = vec![
+                    ("PATH".to_string(), SANDBOX_PATH.to_string()),
+                    ("HOME".to_string(), sandbox_home.to_string_lossy().into_owned()),
+                ];
+                for key in ["USER", "LANG", "TERM"] {
+                    if let Some(v) = req.env.get(key) {
+                        env.push((key.to_string(), v.clone()));
+                    }
+                }
+                if tier == Tier::B {
+                    env.push(("TMPDIR".to_string(), tier_b_tmp.to_string_lossy().into_owned()));
+                }
+                env
+            }
+            EnvironmentCapability::Full => req.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        };
+
+        // The validation pipeline.
+        validate::check_shape(policy, &req.argv, &env)?;
+        let program = resolve_program(&req.argv[0], &sandbox_cwd)?;
+        let system: Vec<PathBuf> =
+            SYSTEM_DIRS.iter().filter_map(|d| Path::new(d).canonicalize().ok()).collect();
+        let mut exec_roots: Vec<&PathBuf> = system.iter().chain(&read_only).collect();
+        if profile.exec_in_writable {
+            exec_roots.extend(&read_write);
+        }
+        if !exec_roots.iter().any(|r| program.starts_with(r)) {
+            return denied(
+                ErrorKind::PolicyDenied,
+                "executables.not_visible",
+                format!("{} is outside the directories this sandbox may execute from", program.display()),
+            );
+        }
+        validate::check_allowed(&program, &profile.allowed_executables)?;
+        validate::check_interpreters(
+            &self.rules,
+            &program,
+            &req.argv,
+            !req.stdin.is_empty(),
+            profile.allow_interpreters,
+            profile.allow_inline_code,
+        )?;
+        let mut roots: Vec<PathBuf> = system.clone();
+        roots.extend(ETC_ENTRIES.iter().map(PathBuf::from));
+        roots.extend(read_only.iter().cloned());
+        roots.extend(read_write.iter().cloned());
+        roots.extend(temp_workspace.iter().cloned());
+        roots.push(PathBuf::from("/proc"));
+        roots.extend(DEVICES.iter().map(|d| Path::new("/dev").join(d)));
+        let private = match tier {
+            Tier::C => vec![PathBuf::from("/tmp")],
+            Tier::B => {
+                roots.push(tier_b_tmp.clone());
+                vec![]
+            }
+        };
+        validate::check_scope(&self.rules, &req.argv, &sandbox_cwd, home, &roots, &private)?;
+        validate::check_patterns(&self.rules, &req.argv)?;
+        let allow_list: Option<&[String]> = match &profile.capabilities.network {
+            NetworkCapability::Deny => Some(&[]),
+            NetworkCapability::AllowDomains(d) => Some(d),
+            NetworkCapability::AllowAll => None,
+        };
+        if profile.egress != EgressMode::None {
+            if let Some(allow) = allow_list {
+                if let Some(host) =
+                    egress::hosts_in(&req.argv).into_iter().find(|h| !egress::allowed(h, allow))
+                {
+                    return denied(
+                        ErrorKind::CapabilityDenied,
+                        "egress.host_not_allowed",
+                        format!(
+                            "network access to {host} is not allowed (network: {})",
+                            profile.capabilities.network
+                        ),
+                    );
+                }
+            }
+        }
+
+        // Landlock features the policy requires, against what this kernel has.
+        let mut required = policy.required_landlock();
+        if tier == Tier::B && policy.fallback != FallbackPolicy::WarnAndExecute {
+            // Without namespaces, Landlock is the filesystem boundary.
+            required = required.union(LandlockFeatures::FS);
+        }
+        let missing = required.difference(LandlockFeatures::supported_by_abi(ctx.host.landlock_abi));
+        if !missing.is_empty() {
+            return denied(
+                ErrorKind::Unavailable,
+                "landlock.unsupported",
+                format!(
+                    "the policy requires Landlock {missing}, which this kernel (Landlock ABI {}) cannot enforce",
+                    ctx.host.landlock_abi
+                ),
+            );
+        }
+
+        // Sensitive entries directly inside a granted directory: hidden in Tier
+        // C, a refusal in Tier B (which cannot hide them).
+        let mut masks = Vec::new();
+        for root in read_write.iter().chain(&read_only) {
+            for name in SENSITIVE_NAMES {
+                let p = root.join(name);
+                let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
+                if tier == Tier::B {
+                    return denied(
+                        ErrorKind::WorkspaceScopeDenied,
+                        "scope.sensitive_path",
+                        format!("{} holds {name}, which Tier B cannot hide from the sandbox", root.display()),
+                    );
+                }
+                masks.push(if meta.is_dir() {
+                    Mount::Tmpfs { target: p.to_string_lossy().into(), size_bytes: 4096, mode: 0o000 }
+                } else {
+                    Mount::Bind {
+                        source: "/dev/null".into(),
+                        target: p.to_string_lossy().into(),
+                        writable: false,
+                        owned: false,
+                    }
+                });
+            }
+        }
+
+        // The plan.
+        let process = profile.capabilities.process;
+        let timeout =
+            req.timeout_secs.map_or(process.max_execution_time, |t| t.min(process.max_execution_time));
+        let max_output_bytes =
+            req.max_output_bytes.map_or(profile.max_output_bytes, |m| m.min(profile.max_output_bytes));
+        let host_network = match (&profile.capabilities.network, profile.egress) {
+            (NetworkCapability::AllowAll, _) => true,
+            (NetworkCapability::AllowDomains(_), EgressMode::Strict) => false,
+            (NetworkCapability::AllowDomains(_), _) => true,
+            (NetworkCapability::Deny, _) => false,
+        };
+        let mut exec_dirs = read_only.clone();
+        if profile.exec_in_writable {
+            exec_dirs.extend(read_write.iter().cloned());
+        }
+        let spec = JailSpec {
+            tier,
+            program: program.to_string_lossy().into_owned(),
+            argv: req.argv.clone(),
+            env,
+            cwd: sandbox_cwd,
+            read_write: match (&temp_workspace, tier) {
+                (Some(t), Tier::B) => read_write.iter().cloned().chain([t.clone()]).collect(),
+                _ => read_write.clone(),
+            },
+            read_only,
+            exec_dirs,
+            tmp_dir: Some(tier_b_tmp),
+            host_network,
+            limits: Limits {
+                memory_bytes: process.max_memory_mb << 20,
+                cpu_seconds: timeout,
+                processes: process.max_processes,
+                open_files: profile.max_open_files,
+                file_size_bytes: profile.max_file_size_mb << 20,
+                tmp_bytes: profile.tmp_size_mb << 20,
+            },
+            landlock_required: required,
+            hostname: "palisade".into(),
+            uid: ctx.uid,
+            gid: ctx.gid,
+            host_ids: (ctx.uid == 0).then_some(HostIds {
+                uid: self.config.broker.sandbox_uid,
+                gid: self.config.broker.sandbox_gid,
+            }),
+            parent_pid: ctx.parent_pid,
+            cgroup: None,
+            no_fork: process.no_fork,
+            temp_workspace: if tier == Tier::C { temp_workspace.clone() } else { None },
+        };
+        let mut plan = build_plan(&spec)
+            .map_err(|e| Denial::new(ErrorKind::RuntimeFailure, "seccomp.compile", e.to_string()))?;
+        plan.mounts.extend(masks);
+        plan.mounts.sort_by(crate::jail::depth_then_name);
+        let network = match (host_network, &profile.capabilities.network) {
+            (false, _) if tier == Tier::C => "none: a network namespace with only loopback".to_string(),
+            (false, _) => "none: Landlock TCP rules and unix-only sockets (no namespace)".to_string(),
+            (true, n) => format!("host network ({n})"),
+        };
+        let disk = match (tier, &temp_workspace) {
+            (Tier::C, Some(_)) => {
+                format!("tmpfs {TEMP_WORKSPACE} and /tmp of {} MiB each", profile.tmp_size_mb)
+            }
+            (Tier::C, None) => format!(
+                "tmpfs /tmp of {} MiB; writable binds bounded by RLIMIT_FSIZE only",
+                profile.tmp_size_mb
+            ),
+            (Tier::B, _) => "host directories bounded by RLIMIT_FSIZE only".to_string(),
+        };
+        let writable = read_write;
+        Ok(Ok(Resolved {
+            plan,
+            writable,
+            host_dirs,
+            timeout: Duration::from_secs(timeout),
+            max_output_bytes,
+            capture_chunk_bytes: policy.capture_chunk_bytes.max(512),
+            tool: profile.tool,
+            capabilities: profile.capabilities,
+            network,
+            egress: profile.egress.to_string(),
+            disk,
+            warnings,
+        }))
     }
 }
 
-fn resolve(config: &Config, ctx: &Context, req: &RunRequest) -> Result<Resolved, Denial> {
-    let profile = &config.defaults;
-    if req.tool.is_some() {
-        return Err(Denial::new(ErrorKind::PolicyDenied, "no tools are declared in the configuration"));
-    }
-    let Some(command) = req.argv.first() else {
-        return Err(Denial::new(ErrorKind::InvalidRequest, "empty command"));
+/// The paths a parameter names, validated.
+fn bound_paths(
+    param: &str,
+    value: &ParamValue,
+    binding: &Binding,
+    cwd: &Path,
+    home: Option<&Path>,
+    rules: &Rules,
+) -> Result<Vec<PathBuf>, Denial> {
+    let values: Vec<&String> = match (value, binding.mapping) {
+        (ParamValue::One(v), _) => vec![v],
+        (ParamValue::Many(vs), Mapping::EachElement) => vs.iter().collect(),
+        (ParamValue::Many(_), Mapping::Single) => {
+            return denied(
+                ErrorKind::InvalidRequest,
+                "tools.parameter_validation",
+                format!("parameter {param} takes a single path"),
+            );
+        }
     };
-    let cwd = match &req.cwd {
-        Some(c) => absolute_dir(c, "cwd")?,
-        None => return Err(Denial::new(ErrorKind::InvalidRequest, "the request names no cwd")),
-    };
-    let workspace = match &req.workspace {
-        Some(w) => absolute_dir(&cwd.join(w).to_string_lossy(), "workspace")?,
-        None => cwd.clone(),
-    };
-    if workspace == Path::new("/") {
-        return Err(Denial::new(ErrorKind::WorkspaceScopeDenied, "the workspace cannot be /"));
+    let mut out = Vec::new();
+    for v in values {
+        if v.contains('\0') || v.is_empty() {
+            return denied(
+                ErrorKind::InvalidRequest,
+                "tools.parameter_validation",
+                format!("parameter {param}: {v:?} is not a path"),
+            );
+        }
+        let p = paths::resolve(v, cwd, home);
+        if rules.sensitive(&p, home) || rules.sensitive(&paths::resolve_lexically(v, cwd, home), home) {
+            return denied(
+                ErrorKind::WorkspaceScopeDenied,
+                "scope.sensitive_path",
+                format!("parameter {param}: {v} is a sensitive path"),
+            );
+        }
+        let ok = match binding.validation {
+            Validation::IsFile => p.is_file(),
+            Validation::IsDirectory => p.is_dir(),
+            Validation::IsPath => p.exists(),
+        };
+        if !ok {
+            let want = match binding.validation {
+                Validation::IsFile => "an existing file",
+                Validation::IsDirectory => "an existing directory",
+                Validation::IsPath => "an existing path",
+            };
+            return denied(
+                ErrorKind::InvalidRequest,
+                "tools.parameter_validation",
+                format!("parameter {param}: {v} is not {want}"),
+            );
+        }
+        if p == Path::new("/") {
+            return denied(
+                ErrorKind::WorkspaceScopeDenied,
+                "scope.root",
+                format!("parameter {param}: / cannot be granted"),
+            );
+        }
+        out.push(p);
     }
-    let program = resolve_program(command, &cwd)?;
-    if !ctx.host.user_namespaces {
-        return Err(Denial::new(
-            ErrorKind::Unavailable,
-            "Tier C needs unprivileged user namespaces, which this host does not allow; the fallback policy is deny",
-        ));
-    }
-    let sandbox_cwd = if cwd.starts_with(&workspace) { cwd.clone() } else { workspace.clone() };
-    let mut read_only: Vec<PathBuf> = profile.read_only.iter().filter(|p| p.exists()).cloned().collect();
-    if !visible(&program, &workspace, &read_only) {
-        return Err(Denial::new(
-            ErrorKind::PolicyDenied,
-            format!("{} is outside the system directories and the workspace", program.display()),
-        ));
-    }
-    read_only.sort();
-    let env = restricted_env(req, &workspace);
-    let writable = vec![workspace.clone()];
-    let timeout = req.timeout_secs.map_or(profile.timeout_secs, |t| t.min(profile.timeout_secs));
-    let max_output_bytes =
-        req.max_output_bytes.map_or(profile.max_output_bytes, |m| m.min(profile.max_output_bytes));
-    let root = ctx.uid == 0;
-    let spec = JailSpec {
-        tier: Tier::C,
-        program: program.to_string_lossy().into_owned(),
-        argv: req.argv.clone(),
-        env,
-        cwd: sandbox_cwd,
-        read_write: writable.clone(),
-        exec_dirs: {
-            let mut dirs = read_only.clone();
-            dirs.push(workspace);
-            dirs
-        },
-        read_only,
-        tmp_dir: None,
-        host_network: false,
-        limits: Limits {
-            memory_bytes: profile.memory_mb << 20,
-            cpu_seconds: timeout,
-            processes: profile.max_processes,
-            open_files: profile.max_open_files,
-            file_size_bytes: profile.max_file_size_mb << 20,
-            tmp_bytes: profile.tmp_size_mb << 20,
-        },
-        landlock_required: LandlockFeatures::EMPTY,
-        hostname: "palisade".into(),
-        uid: ctx.uid,
-        gid: ctx.gid,
-        host_ids: root.then_some(HostIds { uid: config.broker.sandbox_uid, gid: config.broker.sandbox_gid }),
-        parent_pid: ctx.parent_pid,
-        cgroup: None,
-    };
-    let plan = build_plan(&spec).map_err(|e| Denial::new(ErrorKind::RuntimeFailure, e.to_string()))?;
-    Ok(Resolved {
-        plan,
-        writable,
-        timeout: Duration::from_secs(timeout),
-        max_output_bytes,
-        network: "none (network namespace with loopback only)".into(),
-        egress: "none".into(),
-        disk: format!("tmpfs /tmp of {} MiB; workspace bound read-write", profile.tmp_size_mb),
-    })
+    Ok(out)
 }
 
 fn absolute_dir(path: &str, what: &str) -> Result<PathBuf, Denial> {
     if !path.starts_with('/') {
-        return Err(Denial::new(ErrorKind::InvalidRequest, format!("{what} {path:?} is not absolute")));
+        return denied(ErrorKind::InvalidRequest, "request.path", format!("{what} {path:?} is not absolute"));
     }
     let p = Path::new(path)
         .canonicalize()
-        .map_err(|e| Denial::new(ErrorKind::InvalidRequest, format!("{what} {path}: {e}")))?;
+        .map_err(|e| Denial::new(ErrorKind::InvalidRequest, "request.path", format!("{what} {path}: {e}")))?;
     if !p.is_dir() {
-        return Err(Denial::new(ErrorKind::InvalidRequest, format!("{what} {path} is not a directory")));
+        return denied(
+            ErrorKind::InvalidRequest,
+            "request.path",
+            format!("{what} {path} is not a directory"),
+        );
+    }
+    if p == Path::new("/") {
+        return denied(ErrorKind::WorkspaceScopeDenied, "scope.root", format!("the {what} cannot be /"));
     }
     Ok(p)
 }
 
-fn is_executable(p: &Path) -> bool {
-    p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// A bare name is looked up in the sandbox's PATH; a path is taken relative
-/// to the client's cwd. The result is canonical.
+/// A bare name is looked up in the sandbox's PATH; a path is taken relative to
+/// the sandbox's working directory. The result is canonical.
 pub fn resolve_program(command: &str, cwd: &Path) -> Result<PathBuf, Denial> {
-    let found = if command.contains('/') {
-        Some(cwd.join(command))
+    let not_found = |why: String| Denial::new(ErrorKind::InvalidRequest, "command.not_found", why);
+    if command.contains('/') {
+        let p = cwd.join(command);
+        let c = p.canonicalize().map_err(|_| not_found(format!("command not found: {command}")))?;
+        validate::resolve_executable(&c.to_string_lossy()).map_err(not_found)
     } else {
-        SANDBOX_PATH.split(':').map(|d| Path::new(d).join(command)).find(|p| is_executable(p))
-    };
-    let not_found = || Denial::new(ErrorKind::InvalidRequest, format!("command not found: {command}"));
-    let path = found.ok_or_else(not_found)?.canonicalize().map_err(|_| not_found())?;
-    if !is_executable(&path) {
-        return Err(Denial::new(
-            ErrorKind::InvalidRequest,
-            format!("{} is not an executable file", path.display()),
-        ));
+        validate::resolve_executable(command).map_err(|_| not_found(format!("command not found: {command}")))
     }
-    Ok(path)
-}
-
-fn visible(program: &Path, workspace: &Path, read_only: &[PathBuf]) -> bool {
-    let system = crate::jail::SYSTEM_DIRS.iter().filter_map(|d| Path::new(d).canonicalize().ok());
-    program.starts_with(workspace)
-        || read_only.iter().any(|r| program.starts_with(r))
-        || system.into_iter().any(|s| program.starts_with(s))
-}
-
-/// The restricted environment: PATH (the sandbox's), HOME (the workspace),
-/// and USER, LANG and TERM from the request.
-fn restricted_env(req: &RunRequest, workspace: &Path) -> Vec<(String, String)> {
-    let mut env = vec![
-        ("PATH".to_string(), SANDBOX_PATH.to_string()),
-        ("HOME".to_string(), workspace.to_string_lossy().into_owned()),
-    ];
-    for key in ["USER", "LANG", "TERM"] {
-        if let Some(v) = req.env.get(key) {
-            env.push((key.to_string(), v.clone()));
-        }
-    }
-    env
 }

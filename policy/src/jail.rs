@@ -98,13 +98,18 @@ pub struct JailSpec {
     pub host_ids: Option<HostIds>,
     pub parent_pid: u32,
     pub cgroup: Option<String>,
+    /// Processes may not create processes (threads only).
+    pub no_fork: bool,
+    /// Tier C: a tmpfs at this path, the writable temporary workspace.
+    pub temp_workspace: Option<PathBuf>,
 }
 
 fn s(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-fn depth_then_name(a: &Mount, b: &Mount) -> std::cmp::Ordering {
+/// Parents before children: mounts sorted by depth, then name.
+pub fn depth_then_name(a: &Mount, b: &Mount) -> std::cmp::Ordering {
     let key = |m: &Mount| (m.target().matches('/').count(), m.target().to_string());
     key(a).cmp(&key(b))
 }
@@ -167,26 +172,24 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, seccomp::SeccompError> {
         Tier::C => {
             let mut mounts: Vec<Mount> =
                 links.iter().map(|(t, l)| Mount::Symlink { target: t.clone(), link: l.clone() }).collect();
-            mounts.extend(system.iter().map(|p| Mount::Bind {
+            let bind = |p: &String, writable, owned| Mount::Bind {
                 source: p.clone(),
                 target: p.clone(),
-                writable: false,
-            }));
-            mounts.extend(read_only.iter().map(|p| Mount::Bind {
-                source: p.clone(),
-                target: p.clone(),
-                writable: false,
-            }));
-            mounts.extend(read_write.iter().map(|p| Mount::Bind {
-                source: p.clone(),
-                target: p.clone(),
-                writable: true,
-            }));
+                writable,
+                owned,
+            };
+            mounts.extend(system.iter().map(|p| bind(p, false, false)));
+            mounts.extend(read_only.iter().map(|p| bind(p, false, true)));
+            mounts.extend(read_write.iter().map(|p| bind(p, true, true)));
             mounts.push(Mount::Tmpfs {
                 target: "/tmp".into(),
                 size_bytes: spec.limits.tmp_bytes,
                 mode: 0o1777,
             });
+            if let Some(t) = &spec.temp_workspace {
+                mounts.push(Mount::Tmpfs { target: s(t), size_bytes: spec.limits.tmp_bytes, mode: 0o755 });
+                landlock.write.push(s(t));
+            }
             mounts.push(Mount::Proc { target: "/proc".into() });
             mounts.push(Mount::Dev { target: "/dev".into() });
             landlock.read.push("/proc".into());
@@ -229,7 +232,7 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, seccomp::SeccompError> {
             core: Rlimit::both(0),
         },
         landlock,
-        seccomp: seccomp::default_program(ip_sockets)?.to_vec(),
+        seccomp: seccomp::default_program(ip_sockets, !spec.no_fork)?.to_vec(),
         cgroup: spec.cgroup.clone(),
         parent_pid: spec.parent_pid,
     })

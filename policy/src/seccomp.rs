@@ -405,13 +405,19 @@ fn rule(conds: Vec<Cond>) -> Result<SeccompRule, SeccompError> {
 /// A syscall allowed only when one of its rules matches.
 type Conditional = (&'static str, i64, Vec<SeccompRule>);
 
-fn conditional_rules(ip: bool) -> Result<Vec<Conditional>, SeccompError> {
+fn conditional_rules(ip: bool, fork: bool) -> Result<Vec<Conditional>, SeccompError> {
     let families: &[i32] = if ip { &SOCKET_FAMILIES_IP } else { &SOCKET_FAMILIES_LOCAL };
     let ioctl = vec![rule(vec![
         cond(1, Len::Dword, Op::Ne, libc::TIOCSTI)?,
         cond(1, Len::Dword, Op::Ne, libc::TIOCLINUX)?,
     ])?];
-    let clone = vec![rule(vec![cond(0, Len::Qword, Op::MaskedEq(CLONE_NAMESPACES), 0)?])?];
+    let mut clone_conditions = vec![cond(0, Len::Qword, Op::MaskedEq(CLONE_NAMESPACES), 0)?];
+    if !fork {
+        // no_fork: threads only.
+        let thread = libc::CLONE_THREAD as u64;
+        clone_conditions.push(cond(0, Len::Qword, Op::MaskedEq(thread), thread)?);
+    }
+    let clone = vec![rule(clone_conditions)?];
     let unshare = vec![rule(vec![cond(0, Len::Qword, Op::MaskedEq(CLONE_NAMESPACES | CLONE_NEWTIME), 0)?])?];
     let personality = PERSONALITIES
         .iter()
@@ -447,21 +453,27 @@ const BPF_JEQ_K: u16 = 0x15;
 const BPF_RET_K: u16 = 0x06;
 const RET_ERRNO: u32 = 0x0005_0000;
 
+/// Syscalls that create a process, refused under `no_fork` (clone stays, for threads only).
+const FORKING: [i64; 2] = [libc::SYS_fork, libc::SYS_vfork];
+
 /// The compiled default program, cached. `ip`: whether IP sockets may be
-/// created at all (see [`SOCKET_FAMILIES_LOCAL`]).
-pub fn default_program(ip: bool) -> Result<&'static [BpfInstruction], SeccompError> {
-    static WITH_IP: OnceLock<Result<Vec<BpfInstruction>, String>> = OnceLock::new();
-    static LOCAL: OnceLock<Result<Vec<BpfInstruction>, String>> = OnceLock::new();
-    let cell = if ip { &WITH_IP } else { &LOCAL };
-    cell.get_or_init(|| compile(ip).map_err(|e| e.0)).as_deref().map_err(|e| SeccompError(e.clone()))
+/// created at all (see [`SOCKET_FAMILIES_LOCAL`]); `fork`: whether new
+/// processes may be created (`no_fork` leaves threads only).
+pub fn default_program(ip: bool, fork: bool) -> Result<&'static [BpfInstruction], SeccompError> {
+    type Cell = OnceLock<Result<Vec<BpfInstruction>, String>>;
+    static CELLS: [Cell; 4] = [Cell::new(), Cell::new(), Cell::new(), Cell::new()];
+    let cell = &CELLS[usize::from(ip) * 2 + usize::from(fork)];
+    cell.get_or_init(|| compile(ip, fork).map_err(|e| e.0)).as_deref().map_err(|e| SeccompError(e.clone()))
 }
 
-fn compile(ip: bool) -> Result<Vec<BpfInstruction>, SeccompError> {
+fn compile(ip: bool, fork: bool) -> Result<Vec<BpfInstruction>, SeccompError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for (_, nr) in ALLOWED.iter().chain(ALLOWED_ARCH) {
-        rules.insert(*nr, vec![]);
+        if fork || !FORKING.contains(nr) {
+            rules.insert(*nr, vec![]);
+        }
     }
-    for (_, nr, conditional) in conditional_rules(ip)? {
+    for (_, nr, conditional) in conditional_rules(ip, fork)? {
         rules.insert(nr, conditional);
     }
     let filter = SeccompFilter::new(
@@ -604,11 +616,12 @@ pub fn listing(program: &[BpfInstruction]) -> String {
 }
 
 /// A short human summary for `palisade explain`.
-pub fn summary(program: &[BpfInstruction], ip: bool) -> String {
+pub fn summary(program: &[BpfInstruction], ip: bool, fork: bool) -> String {
     format!(
-        "allow-list of {} syscalls, plus ioctl (not TIOCSTI/TIOCLINUX), clone and unshare (no namespace flags), \
+        "allow-list of {} syscalls, plus ioctl (not TIOCSTI/TIOCLINUX), clone ({}), unshare (no namespace flags), \
          personality (Linux only), socket ({}); default ERRNO(EPERM); clone3 ERRNO(ENOSYS); {} instructions",
         ALLOWED.len() + ALLOWED_ARCH.len(),
+        if fork { "no namespace flags" } else { "threads only: no_fork" },
         if ip { "unix, inet, inet6, netlink" } else { "unix only" },
         program.len()
     )
@@ -620,7 +633,7 @@ mod tests {
 
     #[test]
     fn compiles_and_fits() {
-        let program = default_program(true).unwrap();
+        let program = default_program(true, true).unwrap();
         assert!(program.len() > 100 && program.len() <= 4096, "{} instructions", program.len());
     }
 
@@ -630,7 +643,8 @@ mod tests {
         for (name, nr) in DENIED {
             assert!(!allowed.contains(nr), "{name} is on the allow-list");
         }
-        let conditional: Vec<i64> = conditional_rules(true).unwrap().iter().map(|(_, n, _)| *n).collect();
+        let conditional: Vec<i64> =
+            conditional_rules(true, true).unwrap().iter().map(|(_, n, _)| *n).collect();
         for (name, nr) in DENIED {
             assert!(!conditional.contains(nr), "{name} has a conditional rule");
         }
@@ -647,7 +661,7 @@ mod tests {
 
     #[test]
     fn listing_names_syscalls_and_actions() {
-        let text = listing(default_program(true).unwrap());
+        let text = listing(default_program(true, true).unwrap());
         assert!(text.contains("; clone3"));
         assert!(text.contains("ret  ERRNO(ENOSYS)"));
         assert!(text.contains("; openat"));

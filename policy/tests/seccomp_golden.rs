@@ -7,11 +7,12 @@
 use palisade_policy::seccomp::{default_program, listing};
 use std::path::PathBuf;
 
-fn check(ip: bool, file: &str) {
-    let program = default_program(ip).expect("the default profile compiles");
+fn check(ip: bool, fork: bool, file: &str) {
+    let program = default_program(ip, fork).expect("the default profile compiles");
     let header = format!(
-        "# palisade default seccomp program, x86_64, {} ({} instructions)\n",
+        "# palisade default seccomp program, x86_64, {}, {} ({} instructions)\n",
         if ip { "IP sockets allowed" } else { "unix sockets only" },
+        if fork { "processes allowed" } else { "no_fork (threads only)" },
         program.len()
     );
     let actual = header + &listing(program);
@@ -32,11 +33,21 @@ fn check(ip: bool, file: &str) {
 }
 
 #[test]
-fn default_program_with_ip_matches_golden() {
-    check(true, "seccomp-x86_64.txt");
+fn default_program_matches_golden() {
+    check(true, true, "seccomp-x86_64.txt");
 }
 
 #[test]
-fn default_program_unix_only_matches_golden() {
-    check(false, "seccomp-x86_64-unix-only.txt");
+fn unix_only_program_matches_golden() {
+    check(false, true, "seccomp-x86_64-unix-only.txt");
+}
+
+#[test]
+fn no_fork_program_matches_golden() {
+    check(true, false, "seccomp-x86_64-no-fork.txt");
+}
+
+#[test]
+fn unix_only_no_fork_program_matches_golden() {
+    check(false, false, "seccomp-x86_64-unix-only-no-fork.txt");
 }

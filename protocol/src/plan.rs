@@ -41,7 +41,7 @@ pub struct JailPlan {
     /// For a helper started by root (Tier C only): the unprivileged host ids the
     /// sandbox runs as, so that no sandboxed process is ever host root (whose
     /// process count RLIMIT_NPROC ignores, and who owns most of the host's
-    /// files). Writable binds are idmapped: files of their on-disk owner appear
+    /// files). Owned binds are idmapped: files of their on-disk owner appear
     /// owned by the sandbox, and what it creates is stored as that owner's.
     pub host_ids: Option<HostIds>,
     /// The sandbox's root, in order (parents before children). Empty in Tier B.
@@ -140,7 +140,9 @@ impl Namespaces {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub enum Mount {
     /// Bind a host file or directory (recursively), always nosuid and nodev.
-    Bind { source: String, target: String, writable: bool },
+    /// `owned`: a path granted to this request, whose owner the sandbox acts
+    /// as; when the helper starts as root (see `host_ids`), it is idmapped.
+    Bind { source: String, target: String, writable: bool, owned: bool },
     /// A fresh tmpfs, nosuid and nodev, limited to `size_bytes`.
     Tmpfs { target: String, size_bytes: u64, mode: u32 },
     /// A fresh procfs for the sandbox's pid namespace.
@@ -402,7 +404,7 @@ mod tests {
             namespaces: Namespaces::ALL,
             host_ids: Some(HostIds { uid: 65534, gid: 65534 }),
             mounts: vec![
-                Mount::Bind { source: "/usr".into(), target: "/usr".into(), writable: false },
+                Mount::Bind { source: "/usr".into(), target: "/usr".into(), writable: false, owned: false },
                 Mount::Tmpfs { target: "/tmp".into(), size_bytes: 1 << 20, mode: 0o1777 },
                 Mount::Proc { target: "/proc".into() },
                 Mount::Dev { target: "/dev".into() },

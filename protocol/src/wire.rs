@@ -157,6 +157,15 @@ impl fmt::Display for ErrorKind {
 pub struct ErrorReply {
     pub kind: ErrorKind,
     pub message: String,
+    /// The policy rule that refused the request (`scope.outside_roots`, ...), stable like `kind`.
+    #[serde(default)]
+    pub rule: Option<String>,
+}
+
+impl ErrorReply {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> ErrorReply {
+        ErrorReply { kind, message: message.into(), rule: None }
+    }
 }
 
 /// How a run ended.

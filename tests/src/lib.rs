@@ -167,6 +167,8 @@ impl Jail {
             host_ids: is_root().then_some(palisade_protocol::HostIds { uid: 65534, gid: 65534 }),
             parent_pid: std::process::id(),
             cgroup: None,
+            no_fork: false,
+            temp_workspace: None,
         };
         Jail { spec, timeout: Duration::from_secs(60), stdin: None, dir }
     }
@@ -369,7 +371,7 @@ impl Daemon {
         argv.extend(["--socket".into(), socket.to_string_lossy().into_owned()]);
         let mut cmd = std::process::Command::new(&argv[0]);
         cmd.args(&argv[1..]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
-        cmd.env("PALISADE_LOG", "debug");
+        cmd.env("PALISADE_LOG", "palisade_broker=debug,info");
         for (k, v) in &opts.env {
             cmd.env(k, v);
         }

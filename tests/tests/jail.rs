@@ -364,6 +364,7 @@ fn a_failed_step_is_reported_as_stage_and_errno_and_nothing_runs() {
         source: "/nonexistent-source".into(),
         target: "/srv/x".into(),
         writable: false,
+        owned: false,
     });
     let o = jail.run_plan(&plan);
     let f = o.failure().expect("failure reported");

@@ -71,6 +71,7 @@ fn main() {
         },
         "echo" => Ok(args[1..].join(" ")),
         "flood" => flood(),
+        "readall" => Ok(readall(std::path::Path::new(&arg(1)))),
         "session" => Ok(format!(
             "pid={} sid={} pgid={}",
             nix::unistd::getpid(),
@@ -285,6 +286,35 @@ fn membomb(mib: usize) -> Outcome {
         held.push(chunk);
     }
     Ok(format!("allocated {mib} MiB"))
+}
+
+/// Reads every file it can find below `dir` (a walk the policy cannot
+/// anticipate: names come from the directory listings, not the arguments).
+/// Reports `path=content` for what it read and `path!ERRNO` for what it could not.
+fn readall(dir: &std::path::Path) -> String {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) => {
+                out.push(format!("{}!{:?}", d.display(), io(e).0));
+                continue;
+            }
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(p),
+                _ => match std::fs::read(&p) {
+                    Ok(b) => out.push(format!("{}={}", p.display(), String::from_utf8_lossy(&b))),
+                    Err(e) => out.push(format!("{}!{:?}", p.display(), io(e).0)),
+                },
+            }
+        }
+    }
+    out.sort();
+    out.join(" ")
 }
 
 /// Writes to stdout until it cannot (the token in argv lets the host find it).

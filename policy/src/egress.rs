@@ -1,0 +1,181 @@
+//! Egress preflight: the hosts a command names in its arguments, and whether
+//! the allow-list admits them. This is a user-space check (it cannot see a
+//! host a program computes); `strict` adds the kernel's network namespace.
+
+use serde::Deserialize;
+use std::fmt;
+
+/// How network access is checked and enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum EgressMode {
+    /// No check.
+    None,
+    /// Hosts named in the arguments must be on the allow-list.
+    #[default]
+    Preflight,
+    /// Preflight, and the kernel enforces it: a network namespace with only
+    /// loopback. Refused where the host cannot create one.
+    Strict,
+}
+
+impl fmt::Display for EgressMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EgressMode::None => "none",
+            EgressMode::Preflight => "preflight",
+            EgressMode::Strict => "strict",
+        })
+    }
+}
+
+/// Network tools whose bare `host:path` arguments name remote hosts.
+const SCP_LIKE: [&str; 3] = ["scp", "rsync", "sftp"];
+/// Tools whose first operand is a host, with their short options that take a value.
+const HOST_FIRST: [(&str, &str); 5] = [
+    ("ssh", "BbcDEeFIiJLlmOopQRSWw"),
+    ("ping", "cfiIlmMpQsStTwW"),
+    ("nc", "iImOpPqsTVwx"),
+    ("ncat", "iImOpPqsTVwx"),
+    ("telnet", "blnX"),
+];
+
+fn looks_like_host(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 253
+        && (h.contains('.') || h.contains(':') || h.eq_ignore_ascii_case("localhost"))
+        && !h.starts_with('-')
+        && !h.contains('/')
+        && !h.chars().any(|c| c.is_whitespace())
+}
+
+fn clean(host: &str) -> String {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    h.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// `scheme://[user@]host[:port][/...]`
+fn from_url(arg: &str) -> Option<String> {
+    let (scheme, rest) = arg.split_once("://")?;
+    if scheme.is_empty() || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) {
+        return None;
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = if let Some(v6) = hostport.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        hostport.split(':').next().unwrap_or("")
+    };
+    (!host.is_empty() && scheme != "file").then(|| clean(host))
+}
+
+/// `user@host:path` (git, scp), `host:port`, and for scp-like tools `host:path`.
+fn from_colon_form(arg: &str, scp_like: bool) -> Option<String> {
+    if arg.starts_with('-') || arg.starts_with('/') || arg.starts_with('.') {
+        return None;
+    }
+    let (before, after) = arg.split_once(':')?;
+    if let Some((_, host)) = before.rsplit_once('@') {
+        return (!host.is_empty()).then(|| clean(host));
+    }
+    let port = after.split('/').next().unwrap_or("");
+    if !port.is_empty() && port.chars().all(|c| c.is_ascii_digit()) && looks_like_host(before) {
+        return Some(clean(before));
+    }
+    (scp_like && !before.is_empty() && !before.contains('/')).then(|| clean(before))
+}
+
+/// Every host named in `argv` (URLs anywhere, `--flag=URL` values, git/scp
+/// forms, `host:port`, and the host operand of ssh-like tools).
+pub fn hosts_in(argv: &[String]) -> Vec<String> {
+    let tool = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a)).unwrap_or("");
+    let scp_like = SCP_LIKE.contains(&tool);
+    let value_flags = HOST_FIRST.iter().find(|(t, _)| *t == tool).map(|(_, f)| *f);
+    let mut hosts = Vec::new();
+    let mut first_operand_seen = false;
+    let mut skip_value = false;
+    for arg in argv.iter().skip(1) {
+        let value = arg.split_once('=').map_or(arg.as_str(), |(_, v)| v);
+        for candidate in [arg.as_str(), value] {
+            if let Some(h) = from_url(candidate).or_else(|| from_colon_form(candidate, scp_like)) {
+                hosts.push(h);
+                break;
+            }
+        }
+        let Some(flags) = value_flags else { continue };
+        if std::mem::take(&mut skip_value) || first_operand_seen {
+            continue;
+        }
+        if let Some(opt) = arg.strip_prefix('-') {
+            // `-p 22`: the next argument is the option's value, not the host.
+            skip_value = opt.len() == 1 && flags.contains(opt);
+            continue;
+        }
+        first_operand_seen = true;
+        let host = from_colon_form(arg, false)
+            .unwrap_or_else(|| clean(arg.rsplit_once('@').map_or(arg.as_str(), |(_, h)| h)));
+        if !host.is_empty() && !hosts.contains(&host) {
+            hosts.push(host);
+        }
+    }
+    hosts.dedup();
+    hosts
+}
+
+/// Whether `host` matches an allow-list entry: an exact name, or `*.suffix`
+/// for any name below `suffix` (not `suffix` itself). ASCII only: a look-alike
+/// in another script never matches.
+pub fn allowed(host: &str, allow: &[String]) -> bool {
+    let host = clean(host);
+    allow.iter().any(|entry| {
+        let entry = clean(entry);
+        match entry.strip_prefix("*.") {
+            Some(suffix) => host.len() > suffix.len() + 1 && host.ends_with(&format!(".{suffix}")),
+            None => host == entry,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &str) -> Vec<String> {
+        s.split(' ').map(String::from).collect()
+    }
+
+    #[test]
+    fn hosts_are_found_in_every_form() {
+        let cases = [
+            ("curl https://api.github.com/repos", vec!["api.github.com"]),
+            ("curl --url=http://user:pw@Example.COM.:8080/x", vec!["example.com"]),
+            ("git clone git@github.com:owner/repo.git", vec!["github.com"]),
+            ("git clone ssh://git@gitlab.com/x.git", vec!["gitlab.com"]),
+            ("scp file.txt backup:/srv/file.txt", vec!["backup"]),
+            ("nc example.org:443", vec!["example.org"]),
+            ("ssh -p 22 deploy@10.0.0.7", vec!["10.0.0.7"]),
+            ("curl http://[::1]:9000/", vec!["::1"]),
+            ("ls -la src/main.rs", vec![]),
+            ("echo key:value a:b", vec![]),
+            ("cat file:///etc/passwd", vec![]),
+        ];
+        for (cmd, want) in cases {
+            assert_eq!(hosts_in(&argv(cmd)), want, "{cmd}");
+        }
+    }
+
+    #[test]
+    fn allow_list_matches_exact_names_and_suffixes_only() {
+        let allow = vec!["github.com".to_string(), "*.pypi.org".to_string()];
+        assert!(allowed("github.com", &allow));
+        assert!(allowed("GitHub.com.", &allow));
+        assert!(allowed("files.pypi.org", &allow));
+        assert!(!allowed("pypi.org", &allow));
+        assert!(!allowed("evilgithub.com", &allow));
+        assert!(!allowed("github.com.evil.net", &allow));
+        assert!(!allowed("xpypi.org", &allow));
+        // Cyrillic "і" in place of the Latin "i".
+        assert!(!allowed("gіthub.com", &allow));
+    }
+}

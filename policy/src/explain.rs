@@ -1,0 +1,150 @@
+//! `palisade explain`: a decision and, when allowed, the resolved plan, for a
+//! person to read.
+
+use crate::capabilities::{EnvironmentCapability, FsCapability};
+use crate::decision::{Decision, Resolved};
+use crate::seccomp;
+use palisade_protocol::{LandlockFeatures, Mount, Rlimit};
+use std::fmt::Write;
+
+fn size(v: u64) -> String {
+    match v {
+        u64::MAX => "unlimited".into(),
+        v if v >= 1 << 30 && v % (1 << 30) == 0 => format!("{} GiB", v >> 30),
+        v if v >= 1 << 20 && v % (1 << 20) == 0 => format!("{} MiB", v >> 20),
+        v => format!("{v} bytes"),
+    }
+}
+
+fn count(l: Rlimit) -> String {
+    if l.hard == u64::MAX { "unlimited".into() } else { l.hard.to_string() }
+}
+
+fn list(items: &[String]) -> String {
+    if items.is_empty() { "-".into() } else { items.join(", ") }
+}
+
+pub fn render(decision: &Decision) -> String {
+    let mut out = String::new();
+    match decision {
+        Decision::Deny(d) => {
+            let _ = writeln!(out, "decision: deny");
+            let _ = writeln!(out, "kind:     {}", d.kind);
+            let _ = writeln!(out, "rule:     {}", d.rule);
+            let _ = writeln!(out, "reason:   {}", d.reason);
+        }
+        Decision::NeedsApproval { reason } => {
+            let _ = writeln!(out, "decision: needs approval");
+            let _ = writeln!(out, "reason:   {reason}");
+        }
+        Decision::Allow(r) => allow(&mut out, r),
+    }
+    out
+}
+
+fn allow(out: &mut String, r: &Resolved) {
+    let p = &r.plan;
+    let _ = writeln!(out, "decision: allow ({})", p.tier());
+    for w in &r.warnings {
+        let _ = writeln!(out, "warning:  {w}");
+    }
+    let _ = writeln!(out, "tool:     {}", r.tool.as_deref().unwrap_or("(default profile)"));
+    let _ = writeln!(out, "program:  {}", p.program);
+    let _ = writeln!(out, "argv:     {:?}", p.argv);
+    let _ = writeln!(out, "cwd:      {}", p.cwd);
+    let env: Vec<String> = p.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let _ = writeln!(out, "env:      {}", list(&env));
+
+    let c = &r.capabilities;
+    let fs: Vec<String> = c
+        .filesystem
+        .iter()
+        .map(|f| match f {
+            FsCapability::ReadOnly { path } => format!("read_only {path}"),
+            FsCapability::ReadWrite { path } => format!("read_write {path}"),
+            FsCapability::TempWorkspace => "temp_workspace".into(),
+        })
+        .collect();
+    let _ = writeln!(out, "capabilities:");
+    let _ = writeln!(out, "  filesystem:  {}", list(&fs));
+    let _ = writeln!(out, "  network:     {} (egress {})", c.network, r.egress);
+    let pc = &c.process;
+    let _ = writeln!(
+        out,
+        "  process:     {}, {} s, {} MiB, {} processes",
+        if pc.no_fork { "no_fork" } else { "fork allowed" },
+        pc.max_execution_time,
+        pc.max_memory_mb,
+        pc.max_processes
+    );
+    let env_cap = match c.environment {
+        EnvironmentCapability::None => "none",
+        EnvironmentCapability::Restricted => "restricted",
+        EnvironmentCapability::Full => "full",
+    };
+    let _ = writeln!(out, "  environment: {env_cap}");
+
+    let _ = writeln!(
+        out,
+        "namespaces: {}",
+        list(&p.namespaces.names().iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    );
+    if let Some(ids) = p.host_ids {
+        let _ = writeln!(
+            out,
+            "host ids:   {}:{} (the broker runs as root; writable binds are idmapped)",
+            ids.uid, ids.gid
+        );
+    }
+    if !p.mounts.is_empty() {
+        let _ = writeln!(out, "mounts (the sandbox's root is a read-only tmpfs):");
+        for m in &p.mounts {
+            let line = match m {
+                Mount::Bind { source, target, .. } if source == "/dev/null" => {
+                    format!("{target}  hidden (sensitive)")
+                }
+                Mount::Bind { source, target, writable, .. } => {
+                    let how = if *writable { "read-write" } else { "read-only" };
+                    if source == target {
+                        format!("{target}  {how} bind")
+                    } else {
+                        format!("{target}  {how} bind of {source}")
+                    }
+                }
+                Mount::Tmpfs { target, mode: 0, .. } => format!("{target}  hidden (sensitive)"),
+                Mount::Tmpfs { target, size_bytes, .. } => format!("{target}  tmpfs, {}", size(*size_bytes)),
+                Mount::Proc { target } => format!("{target}  proc (the sandbox's processes only)"),
+                Mount::Dev { target } => format!("{target}  null zero full random urandom tty, shm, pts"),
+                Mount::Symlink { target, link } => format!("{target} -> {link}"),
+            };
+            let _ = writeln!(out, "  {line}");
+        }
+    }
+    let l = &p.landlock;
+    let _ = writeln!(out, "landlock: handles {}; requires {}", l.wanted, l.required);
+    let _ = writeln!(out, "  read:    {}", list(&l.read));
+    let _ = writeln!(out, "  write:   {}", list(&l.write));
+    let _ = writeln!(out, "  execute: {}", list(&l.execute));
+    if !l.list.is_empty() {
+        let _ = writeln!(out, "  list:    {}", list(&l.list));
+    }
+    if l.wanted.contains(LandlockFeatures::NET_TCP) {
+        let _ = writeln!(out, "  tcp:     no bind, no connect");
+    }
+    let rl = &p.rlimits;
+    let _ = writeln!(
+        out,
+        "limits:   address space {}, cpu {} s, processes {}, open files {}, file size {}, core {}",
+        size(rl.address_space.hard),
+        rl.cpu_seconds.soft,
+        count(rl.processes),
+        count(rl.open_files),
+        size(rl.file_size.hard),
+        rl.core.hard
+    );
+    let _ = writeln!(out, "deadline: {} s; output quota {}", r.timeout.as_secs(), size(r.max_output_bytes));
+    let _ = writeln!(out, "network:  {}", r.network);
+    let _ = writeln!(out, "disk:     {}", r.disk);
+    let ip = !l.wanted.contains(LandlockFeatures::NET_TCP);
+    let _ = writeln!(out, "seccomp:  {}", seccomp::summary(&p.seccomp, ip, !r.capabilities.process.no_fork));
+}

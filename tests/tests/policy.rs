@@ -1,0 +1,300 @@
+//! The policy through the real binaries: explain, refusals with their kinds,
+//! configuration errors, tools with bound parameters and temporary
+//! workspaces, no_fork, hidden sensitive entries, environment and network
+//! capabilities, each checked from inside the sandbox.
+
+use palisade_broker::client::{Client, ClientError};
+use palisade_protocol::wire::{ErrorKind, ParamValue, RunRequest, RunStatus, ServerMessage};
+use palisade_tests::*;
+use std::path::Path;
+
+fn probe() -> String {
+    bin("probe").to_string_lossy().into_owned()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Runs one request through a client and returns (stdout, result or error).
+fn run(client: &mut Client, req: RunRequest) -> (String, Result<RunStatus, (ErrorKind, String)>) {
+    let mut out = Vec::new();
+    let r = client.run(req, |m| {
+        if let ServerMessage::Output { data, .. } = m {
+            out.extend_from_slice(data);
+        }
+    });
+    let r = match r {
+        Ok(r) => Ok(r.status),
+        Err(ClientError::Reply(e)) => Err((e.kind, e.message)),
+        Err(e) => panic!("{e}"),
+    };
+    (text(&out), r)
+}
+
+fn request(cwd: &Path, args: &[&str]) -> RunRequest {
+    let mut argv = vec![probe()];
+    argv.extend(args.iter().map(|s| s.to_string()));
+    RunRequest { argv, cwd: Some(cwd.to_string_lossy().into_owned()), ..Default::default() }
+}
+
+#[test]
+fn explain_prints_the_decision_and_the_plan_without_running() {
+    let ws = TempDir::new("ws");
+    let marker = ws.join("ran");
+    let o = palisade_cli(ws.path(), &["explain"], &["touch", marker.to_str().unwrap()], None);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    for needle in [
+        "decision: allow (linux-tier-c)",
+        "program:  /usr/bin/touch",
+        "mounts",
+        "/usr  read-only bind",
+        "landlock:",
+        "limits:",
+        "seccomp:",
+        "network:  none",
+    ] {
+        assert!(out.contains(needle), "{needle:?} missing from:\n{out}");
+    }
+    assert!(out.contains(&format!("{}  read-write bind", ws.path().display())), "{out}");
+    assert!(!marker.exists(), "explain ran the command");
+
+    let o = palisade_cli(ws.path(), &["explain"], &["sh", "-c", "id"], None);
+    assert_eq!(o.status.code(), Some(1));
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("decision: deny")
+            && out.contains("kind:     PolicyDenied")
+            && out.contains("rule:     interpreters.denied"),
+        "{out}"
+    );
+}
+
+#[test]
+fn refusals_name_their_kind_and_nothing_runs() {
+    let ws = TempDir::new("ws");
+    let outside = TempDir::new("outside");
+    std::fs::write(outside.join("secret"), "s").unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["sh".into(), "-c".into(), format!("touch {}/ran", ws.path().display())], "PolicyDenied"),
+        (vec!["cat".into(), outside.join("secret").to_string_lossy().into()], "WorkspaceScopeDenied"),
+        (vec!["cat".into(), "/etc/shadow".into()], "WorkspaceScopeDenied"),
+        (vec!["curl".into(), "https://example.com/".into()], "CapabilityDenied"),
+        (vec!["echo".into(), "x".repeat(5000)], "InvalidRequest"),
+    ];
+    for (argv, kind) in cases {
+        let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let o = palisade_cli(ws.path(), &["run"], &args, None);
+        assert_eq!(o.status.code(), Some(125), "{argv:?}");
+        let err = text(&o.stderr);
+        assert!(err.starts_with(&format!("palisade: {kind}: ")), "{argv:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    assert!(!ws.join("ran").exists());
+}
+
+#[test]
+fn configuration_errors_name_the_line_and_column() {
+    let dir = TempDir::new("cfg");
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[defaults]\nmax_memory_mb = 512\nnetwork = \"sometimes\"\n").unwrap();
+    let o = palisade_cli(dir.path(), &["run", "--policy", bad.to_str().unwrap()], &["true"], None);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(text(&o.stderr).contains("bad.toml:3:11: "), "{}", text(&o.stderr));
+    let o = std::process::Command::new(bin("palisaded"))
+        .args(["--config", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("bad.toml:3:11: "), "{}", text(&o.stderr));
+    std::fs::write(
+        &bad,
+        "[tools.t]\npreset = \"file_processor\"\n[tools.t.overrides]\nnetwork = \"allow_all\"\n",
+    )
+    .unwrap();
+    let o = std::process::Command::new(bin("palisaded"))
+        .args(["--config", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("bad.toml:4:11: tool t: the network of preset file_processor is immutable"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+fn tool_config() -> String {
+    let probe = probe();
+    let dir = bin("probe").parent().unwrap().to_string_lossy().into_owned();
+    format!(
+        r#"
+[tools.convert]
+preset = "file_processor"
+allowed_executables = ["{probe}"]
+[tools.convert.overrides]
+filesystem = [{{ read_only = "{dir}" }}]
+[tools.convert.parameters.input]
+capability = "filesystem.read_only"
+validation = "is_file"
+mapping = "single"
+[tools.convert.parameters.out]
+capability = "filesystem.read_write"
+validation = "is_directory"
+mapping = "single"
+
+[tools.quiet]
+preset = "data_transformer"
+allowed_executables = ["{probe}"]
+[tools.quiet.overrides]
+filesystem = [{{ read_only = "{dir}" }}]
+environment = "none"
+process = {{ no_fork = false }}
+
+[tools.netdeny]
+preset = "data_transformer"
+allowed_executables = ["{probe}"]
+egress = "none"
+[tools.netdeny.overrides]
+filesystem = [{{ read_only = "{dir}" }}]
+
+[tools.netty]
+preset = "data_transformer"
+allowed_executables = ["{probe}"]
+egress = "none"
+[tools.netty.overrides]
+filesystem = [{{ read_only = "{dir}" }}]
+network = "allow_all"
+"#
+    )
+}
+
+fn tool_request(cwd: &Path, tool: &str, args: &[&str], params: &[(&str, &Path)]) -> RunRequest {
+    let mut r = request(cwd, args);
+    r.tool = Some(tool.into());
+    r.params =
+        params.iter().map(|(k, v)| (k.to_string(), ParamValue::One(v.to_string_lossy().into()))).collect();
+    r
+}
+
+#[test]
+fn a_tool_gets_its_bound_paths_and_a_fresh_temporary_workspace_each_run() {
+    let d = Daemon::start(&tool_config());
+    let work = TempDir::new("tool");
+    // A sandbox started by root runs as another uid, which must reach the bound paths.
+    shared_workspace(&work, "out");
+    let input = work.join("in.txt");
+    std::fs::write(&input, "input-data").unwrap();
+    let out_dir = work.join("out");
+    let mut c = Client::connect(&d.socket).unwrap();
+
+    let params: [(&str, &Path); 2] = [("input", &input), ("out", &out_dir)];
+    // The bound input is readable, and read-only.
+    let (out, r) =
+        run(&mut c, tool_request(work.path(), "convert", &["read", input.to_str().unwrap()], &params));
+    assert_eq!(
+        (out.as_str(), r),
+        ("ok 10 bytes: input-data\n".to_string().as_str(), Ok(RunStatus::Exited { code: 0 }))
+    );
+    let (out, _) =
+        run(&mut c, tool_request(work.path(), "convert", &["write", input.to_str().unwrap()], &params));
+    assert!(out.starts_with("err "), "{out}");
+    // The bound output directory is writable.
+    let made = out_dir.join("made");
+    let (out, _) =
+        run(&mut c, tool_request(work.path(), "convert", &["write", made.to_str().unwrap()], &params));
+    assert_eq!(out, "ok \n");
+    assert!(made.exists());
+    // The temporary workspace is the working directory, writable, and new every run.
+    let (out, _) =
+        run(&mut c, tool_request(work.path(), "convert", &["write", "/workspace/left-behind"], &[]));
+    assert_eq!(out, "ok \n");
+    let (out, _) = run(&mut c, tool_request(work.path(), "convert", &["list", "/workspace"], &[]));
+    assert_eq!(out, "ok \n", "the previous run's file survived");
+    let (out, _) = run(&mut c, tool_request(work.path(), "convert", &["cwd"], &[]));
+    assert_eq!(out, "ok /workspace\n");
+    // Paths the tool was not granted are refused before anything runs.
+    let (_, r) = run(&mut c, tool_request(work.path(), "convert", &["read", input.to_str().unwrap()], &[]));
+    assert_eq!(r.map_err(|e| e.0), Err(ErrorKind::WorkspaceScopeDenied));
+    // An undeclared parameter is refused.
+    let (_, r) = run(&mut c, tool_request(work.path(), "convert", &["cwd"], &[("other", &input)]));
+    assert_eq!(r.map_err(|e| e.0), Err(ErrorKind::PolicyDenied));
+    // Only the allowed executable.
+    let mut req = tool_request(work.path(), "convert", &[], &[]);
+    req.argv = vec!["/usr/bin/true".into()];
+    assert_eq!(run(&mut c, req).1.map_err(|e| e.0), Err(ErrorKind::PolicyDenied));
+}
+
+#[test]
+fn no_fork_leaves_threads_only() {
+    let d = Daemon::start(&tool_config());
+    let ws = TempDir::new("ws");
+    let mut c = Client::connect(&d.socket).unwrap();
+    // file_processor: no_fork. The first fork fails.
+    let (out, r) = run(&mut c, tool_request(ws.path(), "convert", &["forkbomb"], &[]));
+    assert_eq!(out, "err EPERM stopped after 0 forks\n", "{r:?}");
+    // Counter-test: the same preset with no_fork = false forks until its limit.
+    let (out, _) = run(&mut c, tool_request(ws.path(), "quiet", &["forkbomb"], &[]));
+    assert!(out.starts_with("err EAGAIN stopped after"), "{out}");
+}
+
+#[test]
+fn the_environment_capability_decides_what_the_command_sees() {
+    let d = Daemon::start(&tool_config());
+    let ws = TempDir::new("ws");
+    let mut c = Client::connect(&d.socket).unwrap();
+    let mut req = request(ws.path(), &["env"]);
+    req.env.insert("LANG".into(), "C.UTF-8".into());
+    req.env.insert("SECRET_TOKEN".into(), "hunter2".into());
+    let (out, _) = run(&mut c, req.clone());
+    let mut vars: Vec<&str> =
+        out.trim_start_matches("ok ").lines().map(|l| l.split('=').next().unwrap()).collect();
+    vars.sort();
+    assert_eq!(vars, ["HOME", "LANG", "PATH"], "restricted: {out}");
+    req.tool = Some("quiet".into());
+    let (out, _) = run(&mut c, req);
+    assert_eq!(out, "ok \n", "none: {out}");
+}
+
+#[test]
+fn sensitive_entries_of_the_workspace_are_hidden_inside() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    std::fs::create_dir(ws.join(".ssh")).unwrap();
+    std::fs::write(ws.join(".ssh/id_ed25519"), "private-key").unwrap();
+    std::fs::write(ws.join(".netrc"), "machine x password y").unwrap();
+    let key = ws.join(".ssh/id_ed25519").to_string_lossy().into_owned();
+    assert!(probe_outside(&["read", &key]).unwrap().contains("private-key"));
+    // Named directly, the path is refused by the policy.
+    let o = d.run(ws.path(), &[&probe(), "read", &key]);
+    assert!(text(&o.stderr).starts_with("palisade: WorkspaceScopeDenied: "), "{}", text(&o.stderr));
+    // Reached by a walk the policy cannot foresee, the kernel hides it.
+    std::fs::write(ws.join("visible.txt"), "fine").unwrap();
+    let mut c = Client::connect(&d.socket).unwrap();
+    let (out, r) = run(&mut c, request(ws.path(), &["readall", ws.path().to_str().unwrap()]));
+    assert!(out.contains("visible.txt=fine"), "{out} {r:?}");
+    assert!(!out.contains("private-key") && !out.contains("password"), "a secret was readable inside: {out}");
+    assert!(out.contains(".ssh!EACCES") || out.contains(".ssh!EPERM"), "{out}");
+    // Counter-test: the same walk outside reads them.
+    let outside = probe_outside(&["readall", ws.path().to_str().unwrap()]).unwrap();
+    assert!(outside.contains("private-key") && outside.contains("password"), "{outside}");
+}
+
+#[test]
+fn network_deny_and_allow_all_differ_on_a_loopback_listener() {
+    let (listener, addr) = loopback_listener();
+    let d = Daemon::start(&tool_config());
+    let ws = TempDir::new("ws");
+    let mut c = Client::connect(&d.socket).unwrap();
+    // Default profile: the preflight refuses a named host.
+    let (out, r) = run(&mut c, request(ws.path(), &["connect", &addr]));
+    assert_eq!((out.as_str(), r.map_err(|e| e.0)), ("", Err(ErrorKind::CapabilityDenied)));
+    // network = deny without the preflight: the kernel refuses.
+    let (out, r) = run(&mut c, tool_request(ws.path(), "netdeny", &["connect", &addr], &[]));
+    assert!(out.starts_with("err "), "{out} {r:?}");
+    // allow_all: the host network.
+    let (out, r) = run(&mut c, tool_request(ws.path(), "netty", &["connect", &addr], &[]));
+    assert_eq!(out, "ok \n", "{r:?} {}", d.log());
+    listener.accept().unwrap();
+}
