@@ -63,8 +63,13 @@ pub fn attestation(
                 rlimit("FSIZE", r.file_size),
                 rlimit("CORE", r.core),
             ],
-            cgroup: plan.cgroup.clone(),
-            limits_by: if plan.cgroup.is_some() { "cgroup+rlimits" } else { "rlimits" }.into(),
+            cgroup: resolved.cgroup.as_ref().map(|c| c.path.to_string_lossy().into_owned()),
+            limits_by: match &resolved.cgroup {
+                Some(c) if c.v1 => "cgroup v1 + rlimits",
+                Some(_) => "cgroup v2 + rlimits",
+                None => "rlimits",
+            }
+            .into(),
             network: resolved.network.clone(),
             egress: resolved.egress.clone(),
             disk: resolved.disk.clone(),

@@ -1,6 +1,7 @@
 //! The broker's core, shared by palisaded and the CLI's embedded broker:
 //! decide by policy, prepare the run's host directories, execute.
 
+use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::run::{Engine, Sink};
 use crate::spawner::Spawner;
 use crate::{host, paths};
@@ -13,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub struct Broker {
     pub engine: Engine,
+    pub cgroups: Cgroups,
     pub policy: Policy,
     /// The context every decision starts from; `run` is set per request.
     pub context: Context,
@@ -31,7 +33,9 @@ impl Broker {
     /// A broker for `config`. Call before starting any thread: the probe of
     /// user namespaces forks.
     pub fn assemble(config: Config, helper: Option<PathBuf>) -> Result<Broker, String> {
-        let host = host::probe();
+        let cgroups = Cgroups::discover(config.broker.cgroup_root.as_deref());
+        tracing::info!(cgroups = %cgroups.description, "cgroups");
+        let host = host::probe(&cgroups);
         tracing::info!(
             user_namespaces = host.user_namespaces,
             landlock_abi = host.landlock_abi,
@@ -50,6 +54,7 @@ impl Broker {
         };
         Ok(Broker {
             engine: Engine::new(spawner, helper),
+            cgroups,
             policy: Policy::new(config),
             context,
             next_run: AtomicU64::new(1),
@@ -86,7 +91,24 @@ impl Broker {
         let dirs = HostDirs::create(&resolved.host_dirs).map_err(|e| {
             ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot create the run's directories: {e}"))
         })?;
-        let result = self.engine.execute(run_id, &resolved, request, sink, cancel).await;
+        let cgroup = match &resolved.cgroup {
+            Some(c) => {
+                let limits = CgroupLimits {
+                    memory_bytes: c.memory_bytes,
+                    processes: c.processes,
+                    cpu_percent: c.cpu_percent,
+                };
+                Some(self.cgroups.create(&c.name, limits).map_err(|e| {
+                    ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot create the run's cgroup: {e}"))
+                })?)
+            }
+            None => None,
+        };
+        let result = self.engine.execute(run_id, &resolved, request, sink, cancel, cgroup.as_ref()).await;
+        if let Some(c) = cgroup {
+            // Removed after every run, whatever happened in it.
+            let _ = tokio::task::spawn_blocking(move || c.remove()).await;
+        }
         drop(dirs);
         result
     }

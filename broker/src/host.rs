@@ -1,10 +1,11 @@
 //! What this host can enforce, probed once at start-up (before any thread
 //! exists, since one probe forks).
 
+use crate::cgroup::Cgroups;
 use nix::sched::{CloneFlags, unshare};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, fork};
-use palisade_policy::HostCapabilities;
+use palisade_policy::{CgroupRoot, HostCapabilities};
 
 /// Whether this process may create a user namespace, tried for real in a
 /// throwaway child (sysctls and AppArmor can each forbid it).
@@ -37,6 +38,13 @@ pub fn landlock_abi() -> u32 {
     if v > 0 { v as u32 } else { 0 }
 }
 
-pub fn probe() -> HostCapabilities {
-    HostCapabilities { user_namespaces: user_namespaces(), landlock_abi: landlock_abi() }
+pub fn probe(cgroups: &Cgroups) -> HostCapabilities {
+    HostCapabilities {
+        user_namespaces: user_namespaces(),
+        landlock_abi: landlock_abi(),
+        cgroup: match cgroups.available() {
+            Ok(()) => Ok(CgroupRoot { path: cgroups.path_of("").unwrap_or_default(), v1: cgroups.is_v1() }),
+            Err(why) => Err(why.to_string()),
+        },
+    }
 }

@@ -4,6 +4,7 @@
 
 pub mod attest;
 pub mod broker;
+pub mod cgroup;
 pub mod cli;
 pub mod client;
 pub mod daemon;

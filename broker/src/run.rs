@@ -3,6 +3,7 @@
 //! needed, then collect usage and build the result and its attestation.
 
 use crate::attest::attestation;
+use crate::cgroup::RunCgroup;
 use crate::spawn::{HelperCommand, pidfd_kill};
 use crate::spawner::Spawner;
 use palisade_policy::Resolved;
@@ -67,7 +68,9 @@ impl Engine {
         request: &RunRequest,
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
+        cgroup: Option<&RunCgroup>,
     ) -> Result<RunResult, ErrorReply> {
+        let io_err = |e: std::io::Error| failure(ErrorKind::RuntimeFailure, e.to_string());
         let plan =
             encode_plan(&resolved.plan).map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?;
         let tier = resolved.plan.tier();
@@ -77,11 +80,13 @@ impl Engine {
             .spawn(HelperCommand {
                 helper: self.helper.clone(),
                 plan,
-                cgroup_dir: None,
+                cgroup_dir: cgroup.map(RunCgroup::open_dir).transpose().map_err(io_err)?.flatten(),
                 stdin: if request.stdin.is_empty() { Stdio::null() } else { Stdio::piped() },
                 stdout: Stdio::piped(),
                 stderr: Stdio::piped(),
                 outer_limits: vec![],
+                // cgroup v1: the broker places the helper before it has its plan.
+                defer_plan: cgroup.is_some_and(|c| !c.joins_itself()),
             })
             .await
             .map_err(|e| {
@@ -89,7 +94,17 @@ impl Engine {
             })?;
         let pid = helper.child.id();
         tracing::debug!(run_id, pid, %tier, "helper started");
-        let io_err = |e: std::io::Error| failure(ErrorKind::RuntimeFailure, e.to_string());
+        if let Some(mut writer) = helper.plan_writer.take() {
+            let placed = cgroup.map_or(Ok(()), |c| c.place(pid));
+            if let Err(e) = placed {
+                let _ = pidfd_kill(&helper.pidfd, libc::SIGKILL);
+                let _ = reap(pid);
+                return Err(failure(ErrorKind::RuntimeFailure, e));
+            }
+            let plan =
+                encode_plan(&resolved.plan).map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?;
+            tokio::task::spawn_blocking(move || std::io::Write::write_all(&mut writer, &plan));
+        }
         // SAFETY: an OwnedFd's descriptor stays open as long as the AsyncFd owns it.
         let pidfd = unsafe { AsyncFd::register(helper.pidfd) }.map_err(|e| io_err(e.into()))?;
         let mut out = pipe_reader(helper.child.stdout.take()).map_err(io_err)?;
@@ -105,6 +120,10 @@ impl Engine {
         let mut connected = sink.send(ServerMessage::Started { run_id, executor: tier.to_string() }).await;
 
         let kill = |signal: i32| {
+            // The cgroup holds every process of the run, whatever it did.
+            if let Some(c) = cgroup {
+                c.kill();
+            }
             if let Err(e) = pidfd_kill(pidfd.get_ref(), signal) {
                 tracing::error!(run_id, pid, "cannot signal the helper: {e}");
             }
@@ -227,6 +246,10 @@ impl Engine {
                 HelperRecord::Failed(_) => {}
             }
         }
+        let cg_usage = cgroup.map(RunCgroup::usage);
+        if cg_usage.is_some_and(|u| u.oom_kills > 0) && ended.is_none() {
+            ended = Some(RunStatus::MemoryLimitExceeded);
+        }
         let status = ended.unwrap_or(match exit {
             Some(ExitReport::Code(code)) => RunStatus::Exited { code },
             Some(ExitReport::Signal(signal)) => RunStatus::Signaled { signal },
@@ -241,10 +264,10 @@ impl Engine {
             run_id,
             status,
             wall_ms,
-            cpu_user_ms: usage.user_ms,
-            cpu_system_ms: usage.system_ms,
-            peak_memory_bytes: usage.max_rss_bytes,
-            memory_source: "rusage".into(),
+            cpu_user_ms: cg_usage.map_or(usage.user_ms, |u| u.cpu_user_usec / 1000),
+            cpu_system_ms: cg_usage.map_or(usage.system_ms, |u| u.cpu_system_usec / 1000),
+            peak_memory_bytes: cg_usage.map_or(usage.max_rss_bytes, |u| u.peak_memory_bytes),
+            memory_source: if cg_usage.is_some() { "cgroup" } else { "rusage" }.into(),
             stdout_bytes,
             stderr_bytes,
             attestation: attestation(request, resolved, landlock),

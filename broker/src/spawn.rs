@@ -27,6 +27,10 @@ pub struct HelperCommand {
     pub stdout: Stdio,
     pub stderr: Stdio,
     pub outer_limits: Vec<OuterLimit>,
+    /// Deliver the plan through a pipe the caller writes after spawning (so
+    /// it can place the helper in cgroups first: the helper does nothing
+    /// before it has read its plan).
+    pub defer_plan: bool,
 }
 
 pub struct HelperChild {
@@ -36,6 +40,8 @@ pub struct HelperChild {
     pub pidfd: OwnedFd,
     /// Read end of the status channel.
     pub status: File,
+    /// With `defer_plan`: write the plan here, then drop it.
+    pub plan_writer: Option<File>,
 }
 
 impl HelperChild {
@@ -86,7 +92,12 @@ fn install_fds(fds: &[RawFd], limits: &[OuterLimit]) -> io::Result<()> {
 }
 
 pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
-    let plan = memfd_with(&cmd.plan)?;
+    let (plan, plan_writer) = if cmd.defer_plan {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        (File::from(r), Some(File::from(w)))
+    } else {
+        (memfd_with(&cmd.plan)?, None)
+    };
     let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let mut fds = vec![plan.as_raw_fd(), status_write.as_raw_fd()];
     if let Some(dir) = &cmd.cgroup_dir {
@@ -101,8 +112,9 @@ pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
     }
     let child = command.spawn()?;
     drop(status_write);
+    drop(plan);
     let pidfd = pidfd_open(child.id())?;
-    Ok(HelperChild { child, pidfd, status: File::from(status_read) })
+    Ok(HelperChild { child, pidfd, status: File::from(status_read), plan_writer })
 }
 
 fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {

@@ -108,6 +108,8 @@ pub struct ProcessCapability {
     pub max_execution_time: u64,
     pub max_memory_mb: u64,
     pub max_processes: u64,
+    /// Percent of one CPU (cgroup cpu.max); 0: no limit.
+    pub max_cpu_percent: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -117,6 +119,7 @@ pub struct ProcessOverride {
     pub max_execution_time: Option<u64>,
     pub max_memory_mb: Option<u64>,
     pub max_processes: Option<u64>,
+    pub max_cpu_percent: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,6 +142,7 @@ impl Default for Capabilities {
                 max_execution_time: 300,
                 max_memory_mb: 512,
                 max_processes: 64,
+                max_cpu_percent: 0,
             },
             environment: EnvironmentCapability::Restricted,
         }
@@ -171,6 +175,7 @@ impl Preset {
             max_execution_time: time,
             max_memory_mb: memory,
             max_processes: 64,
+            max_cpu_percent: 0,
         };
         let (capabilities, immutable) = match name {
             "file_processor" => (
@@ -266,6 +271,7 @@ impl Overrides {
             pc.max_execution_time = p.max_execution_time.unwrap_or(pc.max_execution_time);
             pc.max_memory_mb = p.max_memory_mb.unwrap_or(pc.max_memory_mb);
             pc.max_processes = p.max_processes.unwrap_or(pc.max_processes);
+            pc.max_cpu_percent = p.max_cpu_percent.unwrap_or(pc.max_cpu_percent);
         }
         caps
     }

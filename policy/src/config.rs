@@ -47,6 +47,10 @@ pub struct BrokerConfig {
     /// When the broker runs as root: the host uid and gid sandboxes run as.
     pub sandbox_uid: u32,
     pub sandbox_gid: u32,
+    /// The cgroup subtree runs are created under (a cgroup v2 directory, or a
+    /// directory in a v1 memory hierarchy). Default: the broker's own cgroup
+    /// if systemd delegated it on a pure cgroup v2 host; otherwise none.
+    pub cgroup_root: Option<PathBuf>,
 }
 
 impl Default for BrokerConfig {
@@ -61,6 +65,7 @@ impl Default for BrokerConfig {
             helper: None,
             sandbox_uid: 65534,
             sandbox_gid: 65534,
+            cgroup_root: None,
         }
     }
 }
@@ -83,6 +88,9 @@ pub enum FallbackPolicy {
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
     pub fallback: FallbackPolicy,
+    /// Refuse runs where no cgroup enforces memory, processes and CPU (see
+    /// `palisade doctor`); rlimits alone do not bound a process tree.
+    pub require_cgroup: bool,
     /// Landlock features every sandbox must have enforced (`fs`, `fs.refer`,
     /// `fs.truncate`, `net.tcp`, `scope.abstract_unix`, `scope.signal`); runs
     /// are refused on a kernel that lacks one. Tier B always requires `fs`.
@@ -109,6 +117,7 @@ impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig {
             fallback: FallbackPolicy::Deny,
+            require_cgroup: false,
             require_landlock: vec![],
             temp_root: None,
             max_command_bytes: 256,
@@ -145,6 +154,8 @@ pub struct DefaultProfile {
     pub max_execution_time: u64,
     pub max_memory_mb: u64,
     pub max_processes: u64,
+    /// Percent of one CPU the run's cgroup may use (cpu.max); 0: no limit.
+    pub max_cpu_percent: u64,
     pub max_open_files: u64,
     pub max_file_size_mb: u64,
     pub tmp_size_mb: u64,
@@ -169,6 +180,7 @@ impl Default for DefaultProfile {
             max_execution_time: 300,
             max_memory_mb: 512,
             max_processes: 256,
+            max_cpu_percent: 0,
             max_open_files: 1024,
             max_file_size_mb: 1024,
             tmp_size_mb: 256,
@@ -204,6 +216,9 @@ pub struct ToolConfig {
     pub egress: EgressMode,
     #[serde(default = "default_tool_output")]
     pub max_output_bytes: u64,
+    /// Refuse this tool's runs where no cgroup enforces its limits.
+    #[serde(default)]
+    pub require_cgroup: bool,
 }
 
 fn default_tool_output() -> u64 {

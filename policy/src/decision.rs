@@ -29,10 +29,32 @@ const DEVICES: [&str; 13] = [
 pub const TEMP_WORKSPACE: &str = "/workspace";
 
 /// What the host can enforce, probed by the broker at start-up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostCapabilities {
     pub user_namespaces: bool,
     pub landlock_abi: u32,
+    /// The cgroup subtree runs go in, or why there is none.
+    pub cgroup: Result<CgroupRoot, String>,
+}
+
+/// Where run cgroups are created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupRoot {
+    /// cgroup v2: the directory; v1: the path inside each hierarchy.
+    pub path: PathBuf,
+    pub v1: bool,
+}
+
+/// A run's cgroup, for the broker to create before spawning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupPlan {
+    /// `run-N`, under the root.
+    pub name: String,
+    pub path: PathBuf,
+    pub v1: bool,
+    pub memory_bytes: u64,
+    pub processes: u64,
+    pub cpu_percent: u64,
 }
 
 /// Who asks, and on whose behalf the broker runs.
@@ -74,6 +96,8 @@ pub struct Resolved {
     pub timeout: Duration,
     pub max_output_bytes: u64,
     pub capture_chunk_bytes: usize,
+    /// The run's cgroup, when the host has a subtree for runs.
+    pub cgroup: Option<CgroupPlan>,
     /// The tool run, if any.
     pub tool: Option<String>,
     pub capabilities: Capabilities,
@@ -111,6 +135,7 @@ struct Profile {
     max_file_size_mb: u64,
     tmp_size_mb: u64,
     exec_in_writable: bool,
+    require_cgroup: bool,
     bindings: BTreeMap<String, Binding>,
 }
 
@@ -152,6 +177,7 @@ impl Policy {
                         max_execution_time: d.max_execution_time,
                         max_memory_mb: d.max_memory_mb,
                         max_processes: d.max_processes,
+                        max_cpu_percent: d.max_cpu_percent,
                     },
                     environment: d.environment,
                 },
@@ -164,6 +190,7 @@ impl Policy {
                 max_file_size_mb: d.max_file_size_mb,
                 tmp_size_mb: d.tmp_size_mb,
                 exec_in_writable: d.exec_in_workspace,
+                require_cgroup: self.config.policy.require_cgroup,
                 bindings: BTreeMap::new(),
             });
         };
@@ -196,6 +223,7 @@ impl Policy {
             max_file_size_mb: d.max_file_size_mb,
             tmp_size_mb: d.tmp_size_mb,
             exec_in_writable: false,
+            require_cgroup: self.config.policy.require_cgroup || tool.require_cgroup,
             bindings: tool.parameters.clone(),
         })
     }
@@ -444,6 +472,29 @@ impl Policy {
             );
         }
 
+        // The run's cgroup, required or not.
+        let cgroup = match &ctx.host.cgroup {
+            Ok(root) => {
+                let name = format!("run-{}", ctx.run);
+                Some(CgroupPlan {
+                    path: root.path.join(&name),
+                    name,
+                    v1: root.v1,
+                    memory_bytes: profile.capabilities.process.max_memory_mb << 20,
+                    processes: profile.capabilities.process.max_processes,
+                    cpu_percent: profile.capabilities.process.max_cpu_percent,
+                })
+            }
+            Err(why) if profile.require_cgroup => {
+                return denied(
+                    ErrorKind::Unavailable,
+                    "cgroup.unavailable",
+                    format!("the policy requires cgroup limits, and this broker has no usable cgroup: {why}"),
+                );
+            }
+            Err(_) => None,
+        };
+
         // Sensitive entries directly inside a granted directory: hidden in Tier
         // C, a refusal in Tier B (which cannot hide them).
         let mut masks = Vec::new();
@@ -502,7 +553,13 @@ impl Policy {
             tmp_dir: Some(tier_b_tmp),
             host_network,
             limits: Limits {
-                memory_bytes: process.max_memory_mb << 20,
+                // With a cgroup holding the memory limit, RLIMIT_AS stays a
+                // looser floor (address space is not memory: runtimes reserve
+                // far more than they use).
+                memory_bytes: match cgroup {
+                    Some(_) => (process.max_memory_mb << 20).saturating_mul(4),
+                    None => process.max_memory_mb << 20,
+                },
                 cpu_seconds: timeout,
                 processes: process.max_processes,
                 open_files: profile.max_open_files,
@@ -518,7 +575,8 @@ impl Policy {
                 gid: self.config.broker.sandbox_gid,
             }),
             parent_pid: ctx.parent_pid,
-            cgroup: None,
+            // cgroup v2: the helper joins through fd 5; v1: the broker places it.
+            cgroup: cgroup.as_ref().filter(|c| !c.v1).map(|c| c.path.to_string_lossy().into_owned()),
             no_fork: process.no_fork,
             temp_workspace: if tier == Tier::C { temp_workspace.clone() } else { None },
         };
@@ -549,6 +607,7 @@ impl Policy {
             timeout: Duration::from_secs(timeout),
             max_output_bytes,
             capture_chunk_bytes: policy.capture_chunk_bytes.max(512),
+            cgroup,
             tool: profile.tool,
             capabilities: profile.capabilities,
             network,

@@ -14,5 +14,5 @@ pub mod validate;
 
 pub use capabilities::{Capabilities, Preset};
 pub use config::{Config, ConfigError, FallbackPolicy};
-pub use decision::{Context, Decision, Denial, HostCapabilities, Policy, Resolved};
+pub use decision::{CgroupPlan, CgroupRoot, Context, Decision, Denial, HostCapabilities, Policy, Resolved};
 pub use jail::{JailSpec, Limits, build_plan};

@@ -61,7 +61,11 @@ impl Drop for Fixture {
 
 fn context(user_namespaces: bool, landlock_abi: u32) -> Context {
     Context {
-        host: HostCapabilities { user_namespaces, landlock_abi },
+        host: HostCapabilities {
+            user_namespaces,
+            landlock_abi,
+            cgroup: Err("no delegated cgroup v2 root (test)".into()),
+        },
         parent_pid: 1,
         uid: 1000,
         gid: 1000,
@@ -440,6 +444,35 @@ fn required_landlock_features_the_kernel_lacks_are_refused_before_spawning() {
         other => panic!("{other:?}"),
     }
     assert!(matches!(p.decide(&context(true, 4), &f.request(&["ls"])), Decision::Allow(_)));
+}
+
+#[test]
+fn cgroup_limits_are_planned_when_there_is_a_root_and_required_ones_refused_when_not() {
+    let f = Fixture::new("cgroup");
+    let p = policy(
+        "[policy]\nrequire_cgroup = true\n[defaults]\nmax_memory_mb = 64\nmax_processes = 32\nmax_cpu_percent = 25\n",
+    );
+    match p.decide(&context(true, 7), &f.request(&["ls"])) {
+        Decision::Deny(d) => {
+            assert_eq!((d.kind, d.rule), (ErrorKind::Unavailable, "cgroup.unavailable"));
+            assert!(d.reason.contains("no delegated cgroup v2 root (test)"), "{}", d.reason);
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut ctx = context(true, 7);
+    ctx.host.cgroup =
+        Ok(palisade_policy::CgroupRoot { path: PathBuf::from("/sys/fs/cgroup/palisade"), v1: false });
+    let Decision::Allow(r) = p.decide(&ctx, &f.request(&["ls"])) else { panic!() };
+    let c = r.cgroup.as_ref().unwrap();
+    assert_eq!((c.name.as_str(), c.memory_bytes, c.processes, c.cpu_percent), ("run-7", 64 << 20, 32, 25));
+    assert_eq!(r.plan.cgroup.as_deref(), Some("/sys/fs/cgroup/palisade/run-7"));
+    // The cgroup holds memory; RLIMIT_AS stays as a looser floor.
+    assert_eq!(r.plan.rlimits.address_space.hard, 4 * (64 << 20));
+    // Without a root and without the requirement: rlimits alone, and the plan says so.
+    let q = policy("[defaults]\nmax_memory_mb = 64\n");
+    let Decision::Allow(r) = q.decide(&context(true, 7), &f.request(&["ls"])) else { panic!() };
+    assert!(r.cgroup.is_none() && r.plan.cgroup.is_none());
+    assert_eq!(r.plan.rlimits.address_space.hard, 64 << 20);
 }
 
 const TOOLS: &str = r#"

@@ -208,6 +208,7 @@ pub fn run_helper(plan: &JailPlan, stdin: Stdio, timeout: Duration) -> Outcome {
         stdout: Stdio::piped(),
         stderr: Stdio::piped(),
         outer_limits: outer_limits(),
+        defer_plan: false,
     })
     .expect("spawn palisade-helper");
     let mut out = child.child.stdout.take().unwrap();

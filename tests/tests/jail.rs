@@ -394,6 +394,7 @@ fn a_corrupt_plan_is_refused_before_anything_happens() {
         stdout: Stdio::piped(),
         stderr: Stdio::piped(),
         outer_limits: vec![],
+        defer_plan: false,
     })
     .unwrap();
     let out = child.child.wait_with_output_ref();

@@ -133,6 +133,7 @@ fn caller(helper: &str) -> Outcome {
         stdout: std::process::Stdio::inherit(),
         stderr: std::process::Stdio::inherit(),
         outer_limits: vec![],
+        defer_plan: false,
     })
     .map_err(io)?;
     let status = child.child.wait().map_err(io)?;

@@ -1,0 +1,484 @@
+//! Run cgroups: the broker manages a subtree it was given, and nothing else.
+//!
+//! - **cgroup v2**: the root named by `cgroup_root`, or, only where
+//!   /sys/fs/cgroup is a pure cgroup v2 mount, the broker's own cgroup when it
+//!   was delegated (systemd `Delegate=yes`: owned by the broker's uid, or
+//!   marked `trusted.delegate` for a root broker). The broker moves itself
+//!   into a leaf (`broker`) so the no-internal-processes rule holds, enables
+//!   `memory pids cpu` for the subtree, and creates `run-N` per run. The
+//!   helper joins through fd 5.
+//! - **cgroup v1**: only under a root the configuration names (a directory in
+//!   a v1 hierarchy, e.g. `/sys/fs/cgroup/memory/palisade`); the same name is
+//!   used in the memory, pids, cpu, cpuacct and freezer hierarchies. The broker
+//!   places the helper itself, before the helper has its plan.
+//!
+//! Elsewhere, limits fall back to rlimits and the attestation says so.
+
+use cgroups_rs::CgroupPid;
+use cgroups_rs::fs::cgroup::Cgroup;
+use cgroups_rs::fs::cpu::CpuController;
+use cgroups_rs::fs::freezer::FreezerController;
+use cgroups_rs::fs::memory::MemController;
+use cgroups_rs::fs::pid::PidController;
+use cgroups_rs::fs::{Controller, Hierarchy, MaxValue, Subsystem, hierarchies};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
+/// The controllers runs are limited with.
+pub const CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
+
+/// A cgroup v2 hierarchy rooted at the broker's subtree (cgroups-rs's own
+/// `V2` is rooted at /sys/fs/cgroup, which the broker must not touch).
+#[derive(Debug, Clone)]
+struct Subtree {
+    root: PathBuf,
+}
+
+impl Hierarchy for Subtree {
+    fn v2(&self) -> bool {
+        true
+    }
+    fn subsystems(&self) -> Vec<Subsystem> {
+        let enabled = std::fs::read_to_string(self.root.join("cgroup.subtree_control")).unwrap_or_default();
+        let r = || self.root.clone();
+        let mut subs = vec![Subsystem::Freezer(FreezerController::new(r(), PathBuf::new(), true))];
+        for c in enabled.split_whitespace() {
+            match c {
+                "memory" => subs.push(Subsystem::Mem(MemController::new(r(), PathBuf::new(), true))),
+                "pids" => subs.push(Subsystem::Pid(PidController::new(r(), PathBuf::new(), true))),
+                "cpu" => subs.push(Subsystem::Cpu(CpuController::new(r(), PathBuf::new(), true))),
+                _ => {}
+            }
+        }
+        subs
+    }
+    fn root(&self) -> PathBuf {
+        self.root.clone()
+    }
+    fn root_control_group(&self) -> Cgroup {
+        Cgroup::load(Box::new(self.clone()), "")
+    }
+    fn parent_control_group(&self, path: &str) -> Cgroup {
+        let parent = Path::new(path).parent().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+        Cgroup::load(Box::new(self.clone()), parent)
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Backend {
+    V2 { root: PathBuf },
+    V1 { relative: PathBuf },
+}
+
+/// What the broker may use, found once at start-up.
+#[derive(Debug, Clone)]
+pub struct Cgroups {
+    backend: Result<Backend, String>,
+    /// For `palisade doctor` and the logs.
+    pub description: String,
+}
+
+/// Limits of one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupLimits {
+    pub memory_bytes: u64,
+    pub processes: u64,
+    /// Percent of one CPU; 0: no limit.
+    pub cpu_percent: u64,
+}
+
+/// What a run's cgroup recorded.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CgroupUsage {
+    pub peak_memory_bytes: u64,
+    pub cpu_user_usec: u64,
+    pub cpu_system_usec: u64,
+    pub oom_kills: u64,
+}
+
+fn statfs_magic(path: &Path) -> Option<i64> {
+    nix::sys::statfs::statfs(path).ok().map(|s| s.filesystem_type().0 as i64)
+}
+
+/// The cgroup v2 path of this process, from /proc/self/cgroup (`0::/path`).
+fn own_cgroup_v2() -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    Some(Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/')))
+}
+
+fn write(path: &Path, value: &str) -> Result<(), String> {
+    std::fs::write(path, value).map_err(|e| format!("write {value:?} to {}: {e}", path.display()))
+}
+
+/// Whether this process was delegated `dir`: an unprivileged broker owns it;
+/// a root broker needs systemd's `trusted.delegate` mark (root can write
+/// anywhere, so writability proves nothing).
+fn delegated(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if me != 0 {
+        return if meta.uid() == me {
+            Ok(())
+        } else {
+            Err(format!("{} is not delegated to uid {me} (owned by {})", dir.display(), meta.uid()))
+        };
+    }
+    let mut buf = [0u8; 8];
+    let name = c"trusted.delegate";
+    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
+    // SAFETY: both strings are NUL-terminated and `buf` is valid for its length.
+    let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n > 0 && buf[0] == b'1' {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} carries no trusted.delegate mark: a root broker uses a cgroup only when systemd delegated it \
+             (Delegate=yes) or the configuration names cgroup_root",
+            dir.display()
+        ))
+    }
+}
+
+impl Cgroups {
+    pub fn none(reason: impl Into<String>) -> Cgroups {
+        let reason = reason.into();
+        Cgroups { description: format!("none: {reason}"), backend: Err(reason) }
+    }
+
+    /// Finds (and prepares) the subtree: the configured root, else the
+    /// delegated cgroup of this process on a pure cgroup v2 host.
+    pub fn discover(configured: Option<&Path>) -> Cgroups {
+        match configured {
+            Some(root) => match statfs_magic(root) {
+                Some(CGROUP2_SUPER_MAGIC) => Cgroups::prepare_v2(root, true),
+                Some(CGROUP_SUPER_MAGIC) => Cgroups::prepare_v1(root),
+                Some(_) => {
+                    Cgroups::none(format!("cgroup_root {} is not in a cgroup filesystem", root.display()))
+                }
+                None => Cgroups::none(format!("cgroup_root {} does not exist", root.display())),
+            },
+            None => {
+                if statfs_magic(Path::new("/sys/fs/cgroup")) != Some(CGROUP2_SUPER_MAGIC) {
+                    return Cgroups::none(
+                        "/sys/fs/cgroup is not a pure cgroup v2 mount (a v1 or hybrid host), and no cgroup_root is configured",
+                    );
+                }
+                let Some(own) = own_cgroup_v2() else {
+                    return Cgroups::none("this process has no cgroup v2 path in /proc/self/cgroup");
+                };
+                if let Err(e) = delegated(&own) {
+                    return Cgroups::none(e);
+                }
+                Cgroups::prepare_v2(&own, false)
+            }
+        }
+    }
+
+    /// Moves this process out of `root` (into `root/broker`) if it lives
+    /// there, enables the controllers for the subtree, and clears runs left
+    /// over from a previous broker.
+    fn prepare_v2(root: &Path, configured: bool) -> Cgroups {
+        let available = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+        let missing: Vec<&str> =
+            CONTROLLERS.iter().copied().filter(|c| !available.split_whitespace().any(|a| a == *c)).collect();
+        if !missing.is_empty() {
+            return Cgroups::none(format!(
+                "{} lacks the {} controller(s) (available: {})",
+                root.display(),
+                missing.join(", "),
+                available.trim()
+            ));
+        }
+        if own_cgroup_v2().as_deref() == Some(root) {
+            // No internal processes: the broker moves into a leaf of its own.
+            let leaf = root.join("broker");
+            if let Err(e) = std::fs::create_dir_all(&leaf) {
+                return Cgroups::none(format!("mkdir {}: {e}", leaf.display()));
+            }
+            if let Err(e) = write(&leaf.join("cgroup.procs"), &std::process::id().to_string()) {
+                return Cgroups::none(e);
+            }
+        }
+        let enable: String = CONTROLLERS.iter().map(|c| format!("+{c} ")).collect();
+        if let Err(e) = write(&root.join("cgroup.subtree_control"), enable.trim_end()) {
+            return Cgroups::none(format!("{e} (does another process live in {}?)", root.display()));
+        }
+        let c = Cgroups {
+            description: format!(
+                "cgroup v2 at {} ({}), controllers {}",
+                root.display(),
+                if configured { "configured" } else { "delegated" },
+                CONTROLLERS.join(" ")
+            ),
+            backend: Ok(Backend::V2 { root: root.to_path_buf() }),
+        };
+        c.sweep();
+        c
+    }
+
+    fn prepare_v1(root: &Path) -> Cgroups {
+        let mounts = hierarchies::V1::new();
+        let memory = mounts.get_mount_point(cgroups_rs::fs::Controllers::Mem);
+        let Some((point, _)) = memory else {
+            return Cgroups::none("no cgroup v1 memory hierarchy is mounted");
+        };
+        let Ok(relative) = root.strip_prefix(&point) else {
+            return Cgroups::none(format!(
+                "cgroup_root {} is not in the v1 memory hierarchy ({})",
+                root.display(),
+                point.display()
+            ));
+        };
+        for (c, ctl) in [
+            ("pids", cgroups_rs::fs::Controllers::Pids),
+            ("cpu", cgroups_rs::fs::Controllers::Cpu),
+            ("cpuacct", cgroups_rs::fs::Controllers::CpuAcct),
+            ("freezer", cgroups_rs::fs::Controllers::Freezer),
+        ] {
+            if mounts.get_mount_point(ctl).is_none() {
+                return Cgroups::none(format!("no cgroup v1 {c} hierarchy is mounted"));
+            }
+        }
+        let c = Cgroups {
+            description: format!(
+                "cgroup v1 under {} in the {} hierarchies",
+                relative.display(),
+                V1_CONTROLLERS.join(", ")
+            ),
+            backend: Ok(Backend::V1 { relative: relative.to_path_buf() }),
+        };
+        c.sweep();
+        c
+    }
+
+    pub fn available(&self) -> Result<(), &str> {
+        self.backend.as_ref().map(|_| ()).map_err(String::as_str)
+    }
+
+    pub fn is_v1(&self) -> bool {
+        matches!(self.backend, Ok(Backend::V1 { .. }))
+    }
+
+    /// The path of run `name`'s cgroup (for the plan and the attestation).
+    pub fn path_of(&self, name: &str) -> Option<PathBuf> {
+        match &self.backend {
+            Ok(Backend::V2 { root }) => Some(root.join(name)),
+            Ok(Backend::V1 { relative }) => Some(relative.join(name)),
+            Err(_) => None,
+        }
+    }
+
+    fn load(&self, name: &str) -> Option<Cgroup> {
+        match self.backend.as_ref().ok()? {
+            Backend::V2 { root } => Some(Cgroup::load(Box::new(Subtree { root: root.clone() }), name)),
+            Backend::V1 { relative } => Some(Cgroup::load_with_specified_controllers(
+                Box::new(hierarchies::V1::new()),
+                relative.join(name),
+                V1_CONTROLLERS.iter().map(|s| s.to_string()).collect(),
+            )),
+        }
+    }
+
+    /// Creates run `name`'s cgroup with its limits.
+    pub fn create(&self, name: &str, limits: CgroupLimits) -> Result<RunCgroup, String> {
+        let cg = self.load(name).ok_or_else(|| self.available().err().unwrap_or("no cgroup").to_string())?;
+        let dir = match &self.backend {
+            Ok(Backend::V2 { root }) => {
+                let dir = root.join(name);
+                std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+                Some(dir)
+            }
+            _ => {
+                cg.create().map_err(|e| format!("create cgroup {name}: {e}"))?;
+                None
+            }
+        };
+        let run = RunCgroup { cg, dir, v1: self.is_v1() };
+        if let Err(e) = run.limit(limits) {
+            run.remove();
+            return Err(e);
+        }
+        Ok(run)
+    }
+
+    /// Removes run cgroups a previous broker left behind (killing what is in them).
+    pub fn sweep(&self) {
+        let dir = match &self.backend {
+            Ok(Backend::V2 { root }) => root.clone(),
+            Ok(Backend::V1 { relative }) => {
+                match hierarchies::V1::new().get_mount_point(cgroups_rs::fs::Controllers::Mem) {
+                    Some((point, _)) => point.join(relative),
+                    None => return,
+                }
+            }
+            Err(_) => return,
+        };
+        let Ok(entries) = std::fs::read_dir(&dir) else { return };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("run-") {
+                if let Some(cg) = self.load(&name) {
+                    tracing::warn!(cgroup = %name, "removing a run cgroup left by a previous broker");
+                    RunCgroup { dir: Some(dir.join(&name)), cg, v1: self.is_v1() }.remove();
+                }
+            }
+        }
+    }
+}
+
+/// One run's cgroup.
+pub struct RunCgroup {
+    cg: Cgroup,
+    /// cgroup v2: the directory (the helper joins it through fd 5).
+    dir: Option<PathBuf>,
+    v1: bool,
+}
+
+impl RunCgroup {
+    fn limit(&self, l: CgroupLimits) -> Result<(), String> {
+        let e = |what: &'static str| move |err: cgroups_rs::fs::error::Error| format!("set {what}: {err}");
+        let mem: &MemController = self.cg.controller_of().ok_or("no memory controller")?;
+        mem.set_limit(l.memory_bytes as i64).map_err(e("the memory limit"))?;
+        if !self.v1 || self.path("memory.memsw.limit_in_bytes").is_some_and(|p| p.exists()) {
+            // No swap beyond the memory limit (v1: memory+swap equal to memory).
+            let swap = if self.v1 { l.memory_bytes as i64 } else { 0 };
+            mem.set_memswap_limit(swap).map_err(e("the swap limit"))?;
+        }
+        let pids: &PidController = self.cg.controller_of().ok_or("no pids controller")?;
+        pids.set_pid_max(MaxValue::Value(l.processes as i64)).map_err(e("pids.max"))?;
+        if l.cpu_percent > 0 {
+            let cpu: &CpuController = self.cg.controller_of().ok_or("no cpu controller")?;
+            let period = 100_000u64;
+            cpu.set_cfs_quota_and_period(Some((period * l.cpu_percent / 100) as i64), Some(period))
+                .map_err(e("the cpu quota"))?;
+        }
+        Ok(())
+    }
+
+    fn path(&self, file: &str) -> Option<PathBuf> {
+        match &self.dir {
+            Some(d) => Some(d.join(file)),
+            None => self.cg.controller_of::<MemController>().map(|m| m.path().join(file)),
+        }
+    }
+
+    /// cgroup v2: the helper joins through fd 5; v1: the broker places it.
+    pub fn joins_itself(&self) -> bool {
+        self.dir.is_some()
+    }
+
+    /// The directory to hand the helper as fd 5 (cgroup v2).
+    pub fn open_dir(&self) -> std::io::Result<Option<OwnedFd>> {
+        let Some(dir) = &self.dir else { return Ok(None) };
+        let file = std::fs::File::options()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(dir)?;
+        Ok(Some(OwnedFd::from(file)))
+    }
+
+    pub fn display(&self) -> String {
+        self.dir.as_ref().map_or_else(|| self.cg.path().to_string(), |d| d.display().to_string())
+    }
+
+    /// cgroup v1: moves `pid` into the run's cgroup in every hierarchy.
+    pub fn place(&self, pid: u32) -> Result<(), String> {
+        if self.dir.is_some() {
+            return Ok(());
+        }
+        self.cg.add_task_by_tgid(CgroupPid::from(pid as u64)).map_err(|e| format!("place pid {pid}: {e}"))
+    }
+
+    /// Kills every process in the cgroup: `cgroup.kill` where the kernel has
+    /// it, else freeze, SIGKILL every member, thaw.
+    pub fn kill(&self) {
+        if !self.v1 && self.cg.kill().is_ok() {
+            return;
+        }
+        let freezer: Option<&FreezerController> = self.cg.controller_of();
+        if let Some(f) = freezer {
+            let _ = f.freeze();
+        }
+        for pid in self.cg.procs() {
+            // ESRCH: already gone.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if let Some(f) = freezer {
+            let _ = f.thaw();
+        }
+    }
+
+    pub fn usage(&self) -> CgroupUsage {
+        let mem: Option<&MemController> = self.cg.controller_of();
+        let stat = mem.map(|m| m.memory_stat());
+        let field = |text: &str, key: &str| {
+            text.lines().find_map(|l| l.strip_prefix(key)?.trim().parse::<u64>().ok()).unwrap_or(0)
+        };
+        let read =
+            |file: &str| self.path(file).and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
+        if self.v1 {
+            let cpuacct = |f: &str| {
+                let p = self
+                    .cg
+                    .controller_of::<cgroups_rs::fs::cpuacct::CpuAcctController>()
+                    .map(|c| c.path().join(f));
+                p.and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default()
+            };
+            let ticks = |key: &str| field(&cpuacct("cpuacct.stat"), key) * 1_000_000 / 100;
+            return CgroupUsage {
+                peak_memory_bytes: stat.map_or(0, |s| s.max_usage_in_bytes),
+                cpu_user_usec: ticks("user "),
+                cpu_system_usec: ticks("system "),
+                oom_kills: field(&read("memory.oom_control"), "oom_kill "),
+            };
+        }
+        let cpu = read("cpu.stat");
+        CgroupUsage {
+            peak_memory_bytes: stat.map_or(0, |s| s.max_usage_in_bytes),
+            cpu_user_usec: field(&cpu, "user_usec "),
+            cpu_system_usec: field(&cpu, "system_usec "),
+            oom_kills: field(&read("memory.events"), "oom_kill "),
+        }
+    }
+
+    fn populated(&self) -> bool {
+        if self.v1 {
+            return !self.cg.procs().is_empty();
+        }
+        let events =
+            self.path("cgroup.events").and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
+        events.lines().any(|l| l == "populated 1")
+    }
+
+    /// Kills what is left, waits for the cgroup to empty, and removes it.
+    pub fn remove(self) {
+        let start = Instant::now();
+        while self.populated() && start.elapsed() < Duration::from_secs(5) {
+            self.kill();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let mut last = None;
+        while start.elapsed() < Duration::from_secs(10) {
+            let gone = match &self.dir {
+                Some(d) => std::fs::remove_dir(d).map_err(|e| e.to_string()),
+                None => self.cg.delete().map_err(|e| e.to_string()),
+            };
+            match gone {
+                Ok(()) => return,
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        tracing::error!(cgroup = %self.display(), "cannot remove the run's cgroup: {}", last.unwrap_or_default());
+    }
+}
