@@ -33,7 +33,7 @@ impl Broker {
     /// A broker for `config`. Call before starting any thread: the probe of
     /// user namespaces forks.
     pub fn assemble(config: Config, helper: Option<PathBuf>) -> Result<Broker, String> {
-        let cgroups = Cgroups::discover(config.broker.cgroup_root.as_deref());
+        let cgroups = Cgroups::discover(config.broker.cgroup_root.as_deref(), true);
         tracing::info!(cgroups = %cgroups.description, "cgroups");
         let host = host::probe(&cgroups);
         tracing::info!(

@@ -102,7 +102,7 @@ pub struct CgroupUsage {
 }
 
 fn statfs_magic(path: &Path) -> Option<i64> {
-    nix::sys::statfs::statfs(path).ok().map(|s| s.filesystem_type().0 as i64)
+    nix::sys::statfs::statfs(path).ok().map(|s| s.filesystem_type().0)
 }
 
 /// The cgroup v2 path of this process, from /proc/self/cgroup (`0::/path`).
@@ -152,13 +152,14 @@ impl Cgroups {
         Cgroups { description: format!("none: {reason}"), backend: Err(reason) }
     }
 
-    /// Finds (and prepares) the subtree: the configured root, else the
-    /// delegated cgroup of this process on a pure cgroup v2 host.
-    pub fn discover(configured: Option<&Path>) -> Cgroups {
+    /// Finds (and, with `apply`, prepares) the subtree: the configured root,
+    /// else the delegated cgroup of this process on a pure cgroup v2 host.
+    /// Without `apply` nothing is written (for `palisade doctor`).
+    pub fn discover(configured: Option<&Path>, apply: bool) -> Cgroups {
         match configured {
             Some(root) => match statfs_magic(root) {
-                Some(CGROUP2_SUPER_MAGIC) => Cgroups::prepare_v2(root, true),
-                Some(CGROUP_SUPER_MAGIC) => Cgroups::prepare_v1(root),
+                Some(CGROUP2_SUPER_MAGIC) => Cgroups::prepare_v2(root, true, apply),
+                Some(CGROUP_SUPER_MAGIC) => Cgroups::prepare_v1(root, apply),
                 Some(_) => {
                     Cgroups::none(format!("cgroup_root {} is not in a cgroup filesystem", root.display()))
                 }
@@ -176,7 +177,7 @@ impl Cgroups {
                 if let Err(e) = delegated(&own) {
                     return Cgroups::none(e);
                 }
-                Cgroups::prepare_v2(&own, false)
+                Cgroups::prepare_v2(&own, false, apply)
             }
         }
     }
@@ -184,7 +185,7 @@ impl Cgroups {
     /// Moves this process out of `root` (into `root/broker`) if it lives
     /// there, enables the controllers for the subtree, and clears runs left
     /// over from a previous broker.
-    fn prepare_v2(root: &Path, configured: bool) -> Cgroups {
+    fn prepare_v2(root: &Path, configured: bool, apply: bool) -> Cgroups {
         let available = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
         let missing: Vec<&str> =
             CONTROLLERS.iter().copied().filter(|c| !available.split_whitespace().any(|a| a == *c)).collect();
@@ -195,6 +196,15 @@ impl Cgroups {
                 missing.join(", "),
                 available.trim()
             ));
+        }
+        let description = format!(
+            "cgroup v2 at {} ({}), controllers {}",
+            root.display(),
+            if configured { "configured" } else { "delegated" },
+            CONTROLLERS.join(" ")
+        );
+        if !apply {
+            return Cgroups { description, backend: Ok(Backend::V2 { root: root.to_path_buf() }) };
         }
         if own_cgroup_v2().as_deref() == Some(root) {
             // No internal processes: the broker moves into a leaf of its own.
@@ -210,20 +220,12 @@ impl Cgroups {
         if let Err(e) = write(&root.join("cgroup.subtree_control"), enable.trim_end()) {
             return Cgroups::none(format!("{e} (does another process live in {}?)", root.display()));
         }
-        let c = Cgroups {
-            description: format!(
-                "cgroup v2 at {} ({}), controllers {}",
-                root.display(),
-                if configured { "configured" } else { "delegated" },
-                CONTROLLERS.join(" ")
-            ),
-            backend: Ok(Backend::V2 { root: root.to_path_buf() }),
-        };
+        let c = Cgroups { description, backend: Ok(Backend::V2 { root: root.to_path_buf() }) };
         c.sweep();
         c
     }
 
-    fn prepare_v1(root: &Path) -> Cgroups {
+    fn prepare_v1(root: &Path, apply: bool) -> Cgroups {
         let mounts = hierarchies::V1::new();
         let memory = mounts.get_mount_point(cgroups_rs::fs::Controllers::Mem);
         let Some((point, _)) = memory else {
@@ -254,8 +256,26 @@ impl Cgroups {
             ),
             backend: Ok(Backend::V1 { relative: relative.to_path_buf() }),
         };
-        c.sweep();
+        if apply {
+            c.sweep();
+        }
         c
+    }
+
+    /// How this host mounts cgroups, for `palisade doctor`.
+    pub fn host_layout() -> String {
+        match statfs_magic(Path::new("/sys/fs/cgroup")) {
+            Some(CGROUP2_SUPER_MAGIC) => {
+                let c = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").unwrap_or_default();
+                format!("v2 (pure), root controllers: {}", c.trim())
+            }
+            Some(_) if statfs_magic(Path::new("/sys/fs/cgroup/unified")) == Some(CGROUP2_SUPER_MAGIC) => {
+                "v1/v2 hybrid: controllers in v1 hierarchies, an empty v2 tree at /sys/fs/cgroup/unified"
+                    .into()
+            }
+            Some(_) => "v1".into(),
+            None => "no cgroup filesystem at /sys/fs/cgroup".into(),
+        }
     }
 
     pub fn available(&self) -> Result<(), &str> {

@@ -35,6 +35,14 @@ pub enum Command {
     /// sandbox it would get (mounts, Landlock rules, limits, seccomp), without
     /// running anything. Exits 0 when allowed, 1 otherwise.
     Explain(ExplainArgs),
+    /// Print what this host can enforce (cgroups, user namespaces, Landlock,
+    /// seccomp) and the tier palisade will use. Changes nothing. Exits 0 when
+    /// everything Tier C needs is there, 1 otherwise.
+    Doctor {
+        /// Policy file (for cgroup_root, require_cgroup and the fallback policy).
+        #[arg(long, value_name = "FILE")]
+        policy: Option<PathBuf>,
+    },
 }
 
 #[derive(ClapArgs, Debug)]
@@ -87,6 +95,15 @@ pub fn main(cli: Cli) -> i32 {
     match cli.command {
         Command::Run(args) => run(args),
         Command::Explain(args) => explain(args),
+        Command::Doctor { policy } => {
+            let config = match policy.as_deref().map(Config::load).transpose() {
+                Ok(c) => c.unwrap_or_default(),
+                Err(e) => return fail(ErrorKind::InvalidRequest, e),
+            };
+            let (text, complete) = crate::doctor::report(&config);
+            print!("{text}");
+            if complete { 0 } else { 1 }
+        }
     }
 }
 

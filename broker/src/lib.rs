@@ -8,6 +8,7 @@ pub mod cgroup;
 pub mod cli;
 pub mod client;
 pub mod daemon;
+pub mod doctor;
 pub mod host;
 pub mod paths;
 pub mod run;

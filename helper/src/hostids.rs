@@ -27,18 +27,31 @@ pub fn become_unprivileged(plan: &JailPlan, ids: HostIds) -> Result<Vec<Option<O
     // One idmapping namespace per on-disk owner: that owner's files become the sandbox's.
     let mut namespaces: Vec<((u32, u32), OwnedFd)> = Vec::new();
     for (i, m) in plan.mounts.iter().enumerate() {
-        let Mount::Bind { source, owned: true, .. } = m else { continue };
+        let Mount::Bind { source, owned: true, writable, .. } = m else { continue };
+        // Captured now, while root: the sandbox's uid may not even reach it.
+        let tree = mounts::open_tree(source, true)?;
         let st = stat(source.as_str()).at(Stage::Mounts, || format!("stat {source}"))?;
         let owner = (st.st_uid, st.st_gid);
-        let userns = match namespaces.iter().position(|(o, _)| *o == owner) {
-            Some(k) => &namespaces[k].1,
-            None => {
-                namespaces.push((owner, idmap_userns(owner.0, owner.1, ids)?));
-                &namespaces[namespaces.len() - 1].1
+        if owner != (ids.uid, ids.gid) {
+            let userns = match namespaces.iter().position(|(o, _)| *o == owner) {
+                Some(k) => &namespaces[k].1,
+                None => {
+                    namespaces.push((owner, idmap_userns(owner.0, owner.1, ids)?));
+                    &namespaces[namespaces.len() - 1].1
+                }
+            };
+            match mounts::idmap(&tree, userns) {
+                Ok(()) => {}
+                // A read-only bind on a filesystem that cannot idmap stays a
+                // plain bind: the sandbox gets less access, never more.
+                Err(Errno::EINVAL) if !*writable => {}
+                Err(e) => {
+                    return Err(e).at(Stage::Mounts, || {
+                        format!("idmap {source} for the sandbox's uid (its filesystem may not support idmapped mounts)")
+                    });
+                }
             }
-        };
-        let tree = mounts::open_tree(source, true)?;
-        mounts::idmap(&tree, userns).at(Stage::Mounts, || format!("idmap {source} for the sandbox's uid"))?;
+        }
         trees[i] = Some(tree);
     }
     setgroups(&[]).at(Stage::Ids, || "drop supplementary groups".into())?;

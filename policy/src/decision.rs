@@ -561,7 +561,12 @@ impl Policy {
                     None => process.max_memory_mb << 20,
                 },
                 cpu_seconds: timeout,
-                processes: process.max_processes,
+                // With a cgroup holding the process count (pids.max), RLIMIT_NPROC
+                // stays a looser floor.
+                processes: match cgroup {
+                    Some(_) => process.max_processes.saturating_mul(2),
+                    None => process.max_processes,
+                },
                 open_files: profile.max_open_files,
                 file_size_bytes: profile.max_file_size_mb << 20,
                 tmp_bytes: profile.tmp_size_mb << 20,

@@ -468,6 +468,7 @@ fn cgroup_limits_are_planned_when_there_is_a_root_and_required_ones_refused_when
     assert_eq!(r.plan.cgroup.as_deref(), Some("/sys/fs/cgroup/palisade/run-7"));
     // The cgroup holds memory; RLIMIT_AS stays as a looser floor.
     assert_eq!(r.plan.rlimits.address_space.hard, 4 * (64 << 20));
+    assert_eq!(r.plan.rlimits.processes.hard, 64);
     // Without a root and without the requirement: rlimits alone, and the plan says so.
     let q = policy("[defaults]\nmax_memory_mb = 64\n");
     let Decision::Allow(r) = q.decide(&context(true, 7), &f.request(&["ls"])) else { panic!() };

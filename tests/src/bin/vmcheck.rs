@@ -1,0 +1,402 @@
+//! vmcheck: the cgroup checks, run inside a throwaway guest with a pure
+//! cgroup v2 hierarchy (tests/vm/run-in-vm.sh), as root and as an
+//! unprivileged user in a delegated subtree; with `--v1`, in a guest whose
+//! cgroup v1 controllers it mounts itself. It drives the real palisaded,
+//! palisade, palisade-helper and probe, prints one PASS/FAIL line per check,
+//! and exits with the number of failures.
+
+use palisade_broker::client::{Client, ClientError};
+use palisade_protocol::wire::{ErrorKind, RunRequest, RunResult, RunStatus, ServerMessage};
+use palisade_tests::{bin, eventually, process_with_token};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+type Check = Result<String, String>;
+
+struct Guest {
+    tmp: PathBuf,
+    ws: PathBuf,
+    /// The cgroup the harness delegated (root: named in the configuration).
+    delegated: PathBuf,
+    root: bool,
+}
+
+fn probe() -> String {
+    bin("probe").to_string_lossy().into_owned()
+}
+
+impl Guest {
+    fn config(&self, extra_defaults: &str, cgroup_root: Option<&Path>) -> PathBuf {
+        let dir = bin("probe").parent().unwrap().to_path_buf();
+        let broker = cgroup_root.map(|r| format!("[broker]\ncgroup_root = {:?}\n", r)).unwrap_or_default();
+        let text = format!(
+            "{broker}[defaults]\nread_only = [{dir:?}]\nmax_memory_mb = 64\nmax_processes = 32\nmax_cpu_percent = 20\n{extra_defaults}\n\
+             [tools.spinfree]\npreset = \"data_transformer\"\nallowed_executables = [{p:?}]\n\
+             [tools.spinfree.overrides]\nfilesystem = [{{ read_only = {dir:?} }}]\nprocess = {{ max_cpu_percent = 0, no_fork = false }}\n",
+            p = probe()
+        );
+        let path = self.tmp.join(format!("palisade-{}.toml", text.len()));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Starts palisaded; `cgroup`: the cgroup it starts in (as a systemd
+    /// unit's process would), where this program does not live.
+    fn daemon(&self, config: &Path, cgroup: Option<&Path>) -> (Child, PathBuf) {
+        let socket =
+            self.tmp.join(format!("palisade-{}.sock", config.file_name().unwrap().to_string_lossy()));
+        let mut cmd = Command::new(bin("palisaded"));
+        cmd.arg("--config")
+            .arg(config)
+            .arg("--socket")
+            .arg(&socket)
+            .env("PALISADE_LOG", "palisade_broker=info,warn")
+            .stdin(Stdio::null());
+        if let Some(cg) = cgroup {
+            let procs = std::ffi::CString::new(cg.join("cgroup.procs").into_os_string().into_encoded_bytes())
+                .unwrap();
+            // SAFETY: open, write and close are async-signal-safe; the strings outlive the call.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::close(fd);
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd.spawn().unwrap();
+        if !eventually(Duration::from_secs(60), || std::os::unix::net::UnixStream::connect(&socket).is_ok()) {
+            panic!("palisaded did not start");
+        }
+        (child, socket)
+    }
+
+    fn request(&self, args: &[&str]) -> RunRequest {
+        let mut argv = vec![probe()];
+        argv.extend(args.iter().map(|s| s.to_string()));
+        RunRequest { argv, cwd: Some(self.ws.to_string_lossy().into_owned()), ..Default::default() }
+    }
+}
+
+fn run(socket: &Path, req: RunRequest) -> (String, Result<RunResult, (ErrorKind, String)>) {
+    let mut c = Client::connect(socket).unwrap();
+    let mut out = Vec::new();
+    let r = c.run(req, |m| {
+        if let ServerMessage::Output { data, .. } = m {
+            out.extend_from_slice(data);
+        }
+    });
+    let r = r.map_err(|e| match e {
+        ClientError::Reply(e) => (e.kind, e.message),
+        other => (ErrorKind::RuntimeFailure, other.to_string()),
+    });
+    (String::from_utf8_lossy(&out).into_owned(), r)
+}
+
+fn runs_left(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("run-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn ensure(cond: bool, why: impl FnOnce() -> String) -> Result<(), String> {
+    if cond { Ok(()) } else { Err(why()) }
+}
+
+fn doctor(g: &Guest, config: &Path) -> Check {
+    let o = Command::new(bin("palisade")).arg("doctor").arg("--policy").arg(config).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    ensure(text.contains("cgroups:          v2 (pure)"), || text.clone())?;
+    let how = if g.root { "(configured)" } else { "(delegated)" };
+    ensure(text.contains("cgroup for runs:  cgroup v2 at") && text.contains(how), || text.clone())?;
+    ensure(text.contains("landlock:         ABI 2"), || text.clone())?;
+    ensure(o.status.success(), || format!("exit {:?}: {text}", o.status))?;
+    Ok(text.lines().find(|l| l.starts_with("cgroup for runs")).unwrap_or("").to_string())
+}
+
+fn memory_bomb(g: &Guest, socket: &Path, runs_dir: &Path) -> Check {
+    let (out, r) = run(socket, g.request(&["membomb", "4096"]));
+    let r = r.map_err(|e| format!("{e:?}"))?;
+    ensure(r.status == RunStatus::MemoryLimitExceeded, || format!("status {:?}, output {out:?}", r.status))?;
+    ensure(r.memory_source == "cgroup", || r.memory_source.clone())?;
+    ensure(r.peak_memory_bytes > 32 << 20 && r.peak_memory_bytes <= 66 << 20, || {
+        format!("peak {}", r.peak_memory_bytes)
+    })?;
+    let e = &r.attestation.enforcement;
+    ensure(e.limits_by.starts_with("cgroup"), || e.limits_by.clone())?;
+    ensure(
+        e.cgroup.as_deref().is_some_and(|c| c.starts_with(&runs_dir.to_string_lossy().into_owned())),
+        || format!("{:?}", e.cgroup),
+    )?;
+    ensure(runs_left(runs_dir).is_empty(), || format!("left behind: {:?}", runs_left(runs_dir)))?;
+    Ok(format!(
+        "4 GiB bomb under memory.max=64M: OOM-killed, peak {} MiB, cgroup removed",
+        r.peak_memory_bytes >> 20
+    ))
+}
+
+fn fork_bomb(g: &Guest, socket: &Path) -> Check {
+    let (out, r) = run(socket, g.request(&["forkbomb"]));
+    let r = r.map_err(|e| format!("{e:?}"))?;
+    let n: u64 =
+        out.rsplit(' ').nth(1).and_then(|n| n.parse().ok()).ok_or_else(|| format!("output {out:?}"))?;
+    ensure(out.starts_with("err EAGAIN stopped after"), || out.clone())?;
+    // RLIMIT_NPROC is 64 when the cgroup holds pids.max = 32: the cgroup stopped it.
+    ensure(n < 32, || format!("{n} forks under pids.max=32"))?;
+    Ok(format!("fork bomb stopped after {n} forks at pids.max=32 ({:?})", r.status))
+}
+
+fn cpu_share(g: &Guest, socket: &Path) -> Check {
+    let mut req = g.request(&["spin"]);
+    req.timeout_secs = Some(4);
+    let (_, r) = run(socket, req);
+    let r = r.map_err(|e| format!("{e:?}"))?;
+    ensure(r.status == RunStatus::TimedOut, || format!("{:?}", r.status))?;
+    let limited = r.cpu_user_ms + r.cpu_system_ms;
+    let share = limited as f64 / r.wall_ms as f64;
+    // Counter-test: the same spinner without a cpu.max gets the whole CPU.
+    let mut free = g.request(&["spin"]);
+    free.timeout_secs = Some(4);
+    free.tool = Some("spinfree".into());
+    let (_, f) = run(socket, free);
+    let f = f.map_err(|e| format!("{e:?}"))?;
+    let free_share = (f.cpu_user_ms + f.cpu_system_ms) as f64 / f.wall_ms as f64;
+    ensure(share > 0.08 && share < 0.40, || {
+        format!("cpu.max=20%: the spinner used {:.0}% of wall", share * 100.0)
+    })?;
+    ensure(free_share > share * 1.8, || {
+        format!("without cpu.max {:.0}%, with {:.0}%", free_share * 100.0, share * 100.0)
+    })?;
+    Ok(format!(
+        "spinner at cpu.max=20%: {:.0}% of wall (unlimited: {:.0}%)",
+        share * 100.0,
+        free_share * 100.0
+    ))
+}
+
+fn deadline_kills_the_cgroup(g: &Guest, socket: &Path) -> Check {
+    let token = format!("vm-daemon-{}", std::process::id());
+    let mut req = g.request(&["daemonize", &token]);
+    req.timeout_secs = Some(2);
+    let (_, r) = run(socket, req);
+    let r = r.map_err(|e| format!("{e:?}"))?;
+    ensure(r.status == RunStatus::TimedOut, || format!("{:?}", r.status))?;
+    ensure(eventually(Duration::from_secs(5), || process_with_token(&token).is_none()), || {
+        "the daemon survived".into()
+    })?;
+    Ok("a double-forked setsid daemon died with its run's cgroup".into())
+}
+
+fn many_runs(g: &Guest, socket: &Path, runs_dir: &Path) -> Check {
+    let start = Instant::now();
+    // Four clients at a time: the guest is emulated, and slow.
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4)
+            .map(|w| {
+                s.spawn(move || {
+                    let mut bad = Vec::new();
+                    for i in (w..200).step_by(4) {
+                        let (out, r) = run(socket, g.request(&["echo", &i.to_string()]));
+                        match r {
+                            Ok(r)
+                                if out == format!("ok {i}\n")
+                                    && r.status == RunStatus::Exited { code: 0 } => {}
+                            other => bad.push(format!("run {i}: {out:?} {other:?}")),
+                        }
+                    }
+                    bad
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    });
+    ensure(failures.is_empty(), || failures.join("; "))?;
+    let left = runs_left(runs_dir);
+    ensure(left.is_empty(), || format!("left behind after 200 runs: {left:?}"))?;
+    Ok(format!("200 runs (4 clients) in {:.1} s, no cgroup left behind", start.elapsed().as_secs_f64()))
+}
+
+fn landlock_abi2(g: &Guest, socket: &Path) -> Check {
+    let (_, r) = run(socket, g.request(&["echo", "x"]));
+    let r = r.map_err(|e| format!("{e:?}"))?;
+    let l = r.attestation.enforcement.landlock.ok_or("no Landlock report")?;
+    ensure(l.abi == 2 && l.enforced == ["fs", "fs.refer"], || format!("{l:?}"))?;
+    for f in ["fs.truncate", "scope.abstract_unix", "scope.signal"] {
+        ensure(l.not_enforced.iter().any(|n| n == f), || format!("{f} not reported as not enforced: {l:?}"))?;
+    }
+    ensure(l.ruleset == "partial", || l.ruleset.clone())?;
+    // Required parts the kernel lacks: refused before spawning, with the reason.
+    let strict = g.config("", None).with_file_name("palisade-require.toml");
+    let dir = bin("probe").parent().unwrap().to_path_buf();
+    std::fs::write(
+        &strict,
+        format!(
+            "[policy]\nrequire_landlock = [\"fs\", \"scope.signal\"]\n[defaults]\nread_only = [{dir:?}]\n"
+        ),
+    )
+    .unwrap();
+    let o = Command::new(bin("palisade"))
+        .args(["run", "--policy"])
+        .arg(&strict)
+        .args(["--", &probe(), "echo", "x"])
+        .current_dir(&g.ws)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    ensure(o.status.code() == Some(125), || format!("{o:?}"))?;
+    ensure(
+        err.contains("palisade: Unavailable: the policy requires Landlock scope.signal")
+            && err.contains("ABI 2"),
+        || err.clone(),
+    )?;
+    // And the helper itself refuses a plan that requires them (defense in depth).
+    let mut jail = palisade_tests::Jail::new(palisade_protocol::Tier::C);
+    if g.root {
+        let nobody = Some(nix::unistd::Uid::from_raw(65534));
+        nix::unistd::chown(&jail.workspace(), nobody, Some(nix::unistd::Gid::from_raw(65534))).unwrap();
+    }
+    jail.spec.landlock_required =
+        palisade_protocol::LandlockFeatures::FS.union(palisade_protocol::LandlockFeatures::SCOPE_SIGNAL);
+    let o = jail.run(&["echo", "x"]);
+    let f = o.failure().ok_or_else(|| format!("no failure: {o:?}"))?;
+    ensure(f.stage == palisade_protocol::Stage::Landlock && f.errno_name == "EOPNOTSUPP", || format!("{f}"))?;
+    Ok(format!(
+        "ABI 2: enforced {:?}, not enforced {:?}; required scope.signal refused",
+        l.enforced, l.not_enforced
+    ))
+}
+
+/// cgroup v1: the hierarchies this program mounts (as root) in the guest.
+fn v1_checks(g: &Guest) -> Vec<(&'static str, Check)> {
+    let base = g.tmp.join("cgv1");
+    for c in ["memory", "pids", "cpu,cpuacct", "freezer"] {
+        let dir = base.join(c.replace(',', "_"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "cgroup", "-o", c, "cgroup"])
+            .arg(&dir)
+            .status()
+            .unwrap()
+            .success();
+        if !ok {
+            return vec![("v1 mounts", Err(format!("cannot mount the v1 {c} hierarchy")))];
+        }
+        std::fs::create_dir_all(dir.join("palisade")).unwrap();
+    }
+    let root = base.join("memory/palisade");
+    let config = g.config("", Some(&root));
+    let (mut d, socket) = g.daemon(&config, None);
+    let runs = root.clone();
+    let mut out = vec![
+        ("v1 memory bomb", {
+            let (o, r) = run(&socket, g.request(&["membomb", "4096"]));
+            r.map_err(|e| format!("{e:?}")).and_then(|r| {
+                ensure(r.status == RunStatus::MemoryLimitExceeded && r.memory_source == "cgroup", || {
+                    format!("{:?} {o}", r.status)
+                })?;
+                ensure(r.attestation.enforcement.limits_by == "cgroup v1 + rlimits", || {
+                    r.attestation.enforcement.limits_by.clone()
+                })?;
+                Ok(format!(
+                    "OOM-killed under memory.limit_in_bytes=64M, peak {} MiB",
+                    r.peak_memory_bytes >> 20
+                ))
+            })
+        }),
+        ("v1 fork bomb", fork_bomb(g, &socket)),
+    ];
+    out.push((
+        "v1 runs removed",
+        ensure(runs_left(&runs).is_empty(), || format!("{:?}", runs_left(&runs)))
+            .map(|_| "no run cgroup left".into()),
+    ));
+    let _ =
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(d.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    let _ = d.wait();
+    out
+}
+
+fn main() {
+    let v1 = std::env::args().any(|a| a == "--v1");
+    let tmp = PathBuf::from(std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".into()));
+    let ws = tmp.join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    if nix::unistd::geteuid().is_root() {
+        // A root broker runs sandboxes as 65534; the guest's tmpfs (kernel 6.1)
+        // cannot idmap, so the workspace belongs to that uid already.
+        let nobody = Some(nix::unistd::Uid::from_raw(65534));
+        nix::unistd::chown(&ws, nobody, Some(nix::unistd::Gid::from_raw(65534))).unwrap();
+    }
+    let g = Guest {
+        ws,
+        delegated: PathBuf::from(std::env::var("VMTEST_CGROUP").unwrap_or_default()),
+        root: nix::unistd::geteuid().is_root(),
+        tmp,
+    };
+    let checks: Vec<(&str, Check)> = if v1 {
+        v1_checks(&g)
+    } else {
+        // Root names the delegated subtree in its configuration; the user is
+        // found there by default, as systemd's Delegate=yes would leave it.
+        let config = g.config("", g.root.then_some(g.delegated.as_path()));
+        let runs_dir = if g.root { g.delegated.clone() } else { own_cgroup() };
+        if !g.root {
+            // Like a systemd unit's cgroup, the delegated one holds only the
+            // broker: this program steps aside into a leaf of its own.
+            let leaf = runs_dir.join("vmcheck");
+            std::fs::create_dir_all(&leaf).unwrap();
+            std::fs::write(leaf.join("cgroup.procs"), std::process::id().to_string()).unwrap();
+        }
+        let (mut d, socket) = g.daemon(&config, (!g.root).then_some(runs_dir.as_path()));
+        let checks = vec![
+            ("doctor", doctor(&g, &config)),
+            ("memory bomb", memory_bomb(&g, &socket, &runs_dir)),
+            ("fork bomb", fork_bomb(&g, &socket)),
+            ("cpu share", cpu_share(&g, &socket)),
+            ("deadline kill", deadline_kills_the_cgroup(&g, &socket)),
+            ("200 runs", many_runs(&g, &socket, &runs_dir)),
+            ("landlock abi 2", landlock_abi2(&g, &socket)),
+        ];
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(d.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let status = d.wait().unwrap();
+        let mut checks = checks;
+        checks.push((
+            "shutdown",
+            ensure(status.success(), || format!("palisaded exited {status:?}"))
+                .map(|_| "palisaded exited 0".into()),
+        ));
+        checks
+    };
+    let mut failures = 0;
+    let who = if g.root { "root" } else { "user" };
+    for (name, result) in &checks {
+        match result {
+            Ok(detail) => println!("vmcheck PASS [{who}] {name}: {detail}"),
+            Err(why) => {
+                failures += 1;
+                println!("vmcheck FAIL [{who}] {name}: {why}");
+            }
+        }
+    }
+    println!("vmcheck [{who}]: {} passed, {failures} failed", checks.len() - failures);
+    std::process::exit(failures as i32);
+}
+
+/// This process's cgroup v2 directory: where a delegated broker puts its runs.
+fn own_cgroup() -> PathBuf {
+    let text = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let rel = text.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or("/");
+    Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/'))
+}
