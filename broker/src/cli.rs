@@ -229,6 +229,11 @@ impl Render {
                 RunStatus::MemoryLimitExceeded => {
                     quiet_fail(self.json, ErrorKind::MemoryLimitExceeded, "killed by the memory limit")
                 }
+                RunStatus::DiskLimitExceeded => quiet_fail(
+                    self.json,
+                    ErrorKind::DiskLimitExceeded,
+                    "the run's writes filled their bound; none was kept",
+                ),
                 RunStatus::Cancelled => {
                     quiet_fail(self.json, ErrorKind::RuntimeFailure, "the run was cancelled")
                 }

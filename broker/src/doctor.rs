@@ -61,6 +61,17 @@ pub fn report(config: &Config) -> (String, bool) {
         if seccomp { "available (filter mode)" } else { "unavailable" }
     );
 
+    let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    let overlay = filesystems.lines().any(|l| l.split_whitespace().last() == Some("overlay"));
+    let _ = writeln!(
+        out,
+        "overlay:          {}",
+        if overlay {
+            "available (disk = \"overlay\" bounds a run's writes to its workspace)"
+        } else {
+            "not loaded (disk = \"overlay\" needs it: modprobe overlay, or set disk = \"direct\")"
+        }
+    );
     let _ = writeln!(out, "cgroups:          {}", Cgroups::host_layout());
     let cgroups = Cgroups::discover(config.broker.cgroup_root.as_deref(), false);
     let _ = writeln!(out, "cgroup for runs:  {}", cgroups.description);

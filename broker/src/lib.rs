@@ -10,6 +10,7 @@ pub mod client;
 pub mod daemon;
 pub mod doctor;
 pub mod host;
+pub mod overlay;
 pub mod paths;
 pub mod run;
 pub mod server;

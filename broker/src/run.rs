@@ -4,6 +4,7 @@
 
 use crate::attest::attestation;
 use crate::cgroup::RunCgroup;
+use crate::overlay;
 use crate::spawn::{HelperCommand, pidfd_kill};
 use crate::spawner::Spawner;
 use palisade_policy::Resolved;
@@ -12,7 +13,6 @@ use palisade_protocol::wire::{
 };
 use palisade_protocol::{ExitReport, HelperRecord, Tier, encode_plan};
 use std::future::Future;
-use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -222,18 +222,13 @@ impl Engine {
         }
         let wall_ms = started.elapsed().as_millis() as u64;
         let usage = reap(pid).map_err(io_err)?;
-        let mut status_pipe = helper.status;
-        let records = tokio::task::spawn_blocking(move || {
-            let mut bytes = Vec::new();
-            (&mut status_pipe).take(1 << 20).read_to_end(&mut bytes).map(|_| bytes)
-        })
-        .await
-        .map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?
-        .map_err(io_err)
-        .and_then(|b| {
-            palisade_protocol::status::decode_records(&b)
-                .map_err(|e| failure(ErrorKind::RuntimeFailure, format!("bad status from the helper: {e}")))
-        })?;
+        let status_channel = helper.status;
+        let (records, fds) = tokio::task::spawn_blocking(move || crate::spawn::read_status(&status_channel))
+            .await
+            .map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?
+            .map_err(|e| failure(ErrorKind::RuntimeFailure, format!("bad status from the helper: {e}")))?;
+        let mut fds = fds.into_iter();
+        let mut overlays: Vec<(String, OwnedFd)> = Vec::new();
         let mut landlock = None;
         let mut exit = None;
         for r in records {
@@ -244,6 +239,28 @@ impl Engine {
                     return Err(failure(ErrorKind::RuntimeFailure, format!("sandbox setup failed: {f}")));
                 }
                 HelperRecord::Failed(_) => {}
+                HelperRecord::Overlay { target } => match fds.next() {
+                    Some(fd) => overlays.push((target, fd)),
+                    None => {
+                        return Err(failure(
+                            ErrorKind::RuntimeFailure,
+                            "the helper sent an overlay without its descriptor",
+                        ));
+                    }
+                },
+            }
+        }
+        // Writes held in overlays: kept when the command ended by itself within
+        // its bound, dropped when it filled it or palisade ended the run.
+        let mut written_bytes = 0;
+        if !overlays.is_empty() && ended.is_none() {
+            if overlays.iter().any(|(_, fd)| overlay::full(fd)) {
+                ended = Some(RunStatus::DiskLimitExceeded);
+            } else {
+                let plan = resolved.plan.clone();
+                written_bytes = tokio::task::spawn_blocking(move || commit_all(&plan, overlays))
+                    .await
+                    .map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))??;
             }
         }
         let cg_usage = cgroup.map(RunCgroup::usage);
@@ -270,9 +287,44 @@ impl Engine {
             memory_source: if cg_usage.is_some() { "cgroup" } else { "rusage" }.into(),
             stdout_bytes,
             stderr_bytes,
+            written_bytes,
             attestation: attestation(request, resolved, landlock),
         })
     }
+}
+
+/// Copies every overlay's changes back to its host directory.
+fn commit_all(
+    plan: &palisade_protocol::JailPlan,
+    overlays: Vec<(String, OwnedFd)>,
+) -> Result<u64, ErrorReply> {
+    use std::os::unix::fs::MetadataExt;
+    let mut bytes = 0;
+    for (target, upper) in overlays {
+        let source = plan.mounts.iter().find_map(|m| match m {
+            palisade_protocol::Mount::Overlay { source, target: t, .. } if *t == target => {
+                Some(source.clone())
+            }
+            _ => None,
+        });
+        let Some(source) = source else {
+            return Err(failure(
+                ErrorKind::RuntimeFailure,
+                format!("the helper sent an overlay for {target}, which the plan has not"),
+            ));
+        };
+        // A root broker writes on behalf of the directory's owner.
+        let owner = nix::unistd::geteuid()
+            .is_root()
+            .then(|| std::fs::metadata(&source).map(|m| (m.uid(), m.gid())).ok())
+            .flatten();
+        let done = overlay::commit(&upper, std::path::Path::new(&source), owner).map_err(|e| {
+            failure(ErrorKind::RuntimeFailure, format!("copying the run's writes back to {source}: {e}"))
+        })?;
+        tracing::debug!(%source, files = done.files, bytes = done.bytes, removed = done.removed, "writes copied back");
+        bytes += done.bytes;
+    }
+    Ok(bytes)
 }
 
 fn pipe_reader<T: Into<OwnedFd>>(end: Option<T>) -> std::io::Result<pipe::Receiver> {

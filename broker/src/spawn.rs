@@ -5,7 +5,7 @@
 use palisade_protocol::HelperRecord;
 use palisade_protocol::status::decode_records;
 use std::fs::File;
-use std::io::{self, Read, Seek, Write};
+use std::io::{self, Seek, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -48,10 +48,42 @@ impl HelperChild {
     /// Reads every status record; call after the helper has exited (the
     /// channel reaches end-of-file when the last holder closes it).
     pub fn read_status(&mut self) -> io::Result<Vec<HelperRecord>> {
-        let mut bytes = Vec::new();
-        (&mut self.status).take(1 << 20).read_to_end(&mut bytes)?;
-        decode_records(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+        read_status(&self.status).map(|(records, _)| records)
     }
+}
+
+/// Reads a status channel to its end: the records, and the descriptors that
+/// came with them (in order).
+pub fn read_status(channel: &File) -> io::Result<(Vec<HelperRecord>, Vec<OwnedFd>)> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let mut bytes = Vec::new();
+    let mut fds = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let mut cmsg = nix::cmsg_space!([RawFd; 4]);
+        let mut iov = [io::IoSliceMut::new(&mut buf)];
+        let msg = recvmsg::<()>(channel.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
+        for c in msg.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(received) = c {
+                // SAFETY: SCM_RIGHTS installed these descriptors in this process; nothing else owns them.
+                fds.extend(
+                    received
+                        .into_iter()
+                        .map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }),
+                );
+            }
+        }
+        let n = msg.bytes;
+        if n == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&buf[..n]);
+        if bytes.len() > 1 << 20 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "status channel over 1 MiB"));
+        }
+    }
+    let records = decode_records(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok((records, fds))
 }
 
 fn memfd_with(bytes: &[u8]) -> io::Result<File> {
@@ -98,7 +130,13 @@ pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
     } else {
         (memfd_with(&cmd.plan)?, None)
     };
-    let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    // A socket, not a pipe: the helper hands over descriptors on it.
+    let (status_read, status_write) = nix::sys::socket::socketpair(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::Stream,
+        None,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+    )?;
     let mut fds = vec![plan.as_raw_fd(), status_write.as_raw_fd()];
     if let Some(dir) = &cmd.cgroup_dir {
         fds.push(dir.as_raw_fd());

@@ -3,7 +3,7 @@
 use nix::errno::Errno;
 use palisade_protocol::status::encode_record;
 use palisade_protocol::{HelperFailure, HelperRecord, Stage};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// The status channel: a pipe (or file) from the caller, close-on-exec.
 pub const STATUS_FD: i32 = 4;
@@ -57,6 +57,21 @@ pub fn send(record: &HelperRecord) {
         // Nothing else can carry the report: the caller will see the exit status alone.
         eprintln!("palisade-helper: cannot write to the status channel: {record:?}");
     }
+}
+
+/// Writes one record with a descriptor attached (SCM_RIGHTS).
+pub fn send_with_fd(record: &HelperRecord, fd: &impl AsRawFd) -> nix::Result<()> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    let bytes = encode_record(record);
+    let fds = [fd.as_raw_fd()];
+    let sent = sendmsg::<()>(
+        STATUS_FD,
+        &[std::io::IoSlice::new(&bytes)],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )?;
+    if sent == bytes.len() { Ok(()) } else { Err(Errno::EIO) }
 }
 
 /// Reports a failure on the status channel.

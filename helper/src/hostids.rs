@@ -27,7 +27,12 @@ pub fn become_unprivileged(plan: &JailPlan, ids: HostIds) -> Result<Vec<Option<O
     // One idmapping namespace per on-disk owner: that owner's files become the sandbox's.
     let mut namespaces: Vec<((u32, u32), OwnedFd)> = Vec::new();
     for (i, m) in plan.mounts.iter().enumerate() {
-        let Mount::Bind { source, owned: true, writable, .. } = m else { continue };
+        let (source, writable) = match m {
+            Mount::Bind { source, owned: true, writable, .. } => (source, *writable),
+            // The lower layer of an overlay is read-only; the sandbox writes to the upper.
+            Mount::Overlay { source, owned: true, .. } => (source, false),
+            _ => continue,
+        };
         // Captured now, while root: the sandbox's uid may not even reach it.
         let tree = mounts::open_tree(source, true)?;
         let st = stat(source.as_str()).at(Stage::Mounts, || format!("stat {source}"))?;
@@ -44,7 +49,7 @@ pub fn become_unprivileged(plan: &JailPlan, ids: HostIds) -> Result<Vec<Option<O
                 Ok(()) => {}
                 // A read-only bind on a filesystem that cannot idmap stays a
                 // plain bind: the sandbox gets less access, never more.
-                Err(Errno::EINVAL) if !*writable => {}
+                Err(Errno::EINVAL) if !writable => {}
                 Err(e) => {
                     return Err(e).at(Stage::Mounts, || {
                         format!("idmap {source} for the sandbox's uid (its filesystem may not support idmapped mounts)")

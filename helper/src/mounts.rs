@@ -6,13 +6,14 @@
 //! copy, recursively, before it is attached: the sandbox never sees a
 //! writable moment of a read-only bind.
 
+use crate::error;
 use crate::error::{Context, Result, fail};
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, open};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::stat::{Mode, SFlag, fstat};
 use nix::unistd::{chdir, mkdir, pivot_root, symlinkat};
-use palisade_protocol::{Mount, Stage};
+use palisade_protocol::{HelperRecord, Mount, Stage};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -43,8 +44,13 @@ pub fn build_root(mounts: &[Mount], captured: Vec<Option<OwnedFd>>) -> Result<()
     mount(Some("tmpfs"), STAGING, Some("tmpfs"), fs_flags, Some("size=1m,mode=0755"))
         .at(Stage::Mounts, || "mount the new root's tmpfs".into())?;
     chdir(STAGING).at(Stage::Mounts, || "chdir to the new root".into())?;
-    for (m, source) in mounts.iter().zip(sources) {
-        place(m, source)?;
+    for (i, (m, source)) in mounts.iter().zip(sources).enumerate() {
+        match (m, source) {
+            (Mount::Overlay { target, size_bytes, .. }, Source::Tree(lower)) => {
+                overlay(target, *size_bytes, lower, i)?
+            }
+            (m, source) => place(m, source)?,
+        }
     }
     // Nothing in the root itself is writable: writable places are explicit mounts.
     set_attributes(None, ".", libc::MOUNT_ATTR_RDONLY, false)
@@ -81,7 +87,7 @@ enum Source {
 
 fn capture(m: &Mount) -> Result<Source> {
     Ok(match m {
-        Mount::Bind { source, .. } => Source::Tree(open_tree(source, true)?),
+        Mount::Bind { source, .. } | Mount::Overlay { source, .. } => Source::Tree(open_tree(source, true)?),
         Mount::Dev { .. } => Source::DevNodes(
             DEV_NODES.iter().map(|n| open_tree(&format!("/dev/{n}"), false)).collect::<Result<_>>()?,
         ),
@@ -128,6 +134,59 @@ fn place(m: &Mount, source: Source) -> Result<()> {
         }
         _ => Err(fail(Stage::Mounts, Errno::EINVAL, format!("no source captured for {}", m.target()))),
     }
+}
+
+/// The run's writes to the host directory under `target` go to a tmpfs upper
+/// layer of `size` bytes: the host's disk is untouched, and a disk-fill ends
+/// at the bound. The broker receives the upper layer (a directory fd) and
+/// copies the changes back; the staging mounts are detached once the overlay
+/// holds them, so the sandbox never sees them.
+fn overlay(target: &str, size: u64, lower: OwnedFd, i: usize) -> Result<()> {
+    let stage = format!(".overlay-{i}");
+    let (low, rw) = (format!("{stage}/lower"), format!("{stage}/rw"));
+    make_mount_point(&low, true)?;
+    make_mount_point(&rw, true)?;
+    let ro = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+    set_attributes(Some(&lower), "", ro, true)
+        .at(Stage::Mounts, || format!("make the lower layer of {target} read-only"))?;
+    attach(&lower, &low).at(Stage::Mounts, || format!("attach the lower layer of {target}"))?;
+    let fs_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    let data = format!("size={size},mode=0755");
+    mount(Some("tmpfs"), rw.as_str(), Some("tmpfs"), fs_flags, Some(data.as_str()))
+        .at(Stage::Mounts, || format!("mount the upper tmpfs of {target}"))?;
+    for d in ["upper", "work"] {
+        mkdir(format!("{rw}/{d}").as_str(), Mode::from_bits_truncate(0o755))
+            .at(Stage::Mounts, || format!("mkdir {rw}/{d}"))?;
+    }
+    let rel = &target[1..];
+    make_mount_point(rel, true)?;
+    let data = format!(
+        "lowerdir={STAGING}/{low},upperdir={STAGING}/{rw}/upper,workdir={STAGING}/{rw}/work,userxattr"
+    );
+    mount(Some("overlay"), rel, Some("overlay"), fs_flags, Some(data.as_str()))
+        .at(Stage::Mounts, || format!("mount an overlay on {target}"))
+        .map_err(|mut e| {
+            if e.errno == Errno::ENODEV {
+                e.message.push_str(" (this kernel has no overlay filesystem: load the overlay module, or set disk = \"direct\")");
+            }
+            e
+        })?;
+    let upper = open(
+        format!("{rw}/upper").as_str(),
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .at(Stage::Mounts, || format!("open the upper layer of {target}"))?;
+    error::send_with_fd(&HelperRecord::Overlay { target: target.to_string() }, &upper)
+        .at(Stage::Mounts, || format!("hand the upper layer of {target} to the broker"))?;
+    for p in [&low, &rw] {
+        umount2(p.as_str(), MntFlags::MNT_DETACH).at(Stage::Mounts, || format!("detach {p}"))?;
+    }
+    for p in [&low, &rw, &stage] {
+        nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, p.as_str(), nix::unistd::UnlinkatFlags::RemoveDir)
+            .at(Stage::Mounts, || format!("rmdir {p}"))?;
+    }
+    Ok(())
 }
 
 /// A tmpfs with the host's harmless device nodes bound in, a private devpts

@@ -83,6 +83,15 @@ pub enum FallbackPolicy {
     WarnAndExecute,
 }
 
+/// How a run's writes to a host directory are bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskMode {
+    #[default]
+    Overlay,
+    Direct,
+}
+
 /// Rules that hold for every run.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -162,6 +171,12 @@ pub struct DefaultProfile {
     pub max_output_bytes: u64,
     /// Extra paths visible read-only (and executable) in the sandbox.
     pub read_only: Vec<PathBuf>,
+    /// How writes to the workspace are bounded (Tier C): "overlay" holds them
+    /// in a tmpfs of `max_disk_mb` and copies them back when the command
+    /// exits by itself (a disk-fill ends at the bound, the host's disk
+    /// untouched); "direct" writes through, bounded by RLIMIT_FSIZE per file only.
+    pub disk: DiskMode,
+    pub max_disk_mb: u64,
     pub allow_interpreters: bool,
     pub allow_inline_code: bool,
     /// Empty: any executable the sandbox can see.
@@ -186,6 +201,8 @@ impl Default for DefaultProfile {
             tmp_size_mb: 256,
             max_output_bytes: 64 << 20,
             read_only: vec![],
+            disk: DiskMode::Overlay,
+            max_disk_mb: 1024,
             allow_interpreters: false,
             allow_inline_code: false,
             allowed_executables: vec![],

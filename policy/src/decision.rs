@@ -6,7 +6,7 @@ use crate::capabilities::{
     Binding, BoundCapability, Capabilities, EnvironmentCapability, FsCapability, Mapping, NetworkCapability,
     ProcessCapability, Validation,
 };
-use crate::config::{Config, FallbackPolicy};
+use crate::config::{Config, DiskMode, FallbackPolicy};
 use crate::egress::{self, EgressMode};
 use crate::jail::{ETC_ENTRIES, JailSpec, Limits, SYSTEM_DIRS, build_plan};
 use crate::validate::{self, Rules, SENSITIVE_NAMES};
@@ -584,6 +584,8 @@ impl Policy {
             cgroup: cgroup.as_ref().filter(|c| !c.v1).map(|c| c.path.to_string_lossy().into_owned()),
             no_fork: process.no_fork,
             temp_workspace: if tier == Tier::C { temp_workspace.clone() } else { None },
+            write_bound: (tier == Tier::C && self.config.defaults.disk == DiskMode::Overlay)
+                .then_some(self.config.defaults.max_disk_mb << 20),
         };
         let mut plan = build_plan(&spec)
             .map_err(|e| Denial::new(ErrorKind::RuntimeFailure, "seccomp.compile", e.to_string()))?;
@@ -594,15 +596,23 @@ impl Policy {
             (false, _) => "none: Landlock TCP rules and unix-only sockets (no namespace)".to_string(),
             (true, n) => format!("host network ({n})"),
         };
+        let d = &self.config.defaults;
+        let writes = match (tier, d.disk, read_write.is_empty()) {
+            (_, _, true) => String::new(),
+            (Tier::C, DiskMode::Overlay, false) => format!(
+                "; writable directories: overlay, writes held in a {} MiB tmpfs and copied back when the command exits by itself",
+                d.max_disk_mb
+            ),
+            (_, _, false) => {
+                "; writable directories: direct, bounded by RLIMIT_FSIZE per file only".to_string()
+            }
+        };
         let disk = match (tier, &temp_workspace) {
             (Tier::C, Some(_)) => {
-                format!("tmpfs {TEMP_WORKSPACE} and /tmp of {} MiB each", profile.tmp_size_mb)
+                format!("tmpfs {TEMP_WORKSPACE} and /tmp of {} MiB each{writes}", profile.tmp_size_mb)
             }
-            (Tier::C, None) => format!(
-                "tmpfs /tmp of {} MiB; writable binds bounded by RLIMIT_FSIZE only",
-                profile.tmp_size_mb
-            ),
-            (Tier::B, _) => "host directories bounded by RLIMIT_FSIZE only".to_string(),
+            (Tier::C, None) => format!("tmpfs /tmp of {} MiB{writes}", profile.tmp_size_mb),
+            (Tier::B, _) => format!("host directories{writes}"),
         };
         let writable = read_write;
         Ok(Ok(Resolved {

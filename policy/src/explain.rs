@@ -116,6 +116,13 @@ fn allow(out: &mut String, r: &Resolved) {
                 Mount::Proc { target } => format!("{target}  proc (the sandbox's processes only)"),
                 Mount::Dev { target } => format!("{target}  null zero full random urandom tty, shm, pts"),
                 Mount::Symlink { target, link } => format!("{target} -> {link}"),
+                Mount::Overlay { source, target, size_bytes, .. } => {
+                    let of = if source == target { String::new() } else { format!(" of {source}") };
+                    format!(
+                        "{target}  read-write overlay{of}: writes held in a {} tmpfs, copied back after the run",
+                        size(*size_bytes)
+                    )
+                }
             };
             let _ = writeln!(out, "  {line}");
         }

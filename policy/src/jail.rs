@@ -102,6 +102,9 @@ pub struct JailSpec {
     pub no_fork: bool,
     /// Tier C: a tmpfs at this path, the writable temporary workspace.
     pub temp_workspace: Option<PathBuf>,
+    /// Tier C: writable directories are overlays whose upper layer is a tmpfs
+    /// of this many bytes (see [`Mount::Overlay`]); `None`: plain binds.
+    pub write_bound: Option<u64>,
 }
 
 fn s(p: &Path) -> String {
@@ -180,7 +183,12 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, seccomp::SeccompError> {
             };
             mounts.extend(system.iter().map(|p| bind(p, false, false)));
             mounts.extend(read_only.iter().map(|p| bind(p, false, true)));
-            mounts.extend(read_write.iter().map(|p| bind(p, true, true)));
+            mounts.extend(read_write.iter().map(|p| match spec.write_bound {
+                Some(size_bytes) => {
+                    Mount::Overlay { source: p.clone(), target: p.clone(), size_bytes, owned: true }
+                }
+                None => bind(p, true, true),
+            }));
             mounts.push(Mount::Tmpfs {
                 target: "/tmp".into(),
                 size_bytes: spec.limits.tmp_bytes,

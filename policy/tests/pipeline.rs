@@ -536,10 +536,7 @@ fn tools_resolve_presets_overrides_and_parameter_bindings() {
         )
     );
     assert!(
-        r.plan
-            .mounts
-            .iter()
-            .any(|m| matches!(m, Mount::Bind { target, writable: true, .. } if *target == f.p("data")))
+        r.plan.mounts.iter().any(|m| matches!(m, Mount::Overlay { target, .. } if *target == f.p("data")))
     );
     assert_eq!(r.writable, vec![PathBuf::from(f.p("data"))]);
     assert!(r.plan.env.is_empty(), "environment = none: {:?}", r.plan.env);

@@ -151,6 +151,11 @@ pub enum Mount {
     Dev { target: String },
     /// A symbolic link (for merged-/usr layouts: `/bin -> usr/bin`).
     Symlink { target: String, link: String },
+    /// A host directory seen read-write through an overlay whose upper layer
+    /// is a tmpfs of `size_bytes`: the run's writes never reach the host's
+    /// disk. The helper hands the broker the upper layer (a directory fd on
+    /// the status channel), and the broker copies the changes back.
+    Overlay { source: String, target: String, size_bytes: u64, owned: bool },
 }
 
 impl Mount {
@@ -160,7 +165,8 @@ impl Mount {
             | Mount::Tmpfs { target, .. }
             | Mount::Proc { target }
             | Mount::Dev { target }
-            | Mount::Symlink { target, .. } => target,
+            | Mount::Symlink { target, .. }
+            | Mount::Overlay { target, .. } => target,
         }
     }
 }

@@ -119,6 +119,11 @@ pub enum HelperRecord {
     Landlock(LandlockReport),
     Failed(HelperFailure),
     Exit(ExitReport),
+    /// The upper layer of the overlay on `target` travels with this record,
+    /// as a directory descriptor (SCM_RIGHTS).
+    Overlay {
+        target: String,
+    },
 }
 
 fn config() -> impl bincode::config::Config {

@@ -115,6 +115,8 @@ pub enum ErrorKind {
     TimedOut,
     /// The cgroup's memory limit was hit and the OOM killer fired.
     MemoryLimitExceeded,
+    /// The run's writes filled their bound; none of them was kept.
+    DiskLimitExceeded,
     /// Building or running the sandbox failed (a helper `(stage, errno)` among others).
     RuntimeFailure,
     /// The broker is at its concurrency limit and its queue is full.
@@ -138,6 +140,7 @@ impl ErrorKind {
             ErrorKind::QuotaExceeded => "QuotaExceeded",
             ErrorKind::TimedOut => "TimedOut",
             ErrorKind::MemoryLimitExceeded => "MemoryLimitExceeded",
+            ErrorKind::DiskLimitExceeded => "DiskLimitExceeded",
             ErrorKind::RuntimeFailure => "RuntimeFailure",
             ErrorKind::Busy => "Busy",
             ErrorKind::Unauthorized => "Unauthorized",
@@ -177,6 +180,7 @@ pub enum RunStatus {
     TimedOut,
     QuotaExceeded,
     MemoryLimitExceeded,
+    DiskLimitExceeded,
     Cancelled,
 }
 
@@ -187,6 +191,7 @@ impl RunStatus {
             RunStatus::TimedOut => Some(ErrorKind::TimedOut),
             RunStatus::QuotaExceeded => Some(ErrorKind::QuotaExceeded),
             RunStatus::MemoryLimitExceeded => Some(ErrorKind::MemoryLimitExceeded),
+            RunStatus::DiskLimitExceeded => Some(ErrorKind::DiskLimitExceeded),
             _ => None,
         }
     }
@@ -245,6 +250,9 @@ pub struct RunResult {
     pub memory_source: String,
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
+    /// Bytes of files the run wrote to its workspace and that were kept
+    /// (copied back from its overlay).
+    pub written_bytes: u64,
     pub attestation: Attestation,
 }
 

@@ -169,6 +169,7 @@ impl Jail {
             cgroup: None,
             no_fork: false,
             temp_workspace: None,
+            write_bound: None,
         };
         Jail { spec, timeout: Duration::from_secs(60), stdin: None, dir }
     }

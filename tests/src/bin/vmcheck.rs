@@ -31,7 +31,7 @@ impl Guest {
         let dir = bin("probe").parent().unwrap().to_path_buf();
         let broker = cgroup_root.map(|r| format!("[broker]\ncgroup_root = {:?}\n", r)).unwrap_or_default();
         let text = format!(
-            "{broker}[defaults]\nread_only = [{dir:?}]\nmax_memory_mb = 64\nmax_processes = 32\nmax_cpu_percent = 20\n{extra_defaults}\n\
+            "{broker}[defaults]\ndisk = \"direct\"\nread_only = [{dir:?}]\nmax_memory_mb = 64\nmax_processes = 32\nmax_cpu_percent = 20\n{extra_defaults}\n\
              [tools.spinfree]\npreset = \"data_transformer\"\nallowed_executables = [{p:?}]\n\
              [tools.spinfree.overrides]\nfilesystem = [{{ read_only = {dir:?} }}]\nprocess = {{ max_cpu_percent = 0, no_fork = false }}\n",
             p = probe()
@@ -240,7 +240,7 @@ fn landlock_abi2(g: &Guest, socket: &Path) -> Check {
     std::fs::write(
         &strict,
         format!(
-            "[policy]\nrequire_landlock = [\"fs\", \"scope.signal\"]\n[defaults]\nread_only = [{dir:?}]\n"
+            "[policy]\nrequire_landlock = [\"fs\", \"scope.signal\"]\n[defaults]\ndisk = \"direct\"\nread_only = [{dir:?}]\n"
         ),
     )
     .unwrap();

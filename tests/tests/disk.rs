@@ -1,0 +1,171 @@
+//! A run's writes to its workspace are bounded: they are held in the upper
+//! layer (a size-limited tmpfs) of an overlay, and copied back to the host
+//! when the command exits by itself. A disk-fill attempt ends at the bound,
+//! with a clear error, and the host's disk is untouched.
+
+use palisade_tests::*;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+fn probe() -> String {
+    bin("probe").to_string_lossy().into_owned()
+}
+
+fn free_bytes(p: &Path) -> u64 {
+    let s = nix::sys::statvfs::statvfs(p).unwrap();
+    s.blocks_available() as u64 * s.fragment_size()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `palisade run --policy` (an embedded broker) with `toml` added to the base configuration.
+fn run_with(ws: &Path, toml: &str, args: &[&str]) -> std::process::Output {
+    let dir = TempDir::new("policy");
+    let path = dir.join("p.toml");
+    let base = base_config();
+    std::fs::write(&path, format!("{base}{toml}")).unwrap();
+    palisade_cli(ws, &["run", "--policy", path.to_str().unwrap()], args, None)
+}
+
+#[test]
+fn a_disk_fill_attempt_ends_with_a_clear_error_and_leaves_the_host_untouched() {
+    let ws = TempDir::new("fill");
+    let before = free_bytes(ws.path());
+    // One big file, then many small ones: both stop at the 16 MiB bound.
+    let o = run_with(ws.path(), "max_disk_mb = 16\n", &[&probe(), "bigfile", "fill", "256"]);
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stderr).trim_end(),
+        "palisade: DiskLimitExceeded: the run's writes filled their bound; none was kept"
+    );
+    assert!(text(&o.stdout).starts_with("err ENOSPC"), "{}", text(&o.stdout));
+    assert!(!ws.join("fill").exists(), "a write of the failed run reached the host");
+    let after = free_bytes(ws.path());
+    assert!(before.saturating_sub(after) < 8 << 20, "the host lost {} bytes", before.saturating_sub(after));
+
+    // Counter-test: writing directly, the same command does reach the host's disk.
+    let o = run_with(
+        ws.path(),
+        "disk = \"direct\"\nmax_file_size_mb = 64\n",
+        &[&probe(), "bigfile", "direct", "48"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(std::fs::metadata(ws.join("direct")).unwrap().len(), 48 << 20);
+}
+
+#[test]
+fn many_small_files_hit_the_same_bound() {
+    let ws = TempDir::new("fill-many");
+    let toml = "max_disk_mb = 8\nallow_interpreters = true\nallow_inline_code = true\n";
+    let script = "i=0; while [ $i -lt 4000 ]; do head -c 4096 /dev/zero > f$i || exit 3; i=$((i+1)); done";
+    let o = run_with(ws.path(), toml, &["sh", "-c", script]);
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.lines().last().unwrap_or("").starts_with("palisade: DiskLimitExceeded"), "{err}");
+    assert_eq!(std::fs::read_dir(ws.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn writes_are_copied_back_when_the_command_exits_by_itself() {
+    let ws = TempDir::new("commit");
+    let outside = TempDir::new("outside");
+    let p = |n: &str| ws.join(n);
+    std::fs::write(p("keep.txt"), "unchanged").unwrap();
+    std::fs::write(p("edit.txt"), "old").unwrap();
+    std::fs::write(p("gone.txt"), "delete me").unwrap();
+    std::fs::create_dir_all(p("olddir/sub")).unwrap();
+    std::fs::write(p("olddir/sub/f"), "x").unwrap();
+    std::fs::write(p("rename-me"), "moving").unwrap();
+    std::fs::write(p("was-file"), "becomes a dir").unwrap();
+    let stamp = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000);
+    let script = format!(
+        "set -e; echo new > edit.txt; rm gone.txt; rm -r olddir; mv rename-me renamed; \
+         mkdir -p new/deep/tree; echo leaf > new/deep/tree/leaf; \
+         ln -s {out}/target link-out; echo tool > tool.sh; chmod 755 tool.sh; \
+         touch -d @1600000000 stamped; rm was-file; mkdir was-file; echo inner > was-file/inner; \
+         printf '%s' \"$(cat keep.txt)\" > /dev/null",
+        out = outside.path().display()
+    );
+    let toml = "allow_interpreters = true\nallow_inline_code = true\n";
+    let o = run_with(ws.path(), toml, &["sh", "-c", &script]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+
+    let read = |n: &str| std::fs::read_to_string(p(n)).unwrap();
+    assert_eq!(read("keep.txt"), "unchanged");
+    assert_eq!(read("edit.txt"), "new\n");
+    assert!(!p("gone.txt").exists() && !p("olddir").exists() && !p("rename-me").exists());
+    assert_eq!(read("renamed"), "moving");
+    assert_eq!(read("new/deep/tree/leaf"), "leaf\n");
+    assert_eq!(read("was-file/inner"), "inner\n");
+    assert_eq!(std::fs::read_link(p("link-out")).unwrap(), outside.join("target"));
+    assert!(!outside.join("target").exists(), "a symlink was followed");
+    assert_eq!(std::fs::metadata(p("tool.sh")).unwrap().permissions().mode() & 0o777, 0o755);
+    assert_eq!(std::fs::metadata(p("stamped")).unwrap().modified().unwrap(), stamp);
+    // Everything belongs to the workspace's owner.
+    let owner = std::fs::metadata(ws.path()).unwrap().uid();
+    for n in ["edit.txt", "renamed", "new/deep/tree/leaf", "was-file", "tool.sh"] {
+        assert_eq!(std::fs::metadata(p(n)).unwrap().uid(), owner, "{n}");
+    }
+    // No temporary name is left behind.
+    assert!(
+        std::fs::read_dir(ws.path()).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".palisade"))
+    );
+}
+
+#[test]
+fn writes_are_dropped_when_palisade_ends_the_run() {
+    let ws = TempDir::new("dropped");
+    let toml = "allow_interpreters = true\nallow_inline_code = true\n";
+    let dir = TempDir::new("p");
+    let path = dir.join("p.toml");
+    std::fs::write(&path, format!("{}{toml}", base_config())).unwrap();
+    let o = palisade_cli(
+        ws.path(),
+        &["run", "--policy", path.to_str().unwrap(), "--timeout", "1"],
+        &["sh", "-c", "echo half > written; sleep 30"],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(125));
+    assert!(text(&o.stderr).starts_with("palisade: TimedOut"), "{}", text(&o.stderr));
+    assert!(!ws.join("written").exists(), "the writes of a killed run were kept");
+}
+
+#[test]
+fn a_temporary_workspace_is_a_tmpfs_of_the_configured_size() {
+    let ws = TempDir::new("temp");
+    let probe_dir = bin("probe").parent().unwrap().to_string_lossy().into_owned();
+    let toml = format!(
+        "tmp_size_mb = 8\n[tools.t]\npreset = \"file_processor\"\nallowed_executables = [{:?}]\n[tools.t.overrides]\nfilesystem = [{{ read_only = {probe_dir:?} }}]\n",
+        probe()
+    );
+    let d = Daemon::start(&toml);
+    let mut c = palisade_broker::client::Client::connect(&d.socket).unwrap();
+    let req = palisade_protocol::wire::RunRequest {
+        argv: vec![probe(), "bigfile".into(), "/workspace/fill".into(), "64".into()],
+        cwd: Some(ws.path().to_string_lossy().into_owned()),
+        tool: Some("t".into()),
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    let r = c
+        .run(req, |m| {
+            if let palisade_protocol::wire::ServerMessage::Output { data, .. } = m {
+                out.extend_from_slice(data);
+            }
+        })
+        .unwrap();
+    assert!(text(&out).starts_with("err ENOSPC stopped after"), "{} {r:?}", text(&out));
+    let written: u64 = text(&out).split_whitespace().nth(4).unwrap().parse().unwrap();
+    assert!(written <= 8 << 20, "{written} bytes in an 8 MiB temporary workspace");
+    assert!(
+        r.attestation.enforcement.disk.contains("tmpfs /workspace"),
+        "{}",
+        r.attestation.enforcement.disk
+    );
+}
