@@ -57,7 +57,7 @@ fn explain_prints_the_decision_and_the_plan_without_running() {
     ] {
         assert!(out.contains(needle), "{needle:?} missing from:\n{out}");
     }
-    assert!(out.contains(&format!("{}  read-write bind", ws.path().display())), "{out}");
+    assert!(out.contains(&format!("{}  read-write overlay", ws.path().display())), "{out}");
     assert!(!marker.exists(), "explain ran the command");
 
     let o = palisade_cli(ws.path(), &["explain"], &["sh", "-c", "id"], None);
