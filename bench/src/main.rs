@@ -1,0 +1,551 @@
+//! palisade-bench: palisade against the anchors a user would pick instead,
+//! measured in the same run on the same machine.
+//!
+//! - launch latency of `/bin/true` and `/bin/echo hello`: bare exec; `unshare`
+//!   with the same namespaces; bwrap with an equivalent profile;
+//!   palisade-helper driven directly with a plan; `palisade run` through a
+//!   running broker. Candidates are interleaved in every round, so drift hits
+//!   them all alike; medians and p99 pool all rounds.
+//! - throughput: sandboxed `/bin/true` launches per second, 1, 2 and 8 clients.
+//! - output: bytes written by a sandboxed command and received by a client
+//!   over the socket, against a plain pipe.
+//! - broker memory: RSS idle and with 50 runs in flight.
+//! - enforcement precision: bytes delivered past the output quota, and how
+//!   late past the deadline the run's last process died.
+//!
+//! `--quick` makes every measurement small (the CI runs it once).
+
+use palisade_broker::client::Client;
+use palisade_broker::spawn::{HelperCommand, spawn};
+use palisade_policy::{Config, Context, Decision, HostCapabilities, Policy};
+use palisade_protocol::wire::{RunRequest, RunStatus, ServerMessage};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+struct Opts {
+    quick: bool,
+    rounds: usize,
+    runs: usize,
+    warmup: usize,
+    duration: Duration,
+    output_bytes: u64,
+}
+
+fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut dir = exe.parent().expect("binary directory").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir.join(name)
+}
+
+fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A launcher: something that runs a payload once and waits for it.
+trait Launch: Sync {
+    fn name(&self) -> &str;
+    fn once(&self, payload: &[&str]);
+}
+
+struct Prefix {
+    name: String,
+    prefix: Vec<String>,
+    cwd: PathBuf,
+}
+
+impl Launch for Prefix {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn once(&self, payload: &[&str]) {
+        let mut argv: Vec<&str> = self.prefix.iter().map(String::as_str).collect();
+        argv.extend(payload);
+        let st = Command::new(argv[0])
+            .args(&argv[1..])
+            .current_dir(&self.cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("spawn");
+        assert!(st.success(), "{} failed: {st}", self.name);
+    }
+}
+
+/// palisade-helper run directly with a plan resolved by the default policy.
+struct Helper {
+    plans: Vec<(Vec<String>, Vec<u8>)>,
+}
+
+impl Helper {
+    fn new(ws: &Path, payloads: &[&[&str]]) -> Helper {
+        let policy = Policy::new(Config::default());
+        let ctx = Context {
+            host: HostCapabilities {
+                user_namespaces: true,
+                landlock_abi: landlock_abi(),
+                cgroup: Err("bench".into()),
+            },
+            parent_pid: std::process::id(),
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            temp_root: std::env::temp_dir(),
+            run: 0,
+        };
+        let plans = payloads
+            .iter()
+            .map(|p| {
+                let req = RunRequest {
+                    argv: p.iter().map(|s| s.to_string()).collect(),
+                    cwd: Some(ws.to_string_lossy().into_owned()),
+                    ..Default::default()
+                };
+                match policy.decide(&ctx, &req) {
+                    Decision::Allow(r) => {
+                        (req.argv.clone(), palisade_protocol::encode_plan(&r.plan).unwrap())
+                    }
+                    other => panic!("the default policy refuses {p:?}: {other:?}"),
+                }
+            })
+            .collect();
+        Helper { plans }
+    }
+}
+
+fn landlock_abi() -> u32 {
+    // SAFETY: a null attribute with size 0 and the VERSION flag only queries the ABI.
+    let v = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, 1u32) };
+    if v > 0 { v as u32 } else { 0 }
+}
+
+impl Launch for Helper {
+    fn name(&self) -> &str {
+        "palisade-helper"
+    }
+    fn once(&self, payload: &[&str]) {
+        let plan = &self
+            .plans
+            .iter()
+            .find(|(a, _)| a.iter().map(String::as_str).eq(payload.iter().copied()))
+            .unwrap()
+            .1;
+        let mut child = spawn(HelperCommand {
+            helper: bin("palisade-helper"),
+            plan: plan.clone(),
+            cgroup_dir: None,
+            stdin: Stdio::null(),
+            stdout: Stdio::null(),
+            stderr: Stdio::null(),
+            outer_limits: vec![],
+            defer_plan: false,
+        })
+        .expect("spawn the helper");
+        let st = child.child.wait().unwrap();
+        assert!(st.success(), "palisade-helper failed: {st} {:?}", child.read_status());
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+struct Daemon {
+    child: std::process::Child,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn start(dir: &Path) -> Daemon {
+        let config = dir.join("bench.toml");
+        std::fs::write(
+            &config,
+            "[broker]\nmax_concurrent = 64\nmax_queued = 256\n[defaults]\nmax_output_bytes = 17179869184\nallow_interpreters = true\nallow_inline_code = true\n",
+        )
+        .unwrap();
+        let socket = dir.join("bench.sock");
+        let child = Command::new(bin("palisaded"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--socket")
+            .arg(&socket)
+            .env("PALISADE_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start palisaded");
+        let start = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(start.elapsed() < Duration::from_secs(30), "palisaded did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Daemon { child, socket }
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+fn latency(opts: &Opts, launchers: &[&dyn Launch], payloads: &[&[&str]]) -> String {
+    let mut out = String::from(
+        "### Launch latency\n\n| payload | launcher | median ms | p99 ms | × bare | × bwrap |\n|---|---|---:|---:|---:|---:|\n",
+    );
+    for payload in payloads {
+        let mut samples: Vec<Vec<f64>> = vec![vec![]; launchers.len()];
+        for (l, _) in launchers.iter().zip(0..) {
+            for _ in 0..opts.warmup {
+                l.once(payload);
+            }
+        }
+        for _ in 0..opts.rounds {
+            for (i, l) in launchers.iter().enumerate() {
+                for _ in 0..opts.runs {
+                    let t = Instant::now();
+                    l.once(payload);
+                    samples[i].push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+            }
+        }
+        for s in &mut samples {
+            s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        }
+        let median = |i: usize| percentile(&samples[i], 0.5);
+        let bwrap = launchers.iter().position(|l| l.name() == "bwrap");
+        for (i, l) in launchers.iter().enumerate() {
+            let vs_bwrap = bwrap.map_or("-".to_string(), |b| format!("{:.2}", median(i) / median(b)));
+            out.push_str(&format!(
+                "| `{}` | {} | {:.2} | {:.2} | {:.2} | {} |\n",
+                payload.join(" "),
+                l.name(),
+                median(i),
+                percentile(&samples[i], 0.99),
+                median(i) / median(0),
+                vs_bwrap
+            ));
+        }
+    }
+    out
+}
+
+fn throughput(opts: &Opts, launchers: &[&dyn Launch]) -> String {
+    let mut out = String::from(
+        "### Throughput (`/bin/true` launches per second)\n\n| launcher | 1 client | 2 clients | 8 clients |\n|---|---:|---:|---:|\n",
+    );
+    let mut rows: Vec<(String, Vec<f64>)> =
+        launchers.iter().map(|l| (l.name().to_string(), vec![])).collect();
+    for clients in [1usize, 2, 8] {
+        // Interleaved: every launcher at this concurrency, one after the other.
+        for (i, l) in launchers.iter().enumerate() {
+            let done = AtomicU64::new(0);
+            let stop = AtomicBool::new(false);
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                for _ in 0..clients {
+                    s.spawn(|| {
+                        while !stop.load(Ordering::Relaxed) {
+                            l.once(&["/bin/true"]);
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                }
+                std::thread::sleep(opts.duration);
+                stop.store(true, Ordering::Relaxed);
+            });
+            rows[i].1.push(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64());
+        }
+    }
+    for (name, rates) in rows {
+        out.push_str(&format!("| {name} | {:.0} | {:.0} | {:.0} |\n", rates[0], rates[1], rates[2]));
+    }
+    out
+}
+
+fn output(opts: &Opts, d: &Daemon, ws: &Path) -> String {
+    let size = opts.output_bytes;
+    let time = |f: &dyn Fn()| {
+        let t = Instant::now();
+        f();
+        t.elapsed().as_secs_f64()
+    };
+    let pipe = time(&|| {
+        let st = Command::new("sh")
+            .args(["-c", &format!("head -c {size} /dev/zero | cat > /dev/null")])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    });
+    let mut received = 0u64;
+    let palisade = time(&|| {
+        let o = Command::new(bin("palisade"))
+            .args([
+                "run",
+                "--socket",
+                d.socket.to_str().unwrap(),
+                "--",
+                "head",
+                "-c",
+                &size.to_string(),
+                "/dev/zero",
+            ])
+            .current_dir(ws)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = o.stdout.unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut n = 0u64;
+        loop {
+            match std::io::Read::read(&mut out, &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => n += k as u64,
+            }
+        }
+        assert_eq!(n, size, "palisade delivered {n} of {size} bytes");
+    });
+    received += size;
+    let gbs = |secs: f64| size as f64 / secs / 1e9;
+    format!(
+        "### Output ({} MiB written by the sandboxed command, read by the client)\n\n| path | GB/s | × plain pipe |\n|---|---:|---:|\n\
+         | plain pipe (`head -c \\| cat`) | {:.2} | 1.00 |\n| `palisade run` over the socket | {:.2} | {:.2} |\n",
+        received >> 20,
+        gbs(pipe),
+        gbs(palisade),
+        pipe / palisade
+    )
+}
+
+fn memory(d: &Daemon, ws: &Path) -> String {
+    let idle = d.rss_kib();
+    let peak = AtomicU64::new(0);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for _ in 0..50 {
+            s.spawn(|| {
+                let mut c = Client::connect(&d.socket).unwrap();
+                let req = RunRequest {
+                    argv: vec!["sleep".into(), "2".into()],
+                    cwd: Some(ws.to_string_lossy().into_owned()),
+                    ..Default::default()
+                };
+                c.run(req, |_| {}).unwrap();
+            });
+        }
+        s.spawn(|| {
+            let t = Instant::now();
+            while !done.load(Ordering::Relaxed) && t.elapsed() < Duration::from_secs(10) {
+                peak.fetch_max(d.rss_kib(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(2500));
+        done.store(true, Ordering::Relaxed);
+    });
+    format!(
+        "### Broker memory\n\n| state | RSS MiB |\n|---|---:|\n| idle | {:.1} |\n| 50 runs in flight | {:.1} |\n",
+        idle as f64 / 1024.0,
+        peak.load(Ordering::Relaxed) as f64 / 1024.0
+    )
+}
+
+fn precision(d: &Daemon, ws: &Path, rounds: usize) -> String {
+    let cwd = Some(ws.to_string_lossy().into_owned());
+    let limit = 100_000u64;
+    let mut past = 0u64;
+    for _ in 0..rounds {
+        let mut c = Client::connect(&d.socket).unwrap();
+        let req = RunRequest {
+            argv: vec!["head".into(), "-c".into(), "10000000".into(), "/dev/zero".into()],
+            cwd: cwd.clone(),
+            max_output_bytes: Some(limit),
+            ..Default::default()
+        };
+        let mut got = 0u64;
+        let r = c
+            .run(req, |m| {
+                if let ServerMessage::Output { data, .. } = m {
+                    got += data.len() as u64;
+                }
+            })
+            .unwrap();
+        assert_eq!(r.status, RunStatus::QuotaExceeded);
+        past = past.max(got.saturating_sub(limit));
+    }
+    let mut late = Vec::new();
+    for _ in 0..rounds {
+        let mut c = Client::connect(&d.socket).unwrap();
+        let req = RunRequest {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "sleep 30 & setsid sleep 30 & (sleep 30 &) ; sleep 30".into(),
+            ],
+            cwd: cwd.clone(),
+            timeout_secs: Some(1),
+            ..Default::default()
+        };
+        let t = Instant::now();
+        let r = c.run(req, |_| {}).unwrap();
+        assert_eq!(r.status, RunStatus::TimedOut);
+        late.push((t.elapsed().as_secs_f64() * 1000.0 - 1000.0, r.wall_ms as f64 - 1000.0));
+    }
+    late.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+    let worst = late.last().copied().unwrap_or((f64::NAN, f64::NAN));
+    let med = late[late.len() / 2];
+    format!(
+        "### Enforcement precision\n\n| measure | value |\n|---|---:|\n| bytes delivered past `max_output_bytes` (worst of {rounds}) | {past} |\n\
+         | last process dead after the deadline, seen by the client (median / worst, ms) | {:.1} / {:.1} |\n\
+         | the same, measured by the broker (median / worst, ms) | {:.1} / {:.1} |\n",
+        med.0, worst.0, med.1, worst.1
+    )
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let opts = if quick {
+        Opts {
+            quick,
+            rounds: 1,
+            runs: 3,
+            warmup: 1,
+            duration: Duration::from_millis(300),
+            output_bytes: 64 << 20,
+        }
+    } else {
+        Opts {
+            quick,
+            rounds: 5,
+            runs: 20,
+            warmup: 3,
+            duration: Duration::from_secs(5),
+            output_bytes: 1 << 30,
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("palisade-bench-{}", std::process::id()));
+    let ws = dir.join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let ws = ws.canonicalize().unwrap();
+    let d = Daemon::start(&dir);
+
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let bare = Prefix { name: "bare exec".into(), prefix: vec![], cwd: ws.clone() };
+    let unshare = Prefix {
+        name: "unshare".into(),
+        prefix: s(&[
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--pid",
+            "--net",
+            "--mount",
+            "--ipc",
+            "--uts",
+            "--cgroup",
+            "--fork",
+        ]),
+        cwd: ws.clone(),
+    };
+    let w = ws.to_string_lossy().into_owned();
+    let mut bwrap_args = s(&["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]);
+    for dir in ["/usr", "/lib", "/lib64", "/bin"] {
+        if Path::new(dir).exists() {
+            bwrap_args.extend(s(&["--ro-bind", dir, dir]));
+        }
+    }
+    bwrap_args.extend(s(&[
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--bind",
+        &w,
+        &w,
+        "--chdir",
+        &w,
+        "--clearenv",
+    ]));
+    let bwrap = Prefix { name: "bwrap".into(), prefix: bwrap_args, cwd: ws.clone() };
+    let payloads: [&[&str]; 2] = [&["/bin/true"], &["/bin/echo", "hello"]];
+    let helper = Helper::new(&ws, &payloads);
+    let palisade = Prefix {
+        name: "palisade run".into(),
+        prefix: vec![
+            bin("palisade").to_string_lossy().into_owned(),
+            "run".into(),
+            "--socket".into(),
+            d.socket.to_string_lossy().into_owned(),
+            "--".into(),
+        ],
+        cwd: ws.clone(),
+    };
+    let mut launchers: Vec<&dyn Launch> = vec![&bare];
+    let mut notes = Vec::new();
+    for (tool, l) in [("unshare", &unshare as &dyn Launch), ("bwrap", &bwrap)] {
+        if have(tool) {
+            launchers.push(l);
+        } else {
+            notes.push(format!("{tool} is not installed (bench/run.sh installs it): not measured"));
+        }
+    }
+    launchers.push(&helper);
+    launchers.push(&palisade);
+
+    let mut report = String::new();
+    let uname =
+        nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    report.push_str(&format!(
+        "Linux {uname}, {cpus} CPUs, running as uid {}{}\n\n",
+        nix::unistd::getuid(),
+        if opts.quick { " (--quick: too few samples to compare)" } else { "" }
+    ));
+    for n in &notes {
+        report.push_str(&format!("Note: {n}\n\n"));
+    }
+    report.push_str(&latency(&opts, &launchers, &payloads));
+    let tput: Vec<&dyn Launch> = launchers
+        .iter()
+        .copied()
+        .filter(|l| ["bare exec", "bwrap", "palisade run"].contains(&l.name()))
+        .collect();
+    report.push('\n');
+    report.push_str(&throughput(&opts, &tput));
+    report.push('\n');
+    report.push_str(&output(&opts, &d, &ws));
+    report.push('\n');
+    report.push_str(&memory(&d, &ws));
+    report.push('\n');
+    report.push_str(&precision(&d, &ws, if opts.quick { 1 } else { 5 }));
+    println!("{report}");
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}
