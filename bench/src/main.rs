@@ -304,7 +304,7 @@ fn output(opts: &Opts, d: &Daemon, ws: &Path) -> String {
     });
     let mut received = 0u64;
     let palisade = time(&|| {
-        let o = Command::new(bin("palisade"))
+        let mut o = Command::new(bin("palisade"))
             .args([
                 "run",
                 "--socket",
@@ -319,7 +319,7 @@ fn output(opts: &Opts, d: &Daemon, ws: &Path) -> String {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut out = o.stdout.unwrap();
+        let mut out = o.stdout.take().unwrap();
         let mut buf = vec![0u8; 1 << 20];
         let mut n = 0u64;
         loop {
@@ -328,6 +328,7 @@ fn output(opts: &Opts, d: &Daemon, ws: &Path) -> String {
                 Ok(k) => n += k as u64,
             }
         }
+        let _ = o.wait();
         assert_eq!(n, size, "palisade delivered {n} of {size} bytes");
     });
     received += size;
