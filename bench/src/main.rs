@@ -428,8 +428,83 @@ fn precision(d: &Daemon, ws: &Path, rounds: usize) -> String {
     )
 }
 
+/// Where the helper's time goes: the full plan against plans with one
+/// mechanism removed at a time (not a configuration palisade offers).
+fn breakdown(ws: &Path, runs: usize) -> String {
+    use palisade_protocol::{BpfInstruction, JailPlan, LandlockFeatures, Mount};
+    let base = Helper::new(ws, &[&["/bin/true"]]);
+    let plan = palisade_protocol::decode_plan(&base.plans[0].1).unwrap();
+    let mut variants: Vec<(&str, JailPlan)> = vec![("full plan", plan.clone())];
+    let mut p = plan.clone();
+    p.seccomp = vec![BpfInstruction { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 }];
+    variants.push(("- seccomp (allow-all filter)", p));
+    let mut p = plan.clone();
+    p.landlock.wanted = LandlockFeatures::EMPTY;
+    p.landlock.required = LandlockFeatures::EMPTY;
+    variants.push(("- Landlock", p));
+    let mut p = plan.clone();
+    p.mounts.retain(|m| !m.target().starts_with("/etc"));
+    p.landlock.read.retain(|r| !r.starts_with("/etc"));
+    variants.push(("- /etc binds", p));
+    let mut p = plan.clone();
+    p.namespaces.net = false;
+    p.loopback = false;
+    variants.push(("- network namespace", p));
+    let mut p = plan.clone();
+    for m in &mut p.mounts {
+        if let Mount::Overlay { source, target, owned, .. } = m.clone() {
+            *m = Mount::Bind { source, target, writable: true, owned };
+        }
+    }
+    variants.push(("- overlay (plain bind)", p));
+    if plan.host_ids.is_some() {
+        let mut p = plan.clone();
+        p.host_ids = None;
+        variants.push(("- host ids (root: no idmap, no uid change)", p));
+    }
+    let helpers: Vec<(String, Helper)> = variants
+        .into_iter()
+        .map(|(n, p)| {
+            (
+                n.to_string(),
+                Helper {
+                    plans: vec![(vec!["/bin/true".into()], palisade_protocol::encode_plan(&p).unwrap())],
+                },
+            )
+        })
+        .collect();
+    let mut samples: Vec<Vec<f64>> = vec![vec![]; helpers.len()];
+    for _ in 0..runs {
+        for (i, (_, h)) in helpers.iter().enumerate() {
+            let t = Instant::now();
+            h.once(&["/bin/true"]);
+            samples[i].push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    let mut out = String::from(
+        "### Helper breakdown (`/bin/true`, median ms)\n\n| plan | median ms | Δ vs full |\n|---|---:|---:|\n",
+    );
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        percentile(v, 0.5)
+    };
+    let full = med(&mut samples[0].clone());
+    for ((n, _), s) in helpers.iter().zip(samples.iter_mut()) {
+        let m = med(s);
+        out.push_str(&format!("| {n} | {m:.2} | {:+.2} |\n", m - full));
+    }
+    out
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    if std::env::args().any(|a| a == "--breakdown") {
+        let dir = std::env::temp_dir().join(format!("palisade-bench-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("ws")).unwrap();
+        println!("{}", breakdown(&dir.join("ws").canonicalize().unwrap(), if quick { 5 } else { 100 }));
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     let opts = if quick {
         Opts {
             quick,
