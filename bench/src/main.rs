@@ -288,38 +288,14 @@ fn throughput(opts: &Opts, launchers: &[&dyn Launch]) -> String {
     out
 }
 
+/// Both paths end in the same reader (this process, through a pipe), so the
+/// anchor is the issue's `head -c N /dev/zero | cat` as a client would see it.
 fn output(opts: &Opts, d: &Daemon, ws: &Path) -> String {
     let size = opts.output_bytes;
-    let time = |f: &dyn Fn()| {
+    let drain = |mut cmd: Command| -> f64 {
         let t = Instant::now();
-        f();
-        t.elapsed().as_secs_f64()
-    };
-    let pipe = time(&|| {
-        let st = Command::new("sh")
-            .args(["-c", &format!("head -c {size} /dev/zero | cat > /dev/null")])
-            .status()
-            .unwrap();
-        assert!(st.success());
-    });
-    let mut received = 0u64;
-    let palisade = time(&|| {
-        let mut o = Command::new(bin("palisade"))
-            .args([
-                "run",
-                "--socket",
-                d.socket.to_str().unwrap(),
-                "--",
-                "head",
-                "-c",
-                &size.to_string(),
-                "/dev/zero",
-            ])
-            .current_dir(ws)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = o.stdout.take().unwrap();
+        let mut child = cmd.current_dir(ws).stdout(Stdio::piped()).spawn().unwrap();
+        let mut out = child.stdout.take().unwrap();
         let mut buf = vec![0u8; 1 << 20];
         let mut n = 0u64;
         loop {
@@ -328,15 +304,40 @@ fn output(opts: &Opts, d: &Daemon, ws: &Path) -> String {
                 Ok(k) => n += k as u64,
             }
         }
-        let _ = o.wait();
-        assert_eq!(n, size, "palisade delivered {n} of {size} bytes");
-    });
-    received += size;
+        let st = child.wait().unwrap();
+        assert!(st.success() && n == size, "{cmd:?}: {st}, {n} of {size} bytes");
+        t.elapsed().as_secs_f64()
+    };
+    let rounds = if opts.quick { 1 } else { 3 };
+    let (mut pipe, mut palisade) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let mut sh = Command::new("sh");
+        sh.args(["-c", &format!("head -c {size} /dev/zero | cat")]);
+        pipe.push(drain(sh));
+        let mut run = Command::new(bin("palisade"));
+        run.args([
+            "run",
+            "--socket",
+            d.socket.to_str().unwrap(),
+            "--",
+            "head",
+            "-c",
+            &size.to_string(),
+            "/dev/zero",
+        ]);
+        palisade.push(drain(run));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (pipe, palisade) = (median(&mut pipe), median(&mut palisade));
     let gbs = |secs: f64| size as f64 / secs / 1e9;
     format!(
-        "### Output ({} MiB written by the sandboxed command, read by the client)\n\n| path | GB/s | × plain pipe |\n|---|---:|---:|\n\
+        "### Output ({} MiB written by the sandboxed command, read by the client; median of {rounds})\n\n\
+         | path | GB/s | × plain pipe |\n|---|---:|---:|\n\
          | plain pipe (`head -c \\| cat`) | {:.2} | 1.00 |\n| `palisade run` over the socket | {:.2} | {:.2} |\n",
-        received >> 20,
+        size >> 20,
         gbs(pipe),
         gbs(palisade),
         pipe / palisade
@@ -595,6 +596,27 @@ fn main() {
     launchers.push(&helper);
     launchers.push(&palisade);
 
+    // `--loop NAME N`: launch `/bin/true` N times with one launcher and
+    // nothing else, for a profiler to watch (perf record, strace -c -f).
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--loop") {
+        let name = args.get(i + 1).map(String::as_str).unwrap_or("palisade run");
+        let n: usize = args.get(i + 2).and_then(|n| n.parse().ok()).unwrap_or(100);
+        let Some(l) = launchers.iter().find(|l| l.name() == name) else {
+            let names: Vec<&str> = launchers.iter().map(|l| l.name()).collect();
+            eprintln!("--loop: no launcher {name:?}; one of {names:?}");
+            std::process::exit(2);
+        };
+        let t = Instant::now();
+        for _ in 0..n {
+            l.once(&["/bin/true"]);
+        }
+        println!("{name}: {n} launches, {:.2} ms each", t.elapsed().as_secs_f64() * 1e3 / n as f64);
+        drop(d);
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
+
     let mut report = String::new();
     let uname =
         nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
@@ -607,20 +629,35 @@ fn main() {
     for n in &notes {
         report.push_str(&format!("Note: {n}\n\n"));
     }
-    report.push_str(&latency(&opts, &launchers, &payloads));
-    let tput: Vec<&dyn Launch> = launchers
+    // `--only latency,throughput,output,memory,precision`: some sections only.
+    let only: Option<Vec<String>> = args
         .iter()
-        .copied()
-        .filter(|l| ["bare exec", "bwrap", "palisade run"].contains(&l.name()))
-        .collect();
-    report.push('\n');
-    report.push_str(&throughput(&opts, &tput));
-    report.push('\n');
-    report.push_str(&output(&opts, &d, &ws));
-    report.push('\n');
-    report.push_str(&memory(&d, &ws));
-    report.push('\n');
-    report.push_str(&precision(&d, &ws, if opts.quick { 1 } else { 5 }));
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').map(str::to_string).collect());
+    let wanted = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == name));
+    let mut sections: Vec<String> = Vec::new();
+    if wanted("latency") {
+        sections.push(latency(&opts, &launchers, &payloads));
+    }
+    if wanted("throughput") {
+        let tput: Vec<&dyn Launch> = launchers
+            .iter()
+            .copied()
+            .filter(|l| ["bare exec", "bwrap", "palisade run"].contains(&l.name()))
+            .collect();
+        sections.push(throughput(&opts, &tput));
+    }
+    if wanted("output") {
+        sections.push(output(&opts, &d, &ws));
+    }
+    if wanted("memory") {
+        sections.push(memory(&d, &ws));
+    }
+    if wanted("precision") {
+        sections.push(precision(&d, &ws, if opts.quick { 1 } else { 5 }));
+    }
+    report.push_str(&sections.join("\n"));
     println!("{report}");
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);

@@ -180,6 +180,14 @@ fn request(args: &RunArgs, read_stdin: bool) -> Result<RunRequest, String> {
     })
 }
 
+fn write_fd(fd: std::os::fd::RawFd, data: &[u8]) {
+    // SAFETY: the descriptor is one of the process's standard streams, open for
+    // its whole life; ManuallyDrop keeps this File from closing it.
+    let mut file =
+        std::mem::ManuallyDrop::new(unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    let _ = file.write_all(data);
+}
+
 /// Shows a run's messages: output streamed as it comes, or gathered for --json.
 #[derive(Default)]
 struct Render {
@@ -194,13 +202,10 @@ impl Render {
             match (self.json, stream) {
                 (true, Stream::Stdout) => self.stdout.extend_from_slice(data),
                 (true, Stream::Stderr) => self.stderr.extend_from_slice(data),
-                (false, Stream::Stdout) => {
-                    let mut out = std::io::stdout().lock();
-                    let _ = out.write_all(data).and_then(|_| out.flush());
-                }
-                (false, Stream::Stderr) => {
-                    let _ = std::io::stderr().write_all(data);
-                }
+                // Straight to the descriptors: no line buffering to scan
+                // output for newlines, and nothing held back.
+                (false, Stream::Stdout) => write_fd(libc::STDOUT_FILENO, data),
+                (false, Stream::Stderr) => write_fd(libc::STDERR_FILENO, data),
             }
         }
     }

@@ -3,7 +3,7 @@
 use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, ErrorReply, Hello, RunRequest, RunResult, ServerMessage, encode,
 };
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
@@ -53,16 +53,14 @@ impl Client {
     }
 
     pub fn receive(&mut self) -> Result<ServerMessage, ClientError> {
-        let mut buf = [0u8; 64 * 1024];
         loop {
             if let Some(m) = self.decoder.next_message().map_err(|e| ClientError::Protocol(e.to_string()))? {
                 return Ok(m);
             }
-            let n = self.stream.read(&mut buf).map_err(ClientError::Io)?;
+            let n = self.decoder.read_from(&mut self.stream, 256 * 1024).map_err(ClientError::Io)?;
             if n == 0 {
                 return Err(ClientError::Protocol("the broker closed the connection".into()));
             }
-            self.decoder.push(&buf[..n]);
         }
     }
 

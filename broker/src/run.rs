@@ -32,6 +32,12 @@ const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Where a run's messages go. `false`: the client is gone.
 pub trait Sink {
     fn send(&mut self, msg: ServerMessage) -> impl Future<Output = bool> + Send;
+
+    /// One piece of output; the same as sending `ServerMessage::Output`, which
+    /// a sink may do without copying `data` into a message first.
+    fn send_output(&mut self, stream: Stream, data: &[u8]) -> impl Future<Output = bool> + Send {
+        self.send(ServerMessage::Output { stream, data: data.to_vec() })
+    }
 }
 
 pub struct Engine {
@@ -203,7 +209,7 @@ impl Engine {
                 *(if stream == Stream::Stdout { &mut stdout_bytes } else { &mut stderr_bytes }) +=
                     deliver.len() as u64;
                 if connected {
-                    connected = sink.send(ServerMessage::Output { stream, data: deliver.to_vec() }).await;
+                    connected = sink.send_output(stream, deliver).await;
                     if !connected && ended.is_none() {
                         ended = Some(RunStatus::Cancelled);
                         kill(first_signal);
@@ -327,9 +333,16 @@ fn commit_all(
     Ok(bytes)
 }
 
+/// Pipe capacity asked for the command's stdout and stderr: fewer wake-ups
+/// per byte than the default 64 KiB. Best effort (the kernel may refuse
+/// past the user's pipe-buffer allowance; the default then stays).
+const PIPE_BYTES: i32 = 256 * 1024;
+
 fn pipe_reader<T: Into<OwnedFd>>(end: Option<T>) -> std::io::Result<pipe::Receiver> {
-    let fd = end.ok_or_else(|| std::io::Error::other("missing pipe"))?;
-    pipe::Receiver::from_owned_fd(fd.into())
+    let fd: OwnedFd = end.ok_or_else(|| std::io::Error::other("missing pipe"))?.into();
+    // SAFETY: fcntl on a descriptor this function owns; no memory is passed.
+    unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::F_SETPIPE_SZ, PIPE_BYTES) };
+    pipe::Receiver::from_owned_fd(fd)
 }
 
 /// Reaps the exited helper, with the resource usage of its whole waited-for tree.

@@ -5,7 +5,7 @@ use crate::broker::{Broker, Peer};
 use crate::run::Sink;
 use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, ErrorKind, ErrorReply, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION,
-    ServerHello, ServerMessage, encode,
+    ServerHello, ServerMessage, Stream, encode, output_frame_header,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -254,6 +254,16 @@ impl Sink for SocketSink {
                 tracing::error!("cannot encode a reply: {e}");
                 false
             }
+        }
+    }
+
+    async fn send_output(&mut self, stream: Stream, data: &[u8]) -> bool {
+        match self.encoding {
+            Encoding::Bincode => {
+                let header = output_frame_header(stream, data.len());
+                self.writer.write_all(&header).await.is_ok() && self.writer.write_all(data).await.is_ok()
+            }
+            Encoding::Json => self.send(ServerMessage::Output { stream, data: data.to_vec() }).await,
         }
     }
 }

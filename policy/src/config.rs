@@ -110,7 +110,8 @@ pub struct PolicyConfig {
     pub max_arguments: usize,
     pub max_argument_bytes: usize,
     pub max_env_vars: usize,
-    /// Output is read and forwarded in chunks of this size.
+    /// Output is read and forwarded in chunks of at most this size; the quota
+    /// is checked on each, so the size never lets a byte past it through.
     pub capture_chunk_bytes: usize,
     /// Globs denied even inside an allowed root (added to the built-in list).
     pub sensitive_paths: Vec<String>,
@@ -133,7 +134,7 @@ impl Default for PolicyConfig {
             max_arguments: 128,
             max_argument_bytes: 4096,
             max_env_vars: 32,
-            capture_chunk_bytes: 4096,
+            capture_chunk_bytes: 65536,
             sensitive_paths: vec![],
             blocked_patterns: vec![],
             interpreters: vec![],

@@ -64,7 +64,7 @@ pub struct RunRequest {
     #[serde(default)]
     pub workspace: Option<String>,
     /// Bytes fed to the command's stdin (then closed).
-    #[serde(default)]
+    #[serde(default, with = "serde_bytes")]
     pub stdin: Vec<u8>,
     /// Lowers the policy's deadline.
     #[serde(default)]
@@ -267,8 +267,17 @@ pub struct ServerHello {
 #[serde(rename_all = "snake_case")]
 pub enum ServerMessage {
     Hello(ServerHello),
-    Started { run_id: u64, executor: String },
-    Output { stream: Stream, data: Vec<u8> },
+    Started {
+        run_id: u64,
+        executor: String,
+    },
+    Output {
+        stream: Stream,
+        // As bytes, not a sequence of u8: the same encoding (a length, then the
+        // bytes; a JSON array of numbers), without a call per byte.
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
     Finished(Box<RunResult>),
     Error(ErrorReply),
 }
@@ -307,14 +316,14 @@ fn bincode_config() -> impl bincode::config::Config {
 pub fn encode<T: Serialize>(msg: &T, encoding: Encoding) -> Result<Vec<u8>, WireError> {
     match encoding {
         Encoding::Bincode => {
-            let body = bincode::serde::encode_to_vec(msg, bincode_config())
+            let mut out = vec![0u8; 4];
+            bincode::serde::encode_into_std_write(msg, &mut out, bincode_config())
                 .map_err(|e| WireError::Malformed(e.to_string()))?;
-            if body.len() > MAX_FRAME_BYTES {
-                return Err(WireError::TooLarge { len: body.len(), max: MAX_FRAME_BYTES });
+            let len = out.len() - 4;
+            if len > MAX_FRAME_BYTES {
+                return Err(WireError::TooLarge { len, max: MAX_FRAME_BYTES });
             }
-            let mut out = Vec::with_capacity(body.len() + 4);
-            out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-            out.extend_from_slice(&body);
+            out[..4].copy_from_slice(&(len as u32).to_be_bytes());
             Ok(out)
         }
         #[cfg(feature = "json")]
@@ -331,6 +340,34 @@ pub fn encode<T: Serialize>(msg: &T, encoding: Encoding) -> Result<Vec<u8>, Wire
     }
 }
 
+/// The bincode frame of `ServerMessage::Output { stream, data }` up to the
+/// data: the frame length, the variant, the stream and the data length. Sent
+/// before the bytes themselves, it spares the broker copying output into a
+/// message to encode it. The tests check it against [`encode`].
+pub fn output_frame_header(stream: Stream, len: usize) -> Vec<u8> {
+    // bincode's standard configuration: variant indices and lengths as varints.
+    const OUTPUT_VARIANT: u8 = 2;
+    let mut body = vec![OUTPUT_VARIANT, stream as u8];
+    match len {
+        0..=250 => body.push(len as u8),
+        251..=0xffff => {
+            body.push(251);
+            body.extend_from_slice(&(len as u16).to_le_bytes());
+        }
+        0x1_0000..=0xffff_ffff => {
+            body.push(252);
+            body.extend_from_slice(&(len as u32).to_le_bytes());
+        }
+        _ => {
+            body.push(253);
+            body.extend_from_slice(&(len as u64).to_le_bytes());
+        }
+    }
+    let mut out = ((body.len() + len) as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(&body);
+    out
+}
+
 /// The canonical bytes of a value, for hashing (bincode, fixed configuration).
 pub fn canonical_bytes<T: Serialize>(value: &T) -> Vec<u8> {
     bincode::serde::encode_to_vec(value, bincode::config::standard()).unwrap_or_default()
@@ -340,7 +377,10 @@ pub fn canonical_bytes<T: Serialize>(value: &T) -> Vec<u8> {
 #[derive(Debug)]
 pub struct Decoder {
     encoding: Option<Encoding>,
+    /// Storage: the bytes received and not yet decoded are `buf[start..end]`.
     buf: Vec<u8>,
+    start: usize,
+    end: usize,
     max: usize,
 }
 
@@ -353,7 +393,7 @@ impl Default for Decoder {
 impl Decoder {
     /// `None`: detect the encoding from the first byte.
     pub fn new(encoding: Option<Encoding>) -> Decoder {
-        Decoder { encoding, buf: Vec::new(), max: MAX_FRAME_BYTES }
+        Decoder { encoding, buf: Vec::new(), start: 0, end: 0, max: MAX_FRAME_BYTES }
     }
 
     pub fn encoding(&self) -> Option<Encoding> {
@@ -367,35 +407,70 @@ impl Decoder {
     }
 
     pub fn push(&mut self, bytes: &[u8]) {
-        self.buf.extend_from_slice(bytes);
+        self.space(bytes.len()).copy_from_slice(bytes);
+        self.end += bytes.len();
+    }
+
+    /// Reads once from `source` straight into the buffer (at most `max`
+    /// bytes); the count, 0 at end of input.
+    pub fn read_from(&mut self, source: &mut impl std::io::Read, max: usize) -> std::io::Result<usize> {
+        let n = source.read(self.space(max))?;
+        self.end += n;
+        Ok(n)
+    }
+
+    /// `len` writable bytes after the pending ones: the pending bytes move to
+    /// the front first, and the storage grows only when that is not enough.
+    fn space(&mut self, len: usize) -> &mut [u8] {
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.buf.len() < self.end + len {
+            self.buf.resize(self.end + len, 0);
+        }
+        &mut self.buf[self.end..self.end + len]
+    }
+
+    fn pending(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        }
     }
 
     /// Bytes received but not yet decoded.
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        self.end - self.start
     }
 
     /// The next complete message, `Ok(None)` when more bytes are needed.
     pub fn next_message<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
-        let Some(&first) = self.buf.first() else { return Ok(None) };
+        let Some(&first) = self.pending().first() else { return Ok(None) };
         let encoding =
             *self.encoding.get_or_insert(if first == b'{' { Encoding::Json } else { Encoding::Bincode });
         match encoding {
             Encoding::Bincode => {
-                let Some(len) = self.buf.first_chunk::<4>() else { return Ok(None) };
+                let Some(len) = self.pending().first_chunk::<4>() else { return Ok(None) };
                 let len = u32::from_be_bytes(*len) as usize;
                 if len > self.max {
                     return Err(WireError::TooLarge { len, max: self.max });
                 }
-                if self.buf.len() < 4 + len {
+                if self.buffered() < 4 + len {
                     return Ok(None);
                 }
-                let (msg, used) = bincode::serde::decode_from_slice(&self.buf[4..4 + len], bincode_config())
-                    .map_err(|e| WireError::Malformed(e.to_string()))?;
+                let (msg, used) =
+                    bincode::serde::decode_from_slice(&self.pending()[4..4 + len], bincode_config())
+                        .map_err(|e| WireError::Malformed(e.to_string()))?;
                 if used != len {
                     return Err(WireError::Malformed(format!("{} trailing bytes in frame", len - used)));
                 }
-                self.buf.drain(..4 + len);
+                self.consume(4 + len);
                 Ok(Some(msg))
             }
             Encoding::Json => self.next_json(),
@@ -404,17 +479,18 @@ impl Decoder {
 
     #[cfg(feature = "json")]
     fn next_json<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
-        let Some(end) = self.buf.iter().position(|b| *b == b'\n') else {
-            if self.buf.len() > self.max {
-                return Err(WireError::TooLarge { len: self.buf.len(), max: self.max });
+        let Some(end) = self.pending().iter().position(|b| *b == b'\n') else {
+            if self.buffered() > self.max {
+                return Err(WireError::TooLarge { len: self.buffered(), max: self.max });
             }
             return Ok(None);
         };
         if end > self.max {
             return Err(WireError::TooLarge { len: end, max: self.max });
         }
-        let line: Vec<u8> = self.buf.drain(..=end).collect();
-        serde_json::from_slice(&line[..end]).map(Some).map_err(|e| WireError::Malformed(e.to_string()))
+        let parsed = serde_json::from_slice(&self.pending()[..end]);
+        self.consume(end + 1);
+        parsed.map(Some).map_err(|e| WireError::Malformed(e.to_string()))
     }
 
     #[cfg(not(feature = "json"))]
@@ -424,10 +500,10 @@ impl Decoder {
 
     /// Call at end of input: leftover bytes mean a truncated frame.
     pub fn finish(&self) -> Result<(), WireError> {
-        if self.buf.iter().all(|b| b.is_ascii_whitespace()) {
+        if self.pending().iter().all(|b| b.is_ascii_whitespace()) {
             Ok(())
         } else {
-            Err(WireError::Truncated { buffered: self.buf.len() })
+            Err(WireError::Truncated { buffered: self.buffered() })
         }
     }
 }
@@ -435,6 +511,20 @@ impl Decoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_frame_header_matches_the_encoder() {
+        for len in [0usize, 1, 250, 251, 4096, 65_535, 65_536, 262_144, 1 << 20] {
+            for stream in [Stream::Stdout, Stream::Stderr] {
+                let data: Vec<u8> = (0..len).map(|i| i as u8).collect();
+                let whole =
+                    encode(&ServerMessage::Output { stream, data: data.clone() }, Encoding::Bincode).unwrap();
+                let mut parts = output_frame_header(stream, len);
+                parts.extend_from_slice(&data);
+                assert_eq!(parts, whole, "{len} bytes on {stream:?}");
+            }
+        }
+    }
 
     fn run() -> ClientMessage {
         ClientMessage::Run(RunRequest {
