@@ -1,7 +1,10 @@
 //! The sandbox's ids, and no capabilities in any set.
+//!
+//! Plain syscalls, one per set where the kernel allows it: the bounding set
+//! is dropped capability by capability (there is no call for all of it), the
+//! ambient set is cleared at once, and one capset empties the rest.
 
 use crate::error::{Context, Result, fail};
-use caps::{CapSet, Capability};
 use nix::errno::Errno;
 use nix::unistd::{Gid, Uid, setresgid, setresuid};
 use palisade_protocol::Stage;
@@ -22,15 +25,39 @@ pub fn drop_capabilities() -> Result<()> {
     clear_sets()
 }
 
+const CAP_SETPCAP: u32 = 8;
+
+/// The effective, permitted and inheritable sets as two 32-bit words each.
+type Sets = [libc::c_uint; 6];
+
+fn header() -> [u32; 2] {
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    [LINUX_CAPABILITY_VERSION_3, 0]
+}
+
+fn capget() -> Result<Sets> {
+    let mut hdr = header();
+    let mut data: Sets = [0; 6];
+    // SAFETY: a version-3 header and room for two capability data structs
+    // (three u32 each), both valid for the call.
+    let rc = unsafe { libc::syscall(libc::SYS_capget, hdr.as_mut_ptr(), data.as_mut_ptr()) };
+    Errno::result(rc).at(Stage::Capabilities, || "capget".into())?;
+    Ok(data)
+}
+
 fn clear_sets() -> Result<()> {
-    for set in [CapSet::Ambient, CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
-        caps::clear(None, set).map_err(|e| caps_error(&format!("clear the {set:?} capability set"), e))?;
-    }
-    for set in [CapSet::Ambient, CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
-        let left = caps::read(None, set).map_err(|e| caps_error(&format!("read the {set:?} set"), e))?;
-        if !left.is_empty() {
-            return Err(fail(Stage::Capabilities, Errno::EPERM, format!("{set:?} set still holds {left:?}")));
-        }
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
+    Errno::result(rc).at(Stage::Capabilities, || "clear the ambient set".into())?;
+    let mut hdr = header();
+    let data: Sets = [0; 6];
+    // SAFETY: a version-3 header and two zeroed capability data structs, valid for the call.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, hdr.as_mut_ptr(), data.as_ptr()) };
+    Errno::result(rc).at(Stage::Capabilities, || "clear the effective, permitted and inheritable sets".into())?;
+    // The ambient set is a subset of permitted ∩ inheritable, so this covers it too.
+    let left = capget()?;
+    if left != [0; 6] {
+        return Err(fail(Stage::Capabilities, Errno::EPERM, format!("capability sets still hold {left:x?}")));
     }
     Ok(())
 }
@@ -40,23 +67,19 @@ fn clear_sets() -> Result<()> {
 /// and no_new_privs, so no exec can give it anything the bounding set would
 /// have to stop.
 fn drop_bounding_set() -> Result<()> {
-    let may = caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP)
-        .map_err(|e| caps_error("read the effective set", e))?;
-    if may {
-        caps::clear(None, CapSet::Bounding).map_err(|e| caps_error("clear the bounding set", e))?;
-        let left = caps::read(None, CapSet::Bounding).map_err(|e| caps_error("read the bounding set", e))?;
-        if !left.is_empty() {
-            return Err(fail(
-                Stage::Capabilities,
-                Errno::EPERM,
-                format!("bounding set still holds {left:?}"),
-            ));
+    let effective = capget()?;
+    if effective[0] & (1 << CAP_SETPCAP) == 0 {
+        return Ok(());
+    }
+    // Every capability the kernel knows: PR_CAPBSET_DROP answers EINVAL past the last.
+    for cap in 0..64 {
+        // SAFETY: prctl with integer arguments only.
+        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+        match Errno::result(rc) {
+            Ok(_) => {}
+            Err(Errno::EINVAL) if cap > 0 => return Ok(()),
+            Err(e) => return Err(fail(Stage::Capabilities, e, format!("drop capability {cap} from the bounding set"))),
         }
     }
     Ok(())
-}
-
-fn caps_error(what: &str, e: caps::errors::CapsError) -> crate::error::HelperError {
-    let errno = Errno::last();
-    fail(Stage::Capabilities, errno, format!("{what}: {e}"))
 }
