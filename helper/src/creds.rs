@@ -53,7 +53,8 @@ fn clear_sets() -> Result<()> {
     let data: Sets = [0; 6];
     // SAFETY: a version-3 header and two zeroed capability data structs, valid for the call.
     let rc = unsafe { libc::syscall(libc::SYS_capset, hdr.as_mut_ptr(), data.as_ptr()) };
-    Errno::result(rc).at(Stage::Capabilities, || "clear the effective, permitted and inheritable sets".into())?;
+    Errno::result(rc)
+        .at(Stage::Capabilities, || "clear the effective, permitted and inheritable sets".into())?;
     // The ambient set is a subset of permitted ∩ inheritable, so this covers it too.
     let left = capget()?;
     if left != [0; 6] {
@@ -78,7 +79,13 @@ fn drop_bounding_set() -> Result<()> {
         match Errno::result(rc) {
             Ok(_) => {}
             Err(Errno::EINVAL) if cap > 0 => return Ok(()),
-            Err(e) => return Err(fail(Stage::Capabilities, e, format!("drop capability {cap} from the bounding set"))),
+            Err(e) => {
+                return Err(fail(
+                    Stage::Capabilities,
+                    e,
+                    format!("drop capability {cap} from the bounding set"),
+                ));
+            }
         }
     }
     Ok(())

@@ -61,14 +61,20 @@ fn contain() -> Result<Infallible> {
             None => vec![],
         };
         userns::enter(&plan.namespaces, plan.uid, plan.gid)?;
-        // The outer helper stays behind as monitor; its child is pid 1 of the new pid namespace.
-        let _to_monitor = monitor::fork_watched(Role::Relay)?;
+        let net = if plan.namespaces.net { Some(net::prepare()?) } else { None };
+        // The outer helper stays behind as monitor (after making the network
+        // namespace, while its child builds the mounts); its child is pid 1
+        // of the new pid namespace.
+        let _to_monitor = monitor::fork_watched_then(Role::Relay, || match &net {
+            Some(n) => n.create(plan.loopback),
+            None => Ok(()),
+        })?;
         mounts::build_root(&plan.mounts, captured)?;
         if let Some(name) = &plan.hostname {
             uts::set_hostname(name)?;
         }
-        if plan.loopback {
-            net::loopback_up()?;
+        if let Some(n) = net {
+            n.join()?;
         }
         // pid 1 stays as a tiny init; the command runs in its child.
         monitor::fork_watched(Role::Init)?

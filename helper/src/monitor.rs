@@ -39,6 +39,12 @@ const WATCHED: [Signal; 7] = [
 
 /// Forks. Returns in the child only, with its end of the lifeline tether.
 pub fn fork_watched(role: Role) -> Result<OwnedFd> {
+    fork_watched_then(role, || Ok(()))
+}
+
+/// Forks; the parent does `in_parent` (concurrently with the child) before it
+/// starts watching, and kills the child and exits if that fails.
+pub fn fork_watched_then(role: Role, in_parent: impl FnOnce() -> Result<()>) -> Result<OwnedFd> {
     if role == Role::Reaper {
         // Orphans of the command are re-parented to us instead of escaping to init.
         prctl::set_child_subreaper(true).at(Stage::Monitor, || "PR_SET_CHILD_SUBREAPER".into())?;
@@ -61,13 +67,12 @@ pub fn fork_watched(role: Role) -> Result<OwnedFd> {
         }
         ForkResult::Parent { child } => {
             drop(tether.child_end);
-            if role == Role::Init {
-                // pid 1 needs no privilege to reap and relay.
-                if let Err(e) = creds::drop_capabilities() {
-                    error::report(&e);
-                    let _ = kill(child, Signal::SIGKILL);
-                    std::process::exit(error::EXIT_HELPER_FAILED);
-                }
+            // pid 1 needs no privilege to reap and relay.
+            let drop_caps = || if role == Role::Init { creds::drop_capabilities() } else { Ok(()) };
+            if let Err(e) = in_parent().and_then(|()| drop_caps()) {
+                error::report(&e);
+                let _ = kill(child, Signal::SIGKILL);
+                std::process::exit(error::EXIT_HELPER_FAILED);
             }
             watch(child, role, &watched, tether.parent_end)
         }

@@ -1,13 +1,70 @@
-//! Networking inside the new network namespace: only `lo`, and only up when
-//! the plan asks for it.
+//! The network namespace: only `lo`, up when the plan asks for it.
+//!
+//! Creating a network namespace is the slowest single step of a launch (the
+//! kernel registers every protocol's per-namespace state), so the outer
+//! helper creates it while its child builds the mount tree, and the child
+//! joins it before anything runs: `prepare` before the fork, `create` in the
+//! parent, `join` in the child.
 
-use crate::error::{Context, Result};
+use crate::error::{Context, Result, fail};
 use nix::errno::Errno;
+use nix::sched::{CloneFlags, setns, unshare};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
+use nix::unistd::{getpid, pipe2, read, write};
 use palisade_protocol::Stage;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-pub fn loopback_up() -> Result<()> {
+pub struct Pending {
+    /// A pidfd of the process that creates the namespace.
+    creator: OwnedFd,
+    ready_read: OwnedFd,
+    ready_write: OwnedFd,
+}
+
+/// Before the fork: a handle on this process (the creator to be) and a pipe
+/// on which it says when the namespace is ready.
+pub fn prepare() -> Result<Pending> {
+    // SAFETY: pidfd_open takes a pid and flags; no memory is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, getpid().as_raw(), 0) };
+    Errno::result(fd).at(Stage::Namespaces, || "pidfd_open on the helper".into())?;
+    // SAFETY: pidfd_open returned a new descriptor that nothing else owns.
+    let creator = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let (ready_read, ready_write) = pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .at(Stage::Namespaces, || "pipe for the network namespace".into())?;
+    Ok(Pending { creator, ready_read, ready_write })
+}
+
+impl Pending {
+    /// In the parent: a new network namespace for this process, `lo` up if
+    /// asked, then one byte to the child.
+    pub fn create(&self, loopback: bool) -> Result<()> {
+        unshare(CloneFlags::CLONE_NEWNET).at(Stage::Namespaces, || "unshare(net)".into())?;
+        if loopback {
+            loopback_up()?;
+        }
+        write(&self.ready_write, &[1]).at(Stage::Namespaces, || "signal the network namespace".into())?;
+        Ok(())
+    }
+
+    /// In the child: waits for the parent's namespace and moves into it. An
+    /// end of file means the parent failed (it reports why).
+    pub fn join(self) -> Result<()> {
+        drop(self.ready_write);
+        let mut byte = [0u8];
+        let n = loop {
+            match read(&self.ready_read, &mut byte) {
+                Err(Errno::EINTR) => continue,
+                other => break other.at(Stage::Namespaces, || "wait for the network namespace".into())?,
+            }
+        };
+        if n != 1 {
+            return Err(fail(Stage::Namespaces, Errno::ECHILD, "the network namespace was not created"));
+        }
+        setns(&self.creator, CloneFlags::CLONE_NEWNET).at(Stage::Namespaces, || "setns(net)".into())
+    }
+}
+
+fn loopback_up() -> Result<()> {
     let sock = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)
         .at(Stage::Loopback, || "socket for interface ioctls".into())?;
     // SAFETY: ifreq is plain old data; all-zero is a valid value.

@@ -34,11 +34,12 @@ fn hint(mut e: HelperError) -> HelperError {
     e
 }
 
-/// Creates all namespaces at once, owned by a new user namespace, and maps the
-/// sandbox's uid and gid onto the caller's: one id each, nothing else exists.
+/// Creates the namespaces at once (all but the network one, which
+/// [`crate::net`] makes alongside), owned by a new user namespace, and maps
+/// the sandbox's uid and gid onto the caller's: one id each, nothing else exists.
 pub fn enter(ns: &Namespaces, uid: u32, gid: u32) -> Result<()> {
     let (outer_uid, outer_gid) = (getuid(), getgid());
-    unshare(flags(ns))
+    unshare(flags(ns) - CloneFlags::CLONE_NEWNET)
         .at(Stage::Namespaces, || format!("unshare({})", ns.names().join(", ")))
         .map_err(hint)?;
     // An unprivileged process may write its gid map only once setgroups is denied.
