@@ -200,6 +200,11 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, seccomp::SeccompError> {
             }
             mounts.push(Mount::Proc { target: "/proc".into() });
             mounts.push(Mount::Dev { target: "/dev".into() });
+            // The private /etc holds only the entries above: one rule covers them.
+            if landlock.read.iter().any(|p| p.starts_with("/etc/")) {
+                landlock.read.retain(|p| !p.starts_with("/etc/") && p != "/etc");
+                landlock.read.push("/etc".into());
+            }
             landlock.read.push("/proc".into());
             landlock.write.extend(["/tmp".to_string(), "/dev".to_string()]);
             // Inside the private root, listing directories reveals nothing that is not mounted.
