@@ -16,7 +16,7 @@
 //! `--quick` makes every measurement small (the CI runs it once).
 
 use palisade_broker::client::Client;
-use palisade_broker::spawn::{HelperCommand, spawn};
+use palisade_broker::spawn::{HelperCommand, Io, spawn};
 use palisade_policy::{Config, Context, Decision, HostCapabilities, Policy};
 use palisade_protocol::wire::{RunRequest, RunStatus, ServerMessage};
 use std::path::{Path, PathBuf};
@@ -142,14 +142,14 @@ impl Launch for Helper {
             helper: bin("palisade-helper"),
             plan: plan.clone(),
             cgroup_dir: None,
-            stdin: Stdio::null(),
-            stdout: Stdio::null(),
-            stderr: Stdio::null(),
+            stdin: Io::Null,
+            stdout: Io::Null,
+            stderr: Io::Null,
             outer_limits: vec![],
             defer_plan: false,
         })
         .expect("spawn the helper");
-        let st = child.child.wait().unwrap();
+        let st = child.wait().unwrap();
         assert!(st.success(), "palisade-helper failed: {st} {:?}", child.read_status());
     }
 }

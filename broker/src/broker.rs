@@ -70,7 +70,10 @@ impl Broker {
     ) -> Result<RunResult, ErrorReply> {
         let run_id = self.next_run.fetch_add(1, Ordering::Relaxed);
         let context = Context { run: run_id, ..self.context.clone() };
-        let resolved = match self.policy.decide(&context, request) {
+        let deciding = std::time::Instant::now();
+        let decision = self.policy.decide(&context, request);
+        tracing::debug!(run_id, decide_us = deciding.elapsed().as_micros(), "policy decided");
+        let resolved = match decision {
             Decision::Allow(r) => r,
             Decision::Deny(d) => {
                 tracing::info!(run_id, uid = peer.uid, rule = d.rule, "denied: {}", d.reason);

@@ -5,7 +5,7 @@
 use crate::attest::attestation;
 use crate::cgroup::RunCgroup;
 use crate::overlay;
-use crate::spawn::{HelperCommand, pidfd_kill};
+use crate::spawn::{HelperCommand, Io, pidfd_kill};
 use crate::spawner::Spawner;
 use palisade_policy::Resolved;
 use palisade_protocol::wire::{
@@ -15,7 +15,6 @@ use palisade_protocol::{ExitReport, HelperRecord, Tier, encode_plan};
 use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -87,9 +86,9 @@ impl Engine {
                 helper: self.helper.clone(),
                 plan,
                 cgroup_dir: cgroup.map(RunCgroup::open_dir).transpose().map_err(io_err)?.flatten(),
-                stdin: if request.stdin.is_empty() { Stdio::null() } else { Stdio::piped() },
-                stdout: Stdio::piped(),
-                stderr: Stdio::piped(),
+                stdin: if request.stdin.is_empty() { Io::Null } else { Io::Piped },
+                stdout: Io::Piped,
+                stderr: Io::Piped,
                 outer_limits: vec![],
                 // cgroup v1: the broker places the helper before it has its plan.
                 defer_plan: cgroup.is_some_and(|c| !c.joins_itself()),
@@ -98,7 +97,8 @@ impl Engine {
             .map_err(|e| {
                 failure(ErrorKind::RuntimeFailure, format!("cannot start {}: {e}", self.helper.display()))
             })?;
-        let pid = helper.child.id();
+        let pid = helper.pid;
+        let spawned_us = started.elapsed().as_micros();
         tracing::debug!(run_id, pid, %tier, "helper started");
         if let Some(mut writer) = helper.plan_writer.take() {
             let placed = cgroup.map_or(Ok(()), |c| c.place(pid));
@@ -113,9 +113,9 @@ impl Engine {
         }
         // SAFETY: an OwnedFd's descriptor stays open as long as the AsyncFd owns it.
         let pidfd = unsafe { AsyncFd::register(helper.pidfd) }.map_err(|e| io_err(e.into()))?;
-        let mut out = pipe_reader(helper.child.stdout.take()).map_err(io_err)?;
-        let mut err = pipe_reader(helper.child.stderr.take()).map_err(io_err)?;
-        if let Some(stdin) = helper.child.stdin.take() {
+        let mut out = pipe_reader(helper.stdout.take()).map_err(io_err)?;
+        let mut err = pipe_reader(helper.stderr.take()).map_err(io_err)?;
+        if let Some(stdin) = helper.stdin.take() {
             let mut tx = pipe::Sender::from_owned_fd(OwnedFd::from(stdin)).map_err(io_err)?;
             let data = request.stdin.clone();
             // A command that does not read its stdin must not hold up the run.
@@ -153,6 +153,7 @@ impl Engine {
         let escalate = tokio::time::sleep(NEVER);
         tokio::pin!(deadline, drain, escalate, cancel);
         let mut escalation_armed = false;
+        let mut exited_us = 0;
 
         while !(exited && !out_open && !err_open) {
             let mut chunk: Option<(Stream, usize)> = None;
@@ -170,6 +171,7 @@ impl Engine {
                         guard.retain_ready();
                     }
                     exited = true;
+                    exited_us = started.elapsed().as_micros();
                     drain.as_mut().reset(tokio::time::Instant::now() + DRAIN_GRACE);
                 }
                 _ = &mut deadline, if ended.is_none() && !exited => {
@@ -227,12 +229,14 @@ impl Engine {
             let _ = pidfd.readable().await;
         }
         let wall_ms = started.elapsed().as_millis() as u64;
+        let closed_us = started.elapsed().as_micros();
         let usage = reap(pid).map_err(io_err)?;
         let status_channel = helper.status;
         let (records, fds) = tokio::task::spawn_blocking(move || crate::spawn::read_status(&status_channel))
             .await
             .map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?
             .map_err(|e| failure(ErrorKind::RuntimeFailure, format!("bad status from the helper: {e}")))?;
+        let status_read_us = started.elapsed().as_micros();
         let mut fds = fds.into_iter();
         let mut overlays: Vec<(String, OwnedFd)> = Vec::new();
         let mut landlock = None;
@@ -283,6 +287,15 @@ impl Engine {
             },
         });
         tracing::info!(run_id, pid, ?status, wall_ms, "run finished");
+        tracing::debug!(
+            run_id,
+            spawned_us,
+            exited_us,
+            closed_us,
+            status_read_us,
+            done_us = started.elapsed().as_micros(),
+            "run timeline"
+        );
         Ok(RunResult {
             run_id,
             status,

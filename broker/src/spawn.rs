@@ -4,28 +4,43 @@
 
 use palisade_protocol::HelperRecord;
 use palisade_protocol::status::decode_records;
+use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Seek, Write};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::ExitStatus;
 
 /// An outer resource limit set on the helper process itself (hard and soft),
-/// before it runs: a bound the sandbox cannot lift, used by tests.
+/// before it reads its plan: a bound the sandbox cannot lift, used by tests.
 #[derive(Debug, Clone, Copy)]
 pub struct OuterLimit {
     pub resource: libc::__rlimit_resource_t,
     pub value: u64,
 }
 
+/// What one of the helper's standard descriptors is.
+#[derive(Debug)]
+pub enum Io {
+    /// `/dev/null`.
+    Null,
+    /// The caller's own.
+    Inherit,
+    /// A new pipe; the caller's end is in [`HelperChild`].
+    Piped,
+    /// This descriptor.
+    Fd(OwnedFd),
+}
+
 pub struct HelperCommand {
     pub helper: PathBuf,
     pub plan: Vec<u8>,
     pub cgroup_dir: Option<OwnedFd>,
-    pub stdin: Stdio,
-    pub stdout: Stdio,
-    pub stderr: Stdio,
+    pub stdin: Io,
+    pub stdout: Io,
+    pub stderr: Io,
     pub outer_limits: Vec<OuterLimit>,
     /// Deliver the plan through a pipe the caller writes after spawning (so
     /// it can place the helper in cgroups first: the helper does nothing
@@ -34,7 +49,7 @@ pub struct HelperCommand {
 }
 
 pub struct HelperChild {
-    pub child: Child,
+    pub pid: u32,
     /// A pidfd for the helper, opened before anyone could reap it: signals
     /// sent through it can never reach a recycled pid.
     pub pidfd: OwnedFd,
@@ -42,6 +57,10 @@ pub struct HelperChild {
     pub status: File,
     /// With `defer_plan`: write the plan here, then drop it.
     pub plan_writer: Option<File>,
+    /// The caller's ends of `Io::Piped` descriptors.
+    pub stdin: Option<File>,
+    pub stdout: Option<File>,
+    pub stderr: Option<File>,
 }
 
 impl HelperChild {
@@ -49,6 +68,35 @@ impl HelperChild {
     /// channel reaches end-of-file when the last holder closes it).
     pub fn read_status(&mut self) -> io::Result<Vec<HelperRecord>> {
         read_status(&self.status).map(|(records, _)| records)
+    }
+
+    /// Waits for the helper to exit and reaps it.
+    pub fn wait(&mut self) -> io::Result<ExitStatus> {
+        self.reap(0).map(|s| s.unwrap_or_else(|| ExitStatus::from_raw(0)))
+    }
+
+    /// Reaps the helper if it has exited.
+    pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        self.reap(libc::WNOHANG)
+    }
+
+    fn reap(&mut self, flags: i32) -> io::Result<Option<ExitStatus>> {
+        let mut status = 0;
+        loop {
+            // SAFETY: waitpid writes the status into a local that outlives the call.
+            let rc = unsafe { libc::waitpid(self.pid as libc::pid_t, &mut status, flags) };
+            match rc {
+                0 => return Ok(None),
+                r if r > 0 => return Ok(Some(ExitStatus::from_raw(status))),
+                _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => continue,
+                _ => return Err(io::Error::last_os_error()),
+            }
+        }
+    }
+
+    /// SIGKILL to the helper (through its pidfd).
+    pub fn kill(&mut self) -> io::Result<()> {
+        pidfd_kill(&self.pidfd, libc::SIGKILL)
     }
 }
 
@@ -94,39 +142,93 @@ fn memfd_with(bytes: &[u8]) -> io::Result<File> {
     Ok(file)
 }
 
-/// Moves `fds[i]` to descriptor `3 + i` in the child, between fork and exec.
-/// Only async-signal-safe calls: first every source is duplicated above the
-/// targets (so no target clobbers a source), then dup2 into place, which also
-/// clears close-on-exec on the targets.
-fn install_fds(fds: &[RawFd], limits: &[OuterLimit]) -> io::Result<()> {
-    let mut high = [0; 3];
-    for (i, fd) in fds.iter().enumerate() {
-        // SAFETY: fcntl on a descriptor number; no memory is passed.
-        high[i] = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10) };
-        if high[i] < 0 {
-            return Err(io::Error::last_os_error());
-        }
+/// A descriptor duplicated to 10 or above (close-on-exec), so that placing
+/// the helper's descriptors 0-5 can never overwrite a source before it is used.
+fn high(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl on a descriptor number; no memory is passed.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
+    if new < 0 {
+        return Err(io::Error::last_os_error());
     }
-    for (i, fd) in high.iter().take(fds.len()).enumerate() {
-        // SAFETY: dup2 between two descriptor numbers; no memory is passed.
-        if unsafe { libc::dup2(*fd, 3 + i as RawFd) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    for limit in limits {
-        let value = libc::rlimit { rlim_cur: limit.value, rlim_max: limit.value };
-        // SAFETY: `value` is a valid rlimit that outlives the call.
-        if unsafe { libc::setrlimit(limit.resource, &value) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
+    // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
+fn pipe() -> io::Result<(File, File)> {
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    Ok((File::from(r), File::from(w)))
+}
+
+/// posix_spawn's file actions and attributes, freed on drop.
+struct SpawnSetup {
+    actions: libc::posix_spawn_file_actions_t,
+    attr: libc::posix_spawnattr_t,
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) }
+}
+
+impl SpawnSetup {
+    /// Empty signal mask and default dispositions for every signal in the
+    /// child (the broker ignores SIGPIPE; the sandbox must not inherit that).
+    fn new() -> io::Result<Box<SpawnSetup>> {
+        // SAFETY: both structures are plain data that the init calls below fill in.
+        let mut s: Box<SpawnSetup> = Box::new(unsafe { std::mem::zeroed() });
+        // SAFETY: init on zeroed storage owned by `s`.
+        check(unsafe { libc::posix_spawn_file_actions_init(&mut s.actions) })?;
+        // SAFETY: as above.
+        check(unsafe { libc::posix_spawnattr_init(&mut s.attr) })?;
+        // SAFETY: sigset_t is plain data; the sig*set calls initialize it.
+        let (mut empty, mut all): (libc::sigset_t, libc::sigset_t) = unsafe { std::mem::zeroed() };
+        // SAFETY: valid pointers to local sigsets.
+        unsafe {
+            libc::sigemptyset(&mut empty);
+            libc::sigfillset(&mut all);
+        }
+        let flags = libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
+        // SAFETY: the attribute object was initialized above; the sigsets outlive the calls.
+        unsafe {
+            check(libc::posix_spawnattr_setflags(&mut s.attr, flags as libc::c_short))?;
+            check(libc::posix_spawnattr_setsigmask(&mut s.attr, &empty))?;
+            check(libc::posix_spawnattr_setsigdefault(&mut s.attr, &all))?;
+        }
+        Ok(s)
+    }
+
+    fn dup2(&mut self, from: RawFd, to: RawFd) -> io::Result<()> {
+        // SAFETY: the file-actions object was initialized in `new`.
+        check(unsafe { libc::posix_spawn_file_actions_adddup2(&mut self.actions, from, to) })
+    }
+
+    fn open_null(&mut self, to: RawFd) -> io::Result<()> {
+        let flags = if to == 0 { libc::O_RDONLY } else { libc::O_WRONLY };
+        // SAFETY: the path is a NUL-terminated literal, copied by the call.
+        check(unsafe {
+            libc::posix_spawn_file_actions_addopen(&mut self.actions, to, c"/dev/null".as_ptr(), flags, 0)
+        })
+    }
+}
+
+impl Drop for SpawnSetup {
+    fn drop(&mut self) {
+        // SAFETY: both objects were initialized in `new` and are destroyed once.
+        unsafe {
+            libc::posix_spawn_file_actions_destroy(&mut self.actions);
+            libc::posix_spawnattr_destroy(&mut self.attr);
+        }
+    }
+}
+
+/// Starts the helper with `posix_spawn` (glibc: a vfork-style clone, so the
+/// broker's address space is not copied, and no code of ours runs in the
+/// child), an empty environment and descriptors 0-5 as the convention says.
 pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
-    let (plan, plan_writer) = if cmd.defer_plan {
-        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-        (File::from(r), Some(File::from(w)))
+    // Outer limits go on before the helper reads its plan, so the plan waits in a pipe.
+    let defer = cmd.defer_plan || !cmd.outer_limits.is_empty();
+    let (plan, plan_writer) = if defer {
+        let (r, w) = pipe()?;
+        (r, Some(w))
     } else {
         (memfd_with(&cmd.plan)?, None)
     };
@@ -137,22 +239,72 @@ pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
         None,
         nix::sys::socket::SockFlag::SOCK_CLOEXEC,
     )?;
-    let mut fds = vec![plan.as_raw_fd(), status_write.as_raw_fd()];
+    let mut setup = SpawnSetup::new()?;
+    // Every source is held above 9 until the spawn, so no placement overwrites another's source.
+    let mut keep: Vec<OwnedFd> = Vec::new();
+    let mut ours: [Option<File>; 3] = [None, None, None];
+    for (target, io) in [cmd.stdin, cmd.stdout, cmd.stderr].into_iter().enumerate() {
+        let source = match io {
+            Io::Inherit => continue,
+            Io::Null => {
+                setup.open_null(target as RawFd)?;
+                continue;
+            }
+            Io::Fd(fd) => high(fd.as_raw_fd())?,
+            Io::Piped => {
+                let (r, w) = pipe()?;
+                let (theirs, mine) = if target == 0 { (r, w) } else { (w, r) };
+                ours[target] = Some(mine);
+                high(theirs.as_raw_fd())?
+            }
+        };
+        setup.dup2(source.as_raw_fd(), target as RawFd)?;
+        keep.push(source);
+    }
+    let mut convention = vec![high(plan.as_raw_fd())?, high(status_write.as_raw_fd())?];
     if let Some(dir) = &cmd.cgroup_dir {
-        fds.push(dir.as_raw_fd());
+        convention.push(high(dir.as_raw_fd())?);
     }
-    let limits = cmd.outer_limits.clone();
-    let mut command = Command::new(&cmd.helper);
-    command.env_clear().stdin(cmd.stdin).stdout(cmd.stdout).stderr(cmd.stderr);
-    // SAFETY: the closure only calls async-signal-safe functions (fcntl, dup2, setrlimit).
-    unsafe {
-        command.pre_exec(move || install_fds(&fds, &limits));
+    for (i, fd) in convention.iter().enumerate() {
+        setup.dup2(fd.as_raw_fd(), 3 + i as RawFd)?;
     }
-    let child = command.spawn()?;
-    drop(status_write);
-    drop(plan);
-    let pidfd = pidfd_open(child.id())?;
-    Ok(HelperChild { child, pidfd, status: File::from(status_read), plan_writer })
+    let path = CString::new(cmd.helper.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in the helper's path"))?;
+    let argv = [path.as_ptr(), std::ptr::null()];
+    let envp = [std::ptr::null::<libc::c_char>()];
+    let mut pid: libc::pid_t = 0;
+    // SAFETY: every pointer is valid for the call: the path and argv (NUL-terminated,
+    // null-ended), an empty envp, and the initialized actions and attributes.
+    check(unsafe {
+        libc::posix_spawn(
+            &mut pid,
+            path.as_ptr(),
+            &setup.actions,
+            &setup.attr,
+            argv.as_ptr() as *const *mut libc::c_char,
+            envp.as_ptr() as *const *mut libc::c_char,
+        )
+    })?;
+    drop((keep, convention, status_write, plan));
+    let pid = pid as u32;
+    let pidfd = pidfd_open(pid)?;
+    for limit in &cmd.outer_limits {
+        let value = libc::rlimit { rlim_cur: limit.value, rlim_max: limit.value };
+        // SAFETY: `value` is a valid rlimit that outlives the call; no old value is asked for.
+        if unsafe { libc::prlimit(pid as libc::pid_t, limit.resource, &value, std::ptr::null_mut()) } < 0 {
+            let e = io::Error::last_os_error();
+            let _ = pidfd_kill(&pidfd, libc::SIGKILL);
+            return Err(e);
+        }
+    }
+    let mut plan_writer = plan_writer;
+    if !cmd.defer_plan {
+        if let Some(mut w) = plan_writer.take() {
+            w.write_all(&cmd.plan)?;
+        }
+    }
+    let [stdin, stdout, stderr] = ours;
+    Ok(HelperChild { pid, pidfd, status: File::from(status_read), plan_writer, stdin, stdout, stderr })
 }
 
 fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {

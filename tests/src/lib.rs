@@ -3,7 +3,7 @@
 //! plan with outer limits and a wall-clock bound, so that a broken sandbox
 //! cannot hurt the machine.
 
-use palisade_broker::spawn::{HelperCommand, OuterLimit, spawn};
+use palisade_broker::spawn::{HelperCommand, Io, OuterLimit, spawn};
 use palisade_policy::{JailSpec, Limits, build_plan};
 use palisade_protocol::{
     ExitReport, HelperFailure, HelperRecord, JailPlan, LandlockReport, Tier, encode_plan,
@@ -192,28 +192,28 @@ impl Jail {
 
     pub fn run_plan(&mut self, plan: &JailPlan) -> Outcome {
         let stdin = match self.stdin.take() {
-            Some(f) => Stdio::from(f),
-            None => Stdio::null(),
+            Some(f) => Io::Fd(f.into()),
+            None => Io::Null,
         };
         run_helper(plan, stdin, self.timeout)
     }
 }
 
 /// Runs the real helper binary on `plan` and collects everything.
-pub fn run_helper(plan: &JailPlan, stdin: Stdio, timeout: Duration) -> Outcome {
+pub fn run_helper(plan: &JailPlan, stdin: Io, timeout: Duration) -> Outcome {
     let mut child = spawn(HelperCommand {
         helper: bin("palisade-helper"),
         plan: encode_plan(plan).expect("encode plan"),
         cgroup_dir: None,
         stdin,
-        stdout: Stdio::piped(),
-        stderr: Stdio::piped(),
+        stdout: Io::Piped,
+        stderr: Io::Piped,
         outer_limits: outer_limits(),
         defer_plan: false,
     })
     .expect("spawn palisade-helper");
-    let mut out = child.child.stdout.take().unwrap();
-    let mut err = child.child.stderr.take().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
     let out_reader = std::thread::spawn(move || {
         let mut s = Vec::new();
         let _ = (&mut out).take(1 << 20).read_to_end(&mut s);
@@ -227,13 +227,13 @@ pub fn run_helper(plan: &JailPlan, stdin: Stdio, timeout: Duration) -> Outcome {
     let start = Instant::now();
     let mut timed_out = false;
     let status = loop {
-        if let Some(status) = child.child.try_wait().expect("wait") {
+        if let Some(status) = child.try_wait().expect("wait") {
             break status;
         }
         if start.elapsed() > timeout {
             timed_out = true;
-            let _ = child.child.kill();
-            break child.child.wait().expect("wait");
+            let _ = child.kill();
+            break child.wait().expect("wait");
         }
         std::thread::sleep(Duration::from_millis(5));
     };

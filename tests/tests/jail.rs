@@ -6,6 +6,7 @@
 //! this whole file as an ordinary user (`palisade-test`, created by .ci/run).
 
 use nix::errno::Errno;
+use palisade_broker::spawn::Io;
 use palisade_protocol::{ExitReport, LandlockFeatures, Stage, Tier};
 use palisade_tests::*;
 use std::io::{Read, Write};
@@ -390,14 +391,14 @@ fn a_corrupt_plan_is_refused_before_anything_happens() {
         helper: bin("palisade-helper"),
         plan: bytes,
         cgroup_dir: None,
-        stdin: Stdio::null(),
-        stdout: Stdio::piped(),
-        stderr: Stdio::piped(),
+        stdin: Io::Null,
+        stdout: Io::Piped,
+        stderr: Io::Piped,
         outer_limits: vec![],
         defer_plan: false,
     })
     .unwrap();
-    let out = child.child.wait_with_output_ref();
+    let out = child.wait_with_output_ref();
     let records = child.read_status().unwrap();
     assert!(out.is_empty(), "{out}");
     match records.as_slice() {
@@ -413,7 +414,7 @@ trait WaitOutput {
     fn wait_with_output_ref(&mut self) -> String;
 }
 
-impl WaitOutput for std::process::Child {
+impl WaitOutput for palisade_broker::spawn::HelperChild {
     fn wait_with_output_ref(&mut self) -> String {
         let mut s = String::new();
         self.stdout.take().unwrap().read_to_string(&mut s).unwrap();

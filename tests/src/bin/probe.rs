@@ -129,14 +129,14 @@ fn caller(helper: &str) -> Outcome {
         helper: helper.into(),
         plan: palisade_protocol::encode_plan(&plan).map_err(|e| (Errno::EINVAL, e.to_string()))?,
         cgroup_dir: None,
-        stdin: std::process::Stdio::null(),
-        stdout: std::process::Stdio::inherit(),
-        stderr: std::process::Stdio::inherit(),
+        stdin: palisade_broker::spawn::Io::Null,
+        stdout: palisade_broker::spawn::Io::Inherit,
+        stderr: palisade_broker::spawn::Io::Inherit,
         outer_limits: vec![],
         defer_plan: false,
     })
     .map_err(io)?;
-    let status = child.child.wait().map_err(io)?;
+    let status = child.wait().map_err(io)?;
     Ok(format!("helper exited: {status}"))
 }
 
