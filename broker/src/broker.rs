@@ -53,7 +53,7 @@ impl Broker {
             run: 0,
         };
         Ok(Broker {
-            engine: Engine::new(spawner, helper),
+            engine: Engine::new(spawner, helper, config.broker.prespawn),
             cgroups,
             policy: Policy::new(config),
             context,

@@ -300,7 +300,9 @@ impl Sink for RenderSink<'_> {
 }
 
 /// A broker inside this process, under `config`.
-fn embedded(config: Config, request: RunRequest, mut render: Render) -> i32 {
+fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 {
+    // One run: no helper to start ahead of it.
+    config.broker.prespawn = 0;
     // Before any thread exists: the probe of user namespaces forks.
     let broker = match Broker::assemble(config, None) {
         Ok(b) => b,

@@ -104,6 +104,7 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32) -> i32 {
         Some(p) => tracing::info!(socket = %p.display(), "listening"),
         None => tracing::info!("listening on the socket passed by systemd"),
     }
+    broker.engine.warm_up();
     systemd::notify("READY=1");
     Arc::new(Server::new(broker)).serve(listener, stopped).await;
     systemd::notify("STOPPING=1");

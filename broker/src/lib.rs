@@ -12,6 +12,7 @@ pub mod doctor;
 pub mod host;
 pub mod overlay;
 pub mod paths;
+pub mod pool;
 pub mod run;
 pub mod server;
 pub mod spawn;

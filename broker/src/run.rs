@@ -5,7 +5,8 @@
 use crate::attest::attestation;
 use crate::cgroup::RunCgroup;
 use crate::overlay;
-use crate::spawn::{HelperCommand, Io, pidfd_kill};
+use crate::pool::Pool;
+use crate::spawn::{HelperChild, HelperCommand, Io, pidfd_kill};
 use crate::spawner::Spawner;
 use palisade_policy::Resolved;
 use palisade_protocol::wire::{
@@ -15,6 +16,7 @@ use palisade_protocol::{ExitReport, HelperRecord, Tier, encode_plan};
 use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -42,6 +44,7 @@ pub trait Sink {
 pub struct Engine {
     spawner: Spawner,
     helper: PathBuf,
+    pool: Arc<Pool>,
 }
 
 fn failure(kind: ErrorKind, message: impl Into<String>) -> ErrorReply {
@@ -57,8 +60,40 @@ struct Usage {
 }
 
 impl Engine {
-    pub fn new(spawner: Spawner, helper: PathBuf) -> Engine {
-        Engine { spawner, helper }
+    /// `prespawn`: helpers kept started ahead of requests (see [`Pool`]).
+    pub fn new(spawner: Spawner, helper: PathBuf, prespawn: usize) -> Engine {
+        let pool = Pool::new(spawner.clone(), helper.clone(), prespawn);
+        Engine { spawner, helper, pool }
+    }
+
+    /// Starts the helpers kept ahead of requests; call inside the runtime.
+    pub fn warm_up(&self) {
+        self.pool.refill();
+    }
+
+    async fn spawn_fresh(
+        &self,
+        request: &RunRequest,
+        cgroup: Option<&RunCgroup>,
+        plan: Vec<u8>,
+    ) -> Result<HelperChild, ErrorReply> {
+        let io_err = |e: std::io::Error| failure(ErrorKind::RuntimeFailure, e.to_string());
+        self.spawner
+            .spawn(HelperCommand {
+                helper: self.helper.clone(),
+                plan,
+                cgroup_dir: cgroup.map(RunCgroup::open_dir).transpose().map_err(io_err)?.flatten(),
+                stdin: if request.stdin.is_empty() { Io::Null } else { Io::Piped },
+                stdout: Io::Piped,
+                stderr: Io::Piped,
+                outer_limits: vec![],
+                // cgroup v1: the broker places the helper before it has its plan.
+                defer_plan: cgroup.is_some_and(|c| !c.joins_itself()),
+            })
+            .await
+            .map_err(|e| {
+                failure(ErrorKind::RuntimeFailure, format!("cannot start {}: {e}", self.helper.display()))
+            })
     }
 
     pub fn helper(&self) -> &std::path::Path {
@@ -80,23 +115,11 @@ impl Engine {
             encode_plan(&resolved.plan).map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?;
         let tier = resolved.plan.tier();
         let started = Instant::now();
-        let mut helper = self
-            .spawner
-            .spawn(HelperCommand {
-                helper: self.helper.clone(),
-                plan,
-                cgroup_dir: cgroup.map(RunCgroup::open_dir).transpose().map_err(io_err)?.flatten(),
-                stdin: if request.stdin.is_empty() { Io::Null } else { Io::Piped },
-                stdout: Io::Piped,
-                stderr: Io::Piped,
-                outer_limits: vec![],
-                // cgroup v1: the broker places the helper before it has its plan.
-                defer_plan: cgroup.is_some_and(|c| !c.joins_itself()),
-            })
-            .await
-            .map_err(|e| {
-                failure(ErrorKind::RuntimeFailure, format!("cannot start {}: {e}", self.helper.display()))
-            })?;
+        let pooled = if cgroup.is_none() { self.pool.take() } else { None };
+        let mut helper = match pooled {
+            Some(h) => h,
+            None => self.spawn_fresh(request, cgroup, plan.clone()).await?,
+        };
         let pid = helper.pid;
         let spawned_us = started.elapsed().as_micros();
         tracing::debug!(run_id, pid, %tier, "helper started");
@@ -107,15 +130,25 @@ impl Engine {
                 let _ = reap(pid);
                 return Err(failure(ErrorKind::RuntimeFailure, e));
             }
-            let plan =
-                encode_plan(&resolved.plan).map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?;
-            tokio::task::spawn_blocking(move || std::io::Write::write_all(&mut writer, &plan));
+            // Into an empty pipe: a plan that fits its buffer is written at once.
+            if plan.len() <= 64 * 1024 {
+                if let Err(e) = std::io::Write::write_all(&mut writer, &plan) {
+                    let _ = pidfd_kill(&helper.pidfd, libc::SIGKILL);
+                    let _ = reap(pid);
+                    return Err(failure(
+                        ErrorKind::RuntimeFailure,
+                        format!("cannot hand the helper its plan: {e}"),
+                    ));
+                }
+            } else {
+                tokio::task::spawn_blocking(move || std::io::Write::write_all(&mut writer, &plan));
+            }
         }
         // SAFETY: an OwnedFd's descriptor stays open as long as the AsyncFd owns it.
         let pidfd = unsafe { AsyncFd::register(helper.pidfd) }.map_err(|e| io_err(e.into()))?;
         let mut out = pipe_reader(helper.stdout.take()).map_err(io_err)?;
         let mut err = pipe_reader(helper.stderr.take()).map_err(io_err)?;
-        if let Some(stdin) = helper.stdin.take() {
+        if let Some(stdin) = helper.stdin.take().filter(|_| !request.stdin.is_empty()) {
             let mut tx = pipe::Sender::from_owned_fd(OwnedFd::from(stdin)).map_err(io_err)?;
             let data = request.stdin.clone();
             // A command that does not read its stdin must not hold up the run.

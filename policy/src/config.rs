@@ -42,6 +42,9 @@ pub struct BrokerConfig {
     pub max_concurrent: usize,
     /// Runs waiting for a slot; beyond this, requests get `Busy`.
     pub max_queued: usize,
+    /// Helpers started ahead of requests, waiting for a plan, so that a run
+    /// without a cgroup does not wait for one to start. 0: none.
+    pub prespawn: usize,
     /// Path of palisade-helper; default: next to the running binary.
     pub helper: Option<PathBuf>,
     /// When the broker runs as root: the host uid and gid sandboxes run as.
@@ -62,6 +65,7 @@ impl Default for BrokerConfig {
             allowed_gids: vec![],
             max_concurrent: 16,
             max_queued: 128,
+            prespawn: 2,
             helper: None,
             sandbox_uid: 65534,
             sandbox_gid: 65534,

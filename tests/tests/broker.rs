@@ -550,3 +550,54 @@ fn without_a_broker_the_cli_runs_an_embedded_one() {
     assert_eq!(o.status.code(), Some(125));
     assert!(stderr(&o).starts_with("palisade: RuntimeFailure: "), "{}", stderr(&o));
 }
+
+/// The daemon's idle helpers: its children (of any thread) running palisade-helper.
+fn idle_helpers(d: &Daemon) -> Vec<i32> {
+    let pid = d.child.id();
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for child in children.split_whitespace().filter_map(|c| c.parse::<i32>().ok()) {
+            let comm = std::fs::read_to_string(format!("/proc/{child}/comm")).unwrap_or_default();
+            if comm.trim_end() == "palisade-helper" {
+                found.push(child);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn helpers_started_ahead_serve_runs_and_a_dead_one_is_skipped() {
+    let d = Daemon::start("[broker]\nprespawn = 2\n");
+    let ws = TempDir::new("ws");
+    assert!(eventually(Duration::from_secs(10), || idle_helpers(&d).len() == 2), "{}", d.log());
+    // Killed while idle: the next run must not pick a dead one.
+    for pid in idle_helpers(&d) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    }
+    let o = d.run(ws.path(), &[&probe(), "echo", "after"]);
+    assert_eq!((o.status.code(), stdout(&o).as_str()), (Some(0), "ok after\n"), "{}", d.log());
+    assert!(eventually(Duration::from_secs(10), || idle_helpers(&d).len() == 2), "not refilled");
+    // A pooled helper takes the run's stdin like any other.
+    let mut c = Client::connect(&d.socket).unwrap();
+    let mut req = request(ws.path(), &["cat"]);
+    req.stdin = b"through a pooled helper".to_vec();
+    let mut out = Vec::new();
+    let r = c
+        .run(req, |m| {
+            if let ServerMessage::Output { data, .. } = m {
+                out.extend_from_slice(data)
+            }
+        })
+        .unwrap();
+    assert_eq!(
+        (r.status, String::from_utf8_lossy(&out).as_ref()),
+        (RunStatus::Exited { code: 0 }, "ok through a pooled helper\n")
+    );
+
+    let none = Daemon::start("[broker]\nprespawn = 0\n");
+    assert_eq!(none.run(ws.path(), &[&probe(), "echo", "x"]).status.code(), Some(0));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(idle_helpers(&none).is_empty(), "prespawn = 0 keeps no helper");
+}
