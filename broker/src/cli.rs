@@ -270,7 +270,7 @@ fn run(args: RunArgs) -> i32 {
         (None, Some(s)) => (PathBuf::from(s), false),
         (None, None) => (paths::default_socket(), false),
     };
-    match Client::connect(&socket) {
+    match Client::open(&socket) {
         Ok(client) => via_socket(client, request, render),
         Err(ClientError::Io(e)) if !explicit => {
             tracing::debug!("no broker at {}: {e}; running an embedded one", socket.display());

@@ -186,6 +186,14 @@ pub fn commit(upper: &OwnedFd, dest: &Path, owner: Option<(u32, u32)>) -> io::Re
     Ok(done)
 }
 
+/// Whether the run wrote nothing there (the upper directory is empty).
+pub fn untouched(upper: &OwnedFd) -> bool {
+    // A descriptor of its own: reading must not move the offset `commit` starts from.
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let Ok(mut dir) = nix::dir::Dir::openat(upper.as_fd(), ".", flags, Mode::empty()) else { return false };
+    dir.iter().all(|e| e.is_ok_and(|e| matches!(e.file_name().to_bytes(), b"." | b"..")))
+}
+
 /// Whether the upper layer's tmpfs is (all but) full: the run hit its bound.
 pub fn full(upper: &OwnedFd) -> bool {
     match nix::sys::statvfs::fstatvfs(upper.as_fd()) {

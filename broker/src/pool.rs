@@ -44,12 +44,15 @@ impl Pool {
         }
     }
 
-    /// An idle helper, if one is ready; a replacement is started either way.
+    /// An idle helper, if one is ready. The caller calls [`Pool::refill`]
+    /// once its run is over: a replacement started now would compete with
+    /// the run for the CPU.
     pub fn take(self: &Arc<Pool>) -> Option<HelperChild> {
         if self.size == 0 {
             return None;
         }
         let mut taken = None;
+        let mut empty = true;
         if let Ok(mut idle) = self.idle.lock() {
             while let Some(mut h) = idle.pop() {
                 if matches!(h.try_wait(), Ok(None)) {
@@ -57,8 +60,12 @@ impl Pool {
                     break;
                 }
             }
+            empty = idle.is_empty();
         }
-        self.refill();
+        if empty {
+            // No spare left for the next run: start one now after all.
+            self.refill();
+        }
         taken
     }
 

@@ -264,10 +264,21 @@ impl Engine {
         let wall_ms = started.elapsed().as_millis() as u64;
         let closed_us = started.elapsed().as_micros();
         let usage = reap(pid).map_err(io_err)?;
+        self.pool.refill();
         let status_channel = helper.status;
-        let (records, fds) = tokio::task::spawn_blocking(move || crate::spawn::read_status(&status_channel))
+        // Every holder of the channel is gone once the helper has exited, so
+        // it reads to its end at once; should one linger, wait in a thread.
+        let quick =
+            nonblocking(&status_channel, true).and_then(|()| crate::spawn::read_status(&status_channel));
+        let status = match quick {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => tokio::task::spawn_blocking(move || {
+                nonblocking(&status_channel, false).and_then(|()| crate::spawn::read_status(&status_channel))
+            })
             .await
-            .map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?
+            .map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?,
+            other => other,
+        };
+        let (records, fds) = status
             .map_err(|e| failure(ErrorKind::RuntimeFailure, format!("bad status from the helper: {e}")))?;
         let status_read_us = started.elapsed().as_micros();
         let mut fds = fds.into_iter();
@@ -299,7 +310,7 @@ impl Engine {
         if !overlays.is_empty() && ended.is_none() {
             if overlays.iter().any(|(_, fd)| overlay::full(fd)) {
                 ended = Some(RunStatus::DiskLimitExceeded);
-            } else {
+            } else if !overlays.iter().all(|(_, fd)| overlay::untouched(fd)) {
                 let plan = resolved.plan.clone();
                 written_bytes = tokio::task::spawn_blocking(move || commit_all(&plan, overlays))
                     .await
@@ -377,6 +388,15 @@ fn commit_all(
         bytes += done.bytes;
     }
     Ok(bytes)
+}
+
+fn nonblocking(file: &std::fs::File, on: bool) -> std::io::Result<()> {
+    let fd = std::os::fd::AsFd::as_fd(file);
+    let flags = nix::fcntl::OFlag::from_bits_truncate(nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL)?);
+    let flags =
+        if on { flags | nix::fcntl::OFlag::O_NONBLOCK } else { flags - nix::fcntl::OFlag::O_NONBLOCK };
+    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(flags))?;
+    Ok(())
 }
 
 /// Pipe capacity asked for the command's stdout and stderr: fewer wake-ups
