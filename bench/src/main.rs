@@ -176,15 +176,24 @@ impl Daemon {
         )
         .unwrap();
         let socket = dir.join("bench.sock");
-        let child = Command::new(bin("palisaded"))
-            .arg("--config")
+        let mut cmd = Command::new(bin("palisaded"));
+        cmd.arg("--config")
             .arg(&config)
             .arg("--socket")
             .arg(&socket)
             .env("PALISADE_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start palisaded");
+            .stdin(Stdio::null());
+        // SAFETY: prctl is async-signal-safe. The daemon goes when the benchmark
+        // does, even if it is killed (it is spawned from the main thread).
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("start palisaded");
         let start = Instant::now();
         while std::os::unix::net::UnixStream::connect(&socket).is_err() {
             assert!(start.elapsed() < Duration::from_secs(30), "palisaded did not start");

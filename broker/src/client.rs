@@ -76,7 +76,7 @@ impl Client {
             if let Some(m) = self.decoder.next_message().map_err(|e| ClientError::Protocol(e.to_string()))? {
                 return Ok(m);
             }
-            let n = self.decoder.read_from(&mut self.stream, 256 * 1024).map_err(ClientError::Io)?;
+            let n = self.decoder.read_from(&mut self.stream, 64 * 1024).map_err(ClientError::Io)?;
             if n == 0 {
                 return Err(ClientError::Protocol("the broker closed the connection".into()));
             }
