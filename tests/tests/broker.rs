@@ -406,10 +406,12 @@ fn readiness_is_notified_and_a_socket_passed_by_systemd_is_used() {
     ])
     .arg(&cfg)
     .stderr(std::process::Stdio::null());
-    // SAFETY: dup2 is async-signal-safe.
+    // SAFETY: dup2 and fcntl are async-signal-safe.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-            if libc::dup2(raw, 3) < 0 {
+            // dup2 onto itself would leave close-on-exec set.
+            let rc = if raw == 3 { libc::fcntl(3, libc::F_SETFD, 0) } else { libc::dup2(raw, 3) };
+            if rc < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
