@@ -13,7 +13,16 @@
 //! - enforcement precision: bytes delivered past the output quota, and how
 //!   late past the deadline the run's last process died.
 //!
-//! `--quick` makes every measurement small (the CI runs it once).
+//! Flags:
+//! - `--quick`: every measurement small (the CI runs it once);
+//! - `--only latency,throughput,output,memory,precision`: some sections only;
+//! - `--breakdown`: where the helper's time goes, by removing one mechanism
+//!   at a time from its plan;
+//! - `--loop LAUNCHER N`: N launches of `/bin/true` and nothing else, for a
+//!   profiler to watch (`perf record -a -g -- palisade-bench --loop palisade-helper 500`).
+//!
+//! Build as an installation would (`scripts/build-release.sh`, which
+//! `bench/run.sh` does): a dynamically linked helper and CLI start slower.
 
 use palisade_broker::client::Client;
 use palisade_broker::spawn::{HelperCommand, Io, spawn};
@@ -83,7 +92,27 @@ impl Launch for Prefix {
 
 /// palisade-helper run directly with a plan resolved by the default policy.
 struct Helper {
+    name: &'static str,
     plans: Vec<(Vec<String>, Vec<u8>)>,
+}
+
+/// The default plan cut down to what the bwrap anchor does: no /etc, a plain
+/// bind for the workspace (no overlay), no Landlock, no seccomp filter (an
+/// allow-all one), no idmap. Not a profile palisade offers: it shows what the
+/// same work costs, apart from the protections the default profile adds.
+fn like_bwrap(mut plan: palisade_protocol::JailPlan) -> palisade_protocol::JailPlan {
+    use palisade_protocol::{BpfInstruction, LandlockFeatures, Mount};
+    plan.mounts.retain(|m| !m.target().starts_with("/etc"));
+    for m in &mut plan.mounts {
+        if let Mount::Overlay { source, target, owned, .. } = m.clone() {
+            *m = Mount::Bind { source, target, writable: true, owned };
+        }
+    }
+    plan.landlock.wanted = LandlockFeatures::EMPTY;
+    plan.landlock.required = LandlockFeatures::EMPTY;
+    plan.seccomp = vec![BpfInstruction { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 }];
+    plan.host_ids = None;
+    plan
 }
 
 impl Helper {
@@ -117,7 +146,20 @@ impl Helper {
                 }
             })
             .collect();
-        Helper { plans }
+        Helper { name: "palisade-helper", plans }
+    }
+
+    fn like_bwrap(ws: &Path, payloads: &[&[&str]]) -> Helper {
+        let full = Helper::new(ws, payloads);
+        let plans = full
+            .plans
+            .into_iter()
+            .map(|(argv, bytes)| {
+                let plan = like_bwrap(palisade_protocol::decode_plan(&bytes).unwrap());
+                (argv, palisade_protocol::encode_plan(&plan).unwrap())
+            })
+            .collect();
+        Helper { name: "palisade-helper, bwrap's work only", plans }
     }
 }
 
@@ -129,7 +171,7 @@ fn landlock_abi() -> u32 {
 
 impl Launch for Helper {
     fn name(&self) -> &str {
-        "palisade-helper"
+        self.name
     }
     fn once(&self, payload: &[&str]) {
         let plan = &self
@@ -478,6 +520,7 @@ fn breakdown(ws: &Path, runs: usize) -> String {
             (
                 n.to_string(),
                 Helper {
+                    name: "variant",
                     plans: vec![(vec!["/bin/true".into()], palisade_protocol::encode_plan(&p).unwrap())],
                 },
             )
@@ -602,7 +645,9 @@ fn main() {
             notes.push(format!("{tool} is not installed (bench/run.sh installs it): not measured"));
         }
     }
+    let helper_like_bwrap = Helper::like_bwrap(&ws, &payloads);
     launchers.push(&helper);
+    launchers.push(&helper_like_bwrap);
     launchers.push(&palisade);
 
     // `--loop NAME N`: launch `/bin/true` N times with one launcher and
