@@ -286,23 +286,31 @@ pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
         )
     })?;
     drop((keep, convention, status_write, plan));
-    let pid = pid as u32;
-    let pidfd = pidfd_open(pid)?;
+    // Until the child is handed over, a failure kills and reaps it (it has
+    // not read its plan yet, so it has done nothing).
+    let abandon = |e: io::Error| {
+        // SAFETY: kill and waitpid on our own unreaped child; no memory is passed.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        e
+    };
+    let pidfd = pidfd_open(pid as u32).map_err(abandon)?;
     for limit in &cmd.outer_limits {
         let value = libc::rlimit { rlim_cur: limit.value, rlim_max: limit.value };
         // SAFETY: `value` is a valid rlimit that outlives the call; no old value is asked for.
-        if unsafe { libc::prlimit(pid as libc::pid_t, limit.resource, &value, std::ptr::null_mut()) } < 0 {
-            let e = io::Error::last_os_error();
-            let _ = pidfd_kill(&pidfd, libc::SIGKILL);
-            return Err(e);
+        if unsafe { libc::prlimit(pid, limit.resource, &value, std::ptr::null_mut()) } < 0 {
+            return Err(abandon(io::Error::last_os_error()));
         }
     }
     let mut plan_writer = plan_writer;
     if !cmd.defer_plan {
         if let Some(mut w) = plan_writer.take() {
-            w.write_all(&cmd.plan)?;
+            w.write_all(&cmd.plan).map_err(abandon)?;
         }
     }
+    let pid = pid as u32;
     let [stdin, stdout, stderr] = ours;
     Ok(HelperChild { pid, pidfd, status: File::from(status_read), plan_writer, stdin, stdout, stderr })
 }
