@@ -96,22 +96,48 @@ struct Helper {
     plans: Vec<(Vec<String>, Vec<u8>)>,
 }
 
+/// One mechanism taken out of a plan (not a configuration palisade offers):
+/// `--breakdown` removes each alone, and the bwrap-equivalent launcher all but
+/// the network namespace, which bwrap's profile has too.
+type Cut = (&'static str, fn(&mut palisade_protocol::JailPlan));
+
+const CUTS: [Cut; 6] = [
+    ("- seccomp (allow-all filter)", |p| {
+        p.seccomp = vec![palisade_protocol::BpfInstruction { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 }]
+    }),
+    ("- Landlock", |p| {
+        p.landlock.wanted = palisade_protocol::LandlockFeatures::EMPTY;
+        p.landlock.required = palisade_protocol::LandlockFeatures::EMPTY;
+    }),
+    ("- /etc binds", |p| {
+        p.mounts.retain(|m| !m.target().starts_with("/etc"));
+        p.landlock.read.retain(|r| !r.starts_with("/etc"));
+    }),
+    ("- network namespace", |p| {
+        p.namespaces.net = false;
+        p.loopback = false;
+    }),
+    ("- overlay (plain bind)", |p| {
+        use palisade_protocol::Mount;
+        for m in &mut p.mounts {
+            if let Mount::Overlay { source, target, owned, .. } = m.clone() {
+                *m = Mount::Bind { source, target, writable: true, owned };
+            }
+        }
+    }),
+    ("- host ids (root: no idmap, no uid change)", |p| p.host_ids = None),
+];
+
 /// The default plan cut down to what the bwrap anchor does: no /etc, a plain
 /// bind for the workspace (no overlay), no Landlock, no seccomp filter (an
-/// allow-all one), no idmap. Not a profile palisade offers: it shows what the
-/// same work costs, apart from the protections the default profile adds.
+/// allow-all one), no idmap. It shows what the same work costs, apart from
+/// the protections the default profile adds.
 fn like_bwrap(mut plan: palisade_protocol::JailPlan) -> palisade_protocol::JailPlan {
-    use palisade_protocol::{BpfInstruction, LandlockFeatures, Mount};
-    plan.mounts.retain(|m| !m.target().starts_with("/etc"));
-    for m in &mut plan.mounts {
-        if let Mount::Overlay { source, target, owned, .. } = m.clone() {
-            *m = Mount::Bind { source, target, writable: true, owned };
+    for (name, cut) in CUTS {
+        if name != "- network namespace" {
+            cut(&mut plan);
         }
     }
-    plan.landlock.wanted = LandlockFeatures::EMPTY;
-    plan.landlock.required = LandlockFeatures::EMPTY;
-    plan.seccomp = vec![BpfInstruction { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 }];
-    plan.host_ids = None;
     plan
 }
 
@@ -483,36 +509,16 @@ fn precision(d: &Daemon, ws: &Path, rounds: usize) -> String {
 /// Where the helper's time goes: the full plan against plans with one
 /// mechanism removed at a time (not a configuration palisade offers).
 fn breakdown(ws: &Path, runs: usize) -> String {
-    use palisade_protocol::{BpfInstruction, JailPlan, LandlockFeatures, Mount};
     let base = Helper::new(ws, &[&["/bin/true"]]);
     let plan = palisade_protocol::decode_plan(&base.plans[0].1).unwrap();
-    let mut variants: Vec<(&str, JailPlan)> = vec![("full plan", plan.clone())];
-    let mut p = plan.clone();
-    p.seccomp = vec![BpfInstruction { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 }];
-    variants.push(("- seccomp (allow-all filter)", p));
-    let mut p = plan.clone();
-    p.landlock.wanted = LandlockFeatures::EMPTY;
-    p.landlock.required = LandlockFeatures::EMPTY;
-    variants.push(("- Landlock", p));
-    let mut p = plan.clone();
-    p.mounts.retain(|m| !m.target().starts_with("/etc"));
-    p.landlock.read.retain(|r| !r.starts_with("/etc"));
-    variants.push(("- /etc binds", p));
-    let mut p = plan.clone();
-    p.namespaces.net = false;
-    p.loopback = false;
-    variants.push(("- network namespace", p));
-    let mut p = plan.clone();
-    for m in &mut p.mounts {
-        if let Mount::Overlay { source, target, owned, .. } = m.clone() {
-            *m = Mount::Bind { source, target, writable: true, owned };
+    let mut variants = vec![("full plan", plan.clone())];
+    for (name, cut) in CUTS {
+        if name.starts_with("- host ids") && plan.host_ids.is_none() {
+            continue;
         }
-    }
-    variants.push(("- overlay (plain bind)", p));
-    if plan.host_ids.is_some() {
         let mut p = plan.clone();
-        p.host_ids = None;
-        variants.push(("- host ids (root: no idmap, no uid change)", p));
+        cut(&mut p);
+        variants.push((name, p));
     }
     let helpers: Vec<(String, Helper)> = variants
         .into_iter()

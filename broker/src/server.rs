@@ -260,8 +260,13 @@ impl Sink for SocketSink {
     async fn send_output(&mut self, stream: Stream, data: &[u8]) -> bool {
         match self.encoding {
             Encoding::Bincode => {
-                let header = output_frame_header(stream, data.len());
-                self.writer.write_all(&header).await.is_ok() && self.writer.write_all(data).await.is_ok()
+                let mut frame = output_frame_header(stream, data.len());
+                // Small pieces (most output) go in one write; large ones are not copied.
+                if data.len() <= 16 * 1024 {
+                    frame.extend_from_slice(data);
+                    return self.writer.write_all(&frame).await.is_ok();
+                }
+                self.writer.write_all(&frame).await.is_ok() && self.writer.write_all(data).await.is_ok()
             }
             Encoding::Json => self.send(ServerMessage::Output { stream, data: data.to_vec() }).await,
         }

@@ -113,12 +113,10 @@ pub fn read_status(channel: &File) -> io::Result<(Vec<HelperRecord>, Vec<OwnedFd
         let msg = recvmsg::<()>(channel.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
         for c in msg.cmsgs()? {
             if let ControlMessageOwned::ScmRights(received) = c {
-                // SAFETY: SCM_RIGHTS installed these descriptors in this process; nothing else owns them.
-                fds.extend(
-                    received
-                        .into_iter()
-                        .map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }),
-                );
+                for fd in received {
+                    // SAFETY: SCM_RIGHTS installed this descriptor in this process; nothing else owns it.
+                    fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                }
             }
         }
         let n = msg.bytes;

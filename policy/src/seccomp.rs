@@ -655,14 +655,18 @@ const CONDITIONAL_NAMES: [(&str, i64); 5] = [
     ("SYS_socket", libc::SYS_socket),
 ];
 
-fn syscall_name(nr: u32) -> Option<&'static str> {
+/// Every syscall the profile names (allowed, denied or conditional), by number.
+fn named_syscalls() -> impl Iterator<Item = (u32, &'static str)> {
     ALLOWED
         .iter()
         .chain(ALLOWED_ARCH)
         .chain(DENIED)
         .chain(CONDITIONAL_NAMES.iter())
-        .find(|(_, n)| *n == i64::from(nr))
-        .map(|(name, _)| name.trim_start_matches("SYS_"))
+        .map(|(name, nr)| (*nr as u32, name.trim_start_matches("SYS_")))
+}
+
+fn syscall_name(nr: u32) -> Option<&'static str> {
+    named_syscalls().find(|(n, _)| *n == nr).map(|(_, name)| name)
 }
 
 fn action(k: u32) -> String {
@@ -751,13 +755,7 @@ fn evaluate(program: &[BpfInstruction], arch: u32, nr: u32, args: [u64; 6]) -> O
 /// computed by running the program: the listing's second half, so a change
 /// in meaning shows in the golden file by name.
 fn decisions(program: &[BpfInstruction]) -> String {
-    let mut names: Vec<(u32, &str)> = ALLOWED
-        .iter()
-        .chain(ALLOWED_ARCH)
-        .chain(DENIED)
-        .chain(CONDITIONAL_NAMES.iter())
-        .map(|(n, nr)| (*nr as u32, n.trim_start_matches("SYS_")))
-        .collect();
+    let mut names: Vec<(u32, &str)> = named_syscalls().collect();
     names.sort();
     names.dedup();
     let mut out = String::new();

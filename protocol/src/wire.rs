@@ -419,10 +419,12 @@ impl Decoder {
         Ok(n)
     }
 
-    /// `len` writable bytes after the pending ones: the pending bytes move to
-    /// the front first, and the storage grows only when that is not enough.
+    /// `len` writable bytes after the pending ones. When the storage's tail
+    /// is too short, the pending bytes move to the front first (not on every
+    /// read: a part of a frame waiting would be copied again and again), and
+    /// the storage grows only when that is not enough.
     fn space(&mut self, len: usize) -> &mut [u8] {
-        if self.start > 0 {
+        if self.buf.len() < self.end + len && self.start > 0 {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
