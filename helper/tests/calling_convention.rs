@@ -20,13 +20,27 @@ fn arguments_are_refused() {
 
 #[test]
 fn missing_plan_and_status_descriptors_are_refused() {
-    let out = Command::new(HELPER).stdin(Stdio::null()).output().unwrap();
+    let mut cmd = Command::new(HELPER);
+    cmd.stdin(Stdio::null());
+    // SAFETY: only close, which is async-signal-safe. Whoever runs the tests
+    // may have left fds 3 and 4 open; the helper must see them closed.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::close(3);
+            libc::close(4);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("fd 3 is not open"), "{out:?}");
 }
 
+/// A close-on-exec pipe: only the ends the helper is handed (dup2 clears the
+/// flag on the copies) reach it. An inherited plan writer would keep the
+/// helper waiting for an end of file that never comes.
 fn pipe() -> (OwnedFd, OwnedFd) {
-    nix::unistd::pipe().unwrap()
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap()
 }
 
 /// Runs the helper with `plan` on fd 3 and returns its status records.
