@@ -25,11 +25,13 @@
 //! `bench/run.sh` does): a dynamically linked helper and CLI start slower.
 
 use palisade_broker::client::Client;
+use palisade_broker::etc_view::{EtcView, Snapshot};
 use palisade_broker::spawn::{HelperCommand, Io, spawn};
 use palisade_policy::{Config, Context, Decision, HostCapabilities, Policy};
 use palisade_protocol::wire::{RunRequest, RunStatus, ServerMessage};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -94,6 +96,12 @@ impl Launch for Prefix {
 struct Helper {
     name: &'static str,
     plans: Vec<(Vec<String>, Vec<u8>)>,
+    /// The /etc snapshot the plans bind, as the broker keeps one.
+    etc: Option<Arc<Snapshot>>,
+}
+
+fn decode_plan(bytes: &[u8]) -> palisade_protocol::JailPlan {
+    palisade_protocol::decode_plan(bytes).unwrap()
 }
 
 /// One mechanism taken out of a plan (not a configuration palisade offers):
@@ -109,7 +117,7 @@ const CUTS: [Cut; 6] = [
         p.landlock.wanted = palisade_protocol::LandlockFeatures::EMPTY;
         p.landlock.required = palisade_protocol::LandlockFeatures::EMPTY;
     }),
-    ("- /etc binds", |p| {
+    ("- /etc (its one bind)", |p| {
         p.mounts.retain(|m| !m.target().starts_with("/etc"));
         p.landlock.read.retain(|r| !r.starts_with("/etc"));
     }),
@@ -143,7 +151,17 @@ fn like_bwrap(mut plan: palisade_protocol::JailPlan) -> palisade_protocol::JailP
 
 impl Helper {
     fn new(ws: &Path, payloads: &[&[&str]]) -> Helper {
+        Helper::with_etc(ws, payloads, true)
+    }
+
+    /// The plans the default policy resolves; `snapshot`: with /etc as the
+    /// broker's snapshot (as palisaded runs them), else entry by entry.
+    fn with_etc(ws: &Path, payloads: &[&[&str]], snapshot: bool) -> Helper {
         let policy = Policy::new(Config::default());
+        // Beside the workspace: reachable by the sandbox's uid, removed with it.
+        let base = ws.parent().unwrap().to_path_buf();
+        let entries = palisade_policy::jail::ETC_ENTRIES.iter().map(PathBuf::from).collect();
+        let etc = snapshot.then(|| EtcView::new(base, entries).current()).flatten();
         let ctx = Context {
             host: HostCapabilities {
                 user_namespaces: true,
@@ -155,6 +173,7 @@ impl Helper {
             gid: nix::unistd::getgid().as_raw(),
             temp_root: std::env::temp_dir(),
             run: 0,
+            etc_view: etc.as_ref().map(|e| e.dir().to_path_buf()),
         };
         let plans = payloads
             .iter()
@@ -172,20 +191,21 @@ impl Helper {
                 }
             })
             .collect();
-        Helper { name: "palisade-helper", plans }
+        Helper { name: "palisade-helper", plans, etc }
     }
 
     fn like_bwrap(ws: &Path, payloads: &[&[&str]]) -> Helper {
         let full = Helper::new(ws, payloads);
         let plans = full
             .plans
-            .into_iter()
+            .iter()
+            .cloned()
             .map(|(argv, bytes)| {
                 let plan = like_bwrap(palisade_protocol::decode_plan(&bytes).unwrap());
                 (argv, palisade_protocol::encode_plan(&plan).unwrap())
             })
             .collect();
-        Helper { name: "palisade-helper, bwrap's work only", plans }
+        Helper { name: "palisade-helper, bwrap's work only", plans, etc: full.etc.clone() }
     }
 }
 
@@ -510,7 +530,7 @@ fn precision(d: &Daemon, ws: &Path, rounds: usize) -> String {
 /// mechanism removed at a time (not a configuration palisade offers).
 fn breakdown(ws: &Path, runs: usize) -> String {
     let base = Helper::new(ws, &[&["/bin/true"]]);
-    let plan = palisade_protocol::decode_plan(&base.plans[0].1).unwrap();
+    let plan = decode_plan(&base.plans[0].1);
     let mut variants = vec![("full plan", plan.clone())];
     for (name, cut) in CUTS {
         if name.starts_with("- host ids") && plan.host_ids.is_none() {
@@ -520,6 +540,12 @@ fn breakdown(ws: &Path, runs: usize) -> String {
         cut(&mut p);
         variants.push((name, p));
     }
+    // What the snapshot of /etc saves: the entries bound one by one.
+    let one_by_one = Helper::with_etc(ws, &[&["/bin/true"]], false);
+    variants.push((
+        "/etc entries bound one by one (`etc_snapshot = false`)",
+        decode_plan(&one_by_one.plans[0].1),
+    ));
     let helpers: Vec<(String, Helper)> = variants
         .into_iter()
         .map(|(n, p)| {
@@ -528,6 +554,7 @@ fn breakdown(ws: &Path, runs: usize) -> String {
                 Helper {
                     name: "variant",
                     plans: vec![(vec!["/bin/true".into()], palisade_protocol::encode_plan(&p).unwrap())],
+                    etc: base.etc.clone(),
                 },
             )
         })

@@ -2,6 +2,7 @@
 //! decide by policy, prepare the run's host directories, execute.
 
 use crate::cgroup::{CgroupLimits, Cgroups};
+use crate::etc_view::EtcView;
 use crate::run::{Engine, Sink};
 use crate::spawner::Spawner;
 use crate::{host, paths};
@@ -18,6 +19,8 @@ pub struct Broker {
     pub policy: Policy,
     /// The context every decision starts from; `run` is set per request.
     pub context: Context,
+    /// The snapshot of /etc that Tier C sandboxes see; `None`: per-entry binds.
+    pub etc: Option<EtcView>,
     next_run: AtomicU64,
 }
 
@@ -51,9 +54,12 @@ impl Broker {
             gid: nix::unistd::getgid().as_raw(),
             temp_root: config.policy.temp_root.clone().unwrap_or_else(paths::default_temp_root),
             run: 0,
+            etc_view: None,
         };
+        let etc = config.broker.etc_snapshot.then(|| etc_view(&context.temp_root)).flatten();
         Ok(Broker {
             engine: Engine::new(spawner, helper, config.broker.prespawn),
+            etc,
             cgroups,
             policy: Policy::new(config),
             context,
@@ -69,7 +75,13 @@ impl Broker {
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, ErrorReply> {
         let run_id = self.next_run.fetch_add(1, Ordering::Relaxed);
-        let context = Context { run: run_id, ..self.context.clone() };
+        // Held until the run is over: the snapshot stays on disk meanwhile.
+        let etc = self.etc.as_ref().and_then(EtcView::current);
+        let context = Context {
+            run: run_id,
+            etc_view: etc.as_ref().map(|e| e.dir().to_path_buf()),
+            ..self.context.clone()
+        };
         let deciding = std::time::Instant::now();
         let decision = self.policy.decide(&context, request);
         tracing::debug!(run_id, decide_us = deciding.elapsed().as_micros(), "policy decided");
@@ -112,7 +124,7 @@ impl Broker {
             // Removed after every run, whatever happened in it.
             let _ = tokio::task::spawn_blocking(move || c.remove()).await;
         }
-        drop(dirs);
+        drop((dirs, etc));
         result
     }
 
@@ -138,6 +150,30 @@ impl Broker {
         }
         Ok(())
     }
+}
+
+/// The /etc snapshots' keeper, under `temp_root`. A broker running as root
+/// hands sandboxes another uid, which must reach the snapshot: it creates
+/// `temp_root` 0711 when missing (the runs' own directories inside are 0700).
+/// `None`, with the reason logged, where a sandbox could not reach it.
+fn etc_view(temp_root: &std::path::Path) -> Option<EtcView> {
+    use std::os::unix::fs::DirBuilderExt;
+    let root = nix::unistd::geteuid().is_root();
+    if let Err(e) =
+        std::fs::DirBuilder::new().recursive(true).mode(if root { 0o711 } else { 0o700 }).create(temp_root)
+    {
+        tracing::warn!("no /etc snapshot: cannot create {}: {e}", temp_root.display());
+        return None;
+    }
+    if root && !crate::etc_view::reachable_by_others(temp_root) {
+        tracing::warn!(
+            "no /etc snapshot: the sandbox's uid cannot reach {} (a directory on the way is not searchable by others); /etc entries are bound one by one",
+            temp_root.display()
+        );
+        return None;
+    }
+    let entries = palisade_policy::jail::ETC_ENTRIES.iter().map(std::path::PathBuf::from).collect();
+    Some(EtcView::new(temp_root.to_path_buf(), entries))
 }
 
 /// A run's host directories (Tier B's private /tmp and temporary workspace),

@@ -303,6 +303,8 @@ impl Sink for RenderSink<'_> {
 fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 {
     // One run: no helper to start ahead of it.
     config.broker.prespawn = 0;
+    // Nor a copy of /etc kept for runs to come: binding the entries is cheaper once.
+    config.broker.etc_snapshot = false;
     // Before any thread exists: the probe of user namespaces forks.
     let broker = match Broker::assemble(config, None) {
         Ok(b) => b,

@@ -105,6 +105,8 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32) -> i32 {
         None => tracing::info!("listening on the socket passed by systemd"),
     }
     broker.engine.warm_up();
+    // The first /etc snapshot, before the first request rather than during it.
+    drop(broker.etc.as_ref().and_then(|e| e.current()));
     systemd::notify("READY=1");
     Arc::new(Server::new(broker)).serve(listener, stopped).await;
     systemd::notify("STOPPING=1");

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod client;
 pub mod daemon;
 pub mod doctor;
+pub mod etc_view;
 pub mod host;
 pub mod overlay;
 pub mod paths;

@@ -45,6 +45,11 @@ pub struct BrokerConfig {
     /// Helpers started ahead of requests, waiting for a plan, so that a run
     /// without a cgroup does not wait for one to start. 0: none.
     pub prespawn: usize,
+    /// Sandboxes see `/etc` as one read-only bind of a copy of the curated
+    /// entries that the broker keeps, and takes afresh when the host's change
+    /// (watched with inotify); false: each entry is bound on its own, at
+    /// every run.
+    pub etc_snapshot: bool,
     /// Path of palisade-helper; default: next to the running binary.
     pub helper: Option<PathBuf>,
     /// When the broker runs as root: the host uid and gid sandboxes run as.
@@ -66,6 +71,7 @@ impl Default for BrokerConfig {
             max_concurrent: 16,
             max_queued: 128,
             prespawn: 2,
+            etc_snapshot: true,
             helper: None,
             sandbox_uid: 65534,
             sandbox_gid: 65534,

@@ -69,6 +69,9 @@ pub struct Context {
     /// Where this run's host directories go (Tier B): `<temp_root>/run-<run>`.
     pub temp_root: PathBuf,
     pub run: u64,
+    /// A directory holding a copy of the curated /etc entries, bound at
+    /// `/etc` in Tier C instead of each entry (see [`JailSpec::etc_view`]).
+    pub etc_view: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -586,6 +589,7 @@ impl Policy {
             temp_workspace: if tier == Tier::C { temp_workspace.clone() } else { None },
             write_bound: (tier == Tier::C && self.config.defaults.disk == DiskMode::Overlay)
                 .then_some(self.config.defaults.max_disk_mb << 20),
+            etc_view: ctx.etc_view.clone(),
         };
         let mut plan = build_plan(&spec)
             .map_err(|e| Denial::new(ErrorKind::RuntimeFailure, "seccomp.compile", e.to_string()))?;

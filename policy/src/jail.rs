@@ -105,6 +105,11 @@ pub struct JailSpec {
     /// Tier C: writable directories are overlays whose upper layer is a tmpfs
     /// of this many bytes (see [`Mount::Overlay`]); `None`: plain binds.
     pub write_bound: Option<u64>,
+    /// Tier C: a directory holding a copy of the [`ETC_ENTRIES`] (what others
+    /// may read of them), bound read-only at `/etc` in one mount instead of
+    /// one mount per entry. Not used when another mount lies under `/etc`
+    /// (its mount point could not be made in a read-only bind).
+    pub etc_view: Option<PathBuf>,
 }
 
 fn s(p: &Path) -> String {
@@ -181,7 +186,24 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, seccomp::SeccompError> {
                 writable,
                 owned,
             };
-            mounts.extend(system.iter().map(|p| bind(p, false, false)));
+            let under_etc = |p: &PathBuf| p.starts_with("/etc");
+            let etc_view = spec.etc_view.as_ref().filter(|_| {
+                !(spec.read_write.iter().chain(&spec.read_only).chain(&spec.temp_workspace).any(under_etc))
+            });
+            match etc_view {
+                Some(view) => {
+                    mounts.extend(
+                        system.iter().filter(|p| !p.starts_with("/etc/")).map(|p| bind(p, false, false)),
+                    );
+                    mounts.push(Mount::Bind {
+                        source: s(view),
+                        target: "/etc".into(),
+                        writable: false,
+                        owned: false,
+                    });
+                }
+                None => mounts.extend(system.iter().map(|p| bind(p, false, false))),
+            }
             mounts.extend(read_only.iter().map(|p| bind(p, false, true)));
             mounts.extend(read_write.iter().map(|p| match spec.write_bound {
                 Some(size_bytes) => {

@@ -70,6 +70,7 @@ fn context(user_namespaces: bool, landlock_abi: u32) -> Context {
         uid: 1000,
         gid: 1000,
         temp_root: PathBuf::from("/run/palisade-test"),
+        etc_view: None,
         run: 7,
     }
 }

@@ -170,6 +170,7 @@ impl Jail {
             no_fork: false,
             temp_workspace: None,
             write_bound: None,
+            etc_view: None,
         };
         Jail { spec, timeout: Duration::from_secs(60), stdin: None, dir }
     }

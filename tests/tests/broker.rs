@@ -603,3 +603,87 @@ fn helpers_started_ahead_serve_runs_and_a_dead_one_is_skipped() {
     std::thread::sleep(Duration::from_millis(200));
     assert!(idle_helpers(&none).is_empty(), "prespawn = 0 keeps no helper");
 }
+
+/// The probe's `what` on `path`, passed on stdin: the policy refuses paths
+/// outside the workspace on the command line, the kernel is what is tested.
+fn probe_path(d: &Daemon, ws: &Path, what: &str, path: &str) -> String {
+    let mut req = request(ws, &[what, "-"]);
+    req.stdin = path.as_bytes().to_vec();
+    let mut out = Vec::new();
+    Client::connect(&d.socket)
+        .unwrap()
+        .run(req, |m| {
+            if let ServerMessage::Output { stream: Stream::Stdout, data } = m {
+                out.extend_from_slice(data);
+            }
+        })
+        .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What a sandbox lists in `dir` (`None`: the listing failed), by name.
+fn listing(d: &Daemon, ws: &Path, dir: &str) -> Option<std::collections::BTreeSet<String>> {
+    let out = probe_path(d, ws, "list", dir);
+    let names = out.trim_end().strip_prefix("ok ")?;
+    Some(names.split(',').filter(|n| !n.is_empty()).map(String::from).collect())
+}
+
+#[test]
+fn the_sandbox_sees_etc_as_a_snapshot_of_what_others_may_read() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let ws = TempDir::new("ws");
+    let runs = TempDir::new("runs");
+    std::fs::set_permissions(runs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut snapshot = Daemon::start(&format!("[policy]\ntemp_root = {:?}\n", runs.path()));
+    let one_by_one = Daemon::start("[broker]\netc_snapshot = false\n");
+    let snapshots = || {
+        std::fs::read_dir(runs.path())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("etc-"))
+            .count()
+    };
+    assert_eq!(snapshots(), 1, "the broker keeps one snapshot\n{}", snapshot.log());
+
+    let curated: std::collections::BTreeSet<String> = palisade_policy::jail::ETC_ENTRIES
+        .iter()
+        .filter(|p| Path::new(p).exists())
+        .map(|p| p.trim_start_matches("/etc/").to_string())
+        .collect();
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    for d in [&snapshot, &one_by_one] {
+        assert_eq!(listing(d, ws.path(), "/etc").as_ref(), Some(&curated), "{}", d.log());
+        let read = probe_path(d, ws.path(), "read", "/etc/passwd");
+        assert_eq!(read, format!("ok {} bytes: {passwd}\n", passwd.len()));
+        let write = probe_path(d, ws.path(), "write", "/etc/palisade-probe");
+        assert!(write.starts_with("err "), "/etc is writable: {write}");
+    }
+    assert!(!Path::new("/etc/palisade-probe").exists());
+
+    // Below the entries: what others may read, and only that. (With each
+    // entry bound, the sandbox sees the rest too but cannot read it.)
+    if let Ok(host) = std::fs::read_dir("/etc/ssl") {
+        let readable: std::collections::BTreeSet<String> = host
+            .map(|e| e.unwrap())
+            .filter(|e| {
+                let m = std::fs::symlink_metadata(e.path()).unwrap();
+                m.file_type().is_symlink()
+                    || (m.is_dir() && m.mode() & 0o005 == 0o005)
+                    || (m.is_file() && m.mode() & 0o004 != 0)
+            })
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(listing(&snapshot, ws.path(), "/etc/ssl"), Some(readable));
+        for d in [&snapshot, &one_by_one] {
+            for private in std::fs::read_dir("/etc/ssl").unwrap().map(|e| e.unwrap().path()) {
+                let m = std::fs::metadata(&private).unwrap();
+                if m.is_dir() && m.mode() & 0o005 != 0o005 {
+                    let p = private.to_string_lossy();
+                    assert_eq!(listing(d, ws.path(), &p), None, "{p} is listed inside");
+                }
+            }
+        }
+    }
+
+    assert_eq!(snapshot.stop().and_then(|s| s.code()), Some(0));
+    assert_eq!(snapshots(), 0, "the snapshot outlived the broker");
+}

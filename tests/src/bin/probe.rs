@@ -21,7 +21,16 @@ fn sys(rc: libc::c_long) -> Result<libc::c_long, (Errno, String)> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let arg = |i: usize| args.get(i).cloned().unwrap_or_default();
+    // "-": the argument comes on stdin (a path the policy would refuse on the
+    // command line, to test what the kernel does with it).
+    let arg = |i: usize| match args.get(i).map(String::as_str) {
+        Some("-") => {
+            let mut s = String::new();
+            let _ = std::io::stdin().read_to_string(&mut s);
+            s
+        }
+        other => other.unwrap_or_default().to_string(),
+    };
     let outcome = match args.first().map(String::as_str).unwrap_or("") {
         "read" => std::fs::read(arg(1))
             .map(|b| format!("{} bytes: {}", b.len(), String::from_utf8_lossy(&b)))
