@@ -25,7 +25,10 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 pub const MAX_ENTRIES: usize = 20_000;
 pub const MAX_BYTES: u64 = 64 << 20;
@@ -62,9 +65,6 @@ struct State {
     /// Watches of the directories the current snapshot came from; `None`
     /// before the first snapshot.
     watch: Option<Watch>,
-    /// The entries changed since the last attempt.
-    dirty: bool,
-    generation: u64,
     /// Set when change detection itself is unavailable: no snapshot is used.
     off: Option<String>,
 }
@@ -96,13 +96,15 @@ impl EtcView {
             None => true,
             Some(w) => w.changed(),
         };
-        if !changed && !st.dirty {
+        if !changed {
+            // After a failed copy too: tried again when an entry changes.
             return st.current.clone();
         }
         // The old snapshot stays on disk while runs still hold it.
         st.current = None;
-        st.generation += 1;
-        let dir = self.base.join(format!("etc-{}-{}", std::process::id(), st.generation));
+        // Unique in this process, whichever view takes it.
+        let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
+        let dir = self.base.join(format!("etc-{}-{generation}", std::process::id()));
         match Watch::new(&self.entries) {
             Ok(w) => st.watch = Some(w),
             Err(e) => {
@@ -116,18 +118,13 @@ impl EtcView {
         match take(&self.entries, &dir) {
             Ok(snapshot) => {
                 tracing::debug!(dir = %dir.display(), "took a snapshot of the /etc entries");
-                st.dirty = false;
                 st.current = Some(Arc::new(snapshot));
             }
-            Err(e) => {
-                // Tried again when an entry changes.
-                tracing::warn!(
-                    "cannot copy the /etc entries to {}: {e}; binding them one by one",
-                    dir.display()
-                );
-                let _ = fs::remove_dir_all(&dir);
-                st.dirty = false;
-            }
+            // What was copied went with the failed snapshot.
+            Err(e) => tracing::warn!(
+                "cannot copy the /etc entries to {}: {e}; binding them one by one",
+                dir.display()
+            ),
         }
         st.current.clone()
     }
@@ -250,9 +247,11 @@ fn too_large(what: &str) -> io::Error {
     ))
 }
 
-/// Copies the entries into `dir` (created 0755).
+/// Copies the entries into `dir`, created 0755 (it must not exist yet). On
+/// failure, what was copied is removed.
 fn take(entries: &[PathBuf], dir: &Path) -> io::Result<Snapshot> {
     fs::DirBuilder::new().mode(0o755).create(dir)?;
+    // From here on the directory is this snapshot's, removed when it drops.
     let snapshot = Snapshot { dir: dir.to_path_buf() };
     let mut budget = Budget { entries: MAX_ENTRIES, bytes: MAX_BYTES };
     for entry in entries {
@@ -451,6 +450,18 @@ mod tests {
         drop((first, same));
         assert!(!old.exists(), "a snapshot no run holds is removed");
         assert!(second.dir().exists(), "a run still holds the second");
+    }
+
+    #[test]
+    fn two_views_on_one_base_keep_their_own_snapshots() {
+        let s = scratch("two");
+        fs::write(s.0.join("etc/hosts"), "h\n").unwrap();
+        let entries = vec![s.0.join("etc/hosts")];
+        let (a, b) =
+            (EtcView::new(s.0.join("base"), entries.clone()), EtcView::new(s.0.join("base"), entries));
+        let (sa, sb) = (a.current().unwrap(), b.current().unwrap());
+        assert_ne!(sa.dir(), sb.dir());
+        assert!(sa.dir().join("hosts").exists() && sb.dir().join("hosts").exists());
     }
 
     #[test]
