@@ -66,7 +66,7 @@ struct State {
     /// before the first snapshot.
     watch: Option<Watch>,
     /// Set when change detection itself is unavailable: no snapshot is used.
-    off: Option<String>,
+    off: bool,
 }
 
 struct Watch {
@@ -89,7 +89,7 @@ impl EtcView {
     /// entries one by one). The run holds it until it is over.
     pub fn current(&self) -> Option<Arc<Snapshot>> {
         let mut st = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if st.off.is_some() {
+        if st.off {
             return None;
         }
         let changed = match &st.watch {
@@ -108,9 +108,10 @@ impl EtcView {
         match Watch::new(&self.entries) {
             Ok(w) => st.watch = Some(w),
             Err(e) => {
-                let why = format!("cannot watch the /etc entries for changes: {e}");
-                tracing::warn!("{why}; sandboxes get the entries bound one by one");
-                st.off = Some(why);
+                tracing::warn!(
+                    "cannot watch the /etc entries for changes: {e}; sandboxes get the entries bound one by one"
+                );
+                st.off = true;
                 st.watch = None;
                 return None;
             }
@@ -127,11 +128,6 @@ impl EtcView {
             ),
         }
         st.current.clone()
-    }
-
-    /// Why no snapshot is used, when change detection is unavailable.
-    pub fn off(&self) -> Option<String> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).off.clone()
     }
 }
 
@@ -191,10 +187,16 @@ impl Watch {
         let wd = self.inotify.add_watch(dir, flags)?;
         self.names.insert(wd, None);
         for child in fs::read_dir(dir)? {
-            let child = child?;
-            let meta = child.metadata()?;
-            if meta.is_dir() && readable_dir(&meta) {
-                self.add_tree(&child.path())?;
+            let sub = match child.and_then(|c| c.metadata().map(|m| (c.path(), m))) {
+                Ok((path, m)) if m.is_dir() && readable_dir(&m) => path,
+                Ok(_) => continue,
+                // Gone meanwhile: the parent's watch, already set, saw it go.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            match self.add_tree(&sub) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                other => other?,
             }
         }
         Ok(())
