@@ -116,9 +116,11 @@ impl EtcView {
                 return None;
             }
         }
+        let taking = std::time::Instant::now();
         match take(&self.entries, &dir) {
             Ok(snapshot) => {
-                tracing::debug!(dir = %dir.display(), "took a snapshot of the /etc entries");
+                let ms = taking.elapsed().as_secs_f64() * 1e3;
+                tracing::debug!(dir = %dir.display(), ms, "took a snapshot of the /etc entries");
                 st.current = Some(Arc::new(snapshot));
             }
             // What was copied went with the failed snapshot.
