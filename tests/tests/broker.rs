@@ -574,10 +574,17 @@ fn helpers_started_ahead_serve_runs_and_a_dead_one_is_skipped() {
     let d = Daemon::start("[broker]\nprespawn = 2\n");
     let ws = TempDir::new("ws");
     assert!(eventually(Duration::from_secs(10), || idle_helpers(&d).len() == 2), "{}", d.log());
-    // Killed while idle: the next run must not pick a dead one.
-    for pid in idle_helpers(&d) {
+    // Killed while idle: the next run must not pick a dead one. (SIGKILL
+    // takes effect asynchronously: the run starts once they are dead.)
+    let killed = idle_helpers(&d);
+    for &pid in &killed {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
     }
+    let dead = |pid: &i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_or(true, |s| s.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z')))
+    };
+    assert!(eventually(Duration::from_secs(10), || killed.iter().all(dead)), "SIGKILL did not kill");
     let o = d.run(ws.path(), &[&probe(), "echo", "after"]);
     assert_eq!((o.status.code(), stdout(&o).as_str()), (Some(0), "ok after\n"), "{}", d.log());
     assert!(eventually(Duration::from_secs(10), || idle_helpers(&d).len() == 2), "not refilled");
