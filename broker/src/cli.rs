@@ -125,10 +125,13 @@ fn params(pairs: &[String]) -> Result<std::collections::BTreeMap<String, ParamVa
 }
 
 fn explain(args: ExplainArgs) -> i32 {
-    let config = match args.policy.as_deref().map(Config::load).transpose() {
+    let mut config = match args.policy.as_deref().map(Config::load).transpose() {
         Ok(c) => c.unwrap_or_default(),
         Err(e) => return fail(ErrorKind::InvalidRequest, e),
     };
+    // Nothing is written: the /etc entries are shown bound one by one, as the
+    // CLI's embedded broker binds them (palisaded binds a copy of the same).
+    config.broker.etc_snapshot = false;
     let run_args = RunArgs {
         socket: None,
         workspace: args.workspace,
