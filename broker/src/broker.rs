@@ -76,7 +76,7 @@ impl Broker {
     ) -> Result<RunResult, ErrorReply> {
         let run_id = self.next_run.fetch_add(1, Ordering::Relaxed);
         // Held until the run is over: the snapshot stays on disk meanwhile.
-        let etc = self.etc.as_ref().and_then(EtcView::current);
+        let etc = self.etc.as_ref().and_then(etc_snapshot);
         let context = Context {
             run: run_id,
             etc_view: etc.as_ref().map(|e| e.dir().to_path_buf()),
@@ -165,6 +165,14 @@ fn etc_view(temp_root: &std::path::Path) -> Option<EtcView> {
         tracing::warn!("no /etc snapshot: cannot create {}: {e}", temp_root.display());
         return None;
     }
+    // The copy must be the broker's alone: nobody else may replace what it holds.
+    if !private_to_us(temp_root) {
+        tracing::warn!(
+            "no /etc snapshot: {} is not a directory of the broker's own that only it (or root) can change; /etc entries are bound one by one",
+            temp_root.display()
+        );
+        return None;
+    }
     if root && !crate::etc_view::reachable_by_others(temp_root) {
         tracing::warn!(
             "no /etc snapshot: the sandbox's uid cannot reach {} (a directory on the way is not searchable by others); /etc entries are bound one by one",
@@ -174,6 +182,35 @@ fn etc_view(temp_root: &std::path::Path) -> Option<EtcView> {
     }
     let entries = palisade_policy::jail::ETC_ENTRIES.iter().map(std::path::PathBuf::from).collect();
     Some(EtcView::new(temp_root.to_path_buf(), entries))
+}
+
+/// Whether `dir` is the broker's own directory, writable by it alone, on a
+/// path that nobody but the broker and root can change (a sticky directory
+/// such as /tmp on the way is fine).
+fn private_to_us(dir: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let me = nix::unistd::geteuid().as_raw();
+    let Ok(dir) = dir.canonicalize() else { return false };
+    let own = std::fs::metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == me && m.mode() & 0o022 == 0);
+    own && dir.ancestors().skip(1).all(|a| {
+        std::fs::metadata(a).is_ok_and(|m| {
+            (m.uid() == me || m.uid() == 0) && (m.mode() & 0o022 == 0 || m.mode() & 0o1000 != 0)
+        })
+    })
+}
+
+/// The run's /etc snapshot. Taking a new one copies files: on a runtime with
+/// worker threads to spare, the others go on serving meanwhile.
+fn etc_snapshot(etc: &EtcView) -> Option<std::sync::Arc<crate::etc_view::Snapshot>> {
+    use crate::etc_view::Lookup;
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match etc.lookup() {
+        Lookup::Fresh(s) => s,
+        Lookup::Stale => match Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(|| etc.retake()),
+            _ => etc.retake(),
+        },
+    }
 }
 
 /// A run's host directories (Tier B's private /tmp and temporary workspace),

@@ -26,7 +26,8 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
@@ -47,9 +48,7 @@ impl Snapshot {
 
 impl Drop for Snapshot {
     fn drop(&mut self) {
-        if let Err(e) = fs::remove_dir_all(&self.dir) {
-            tracing::warn!("cannot remove the /etc snapshot {}: {e}", self.dir.display());
-        }
+        remove_tree(&self.dir);
     }
 }
 
@@ -59,14 +58,169 @@ pub struct EtcView {
     state: Mutex<State>,
 }
 
+/// After a failure to set up the watches, how long runs go without a snapshot
+/// before the next attempt.
+const RETRY: Duration = Duration::from_secs(10);
+
 #[derive(Default)]
 struct State {
     current: Option<Arc<Snapshot>>,
-    /// Watches of the directories the current snapshot came from; `None`
-    /// before the first snapshot.
+    /// Watches of what the current snapshot came from, and of the copy itself;
+    /// `None` before the first snapshot.
     watch: Option<Watch>,
-    /// Set when change detection itself is unavailable: no snapshot is used.
-    off: bool,
+    /// The top-level entries as they were (followed) when the copy was
+    /// taken: a change in any of them also retakes it (a symlink's target
+    /// that appears, a chain of links that changes, a file rewritten through
+    /// another mount).
+    signature: Vec<Option<Signature>>,
+    /// Something changed: the next run retakes the snapshot.
+    stale: bool,
+    /// The watches could not be set up: no snapshot before then.
+    retry_at: Option<Instant>,
+}
+
+/// Whether the snapshot can be used as it is.
+pub enum Lookup {
+    /// Use this (`None`: bind the entries one by one).
+    Fresh(Option<Arc<Snapshot>>),
+    /// Call [`EtcView::retake`] (it blocks: copies files).
+    Stale,
+}
+
+/// What identifies a file's content, cheaply: a change of any of these.
+#[derive(PartialEq, Eq)]
+struct Signature {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+fn signature(entries: &[PathBuf]) -> Vec<Option<Signature>> {
+    entries
+        .iter()
+        .map(|e| {
+            fs::metadata(e).ok().map(|m| Signature {
+                dev: m.dev(),
+                ino: m.ino(),
+                size: m.size(),
+                mtime: (m.mtime(), m.mtime_nsec()),
+                ctime: (m.ctime(), m.ctime_nsec()),
+            })
+        })
+        .collect()
+}
+
+impl EtcView {
+    /// Snapshots of `entries` (absolute paths, each a direct child of its
+    /// directory) kept under `base`, which must be private to the broker.
+    /// Snapshots left by brokers no longer running are removed.
+    pub fn new(base: PathBuf, entries: Vec<PathBuf>) -> EtcView {
+        remove_orphans(&base);
+        EtcView { base, entries, state: Mutex::new(State { stale: true, ..State::default() }) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The snapshot for a run starting now, retaken first when anything it
+    /// came from, or the copy itself, changed; `None` when there is none (the
+    /// plan then binds the entries one by one). The run holds it until it is
+    /// over. Blocks while a copy is taken: see [`EtcView::lookup`].
+    pub fn current(&self) -> Option<Arc<Snapshot>> {
+        match self.lookup() {
+            Lookup::Fresh(s) => s,
+            Lookup::Stale => self.retake(),
+        }
+    }
+
+    /// Whether the snapshot is still good, without blocking: only the
+    /// pending change events are read, and the top-level entries stat'ed.
+    pub fn lookup(&self) -> Lookup {
+        let mut st = self.lock();
+        if let Some(at) = st.retry_at {
+            return if Instant::now() < at { Lookup::Fresh(None) } else { Lookup::Stale };
+        }
+        if !st.stale {
+            let changed = st.watch.as_ref().is_none_or(Watch::changed);
+            st.stale = changed || signature(&self.entries) != st.signature;
+        }
+        if st.stale { Lookup::Stale } else { Lookup::Fresh(st.current.clone()) }
+    }
+
+    /// Takes a new snapshot (unless another run just did).
+    pub fn retake(&self) -> Option<Arc<Snapshot>> {
+        let mut st = self.lock();
+        let due = st.retry_at.is_some_and(|at| Instant::now() >= at);
+        if !st.stale && !due {
+            return st.current.clone();
+        }
+        // The old snapshot stays on disk while runs still hold it.
+        st.current = None;
+        st.watch = None;
+        st.stale = false;
+        st.retry_at = None;
+        // The watches first: a change made while copying is seen.
+        let mut watch = match Watch::new(&self.entries) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot watch the /etc entries for changes: {e}; sandboxes get the entries bound one by one, another try in {} s",
+                    RETRY.as_secs()
+                );
+                st.retry_at = Some(Instant::now() + RETRY);
+                return None;
+            }
+        };
+        st.signature = signature(&self.entries);
+        let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
+        let dir = self.base.join(format!("etc-{}-{generation}", process_tag()));
+        let taking = Instant::now();
+        match take(&self.entries, &dir) {
+            // Then the copy: whoever changes or removes it makes the next run retake it.
+            Ok(snapshot) => match watch.add_tree(snapshot.dir()) {
+                Ok(()) => {
+                    let ms = taking.elapsed().as_secs_f64() * 1e3;
+                    tracing::debug!(dir = %dir.display(), ms, "took a snapshot of the /etc entries");
+                    st.current = Some(Arc::new(snapshot));
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot watch the /etc snapshot {}: {e}; binding the entries one by one",
+                        dir.display()
+                    );
+                    st.retry_at = Some(Instant::now() + RETRY);
+                    return None;
+                }
+            },
+            // What was copied went with the failed snapshot; tried again when an entry changes.
+            Err(e) => tracing::warn!(
+                "cannot copy the /etc entries to {}: {e}; binding them one by one",
+                dir.display()
+            ),
+        }
+        st.watch = Some(watch);
+        st.current.clone()
+    }
+}
+
+/// `<pid>-<start time>`: names this process's snapshots apart from those of
+/// an earlier process that had the same pid.
+fn process_tag() -> &'static str {
+    static TAG: OnceLock<String> = OnceLock::new();
+    TAG.get_or_init(|| {
+        let pid = std::process::id();
+        format!("{pid}-{}", start_time(pid).unwrap_or(0))
+    })
+}
+
+/// A process's start time (clock ticks after boot), from `/proc/PID/stat`.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name (which may hold spaces): field 3 onwards; the start time is field 22.
+    stat.rsplit_once(") ")?.1.split_whitespace().nth(19)?.parse().ok()
 }
 
 struct Watch {
@@ -75,70 +229,21 @@ struct Watch {
     names: HashMap<WatchDescriptor, Option<HashSet<OsString>>>,
 }
 
-impl EtcView {
-    /// Snapshots of `entries` (absolute paths, each a direct child of its
-    /// directory) kept under `base`, which must be private to the broker.
-    /// Snapshots a broker left behind (one no longer running) are removed.
-    pub fn new(base: PathBuf, entries: Vec<PathBuf>) -> EtcView {
-        remove_orphans(&base);
-        EtcView { base, entries, state: Mutex::new(State::default()) }
-    }
-
-    /// The snapshot for a run starting now, taken afresh first when the
-    /// entries changed; `None` when there is none (the plan then binds the
-    /// entries one by one). The run holds it until it is over.
-    pub fn current(&self) -> Option<Arc<Snapshot>> {
-        let mut st = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if st.off {
-            return None;
-        }
-        let changed = match &st.watch {
-            None => true,
-            Some(w) => w.changed(),
-        };
-        if !changed {
-            // After a failed copy too: tried again when an entry changes.
-            return st.current.clone();
-        }
-        // The old snapshot stays on disk while runs still hold it.
-        st.current = None;
-        // Unique in this process, whichever view takes it.
-        let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
-        let dir = self.base.join(format!("etc-{}-{generation}", std::process::id()));
-        match Watch::new(&self.entries) {
-            Ok(w) => st.watch = Some(w),
-            Err(e) => {
-                tracing::warn!(
-                    "cannot watch the /etc entries for changes: {e}; sandboxes get the entries bound one by one"
-                );
-                st.off = true;
-                st.watch = None;
-                return None;
-            }
-        }
-        let taking = std::time::Instant::now();
-        match take(&self.entries, &dir) {
-            Ok(snapshot) => {
-                let ms = taking.elapsed().as_secs_f64() * 1e3;
-                tracing::debug!(dir = %dir.display(), ms, "took a snapshot of the /etc entries");
-                st.current = Some(Arc::new(snapshot));
-            }
-            // What was copied went with the failed snapshot.
-            Err(e) => tracing::warn!(
-                "cannot copy the /etc entries to {}: {e}; binding them one by one",
-                dir.display()
-            ),
-        }
-        st.current.clone()
-    }
-}
-
 impl Watch {
     fn new(entries: &[PathBuf]) -> io::Result<Watch> {
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
         let mut watch = Watch { inotify, names: HashMap::new() };
         for entry in entries {
             watch.add_named(entry)?;
+            // The entry itself (through symlinks): a change made through
+            // another path (a bind mount over it, say) shows here too.
+            match watch.inotify.add_watch(entry, Self::mask()) {
+                Ok(wd) => {
+                    watch.names.insert(wd, None);
+                }
+                Err(nix::errno::Errno::ENOENT) => {}
+                Err(e) => return Err(e.into()),
+            }
             let Ok(meta) = fs::symlink_metadata(entry) else { continue };
             let resolved = if meta.file_type().is_symlink() {
                 match fs::canonicalize(entry) {
@@ -153,7 +258,10 @@ impl Watch {
                 entry.clone()
             };
             if resolved.is_dir() {
-                watch.add_tree(&resolved)?;
+                match watch.add_tree(&resolved) {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    other => other?,
+                }
             }
         }
         Ok(watch)
@@ -280,6 +388,14 @@ fn copy(src: &Path, dst: &Path, top: bool, budget: &mut Budget) -> io::Result<()
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
     };
+    // A top-level entry followed to a place the sandbox's uid could not
+    // reach (a broker running as root reads everywhere) is left out.
+    if top && nix::unistd::geteuid().is_root() {
+        let reachable = fs::canonicalize(src).ok().and_then(|t| t.parent().map(reachable_by_others));
+        if reachable != Some(true) {
+            return Ok(());
+        }
+    }
     let kind = meta.file_type();
     if kind.is_symlink() {
         budget.spend(0)?;
@@ -295,7 +411,8 @@ fn copy(src: &Path, dst: &Path, top: bool, budget: &mut Budget) -> io::Result<()
             let child = child?;
             copy(&child.path(), &dst.join(child.file_name()), false, budget)?;
         }
-        fs::set_permissions(dst, fs::Permissions::from_mode(meta.mode() & 0o777))?;
+        // The owner (the broker) keeps rwx, so that the copy can be removed.
+        fs::set_permissions(dst, fs::Permissions::from_mode(meta.mode() & 0o777 | 0o700))?;
         return set_mtime(dst, &meta);
     }
     if kind.is_file() {
@@ -332,19 +449,43 @@ fn set_mtime(path: &Path, meta: &fs::Metadata) -> io::Result<()> {
     File::open(path)?.set_modified(meta.modified()?)
 }
 
-/// Removes snapshots left under `base` by brokers no longer running.
+/// Removes snapshots left under `base` by brokers no longer running (a
+/// snapshot's name holds its broker's pid and start time).
 fn remove_orphans(base: &Path) {
     let Ok(dir) = fs::read_dir(base) else { return };
     for entry in dir.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("etc-")).and_then(|r| r.split('-').next())
-        else {
-            continue;
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("etc-")) else { continue };
+        let mut parts = rest.split('-').map(|p| p.parse::<u64>().ok());
+        let alive = match (parts.next().flatten(), parts.next().flatten()) {
+            (Some(pid), Some(started)) => u32::try_from(pid).ok().and_then(start_time) == Some(started),
+            _ => false,
         };
-        let Ok(pid) = pid.parse::<u32>() else { continue };
-        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = fs::remove_dir_all(entry.path());
+        if !alive {
+            remove_tree(&entry.path());
         }
+    }
+}
+
+/// Removes a snapshot, making its directories writable first if need be
+/// (a copied directory may have had no write bit for its owner).
+fn remove_tree(dir: &Path) {
+    if fs::remove_dir_all(dir).is_ok() {
+        return;
+    }
+    fn writable(p: &Path) {
+        if let Ok(m) = fs::symlink_metadata(p) {
+            if m.is_dir() {
+                let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o700));
+                for c in fs::read_dir(p).into_iter().flatten().flatten() {
+                    writable(&c.path());
+                }
+            }
+        }
+    }
+    writable(dir);
+    if let Err(e) = fs::remove_dir_all(dir) {
+        tracing::warn!("cannot remove the /etc snapshot {}: {e}", dir.display());
     }
 }
 
@@ -486,14 +627,60 @@ mod tests {
     fn snapshots_of_a_broker_that_is_gone_are_removed() {
         let s = scratch("orphans");
         let base = s.0.join("base");
+        let pid = std::process::id();
         // pid_max is at most 2^22: this pid is never running.
-        let gone = base.join("etc-4194305-3");
-        let mine = base.join(format!("etc-{}-1", std::process::id()));
-        for d in [&gone, &mine] {
-            fs::create_dir_all(d).unwrap();
+        let gone = base.join("etc-4194305-1-3");
+        // An earlier process that had this pid.
+        let earlier = base.join(format!("etc-{pid}-{}-1", start_time(pid).unwrap() + 1));
+        let mine = base.join(format!("etc-{}-999", process_tag()));
+        for d in [&gone, &earlier, &mine] {
+            fs::create_dir_all(d.join("sub")).unwrap();
         }
+        // One whose owner could not write to it: removable all the same.
+        mode(&earlier.join("sub"), 0o555);
+        mode(&earlier, 0o555);
         let _view = EtcView::new(base.clone(), vec![]);
-        assert!(!gone.exists());
+        assert!(!gone.exists() && !earlier.exists());
         assert!(mine.exists());
+    }
+
+    #[test]
+    fn a_changed_or_removed_copy_is_taken_again() {
+        let s = scratch("tamper");
+        let etc = s.0.join("etc");
+        fs::create_dir_all(etc.join("conf.d")).unwrap();
+        fs::write(etc.join("conf.d/a.conf"), "host\n").unwrap();
+        fs::write(etc.join("gitconfig"), "[core]\n").unwrap();
+        let view = EtcView::new(s.0.join("base"), vec![etc.join("gitconfig"), etc.join("conf.d")]);
+        let first = view.current().unwrap();
+        // Written to, as a run whose writes reach the copy would.
+        fs::write(first.dir().join("gitconfig"), "[core]\n\tpager = evil\n").unwrap();
+        let second = view.current().unwrap();
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert_eq!(fs::read_to_string(second.dir().join("gitconfig")).unwrap(), "[core]\n");
+        fs::write(second.dir().join("conf.d/planted"), "x").unwrap();
+        let third = view.current().unwrap();
+        assert!(!third.dir().join("conf.d/planted").exists());
+        // Removed from outside.
+        drop((first, second));
+        fs::remove_dir_all(third.dir()).unwrap();
+        let fourth = view.current().unwrap();
+        assert_eq!(fs::read_to_string(fourth.dir().join("conf.d/a.conf")).unwrap(), "host\n");
+        assert!(Arc::ptr_eq(&fourth, &view.current().unwrap()), "left alone, it is kept");
+    }
+
+    #[test]
+    fn a_symlinks_target_that_appears_later_is_copied() {
+        let s = scratch("dangling");
+        let etc = s.0.join("etc");
+        let target = s.0.join("run/resolve/stub-resolv.conf");
+        std::os::unix::fs::symlink(&target, etc.join("resolv.conf")).unwrap();
+        let view = EtcView::new(s.0.join("base"), vec![etc.join("resolv.conf")]);
+        let before = view.current().unwrap();
+        assert!(!before.dir().join("resolv.conf").exists());
+        fs::create_dir_all(target.parent().unwrap()).unwrap();
+        fs::write(&target, "nameserver 127.0.0.53\n").unwrap();
+        let after = view.current().unwrap();
+        assert_eq!(fs::read_to_string(after.dir().join("resolv.conf")).unwrap(), "nameserver 127.0.0.53\n");
     }
 }
