@@ -103,7 +103,8 @@ impl Broker {
             tracing::warn!(run_id, "{w}");
         }
         self.check_ownership(peer, &resolved.writable)?;
-        let dirs = HostDirs::create(&resolved.host_dirs).map_err(|e| {
+        let owner = (resolved.plan.uid, resolved.plan.gid);
+        let dirs = HostDirs::create(&resolved.host_dirs, owner).map_err(|e| {
             ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot create the run's directories: {e}"))
         })?;
         let cgroup = match &resolved.cgroup {
@@ -218,11 +219,17 @@ fn etc_snapshot(etc: &EtcView) -> Option<std::sync::Arc<crate::etc_view::Snapsho
 struct HostDirs(Vec<PathBuf>);
 
 impl HostDirs {
-    fn create(dirs: &[PathBuf]) -> std::io::Result<HostDirs> {
+    /// Creates them for the sandbox's host ids: a root broker's Tier B
+    /// command runs as the sandbox's uid, which must own them.
+    fn create(dirs: &[PathBuf], (uid, gid): (u32, u32)) -> std::io::Result<HostDirs> {
         use std::os::unix::fs::DirBuilderExt;
         let made = HostDirs(dirs.to_vec());
+        let chown = uid != nix::unistd::geteuid().as_raw();
         for d in dirs {
             std::fs::DirBuilder::new().recursive(true).mode(0o700).create(d)?;
+            if chown {
+                std::os::unix::fs::chown(d, Some(uid), Some(gid))?;
+            }
         }
         Ok(made)
     }
@@ -249,7 +256,8 @@ mod tests {
         let base = std::env::temp_dir().join(format!("palisade-hostdirs-{}", std::process::id()));
         let run = base.join("run-1");
         let dirs = [run.clone(), run.join("tmp"), run.join("workspace")];
-        let made = HostDirs::create(&dirs).unwrap();
+        let me = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+        let made = HostDirs::create(&dirs, me).unwrap();
         std::fs::write(run.join("workspace/left"), "x").unwrap();
         assert_eq!(std::fs::metadata(&run).unwrap().permissions().mode() & 0o777, 0o700);
         drop(made);

@@ -6,7 +6,7 @@
 
 use crate::error::{Context, Result, fail};
 use nix::errno::Errno;
-use nix::unistd::{Gid, Uid, setresgid, setresuid};
+use nix::unistd::{Gid, Uid, geteuid, getgroups, setgroups, setresgid, setresuid};
 use palisade_protocol::Stage;
 
 /// Drops the bounding set (while CAP_SETPCAP may still be held), switches to
@@ -17,6 +17,21 @@ pub fn switch_ids_and_drop_capabilities(uid: u32, gid: u32) -> Result<()> {
     setresgid(gid, gid, gid).at(Stage::Ids, || format!("setresgid {gid}"))?;
     setresuid(uid, uid, uid).at(Stage::Ids, || format!("setresuid {uid}"))?;
     clear_sets()
+}
+
+/// Leaves every supplementary group, where the helper may (it runs as root, in
+/// Tier B): the command's new uid must not keep root's groups. An ordinary
+/// user cannot drop theirs (README: supplementary groups).
+pub fn drop_supplementary_groups() -> Result<()> {
+    if !geteuid().is_root() {
+        return Ok(());
+    }
+    setgroups(&[]).at(Stage::Ids, || "drop supplementary groups".into())?;
+    let left = getgroups().at(Stage::Ids, || "getgroups".into())?;
+    if !left.is_empty() {
+        return Err(fail(Stage::Ids, Errno::EPERM, format!("supplementary groups still held: {left:?}")));
+    }
+    Ok(())
 }
 
 /// Empties the bounding set (when allowed) and every other set, then verifies.

@@ -68,7 +68,7 @@ pub fn become_unprivileged(plan: &JailPlan, ids: HostIds) -> Result<Vec<Option<O
     // and our own uid and gid maps unwritable to us.
     nix::sys::prctl::set_dumpable(true).at(Stage::Ids, || "PR_SET_DUMPABLE".into())?;
     // The kernel clears the death signal when credentials change.
-    lifeline::arm_against_caller(plan.parent_pid)?;
+    lifeline::arm_against_caller(plan.parent_pid, Signal::SIGKILL)?;
     Ok(trees)
 }
 

@@ -1,9 +1,13 @@
 //! The sandbox dies with whoever started it.
 //!
-//! Every process of the chain (helper, pid 1, command) asks the kernel for
-//! SIGKILL when its parent dies, then checks that the parent did not die
+//! Every process of the chain (helper, pid 1, command) asks the kernel for a
+//! signal when its parent dies, then checks that the parent did not die
 //! before the request was in place. The kernel forgets the request on fork
 //! and on credential changes, so it is re-armed after each.
+//!
+//! The signal is SIGKILL, except for Tier B's helper: with no pid namespace
+//! to take the sandbox down with it, it asks for SIGTERM, which its reaper
+//! loop waits for, and kills every process the command left before it exits.
 
 use crate::error::{Context, Result, fail};
 use nix::errno::Errno;
@@ -15,13 +19,13 @@ use nix::unistd::getppid;
 use palisade_protocol::Stage;
 use std::os::fd::{AsFd, OwnedFd};
 
-fn request_death_signal() -> Result<()> {
-    prctl::set_pdeathsig(Signal::SIGKILL).at(Stage::Lifeline, || "PR_SET_PDEATHSIG(SIGKILL)".into())
+fn request_death_signal(signal: Signal) -> Result<()> {
+    prctl::set_pdeathsig(signal).at(Stage::Lifeline, || format!("PR_SET_PDEATHSIG({signal})"))
 }
 
 /// Arms the death signal against the caller, whose pid the plan names.
-pub fn arm_against_caller(expected_parent: u32) -> Result<()> {
-    request_death_signal()?;
+pub fn arm_against_caller(expected_parent: u32, signal: Signal) -> Result<()> {
+    request_death_signal(signal)?;
     let parent = getppid().as_raw();
     if u32::try_from(parent).ok() != Some(expected_parent) {
         return Err(fail(
@@ -49,7 +53,7 @@ pub fn tether() -> Result<Tether> {
 
 /// Arms (or re-arms) the death signal in a forked child, then checks the tether.
 pub fn arm_in_child(child_end: &OwnedFd) -> Result<()> {
-    request_death_signal()?;
+    request_death_signal(Signal::SIGKILL)?;
     let mut fds = [PollFd::new(child_end.as_fd(), PollFlags::POLLIN)];
     let ready = poll(&mut fds, PollTimeout::ZERO).at(Stage::Lifeline, || "poll the lifeline".into())?;
     if ready != 0 {

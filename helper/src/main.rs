@@ -28,6 +28,7 @@ use error::{Context, Result, fail};
 use monitor::Role;
 use nix::errno::Errno;
 use nix::sys::prctl;
+use nix::sys::signal::Signal;
 use palisade_protocol::{JailPlan, Stage};
 use std::convert::Infallible;
 
@@ -50,7 +51,9 @@ fn contain() -> Result<Infallible> {
     let plan = fds::read_plan()?;
     check(&plan)?;
     fds::close_on_exec_above_stdio()?;
-    lifeline::arm_against_caller(plan.parent_pid)?;
+    // Tier B's helper cleans up after the command when its caller dies: see lifeline.rs.
+    let death_signal = if plan.namespaces.user { Signal::SIGKILL } else { Signal::SIGTERM };
+    lifeline::arm_against_caller(plan.parent_pid, death_signal)?;
     if let Some(path) = &plan.cgroup {
         // Before the namespaces: this cgroup becomes the root of the sandbox's cgroup namespace.
         cgroup::join(path)?;
@@ -79,6 +82,8 @@ fn contain() -> Result<Infallible> {
         // pid 1 stays as a tiny init; the command runs in its child.
         monitor::fork_watched(Role::Init)?
     } else {
+        // A root caller's groups would otherwise follow the command to its new uid.
+        creds::drop_supplementary_groups()?;
         monitor::fork_watched(Role::Reaper)?
     };
     rlimits::apply(&plan.rlimits)?;
@@ -106,6 +111,9 @@ fn check(plan: &JailPlan) -> Result<()> {
         "a user namespace without mount and pid namespaces"
     } else if plan.host_ids.is_some() && !ns.user {
         "host ids without a user namespace"
+    } else if !ns.user && plan.uid == 0 {
+        // The kernel exempts host root from RLIMIT_NPROC, and root owns most files.
+        "the command to run as host root without a user namespace"
     } else if plan.hostname.is_some() && !ns.uts {
         "a hostname without a UTS namespace"
     } else if plan.loopback && !ns.net {

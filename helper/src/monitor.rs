@@ -8,7 +8,8 @@
 //! - `Reaper`: the helper in Tier B, a child subreaper that kills every
 //!   remaining descendant when the command ends.
 //!
-//! SIGTERM to the helper means "tear the sandbox down now".
+//! SIGTERM to the helper means "tear the sandbox down now"; it is also Tier
+//! B's death signal, so the reaper cleans up when its caller dies.
 
 use crate::error::{self, Context, Result};
 use crate::{creds, lifeline};
@@ -133,10 +134,19 @@ fn finish(report: ExitReport, role: Role) -> ! {
 /// Kills what the command left behind. Each killed process's children are
 /// re-parented to us (the subreaper), so repeating until nothing is left
 /// catches processes that double-forked and called setsid.
+/// The pids read are those of children not yet reaped (alive or zombie), so
+/// none can have been reused by another process.
 fn kill_descendants() {
     let me = getpid();
     loop {
-        let children = std::fs::read_to_string(format!("/proc/self/task/{me}/children")).unwrap_or_default();
+        let children = match std::fs::read_to_string(format!("/proc/self/task/{me}/children")) {
+            Ok(c) => c,
+            Err(e) => {
+                // Without the list, waiting could block forever on a survivor.
+                eprintln!("palisade-helper: cannot list the command's leftover processes: {e}");
+                return;
+            }
+        };
         for pid in children.split_whitespace().filter_map(|p| p.parse().ok()) {
             // ESRCH just means it already died.
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);

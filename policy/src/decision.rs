@@ -576,8 +576,10 @@ impl Policy {
             },
             landlock_required: required,
             hostname: "palisade".into(),
-            uid: ctx.uid,
-            gid: ctx.gid,
+            // Tier B has no user namespace to map a root broker's uid: the
+            // command runs as the sandbox's ids on the host.
+            uid: if tier == Tier::B && ctx.uid == 0 { self.config.broker.sandbox_uid } else { ctx.uid },
+            gid: if tier == Tier::B && ctx.uid == 0 { self.config.broker.sandbox_gid } else { ctx.gid },
             host_ids: (ctx.uid == 0).then_some(HostIds {
                 uid: self.config.broker.sandbox_uid,
                 gid: self.config.broker.sandbox_gid,
@@ -597,7 +599,7 @@ impl Policy {
         plan.mounts.sort_by(crate::jail::depth_then_name);
         let network = match (host_network, &profile.capabilities.network) {
             (false, _) if tier == Tier::C => "none: a network namespace with only loopback".to_string(),
-            (false, _) => "none: Landlock TCP rules and unix-only sockets (no namespace)".to_string(),
+            (false, _) => "none: no socket() but socketpair, Landlock TCP rules (no namespace)".to_string(),
             (true, n) => format!("host network ({n})"),
         };
         let d = &self.config.defaults;

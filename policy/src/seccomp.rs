@@ -385,10 +385,12 @@ const CLONE_NEWTIME: u64 = 0x80;
 /// both, and the 0xffffffff query. ADDR_NO_RANDOMIZE and friends are refused.
 const PERSONALITIES: [u64; 5] = [0, 0x0008, 0x0002_0000, 0x0002_0008, 0xffff_ffff];
 /// Socket families allowed when the sandbox may use IP (its own network
-/// namespace, or the host's network by policy), and when it may not (Tier B
-/// without network: Landlock covers TCP only, so IP sockets go entirely).
+/// namespace, or the host's network by policy). When it may not (Tier B
+/// without network) `socket` is refused altogether: Landlock covers TCP only,
+/// and without a network namespace a unix socket could reach any daemon on
+/// the host by its path (a session bus, a container engine, palisaded
+/// itself). `socketpair` stays: it reaches nothing outside.
 const SOCKET_FAMILIES_IP: [i32; 4] = [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK];
-const SOCKET_FAMILIES_LOCAL: [i32; 1] = [libc::AF_UNIX];
 
 #[derive(Debug, thiserror::Error)]
 #[error("cannot compile the seccomp profile: {0}")]
@@ -406,7 +408,6 @@ fn rule(conds: Vec<Cond>) -> Result<SeccompRule, SeccompError> {
 type Conditional = (&'static str, i64, Vec<SeccompRule>);
 
 fn conditional_rules(ip: bool, fork: bool) -> Result<Vec<Conditional>, SeccompError> {
-    let families: &[i32] = if ip { &SOCKET_FAMILIES_IP } else { &SOCKET_FAMILIES_LOCAL };
     let ioctl = vec![rule(vec![
         cond(1, Len::Dword, Op::Ne, libc::TIOCSTI)?,
         cond(1, Len::Dword, Op::Ne, libc::TIOCLINUX)?,
@@ -423,17 +424,20 @@ fn conditional_rules(ip: bool, fork: bool) -> Result<Vec<Conditional>, SeccompEr
         .iter()
         .map(|p| rule(vec![cond(0, Len::Dword, Op::Eq, *p)?]))
         .collect::<Result<_, _>>()?;
-    let socket = families
-        .iter()
-        .map(|f| rule(vec![cond(0, Len::Dword, Op::Eq, *f as u64)?]))
-        .collect::<Result<_, _>>()?;
-    Ok(vec![
+    let mut rules = vec![
         ("SYS_ioctl", libc::SYS_ioctl, ioctl),
         ("SYS_clone", libc::SYS_clone, clone),
         ("SYS_unshare", libc::SYS_unshare, unshare),
         ("SYS_personality", libc::SYS_personality, personality),
-        ("SYS_socket", libc::SYS_socket, socket),
-    ])
+    ];
+    if ip {
+        let socket = SOCKET_FAMILIES_IP
+            .iter()
+            .map(|f| rule(vec![cond(0, Len::Dword, Op::Eq, *f as u64)?]))
+            .collect::<Result<_, _>>()?;
+        rules.push(("SYS_socket", libc::SYS_socket, socket));
+    }
+    Ok(rules)
 }
 
 fn target_arch() -> Result<TargetArch, SeccompError> {
@@ -456,8 +460,8 @@ const RET_ERRNO: u32 = 0x0005_0000;
 /// Syscalls that create a process, refused under `no_fork` (clone stays, for threads only).
 const FORKING: [i64; 2] = [libc::SYS_fork, libc::SYS_vfork];
 
-/// The compiled default program, cached. `ip`: whether IP sockets may be
-/// created at all (see [`SOCKET_FAMILIES_LOCAL`]); `fork`: whether new
+/// The compiled default program, cached. `ip`: whether sockets may be
+/// created at all (see [`SOCKET_FAMILIES_IP`]); `fork`: whether new
 /// processes may be created (`no_fork` leaves threads only).
 pub fn default_program(ip: bool, fork: bool) -> Result<&'static [BpfInstruction], SeccompError> {
     type Cell = OnceLock<Result<Vec<BpfInstruction>, String>>;
@@ -823,7 +827,7 @@ pub fn summary(program: &[BpfInstruction], ip: bool, fork: bool) -> String {
          personality (Linux only), socket ({}); default ERRNO(EPERM); clone3 ERRNO(ENOSYS); {} instructions",
         ALLOWED.len() + ALLOWED_ARCH.len(),
         if fork { "no namespace flags" } else { "threads only: no_fork" },
-        if ip { "unix, inet, inet6, netlink" } else { "unix only" },
+        if ip { "unix, inet, inet6, netlink" } else { "none: socketpair only" },
         program.len()
     )
 }
@@ -888,7 +892,12 @@ mod tests {
             assert_eq!(eval(p, X86_64, personality, [0xffff_ffff, 0, 0, 0, 0, 0]), RET_ALLOW);
             assert_eq!(eval(p, X86_64, personality, [0x0040000, 0, 0, 0, 0, 0]), EPERM, "ADDR_NO_RANDOMIZE");
             let socket = libc::SYS_socket as u32;
-            assert_eq!(eval(p, X86_64, socket, [libc::AF_UNIX as u64, 1, 0, 0, 0, 0]), RET_ALLOW);
+            assert_eq!(
+                eval(p, X86_64, socket, [libc::AF_UNIX as u64, 1, 0, 0, 0, 0]),
+                if ip { RET_ALLOW } else { EPERM }
+            );
+            let socketpair = libc::SYS_socketpair as u32;
+            assert_eq!(eval(p, X86_64, socketpair, [libc::AF_UNIX as u64, 1, 0, 0, 0, 0]), RET_ALLOW);
             assert_eq!(
                 eval(p, X86_64, socket, [libc::AF_INET as u64, 1, 0, 0, 0, 0]),
                 if ip { RET_ALLOW } else { EPERM }

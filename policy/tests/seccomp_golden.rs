@@ -11,7 +11,7 @@ fn check(ip: bool, fork: bool, file: &str) {
     let program = default_program(ip, fork).expect("the default profile compiles");
     let header = format!(
         "# palisade default seccomp program, x86_64, {}, {} ({} instructions)\n",
-        if ip { "IP sockets allowed" } else { "unix sockets only" },
+        if ip { "IP sockets allowed" } else { "no socket() (socketpair only)" },
         if fork { "processes allowed" } else { "no_fork (threads only)" },
         program.len()
     );
@@ -39,7 +39,7 @@ fn default_program_matches_golden() {
 
 #[test]
 fn unix_only_program_matches_golden() {
-    check(false, true, "seccomp-x86_64-unix-only.txt");
+    check(false, true, "seccomp-x86_64-no-sockets.txt");
 }
 
 #[test]
@@ -49,5 +49,5 @@ fn no_fork_program_matches_golden() {
 
 #[test]
 fn unix_only_no_fork_program_matches_golden() {
-    check(false, false, "seccomp-x86_64-unix-only-no-fork.txt");
+    check(false, false, "seccomp-x86_64-no-sockets-no-fork.txt");
 }

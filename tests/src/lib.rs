@@ -29,6 +29,9 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// The host uid and gid sandboxes started by root run as (the broker's default `sandbox_uid`).
+pub const SANDBOX_ID: u32 = 65534;
+
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
@@ -146,6 +149,20 @@ impl Jail {
         std::fs::create_dir(&workspace).unwrap();
         let tmp = dir.join("tmp");
         std::fs::create_dir(&tmp).unwrap();
+        // Tier B started by root runs the command as the sandbox's uid (there
+        // is no user namespace to map it), as the broker does: give it its
+        // directories, as the broker gives it the run's own.
+        let (uid, gid) = match tier {
+            Tier::B if is_root() => {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+                for d in [&workspace, &tmp] {
+                    std::os::unix::fs::chown(d, Some(SANDBOX_ID), Some(SANDBOX_ID)).unwrap();
+                }
+                (SANDBOX_ID, SANDBOX_ID)
+            }
+            _ => (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw()),
+        };
         let probe = bin("probe");
         let probe_dir = probe.parent().unwrap().to_path_buf();
         let spec = JailSpec {
@@ -162,9 +179,9 @@ impl Jail {
             limits: test_limits(),
             landlock_required: palisade_protocol::LandlockFeatures::FS,
             hostname: "palisade-test".into(),
-            uid: nix::unistd::getuid().as_raw(),
-            gid: nix::unistd::getgid().as_raw(),
-            host_ids: is_root().then_some(palisade_protocol::HostIds { uid: 65534, gid: 65534 }),
+            uid,
+            gid,
+            host_ids: is_root().then_some(palisade_protocol::HostIds { uid: SANDBOX_ID, gid: SANDBOX_ID }),
             parent_pid: std::process::id(),
             cgroup: None,
             no_fork: false,
@@ -177,6 +194,14 @@ impl Jail {
 
     pub fn workspace(&self) -> PathBuf {
         self.spec.read_write[0].clone()
+    }
+
+    /// The ids files made in the workspace belong to on the host: the
+    /// workspace owner's (Tier C maps the sandbox's uid to them).
+    pub fn workspace_owner(&self) -> (u32, u32) {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(self.workspace()).unwrap();
+        (m.uid(), m.gid())
     }
 
     pub fn plan(&self, args: &[&str]) -> JailPlan {
@@ -274,6 +299,26 @@ pub fn process_with_token(token: &str) -> Option<u32> {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
         if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
             if cmdline.split(|b| *b == 0).any(|arg| arg == token.as_bytes()) {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
+/// The pid of `probe sleep TOKEN` (what `probe daemonize TOKEN` leaves
+/// behind), and not of any process that merely has the token among its
+/// arguments (the one that asked for it, say).
+pub fn sleeper_with_token(token: &str) -> Option<u32> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).collect();
+            if args.len() == 3
+                && args[0].ends_with(b"probe")
+                && args[1] == b"sleep"
+                && args[2] == token.as_bytes()
+            {
                 return Some(pid);
             }
         }

@@ -47,10 +47,7 @@ fn writes_succeed_in_the_workspace_and_fail_everywhere_else() {
         // Stored as the workspace owner's, also when a sandbox started by root ran as another uid.
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(&inside_file).unwrap();
-        assert_eq!(
-            (meta.uid(), meta.gid()),
-            (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw())
-        );
+        assert_eq!((meta.uid(), meta.gid()), jail.workspace_owner(), "{tier}");
 
         // Outside the workspace the write fails, or (Tier C's private /tmp, where the
         // workspace's parent directories are recreated) lands in the sandbox only.
@@ -113,8 +110,45 @@ fn a_listener_on_host_loopback_cannot_be_reached() {
 }
 
 #[test]
+fn a_unix_socket_on_the_host_cannot_be_reached() {
+    use std::os::linux::net::SocketAddrExt;
+    let dir = TempDir::new("unix");
+    let path = dir.join("host.sock");
+    let by_path = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    // Reachable by the sandbox's uid, were it not for the sandbox.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let name = format!("palisade-test-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(&name).unwrap();
+    let abstract_ = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    let path = path.to_str().unwrap();
+    let abstract_name = format!("@{name}");
+    for target in [path, abstract_name.as_str()] {
+        assert_eq!(probe_outside(&["unix", target]), Ok(String::new()), "{target} from outside");
+    }
+    by_path.set_nonblocking(true).unwrap();
+    abstract_.set_nonblocking(true).unwrap();
+    while by_path.accept().is_ok() || abstract_.accept().is_ok() {}
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        for target in [path, abstract_name.as_str()] {
+            let err = jail.run(&["unix", target]).expect_ran().probe().expect_err("connected from inside");
+            assert!(
+                ["ENOENT", "ECONNREFUSED", "EPERM", "EACCES"].contains(&err.as_str()),
+                "{tier} {target}: {err}"
+            );
+        }
+        // socketpair, which reaches nothing outside, still works (ordinary tools use it).
+        assert_eq!(jail.run(&["socketpair"]).expect_ran().probe(), Ok(String::new()), "{tier}");
+    }
+    assert!(by_path.accept().is_err() && abstract_.accept().is_err(), "a connection from inside arrived");
+}
+
+#[test]
 fn only_loopback_exists_inside_tier_c() {
     let outside = probe_outside(&["ifaces"]).unwrap();
+    assert!(outside.split(',').any(|i| i != "lo"), "the host has only loopback: {outside}");
     let mut jail = Jail::new(Tier::C);
     assert_eq!(jail.run(&["ifaces"]).expect_ran().probe(), Ok("lo".to_string()), "host has {outside}");
 }
@@ -253,93 +287,145 @@ fn tiocsti_on_the_callers_terminal_fails() {
 
 #[test]
 fn a_fork_bomb_stops_at_the_process_limit() {
-    let forks = |limit: u64| {
-        let mut jail = Jail::new(Tier::C);
-        jail.spec.limits.processes = limit;
-        let o = jail.run(&["forkbomb"]);
-        o.expect_ran();
-        let line = o.stdout.lines().next().unwrap_or_default().to_string();
-        assert!(line.starts_with("err EAGAIN stopped after"), "{line}");
-        line.rsplit(' ').nth(1).unwrap().parse::<u64>().unwrap()
-    };
-    let small = forks(16);
-    assert!(small < 16, "{small} forks under a limit of 16");
-    let large = forks(200);
-    assert!(
-        large >= 150,
-        "only {large} forks under a limit of 200: the limit is not what stopped the small one"
-    );
+    for tier in BOTH {
+        let forks = |limit: u64| {
+            let mut jail = Jail::new(tier);
+            jail.spec.limits.processes = limit;
+            let o = jail.run(&["forkbomb"]);
+            o.expect_ran();
+            let line = o.stdout.lines().next().unwrap_or_default().to_string();
+            assert!(line.starts_with("err EAGAIN stopped after"), "{tier}: {line}");
+            line.rsplit(' ').nth(1).unwrap().parse::<u64>().unwrap()
+        };
+        // Tier B's limit counts every process of the uid, the test's own included.
+        let small = forks(16);
+        assert!(small < 16, "{tier}: {small} forks under a limit of 16");
+        let large = forks(200);
+        assert!(
+            large >= 120,
+            "{tier}: only {large} forks under a limit of 200: the limit is not what stopped the small one"
+        );
+    }
 }
 
 #[test]
 fn a_memory_bomb_stops_at_the_address_space_limit() {
-    let mut jail = Jail::new(Tier::C);
-    jail.spec.limits.memory_bytes = 256 << 20;
-    let o = jail.run(&["membomb", "2048"]);
-    let line = o.expect_ran().stdout.lines().next().unwrap_or_default().to_string();
-    assert!(line.starts_with("err ENOMEM stopped after"), "{line}");
-    let mib: u64 = line.split_whitespace().nth(4).unwrap().parse().unwrap();
-    assert!(mib < 256, "{mib} MiB allocated under a 256 MiB limit");
-    // Counter-test: the same allocation pattern goes further with more room.
-    let mut roomy = Jail::new(Tier::C);
-    roomy.spec.limits.memory_bytes = 1 << 30;
-    assert_eq!(roomy.run(&["membomb", "512"]).expect_ran().probe(), Ok("allocated 512 MiB".to_string()));
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        jail.spec.limits.memory_bytes = 256 << 20;
+        let o = jail.run(&["membomb", "2048"]);
+        let line = o.expect_ran().stdout.lines().next().unwrap_or_default().to_string();
+        assert!(line.starts_with("err ENOMEM stopped after"), "{tier}: {line}");
+        let mib: u64 = line.split_whitespace().nth(4).unwrap().parse().unwrap();
+        assert!(mib < 256, "{tier}: {mib} MiB allocated under a 256 MiB limit");
+        // Counter-test: the same allocation pattern goes further with more room.
+        let mut roomy = Jail::new(tier);
+        roomy.spec.limits.memory_bytes = 1 << 30;
+        assert_eq!(
+            roomy.run(&["membomb", "512"]).expect_ran().probe(),
+            Ok("allocated 512 MiB".to_string()),
+            "{tier}"
+        );
+    }
 }
 
 #[test]
 fn a_cpu_spinner_is_stopped_by_the_cpu_limit() {
-    let mut jail = Jail::new(Tier::C);
-    jail.spec.limits.cpu_seconds = 1;
-    jail.timeout = Duration::from_secs(60);
-    let o = jail.run(&["spin"]);
-    assert!(!o.timed_out, "the spinner ran until the outer timeout: {o:#?}");
-    assert_eq!(o.exit(), Some(ExitReport::Signal(libc::SIGXCPU)), "{o:#?}");
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        jail.spec.limits.cpu_seconds = 1;
+        jail.timeout = Duration::from_secs(60);
+        let o = jail.run(&["spin"]);
+        assert!(!o.timed_out, "{tier}: the spinner ran until the outer timeout: {o:#?}");
+        assert_eq!(o.exit(), Some(ExitReport::Signal(libc::SIGXCPU)), "{tier}: {o:#?}");
+        // Counter-test: with room, the same spinner is still running when the outer bound ends it.
+        let mut roomy = Jail::new(tier);
+        roomy.spec.limits.cpu_seconds = 60;
+        roomy.timeout = Duration::from_secs(3);
+        let o = roomy.run(&["spin"]);
+        assert!(o.timed_out, "{tier}: the spinner stopped by itself: {o:#?}");
+    }
 }
 
 #[test]
 fn a_huge_file_write_is_stopped_by_the_file_size_limit() {
-    let mut jail = Jail::new(Tier::C);
-    jail.spec.limits.file_size_bytes = 1 << 20;
-    let big = jail.workspace().join("big");
-    let o = jail.run(&["bigfile", big.to_str().unwrap(), "64"]);
-    assert!(o.expect_ran().stdout.starts_with("err EFBIG"), "{o:#?}");
-    assert!(std::fs::metadata(&big).unwrap().len() <= 1 << 20);
-    let mut roomy = Jail::new(Tier::C);
-    let big = roomy.workspace().join("big");
-    assert!(roomy.run(&["bigfile", big.to_str().unwrap(), "8"]).expect_ran().probe().is_ok());
-    assert_eq!(std::fs::metadata(&big).unwrap().len(), 8 << 20);
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        jail.spec.limits.file_size_bytes = 1 << 20;
+        let big = jail.workspace().join("big");
+        let o = jail.run(&["bigfile", big.to_str().unwrap(), "64"]);
+        assert!(o.expect_ran().stdout.starts_with("err EFBIG"), "{tier}: {o:#?}");
+        assert!(std::fs::metadata(&big).unwrap().len() <= 1 << 20);
+        let mut roomy = Jail::new(tier);
+        let big = roomy.workspace().join("big");
+        assert!(roomy.run(&["bigfile", big.to_str().unwrap(), "8"]).expect_ran().probe().is_ok(), "{tier}");
+        assert_eq!(std::fs::metadata(&big).unwrap().len(), 8 << 20);
+    }
+}
+
+#[test]
+fn every_rlimit_of_the_plan_holds_inside() {
+    let outside = probe_outside(&["limits"]).unwrap();
+    for tier in BOTH {
+        let mut jail = Jail::new(tier);
+        jail.spec.limits = palisade_policy::Limits {
+            memory_bytes: 300 << 20,
+            cpu_seconds: 17,
+            processes: 33,
+            open_files: 77,
+            file_size_bytes: 5 << 20,
+            tmp_bytes: 16 << 20,
+        };
+        let inside = jail.run(&["limits"]).expect_ran().probe().unwrap();
+        let want = format!("nofile=77 core=0 nproc=33 fsize={} as={} cpu=17", 5 << 20, 300 << 20);
+        assert_eq!(inside, want, "{tier}");
+        assert_ne!(outside, want);
+    }
 }
 
 #[test]
 fn killing_the_helpers_caller_kills_the_whole_tree() {
-    let jail = Jail::new(Tier::C);
-    let token = format!("palisade-daemon-{}-{:?}", std::process::id(), std::thread::current().id());
-    let plan = jail.plan(&["daemonize", &token]);
-    let mut caller = Command::new(bin("probe"))
-        .args(["caller", bin("palisade-helper").to_str().unwrap()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
+    for tier in BOTH {
+        let jail = Jail::new(tier);
+        let token = format!("palisade-daemon-{}-{tier}", std::process::id());
+        let plan = jail.plan(&["daemonize", &token]);
+        let mut caller = Command::new(bin("probe"))
+            .args(["caller", bin("palisade-helper").to_str().unwrap()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            // A survivor holding the test's stderr would keep the harness waiting.
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        caller.stdin.take().unwrap().write_all(&palisade_protocol::encode_plan(&plan).unwrap()).unwrap();
+        let mut stdout = std::io::BufReader::new(caller.stdout.take().unwrap());
+        let mut first = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut first).unwrap();
+        drop(stdout);
+        assert_eq!(first, "ok daemonized\n", "{tier}");
+        // The double-forked, setsid sleeper exists on the host before the kill...
+        assert!(
+            eventually(Duration::from_secs(10), || sleeper_with_token(&token).is_some()),
+            "{tier}: the sleeper never started"
+        );
+        let sleeper = sleeper_with_token(&token).unwrap();
+        let session = nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(sleeper as i32))).unwrap();
+        assert_ne!(session, nix::unistd::getsid(None).unwrap(), "{tier}: the sleeper did not call setsid");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(caller.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
         .unwrap();
-    caller.stdin.take().unwrap().write_all(&palisade_protocol::encode_plan(&plan).unwrap()).unwrap();
-    let mut stdout = std::io::BufReader::new(caller.stdout.take().unwrap());
-    let mut first = String::new();
-    std::io::BufRead::read_line(&mut stdout, &mut first).unwrap();
-    assert_eq!(first, "ok daemonized\n");
-    // The daemon exists on the host (found by its token) before the kill...
-    assert!(
-        eventually(Duration::from_secs(10), || process_with_token(&token).is_some()),
-        "daemon never started"
-    );
-    let daemon = process_with_token(&token).unwrap();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(caller.id() as i32), nix::sys::signal::Signal::SIGKILL)
-        .unwrap();
-    let _ = caller.wait();
-    // ... and nothing of the sandbox survives it.
-    assert!(
-        eventually(Duration::from_secs(10), || process_with_token(&token).is_none()),
-        "pid {daemon} survived the caller"
-    );
+        let _ = caller.wait();
+        // ... and nothing of the sandbox survives it.
+        if !eventually(Duration::from_secs(10), || process_with_token(&token).is_none()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(sleeper as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("{tier}: pid {sleeper} survived the caller");
+        }
+    }
 }
 
 #[test]
@@ -354,6 +440,20 @@ fn a_missing_executable_reports_exec_enoent() {
         assert_eq!(f.message, "exec /nonexistent/palisade-probe: ENOENT");
         assert_eq!(o.status.code(), Some(127));
     }
+}
+
+#[test]
+fn a_tier_b_plan_that_would_run_the_command_as_host_root_is_refused() {
+    let mut jail = Jail::new(Tier::B);
+    let marker = jail.workspace().join("ran");
+    let mut plan = jail.plan(&["write", marker.to_str().unwrap()]);
+    plan.uid = 0;
+    plan.gid = 0;
+    let o = jail.run_plan(&plan);
+    let f = o.failure().expect("failure reported");
+    assert_eq!((f.stage, f.errno), (Stage::Plan, Errno::EINVAL as i32));
+    assert!(f.message.contains("host root"), "{}", f.message);
+    assert!(!marker.exists());
 }
 
 #[test]
@@ -435,7 +535,7 @@ fn tier_b_has_no_namespaces_but_landlock_seccomp_and_a_new_session() {
     let mut c = Jail::new(Tier::C);
     let inside_c = c.run(&["ns"]).expect_ran().probe().unwrap();
     let differ = outside_ns.split(',').zip(inside_c.split(',')).filter(|(a, b)| a != b).count();
-    assert_eq!(differ, 6, "Tier C must create every namespace: {outside_ns} vs {inside_c}");
+    assert_eq!(differ, 7, "Tier C must create every namespace: {outside_ns} vs {inside_c}");
 
     for tier in BOTH {
         let mut jail = Jail::new(tier);
@@ -453,7 +553,10 @@ fn the_command_runs_with_the_plans_ids_cwd_and_exit_status() {
     for tier in BOTH {
         let mut jail = Jail::new(tier);
         let ids = jail.run(&["ids"]).expect_ran().probe().unwrap();
-        assert_eq!(ids, format!("uid={} gid={}", nix::unistd::getuid(), nix::unistd::getgid()));
+        assert_eq!(ids, format!("uid={} gid={}", jail.spec.uid, jail.spec.gid), "{tier}");
+        if is_root() && tier == Tier::B {
+            assert_eq!(jail.spec.uid, SANDBOX_ID, "Tier B started by root must not run as root");
+        }
         let cwd = jail.run(&["cwd"]).expect_ran().probe().unwrap();
         assert_eq!(cwd, jail.workspace().display().to_string());
         let o = jail.run(&["exit", "7"]);

@@ -47,6 +47,9 @@ fn main() {
         "link" => std::fs::hard_link(arg(1), arg(2)).map(|_| String::new()).map_err(io),
         "symlink" => std::os::unix::fs::symlink(arg(1), arg(2)).map(|_| String::new()).map_err(io),
         "connect" => connect(&arg(1)),
+        "unix" => unix(&arg(1)),
+        "socketpair" => std::os::unix::net::UnixStream::pair().map(|_| String::new()).map_err(io),
+        "limits" => limits(),
         "ifaces" => ifaces(),
         "pids" => pids(),
         "signal" => nix::sys::signal::kill(pid(&arg(1)), nix::sys::signal::Signal::SIGCONT)
@@ -87,7 +90,7 @@ fn main() {
             nix::unistd::getsid(None).map(|p| p.as_raw()).unwrap_or(-1),
             nix::unistd::getpgrp()
         )),
-        "ns" => Ok(["user", "mnt", "pid", "net", "uts", "ipc"]
+        "ns" => Ok(["user", "mnt", "pid", "net", "uts", "ipc", "cgroup"]
             .iter()
             .map(|n| {
                 std::fs::read_link(format!("/proc/self/ns/{n}"))
@@ -157,6 +160,38 @@ fn connect(addr: &str) -> Outcome {
     let addr: std::net::SocketAddr =
         addr.parse().map_err(|_| (Errno::EINVAL, format!("bad address {addr}")))?;
     std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map(|_| String::new()).map_err(io)
+}
+
+/// Connects to a unix socket: a path, or `@name` for the abstract namespace.
+fn unix(addr: &str) -> Outcome {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixStream};
+    let stream = match addr.strip_prefix('@') {
+        Some(name) => SocketAddr::from_abstract_name(name).and_then(|a| UnixStream::connect_addr(&a)),
+        None => UnixStream::connect(addr),
+    };
+    stream.map(|_| String::new()).map_err(io)
+}
+
+/// The soft limits the process runs under, as `/proc/self/limits` gives them.
+fn limits() -> Outcome {
+    let text = std::fs::read_to_string("/proc/self/limits").map_err(io)?;
+    let soft = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l[name.len()..].split_whitespace().next())
+            .unwrap_or("?")
+            .to_string()
+    };
+    Ok(format!(
+        "nofile={} core={} nproc={} fsize={} as={} cpu={}",
+        soft("Max open files"),
+        soft("Max core file size"),
+        soft("Max processes"),
+        soft("Max file size"),
+        soft("Max address space"),
+        soft("Max cpu time")
+    ))
 }
 
 fn ifaces() -> Outcome {
