@@ -297,7 +297,29 @@ struct RenderSink<'a>(&'a mut Render);
 
 impl Sink for RenderSink<'_> {
     async fn send(&mut self, msg: ServerMessage) -> bool {
-        self.0.on(&msg);
+        match msg {
+            ServerMessage::Output { stream, data } => self.send_output(stream, &data).await,
+            other => {
+                self.0.on(&other);
+                true
+            }
+        }
+    }
+
+    /// Written asynchronously (tokio writes the standard streams from its
+    /// blocking pool): a reader of ours that stalls must not stall the run's
+    /// deadline with it.
+    async fn send_output(&mut self, stream: Stream, data: &[u8]) -> bool {
+        use tokio::io::AsyncWriteExt;
+        if self.0.json {
+            self.0.on(&ServerMessage::Output { stream, data: data.to_vec() });
+            return true;
+        }
+        // A reader gone (EPIPE) does not end the run: its output goes nowhere, as in a shell.
+        let _ = match stream {
+            Stream::Stdout => tokio::io::stdout().write_all(data).await,
+            Stream::Stderr => tokio::io::stderr().write_all(data).await,
+        };
         true
     }
 }

@@ -132,7 +132,12 @@ fn bind(path: &Path, mode: u32) -> std::io::Result<tokio::net::UnixListener> {
         }
         std::fs::remove_file(path)?;
     }
-    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    // Created with no permission for others, whatever the umask, then given
+    // its mode: there is no moment when it is more open than configured.
+    let previous = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = std::os::unix::net::UnixListener::bind(path);
+    nix::sys::stat::umask(previous);
+    let listener = bound?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     listener.set_nonblocking(true)?;
     tokio::net::UnixListener::from_std(listener)

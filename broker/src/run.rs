@@ -29,6 +29,9 @@ const DRAIN_GRACE: Duration = Duration::from_millis(200);
 const TERM_GRACE: Duration = Duration::from_millis(500);
 /// A timer that is armed later.
 const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Once a run has ended (deadline, quota, cancel), how long a message to a
+/// client that does not read may stay unsent before the client is given up.
+const SEND_GRACE: Duration = Duration::from_secs(5);
 
 /// Where a run's messages go. `false`: the client is gone.
 pub trait Sink {
@@ -39,6 +42,47 @@ pub trait Sink {
     fn send_output(&mut self, stream: Stream, data: &[u8]) -> impl Future<Output = bool> + Send {
         self.send(ServerMessage::Output { stream, data: data.to_vec() })
     }
+
+    /// A send was dropped half done: nothing more can go through this sink.
+    fn abandon(&mut self) {}
+}
+
+/// Awaits a send to the client while the run's deadline and cancellation
+/// stay in force: a client that stops reading cannot hold a sandbox past
+/// either. Once the run has ended, a send still stuck after [`SEND_GRACE`]
+/// is dropped (`false`: the client is given up, its sink abandoned).
+macro_rules! watched_send {
+    ($send:expr, $sink:expr, $deadline:ident, $cancel:ident, $ended:ident, $exited:expr, $kill:ident, $signal:expr) => {{
+        let sent = {
+            let send = $send;
+            tokio::pin!(send);
+            let grace = tokio::time::sleep(if $ended.is_some() { SEND_GRACE } else { NEVER });
+            tokio::pin!(grace);
+            loop {
+                tokio::select! {
+                    ok = &mut send => break Some(ok),
+                    _ = &mut $deadline, if $ended.is_none() && !$exited => {
+                        $ended = Some(RunStatus::TimedOut);
+                        $kill($signal);
+                        grace.as_mut().reset(tokio::time::Instant::now() + SEND_GRACE);
+                    }
+                    _ = &mut $cancel, if $ended.is_none() && !$exited => {
+                        $ended = Some(RunStatus::Cancelled);
+                        $kill($signal);
+                        grace.as_mut().reset(tokio::time::Instant::now() + SEND_GRACE);
+                    }
+                    _ = &mut grace => break None,
+                }
+            }
+        };
+        match sent {
+            Some(ok) => ok,
+            None => {
+                $sink.abandon();
+                false
+            }
+        }
+    }};
 }
 
 pub struct Engine {
@@ -156,8 +200,6 @@ impl Engine {
                 let _ = tx.write_all(&data).await;
             });
         }
-        let mut connected = sink.send(ServerMessage::Started { run_id, executor: tier.to_string() }).await;
-
         let kill = |signal: i32| {
             // The cgroup holds every process of the run, whatever it did.
             if let Some(c) = cgroup {
@@ -177,14 +219,18 @@ impl Engine {
         let chunk_bytes = resolved.capture_chunk_bytes;
         let (mut out_buf, mut err_buf) = (vec![0u8; chunk_bytes], vec![0u8; chunk_bytes]);
         let (mut out_open, mut err_open, mut exited) = (true, true, false);
-        let mut ended: Option<RunStatus> = if connected { None } else { Some(RunStatus::Cancelled) };
-        if ended.is_some() {
-            kill(first_signal);
-        }
+        let mut ended: Option<RunStatus> = None;
         let deadline = tokio::time::sleep(resolved.timeout);
         let drain = tokio::time::sleep(NEVER);
         let escalate = tokio::time::sleep(NEVER);
         tokio::pin!(deadline, drain, escalate, cancel);
+        let started_msg = ServerMessage::Started { run_id, executor: tier.to_string() };
+        let mut connected =
+            watched_send!(sink.send(started_msg), sink, deadline, cancel, ended, exited, kill, first_signal);
+        if !connected && ended.is_none() {
+            ended = Some(RunStatus::Cancelled);
+            kill(first_signal);
+        }
         let mut escalation_armed = false;
         let mut exited_us = 0;
 
@@ -244,7 +290,16 @@ impl Engine {
                 *(if stream == Stream::Stdout { &mut stdout_bytes } else { &mut stderr_bytes }) +=
                     deliver.len() as u64;
                 if connected {
-                    connected = sink.send_output(stream, deliver).await;
+                    connected = watched_send!(
+                        sink.send_output(stream, deliver),
+                        sink,
+                        deadline,
+                        cancel,
+                        ended,
+                        exited,
+                        kill,
+                        first_signal
+                    );
                     if !connected && ended.is_none() {
                         ended = Some(RunStatus::Cancelled);
                         kill(first_signal);

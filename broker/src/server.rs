@@ -20,6 +20,8 @@ use tokio::task::JoinSet;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest hello accepted from a peer (before the handshake, frames are small).
 const HELLO_MAX_BYTES: usize = 4096;
+/// How long a run's result may wait for a client that does not read.
+const RESULT_SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long shutdown waits for killed runs to report.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -71,6 +73,8 @@ impl Server {
             }
         }
         drop(listener);
+        // Requests still waiting for a slot are answered now instead of starting.
+        self.slots.close();
         tracing::info!(connections = connections.len(), "shutting down: killing the runs in progress");
         let _ =
             tokio::time::timeout(SHUTDOWN_GRACE, async { while connections.join_next().await.is_some() {} })
@@ -95,7 +99,7 @@ impl Server {
         decoder.set_limit(HELLO_MAX_BYTES);
         let hello = tokio::time::timeout(HELLO_TIMEOUT, read_message(&mut reader, &mut decoder)).await;
         let encoding = decoder.encoding().unwrap_or(Encoding::Bincode);
-        let mut sink = SocketSink { writer, encoding };
+        let mut sink = SocketSink { writer, encoding, broken: false };
         let refuse = |kind, message: String| ErrorReply::new(kind, message);
         let reply = match hello {
             Err(_) => Err(refuse(ErrorKind::ProtocolError, "no hello within 10 s".into())),
@@ -170,7 +174,8 @@ impl Server {
                 Ok(result) => ServerMessage::Finished(Box::new(result)),
                 Err(e) => ServerMessage::Error(e),
             };
-            if !sink.send(msg).await {
+            // A client that does not read its result is given up, not waited for.
+            if !tokio::time::timeout(RESULT_SEND_TIMEOUT, sink.send(msg)).await.unwrap_or(false) {
                 return;
             }
         }
@@ -199,9 +204,24 @@ impl Server {
                         ),
                     ));
                 }
-                let waited = self.slots.clone().acquire_owned().await;
+                // A client that leaves the queue frees its place at once.
+                let waited = tokio::select! {
+                    p = self.slots.clone().acquire_owned() => p.ok(),
+                    _ = client_gone(reader, decoder) => None,
+                    _ = shutdown.wait_for(|stop| *stop) => None,
+                };
                 self.queued.fetch_sub(1, Ordering::SeqCst);
-                waited.map_err(|_| ErrorReply::new(ErrorKind::Busy, "the broker is shutting down"))?
+                if waited.is_none() {
+                    tracing::debug!(uid = peer.uid, pid = peer.pid, "a client left the queue");
+                }
+                waited.ok_or_else(|| {
+                    let why = if *shutdown.borrow() {
+                        "the broker is shutting down"
+                    } else {
+                        "the client left the queue"
+                    };
+                    ErrorReply::new(ErrorKind::Busy, why)
+                })?
             }
         };
         // The run ends early if the client goes away, cancels, or the broker stops.
@@ -244,10 +264,15 @@ async fn read_message(
 pub struct SocketSink {
     writer: OwnedWriteHalf,
     encoding: Encoding,
+    /// A frame was left half written: the stream can carry nothing more.
+    broken: bool,
 }
 
 impl Sink for SocketSink {
     async fn send(&mut self, msg: ServerMessage) -> bool {
+        if self.broken {
+            return false;
+        }
         match encode(&msg, self.encoding) {
             Ok(bytes) => self.writer.write_all(&bytes).await.is_ok(),
             Err(e) => {
@@ -258,6 +283,9 @@ impl Sink for SocketSink {
     }
 
     async fn send_output(&mut self, stream: Stream, data: &[u8]) -> bool {
+        if self.broken {
+            return false;
+        }
         match self.encoding {
             Encoding::Bincode => {
                 let mut frame = output_frame_header(stream, data.len());
@@ -270,5 +298,9 @@ impl Sink for SocketSink {
             }
             Encoding::Json => self.send(ServerMessage::Output { stream, data: data.to_vec() }).await,
         }
+    }
+
+    fn abandon(&mut self) {
+        self.broken = true;
     }
 }

@@ -137,15 +137,20 @@ fn the_deadline_kills_a_double_forked_setsid_sleeper() {
             &tok,
         ])
         .current_dir(ws.path())
+        .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // The sleeper itself (`probe sleep TOKEN`, in a session of its own), not
+    // the CLI or the command that asked for it, which carry the token too.
     assert!(
-        eventually(Duration::from_secs(10), || process_with_token(&tok).is_some()),
+        eventually(Duration::from_secs(10), || sleeper_with_token(&tok).is_some()),
         "the sleeper never started"
     );
-    let sleeper = process_with_token(&tok).unwrap();
+    let sleeper = sleeper_with_token(&tok).unwrap();
+    let session = nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(sleeper as i32))).unwrap();
+    assert_ne!(session, nix::unistd::getsid(None).unwrap(), "the sleeper did not call setsid");
     let o = cli.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(125));
     assert!(stderr(&o).starts_with("palisade: TimedOut: "), "{}", stderr(&o));
@@ -153,6 +158,58 @@ fn the_deadline_kills_a_double_forked_setsid_sleeper() {
         eventually(Duration::from_secs(5), || !Path::new(&format!("/proc/{sleeper}")).exists()),
         "pid {sleeper} outlived the deadline"
     );
+    assert!(process_with_token(&tok).is_none(), "a process of the sandbox outlived the deadline");
+}
+
+#[test]
+fn a_client_that_stops_reading_cannot_hold_its_sandbox_past_the_deadline() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let tok = token("unread");
+    let mut stalled = Client::connect(&d.socket).unwrap();
+    let mut req = request(ws.path(), &["flood", &tok]);
+    req.timeout_secs = Some(2);
+    req.max_output_bytes = Some(u64::MAX);
+    stalled.send(&ClientMessage::Run(req)).unwrap();
+    // It never reads: the socket's buffers fill and the broker's writes block.
+    assert!(eventually(Duration::from_secs(10), || process_with_token(&tok).is_some()));
+    assert!(
+        eventually(Duration::from_secs(20), || process_with_token(&tok).is_none()),
+        "the sandbox outlived its deadline while its client did not read\n{}",
+        d.log()
+    );
+    // The run's slot is free again, and other clients are served meanwhile.
+    let o = d.run(ws.path(), &[&probe(), "echo", "next"]);
+    assert_eq!(stdout(&o), "ok next\n", "{}", d.log());
+    // The run itself ends (its unsent output dropped) a short grace later.
+    assert!(eventually(Duration::from_secs(15), || d.log().contains("status=TimedOut")), "{}", d.log());
+    drop(stalled);
+}
+
+#[test]
+fn a_client_that_leaves_the_queue_frees_its_place() {
+    let d = Daemon::start("[broker]\nmax_concurrent = 1\nmax_queued = 1\n");
+    let ws = TempDir::new("ws");
+    let mut first = Client::connect(&d.socket).unwrap();
+    first.send(&ClientMessage::Run(request(ws.path(), &["sleep", "x"]))).unwrap();
+    assert!(matches!(first.receive().unwrap(), ServerMessage::Started { .. }));
+    // The second waits in the queue, then gives up.
+    let mut second = Client::connect(&d.socket).unwrap();
+    second.send(&ClientMessage::Run(request(ws.path(), &["echo", "queued"]))).unwrap();
+    assert!(eventually(Duration::from_secs(10), || {
+        let o = d.run(ws.path(), &[&probe(), "echo", "x"]);
+        stderr(&o).starts_with("palisade: Busy: ")
+    }));
+    drop(second);
+    assert!(eventually(Duration::from_secs(10), || d.log().contains("left the queue")), "{}", d.log());
+    // Its place is free: a third waits instead of being told Busy, and runs once the first is gone.
+    let third = std::thread::scope(|s| {
+        let waiting = s.spawn(|| d.run(ws.path(), &[&probe(), "echo", "third"]));
+        std::thread::sleep(Duration::from_millis(500));
+        drop(first);
+        waiting.join().unwrap()
+    });
+    assert_eq!((third.status.code(), stdout(&third).as_str()), (Some(0), "ok third\n"), "{}", stderr(&third));
 }
 
 #[test]
