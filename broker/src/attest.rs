@@ -76,3 +76,81 @@ pub fn attestation(
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use palisade_policy::{Config, Context, Decision, HostCapabilities, Policy};
+    use std::path::PathBuf;
+
+    fn resolve(request: &RunRequest) -> Resolved {
+        let policy = Policy::new(Config::default());
+        let ctx = Context {
+            host: HostCapabilities {
+                user_namespaces: true,
+                landlock_abi: 7,
+                cgroup: Err("none (test)".into()),
+            },
+            parent_pid: 1,
+            uid: 1000,
+            gid: 1000,
+            temp_root: PathBuf::from("/run/palisade-test"),
+            run: 1,
+            etc_view: None,
+        };
+        match policy.decide(&ctx, request) {
+            Decision::Allow(r) => *r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn request(argv: &[&str]) -> RunRequest {
+        let cwd = std::env::temp_dir().canonicalize().unwrap();
+        RunRequest {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            cwd: Some(cwd.to_string_lossy().into_owned()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_execution_hash_is_sha256_over_the_request_and_the_plan() {
+        let req = request(&["/usr/bin/echo", "one"]);
+        let resolved = resolve(&req);
+        let a = attestation(&req, &resolved, None);
+        let expected: String = Sha256::digest(canonical_bytes(&(&req, &resolved.plan)))
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(a.execution_sha256, expected);
+        // The same request resolves to the same plan and the same hash.
+        assert_eq!(attestation(&req, &resolve(&req), None).execution_sha256, expected);
+        // Anything asked or built differently changes it.
+        let other = request(&["/usr/bin/echo", "two"]);
+        assert_ne!(attestation(&other, &resolve(&other), None).execution_sha256, expected);
+        let mut plan_changed = resolved.clone();
+        plan_changed.plan.rlimits.open_files = Rlimit::both(7);
+        assert_ne!(attestation(&req, &plan_changed, None).execution_sha256, expected);
+    }
+
+    #[test]
+    fn enforcement_says_what_was_in_force() {
+        let req = request(&["/usr/bin/true"]);
+        let resolved = resolve(&req);
+        let report = LandlockReport {
+            abi: 2,
+            ruleset: RulesetState::Partial,
+            enforced: palisade_protocol::LandlockFeatures::FS,
+        };
+        let a = attestation(&req, &resolved, Some(report));
+        let e = &a.enforcement;
+        assert_eq!(a.executor, "linux-tier-c");
+        assert_eq!(e.namespaces, ["user", "mount", "pid", "net", "ipc", "uts", "cgroup"]);
+        let l = e.landlock.as_ref().unwrap();
+        assert_eq!((l.abi, l.ruleset.as_str()), (2, "partial"));
+        assert!(l.not_enforced.iter().any(|f| f == "scope.signal"), "{l:?}");
+        assert_eq!((e.cgroup.as_deref(), e.limits_by.as_str()), (None, "rlimits"));
+        assert_eq!(e.seccomp_instructions as usize, resolved.plan.seccomp.len());
+        assert!(e.rlimits.contains(&"CORE=0/0".to_string()), "{:?}", e.rlimits);
+    }
+}

@@ -82,9 +82,14 @@ pub struct RunArgs {
     /// Output quota in bytes, stdout and stderr together (can only lower the policy's).
     #[arg(long = "max-output", value_name = "BYTES")]
     pub max_output: Option<u64>,
-    /// Print the result and its attestation as one JSON object (output included).
+    /// Print the result and its attestation as one JSON object (output
+    /// included); a refusal or failure too, as {"error": ...}.
     #[arg(long)]
     pub json: bool,
+    /// Give the command an empty stdin. Without it, palisade's stdin, when it
+    /// is not a terminal, is read to its end and passed to the command.
+    #[arg(short = 'n', long = "no-stdin")]
+    pub no_stdin: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -139,6 +144,7 @@ fn explain(args: ExplainArgs) -> i32 {
         timeout: None,
         max_output: None,
         json: false,
+        no_stdin: true,
         command: args.command,
     };
     let mut request = match request(&run_args, false) {
@@ -257,15 +263,19 @@ fn quiet_fail(json: bool, kind: ErrorKind, message: impl std::fmt::Display) -> i
 }
 
 fn run(args: RunArgs) -> i32 {
-    let request = match request(&args, true) {
-        Ok(r) => r,
-        Err(e) => return fail(ErrorKind::InvalidRequest, e),
-    };
     let render = Render { json: args.json, ..Render::default() };
+    // Failures before any run are reported like the broker's: one line, or the JSON object.
+    let refuse = |kind: ErrorKind, message: String| {
+        Render { json: args.json, ..Render::default() }.finish(Err(ErrorReply::new(kind, message)))
+    };
+    let request = match request(&args, !args.no_stdin) {
+        Ok(r) => r,
+        Err(e) => return refuse(ErrorKind::InvalidRequest, e),
+    };
     if let Some(policy) = &args.policy {
         return match Config::load(policy) {
             Ok(config) => embedded(config, request, render),
-            Err(e) => fail(ErrorKind::InvalidRequest, e),
+            Err(e) => refuse(ErrorKind::InvalidRequest, e.to_string()),
         };
     }
     let (socket, explicit) = match (&args.socket, std::env::var_os("PALISADE_SOCKET")) {
@@ -279,8 +289,8 @@ fn run(args: RunArgs) -> i32 {
             tracing::debug!("no broker at {}: {e}; running an embedded one", socket.display());
             embedded(Config::default(), request, render)
         }
-        Err(ClientError::Reply(e)) => fail(e.kind, e.message),
-        Err(e) => fail(ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),
+        Err(ClientError::Reply(e)) => render.finish(Err(e)),
+        Err(e) => refuse(ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),
     }
 }
 
@@ -289,7 +299,7 @@ fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -> i3
     match outcome {
         Ok(r) => render.finish(Ok(r)),
         Err(ClientError::Reply(e)) => render.finish(Err(e)),
-        Err(e) => fail(ErrorKind::RuntimeFailure, e),
+        Err(e) => render.finish(Err(ErrorReply::new(ErrorKind::RuntimeFailure, e.to_string()))),
     }
 }
 

@@ -27,7 +27,10 @@ fn palisade_has_help_for_run() {
 }
 
 #[test]
-fn palisade_run_without_a_command_is_a_usage_error() {
-    let o = Command::new(env!("CARGO_BIN_EXE_palisade")).arg("run").output().unwrap();
-    assert_eq!(o.status.code(), Some(2));
+fn a_usage_error_exits_125_like_any_failure_of_palisade() {
+    for args in [&["run"][..], &["run", "--timeout", "soon", "--", "true"], &["frobnicate"]] {
+        let o = Command::new(env!("CARGO_BIN_EXE_palisade")).args(args).output().unwrap();
+        assert_eq!(o.status.code(), Some(125), "{args:?}: {o:?}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("error:"), "{args:?}: {o:?}");
+    }
 }

@@ -348,6 +348,31 @@ pub fn test_user() -> nix::unistd::User {
     })
 }
 
+/// When the suite runs as root, runs this test binary again, but `skip`, as
+/// the unprivileged test user, and fails unless all of it passes: palisade's
+/// users are unprivileged. As an ordinary user, this run is that half.
+pub fn rerun_unprivileged(skip: &str) {
+    if !is_root() {
+        assert!(!nix::unistd::geteuid().is_root());
+        eprintln!("running as uid {}: this run is the unprivileged one", nix::unistd::geteuid());
+        return;
+    }
+    let user = test_user();
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid", &user.uid.to_string(), "--regid", &user.gid.to_string(), "--clear-groups", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--test-threads", "4", "--skip", skip])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", "/tmp")
+        .env("TMPDIR", "/tmp")
+        .output()
+        .unwrap();
+    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "as {}:\n{text}", user.name);
+    assert!(text.contains("test result: ok"), "{text}");
+}
+
 /// `setpriv` arguments that run a command as `user` with no supplementary groups.
 pub fn as_user(user: &nix::unistd::User) -> Vec<String> {
     vec![
@@ -393,6 +418,9 @@ pub struct DaemonOptions {
     pub env: Vec<(String, String)>,
     /// A command the daemon runs under (e.g. `prlimit ... --`).
     pub prefix: Vec<String>,
+    /// Start without `--socket`: the daemon picks its default socket, which
+    /// must appear at this path.
+    pub default_socket: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -407,7 +435,7 @@ impl Daemon {
         if let Some(u) = &opts.user {
             nix::unistd::chown(dir.path(), Some(u.uid), Some(u.gid)).unwrap();
         }
-        let socket = dir.join("palisade.sock");
+        let socket = opts.default_socket.clone().unwrap_or_else(|| dir.join("palisade.sock"));
         let config = dir.join("palisade.toml");
         let (defaults, rest) = split_defaults(&opts.config);
         std::fs::write(&config, format!("{}{}\n{}", base_config(), defaults, rest)).unwrap();
@@ -416,7 +444,9 @@ impl Daemon {
         argv.extend(opts.user.as_ref().map(as_user).unwrap_or_default());
         argv.push(bin("palisaded").to_string_lossy().into_owned());
         argv.extend(["--config".into(), config.to_string_lossy().into_owned()]);
-        argv.extend(["--socket".into(), socket.to_string_lossy().into_owned()]);
+        if opts.default_socket.is_none() {
+            argv.extend(["--socket".into(), socket.to_string_lossy().into_owned()]);
+        }
         let mut cmd = std::process::Command::new(&argv[0]);
         cmd.args(&argv[1..]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
         cmd.env("PALISADE_LOG", "palisade_broker=debug,info");
@@ -437,6 +467,11 @@ impl Daemon {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("palisaded.log")).unwrap_or_default()
+    }
+
+    /// How many runs the daemon has finished (its log says each).
+    pub fn runs_finished(&self) -> usize {
+        self.log().matches("run finished").count()
     }
 
     /// SIGTERM, then wait (bounded).

@@ -340,6 +340,74 @@ fn a_peer_whose_uid_is_not_allowed_is_refused() {
 }
 
 #[test]
+fn the_socket_is_0660_and_a_peer_may_be_allowed_by_its_group() {
+    use std::os::unix::fs::PermissionsExt;
+    let me = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+    // No uid that will connect is allowed; the client's gid is.
+    let d = Daemon::start(&format!("[broker]\nallowed_uids = [4242]\nallowed_gids = [{}]\n", me.1));
+    let mode = std::fs::metadata(&d.socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o660, "socket mode {mode:o}");
+    let ws = TempDir::new("ws");
+    let o = d.run(ws.path(), &[&probe(), "echo", "by-group"]);
+    assert_eq!((o.status.code(), stdout(&o).as_str()), (Some(0), "ok by-group\n"), "{}", stderr(&o));
+    // Counter-test: neither the uid nor the gid allowed.
+    let d = Daemon::start("[broker]\nallowed_uids = [4242]\nallowed_gids = [4242]\n");
+    let o = d.run(ws.path(), &[&probe(), "echo", "x"]);
+    assert!(stderr(&o).starts_with("palisade: Unauthorized: "), "{}", stderr(&o));
+}
+
+#[test]
+fn the_cli_finds_the_broker_at_the_default_socket_or_palisade_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    // Run as the unprivileged user: root's default socket is the system's /run/palisade.
+    let user = if is_root() { Some(test_user()) } else { None };
+    let runtime = TempDir::new("xdg");
+    std::fs::set_permissions(runtime.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    if let Some(u) = &user {
+        nix::unistd::chown(runtime.path(), Some(u.uid), Some(u.gid)).unwrap();
+    }
+    let socket = runtime.join("palisade/palisade.sock");
+    let xdg = runtime.path().to_string_lossy().into_owned();
+    let d = Daemon::start_with(DaemonOptions {
+        user: user.clone(),
+        env: vec![("XDG_RUNTIME_DIR".into(), xdg.clone())],
+        default_socket: Some(socket.clone()),
+        ..Default::default()
+    });
+    let ws = TempDir::new("ws");
+    let ws_path = shared_workspace(&ws, "w");
+    let cli = |env: &[(&str, &str)], command: &[&str]| {
+        let mut argv: Vec<String> = user.as_ref().map(as_user).unwrap_or_default();
+        argv.push(bin("palisade").to_string_lossy().into_owned());
+        argv.extend(["run", "--"].map(String::from));
+        argv.extend(command.iter().map(|a| a.to_string()));
+        let mut cmd = std::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..]).current_dir(&ws_path).stdin(std::process::Stdio::null());
+        cmd.env_remove("PALISADE_SOCKET").env("XDG_RUNTIME_DIR", "/nonexistent");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let o = cmd.output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{env:?}: {}", stderr(&o));
+        stdout(&o)
+    };
+    let probe = probe();
+    // Through the broker at $XDG_RUNTIME_DIR/palisade/palisade.sock...
+    assert_eq!(cli(&[("XDG_RUNTIME_DIR", &xdg)], &[&probe, "echo", "found"]), "ok found\n");
+    assert!(eventually(Duration::from_secs(5), || d.runs_finished() == 1), "{}", d.log());
+    // ... and at $PALISADE_SOCKET, whatever the runtime directory.
+    assert_eq!(
+        cli(&[("PALISADE_SOCKET", socket.to_str().unwrap())], &[&probe, "echo", "found"]),
+        "ok found\n"
+    );
+    assert!(eventually(Duration::from_secs(5), || d.runs_finished() == 2), "{}", d.log());
+    // Counter-test: with neither, no broker answers and the CLI runs an embedded one.
+    assert_eq!(cli(&[], &["/usr/bin/echo", "embedded"]), "embedded\n");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(d.runs_finished(), 2, "{}", d.log());
+}
+
+#[test]
 fn fifty_concurrent_runs_all_finish_with_the_right_outputs() {
     let d = Daemon::start("[broker]\nmax_concurrent = 8\nmax_queued = 64\n");
     let ws = TempDir::new("ws");
@@ -494,7 +562,13 @@ fn readiness_is_notified_and_a_socket_passed_by_systemd_is_used() {
 #[test]
 fn the_broker_runs_as_an_unprivileged_user() {
     if !is_root() {
-        // The whole suite already runs unprivileged.
+        // The whole suite runs unprivileged: so does every broker it starts.
+        let d = Daemon::start("");
+        let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
+        let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap().to_string();
+        assert!(uid.split_whitespace().skip(1).all(|u| u != "0"), "{uid}");
+        let ws = TempDir::new("ws");
+        assert_eq!(stdout(&d.run(ws.path(), &[&probe(), "echo", "x"])), "ok x\n", "{}", d.log());
         return;
     }
     let user = test_user();
@@ -518,7 +592,7 @@ fn the_broker_runs_as_an_unprivileged_user() {
             .lines()
             .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some(&user.uid.to_string()))
     );
-    // Another user's workspace is refused: the broker does not lend its access.
+    // A peer not allowed (root, here) is refused.
     let root_ws = TempDir::new("rootws");
     let o = palisade_cli(
         root_ws.path(),
@@ -526,7 +600,31 @@ fn the_broker_runs_as_an_unprivileged_user() {
         &[&probe(), "echo", "x"],
         None,
     );
-    assert_eq!(o.status.code(), Some(125), "{}", stdout(&o));
+    assert!(stderr(&o).starts_with("palisade: Unauthorized: "), "{}", stderr(&o));
+    // An allowed peer with a workspace that is not its own is refused too: the
+    // broker does not lend it its own access.
+    let d = Daemon::start_with(DaemonOptions {
+        user: Some(user.clone()),
+        config: format!("[broker]\nallowed_uids = [{}, {SANDBOX_ID}]\nsocket_mode = 0o666\n", user.uid),
+        ..Default::default()
+    });
+    let nobody = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(SANDBOX_ID)).unwrap().unwrap();
+    let o = palisade_cli(
+        &ws_path,
+        &["run", "--socket", d.socket.to_str().unwrap()],
+        &[&probe(), "echo", "x"],
+        Some(&nobody),
+    );
+    assert!(stderr(&o).starts_with("palisade: WorkspaceScopeDenied: "), "{}\n{}", stderr(&o), d.log());
+    assert!(stderr(&o).contains("is not owned by uid 65534"), "{}", stderr(&o));
+    // Counter-test: the owner's own request on it runs.
+    let o = palisade_cli(
+        &ws_path,
+        &["run", "--socket", d.socket.to_str().unwrap()],
+        &[&probe(), "echo", "x"],
+        Some(&user),
+    );
+    assert_eq!(stdout(&o), "ok x\n", "{}", stderr(&o));
 }
 
 #[test]
@@ -589,6 +687,22 @@ fn the_documented_python_client_works() {
 }
 
 #[test]
+fn with_json_a_failure_is_a_json_object_too() {
+    let ws = TempDir::new("ws");
+    let nowhere = ws.join("no-broker.sock");
+    for (pre, kind) in [
+        (vec!["run", "--json", "--socket", nowhere.to_str().unwrap()], "RuntimeFailure"),
+        (vec!["run", "--json", "--policy", nowhere.to_str().unwrap()], "InvalidRequest"),
+    ] {
+        let o = palisade_cli(ws.path(), &pre, &["/usr/bin/echo", "x"], None);
+        assert_eq!(o.status.code(), Some(125));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+        assert_eq!(v["error"]["kind"], kind, "{v}");
+        assert!(o.stderr.is_empty(), "{}", stderr(&o));
+    }
+}
+
+#[test]
 fn without_a_broker_the_cli_runs_an_embedded_one() {
     let ws = TempDir::new("ws");
     let nowhere = ws.join("no-broker.sock");
@@ -631,6 +745,26 @@ fn helpers_started_ahead_serve_runs_and_a_dead_one_is_skipped() {
     let d = Daemon::start("[broker]\nprespawn = 2\n");
     let ws = TempDir::new("ws");
     assert!(eventually(Duration::from_secs(10), || idle_helpers(&d).len() == 2), "{}", d.log());
+    // Every helper is a child of the one long-lived spawner thread (their death
+    // signal follows the thread that forked them).
+    let pid = d.child.id();
+    for helper in idle_helpers(&d) {
+        let parents: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("children"))
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .any(|c| c == helper.to_string())
+            })
+            .map(|t| {
+                std::fs::read_to_string(t.path().join("comm")).unwrap_or_default().trim_end().to_string()
+            })
+            .collect();
+        // comm holds 15 bytes of the thread's name, "palisade-spawner".
+        assert_eq!(parents, ["palisade-spawne"], "helper {helper}");
+    }
     // Killed while idle: the next run must not pick a dead one. (SIGKILL
     // takes effect asynchronously: the run starts once they are dead.)
     let killed = idle_helpers(&d);
@@ -750,4 +884,10 @@ fn the_sandbox_sees_etc_as_a_snapshot_of_what_others_may_read() {
 
     assert_eq!(snapshot.stop().and_then(|s| s.code()), Some(0));
     assert_eq!(snapshots(), 0, "the snapshot outlived the broker");
+}
+
+/// As root, the same file again as the unprivileged test user.
+#[test]
+fn the_broker_suite_passes_as_an_unprivileged_user() {
+    rerun_unprivileged("the_broker_suite_passes_as_an_unprivileged_user");
 }

@@ -169,3 +169,9 @@ fn a_temporary_workspace_is_a_tmpfs_of_the_configured_size() {
         r.attestation.enforcement.disk
     );
 }
+
+/// As root, the same file again as the unprivileged test user.
+#[test]
+fn the_disk_suite_passes_as_an_unprivileged_user() {
+    rerun_unprivileged("the_disk_suite_passes_as_an_unprivileged_user");
+}

@@ -570,26 +570,5 @@ fn the_command_runs_with_the_plans_ids_cwd_and_exit_status() {
 /// broker's users are unprivileged, so everything above must hold for them.
 #[test]
 fn the_same_suite_passes_as_an_unprivileged_user() {
-    if !is_root() {
-        // This run *is* the unprivileged one.
-        assert!(!nix::unistd::geteuid().is_root());
-        return;
-    }
-    let name = std::env::var("PALISADE_TEST_USER").unwrap_or_else(|_| "palisade-test".into());
-    let user = nix::unistd::User::from_name(&name).unwrap().unwrap_or_else(|| {
-        panic!("no user {name:?}: create it (useradd --system --create-home {name}), as .ci/run does")
-    });
-    let out = Command::new("setpriv")
-        .args(["--reuid", &user.uid.to_string(), "--regid", &user.gid.to_string(), "--clear-groups", "--"])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--test-threads", "4", "--skip", "the_same_suite_passes_as_an_unprivileged_user"])
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", "/tmp")
-        .env("TMPDIR", "/tmp")
-        .output()
-        .unwrap();
-    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "as {name}:\n{text}");
-    assert!(text.contains("test result: ok"), "{text}");
+    rerun_unprivileged("the_same_suite_passes_as_an_unprivileged_user");
 }

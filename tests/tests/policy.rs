@@ -298,3 +298,9 @@ fn network_deny_and_allow_all_differ_on_a_loopback_listener() {
     assert_eq!(out, "ok \n", "{r:?} {}", d.log());
     listener.accept().unwrap();
 }
+
+/// As root, the same file again as the unprivileged test user.
+#[test]
+fn the_policy_suite_passes_as_an_unprivileged_user() {
+    rerun_unprivileged("the_policy_suite_passes_as_an_unprivileged_user");
+}

@@ -1,5 +1,14 @@
 use clap::Parser;
 
 fn main() {
-    std::process::exit(palisade_broker::cli::main(palisade_broker::cli::Cli::parse()));
+    let cli = match palisade_broker::cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version exit 0; a usage error is palisade failing, not the command.
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let _ = e.print();
+            std::process::exit(palisade_broker::cli::EXIT_PALISADE);
+        }
+    };
+    std::process::exit(palisade_broker::cli::main(cli));
 }
