@@ -20,6 +20,17 @@ def default_socket():
     return os.path.join(runtime, "palisade", "palisade.sock")
 
 
+def ask(reason):
+    """Puts a run that needs approval to the person at the terminal; none: no."""
+    try:
+        with open("/dev/tty", "r+") as tty:
+            tty.write(f"palisade: {reason} [y/N] ")
+            tty.flush()
+            return tty.readline().strip().lower() in ("y", "yes")
+    except OSError:
+        return False
+
+
 def main(argv):
     path = os.environ.get("PALISADE_SOCKET") or default_socket()
     if argv[:1] == ["--socket"]:
@@ -54,6 +65,9 @@ def main(argv):
             stream = sys.stdout if message["output"]["stream"] == "stdout" else sys.stderr
             stream.buffer.write(bytes(message["output"]["data"]))
             stream.flush()
+        elif "approval_required" in message:
+            approved = ask(message["approval_required"]["reason"])
+            send({"approve": {"approved": approved}})
         elif "finished" in message:
             status = message["finished"]["status"]
             if "exited" in status:

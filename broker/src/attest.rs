@@ -74,6 +74,7 @@ pub fn attestation(
             egress: resolved.egress.clone(),
             disk: resolved.disk.clone(),
         },
+        warnings: resolved.warnings.clone(),
     }
 }
 

@@ -24,6 +24,24 @@ pub struct Broker {
     next_run: AtomicU64,
 }
 
+/// A decided request, ready to run.
+pub struct Decided {
+    pub run_id: u64,
+    pub resolved: Box<palisade_policy::Resolved>,
+    /// Why a person must approve the run first, if one must.
+    pub approval: Option<String>,
+    etc: Option<std::sync::Arc<crate::etc_view::Snapshot>>,
+}
+
+/// The refusal of a run that needed approval and did not get it.
+pub fn not_approved(reason: &str, why: &str) -> ErrorReply {
+    ErrorReply {
+        kind: ErrorKind::NeedsApproval,
+        message: format!("{reason} Not approved: {why}."),
+        rule: Some("fallback.request_approval".into()),
+    }
+}
+
 /// Who is asking: the peer's credentials from SO_PEERCRED (or the CLI's own).
 #[derive(Debug, Clone, Copy)]
 pub struct Peer {
@@ -38,7 +56,10 @@ impl Broker {
     pub fn assemble(config: Config, helper: Option<PathBuf>) -> Result<Broker, String> {
         let cgroups = Cgroups::discover(config.broker.cgroup_root.as_deref(), true);
         tracing::info!(cgroups = %cgroups.description, "cgroups");
-        let host = host::probe(&cgroups);
+        let mut host = host::probe(&cgroups);
+        if !config.broker.user_namespaces {
+            host.user_namespaces = false;
+        }
         tracing::info!(
             user_namespaces = host.user_namespaces,
             landlock_abi = host.landlock_abi,
@@ -67,13 +88,9 @@ impl Broker {
         })
     }
 
-    pub async fn run<S: Sink + Send>(
-        &self,
-        peer: Peer,
-        request: &RunRequest,
-        sink: &mut S,
-        cancel: impl Future<Output = ()> + Send,
-    ) -> Result<RunResult, ErrorReply> {
+    /// Decides a request: the run it will be, and whether a person must
+    /// approve it first. Nothing runs yet.
+    pub fn decide(&self, peer: Peer, request: &RunRequest) -> Result<Decided, ErrorReply> {
         let run_id = self.next_run.fetch_add(1, Ordering::Relaxed);
         // Held until the run is over: the snapshot stays on disk meanwhile.
         let etc = self.etc.as_ref().and_then(etc_snapshot);
@@ -85,24 +102,50 @@ impl Broker {
         let deciding = std::time::Instant::now();
         let decision = self.policy.decide(&context, request);
         tracing::debug!(run_id, decide_us = deciding.elapsed().as_micros(), "policy decided");
-        let resolved = match decision {
-            Decision::Allow(r) => r,
+        let (resolved, approval) = match decision {
+            Decision::Allow(r) => (r, None),
+            Decision::NeedsApproval { reason, resolved } => (resolved, Some(reason)),
             Decision::Deny(d) => {
                 tracing::info!(run_id, uid = peer.uid, rule = d.rule, "denied: {}", d.reason);
                 return Err(ErrorReply { kind: d.kind, message: d.reason, rule: Some(d.rule.into()) });
             }
-            Decision::NeedsApproval { reason } => {
-                return Err(ErrorReply {
-                    kind: ErrorKind::NeedsApproval,
-                    message: reason,
-                    rule: Some("fallback.request_approval".into()),
-                });
-            }
         };
+        self.check_ownership(peer, &resolved.writable)?;
+        Ok(Decided { run_id, resolved, approval, etc })
+    }
+
+    /// Decides and runs a request that needs nobody's approval (one that does
+    /// is refused with `NeedsApproval`: use [`Broker::decide`] and ask).
+    pub async fn run<S: Sink + Send>(
+        &self,
+        peer: Peer,
+        request: &RunRequest,
+        sink: &mut S,
+        cancel: impl Future<Output = ()> + Send,
+    ) -> Result<RunResult, ErrorReply> {
+        let decided = self.decide(peer, request)?;
+        if let Some(reason) = &decided.approval {
+            return Err(not_approved(reason, "nobody was asked"));
+        }
+        self.execute(peer, decided, request, sink, cancel).await
+    }
+
+    /// Runs what [`Broker::decide`] resolved (approved, where it had to be).
+    pub async fn execute<S: Sink + Send>(
+        &self,
+        peer: Peer,
+        decided: Decided,
+        request: &RunRequest,
+        sink: &mut S,
+        cancel: impl Future<Output = ()> + Send,
+    ) -> Result<RunResult, ErrorReply> {
+        let Decided { run_id, resolved, approval, etc } = decided;
+        if let Some(reason) = approval {
+            tracing::info!(run_id, uid = peer.uid, "approved: {reason}");
+        }
         for w in &resolved.warnings {
             tracing::warn!(run_id, "{w}");
         }
-        self.check_ownership(peer, &resolved.writable)?;
         let owner = (resolved.plan.uid, resolved.plan.gid);
         let dirs = HostDirs::create(&resolved.host_dirs, owner).map_err(|e| {
             ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot create the run's directories: {e}"))

@@ -294,8 +294,23 @@ fn run(args: RunArgs) -> i32 {
     }
 }
 
+/// Asks the person at this process's terminal whether to run; no terminal: no.
+fn ask_at_terminal(reason: &str) -> bool {
+    let Ok(mut tty) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") else {
+        eprintln!("palisade: the run needs approval and there is no terminal to ask: {reason}");
+        return false;
+    };
+    if write!(tty, "palisade: {reason} [y/N] ").and_then(|()| tty.flush()).is_err() {
+        return false;
+    }
+    let mut answer = String::new();
+    let mut reader = std::io::BufReader::new(tty);
+    std::io::BufRead::read_line(&mut reader, &mut answer).is_ok()
+        && matches!(answer.trim(), "y" | "Y" | "yes" | "Yes" | "YES")
+}
+
 fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -> i32 {
-    let outcome = client.run(request, |m| render.on(m));
+    let outcome = client.run_with_approval(request, |m| render.on(m), ask_at_terminal);
     match outcome {
         Ok(r) => render.finish(Ok(r)),
         Err(ClientError::Reply(e)) => render.finish(Err(e)),
@@ -355,7 +370,17 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
         let cancel = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        broker.run(peer, &request, &mut RenderSink(&mut render), cancel).await
+        let decided = broker.decide(peer, &request)?;
+        if let Some(reason) = &decided.approval {
+            let ask = reason.clone();
+            let approved = tokio::task::spawn_blocking(move || ask_at_terminal(&ask)).await.unwrap_or(false);
+            if !approved {
+                return Err(crate::broker::not_approved(reason, "refused"));
+            }
+        }
+        broker.execute(peer, decided, &request, &mut RenderSink(&mut render), cancel).await
     });
+    // Not waiting for an output write given up on (a reader that never reads).
+    runtime.shutdown_background();
     render.finish(outcome)
 }

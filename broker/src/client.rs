@@ -87,7 +87,19 @@ impl Client {
     pub fn run(
         &mut self,
         request: RunRequest,
+        each: impl FnMut(&ServerMessage),
+    ) -> Result<RunResult, ClientError> {
+        // Nobody to ask: a run that needs approval is refused.
+        self.run_with_approval(request, each, |_| false)
+    }
+
+    /// Runs `request`; a run that needs approval is put to `approve`, which
+    /// asks a person and says whether they approved.
+    pub fn run_with_approval(
+        &mut self,
+        request: RunRequest,
         mut each: impl FnMut(&ServerMessage),
+        mut approve: impl FnMut(&str) -> bool,
     ) -> Result<RunResult, ClientError> {
         let sent = self.send(&ClientMessage::Run(request));
         // A refused hello explains a failed send (the broker hung up after refusing).
@@ -97,6 +109,10 @@ impl Client {
             match self.receive()? {
                 ServerMessage::Finished(r) => return Ok(*r),
                 ServerMessage::Error(e) => return Err(ClientError::Reply(e)),
+                ServerMessage::ApprovalRequired { reason } => {
+                    let approved = approve(&reason);
+                    self.send(&ClientMessage::Approve { approved })?;
+                }
                 other => each(&other),
             }
         }

@@ -36,12 +36,16 @@ pub fn report(config: &Config) -> (String, bool) {
         Some(_) => why.push("AppArmor does not restrict them".into()),
         None => why.push("no AppArmor userns restriction".into()),
     }
+    if !config.broker.user_namespaces {
+        why.push("not used: [broker] user_namespaces = false".into());
+    }
     let _ = writeln!(
         out,
         "user namespaces:  {} ({})",
         if userns { "available" } else { "unavailable" },
         why.join("; ")
     );
+    let userns = userns && config.broker.user_namespaces;
 
     let abi = host::landlock_abi();
     let _ = writeln!(

@@ -1,7 +1,7 @@
 //! palisaded's socket server: peer credentials, the handshake, framing, the
 //! concurrency limit with its bounded queue, and shutdown.
 
-use crate::broker::{Broker, Peer};
+use crate::broker::{Broker, Peer, not_approved};
 use crate::run::Sink;
 use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, ErrorKind, ErrorReply, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION,
@@ -162,6 +162,13 @@ impl Server {
             let request = match message {
                 ClientMessage::Run(r) => r,
                 ClientMessage::Cancel => continue,
+                ClientMessage::Approve { .. } => {
+                    let e = ErrorReply::new(ErrorKind::ProtocolError, "no run is waiting for approval");
+                    if !sink.send(ServerMessage::Error(e)).await {
+                        return;
+                    }
+                    continue;
+                }
                 ClientMessage::Hello(_) => {
                     let e = ErrorReply::new(ErrorKind::ProtocolError, "hello sent twice");
                     sink.send(ServerMessage::Error(e)).await;
@@ -190,6 +197,10 @@ impl Server {
         decoder: &mut Decoder,
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<palisade_protocol::wire::RunResult, ErrorReply> {
+        let decided = self.broker.decide(peer, request)?;
+        if let Some(reason) = &decided.approval {
+            self.ask_approval(peer, reason, sink, reader, decoder).await?;
+        }
         // A slot, or a place in the bounded queue, or Busy.
         let permit = match self.slots.clone().try_acquire_owned() {
             Ok(p) => p,
@@ -231,9 +242,38 @@ impl Server {
                 _ = shutdown.wait_for(|stop| *stop) => {}
             }
         };
-        let result = self.broker.run(peer, request, sink, cancel).await;
+        let result = self.broker.execute(peer, decided, request, sink, cancel).await;
         drop(permit);
         result
+    }
+
+    /// Puts the run to the client, which relays it to a person, and waits
+    /// (bounded) for the answer. Anything but `Approve { approved: true }`
+    /// refuses the run.
+    async fn ask_approval(
+        &self,
+        peer: Peer,
+        reason: &str,
+        sink: &mut SocketSink,
+        reader: &mut OwnedReadHalf,
+        decoder: &mut Decoder,
+    ) -> Result<(), ErrorReply> {
+        let limit = Duration::from_secs(self.broker.policy.config.policy.approval_timeout_secs);
+        tracing::info!(uid = peer.uid, pid = peer.pid, "asking for approval: {reason}");
+        if !sink.send(ServerMessage::ApprovalRequired { reason: reason.into() }).await {
+            return Err(not_approved(reason, "the client is gone"));
+        }
+        let answer = tokio::time::timeout(limit, read_message(reader, decoder)).await;
+        let why = match answer {
+            Ok(Ok(Some(ClientMessage::Approve { approved: true }))) => return Ok(()),
+            Ok(Ok(Some(ClientMessage::Approve { approved: false }))) => "refused".to_string(),
+            Ok(Ok(Some(ClientMessage::Cancel))) => "cancelled".to_string(),
+            Ok(Ok(Some(other))) => format!("the client answered {other:?}"),
+            Ok(Ok(None)) | Ok(Err(_)) => "the client is gone".to_string(),
+            Err(_) => format!("no answer within {} s", limit.as_secs()),
+        };
+        tracing::info!(uid = peer.uid, pid = peer.pid, "not approved ({why}): {reason}");
+        Err(not_approved(reason, &why))
     }
 }
 

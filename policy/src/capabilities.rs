@@ -23,24 +23,38 @@ pub enum FsCapability {
 
 // TOML writes these as `{ read_only = "/p" }`, `{ read_write = "/p" }` or
 // `"temp_workspace"`; serde's externally tagged form would want
-// `{ read_only = { path = "/p" } }`, so the short form is mapped here.
+// `{ read_only = { path = "/p" } }`, so the short form is mapped here, and a
+// table must hold exactly one of the two keys (an extra key is an error, as
+// everywhere in the file).
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum FsCapabilityToml {
     Word(String),
-    ReadOnly { read_only: String },
-    ReadWrite { read_write: String },
+    Table(std::collections::BTreeMap<String, toml::Value>),
 }
 
 impl FsCapability {
     fn from_toml(v: FsCapabilityToml) -> Result<FsCapability, String> {
+        const EXPECTED: &str = "expected temp_workspace, { read_only = PATH } or { read_write = PATH }";
         match v {
             FsCapabilityToml::Word(w) if w == "temp_workspace" => Ok(FsCapability::TempWorkspace),
-            FsCapabilityToml::Word(w) => Err(format!(
-                "unknown filesystem capability {w:?} (expected temp_workspace, {{ read_only = PATH }} or {{ read_write = PATH }})"
-            )),
-            FsCapabilityToml::ReadOnly { read_only } => Ok(FsCapability::ReadOnly { path: read_only }),
-            FsCapabilityToml::ReadWrite { read_write } => Ok(FsCapability::ReadWrite { path: read_write }),
+            FsCapabilityToml::Word(w) => Err(format!("unknown filesystem capability {w:?} ({EXPECTED})")),
+            FsCapabilityToml::Table(t) => {
+                let mut keys = t.into_iter();
+                match (keys.next(), keys.next()) {
+                    (Some((k, toml::Value::String(path))), None) if k == "read_only" => {
+                        Ok(FsCapability::ReadOnly { path })
+                    }
+                    (Some((k, toml::Value::String(path))), None) if k == "read_write" => {
+                        Ok(FsCapability::ReadWrite { path })
+                    }
+                    (Some((k, v)), None) if k == "read_only" || k == "read_write" => {
+                        Err(format!("{k} must be a path (a string), not {}", v.type_str()))
+                    }
+                    (Some((k, _)), None) => Err(format!("unknown filesystem capability {k:?} ({EXPECTED})")),
+                    _ => Err(format!("a filesystem capability takes exactly one key ({EXPECTED})")),
+                }
+            }
         }
     }
 }
@@ -66,15 +80,36 @@ impl<'de> Deserialize<'de> for NetworkCapability {
         #[serde(untagged)]
         enum Raw {
             Word(String),
-            Domains { allow_domains: Vec<String> },
+            Table(std::collections::BTreeMap<String, toml::Value>),
         }
+        const EXPECTED: &str = "expected \"deny\", \"allow_all\" or { allow_domains = [...] }";
+        let err = |m: String| serde::de::Error::custom(m);
         match Raw::deserialize(d)? {
             Raw::Word(w) if w == "deny" => Ok(NetworkCapability::Deny),
             Raw::Word(w) if w == "allow_all" => Ok(NetworkCapability::AllowAll),
-            Raw::Word(w) => Err(serde::de::Error::custom(format!(
-                "unknown network capability {w:?} (expected \"deny\", \"allow_all\" or {{ allow_domains = [...] }})"
-            ))),
-            Raw::Domains { allow_domains } => Ok(NetworkCapability::AllowDomains(allow_domains)),
+            Raw::Word(w) => Err(err(format!("unknown network capability {w:?} ({EXPECTED})"))),
+            Raw::Table(t) => {
+                let mut keys = t.into_iter();
+                match (keys.next(), keys.next()) {
+                    (Some((k, toml::Value::Array(items))), None) if k == "allow_domains" => items
+                        .into_iter()
+                        .map(|i| match i {
+                            toml::Value::String(s) => Ok(s),
+                            other => Err(err(format!(
+                                "allow_domains holds names (strings), not {}",
+                                other.type_str()
+                            ))),
+                        })
+                        .collect::<Result<_, _>>()
+                        .map(NetworkCapability::AllowDomains),
+                    (Some((k, v)), None) if k == "allow_domains" => {
+                        Err(err(format!("allow_domains must be a list of names, not {}", v.type_str())))
+                    }
+                    _ => Err(err(format!(
+                        "a network capability table takes exactly the key allow_domains ({EXPECTED})"
+                    ))),
+                }
+            }
         }
     }
 }

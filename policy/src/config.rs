@@ -59,6 +59,10 @@ pub struct BrokerConfig {
     /// directory in a v1 memory hierarchy). Default: the broker's own cgroup
     /// if systemd delegated it on a pure cgroup v2 host; otherwise none.
     pub cgroup_root: Option<PathBuf>,
+    /// Use unprivileged user namespaces (Tier C) where the host allows them.
+    /// false: act as on a host without them (the fallback policy decides),
+    /// for hosts where they exist but misbehave.
+    pub user_namespaces: bool,
 }
 
 impl Default for BrokerConfig {
@@ -76,6 +80,7 @@ impl Default for BrokerConfig {
             sandbox_uid: 65534,
             sandbox_gid: 65534,
             cgroup_root: None,
+            user_namespaces: true,
         }
     }
 }
@@ -107,6 +112,9 @@ pub enum DiskMode {
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
     pub fallback: FallbackPolicy,
+    /// How long a run that needs approval (`request_approval`) waits for the
+    /// client's answer before it is refused.
+    pub approval_timeout_secs: u64,
     /// Refuse runs where no cgroup enforces memory, processes and CPU (see
     /// `palisade doctor`); rlimits alone do not bound a process tree.
     pub require_cgroup: bool,
@@ -124,11 +132,11 @@ pub struct PolicyConfig {
     /// is checked on each, so the size never lets a byte past it through.
     pub capture_chunk_bytes: usize,
     /// Globs denied even inside an allowed root (added to the built-in list).
-    pub sensitive_paths: Vec<String>,
+    pub sensitive_paths: Vec<Spanned<String>>,
     /// Regular expressions refused anywhere in a command line (added to the built-in list).
-    pub blocked_patterns: Vec<String>,
+    pub blocked_patterns: Vec<Spanned<String>>,
     /// Interpreter names (globs) added to the built-in deny-list.
-    pub interpreters: Vec<String>,
+    pub interpreters: Vec<Spanned<String>>,
     /// `${PROJECT_ROOT}` in presets; default: the request's workspace.
     pub project_root: Option<PathBuf>,
 }
@@ -137,6 +145,7 @@ impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig {
             fallback: FallbackPolicy::Deny,
+            approval_timeout_secs: 300,
             require_cgroup: false,
             require_landlock: vec![],
             temp_root: None,
@@ -292,10 +301,19 @@ impl Config {
             }
         }
         for pattern in &self.policy.blocked_patterns {
-            regex::Regex::new(pattern).map_err(|e| (0, format!("blocked_patterns: {e}")))?;
+            regex::Regex::new(pattern.get_ref())
+                .map_err(|e| (pattern.span().start, format!("blocked_patterns: {e}")))?;
         }
         for glob in self.policy.sensitive_paths.iter().chain(&self.policy.interpreters) {
-            globset::Glob::new(glob).map_err(|e| (0, format!("bad glob {glob:?}: {e}")))?;
+            globset::Glob::new(glob.get_ref())
+                .map_err(|e| (glob.span().start, format!("bad glob {:?}: {e}", glob.get_ref())))?;
+        }
+        // Deny beats allow, here too: a configured grant of a sensitive path
+        // is a configuration error (templates are checked at each request).
+        let rules = crate::validate::Rules::new(&self.policy);
+        let sensitive = |path: &str| !path.contains("${") && rules.sensitive(Path::new(path), None);
+        if let Some(p) = self.defaults.read_only.iter().find(|p| sensitive(&p.to_string_lossy())) {
+            return Err((0, format!("defaults.read_only: {} is a sensitive path", p.display())));
         }
         for exe in self
             .defaults
@@ -351,6 +369,12 @@ impl Config {
                                 format!("tool {name}: filesystem path {path:?} must be absolute"),
                             ));
                         }
+                        if sensitive(path) {
+                            return Err((
+                                fs.span().start,
+                                format!("tool {name}: {path} is a sensitive path and cannot be granted"),
+                            ));
+                        }
                     }
                 }
             }
@@ -396,6 +420,37 @@ mod tests {
         assert!(err.starts_with("p.toml:2:27: unknown Landlock feature \"net.udp\""), "{err}");
         let err = parse("[defaults]\nallowed_executables = [\"no-such-program-xyz\"]\n").unwrap_err();
         assert!(err.starts_with("p.toml:2:24: allowed_executables: "), "{err}");
+        let err =
+            parse("[policy]\nfallback = \"deny\"\nblocked_patterns = [\"ok\", \"(unclosed\"]\n").unwrap_err();
+        assert!(err.starts_with("p.toml:3:27: blocked_patterns: "), "{err}");
+        let err = parse("[policy]\n\nsensitive_paths = [\"a[\"]\n").unwrap_err();
+        assert!(err.starts_with("p.toml:3:20: bad glob"), "{err}");
+    }
+
+    #[test]
+    fn capability_tables_take_exactly_their_keys() {
+        let tool = |fs: &str| format!("[tools.t]\n[tools.t.overrides]\nfilesystem = [{fs}]\n");
+        for (fs, want) in [
+            ("{ read_only = \"/srv\", mode = \"x\" }", "exactly one key"),
+            ("{ read_only = \"/srv\", read_write = \"/tmp\" }", "exactly one key"),
+            ("{ read_olny = \"/srv\" }", "unknown filesystem capability \"read_olny\""),
+            ("{ read_only = 7 }", "read_only must be a path"),
+            ("\"tmp_workspace\"", "unknown filesystem capability \"tmp_workspace\""),
+        ] {
+            let err = parse(&tool(fs)).unwrap_err();
+            assert!(err.starts_with("p.toml:3:") && err.contains(want), "{fs}: {err}");
+        }
+        assert!(parse(&tool("{ read_only = \"/srv\" }, \"temp_workspace\"")).is_ok());
+        let net = |n: &str| format!("[defaults]\nnetwork = {n}\n");
+        for (n, want) in [
+            ("{ allow_domains = [\"a.example\"], extra = 1 }", "exactly the key allow_domains"),
+            ("{ allow_domains = \"a.example\" }", "must be a list"),
+            ("{ allow_domains = [1] }", "names (strings)"),
+        ] {
+            let err = parse(&net(n)).unwrap_err();
+            assert!(err.starts_with("p.toml:2:") && err.contains(want), "{n}: {err}");
+        }
+        assert!(parse(&net("{ allow_domains = [\"a.example\", \"*.b.example\"] }")).is_ok());
     }
 
     #[test]

@@ -114,7 +114,12 @@ pub struct Resolved {
 #[derive(Debug, Clone)]
 pub enum Decision {
     Deny(Denial),
-    NeedsApproval { reason: String },
+    /// Allowed, once a person approves: the run it would be is resolved and
+    /// checked like any other (the validation pipeline has passed).
+    NeedsApproval {
+        reason: String,
+        resolved: Box<Resolved>,
+    },
     Allow(Box<Resolved>),
 }
 
@@ -154,8 +159,8 @@ impl Policy {
 
     pub fn decide(&self, ctx: &Context, req: &RunRequest) -> Decision {
         match self.resolve(ctx, req) {
-            Ok(Ok(r)) => Decision::Allow(Box::new(r)),
-            Ok(Err(reason)) => Decision::NeedsApproval { reason },
+            Ok((r, None)) => Decision::Allow(Box::new(r)),
+            Ok((r, Some(reason))) => Decision::NeedsApproval { reason, resolved: Box::new(r) },
             Err(d) => Decision::Deny(d),
         }
     }
@@ -231,8 +236,8 @@ impl Policy {
         })
     }
 
-    /// `Ok(Ok(run))`, `Ok(Err(why approval is needed))`, or a refusal.
-    fn resolve(&self, ctx: &Context, req: &RunRequest) -> Result<Result<Resolved, String>, Denial> {
+    /// The run, with why it needs approval first (if it does), or a refusal.
+    fn resolve(&self, ctx: &Context, req: &RunRequest) -> Result<(Resolved, Option<String>), Denial> {
         let policy = &self.config.policy;
         let mut profile = self.profile(req)?;
         let Some(cwd) = &req.cwd else {
@@ -273,6 +278,7 @@ impl Policy {
 
         // The tier, or the fallback policy where Tier C is unavailable.
         let mut warnings = Vec::new();
+        let mut approval = None;
         let tier = if ctx.host.user_namespaces {
             Tier::C
         } else {
@@ -286,7 +292,10 @@ impl Policy {
                     );
                 }
                 FallbackPolicy::RequestApproval => {
-                    return Ok(Err(format!("{why}; the fallback policy asks for approval to run in Tier B")));
+                    // Decided after every check: only a run that would be allowed is put to a person.
+                    approval =
+                        Some(format!("{why}; run it in Tier B (Landlock, seccomp, rlimits; no namespaces)?"));
+                    Tier::B
                 }
                 FallbackPolicy::WarnAndExecute => {
                     warnings.push(format!(
@@ -333,6 +342,14 @@ impl Policy {
                             ErrorKind::WorkspaceScopeDenied,
                             "scope.root",
                             "/ cannot be granted as a whole",
+                        );
+                    }
+                    // Deny beats allow: a grant cannot open a sensitive path.
+                    if self.rules.sensitive(&p, home) {
+                        return denied(
+                            ErrorKind::WorkspaceScopeDenied,
+                            "scope.sensitive_path",
+                            format!("{} is a sensitive path and cannot be granted", p.display()),
                         );
                     }
                     if writable { read_write.push(p) } else { read_only.push(p) }
@@ -498,31 +515,33 @@ impl Policy {
             Err(_) => None,
         };
 
-        // Sensitive entries directly inside a granted directory: hidden in Tier
-        // C, a refusal in Tier B (which cannot hide them).
+        // Sensitive entries inside a granted directory: at its top, in any home
+        // directory it holds, and the system's own (/etc/shadow, ...). Hidden
+        // in Tier C, a refusal in Tier B (which cannot hide them).
         let mut masks = Vec::new();
-        for root in read_write.iter().chain(&read_only) {
-            for name in SENSITIVE_NAMES {
-                let p = root.join(name);
-                let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
-                if tier == Tier::B {
-                    return denied(
-                        ErrorKind::WorkspaceScopeDenied,
-                        "scope.sensitive_path",
-                        format!("{} holds {name}, which Tier B cannot hide from the sandbox", root.display()),
-                    );
-                }
-                masks.push(if meta.is_dir() {
-                    Mount::Tmpfs { target: p.to_string_lossy().into(), size_bytes: 4096, mode: 0o000 }
-                } else {
-                    Mount::Bind {
-                        source: "/dev/null".into(),
-                        target: p.to_string_lossy().into(),
-                        writable: false,
-                        owned: false,
-                    }
-                });
+        let granted: Vec<&PathBuf> = read_write.iter().chain(&read_only).collect();
+        for (root, p, is_dir) in sensitive_inside(&self.rules, &granted, home) {
+            if tier == Tier::B {
+                return denied(
+                    ErrorKind::WorkspaceScopeDenied,
+                    "scope.sensitive_path",
+                    format!(
+                        "{} holds {}, which Tier B cannot hide from the sandbox",
+                        root.display(),
+                        p.display()
+                    ),
+                );
             }
+            masks.push(if is_dir {
+                Mount::Tmpfs { target: p.to_string_lossy().into(), size_bytes: 4096, mode: 0o000 }
+            } else {
+                Mount::Bind {
+                    source: "/dev/null".into(),
+                    target: p.to_string_lossy().into(),
+                    writable: false,
+                    owned: false,
+                }
+            });
         }
 
         // The plan.
@@ -621,7 +640,7 @@ impl Policy {
             (Tier::B, _) => format!("host directories{writes}"),
         };
         let writable = read_write;
-        Ok(Ok(Resolved {
+        let resolved = Resolved {
             plan,
             writable,
             host_dirs,
@@ -635,8 +654,74 @@ impl Policy {
             egress: profile.egress.to_string(),
             disk,
             warnings,
-        }))
+        };
+        Ok((resolved, approval))
     }
+}
+
+/// The existing sensitive paths that granted directories would expose, each
+/// with its granted directory and whether it is a directory: the sensitive
+/// names at a granted directory's top and in every home directory inside it
+/// (the users' of /etc/passwd and the request's `HOME`), and the absolute
+/// sensitive paths under it (`/etc/shadow`, configured ones, ...). Deeper
+/// copies elsewhere in a tree are not searched for (that would walk the
+/// whole tree at every run); naming one in the command line is refused.
+fn sensitive_inside<'a>(
+    rules: &Rules,
+    granted: &[&'a PathBuf],
+    home: Option<&Path>,
+) -> Vec<(&'a PathBuf, PathBuf, bool)> {
+    let mut homes = passwd_homes();
+    homes.extend(home.and_then(|h| h.canonicalize().ok()));
+    let absolute = rules.absolute_sensitive(home);
+    let mut found: Vec<(&PathBuf, PathBuf, bool)> = Vec::new();
+    let mut add = |root: &'a PathBuf, p: PathBuf| {
+        if let Ok(meta) = std::fs::symlink_metadata(&p) {
+            if !found.iter().any(|(_, q, _)| *q == p) {
+                found.push((root, p, meta.is_dir()));
+            }
+        }
+    };
+    for &root in granted {
+        let bases = std::iter::once(root).chain(homes.iter().filter(|h| h.starts_with(root) && *h != root));
+        for base in bases {
+            for name in SENSITIVE_NAMES {
+                add(root, base.join(name));
+            }
+        }
+        for pattern in &absolute {
+            let Some((dir, name)) = pattern.rsplit_once('/') else { continue };
+            let dir = Path::new(if dir.is_empty() { "/" } else { dir });
+            if dir.to_string_lossy().contains('*') || !dir.starts_with(root) {
+                continue;
+            }
+            if !name.contains('*') {
+                add(root, dir.join(name));
+            } else if let Ok(glob) = globset::Glob::new(name).map(|g| g.compile_matcher()) {
+                for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                    if glob.is_match(e.file_name()) {
+                        add(root, e.path());
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The home directories of the users in /etc/passwd that exist, canonical.
+fn passwd_homes() -> Vec<PathBuf> {
+    let text = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let mut homes: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| l.split(':').nth(5))
+        .filter(|h| h.starts_with('/') && *h != "/")
+        .filter_map(|h| Path::new(h).canonicalize().ok())
+        .filter(|h| h != Path::new("/"))
+        .collect();
+    homes.sort();
+    homes.dedup();
+    homes
 }
 
 /// The paths a parameter names, validated.

@@ -33,9 +33,11 @@ pub fn render(decision: &Decision) -> String {
             let _ = writeln!(out, "rule:     {}", d.rule);
             let _ = writeln!(out, "reason:   {}", d.reason);
         }
-        Decision::NeedsApproval { reason } => {
+        Decision::NeedsApproval { reason, resolved } => {
             let _ = writeln!(out, "decision: needs approval");
             let _ = writeln!(out, "reason:   {reason}");
+            let _ = writeln!(out, "if approved:");
+            allow(&mut out, resolved);
         }
         Decision::Allow(r) => allow(&mut out, r),
     }

@@ -167,8 +167,12 @@ fn basename(p: &str) -> &str {
 impl Rules {
     /// Patterns were checked when the configuration was parsed.
     pub fn new(policy: &PolicyConfig) -> Rules {
-        let interpreters =
-            globset(INTERPRETERS.iter().map(|s| s.to_string()).chain(policy.interpreters.iter().cloned()));
+        let interpreters = globset(
+            INTERPRETERS
+                .iter()
+                .map(|s| s.to_string())
+                .chain(policy.interpreters.iter().map(|s| s.get_ref().clone())),
+        );
         // Every interpreter binary installed in the system PATH, by inode (a
         // hard link or symlink under another name is still the interpreter)
         // and by size (a renamed copy is compared byte for byte).
@@ -198,7 +202,10 @@ impl Rules {
             .iter()
             .map(|(p, what)| (p.to_string(), what.to_string()))
             .chain(
-                policy.blocked_patterns.iter().map(|p| (p.clone(), format!("the configured pattern {p:?}"))),
+                policy
+                    .blocked_patterns
+                    .iter()
+                    .map(|p| (p.get_ref().clone(), format!("the configured pattern {:?}", p.get_ref()))),
             )
             .filter_map(|(p, what)| Regex::new(&p).ok().map(|r| (r, what)))
             .collect();
@@ -207,7 +214,7 @@ impl Rules {
             interpreter_files,
             interpreter_sizes,
             sensitive_absolute: globset(SENSITIVE_PATHS.iter().map(|s| s.to_string())),
-            sensitive_extra: policy.sensitive_paths.clone(),
+            sensitive_extra: policy.sensitive_paths.iter().map(|s| s.get_ref().clone()).collect(),
             blocked,
         }
     }
@@ -235,6 +242,22 @@ impl Rules {
 
     /// Whether a resolved path is sensitive. `home` expands `~/` in the
     /// configured patterns.
+    /// The absolute sensitive patterns, built-in and configured (`~/` taken
+    /// from `home`): what a granted directory must not expose.
+    pub fn absolute_sensitive(&self, home: Option<&Path>) -> Vec<String> {
+        let extra = self.sensitive_extra.iter().filter_map(|p| match (p.strip_prefix("~/"), home) {
+            (Some(rest), Some(h)) => Some(h.join(rest).to_string_lossy().into_owned()),
+            (Some(_), None) => None,
+            _ => Some(p.clone()),
+        });
+        SENSITIVE_PATHS
+            .iter()
+            .map(|s| s.to_string())
+            .chain(extra)
+            .filter(|p| p.starts_with('/') && !p.starts_with("/proc/") && !p.starts_with("/dev/"))
+            .collect()
+    }
+
     pub fn sensitive(&self, path: &Path, home: Option<&Path>) -> bool {
         if self.sensitive_absolute.is_match(path) {
             return true;

@@ -329,6 +329,50 @@ fn sensitive_entries_in_a_granted_directory_are_hidden_in_tier_c_and_refused_in_
 }
 
 #[test]
+fn a_grant_cannot_open_a_sensitive_path_and_homes_inside_a_grant_are_masked() {
+    let f = Fixture::new("grants");
+    let p = policy("");
+    let mut req = f.request(&["ls"]);
+    req.env.insert("HOME".into(), f.p("home"));
+    // The workspace itself, or a directory inside it, sensitive: refused.
+    for ws in ["home/.ssh", "ws/.ssh"] {
+        let mut r = req.clone();
+        r.cwd = Some(f.p(ws));
+        assert_eq!(verdict(&p, &context(true, 7), &r), Err((SCOPE, "scope.sensitive_path".into())), "{ws}");
+    }
+    // A tool's override granting one: a configuration error when the path is
+    // known at load time, a refusal at request time when a template makes it.
+    let grant = |path: &str| {
+        format!(
+            "[tools.peek]\nallowed_executables = [\"ls\"]\n[tools.peek.overrides]\nfilesystem = [{{ read_only = \"{path}\" }}]\n"
+        )
+    };
+    let err = Config::parse(&grant(&f.p("home/.aws")), Path::new("t.toml")).unwrap_err().to_string();
+    assert!(err.contains("t.toml:4:") && err.contains("sensitive path"), "{err}");
+    let tool = policy(&grant("${WORKSPACE}/.ssh"));
+    let mut peek = req.clone();
+    peek.tool = Some("peek".into());
+    assert_eq!(verdict(&tool, &context(true, 7), &peek), Err((SCOPE, "scope.sensitive_path".into())));
+    // A workspace above a home directory (the request's HOME): its sensitive
+    // entries are masked, however deep the home is.
+    let mut above = req.clone();
+    above.cwd = Some(f.root.to_string_lossy().into_owned());
+    let Decision::Allow(r) = p.decide(&context(true, 7), &above) else {
+        panic!("{:?}", p.decide(&context(true, 7), &above))
+    };
+    for hidden in ["home/.ssh", "home/.aws"] {
+        assert!(
+            r.plan.mounts.iter().any(|m| m.target() == f.p(hidden)),
+            "{hidden} not masked: {:?}",
+            r.plan.mounts
+        );
+    }
+    // Tier B cannot mask them: refused.
+    let b = policy("[policy]\nfallback = \"warn_and_execute\"\n");
+    assert_eq!(verdict(&b, &context(false, 7), &above), Err((SCOPE, "scope.sensitive_path".into())));
+}
+
+#[test]
 fn blocked_command_patterns() {
     let f = Fixture::new("patterns");
     let p = policy("[defaults]\nallow_interpreters = true\nallow_inline_code = true\n");
@@ -410,14 +454,26 @@ fn fallback_policy_where_tier_c_is_unavailable() {
         Decision::Deny(d) => assert_eq!((d.kind, d.rule), (ErrorKind::Unavailable, "fallback.deny")),
         other => panic!("{other:?}"),
     }
-    assert!(matches!(
-        policy("[policy]\nfallback = \"request_approval\"\n").decide(&context(false, 7), &req),
-        Decision::NeedsApproval { .. }
-    ));
-    let warn = policy("[policy]\nfallback = \"warn_and_execute\"\n");
     let mut req_b = req.clone();
     // Tier B cannot hide the workspace's .ssh: use a workspace without one.
     req_b.cwd = Some(f.p("ws/src"));
+    // Approval is asked for a run the pipeline allows, and carries that run (Tier B).
+    let ask = policy("[policy]\nfallback = \"request_approval\"\n");
+    match ask.decide(&context(false, 7), &req_b) {
+        Decision::NeedsApproval { reason, resolved } => {
+            assert!(reason.contains("Tier B"), "{reason}");
+            assert_eq!(resolved.plan.tier(), Tier::B);
+        }
+        other => panic!("{other:?}"),
+    }
+    // A run the pipeline refuses is refused, never put to a person.
+    let mut shell = req_b.clone();
+    shell.argv = v(&["sh", "-c", "id"]);
+    assert!(
+        matches!(ask.decide(&context(false, 7), &shell), Decision::Deny(d) if d.kind == ErrorKind::PolicyDenied)
+    );
+    assert_eq!(verdict(&ask, &context(false, 7), &req), Err((SCOPE, "scope.sensitive_path".into())));
+    let warn = policy("[policy]\nfallback = \"warn_and_execute\"\n");
     match warn.decide(&context(false, 7), &req_b) {
         Decision::Allow(r) => {
             assert_eq!(r.plan.tier(), Tier::B);

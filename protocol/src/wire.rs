@@ -87,6 +87,10 @@ pub enum ClientMessage {
     Run(RunRequest),
     /// Stop the run in progress (as a disconnect would).
     Cancel,
+    /// The answer to `ApprovalRequired`: a person's decision.
+    Approve {
+        approved: bool,
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,6 +240,9 @@ pub struct Attestation {
     /// e.g. `linux-tier-c`.
     pub executor: String,
     pub enforcement: Enforcement,
+    /// What the policy let through with a warning (a fallback to Tier B, ...).
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -280,6 +287,11 @@ pub enum ServerMessage {
     },
     Finished(Box<RunResult>),
     Error(ErrorReply),
+    /// The run needs a person's approval first (the fallback policy
+    /// `request_approval`); nothing runs until the client answers `Approve`.
+    ApprovalRequired {
+        reason: String,
+    },
 }
 
 /// Why bytes could not be decoded.

@@ -684,6 +684,23 @@ fn the_documented_python_client_works() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    // A run that needs approval, with no terminal to ask at: refused.
+    let d = Daemon::start("[broker]\nuser_namespaces = false\n[policy]\nfallback = \"request_approval\"\n");
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(&script)
+        .args(["--socket", d.socket.to_str().unwrap(), "--", &probe(), "echo", "x"])
+        .current_dir(ws.path())
+        .stdin(std::process::Stdio::null());
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            nix::unistd::setsid().map(drop).map_err(std::io::Error::from)
+        });
+    }
+    let o = cmd.output().unwrap();
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    assert!(stderr(&o).starts_with("palisade: NeedsApproval: "), "{}", stderr(&o));
+    assert!(d.log().contains("not approved (refused)"), "{}", d.log());
 }
 
 #[test]

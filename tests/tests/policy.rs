@@ -4,7 +4,7 @@
 //! capabilities, each checked from inside the sandbox.
 
 use palisade_broker::client::{Client, ClientError};
-use palisade_protocol::wire::{ErrorKind, ParamValue, RunRequest, RunStatus, ServerMessage};
+use palisade_protocol::wire::{ClientMessage, ErrorKind, ParamValue, RunRequest, RunStatus, ServerMessage};
 use palisade_tests::*;
 use std::path::Path;
 
@@ -279,6 +279,21 @@ fn sensitive_entries_of_the_workspace_are_hidden_inside() {
     // Counter-test: the same walk outside reads them.
     let outside = probe_outside(&["readall", ws.path().to_str().unwrap()]).unwrap();
     assert!(outside.contains("private-key") && outside.contains("password"), "{outside}");
+
+    // A workspace that holds the requester's home directory deeper down: that
+    // home's secrets are hidden too.
+    let above = TempDir::new("above");
+    let home = above.join("users/someone");
+    std::fs::create_dir_all(home.join(".aws")).unwrap();
+    std::fs::write(home.join(".aws/credentials"), "aws-secret").unwrap();
+    std::fs::write(home.join("notes.txt"), "fine").unwrap();
+    let mut req = request(above.path(), &["readall", above.path().to_str().unwrap()]);
+    req.env.insert("HOME".into(), home.to_string_lossy().into_owned());
+    let (out, r) = run(&mut c, req);
+    assert!(out.contains("notes.txt=fine"), "{out} {r:?}");
+    assert!(!out.contains("aws-secret"), "a secret was readable inside: {out}");
+    let outside = probe_outside(&["readall", above.path().to_str().unwrap()]).unwrap();
+    assert!(outside.contains("aws-secret"), "{outside}");
 }
 
 #[test]
@@ -297,6 +312,157 @@ fn network_deny_and_allow_all_differ_on_a_loopback_listener() {
     let (out, r) = run(&mut c, tool_request(ws.path(), "netty", &["connect", &addr], &[]));
     assert_eq!(out, "ok \n", "{r:?} {}", d.log());
     listener.accept().unwrap();
+}
+
+/// A broker that acts as on a host without user namespaces, with `fallback`.
+fn without_user_namespaces(fallback: &str, extra: &str) -> Daemon {
+    Daemon::start(&format!("[broker]\nuser_namespaces = false\n[policy]\nfallback = \"{fallback}\"\n{extra}"))
+}
+
+#[test]
+fn request_approval_puts_the_run_to_the_client_and_runs_it_in_tier_b_only_when_approved() {
+    let d = without_user_namespaces("request_approval", "approval_timeout_secs = 2\n");
+    let ws = TempDir::new("ws");
+    let ws_path = shared_workspace(&ws, "w");
+    let marker = ws_path.join("ran");
+    let write = request(&ws_path, &["write", marker.to_str().unwrap()]);
+
+    // Refused: nothing runs.
+    let mut asked = Vec::new();
+    let mut c = Client::connect(&d.socket).unwrap();
+    let refused = c.run_with_approval(
+        write.clone(),
+        |_| {},
+        |reason| {
+            asked.push(reason.to_string());
+            false
+        },
+    );
+    match refused {
+        Err(ClientError::Reply(e)) => {
+            assert_eq!(e.kind, ErrorKind::NeedsApproval);
+            assert!(e.message.contains("Not approved: refused"), "{}", e.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(asked.len(), 1);
+    assert!(asked[0].contains("Tier B"), "{asked:?}");
+    assert!(!marker.exists());
+
+    // Approved: it runs, in Tier B, and the attestation says so.
+    let mut executor = String::new();
+    let r = c
+        .run_with_approval(
+            write,
+            |m| {
+                if let ServerMessage::Started { executor: e, .. } = m {
+                    executor = e.clone()
+                }
+            },
+            |_| true,
+        )
+        .unwrap();
+    assert_eq!(r.status, RunStatus::Exited { code: 0 });
+    assert_eq!((executor.as_str(), r.attestation.executor.as_str()), ("linux-tier-b", "linux-tier-b"));
+    assert!(r.attestation.enforcement.namespaces.is_empty());
+    assert!(marker.exists());
+
+    // Unanswered: refused when the time is up.
+    let mut raw = Client::connect(&d.socket).unwrap();
+    raw.send(&ClientMessage::Run(request(&ws_path, &["echo", "x"]))).unwrap();
+    assert!(matches!(raw.receive().unwrap(), ServerMessage::ApprovalRequired { .. }));
+    match raw.receive().unwrap() {
+        ServerMessage::Error(e) => assert!(e.message.contains("no answer within 2 s"), "{}", e.message),
+        other => panic!("{other:?}"),
+    }
+
+    // A command the pipeline refuses is refused outright, not put to anyone.
+    let mut c = Client::connect(&d.socket).unwrap();
+    let r = c.run_with_approval(request(&ws_path, &["read", "/etc/shadow"]), |_| {}, |_| panic!("asked"));
+    assert!(matches!(r, Err(ClientError::Reply(e)) if e.kind == ErrorKind::WorkspaceScopeDenied));
+
+    // Counter-test: with user namespaces, the same broker configuration asks nobody.
+    let d = Daemon::start("[policy]\nfallback = \"request_approval\"\n");
+    let mut c = Client::connect(&d.socket).unwrap();
+    let r = c.run_with_approval(request(&ws_path, &["echo", "x"]), |_| {}, |_| panic!("asked")).unwrap();
+    assert_eq!(r.attestation.executor, "linux-tier-c");
+}
+
+#[test]
+fn the_cli_asks_at_its_terminal_and_refuses_without_one() {
+    use std::io::{BufRead, Write};
+    use std::os::unix::process::CommandExt;
+    let d = without_user_namespaces("request_approval", "");
+    let ws = TempDir::new("ws");
+    let ws_path = shared_workspace(&ws, "w");
+    let cli = |controlling: Option<std::os::fd::OwnedFd>| {
+        let mut cmd = std::process::Command::new(bin("palisade"));
+        cmd.args(["run", "--socket", d.socket.to_str().unwrap(), "--", &probe(), "echo", "asked"])
+            .current_dir(&ws_path)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let tty = controlling.as_ref().map(std::os::fd::AsRawFd::as_raw_fd).unwrap_or(-1);
+        // SAFETY: setsid and ioctl are async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                if tty >= 0 && libc::ioctl(tty, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap();
+        drop(controlling);
+        child
+    };
+    // No controlling terminal: nobody to ask, so no.
+    let o = cli(None).wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(125));
+    assert!(text(&o.stderr).contains("NeedsApproval"), "{}", text(&o.stderr));
+    assert!(o.stdout.is_empty());
+
+    // A terminal: the question appears there, and "y" runs the command.
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let child = cli(Some(pty.slave.try_clone().unwrap()));
+    drop(pty.slave);
+    let mut master = std::fs::File::from(pty.master);
+    let mut reader = std::io::BufReader::new(master.try_clone().unwrap());
+    let mut prompt = Vec::new();
+    while !prompt.ends_with(b"[y/N] ") {
+        let mut byte = [0u8; 1];
+        std::io::Read::read_exact(&mut reader, &mut byte).unwrap();
+        prompt.push(byte[0]);
+    }
+    assert!(text(&prompt).contains("Tier B"), "{}", text(&prompt));
+    master.write_all(b"y\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!((o.status.code(), text(&o.stdout).as_str()), (Some(0), "ok asked\n"), "{}", text(&o.stderr));
+    let _ = reader.fill_buf();
+}
+
+#[test]
+fn warn_and_execute_runs_in_tier_b_says_so_and_still_kills_the_tree_at_the_deadline() {
+    let d = without_user_namespaces("warn_and_execute", "");
+    let ws = TempDir::new("ws");
+    let ws_path = shared_workspace(&ws, "w");
+    let mut c = Client::connect(&d.socket).unwrap();
+    let (out, status) = run(&mut c, request(&ws_path, &["echo", "b"]));
+    assert_eq!((out.as_str(), status), ("ok b\n", Ok(RunStatus::Exited { code: 0 })));
+    let r = c.run(request(&ws_path, &["ns"]), |_| {}).unwrap();
+    assert_eq!(r.attestation.executor, "linux-tier-b");
+    assert!(r.attestation.warnings.iter().any(|w| w.contains("Tier B")), "{:?}", r.attestation.warnings);
+    // The deadline takes a double-forked, setsid sleeper with it, without namespaces.
+    let tok = format!("palisade-tier-b-{}", std::process::id());
+    let mut req = request(&ws_path, &["daemonize", &tok]);
+    req.timeout_secs = Some(2);
+    let (_, status) = run(&mut c, req);
+    assert_eq!(status, Ok(RunStatus::TimedOut));
+    assert!(
+        eventually(std::time::Duration::from_secs(5), || process_with_token(&tok).is_none()),
+        "a process of the Tier B sandbox outlived the deadline"
+    );
 }
 
 /// As root, the same file again as the unprivileged test user.
