@@ -90,6 +90,12 @@ pub struct RunArgs {
     /// is not a terminal, is read to its end and passed to the command.
     #[arg(short = 'n', long = "no-stdin")]
     pub no_stdin: bool,
+    /// Run as a tool declared in the policy.
+    #[arg(long, value_name = "NAME")]
+    pub tool: Option<String>,
+    /// A tool parameter, NAME=PATH (repeat NAME for a list).
+    #[arg(long = "param", value_name = "NAME=PATH")]
+    pub params: Vec<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -145,15 +151,12 @@ fn explain(args: ExplainArgs) -> i32 {
         max_output: None,
         json: false,
         no_stdin: true,
+        tool: args.tool,
+        params: args.params,
         command: args.command,
     };
-    let mut request = match request(&run_args, false) {
+    let request = match request(&run_args, false) {
         Ok(r) => r,
-        Err(e) => return fail(ErrorKind::InvalidRequest, e),
-    };
-    request.tool = args.tool;
-    request.params = match params(&args.params) {
-        Ok(p) => p,
         Err(e) => return fail(ErrorKind::InvalidRequest, e),
     };
     let broker = match Broker::assemble(config, None) {
@@ -184,8 +187,8 @@ fn request(args: &RunArgs, read_stdin: bool) -> Result<RunRequest, String> {
         stdin,
         timeout_secs: args.timeout,
         max_output_bytes: args.max_output,
-        tool: None,
-        params: Default::default(),
+        tool: args.tool.clone(),
+        params: params(&args.params)?,
     })
 }
 

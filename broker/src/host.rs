@@ -7,14 +7,23 @@ use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, fork};
 use palisade_policy::{CgroupRoot, HostCapabilities};
 
-/// Whether this process may create a user namespace, tried for real in a
-/// throwaway child (sysctls and AppArmor can each forbid it).
+/// Whether this process may create a user namespace and, owned by it, every
+/// other namespace Tier C uses (mount, pid, network, ipc, uts, cgroup), tried
+/// for real in a throwaway child: sysctls, AppArmor, seccomp in a container,
+/// or a kernel without one of them can each forbid it.
 pub fn user_namespaces() -> bool {
     // SAFETY: called before the runtime starts threads; the child only makes
     // async-signal-safe calls and exits.
     match unsafe { fork() } {
         Ok(ForkResult::Child) => {
-            let ok = unshare(CloneFlags::CLONE_NEWUSER).is_ok();
+            let all = CloneFlags::CLONE_NEWUSER
+                | CloneFlags::CLONE_NEWNS
+                | CloneFlags::CLONE_NEWPID
+                | CloneFlags::CLONE_NEWNET
+                | CloneFlags::CLONE_NEWIPC
+                | CloneFlags::CLONE_NEWUTS
+                | CloneFlags::CLONE_NEWCGROUP;
+            let ok = unshare(all).is_ok();
             // SAFETY: _exit is async-signal-safe and ends the child at once.
             unsafe { libc::_exit(if ok { 0 } else { 1 }) }
         }

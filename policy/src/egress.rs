@@ -40,6 +40,85 @@ const HOST_FIRST: [(&str, &str); 5] = [
     ("telnet", "blnX"),
 ];
 
+/// Tools whose operands are all URLs, a scheme or not (`curl evil.net/x`),
+/// with their options that take a value (the value is not an operand).
+const URL_OPERANDS: [(&str, &str, &[&str]); 4] = [
+    (
+        "curl",
+        "AbcCdDeEFHKmoPQrtTuUwxXyYz",
+        &[
+            "--output",
+            "--header",
+            "--data",
+            "--data-raw",
+            "--data-binary",
+            "--data-urlencode",
+            "--json",
+            "--user",
+            "--user-agent",
+            "--referer",
+            "--cookie",
+            "--cookie-jar",
+            "--form",
+            "--request",
+            "--max-time",
+            "--connect-timeout",
+            "--retry",
+            "--proxy",
+            "--cert",
+            "--key",
+            "--cacert",
+            "--write-out",
+            "--config",
+            "--upload-file",
+            "--range",
+            "--dump-header",
+            "--output-dir",
+            "--resolve",
+            "--connect-to",
+            "--interface",
+            "--limit-rate",
+            "--max-filesize",
+        ],
+    ),
+    (
+        "wget",
+        "aAbBDeiIlLoOPQrRtTUwX",
+        &[
+            "--output-document",
+            "--output-file",
+            "--append-output",
+            "--execute",
+            "--tries",
+            "--timeout",
+            "--wait",
+            "--user-agent",
+            "--directory-prefix",
+            "--header",
+            "--post-data",
+            "--post-file",
+            "--user",
+            "--password",
+            "--load-cookies",
+            "--save-cookies",
+            "--input-file",
+            "--level",
+            "--accept",
+            "--reject",
+            "--domains",
+            "--exclude-domains",
+            "--referer",
+            "--bind-address",
+        ],
+    ),
+    ("http", "aA", &["--auth", "--auth-type", "--output", "--session", "--session-read-only", "--proxy"]),
+    ("https", "aA", &["--auth", "--auth-type", "--output", "--session", "--session-read-only", "--proxy"]),
+];
+/// git subcommands whose first operand is a repository, and the operand's
+/// position among the subcommand's operands (`remote add NAME URL`: 2).
+const GIT_REPOSITORY: [(&str, usize); 7] =
+    [("clone", 0), ("fetch", 0), ("pull", 0), ("push", 0), ("ls-remote", 0), ("remote", 2), ("submodule", 1)];
+
 fn looks_like_host(h: &str) -> bool {
     !h.is_empty()
         && h.len() <= 253
@@ -86,10 +165,81 @@ fn from_colon_form(arg: &str, scp_like: bool) -> Option<String> {
     (scp_like && !before.is_empty() && !before.contains('/')).then(|| clean(before))
 }
 
+/// The host of a URL given without a scheme (`evil.net/x`, `user@h:8080`).
+fn from_schemeless(arg: &str) -> Option<String> {
+    if arg.starts_with(['-', '/', '.', '~']) || arg.is_empty() {
+        return None;
+    }
+    let authority = arg.split(['/', '?', '#']).next().unwrap_or("");
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = match hostport.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => hostport.split(':').next().unwrap_or(""),
+    };
+    let label = |l: &str| !l.is_empty() && l.chars().all(|c| c.is_alphanumeric() || c == '-' || c == '_');
+    (hostport.starts_with('[') || host.split('.').all(label)).then(|| clean(host)).filter(|h| !h.is_empty())
+}
+
+/// The operands of `argv` (after the program), skipping options and the
+/// values of the options that take one.
+fn operands<'a>(argv: &'a [String], short: &str, long: &[&str]) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    let mut args = argv.iter().skip(1);
+    let mut options_done = false;
+    while let Some(arg) = args.next() {
+        if options_done || !arg.starts_with('-') || arg == "-" {
+            out.push(arg.as_str());
+        } else if arg == "--" {
+            options_done = true;
+        } else if arg.starts_with("--") {
+            if !arg.contains('=') && long.contains(&arg.as_str()) {
+                args.next();
+            }
+        } else if arg.len() == 2 && short.contains(&arg[1..]) {
+            // `-o file`; a value glued on (`-ofile`) needs no skip.
+            args.next();
+        }
+    }
+    out
+}
+
 /// Every host named in `argv` (URLs anywhere, `--flag=URL` values, git/scp
-/// forms, `host:port`, and the host operand of ssh-like tools).
+/// forms, `host:port`, the operands of URL tools such as curl and wget, the
+/// repository of git's network commands, and the host operand of ssh-like tools).
 pub fn hosts_in(argv: &[String]) -> Vec<String> {
     let tool = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a)).unwrap_or("");
+    let mut hosts = hosts_by_form(argv, tool);
+    if let Some((_, short, long)) = URL_OPERANDS.iter().find(|(t, _, _)| *t == tool) {
+        let mut ops = operands(argv, short, long);
+        if tool.starts_with("http") {
+            // httpie: `[METHOD] URL [ITEM...]`; the items are headers and data.
+            let method = ops.first().is_some_and(|m| m.chars().all(|c| c.is_ascii_uppercase()));
+            ops = ops.into_iter().skip(usize::from(method)).take(1).collect();
+        }
+        hosts.extend(ops.into_iter().filter_map(|op| from_url(op).or_else(|| from_schemeless(op))));
+    }
+    if tool == "git" {
+        // Global options before the subcommand (`-C dir`, `-c k=v`) take a value.
+        let ops = operands(argv, "Cc", &["--git-dir", "--work-tree", "--namespace", "--exec-path"]);
+        if let Some((sub, rest)) = ops.split_first() {
+            let position = GIT_REPOSITORY.iter().find(|(s, _)| s == sub).map(|(_, p)| *p);
+            if let Some(repo) = position.and_then(|p| rest.get(p)).filter(|r| !r.contains("://")) {
+                // `host:path` with no slash before the colon is git's scp-like syntax.
+                let scp = repo.split_once(':').filter(|(h, _)| !h.is_empty() && !h.contains('/'));
+                hosts.extend(scp.map(|(h, _)| clean(h.rsplit_once('@').map_or(h, |(_, h)| h))));
+            }
+        }
+    }
+    let mut seen = Vec::new();
+    hosts.retain(|h| {
+        let new = !seen.contains(h);
+        seen.push(h.clone());
+        new
+    });
+    hosts
+}
+
+fn hosts_by_form(argv: &[String], tool: &str) -> Vec<String> {
     let scp_like = SCP_LIKE.contains(&tool);
     let value_flags = HOST_FIRST.iter().find(|(t, _)| *t == tool).map(|(_, f)| *f);
     let mut hosts = Vec::new();
@@ -119,7 +269,6 @@ pub fn hosts_in(argv: &[String]) -> Vec<String> {
             hosts.push(host);
         }
     }
-    hosts.dedup();
     hosts
 }
 
@@ -159,6 +308,21 @@ mod tests {
             ("ls -la src/main.rs", vec![]),
             ("echo key:value a:b", vec![]),
             ("cat file:///etc/passwd", vec![]),
+            // URL tools: every operand is a URL, with or without a scheme.
+            ("curl evil.net", vec!["evil.net"]),
+            ("curl -sS -o out.txt evil.net/x?y=1", vec!["evil.net"]),
+            ("curl --output out.json internal:8080/api", vec!["internal"]),
+            ("curl -H Host:a.example -u me:pw intranet", vec!["intranet"]),
+            ("wget -O - -q files.example.org/a.tar.gz", vec!["files.example.org"]),
+            ("wget --tries 3 -- 10.1.2.3", vec!["10.1.2.3"]),
+            ("http --auth u:p POST api.example.com/items name=x X-Token:abc", vec!["api.example.com"]),
+            // git: the repository of network commands, in scp-like form too.
+            ("git clone evil.net:repo.git", vec!["evil.net"]),
+            ("git -C src fetch origin-host:x main:main", vec!["origin-host"]),
+            ("git remote add upstream mirror.example:pkg.git", vec!["mirror.example"]),
+            ("git show HEAD:README.md", vec![]),
+            ("git clone ./local/repo", vec![]),
+            ("git clone /srv/repo.git:x", vec![]),
         ];
         for (cmd, want) in cases {
             assert_eq!(hosts_in(&argv(cmd)), want, "{cmd}");

@@ -240,8 +240,6 @@ impl Rules {
         None
     }
 
-    /// Whether a resolved path is sensitive. `home` expands `~/` in the
-    /// configured patterns.
     /// The absolute sensitive patterns, built-in and configured (`~/` taken
     /// from `home`): what a granted directory must not expose.
     pub fn absolute_sensitive(&self, home: Option<&Path>) -> Vec<String> {
@@ -258,6 +256,8 @@ impl Rules {
             .collect()
     }
 
+    /// Whether a resolved path is sensitive. `home` expands `~/` in the
+    /// configured patterns.
     pub fn sensitive(&self, path: &Path, home: Option<&Path>) -> bool {
         if self.sensitive_absolute.is_match(path) {
             return true;
@@ -598,7 +598,8 @@ pub fn check_interpreters(
 }
 
 /// The path-like parts of an argument: the argument itself, the value of
-/// `--flag=value`, and a path glued to a short option (`-I/usr/include`).
+/// `--flag=value` and of `key=value` (`dd if=/dev/sda`), and a path glued to
+/// a short option or a cluster of them (`-I/usr/include`, `-xf/srv/a.tar`).
 /// URLs and `user@host:path` forms are left to the egress check.
 fn path_candidates(arg: &str) -> Vec<&str> {
     let path_like = |s: &str| {
@@ -613,12 +614,32 @@ fn path_candidates(arg: &str) -> Vec<&str> {
             if path_like(v) {
                 out.push(v);
             }
-        } else if !arg.starts_with("--") && arg.len() > 2 && path_like(&arg[2..]) {
+        } else if !arg.starts_with("--") && arg.len() > 2 {
             // `-I../include`, `-o/out`: a path glued to a one-letter option.
-            out.push(&arg[2..]);
+            if path_like(&arg[2..]) {
+                out.push(&arg[2..]);
+            }
+            // `-xf/srv/a.tar`: an absolute path glued to a cluster of options.
+            if let Some(at) = arg[2..].find(['/', '~']).map(|i| i + 2) {
+                if at > 2 && path_like(&arg[at..]) {
+                    out.push(&arg[at..]);
+                }
+            }
         }
-    } else if path_like(arg) {
-        out.push(arg);
+    } else {
+        if path_like(arg) {
+            out.push(arg);
+        }
+        // `if=/dev/sda`, `PREFIX=/opt/x`: the value is a path of its own.
+        if let Some((k, v)) = arg.split_once('=') {
+            let key = |k: &str| {
+                k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                    && k.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+            };
+            if key(k) && path_like(v) && !v.contains(char::is_whitespace) {
+                out.push(v);
+            }
+        }
     }
     out
 }
@@ -637,10 +658,20 @@ pub fn check_scope(
 ) -> Result<(), Denial> {
     for arg in argv.iter().skip(1) {
         let mut candidates = path_candidates(arg);
-        // A bare name is a path when it exists (it may be a symlink out).
-        if candidates.is_empty() && !arg.starts_with('-') && std::fs::symlink_metadata(cwd.join(arg)).is_ok()
-        {
-            candidates.push(arg);
+        // A bare name is a path when it exists (it may be a symlink out): the
+        // argument itself, or an option's value (`--file=link`, `-flink`, `if=link`).
+        let bare = [
+            Some(arg.as_str()).filter(|a| !a.starts_with('-')),
+            arg.split_once('=').map(|(_, v)| v),
+            arg.strip_prefix('-').filter(|a| !a.starts_with('-')).and_then(|a| a.get(1..)),
+        ];
+        for name in bare.into_iter().flatten() {
+            if !name.is_empty()
+                && !candidates.contains(&name)
+                && std::fs::symlink_metadata(cwd.join(name)).is_ok()
+            {
+                candidates.push(name);
+            }
         }
         for candidate in candidates {
             let resolved = paths::resolve(candidate, cwd, home);
@@ -691,4 +722,116 @@ pub fn check_patterns(rules: &Rules, argv: &[String]) -> Result<(), Denial> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Every interpreter the deny-list names is recognised by name alone: no
+    /// installed binary is needed (the pipeline tests cover installed ones).
+    #[test]
+    fn interpreters_are_recognised_by_name() {
+        let rules = Rules::new(&PolicyConfig::default());
+        for name in [
+            "sh",
+            "bash",
+            "dash",
+            "zsh",
+            "fish",
+            "ksh",
+            "busybox",
+            "python",
+            "python3",
+            "python3.12",
+            "pypy3",
+            "node",
+            "nodejs",
+            "deno",
+            "bun",
+            "perl",
+            "perl5.36",
+            "ruby",
+            "ruby3.1",
+            "irb",
+            "php",
+            "php8.2",
+            "lua",
+            "lua5.4",
+            "luajit",
+            "pwsh",
+            "powershell",
+            "osascript",
+            "tclsh8.6",
+            "wish",
+            "expect",
+            "Rscript",
+            "R",
+            "julia",
+            "guile3.0",
+        ] {
+            let path = PathBuf::from(format!("/nonexistent/{name}"));
+            assert_eq!(rules.interpreter(&path, name).as_deref(), Some(name), "{name}");
+        }
+        for name in ["ls", "cat", "grep", "git", "cargo", "make", "gcc", "rustc", "shellcheck", "nodemon-x"] {
+            let path = PathBuf::from(format!("/nonexistent/{name}"));
+            assert_eq!(rules.interpreter(&path, name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn inline_code_is_found_in_every_family() {
+        let inline = [
+            ("bash", &["-c", "id"][..], false),
+            ("sh", &["-ec", "id"], false),
+            ("zsh", &["-c", "id"], false),
+            ("fish", &["--command", "id"], false),
+            ("bash", &["-s"], false),
+            ("bash", &["-"], false),
+            ("bash", &[], true),
+            ("python3", &["-c", "print(1)"], false),
+            ("python3", &["-Bc", "print(1)"], false),
+            ("python3", &[], true),
+            ("node", &["-e", "1"], false),
+            ("node", &["--eval=1"], false),
+            ("node", &["-p", "1"], false),
+            ("deno", &["eval", "1"], false),
+            ("perl", &["-e", "1"], false),
+            ("perl", &["-ne", "print"], false),
+            ("perl", &["-E", "say 1"], false),
+            ("ruby", &["-e", "1"], false),
+            ("php", &["-r", "echo 1;"], false),
+            ("lua", &["-e", "x=1"], false),
+            ("pwsh", &["-Command", "Get-Item"], false),
+            ("pwsh", &["-EncodedCommand", "ZQBjAGgAbwA="], false),
+            ("osascript", &["-e", "beep"], false),
+            ("tclsh", &[], true),
+            ("Rscript", &["-e", "1"], false),
+            ("julia", &["-e", "1"], false),
+            ("guile", &["-c", "1"], false),
+        ];
+        for (name, a, stdin) in inline {
+            assert!(inline_code(family(name), &args(a), stdin).is_some(), "{name} {a:?} stdin={stdin}");
+        }
+        let scripts = [
+            ("bash", &["build.sh"][..], false),
+            ("bash", &["-x", "build.sh"], true),
+            ("sh", &["-o", "errexit", "build.sh"], false),
+            ("python3", &["-m", "pytest"], false),
+            ("python3", &["-W", "ignore", "tool.py"], true),
+            ("node", &["-r", "ts-node/register", "app.ts"], false),
+            ("perl", &["-I", "lib", "script.pl"], false),
+            ("ruby", &["script.rb"], false),
+            ("php", &["artisan"], false),
+            ("deno", &["run", "main.ts"], false),
+            ("Rscript", &["analysis.R"], false),
+        ];
+        for (name, a, stdin) in scripts {
+            assert_eq!(inline_code(family(name), &args(a), stdin), None, "{name} {a:?} stdin={stdin}");
+        }
+    }
 }

@@ -17,10 +17,12 @@ struct Fixture {
 
 impl Fixture {
     fn new(tag: &str) -> Fixture {
-        let root = std::env::temp_dir()
-            .canonicalize()
-            .unwrap()
-            .join(format!("palisade-pipeline-{tag}-{}", std::process::id()));
+        Fixture::new_in(&std::env::temp_dir(), tag)
+    }
+
+    fn new_in(base: &Path, tag: &str) -> Fixture {
+        let root =
+            base.canonicalize().unwrap().join(format!("palisade-pipeline-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         for d in ["ws/src", "ws/.ssh", "outside", "home/.ssh", "home/.aws", "data"] {
             std::fs::create_dir_all(root.join(d)).unwrap();
@@ -277,6 +279,15 @@ fn workspace_scope_and_sensitive_paths() {
         (v(&["ls", "--directory=../outside"]), Some((SCOPE, "scope.outside_roots"))),
         (v(&["cc", "-I../outside", "x.c"]), Some((SCOPE, "scope.outside_roots"))),
         (v(&["cc", "-o/srv/out", "x.c"]), Some((SCOPE, "scope.outside_roots"))),
+        (v(&["tar", "-xf/srv/a.tar"]), Some((SCOPE, "scope.outside_roots"))),
+        (v(&["cat", "--file=link-out"]), Some((SCOPE, "scope.outside_roots"))),
+        (v(&["cat", "-flink-out"]), Some((SCOPE, "scope.outside_roots"))),
+        (v(&["dd", "if=link-out"]), Some((SCOPE, "scope.outside_roots"))),
+        (v(&["tar", "-xf", "src/a.tar"]), None),
+        (v(&["dd", &format!("if={secret}"), "of=copy"]), Some((SCOPE, "scope.outside_roots"))),
+        (v(&["dd", "if=/etc/shadow", "of=copy"]), Some((SCOPE, "scope.sensitive_path"))),
+        (v(&["dd", "if=src/main.rs", "of=copy"]), None),
+        (v(&["cp", "src/main.rs", "out=/srv/x"]), Some((SCOPE, "scope.outside_roots"))),
         (v(&["cat", "~/notes"]), Some((SCOPE, "scope.outside_roots"))),
         (v(&["ls", "/"]), Some((SCOPE, "scope.outside_roots"))),
         (v(&["ls", "/home"]), Some((SCOPE, "scope.outside_roots"))),
@@ -409,6 +420,12 @@ fn egress_preflight_and_strict() {
         (v(&["curl", "https://gіthub.com/"]), Some((CAP, "egress.host_not_allowed"))), // Cyrillic "і"
         (v(&["ssh", "-p", "22", "deploy@evil.net"]), Some((CAP, "egress.host_not_allowed"))),
         (v(&["scp", "f", "backup:/srv/f"]), Some((CAP, "egress.host_not_allowed"))),
+        // Hosts without a scheme, where the tool takes URLs or repositories.
+        (v(&["curl", "-o", "out.txt", "files.pypi.org/simple"]), None),
+        (v(&["curl", "-o", "out.txt", "evil.net/x"]), Some((CAP, "egress.host_not_allowed"))),
+        (v(&["wget", "internal:8080"]), Some((CAP, "egress.host_not_allowed"))),
+        (v(&["git", "clone", "evil.net:o/r.git"]), Some((CAP, "egress.host_not_allowed"))),
+        (v(&["git", "show", "HEAD:src/main.rs"]), None),
     ];
     check_table(&p, &f, &table);
     // deny: any named host is refused; allow_all: none is; egress none: no check.
@@ -673,49 +690,122 @@ fn arb_component() -> impl Strategy<Value = String> {
         Just(".".to_string()),
         Just("src".to_string()),
         Just("link-out".to_string()),
+        Just("keys".to_string()),
         Just("outside".to_string()),
         Just("ws".to_string()),
         Just("secret".to_string()),
         Just("~".to_string()),
+        Just(".ssh".to_string()),
+        Just("etc".to_string()),
+        Just("root".to_string()),
+        Just("home".to_string()),
         "[a-z]{1,6}",
         "[а-яa-z]{1,4}",
     ]
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+/// How the generated path is given: alone, or inside an option.
+fn arb_shape() -> impl Strategy<Value = usize> {
+    0usize..4
+}
 
-    /// Whatever path an argument names, if the policy allows the request, the
-    /// path (resolved as the kernel would) lies inside an allowed root.
+/// Where the path starts: the workspace (relative), the fixture, or /.
+fn arb_start() -> impl Strategy<Value = usize> {
+    0usize..3
+}
+
+/// An oracle independent of palisade's resolver: the kernel's own answer
+/// (`canonicalize`) for the longest prefix that exists, then the rest
+/// lexically (a path through something missing resolves no further).
+fn oracle(path: &str, cwd: &Path, home: &Path) -> PathBuf {
+    let expanded = match path.strip_prefix('~') {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => format!("{}{rest}", home.display()),
+        _ => path.to_string(),
+    };
+    let full = cwd.join(expanded);
+    let mut done = PathBuf::from("/");
+    let mut missing = false;
+    for c in full.components().skip(1) {
+        let next = done.join(c.as_os_str());
+        match c {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir if !missing => {
+                done = next
+                    .canonicalize()
+                    .unwrap_or_else(|_| done.parent().unwrap_or(Path::new("/")).to_path_buf())
+            }
+            std::path::Component::ParentDir => {
+                done.pop();
+            }
+            _ if missing => done = next,
+            _ => match next.canonicalize() {
+                Ok(p) => done = p,
+                Err(_) => {
+                    missing = true;
+                    done = next;
+                }
+            },
+        }
+    }
+    done
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 768, ..ProptestConfig::default() })]
+
+    /// Whatever path an argument names, and however it is given, if the
+    /// policy allows the request, the path (resolved as the kernel would)
+    /// lies inside an allowed root and outside every sensitive path. The
+    /// fixture lives outside every root (not under /tmp).
     #[test]
     fn no_path_outside_the_roots_is_accepted(
-        absolute in any::<bool>(),
+        start in arb_start(),
+        shape in arb_shape(),
         components in proptest::collection::vec(arb_component(), 1..8),
     ) {
         let f = FIXTURE.with(|f| f.root.clone());
         let ws = f.join("ws");
-        let path = format!("{}{}", if absolute { format!("{}/", f.display()) } else { String::new() }, components.join("/"));
+        let home = f.join("home");
+        let path = match start {
+            0 => components.join("/"),
+            1 => format!("{}/{}", f.display(), components.join("/")),
+            _ => format!("/{}", components.join("/")),
+        };
+        let arg = match shape {
+            0 => path.clone(),
+            1 => format!("--file={path}"),
+            2 => format!("-f{path}"),
+            _ => format!("if={path}"),
+        };
         let mut env = BTreeMap::new();
-        env.insert("HOME".to_string(), f.join("home").to_string_lossy().into_owned());
+        env.insert("HOME".to_string(), home.to_string_lossy().into_owned());
         let req = RunRequest {
-            argv: vec!["cat".into(), path.clone()],
+            argv: vec!["cat".into(), arg.clone()],
             cwd: Some(ws.to_string_lossy().into_owned()),
             env,
             ..Default::default()
         };
         let allowed = POLICY.with(|p| matches!(p.decide(&context(true, 7), &req), Decision::Allow(_)));
-        if allowed && (path.contains('/') || path.starts_with('.') || path.starts_with('~')) {
-            let resolved = palisade_policy::paths::resolve(&path, &ws, Some(&f.join("home")));
+        // A bare name that does not exist is not a path (cat gets a word).
+        let is_path = path.contains('/') || path.starts_with('.') || path.starts_with('~') || ws.join(&path).exists();
+        if allowed && is_path {
+            let resolved = oracle(&path, &ws, &home);
             let roots = [ws.clone(), PathBuf::from("/usr"), PathBuf::from("/tmp"), PathBuf::from("/etc"), PathBuf::from("/proc"), PathBuf::from("/dev")];
-            prop_assert!(roots.iter().any(|r| resolved.starts_with(r)), "{path} -> {}", resolved.display());
-            prop_assert!(!resolved.starts_with(f.join("outside")), "{path} -> {}", resolved.display());
-            prop_assert!(!resolved.starts_with(f.join("home")), "{path} -> {}", resolved.display());
-            prop_assert!(!resolved.components().any(|c| c.as_os_str() == ".ssh"), "{path} -> {}", resolved.display());
+            prop_assert!(roots.iter().any(|r| resolved.starts_with(r)), "{arg} -> {}", resolved.display());
+            prop_assert!(!resolved.starts_with(f.join("outside")), "{arg} -> {}", resolved.display());
+            prop_assert!(!resolved.starts_with(&home), "{arg} -> {}", resolved.display());
+            prop_assert!(!resolved.components().any(|c| c.as_os_str() == ".ssh"), "{arg} -> {}", resolved.display());
+            prop_assert!(!resolved.starts_with("/root") && !resolved.starts_with("/home"), "{arg} -> {}", resolved.display());
+            prop_assert!(resolved != Path::new("/etc/shadow"), "{arg}");
         }
     }
 }
 
 thread_local! {
-    static FIXTURE: Fixture = Fixture::new(&format!("prop-{:?}", std::thread::current().id()).replace(['(', ')'], ""));
+    // Outside every root the policy grants (in particular not under /tmp).
+    static FIXTURE: Fixture = Fixture::new_in(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        &format!("prop-{:?}", std::thread::current().id()).replace(['(', ')'], ""),
+    );
     static POLICY: Policy = policy("");
 }

@@ -227,6 +227,39 @@ fn a_tool_gets_its_bound_paths_and_a_fresh_temporary_workspace_each_run() {
 }
 
 #[test]
+fn palisade_run_takes_a_tool_and_its_parameters() {
+    let d = Daemon::start(&tool_config());
+    let work = TempDir::new("tool-cli");
+    shared_workspace(&work, "out");
+    let input = work.join("in.txt");
+    std::fs::write(&input, "cli-input").unwrap();
+    let sock = d.socket.to_str().unwrap();
+    let (p_in, p_out) = (format!("input={}", input.display()), format!("out={}", work.join("out").display()));
+    let o = palisade_cli(
+        work.path(),
+        &["run", "--socket", sock, "--tool", "convert", "--param", &p_in, "--param", &p_out],
+        &[&probe(), "read", input.to_str().unwrap()],
+        None,
+    );
+    assert_eq!(text(&o.stdout), "ok 9 bytes: cli-input\n", "{}", text(&o.stderr));
+    // Counter-test: without the parameter, the tool does not see the file.
+    let o = palisade_cli(
+        work.path(),
+        &["run", "--socket", sock, "--tool", "convert", "--param", &p_out],
+        &[&probe(), "read", input.to_str().unwrap()],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o.stdout));
+    let o =
+        palisade_cli(work.path(), &["run", "--socket", sock, "--tool", "nosuch"], &[&probe(), "echo"], None);
+    assert!(
+        text(&o.stderr).starts_with("palisade: InvalidRequest: no tool \"nosuch\""),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
 fn no_fork_leaves_threads_only() {
     let d = Daemon::start(&tool_config());
     let ws = TempDir::new("ws");
