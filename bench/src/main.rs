@@ -172,6 +172,7 @@ impl Helper {
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
             temp_root: std::env::temp_dir(),
+            instance: "1-1".into(),
             run: 0,
             etc_view: etc.as_ref().map(|e| e.dir().to_path_buf()),
         };

@@ -96,6 +96,7 @@ mod tests {
             uid: 1000,
             gid: 1000,
             temp_root: PathBuf::from("/run/palisade-test"),
+            instance: "1-1".into(),
             run: 1,
             etc_view: None,
         };

@@ -74,9 +74,11 @@ impl Broker {
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
             temp_root: config.policy.temp_root.clone().unwrap_or_else(paths::default_temp_root),
+            instance: crate::instance::tag().to_string(),
             run: 0,
             etc_view: None,
         };
+        remove_orphan_run_dirs(&context.temp_root);
         let etc = config.broker.etc_snapshot.then(|| etc_view(&context.temp_root)).flatten();
         Ok(Broker {
             engine: Engine::new(spawner, helper, config.broker.prespawn),
@@ -254,6 +256,22 @@ fn etc_snapshot(etc: &EtcView) -> Option<std::sync::Arc<crate::etc_view::Snapsho
             Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(|| etc.retake()),
             _ => etc.retake(),
         },
+    }
+}
+
+/// Removes the run directories (`run-<instance>-<n>`) that brokers no longer
+/// running left under `temp_root`.
+fn remove_orphan_run_dirs(temp_root: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(temp_root) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(instance) = name.strip_prefix("run-") else { continue };
+        if !crate::instance::alive(instance) {
+            tracing::warn!(dir = %e.path().display(), "removing a run directory left behind");
+            if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                tracing::warn!("cannot remove {}: {err}", e.path().display());
+            }
+        }
     }
 }
 

@@ -320,7 +320,14 @@ impl Cgroups {
                 None
             }
         };
-        let run = RunCgroup { cg, dir, v1: self.is_v1() };
+        let run = RunCgroup {
+            cg,
+            dir,
+            v1: self.is_v1(),
+            name: name.to_string(),
+            owner: self.clone(),
+            removed: false,
+        };
         if let Err(e) = run.limit(limits) {
             run.remove();
             return Err(e);
@@ -328,8 +335,20 @@ impl Cgroups {
         Ok(run)
     }
 
-    /// Removes run cgroups a previous broker left behind (killing what is in them).
+    /// Removes run cgroups that brokers no longer running left behind
+    /// (killing what is in them); those of live brokers sharing the subtree
+    /// stay. Their names say whose they are (`run-<pid>-<start>-<n>`).
     pub fn sweep(&self) {
+        self.remove_runs(|instance| !crate::instance::alive(instance));
+    }
+
+    /// Removes this broker's own run cgroups (at shutdown: runs cut short).
+    pub fn remove_own(&self) {
+        let mine = format!("{}-", crate::instance::tag());
+        self.remove_runs(|instance| instance.starts_with(&mine));
+    }
+
+    fn remove_runs(&self, pick: impl Fn(&str) -> bool) {
         let dir = match &self.backend {
             Ok(Backend::V2 { root }) => root.clone(),
             Ok(Backend::V1 { relative }) => {
@@ -343,22 +362,49 @@ impl Cgroups {
         let Ok(entries) = std::fs::read_dir(&dir) else { return };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("run-") {
-                if let Some(cg) = self.load(&name) {
-                    tracing::warn!(cgroup = %name, "removing a run cgroup left by a previous broker");
-                    RunCgroup { dir: Some(dir.join(&name)), cg, v1: self.is_v1() }.remove();
-                }
+            let Some(instance) = name.strip_prefix("run-") else { continue };
+            if !pick(instance) {
+                continue;
+            }
+            if let Some(cg) = self.load(&name) {
+                tracing::warn!(cgroup = %name, "removing a run cgroup left behind");
+                let v2_dir = (!self.is_v1()).then(|| dir.join(&name));
+                RunCgroup { dir: v2_dir, cg, v1: self.is_v1(), name, owner: self.clone(), removed: false }
+                    .remove();
             }
         }
     }
 }
 
-/// One run's cgroup.
+/// One run's cgroup. Removed by [`RunCgroup::remove`] after the run; one
+/// dropped without it (a run cut short) is removed by a thread of its own.
 pub struct RunCgroup {
     cg: Cgroup,
     /// cgroup v2: the directory (the helper joins it through fd 5).
     dir: Option<PathBuf>,
     v1: bool,
+    name: String,
+    owner: Cgroups,
+    removed: bool,
+}
+
+impl Drop for RunCgroup {
+    fn drop(&mut self) {
+        if std::mem::replace(&mut self.removed, true) {
+            return;
+        }
+        let Some(cg) = self.owner.load(&self.name) else { return };
+        let orphan = RunCgroup {
+            cg,
+            dir: self.dir.clone(),
+            v1: self.v1,
+            name: self.name.clone(),
+            owner: self.owner.clone(),
+            removed: false,
+        };
+        // Removal waits for the members to die: not on this (async) thread.
+        std::thread::spawn(move || orphan.remove());
+    }
 }
 
 impl RunCgroup {
@@ -481,7 +527,8 @@ impl RunCgroup {
     }
 
     /// Kills what is left, waits for the cgroup to empty, and removes it.
-    pub fn remove(self) {
+    pub fn remove(mut self) {
+        self.removed = true;
         let start = Instant::now();
         while self.populated() && start.elapsed() < Duration::from_secs(5) {
             self.kill();

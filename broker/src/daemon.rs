@@ -108,8 +108,11 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32) -> i32 {
     // The first /etc snapshot, before the first request rather than during it.
     drop(broker.etc.as_ref().and_then(|e| e.current()));
     systemd::notify("READY=1");
+    let cgroups = broker.cgroups.clone();
     Arc::new(Server::new(broker)).serve(listener, stopped).await;
     systemd::notify("STOPPING=1");
+    // Runs cut short at shutdown leave no cgroup behind.
+    let _ = tokio::task::spawn_blocking(move || cgroups.remove_own()).await;
     if let Some(p) = owned_path {
         let _ = std::fs::remove_file(&p);
     }

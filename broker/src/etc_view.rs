@@ -18,6 +18,7 @@
 //! [`MAX_ENTRIES`] entries or [`MAX_BYTES`] bytes is not made, and the plan
 //! binds the entries one by one instead.
 
+use crate::instance;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -26,7 +27,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
@@ -176,7 +177,7 @@ impl EtcView {
         };
         st.signature = signature(&self.entries);
         let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
-        let dir = self.base.join(format!("etc-{}-{generation}", process_tag()));
+        let dir = self.base.join(format!("etc-{}-{generation}", instance::tag()));
         let taking = Instant::now();
         match take(&self.entries, &dir) {
             // Then the copy: whoever changes or removes it makes the next run retake it.
@@ -204,23 +205,6 @@ impl EtcView {
         st.watch = Some(watch);
         st.current.clone()
     }
-}
-
-/// `<pid>-<start time>`: names this process's snapshots apart from those of
-/// an earlier process that had the same pid.
-fn process_tag() -> &'static str {
-    static TAG: OnceLock<String> = OnceLock::new();
-    TAG.get_or_init(|| {
-        let pid = std::process::id();
-        format!("{pid}-{}", start_time(pid).unwrap_or(0))
-    })
-}
-
-/// A process's start time (clock ticks after boot), from `/proc/PID/stat`.
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name (which may hold spaces): field 3 onwards; the start time is field 22.
-    stat.rsplit_once(") ")?.1.split_whitespace().nth(19)?.parse().ok()
 }
 
 struct Watch {
@@ -456,12 +440,7 @@ fn remove_orphans(base: &Path) {
     for entry in dir.flatten() {
         let name = entry.file_name();
         let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("etc-")) else { continue };
-        let mut parts = rest.split('-').map(|p| p.parse::<u64>().ok());
-        let alive = match (parts.next().flatten(), parts.next().flatten()) {
-            (Some(pid), Some(started)) => u32::try_from(pid).ok().and_then(start_time) == Some(started),
-            _ => false,
-        };
-        if !alive {
+        if !instance::alive(rest) {
             remove_tree(&entry.path());
         }
     }
@@ -631,8 +610,8 @@ mod tests {
         // pid_max is at most 2^22: this pid is never running.
         let gone = base.join("etc-4194305-1-3");
         // An earlier process that had this pid.
-        let earlier = base.join(format!("etc-{pid}-{}-1", start_time(pid).unwrap() + 1));
-        let mine = base.join(format!("etc-{}-999", process_tag()));
+        let earlier = base.join(format!("etc-{pid}-{}-1", instance::start_time(pid).unwrap() + 1));
+        let mine = base.join(format!("etc-{}-999", instance::tag()));
         for d in [&gone, &earlier, &mine] {
             fs::create_dir_all(d.join("sub")).unwrap();
         }

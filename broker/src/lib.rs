@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod etc_view;
 pub mod host;
+pub mod instance;
 pub mod overlay;
 pub mod paths;
 pub mod pool;

@@ -194,10 +194,11 @@ pub fn untouched(upper: &OwnedFd) -> bool {
     dir.iter().all(|e| e.is_ok_and(|e| matches!(e.file_name().to_bytes(), b"." | b"..")))
 }
 
-/// Whether the upper layer's tmpfs is (all but) full: the run hit its bound.
+/// Whether the upper layer's tmpfs is (all but) full, in bytes or in files:
+/// the run hit its bound.
 pub fn full(upper: &OwnedFd) -> bool {
     match nix::sys::statvfs::fstatvfs(upper.as_fd()) {
-        Ok(s) => s.blocks_available() * s.fragment_size() < 64 * 1024,
+        Ok(s) => s.blocks_available() * s.fragment_size() < 64 * 1024 || s.files_available() < 16,
         Err(_) => false,
     }
 }

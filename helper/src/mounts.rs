@@ -13,7 +13,7 @@ use nix::fcntl::{OFlag, open};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::stat::{Mode, SFlag, fstat};
 use nix::unistd::{chdir, mkdir, pivot_root, symlinkat};
-use palisade_protocol::{HelperRecord, Mount, Stage};
+use palisade_protocol::{HelperRecord, Mount, Stage, tmpfs_inodes};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -110,7 +110,7 @@ fn place(m: &Mount, source: Source) -> Result<()> {
         }
         (Mount::Tmpfs { target, size_bytes, mode }, _) => {
             make_mount_point(rel, true)?;
-            let data = format!("size={size_bytes},mode={mode:o}");
+            let data = format!("size={size_bytes},nr_inodes={},mode={mode:o}", tmpfs_inodes(*size_bytes));
             mount(
                 Some("tmpfs"),
                 rel,
@@ -151,7 +151,7 @@ fn overlay(target: &str, size: u64, lower: OwnedFd, i: usize) -> Result<()> {
         .at(Stage::Mounts, || format!("make the lower layer of {target} read-only"))?;
     attach(&lower, &low).at(Stage::Mounts, || format!("attach the lower layer of {target}"))?;
     let fs_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    let data = format!("size={size},mode=0755");
+    let data = format!("size={size},nr_inodes={},mode=0755", tmpfs_inodes(size));
     mount(Some("tmpfs"), rw.as_str(), Some("tmpfs"), fs_flags, Some(data.as_str()))
         .at(Stage::Mounts, || format!("mount the upper tmpfs of {target}"))?;
     for d in ["upper", "work"] {

@@ -66,8 +66,12 @@ pub struct Context {
     /// The broker's own ids.
     pub uid: u32,
     pub gid: u32,
-    /// Where this run's host directories go (Tier B): `<temp_root>/run-<run>`.
+    /// Where this run's host directories go (Tier B): `<temp_root>/run-<instance>-<run>`.
     pub temp_root: PathBuf,
+    /// The broker's instance (`<pid>-<start time>`): runs' host directories
+    /// and cgroups are named `run-<instance>-<run>`, apart from those of other
+    /// brokers sharing the same root.
+    pub instance: String,
     pub run: u64,
     /// A directory holding a copy of the curated /etc entries, bound at
     /// `/etc` in Tier C instead of each entry (see [`JailSpec::etc_view`]).
@@ -314,7 +318,8 @@ impl Policy {
         }
 
         // Filesystem grants, with templates and the temporary workspace resolved.
-        let run_dir = ctx.temp_root.join(format!("run-{}", ctx.run));
+        let run_name = format!("run-{}-{}", ctx.instance, ctx.run);
+        let run_dir = ctx.temp_root.join(&run_name);
         let project_root = policy.project_root.clone().unwrap_or_else(|| workspace.clone());
         let (mut read_only, mut read_write) = (Vec::new(), Vec::new());
         let mut temp_workspace = None;
@@ -495,7 +500,7 @@ impl Policy {
         // The run's cgroup, required or not.
         let cgroup = match &ctx.host.cgroup {
             Ok(root) => {
-                let name = format!("run-{}", ctx.run);
+                let name = run_name.clone();
                 Some(CgroupPlan {
                     path: root.path.join(&name),
                     name,

@@ -72,6 +72,7 @@ fn context(user_namespaces: bool, landlock_abi: u32) -> Context {
         uid: 1000,
         gid: 1000,
         temp_root: PathBuf::from("/run/palisade-test"),
+        instance: "1-1".into(),
         etc_view: None,
         run: 7,
     }
@@ -496,7 +497,7 @@ fn fallback_policy_where_tier_c_is_unavailable() {
             assert_eq!(r.plan.tier(), Tier::B);
             assert!(r.plan.mounts.is_empty() && r.plan.namespaces.names().is_empty());
             assert!(!r.warnings.is_empty());
-            assert!(r.host_dirs.iter().all(|d| d.starts_with("/run/palisade-test/run-7")));
+            assert!(r.host_dirs.iter().all(|d| d.starts_with("/run/palisade-test/run-1-1-7")));
         }
         other => panic!("{other:?}"),
     }

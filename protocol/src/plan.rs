@@ -143,7 +143,8 @@ pub enum Mount {
     /// `owned`: a path granted to this request, whose owner the sandbox acts
     /// as; when the helper starts as root (see `host_ids`), it is idmapped.
     Bind { source: String, target: String, writable: bool, owned: bool },
-    /// A fresh tmpfs, nosuid and nodev, limited to `size_bytes`.
+    /// A fresh tmpfs, nosuid and nodev, limited to `size_bytes` and to
+    /// [`tmpfs_inodes`]`(size_bytes)` files.
     Tmpfs { target: String, size_bytes: u64, mode: u32 },
     /// A fresh procfs for the sandbox's pid namespace.
     Proc { target: String },
@@ -152,10 +153,17 @@ pub enum Mount {
     /// A symbolic link (for merged-/usr layouts: `/bin -> usr/bin`).
     Symlink { target: String, link: String },
     /// A host directory seen read-write through an overlay whose upper layer
-    /// is a tmpfs of `size_bytes`: the run's writes never reach the host's
+    /// is a tmpfs of `size_bytes` (and [`tmpfs_inodes`] files): the run's writes never reach the host's
     /// disk. The helper hands the broker the upper layer (a directory fd on
     /// the status channel), and the broker copies the changes back.
     Overlay { source: String, target: String, size_bytes: u64, owned: bool },
+}
+
+/// The files a tmpfs of `size_bytes` may hold: one per 8 KiB, at least
+/// 1024. Without a bound, a tmpfs takes up to half of RAM's pages in inodes,
+/// whose memory `size=` does not count: empty files could grow past it.
+pub fn tmpfs_inodes(size_bytes: u64) -> u64 {
+    (size_bytes / 8192).max(1024)
 }
 
 impl Mount {

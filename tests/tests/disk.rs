@@ -68,6 +68,29 @@ fn many_small_files_hit_the_same_bound() {
 }
 
 #[test]
+fn empty_files_hit_the_bound_too() {
+    // Empty files take no blocks, only inodes: the bound counts those as well
+    // (a 1 MiB bound holds 1024 files), so they cannot grow the kernel's memory
+    // or, when copied back, the host's inode table without limit.
+    let ws = TempDir::new("fill-inodes");
+    let toml = "max_disk_mb = 1
+allow_interpreters = true
+allow_inline_code = true
+";
+    let script = "i=0; while [ $i -lt 5000 ]; do : > e$i || exit 3; i=$((i+1)); done";
+    let o = run_with(ws.path(), toml, &["sh", "-c", script]);
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.lines().last().unwrap_or("").starts_with("palisade: DiskLimitExceeded"), "{err}");
+    assert_eq!(std::fs::read_dir(ws.path()).unwrap().count(), 0);
+    // Counter-test: fewer files than the bound are kept.
+    let script = "i=0; while [ $i -lt 500 ]; do : > e$i || exit 3; i=$((i+1)); done";
+    let o = run_with(ws.path(), toml, &["sh", "-c", script]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(std::fs::read_dir(ws.path()).unwrap().count(), 500);
+}
+
+#[test]
 fn writes_are_copied_back_when_the_command_exits_by_itself() {
     let ws = TempDir::new("commit");
     let outside = TempDir::new("outside");

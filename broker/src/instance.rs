@@ -1,0 +1,45 @@
+//! This broker among others. What it creates in places other brokers may
+//! share (a cgroup subtree, `temp_root`) is named after its instance, `<pid>-<start
+//! time>`: brokers tell theirs apart, and what a dead one left is recognised
+//! as such (a pid alone could have been reused).
+
+use std::sync::OnceLock;
+
+/// `<pid>-<start time>` of this process.
+pub fn tag() -> &'static str {
+    static TAG: OnceLock<String> = OnceLock::new();
+    TAG.get_or_init(|| {
+        let pid = std::process::id();
+        format!("{pid}-{}", start_time(pid).unwrap_or(0))
+    })
+}
+
+/// A process's start time (clock ticks after boot), from `/proc/PID/stat`.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name (which may hold spaces): field 3 onwards; the start time is field 22.
+    stat.rsplit_once(") ")?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the instance a name begins with (`<pid>-<start>-...`) is a live
+/// process. A name that does not begin with one is not alive.
+pub fn alive(name: &str) -> bool {
+    let mut parts = name.split('-').map(|p| p.parse::<u64>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(pid), Some(started)) => u32::try_from(pid).ok().and_then(start_time) == Some(started),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn this_process_is_alive_and_an_earlier_one_with_its_pid_is_not() {
+        let me = super::tag();
+        assert!(super::alive(&format!("{me}-7")));
+        let pid = std::process::id();
+        let start = super::start_time(pid).unwrap();
+        assert!(!super::alive(&format!("{pid}-{}-7", start + 1)));
+        assert!(!super::alive("not-an-instance"));
+    }
+}
