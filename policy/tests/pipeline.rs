@@ -539,7 +539,10 @@ fn cgroup_limits_are_planned_when_there_is_a_root_and_required_ones_refused_when
         Ok(palisade_policy::CgroupRoot { path: PathBuf::from("/sys/fs/cgroup/palisade"), v1: false });
     let Decision::Allow(r) = p.decide(&ctx, &f.request(&["ls"])) else { panic!() };
     let c = r.cgroup.as_ref().unwrap();
-    assert_eq!((c.name.as_str(), c.memory_bytes, c.processes, c.cpu_percent), ("run-1-1-7", 64 << 20, 32, 25));
+    assert_eq!(
+        (c.name.as_str(), c.memory_bytes, c.processes, c.cpu_percent),
+        ("run-1-1-7", 64 << 20, 32, 25)
+    );
     assert_eq!(r.plan.cgroup.as_deref(), Some("/sys/fs/cgroup/palisade/run-1-1-7"));
     // The cgroup holds memory; RLIMIT_AS stays as a looser floor.
     assert_eq!(r.plan.rlimits.address_space.hard, 4 * (64 << 20));
