@@ -44,6 +44,7 @@ fn cgroup_limits_hold_in_a_pure_cgroup_v2_guest() {
             "fork bomb",
             "cpu share",
             "deadline kill",
+            "quota and disconnect kill",
             "200 runs",
             "landlock abi 2",
             "shutdown",
@@ -54,8 +55,16 @@ fn cgroup_limits_hold_in_a_pure_cgroup_v2_guest() {
             );
         }
     }
+    assert!(text.contains("vmcheck PASS [root] root delegation:"), "root delegation did not pass:\n{text}");
     assert!(ok, "{text}");
     println!("{}", text.lines().filter(|l| l.starts_with("vmcheck")).collect::<Vec<_>>().join("\n"));
+}
+
+#[test]
+fn vmcheck_refuses_to_run_outside_the_guest() {
+    let o = Command::new(bin("vmcheck")).env_remove("VMTEST_AS").output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("only inside the throwaway guest"), "{o:?}");
 }
 
 #[test]

@@ -22,7 +22,9 @@
 #   --add SRC[:DEST]  also copy SRC (file or dir) into the guest at DEST (default /vmtest/<name>)
 #   --accel A         auto | kvm | tcg (default auto: kvm only if usable, else tcg)
 #   --cpu MODEL       QEMU -cpu model (default: host with kvm, max with tcg)
-#   --kernel PATH     kernel (default: newest /boot/vmlinuz-*; env VM_KERNEL)
+#   --kernel PATH     kernel (default: the package linux-image-amd64 of this machine's
+#                       Debian release, fetched into the cache; env VM_KERNEL; "boot":
+#                       the newest /boot/vmlinuz-*)
 #   --append STR      extra kernel command line
 #   --kmsg            show kernel messages on the console (default: loglevel=1)
 #   --dmesg           print the guest's dmesg after the runs
@@ -34,8 +36,9 @@
 # In the guest: stdin /dev/null, cwd /vmtest, HOME=/home/<root|user>, TMPDIR=/tmp/<root|user>,
 # VMTEST_CGROUP=<delegated cgroup dir>, VMTEST_AS=root|user, VMTEST_UID.
 # Dynamically linked ELF files (glibc) get their ldd libraries + loader copied in.
-# Cache: ${VMCACHE:-/var/tmp/vmcache} (extracted vmlinux, base initramfs; if /boot has
-# no kernel, Debian's linux-image .deb is fetched with apt-get download and unpacked there).
+# Cache: ${VMCACHE:-/var/tmp/vmcache} (extracted vmlinux, base initramfs, and Debian's
+# linux-image .deb, fetched with apt-get download and unpacked there: the same kernel
+# whatever this machine itself boots).
 # Needs: qemu-system-x86, linux-image-amd64, busybox-static, gcc (static libc),
 # cpio, xz-utils, binutils. No network is configured in the guest (-nodefaults).
 set -euo pipefail
@@ -92,15 +95,19 @@ mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"
 flock 9   # serialise cache builds; released after the cache step below
 
+if [ "$KERNEL" = boot ]; then
+  KERNEL=$(ls -1v /boot/vmlinuz-* 2>/dev/null | tail -n1 || true)
+  [ -n "$KERNEL" ] || die "--kernel boot: no /boot/vmlinuz-*"
+fi
 if [ -z "$KERNEL" ]; then
-  KERNEL=$(ls -1v /boot/vmlinuz-* "$CACHE"/kernel/boot/vmlinuz-* 2>/dev/null | tail -n1 || true)
+  KERNEL=$(ls -1v "$CACHE"/kernel/boot/vmlinuz-* 2>/dev/null | tail -n1 || true)
 fi
 if [ -z "$KERNEL" ]; then
   # no installed kernel: fetch Debian's linux-image .deb (apt lists must be current) and unpack
   # only its /boot into the cache - no postinst, no host initramfs
   pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/{print $2; exit}')
   [ -n "$pkg" ] || die "no kernel: apt-get install -y linux-image-amd64 (or apt-get update first)"
-  log "no kernel in /boot: downloading $pkg into $CACHE/kernel"
+  log "downloading $pkg into $CACHE/kernel"
   kd=$(mktemp -d "$CACHE/kdl.XXXXXX")
   (cd "$kd" && apt-get download "$pkg" >/dev/null 2>&1) || die "apt-get download $pkg failed"
   mkdir -p "$CACHE/kernel"

@@ -77,7 +77,7 @@ fn main() {
         "membomb" => membomb(arg(1).parse().unwrap_or(4096)),
         "spin" => spin(),
         "bigfile" => bigfile(&arg(1), arg(2).parse().unwrap_or(1024)),
-        "daemonize" => daemonize(&arg(1)),
+        "daemonize" => daemonize(&arg(1), arg(2) == "flood"),
         "sleep" => loop {
             std::thread::sleep(Duration::from_secs(3600));
         },
@@ -400,7 +400,9 @@ fn bigfile(path: &str, mib: usize) -> Outcome {
 
 /// Double-forks a process that calls setsid and sleeps with `token` in its
 /// argv (so the host can find it), then sleeps itself.
-fn daemonize(token: &str) -> Outcome {
+/// Leaves a double-forked, setsid sleeper carrying `token`, then sleeps, or
+/// with `flood`, writes to stdout without end.
+fn daemonize(token: &str, flood_after: bool) -> Outcome {
     use nix::unistd::{ForkResult, fork, setsid};
     let exe = std::env::current_exe().map_err(io)?;
     // SAFETY: the children only call setsid, fork, exec and exit.
@@ -417,6 +419,9 @@ fn daemonize(token: &str) -> Outcome {
         ForkResult::Parent { .. } => {
             println!("ok daemonized");
             let _ = std::io::stdout().flush();
+            if flood_after {
+                return flood();
+            }
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
             }

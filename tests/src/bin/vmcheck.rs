@@ -196,6 +196,76 @@ fn deadline_kills_the_cgroup(g: &Guest, socket: &Path) -> Check {
     Ok("a double-forked setsid daemon died with its run's cgroup".into())
 }
 
+/// A quota and a client gone end a run through its cgroup too: a daemon
+/// that double-forked and called setsid dies with it.
+fn quota_and_disconnect_kill_the_cgroup(g: &Guest, socket: &Path) -> Check {
+    let token = format!("vm-quota-{}", std::process::id());
+    let mut req = g.request(&["daemonize", &token, "flood"]);
+    req.max_output_bytes = Some(100_000);
+    let (out, r) = run(socket, req);
+    let r = r.map_err(|e| format!("{e:?}"))?;
+    ensure(r.status == RunStatus::QuotaExceeded, || format!("{:?}", r.status))?;
+    ensure(out.len() == 100_000, || format!("{} bytes delivered", out.len()))?;
+    ensure(eventually(Duration::from_secs(5), || process_with_token(&token).is_none()), || {
+        "the daemon survived the quota".into()
+    })?;
+    let token = format!("vm-gone-{}", std::process::id());
+    let mut c = Client::connect(socket).map_err(|e| e.to_string())?;
+    c.send(&palisade_protocol::wire::ClientMessage::Run(g.request(&["daemonize", &token])))
+        .map_err(|e| e.to_string())?;
+    ensure(eventually(Duration::from_secs(20), || process_with_token(&token).is_some()), || {
+        "the daemon never started".into()
+    })?;
+    drop(c);
+    ensure(eventually(Duration::from_secs(5), || process_with_token(&token).is_none()), || {
+        "the daemon survived its client".into()
+    })?;
+    Ok("a quota and a disconnect each took a setsid daemon with the run's cgroup".into())
+}
+
+/// A root broker with no cgroup_root uses the cgroup it starts in only when
+/// systemd delegated it (`trusted.delegate`): then it moves into a leaf,
+/// enables the controllers and limits runs there; without the mark, none.
+fn root_delegation(g: &Guest) -> Check {
+    let config = g.config("", None);
+    let mut found = Vec::new();
+    for marked in [false, true] {
+        let dir = g.delegated.join(if marked { "marked" } else { "unmarked" });
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        if marked {
+            let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: NUL-terminated strings and a one-byte value, valid for the call.
+            let rc = unsafe {
+                libc::setxattr(path.as_ptr(), c"trusted.delegate".as_ptr(), b"1".as_ptr().cast(), 1, 0)
+            };
+            ensure(rc == 0, || format!("setxattr: {}", std::io::Error::last_os_error()))?;
+        }
+        let (mut d, socket) = g.daemon(&config, Some(&dir));
+        let (_, r) = run(&socket, g.request(&["membomb", "4096"]));
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(d.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = d.wait();
+        let r = r.map_err(|e| format!("{e:?}"))?;
+        let e = &r.attestation.enforcement;
+        if marked {
+            ensure(r.status == RunStatus::MemoryLimitExceeded, || format!("{:?}", r.status))?;
+            ensure(e.cgroup.as_deref().is_some_and(|c| c.starts_with(&*dir.to_string_lossy())), || {
+                format!("{:?}", e.cgroup)
+            })?;
+            let leaf = std::fs::read_to_string(dir.join("broker/cgroup.procs")).is_ok();
+            ensure(leaf, || "the broker did not move into a leaf".into())?;
+            ensure(runs_left(&dir).is_empty(), || format!("{:?}", runs_left(&dir)))?;
+        } else {
+            ensure(e.cgroup.is_none() && e.limits_by == "rlimits", || format!("{e:?}"))?;
+            ensure(!dir.join("broker").exists(), || "wrote into an undelegated cgroup".into())?;
+        }
+        found.push(format!("{}: {}", if marked { "marked" } else { "unmarked" }, e.limits_by));
+    }
+    Ok(format!("trusted.delegate decides ({})", found.join(", ")))
+}
+
 fn many_runs(g: &Guest, socket: &Path, runs_dir: &Path) -> Check {
     let start = Instant::now();
     // Four clients at a time: the guest is emulated, and slow.
@@ -326,6 +396,13 @@ fn v1_checks(g: &Guest) -> Vec<(&'static str, Check)> {
 }
 
 fn main() {
+    // It mounts cgroup hierarchies and writes cgroups: never on a real host.
+    if std::env::var_os("VMTEST_AS").is_none() {
+        eprintln!(
+            "vmcheck runs only inside the throwaway guest of tests/vm/run-in-vm.sh (which sets VMTEST_AS)"
+        );
+        std::process::exit(2);
+    }
     let v1 = std::env::args().any(|a| a == "--v1");
     let tmp = PathBuf::from(std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".into()));
     let ws = tmp.join("ws");
@@ -363,6 +440,7 @@ fn main() {
             ("fork bomb", fork_bomb(&g, &socket)),
             ("cpu share", cpu_share(&g, &socket)),
             ("deadline kill", deadline_kills_the_cgroup(&g, &socket)),
+            ("quota and disconnect kill", quota_and_disconnect_kill_the_cgroup(&g, &socket)),
             ("200 runs", many_runs(&g, &socket, &runs_dir)),
             ("landlock abi 2", landlock_abi2(&g, &socket)),
         ];
@@ -377,6 +455,9 @@ fn main() {
             ensure(status.success(), || format!("palisaded exited {status:?}"))
                 .map(|_| "palisaded exited 0".into()),
         ));
+        if g.root {
+            checks.push(("root delegation", root_delegation(&g)));
+        }
         checks
     };
     let mut failures = 0;
