@@ -198,10 +198,15 @@ impl Cgroups {
             ));
         }
         let description = format!(
-            "cgroup v2 at {} ({}), controllers {}",
+            "cgroup v2 at {} ({}), controllers {}{}",
             root.display(),
             if configured { "configured" } else { "delegated" },
-            CONTROLLERS.join(" ")
+            CONTROLLERS.join(" "),
+            if root.join("memory.swap.current").exists() {
+                ""
+            } else {
+                "; no swap accounting (swapaccount=0): memory.swap.max cannot be set, swap is not limited"
+            }
         );
         if !apply {
             return Cgroups { description, backend: Ok(Backend::V2 { root: root.to_path_buf() }) };
@@ -412,7 +417,9 @@ impl RunCgroup {
         let e = |what: &'static str| move |err: cgroups_rs::fs::error::Error| format!("set {what}: {err}");
         let mem: &MemController = self.cg.controller_of().ok_or("no memory controller")?;
         mem.set_limit(l.memory_bytes as i64).map_err(e("the memory limit"))?;
-        if !self.v1 || self.path("memory.memsw.limit_in_bytes").is_some_and(|p| p.exists()) {
+        let swap_file = if self.v1 { "memory.memsw.limit_in_bytes" } else { "memory.swap.max" };
+        // Without swap accounting the file is missing; discovery said so.
+        if self.path(swap_file).is_some_and(|p| p.exists()) {
             // No swap beyond the memory limit (v1: memory+swap equal to memory).
             let swap = if self.v1 { l.memory_bytes as i64 } else { 0 };
             mem.set_memswap_limit(swap).map_err(e("the swap limit"))?;
