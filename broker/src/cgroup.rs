@@ -102,7 +102,9 @@ pub struct CgroupUsage {
 }
 
 fn statfs_magic(path: &Path) -> Option<i64> {
-    nix::sys::statfs::statfs(path).ok().map(|s| s.filesystem_type().0)
+    // The type is i64 with glibc, u64 with musl; magic numbers fit both.
+    #[allow(clippy::unnecessary_cast)]
+    nix::sys::statfs::statfs(path).ok().map(|s| s.filesystem_type().0 as i64)
 }
 
 /// The cgroup v2 path of this process, from /proc/self/cgroup (`0::/path`).

@@ -343,10 +343,16 @@ impl Sink for RenderSink<'_> {
             self.0.on(&ServerMessage::Output { stream, data: data.to_vec() });
             return true;
         }
-        // A reader gone (EPIPE) does not end the run: its output goes nowhere, as in a shell.
+        // tokio hands the bytes to a blocking thread: the flush waits until they
+        // are written (in order across the two streams, and before exit). A
+        // reader gone (EPIPE) does not end the run: its output goes nowhere, as in a shell.
+        async fn write(mut out: impl tokio::io::AsyncWrite + Unpin, data: &[u8]) -> std::io::Result<()> {
+            out.write_all(data).await?;
+            out.flush().await
+        }
         let _ = match stream {
-            Stream::Stdout => tokio::io::stdout().write_all(data).await,
-            Stream::Stderr => tokio::io::stderr().write_all(data).await,
+            Stream::Stdout => write(tokio::io::stdout(), data).await,
+            Stream::Stderr => write(tokio::io::stderr(), data).await,
         };
         true
     }

@@ -13,11 +13,17 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::ExitStatus;
 
+/// An rlimit resource number: glibc's `__rlimit_resource_t`, musl's int.
+#[cfg(target_env = "gnu")]
+pub type Resource = libc::__rlimit_resource_t;
+#[cfg(not(target_env = "gnu"))]
+pub type Resource = libc::c_int;
+
 /// An outer resource limit set on the helper process itself (hard and soft),
 /// before it reads its plan: a bound the sandbox cannot lift, used by tests.
 #[derive(Debug, Clone, Copy)]
 pub struct OuterLimit {
-    pub resource: libc::__rlimit_resource_t,
+    pub resource: Resource,
     pub value: u64,
 }
 

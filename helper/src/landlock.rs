@@ -5,13 +5,16 @@
 use crate::error::{self, Context, HelperError, Result, fail};
 use landlock::{
     ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, LandlockStatus, NetPort,
-    PathBeneath, PathFd, RulesetAttr, RulesetCreatedAttr, RulesetError, RulesetStatus, Scope,
+    PathBeneath, RulesetAttr, RulesetCreatedAttr, RulesetError, RulesetStatus, Scope,
 };
 use nix::errno::Errno;
+use nix::fcntl::{OFlag, open};
+use nix::sys::stat::Mode;
 use nix::sys::stat::{SFlag, fstat};
 use palisade_protocol::{
     HelperRecord, LandlockFeatures as F, LandlockPlan, LandlockReport, RulesetState, Stage,
 };
+use std::os::fd::OwnedFd;
 
 /// The newest ABI the plan's features need; newer rights are not handled.
 const ABI_USED: ABI = ABI::V6;
@@ -112,14 +115,12 @@ pub fn restrict_self(plan: &LandlockPlan) -> Result<()> {
     Ok(())
 }
 
-fn path_rule(path: &str, access: BitFlags<AccessFs>) -> Result<PathBeneath<PathFd>> {
-    let fd = PathFd::new(path).map_err(|e| {
-        let errno = std::error::Error::source(&e)
-            .and_then(|s| s.downcast_ref::<std::io::Error>())
-            .and_then(|io| io.raw_os_error())
-            .map_or(Errno::UnknownErrno, Errno::from_raw);
-        fail(Stage::Landlock, errno, format!("open {path} for a Landlock rule: {errno:?}"))
-    })?;
+fn path_rule(path: &str, access: BitFlags<AccessFs>) -> Result<PathBeneath<OwnedFd>> {
+    // O_PATH: a handle on the path, not an open of what it is (a tty, a fifo).
+    // Opened here rather than with the crate's PathFd, whose std OpenOptions
+    // loses O_PATH under musl (there O_ACCMODE includes it).
+    let fd = open(path, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty())
+        .at(Stage::Landlock, || format!("open {path} for a Landlock rule"))?;
     let is_dir = fstat(&fd).at(Stage::Landlock, || format!("stat {path}"))?.st_mode & SFlag::S_IFMT.bits()
         == SFlag::S_IFDIR.bits();
     // A rule on a file may only carry rights that make sense for a file.

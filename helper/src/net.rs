@@ -72,12 +72,15 @@ fn loopback_up() -> Result<()> {
     for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
         *dst = *src as libc::c_char;
     }
+    // The request's type is c_ulong with glibc and c_int with musl; both hold these numbers.
+    #[allow(clippy::unnecessary_cast)]
+    let (get, set) = (libc::SIOCGIFFLAGS as libc::Ioctl, libc::SIOCSIFFLAGS as libc::Ioctl);
     // SAFETY: SIOCGIFFLAGS reads the flags of the named interface into `req`, which outlives the call.
-    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) };
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), get, &mut req) };
     Errno::result(rc).at(Stage::Loopback, || "read the flags of lo".into())?;
     // SAFETY: after SIOCGIFFLAGS the flags member of the union is the initialized one.
     unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
     // SAFETY: SIOCSIFFLAGS reads `req`, which outlives the call.
-    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) };
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), set, &req) };
     Errno::result(rc).map(drop).at(Stage::Loopback, || "bring lo up".into())
 }

@@ -715,7 +715,22 @@ fn sensitive_inside<'a>(
 }
 
 /// The home directories of the users in /etc/passwd that exist, canonical.
+/// Kept between decisions while /etc/passwd is the same file, unchanged
+/// (resolving every home costs more than the rest of a decision).
 fn passwd_homes() -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::Mutex;
+    type Key = (u64, u64, i64, i64, u64);
+    static CACHE: Mutex<Option<(Key, Vec<PathBuf>)>> = Mutex::new(None);
+    let key = std::fs::metadata("/etc/passwd")
+        .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
+        .unwrap_or_default();
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((k, homes)) = cache.as_ref() {
+        if *k == key {
+            return homes.clone();
+        }
+    }
     let text = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
     let mut homes: Vec<PathBuf> = text
         .lines()
@@ -726,6 +741,7 @@ fn passwd_homes() -> Vec<PathBuf> {
         .collect();
     homes.sort();
     homes.dedup();
+    *cache = Some((key, homes.clone()));
     homes
 }
 

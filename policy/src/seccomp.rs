@@ -381,6 +381,12 @@ const CLONE_NAMESPACES: u64 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWNET) as u64;
 const CLONE_NEWTIME: u64 = 0x80;
 
+// ioctl request numbers are c_ulong with glibc and c_int with musl.
+#[allow(clippy::unnecessary_cast)]
+const TIOCSTI: u64 = libc::TIOCSTI as u64;
+#[allow(clippy::unnecessary_cast)]
+const TIOCLINUX: u64 = libc::TIOCLINUX as u64;
+
 /// personality(2) values a program may set: Linux, 32-bit Linux, UNAME26,
 /// both, and the 0xffffffff query. ADDR_NO_RANDOMIZE and friends are refused.
 const PERSONALITIES: [u64; 5] = [0, 0x0008, 0x0002_0000, 0x0002_0008, 0xffff_ffff];
@@ -408,10 +414,8 @@ fn rule(conds: Vec<Cond>) -> Result<SeccompRule, SeccompError> {
 type Conditional = (&'static str, i64, Vec<SeccompRule>);
 
 fn conditional_rules(ip: bool, fork: bool) -> Result<Vec<Conditional>, SeccompError> {
-    let ioctl = vec![rule(vec![
-        cond(1, Len::Dword, Op::Ne, libc::TIOCSTI)?,
-        cond(1, Len::Dword, Op::Ne, libc::TIOCLINUX)?,
-    ])?];
+    let ioctl =
+        vec![rule(vec![cond(1, Len::Dword, Op::Ne, TIOCSTI)?, cond(1, Len::Dword, Op::Ne, TIOCLINUX)?])?];
     let mut clone_conditions = vec![cond(0, Len::Qword, Op::MaskedEq(CLONE_NAMESPACES), 0)?];
     if !fork {
         // no_fork: threads only.
@@ -868,13 +872,13 @@ mod tests {
             assert_eq!(eval(p, 0x4000_0003, 0, [0; 6]), 0x8000_0000, "foreign arch must be killed");
             // Argument rules.
             let ioctl = libc::SYS_ioctl as u32;
-            assert_eq!(eval(p, X86_64, ioctl, [0, libc::TIOCSTI, 0, 0, 0, 0]), EPERM);
+            assert_eq!(eval(p, X86_64, ioctl, [0, TIOCSTI, 0, 0, 0, 0]), EPERM);
             assert_eq!(
-                eval(p, X86_64, ioctl, [0, libc::TIOCSTI | 1 << 32, 0, 0, 0, 0]),
+                eval(p, X86_64, ioctl, [0, TIOCSTI | 1 << 32, 0, 0, 0, 0]),
                 EPERM,
                 "upper half ignored"
             );
-            assert_eq!(eval(p, X86_64, ioctl, [0, libc::TIOCLINUX, 0, 0, 0, 0]), EPERM);
+            assert_eq!(eval(p, X86_64, ioctl, [0, TIOCLINUX, 0, 0, 0, 0]), EPERM);
             assert_eq!(eval(p, X86_64, ioctl, [0, libc::TIOCGWINSZ, 0, 0, 0, 0]), RET_ALLOW);
             let clone = libc::SYS_clone as u32;
             assert_eq!(eval(p, X86_64, clone, [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0]), EPERM);

@@ -13,12 +13,21 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-/// A binary built by cargo next to the test executables (`target/<profile>/NAME`).
+/// The binaries an installation ships; `PALISADE_TEST_RELEASE_DIR` points
+/// the suite at a build of them (`scripts/build-release.sh` makes one in
+/// `target/release`), so that what is shipped is what is tested.
+const SHIPPED: [&str; 3] = ["palisade-helper", "palisade", "palisaded"];
+
+/// A binary built by cargo next to the test executables (`target/<profile>/NAME`),
+/// or a shipped one from `PALISADE_TEST_RELEASE_DIR`.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let mut dir = exe.parent().expect("test binary directory").to_path_buf();
     if dir.ends_with("deps") {
         dir.pop();
+    }
+    if let Some(release) = std::env::var_os("PALISADE_TEST_RELEASE_DIR").filter(|_| SHIPPED.contains(&name)) {
+        dir = std::path::Path::new(&release).canonicalize().expect("PALISADE_TEST_RELEASE_DIR");
     }
     let path = dir.join(name);
     assert!(
@@ -366,6 +375,7 @@ pub fn rerun_unprivileged(skip: &str) {
         .env("PATH", "/usr/bin:/bin")
         .env("HOME", "/tmp")
         .env("TMPDIR", "/tmp")
+        .envs(std::env::var_os("PALISADE_TEST_RELEASE_DIR").map(|d| ("PALISADE_TEST_RELEASE_DIR", d)))
         .output()
         .unwrap();
     let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
