@@ -2,7 +2,7 @@
 //! or an embedded one with the built-in default policy when none answers.
 
 use crate::broker::{Broker, Peer};
-use crate::client::{Client, ClientError};
+use crate::client::{Client, ClientError, Event};
 use crate::paths;
 use crate::run::Sink;
 use clap::{Args as ClapArgs, Parser, Subcommand};
@@ -102,7 +102,13 @@ pub struct RunArgs {
 }
 
 pub fn main(cli: Cli) -> i32 {
-    crate::daemon::init_tracing("warn");
+    // A run through a broker logs nothing of its own unless asked to: the
+    // subscriber's set-up is a good part of a short-lived CLI's start. The
+    // embedded broker, explain and doctor set it up (warnings).
+    let asked = std::env::var_os("PALISADE_LOG").is_some() || std::env::var_os("RUST_LOG").is_some();
+    if asked || !matches!(cli.command, Command::Run(_)) {
+        crate::daemon::init_tracing("warn");
+    }
     match cli.command {
         Command::Run(args) => run(args),
         Command::Explain(args) => explain(args),
@@ -211,14 +217,18 @@ struct Render {
 impl Render {
     fn on(&mut self, msg: &ServerMessage) {
         if let ServerMessage::Output { stream, data } = msg {
-            match (self.json, stream) {
-                (true, Stream::Stdout) => self.stdout.extend_from_slice(data),
-                (true, Stream::Stderr) => self.stderr.extend_from_slice(data),
-                // Straight to the descriptors: no line buffering to scan
-                // output for newlines, and nothing held back.
-                (false, Stream::Stdout) => write_fd(libc::STDOUT_FILENO, data),
-                (false, Stream::Stderr) => write_fd(libc::STDERR_FILENO, data),
-            }
+            self.output(*stream, data);
+        }
+    }
+
+    fn output(&mut self, stream: Stream, data: &[u8]) {
+        match (self.json, stream) {
+            (true, Stream::Stdout) => self.stdout.extend_from_slice(data),
+            (true, Stream::Stderr) => self.stderr.extend_from_slice(data),
+            // Straight to the descriptors: no line buffering to scan
+            // output for newlines, and nothing held back.
+            (false, Stream::Stdout) => write_fd(libc::STDOUT_FILENO, data),
+            (false, Stream::Stderr) => write_fd(libc::STDERR_FILENO, data),
         }
     }
 
@@ -313,7 +323,12 @@ fn ask_at_terminal(reason: &str) -> bool {
 }
 
 fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -> i32 {
-    let outcome = client.run_with_approval(request, |m| render.on(m), ask_at_terminal);
+    let on = |event: Event<'_>| {
+        if let Event::Output(stream, data) = event {
+            render.output(stream, data);
+        }
+    };
+    let outcome = client.run_events(request, on, ask_at_terminal);
     match outcome {
         Ok(r) => render.finish(Ok(r)),
         Err(ClientError::Reply(e)) => render.finish(Err(e)),
@@ -360,6 +375,7 @@ impl Sink for RenderSink<'_> {
 
 /// A broker inside this process, under `config`.
 fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 {
+    crate::daemon::init_tracing("warn");
     // One run: no helper to start ahead of it.
     config.broker.prespawn = 0;
     // Nor a copy of /etc kept for runs to come: binding the entries is cheaper once.

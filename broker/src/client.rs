@@ -1,7 +1,7 @@
 //! A blocking client for the broker's socket (what the CLI uses).
 
 use palisade_protocol::wire::{
-    ClientMessage, Decoder, Encoding, ErrorReply, Hello, RunRequest, RunResult, ServerMessage, encode,
+    ClientMessage, Decoder, Encoding, ErrorReply, Hello, RunRequest, RunResult, ServerMessage, Stream, encode,
 };
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -25,6 +25,14 @@ impl std::fmt::Display for ClientError {
             ClientError::Protocol(e) => write!(f, "protocol error: {e}"),
         }
     }
+}
+
+/// What a run sends before its result.
+pub enum Event<'a> {
+    /// A piece of output, in the client's receive buffer.
+    Output(Stream, &'a [u8]),
+    /// Any other message (`Started`, ...).
+    Message(&'a ServerMessage),
 }
 
 pub struct Client {
@@ -99,6 +107,22 @@ impl Client {
         &mut self,
         request: RunRequest,
         mut each: impl FnMut(&ServerMessage),
+        approve: impl FnMut(&str) -> bool,
+    ) -> Result<RunResult, ClientError> {
+        let on = |event: Event<'_>| match event {
+            Event::Output(stream, data) => each(&ServerMessage::Output { stream, data: data.to_vec() }),
+            Event::Message(m) => each(m),
+        };
+        self.run_events(request, on, approve)
+    }
+
+    /// Runs `request`: `on` sees each piece of output where it was received
+    /// (no copy) and every other message before the final one; `approve`
+    /// puts a question to a person, if the run needs one.
+    pub fn run_events(
+        &mut self,
+        request: RunRequest,
+        mut on: impl FnMut(Event<'_>),
         mut approve: impl FnMut(&str) -> bool,
     ) -> Result<RunResult, ClientError> {
         let sent = self.send(&ClientMessage::Run(request));
@@ -106,14 +130,28 @@ impl Client {
         self.finish_hello()?;
         sent?;
         loop {
-            match self.receive()? {
+            if let Some((stream, bytes)) = self.decoder.next_output() {
+                on(Event::Output(stream, bytes));
+                continue;
+            }
+            let next = self.decoder.next_message().map_err(|e| ClientError::Protocol(e.to_string()))?;
+            let Some(message) = next else {
+                // More bytes, then look for an output frame first again.
+                let n = self.decoder.read_from(&mut self.stream, 64 * 1024).map_err(ClientError::Io)?;
+                if n == 0 {
+                    return Err(ClientError::Protocol("the broker closed the connection".into()));
+                }
+                continue;
+            };
+            match message {
                 ServerMessage::Finished(r) => return Ok(*r),
                 ServerMessage::Error(e) => return Err(ClientError::Reply(e)),
                 ServerMessage::ApprovalRequired { reason } => {
                     let approved = approve(&reason);
                     self.send(&ClientMessage::Approve { approved })?;
                 }
-                other => each(&other),
+                ServerMessage::Output { stream, data } => on(Event::Output(stream, &data)),
+                other => on(Event::Message(&other)),
             }
         }
     }

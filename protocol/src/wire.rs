@@ -463,6 +463,41 @@ impl Decoder {
         self.end - self.start
     }
 
+    /// The next frame, when it is a complete bincode `ServerMessage::Output`
+    /// (the frame [`output_frame_header`] begins): its stream and bytes, read
+    /// in place rather than decoded into a message that owns a copy. The
+    /// frame is consumed. `None` for anything else, which
+    /// [`Decoder::next_message`] then decodes (or refuses).
+    pub fn next_output(&mut self) -> Option<(Stream, &[u8])> {
+        if self.encoding != Some(Encoding::Bincode) {
+            return None;
+        }
+        let p = self.pending();
+        let len = u32::from_be_bytes(*p.first_chunk::<4>()?) as usize;
+        if len > self.max || p.len() < 4 + len {
+            return None;
+        }
+        let body = &p[4..4 + len];
+        let stream = match body.get(..2)? {
+            [2, 0] => Stream::Stdout,
+            [2, 1] => Stream::Stderr,
+            _ => return None,
+        };
+        let (data_len, header) = match *body.get(2)? {
+            n @ 0..=250 => (n as usize, 3),
+            251 => (u16::from_le_bytes(*body.get(3..)?.first_chunk()?) as usize, 5),
+            252 => (u32::from_le_bytes(*body.get(3..)?.first_chunk()?) as usize, 7),
+            _ => return None,
+        };
+        if header + data_len != len {
+            return None;
+        }
+        let start = self.start + 4 + header;
+        self.consume(4 + len);
+        // consume() only moves the indices: the bytes stay until the next read.
+        Some((stream, &self.buf[start..start + data_len]))
+    }
+
     /// The next complete message, `Ok(None)` when more bytes are needed.
     pub fn next_message<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
         let Some(&first) = self.pending().first() else { return Ok(None) };
@@ -538,6 +573,52 @@ mod tests {
                 assert_eq!(parts, whole, "{len} bytes on {stream:?}");
             }
         }
+    }
+
+    #[test]
+    fn output_frames_are_read_in_place_and_nothing_else_is() {
+        let mut wire = Vec::new();
+        let mut sent = Vec::new();
+        for (i, len) in [0usize, 1, 250, 251, 65_535, 65_536, 1 << 20].into_iter().enumerate() {
+            let stream = if i % 2 == 0 { Stream::Stdout } else { Stream::Stderr };
+            let data: Vec<u8> = (0..len).map(|b| (b * 7 + i) as u8).collect();
+            wire.extend(
+                encode(&ServerMessage::Output { stream, data: data.clone() }, Encoding::Bincode).unwrap(),
+            );
+            sent.push((stream, data));
+            // Another message between them: left to next_message.
+            wire.extend(
+                encode(&ServerMessage::Started { run_id: i as u64, executor: "x".into() }, Encoding::Bincode)
+                    .unwrap(),
+            );
+        }
+        let mut d = Decoder::new(Some(Encoding::Bincode));
+        // In pieces, so that frames arrive incomplete first.
+        for piece in wire.chunks(7919) {
+            d.push(piece);
+        }
+        for (i, (stream, data)) in sent.iter().enumerate() {
+            let (s, bytes) = d.next_output().expect("an output frame");
+            assert_eq!((s, bytes), (*stream, data.as_slice()), "frame {i}");
+            assert!(d.next_output().is_none(), "a started message is not output");
+            let m: ServerMessage = d.next_message().unwrap().unwrap();
+            assert!(matches!(m, ServerMessage::Started { run_id, .. } if run_id == i as u64));
+        }
+        assert!(d.next_output().is_none() && d.buffered() == 0);
+        // Incomplete: nothing until the rest arrives.
+        let frame =
+            encode(&ServerMessage::Output { stream: Stream::Stdout, data: vec![9; 300] }, Encoding::Bincode)
+                .unwrap();
+        d.push(&frame[..100]);
+        assert!(d.next_output().is_none());
+        d.push(&frame[100..]);
+        assert_eq!(d.next_output().map(|(_, b)| b.len()), Some(300));
+        // A frame whose inner lengths disagree is not read in place (next_message refuses it).
+        let mut bad = frame.clone();
+        bad[7] = 1;
+        d.push(&bad);
+        assert!(d.next_output().is_none());
+        assert!(d.next_message::<ServerMessage>().is_err());
     }
 
     fn run() -> ClientMessage {
