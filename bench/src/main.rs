@@ -359,25 +359,41 @@ fn throughput(opts: &Opts, launchers: &[&dyn Launch]) -> String {
     );
     let mut rows: Vec<(String, Vec<f64>)> =
         launchers.iter().map(|l| (l.name().to_string(), vec![])).collect();
+    // Each launcher's time at a concurrency is cut into windows, taken in
+    // rounds that alternate the launchers' order (ABC, CBA, ...), so that the
+    // machine's drift hits them all alike; the rate pools the windows.
+    let windows = if opts.quick { 1 } else { 5 };
+    let window = opts.duration / windows as u32;
     for clients in [1usize, 2, 8] {
-        // Interleaved: every launcher at this concurrency, one after the other.
-        for (i, l) in launchers.iter().enumerate() {
-            let done = AtomicU64::new(0);
-            let stop = AtomicBool::new(false);
-            let start = Instant::now();
-            std::thread::scope(|s| {
-                for _ in 0..clients {
-                    s.spawn(|| {
-                        while !stop.load(Ordering::Relaxed) {
-                            l.once(&["/bin/true"]);
-                            done.fetch_add(1, Ordering::Relaxed);
-                        }
-                    });
-                }
-                std::thread::sleep(opts.duration);
-                stop.store(true, Ordering::Relaxed);
-            });
-            rows[i].1.push(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64());
+        let mut totals = vec![(0u64, Duration::ZERO); launchers.len()];
+        for round in 0..windows {
+            let mut order: Vec<usize> = (0..launchers.len()).collect();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for i in order {
+                let l = launchers[i];
+                let done = AtomicU64::new(0);
+                let stop = AtomicBool::new(false);
+                let start = Instant::now();
+                std::thread::scope(|s| {
+                    for _ in 0..clients {
+                        s.spawn(|| {
+                            while !stop.load(Ordering::Relaxed) {
+                                l.once(&["/bin/true"]);
+                                done.fetch_add(1, Ordering::Relaxed);
+                            }
+                        });
+                    }
+                    std::thread::sleep(window);
+                    stop.store(true, Ordering::Relaxed);
+                });
+                totals[i].0 += done.load(Ordering::Relaxed);
+                totals[i].1 += start.elapsed();
+            }
+        }
+        for (i, (n, t)) in totals.into_iter().enumerate() {
+            rows[i].1.push(n as f64 / t.as_secs_f64());
         }
     }
     for (name, rates) in rows {
@@ -455,7 +471,8 @@ fn memory(d: &Daemon, ws: &Path) -> String {
                     cwd: Some(ws.to_string_lossy().into_owned()),
                     ..Default::default()
                 };
-                c.run(req, |_| {}).unwrap();
+                let r = c.run(req, |_| {}).unwrap();
+                assert_eq!(r.status, RunStatus::Exited { code: 0 }, "a run in flight failed");
             });
         }
         s.spawn(|| {
@@ -498,33 +515,65 @@ fn precision(d: &Daemon, ws: &Path, rounds: usize) -> String {
         assert_eq!(r.status, RunStatus::QuotaExceeded);
         past = past.max(got.saturating_sub(limit));
     }
+    // The last process: a run that leaves sleepers behind (one in the
+    // background, one in a session of its own, one double-forked), none of
+    // them holding the output pipes, so that only the kill can end them.
+    // Each round's sleepers carry a duration of their own, by which the host
+    // finds them in /proc; a thread watches for the moment the last is gone.
     let mut late = Vec::new();
-    for _ in 0..rounds {
+    for round in 0..rounds {
+        let token = format!("{}.{}{}", 30 + round, std::process::id() % 1000, round);
+        let quiet = "</dev/null >/dev/null 2>&1";
+        let script = format!(
+            "sleep {token} {quiet} & setsid sleep {token} {quiet} & (sleep {token} {quiet} &) ; exec sleep {token} {quiet}"
+        );
         let mut c = Client::connect(&d.socket).unwrap();
         let req = RunRequest {
-            argv: vec![
-                "sh".into(),
-                "-c".into(),
-                "sleep 30 & setsid sleep 30 & (sleep 30 &) ; sleep 30".into(),
-            ],
+            argv: vec!["sh".into(), "-c".into(), script],
             cwd: cwd.clone(),
             timeout_secs: Some(1),
             ..Default::default()
         };
         let t = Instant::now();
-        let r = c.run(req, |_| {}).unwrap();
-        assert_eq!(r.status, RunStatus::TimedOut);
-        late.push((t.elapsed().as_secs_f64() * 1000.0 - 1000.0, r.wall_ms as f64 - 1000.0));
+        let last_gone = std::thread::scope(|s| {
+            let watcher = s.spawn(|| {
+                let alive = || sleepers(&token);
+                while alive() < 4 && t.elapsed() < Duration::from_secs(5) {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                while alive() > 0 && t.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                t.elapsed()
+            });
+            let r = c.run(req, |_| {}).unwrap();
+            assert_eq!(r.status, RunStatus::TimedOut);
+            (watcher.join().unwrap(), r.wall_ms)
+        });
+        assert_eq!(sleepers(&token), 0, "a sleeper survived its run");
+        late.push((last_gone.0.as_secs_f64() * 1000.0 - 1000.0, last_gone.1 as f64 - 1000.0));
     }
     late.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
     let worst = late.last().copied().unwrap_or((f64::NAN, f64::NAN));
     let med = late[late.len() / 2];
     format!(
         "### Enforcement precision\n\n| measure | value |\n|---|---:|\n| bytes delivered past `max_output_bytes` (worst of {rounds}) | {past} |\n\
-         | last process dead after the deadline, seen by the client (median / worst, ms) | {:.1} / {:.1} |\n\
-         | the same, measured by the broker (median / worst, ms) | {:.1} / {:.1} |\n",
+         | last process gone after the deadline, seen from the host (median / worst, ms) | {:.1} / {:.1} |\n\
+         | the run's end after the deadline, measured by the broker (median / worst, ms) | {:.1} / {:.1} |\n",
         med.0, worst.0, med.1, worst.1
     )
+}
+
+/// How many processes on the host run `sleep TOKEN`.
+fn sleepers(token: &str) -> usize {
+    let want = format!("sleep\0{token}\0");
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+        .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c.ends_with(want.as_bytes())))
+        .count()
 }
 
 /// Where the helper's time goes: the full plan against plans with one
