@@ -8,7 +8,7 @@ use crate::capabilities::{
 };
 use crate::config::{Config, DiskMode, FallbackPolicy};
 use crate::egress::{self, EgressMode};
-use crate::jail::{ETC_ENTRIES, JailSpec, Limits, SYSTEM_DIRS, build_plan};
+use crate::jail::{ETC_ENTRIES, JailSpec, Limits, build_plan};
 use crate::validate::{self, Rules, SENSITIVE_NAMES};
 use crate::{Preset, paths};
 use palisade_protocol::wire::{ErrorKind, ParamValue, RunRequest};
@@ -419,8 +419,7 @@ impl Policy {
         // The validation pipeline.
         validate::check_shape(policy, &req.argv, &env)?;
         let program = resolve_program(&req.argv[0], &sandbox_cwd)?;
-        let system: Vec<PathBuf> =
-            SYSTEM_DIRS.iter().filter_map(|d| Path::new(d).canonicalize().ok()).collect();
+        let system: Vec<PathBuf> = crate::jail::host_layout().canonical;
         let mut exec_roots: Vec<&PathBuf> = system.iter().chain(&read_only).collect();
         if profile.exec_in_writable {
             exec_roots.extend(&read_write);

@@ -122,23 +122,56 @@ pub fn depth_then_name(a: &Mount, b: &Mount) -> std::cmp::Ordering {
     key(a).cmp(&key(b))
 }
 
-/// The system directories and /etc entries present on this host: symlinks
-/// (as their link text) and real paths.
-fn system_paths() -> (Vec<(String, String)>, Vec<String>) {
-    let mut links = Vec::new();
-    let mut real = Vec::new();
+/// How this host lays out its system directories: the symlinks among them
+/// (as their link text), the real ones, and all of them canonical.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub links: Vec<(String, String)>,
+    pub real: Vec<String>,
+    pub canonical: Vec<PathBuf>,
+}
+
+/// The host's [`Layout`], looked up again only when `/` changes (an entry
+/// made, removed or replaced there changes its times): a launch does not
+/// resolve the same seven paths every time.
+pub fn host_layout() -> Layout {
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::Mutex;
+    type Key = (u64, u64, i64, i64, i64, i64);
+    static CACHE: Mutex<Option<(Key, Layout)>> = Mutex::new(None);
+    let key = std::fs::symlink_metadata("/")
+        .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()))
+        .unwrap_or_default();
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((k, layout)) = cache.as_ref() {
+        if *k == key {
+            return layout.clone();
+        }
+    }
+    let mut layout = Layout { links: vec![], real: vec![], canonical: vec![] };
     for dir in SYSTEM_DIRS {
         match std::fs::symlink_metadata(dir) {
             Ok(m) if m.file_type().is_symlink() => {
                 if let Ok(link) = std::fs::read_link(dir) {
-                    links.push((dir.to_string(), s(&link)));
+                    layout.links.push((dir.to_string(), s(&link)));
                 }
             }
-            Ok(m) if m.is_dir() => real.push(dir.to_string()),
+            Ok(m) if m.is_dir() => layout.real.push(dir.to_string()),
             _ => {}
         }
+        layout.canonical.extend(Path::new(dir).canonicalize().ok());
     }
-    real.extend(ETC_ENTRIES.iter().filter(|p| Path::new(p).exists()).map(|p| p.to_string()));
+    *cache = Some((key, layout.clone()));
+    layout
+}
+
+/// The system directories and, unless a snapshot stands for them, the /etc
+/// entries present on this host: symlinks (as their link text) and real paths.
+fn system_paths(etc_entries: bool) -> (Vec<(String, String)>, Vec<String>) {
+    let Layout { links, mut real, .. } = host_layout();
+    if etc_entries {
+        real.extend(ETC_ENTRIES.iter().filter(|p| Path::new(p).exists()).map(|p| p.to_string()));
+    }
     (links, real)
 }
 
@@ -147,7 +180,13 @@ fn system_paths() -> (Vec<(String, String)>, Vec<String>) {
 /// Landlock rules mirroring it. Tier B: the host's root, confined by Landlock
 /// alone.
 pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, seccomp::SeccompError> {
-    let (links, system) = system_paths();
+    let under_etc = |p: &PathBuf| p.starts_with("/etc");
+    let etc_view = spec.etc_view.as_ref().filter(|_| {
+        spec.tier == Tier::C
+            && !(spec.read_write.iter().chain(&spec.read_only).chain(&spec.temp_workspace).any(under_etc))
+    });
+    // With the snapshot, the entries are not looked up one by one: it holds them.
+    let (links, system) = system_paths(etc_view.is_none());
     let read_write: Vec<String> = spec.read_write.iter().map(|p| s(p)).collect();
     let read_only: Vec<String> = spec.read_only.iter().map(|p| s(p)).collect();
     let mut exec: Vec<String> = system.iter().filter(|p| !p.starts_with("/etc")).cloned().collect();
@@ -186,10 +225,6 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, seccomp::SeccompError> {
                 writable,
                 owned,
             };
-            let under_etc = |p: &PathBuf| p.starts_with("/etc");
-            let etc_view = spec.etc_view.as_ref().filter(|_| {
-                !(spec.read_write.iter().chain(&spec.read_only).chain(&spec.temp_workspace).any(under_etc))
-            });
             match etc_view {
                 Some(view) => {
                     mounts.extend(
@@ -222,8 +257,8 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, seccomp::SeccompError> {
             }
             mounts.push(Mount::Proc { target: "/proc".into() });
             mounts.push(Mount::Dev { target: "/dev".into() });
-            // The private /etc holds only the entries above: one rule covers them.
-            if landlock.read.iter().any(|p| p.starts_with("/etc/")) {
+            // The private /etc holds only the curated entries: one rule covers them.
+            if etc_view.is_some() || landlock.read.iter().any(|p| p.starts_with("/etc/")) {
                 landlock.read.retain(|p| !p.starts_with("/etc/") && p != "/etc");
                 landlock.read.push("/etc".into());
             }
