@@ -9,9 +9,11 @@
 #                               start-up queries the CPU with CPUID, which traps
 #                               to the hypervisor on virtual machines (0.3-0.4 ms
 #                               of CPU per process here); musl's does not.
-#                               Otherwise static against glibc (the helper
-#                               static-pie; the CLI position-dependent: nothing
-#                               to relocate at start).
+#                               Otherwise static against glibc. The helper is
+#                               static-pie (its base randomized); the CLI is
+#                               position-dependent: nothing to relocate at start
+#                               (half the page faults), and it reads input from
+#                               the broker only.
 #   palisaded                   static-pie against glibc: it starts once, and
 #                               glibc's allocator serves its runtime better.
 #
@@ -37,7 +39,8 @@ else
     libc=glibc
 fi
 if [ "$libc" = musl ]; then
-    cargo build --release --locked --quiet --target "$musl" -p palisade-helper -p palisade-broker --bin palisade-helper --bin palisade
+    cargo build --release --locked --quiet --target "$musl" -p palisade-helper --bin palisade-helper
+    cargo rustc --release --locked --quiet --target "$musl" -p palisade-broker --bin palisade -- -C relocation-model=static
     for b in palisade-helper palisade; do
         cp "target/$musl/release/$b" "target/release/$b.new"
         mv -f "target/release/$b.new" "target/release/$b"
