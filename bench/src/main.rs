@@ -4,8 +4,10 @@
 //! - launch latency of `/bin/true` and `/bin/echo hello`: bare exec; `unshare`
 //!   with the same namespaces; bwrap with an equivalent profile;
 //!   palisade-helper driven directly with a plan; `palisade run` through a
-//!   running broker. Candidates are interleaved in every round, so drift hits
-//!   them all alike; medians and p99 pool all rounds.
+//!   running broker; and a client of the broker's socket, as an agent calls
+//!   it (the request and its result, without the CLI's process).
+//!   Candidates are interleaved in every round, so drift hits them all
+//!   alike; medians and p99 pool all rounds.
 //! - throughput: sandboxed `/bin/true` launches per second, 1, 2 and 8 clients.
 //! - output: bytes written by a sandboxed command and received by a client
 //!   over the socket, against a plain pipe.
@@ -89,6 +91,29 @@ impl Launch for Prefix {
             .status()
             .expect("spawn");
         assert!(st.success(), "{} failed: {st}", self.name);
+    }
+}
+
+/// An agent's call: a connection to the broker's socket, one request, its
+/// result (what `palisade run` does, without starting a process for it).
+struct SocketClient {
+    socket: PathBuf,
+    cwd: PathBuf,
+}
+
+impl Launch for SocketClient {
+    fn name(&self) -> &str {
+        "palisade, socket client"
+    }
+    fn once(&self, payload: &[&str]) {
+        let mut c = Client::connect(&self.socket).expect("connect to palisaded");
+        let req = RunRequest {
+            argv: payload.iter().map(|s| s.to_string()).collect(),
+            cwd: Some(self.cwd.to_string_lossy().into_owned()),
+            ..Default::default()
+        };
+        let r = c.run(req, |_| {}).expect("run");
+        assert_eq!(r.status, RunStatus::Exited { code: 0 }, "palisade, socket client");
     }
 }
 
@@ -732,6 +757,8 @@ fn main() {
     launchers.push(&helper);
     launchers.push(&helper_like_bwrap);
     launchers.push(&palisade);
+    let socket_client = SocketClient { socket: d.socket.clone(), cwd: ws.clone() };
+    launchers.push(&socket_client);
 
     // `--loop NAME N`: launch `/bin/true` N times with one launcher and
     // nothing else, for a profiler to watch (perf record, strace -c -f).
@@ -781,7 +808,7 @@ fn main() {
         let tput: Vec<&dyn Launch> = launchers
             .iter()
             .copied()
-            .filter(|l| ["bare exec", "bwrap", "palisade run"].contains(&l.name()))
+            .filter(|l| ["bare exec", "bwrap", "palisade run", "palisade, socket client"].contains(&l.name()))
             .collect();
         sections.push(throughput(&opts, &tput));
     }
