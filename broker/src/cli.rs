@@ -355,7 +355,7 @@ impl Sink for RenderSink<'_> {
     async fn send_output(&mut self, stream: Stream, data: &[u8]) -> bool {
         use tokio::io::AsyncWriteExt;
         if self.0.json {
-            self.0.on(&ServerMessage::Output { stream, data: data.to_vec() });
+            self.0.output(stream, data);
             return true;
         }
         // tokio hands the bytes to a blocking thread: the flush waits until they

@@ -84,11 +84,17 @@ impl Client {
             if let Some(m) = self.decoder.next_message().map_err(|e| ClientError::Protocol(e.to_string()))? {
                 return Ok(m);
             }
-            let n = self.decoder.read_from(&mut self.stream, 64 * 1024).map_err(ClientError::Io)?;
-            if n == 0 {
-                return Err(ClientError::Protocol("the broker closed the connection".into()));
-            }
+            self.read_more()?;
         }
+    }
+
+    /// One read from the broker into the decoder; its end is an error here.
+    fn read_more(&mut self) -> Result<(), ClientError> {
+        let n = self.decoder.read_from(&mut self.stream, 64 * 1024).map_err(ClientError::Io)?;
+        if n == 0 {
+            return Err(ClientError::Protocol("the broker closed the connection".into()));
+        }
+        Ok(())
     }
 
     /// Runs a command; `each` sees every message before the final one.
@@ -137,10 +143,7 @@ impl Client {
             let next = self.decoder.next_message().map_err(|e| ClientError::Protocol(e.to_string()))?;
             let Some(message) = next else {
                 // More bytes, then look for an output frame first again.
-                let n = self.decoder.read_from(&mut self.stream, 64 * 1024).map_err(ClientError::Io)?;
-                if n == 0 {
-                    return Err(ClientError::Protocol("the broker closed the connection".into()));
-                }
+                self.read_more()?;
                 continue;
             };
             match message {
