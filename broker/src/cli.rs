@@ -323,6 +323,14 @@ fn ask_at_terminal(reason: &str) -> bool {
 }
 
 fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -> i32 {
+    if !render.json {
+        // Large output into a pipe (`palisade run ... | next`) is spliced:
+        // the CLI does not copy it through its own memory.
+        for (stream, fd) in [(Stream::Stdout, libc::STDOUT_FILENO), (Stream::Stderr, libc::STDERR_FILENO)] {
+            // SAFETY: the standard streams stay open for the process's whole life.
+            client.splice_output_to(stream, unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) });
+        }
+    }
     let on = |event: Event<'_>| {
         if let Event::Output(stream, data) = event {
             render.output(stream, data);

@@ -3,7 +3,8 @@
 use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, ErrorReply, Hello, RunRequest, RunResult, ServerMessage, Stream, encode,
 };
-use std::io::Write;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
@@ -29,7 +30,9 @@ impl std::fmt::Display for ClientError {
 
 /// What a run sends before its result.
 pub enum Event<'a> {
-    /// A piece of output, in the client's receive buffer.
+    /// A piece of output, in the client's receive buffer (output moved
+    /// straight to a descriptor given to [`Client::splice_output_to`] is
+    /// not seen here).
     Output(Stream, &'a [u8]),
     /// Any other message (`Started`, ...).
     Message(&'a ServerMessage),
@@ -41,7 +44,17 @@ pub struct Client {
     encoding: Encoding,
     /// The hello is sent but its answer not yet read.
     hello_pending: bool,
+    /// Pipes that large pieces of stdout and stderr are spliced into.
+    splice_to: [Option<RawFd>; 2],
+    /// How much the next read asks for: after a splice, no more than the
+    /// next frame's header, so that its data can be spliced too.
+    next_read: usize,
 }
+
+/// The most one read from the broker takes.
+const READ_BYTES: usize = 64 * 1024;
+/// Output frames with at least this much data still to come are spliced.
+const SPLICE_MIN_BYTES: usize = 16 * 1024;
 
 impl Client {
     /// Connects and completes the handshake.
@@ -57,10 +70,28 @@ impl Client {
     pub fn open(path: &Path) -> Result<Client, ClientError> {
         let stream = UnixStream::connect(path).map_err(ClientError::Io)?;
         let encoding = Encoding::Bincode;
-        let mut client =
-            Client { stream, decoder: Decoder::new(Some(encoding)), encoding, hello_pending: true };
+        let mut client = Client {
+            stream,
+            decoder: Decoder::new(Some(encoding)),
+            encoding,
+            hello_pending: true,
+            splice_to: [None, None],
+            next_read: READ_BYTES,
+        };
         client.send(&ClientMessage::Hello(Hello::new(encoding)))?;
         Ok(client)
+    }
+
+    /// Large pieces of `stream`'s output go from the socket into `pipe`
+    /// with `splice(2)`, without passing through this process's memory (a
+    /// run's event callback does not see them). Only a pipe can take them:
+    /// for anything else this returns `false` and output stays an event.
+    pub fn splice_output_to(&mut self, stream: Stream, pipe: BorrowedFd<'static>) -> bool {
+        let is_pipe = nix::sys::stat::fstat(pipe).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFIFO);
+        if is_pipe {
+            self.splice_to[stream as usize] = Some(pipe.as_raw_fd());
+        }
+        is_pipe
     }
 
     fn finish_hello(&mut self) -> Result<(), ClientError> {
@@ -90,7 +121,8 @@ impl Client {
 
     /// One read from the broker into the decoder; its end is an error here.
     fn read_more(&mut self) -> Result<(), ClientError> {
-        let n = self.decoder.read_from(&mut self.stream, 64 * 1024).map_err(ClientError::Io)?;
+        let max = std::mem::replace(&mut self.next_read, READ_BYTES);
+        let n = self.decoder.read_from(&mut self.stream, max).map_err(ClientError::Io)?;
         if n == 0 {
             return Err(ClientError::Protocol("the broker closed the connection".into()));
         }
@@ -140,6 +172,9 @@ impl Client {
                 on(Event::Output(stream, bytes));
                 continue;
             }
+            if self.pass_output(&mut on)? {
+                continue;
+            }
             let next = self.decoder.next_message().map_err(|e| ClientError::Protocol(e.to_string()))?;
             let Some(message) = next else {
                 // More bytes, then look for an output frame first again.
@@ -157,5 +192,68 @@ impl Client {
                 other => on(Event::Message(&other)),
             }
         }
+    }
+
+    /// When a large output frame has begun and its stream has a pipe to
+    /// splice into: the data already received goes to `on`, the rest from
+    /// the socket into the pipe. `false`: nothing of the kind was pending.
+    fn pass_output(&mut self, on: &mut impl FnMut(Event<'_>)) -> Result<bool, ClientError> {
+        if self.splice_to == [None, None] {
+            return Ok(false);
+        }
+        let targets = self.splice_to;
+        let Some((stream, here, mut rest, header)) =
+            self.decoder.take_output_start(SPLICE_MIN_BYTES, |s| targets[s as usize].is_some())
+        else {
+            return Ok(false);
+        };
+        let Some(pipe) = targets[stream as usize] else {
+            return Err(ClientError::Protocol("output frame taken for a stream without a pipe".into()));
+        };
+        if !here.is_empty() {
+            on(Event::Output(stream, here));
+        }
+        let closed = || ClientError::Protocol("the broker closed the connection".into());
+        while rest > 0 {
+            // SAFETY: both descriptors are open (the socket is this client's,
+            // the pipe its caller's for the process's life); no memory is passed.
+            let moved = unsafe {
+                libc::splice(
+                    self.stream.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    pipe,
+                    std::ptr::null_mut(),
+                    rest,
+                    libc::SPLICE_F_MOVE,
+                )
+            };
+            match moved {
+                0 => return Err(closed()),
+                n if n > 0 => rest -= n as usize,
+                _ => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    // The pipe's reader is gone, or it cannot take a splice:
+                    // what remains is read and handed to `on` like any output.
+                    tracing::debug!("splice into the output pipe: {e}; reading instead");
+                    self.splice_to = [None, None];
+                    let mut buf = vec![0u8; rest.min(READ_BYTES)];
+                    while rest > 0 {
+                        let want = rest.min(buf.len());
+                        let n = self.stream.read(&mut buf[..want]).map_err(ClientError::Io)?;
+                        if n == 0 {
+                            return Err(closed());
+                        }
+                        on(Event::Output(stream, &buf[..n]));
+                        rest -= n;
+                    }
+                }
+            }
+        }
+        // The next frame is likely another of the same: read no more than its header.
+        self.next_read = header;
+        Ok(true)
     }
 }

@@ -14,12 +14,12 @@ use palisade_protocol::wire::{
 };
 use palisade_protocol::{ExitReport, HelperRecord, Tier, encode_plan};
 use std::future::Future;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 
 /// After the helper exits, how long stray holders of the output pipes may keep
@@ -32,6 +32,9 @@ const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Once a run has ended (deadline, quota, cancel), how long a message to a
 /// client that does not read may stay unsent before the client is given up.
 const SEND_GRACE: Duration = Duration::from_secs(5);
+/// Output waiting in a pipe is spliced into a client's socket from this size
+/// on; less is read, to go out with its frame's header in one write.
+const SPLICE_MIN_BYTES: usize = 16 * 1024;
 
 /// Where a run's messages go. `false`: the client is gone.
 pub trait Sink {
@@ -43,8 +46,59 @@ pub trait Sink {
         self.send(ServerMessage::Output { stream, data: data.to_vec() })
     }
 
+    /// Whether [`Sink::splice_output`] moves output without copying it.
+    fn splices(&self) -> bool {
+        false
+    }
+
+    /// The next `len` bytes of `pipe` (a pipe holding at least that many,
+    /// read by no one else) as one piece of output. A sink that
+    /// [`splices`](Sink::splices) moves them into its socket with `splice(2)`;
+    /// this default reads them and sends them as [`Sink::send_output`] does.
+    fn splice_output(
+        &mut self,
+        stream: Stream,
+        pipe: BorrowedFd<'_>,
+        len: usize,
+    ) -> impl Future<Output = bool> + Send
+    where
+        Self: Send,
+    {
+        async move {
+            let mut data = vec![0u8; len];
+            match read_exact_now(pipe, &mut data) {
+                Ok(()) => self.send_output(stream, &data).await,
+                Err(e) => {
+                    tracing::error!("reading output the pipe said it held: {e}");
+                    false
+                }
+            }
+        }
+    }
+
     /// A send was dropped half done: nothing more can go through this sink.
     fn abandon(&mut self) {}
+}
+
+/// Reads `buf.len()` bytes that `fd` (non-blocking) already holds.
+pub(crate) fn read_exact_now(fd: BorrowedFd<'_>, mut buf: &mut [u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match nix::unistd::read(fd, buf) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf = &mut buf[n..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Bytes waiting in a pipe (`FIONREAD`); 0 also at its end.
+fn pipe_holds(pipe: &pipe::Receiver) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer, which is valid for it.
+    let rc = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(pipe), libc::FIONREAD, &mut n) };
+    if rc < 0 { 0 } else { n.max(0) as usize }
 }
 
 /// Awaits a send to the client while the run's deadline and cancellation
@@ -190,8 +244,8 @@ impl Engine {
         }
         // SAFETY: an OwnedFd's descriptor stays open as long as the AsyncFd owns it.
         let pidfd = unsafe { AsyncFd::register(helper.pidfd) }.map_err(|e| io_err(e.into()))?;
-        let mut out = pipe_reader(helper.stdout.take()).map_err(io_err)?;
-        let mut err = pipe_reader(helper.stderr.take()).map_err(io_err)?;
+        let out = pipe_reader(helper.stdout.take()).map_err(io_err)?;
+        let err = pipe_reader(helper.stderr.take()).map_err(io_err)?;
         if let Some(stdin) = helper.stdin.take().filter(|_| !request.stdin.is_empty()) {
             let mut tx = pipe::Sender::from_owned_fd(OwnedFd::from(stdin)).map_err(io_err)?;
             let data = request.stdin.clone();
@@ -234,16 +288,17 @@ impl Engine {
         let mut escalation_armed = false;
         let mut exited_us = 0;
 
+        let splices = sink.splices();
         while !(exited && !out_open && !err_open) {
-            let mut chunk: Option<(Stream, usize)> = None;
+            let mut ready: Option<Stream> = None;
             tokio::select! {
-                r = out.read(&mut out_buf), if out_open => match r {
-                    Ok(n) if n > 0 => chunk = Some((Stream::Stdout, n)),
-                    _ => out_open = false,
+                r = out.readable(), if out_open => match r {
+                    Ok(()) => ready = Some(Stream::Stdout),
+                    Err(_) => out_open = false,
                 },
-                r = err.read(&mut err_buf), if err_open => match r {
-                    Ok(n) if n > 0 => chunk = Some((Stream::Stderr, n)),
-                    _ => err_open = false,
+                r = err.readable(), if err_open => match r {
+                    Ok(()) => ready = Some(Stream::Stderr),
+                    Err(_) => err_open = false,
                 },
                 r = pidfd.readable(), if !exited => {
                     if let Ok(mut guard) = r {
@@ -271,35 +326,75 @@ impl Engine {
                 escalation_armed = true;
                 escalate.as_mut().reset(tokio::time::Instant::now() + TERM_GRACE);
             }
-            let Some((stream, n)) = chunk else { continue };
+            let Some(stream) = ready else { continue };
             if ended == Some(RunStatus::QuotaExceeded) {
                 continue;
             }
-            let data = if stream == Stream::Stdout { &out_buf[..n] } else { &err_buf[..n] };
+            let (pipe, buf, open) = match stream {
+                Stream::Stdout => (&out, &mut out_buf, &mut out_open),
+                Stream::Stderr => (&err, &mut err_buf, &mut err_open),
+            };
+            // What the pipe holds goes out by splice where the sink can take
+            // it so; otherwise (and to see the pipe's end) it is read here.
+            // Small pieces are read: header and bytes then go in one write.
+            let held = if splices && connected { pipe_holds(pipe).min(chunk_bytes) } else { 0 };
+            let held = if held >= SPLICE_MIN_BYTES { held } else { 0 };
+            let n = if held > 0 {
+                held
+            } else {
+                match pipe.try_read(buf) {
+                    Ok(0) => {
+                        *open = false;
+                        continue;
+                    }
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(_) => {
+                        *open = false;
+                        continue;
+                    }
+                }
+            };
             let room = max.saturating_sub(total);
-            let deliver = &data[..(n as u64).min(room) as usize];
-            if deliver.len() < n {
+            let deliver = (n as u64).min(room) as usize;
+            if deliver < n {
                 // Over the quota: the whole tree dies now, and no byte past the limit leaves.
                 ended = Some(RunStatus::QuotaExceeded);
                 kill(first_signal);
                 out_open = false;
                 err_open = false;
             }
-            if !deliver.is_empty() {
-                total += deliver.len() as u64;
+            if deliver > 0 {
+                total += deliver as u64;
                 *(if stream == Stream::Stdout { &mut stdout_bytes } else { &mut stderr_bytes }) +=
-                    deliver.len() as u64;
+                    deliver as u64;
                 if connected {
-                    connected = watched_send!(
-                        sink.send_output(stream, deliver),
-                        sink,
-                        deadline,
-                        cancel,
-                        ended,
-                        exited,
-                        kill,
-                        first_signal
-                    );
+                    let pipe = if stream == Stream::Stdout { &out } else { &err };
+                    let data =
+                        if stream == Stream::Stdout { &out_buf[..deliver] } else { &err_buf[..deliver] };
+                    connected = if held > 0 {
+                        watched_send!(
+                            sink.splice_output(stream, pipe.as_fd(), deliver),
+                            sink,
+                            deadline,
+                            cancel,
+                            ended,
+                            exited,
+                            kill,
+                            first_signal
+                        )
+                    } else {
+                        watched_send!(
+                            sink.send_output(stream, data),
+                            sink,
+                            deadline,
+                            cancel,
+                            ended,
+                            exited,
+                            kill,
+                            first_signal
+                        )
+                    };
                     if !connected && ended.is_none() {
                         ended = Some(RunStatus::Cancelled);
                         kill(first_signal);

@@ -7,10 +7,11 @@ use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, ErrorKind, ErrorReply, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION,
     ServerHello, ServerMessage, Stream, encode, output_frame_header,
 };
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, watch};
@@ -99,7 +100,7 @@ impl Server {
         decoder.set_limit(HELLO_MAX_BYTES);
         let hello = tokio::time::timeout(HELLO_TIMEOUT, read_message(&mut reader, &mut decoder)).await;
         let encoding = decoder.encoding().unwrap_or(Encoding::Bincode);
-        let mut sink = SocketSink { writer, encoding, broken: false };
+        let mut sink = SocketSink { writer, encoding, broken: false, no_splice: false };
         let refuse = |kind, message: String| ErrorReply::new(kind, message);
         let reply = match hello {
             Err(_) => Err(refuse(ErrorKind::ProtocolError, "no hello within 10 s".into())),
@@ -306,6 +307,8 @@ pub struct SocketSink {
     encoding: Encoding,
     /// A frame was left half written: the stream can carry nothing more.
     broken: bool,
+    /// The socket refused a splice: output is copied.
+    no_splice: bool,
 }
 
 impl Sink for SocketSink {
@@ -338,6 +341,60 @@ impl Sink for SocketSink {
             }
             Encoding::Json => self.send(ServerMessage::Output { stream, data: data.to_vec() }).await,
         }
+    }
+
+    fn splices(&self) -> bool {
+        self.encoding == Encoding::Bincode && !self.broken && !self.no_splice
+    }
+
+    async fn splice_output(&mut self, stream: Stream, pipe: BorrowedFd<'_>, len: usize) -> bool {
+        if self.broken {
+            return false;
+        }
+        if self.writer.write_all(&output_frame_header(stream, len)).await.is_err() {
+            return false;
+        }
+        let socket: &UnixStream = self.writer.as_ref();
+        let mut left = len;
+        while left > 0 {
+            // The pipe holds the bytes, so only a full socket makes this wait.
+            let moved = socket
+                .async_io(Interest::WRITABLE, || {
+                    // SAFETY: both descriptors are open for the call; no memory is passed.
+                    let n = unsafe {
+                        libc::splice(
+                            pipe.as_raw_fd(),
+                            std::ptr::null_mut(),
+                            socket.as_raw_fd(),
+                            std::ptr::null_mut(),
+                            left,
+                            libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+                        )
+                    };
+                    if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) }
+                })
+                .await;
+            match moved {
+                Ok(0) => {
+                    tracing::error!("the output pipe ended with {left} bytes it said it held");
+                    return false;
+                }
+                Ok(n) => left -= n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && left == len => {
+                    // This socket cannot take a splice: the bytes are read and written.
+                    tracing::debug!("splice into the client's socket: {e}; copying instead");
+                    self.no_splice = true;
+                    let mut data = vec![0u8; left];
+                    return match crate::run::read_exact_now(pipe, &mut data) {
+                        Ok(()) => self.writer.write_all(&data).await.is_ok(),
+                        Err(_) => false,
+                    };
+                }
+                Err(_) => return false,
+            }
+        }
+        true
     }
 
     fn abandon(&mut self) {

@@ -463,21 +463,19 @@ impl Decoder {
         self.end - self.start
     }
 
-    /// The next frame, when it is a complete bincode `ServerMessage::Output`
-    /// (the frame [`output_frame_header`] begins): its stream and bytes, read
-    /// in place rather than decoded into a message that owns a copy. The
-    /// frame is consumed. `None` for anything else, which
-    /// [`Decoder::next_message`] then decodes (or refuses).
-    pub fn next_output(&mut self) -> Option<(Stream, &[u8])> {
+    /// The pending bytes begin an output frame whose header is complete:
+    /// its stream, the header's length (frame length included) and the
+    /// data's length.
+    fn output_header(&self) -> Option<(Stream, usize, usize)> {
         if self.encoding != Some(Encoding::Bincode) {
             return None;
         }
         let p = self.pending();
         let len = u32::from_be_bytes(*p.first_chunk::<4>()?) as usize;
-        if len > self.max || p.len() < 4 + len {
+        if len > self.max {
             return None;
         }
-        let body = &p[4..4 + len];
+        let body = &p[4..];
         let stream = match body.get(..2)? {
             [2, 0] => Stream::Stdout,
             [2, 1] => Stream::Stderr,
@@ -489,13 +487,46 @@ impl Decoder {
             252 => (u32::from_le_bytes(*body.get(3..)?.first_chunk()?) as usize, 7),
             _ => return None,
         };
-        if header + data_len != len {
+        (header + data_len == len).then_some((stream, 4 + header, data_len))
+    }
+
+    /// The next frame, when it is a complete bincode `ServerMessage::Output`
+    /// (the frame [`output_frame_header`] begins): its stream and bytes, read
+    /// in place rather than decoded into a message that owns a copy. The
+    /// frame is consumed. `None` for anything else, which
+    /// [`Decoder::next_message`] then decodes (or refuses).
+    pub fn next_output(&mut self) -> Option<(Stream, &[u8])> {
+        let (stream, header, data_len) = self.output_header()?;
+        if self.buffered() < header + data_len {
             return None;
         }
-        let start = self.start + 4 + header;
-        self.consume(4 + len);
+        let start = self.start + header;
+        self.consume(header + data_len);
         // consume() only moves the indices: the bytes stay until the next read.
         Some((stream, &self.buf[start..start + data_len]))
+    }
+
+    /// The start of an output frame, when its header is here, at least
+    /// `min_rest` bytes of its data are not, and `wanted` accepts its
+    /// stream: everything buffered is
+    /// consumed, and the frame's stream, the data bytes already here, the
+    /// number still to come and the header's length are returned. The
+    /// caller takes those bytes from the connection itself (e.g. with
+    /// `splice`) before it hands the decoder anything more.
+    pub fn take_output_start(
+        &mut self,
+        min_rest: usize,
+        wanted: impl FnOnce(Stream) -> bool,
+    ) -> Option<(Stream, &[u8], usize, usize)> {
+        let (stream, header, data_len) = self.output_header()?;
+        let here = self.buffered() - header;
+        if here >= data_len || data_len - here < min_rest.max(1) || !wanted(stream) {
+            return None;
+        }
+        let start = self.start + header;
+        let end = self.end;
+        self.consume(self.buffered());
+        Some((stream, &self.buf[start..end], data_len - here, header))
     }
 
     /// The next complete message, `Ok(None)` when more bytes are needed.
@@ -619,6 +650,36 @@ mod tests {
         d.push(&bad);
         assert!(d.next_output().is_none());
         assert!(d.next_message::<ServerMessage>().is_err());
+    }
+
+    #[test]
+    fn the_start_of_a_large_output_frame_is_handed_over_with_what_remains() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let frame =
+            encode(&ServerMessage::Output { stream: Stream::Stderr, data: data.clone() }, Encoding::Bincode)
+                .unwrap();
+        let header = output_frame_header(Stream::Stderr, data.len()).len();
+        let mut d = Decoder::new(Some(Encoding::Bincode));
+        // The header alone is not enough to know the frame's shape.
+        d.push(&frame[..header - 1]);
+        assert!(d.take_output_start(1, |_| true).is_none());
+        d.push(&frame[header - 1..header + 500]);
+        // Less than min_rest to come: left to the decoder.
+        assert!(d.take_output_start(200_000, |_| true).is_none());
+        // Not a stream the caller takes.
+        assert!(d.take_output_start(4096, |s| s == Stream::Stdout).is_none());
+        let (stream, here, rest, head) =
+            d.take_output_start(4096, |s| s == Stream::Stderr).expect("the start of an output frame");
+        assert_eq!((stream, here, rest, head), (Stream::Stderr, &data[..500], data.len() - 500, header));
+        assert_eq!(d.buffered(), 0);
+        // A complete frame is next_output's, and any other message next_message's.
+        d.push(&frame);
+        assert!(d.take_output_start(1, |_| true).is_none());
+        assert_eq!(d.next_output().map(|(_, b)| b.len()), Some(data.len()));
+        d.push(
+            &encode(&ServerMessage::Started { run_id: 1, executor: "x".into() }, Encoding::Bincode).unwrap(),
+        );
+        assert!(d.take_output_start(1, |_| true).is_none());
     }
 
     fn run() -> ClientMessage {

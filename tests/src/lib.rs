@@ -514,6 +514,12 @@ impl Drop for Daemon {
     }
 }
 
+/// `len` bytes that give away a piece lost, repeated or out of place
+/// (`salt` tells two streams apart); the probe's `pattern` writes them.
+pub fn pattern(len: usize, salt: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_right(13 + salt as u32) as u8).collect()
+}
+
 /// Runs the `palisade` CLI: `pre` (subcommand and options), then `-- args`.
 pub fn palisade_cli(
     cwd: &Path,

@@ -119,6 +119,97 @@ fn output_over_the_quota_kills_the_sandbox_and_never_reaches_the_client() {
     assert!(stderr(&o).starts_with("palisade: QuotaExceeded: "), "{}", stderr(&o));
 }
 
+/// Where two byte strings first differ (their lengths, when one is a prefix).
+fn first_difference(a: &[u8], b: &[u8]) -> Option<String> {
+    let at = a.iter().zip(b).position(|(x, y)| x != y);
+    match at {
+        Some(i) => Some(format!("byte {i} differs ({} and {} bytes)", a.len(), b.len())),
+        None if a.len() != b.len() => Some(format!("{} bytes against {}", a.len(), b.len())),
+        None => None,
+    }
+}
+
+#[test]
+fn large_output_arrives_whole_and_in_order_into_pipes_files_and_the_library() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let len = 6_000_000 + 123;
+    let (out, err) = (pattern(len, 0), pattern(len, 1));
+    let mut expected_out = out.clone();
+    expected_out.extend_from_slice(b"ok \n");
+    let args = [probe(), "pattern".into(), len.to_string()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+
+    // Into pipes, as `palisade run ... | next` (the CLI splices from the socket).
+    let o = d.run(ws.path(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", d.log());
+    assert_eq!(first_difference(&o.stdout, &expected_out), None, "stdout into a pipe");
+    assert_eq!(first_difference(&o.stderr, &err), None, "stderr into a pipe");
+
+    // Into files (the CLI reads and writes).
+    let files = TempDir::new("files");
+    let (fo, fe) = (files.join("out"), files.join("err"));
+    let status = std::process::Command::new(bin("palisade"))
+        .args(["run", "--socket", d.socket.to_str().unwrap(), "--"])
+        .args(&args)
+        .current_dir(ws.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&fo).unwrap())
+        .stderr(std::fs::File::create(&fe).unwrap())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(first_difference(&std::fs::read(&fo).unwrap(), &expected_out), None, "stdout into a file");
+    assert_eq!(first_difference(&std::fs::read(&fe).unwrap(), &err), None, "stderr into a file");
+
+    // Through the library, each piece seen.
+    let mut client = Client::connect(&d.socket).unwrap();
+    let (mut got_out, mut got_err) = (Vec::new(), Vec::new());
+    let result = client
+        .run(request(ws.path(), &["pattern", &len.to_string()]), |m| {
+            if let ServerMessage::Output { stream, data } = m {
+                if *stream == Stream::Stdout { &mut got_out } else { &mut got_err }.extend_from_slice(data);
+            }
+        })
+        .unwrap();
+    assert_eq!(result.status, RunStatus::Exited { code: 0 });
+    assert_eq!(first_difference(&got_out, &expected_out), None, "stdout through the library");
+    assert_eq!(first_difference(&got_err, &err), None, "stderr through the library");
+    assert_eq!((result.stdout_bytes, result.stderr_bytes), (expected_out.len() as u64, len as u64));
+
+    // The quota cuts spliced output at the byte: the two streams together
+    // carry exactly the limit, each a prefix of what was written.
+    let limit = 3_000_001;
+    let o = palisade_cli(
+        ws.path(),
+        &["run", "--socket", d.socket.to_str().unwrap(), "--max-output", &limit.to_string()],
+        &args,
+        None,
+    );
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    let message = b"palisade: QuotaExceeded: ";
+    let at = o.stderr.windows(message.len()).rposition(|w| w == message).expect("the quota's message");
+    let err_part = &o.stderr[..at];
+    assert_eq!(o.stdout.len() + err_part.len(), limit);
+    assert_eq!(first_difference(&o.stdout, &out[..o.stdout.len()]), None);
+    assert_eq!(first_difference(err_part, &err[..err_part.len()]), None);
+
+    // A reader that goes away early: the CLI still takes the run to its end.
+    let mut cli = std::process::Command::new(bin("palisade"))
+        .args(["run", "--socket", d.socket.to_str().unwrap(), "--"])
+        .args(&args)
+        .current_dir(ws.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut head = [0u8; 100_000];
+    cli.stdout.take().unwrap().read_exact(&mut head).unwrap();
+    assert_eq!(first_difference(&head, &out[..head.len()]), None);
+    assert_eq!(cli.wait().unwrap().code(), Some(0), "{}", d.log());
+}
+
 #[test]
 fn the_deadline_kills_a_double_forked_setsid_sleeper() {
     let d = Daemon::start("");

@@ -83,6 +83,7 @@ fn main() {
         },
         "echo" => Ok(args[1..].join(" ")),
         "flood" => flood(),
+        "pattern" => pattern(arg(1).parse().unwrap_or(0)),
         "readall" => Ok(readall(std::path::Path::new(&arg(1)))),
         "session" => Ok(format!(
             "pid={} sid={} pgid={}",
@@ -371,6 +372,25 @@ fn flood() -> Outcome {
             return Err(io(e));
         }
     }
+}
+
+/// `len` bytes of `palisade_tests::pattern` on stdout and as many (another
+/// salt) on stderr, in pieces of many sizes taken in turn from each.
+fn pattern(len: usize) -> Outcome {
+    let (out, err) = (palisade_tests::pattern(len, 0), palisade_tests::pattern(len, 1));
+    let sizes = [1, 100, 5000, 70_000, 300_000, 1 << 20, 17];
+    let (mut o, mut e) = (std::io::stdout().lock(), std::io::stderr().lock());
+    let mut at = 0;
+    for size in sizes.iter().cycle() {
+        if at == len {
+            break;
+        }
+        let end = (at + size).min(len);
+        o.write_all(&out[at..end]).and_then(|()| o.flush()).map_err(io)?;
+        e.write_all(&err[at..end]).map_err(io)?;
+        at = end;
+    }
+    Ok(String::new())
 }
 
 fn spin() -> Outcome {
