@@ -20,7 +20,8 @@
 //! - `--only latency,throughput,output,memory,precision`: some sections only;
 //! - `--breakdown`: where the helper's time goes, by removing one mechanism
 //!   at a time from its plan;
-//! - `--loop LAUNCHER N`: N launches of `/bin/true` and nothing else, for a
+//! - `--loop LAUNCHER N [--clients K]`: N launches of `/bin/true` (by K
+//!   concurrent clients) and nothing else, with how busy the CPUs were, for a
 //!   profiler to watch (`perf record -a -g -- palisade-bench --loop palisade-helper 500`).
 //!
 //! Build as an installation would (`scripts/build-release.sh`, which
@@ -427,6 +428,31 @@ fn throughput(opts: &Opts, launchers: &[&dyn Launch]) -> String {
     out
 }
 
+/// The machine's CPU time from `/proc/stat`: busy and idle (idle and I/O wait), in ticks.
+struct CpuTimes(f64, f64);
+
+fn cpu_times() -> CpuTimes {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let idle = fields.get(3).copied().unwrap_or(0.0) + fields.get(4).copied().unwrap_or(0.0);
+    CpuTimes(fields.iter().sum::<f64>() - idle, idle)
+}
+
+impl CpuTimes {
+    /// Busy ticks and all ticks since `before`.
+    fn delta(&self, before: &CpuTimes) -> (f64, f64) {
+        let busy = self.0 - before.0;
+        (busy, busy + self.1 - before.1)
+    }
+}
+
 /// Both paths end in the same reader (this process, through a pipe), so the
 /// anchor is the issue's `head -c N /dev/zero | cat` as a client would see it.
 fn output(opts: &Opts, d: &Daemon, ws: &Path) -> String {
@@ -771,11 +797,29 @@ fn main() {
             eprintln!("--loop: no launcher {name:?}; one of {names:?}");
             std::process::exit(2);
         };
+        let clients: usize = args
+            .iter()
+            .position(|a| a == "--clients")
+            .and_then(|i| args.get(i + 1)?.parse().ok())
+            .unwrap_or(1)
+            .max(1);
+        let cpu = cpu_times();
         let t = Instant::now();
-        for _ in 0..n {
-            l.once(&["/bin/true"]);
-        }
-        println!("{name}: {n} launches, {:.2} ms each", t.elapsed().as_secs_f64() * 1e3 / n as f64);
+        std::thread::scope(|s| {
+            for c in 0..clients {
+                s.spawn(move || {
+                    for _ in (c..n).step_by(clients) {
+                        l.once(&["/bin/true"]);
+                    }
+                });
+            }
+        });
+        let (busy, total) = cpu_times().delta(&cpu);
+        println!(
+            "{name}: {n} launches by {clients} client(s), {:.2} ms each; the CPUs {:.0}% busy",
+            t.elapsed().as_secs_f64() * 1e3 / n as f64,
+            busy * 100.0 / total.max(1.0)
+        );
         drop(d);
         let _ = std::fs::remove_dir_all(&dir);
         return;

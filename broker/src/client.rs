@@ -48,11 +48,17 @@ pub struct Client {
     splice_to: [Option<RawFd>; 2],
     /// How much the next read asks for: after a splice, no more than the
     /// next frame's header, so that its data can be spliced too.
-    next_read: usize,
+    next_read: Option<usize>,
+    /// How much a read asks for otherwise: it starts small (most runs get a
+    /// few hundred bytes: a short process need not zero and fault in a large
+    /// buffer) and doubles, up to [`READ_BYTES`], while reads fill it.
+    read_size: usize,
 }
 
 /// The most one read from the broker takes.
 const READ_BYTES: usize = 64 * 1024;
+/// What the first read takes.
+const FIRST_READ_BYTES: usize = 4096;
 /// Output frames with at least this much data still to come are spliced.
 const SPLICE_MIN_BYTES: usize = 16 * 1024;
 
@@ -76,7 +82,8 @@ impl Client {
             encoding,
             hello_pending: true,
             splice_to: [None, None],
-            next_read: READ_BYTES,
+            next_read: None,
+            read_size: FIRST_READ_BYTES,
         };
         client.send(&ClientMessage::Hello(Hello::new(encoding)))?;
         Ok(client)
@@ -121,8 +128,11 @@ impl Client {
 
     /// One read from the broker into the decoder; its end is an error here.
     fn read_more(&mut self) -> Result<(), ClientError> {
-        let max = std::mem::replace(&mut self.next_read, READ_BYTES);
+        let max = self.next_read.take().unwrap_or(self.read_size);
         let n = self.decoder.read_from(&mut self.stream, max).map_err(ClientError::Io)?;
+        if n == self.read_size {
+            self.read_size = (self.read_size * 2).min(READ_BYTES);
+        }
         if n == 0 {
             return Err(ClientError::Protocol("the broker closed the connection".into()));
         }
@@ -253,7 +263,7 @@ impl Client {
             }
         }
         // The next frame is likely another of the same: read no more than its header.
-        self.next_read = header;
+        self.next_read = Some(header);
         Ok(true)
     }
 }

@@ -68,7 +68,9 @@ pub fn main(args: Args) -> i32 {
             return 1;
         }
     };
-    runtime.block_on(serve(broker, socket, mode))
+    // Served from a worker rather than this thread: each connection's task
+    // then starts on the worker that accepted it, with no thread to wake.
+    runtime.block_on(async move { tokio::spawn(serve(broker, socket, mode)).await.unwrap_or(1) })
 }
 
 async fn serve(broker: Broker, socket: PathBuf, mode: u32) -> i32 {

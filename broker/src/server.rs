@@ -216,6 +216,7 @@ impl Server {
                         ),
                     ));
                 }
+                tracing::debug!(uid = peer.uid, pid = peer.pid, "waiting in the queue for a run slot");
                 // A client that leaves the queue frees its place at once.
                 let waited = tokio::select! {
                     p = self.slots.clone().acquire_owned() => p.ok(),

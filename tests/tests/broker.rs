@@ -287,6 +287,8 @@ fn a_client_that_leaves_the_queue_frees_its_place() {
     // The second waits in the queue, then gives up.
     let mut second = Client::connect(&d.socket).unwrap();
     second.send(&ClientMessage::Run(request(ws.path(), &["echo", "queued"]))).unwrap();
+    // Queued before anyone else comes (connections are served concurrently).
+    assert!(eventually(Duration::from_secs(10), || d.log().contains("waiting in the queue")), "{}", d.log());
     assert!(eventually(Duration::from_secs(10), || {
         let o = d.run(ws.path(), &[&probe(), "echo", "x"]);
         stderr(&o).starts_with("palisade: Busy: ")
