@@ -343,13 +343,9 @@ impl Engine {
                 held
             } else {
                 match pipe.try_read(buf) {
-                    Ok(0) => {
-                        *open = false;
-                        continue;
-                    }
-                    Ok(n) => n,
+                    Ok(n) if n > 0 => n,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                    Err(_) => {
+                    _ => {
                         *open = false;
                         continue;
                     }
@@ -369,32 +365,15 @@ impl Engine {
                 *(if stream == Stream::Stdout { &mut stdout_bytes } else { &mut stderr_bytes }) +=
                     deliver as u64;
                 if connected {
-                    let pipe = if stream == Stream::Stdout { &out } else { &err };
-                    let data =
-                        if stream == Stream::Stdout { &out_buf[..deliver] } else { &err_buf[..deliver] };
-                    connected = if held > 0 {
-                        watched_send!(
-                            sink.splice_output(stream, pipe.as_fd(), deliver),
-                            sink,
-                            deadline,
-                            cancel,
-                            ended,
-                            exited,
-                            kill,
-                            first_signal
-                        )
-                    } else {
-                        watched_send!(
-                            sink.send_output(stream, data),
-                            sink,
-                            deadline,
-                            cancel,
-                            ended,
-                            exited,
-                            kill,
-                            first_signal
-                        )
+                    let send = async {
+                        if held > 0 {
+                            sink.splice_output(stream, pipe.as_fd(), deliver).await
+                        } else {
+                            sink.send_output(stream, &buf[..deliver]).await
+                        }
                     };
+                    connected =
+                        watched_send!(send, sink, deadline, cancel, ended, exited, kill, first_signal);
                     if !connected && ended.is_none() {
                         ended = Some(RunStatus::Cancelled);
                         kill(first_signal);
