@@ -5,12 +5,9 @@
 use crate::error::{Context, Result, fail};
 use crate::{lifeline, mounts};
 use nix::errno::Errno;
-use nix::fcntl::OFlag;
-use nix::sched::{CloneFlags, unshare};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::stat::stat;
-use nix::sys::wait::waitpid;
-use nix::unistd::{ForkResult, Gid, Uid, fork, getuid, read, setgroups, setresgid, setresuid, write};
+use nix::unistd::{Gid, Pid, Uid, getuid, setgroups, setresgid, setresuid};
 use palisade_protocol::{HostIds, JailPlan, Mount, Stage};
 use std::os::fd::OwnedFd;
 
@@ -73,41 +70,44 @@ pub fn become_unprivileged(plan: &JailPlan, ids: HostIds) -> Result<Vec<Option<O
 }
 
 /// A user namespace mapping the on-disk owner to the sandbox's host ids, for
-/// idmapping: made by a short-lived child whose maps we (root) write.
+/// idmapping. A short-lived child is created in it (`clone` with
+/// `CLONE_NEWUSER`: the namespace exists when the call returns, nothing to
+/// wait for); we (root) write its maps, keep the namespace by a descriptor
+/// and kill the child. It is reaped with the command's monitor's other
+/// children: nothing here waits for it.
 fn idmap_userns(disk_uid: u32, disk_gid: u32, ids: HostIds) -> Result<OwnedFd> {
-    let (ready_r, ready_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).at(Stage::Ids, || "pipe".into())?;
-    // SAFETY: the helper is single-threaded; the child only makes syscalls and never returns.
-    let child = match unsafe { fork() }.at(Stage::Fork, || "fork for the idmap namespace".into())? {
-        ForkResult::Child => {
-            let ok = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_ok()
-                && unshare(CloneFlags::CLONE_NEWUSER).is_ok();
-            let _ = write(&ready_w, &[u8::from(ok)]);
-            loop {
-                nix::unistd::pause();
+    let parent = nix::unistd::getpid();
+    // SAFETY: a fork-style clone (no new stack, no shared memory): the child
+    // continues here with a copy of the process and only makes raw syscalls.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_clone, libc::CLONE_NEWUSER | libc::SIGCHLD, 0usize, 0usize, 0usize, 0usize)
+    };
+    let child = match Errno::result(rc).at(Stage::Fork, || "clone the idmap namespace's process".into())? {
+        0 => {
+            // SAFETY: prctl, getppid and pause take no memory; the child never returns.
+            unsafe {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                // The helper died before the death signal was set: nobody will kill us.
+                if libc::getppid() != parent.as_raw() {
+                    libc::_exit(0);
+                }
+                loop {
+                    libc::pause();
+                }
             }
         }
-        ForkResult::Parent { child } => child,
+        pid => Pid::from_raw(pid as i32),
     };
-    drop(ready_w);
-    let mut byte = [0u8];
-    let ready = read(&ready_r, &mut byte);
-    let result = if ready != Ok(1) || byte[0] != 1 {
-        Err(fail(Stage::Namespaces, Errno::EPERM, "cannot create the user namespace for idmapped mounts"))
-    } else {
-        std::fs::write(format!("/proc/{child}/uid_map"), format!("{disk_uid} {} 1\n", ids.uid))
-            .and_then(|()| {
-                std::fs::write(format!("/proc/{child}/gid_map"), format!("{disk_gid} {} 1\n", ids.gid))
-            })
-            .at(Stage::IdMap, || {
-                format!("map {disk_uid}:{disk_gid} to {}:{} for idmapping", ids.uid, ids.gid)
-            })
-            .and_then(|()| {
-                std::fs::File::open(format!("/proc/{child}/ns/user"))
-                    .map(OwnedFd::from)
-                    .at(Stage::Namespaces, || "open the idmap namespace".into())
-            })
-    };
-    kill(child, Signal::SIGKILL).at(Stage::Fork, || "stop the idmap child".into())?;
-    waitpid(child, None).at(Stage::Fork, || "reap the idmap child".into())?;
+    let result = std::fs::write(format!("/proc/{child}/uid_map"), format!("{disk_uid} {} 1\n", ids.uid))
+        .and_then(|()| {
+            std::fs::write(format!("/proc/{child}/gid_map"), format!("{disk_gid} {} 1\n", ids.gid))
+        })
+        .at(Stage::IdMap, || format!("map {disk_uid}:{disk_gid} to {}:{} for idmapping", ids.uid, ids.gid))
+        .and_then(|()| {
+            std::fs::File::open(format!("/proc/{child}/ns/user"))
+                .map(OwnedFd::from)
+                .at(Stage::Namespaces, || "open the idmap namespace".into())
+        });
+    kill(child, Signal::SIGKILL).at(Stage::Fork, || "stop the idmap namespace's process".into())?;
     result
 }

@@ -2,7 +2,11 @@
 //!
 //! Bind sources are captured with `open_tree` before anything is mounted, so a
 //! source under the staging directory (a workspace in /tmp, say) stays
-//! reachable. Attributes (read-only, nosuid, nodev) are set on each detached
+//! reachable. The new root and the overlays' layers are assembled side by
+//! side in one staging tmpfs of the old root: detaching the old root after
+//! `pivot_root` takes the layers' mounts with it, in one unmount (each
+//! unmount waits for an expedited RCU grace period, which interrupts every
+//! CPU). Attributes (read-only, nosuid, nodev) are set on each detached
 //! copy, recursively, before it is attached: the sandbox never sees a
 //! writable moment of a read-only bind.
 
@@ -17,8 +21,11 @@ use palisade_protocol::{HelperRecord, Mount, Stage, tmpfs_inodes};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-/// Where the new root is assembled; after `pivot_root` nothing of it shows.
+/// A tmpfs mounted over the old root's `/tmp`: it holds the new root and,
+/// next to it, the overlays' layers; after `pivot_root` none of it shows.
 const STAGING: &str = "/tmp";
+/// The new root: a directory of the staging tmpfs, bound on itself.
+const NEW_ROOT: &str = "/tmp/root";
 const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 const DEV_LINKS: [(&str, &str); 5] = [
     ("fd", "/proc/self/fd"),
@@ -42,8 +49,12 @@ pub fn build_root(mounts: &[Mount], captured: Vec<Option<OwnedFd>>) -> Result<()
         .collect::<Result<Vec<_>>>()?;
     let fs_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mount(Some("tmpfs"), STAGING, Some("tmpfs"), fs_flags, Some("size=1m,mode=0755"))
-        .at(Stage::Mounts, || "mount the new root's tmpfs".into())?;
-    chdir(STAGING).at(Stage::Mounts, || "chdir to the new root".into())?;
+        .at(Stage::Mounts, || "mount the staging tmpfs".into())?;
+    mkdir(NEW_ROOT, Mode::from_bits_truncate(0o755)).at(Stage::Mounts, || format!("mkdir {NEW_ROOT}"))?;
+    // pivot_root wants a mount point: the directory bound on itself.
+    mount(Some(NEW_ROOT), NEW_ROOT, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .at(Stage::Mounts, || "bind the new root on itself".into())?;
+    chdir(NEW_ROOT).at(Stage::Mounts, || "chdir to the new root".into())?;
     for (i, (m, source)) in mounts.iter().zip(sources).enumerate() {
         match (m, source) {
             (Mount::Overlay { target, size_bytes, .. }, Source::Tree(lower)) => {
@@ -55,7 +66,8 @@ pub fn build_root(mounts: &[Mount], captured: Vec<Option<OwnedFd>>) -> Result<()
     // Nothing in the root itself is writable: writable places are explicit mounts.
     set_attributes(None, ".", libc::MOUNT_ATTR_RDONLY, false)
         .at(Stage::Mounts, || "make / read-only".into())?;
-    // Swap roots: the old root ends up stacked on the new one, then is detached.
+    // Swap roots: the old root ends up stacked on the new one, then is
+    // detached, the staging tmpfs and the overlays' layers with it.
     pivot_root(".", ".").at(Stage::Mounts, || "pivot_root".into())?;
     umount2(".", MntFlags::MNT_DETACH).at(Stage::Mounts, || "detach the old root".into())?;
     chdir("/").at(Stage::Mounts, || "chdir /".into())
@@ -139,10 +151,12 @@ fn place(m: &Mount, source: Source) -> Result<()> {
 /// The run's writes to the host directory under `target` go to a tmpfs upper
 /// layer of `size` bytes: the host's disk is untouched, and a disk-fill ends
 /// at the bound. The broker receives the upper layer (a directory fd) and
-/// copies the changes back; the staging mounts are detached once the overlay
-/// holds them, so the sandbox never sees them.
+/// copies the changes back. The layers are mounted in the staging tmpfs,
+/// outside the new root: the sandbox never sees them, and they are detached
+/// with the old root.
 fn overlay(target: &str, size: u64, lower: OwnedFd, i: usize) -> Result<()> {
-    let stage = format!(".overlay-{i}");
+    // Relative to the new root, the current directory.
+    let stage = format!("../overlay-{i}");
     let (low, rw) = (format!("{stage}/lower"), format!("{stage}/rw"));
     make_mount_point(&low, true)?;
     make_mount_point(&rw, true)?;
@@ -160,9 +174,9 @@ fn overlay(target: &str, size: u64, lower: OwnedFd, i: usize) -> Result<()> {
     }
     let rel = &target[1..];
     make_mount_point(rel, true)?;
-    let data = format!(
-        "lowerdir={STAGING}/{low},upperdir={STAGING}/{rw}/upper,workdir={STAGING}/{rw}/work,userxattr"
-    );
+    let layers = format!("{STAGING}/overlay-{i}");
+    let data =
+        format!("lowerdir={layers}/lower,upperdir={layers}/rw/upper,workdir={layers}/rw/work,userxattr");
     mount(Some("overlay"), rel, Some("overlay"), fs_flags, Some(data.as_str()))
         .at(Stage::Mounts, || format!("mount an overlay on {target}"))
         .map_err(|mut e| {
@@ -178,15 +192,7 @@ fn overlay(target: &str, size: u64, lower: OwnedFd, i: usize) -> Result<()> {
     )
     .at(Stage::Mounts, || format!("open the upper layer of {target}"))?;
     error::send_with_fd(&HelperRecord::Overlay { target: target.to_string() }, &upper)
-        .at(Stage::Mounts, || format!("hand the upper layer of {target} to the broker"))?;
-    for p in [&low, &rw] {
-        umount2(p.as_str(), MntFlags::MNT_DETACH).at(Stage::Mounts, || format!("detach {p}"))?;
-    }
-    for p in [&low, &rw, &stage] {
-        nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, p.as_str(), nix::unistd::UnlinkatFlags::RemoveDir)
-            .at(Stage::Mounts, || format!("rmdir {p}"))?;
-    }
-    Ok(())
+        .at(Stage::Mounts, || format!("hand the upper layer of {target} to the broker"))
 }
 
 /// A tmpfs with the host's harmless device nodes bound in, a private devpts
