@@ -2,6 +2,7 @@
 //! its embedded broker), and what they share: policy decisions turned into
 //! runs of palisade-helper, streamed, bounded and attested.
 
+pub mod arena;
 pub mod attest;
 pub mod broker;
 pub mod cgroup;

@@ -1,5 +1,8 @@
 use clap::Parser;
 
+#[global_allocator]
+static ALLOCATOR: palisade_broker::arena::Arena = palisade_broker::arena::Arena::new();
+
 fn main() {
     let cli = match palisade_broker::cli::Cli::try_parse() {
         Ok(cli) => cli,
