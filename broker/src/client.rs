@@ -42,8 +42,11 @@ pub struct Client {
     stream: UnixStream,
     decoder: Decoder,
     encoding: Encoding,
-    /// The hello is sent but its answer not yet read.
+    /// The hello is sent (or queued) but its answer not yet read.
     hello_pending: bool,
+    /// Encoded and not yet written: the hello waits to go out with the
+    /// first request, in one write.
+    queued: Vec<u8>,
     /// Pipes that large pieces of stdout and stderr are spliced into.
     splice_to: [Option<RawFd>; 2],
     /// How much the next read asks for: after a splice, no more than the
@@ -70,23 +73,25 @@ impl Client {
         Ok(client)
     }
 
-    /// Connects and sends the hello without waiting for the answer, which
-    /// is read before the first reply to a request: a run then costs one
-    /// round trip instead of two. A refused hello still fails that request.
+    /// Connects; the hello goes out with the first request, in the same
+    /// write, and its answer is read before the first reply to it: a run
+    /// then costs one round trip instead of two. A refused hello still
+    /// fails that request.
     pub fn open(path: &Path) -> Result<Client, ClientError> {
         let stream = UnixStream::connect(path).map_err(ClientError::Io)?;
         let encoding = Encoding::Bincode;
-        let mut client = Client {
+        let hello = encode(&ClientMessage::Hello(Hello::new(encoding)), encoding)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        Ok(Client {
             stream,
             decoder: Decoder::new(Some(encoding)),
             encoding,
             hello_pending: true,
+            queued: hello,
             splice_to: [None, None],
             next_read: None,
             read_size: FIRST_READ_BYTES,
-        };
-        client.send(&ClientMessage::Hello(Hello::new(encoding)))?;
-        Ok(client)
+        })
     }
 
     /// Large pieces of `stream`'s output go from the socket into `pipe`
@@ -105,6 +110,10 @@ impl Client {
         if !std::mem::take(&mut self.hello_pending) {
             return Ok(());
         }
+        if !self.queued.is_empty() {
+            let queued = std::mem::take(&mut self.queued);
+            self.stream.write_all(&queued).map_err(ClientError::Io)?;
+        }
         match self.receive()? {
             ServerMessage::Hello(_) => Ok(()),
             ServerMessage::Error(e) => Err(ClientError::Reply(e)),
@@ -113,7 +122,12 @@ impl Client {
     }
 
     pub fn send(&mut self, msg: &ClientMessage) -> Result<(), ClientError> {
-        let bytes = encode(msg, self.encoding).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let mut bytes = encode(msg, self.encoding).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        if !self.queued.is_empty() {
+            let mut all = std::mem::take(&mut self.queued);
+            all.append(&mut bytes);
+            bytes = all;
+        }
         self.stream.write_all(&bytes).map_err(ClientError::Io)
     }
 

@@ -100,7 +100,7 @@ impl Server {
         decoder.set_limit(HELLO_MAX_BYTES);
         let hello = tokio::time::timeout(HELLO_TIMEOUT, read_message(&mut reader, &mut decoder)).await;
         let encoding = decoder.encoding().unwrap_or(Encoding::Bincode);
-        let mut sink = SocketSink { writer, encoding, broken: false, no_splice: false };
+        let mut sink = SocketSink { writer, encoding, broken: false, no_splice: false, held: Vec::new() };
         let refuse = |kind, message: String| ErrorReply::new(kind, message);
         let reply = match hello {
             Err(_) => Err(refuse(ErrorKind::ProtocolError, "no hello within 10 s".into())),
@@ -147,10 +147,18 @@ impl Server {
             broker: format!("palisaded {}", env!("CARGO_PKG_VERSION")),
             encoding,
         };
-        if !sink.send(ServerMessage::Hello(hello)).await {
+        let hello = ServerMessage::Hello(hello);
+        // A client that sent its request behind the hello gets the hello
+        // with the first reply to it.
+        let answered = if decoder.has_message() { sink.hold(&hello) } else { sink.send(hello).await };
+        if !answered {
             return;
         }
         loop {
+            // Nothing held while waiting for the client, who may be waiting for it.
+            if !decoder.has_message() && !sink.flush().await {
+                return;
+            }
             let message = match read_message(&mut reader, &mut decoder).await {
                 Ok(Some(m)) => m,
                 Ok(None) => return,
@@ -310,6 +318,47 @@ pub struct SocketSink {
     broken: bool,
     /// The socket refused a splice: output is copied.
     no_splice: bool,
+    /// Messages encoded but not yet written: they go out in front of the
+    /// next write (see [`SocketSink::hold`]).
+    held: Vec<u8>,
+}
+
+impl SocketSink {
+    /// Keeps `msg` to go out with the next message, in the same write: one
+    /// wake-up of the client instead of two. Only for a reply the client
+    /// is sure to be sent something after (the hello, when its request is
+    /// already here); [`SocketSink::flush`] before waiting on the client.
+    fn hold(&mut self, msg: &ServerMessage) -> bool {
+        match encode(msg, self.encoding) {
+            Ok(bytes) => {
+                self.held.extend_from_slice(&bytes);
+                true
+            }
+            Err(e) => {
+                tracing::error!("cannot encode a reply: {e}");
+                false
+            }
+        }
+    }
+
+    /// Writes what is held, if anything.
+    async fn flush(&mut self) -> bool {
+        if self.held.is_empty() {
+            return !self.broken;
+        }
+        let held = std::mem::take(&mut self.held);
+        !self.broken && self.writer.write_all(&held).await.is_ok()
+    }
+
+    /// `bytes`, behind whatever is held.
+    fn behind_held(&mut self, bytes: Vec<u8>) -> Vec<u8> {
+        if self.held.is_empty() {
+            return bytes;
+        }
+        let mut all = std::mem::take(&mut self.held);
+        all.extend_from_slice(&bytes);
+        all
+    }
 }
 
 impl Sink for SocketSink {
@@ -318,7 +367,10 @@ impl Sink for SocketSink {
             return false;
         }
         match encode(&msg, self.encoding) {
-            Ok(bytes) => self.writer.write_all(&bytes).await.is_ok(),
+            Ok(bytes) => {
+                let bytes = self.behind_held(bytes);
+                self.writer.write_all(&bytes).await.is_ok()
+            }
             Err(e) => {
                 tracing::error!("cannot encode a reply: {e}");
                 false
@@ -333,6 +385,7 @@ impl Sink for SocketSink {
         match self.encoding {
             Encoding::Bincode => {
                 let mut frame = output_frame_header(stream, data.len());
+                frame = self.behind_held(frame);
                 // Small pieces (most output) go in one write; large ones are not copied.
                 if data.len() <= 16 * 1024 {
                     frame.extend_from_slice(data);
@@ -352,7 +405,8 @@ impl Sink for SocketSink {
         if self.broken {
             return false;
         }
-        if self.writer.write_all(&output_frame_header(stream, len)).await.is_err() {
+        let header = self.behind_held(output_frame_header(stream, len));
+        if self.writer.write_all(&header).await.is_err() {
             return false;
         }
         let socket: &UnixStream = self.writer.as_ref();

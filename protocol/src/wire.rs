@@ -463,6 +463,18 @@ impl Decoder {
         self.end - self.start
     }
 
+    /// A whole frame (or line) is pending: [`Decoder::next_message`] will not
+    /// need more bytes.
+    pub fn has_message(&self) -> bool {
+        match self.encoding {
+            Some(Encoding::Json) => self.pending().contains(&b'\n'),
+            _ => self
+                .pending()
+                .first_chunk::<4>()
+                .is_some_and(|len| self.buffered() >= 4 + u32::from_be_bytes(*len) as usize),
+        }
+    }
+
     /// The pending bytes begin an output frame whose header is complete:
     /// its stream, the header's length (frame length included) and the
     /// data's length.
@@ -650,6 +662,28 @@ mod tests {
         d.push(&bad);
         assert!(d.next_output().is_none());
         assert!(d.next_message::<ServerMessage>().is_err());
+    }
+
+    #[test]
+    fn a_whole_pending_frame_or_line_is_known_before_decoding() {
+        // JSON lines when this build can encode them.
+        for encoding in [Encoding::Bincode, Encoding::Json] {
+            let Ok(wire) = encode(&ClientMessage::Cancel, encoding) else { continue };
+            let mut d = Decoder::new(Some(encoding));
+            assert!(!d.has_message());
+            for (i, b) in wire.iter().enumerate() {
+                d.push(&[*b]);
+                assert_eq!(
+                    d.has_message(),
+                    i + 1 == wire.len(),
+                    "{encoding:?}, {} of {} bytes",
+                    i + 1,
+                    wire.len()
+                );
+            }
+            assert!(matches!(d.next_message::<ClientMessage>(), Ok(Some(ClientMessage::Cancel))));
+            assert!(!d.has_message());
+        }
     }
 
     #[test]

@@ -720,6 +720,47 @@ fn the_broker_runs_as_an_unprivileged_user() {
     assert_eq!(stdout(&o), "ok x\n", "{}", stderr(&o));
 }
 
+/// The broker answers a hello that arrives with a request behind it together
+/// with the first reply (one wake-up of the client); it never holds it while
+/// waiting for the client, who may be waiting for it.
+#[test]
+fn a_hello_is_answered_with_the_first_reply_and_never_held_while_the_broker_waits() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let read_all = |s: &mut UnixStream, decoder: &mut Decoder, until: fn(&ServerMessage) -> bool| {
+        let mut msgs = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !msgs.last().is_some_and(until) {
+            let n = s.read(&mut buf).expect("a reply within the read timeout");
+            assert!(n > 0, "closed early: {msgs:?}");
+            decoder.push(&buf[..n]);
+            while let Some(m) = decoder.next_message::<ServerMessage>().unwrap() {
+                msgs.push(m);
+            }
+        }
+        msgs
+    };
+    // Hello and run in one write: the hello's answer is in front of the run's replies.
+    let mut bytes = hello(Encoding::Bincode);
+    bytes.extend(encode(&ClientMessage::Run(request(ws.path(), &["echo", "x"])), Encoding::Bincode).unwrap());
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    s.write_all(&bytes).unwrap();
+    let mut decoder = Decoder::new(Some(Encoding::Bincode));
+    let msgs = read_all(&mut s, &mut decoder, |m| matches!(m, ServerMessage::Finished(_)));
+    assert!(matches!(msgs.first(), Some(ServerMessage::Hello(_))), "{msgs:?}");
+    assert!(matches!(msgs.get(1), Some(ServerMessage::Started { .. })), "{msgs:?}");
+    // Hello and a cancel (nothing to reply to): the hello still comes, at once.
+    let mut bytes = hello(Encoding::Bincode);
+    bytes.extend(encode(&ClientMessage::Cancel, Encoding::Bincode).unwrap());
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    s.write_all(&bytes).unwrap();
+    let mut decoder = Decoder::new(Some(Encoding::Bincode));
+    let msgs = read_all(&mut s, &mut decoder, |m| matches!(m, ServerMessage::Hello(_)));
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+}
+
 #[test]
 fn the_json_lines_encoding_serves_a_whole_run() {
     let d = Daemon::start("");
