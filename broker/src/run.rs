@@ -32,6 +32,10 @@ const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Once a run has ended (deadline, quota, cancel), how long a message to a
 /// client that does not read may stay unsent before the client is given up.
 const SEND_GRACE: Duration = Duration::from_secs(5);
+/// How long `Started` may wait to go out with the run's first output or its
+/// result: a short run's whole answer is then one write, read by the client
+/// in one wake-up. A longer run has it sent when this has passed.
+const STARTED_HOLD: Duration = Duration::from_millis(20);
 /// Output waiting in a pipe is spliced into a client's socket from this size
 /// on; less is read, to go out with its frame's header in one write.
 const SPLICE_MIN_BYTES: usize = 16 * 1024;
@@ -74,6 +78,18 @@ pub trait Sink {
                 }
             }
         }
+    }
+
+    /// Keeps `msg` to go out in front of the next message, in the same write
+    /// (one wake-up of the client instead of two). `false`: this sink does
+    /// not hold messages, and the caller sends it now.
+    fn hold(&mut self, _msg: &ServerMessage) -> bool {
+        false
+    }
+
+    /// Writes what [`Sink::hold`] kept, if anything.
+    fn flush(&mut self) -> impl Future<Output = bool> + Send {
+        std::future::ready(true)
     }
 
     /// A send was dropped half done: nothing more can go through this sink.
@@ -277,10 +293,21 @@ impl Engine {
         let deadline = tokio::time::sleep(resolved.timeout);
         let drain = tokio::time::sleep(NEVER);
         let escalate = tokio::time::sleep(NEVER);
-        tokio::pin!(deadline, drain, escalate, cancel);
         let started_msg = ServerMessage::Started { run_id, executor: tier.to_string() };
-        let mut connected =
-            watched_send!(sink.send(started_msg), sink, deadline, cancel, ended, exited, kill, first_signal);
+        let mut started_held = sink.hold(&started_msg);
+        let release_started = tokio::time::sleep(if started_held { STARTED_HOLD } else { NEVER });
+        tokio::pin!(deadline, drain, escalate, cancel, release_started);
+        let mut connected = started_held
+            || watched_send!(
+                sink.send(started_msg),
+                sink,
+                deadline,
+                cancel,
+                ended,
+                exited,
+                kill,
+                first_signal
+            );
         if !connected && ended.is_none() {
             ended = Some(RunStatus::Cancelled);
             kill(first_signal);
@@ -291,7 +318,9 @@ impl Engine {
         let splices = sink.splices();
         while !(exited && !out_open && !err_open) {
             let mut ready: Option<Stream> = None;
+            let mut release = false;
             tokio::select! {
+                _ = &mut release_started, if started_held => release = true,
                 r = out.readable(), if out_open => match r {
                     Ok(()) => ready = Some(Stream::Stdout),
                     Err(_) => out_open = false,
@@ -321,6 +350,25 @@ impl Engine {
                     kill(libc::SIGKILL);
                 }
                 _ = &mut drain, if exited => break,
+            }
+            if release {
+                started_held = false;
+                if connected {
+                    connected = watched_send!(
+                        sink.flush(),
+                        sink,
+                        deadline,
+                        cancel,
+                        ended,
+                        exited,
+                        kill,
+                        first_signal
+                    );
+                    if !connected && ended.is_none() {
+                        ended = Some(RunStatus::Cancelled);
+                        kill(first_signal);
+                    }
+                }
             }
             if ended.is_some() && first_signal == libc::SIGTERM && !escalation_armed && !exited {
                 escalation_armed = true;
@@ -365,6 +413,8 @@ impl Engine {
                 *(if stream == Stream::Stdout { &mut stdout_bytes } else { &mut stderr_bytes }) +=
                     deliver as u64;
                 if connected {
+                    // Whatever is held goes out in front of this piece.
+                    started_held = false;
                     let send = async {
                         if held > 0 {
                             sink.splice_output(stream, pipe.as_fd(), deliver).await

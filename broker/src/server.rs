@@ -324,32 +324,6 @@ pub struct SocketSink {
 }
 
 impl SocketSink {
-    /// Keeps `msg` to go out with the next message, in the same write: one
-    /// wake-up of the client instead of two. Only for a reply the client
-    /// is sure to be sent something after (the hello, when its request is
-    /// already here); [`SocketSink::flush`] before waiting on the client.
-    fn hold(&mut self, msg: &ServerMessage) -> bool {
-        match encode(msg, self.encoding) {
-            Ok(bytes) => {
-                self.held.extend_from_slice(&bytes);
-                true
-            }
-            Err(e) => {
-                tracing::error!("cannot encode a reply: {e}");
-                false
-            }
-        }
-    }
-
-    /// Writes what is held, if anything.
-    async fn flush(&mut self) -> bool {
-        if self.held.is_empty() {
-            return !self.broken;
-        }
-        let held = std::mem::take(&mut self.held);
-        !self.broken && self.writer.write_all(&held).await.is_ok()
-    }
-
     /// `bytes`, behind whatever is held.
     fn behind_held(&mut self, bytes: Vec<u8>) -> Vec<u8> {
         if self.held.is_empty() {
@@ -450,6 +424,31 @@ impl Sink for SocketSink {
             }
         }
         true
+    }
+
+    /// Only for a message the client is sure to be sent something after
+    /// (the hello when its request is already here, `Started`), and
+    /// flushed before waiting on the client.
+    fn hold(&mut self, msg: &ServerMessage) -> bool {
+        match encode(msg, self.encoding) {
+            Ok(bytes) if !self.broken => {
+                self.held.extend_from_slice(&bytes);
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                tracing::error!("cannot encode a reply: {e}");
+                false
+            }
+        }
+    }
+
+    async fn flush(&mut self) -> bool {
+        if self.held.is_empty() {
+            return !self.broken;
+        }
+        let held = std::mem::take(&mut self.held);
+        !self.broken && self.writer.write_all(&held).await.is_ok()
     }
 
     fn abandon(&mut self) {
