@@ -62,6 +62,8 @@ pub struct Client {
 const READ_BYTES: usize = 64 * 1024;
 /// What the first read takes.
 const FIRST_READ_BYTES: usize = 4096;
+/// What a pipe taking spliced output is grown to (the default is 64 KiB).
+const OUTPUT_PIPE_BYTES: i32 = 256 * 1024;
 /// Output frames with at least this much data still to come are spliced.
 const SPLICE_MIN_BYTES: usize = 16 * 1024;
 
@@ -102,6 +104,13 @@ impl Client {
         let is_pipe = nix::sys::stat::fstat(pipe).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFIFO);
         if is_pipe {
             self.splice_to[stream as usize] = Some(pipe.as_raw_fd());
+            // A larger pipe: fewer waits for its reader. Best effort, and never smaller.
+            // SAFETY: fcntl on an open descriptor; no memory is passed.
+            let size = unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_GETPIPE_SZ) };
+            if (0..OUTPUT_PIPE_BYTES).contains(&size) {
+                // SAFETY: as above.
+                unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_SETPIPE_SZ, OUTPUT_PIPE_BYTES) };
+            }
         }
         is_pipe
     }
