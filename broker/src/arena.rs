@@ -58,7 +58,9 @@ impl Arena {
             let Some(end) = start.checked_add(layout.size()).filter(|&e| e <= ARENA_BYTES) else {
                 return std::ptr::null_mut();
             };
-            match self.next.compare_exchange_weak(current, end, Ordering::Relaxed, Ordering::Relaxed) {
+            // Acquire: bytes given back by another thread (a rewind, Release)
+            // are reused only after that thread's last writes to them.
+            match self.next.compare_exchange_weak(current, end, Ordering::Acquire, Ordering::Relaxed) {
                 Ok(_) => return (base + start) as *mut u8,
                 Err(now) => current = now,
             }
@@ -93,8 +95,9 @@ unsafe impl GlobalAlloc for Arena {
         match self.offset(ptr) {
             // The last allocation is given back; any other stays claimed.
             Some(o) => {
+                // Release: the next thread to claim these bytes sees our writes done.
                 let _ =
-                    self.next.compare_exchange(o + layout.size(), o, Ordering::Relaxed, Ordering::Relaxed);
+                    self.next.compare_exchange(o + layout.size(), o, Ordering::Release, Ordering::Relaxed);
             }
             // SAFETY: not the arena's, so `System` allocated it with this layout.
             None => unsafe { System.dealloc(ptr, layout) },
@@ -109,7 +112,7 @@ unsafe impl GlobalAlloc for Arena {
         // The last allocation grows or shrinks in place when the arena has room.
         let (end, new_end) = (o + layout.size(), o + new_size);
         if new_end <= ARENA_BYTES
-            && self.next.compare_exchange(end, new_end, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+            && self.next.compare_exchange(end, new_end, Ordering::AcqRel, Ordering::Relaxed).is_ok()
         {
             return ptr;
         }
