@@ -120,7 +120,8 @@ fn pipe_holds(pipe: &pipe::Receiver) -> usize {
 /// Awaits a send to the client while the run's deadline and cancellation
 /// stay in force: a client that stops reading cannot hold a sandbox past
 /// either. Once the run has ended, a send still stuck after [`SEND_GRACE`]
-/// is dropped (`false`: the client is given up, its sink abandoned).
+/// is dropped (`false`: the client is given up, its sink abandoned). A client
+/// gone while the run goes on cancels the run.
 macro_rules! watched_send {
     ($send:expr, $sink:expr, $deadline:ident, $cancel:ident, $ended:ident, $exited:expr, $kill:ident, $signal:expr) => {{
         let sent = {
@@ -145,13 +146,18 @@ macro_rules! watched_send {
                 }
             }
         };
-        match sent {
+        let connected = match sent {
             Some(ok) => ok,
             None => {
                 $sink.abandon();
                 false
             }
+        };
+        if !connected && $ended.is_none() {
+            $ended = Some(RunStatus::Cancelled);
+            $kill($signal);
         }
+        connected
     }};
 }
 
@@ -308,10 +314,6 @@ impl Engine {
                 kill,
                 first_signal
             );
-        if !connected && ended.is_none() {
-            ended = Some(RunStatus::Cancelled);
-            kill(first_signal);
-        }
         let mut escalation_armed = false;
         let mut exited_us = 0;
 
@@ -364,10 +366,6 @@ impl Engine {
                         kill,
                         first_signal
                     );
-                    if !connected && ended.is_none() {
-                        ended = Some(RunStatus::Cancelled);
-                        kill(first_signal);
-                    }
                 }
             }
             if ended.is_some() && first_signal == libc::SIGTERM && !escalation_armed && !exited {
@@ -424,10 +422,6 @@ impl Engine {
                     };
                     connected =
                         watched_send!(send, sink, deadline, cancel, ended, exited, kill, first_signal);
-                    if !connected && ended.is_none() {
-                        ended = Some(RunStatus::Cancelled);
-                        kill(first_signal);
-                    }
                 }
             }
         }
