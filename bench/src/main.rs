@@ -29,7 +29,8 @@
 
 use palisade_broker::client::Client;
 use palisade_broker::etc_view::{EtcView, Snapshot};
-use palisade_broker::spawn::{HelperCommand, Io, spawn};
+use palisade_broker::requester::{self, Requester};
+use palisade_broker::spawn::{HelperCommand, Io, send_plan, spawn};
 use palisade_policy::{Config, Context, Decision, HostCapabilities, Policy};
 use palisade_protocol::wire::{RunRequest, RunStatus, ServerMessage};
 use std::path::{Path, PathBuf};
@@ -121,13 +122,28 @@ impl Launch for SocketClient {
 /// palisade-helper run directly with a plan resolved by the default policy.
 struct Helper {
     name: &'static str,
-    plans: Vec<(Vec<String>, Vec<u8>)>,
+    plans: Vec<Plan>,
     /// The /etc snapshot the plans bind, as the broker keeps one.
     etc: Option<Arc<Snapshot>>,
 }
 
-fn decode_plan(bytes: &[u8]) -> palisade_protocol::JailPlan {
-    palisade_protocol::decode_plan(bytes).unwrap()
+/// A plan for one payload, encoded, with its host paths opened (as the
+/// broker opens them when it decides a run, before the helper starts).
+#[derive(Clone)]
+struct Plan {
+    argv: Vec<String>,
+    plan: palisade_protocol::JailPlan,
+    bytes: Vec<u8>,
+    fds: Arc<Vec<std::os::fd::OwnedFd>>,
+}
+
+impl Plan {
+    fn new(argv: Vec<String>, plan: palisade_protocol::JailPlan) -> Plan {
+        let me = Requester::me();
+        let fds = me.act(|act| requester::open_paths(&plan, &[], act, me.uid)).unwrap().unwrap();
+        let bytes = palisade_protocol::encode_plan(&plan).unwrap();
+        Plan { argv, plan, bytes, fds: Arc::new(fds) }
+    }
 }
 
 /// One mechanism taken out of a plan (not a configuration palisade offers):
@@ -197,6 +213,10 @@ impl Helper {
             parent_pid: std::process::id(),
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
+            requester: palisade_protocol::HostIds {
+                uid: nix::unistd::getuid().as_raw(),
+                gid: nix::unistd::getgid().as_raw(),
+            },
             temp_root: std::env::temp_dir(),
             instance: "1-1".into(),
             run: 0,
@@ -211,9 +231,7 @@ impl Helper {
                     ..Default::default()
                 };
                 match policy.decide(&ctx, &req) {
-                    Decision::Allow(r) => {
-                        (req.argv.clone(), palisade_protocol::encode_plan(&r.plan).unwrap())
-                    }
+                    Decision::Allow(r) => Plan::new(req.argv.clone(), r.plan),
                     other => panic!("the default policy refuses {p:?}: {other:?}"),
                 }
             })
@@ -223,15 +241,7 @@ impl Helper {
 
     fn like_bwrap(ws: &Path, payloads: &[&[&str]]) -> Helper {
         let full = Helper::new(ws, payloads);
-        let plans = full
-            .plans
-            .iter()
-            .cloned()
-            .map(|(argv, bytes)| {
-                let plan = like_bwrap(palisade_protocol::decode_plan(&bytes).unwrap());
-                (argv, palisade_protocol::encode_plan(&plan).unwrap())
-            })
-            .collect();
+        let plans = full.plans.iter().cloned().map(|p| Plan::new(p.argv, like_bwrap(p.plan))).collect();
         Helper { name: "palisade-helper, bwrap's work only", plans, etc: full.etc.clone() }
     }
 }
@@ -247,23 +257,22 @@ impl Launch for Helper {
         self.name
     }
     fn once(&self, payload: &[&str]) {
-        let plan = &self
+        let plan = self
             .plans
             .iter()
-            .find(|(a, _)| a.iter().map(String::as_str).eq(payload.iter().copied()))
-            .unwrap()
-            .1;
+            .find(|p| p.argv.iter().map(String::as_str).eq(payload.iter().copied()))
+            .unwrap();
         let mut child = spawn(HelperCommand {
             helper: bin("palisade-helper"),
-            plan: plan.clone(),
             cgroup_dir: None,
             stdin: Io::Null,
             stdout: Io::Null,
             stderr: Io::Null,
             outer_limits: vec![],
-            defer_plan: false,
         })
         .expect("spawn the helper");
+        let fds: Vec<_> = plan.fds.iter().map(std::os::fd::AsFd::as_fd).collect();
+        send_plan(child.plan_channel.take().unwrap(), &plan.bytes, &fds).expect("send the plan");
         let st = child.wait().unwrap();
         assert!(st.success(), "palisade-helper failed: {st} {:?}", child.read_status());
     }
@@ -631,7 +640,7 @@ fn sleepers(token: &str) -> usize {
 /// mechanism removed at a time (not a configuration palisade offers).
 fn breakdown(ws: &Path, runs: usize) -> String {
     let base = Helper::new(ws, &[&["/bin/true"]]);
-    let plan = decode_plan(&base.plans[0].1);
+    let plan = base.plans[0].plan.clone();
     let mut variants = vec![("full plan", plan.clone())];
     for (name, cut) in CUTS {
         if name.starts_with("- host ids") && plan.host_ids.is_none() {
@@ -643,10 +652,8 @@ fn breakdown(ws: &Path, runs: usize) -> String {
     }
     // What the snapshot of /etc saves: the entries bound one by one.
     let one_by_one = Helper::with_etc(ws, &[&["/bin/true"]], false);
-    variants.push((
-        "/etc entries bound one by one (`etc_snapshot = false`)",
-        decode_plan(&one_by_one.plans[0].1),
-    ));
+    variants
+        .push(("/etc entries bound one by one (`etc_snapshot = false`)", one_by_one.plans[0].plan.clone()));
     let helpers: Vec<(String, Helper)> = variants
         .into_iter()
         .map(|(n, p)| {
@@ -654,7 +661,7 @@ fn breakdown(ws: &Path, runs: usize) -> String {
                 n.to_string(),
                 Helper {
                     name: "variant",
-                    plans: vec![(vec!["/bin/true".into()], palisade_protocol::encode_plan(&p).unwrap())],
+                    plans: vec![Plan::new(vec!["/bin/true".into()], p)],
                     etc: base.etc.clone(),
                 },
             )

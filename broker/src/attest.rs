@@ -95,6 +95,7 @@ mod tests {
             parent_pid: 1,
             uid: 1000,
             gid: 1000,
+            requester: palisade_protocol::HostIds { uid: 1000, gid: 1000 },
             temp_root: PathBuf::from("/run/palisade-test"),
             instance: "1-1".into(),
             run: 1,

@@ -3,13 +3,15 @@
 
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::etc_view::EtcView;
+use crate::requester::{self, Acting, Requester};
 use crate::run::{Engine, Sink};
 use crate::spawner::Spawner;
 use crate::{host, paths};
-use palisade_policy::{Config, Context, Decision, Policy};
+use palisade_policy::{Config, Context, Decision, Policy, Resolved};
+use palisade_protocol::HostIds;
 use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest, RunResult};
 use std::future::Future;
-use std::os::unix::fs::MetadataExt;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -27,10 +29,19 @@ pub struct Broker {
 /// A decided request, ready to run.
 pub struct Decided {
     pub run_id: u64,
-    pub resolved: Box<palisade_policy::Resolved>,
+    pub resolved: Box<Resolved>,
     /// Why a person must approve the run first, if one must.
     pub approval: Option<String>,
+    pub grants: Grants,
     etc: Option<std::sync::Arc<crate::etc_view::Snapshot>>,
+    dirs: HostDirs,
+}
+
+/// What a run is given of the host: the requester it acts for, and the
+/// plan's host paths, opened at decision time (in the plan's order).
+pub struct Grants {
+    pub requester: Requester,
+    pub descriptors: Vec<OwnedFd>,
 }
 
 /// The refusal of a run that needed approval and did not get it.
@@ -42,12 +53,20 @@ pub fn not_approved(reason: &str, why: &str) -> ErrorReply {
     }
 }
 
-/// Who is asking: the peer's credentials from SO_PEERCRED (or the CLI's own).
-#[derive(Debug, Clone, Copy)]
+/// Who is asking: the peer's credentials from SO_PEERCRED and its groups
+/// from SO_PEERGROUPS (or the CLI's own).
+#[derive(Debug, Clone)]
 pub struct Peer {
     pub uid: u32,
     pub gid: u32,
     pub pid: Option<i32>,
+    pub groups: Vec<u32>,
+}
+
+impl Peer {
+    pub fn requester(&self) -> Requester {
+        Requester { uid: self.uid, gid: self.gid, groups: self.groups.clone() }
+    }
 }
 
 impl Broker {
@@ -65,14 +84,19 @@ impl Broker {
             landlock_abi = host.landlock_abi,
             "host capabilities"
         );
+        if nix::unistd::geteuid().is_root() {
+            check_sandbox_ids(config.broker.sandbox_ids)?;
+        }
         let helper = helper.or_else(|| config.broker.helper.clone()).unwrap_or_else(paths::default_helper);
         paths::check_helper(&helper)?;
         let spawner = Spawner::start().map_err(|e| format!("cannot start the spawner thread: {e}"))?;
+        let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
         let context = Context {
             host,
             parent_pid: std::process::id(),
-            uid: nix::unistd::getuid().as_raw(),
-            gid: nix::unistd::getgid().as_raw(),
+            uid,
+            gid,
+            requester: HostIds { uid, gid },
             temp_root: config.policy.temp_root.clone().unwrap_or_else(paths::default_temp_root),
             instance: crate::instance::tag().to_string(),
             run: 0,
@@ -91,36 +115,64 @@ impl Broker {
     }
 
     /// Decides a request: the run it will be, and whether a person must
-    /// approve it first. Nothing runs yet.
-    pub fn decide(&self, peer: Peer, request: &RunRequest) -> Result<Decided, ErrorReply> {
+    /// approve it first. Nothing runs yet. The decision and everything it
+    /// reads of the host is done as the requester (see [`Requester::act`]);
+    /// call it where blocking is allowed.
+    pub fn decide(&self, peer: &Peer, request: &RunRequest) -> Result<Decided, ErrorReply> {
         let run_id = self.next_run.fetch_add(1, Ordering::Relaxed);
         // Held until the run is over: the snapshot stays on disk meanwhile.
         let etc = self.etc.as_ref().and_then(etc_snapshot);
         let context = Context {
             run: run_id,
+            requester: HostIds { uid: peer.uid, gid: peer.gid },
             etc_view: etc.as_ref().map(|e| e.dir().to_path_buf()),
             ..self.context.clone()
         };
+        let requester = peer.requester();
         let deciding = std::time::Instant::now();
-        let decision = self.policy.decide(&context, request);
+        let decided = requester.act(|act| self.decide_as(act, peer, &context, request)).map_err(|e| {
+            ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot act for uid {}: {e}", peer.uid))
+        })?;
         tracing::debug!(run_id, decide_us = deciding.elapsed().as_micros(), "policy decided");
-        let (resolved, approval) = match decision {
+        let (resolved, approval, dirs, descriptors) = decided.inspect_err(|e| {
+            tracing::info!(run_id, uid = peer.uid, rule = e.rule, "denied: {}", e.message);
+        })?;
+        let grants = Grants { requester, descriptors };
+        Ok(Decided { run_id, resolved, approval, grants, etc, dirs })
+    }
+
+    /// The policy's decision, then the plan's host paths opened and the
+    /// grants checked, with the credentials `act` gives.
+    #[allow(clippy::type_complexity)]
+    fn decide_as(
+        &self,
+        act: &Acting,
+        peer: &Peer,
+        context: &Context,
+        request: &RunRequest,
+    ) -> Result<(Box<Resolved>, Option<String>, HostDirs, Vec<OwnedFd>), ErrorReply> {
+        let (resolved, approval) = match self.policy.decide(context, request) {
             Decision::Allow(r) => (r, None),
             Decision::NeedsApproval { reason, resolved } => (resolved, Some(reason)),
             Decision::Deny(d) => {
-                tracing::info!(run_id, uid = peer.uid, rule = d.rule, "denied: {}", d.reason);
                 return Err(ErrorReply { kind: d.kind, message: d.reason, rule: Some(d.rule.into()) });
             }
         };
-        self.check_ownership(peer, &resolved.writable)?;
-        Ok(Decided { run_id, resolved, approval, etc })
+        // The run's own directories (Tier B), made by the broker for the sandbox's uid.
+        let owner = (resolved.plan.uid, resolved.plan.gid);
+        let dirs = act.as_broker(|| HostDirs::create(&resolved.host_dirs, owner)).map_err(|e| {
+            ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot create the run's directories: {e}"))
+        })?;
+        let descriptors = requester::open_paths(&resolved.plan, &resolved.host_dirs, act, peer.uid)?;
+        self.check_grants(peer, &resolved, &descriptors)?;
+        Ok((resolved, approval, dirs, descriptors))
     }
 
     /// Decides and runs a request that needs nobody's approval (one that does
     /// is refused with `NeedsApproval`: use [`Broker::decide`] and ask).
     pub async fn run<S: Sink + Send>(
         &self,
-        peer: Peer,
+        peer: &Peer,
         request: &RunRequest,
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
@@ -135,23 +187,19 @@ impl Broker {
     /// Runs what [`Broker::decide`] resolved (approved, where it had to be).
     pub async fn execute<S: Sink + Send>(
         &self,
-        peer: Peer,
+        peer: &Peer,
         decided: Decided,
         request: &RunRequest,
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, ErrorReply> {
-        let Decided { run_id, resolved, approval, etc } = decided;
+        let Decided { run_id, resolved, approval, grants, etc, dirs } = decided;
         if let Some(reason) = approval {
             tracing::info!(run_id, uid = peer.uid, "approved: {reason}");
         }
         for w in &resolved.warnings {
             tracing::warn!(run_id, "{w}");
         }
-        let owner = (resolved.plan.uid, resolved.plan.gid);
-        let dirs = HostDirs::create(&resolved.host_dirs, owner).map_err(|e| {
-            ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot create the run's directories: {e}"))
-        })?;
         let cgroup = match &resolved.cgroup {
             Some(c) => {
                 let limits = CgroupLimits {
@@ -165,7 +213,8 @@ impl Broker {
             }
             None => None,
         };
-        let result = self.engine.execute(run_id, &resolved, request, sink, cancel, cgroup.as_ref()).await;
+        let result =
+            self.engine.execute(run_id, &resolved, &grants, request, sink, cancel, cgroup.as_ref()).await;
         if let Some(c) = cgroup {
             // Removed after every run, whatever happened in it.
             let _ = tokio::task::spawn_blocking(move || c.remove()).await;
@@ -174,28 +223,70 @@ impl Broker {
         result
     }
 
-    /// A broker serving other users must not lend them its own access: every
-    /// writable path must belong to the peer (root peers excepted).
-    fn check_ownership(&self, peer: Peer, writable: &[PathBuf]) -> Result<(), ErrorReply> {
-        if peer.uid == self.context.uid || peer.uid == 0 {
-            return Ok(());
-        }
-        for path in writable {
-            let owner = std::fs::metadata(path).map(|m| m.uid()).unwrap_or(u32::MAX);
-            if owner != peer.uid {
+    /// The requester may read every granted path (and write every writable
+    /// one) itself, with the credentials it acts with. A broker serving
+    /// other users also runs a request only on writable paths the requesting
+    /// uid owns. Checked on the descriptors the run will use.
+    fn check_grants(&self, peer: &Peer, resolved: &Resolved, fds: &[OwnedFd]) -> Result<(), ErrorReply> {
+        for path in &resolved.granted {
+            let shown = path.to_string_lossy();
+            let fd = resolved.plan.descriptor(&shown).and_then(|i| fds.get(i)).ok_or_else(|| {
+                ErrorReply::new(ErrorKind::RuntimeFailure, format!("{shown} is granted but was not opened"))
+            })?;
+            let writable = resolved.writable.contains(path);
+            let allowed = requester::may(fd, writable)
+                .map_err(|e| ErrorReply::new(ErrorKind::RuntimeFailure, format!("checking {shown}: {e}")))?;
+            if !allowed {
+                return Err(requester::not_allowed(&shown, peer.uid));
+            }
+            let owner = nix::sys::stat::fstat(fd).map(|st| st.st_uid).unwrap_or(u32::MAX);
+            if writable && peer.uid != self.context.uid && peer.uid != 0 && owner != peer.uid {
                 return Err(ErrorReply {
                     kind: ErrorKind::WorkspaceScopeDenied,
-                    message: format!(
-                        "{} is not owned by uid {} (the requesting peer)",
-                        path.display(),
-                        peer.uid
-                    ),
+                    message: format!("{shown} is not owned by uid {} (the requesting peer)", peer.uid),
                     rule: Some("scope.not_the_peers".into()),
                 });
             }
         }
         Ok(())
     }
+}
+
+/// Refuses a block of sandbox ids that holds an id the host already uses: a
+/// user or group of /etc/passwd or /etc/group, or a subordinate range of
+/// /etc/subuid or /etc/subgid. A sandbox sharing a uid with anything else
+/// could signal or trace it.
+fn check_sandbox_ids(ids: palisade_policy::config::SandboxIds) -> Result<(), String> {
+    let (first, last) = (u64::from(ids.first), u64::from(ids.last()));
+    let overlaps = |lo: u64, hi: u64| lo <= last && first <= hi;
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    for (file, field) in [("/etc/passwd", 2), ("/etc/group", 2)] {
+        for line in read(file).lines() {
+            let id = line.split(':').nth(field).and_then(|v| v.parse::<u64>().ok());
+            if let Some(id) = id.filter(|id| overlaps(*id, *id)) {
+                let name = line.split(':').next().unwrap_or("");
+                return Err(sandbox_ids_taken(ids, format!("{name} ({id}) of {file}")));
+            }
+        }
+    }
+    for file in ["/etc/subuid", "/etc/subgid"] {
+        for line in read(file).lines() {
+            let mut f = line.split(':').skip(1).map(|v| v.trim().parse::<u64>().ok());
+            if let (Some(Some(start)), Some(Some(count))) = (f.next(), f.next()) {
+                if count > 0 && overlaps(start, start + count - 1) {
+                    return Err(sandbox_ids_taken(ids, format!("the range {line:?} of {file}")));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn sandbox_ids_taken(ids: palisade_policy::config::SandboxIds, what: String) -> String {
+    format!(
+        "[broker] sandbox_ids ({} ids from {}) overlaps {what}: sandboxes must not share ids with anything on the host; choose another block",
+        ids.count, ids.first
+    )
 }
 
 /// The /etc snapshots' keeper, under `temp_root`. A broker running as root

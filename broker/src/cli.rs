@@ -461,12 +461,13 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
         Ok(r) => r,
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),
     };
-    let peer = Peer { uid, gid, pid: Some(std::process::id() as i32) };
+    let groups = crate::requester::Requester::me().groups;
+    let peer = Peer { uid, gid, pid: Some(std::process::id() as i32), groups };
     let outcome = runtime.block_on(async {
         let cancel = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        let decided = broker.decide(peer, &request)?;
+        let decided = broker.decide(&peer, &request)?;
         if let Some(reason) = &decided.approval {
             let ask = reason.clone();
             let approved = tokio::task::spawn_blocking(move || ask_at_terminal(&ask)).await.unwrap_or(false);
@@ -474,7 +475,7 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
                 return Err(crate::broker::not_approved(reason, "refused"));
             }
         }
-        broker.execute(peer, decided, &request, &mut RenderSink(&mut render), cancel).await
+        broker.execute(&peer, decided, &request, &mut RenderSink(&mut render), cancel).await
     });
     // Not waiting for an output write given up on (a reader that never reads).
     runtime.shutdown_background();

@@ -53,6 +53,7 @@ pub fn main(args: Args) -> i32 {
     let socket =
         args.socket.clone().or_else(|| config.broker.socket.clone()).unwrap_or_else(paths::default_socket);
     let mode = config.broker.socket_mode;
+    raise_open_file_limit();
     // Before any thread exists: the probe of user namespaces forks.
     let broker = match Broker::assemble(config, args.helper.clone()) {
         Ok(b) => b,
@@ -120,6 +121,21 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32) -> i32 {
     }
     tracing::info!("stopped");
     0
+}
+
+/// Raises the soft limit on open files to the hard one: each connection and
+/// each run holds descriptors, and the connection limits are counted against
+/// what the process may open (the units set `LimitNOFILE`).
+fn raise_open_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::debug!(from = soft, to = hard, "open file limit raised"),
+            Err(e) => tracing::warn!("cannot raise the open file limit from {soft} to {hard}: {e}"),
+        },
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot read the open file limit: {e}"),
+    }
 }
 
 /// Binds the socket with `mode`, replacing a stale one but never a live one.

@@ -16,6 +16,7 @@ pub mod instance;
 pub mod overlay;
 pub mod paths;
 pub mod pool;
+pub mod requester;
 pub mod run;
 pub mod server;
 pub mod spawn;

@@ -3,20 +3,24 @@
 //! The helper hands over the upper layer (a tmpfs) as a directory fd; once
 //! the sandbox is gone, the changes it holds are applied to the host
 //! directory: new and changed files (through a temporary name and a rename,
-//! with their mode and times), new directories, symlinks (recreated, never
-//! followed), and deletions (overlay whiteouts, opaque directories). Every
-//! operation is relative to a directory descriptor and refuses to follow
-//! symlinks, so nothing the sandbox left behind can redirect a write.
+//! with their permission bits and times, never setuid, setgid or sticky),
+//! new directories, symlinks (recreated, never followed), and deletions
+//! (overlay whiteouts, opaque directories). Every operation is relative to
+//! the descriptor of the host directory the broker opened when it decided
+//! the run, refuses to follow symlinks, and is done as the requester (see
+//! `crate::requester`): nothing the sandbox left behind can redirect a
+//! write, and a name the requester changes meanwhile gives it nothing it
+//! could not do itself.
 
+use crate::requester::Acting;
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, openat, readlinkat, renameat};
-use nix::sys::stat::{FileStat, Mode, SFlag, UtimensatFlags, fchmod, fstatat, mkdirat, utimensat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fchmod, fstatat, futimens, mkdirat};
 use nix::sys::time::TimeSpec;
-use nix::unistd::{Gid, Uid, UnlinkatFlags, fchownat, symlinkat, unlinkat};
+use nix::unistd::{UnlinkatFlags, symlinkat, unlinkat};
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::Path;
 
 /// What a commit changed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -87,44 +91,43 @@ fn remove(dir: &OwnedFd, name: &CStr, done: &mut Committed) -> io::Result<()> {
 }
 
 struct Target<'a> {
-    owner: Option<(u32, u32)>,
+    /// Acting for the requester; the upper layer is read as the broker.
+    act: &'a Acting,
     done: &'a mut Committed,
     serial: u64,
 }
 
-impl Target<'_> {
-    fn chown(&self, dir: &OwnedFd, name: &CStr) -> io::Result<()> {
-        if let Some((u, g)) = self.owner {
-            fchownat(
-                dir,
-                name,
-                Some(Uid::from_raw(u)),
-                Some(Gid::from_raw(g)),
-                AtFlags::AT_SYMLINK_NOFOLLOW,
-            )?;
-        }
-        Ok(())
-    }
+/// What may carry over of a file's mode: never setuid, setgid or sticky.
+fn permissions(st: &FileStat) -> Mode {
+    Mode::from_bits_truncate(st.st_mode & 0o777)
+}
 
-    fn times(dir: &OwnedFd, name: &CStr, st: &FileStat) -> io::Result<()> {
-        let at = TimeSpec::new(st.st_atime, st.st_atime_nsec);
-        let mt = TimeSpec::new(st.st_mtime, st.st_mtime_nsec);
-        utimensat(dir, name, &at, &mt, UtimensatFlags::NoFollowSymlink)?;
-        Ok(())
+fn times(fd: &OwnedFd, st: &FileStat) -> io::Result<()> {
+    let at = TimeSpec::new(st.st_atime, st.st_atime_nsec);
+    let mt = TimeSpec::new(st.st_mtime, st.st_mtime_nsec);
+    futimens(fd, &at, &mt)?;
+    Ok(())
+}
+
+impl Target<'_> {
+    /// Something of the upper layer, which the sandbox's uid wrote: read as the broker.
+    fn up<T>(&self, f: impl FnOnce() -> nix::Result<T>) -> io::Result<T> {
+        self.act.as_broker(|| f().map_err(io::Error::from))
     }
 
     fn file(&mut self, up: &OwnedFd, dst: &OwnedFd, name: &CStr, st: &FileStat) -> io::Result<()> {
-        let src = openat(up, name, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())?;
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let src = self.up(|| openat(up, name, flags, Mode::empty()))?;
         self.serial += 1;
         let tmp = CString::new(format!(".palisade-commit-{}-{}", std::process::id(), self.serial))
             .map_err(io::Error::other)?;
         let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let out = openat(dst, tmp.as_c_str(), flags, Mode::from_bits_truncate(0o600))?;
         let copied = io::copy(&mut std::fs::File::from(src), &mut std::fs::File::from(out.try_clone()?))?;
-        fchmod(&out, Mode::from_bits_truncate(st.st_mode & 0o7777))?;
+        // On the descriptor, never by name: the name is the requester's to change.
+        fchmod(&out, permissions(st))?;
+        times(&out, st)?;
         drop(out);
-        self.chown(dst, &tmp)?;
-        Target::times(dst, &tmp, st)?;
         if stat_at(dst, name).is_ok_and(|e| kind(&e) == SFlag::S_IFDIR) {
             remove(dst, name, self.done)?;
         }
@@ -135,33 +138,35 @@ impl Target<'_> {
     }
 
     fn dir(&mut self, up: &OwnedFd, dst: &OwnedFd) -> io::Result<()> {
-        for name in names(up)? {
-            let st = stat_at(up, &name)?;
+        for name in
+            self.up(|| names(up).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))))?
+        {
+            let st = self.up(|| stat_at(up, &name))?;
             match kind(&st) {
                 // A whiteout: the sandbox deleted this name.
                 SFlag::S_IFCHR if st.st_rdev == 0 => remove(dst, &name, self.done)?,
                 SFlag::S_IFDIR => {
-                    let sub_up = open_dir_at(up, &name)?;
+                    let sub_up = self.up(|| open_dir_at(up, &name))?;
                     let existing = stat_at(dst, &name).ok();
-                    if opaque(&sub_up) || existing.is_some_and(|e| kind(&e) != SFlag::S_IFDIR) {
+                    if self.up(|| Ok(opaque(&sub_up)))?
+                        || existing.is_some_and(|e| kind(&e) != SFlag::S_IFDIR)
+                    {
                         remove(dst, &name, self.done)?;
                     }
                     match mkdirat(dst, name.as_c_str(), Mode::from_bits_truncate(0o700)) {
-                        Ok(()) => self.chown(dst, &name)?,
-                        Err(Errno::EEXIST) => {}
+                        Ok(()) | Err(Errno::EEXIST) => {}
                         Err(e) => return Err(e.into()),
                     }
                     let sub_dst = open_dir_at(dst, &name)?;
                     self.dir(&sub_up, &sub_dst)?;
-                    fchmod(&sub_dst, Mode::from_bits_truncate(st.st_mode & 0o7777))?;
-                    Target::times(dst, &name, &st)?;
+                    fchmod(&sub_dst, permissions(&st))?;
+                    times(&sub_dst, &st)?;
                 }
                 SFlag::S_IFREG => self.file(up, dst, &name, &st)?,
                 SFlag::S_IFLNK => {
-                    let link = readlinkat(up, name.as_c_str())?;
+                    let link = self.up(|| readlinkat(up, name.as_c_str()))?;
                     remove(dst, &name, self.done)?;
                     symlinkat(link.as_os_str(), dst, name.as_c_str())?;
-                    self.chown(dst, &name)?;
                     self.done.files += 1;
                 }
                 // FIFOs, sockets and device nodes are not carried over.
@@ -172,17 +177,15 @@ impl Target<'_> {
     }
 }
 
-/// Applies the changes in `upper` to `dest`. `owner`: who new entries
-/// belong to (a root broker writes for the workspace's owner).
-pub fn commit(upper: &OwnedFd, dest: &Path, owner: Option<(u32, u32)>) -> io::Result<Committed> {
-    let dst: OwnedFd = std::fs::File::options()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(dest)?
-        .into();
+/// Applies the changes in `upper` to the directory `dest` (a descriptor the
+/// broker opened when it decided the run), with the credentials `act` acts
+/// with: the requester's. What is made belongs to the requester as if it had
+/// made it, and nothing it could not write itself is written.
+pub fn commit(upper: &OwnedFd, dest: &OwnedFd, act: &Acting) -> io::Result<Committed> {
+    let dst = openat(dest, c".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?;
     let mut done = Committed::default();
     let up = upper.try_clone()?;
-    Target { owner, done: &mut done, serial: 0 }.dir(&up, &dst)?;
+    Target { act, done: &mut done, serial: 0 }.dir(&up, &dst)?;
     Ok(done)
 }
 
@@ -202,5 +205,3 @@ pub fn full(upper: &OwnedFd) -> bool {
         Err(_) => false,
     }
 }
-
-use std::os::unix::fs::OpenOptionsExt;

@@ -1,7 +1,7 @@
 //! Helpers started ahead of requests.
 //!
-//! Each one has exec'd and waits, having done nothing else, for its plan on a
-//! pipe; a run takes one and writes the plan, so starting a process is not
+//! Each one has exec'd and waits, having done nothing else, for its plan on
+//! its socket; a run takes one and writes the plan, so starting a process is not
 //! on the run's path. Only runs without a cgroup use them: a run's cgroup
 //! must hold the helper from the start. A dead or stale one is skipped.
 
@@ -34,13 +34,11 @@ impl Pool {
     fn command(&self) -> HelperCommand {
         HelperCommand {
             helper: self.helper.clone(),
-            plan: vec![],
             cgroup_dir: None,
             stdin: Io::Piped,
             stdout: Io::Piped,
             stderr: Io::Piped,
             outer_limits: vec![],
-            defer_plan: true,
         }
     }
 

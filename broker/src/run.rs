@@ -3,10 +3,12 @@
 //! needed, then collect usage and build the result and its attestation.
 
 use crate::attest::attestation;
+use crate::broker::Grants;
 use crate::cgroup::RunCgroup;
 use crate::overlay;
 use crate::pool::Pool;
-use crate::spawn::{HelperChild, HelperCommand, Io, pidfd_kill};
+use crate::requester::Requester;
+use crate::spawn::{HelperChild, HelperCommand, Io, pidfd_kill, send_plan};
 use crate::spawner::Spawner;
 use palisade_policy::Resolved;
 use palisade_protocol::wire::{
@@ -15,6 +17,7 @@ use palisade_protocol::wire::{
 use palisade_protocol::{ExitReport, HelperRecord, Tier, encode_plan};
 use std::future::Future;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -195,20 +198,16 @@ impl Engine {
         &self,
         request: &RunRequest,
         cgroup: Option<&RunCgroup>,
-        plan: Vec<u8>,
     ) -> Result<HelperChild, ErrorReply> {
         let io_err = |e: std::io::Error| failure(ErrorKind::RuntimeFailure, e.to_string());
         self.spawner
             .spawn(HelperCommand {
                 helper: self.helper.clone(),
-                plan,
                 cgroup_dir: cgroup.map(RunCgroup::open_dir).transpose().map_err(io_err)?.flatten(),
                 stdin: if request.stdin.is_empty() { Io::Null } else { Io::Piped },
                 stdout: Io::Piped,
                 stderr: Io::Piped,
                 outer_limits: vec![],
-                // cgroup v1: the broker places the helper before it has its plan.
-                defer_plan: cgroup.is_some_and(|c| !c.joins_itself()),
             })
             .await
             .map_err(|e| {
@@ -220,11 +219,14 @@ impl Engine {
         &self.helper
     }
 
-    /// Runs `resolved`. `cancel` completing (a client gone, a shutdown) kills the run.
+    /// Runs `resolved` with `grants`. `cancel` completing (a client gone, a
+    /// shutdown) kills the run.
+    #[allow(clippy::too_many_arguments)]
     pub async fn execute<S: Sink + Send>(
         &self,
         run_id: u64,
         resolved: &Resolved,
+        grants: &Grants,
         request: &RunRequest,
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
@@ -238,30 +240,21 @@ impl Engine {
         let pooled = if cgroup.is_none() { self.pool.take() } else { None };
         let mut helper = match pooled {
             Some(h) => h,
-            None => self.spawn_fresh(request, cgroup, plan.clone()).await?,
+            None => self.spawn_fresh(request, cgroup).await?,
         };
         let pid = helper.pid;
         let spawned_us = started.elapsed().as_micros();
         tracing::debug!(run_id, pid, %tier, "helper started");
-        if let Some(mut writer) = helper.plan_writer.take() {
-            let placed = cgroup.map_or(Ok(()), |c| c.place(pid));
-            if let Err(e) = placed {
+        if let Some(channel) = helper.plan_channel.take() {
+            // cgroup v1: the broker places the helper before it has its plan.
+            let handed = cgroup.map_or(Ok(()), |c| c.place(pid)).and_then(|()| {
+                hand_over(channel, plan, &grants.descriptors)
+                    .map_err(|e| format!("cannot hand the helper its plan: {e}"))
+            });
+            if let Err(e) = handed {
                 let _ = pidfd_kill(&helper.pidfd, libc::SIGKILL);
                 let _ = reap(pid);
                 return Err(failure(ErrorKind::RuntimeFailure, e));
-            }
-            // Into an empty pipe: a plan that fits its buffer is written at once.
-            if plan.len() <= 64 * 1024 {
-                if let Err(e) = std::io::Write::write_all(&mut writer, &plan) {
-                    let _ = pidfd_kill(&helper.pidfd, libc::SIGKILL);
-                    let _ = reap(pid);
-                    return Err(failure(
-                        ErrorKind::RuntimeFailure,
-                        format!("cannot hand the helper its plan: {e}"),
-                    ));
-                }
-            } else {
-                tokio::task::spawn_blocking(move || std::io::Write::write_all(&mut writer, &plan));
             }
         }
         // SAFETY: an OwnedFd's descriptor stays open as long as the AsyncFd owns it.
@@ -484,8 +477,9 @@ impl Engine {
             if overlays.iter().any(|(_, fd)| overlay::full(fd)) {
                 ended = Some(RunStatus::DiskLimitExceeded);
             } else if !overlays.iter().all(|(_, fd)| overlay::untouched(fd)) {
-                let plan = resolved.plan.clone();
-                written_bytes = tokio::task::spawn_blocking(move || commit_all(&plan, overlays))
+                let targets = copy_back_targets(&resolved.plan, grants, overlays)?;
+                let requester = grants.requester.clone();
+                written_bytes = tokio::task::spawn_blocking(move || commit_all(&requester, targets))
                     .await
                     .map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))??;
             }
@@ -529,32 +523,54 @@ impl Engine {
     }
 }
 
-/// Copies every overlay's changes back to its host directory.
-fn commit_all(
+/// Sends the plan and the descriptors of its host paths on the helper's fd 3.
+/// Into an empty socket a plan that fits its buffer goes at once; a larger
+/// one is written from a blocking thread while the helper reads it.
+fn hand_over(channel: UnixStream, plan: Vec<u8>, descriptors: &[OwnedFd]) -> std::io::Result<()> {
+    if plan.len() <= 64 * 1024 {
+        let fds: Vec<BorrowedFd<'_>> = descriptors.iter().map(AsFd::as_fd).collect();
+        return send_plan(channel, &plan, &fds);
+    }
+    let owned = descriptors.iter().map(OwnedFd::try_clone).collect::<std::io::Result<Vec<_>>>()?;
+    tokio::task::spawn_blocking(move || {
+        let fds: Vec<BorrowedFd<'_>> = owned.iter().map(AsFd::as_fd).collect();
+        send_plan(channel, &plan, &fds)
+    });
+    Ok(())
+}
+
+/// Each overlay the helper handed over, with the host directory it copies
+/// back to: the descriptor opened at decision time, never the path again.
+fn copy_back_targets(
     plan: &palisade_protocol::JailPlan,
+    grants: &Grants,
     overlays: Vec<(String, OwnedFd)>,
-) -> Result<u64, ErrorReply> {
-    use std::os::unix::fs::MetadataExt;
-    let mut bytes = 0;
+) -> Result<Vec<(String, OwnedFd, OwnedFd)>, ErrorReply> {
+    let mut out = Vec::new();
     for (target, upper) in overlays {
         let source = plan.mounts.iter().find_map(|m| match m {
-            palisade_protocol::Mount::Overlay { source, target: t, .. } if *t == target => {
-                Some(source.clone())
-            }
+            palisade_protocol::Mount::Overlay { source, target: t, .. } if *t == target => Some(source),
             _ => None,
         });
-        let Some(source) = source else {
+        let dest = source.and_then(|s| plan.descriptor(s)).and_then(|i| grants.descriptors.get(i));
+        let (Some(source), Some(dest)) = (source, dest) else {
             return Err(failure(
                 ErrorKind::RuntimeFailure,
                 format!("the helper sent an overlay for {target}, which the plan has not"),
             ));
         };
-        // A root broker writes on behalf of the directory's owner.
-        let owner = nix::unistd::geteuid()
-            .is_root()
-            .then(|| std::fs::metadata(&source).map(|m| (m.uid(), m.gid())).ok())
-            .flatten();
-        let done = overlay::commit(&upper, std::path::Path::new(&source), owner).map_err(|e| {
+        let dest = dest.try_clone().map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?;
+        out.push((source.clone(), upper, dest));
+    }
+    Ok(out)
+}
+
+/// Copies every overlay's changes back to its host directory, as the
+/// requester (see [`crate::requester`]).
+fn commit_all(requester: &Requester, targets: Vec<(String, OwnedFd, OwnedFd)>) -> Result<u64, ErrorReply> {
+    let mut bytes = 0;
+    for (source, upper, dest) in targets {
+        let done = requester.act(|act| overlay::commit(&upper, &dest, act)).and_then(|r| r).map_err(|e| {
             failure(ErrorKind::RuntimeFailure, format!("copying the run's writes back to {source}: {e}"))
         })?;
         tracing::debug!(%source, files = done.files, bytes = done.bytes, removed = done.removed, "writes copied back");

@@ -1,15 +1,18 @@
 //! palisaded's socket server: peer credentials, the handshake, framing, the
-//! concurrency limit with its bounded queue, and shutdown.
+//! connection limits (overall and per uid) and idle timeout, the concurrency
+//! limit with its bounded queue, and shutdown.
 
-use crate::broker::{Broker, Peer, not_approved};
+use crate::broker::{Broker, Decided, Peer, not_approved};
+use crate::requester::Requester;
 use crate::run::Sink;
 use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, ErrorKind, ErrorReply, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION,
-    ServerHello, ServerMessage, Stream, encode, output_frame_header,
+    RunRequest, ServerHello, ServerMessage, Stream, encode, output_frame_header,
 };
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -25,9 +28,46 @@ const HELLO_MAX_BYTES: usize = 4096;
 const RESULT_SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long shutdown waits for killed runs to report.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How long a connection over the limits may take to say hello, to be told
+/// `Busy` in its own encoding.
+const REFUSAL_HELLO_TIMEOUT: Duration = Duration::from_secs(1);
+/// Connections over the limits being told so at once; beyond, one is closed
+/// without a word (descriptors stay bounded whatever the rate of attempts).
+const MAX_REFUSING: usize = 16;
+
+/// Open connections, overall and by peer uid.
+#[derive(Default)]
+struct Connections {
+    total: usize,
+    by_uid: HashMap<u32, usize>,
+}
+
+/// One admitted connection; counted until dropped.
+struct Admitted {
+    connections: Arc<Mutex<Connections>>,
+    uid: u32,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut c = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        c.total -= 1;
+        if let Some(n) = c.by_uid.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                c.by_uid.remove(&self.uid);
+            }
+        }
+    }
+}
 
 pub struct Server {
     broker: Arc<Broker>,
+    connections: Arc<Mutex<Connections>>,
+    refusing: Arc<Semaphore>,
+    max_connections: usize,
+    max_connections_per_uid: usize,
+    idle_timeout: Duration,
     slots: Arc<Semaphore>,
     queued: Arc<AtomicUsize>,
     max_queued: usize,
@@ -42,6 +82,11 @@ impl Server {
         let allowed_uids =
             if b.allowed_uids.is_empty() { vec![broker.context.uid] } else { b.allowed_uids.clone() };
         Server {
+            connections: Arc::default(),
+            refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
+            max_connections: b.max_connections,
+            max_connections_per_uid: b.max_connections_per_uid,
+            idle_timeout: Duration::from_secs(b.idle_timeout_secs),
             slots: Arc::new(Semaphore::new(b.max_concurrent.max(1))),
             queued: Arc::new(AtomicUsize::new(0)),
             max_queued: b.max_queued,
@@ -83,17 +128,74 @@ impl Server {
         connections.abort_all();
     }
 
-    fn allowed(&self, peer: &Peer) -> bool {
-        self.allowed_uids.contains(&peer.uid) || self.allowed_gids.contains(&peer.gid)
+    /// Why `peer` may not use this broker, if it may not. A broker that is
+    /// not root can act only as itself (see [`crate::requester`]): it serves
+    /// its own uid and root, whatever `allowed_uids` says.
+    fn refusal(&self, peer: &Peer) -> Option<String> {
+        let me = self.broker.context.uid;
+        if !(self.allowed_uids.contains(&peer.uid) || self.allowed_gids.contains(&peer.gid)) {
+            Some(format!("uid {} (gid {}) is not allowed to use this broker", peer.uid, peer.gid))
+        } else if me != 0 && peer.uid != me && peer.uid != 0 {
+            Some(format!(
+                "this broker runs as uid {me} and can act only as itself, not for uid {}: \
+                 serving other users takes a broker running as root",
+                peer.uid
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// Counts a new connection of `uid` in, or says which limit it is over.
+    fn admit(&self, uid: u32) -> Result<Admitted, String> {
+        let mut c = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        let of_uid = c.by_uid.get(&uid).copied().unwrap_or(0);
+        if c.total >= self.max_connections {
+            return Err(format!("{} connections are open, the limit (max_connections)", c.total));
+        }
+        if of_uid >= self.max_connections_per_uid {
+            return Err(format!(
+                "uid {uid} has {of_uid} connections open, the limit (max_connections_per_uid)"
+            ));
+        }
+        c.total += 1;
+        *c.by_uid.entry(uid).or_default() += 1;
+        Ok(Admitted { connections: self.connections.clone(), uid })
+    }
+
+    /// A connection over the limits: told `Busy` (once it said hello, to
+    /// know its encoding), then closed.
+    async fn refuse_busy(&self, stream: UnixStream, peer: &Peer, why: String) {
+        let Ok(_refusing) = self.refusing.clone().try_acquire_owned() else { return };
+        tracing::warn!(uid = peer.uid, pid = peer.pid, "connection refused: {why}");
+        let (mut reader, writer) = stream.into_split();
+        let mut decoder = Decoder::default();
+        decoder.set_limit(HELLO_MAX_BYTES);
+        let hello =
+            tokio::time::timeout(REFUSAL_HELLO_TIMEOUT, read_message(&mut reader, &mut decoder)).await;
+        let Some(encoding) = decoder.encoding().filter(|_| matches!(hello, Ok(Ok(Some(_))))) else { return };
+        let mut sink = SocketSink { writer, encoding, broken: false, no_splice: false, held: Vec::new() };
+        let e = ErrorReply::new(ErrorKind::Busy, format!("{why}; try again later"));
+        let _ = tokio::time::timeout(REFUSAL_HELLO_TIMEOUT, sink.send(ServerMessage::Error(e))).await;
     }
 
     async fn connection(&self, stream: UnixStream, shutdown: watch::Receiver<bool>) {
         let peer = match stream.peer_cred() {
-            Ok(c) => Peer { uid: c.uid(), gid: c.gid(), pid: c.pid() },
+            Ok(c) => match Requester::of_peer(&stream, c.uid(), c.gid()) {
+                Ok(r) => Peer { uid: c.uid(), gid: c.gid(), pid: c.pid(), groups: r.groups },
+                Err(e) => {
+                    tracing::warn!(uid = c.uid(), "no peer groups: {e}");
+                    return;
+                }
+            },
             Err(e) => {
                 tracing::warn!("no peer credentials: {e}");
                 return;
             }
+        };
+        let _admitted = match self.admit(peer.uid) {
+            Ok(a) => a,
+            Err(why) => return self.refuse_busy(stream, &peer, why).await,
         };
         let (mut reader, writer) = stream.into_split();
         let mut decoder = Decoder::default();
@@ -135,9 +237,8 @@ impl Server {
             sink.send(ServerMessage::Error(e)).await;
             return;
         }
-        if !self.allowed(&peer) {
-            tracing::warn!(uid = peer.uid, gid = peer.gid, pid = peer.pid, "peer not allowed");
-            let message = format!("uid {} (gid {}) is not allowed to use this broker", peer.uid, peer.gid);
+        if let Some(message) = self.refusal(&peer) {
+            tracing::warn!(uid = peer.uid, gid = peer.gid, pid = peer.pid, "peer not allowed: {message}");
             sink.send(ServerMessage::Error(ErrorReply::new(ErrorKind::Unauthorized, message))).await;
             return;
         }
@@ -159,10 +260,25 @@ impl Server {
             if !decoder.has_message() && !sink.flush().await {
                 return;
             }
-            let message = match read_message(&mut reader, &mut decoder).await {
-                Ok(Some(m)) => m,
-                Ok(None) => return,
-                Err(e) => {
+            let next = tokio::time::timeout(self.idle_timeout, read_message(&mut reader, &mut decoder)).await;
+            let message = match next {
+                Err(_) => {
+                    let secs = self.idle_timeout.as_secs();
+                    tracing::info!(
+                        uid = peer.uid,
+                        pid = peer.pid,
+                        "idle for {secs} s: closing the connection"
+                    );
+                    let e = ErrorReply::new(
+                        ErrorKind::ProtocolError,
+                        format!("no request within {secs} s (idle_timeout_secs): closing the connection"),
+                    );
+                    sink.send(ServerMessage::Error(e)).await;
+                    return;
+                }
+                Ok(Ok(Some(m))) => m,
+                Ok(Ok(None)) => return,
+                Ok(Err(e)) => {
                     tracing::info!(uid = peer.uid, "bad frame: {e}");
                     sink.send(ServerMessage::Error(ErrorReply::new(ErrorKind::ProtocolError, e))).await;
                     return;
@@ -185,7 +301,7 @@ impl Server {
                 }
             };
             let outcome =
-                self.serve_run(peer, &request, &mut sink, &mut reader, &mut decoder, shutdown.clone()).await;
+                self.serve_run(&peer, request, &mut sink, &mut reader, &mut decoder, shutdown.clone()).await;
             let msg = match outcome {
                 Ok(result) => ServerMessage::Finished(Box::new(result)),
                 Err(e) => ServerMessage::Error(e),
@@ -197,16 +313,32 @@ impl Server {
         }
     }
 
+    /// Decides off the runtime's threads: the decision reads the host as the
+    /// requester, and a read that blocks (a file on a stuck network
+    /// filesystem, say) must hold up no other client.
+    async fn decide(&self, peer: &Peer, request: RunRequest) -> (Result<Decided, ErrorReply>, RunRequest) {
+        let (broker, who) = (self.broker.clone(), peer.clone());
+        let task = tokio::task::spawn_blocking(move || (broker.decide(&who, &request), request));
+        match task.await {
+            Ok(done) => done,
+            Err(e) => {
+                let e = ErrorReply::new(ErrorKind::RuntimeFailure, format!("the decision failed: {e}"));
+                (Err(e), RunRequest::default())
+            }
+        }
+    }
+
     async fn serve_run(
         &self,
-        peer: Peer,
-        request: &palisade_protocol::wire::RunRequest,
+        peer: &Peer,
+        request: RunRequest,
         sink: &mut SocketSink,
         reader: &mut OwnedReadHalf,
         decoder: &mut Decoder,
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<palisade_protocol::wire::RunResult, ErrorReply> {
-        let decided = self.broker.decide(peer, request)?;
+        let (decided, request) = self.decide(peer, request).await;
+        let decided = decided?;
         if let Some(reason) = &decided.approval {
             self.ask_approval(peer, reason, sink, reader, decoder).await?;
         }
@@ -252,7 +384,7 @@ impl Server {
                 _ = shutdown.wait_for(|stop| *stop) => {}
             }
         };
-        let result = self.broker.execute(peer, decided, request, sink, cancel).await;
+        let result = self.broker.execute(peer, decided, &request, sink, cancel).await;
         drop(permit);
         result
     }
@@ -262,7 +394,7 @@ impl Server {
     /// refuses the run.
     async fn ask_approval(
         &self,
-        peer: Peer,
+        peer: &Peer,
         reason: &str,
         sink: &mut SocketSink,
         reader: &mut OwnedReadHalf,

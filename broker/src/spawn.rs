@@ -1,14 +1,16 @@
 //! Starting `palisade-helper` with its calling convention: the plan on fd 3
-//! (a sealed-size memfd, never argv), the status channel on fd 4, and the
-//! run's cgroup directory on fd 5 when there is one. The environment is empty.
+//! (a Unix stream socket, never argv; the descriptors of the host paths it
+//! names come with it), the status channel on fd 4, and the run's cgroup
+//! directory on fd 5 when there is one. The environment is empty.
 
 use palisade_protocol::HelperRecord;
 use palisade_protocol::status::decode_records;
 use std::ffi::CString;
 use std::fs::File;
-use std::io::{self, Seek, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::ExitStatus;
@@ -40,18 +42,16 @@ pub enum Io {
     Fd(OwnedFd),
 }
 
+/// A helper to start. It does nothing before it has its plan, which the
+/// caller sends on [`HelperChild::plan_channel`] (with [`send_plan`]) once it
+/// has placed the helper where it belongs (a cgroup v1 hierarchy).
 pub struct HelperCommand {
     pub helper: PathBuf,
-    pub plan: Vec<u8>,
     pub cgroup_dir: Option<OwnedFd>,
     pub stdin: Io,
     pub stdout: Io,
     pub stderr: Io,
     pub outer_limits: Vec<OuterLimit>,
-    /// Deliver the plan through a pipe the caller writes after spawning (so
-    /// it can place the helper in cgroups first: the helper does nothing
-    /// before it has read its plan).
-    pub defer_plan: bool,
 }
 
 pub struct HelperChild {
@@ -61,8 +61,8 @@ pub struct HelperChild {
     pub pidfd: OwnedFd,
     /// Read end of the status channel.
     pub status: File,
-    /// With `defer_plan`: write the plan here, then drop it.
-    pub plan_writer: Option<File>,
+    /// The broker's end of fd 3: send the plan here (see [`send_plan`]).
+    pub plan_channel: Option<UnixStream>,
     /// The caller's ends of `Io::Piped` descriptors.
     pub stdin: Option<File>,
     pub stdout: Option<File>,
@@ -138,13 +138,34 @@ pub fn read_status(channel: &File) -> io::Result<(Vec<HelperRecord>, Vec<OwnedFd
     Ok((records, fds))
 }
 
-fn memfd_with(bytes: &[u8]) -> io::Result<File> {
-    let fd = nix::sys::memfd::memfd_create(c"palisade-plan", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
-    let mut file = File::from(fd);
-    file.write_all(bytes)?;
-    file.rewind()?;
-    Ok(file)
+/// Sends an encoded plan and its descriptors (in the order of the plan's
+/// `descriptors`) on a helper's fd 3, then closes the channel: the helper
+/// reads to its end. The descriptors go with the first piece, in one
+/// `SCM_RIGHTS` message. Blocks while the plan does not fit the socket's
+/// buffer and the helper is not reading.
+pub fn send_plan(channel: UnixStream, plan: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let first = plan.len().min(FIRST_PIECE_BYTES);
+    let cmsgs: &[ControlMessage<'_>] = if raw.is_empty() { &[] } else { &[ControlMessage::ScmRights(&raw)] };
+    let sent = loop {
+        match sendmsg::<()>(
+            channel.as_raw_fd(),
+            &[io::IoSlice::new(&plan[..first])],
+            cmsgs,
+            MsgFlags::empty(),
+            None,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other?,
+        }
+    };
+    (&channel).write_all(&plan[sent..])
 }
+
+/// The first piece of a plan, which carries its descriptors: what a Unix
+/// socket's default buffer takes at once.
+const FIRST_PIECE_BYTES: usize = 64 * 1024;
 
 /// A descriptor duplicated to 10 or above (close-on-exec), so that placing
 /// the helper's descriptors 0-5 can never overwrite a source before it is used.
@@ -228,14 +249,8 @@ impl Drop for SpawnSetup {
 /// broker's address space is not copied, and no code of ours runs in the
 /// child), an empty environment and descriptors 0-5 as the convention says.
 pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
-    // Outer limits go on before the helper reads its plan, so the plan waits in a pipe.
-    let defer = cmd.defer_plan || !cmd.outer_limits.is_empty();
-    let (plan, plan_writer) = if defer {
-        let (r, w) = pipe()?;
-        (r, Some(w))
-    } else {
-        (memfd_with(&cmd.plan)?, None)
-    };
+    // A socket: the plan's descriptors come with it.
+    let (plan_channel, plan) = UnixStream::pair()?;
     // A socket, not a pipe: the helper hands over descriptors on it.
     let (status_read, status_write) = nix::sys::socket::socketpair(
         nix::sys::socket::AddressFamily::Unix,
@@ -308,15 +323,10 @@ pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
             return Err(abandon(io::Error::last_os_error()));
         }
     }
-    let mut plan_writer = plan_writer;
-    if !cmd.defer_plan {
-        if let Some(mut w) = plan_writer.take() {
-            w.write_all(&cmd.plan).map_err(abandon)?;
-        }
-    }
     let pid = pid as u32;
     let [stdin, stdout, stderr] = ours;
-    Ok(HelperChild { pid, pidfd, status: File::from(status_read), plan_writer, stdin, stdout, stderr })
+    let plan_channel = Some(plan_channel);
+    Ok(HelperChild { pid, pidfd, status: File::from(status_read), plan_channel, stdin, stdout, stderr })
 }
 
 fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {

@@ -8,7 +8,7 @@ use nix::sys::stat::Mode;
 use palisade_protocol::Stage;
 
 pub fn join(path: &str) -> Result<()> {
-    let dir = fds::cgroup_dir()?;
+    let dir = fds::cgroup_dir();
     let procs = openat(dir, "cgroup.procs", OFlag::O_WRONLY | OFlag::O_CLOEXEC, Mode::empty())
         .at(Stage::Cgroup, || format!("open {path}/cgroup.procs"))?;
     nix::unistd::write(&procs, b"0").at(Stage::Cgroup, || format!("join {path}"))?;

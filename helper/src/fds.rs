@@ -1,14 +1,14 @@
-//! The calling convention: plan on fd 3, status channel on fd 4, the run's
-//! cgroup directory on fd 5 when the plan names one. Everything else is
-//! closed at exec.
+//! The calling convention: the plan on fd 3 (a Unix stream socket, with the
+//! descriptors of the host paths it names attached), the status channel on
+//! fd 4, the run's cgroup directory on fd 5 when the plan names one.
+//! Anything else the helper inherited is closed before the plan is read.
 
 use crate::error::{Context, Result, STATUS_FD, fail};
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, fcntl};
-use palisade_protocol::{JailPlan, PLAN_MAX_BYTES, Stage, decode_plan};
-use std::fs::File;
-use std::io::Read;
-use std::os::fd::{BorrowedFd, FromRawFd};
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+use palisade_protocol::{JailPlan, PLAN_MAX_BYTES, PLAN_MAX_DESCRIPTORS, Stage, decode_plan};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 pub const PLAN_FD: i32 = 3;
 pub const CGROUP_FD: i32 = 5;
@@ -32,16 +32,82 @@ pub fn check_conventions() -> Result<()> {
     Ok(())
 }
 
-/// Reads and decodes the plan from fd 3, then closes fd 3.
-pub fn read_plan() -> Result<JailPlan> {
-    // SAFETY: fd 3 carries the plan by the calling convention and nothing else in
-    // this process refers to it; the File takes ownership and closes it.
-    let file = unsafe { File::from_raw_fd(PLAN_FD) };
+fn close_range(first: u32, last: u32) -> Result<()> {
+    // SAFETY: close_range only closes descriptors; nothing in this process
+    // owns one in the range when it is called (see the callers).
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
+    Errno::result(rc).map(drop).at(Stage::Fds, || format!("close_range({first}..={last})"))
+}
+
+/// Closes whatever the helper inherited beyond its convention (a caller's
+/// stray descriptor would otherwise live on in the sandbox's pid 1, which
+/// never execs). Called first, before anything of the helper's own is open.
+pub fn close_inherited() -> Result<()> {
+    close_range(CGROUP_FD as u32 + 1, u32::MAX)
+}
+
+/// The plan from fd 3 and the descriptors that came with it (close-on-exec),
+/// one per entry of `plan.descriptors`. fd 3 is closed afterwards; so is
+/// fd 5 when the plan names no cgroup (it was then nothing of ours).
+pub fn read_plan() -> Result<(JailPlan, Vec<OwnedFd>)> {
+    // SAFETY: fd 3 carries the plan by the calling convention and nothing else
+    // in this process refers to it; the OwnedFd closes it when this returns.
+    let socket = unsafe { OwnedFd::from_raw_fd(PLAN_FD) };
+    // Whether fd 5 is the caller's: if not, a received descriptor may take its number.
+    let had_cgroup_fd = is_open(CGROUP_FD);
     let mut bytes = Vec::with_capacity(16 * 1024);
-    file.take(PLAN_MAX_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .at(Stage::Plan, || "read the plan from fd 3".into())?;
-    decode_plan(&bytes).map_err(|e| fail(Stage::Plan, Errno::EINVAL, e.to_string()))
+    let mut received: Vec<OwnedFd> = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let mut cmsg = nix::cmsg_space!([RawFd; PLAN_MAX_DESCRIPTORS]);
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        let msg = match recvmsg::<()>(PLAN_FD, &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
+            Err(Errno::EINTR) => continue,
+            other => other.at(Stage::Plan, || "read the plan from fd 3 (a Unix stream socket)".into())?,
+        };
+        for c in msg.cmsgs().at(Stage::Plan, || "read the plan's descriptors".into())? {
+            if let ControlMessageOwned::ScmRights(fds) = c {
+                // SAFETY: SCM_RIGHTS installed these descriptors in this process; nothing else owns them.
+                received.extend(fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+            }
+        }
+        if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
+            return Err(fail(
+                Stage::Plan,
+                Errno::EMSGSIZE,
+                "more descriptors came with the plan than allowed",
+            ));
+        }
+        let n = msg.bytes;
+        if n == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&buf[..n]);
+        if bytes.len() > PLAN_MAX_BYTES {
+            break;
+        }
+    }
+    drop(socket);
+    let plan = decode_plan(&bytes).map_err(|e| fail(Stage::Plan, Errno::EINVAL, e.to_string()))?;
+    if received.len() != plan.descriptors.len() {
+        return Err(fail(
+            Stage::Plan,
+            Errno::EINVAL,
+            format!(
+                "the plan names {} host paths but came with {} descriptors",
+                plan.descriptors.len(),
+                received.len()
+            ),
+        ));
+    }
+    match (&plan.cgroup, had_cgroup_fd) {
+        (Some(_), false) => {
+            return Err(fail(Stage::Cgroup, Errno::EBADF, "the plan names a cgroup but fd 5 is not open"));
+        }
+        (None, true) => close_range(CGROUP_FD as u32, CGROUP_FD as u32)?,
+        _ => {}
+    }
+    Ok((plan, received))
 }
 
 /// Marks every descriptor above stdio close-on-exec, the status channel and
@@ -52,11 +118,55 @@ pub fn close_on_exec_above_stdio() -> Result<()> {
     Errno::result(rc).map(drop).at(Stage::Fds, || "close_range(3.., CLOEXEC)".into())
 }
 
-/// The cgroup directory the broker opened for this run.
-pub fn cgroup_dir() -> Result<BorrowedFd<'static>> {
-    if !is_open(CGROUP_FD) {
-        return Err(fail(Stage::Cgroup, Errno::EBADF, "the plan names a cgroup but fd 5 is not open"));
+/// Closes every descriptor but stdio and the status channel. Called by pid 1
+/// before it forks the command, so that nothing else of the helper's can be
+/// reached through it; the caller owns nothing else open at this point (what
+/// it held was dropped).
+pub fn keep_only_stdio_and_status() -> Result<()> {
+    close_range(PLAN_FD as u32, PLAN_FD as u32)
+        .or_else(|e| if e.errno == Errno::EBADF { Ok(()) } else { Err(e) })?;
+    close_range(STATUS_FD as u32 + 1, u32::MAX)
+}
+
+/// Closes every descriptor but the status channel and `tether` (its end of
+/// the lifeline to its child): a monitor (pid 1, Tier B's reaper) needs no
+/// more once the command is forked, not even stdio.
+pub fn keep_only_status_and(tether: &OwnedFd) -> Result<()> {
+    let mut keep = [STATUS_FD as u32, tether.as_raw_fd() as u32];
+    keep.sort_unstable();
+    let mut first = 0;
+    for fd in keep {
+        if fd > first {
+            close_range(first, fd - 1)?;
+        }
+        first = fd + 1;
     }
-    // SAFETY: fd 5 is the cgroup directory by the calling convention and stays open until exec.
-    Ok(unsafe { BorrowedFd::borrow_raw(CGROUP_FD) })
+    close_range(first, u32::MAX)
+}
+
+/// The cgroup directory the broker opened for this run (checked open by [`read_plan`]).
+pub fn cgroup_dir() -> BorrowedFd<'static> {
+    // SAFETY: fd 5 is the cgroup directory by the calling convention, open
+    // (read_plan checked) until `cgroup::join` closes it.
+    unsafe { BorrowedFd::borrow_raw(CGROUP_FD) }
+}
+
+/// The descriptors that came with the plan, by the host path each stands for.
+pub struct Descriptors {
+    paths: Vec<String>,
+    fds: Vec<OwnedFd>,
+}
+
+impl Descriptors {
+    pub fn new(plan: &JailPlan, fds: Vec<OwnedFd>) -> Descriptors {
+        Descriptors { paths: plan.descriptors.iter().map(|d| d.path.clone()).collect(), fds }
+    }
+
+    /// The descriptor of `path`, which the plan must have named.
+    pub fn get(&self, path: &str, stage: Stage) -> Result<&OwnedFd> {
+        let i = self.paths.iter().position(|p| p == path);
+        i.map(|i| &self.fds[i]).ok_or_else(|| {
+            fail(stage, Errno::EINVAL, format!("the plan names {path} but no descriptor for it"))
+        })
+    }
 }

@@ -1,18 +1,28 @@
 //! A helper started by root never leaves a sandboxed process as host root:
-//! it prepares what needs root (idmapped binds of the granted paths), then
-//! becomes the plan's unprivileged host ids before creating any namespace.
+//! it prepares what needs root (clones of the granted paths, idmapped for the
+//! requester), then becomes the plan's unprivileged host ids before creating
+//! any namespace.
 
 use crate::error::{Context, Result, fail};
+use crate::fds::Descriptors;
 use crate::{lifeline, mounts};
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
-use nix::sys::stat::stat;
 use nix::unistd::{Gid, Pid, Uid, getuid, setgroups, setresgid, setresuid};
 use palisade_protocol::{HostIds, JailPlan, Mount, Stage};
 use std::os::fd::OwnedFd;
 
-/// Returns the owned binds' detached, idmapped trees (by mount index).
-pub fn become_unprivileged(plan: &JailPlan, ids: HostIds) -> Result<Vec<Option<OwnedFd>>> {
+/// Returns every bind's and overlay's detached tree (by mount index), cloned
+/// from the broker's descriptors while the helper is still in the host's
+/// mount namespace. Owned ones (granted to the request) are idmapped so that
+/// the requester's files are the sandbox's: the sandbox acts as the
+/// requester on them, and as anybody else on the rest.
+pub fn become_unprivileged(
+    plan: &JailPlan,
+    descriptors: Option<&Descriptors>,
+    ids: HostIds,
+) -> Result<Vec<Option<OwnedFd>>> {
+    let descriptors = descriptors.ok_or_else(|| fail(Stage::Plan, Errno::EINVAL, "no descriptors"))?;
     if !getuid().is_root() {
         return Err(fail(
             Stage::Ids,
@@ -20,29 +30,25 @@ pub fn become_unprivileged(plan: &JailPlan, ids: HostIds) -> Result<Vec<Option<O
             "the plan names host ids but the helper is not running as root",
         ));
     }
+    let requester = plan.acting_for.ok_or_else(|| {
+        fail(Stage::Plan, Errno::EINVAL, "the plan names host ids but not the requester they act for")
+    })?;
     let mut trees: Vec<Option<OwnedFd>> = plan.mounts.iter().map(|_| None).collect();
-    // One idmapping namespace per on-disk owner: that owner's files become the sandbox's.
-    let mut namespaces: Vec<((u32, u32), OwnedFd)> = Vec::new();
+    let mut userns: Option<OwnedFd> = None;
     for (i, m) in plan.mounts.iter().enumerate() {
-        let (source, writable) = match m {
-            Mount::Bind { source, owned: true, writable, .. } => (source, *writable),
+        let (source, writable, owned) = match m {
+            Mount::Bind { source, writable, owned, .. } => (source, *writable, *owned),
             // The lower layer of an overlay is read-only; the sandbox writes to the upper.
-            Mount::Overlay { source, owned: true, .. } => (source, false),
+            Mount::Overlay { source, owned, .. } => (source, false, *owned),
             _ => continue,
         };
-        // Captured now, while root: the sandbox's uid may not even reach it.
-        let tree = mounts::open_tree(source, true)?;
-        let st = stat(source.as_str()).at(Stage::Mounts, || format!("stat {source}"))?;
-        let owner = (st.st_uid, st.st_gid);
-        if owner != (ids.uid, ids.gid) {
-            let userns = match namespaces.iter().position(|(o, _)| *o == owner) {
-                Some(k) => &namespaces[k].1,
-                None => {
-                    namespaces.push((owner, idmap_userns(owner.0, owner.1, ids)?));
-                    &namespaces[namespaces.len() - 1].1
-                }
+        let tree = mounts::clone_tree(descriptors.get(source, Stage::Mounts)?, source)?;
+        if owned && requester != ids {
+            let ns = match &userns {
+                Some(ns) => ns,
+                None => userns.insert(idmap_userns(requester, ids)?),
             };
-            match mounts::idmap(&tree, userns) {
+            match mounts::idmap(&tree, ns) {
                 Ok(()) => {}
                 // A read-only bind on a filesystem that cannot idmap stays a
                 // plain bind: the sandbox gets less access, never more.
@@ -69,13 +75,14 @@ pub fn become_unprivileged(plan: &JailPlan, ids: HostIds) -> Result<Vec<Option<O
     Ok(trees)
 }
 
-/// A user namespace mapping the on-disk owner to the sandbox's host ids, for
-/// idmapping. A short-lived child is created in it (`clone` with
+/// A user namespace mapping the requester's ids to the sandbox's host ids,
+/// for idmapping. A short-lived child is created in it (`clone` with
 /// `CLONE_NEWUSER`: the namespace exists when the call returns, nothing to
 /// wait for); we (root) write its maps, keep the namespace by a descriptor
 /// and kill the child. It is reaped with the command's monitor's other
 /// children: nothing here waits for it.
-fn idmap_userns(disk_uid: u32, disk_gid: u32, ids: HostIds) -> Result<OwnedFd> {
+fn idmap_userns(requester: HostIds, ids: HostIds) -> Result<OwnedFd> {
+    let HostIds { uid: disk_uid, gid: disk_gid } = requester;
     let parent = nix::unistd::getpid();
     // SAFETY: a fork-style clone (no new stack, no shared memory): the child
     // continues here with a copy of the process and only makes raw syscalls.

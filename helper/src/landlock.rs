@@ -3,6 +3,7 @@
 //! rest is best effort, and what the kernel actually enforced is reported.
 
 use crate::error::{self, Context, HelperError, Result, fail};
+use crate::fds::Descriptors;
 use landlock::{
     ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, LandlockStatus, NetPort,
     PathBeneath, RulesetAttr, RulesetCreatedAttr, RulesetError, RulesetStatus, Scope,
@@ -19,7 +20,10 @@ use std::os::fd::OwnedFd;
 /// The newest ABI the plan's features need; newer rights are not handled.
 const ABI_USED: ABI = ABI::V6;
 
-pub fn restrict_self(plan: &LandlockPlan) -> Result<()> {
+/// `host`: in Tier B, the descriptors every rule's path stands for (the
+/// paths are the host's, opened by the broker); `None` in Tier C, whose
+/// paths are inside the sandbox's own root.
+pub fn restrict_self(plan: &LandlockPlan, host: Option<&Descriptors>) -> Result<()> {
     if plan.wanted.is_empty() {
         return Ok(());
     }
@@ -82,7 +86,7 @@ pub fn restrict_self(plan: &LandlockPlan) -> Result<()> {
     ];
     for (paths, access) in groups {
         for path in paths {
-            created = created.add_rule(path_rule(path, access & handled)?).map_err(general)?;
+            created = created.add_rule(path_rule(path, host, access & handled)?).map_err(general)?;
         }
     }
     for (ports, access) in [(&plan.tcp_bind, AccessNet::BindTcp), (&plan.tcp_connect, AccessNet::ConnectTcp)]
@@ -115,12 +119,19 @@ pub fn restrict_self(plan: &LandlockPlan) -> Result<()> {
     Ok(())
 }
 
-fn path_rule(path: &str, access: BitFlags<AccessFs>) -> Result<PathBeneath<OwnedFd>> {
-    // O_PATH: a handle on the path, not an open of what it is (a tty, a fifo).
-    // Opened here rather than with the crate's PathFd, whose std OpenOptions
-    // loses O_PATH under musl (there O_ACCMODE includes it).
-    let fd = open(path, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty())
-        .at(Stage::Landlock, || format!("open {path} for a Landlock rule"))?;
+fn path_rule(
+    path: &str,
+    host: Option<&Descriptors>,
+    access: BitFlags<AccessFs>,
+) -> Result<PathBeneath<OwnedFd>> {
+    let fd = match host {
+        Some(d) => d.get(path, Stage::Landlock)?.try_clone().at(Stage::Landlock, || format!("dup {path}"))?,
+        // O_PATH: a handle on the path, not an open of what it is (a tty, a
+        // fifo). Opened here rather than with the crate's PathFd, whose std
+        // OpenOptions loses O_PATH under musl (there O_ACCMODE includes it).
+        None => open(path, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty())
+            .at(Stage::Landlock, || format!("open {path} for a Landlock rule"))?,
+    };
     let is_dir = fstat(&fd).at(Stage::Landlock, || format!("stat {path}"))?.st_mode & SFlag::S_IFMT.bits()
         == SFlag::S_IFDIR.bits();
     // A rule on a file may only carry rights that make sense for a file.

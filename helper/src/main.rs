@@ -1,7 +1,8 @@
 //! palisade-helper: builds one sandbox from a JailPlan, then execs the command.
 //!
-//! The broker spawns it with the plan on fd 3, the status channel on fd 4 and,
-//! when the plan names a cgroup, that cgroup's directory on fd 5. It has no
+//! The broker spawns it with the plan on fd 3 (a Unix socket, with the
+//! descriptors of the host paths the plan names), the status channel on fd 4
+//! and, when the plan names a cgroup, that cgroup's directory on fd 5. It has no
 //! setuid bit and no privilege of its own: everything it may do beyond an
 //! ordinary process comes from the user namespace it creates. Each step below
 //! either succeeds or reports `(stage, errno)` on fd 4, and the helper exits
@@ -29,7 +30,7 @@ use monitor::Role;
 use nix::errno::Errno;
 use nix::sys::prctl;
 use nix::sys::signal::Signal;
-use palisade_protocol::{JailPlan, Stage};
+use palisade_protocol::{JailPlan, LandlockFeatures, Stage};
 use std::convert::Infallible;
 
 fn main() {
@@ -48,8 +49,12 @@ fn contain() -> Result<Infallible> {
     // Never gain privileges through exec, from here on.
     prctl::set_no_new_privs().at(Stage::NoNewPrivs, || "PR_SET_NO_NEW_PRIVS".into())?;
     fds::check_conventions()?;
-    let plan = fds::read_plan()?;
+    // Nothing a caller left open may reach the sandbox (pid 1 never execs).
+    fds::close_inherited()?;
+    let (plan, received) = fds::read_plan()?;
     check(&plan)?;
+    // Tier C builds its root from them; Tier B's Landlock rules use them.
+    let mut descriptors = Some(fds::Descriptors::new(&plan, received));
     fds::close_on_exec_above_stdio()?;
     // Tier B's helper cleans up after the command when its caller dies: see lifeline.rs.
     let death_signal = if plan.namespaces.user { Signal::SIGKILL } else { Signal::SIGTERM };
@@ -60,7 +65,7 @@ fn contain() -> Result<Infallible> {
     }
     let tether = if plan.namespaces.user {
         let captured = match plan.host_ids {
-            Some(ids) => hostids::become_unprivileged(&plan, ids)?,
+            Some(ids) => hostids::become_unprivileged(&plan, descriptors.as_ref(), ids)?,
             None => vec![],
         };
         userns::enter(&plan.namespaces, plan.uid, plan.gid)?;
@@ -68,31 +73,41 @@ fn contain() -> Result<Infallible> {
         // The outer helper stays behind as monitor (after making the network
         // namespace, while its child builds the mounts); its child is pid 1
         // of the new pid namespace.
-        let _to_monitor = monitor::fork_watched_then(Role::Relay, || match &net {
+        let to_relay = monitor::fork_watched(Role::Relay, || match &net {
             Some(n) => n.create(plan.loopback),
             None => Ok(()),
         })?;
-        mounts::build_root(&plan.mounts, captured)?;
+        mounts::build_root(&plan, descriptors.take(), captured)?;
         if let Some(name) = &plan.hostname {
             uts::set_hostname(name)?;
         }
         if let Some(n) = net {
             n.join()?;
         }
-        // pid 1 stays as a tiny init; the command runs in its child.
-        monitor::fork_watched(Role::Init)?
+        drop(to_relay);
+        // pid 1 stays as a tiny init; the command runs in its child. Nothing
+        // of pid 1 may be reached from the command through /proc/1: it holds
+        // no descriptor but stdio and the status channel, and it is not
+        // dumpable (no ptrace, no /proc/1/mem or /proc/1/fd).
+        fds::keep_only_stdio_and_status()?;
+        prctl::set_dumpable(false).at(Stage::Monitor, || "PR_SET_DUMPABLE(0)".into())?;
+        // pid 1's own filter (the command's comes later, in the child).
+        monitor::fork_watched(Role::Init, || seccomp::install(&plan.monitor_seccomp))?
     } else {
         // A root caller's groups would otherwise follow the command to its new uid.
         creds::drop_supplementary_groups()?;
-        monitor::fork_watched(Role::Reaper)?
+        // The reaper stays beside the command, outside its Landlock domain.
+        prctl::set_dumpable(false).at(Stage::Monitor, || "PR_SET_DUMPABLE(0)".into())?;
+        monitor::fork_watched(Role::Reaper, || Ok(()))?
     };
     rlimits::apply(&plan.rlimits)?;
     creds::switch_ids_and_drop_capabilities(plan.uid, plan.gid)?;
     // The kernel clears the death signal when credentials change.
     lifeline::arm_in_child(&tether)?;
     drop(tether);
-    // After the mounts (a Landlock-restricted process cannot mount), before seccomp.
-    landlock::restrict_self(&plan.landlock)?;
+    // After the mounts (a Landlock-restricted process cannot mount), before
+    // seccomp. Tier B's rules are on the broker's descriptors of host paths.
+    landlock::restrict_self(&plan.landlock, descriptors.as_ref())?;
     let command = exec::prepare(&plan)?;
     session::enter_cwd(&plan.cwd)?;
     session::new_session()?;
@@ -114,6 +129,11 @@ fn check(plan: &JailPlan) -> Result<()> {
     } else if !ns.user && plan.uid == 0 {
         // The kernel exempts host root from RLIMIT_NPROC, and root owns most files.
         "the command to run as host root without a user namespace"
+    } else if !ns.user && !plan.landlock.required.contains(LandlockFeatures::FS) {
+        // Without namespaces, Landlock is the filesystem boundary.
+        "Tier B without Landlock's filesystem rules as a requirement"
+    } else if plan.acting_for.is_some() && plan.host_ids.is_none() {
+        "a requester to act for without host ids"
     } else if plan.hostname.is_some() && !ns.uts {
         "a hostname without a UTS namespace"
     } else if plan.loopback && !ns.net {

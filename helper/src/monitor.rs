@@ -12,7 +12,7 @@
 //! B's death signal, so the reaper cleans up when its caller dies.
 
 use crate::error::{self, Context, Result};
-use crate::{creds, lifeline};
+use crate::{creds, fds, lifeline};
 use nix::errno::Errno;
 use nix::sys::prctl;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill};
@@ -39,13 +39,10 @@ const WATCHED: [Signal; 7] = [
 ];
 
 /// Forks. Returns in the child only, with its end of the lifeline tether.
-pub fn fork_watched(role: Role) -> Result<OwnedFd> {
-    fork_watched_then(role, || Ok(()))
-}
-
-/// Forks; the parent does `in_parent` (concurrently with the child) before it
-/// starts watching, and kills the child and exits if that fails.
-pub fn fork_watched_then(role: Role, in_parent: impl FnOnce() -> Result<()>) -> Result<OwnedFd> {
+/// The parent does `in_parent` (concurrently with the child) before it
+/// starts watching, and kills the child and exits if that fails. The parent
+/// never returns: nothing it holds is ever dropped.
+pub fn fork_watched(role: Role, in_parent: impl FnOnce() -> Result<()>) -> Result<OwnedFd> {
     if role == Role::Reaper {
         // Orphans of the command are re-parented to us instead of escaping to init.
         prctl::set_child_subreaper(true).at(Stage::Monitor, || "PR_SET_CHILD_SUBREAPER".into())?;
@@ -70,7 +67,13 @@ pub fn fork_watched_then(role: Role, in_parent: impl FnOnce() -> Result<()>) -> 
             drop(tether.child_end);
             // pid 1 needs no privilege to reap and relay.
             let drop_caps = || if role == Role::Init { creds::drop_capabilities() } else { Ok(()) };
-            if let Err(e) = in_parent().and_then(|()| drop_caps()) {
+            // pid 1 and the reaper stay beside the command: they keep nothing
+            // it could reach through them (the Relay is outside its pid namespace).
+            let close = || match role {
+                Role::Relay => Ok(()),
+                Role::Init | Role::Reaper => fds::keep_only_status_and(&tether.parent_end),
+            };
+            if let Err(e) = drop_caps().and_then(|()| close()).and_then(|()| in_parent()) {
                 error::report(&e);
                 let _ = kill(child, Signal::SIGKILL);
                 std::process::exit(error::EXIT_HELPER_FAILED);
@@ -125,10 +128,14 @@ fn finish(report: ExitReport, role: Role) -> ! {
     if role == Role::Reaper {
         kill_descendants();
     }
-    std::process::exit(match report {
+    let code = match report {
         ExitReport::Code(code) => code,
         ExitReport::Signal(sig) => 128 + sig,
-    })
+    };
+    // SAFETY: _exit ends the process at once; nothing is left to flush (the
+    // record went out in one write), and libc's exit would make system calls
+    // pid 1's filter does not allow.
+    unsafe { libc::_exit(code) }
 }
 
 /// Kills what the command left behind. Each killed process's children are

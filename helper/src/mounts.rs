@@ -1,8 +1,13 @@
 //! The sandbox's root: a read-only tmpfs holding exactly the plan's mounts.
 //!
-//! Bind sources are captured with `open_tree` before anything is mounted, so a
-//! source under the staging directory (a workspace in /tmp, say) stays
-//! reachable. The new root and the overlays' layers are assembled side by
+//! Bind sources are the descriptors the broker opened (as the requester) and
+//! sent with the plan; each is cloned with `open_tree` before anything is
+//! mounted, so a source under the staging directory (a workspace in /tmp,
+//! say) stays reachable. The kernel clones only mounts of the caller's own
+//! mount namespace and the descriptors are the host's: a helper started by
+//! root clones them before it leaves the host's namespace (hostids.rs); one
+//! that is not root looks each path up again in its copy of the namespace
+//! and clones it only if it is the very file the descriptor is. The new root and the overlays' layers are assembled side by
 //! side in one staging tmpfs of the old root: detaching the old root after
 //! `pivot_root` takes the layers' mounts with it, in one unmount (each
 //! unmount waits for an expedited RCU grace period, which interrupts every
@@ -12,12 +17,13 @@
 
 use crate::error;
 use crate::error::{Context, Result, fail};
+use crate::fds::Descriptors;
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, open};
+use nix::fcntl::{AT_FDCWD, OFlag, OpenHow, ResolveFlag, open, openat2};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::stat::{Mode, SFlag, fstat};
 use nix::unistd::{chdir, mkdir, pivot_root, symlinkat};
-use palisade_protocol::{HelperRecord, Mount, Stage, tmpfs_inodes};
+use palisade_protocol::{HelperRecord, JailPlan, Mount, Stage, tmpfs_inodes};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -35,9 +41,15 @@ const DEV_LINKS: [(&str, &str); 5] = [
     ("ptmx", "pts/ptmx"),
 ];
 
-/// `captured`: trees prepared before the namespaces existed (idmapped writable
-/// binds of a helper started by root), by mount index.
-pub fn build_root(mounts: &[Mount], captured: Vec<Option<OwnedFd>>) -> Result<()> {
+/// `captured`: trees cloned before the namespaces existed (by a helper
+/// started by root: every bind and overlay source), by mount index.
+pub fn build_root(
+    plan: &JailPlan,
+    descriptors: Option<Descriptors>,
+    captured: Vec<Option<OwnedFd>>,
+) -> Result<()> {
+    let descriptors = descriptors.ok_or_else(|| fail(Stage::Plan, Errno::EINVAL, "no descriptors"))?;
+    let mounts = &plan.mounts;
     check_targets(mounts)?;
     // Nothing mounted from here on may propagate back to the host.
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
@@ -45,8 +57,9 @@ pub fn build_root(mounts: &[Mount], captured: Vec<Option<OwnedFd>>) -> Result<()
     let sources = mounts
         .iter()
         .zip(captured.into_iter().chain(std::iter::repeat_with(|| None)))
-        .map(|(m, early)| early.map_or_else(|| capture(m), |tree| Ok(Source::Tree(tree))))
+        .map(|(m, early)| early.map_or_else(|| capture(plan, &descriptors, m), |tree| Ok(Source::Tree(tree))))
         .collect::<Result<Vec<_>>>()?;
+    drop(descriptors);
     let fs_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mount(Some("tmpfs"), STAGING, Some("tmpfs"), fs_flags, Some("size=1m,mode=0755"))
         .at(Stage::Mounts, || "mount the staging tmpfs".into())?;
@@ -97,14 +110,42 @@ enum Source {
     DevNodes(Vec<OwnedFd>),
 }
 
-fn capture(m: &Mount) -> Result<Source> {
+fn capture(plan: &JailPlan, descriptors: &Descriptors, m: &Mount) -> Result<Source> {
     Ok(match m {
-        Mount::Bind { source, .. } | Mount::Overlay { source, .. } => Source::Tree(open_tree(source, true)?),
+        Mount::Bind { source, .. } | Mount::Overlay { source, .. } => {
+            let fd = descriptors.get(source, Stage::Mounts)?;
+            let host_layout = plan.descriptor(source).is_some_and(|i| plan.descriptors[i].host_layout);
+            Source::Tree(clone_same(source, fd, host_layout)?)
+        }
         Mount::Dev { .. } => Source::DevNodes(
             DEV_NODES.iter().map(|n| open_tree(&format!("/dev/{n}"), false)).collect::<Result<_>>()?,
         ),
         _ => Source::None,
     })
+}
+
+/// A helper that is not root cannot clone the host's mount behind `fd` (the
+/// kernel clones mounts of the caller's own namespace only: EINVAL). It
+/// looks `path` up in its copy of the namespace, with no magic link (and, for
+/// a path the request named, no symlink) on the way, and clones what it finds
+/// only if it is the file the broker opened: same device, same inode. A path
+/// swapped since is refused, never followed.
+fn clone_same(path: &str, fd: &OwnedFd, host_layout: bool) -> Result<OwnedFd> {
+    let mut resolve = ResolveFlag::RESOLVE_NO_MAGICLINKS;
+    if !host_layout {
+        resolve |= ResolveFlag::RESOLVE_NO_SYMLINKS;
+    }
+    let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_CLOEXEC).resolve(resolve);
+    let found = openat2(AT_FDCWD, path, how).at(Stage::Mounts, || format!("look up {path} again"))?;
+    let (want, got) = (fstat(fd), fstat(&found));
+    let (want, got) = (
+        want.at(Stage::Mounts, || format!("stat {path}"))?,
+        got.at(Stage::Mounts, || format!("stat {path}"))?,
+    );
+    if (want.st_dev, want.st_ino) != (got.st_dev, got.st_ino) {
+        return Err(fail(Stage::Mounts, Errno::ESTALE, format!("{path} changed since the broker opened it")));
+    }
+    clone_tree(&found, path)
 }
 
 fn place(m: &Mount, source: Source) -> Result<()> {
@@ -138,7 +179,9 @@ fn place(m: &Mount, source: Source) -> Result<()> {
             mount(Some("proc"), rel, Some("proc"), flags, None::<&str>)
                 .at(Stage::Mounts, || format!("mount proc on {target}"))
         }
-        (Mount::Dev { target }, Source::DevNodes(nodes)) => build_dev(rel, target, nodes),
+        (Mount::Dev { target, shm_bytes }, Source::DevNodes(nodes)) => {
+            build_dev(rel, target, *shm_bytes, nodes)
+        }
         (Mount::Symlink { target, link }, _) => {
             make_parents(rel)?;
             symlinkat(link.as_str(), nix::fcntl::AT_FDCWD, rel)
@@ -196,8 +239,8 @@ fn overlay(target: &str, size: u64, lower: OwnedFd, i: usize) -> Result<()> {
 }
 
 /// A tmpfs with the host's harmless device nodes bound in, a private devpts
-/// and a small writable /dev/shm; the tmpfs itself ends up read-only.
-fn build_dev(rel: &str, target: &str, nodes: Vec<OwnedFd>) -> Result<()> {
+/// and a writable /dev/shm of `shm` bytes; the tmpfs itself ends up read-only.
+fn build_dev(rel: &str, target: &str, shm: u64, nodes: Vec<OwnedFd>) -> Result<()> {
     make_mount_point(rel, true)?;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
     mount(Some("tmpfs"), rel, Some("tmpfs"), flags, Some("size=64k,mode=0755"))
@@ -213,9 +256,10 @@ fn build_dev(rel: &str, target: &str, nodes: Vec<OwnedFd>) -> Result<()> {
         symlinkat(link, nix::fcntl::AT_FDCWD, format!("{rel}/{name}").as_str())
             .at(Stage::Mounts, || format!("symlink {target}/{name} -> {link}"))?;
     }
-    let (shm, pts) = (format!("{rel}/shm"), format!("{rel}/pts"));
-    make_mount_point(&shm, true)?;
-    mount(Some("tmpfs"), shm.as_str(), Some("tmpfs"), flags | MsFlags::MS_NODEV, Some("size=64m,mode=1777"))
+    let (shm_dir, pts) = (format!("{rel}/shm"), format!("{rel}/pts"));
+    make_mount_point(&shm_dir, true)?;
+    let data = format!("size={shm},nr_inodes={},mode=1777", tmpfs_inodes(shm));
+    mount(Some("tmpfs"), shm_dir.as_str(), Some("tmpfs"), flags | MsFlags::MS_NODEV, Some(data.as_str()))
         .at(Stage::Mounts, || format!("mount tmpfs on {target}/shm"))?;
     make_mount_point(&pts, true)?;
     mount(Some("devpts"), pts.as_str(), Some("devpts"), flags, Some("newinstance,ptmxmode=0666,mode=0620"))
@@ -258,8 +302,9 @@ fn cstr(s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| fail(Stage::Mounts, Errno::EINVAL, format!("NUL byte in path {s:?}")))
 }
 
-/// A detached copy of the mount at `path` (and, if `recursive`, below it).
-pub fn open_tree(path: &str, recursive: bool) -> Result<OwnedFd> {
+/// A detached copy of the mount at `path` (and, if `recursive`, below it):
+/// for the fixed device nodes of /dev, which no request names.
+fn open_tree(path: &str, recursive: bool) -> Result<OwnedFd> {
     let c = cstr(path)?;
     let mut flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC;
     if recursive {
@@ -270,6 +315,20 @@ pub fn open_tree(path: &str, recursive: bool) -> Result<OwnedFd> {
     let fd = Errno::result(fd).at(Stage::Mounts, || format!("capture {path} for binding"))?;
     // SAFETY: open_tree returned a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// A detached copy of the tree at the descriptor `fd` and below it (`path`
+/// names it in errors only).
+pub fn clone_tree(fd: &OwnedFd, path: &str) -> Result<OwnedFd> {
+    let flags = libc::OPEN_TREE_CLONE
+        | libc::OPEN_TREE_CLOEXEC
+        | libc::AT_RECURSIVE as u32
+        | libc::AT_EMPTY_PATH as u32;
+    // SAFETY: `fd` is open and the empty path is a valid NUL-terminated string.
+    let tree = unsafe { libc::syscall(libc::SYS_open_tree, fd.as_raw_fd(), c"".as_ptr(), flags) };
+    let tree = Errno::result(tree).at(Stage::Mounts, || format!("capture {path} for binding"))?;
+    // SAFETY: open_tree returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(tree as i32) })
 }
 
 /// Attaches a detached tree at `rel` (relative to the staging root).

@@ -37,15 +37,17 @@ fn missing_plan_and_status_descriptors_are_refused() {
 }
 
 /// A close-on-exec pipe: only the ends the helper is handed (dup2 clears the
-/// flag on the copies) reach it. An inherited plan writer would keep the
-/// helper waiting for an end of file that never comes.
+/// flag on the copies) reach it. (The plan's socket pair is close-on-exec
+/// too: an inherited writer would keep the helper waiting for an end of file
+/// that never comes.)
 fn pipe() -> (OwnedFd, OwnedFd) {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap()
 }
 
-/// Runs the helper with `plan` on fd 3 and returns its status records.
+/// Runs the helper with `plan` on fd 3 (a Unix stream socket, as the
+/// convention says) and returns its status records.
 fn run_with_plan(plan: &[u8]) -> (Option<i32>, Vec<HelperRecord>) {
-    let (plan_r, plan_w) = pipe();
+    let (plan_w, plan_r) = std::os::unix::net::UnixStream::pair().unwrap();
     let (status_r, status_w) = pipe();
     let (p, s) = (plan_r.as_raw_fd(), status_w.as_raw_fd());
     let mut cmd = Command::new(HELPER);
@@ -64,7 +66,7 @@ fn run_with_plan(plan: &[u8]) -> (Option<i32>, Vec<HelperRecord>) {
     }
     let mut child = cmd.spawn().unwrap();
     drop((plan_r, status_w));
-    let mut w = std::fs::File::from(plan_w);
+    let mut w = plan_w;
     let _ = w.write_all(plan);
     drop(w);
     let code = child.wait().unwrap().code();

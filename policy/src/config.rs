@@ -52,9 +52,21 @@ pub struct BrokerConfig {
     pub etc_snapshot: bool,
     /// Path of palisade-helper; default: next to the running binary.
     pub helper: Option<PathBuf>,
-    /// When the broker runs as root: the host uid and gid sandboxes run as.
-    pub sandbox_uid: u32,
-    pub sandbox_gid: u32,
+    /// When the broker runs as root: the block of host ids sandboxes run as.
+    /// The sandboxes of requesting uid U run as uid and gid `first + U`, so
+    /// that two users' sandboxes never share a uid (they could signal or
+    /// trace each other). A block no one else uses: the broker refuses to
+    /// start when it overlaps a user, a group or a subordinate id range of
+    /// the host, and refuses a requester whose uid is `count` or more.
+    pub sandbox_ids: SandboxIds,
+    /// Connections open at once, all peers together; one more is answered
+    /// `Busy` and closed.
+    pub max_connections: usize,
+    /// Connections open at once from one uid.
+    pub max_connections_per_uid: usize,
+    /// How long an open connection may stay silent between requests (after
+    /// the hello, and after each result) before the broker closes it.
+    pub idle_timeout_secs: u64,
     /// The cgroup subtree runs are created under (a cgroup v2 directory, or a
     /// directory in a v1 memory hierarchy). Default: the broker's own cgroup
     /// if systemd delegated it on a pure cgroup v2 host; otherwise none.
@@ -77,11 +89,49 @@ impl Default for BrokerConfig {
             prespawn: 2,
             etc_snapshot: true,
             helper: None,
-            sandbox_uid: 65534,
-            sandbox_gid: 65534,
+            sandbox_ids: SandboxIds::default(),
+            max_connections: 1024,
+            max_connections_per_uid: 256,
+            idle_timeout_secs: 60,
             cgroup_root: None,
             user_namespaces: true,
         }
+    }
+}
+
+/// A block of host ids (see [`BrokerConfig::sandbox_ids`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxIds {
+    pub first: u32,
+    pub count: u32,
+}
+
+impl Default for SandboxIds {
+    /// systemd's host id ranges leave 1879048192 (0x70000000) and up to
+    /// 2147483647 unused by users, DynamicUser and containers; subordinate
+    /// id ranges (/etc/subuid) start far lower by default.
+    fn default() -> Self {
+        SandboxIds { first: 0x7000_0000, count: 65536 }
+    }
+}
+
+impl SandboxIds {
+    /// The host ids the sandboxes of requesting uid `uid` run as.
+    pub fn for_requester(&self, uid: u32) -> Result<palisade_protocol::HostIds, String> {
+        if uid >= self.count {
+            return Err(format!(
+                "uid {uid} has no sandbox ids: [broker] sandbox_ids covers requesting uids below {}",
+                self.count
+            ));
+        }
+        let id = self.first + uid;
+        Ok(palisade_protocol::HostIds { uid: id, gid: id })
+    }
+
+    /// The last id of the block.
+    pub fn last(&self) -> u32 {
+        self.first + (self.count - 1)
     }
 }
 
@@ -291,6 +341,19 @@ impl Config {
 
     /// Semantic checks, each failing with the byte offset it is about.
     fn check(&self) -> Result<(), (usize, String)> {
+        let ids = self.broker.sandbox_ids;
+        if ids.count == 0 || ids.first.checked_add(ids.count - 1).is_none_or(|last| last >= u32::MAX - 1) {
+            return Err((
+                0,
+                format!(
+                    "broker.sandbox_ids: {} ids from {} do not fit below 4294967294",
+                    ids.count, ids.first
+                ),
+            ));
+        }
+        if self.broker.max_connections == 0 || self.broker.max_connections_per_uid == 0 {
+            return Err((0, "broker.max_connections and max_connections_per_uid must be at least 1".into()));
+        }
         for name in &self.policy.require_landlock {
             if !LandlockFeatures::TABLE.iter().any(|(_, _, n)| n == name.get_ref()) {
                 let known: Vec<&str> = LandlockFeatures::TABLE.iter().map(|(_, _, n)| *n).collect();

@@ -8,11 +8,11 @@ use crate::capabilities::{
 };
 use crate::config::{Config, DiskMode, FallbackPolicy};
 use crate::egress::{self, EgressMode};
-use crate::jail::{ETC_ENTRIES, JailSpec, Limits, build_plan};
+use crate::jail::{BuildError, ETC_ENTRIES, JailSpec, Limits, build_plan};
 use crate::validate::{self, Rules, SENSITIVE_NAMES};
 use crate::{Preset, paths};
 use palisade_protocol::wire::{ErrorKind, ParamValue, RunRequest};
-use palisade_protocol::{HostIds, JailPlan, LandlockFeatures, Mount, Tier};
+use palisade_protocol::{HostIds, JailPlan, LandlockFeatures, Tier};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -66,6 +66,10 @@ pub struct Context {
     /// The broker's own ids.
     pub uid: u32,
     pub gid: u32,
+    /// Who asks: the peer's uid and gid (the broker's own for the CLI's
+    /// embedded broker). A broker running as root acts on its behalf: the
+    /// sandbox gets its access and its own block of host ids.
+    pub requester: HostIds,
     /// Where this run's host directories go (Tier B): `<temp_root>/run-<instance>-<run>`.
     pub temp_root: PathBuf,
     /// The broker's instance (`<pid>-<start time>`): runs' host directories
@@ -98,6 +102,9 @@ pub struct Resolved {
     pub plan: JailPlan,
     /// Host directories the sandbox may write (the peer must own them).
     pub writable: Vec<PathBuf>,
+    /// Host paths granted to the request, read or write: the requester must
+    /// be able to read (and, for `writable` ones, write) each of them.
+    pub granted: Vec<PathBuf>,
     /// Host directories the broker creates (mode 0700) before the run and removes after it.
     pub host_dirs: Vec<PathBuf>,
     pub timeout: Duration,
@@ -112,6 +119,8 @@ pub struct Resolved {
     pub network: String,
     pub egress: String,
     pub disk: String,
+    /// What bounded the run's memory, tmpfs mounts included.
+    pub memory: String,
     pub warnings: Vec<String>,
 }
 
@@ -480,8 +489,9 @@ impl Policy {
 
         // Landlock features the policy requires, against what this kernel has.
         let mut required = policy.required_landlock();
-        if tier == Tier::B && policy.fallback != FallbackPolicy::WarnAndExecute {
-            // Without namespaces, Landlock is the filesystem boundary.
+        if tier == Tier::B {
+            // Without namespaces, Landlock is the filesystem boundary: a Tier B
+            // run without it would see the whole host. Never optional.
             required = required.union(LandlockFeatures::FS);
         }
         let missing = required.difference(LandlockFeatures::supported_by_abi(ctx.host.landlock_abi));
@@ -522,7 +532,7 @@ impl Policy {
         // Sensitive entries inside a granted directory: at its top, in any home
         // directory it holds, and the system's own (/etc/shadow, ...). Hidden
         // in Tier C, a refusal in Tier B (which cannot hide them).
-        let mut masks = Vec::new();
+        let mut hidden = Vec::new();
         let granted: Vec<&PathBuf> = read_write.iter().chain(&read_only).collect();
         for (root, p, is_dir) in sensitive_inside(&self.rules, &granted, home) {
             if tier == Tier::B {
@@ -536,16 +546,7 @@ impl Policy {
                     ),
                 );
             }
-            masks.push(if is_dir {
-                Mount::Tmpfs { target: p.to_string_lossy().into(), size_bytes: 4096, mode: 0o000 }
-            } else {
-                Mount::Bind {
-                    source: "/dev/null".into(),
-                    target: p.to_string_lossy().into(),
-                    writable: false,
-                    owned: false,
-                }
-            });
+            hidden.push((p, is_dir));
         }
 
         // The plan.
@@ -564,6 +565,36 @@ impl Policy {
         if profile.exec_in_writable {
             exec_dirs.extend(read_write.iter().cloned());
         }
+        // A root broker's sandboxes run as the requester's own block of host ids.
+        let sandbox_ids = match ctx.uid {
+            0 => Some(
+                self.config
+                    .broker
+                    .sandbox_ids
+                    .for_requester(ctx.requester.uid)
+                    .map_err(|e| Denial::new(ErrorKind::Unauthorized, "broker.sandbox_ids", e))?,
+            ),
+            _ => None,
+        };
+        let d = &self.config.defaults;
+        let overlays = match (tier, d.disk) {
+            (Tier::C, DiskMode::Overlay) => read_write.len() as u64,
+            _ => 0,
+        };
+        let memory_bytes = process.max_memory_mb << 20;
+        let tmpfs = TmpfsSizes {
+            tmp: profile.tmp_size_mb << 20,
+            workspace: u64::from(temp_workspace.is_some() && tier == Tier::C),
+            upper: d.max_disk_mb << 20,
+            overlays,
+            // /dev/shm holds memory like any other: as much as the run may use.
+            shm: memory_bytes,
+        };
+        let tmpfs = match (&cgroup, tier) {
+            // A cgroup charges tmpfs pages to the run; rlimits do not see them.
+            (None, Tier::C) => tmpfs.fit_within(memory_bytes),
+            _ => tmpfs,
+        };
         let spec = JailSpec {
             tier,
             program: program.to_string_lossy().into_owned(),
@@ -595,42 +626,51 @@ impl Policy {
                 },
                 open_files: profile.max_open_files,
                 file_size_bytes: profile.max_file_size_mb << 20,
-                tmp_bytes: profile.tmp_size_mb << 20,
+                tmp_bytes: tmpfs.tmp,
+                shm_bytes: tmpfs.shm,
             },
             landlock_required: required,
             hostname: "palisade".into(),
             // Tier B has no user namespace to map a root broker's uid: the
             // command runs as the sandbox's ids on the host.
-            uid: if tier == Tier::B && ctx.uid == 0 { self.config.broker.sandbox_uid } else { ctx.uid },
-            gid: if tier == Tier::B && ctx.uid == 0 { self.config.broker.sandbox_gid } else { ctx.gid },
-            host_ids: (ctx.uid == 0).then_some(HostIds {
-                uid: self.config.broker.sandbox_uid,
-                gid: self.config.broker.sandbox_gid,
-            }),
+            uid: sandbox_ids.filter(|_| tier == Tier::B).map_or(ctx.uid, |ids| ids.uid),
+            gid: sandbox_ids.filter(|_| tier == Tier::B).map_or(ctx.gid, |ids| ids.gid),
+            host_ids: sandbox_ids,
+            acting_for: sandbox_ids.map(|_| ctx.requester),
             parent_pid: ctx.parent_pid,
             // cgroup v2: the helper joins through fd 5; v1: the broker places it.
             cgroup: cgroup.as_ref().filter(|c| !c.v1).map(|c| c.path.to_string_lossy().into_owned()),
             no_fork: process.no_fork,
             temp_workspace: if tier == Tier::C { temp_workspace.clone() } else { None },
-            write_bound: (tier == Tier::C && self.config.defaults.disk == DiskMode::Overlay)
-                .then_some(self.config.defaults.max_disk_mb << 20),
+            write_bound: (overlays > 0).then_some(tmpfs.upper),
+            hidden,
             etc_view: ctx.etc_view.clone(),
         };
-        let mut plan = build_plan(&spec)
-            .map_err(|e| Denial::new(ErrorKind::RuntimeFailure, "seccomp.compile", e.to_string()))?;
-        plan.mounts.extend(masks);
-        plan.mounts.sort_by(crate::jail::depth_then_name);
-        let network = match (host_network, &profile.capabilities.network) {
-            (false, _) if tier == Tier::C => "none: a network namespace with only loopback".to_string(),
-            (false, _) => "none: no socket() but socketpair, Landlock TCP rules (no namespace)".to_string(),
-            (true, n) => format!("host network ({n})"),
+        let plan = build_plan(&spec).map_err(|e| match e {
+            BuildError::TooManyPaths(_) => {
+                Denial::new(ErrorKind::InvalidRequest, "filesystem.too_many_paths", e.to_string())
+            }
+            BuildError::Seccomp(_) => {
+                Denial::new(ErrorKind::RuntimeFailure, "seccomp.compile", e.to_string())
+            }
+        })?;
+        let network = match (host_network, &profile.capabilities.network, profile.egress) {
+            (false, _, _) if tier == Tier::C => "none: a network namespace with only loopback".to_string(),
+            (false, _, _) => {
+                "none: no socket() but socketpair, Landlock TCP rules (no namespace)".to_string()
+            }
+            (true, n @ NetworkCapability::AllowDomains(_), EgressMode::Preflight) => format!(
+                "host network ({n}): preflight checked the hosts named on the command line; \
+                 nothing stops a connection to any other address, host loopback included"
+            ),
+            (true, n, _) => format!("host network ({n})"),
         };
-        let d = &self.config.defaults;
+        let mib = |b: u64| format!("{:.1} MiB", b as f64 / f64::from(1 << 20)).replace(".0 MiB", " MiB");
         let writes = match (tier, d.disk, read_write.is_empty()) {
             (_, _, true) => String::new(),
             (Tier::C, DiskMode::Overlay, false) => format!(
-                "; writable directories: overlay, writes held in a {} MiB tmpfs and copied back when the command exits by itself",
-                d.max_disk_mb
+                "; writable directories: overlay, writes held in a {} tmpfs and copied back when the command exits by itself",
+                mib(tmpfs.upper)
             ),
             (_, _, false) => {
                 "; writable directories: direct, bounded by RLIMIT_FSIZE per file only".to_string()
@@ -638,15 +678,31 @@ impl Policy {
         };
         let disk = match (tier, &temp_workspace) {
             (Tier::C, Some(_)) => {
-                format!("tmpfs {TEMP_WORKSPACE} and /tmp of {} MiB each{writes}", profile.tmp_size_mb)
+                format!("tmpfs {TEMP_WORKSPACE} and /tmp of {} each{writes}", mib(tmpfs.tmp))
             }
-            (Tier::C, None) => format!("tmpfs /tmp of {} MiB{writes}", profile.tmp_size_mb),
+            (Tier::C, None) => format!("tmpfs /tmp of {}{writes}", mib(tmpfs.tmp)),
             (Tier::B, _) => format!("host directories{writes}"),
         };
+        let memory = match (&cgroup, tier) {
+            (Some(c), _) => format!(
+                "cgroup {}: {} for the whole run, tmpfs pages included",
+                if c.v1 { "memory.limit_in_bytes" } else { "memory.max" },
+                mib(memory_bytes)
+            ),
+            (None, Tier::C) => format!(
+                "RLIMIT_AS {} per process; /tmp, /dev/shm and overlay upper layers {} together ({})",
+                mib(memory_bytes),
+                mib(tmpfs.total()),
+                tmpfs.describe(&mib)
+            ),
+            (None, Tier::B) => format!("RLIMIT_AS {} per process", mib(memory_bytes)),
+        };
         let writable = read_write;
+        let granted = writable.iter().chain(&spec.read_only).cloned().collect();
         let resolved = Resolved {
             plan,
             writable,
+            granted,
             host_dirs,
             timeout: Duration::from_secs(timeout),
             max_output_bytes,
@@ -657,9 +713,71 @@ impl Policy {
             network,
             egress: profile.egress.to_string(),
             disk,
+            memory,
             warnings,
         };
         Ok((resolved, approval))
+    }
+}
+
+/// The sizes of a Tier C run's tmpfs mounts.
+#[derive(Debug, Clone, Copy)]
+struct TmpfsSizes {
+    /// `/tmp`, and a temporary workspace when there is one (`workspace` is 1).
+    tmp: u64,
+    workspace: u64,
+    /// Each overlay's upper layer (`overlays` of them).
+    upper: u64,
+    overlays: u64,
+    shm: u64,
+}
+
+impl TmpfsSizes {
+    fn total(&self) -> u64 {
+        self.tmp
+            .saturating_mul(1 + self.workspace)
+            .saturating_add(self.upper.saturating_mul(self.overlays))
+            .saturating_add(self.shm)
+    }
+
+    /// Within `budget` bytes together (0: no limit), for a run whose memory
+    /// no cgroup bounds (rlimits do not count tmpfs pages): /tmp, the
+    /// temporary workspace and the overlays' upper layers keep their sizes
+    /// when they fit, scaled down in proportion when they do not, and
+    /// /dev/shm gets what is left (at least a page).
+    fn fit_within(self, budget: u64) -> TmpfsSizes {
+        const PAGE: u64 = 4096;
+        if budget == 0 {
+            return self;
+        }
+        let fixed = self
+            .tmp
+            .saturating_mul(1 + self.workspace)
+            .saturating_add(self.upper.saturating_mul(self.overlays));
+        let room = budget.saturating_sub(PAGE);
+        let mut fitted = self;
+        if fixed > room {
+            let scale = |b: u64| {
+                ((u128::from(b) * u128::from(room) / u128::from(fixed)) as u64 / PAGE * PAGE).max(PAGE)
+            };
+            fitted.tmp = scale(self.tmp);
+            fitted.upper = scale(self.upper);
+        }
+        let used = fitted.total() - fitted.shm;
+        fitted.shm = self.shm.min(budget.saturating_sub(used) / PAGE * PAGE).max(PAGE);
+        fitted
+    }
+
+    fn describe(&self, mib: &dyn Fn(u64) -> String) -> String {
+        let mut parts = vec![format!("/tmp {}", mib(self.tmp))];
+        if self.workspace > 0 {
+            parts.push(format!("{TEMP_WORKSPACE} {}", mib(self.tmp)));
+        }
+        if self.overlays > 0 {
+            parts.push(format!("{} upper layer(s) of {}", self.overlays, mib(self.upper)));
+        }
+        parts.push(format!("/dev/shm {}", mib(self.shm)));
+        parts.join(", ")
     }
 }
 

@@ -116,7 +116,12 @@ fn allow(out: &mut String, r: &Resolved) {
                 Mount::Tmpfs { target, mode: 0, .. } => format!("{target}  hidden (sensitive)"),
                 Mount::Tmpfs { target, size_bytes, .. } => format!("{target}  tmpfs, {}", size(*size_bytes)),
                 Mount::Proc { target } => format!("{target}  proc (the sandbox's processes only)"),
-                Mount::Dev { target } => format!("{target}  null zero full random urandom tty, shm, pts"),
+                Mount::Dev { target, shm_bytes } => {
+                    format!(
+                        "{target}  null zero full random urandom tty, pts, shm (tmpfs, {})",
+                        size(*shm_bytes)
+                    )
+                }
                 Mount::Symlink { target, link } => format!("{target} -> {link}"),
                 Mount::Overlay { source, target, size_bytes, .. } => {
                     let of = if source == target { String::new() } else { format!(" of {source}") };
@@ -154,6 +159,9 @@ fn allow(out: &mut String, r: &Resolved) {
     let _ = writeln!(out, "deadline: {} s; output quota {}", r.timeout.as_secs(), size(r.max_output_bytes));
     let _ = writeln!(out, "network:  {}", r.network);
     let _ = writeln!(out, "disk:     {}", r.disk);
-    let ip = !l.wanted.contains(LandlockFeatures::NET_TCP);
-    let _ = writeln!(out, "seccomp:  {}", seccomp::summary(&p.seccomp, ip, !r.capabilities.process.no_fork));
+    let _ = writeln!(out, "memory:   {}", r.memory);
+    let tier = p.tier();
+    let ip = tier == palisade_protocol::Tier::C || !l.wanted.contains(LandlockFeatures::NET_TCP);
+    let profile = seccomp::Profile { tier, ip, fork: !r.capabilities.process.no_fork };
+    let _ = writeln!(out, "seccomp:  {}", seccomp::summary(&p.seccomp, profile));
 }

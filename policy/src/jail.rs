@@ -7,8 +7,8 @@
 
 use crate::seccomp;
 use palisade_protocol::{
-    HostIds, JailPlan, LandlockFeatures, LandlockPlan, Mount, Namespaces, RLIM_INFINITY, Rlimit, Rlimits,
-    Tier,
+    HostIds, HostPath, JailPlan, LandlockFeatures, LandlockPlan, Mount, Namespaces, PLAN_MAX_DESCRIPTORS,
+    RLIM_INFINITY, Rlimit, Rlimits, Tier,
 };
 use std::path::{Path, PathBuf};
 
@@ -53,7 +53,10 @@ pub struct Limits {
     pub processes: u64,
     pub open_files: u64,
     pub file_size_bytes: u64,
+    /// Size of the tmpfs `/tmp` (and of a temporary workspace).
     pub tmp_bytes: u64,
+    /// Size of the tmpfs `/dev/shm`.
+    pub shm_bytes: u64,
 }
 
 impl Default for Limits {
@@ -65,6 +68,7 @@ impl Default for Limits {
             open_files: 1024,
             file_size_bytes: 1 << 30,
             tmp_bytes: 256 << 20,
+            shm_bytes: 64 << 20,
         }
     }
 }
@@ -96,6 +100,9 @@ pub struct JailSpec {
     pub gid: u32,
     /// Tier C started by root: the unprivileged host ids the sandbox runs as.
     pub host_ids: Option<HostIds>,
+    /// With `host_ids`: the requester's ids, whose files in granted
+    /// directories the sandbox acts as the owner of (see [`JailPlan::acting_for`]).
+    pub acting_for: Option<HostIds>,
     pub parent_pid: u32,
     pub cgroup: Option<String>,
     /// Processes may not create processes (threads only).
@@ -105,6 +112,9 @@ pub struct JailSpec {
     /// Tier C: writable directories are overlays whose upper layer is a tmpfs
     /// of this many bytes (see [`Mount::Overlay`]); `None`: plain binds.
     pub write_bound: Option<u64>,
+    /// Tier C: sensitive entries inside granted directories, hidden by an
+    /// empty mount over each (a directory: an empty tmpfs; a file: /dev/null).
+    pub hidden: Vec<(PathBuf, bool)>,
     /// Tier C: a directory holding a copy of the [`ETC_ENTRIES`] (what others
     /// may read of them), bound read-only at `/etc` in one mount instead of
     /// one mount per entry. Not used when another mount lies under `/etc`
@@ -175,11 +185,20 @@ fn system_paths(etc_entries: bool) -> (Vec<(String, String)>, Vec<String>) {
     (links, real)
 }
 
+/// Why a plan could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::SeccompError),
+    #[error("the sandbox would need {0} host paths; a plan carries at most {PLAN_MAX_DESCRIPTORS}")]
+    TooManyPaths(usize),
+}
+
 /// Builds the plan. Tier C: a private root of read-only system binds, the
 /// writable directories, tmpfs /tmp, fresh /proc and minimal /dev, with
 /// Landlock rules mirroring it. Tier B: the host's root, confined by Landlock
 /// alone.
-pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, seccomp::SeccompError> {
+pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, BuildError> {
     let under_etc = |p: &PathBuf| p.starts_with("/etc");
     let etc_view = spec.etc_view.as_ref().filter(|_| {
         spec.tier == Tier::C
@@ -256,7 +275,13 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, seccomp::SeccompError> {
                 landlock.write.push(s(t));
             }
             mounts.push(Mount::Proc { target: "/proc".into() });
-            mounts.push(Mount::Dev { target: "/dev".into() });
+            mounts.push(Mount::Dev { target: "/dev".into(), shm_bytes: spec.limits.shm_bytes });
+            mounts.extend(spec.hidden.iter().map(|(p, is_dir)| match is_dir {
+                true => Mount::Tmpfs { target: s(p), size_bytes: 4096, mode: 0o000 },
+                false => {
+                    Mount::Bind { source: "/dev/null".into(), target: s(p), writable: false, owned: false }
+                }
+            }));
             // The private /etc holds only the curated entries: one rule covers them.
             if etc_view.is_some() || landlock.read.iter().any(|p| p.starts_with("/etc/")) {
                 landlock.read.retain(|p| !p.starts_with("/etc/") && p != "/etc");
@@ -279,7 +304,9 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, seccomp::SeccompError> {
         }
     };
     mounts.sort_by(depth_then_name);
+    let descriptors = descriptors(spec, &mounts, &landlock)?;
     let l = &spec.limits;
+    let profile = seccomp::Profile { tier: spec.tier, ip: ip_sockets, fork: !spec.no_fork };
     Ok(JailPlan {
         program: spec.program.clone(),
         argv: spec.argv.clone(),
@@ -288,6 +315,8 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, seccomp::SeccompError> {
         uid: spec.uid,
         gid: spec.gid,
         host_ids: if spec.tier == Tier::C { spec.host_ids } else { None },
+        acting_for: if spec.tier == Tier::C { spec.host_ids.and(spec.acting_for) } else { None },
+        descriptors,
         loopback: namespaces.net,
         namespaces,
         mounts,
@@ -302,10 +331,54 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, seccomp::SeccompError> {
             core: Rlimit::both(0),
         },
         landlock,
-        seccomp: seccomp::default_program(ip_sockets, !spec.no_fork)?.to_vec(),
+        seccomp: seccomp::default_program(profile)?.to_vec(),
+        monitor_seccomp: seccomp::monitor_program()?.to_vec(),
         cgroup: spec.cgroup.clone(),
         parent_pid: spec.parent_pid,
     })
+}
+
+/// The host paths the helper gets as descriptors: every bind and overlay
+/// source and, in Tier B, every Landlock path. Those the request brought
+/// (grants, the workspace, Tier B's run directories) were canonical when the
+/// policy checked them, and are opened with no symlink allowed on the way.
+fn descriptors(
+    spec: &JailSpec,
+    mounts: &[Mount],
+    landlock: &LandlockPlan,
+) -> Result<Vec<HostPath>, BuildError> {
+    let granted: Vec<String> = (spec.read_write.iter())
+        .chain(&spec.read_only)
+        .chain(&spec.exec_dirs)
+        .chain(&spec.tmp_dir)
+        .map(|p| s(p))
+        .collect();
+    let sources: Vec<&String> = match spec.tier {
+        Tier::C => mounts
+            .iter()
+            .filter_map(|m| match m {
+                Mount::Bind { source, .. } | Mount::Overlay { source, .. } => Some(source),
+                _ => None,
+            })
+            .collect(),
+        Tier::B => landlock
+            .read
+            .iter()
+            .chain(&landlock.write)
+            .chain(&landlock.execute)
+            .chain(&landlock.list)
+            .collect(),
+    };
+    let mut out: Vec<HostPath> = Vec::new();
+    for path in sources {
+        if !out.iter().any(|d| d.path == *path) {
+            out.push(HostPath { path: path.clone(), host_layout: !granted.contains(path) });
+        }
+    }
+    if out.len() > PLAN_MAX_DESCRIPTORS {
+        return Err(BuildError::TooManyPaths(out.len()));
+    }
+    Ok(out)
 }
 
 fn limit(v: u64) -> Rlimit {

@@ -8,7 +8,7 @@
 //! ignores the upper half of an `int` argument, so a filter comparing 64 bits
 //! could be bypassed by setting it (the TIOCSTI bypass of CVE-2017-5226).
 
-use palisade_protocol::BpfInstruction;
+use palisade_protocol::{BpfInstruction, Tier};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond,
     SeccompFilter, SeccompRule, TargetArch,
@@ -390,13 +390,82 @@ const TIOCLINUX: u64 = libc::TIOCLINUX as u64;
 /// personality(2) values a program may set: Linux, 32-bit Linux, UNAME26,
 /// both, and the 0xffffffff query. ADDR_NO_RANDOMIZE and friends are refused.
 const PERSONALITIES: [u64; 5] = [0, 0x0008, 0x0002_0000, 0x0002_0008, 0xffff_ffff];
-/// Socket families allowed when the sandbox may use IP (its own network
-/// namespace, or the host's network by policy). When it may not (Tier B
-/// without network) `socket` is refused altogether: Landlock covers TCP only,
-/// and without a network namespace a unix socket could reach any daemon on
-/// the host by its path (a session bus, a container engine, palisaded
-/// itself). `socketpair` stays: it reaches nothing outside.
-const SOCKET_FAMILIES_IP: [i32; 4] = [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK];
+/// Socket families a Tier C sandbox may create: its unix sockets reach only
+/// what its own root holds (the mount namespace), abstract ones only its own
+/// network namespace's (or, with the host's network, what Landlock's scope
+/// leaves).
+const SOCKET_FAMILIES_TIER_C: [i32; 4] = [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK];
+/// Socket families a Tier B sandbox with network may create. Never a unix
+/// socket: without a mount namespace one reaches any daemon on the host by its
+/// path (a session bus, a container engine, palisaded itself), and Landlock
+/// does not cover `connect` to a path. Without network, `socket` is refused
+/// altogether. `socketpair` stays: it reaches nothing outside.
+const SOCKET_FAMILIES_TIER_B: [i32; 3] = [libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK];
+
+/// System V IPC and POSIX message queues: objects of the IPC namespace, which
+/// a Tier B sandbox shares with the host (a segment or queue of the same uid
+/// would be open to it). Tier C has an IPC namespace of its own.
+const HOST_IPC: [i64; 18] = [
+    libc::SYS_msgctl,
+    libc::SYS_msgget,
+    libc::SYS_msgrcv,
+    libc::SYS_msgsnd,
+    libc::SYS_semctl,
+    libc::SYS_semget,
+    libc::SYS_semop,
+    libc::SYS_semtimedop,
+    libc::SYS_shmat,
+    libc::SYS_shmctl,
+    libc::SYS_shmdt,
+    libc::SYS_shmget,
+    libc::SYS_mq_getsetattr,
+    libc::SYS_mq_notify,
+    libc::SYS_mq_open,
+    libc::SYS_mq_timedreceive,
+    libc::SYS_mq_timedsend,
+    libc::SYS_mq_unlink,
+];
+
+/// Which variant of the default program a sandbox gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Profile {
+    pub tier: Tier,
+    /// Whether sockets may be created at all (its own network namespace, or
+    /// the host's network by policy).
+    pub ip: bool,
+    /// Whether new processes may be created (`no_fork` leaves threads only).
+    pub fork: bool,
+}
+
+impl Profile {
+    fn socket_families(self) -> &'static [i32] {
+        match (self.ip, self.tier) {
+            (false, _) => &[],
+            (true, Tier::C) => &SOCKET_FAMILIES_TIER_C,
+            (true, Tier::B) => &SOCKET_FAMILIES_TIER_B,
+        }
+    }
+
+    fn allows(self, nr: i64) -> bool {
+        (self.fork || !FORKING.contains(&nr)) && (self.tier == Tier::C || !HOST_IPC.contains(&nr))
+    }
+
+    const fn new(tier: Tier, ip: bool, fork: bool) -> Profile {
+        Profile { tier, ip, fork }
+    }
+
+    /// Every profile a plan can ask for.
+    pub const ALL: [Profile; 8] = [
+        Profile::new(Tier::C, true, true),
+        Profile::new(Tier::C, true, false),
+        Profile::new(Tier::C, false, true),
+        Profile::new(Tier::C, false, false),
+        Profile::new(Tier::B, true, true),
+        Profile::new(Tier::B, true, false),
+        Profile::new(Tier::B, false, true),
+        Profile::new(Tier::B, false, false),
+    ];
+}
 
 #[derive(Debug, thiserror::Error)]
 #[error("cannot compile the seccomp profile: {0}")]
@@ -413,7 +482,8 @@ fn rule(conds: Vec<Cond>) -> Result<SeccompRule, SeccompError> {
 /// A syscall allowed only when one of its rules matches.
 type Conditional = (&'static str, i64, Vec<SeccompRule>);
 
-fn conditional_rules(ip: bool, fork: bool) -> Result<Vec<Conditional>, SeccompError> {
+fn conditional_rules(profile: Profile) -> Result<Vec<Conditional>, SeccompError> {
+    let Profile { fork, .. } = profile;
     let ioctl =
         vec![rule(vec![cond(1, Len::Dword, Op::Ne, TIOCSTI)?, cond(1, Len::Dword, Op::Ne, TIOCLINUX)?])?];
     let mut clone_conditions = vec![cond(0, Len::Qword, Op::MaskedEq(CLONE_NAMESPACES), 0)?];
@@ -434,8 +504,9 @@ fn conditional_rules(ip: bool, fork: bool) -> Result<Vec<Conditional>, SeccompEr
         ("SYS_unshare", libc::SYS_unshare, unshare),
         ("SYS_personality", libc::SYS_personality, personality),
     ];
-    if ip {
-        let socket = SOCKET_FAMILIES_IP
+    let families = profile.socket_families();
+    if !families.is_empty() {
+        let socket = families
             .iter()
             .map(|f| rule(vec![cond(0, Len::Dword, Op::Eq, *f as u64)?]))
             .collect::<Result<_, _>>()?;
@@ -464,14 +535,15 @@ const RET_ERRNO: u32 = 0x0005_0000;
 /// Syscalls that create a process, refused under `no_fork` (clone stays, for threads only).
 const FORKING: [i64; 2] = [libc::SYS_fork, libc::SYS_vfork];
 
-/// The compiled default program, cached. `ip`: whether sockets may be
-/// created at all (see [`SOCKET_FAMILIES_IP`]); `fork`: whether new
-/// processes may be created (`no_fork` leaves threads only).
-pub fn default_program(ip: bool, fork: bool) -> Result<&'static [BpfInstruction], SeccompError> {
+/// The compiled default program of `profile`, cached.
+pub fn default_program(profile: Profile) -> Result<&'static [BpfInstruction], SeccompError> {
     type Cell = OnceLock<Result<Vec<BpfInstruction>, String>>;
-    static CELLS: [Cell; 4] = [Cell::new(), Cell::new(), Cell::new(), Cell::new()];
-    let cell = &CELLS[usize::from(ip) * 2 + usize::from(fork)];
-    cell.get_or_init(|| compile(ip, fork).map_err(|e| e.0)).as_deref().map_err(|e| SeccompError(e.clone()))
+    static CELLS: [Cell; 8] = [const { Cell::new() }; 8];
+    let index = Profile::ALL.iter().position(|p| *p == profile).unwrap_or(0);
+    CELLS[index]
+        .get_or_init(|| compile(profile).map_err(|e| e.0))
+        .as_deref()
+        .map_err(|e| SeccompError(e.clone()))
 }
 
 /// The program, in three parts:
@@ -485,15 +557,15 @@ pub fn default_program(ip: bool, fork: bool) -> Result<&'static [BpfInstruction]
 /// seccompiler alone emits five instructions per allowed syscall and a linear
 /// search; the tree keeps the program around 450 instructions, which the
 /// kernel prepares, JITs and caches several times faster at every launch.
-fn compile(ip: bool, fork: bool) -> Result<Vec<BpfInstruction>, SeccompError> {
+fn compile(profile: Profile) -> Result<Vec<BpfInstruction>, SeccompError> {
     let allowed: std::collections::BTreeSet<u32> = ALLOWED
         .iter()
         .chain(ALLOWED_ARCH)
-        .filter(|(_, nr)| fork || !FORKING.contains(nr))
+        .filter(|(_, nr)| profile.allows(*nr))
         .map(|(_, nr)| *nr as u32)
         .collect();
     let mut blocks: BTreeMap<u32, Vec<BpfInstruction>> = BTreeMap::new();
-    for (name, nr, rules) in conditional_rules(ip, fork)? {
+    for (name, nr, rules) in conditional_rules(profile)? {
         blocks.insert(nr as u32, rule_block(name, nr, rules)?);
     }
     // Segments covering every number: [start, next start) → action.
@@ -670,6 +742,7 @@ fn named_syscalls() -> impl Iterator<Item = (u32, &'static str)> {
         .chain(ALLOWED_ARCH)
         .chain(DENIED)
         .chain(CONDITIONAL_NAMES.iter())
+        .chain(MONITOR)
         .map(|(name, nr)| (*nr as u32, name.trim_start_matches("SYS_")))
 }
 
@@ -825,15 +898,63 @@ pub fn listing(program: &[BpfInstruction]) -> String {
 }
 
 /// A short human summary for `palisade explain`.
-pub fn summary(program: &[BpfInstruction], ip: bool, fork: bool) -> String {
+pub fn summary(program: &[BpfInstruction], profile: Profile) -> String {
+    let allowed = ALLOWED.iter().chain(ALLOWED_ARCH).filter(|(_, nr)| profile.allows(*nr)).count();
     format!(
-        "allow-list of {} syscalls, plus ioctl (not TIOCSTI/TIOCLINUX), clone ({}), unshare (no namespace flags), \
-         personality (Linux only), socket ({}); default ERRNO(EPERM); clone3 ERRNO(ENOSYS); {} instructions",
-        ALLOWED.len() + ALLOWED_ARCH.len(),
-        if fork { "no namespace flags" } else { "threads only: no_fork" },
-        if ip { "unix, inet, inet6, netlink" } else { "none: socketpair only" },
+        "allow-list of {allowed} syscalls, plus ioctl (not TIOCSTI/TIOCLINUX), clone ({}), unshare (no namespace flags), \
+         personality (Linux only), socket ({}){}; default ERRNO(EPERM); clone3 ERRNO(ENOSYS); {} instructions",
+        if profile.fork { "no namespace flags" } else { "threads only: no_fork" },
+        match (profile.ip, profile.tier) {
+            (false, _) => "none: socketpair only",
+            (true, Tier::C) => "unix, inet, inet6, netlink",
+            (true, Tier::B) => "inet, inet6, netlink; no unix socket",
+        },
+        if profile.tier == Tier::B { "; no System V IPC or POSIX message queues (the host's)" } else { "" },
         program.len()
     )
+}
+
+/// Syscalls of the helper's monitor processes once the command runs (pid 1
+/// of a Tier C sandbox): waiting for signals and children, relaying signals,
+/// writing its status record, allocating for it, exiting.
+const MONITOR: &[(&str, i64)] = syscalls![
+    SYS_rt_sigtimedwait,
+    SYS_rt_sigprocmask,
+    SYS_rt_sigreturn,
+    SYS_restart_syscall,
+    SYS_wait4,
+    SYS_waitid,
+    SYS_kill,
+    SYS_getpid,
+    SYS_write,
+    SYS_writev,
+    SYS_close,
+    SYS_brk,
+    SYS_mmap,
+    SYS_munmap,
+    SYS_mremap,
+    SYS_madvise,
+    SYS_futex,
+    SYS_sched_yield,
+    SYS_exit,
+    SYS_exit_group,
+];
+
+/// The monitor's program, cached: [`MONITOR`] allowed, anything else kills
+/// the process. A monitor doing anything else has been subverted, and pid 1
+/// dying takes the whole sandbox with it: that fails closed.
+pub fn monitor_program() -> Result<&'static [BpfInstruction], SeccompError> {
+    static CELL: OnceLock<Result<Vec<BpfInstruction>, String>> = OnceLock::new();
+    CELL.get_or_init(|| compile_monitor().map_err(|e| e.0)).as_deref().map_err(|e| SeccompError(e.clone()))
+}
+
+fn compile_monitor() -> Result<Vec<BpfInstruction>, SeccompError> {
+    let rules: BTreeMap<i64, Vec<SeccompRule>> = MONITOR.iter().map(|(_, nr)| (*nr, vec![])).collect();
+    let filter = SeccompFilter::new(rules, SeccompAction::KillProcess, SeccompAction::Allow, target_arch()?)
+        .map_err(|e| SeccompError(e.to_string()))?;
+    let prog: BpfProgram =
+        filter.try_into().map_err(|e: seccompiler::BackendError| SeccompError(e.to_string()))?;
+    Ok(prog.iter().map(|i| insn(i.code, i.jt, i.jf, i.k)).collect())
 }
 
 #[cfg(test)]
@@ -849,23 +970,31 @@ mod tests {
 
     #[test]
     fn the_program_means_what_the_profile_says() {
-        for (ip, fork) in [(true, true), (false, true), (true, false), (false, false)] {
-            let p = default_program(ip, fork).unwrap();
+        for profile in Profile::ALL {
+            let Profile { tier, ip, fork } = profile;
+            let p = default_program(profile).unwrap();
             let conditional: Vec<i64> =
-                conditional_rules(ip, fork).unwrap().iter().map(|(_, n, _)| *n).collect();
+                conditional_rules(profile).unwrap().iter().map(|(_, n, _)| *n).collect();
             for nr in 0..1024u32 {
+                let n = i64::from(nr);
                 let want = if nr == libc::SYS_clone3 as u32 {
                     RET_ERRNO | libc::ENOSYS as u32
-                } else if conditional.contains(&i64::from(nr)) {
+                } else if conditional.contains(&n) {
                     continue;
-                } else if ALLOWED.iter().chain(ALLOWED_ARCH).any(|(_, n)| *n == i64::from(nr))
-                    && (fork || !FORKING.contains(&i64::from(nr)))
+                } else if ALLOWED.iter().chain(ALLOWED_ARCH).any(|(_, a)| *a == n)
+                    && (fork || !FORKING.contains(&n))
+                    && (tier == Tier::C || !HOST_IPC.contains(&n))
                 {
                     RET_ALLOW
                 } else {
                     EPERM
                 };
-                assert_eq!(eval(p, X86_64, nr, [0; 6]), want, "syscall {nr} (ip {ip}, fork {fork})");
+                assert_eq!(eval(p, X86_64, nr, [0; 6]), want, "syscall {nr} ({profile:?})");
+            }
+            // The host's IPC objects are out of Tier B's reach; Tier C has its own.
+            for nr in [libc::SYS_shmget, libc::SYS_msgget, libc::SYS_semget, libc::SYS_mq_open] {
+                let want = if tier == Tier::C { RET_ALLOW } else { EPERM };
+                assert_eq!(eval(p, X86_64, nr as u32, [0; 6]), want, "{nr} ({profile:?})");
             }
             // x32 numbers, and another architecture.
             assert_eq!(eval(p, X86_64, 0x4000_0000, [0; 6]), EPERM);
@@ -898,7 +1027,8 @@ mod tests {
             let socket = libc::SYS_socket as u32;
             assert_eq!(
                 eval(p, X86_64, socket, [libc::AF_UNIX as u64, 1, 0, 0, 0, 0]),
-                if ip { RET_ALLOW } else { EPERM }
+                if ip && tier == Tier::C { RET_ALLOW } else { EPERM },
+                "a unix socket ({profile:?})"
             );
             let socketpair = libc::SYS_socketpair as u32;
             assert_eq!(eval(p, X86_64, socketpair, [libc::AF_UNIX as u64, 1, 0, 0, 0, 0]), RET_ALLOW);
@@ -912,8 +1042,20 @@ mod tests {
 
     #[test]
     fn compiles_and_fits() {
-        let program = default_program(true, true).unwrap();
-        assert!(program.len() > 100 && program.len() <= 600, "{} instructions", program.len());
+        for profile in Profile::ALL {
+            let program = default_program(profile).unwrap();
+            assert!(program.len() > 100 && program.len() <= 600, "{} instructions", program.len());
+        }
+    }
+
+    #[test]
+    fn the_monitor_program_allows_its_list_and_kills_the_rest() {
+        let p = monitor_program().unwrap();
+        for nr in 0..1024u32 {
+            let want = if MONITOR.iter().any(|(_, n)| *n == i64::from(nr)) { RET_ALLOW } else { 0x8000_0000 };
+            assert_eq!(eval(p, X86_64, nr, [0; 6]), want, "syscall {nr}");
+        }
+        assert_eq!(eval(p, 0x4000_0003, libc::SYS_write as u32, [0; 6]), 0x8000_0000, "foreign arch");
     }
 
     #[test]
@@ -923,7 +1065,7 @@ mod tests {
             assert!(!allowed.contains(nr), "{name} is on the allow-list");
         }
         let conditional: Vec<i64> =
-            conditional_rules(true, true).unwrap().iter().map(|(_, n, _)| *n).collect();
+            conditional_rules(Profile::ALL[0]).unwrap().iter().map(|(_, n, _)| *n).collect();
         for (name, nr) in DENIED {
             assert!(!conditional.contains(nr), "{name} has a conditional rule");
         }
@@ -932,7 +1074,7 @@ mod tests {
     #[test]
     fn conditional_names_match_the_rules() {
         let rules: Vec<(&str, i64)> =
-            conditional_rules(true, true).unwrap().iter().map(|(n, nr, _)| (*n, *nr)).collect();
+            conditional_rules(Profile::ALL[0]).unwrap().iter().map(|(n, nr, _)| (*n, *nr)).collect();
         assert_eq!(rules, CONDITIONAL_NAMES);
     }
 
@@ -947,7 +1089,7 @@ mod tests {
 
     #[test]
     fn listing_names_syscalls_and_actions() {
-        let text = listing(default_program(true, true).unwrap());
+        let text = listing(default_program(Profile::ALL[0]).unwrap());
         assert!(text.contains("; clone3"));
         assert!(text.contains("ret  ERRNO(ENOSYS)"));
         assert!(text.contains("ret  ERRNO(EPERM)"));

@@ -71,6 +71,7 @@ fn context(user_namespaces: bool, landlock_abi: u32) -> Context {
         parent_pid: 1,
         uid: 1000,
         gid: 1000,
+        requester: palisade_protocol::HostIds { uid: 1000, gid: 1000 },
         temp_root: PathBuf::from("/run/palisade-test"),
         instance: "1-1".into(),
         etc_view: None,

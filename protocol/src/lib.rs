@@ -9,8 +9,8 @@ pub mod status;
 pub mod wire;
 
 pub use plan::{
-    BpfInstruction, HostIds, JailPlan, LandlockFeatures, LandlockPlan, Mount, Namespaces, PLAN_ARCH,
-    PLAN_MAX_BYTES, PLAN_VERSION, PlanError, RLIM_INFINITY, Rlimit, Rlimits, Tier, decode_plan, encode_plan,
-    tmpfs_inodes,
+    BpfInstruction, HostIds, HostPath, JailPlan, LandlockFeatures, LandlockPlan, Mount, Namespaces,
+    PLAN_ARCH, PLAN_MAX_BYTES, PLAN_MAX_DESCRIPTORS, PLAN_VERSION, PlanError, RLIM_INFINITY, Rlimit, Rlimits,
+    Tier, decode_plan, encode_plan, tmpfs_inodes,
 };
 pub use status::{ExitReport, HelperFailure, HelperRecord, LandlockReport, RulesetState, Stage};

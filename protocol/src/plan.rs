@@ -12,9 +12,12 @@ use std::fmt;
 /// First bytes of every encoded plan.
 pub const PLAN_MAGIC: [u8; 4] = *b"PJP\x01";
 /// Bumped on every incompatible change of [`JailPlan`].
-pub const PLAN_VERSION: u32 = 1;
+pub const PLAN_VERSION: u32 = 2;
 /// Largest encoded plan the helper accepts (seccomp program included).
 pub const PLAN_MAX_BYTES: usize = 1 << 20;
+/// Most descriptors a plan may come with: what one `SCM_RIGHTS` message
+/// carries (the kernel's `SCM_MAX_FD`).
+pub const PLAN_MAX_DESCRIPTORS: usize = 253;
 /// The architecture this build runs on and compiles seccomp programs for.
 pub const PLAN_ARCH: &str = std::env::consts::ARCH;
 
@@ -41,9 +44,21 @@ pub struct JailPlan {
     /// For a helper started by root (Tier C only): the unprivileged host ids the
     /// sandbox runs as, so that no sandboxed process is ever host root (whose
     /// process count RLIMIT_NPROC ignores, and who owns most of the host's
-    /// files). Owned binds are idmapped: files of their on-disk owner appear
-    /// owned by the sandbox, and what it creates is stored as that owner's.
+    /// files).
     pub host_ids: Option<HostIds>,
+    /// With `host_ids`: the ids of the requester, on whose behalf the broker
+    /// runs. Owned binds are idmapped so that the requester's files appear
+    /// owned by the sandbox, and what it creates is stored as the
+    /// requester's; every other file is the sandbox's as it is anybody's
+    /// (the permissions of "others"). The sandbox gets the requester's
+    /// access, never the broker's.
+    pub acting_for: Option<HostIds>,
+    /// The host paths the broker opened for this run, as the requester, in the
+    /// order of the descriptors that come with the plan on fd 3. Every bind
+    /// and overlay source is one of them, and in Tier B every Landlock path:
+    /// the helper builds the sandbox from these descriptors and never
+    /// resolves a path a request named on its own.
+    pub descriptors: Vec<HostPath>,
     /// The sandbox's root, in order (parents before children). Empty in Tier B.
     pub mounts: Vec<Mount>,
     /// Host name inside a new UTS namespace.
@@ -56,6 +71,10 @@ pub struct JailPlan {
     pub landlock: LandlockPlan,
     /// Compiled classic BPF program installed last, right before `execve`.
     pub seccomp: Vec<BpfInstruction>,
+    /// Compiled classic BPF program of the helper's own processes that stay
+    /// beside the command (pid 1 of a Tier C sandbox): what reaping, relaying
+    /// signals and reporting need, and nothing else.
+    pub monitor_seccomp: Vec<BpfInstruction>,
     /// The run's cgroup, created by the broker; the helper joins it through fd 5.
     pub cgroup: Option<String>,
     /// Pid of the process that must stay alive for the sandbox to live (the broker).
@@ -67,13 +86,30 @@ impl JailPlan {
     pub fn tier(&self) -> Tier {
         if self.namespaces.user { Tier::C } else { Tier::B }
     }
+
+    /// The index of `path` among the plan's descriptors.
+    pub fn descriptor(&self, path: &str) -> Option<usize> {
+        self.descriptors.iter().position(|d| d.path == path)
+    }
 }
 
-/// Unprivileged host ids for a sandbox started by root.
+/// A uid and gid on the host.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostIds {
     pub uid: u32,
     pub gid: u32,
+}
+
+/// A host path that comes with the plan as a descriptor.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct HostPath {
+    pub path: String,
+    /// A path of the host's own layout (an `/etc` entry such as
+    /// `/etc/resolv.conf` may be a symlink), resolved as the host resolves
+    /// it. Otherwise (every path a request named, canonical when the policy
+    /// checked it) no symlink may be on the way: a component replaced by one
+    /// since is refused, not followed.
+    pub host_layout: bool,
 }
 
 /// Tier C uses namespaces; Tier B uses Landlock, seccomp and rlimits only.
@@ -148,8 +184,9 @@ pub enum Mount {
     Tmpfs { target: String, size_bytes: u64, mode: u32 },
     /// A fresh procfs for the sandbox's pid namespace.
     Proc { target: String },
-    /// A minimal /dev: null, zero, full, random, urandom, tty, shm, pts.
-    Dev { target: String },
+    /// A minimal /dev: null, zero, full, random, urandom, tty, pts, and
+    /// `shm`, a tmpfs of `shm_bytes`.
+    Dev { target: String, shm_bytes: u64 },
     /// A symbolic link (for merged-/usr layouts: `/bin -> usr/bin`).
     Symlink { target: String, link: String },
     /// A host directory seen read-write through an overlay whose upper layer
@@ -172,7 +209,7 @@ impl Mount {
             Mount::Bind { target, .. }
             | Mount::Tmpfs { target, .. }
             | Mount::Proc { target }
-            | Mount::Dev { target }
+            | Mount::Dev { target, .. }
             | Mount::Symlink { target, .. }
             | Mount::Overlay { target, .. } => target,
         }
@@ -417,11 +454,13 @@ mod tests {
             gid: 1000,
             namespaces: Namespaces::ALL,
             host_ids: Some(HostIds { uid: 65534, gid: 65534 }),
+            acting_for: Some(HostIds { uid: 1000, gid: 1000 }),
+            descriptors: vec![HostPath { path: "/usr".into(), host_layout: false }],
             mounts: vec![
                 Mount::Bind { source: "/usr".into(), target: "/usr".into(), writable: false, owned: false },
                 Mount::Tmpfs { target: "/tmp".into(), size_bytes: 1 << 20, mode: 0o1777 },
                 Mount::Proc { target: "/proc".into() },
-                Mount::Dev { target: "/dev".into() },
+                Mount::Dev { target: "/dev".into(), shm_bytes: 1 << 20 },
                 Mount::Symlink { target: "/bin".into(), link: "usr/bin".into() },
             ],
             hostname: Some("palisade".into()),
@@ -445,6 +484,7 @@ mod tests {
                 tcp_connect: vec![],
             },
             seccomp: vec![BpfInstruction { code: 6, jt: 0, jf: 0, k: 0x7fff_0000 }],
+            monitor_seccomp: vec![BpfInstruction { code: 6, jt: 0, jf: 0, k: 0x8000_0000 }],
             cgroup: None,
             parent_pid: 1,
         }

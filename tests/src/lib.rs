@@ -3,7 +3,8 @@
 //! plan with outer limits and a wall-clock bound, so that a broken sandbox
 //! cannot hurt the machine.
 
-use palisade_broker::spawn::{HelperCommand, Io, OuterLimit, spawn};
+use palisade_broker::requester::{self, Requester};
+use palisade_broker::spawn::{HelperCommand, Io, OuterLimit, send_plan, spawn};
 use palisade_policy::{JailSpec, Limits, build_plan};
 use palisade_protocol::{
     ExitReport, HelperFailure, HelperRecord, JailPlan, LandlockReport, Tier, encode_plan,
@@ -148,6 +149,7 @@ pub fn test_limits() -> Limits {
         open_files: 256,
         file_size_bytes: 16 << 20,
         tmp_bytes: 16 << 20,
+        shm_bytes: 16 << 20,
     }
 }
 
@@ -191,6 +193,9 @@ impl Jail {
             uid,
             gid,
             host_ids: is_root().then_some(palisade_protocol::HostIds { uid: SANDBOX_ID, gid: SANDBOX_ID }),
+            // The test acts for itself: its own files are the sandbox's.
+            acting_for: is_root().then_some(palisade_protocol::HostIds { uid: 0, gid: 0 }),
+            hidden: vec![],
             parent_pid: std::process::id(),
             cgroup: None,
             no_fork: false,
@@ -234,19 +239,31 @@ impl Jail {
     }
 }
 
+/// The plan's host paths opened as a broker acting for this process opens them.
+pub fn open_descriptors(plan: &JailPlan) -> Vec<std::os::fd::OwnedFd> {
+    let me = Requester::me();
+    me.act(|act| requester::open_paths(plan, &[], act, me.uid))
+        .expect("act as this process")
+        .unwrap_or_else(|e| panic!("cannot open the plan's paths: {e:?}"))
+}
+
 /// Runs the real helper binary on `plan` and collects everything.
 pub fn run_helper(plan: &JailPlan, stdin: Io, timeout: Duration) -> Outcome {
     let mut child = spawn(HelperCommand {
         helper: bin("palisade-helper"),
-        plan: encode_plan(plan).expect("encode plan"),
         cgroup_dir: None,
         stdin,
         stdout: Io::Piped,
         stderr: Io::Piped,
         outer_limits: outer_limits(),
-        defer_plan: false,
     })
     .expect("spawn palisade-helper");
+    let descriptors = open_descriptors(plan);
+    let fds: Vec<_> = descriptors.iter().map(std::os::fd::AsFd::as_fd).collect();
+    let channel = child.plan_channel.take().expect("the plan channel");
+    let encoded = encode_plan(plan).expect("encode plan");
+    // The helper reads while this writes: a plan over the socket's buffer does not block forever.
+    send_plan(channel, &encoded, &fds).expect("hand the helper its plan");
     let mut out = child.stdout.take().unwrap();
     let mut err = child.stderr.take().unwrap();
     let out_reader = std::thread::spawn(move || {

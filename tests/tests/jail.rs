@@ -375,6 +375,7 @@ fn every_rlimit_of_the_plan_holds_inside() {
             open_files: 77,
             file_size_bytes: 5 << 20,
             tmp_bytes: 16 << 20,
+            shm_bytes: 16 << 20,
         };
         let inside = jail.run(&["limits"]).expect_ran().probe().unwrap();
         let want = format!("nofile=77 core=0 nproc=33 fsize={} as={} cpu=17", 5 << 20, 300 << 20);
@@ -467,10 +468,11 @@ fn a_failed_step_is_reported_as_stage_and_errno_and_nothing_runs() {
         writable: false,
         owned: false,
     });
+    // The helper binds only what the broker opened and sent: a path alone is refused.
     let o = jail.run_plan(&plan);
     let f = o.failure().expect("failure reported");
-    assert_eq!((f.stage, f.errno), (Stage::Mounts, Errno::ENOENT as i32));
-    assert_eq!(f.message, "capture /nonexistent-source for binding: ENOENT");
+    assert_eq!((f.stage, f.errno), (Stage::Mounts, Errno::EINVAL as i32));
+    assert_eq!(f.message, "the plan names /nonexistent-source but no descriptor for it");
     assert_eq!(o.status.code(), Some(125));
     assert!(!marker.exists() && o.stdout.is_empty());
 
@@ -489,15 +491,14 @@ fn a_corrupt_plan_is_refused_before_anything_happens() {
     bytes[7] = 99; // version
     let mut child = palisade_broker::spawn::spawn(palisade_broker::spawn::HelperCommand {
         helper: bin("palisade-helper"),
-        plan: bytes,
         cgroup_dir: None,
         stdin: Io::Null,
         stdout: Io::Piped,
         stderr: Io::Piped,
         outer_limits: vec![],
-        defer_plan: false,
     })
     .unwrap();
+    palisade_broker::spawn::send_plan(child.plan_channel.take().unwrap(), &bytes, &[]).unwrap();
     let out = child.wait_with_output_ref();
     let records = child.read_status().unwrap();
     assert!(out.is_empty(), "{out}");
