@@ -73,6 +73,7 @@ pub fn attestation(
             network: resolved.network.clone(),
             egress: resolved.egress.clone(),
             disk: resolved.disk.clone(),
+            memory: resolved.memory.clone(),
         },
         warnings: resolved.warnings.clone(),
     }

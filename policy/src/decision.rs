@@ -260,9 +260,10 @@ impl Policy {
                 "the request names no cwd (an absolute directory)",
             );
         };
-        let cwd = absolute_dir(cwd, "cwd")?;
+        let uid = ctx.requester.uid;
+        let cwd = absolute_dir(cwd, "cwd", uid)?;
         let workspace = match &req.workspace {
-            Some(w) => absolute_dir(&cwd.join(w).to_string_lossy(), "workspace")?,
+            Some(w) => absolute_dir(&cwd.join(w).to_string_lossy(), "workspace", uid)?,
             None => cwd.clone(),
         };
         let home = req.env.get("HOME").map(PathBuf::from);
@@ -280,7 +281,7 @@ impl Policy {
                     ),
                 );
             };
-            for path in bound_paths(param, value, binding, &cwd, home, &self.rules)? {
+            for path in bound_paths(param, value, binding, &cwd, home, &self.rules, uid)? {
                 let path = path.to_string_lossy().into_owned();
                 profile.capabilities.filesystem.push(match binding.capability {
                     BoundCapability::ReadOnly => FsCapability::ReadOnly { path },
@@ -340,7 +341,13 @@ impl Policy {
                         .replace("${WORKSPACE}", &workspace.to_string_lossy())
                         .replace("${PROJECT_ROOT}", &project_root.to_string_lossy());
                     let writable = matches!(cap, FsCapability::ReadWrite { .. });
-                    let Ok(p) = Path::new(&expanded).canonicalize() else {
+                    let canonical = Path::new(&expanded).canonicalize();
+                    if let Err(e) = &canonical {
+                        if e.kind() == std::io::ErrorKind::PermissionDenied {
+                            return Err(not_allowed(&expanded, uid));
+                        }
+                    }
+                    let Ok(p) = canonical else {
                         if writable {
                             return denied(
                                 ErrorKind::InvalidRequest,
@@ -870,6 +877,7 @@ fn bound_paths(
     cwd: &Path,
     home: Option<&Path>,
     rules: &Rules,
+    uid: u32,
 ) -> Result<Vec<PathBuf>, Denial> {
     let values: Vec<&String> = match (value, binding.mapping) {
         (ParamValue::One(v), _) => vec![v],
@@ -899,10 +907,15 @@ fn bound_paths(
                 format!("parameter {param}: {v} is a sensitive path"),
             );
         }
-        let ok = match binding.validation {
-            Validation::IsFile => p.is_file(),
-            Validation::IsDirectory => p.is_dir(),
-            Validation::IsPath => p.exists(),
+        let meta = std::fs::metadata(&p);
+        if meta.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied) {
+            return Err(not_allowed(&format!("parameter {param}: {v}"), uid));
+        }
+        let ok = match (binding.validation, meta) {
+            (_, Err(_)) => false,
+            (Validation::IsFile, Ok(m)) => m.is_file(),
+            (Validation::IsDirectory, Ok(m)) => m.is_dir(),
+            (Validation::IsPath, Ok(_)) => true,
         };
         if !ok {
             let want = match binding.validation {
@@ -928,13 +941,25 @@ fn bound_paths(
     Ok(out)
 }
 
-fn absolute_dir(path: &str, what: &str) -> Result<PathBuf, Denial> {
+/// The refusal of a path the requester may not reach: the same words whether
+/// or not it exists, so that nothing is learnt of what it cannot see (the
+/// broker decides as the requester; the kernel answers EACCES for both).
+fn not_allowed(path: &str, uid: u32) -> Denial {
+    Denial::new(
+        ErrorKind::WorkspaceScopeDenied,
+        "scope.not_allowed",
+        format!("{path}: not allowed (uid {uid} cannot reach it)"),
+    )
+}
+
+fn absolute_dir(path: &str, what: &str, uid: u32) -> Result<PathBuf, Denial> {
     if !path.starts_with('/') {
         return denied(ErrorKind::InvalidRequest, "request.path", format!("{what} {path:?} is not absolute"));
     }
-    let p = Path::new(path)
-        .canonicalize()
-        .map_err(|e| Denial::new(ErrorKind::InvalidRequest, "request.path", format!("{what} {path}: {e}")))?;
+    let p = Path::new(path).canonicalize().map_err(|e| match e.kind() {
+        std::io::ErrorKind::PermissionDenied => not_allowed(&format!("{what} {path}"), uid),
+        _ => Denial::new(ErrorKind::InvalidRequest, "request.path", format!("{what} {path}: {e}")),
+    })?;
     if !p.is_dir() {
         return denied(
             ErrorKind::InvalidRequest,

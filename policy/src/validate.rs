@@ -232,12 +232,12 @@ impl Rules {
         if let Some(n) = self.interpreter_files.get(&(m.dev(), m.ino())) {
             return Some(n.clone());
         }
-        for known in self.interpreter_sizes.get(&m.len()).into_iter().flatten() {
-            if std::fs::read(known).ok() == std::fs::read(path).ok() {
-                return known.file_name().map(|n| n.to_string_lossy().into_owned());
-            }
-        }
-        None
+        let candidates = self.interpreter_sizes.get(&m.len())?;
+        let content = read_regular(path, m.len())?;
+        candidates
+            .iter()
+            .find(|known| read_regular(known, m.len()).as_ref() == Some(&content))
+            .and_then(|known| known.file_name().map(|n| n.to_string_lossy().into_owned()))
     }
 
     /// The absolute sensitive patterns, built-in and configured (`~/` taken
@@ -409,12 +409,30 @@ fn through_launchers(argv: &[String]) -> (String, Vec<String>) {
     (first, argv[1..].to_vec())
 }
 
+/// Up to `max` bytes of `path`, if it is a regular file. Opened without
+/// blocking (a FIFO swapped in for a program would otherwise hold the
+/// decision, and the thread deciding, until someone writes to it) and read
+/// only once `fstat` says it is a regular file.
+pub fn read_regular(path: &Path, max: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut out = Vec::new();
+    file.take(max).read_to_end(&mut out).ok()?;
+    Some(out)
+}
+
 /// The interpreter named on a script's `#!` line (through `env`).
 fn shebang(path: &Path) -> Option<(PathBuf, String)> {
-    use std::io::Read;
-    let mut head = [0u8; 256];
-    let n = std::fs::File::open(path).ok()?.read(&mut head).ok()?;
-    let line = head[..n].strip_prefix(b"#!")?;
+    let head = read_regular(path, 256)?;
+    let line = head.strip_prefix(b"#!")?;
     let line = String::from_utf8_lossy(line.split(|b| *b == b'\n').next()?).into_owned();
     let mut words = line.split_whitespace();
     let interp = words.next()?.to_string();

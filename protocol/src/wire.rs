@@ -231,6 +231,10 @@ pub struct Enforcement {
     pub egress: String,
     /// How the run's writes were bounded.
     pub disk: String,
+    /// What bounded the run's memory, its tmpfs mounts included (a cgroup's
+    /// limit, or RLIMIT_AS per process and the tmpfs sizes together).
+    #[serde(default)]
+    pub memory: String,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -394,6 +398,13 @@ pub struct Decoder {
     start: usize,
     end: usize,
     max: usize,
+    /// JSON: how many pending bytes are known to hold no newline, so that
+    /// each byte of a long line is looked at once, however many reads it
+    /// takes to arrive.
+    scanned: std::cell::Cell<usize>,
+    /// Bytes looked at for a newline, in all (tests check it).
+    #[cfg(test)]
+    examined: std::cell::Cell<usize>,
 }
 
 impl Default for Decoder {
@@ -405,7 +416,16 @@ impl Default for Decoder {
 impl Decoder {
     /// `None`: detect the encoding from the first byte.
     pub fn new(encoding: Option<Encoding>) -> Decoder {
-        Decoder { encoding, buf: Vec::new(), start: 0, end: 0, max: MAX_FRAME_BYTES }
+        Decoder {
+            encoding,
+            buf: Vec::new(),
+            start: 0,
+            end: 0,
+            max: MAX_FRAME_BYTES,
+            scanned: std::cell::Cell::new(0),
+            #[cfg(test)]
+            examined: std::cell::Cell::new(0),
+        }
     }
 
     pub fn encoding(&self) -> Option<Encoding> {
@@ -452,6 +472,7 @@ impl Decoder {
     }
 
     fn consume(&mut self, n: usize) {
+        self.scanned.set(0);
         self.start += n;
         if self.start == self.end {
             (self.start, self.end) = (0, 0);
@@ -467,7 +488,7 @@ impl Decoder {
     /// need more bytes.
     pub fn has_message(&self) -> bool {
         match self.encoding {
-            Some(Encoding::Json) => self.pending().contains(&b'\n'),
+            Some(Encoding::Json) => self.line_end().is_some(),
             _ => self
                 .pending()
                 .first_chunk::<4>()
@@ -571,7 +592,7 @@ impl Decoder {
 
     #[cfg(feature = "json")]
     fn next_json<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
-        let Some(end) = self.pending().iter().position(|b| *b == b'\n') else {
+        let Some(end) = self.line_end() else {
             if self.buffered() > self.max {
                 return Err(WireError::TooLarge { len: self.buffered(), max: self.max });
             }
@@ -588,6 +609,22 @@ impl Decoder {
     #[cfg(not(feature = "json"))]
     fn next_json<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
         Err(WireError::Unsupported("the JSON encoding"))
+    }
+
+    /// Where the first pending line ends, looking only at bytes not looked at
+    /// before.
+    fn line_end(&self) -> Option<usize> {
+        let pending = self.pending();
+        let from = self.scanned.get().min(pending.len());
+        #[cfg(test)]
+        self.examined.set(self.examined.get() + pending.len() - from);
+        match pending[from..].iter().position(|b| *b == b'\n') {
+            Some(i) => Some(from + i),
+            None => {
+                self.scanned.set(pending.len());
+                None
+            }
+        }
     }
 
     /// Call at end of input: leftover bytes mean a truncated frame.
@@ -684,6 +721,26 @@ mod tests {
             assert!(matches!(d.next_message::<ClientMessage>(), Ok(Some(ClientMessage::Cancel))));
             assert!(!d.has_message());
         }
+    }
+
+    /// A JSON line arriving in many pieces is scanned for its end once, not
+    /// again from its start at every piece (8 MiB in 16 KiB pieces would be
+    /// 2 GiB of scanning).
+    #[test]
+    fn each_byte_of_a_long_json_line_is_scanned_once() {
+        let mut d = Decoder::new(Some(Encoding::Json));
+        d.set_limit(MAX_FRAME_BYTES);
+        let piece = vec![b' '; 16 * 1024];
+        let mut pushed = 0;
+        while pushed + piece.len() < MAX_FRAME_BYTES {
+            d.push(&piece);
+            pushed += piece.len();
+            assert!(!d.has_message());
+        }
+        assert!(d.examined.get() <= pushed, "{} bytes examined for {pushed} received", d.examined.get());
+        d.push(b"\n{");
+        assert!(d.has_message());
+        assert!(d.examined.get() <= pushed + 2);
     }
 
     #[test]

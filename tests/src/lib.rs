@@ -566,3 +566,102 @@ pub fn shared_workspace(dir: &TempDir, name: &str) -> PathBuf {
     std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o777)).unwrap();
     ws
 }
+
+/// The two users a root broker's tests serve: one that attacks, one whose
+/// files are attacked. Made by the suite (as root) the first time it needs
+/// them.
+pub struct SystemUsers {
+    pub attacker: nix::unistd::User,
+    pub victim: nix::unistd::User,
+}
+
+/// `None` unless the suite runs as root (only root can make users, and only
+/// a root broker serves other users).
+pub fn system_users() -> Option<SystemUsers> {
+    static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    if !is_root() {
+        return None;
+    }
+    let _one_at_a_time = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    let user = |name: &str| {
+        if let Some(u) = nix::unistd::User::from_name(name).unwrap() {
+            return u;
+        }
+        let out = std::process::Command::new("useradd")
+            .args(["--system", "--create-home", "--shell", "/usr/sbin/nologin", name])
+            .output()
+            .expect("run useradd");
+        assert!(out.status.success(), "useradd {name}: {}", String::from_utf8_lossy(&out.stderr));
+        nix::unistd::User::from_name(name).unwrap().expect("the user just made")
+    };
+    Some(SystemUsers { attacker: user("palisade-attacker"), victim: user("palisade-victim") })
+}
+
+/// A directory owned by `user` with `mode`, made by root.
+pub fn owned_dir(path: &Path, user: &nix::unistd::User, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path).unwrap();
+    nix::unistd::chown(path, Some(user.uid), Some(user.gid)).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A file owned by `user` with `mode` and `contents`, made by root.
+pub fn owned_file(path: &Path, user: &nix::unistd::User, mode: u32, contents: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, contents).unwrap();
+    nix::unistd::chown(path, Some(user.uid), Some(user.gid)).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Swaps two names (`renameat2(RENAME_EXCHANGE)`) over and over in a thread
+/// until dropped: what a requester racing the broker's checks does.
+pub struct Swapper {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Swapper {
+    pub fn start(a: &Path, b: &Path) -> Swapper {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (a, b) = (std::ffi::CString::new(a.as_os_str().as_encoded_bytes()).unwrap(), {
+            std::ffi::CString::new(b.as_os_str().as_encoded_bytes()).unwrap()
+        });
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut swaps = 0;
+            while !flag.load(Ordering::Relaxed) {
+                // SAFETY: both paths are NUL-terminated strings that outlive the call.
+                let rc = unsafe {
+                    libc::syscall(
+                        libc::SYS_renameat2,
+                        libc::AT_FDCWD,
+                        a.as_ptr(),
+                        libc::AT_FDCWD,
+                        b.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    )
+                };
+                assert_eq!(rc, 0, "renameat2: {}", std::io::Error::last_os_error());
+                swaps += 1;
+            }
+            swaps
+        });
+        Swapper { stop, thread: Some(thread) }
+    }
+
+    /// Stops swapping; how many swaps were made.
+    pub fn stop(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().map(|t| t.join().unwrap()).unwrap_or(0)
+    }
+}
+
+impl Drop for Swapper {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -20,6 +20,13 @@ fn sys(rc: libc::c_long) -> Result<libc::c_long, (Errno, String)> {
 }
 
 fn main() {
+    if let Err((e, detail)) = run() {
+        let _ = writeln!(std::io::stdout().lock(), "err {e:?} {detail}");
+        std::process::exit(1)
+    }
+}
+
+fn run() -> Result<(), (Errno, String)> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // "-": the argument comes on stdin (a path the policy would refuse on the
     // command line, to test what the kernel does with it).
@@ -77,6 +84,18 @@ fn main() {
         "membomb" => membomb(arg(1).parse().unwrap_or(4096)),
         "spin" => spin(),
         "bigfile" => bigfile(&arg(1), arg(2).parse().unwrap_or(1024)),
+        "setuid-file" => setuid_file(&arg(1), arg(2).parse().unwrap_or(1)),
+        "write-sleep" => {
+            std::fs::write(arg(1), b"probe\n").map_err(io)?;
+            std::thread::sleep(Duration::from_secs(arg(2).parse().unwrap_or(1)));
+            Ok(String::new())
+        }
+        "fill" => fill(&args[1..]),
+        "open-rw" => {
+            std::fs::OpenOptions::new().read(true).write(true).open(arg(1)).map(|_| String::new()).map_err(io)
+        }
+        "sysv" => sysv(&arg(1), arg(2).parse().unwrap_or(0)),
+        "no-landlock" => no_landlock(&args[1..]),
         "daemonize" => daemonize(&arg(1), arg(2) == "flood"),
         "sleep" => loop {
             std::thread::sleep(Duration::from_secs(3600));
@@ -128,6 +147,84 @@ fn main() {
             std::process::exit(1)
         }
     }
+}
+
+/// `mib` MiB, then mode 04755: a program the sandbox's uid may make setuid
+/// on its own file (what copy-back must never carry over as another owner's).
+fn setuid_file(path: &str, mib: usize) -> Outcome {
+    use std::os::unix::fs::PermissionsExt;
+    bigfile(path, mib)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o4755)).map_err(io)?;
+    Ok("mode 4755".into())
+}
+
+/// Writes 1 MiB files into each directory until it is full; reports the
+/// bytes written in all (what those mounts hold together).
+fn fill(dirs: &[String]) -> Outcome {
+    let chunk = vec![7u8; 1 << 20];
+    let mut total = 0u64;
+    for dir in dirs {
+        'files: for i in 0.. {
+            let Ok(mut f) = std::fs::File::create(format!("{dir}/fill-{i}")) else { break };
+            for _ in 0..16 {
+                match f.write(&chunk) {
+                    Ok(n) if n == chunk.len() => total += n as u64,
+                    Ok(n) => {
+                        total += n as u64;
+                        break 'files;
+                    }
+                    Err(_) => break 'files,
+                }
+            }
+        }
+    }
+    Ok(format!("total {total}"))
+}
+
+/// Opens an existing System V IPC object of the host by its key:
+/// `shm` (and attaches it), `msg` or `sem`.
+fn sysv(kind: &str, key: i32) -> Outcome {
+    // SAFETY: the calls take integers; shmat maps the segment at an address
+    // the kernel picks and the pointer is only compared.
+    unsafe {
+        match kind {
+            "shm" => {
+                let id = sys(libc::shmget(key, 0, 0) as libc::c_long)?;
+                let at = libc::shmat(id as i32, std::ptr::null(), libc::SHM_RDONLY);
+                if at as isize == -1 {
+                    return Err(errno(Errno::last()));
+                }
+                Ok(format!("attached segment {id}"))
+            }
+            "msg" => sys(libc::msgget(key, 0) as libc::c_long).map(|id| format!("queue {id}")),
+            _ => sys(libc::semget(key, 0, 0) as libc::c_long).map(|id| format!("semaphores {id}")),
+        }
+    }
+}
+
+/// Runs a command under a seccomp filter that answers ENOSYS to Landlock's
+/// system calls: a kernel without Landlock, as the command sees it.
+fn no_landlock(command: &[String]) -> Outcome {
+    use std::os::unix::process::CommandExt;
+    const LD_ABS: u16 = 0x20;
+    const JEQ: u16 = 0x15;
+    const RET: u16 = 0x06;
+    let f = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let enosys = 0x0005_0000 | libc::ENOSYS as u32;
+    let program = [
+        f(LD_ABS, 0, 0, 0),
+        f(JEQ, 3, 0, libc::SYS_landlock_create_ruleset as u32),
+        f(JEQ, 2, 0, libc::SYS_landlock_add_rule as u32),
+        f(JEQ, 1, 0, libc::SYS_landlock_restrict_self as u32),
+        f(RET, 0, 0, 0x7fff_0000),
+        f(RET, 0, 0, enosys),
+    ];
+    let fprog = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut _ };
+    nix::sys::prctl::set_no_new_privs().map_err(errno)?;
+    // SAFETY: `fprog` points at `program`, which outlives the call.
+    sys(unsafe { libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0, &fprog) })?;
+    let (cmd, rest) = command.split_first().ok_or((Errno::EINVAL, "no command".to_string()))?;
+    Err(io(std::process::Command::new(cmd).args(rest).exec()))
 }
 
 /// Plays the broker for one run: reads a plan on stdin, names itself as the

@@ -1,0 +1,370 @@
+//! A system install: palisaded as root, serving other users. Each test is a
+//! finding of a review of that setup, reproduced through the real binaries
+//! with an attacking and a victim user the suite makes: what the attacker
+//! tries must fail, and the same thing done by one who may (the victim on
+//! its own files, root) must work, so that the test could fail.
+//!
+//! Only root can make users and run such a broker: as an ordinary user these
+//! tests say so and do nothing (the README's unprivileged half).
+
+use palisade_tests::*;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn probe() -> String {
+    bin("probe").to_string_lossy().into_owned()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A root broker serving the attacker and the victim (and root), in a base
+/// directory everyone may traverse.
+struct System {
+    users: SystemUsers,
+    base: TempDir,
+    daemon: Daemon,
+}
+
+impl System {
+    fn start(config: &str) -> Option<System> {
+        let Some(users) = system_users() else {
+            eprintln!("not root: a root broker serving other users cannot be tested as an ordinary user");
+            return None;
+        };
+        let base = TempDir::new("system");
+        std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (a, v) = (users.attacker.uid, users.victim.uid);
+        let (defaults, rest) = match config.find('[') {
+            Some(i) => config.split_at(i),
+            None => (config, ""),
+        };
+        let config = format!("{defaults}[broker]\nallowed_uids = [0, {a}, {v}]\nsocket_mode = 0o666\n{rest}");
+        let daemon = Daemon::start(&config);
+        Some(System { users, base, daemon })
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.base.join(rel)
+    }
+
+    /// `palisade run --socket S <pre> -- <args>` as `user`, in the base directory.
+    fn run_as(&self, user: Option<&nix::unistd::User>, pre: &[&str], args: &[&str]) -> std::process::Output {
+        let mut all = vec!["run", "--socket", self.daemon.socket.to_str().unwrap()];
+        all.extend_from_slice(pre);
+        palisade_cli(self.base.path(), &all, args, user)
+    }
+}
+
+/// Finding 1: copy-back made its temporary file as root and gave it the
+/// sandbox's mode (4755) before it gave it away by name; renamed in between,
+/// the file stayed root's, setuid. Now it is made by the requester and never
+/// carries setuid, setgid or sticky bits.
+#[test]
+fn copy_back_never_leaves_a_root_owned_or_setuid_file() {
+    let Some(s) = System::start("") else { return };
+    let attacker = &s.users.attacker;
+    let ws = s.path("attacker-ws");
+    owned_dir(&ws, attacker, 0o755);
+    // The attacker watches its directory and renames the broker's temporary
+    // file away as soon as it appears (a large file keeps the window open).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (ws, stop) = (ws.clone(), stop.clone());
+        std::thread::spawn(move || steal_temporary_files(&ws, &stop))
+    };
+    let mut outputs = Vec::new();
+    for attempt in 0..8 {
+        let name = format!("payload-{attempt}");
+        let o = s.run_as(
+            Some(attacker),
+            &["--workspace", ws.to_str().unwrap()],
+            &[&probe(), "setuid-file", &name, "48"],
+        );
+        outputs.push(text(&o.stderr));
+        if std::fs::read_dir(&ws)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("stolen"))
+        {
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let stolen = watcher.join().unwrap();
+    // The race was run: a temporary file was taken away at least once.
+    assert!(stolen > 0, "no temporary file appeared to be renamed: {outputs:?}\n{}", s.daemon.log());
+    for e in std::fs::read_dir(&ws).unwrap().flatten() {
+        let m = e.metadata().unwrap();
+        let name = e.file_name();
+        assert_ne!(m.uid(), 0, "{name:?} belongs to root");
+        assert_eq!(m.mode() & 0o7000, 0, "{name:?} has mode {:o}", m.mode());
+        assert_eq!(m.uid(), attacker.uid.as_raw(), "{name:?} is not the requester's");
+    }
+    // Counter-test: outside, the same user may make its own file setuid (the
+    // bit is harmless on its own file), which is what the sandbox asked for.
+    let mine = ws.join("mine");
+    let o = std::process::Command::new("setpriv")
+        .args(&as_user(attacker)[1..])
+        .arg(probe())
+        .args(["setuid-file", mine.to_str().unwrap(), "1"])
+        .output()
+        .unwrap();
+    assert_eq!(text(&o.stdout), "ok mode 4755\n");
+    assert_eq!(std::fs::metadata(&mine).unwrap().mode() & 0o7777, 0o4755);
+}
+
+/// Renames every `.palisade-commit-*` file that appears in `dir` to
+/// `stolen-N`, until `stop`; how many it renamed.
+fn steal_temporary_files(dir: &Path, stop: &std::sync::atomic::AtomicBool) -> usize {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).unwrap();
+    inotify.add_watch(dir, AddWatchFlags::IN_CREATE).unwrap();
+    let mut stolen = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let events = match inotify.read_events() {
+            Ok(e) => e,
+            Err(nix::errno::Errno::EAGAIN) => {
+                std::thread::sleep(Duration::from_micros(200));
+                continue;
+            }
+            Err(e) => panic!("inotify: {e}"),
+        };
+        for event in events {
+            let Some(name) = event.name else { continue };
+            if name.to_string_lossy().starts_with(".palisade-commit-")
+                && std::fs::rename(dir.join(&name), dir.join(format!("stolen-{stolen}"))).is_ok()
+            {
+                stolen += 1;
+            }
+        }
+    }
+    stolen
+}
+
+/// Finding 2: copy-back opened the workspace by its path at the end of the
+/// run; a parent replaced by a symlink meanwhile sent root's writes into any
+/// directory. Now it writes relative to the descriptor opened when the run
+/// was decided, as the requester.
+#[test]
+fn copy_back_follows_no_parent_swapped_during_the_run() {
+    let Some(s) = System::start("") else { return };
+    let attacker = &s.users.attacker;
+    let (home, parent) = (s.path("attacker"), s.path("attacker/parent"));
+    let ws = parent.join("ws");
+    for d in [&home, &parent, &ws] {
+        owned_dir(d, attacker, 0o755);
+    }
+    let root_only = s.path("root-only");
+    std::fs::create_dir_all(root_only.join("ws")).unwrap();
+    std::fs::set_permissions(&root_only, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = ws.join("out");
+    let before = s.daemon.log().matches("helper started").count();
+    let run = {
+        let (sock, out, ws, base) =
+            (s.daemon.socket.clone(), out.clone(), ws.clone(), s.base.path().to_path_buf());
+        let attacker = attacker.clone();
+        std::thread::spawn(move || {
+            palisade_cli(
+                &base,
+                &["run", "--socket", sock.to_str().unwrap(), "--workspace", ws.to_str().unwrap()],
+                &[&probe(), "write-sleep", out.to_str().unwrap(), "2"],
+                Some(&attacker),
+            )
+        })
+    };
+    // While the sandbox sleeps, the attacker swaps the workspace's parent for
+    // a symlink to a directory only root may write.
+    assert!(eventually(Duration::from_secs(20), || s.daemon.log().matches("helper started").count() > before));
+    std::fs::rename(&parent, home.join("parent.moved")).unwrap();
+    std::os::unix::fs::symlink(&root_only, &parent).unwrap();
+    let o = run.join().unwrap();
+    assert!(
+        !root_only.join("ws/out").exists(),
+        "root wrote into {}: {}",
+        root_only.display(),
+        text(&o.stderr)
+    );
+    let kept = home.join("parent.moved/ws/out");
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), "probe\n", "{}", text(&o.stderr));
+    assert_eq!(std::fs::metadata(&kept).unwrap().uid(), attacker.uid.as_raw());
+    // Counter-test: the attacker itself may not write there.
+    let o = std::process::Command::new("setpriv")
+        .args(&as_user(attacker)[1..])
+        .arg(probe())
+        .args(["write", root_only.join("ws/x").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(text(&o.stdout).starts_with("err EACCES"), "{}", text(&o.stdout));
+}
+
+fn read_tools() -> String {
+    let probe = probe();
+    let dir = bin("probe").parent().unwrap().to_string_lossy().into_owned();
+    format!(
+        r#"
+[tools.lint]
+preset = "code_analyzer"
+allowed_executables = ["{probe}"]
+[tools.lint.overrides]
+filesystem = [{{ read_only = "${{WORKSPACE}}" }}, {{ read_only = "{dir}" }}]
+
+[tools.show]
+preset = "file_processor"
+allowed_executables = ["{probe}"]
+[tools.show.overrides]
+filesystem = [{{ read_only = "{dir}" }}]
+[tools.show.parameters.file]
+capability = "filesystem.read_only"
+validation = "is_file"
+mapping = "single"
+"#
+    )
+}
+
+/// Finding 3: read grants were taken as root and idmapped to the sandbox, so
+/// another user's 0600 files and root's were readable through a tool's
+/// workspace or parameter. Now the requester must be able to read a grant
+/// itself, and the sandbox acts as the requester on it, never as its owner.
+#[test]
+fn a_read_grant_gives_only_what_the_requester_may_read() {
+    let Some(s) = System::start(&read_tools()) else { return };
+    let (attacker, victim) = (&s.users.attacker, &s.users.victim);
+    let home = s.path("victim-home");
+    owned_dir(&home, victim, 0o700);
+    let secret = home.join("secret");
+    owned_file(&secret, victim, 0o600, "victim-secret-4711");
+    let root_only = s.path("root-only");
+    std::fs::create_dir(&root_only).unwrap();
+    std::fs::set_permissions(&root_only, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let root_secret = root_only.join("secret");
+    std::fs::write(&root_secret, "root-secret-4712").unwrap();
+    std::fs::set_permissions(&root_secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    let lint = |user| {
+        s.run_as(
+            user,
+            &["--tool", "lint", "--workspace", home.to_str().unwrap()],
+            &[&probe(), "read", secret.to_str().unwrap()],
+        )
+    };
+    let o = lint(Some(attacker));
+    assert!(!text(&o.stdout).contains("victim-secret"), "{}", text(&o.stdout));
+    let want =
+        format!("palisade: WorkspaceScopeDenied: {}: not allowed (uid {}", home.display(), attacker.uid);
+    assert!(text(&o.stderr).starts_with(&want), "{}", text(&o.stderr));
+    let show = |user| {
+        let param = format!("file={}", root_secret.display());
+        s.run_as(
+            user,
+            &["--tool", "show", "--param", &param],
+            &[&probe(), "read", root_secret.to_str().unwrap()],
+        )
+    };
+    let o = show(Some(attacker));
+    assert!(!text(&o.stdout).contains("root-secret"), "{}", text(&o.stdout));
+    assert!(text(&o.stderr).contains("not allowed"), "{}", text(&o.stderr));
+
+    // Counter-tests: the owner reads its own file through the same grants.
+    assert_eq!(text(&lint(Some(victim)).stdout), "ok 18 bytes: victim-secret-4711\n");
+    assert_eq!(text(&show(None).stdout), "ok 16 bytes: root-secret-4712\n");
+}
+
+/// Finding 4: the helper opened the workspace by name after the broker's
+/// checks; a workspace swapped with a symlink (renameat2 RENAME_EXCHANGE)
+/// mounted another user's home. Now the broker opens it once, as the
+/// requester, with no symlink allowed, and the helper mounts that descriptor.
+#[test]
+fn a_workspace_swapped_for_a_symlink_is_never_mounted() {
+    let Some(s) = System::start("") else { return };
+    let (attacker, victim) = (&s.users.attacker, &s.users.victim);
+    let home = s.path("victim-home");
+    owned_dir(&home, victim, 0o700);
+    owned_file(&home.join("secret.txt"), victim, 0o600, "victim-secret-4713");
+    let dir = s.path("attacker");
+    owned_dir(&dir, attacker, 0o755);
+    let ws = dir.join("ws");
+    owned_dir(&ws, attacker, 0o755);
+    owned_file(&ws.join("secret.txt"), attacker, 0o644, "decoy");
+    let link = dir.join("link");
+    std::os::unix::fs::symlink(&home, &link).unwrap();
+    let target = ws.join("secret.txt");
+    let swapper = Swapper::start(&ws, &link);
+    let (mut decoys, mut refused) = (0, 0);
+    for _ in 0..100 {
+        let o = s.run_as(
+            Some(attacker),
+            &["--workspace", ws.to_str().unwrap()],
+            &[&probe(), "read", target.to_str().unwrap()],
+        );
+        let out = text(&o.stdout);
+        assert!(!out.contains("victim-secret"), "the victim's home was mounted: {out}");
+        if out.contains("decoy") {
+            decoys += 1;
+        } else {
+            refused += 1;
+        }
+    }
+    let swaps = swapper.stop();
+    eprintln!("{swaps} swaps; {decoys} runs read the attacker's own file, {refused} were refused");
+    assert!(swaps > 100 && decoys > 0, "the race did not run: {swaps} swaps, {decoys} runs");
+    // Counter-test: the victim reads its own file.
+    let o = std::process::Command::new("setpriv")
+        .args(&as_user(victim)[1..])
+        .arg(probe())
+        .args(["read", home.join("secret.txt").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(text(&o.stdout).contains("victim-secret-4713"));
+}
+
+/// Finding 10: every user's sandboxes ran as uid 65534, so two users'
+/// sandboxes could signal or trace each other. Now each requesting uid has
+/// its own host ids.
+#[test]
+fn each_requesting_uid_gets_its_own_sandbox_ids() {
+    let Some(s) = System::start("") else { return };
+    let mut seen = Vec::new();
+    for user in [&s.users.attacker, &s.users.victim] {
+        let ws = s.path(&user.name);
+        owned_dir(&ws, user, 0o755);
+        let o = s.run_as(Some(user), &["--json", "--workspace", ws.to_str().unwrap()], &[&probe(), "ids"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{o:?}"));
+        let host_uid = v["result"]["attestation"]["enforcement"]["host_uid"].as_u64().unwrap();
+        assert_eq!(host_uid, 0x7000_0000 + u64::from(user.uid.as_raw()), "{v}");
+        seen.push(host_uid);
+    }
+    assert_ne!(seen[0], seen[1]);
+}
+
+/// Finding 15: a root broker said "No such file" or "is not a directory"
+/// for paths inside directories the requester cannot read: an oracle of
+/// their contents. Now it decides as the requester, and says "not allowed"
+/// alike for what exists and what does not.
+#[test]
+fn paths_the_requester_cannot_reach_are_not_allowed_whether_or_not_they_exist() {
+    let Some(s) = System::start("") else { return };
+    let attacker = &s.users.attacker;
+    let root_only = s.path("root-only");
+    std::fs::create_dir_all(root_only.join("dir")).unwrap();
+    std::fs::write(root_only.join("file"), "x").unwrap();
+    std::fs::set_permissions(&root_only, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mut answers = Vec::new();
+    for name in ["dir", "file", "missing"] {
+        let ws = root_only.join(name);
+        let o = s.run_as(Some(attacker), &["--workspace", ws.to_str().unwrap()], &[&probe(), "echo", "x"]);
+        answers.push(text(&o.stderr).replace(&format!("/{name}:"), "/NAME:"));
+    }
+    let want = format!(
+        "palisade: WorkspaceScopeDenied: workspace {}/NAME: not allowed (uid {} cannot reach it)\n",
+        root_only.display(),
+        attacker.uid
+    );
+    assert_eq!(answers, [want.clone(), want.clone(), want]);
+    // Counter-test: root, who may look, is told what is there.
+    let o =
+        s.run_as(None, &["--workspace", root_only.join("file").to_str().unwrap()], &[&probe(), "echo", "x"]);
+    assert!(text(&o.stderr).contains("is not a directory"), "{}", text(&o.stderr));
+}
