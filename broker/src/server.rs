@@ -151,11 +151,12 @@ impl Server {
         let mut c = self.connections.lock().unwrap_or_else(|e| e.into_inner());
         let of_uid = c.by_uid.get(&uid).copied().unwrap_or(0);
         if c.total >= self.max_connections {
-            return Err(format!("{} connections are open, the limit (max_connections)", c.total));
+            let max = self.max_connections;
+            return Err(format!("all {max} connections the broker takes (max_connections) are open"));
         }
         if of_uid >= self.max_connections_per_uid {
             return Err(format!(
-                "uid {uid} has {of_uid} connections open, the limit (max_connections_per_uid)"
+                "uid {uid} has all {of_uid} connections it may open (max_connections_per_uid)"
             ));
         }
         c.total += 1;

@@ -672,7 +672,7 @@ impl Policy {
             ),
             (true, n, _) => format!("host network ({n})"),
         };
-        let mib = |b: u64| format!("{:.1} MiB", b as f64 / f64::from(1 << 20)).replace(".0 MiB", " MiB");
+        let mib = crate::explain::size;
         let writes = match (tier, d.disk, read_write.is_empty()) {
             (_, _, true) => String::new(),
             (Tier::C, DiskMode::Overlay, false) => format!(
@@ -750,29 +750,23 @@ impl TmpfsSizes {
     /// Within `budget` bytes together (0: no limit), for a run whose memory
     /// no cgroup bounds (rlimits do not count tmpfs pages): /tmp, the
     /// temporary workspace and the overlays' upper layers keep their sizes
-    /// when they fit, scaled down in proportion when they do not, and
-    /// /dev/shm gets what is left (at least a page).
+    /// when they fit, and /dev/shm gets what is left of the budget; when they
+    /// do not fit, all of them, /dev/shm included, are scaled down in
+    /// proportion.
     fn fit_within(self, budget: u64) -> TmpfsSizes {
         const PAGE: u64 = 4096;
-        if budget == 0 {
+        if budget == 0 || self.total() <= budget {
             return self;
         }
-        let fixed = self
-            .tmp
-            .saturating_mul(1 + self.workspace)
-            .saturating_add(self.upper.saturating_mul(self.overlays));
-        let room = budget.saturating_sub(PAGE);
-        let mut fitted = self;
-        if fixed > room {
-            let scale = |b: u64| {
-                ((u128::from(b) * u128::from(room) / u128::from(fixed)) as u64 / PAGE * PAGE).max(PAGE)
-            };
-            fitted.tmp = scale(self.tmp);
-            fitted.upper = scale(self.upper);
+        let fixed = self.total() - self.shm;
+        if fixed + PAGE <= budget {
+            return TmpfsSizes { shm: (budget - fixed) / PAGE * PAGE, ..self };
         }
-        let used = fitted.total() - fitted.shm;
-        fitted.shm = self.shm.min(budget.saturating_sub(used) / PAGE * PAGE).max(PAGE);
-        fitted
+        let total = self.total();
+        let scale = |b: u64| {
+            ((u128::from(b) * u128::from(budget) / u128::from(total)) as u64 / PAGE * PAGE).max(PAGE)
+        };
+        TmpfsSizes { tmp: scale(self.tmp), upper: scale(self.upper), shm: scale(self.shm), ..self }
     }
 
     fn describe(&self, mib: &dyn Fn(u64) -> String) -> String {

@@ -7,11 +7,14 @@ use crate::seccomp;
 use palisade_protocol::{LandlockFeatures, Mount, Rlimit};
 use std::fmt::Write;
 
-fn size(v: u64) -> String {
+/// A size as people read it: `1 GiB`, `64 MiB`, `12.2 MiB`, `4 KiB`.
+pub fn size(v: u64) -> String {
     match v {
         u64::MAX => "unlimited".into(),
         v if v >= 1 << 30 && v % (1 << 30) == 0 => format!("{} GiB", v >> 30),
         v if v >= 1 << 20 && v % (1 << 20) == 0 => format!("{} MiB", v >> 20),
+        v if v >= 1 << 20 => format!("{:.1} MiB", v as f64 / f64::from(1 << 20)),
+        v if v >= 1 << 10 && v % (1 << 10) == 0 => format!("{} KiB", v >> 10),
         v => format!("{v} bytes"),
     }
 }

@@ -701,12 +701,14 @@ pub fn check_scope(
                     format!("{candidate} ({}) is a sensitive path", resolved.display()),
                 ));
             }
-            // In the private /tmp, a name the host has (its first component
-            // exists there) would refer to something the sandbox cannot see.
+            // The private /tmp itself is the sandbox's; in it, a name the host
+            // has (its first component exists there) would refer to something
+            // the sandbox cannot see.
             let in_private = || {
-                private.iter().any(|r| {
-                    let first = resolved.strip_prefix(r).ok().and_then(|rest| rest.components().next());
-                    first.is_some_and(|c| std::fs::symlink_metadata(r.join(c)).is_err())
+                private.iter().any(|r| match resolved.strip_prefix(r).map(|rest| rest.components().next()) {
+                    Ok(None) => true,
+                    Ok(Some(c)) => std::fs::symlink_metadata(r.join(c)).is_err(),
+                    Err(_) => false,
                 })
             };
             if !roots.iter().any(|r| paths::within(&resolved, r)) && !in_private() {

@@ -158,13 +158,17 @@ fn setuid_file(path: &str, mib: usize) -> Outcome {
     Ok("mode 4755".into())
 }
 
-/// Writes 1 MiB files into each directory until it is full; reports the
-/// bytes written in all (what those mounts hold together).
+/// Writes 16 MiB files into each directory until it is full; reports the
+/// bytes written in all (what those mounts hold together). Bounded: never
+/// more than 512 MiB in all, whatever the mounts would take.
 fn fill(dirs: &[String]) -> Outcome {
     let chunk = vec![7u8; 1 << 20];
     let mut total = 0u64;
     for dir in dirs {
         'files: for i in 0.. {
+            if total >= 512 << 20 {
+                break;
+            }
             let Ok(mut f) = std::fs::File::create(format!("{dir}/fill-{i}")) else { break };
             for _ in 0..16 {
                 match f.write(&chunk) {
