@@ -9,7 +9,7 @@ use crate::capabilities::{
 use crate::config::{Config, DiskMode, FallbackPolicy};
 use crate::egress::{self, EgressMode};
 use crate::jail::{BuildError, ETC_ENTRIES, JailSpec, Limits, build_plan};
-use crate::validate::{self, Rules, SENSITIVE_NAMES};
+use crate::validate::{self, HOME_SENSITIVE_NAMES, Rules, SENSITIVE_NAMES};
 use crate::{Preset, paths};
 use palisade_protocol::wire::{ErrorKind, ParamValue, RunRequest};
 use palisade_protocol::{HostIds, JailPlan, LandlockFeatures, Tier};
@@ -479,9 +479,22 @@ impl Policy {
         };
         if profile.egress != EgressMode::None {
             if let Some(allow) = allow_list {
-                if let Some(host) =
-                    egress::hosts_in(&req.argv).into_iter().find(|h| !egress::allowed(h, allow))
-                {
+                // The command a launcher (env, nice, timeout, ...) would run is what connects.
+                let (command, args) = validate::through_launchers(&req.argv);
+                let launched: Vec<String> = std::iter::once(command).chain(args).collect();
+                if let Some(option) = egress::redirection(&launched).filter(|_| !allow.is_empty()) {
+                    return denied(
+                        ErrorKind::CapabilityDenied,
+                        "egress.redirected",
+                        format!(
+                            "{option} would connect somewhere the command line does not name; \
+                             preflight checks only the hosts it names (network: {})",
+                            profile.capabilities.network
+                        ),
+                    );
+                }
+                let hosts = egress::hosts_in(&req.argv).into_iter().chain(egress::hosts_in(&launched));
+                if let Some(host) = hosts.into_iter().find(|h| !egress::allowed(h, allow)) {
                     return denied(
                         ErrorKind::CapabilityDenied,
                         "egress.host_not_allowed",
@@ -808,7 +821,8 @@ fn sensitive_inside<'a>(
     for &root in granted {
         let bases = std::iter::once(root).chain(homes.iter().filter(|h| h.starts_with(root) && *h != root));
         for base in bases {
-            for name in SENSITIVE_NAMES {
+            let home_names = if homes.contains(base) { HOME_SENSITIVE_NAMES } else { &[] };
+            for name in SENSITIVE_NAMES.iter().chain(home_names) {
                 add(root, base.join(name));
             }
         }

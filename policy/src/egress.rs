@@ -272,6 +272,176 @@ fn hosts_by_form(argv: &[String], tool: &str) -> Vec<String> {
     hosts
 }
 
+/// Options of network tools that send a connection somewhere other than the
+/// host the command line names (a DNS override, a proxy, a unix socket, a
+/// source address), or that read such settings from a file or the
+/// environment: (tool, short options, long options). A long option given
+/// as any prefix of one of these is refused too (the tools accept unique
+/// prefixes: `--resol` is `--resolve`).
+const REDIRECTING: [(&str, &str, &[&str]); 13] = [
+    (
+        "curl",
+        "xK",
+        &[
+            "resolve",
+            "connect-to",
+            "alt-svc",
+            "doh-url",
+            "dns-servers",
+            "dns-interface",
+            "dns-ipv4-addr",
+            "dns-ipv6-addr",
+            "proxy",
+            "preproxy",
+            "proxy1.0",
+            "socks4",
+            "socks4a",
+            "socks5",
+            "socks5-hostname",
+            "unix-socket",
+            "abstract-unix-socket",
+            "interface",
+            "local-port",
+            "config",
+            "variable",
+        ],
+    ),
+    ("wget", "ei", &["execute", "config", "input-file", "bind-address", "bind-dns-address", "dns-servers"]),
+    (
+        "ssh",
+        "FJWRSbB",
+        &["hostname", "proxycommand", "proxyjump", "bindaddress", "bindinterface", "controlpath"],
+    ),
+    (
+        "scp",
+        "FJSR",
+        &["hostname", "proxycommand", "proxyjump", "bindaddress", "bindinterface", "controlpath"],
+    ),
+    (
+        "sftp",
+        "FJSRD",
+        &["hostname", "proxycommand", "proxyjump", "bindaddress", "bindinterface", "controlpath"],
+    ),
+    ("rsync", "e", &["rsh", "address"]),
+    ("pip", "", &["proxy"]),
+    ("pip3", "", &["proxy"]),
+    ("npm", "", &["proxy", "https-proxy", "local-address", "userconfig", "globalconfig"]),
+    ("nc", "xXsU", &[]),
+    (
+        "ncat",
+        "sUec",
+        &["proxy", "proxy-type", "proxy-dns", "unixsock", "vsock", "exec", "sh-exec", "lua-exec"],
+    ),
+    (
+        "aria2c",
+        "iT",
+        &[
+            "all-proxy",
+            "http-proxy",
+            "https-proxy",
+            "ftp-proxy",
+            "interface",
+            "multiple-interface",
+            "async-dns-server",
+            "conf-path",
+            "input-file",
+        ],
+    ),
+    ("http", "", &["proxy"]),
+];
+
+/// git configuration (`-c key=value`, `--config-env=key=var`) that sends a
+/// connection elsewhere or reads more configuration: keys, lowercase, `*` for
+/// any subsection.
+const GIT_REDIRECTING: [&str; 11] = [
+    "http.proxy",
+    "http.*.proxy",
+    "remote.*.proxy",
+    "http.curloptresolve",
+    "url.*.insteadof",
+    "url.*.pushinsteadof",
+    "core.gitproxy",
+    "core.sshcommand",
+    "include.path",
+    "includeif.*.path",
+    "protocol.*.allow",
+];
+
+fn git_key_redirects(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    GIT_REDIRECTING.iter().any(|pattern| match pattern.split_once(".*.") {
+        Some((section, name)) => {
+            key.starts_with(&format!("{section}."))
+                && key.ends_with(&format!(".{name}"))
+                && key.len() > section.len() + name.len() + 2
+        }
+        None => key == *pattern,
+    })
+}
+
+/// The option of a known network tool in `argv` (the program and its
+/// arguments, launchers already looked through) that would connect
+/// somewhere the command line does not name, if any: preflight checks only
+/// the names it sees.
+pub fn redirection(argv: &[String]) -> Option<String> {
+    let tool = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a))?;
+    if tool == "socat" {
+        return Some("socat (its addresses are not read by the check)".into());
+    }
+    if tool == "git" {
+        return git_redirection(argv);
+    }
+    let (_, short, long) = REDIRECTING.iter().find(|(t, _, _)| *t == tool)?;
+    let ssh_like = matches!(tool, "ssh" | "scp" | "sftp");
+    let mut args = argv.iter().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            break;
+        }
+        if let Some(name) = arg.strip_prefix("--") {
+            let name = name.split_once('=').map_or(name, |(n, _)| n).to_ascii_lowercase();
+            if name.len() >= 2 && long.iter().any(|l| l.starts_with(&name)) {
+                return Some(format!("{tool} --{name}"));
+            }
+        } else if let Some(cluster) = arg.strip_prefix('-') {
+            // `-o Key=value` / `-oKey value`: ssh's options by keyword.
+            if ssh_like && cluster.starts_with('o') {
+                let value =
+                    if cluster.len() > 1 { Some(cluster[1..].to_string()) } else { args.next().cloned() };
+                let key = value
+                    .unwrap_or_default()
+                    .split(['=', ' ', '\t'])
+                    .next()
+                    .unwrap_or("")
+                    .to_ascii_lowercase();
+                if long.contains(&key.as_str()) {
+                    return Some(format!("{tool} -o {key}"));
+                }
+                continue;
+            }
+            if let Some(c) = cluster.chars().find(|c| short.contains(*c)) {
+                return Some(format!("{tool} -{c}"));
+            }
+        }
+    }
+    None
+}
+
+fn git_redirection(argv: &[String]) -> Option<String> {
+    let mut args = argv.iter().skip(1);
+    while let Some(arg) = args.next() {
+        let setting = match arg.as_str() {
+            "-c" | "--config" => args.next().map(String::as_str),
+            a => a.strip_prefix("--config-env=").or_else(|| a.strip_prefix("--config=")),
+        };
+        let Some(key) = setting.map(|s| s.split_once('=').map_or(s, |(k, _)| k)) else { continue };
+        if git_key_redirects(key) {
+            return Some(format!("git -c {}", key.to_ascii_lowercase()));
+        }
+    }
+    None
+}
+
 /// Whether `host` matches an allow-list entry: an exact name, or `*.suffix`
 /// for any name below `suffix` (not `suffix` itself). ASCII only: a look-alike
 /// in another script never matches.
@@ -326,6 +496,61 @@ mod tests {
         ];
         for (cmd, want) in cases {
             assert_eq!(hosts_in(&argv(cmd)), want, "{cmd}");
+        }
+    }
+
+    /// The review's bypasses of preflight, and the other ways the known tools
+    /// have to connect elsewhere than the host they name.
+    #[test]
+    fn options_that_connect_elsewhere_are_found() {
+        let refused = [
+            ("curl --resolve github.com:443:127.0.0.1 https://github.com/", "curl --resolve"),
+            ("curl --connect-to github.com:443:127.0.0.1:8080 https://github.com/", "curl --connect-to"),
+            ("curl --resol=github.com:443:127.0.0.1 https://github.com/", "curl --resol"),
+            ("curl -sSx 127.0.0.1:8080 https://github.com/", "curl -x"),
+            ("curl -x127.0.0.1:8080 https://github.com/", "curl -x"),
+            ("curl -K /tmp/cfg https://github.com/", "curl -K"),
+            ("curl --unix-socket /run/docker.sock http://github.com/", "curl --unix-socket"),
+            ("curl --socks5-hostname 127.0.0.1:1080 https://github.com/", "curl --socks5-hostname"),
+            ("wget -e use_proxy=on -e https_proxy=127.0.0.1:8080 https://github.com/", "wget -e"),
+            ("wget --execute=https_proxy=x https://github.com/", "wget --execute"),
+            ("git -c http.proxy=127.0.0.1:8080 clone https://github.com/a/b", "git -c http.proxy"),
+            (
+                "git -c Http.https://github.com.Proxy=x clone https://github.com/a/b",
+                "git -c http.https://github.com.proxy",
+            ),
+            (
+                "git -c url.http://127.0.0.1/.insteadOf=https://github.com/ clone https://github.com/a/b",
+                "git -c url.http://127.0.0.1/.insteadof",
+            ),
+            ("git --config-env=http.proxy=P fetch", "git -c http.proxy"),
+            (
+                "git clone -c http.curloptResolve=github.com:443:127.0.0.1 https://github.com/a/b",
+                "git -c http.curloptresolve",
+            ),
+            ("ssh -o ProxyCommand=nc 127.0.0.1 22 github.com", "ssh -o proxycommand"),
+            ("ssh -oHostName=127.0.0.1 git@github.com", "ssh -o hostname"),
+            ("ssh -J jump.example github.com", "ssh -J"),
+            ("ssh -R 8080:127.0.0.1:80 github.com", "ssh -R"),
+            ("scp -S ./prog f github.com:f", "scp -S"),
+            ("npm --https-proxy=http://127.0.0.1:8080 install", "npm --https-proxy"),
+            ("pip install --proxy 127.0.0.1:8080 x", "pip --proxy"),
+            ("nc -x 127.0.0.1:1080 github.com 443", "nc -x"),
+            ("socat - TCP:127.0.0.1:80", "socat (its addresses are not read by the check)"),
+        ];
+        for (cmd, want) in refused {
+            assert_eq!(redirection(&argv(cmd)).as_deref(), Some(want), "{cmd}");
+        }
+        for cmd in [
+            "curl -sSLo out.tgz https://github.com/a/b/archive.tgz",
+            "curl --retry 3 --output out https://github.com/",
+            "wget -q -O - https://github.com/",
+            "git -c user.name=x -c core.autocrlf=false clone https://github.com/a/b",
+            "ssh -o StrictHostKeyChecking=yes -p 22 git@github.com",
+            "pip install -r requirements.txt",
+            "ls --resolve",
+        ] {
+            assert_eq!(redirection(&argv(cmd)), None, "{cmd}");
         }
     }
 

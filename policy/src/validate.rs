@@ -57,6 +57,47 @@ pub const INTERPRETERS: &[&str] = &[
     "R",
     "julia",
     "guile*",
+    // script(1) runs a shell: `script -c CMD`, or one reading stdin.
+    "script",
+    // Dynamic loaders run whatever program they are given
+    // (`ld-linux-x86-64.so.2 /usr/bin/bash -c ...`), past every check of it.
+    "ld-*.so*",
+    "ld.so*",
+    "ld64.so*",
+];
+
+/// git configuration whose value git runs (as a shell command or a
+/// program), lowercase, `*` for any subsection; `alias.*` only with a value
+/// starting with `!`. `include.path` reads more configuration, which may set
+/// any of them.
+const GIT_COMMAND_KEYS: [&str; 27] = [
+    "alias.*",
+    "core.sshcommand",
+    "core.pager",
+    "core.editor",
+    "core.askpass",
+    "core.fsmonitor",
+    "core.hookspath",
+    "core.gitproxy",
+    "core.alternaterefscommand",
+    "sequence.editor",
+    "diff.external",
+    "diff.*.textconv",
+    "diff.*.command",
+    "merge.*.driver",
+    "filter.*.clean",
+    "filter.*.smudge",
+    "filter.*.process",
+    "credential.helper",
+    "credential.*.helper",
+    "gpg.program",
+    "gpg.*.program",
+    "uploadpack.packobjectshook",
+    "pager.*",
+    "difftool.*.cmd",
+    "mergetool.*.cmd",
+    "include.path",
+    "includeif.*.path",
 ];
 
 /// Programs that run another program given in their arguments.
@@ -77,53 +118,89 @@ const LAUNCHERS: &[(&str, &str, usize)] = &[
     ("unbuffer", "", 0),
 ];
 
-/// Names (globs) of paths that are refused even inside an allowed root.
-pub const SENSITIVE_PATHS: &[&str] = &[
-    "**/.ssh",
-    "**/.ssh/**",
-    "**/.gnupg",
-    "**/.gnupg/**",
-    "**/.aws",
-    "**/.aws/**",
-    "**/.kube",
-    "**/.kube/**",
-    "**/.config/gcloud",
-    "**/.config/gcloud/**",
-    "**/.docker",
-    "**/.docker/**",
-    "**/.password-store",
-    "**/.password-store/**",
-    "**/.netrc",
-    "**/.git-credentials",
-    "**/.pypirc",
-    "**/.vault-token",
-    "/etc/shadow",
-    "/etc/shadow-",
-    "/etc/gshadow",
-    "/etc/gshadow-",
-    "/etc/sudoers",
-    "/etc/sudoers.d",
-    "/etc/sudoers.d/**",
-    "/etc/ssh/ssh_host_*_key",
-    "/etc/security/opasswd",
-    "/proc/kcore",
-    "/dev/mem",
-];
-
-/// The sensitive names a workspace root may hold directly (masked in Tier C,
-/// refused in Tier B).
+/// Credentials and keys, by name: refused wherever a path leads to one (a
+/// home directory or a project alike), and hidden when a granted directory,
+/// or a home directory inside one, holds it. The union of what the
+/// sandboxes and secret scanners palisade is compared with protect (firejail,
+/// nono, Codex, agent-safehouse, shhgit), less what ordinary builds need
+/// (`~/.cargo`, `~/.npm`, `~/.m2` stay; their credential files do not).
 pub const SENSITIVE_NAMES: &[&str] = &[
+    // Keys and keyrings.
     ".ssh",
     ".gnupg",
+    ".password-store",
+    ".pki",
+    ".local/share/keyrings",
+    ".local/share/kwalletd",
+    ".gnome2/keyrings",
+    ".1password",
+    ".config/op",
+    ".minisign",
+    // Cloud and cluster credentials.
     ".aws",
     ".kube",
     ".config/gcloud",
     ".docker",
-    ".password-store",
-    ".netrc",
-    ".git-credentials",
-    ".pypirc",
+    ".dockercfg",
+    ".tsh",
+    ".boto",
+    ".s3cfg",
+    ".passwd-s3fs",
+    ".config/doctl",
+    ".config/rclone",
+    ".terraform.d/credentials.tfrc.json",
     ".vault-token",
+    // Forges, registries and package indexes.
+    ".git-credentials",
+    ".git-credential-cache",
+    ".config/gh",
+    ".config/hub",
+    ".config/glab-cli",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".gem/credentials",
+    ".pypirc",
+    // Passwords for services.
+    ".netrc",
+    ".pgpass",
+    ".my.cnf",
+    ".smbcredentials",
+    ".davfs2/secrets",
+    ".msmtprc",
+    ".fetchmailrc",
+];
+
+/// Credentials by name only in a home directory (the request's `HOME` and the
+/// homes of /etc/passwd): a project's own `.npmrc` or `.azure` holds its
+/// settings, a user's holds tokens.
+pub const HOME_SENSITIVE_NAMES: &[&str] = &[".npmrc", ".azure", ".azd", ".gcloud"];
+
+/// Absolute sensitive paths (globs).
+pub const SENSITIVE_PATHS: &[&str] = &[
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/shadow+",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/gshadow+",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/sudoers.d/**",
+    "/etc/doas.conf",
+    "/etc/ssh/ssh_host_*_key",
+    "/etc/security/opasswd",
+    "/etc/credstore",
+    "/etc/credstore/**",
+    "/etc/credstore.encrypted",
+    "/etc/credstore.encrypted/**",
+    "/run/credentials",
+    "/run/credentials/**",
+    "/var/backups",
+    "/var/backups/**",
+    "/run/docker.sock",
+    "/var/run/docker.sock",
+    "/proc/kcore",
+    "/dev/mem",
 ];
 
 /// Command lines refused outright (matched against the arguments joined by spaces).
@@ -198,6 +275,18 @@ impl Rules {
                 }
             }
         }
+        // The host's dynamic loaders, by inode and content like the interpreters
+        // (a copy under another name is still one).
+        for loader in loaders() {
+            if let Ok(m) = std::fs::metadata(&loader) {
+                let name = loader.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                interpreter_files.insert((m.dev(), m.ino()), name);
+                let list = interpreter_sizes.entry(m.len()).or_default();
+                if !list.contains(&loader) {
+                    list.push(loader);
+                }
+            }
+        }
         let blocked = BLOCKED_PATTERNS
             .iter()
             .map(|(p, what)| (p.to_string(), what.to_string()))
@@ -213,13 +302,19 @@ impl Rules {
             interpreters,
             interpreter_files,
             interpreter_sizes,
-            sensitive_absolute: globset(SENSITIVE_PATHS.iter().map(|s| s.to_string())),
+            sensitive_absolute: globset(
+                SENSITIVE_NAMES
+                    .iter()
+                    .flat_map(|n| [format!("**/{n}"), format!("**/{n}/**")])
+                    .chain(SENSITIVE_PATHS.iter().map(|s| s.to_string())),
+            ),
             sensitive_extra: policy.sensitive_paths.iter().map(|s| s.get_ref().clone()).collect(),
             blocked,
         }
     }
 
-    /// The interpreter `path` is (by name, inode or content), if any.
+    /// The interpreter `path` is (by name, inode or content), if any: a
+    /// shell, a language runtime, or a dynamic loader.
     pub fn interpreter(&self, path: &Path, argv0: &str) -> Option<String> {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         if self.interpreters.is_match(&name) {
@@ -262,12 +357,94 @@ impl Rules {
         if self.sensitive_absolute.is_match(path) {
             return true;
         }
+        let in_home = |h: &Path| HOME_SENSITIVE_NAMES.iter().any(|n| path.starts_with(h.join(n)));
+        if home.is_some_and(|h| in_home(h) || h.canonicalize().is_ok_and(|c| in_home(&c))) {
+            return true;
+        }
         let extra = self.sensitive_extra.iter().map(|p| match (p.strip_prefix("~/"), home) {
             (Some(rest), Some(h)) => h.join(rest).to_string_lossy().into_owned(),
             _ => p.clone(),
         });
         globset(extra).is_match(path)
     }
+}
+
+/// The dynamic loaders of this host: the `PT_INTERP` of its shell and of
+/// `env` (where the system's programs say their loader is), and glibc's
+/// `ld.so`, canonical.
+fn loaders() -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = ["/bin/sh", "/usr/bin/env", "/usr/bin/ld.so"]
+        .iter()
+        .filter_map(|p| {
+            let interp = read_regular(Path::new(p), 4096).and_then(|head| elf_interpreter(&head));
+            interp.map(PathBuf::from).or_else(|| p.ends_with("ld.so").then(|| PathBuf::from(p)))
+        })
+        .filter_map(|p| p.canonicalize().ok())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The `PT_INTERP` path of a 64-bit little-endian ELF file, from its first
+/// bytes (`head`), if it names one there.
+fn elf_interpreter(head: &[u8]) -> Option<String> {
+    let u16_at = |at: usize| Some(u16::from_le_bytes(head.get(at..at + 2)?.try_into().ok()?));
+    let u64_at = |at: usize| Some(u64::from_le_bytes(head.get(at..at + 8)?.try_into().ok()?));
+    if head.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let (phoff, phentsize, phnum) =
+        (u64_at(0x20)? as usize, usize::from(u16_at(0x36)?), usize::from(u16_at(0x38)?));
+    (0..phnum).find_map(|i| {
+        let ph = phoff + i * phentsize;
+        const PT_INTERP: u32 = 3;
+        if u32::from_le_bytes(head.get(ph..ph + 4)?.try_into().ok()?) != PT_INTERP {
+            return None;
+        }
+        let (offset, size) = (u64_at(ph + 8)? as usize, u64_at(ph + 32)? as usize);
+        let path = head.get(offset..offset + size)?;
+        Some(String::from_utf8_lossy(path.strip_suffix(b"\0").unwrap_or(path)).into_owned())
+    })
+}
+
+/// The setting of git's command line that makes it run a command, if any:
+/// `-c key=value` (or `--config-env=key=var`, `clone --config key=value`)
+/// with a key of [`GIT_COMMAND_KEYS`], or `--upload-pack` / `--receive-pack`.
+fn git_runs_command(args: &[String]) -> Option<String> {
+    let matches = |key: &str, value: Option<&str>| {
+        let key = key.to_ascii_lowercase();
+        GIT_COMMAND_KEYS.iter().any(|pattern| {
+            let hit = match pattern.split_once('*') {
+                Some((start, end)) => {
+                    key.starts_with(start) && key.ends_with(end) && key.len() > start.len() + end.len()
+                }
+                None => key == *pattern,
+            };
+            hit && (*pattern != "alias.*" || value.is_some_and(|v| v.starts_with('!')))
+        })
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        if ["--upload-pack", "--receive-pack", "--exec"]
+            .iter()
+            .any(|o| arg == o || arg.starts_with(&format!("{o}=")))
+        {
+            return Some(arg.clone());
+        }
+        let setting = match arg.as_str() {
+            "-c" | "--config" => it.next().map(String::as_str),
+            a => a.strip_prefix("--config-env=").or_else(|| a.strip_prefix("--config=")),
+        };
+        let Some(setting) = setting else { continue };
+        let (key, value) = setting.split_once('=').map_or((setting, None), |(k, v)| (k, Some(v)));
+        // --config-env's value names a variable: what git runs is out of sight.
+        let value = if arg.starts_with("--config-env") { Some("!") } else { value };
+        if matches(key, value) {
+            return Some(format!("-c {setting}"));
+        }
+    }
+    None
 }
 
 fn deny(kind: ErrorKind, rule: &'static str, reason: String) -> Denial {
@@ -350,7 +527,7 @@ pub fn check_allowed(program: &Path, allowed: &[PathBuf]) -> Result<(), Denial> 
 }
 
 /// The command a launcher (env, nice, timeout, ...) would run, and its arguments.
-fn through_launchers(argv: &[String]) -> (String, Vec<String>) {
+pub(crate) fn through_launchers(argv: &[String]) -> (String, Vec<String>) {
     let mut argv: Vec<String> = argv.to_vec();
     for _ in 0..8 {
         let name = basename(&argv[0]).to_string();
@@ -446,6 +623,8 @@ fn shebang(path: &Path) -> Option<(PathBuf, String)> {
 #[derive(Clone, Copy, PartialEq)]
 enum Family {
     Shell,
+    Script,
+    Loader,
     Python,
     Node,
     Deno,
@@ -464,7 +643,11 @@ enum Family {
 fn family(name: &str) -> Family {
     let n = name.to_ascii_lowercase();
     let starts = |p: &str| n.starts_with(p);
-    if starts("python") || starts("pypy") {
+    if n == "script" {
+        Family::Script
+    } else if starts("ld-") || starts("ld.so") || starts("ld64.so") {
+        Family::Loader
+    } else if starts("python") || starts("pypy") {
         Family::Python
     } else if starts("node") || n == "bun" {
         Family::Node
@@ -501,6 +684,8 @@ fn family(name: &str) -> Family {
 fn code_options(f: Family) -> (&'static str, &'static str, &'static [&'static str], &'static str) {
     match f {
         Family::Shell => ("c", "oO", &["--command"], "oO"),
+        Family::Script => ("c", "IOBTmEo", &["--command"], "IOBTmEo"),
+        Family::Loader => ("", "", &[], ""),
         Family::Python => ("c", "WXQm", &[], "WXQm"),
         Family::Node => ("ep", "r", &["--eval", "--print"], "r"),
         Family::Deno => ("", "", &["eval"], ""),
@@ -520,6 +705,9 @@ fn code_options(f: Family) -> (&'static str, &'static str, &'static [&'static st
 /// Whether the arguments of an interpreter hand it code inline (`-c`, `-e`,
 /// `--eval`, ...), or on stdin (`-`, or no script operand with stdin given).
 fn inline_code(f: Family, args: &[String], stdin_given: bool) -> Option<String> {
+    if f == Family::Loader {
+        return Some("whatever program it is given".into());
+    }
     let (letters, stop, long, valued) = code_options(f);
     let mut i = 0;
     let mut operand = None;
@@ -564,6 +752,8 @@ fn inline_code(f: Family, args: &[String], stdin_given: bool) -> Option<String> 
     }
     match (operand, stdin_given) {
         (None, true) => Some("no script operand, code on stdin".into()),
+        // script(1)'s operand is the file it logs to; the shell it starts reads stdin.
+        (Some(_), true) if f == Family::Script => Some("a shell reading stdin".into()),
         _ => None,
     }
 }
@@ -584,6 +774,15 @@ pub fn check_interpreters(
     } else {
         resolve_executable(&command).unwrap_or_else(|_| PathBuf::from(&command))
     };
+    if basename(&command) == "git" || effective.file_name().is_some_and(|n| n == "git") {
+        if let Some(setting) = git_runs_command(&args) {
+            return check_command_in_arguments(
+                &format!("git {setting}"),
+                allow_interpreters,
+                allow_inline_code,
+            );
+        }
+    }
     let (interpreter, args) = match rules.interpreter(&effective, &command) {
         Some(name) => (Some(name), args),
         None => match shebang(&effective) {
@@ -592,6 +791,17 @@ pub fn check_interpreters(
         },
     };
     let Some(name) = interpreter else { return Ok(()) };
+    if family(&name) == Family::Loader && !(allow_interpreters && allow_inline_code) {
+        return Err(deny(
+            ErrorKind::PolicyDenied,
+            "interpreters.loader",
+            format!(
+                "{} is the dynamic loader {name}, which runs whatever program it is given, past the checks of \
+                 that program; loaders run only where interpreters and inline code are both allowed",
+                effective.display()
+            ),
+        ));
+    }
     if !allow_interpreters {
         return Err(deny(
             ErrorKind::PolicyDenied,
@@ -613,6 +823,34 @@ pub fn check_interpreters(
         )),
         None => Ok(()),
     }
+}
+
+/// A program told on its command line to run a command (`git -c
+/// alias.x=!cmd`): an interpreter given inline code.
+fn check_command_in_arguments(
+    what: &str,
+    allow_interpreters: bool,
+    allow_inline_code: bool,
+) -> Result<(), Denial> {
+    if !allow_interpreters {
+        return Err(deny(
+            ErrorKind::PolicyDenied,
+            "interpreters.denied",
+            format!(
+                "{what} runs a command given on the command line; interpreters are not allowed by this policy"
+            ),
+        ));
+    }
+    if !allow_inline_code {
+        return Err(deny(
+            ErrorKind::PolicyDenied,
+            "interpreters.inline_code",
+            format!(
+                "{what} runs a command given on the command line; inline code is not allowed by this policy"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The path-like parts of an argument: the argument itself, the value of
@@ -801,6 +1039,89 @@ mod tests {
             let path = PathBuf::from(format!("/nonexistent/{name}"));
             assert_eq!(rules.interpreter(&path, name), None, "{name}");
         }
+    }
+
+    /// The review's misses: the dynamic loader, `script -c`, `git -c alias.x=!cmd`.
+    #[test]
+    fn loaders_script_and_git_commands_are_interpreters() {
+        let rules = Rules::new(&PolicyConfig::default());
+        for name in
+            ["ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1", "ld.so", "ld64.so.2", "ld-musl-x86_64.so.1"]
+        {
+            let path = PathBuf::from(format!("/nonexistent/{name}"));
+            assert_eq!(rules.interpreter(&path, name).as_deref(), Some(name), "{name}");
+            assert!(family(name) == Family::Loader, "{name}");
+        }
+        assert_eq!(rules.interpreter(Path::new("/nonexistent/script"), "script").as_deref(), Some("script"));
+        assert!(inline_code(Family::Script, &args(&["-q", "-c", "id", "log"]), false).is_some());
+        assert!(inline_code(Family::Script, &args(&["log"]), true).is_some());
+        assert_eq!(inline_code(Family::Script, &args(&["-q", "-O", "x", "log"]), false), None);
+        for cmd in [
+            "-c alias.x=!id x",
+            "-c Alias.X=!sh x",
+            "-c core.sshCommand=sh fetch",
+            "-c core.pager=sh log",
+            "-c filter.f.smudge=sh checkout",
+            "-c credential.helper=!sh fetch",
+            "--config-env=core.editor=EDITOR commit",
+            "clone --upload-pack=sh x y",
+            "clone --config core.fsmonitor=sh x y",
+        ] {
+            assert!(git_runs_command(&args(&cmd.split(' ').collect::<Vec<_>>())).is_some(), "git {cmd}");
+        }
+        for cmd in
+            ["-c alias.st=status st", "-c user.name=x commit", "-c core.autocrlf=false status", "log -p"]
+        {
+            assert_eq!(git_runs_command(&args(&cmd.split(' ').collect::<Vec<_>>())), None, "git {cmd}");
+        }
+        // The host's loader, by inode: the PT_INTERP of its shell.
+        if let Some(loader) = loaders().first() {
+            let name = loader.file_name().unwrap().to_string_lossy();
+            assert!(rules.interpreter(loader, &name).is_some(), "{}", loader.display());
+        }
+    }
+
+    /// The review's list of common credentials, each refused in a home
+    /// directory; the home-only ones are not refused in a project.
+    #[test]
+    fn common_credentials_are_sensitive() {
+        let rules = Rules::new(&PolicyConfig::default());
+        let home = Path::new("/home/someone");
+        for name in [
+            ".config/gh",
+            ".config/gh/hosts.yml",
+            ".npmrc",
+            ".cargo/credentials.toml",
+            ".pgpass",
+            ".git-credentials",
+            ".pypirc",
+            ".netrc",
+            ".azure",
+            ".azure/accessTokens.json",
+            ".terraform.d/credentials.tfrc.json",
+            ".vault-token",
+            ".config/op",
+            ".ssh/id_ed25519",
+        ] {
+            assert!(rules.sensitive(&home.join(name), Some(home)), "~/{name}");
+        }
+        let project = Path::new("/srv/project");
+        assert!(rules.sensitive(&project.join(".config/gh"), Some(home)), "a copy in a project");
+        for name in [".npmrc", ".azure/config", ".cargo/config.toml", ".terraform.d/plugins", "src/main.rs"] {
+            assert!(!rules.sensitive(&project.join(name), Some(home)), "{name} in a project");
+        }
+        assert!(rules.sensitive(Path::new("/etc/shadow+"), None));
+        assert!(rules.sensitive(Path::new("/run/credentials/x.service/key"), None));
+    }
+
+    #[test]
+    fn the_loader_of_an_elf_file_is_read_from_its_program_headers() {
+        let head = read_regular(Path::new("/bin/sh"), 4096).unwrap();
+        let interp = elf_interpreter(&head);
+        if head.starts_with(b"\x7fELF\x02\x01") && cfg!(target_arch = "x86_64") {
+            assert!(interp.as_deref().is_some_and(|i| i.contains("ld-")), "{interp:?}");
+        }
+        assert_eq!(elf_interpreter(b"#!/bin/sh\n"), None);
     }
 
     #[test]

@@ -408,6 +408,51 @@ fn without_a_cgroup_the_tmpfs_mounts_fit_in_the_memory_limit_together() {
     assert!(memory.starts_with(want) && memory.contains("together"), "{memory}");
 }
 
+/// Finding 9: with `allow_domains = ["github.com"]`, preflight let `curl
+/// --resolve github.com:PORT:127.0.0.1` (and `--connect-to`) reach a
+/// loopback-only service: preflight gives the host's network and checks only
+/// the names the command line names. Options of known tools that connect
+/// elsewhere are refused, and the attestation says what preflight is.
+#[test]
+fn preflight_refuses_options_that_connect_elsewhere_and_says_what_it_checks() {
+    let d = Daemon::start("network = { allow_domains = [\"github.com\"] }\negress = \"preflight\"\n");
+    let dir = TempDir::new("preflight");
+    let ws = workspace(&dir);
+    let (listener, addr) = loopback_listener();
+    let port = addr.rsplit(':').next().unwrap();
+    let url = format!("http://github.com:{port}/");
+    let resolve = format!("github.com:{port}:127.0.0.1");
+    let connect_to = format!("github.com:{port}:127.0.0.1:{port}");
+    let attempts: [&[&str]; 2] = [&["--resolve", &resolve], &["--connect-to", &connect_to]];
+    for option in attempts {
+        let mut args = vec!["curl", "-sS", "--max-time", "2"];
+        args.extend_from_slice(option);
+        args.push(&url);
+        let o = palisade_cli(&ws, &["run", "--socket", d.socket.to_str().unwrap()], &args, None);
+        let want = format!(
+            "palisade: CapabilityDenied: curl {} would connect somewhere the command line does not name",
+            option[0]
+        );
+        assert!(text(&o.stderr).starts_with(&want), "{}", text(&o.stderr));
+        // Counter-test: outside, the same command reaches the loopback service.
+        let outside = std::process::Command::new("curl").args(&args[1..]).output().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        assert!(listener.accept().is_ok(), "curl outside did not connect: {outside:?}");
+    }
+    let o = palisade_cli(
+        &ws,
+        &["run", "--json", "--socket", d.socket.to_str().unwrap()],
+        &[&probe(), "echo"],
+        None,
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{o:?}"));
+    let network = v["result"]["attestation"]["enforcement"]["network"].as_str().unwrap().to_string();
+    assert!(
+        network.contains("nothing stops a connection to any other address, host loopback included"),
+        "{network}"
+    );
+}
+
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_hardening_suite_passes_as_an_unprivileged_user() {

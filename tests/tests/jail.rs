@@ -457,6 +457,25 @@ fn a_tier_b_plan_that_would_run_the_command_as_host_root_is_refused() {
     assert!(!marker.exists());
 }
 
+/// Without namespaces Landlock is the filesystem boundary: the helper runs
+/// no Tier B plan that does not require it, whatever the broker decided.
+#[test]
+fn a_tier_b_plan_that_does_not_require_landlock_is_refused() {
+    let mut jail = Jail::new(Tier::B);
+    let marker = jail.workspace().join("ran");
+    let mut plan = jail.plan(&["write", marker.to_str().unwrap()]);
+    plan.landlock.required = palisade_protocol::LandlockFeatures::EMPTY;
+    let o = jail.run_plan(&plan);
+    let f = o.failure().expect("failure reported");
+    assert_eq!((f.stage, f.errno), (Stage::Plan, Errno::EINVAL as i32));
+    assert_eq!(f.message, "the plan asks for Tier B without Landlock's filesystem rules as a requirement");
+    assert!(!marker.exists());
+    // Counter-test: the same plan requiring them runs.
+    let plan = jail.plan(&["write", marker.to_str().unwrap()]);
+    jail.run_plan(&plan).expect_ran();
+    assert!(marker.exists());
+}
+
 #[test]
 fn a_failed_step_is_reported_as_stage_and_errno_and_nothing_runs() {
     let mut jail = Jail::new(Tier::C);

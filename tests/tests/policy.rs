@@ -498,6 +498,83 @@ fn warn_and_execute_runs_in_tier_b_says_so_and_still_kills_the_tree_at_the_deadl
     );
 }
 
+/// `palisade explain --policy P -- args` in `cwd`, with `HOME` set to `home`.
+fn explain_with_home(cwd: &Path, home: &Path, args: &[&str]) -> String {
+    let policy = cwd.join("p.toml");
+    std::fs::write(&policy, base_config()).unwrap();
+    let o = std::process::Command::new(bin("palisade"))
+        .args(["explain", "--policy", policy.to_str().unwrap(), "--"])
+        .args(args)
+        .current_dir(cwd)
+        .env("HOME", home)
+        .output()
+        .unwrap();
+    text(&o.stdout) + &text(&o.stderr)
+}
+
+/// Finding 12: the dynamic loader (`ld-linux-x86-64.so.2 /usr/bin/bash -c
+/// ...`), `script -c` and `git -c alias.x='!cmd'` ran commands past the
+/// interpreter deny-list. They are refused, a loader under another name too.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn loaders_script_and_git_commands_in_arguments_are_refused() {
+    let dir = TempDir::new("interp");
+    let loader = std::path::PathBuf::from("/lib64/ld-linux-x86-64.so.2");
+    let copy = dir.join("innocent");
+    std::fs::copy(&loader, &copy).unwrap();
+    let out =
+        explain_with_home(dir.path(), dir.path(), &[loader.to_str().unwrap(), "/usr/bin/bash", "-c", "id"]);
+    assert!(out.contains("rule:     interpreters.loader"), "{out}");
+    let out = explain_with_home(dir.path(), dir.path(), &[copy.to_str().unwrap(), "/usr/bin/true"]);
+    assert!(out.contains("rule:     interpreters.loader"), "{out}");
+    let out = explain_with_home(dir.path(), dir.path(), &["script", "-q", "-c", "id", "/dev/null"]);
+    assert!(out.contains("rule:     interpreters.denied"), "{out}");
+    let out = explain_with_home(dir.path(), dir.path(), &["git", "-c", "alias.x=!id", "x"]);
+    assert!(out.contains("rule:     interpreters.denied"), "{out}");
+    assert!(out.contains("git -c alias.x=!id runs a command given on the command line"), "{out}");
+    // Counter-tests: the loader runs a program it is given; plain git runs.
+    assert!(std::process::Command::new(&copy).arg("/usr/bin/true").status().unwrap().success());
+    let out = explain_with_home(dir.path(), dir.path(), &["git", "-c", "alias.st=status", "st"]);
+    assert!(out.starts_with("decision: allow"), "{out}");
+}
+
+/// Finding 13: common credentials were missing from the sensitive list
+/// (`~/.config/gh`, `~/.npmrc`, `~/.cargo/credentials.toml`, ...). They are
+/// refused when named and hidden inside a granted home; a project's own
+/// `.npmrc` is left alone.
+#[test]
+fn common_credentials_are_refused_when_named_and_hidden_when_granted() {
+    let home = TempDir::new("home");
+    for (name, contents) in [
+        (".config/gh/hosts.yml", "token"),
+        (".npmrc", "//r/:_authToken=t"),
+        (".cargo/credentials.toml", "t"),
+        (".pgpass", "t"),
+    ] {
+        let path = home.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, contents).unwrap();
+    }
+    for name in [".config/gh/hosts.yml", ".npmrc", ".cargo/credentials.toml", ".pgpass"] {
+        let path = home.join(name);
+        let out = explain_with_home(home.path(), home.path(), &["cat", path.to_str().unwrap()]);
+        assert!(out.contains("rule:     scope.sensitive_path"), "{name}: {out}");
+        // Counter-test: the file is there and readable outside.
+        assert!(std::fs::read(&path).is_ok());
+    }
+    // The home as a workspace: its credentials are hidden inside.
+    let out = explain_with_home(home.path(), home.path(), &["ls"]);
+    for name in [".config/gh", ".npmrc", ".cargo/credentials.toml", ".pgpass"] {
+        assert!(out.contains(&format!("{}  hidden (sensitive)", home.join(name).display())), "{name}: {out}");
+    }
+    // A project's own .npmrc (its registry settings) is not a home's.
+    let project = TempDir::new("project");
+    std::fs::write(project.join(".npmrc"), "registry=https://r.example/").unwrap();
+    let out =
+        explain_with_home(project.path(), home.path(), &["cat", project.join(".npmrc").to_str().unwrap()]);
+    assert!(out.starts_with("decision: allow"), "{out}");
+}
+
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_policy_suite_passes_as_an_unprivileged_user() {
