@@ -181,19 +181,7 @@ impl Server {
     }
 
     async fn connection(&self, stream: UnixStream, shutdown: watch::Receiver<bool>) {
-        let peer = match stream.peer_cred() {
-            Ok(c) => match Requester::of_peer(&stream, c.uid(), c.gid()) {
-                Ok(r) => Peer { uid: c.uid(), gid: c.gid(), pid: c.pid(), groups: r.groups },
-                Err(e) => {
-                    tracing::warn!(uid = c.uid(), "no peer groups: {e}");
-                    return;
-                }
-            },
-            Err(e) => {
-                tracing::warn!("no peer credentials: {e}");
-                return;
-            }
-        };
+        let Some(peer) = peer_of(&stream) else { return };
         let _admitted = match self.admit(peer.uid) {
             Ok(a) => a,
             Err(why) => return self.refuse_busy(stream, &peer, why).await,
@@ -263,20 +251,7 @@ impl Server {
             }
             let next = tokio::time::timeout(self.idle_timeout, read_message(&mut reader, &mut decoder)).await;
             let message = match next {
-                Err(_) => {
-                    let secs = self.idle_timeout.as_secs();
-                    tracing::info!(
-                        uid = peer.uid,
-                        pid = peer.pid,
-                        "idle for {secs} s: closing the connection"
-                    );
-                    let e = ErrorReply::new(
-                        ErrorKind::ProtocolError,
-                        format!("no request within {secs} s (idle_timeout_secs): closing the connection"),
-                    );
-                    sink.send(ServerMessage::Error(e)).await;
-                    return;
-                }
+                Err(_) => return self.close_idle(&peer, &mut sink).await,
                 Ok(Ok(Some(m))) => m,
                 Ok(Ok(None)) => return,
                 Ok(Err(e)) => {
@@ -312,6 +287,14 @@ impl Server {
                 return;
             }
         }
+    }
+
+    /// A connection silent for `idle_timeout`: told why, then closed.
+    async fn close_idle(&self, peer: &Peer, sink: &mut SocketSink) {
+        let secs = self.idle_timeout.as_secs();
+        tracing::info!(uid = peer.uid, pid = peer.pid, "idle for {secs} s: closing the connection");
+        let message = format!("no request within {secs} s (idle_timeout_secs): closing the connection");
+        sink.send(ServerMessage::Error(ErrorReply::new(ErrorKind::ProtocolError, message))).await;
     }
 
     /// Decides off the runtime's threads: the decision reads the host as the
@@ -418,6 +401,16 @@ impl Server {
         tracing::info!(uid = peer.uid, pid = peer.pid, "not approved ({why}): {reason}");
         Err(not_approved(reason, &why))
     }
+}
+
+/// Who is at the other end: SO_PEERCRED's ids and SO_PEERGROUPS's groups.
+fn peer_of(stream: &UnixStream) -> Option<Peer> {
+    let c = stream.peer_cred().map_err(|e| tracing::warn!("no peer credentials: {e}")).ok()?;
+    let groups = Requester::of_peer(stream, c.uid(), c.gid())
+        .map_err(|e| tracing::warn!(uid = c.uid(), "no peer groups: {e}"))
+        .ok()?
+        .groups;
+    Some(Peer { uid: c.uid(), gid: c.gid(), pid: c.pid(), groups })
 }
 
 /// Completes when the client disconnects or sends `Cancel` (or anything else:

@@ -55,7 +55,10 @@ pub fn become_unprivileged(
                 Err(Errno::EINVAL) if !writable => {}
                 Err(e) => {
                     return Err(e).at(Stage::Mounts, || {
-                        format!("idmap {source} for the sandbox's uid (its filesystem may not support idmapped mounts)")
+                        format!(
+                            "idmap {source} for the sandbox's uid (its filesystem may not support idmapped mounts; \
+                             disk = \"overlay\" needs none for a workspace)"
+                        )
                     });
                 }
             }

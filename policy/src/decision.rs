@@ -472,39 +472,8 @@ impl Policy {
         };
         validate::check_scope(&self.rules, &req.argv, &sandbox_cwd, home, &roots, &private)?;
         validate::check_patterns(&self.rules, &req.argv)?;
-        let allow_list: Option<&[String]> = match &profile.capabilities.network {
-            NetworkCapability::Deny => Some(&[]),
-            NetworkCapability::AllowDomains(d) => Some(d),
-            NetworkCapability::AllowAll => None,
-        };
         if profile.egress != EgressMode::None {
-            if let Some(allow) = allow_list {
-                // The command a launcher (env, nice, timeout, ...) would run is what connects.
-                let (command, args) = validate::through_launchers(&req.argv);
-                let launched: Vec<String> = std::iter::once(command).chain(args).collect();
-                if let Some(option) = egress::redirection(&launched).filter(|_| !allow.is_empty()) {
-                    return denied(
-                        ErrorKind::CapabilityDenied,
-                        "egress.redirected",
-                        format!(
-                            "{option} would connect somewhere the command line does not name; \
-                             preflight checks only the hosts it names (network: {})",
-                            profile.capabilities.network
-                        ),
-                    );
-                }
-                let hosts = egress::hosts_in(&req.argv).into_iter().chain(egress::hosts_in(&launched));
-                if let Some(host) = hosts.into_iter().find(|h| !egress::allowed(h, allow)) {
-                    return denied(
-                        ErrorKind::CapabilityDenied,
-                        "egress.host_not_allowed",
-                        format!(
-                            "network access to {host} is not allowed (network: {})",
-                            profile.capabilities.network
-                        ),
-                    );
-                }
-            }
+            check_egress(&req.argv, &profile.capabilities.network)?;
         }
 
         // Landlock features the policy requires, against what this kernel has.
@@ -586,16 +555,10 @@ impl Policy {
             exec_dirs.extend(read_write.iter().cloned());
         }
         // A root broker's sandboxes run as the requester's own block of host ids.
-        let sandbox_ids = match ctx.uid {
-            0 => Some(
-                self.config
-                    .broker
-                    .sandbox_ids
-                    .for_requester(ctx.requester.uid)
-                    .map_err(|e| Denial::new(ErrorKind::Unauthorized, "broker.sandbox_ids", e))?,
-            ),
-            _ => None,
-        };
+        let sandbox_ids = (ctx.uid == 0)
+            .then(|| self.config.broker.sandbox_ids.for_requester(ctx.requester.uid))
+            .transpose()
+            .map_err(|e| Denial::new(ErrorKind::Unauthorized, "broker.sandbox_ids", e))?;
         let d = &self.config.defaults;
         let overlays = match (tier, d.disk) {
             (Tier::C, DiskMode::Overlay) => read_write.len() as u64,
@@ -674,49 +637,11 @@ impl Policy {
                 Denial::new(ErrorKind::RuntimeFailure, "seccomp.compile", e.to_string())
             }
         })?;
-        let network = match (host_network, &profile.capabilities.network, profile.egress) {
-            (false, _, _) if tier == Tier::C => "none: a network namespace with only loopback".to_string(),
-            (false, _, _) => {
-                "none: no socket() but socketpair, Landlock TCP rules (no namespace)".to_string()
-            }
-            (true, n @ NetworkCapability::AllowDomains(_), EgressMode::Preflight) => format!(
-                "host network ({n}): preflight checked the hosts named on the command line; \
-                 nothing stops a connection to any other address, host loopback included"
-            ),
-            (true, n, _) => format!("host network ({n})"),
-        };
-        let mib = crate::explain::size;
-        let writes = match (tier, d.disk, read_write.is_empty()) {
-            (_, _, true) => String::new(),
-            (Tier::C, DiskMode::Overlay, false) => format!(
-                "; writable directories: overlay, writes held in a {} tmpfs and copied back when the command exits by itself",
-                mib(tmpfs.upper)
-            ),
-            (_, _, false) => {
-                "; writable directories: direct, bounded by RLIMIT_FSIZE per file only".to_string()
-            }
-        };
-        let disk = match (tier, &temp_workspace) {
-            (Tier::C, Some(_)) => {
-                format!("tmpfs {TEMP_WORKSPACE} and /tmp of {} each{writes}", mib(tmpfs.tmp))
-            }
-            (Tier::C, None) => format!("tmpfs /tmp of {}{writes}", mib(tmpfs.tmp)),
-            (Tier::B, _) => format!("host directories{writes}"),
-        };
-        let memory = match (&cgroup, tier) {
-            (Some(c), _) => format!(
-                "cgroup {}: {} for the whole run, tmpfs pages included",
-                if c.v1 { "memory.limit_in_bytes" } else { "memory.max" },
-                mib(memory_bytes)
-            ),
-            (None, Tier::C) => format!(
-                "RLIMIT_AS {} per process; /tmp, /dev/shm and overlay upper layers {} together ({})",
-                mib(memory_bytes),
-                mib(tmpfs.total()),
-                tmpfs.describe(&mib)
-            ),
-            (None, Tier::B) => format!("RLIMIT_AS {} per process", mib(memory_bytes)),
-        };
+        let labels =
+            Labels { tier, host_network, cgroup: cgroup.as_ref(), memory_bytes, tmpfs, disk: d.disk };
+        let network = labels.network(&profile.capabilities.network, profile.egress);
+        let disk = labels.disk(temp_workspace.is_some(), !read_write.is_empty());
+        let memory = labels.memory();
         let writable = read_write;
         let granted = writable.iter().chain(&spec.read_only).cloned().collect();
         let resolved = Resolved {
@@ -737,6 +662,106 @@ impl Policy {
             warnings,
         };
         Ok((resolved, approval))
+    }
+}
+
+/// What a run's attestation and explanation say was in force, in words.
+struct Labels<'a> {
+    tier: Tier,
+    host_network: bool,
+    cgroup: Option<&'a CgroupPlan>,
+    memory_bytes: u64,
+    tmpfs: TmpfsSizes,
+    disk: DiskMode,
+}
+
+impl Labels<'_> {
+    fn network(&self, capability: &NetworkCapability, egress: EgressMode) -> String {
+        match (self.host_network, capability, egress) {
+            (false, _, _) if self.tier == Tier::C => {
+                "none: a network namespace with only loopback".to_string()
+            }
+            (false, _, _) => {
+                "none: no socket() but socketpair, Landlock TCP rules (no namespace)".to_string()
+            }
+            (true, n @ NetworkCapability::AllowDomains(_), EgressMode::Preflight) => format!(
+                "host network ({n}): preflight checked the hosts named on the command line; \
+                 nothing stops a connection to any other address, host loopback included"
+            ),
+            (true, n, _) => format!("host network ({n})"),
+        }
+    }
+
+    fn disk(&self, temp_workspace: bool, writable: bool) -> String {
+        let size = crate::explain::size;
+        let writes = match (self.tier, self.disk, writable) {
+            (_, _, false) => String::new(),
+            (Tier::C, DiskMode::Overlay, true) => format!(
+                "; writable directories: overlay, writes held in a {} tmpfs and copied back when the command exits by itself",
+                size(self.tmpfs.upper)
+            ),
+            (_, _, true) => {
+                "; writable directories: direct, bounded by RLIMIT_FSIZE per file only".to_string()
+            }
+        };
+        match (self.tier, temp_workspace) {
+            (Tier::C, true) => {
+                format!("tmpfs {TEMP_WORKSPACE} and /tmp of {} each{writes}", size(self.tmpfs.tmp))
+            }
+            (Tier::C, false) => format!("tmpfs /tmp of {}{writes}", size(self.tmpfs.tmp)),
+            (Tier::B, _) => format!("host directories{writes}"),
+        }
+    }
+
+    fn memory(&self) -> String {
+        let size = crate::explain::size;
+        match (self.cgroup, self.tier) {
+            (Some(c), _) => format!(
+                "cgroup {}: {} for the whole run, tmpfs pages included",
+                if c.v1 { "memory.limit_in_bytes" } else { "memory.max" },
+                size(self.memory_bytes)
+            ),
+            (None, Tier::C) => format!(
+                "RLIMIT_AS {} per process; /tmp, /dev/shm and overlay upper layers {} together ({})",
+                size(self.memory_bytes),
+                size(self.tmpfs.total()),
+                self.tmpfs.describe(&size)
+            ),
+            (None, Tier::B) => format!("RLIMIT_AS {} per process", size(self.memory_bytes)),
+        }
+    }
+}
+
+/// Egress preflight: every host the command line names is on the allow-list,
+/// and no option of a known tool sends a connection somewhere it does not
+/// name. (The host's network is given: this checks names, not connections.)
+fn check_egress(argv: &[String], network: &NetworkCapability) -> Result<(), Denial> {
+    let allow: &[String] = match network {
+        NetworkCapability::Deny => &[],
+        NetworkCapability::AllowDomains(d) => d,
+        NetworkCapability::AllowAll => return Ok(()),
+    };
+    // The command a launcher (env, nice, timeout, ...) would run is what connects.
+    let (command, args) = validate::through_launchers(argv);
+    let launched: Vec<String> = std::iter::once(command).chain(args).collect();
+    if let Some(option) = egress::redirection(&launched).filter(|_| !allow.is_empty()) {
+        return denied(
+            ErrorKind::CapabilityDenied,
+            "egress.redirected",
+            format!(
+                "{option} would connect somewhere the command line does not name; \
+                 preflight checks only the hosts it names (network: {network})"
+            ),
+        );
+    }
+    let hosts = egress::hosts_in(argv).into_iter().chain(egress::hosts_in(&launched));
+    match hosts.into_iter().find(|h| !egress::allowed(h, allow)) {
+        Some(host) => denied(
+            ErrorKind::CapabilityDenied,
+            "egress.host_not_allowed",
+            format!("network access to {host} is not allowed (network: {network})"),
+        ),
+        None => Ok(()),
     }
 }
 
@@ -991,5 +1016,45 @@ pub fn resolve_program(command: &str, cwd: &Path) -> Result<PathBuf, Denial> {
         validate::resolve_executable(&c.to_string_lossy()).map_err(not_found)
     } else {
         validate::resolve_executable(command).map_err(|_| not_found(format!("command not found: {command}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TmpfsSizes;
+
+    const MIB: u64 = 1 << 20;
+
+    fn sizes(tmp: u64, upper: u64, shm: u64) -> TmpfsSizes {
+        TmpfsSizes { tmp: tmp * MIB, workspace: 0, upper: upper * MIB, overlays: 1, shm: shm * MIB }
+    }
+
+    /// Without a cgroup the tmpfs mounts hold memory that no rlimit counts:
+    /// together they stay within the run's memory limit.
+    #[test]
+    fn tmpfs_sizes_fit_the_memory_limit_together() {
+        // All fit: unchanged.
+        let s = sizes(64, 64, 64).fit_within(512 * MIB);
+        assert_eq!((s.tmp, s.upper, s.shm), (64 * MIB, 64 * MIB, 64 * MIB));
+        // /tmp and the overlay fit: /dev/shm gets what is left.
+        let s = sizes(256, 16, 512).fit_within(512 * MIB);
+        assert_eq!((s.tmp, s.upper, s.shm), (256 * MIB, 16 * MIB, 240 * MIB));
+        // Nothing fits: all scaled, each at least a page, the sum within the limit.
+        for budget in [4096, 64 * MIB, 512 * MIB, 3 * MIB + 17] {
+            let mut with_ws = sizes(256, 1024, 512);
+            with_ws.workspace = 1;
+            with_ws.overlays = 3;
+            for s in [sizes(256, 1024, 512), with_ws] {
+                let f = s.fit_within(budget);
+                assert!(f.tmp >= 4096 && f.upper >= 4096 && f.shm >= 4096, "{f:?}");
+                assert!(
+                    f.total() <= budget.max(4096 * (2 + s.workspace + s.overlays)),
+                    "{f:?} over {budget}"
+                );
+            }
+        }
+        // No limit: unchanged.
+        let s = sizes(256, 1024, 0).fit_within(0);
+        assert_eq!((s.tmp, s.upper), (256 * MIB, 1024 * MIB));
     }
 }

@@ -163,8 +163,14 @@ fn allow(out: &mut String, r: &Resolved) {
     let _ = writeln!(out, "network:  {}", r.network);
     let _ = writeln!(out, "disk:     {}", r.disk);
     let _ = writeln!(out, "memory:   {}", r.memory);
+    let _ = writeln!(out, "seccomp:  {}", seccomp_summary(r));
+}
+
+/// The seccomp program of a run, in words.
+fn seccomp_summary(r: &Resolved) -> String {
+    let p = &r.plan;
     let tier = p.tier();
-    let ip = tier == palisade_protocol::Tier::C || !l.wanted.contains(LandlockFeatures::NET_TCP);
+    let ip = tier == palisade_protocol::Tier::C || !p.landlock.wanted.contains(LandlockFeatures::NET_TCP);
     let profile = seccomp::Profile { tier, ip, fork: !r.capabilities.process.no_fork };
-    let _ = writeln!(out, "seccomp:  {}", seccomp::summary(&p.seccomp, profile));
+    seccomp::summary(&p.seccomp, profile)
 }

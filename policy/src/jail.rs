@@ -276,12 +276,7 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, BuildError> {
             }
             mounts.push(Mount::Proc { target: "/proc".into() });
             mounts.push(Mount::Dev { target: "/dev".into(), shm_bytes: spec.limits.shm_bytes });
-            mounts.extend(spec.hidden.iter().map(|(p, is_dir)| match is_dir {
-                true => Mount::Tmpfs { target: s(p), size_bytes: 4096, mode: 0o000 },
-                false => {
-                    Mount::Bind { source: "/dev/null".into(), target: s(p), writable: false, owned: false }
-                }
-            }));
+            mounts.extend(spec.hidden.iter().map(|(p, is_dir)| hiding(p, *is_dir)));
             // The private /etc holds only the curated entries: one rule covers them.
             if etc_view.is_some() || landlock.read.iter().any(|p| p.starts_with("/etc/")) {
                 landlock.read.retain(|p| !p.starts_with("/etc/") && p != "/etc");
@@ -379,6 +374,15 @@ fn descriptors(
         return Err(BuildError::TooManyPaths(out.len()));
     }
     Ok(out)
+}
+
+/// An empty mount over a sensitive entry: an empty tmpfs over a directory,
+/// /dev/null over a file.
+fn hiding(path: &Path, is_dir: bool) -> Mount {
+    match is_dir {
+        true => Mount::Tmpfs { target: s(path), size_bytes: 4096, mode: 0o000 },
+        false => Mount::Bind { source: "/dev/null".into(), target: s(path), writable: false, owned: false },
+    }
 }
 
 fn limit(v: u64) -> Rlimit {

@@ -33,7 +33,10 @@ impl Guest {
         let text = format!(
             "{broker}[defaults]\ndisk = \"direct\"\nread_only = [{dir:?}]\nmax_memory_mb = 64\nmax_processes = 32\nmax_cpu_percent = 20\n{extra_defaults}\n\
              [tools.spinfree]\npreset = \"data_transformer\"\nallowed_executables = [{p:?}]\n\
-             [tools.spinfree.overrides]\nfilesystem = [{{ read_only = {dir:?} }}]\nprocess = {{ max_cpu_percent = 0, no_fork = false }}\n",
+             [tools.spinfree.overrides]\nfilesystem = [{{ read_only = {dir:?} }}]\nprocess = {{ max_cpu_percent = 0, no_fork = false }}\n\
+             [tools.guest]\npreset = \"file_processor\"\n\
+             [tools.guest.overrides]\nfilesystem = [\"temp_workspace\", {{ read_only = {dir:?} }}]\n\
+             process = {{ max_memory_mb = 64, max_processes = 32, max_cpu_percent = 20, no_fork = false }}\n",
             p = probe()
         );
         let path = self.tmp.join(format!("palisade-{}.toml", text.len()));
@@ -75,10 +78,15 @@ impl Guest {
         (child, socket)
     }
 
+    /// A run of the probe. As root, of the `guest` tool: a root broker gives
+    /// a sandbox the requester's files through an idmapped mount, which the
+    /// guest's tmpfs (kernel 6.1) cannot make, and the guest's kernel has no
+    /// overlayfs; the tool has a temporary workspace instead.
     fn request(&self, args: &[&str]) -> RunRequest {
         let mut argv = vec![probe()];
         argv.extend(args.iter().map(|s| s.to_string()));
-        RunRequest { argv, cwd: Some(self.ws.to_string_lossy().into_owned()), ..Default::default() }
+        let tool = self.root.then(|| "guest".to_string());
+        RunRequest { argv, cwd: Some(self.ws.to_string_lossy().into_owned()), tool, ..Default::default() }
     }
 }
 
@@ -331,8 +339,11 @@ fn landlock_abi2(g: &Guest, socket: &Path) -> Check {
     // And the helper itself refuses a plan that requires them (defense in depth).
     let mut jail = palisade_tests::Jail::new(palisade_protocol::Tier::C);
     if g.root {
+        // The guest's tmpfs cannot idmap: the workspace is the sandbox's own,
+        // and the plan acts for the sandbox's ids (no idmap needed).
         let nobody = Some(nix::unistd::Uid::from_raw(65534));
         nix::unistd::chown(&jail.workspace(), nobody, Some(nix::unistd::Gid::from_raw(65534))).unwrap();
+        jail.spec.acting_for = jail.spec.host_ids;
     }
     jail.spec.landlock_required =
         palisade_protocol::LandlockFeatures::FS.union(palisade_protocol::LandlockFeatures::SCOPE_SIGNAL);
@@ -407,12 +418,6 @@ fn main() {
     let tmp = PathBuf::from(std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".into()));
     let ws = tmp.join("ws");
     std::fs::create_dir_all(&ws).unwrap();
-    if nix::unistd::geteuid().is_root() {
-        // A root broker runs sandboxes as 65534; the guest's tmpfs (kernel 6.1)
-        // cannot idmap, so the workspace belongs to that uid already.
-        let nobody = Some(nix::unistd::Uid::from_raw(65534));
-        nix::unistd::chown(&ws, nobody, Some(nix::unistd::Gid::from_raw(65534))).unwrap();
-    }
     let g = Guest {
         ws,
         delegated: PathBuf::from(std::env::var("VMTEST_CGROUP").unwrap_or_default()),
