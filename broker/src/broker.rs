@@ -4,7 +4,7 @@
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::etc_view::EtcView;
 use crate::requester::{self, Acting, Requester};
-use crate::run::{Engine, Sink};
+use crate::run::{Engine, Run, Sink};
 use crate::spawner::Spawner;
 use crate::{host, paths};
 use palisade_policy::{Config, Context, Decision, Policy, Resolved};
@@ -35,6 +35,14 @@ pub struct Decided {
     pub grants: Grants,
     etc: Option<std::sync::Arc<crate::etc_view::Snapshot>>,
     dirs: HostDirs,
+}
+
+/// An allowed run with its host paths opened (see [`Broker::decide`]).
+struct Opened {
+    resolved: Box<Resolved>,
+    approval: Option<String>,
+    dirs: HostDirs,
+    descriptors: Vec<OwnedFd>,
 }
 
 /// What a run is given of the host: the requester it acts for, and the
@@ -97,7 +105,9 @@ impl Broker {
             uid,
             gid,
             requester: HostIds { uid, gid },
-            temp_root: config.policy.temp_root.clone().unwrap_or_else(paths::default_temp_root),
+            temp_root: paths::canonical_prefix(
+                &config.policy.temp_root.clone().unwrap_or_else(paths::default_temp_root),
+            ),
             instance: crate::instance::tag().to_string(),
             run: 0,
             etc_view: None,
@@ -134,7 +144,7 @@ impl Broker {
             ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot act for uid {}: {e}", peer.uid))
         })?;
         tracing::debug!(run_id, decide_us = deciding.elapsed().as_micros(), "policy decided");
-        let (resolved, approval, dirs, descriptors) = decided.inspect_err(|e| {
+        let Opened { resolved, approval, dirs, descriptors } = decided.inspect_err(|e| {
             tracing::info!(run_id, uid = peer.uid, rule = e.rule, "denied: {}", e.message);
         })?;
         let grants = Grants { requester, descriptors };
@@ -143,14 +153,13 @@ impl Broker {
 
     /// The policy's decision, then the plan's host paths opened and the
     /// grants checked, with the credentials `act` gives.
-    #[allow(clippy::type_complexity)]
     fn decide_as(
         &self,
         act: &Acting,
         peer: &Peer,
         context: &Context,
         request: &RunRequest,
-    ) -> Result<(Box<Resolved>, Option<String>, HostDirs, Vec<OwnedFd>), ErrorReply> {
+    ) -> Result<Opened, ErrorReply> {
         let (resolved, approval) = match self.policy.decide(context, request) {
             Decision::Allow(r) => (r, None),
             Decision::NeedsApproval { reason, resolved } => (resolved, Some(reason)),
@@ -165,7 +174,7 @@ impl Broker {
         })?;
         let descriptors = requester::open_paths(&resolved.plan, &resolved.host_dirs, act, peer.uid)?;
         self.check_grants(peer, &resolved, &descriptors)?;
-        Ok((resolved, approval, dirs, descriptors))
+        Ok(Opened { resolved, approval, dirs, descriptors })
     }
 
     /// Decides and runs a request that needs nobody's approval (one that does
@@ -213,8 +222,16 @@ impl Broker {
             }
             None => None,
         };
-        let result =
-            self.engine.execute(run_id, &resolved, &grants, request, sink, cancel, cgroup.as_ref()).await;
+        let result = self
+            .engine
+            .execute(
+                Run { id: run_id, resolved: &resolved, grants: &grants },
+                request,
+                sink,
+                cancel,
+                cgroup.as_ref(),
+            )
+            .await;
         if let Some(c) = cgroup {
             // Removed after every run, whatever happened in it.
             let _ = tokio::task::spawn_blocking(move || c.remove()).await;

@@ -50,3 +50,23 @@ pub fn check_helper(path: &std::path::Path) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// `path` with its longest existing ancestor made canonical (symlinks
+/// resolved) and the rest as written: the run directories under `temp_root`
+/// are opened with no symlink allowed on the way.
+pub fn canonical_prefix(path: &std::path::Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut p = path;
+    loop {
+        if let Ok(c) = p.canonicalize() {
+            return rest.iter().rev().fold(c, |acc, name| acc.join(name));
+        }
+        match (p.parent(), p.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name);
+                p = parent;
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}

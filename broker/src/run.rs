@@ -164,6 +164,15 @@ macro_rules! watched_send {
     }};
 }
 
+/// A decided run: its id, its plan and limits, and what it was given of the
+/// host.
+#[derive(Clone, Copy)]
+pub struct Run<'a> {
+    pub id: u64,
+    pub resolved: &'a Resolved,
+    pub grants: &'a Grants,
+}
+
 pub struct Engine {
     spawner: Spawner,
     helper: PathBuf,
@@ -219,19 +228,16 @@ impl Engine {
         &self.helper
     }
 
-    /// Runs `resolved` with `grants`. `cancel` completing (a client gone, a
-    /// shutdown) kills the run.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs `run`. `cancel` completing (a client gone, a shutdown) kills it.
     pub async fn execute<S: Sink + Send>(
         &self,
-        run_id: u64,
-        resolved: &Resolved,
-        grants: &Grants,
+        run: Run<'_>,
         request: &RunRequest,
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
         cgroup: Option<&RunCgroup>,
     ) -> Result<RunResult, ErrorReply> {
+        let Run { id: run_id, resolved, grants } = run;
         let io_err = |e: std::io::Error| failure(ErrorKind::RuntimeFailure, e.to_string());
         let plan =
             encode_plan(&resolved.plan).map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?;

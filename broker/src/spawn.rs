@@ -153,7 +153,7 @@ pub fn send_plan(channel: UnixStream, plan: &[u8], fds: &[BorrowedFd<'_>]) -> io
             channel.as_raw_fd(),
             &[io::IoSlice::new(&plan[..first])],
             cmsgs,
-            MsgFlags::empty(),
+            MsgFlags::MSG_NOSIGNAL,
             None,
         ) {
             Err(nix::errno::Errno::EINTR) => continue,

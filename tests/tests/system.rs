@@ -20,6 +20,17 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// The probe's report, run outside any sandbox as `user`: the counter-test.
+fn probe_as(user: &nix::unistd::User, args: &[&str]) -> String {
+    let o = std::process::Command::new("setpriv")
+        .args(&as_user(user)[1..])
+        .arg(probe())
+        .args(args)
+        .output()
+        .unwrap();
+    text(&o.stdout)
+}
+
 /// A root broker serving the attacker and the victim (and root), in a base
 /// directory everyone may traverse.
 struct System {
@@ -106,13 +117,8 @@ fn copy_back_never_leaves_a_root_owned_or_setuid_file() {
     // Counter-test: outside, the same user may make its own file setuid (the
     // bit is harmless on its own file), which is what the sandbox asked for.
     let mine = ws.join("mine");
-    let o = std::process::Command::new("setpriv")
-        .args(&as_user(attacker)[1..])
-        .arg(probe())
-        .args(["setuid-file", mine.to_str().unwrap(), "1"])
-        .output()
-        .unwrap();
-    assert_eq!(text(&o.stdout), "ok mode 4755\n");
+    let out = probe_as(attacker, &["setuid-file", mine.to_str().unwrap(), "1"]);
+    assert_eq!(out, "ok mode 4755\n");
     assert_eq!(std::fs::metadata(&mine).unwrap().mode() & 0o7777, 0o4755);
 }
 
@@ -191,13 +197,8 @@ fn copy_back_follows_no_parent_swapped_during_the_run() {
     assert_eq!(std::fs::read_to_string(&kept).unwrap(), "probe\n", "{}", text(&o.stderr));
     assert_eq!(std::fs::metadata(&kept).unwrap().uid(), attacker.uid.as_raw());
     // Counter-test: the attacker itself may not write there.
-    let o = std::process::Command::new("setpriv")
-        .args(&as_user(attacker)[1..])
-        .arg(probe())
-        .args(["write", root_only.join("ws/x").to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(text(&o.stdout).starts_with("err EACCES"), "{}", text(&o.stdout));
+    let out = probe_as(attacker, &["write", root_only.join("ws/x").to_str().unwrap()]);
+    assert!(out.starts_with("err EACCES"), "{out}");
 }
 
 fn read_tools() -> String {
@@ -311,13 +312,8 @@ fn a_workspace_swapped_for_a_symlink_is_never_mounted() {
     eprintln!("{swaps} swaps; {decoys} runs read the attacker's own file, {refused} were refused");
     assert!(swaps > 100 && decoys > 0, "the race did not run: {swaps} swaps, {decoys} runs");
     // Counter-test: the victim reads its own file.
-    let o = std::process::Command::new("setpriv")
-        .args(&as_user(victim)[1..])
-        .arg(probe())
-        .args(["read", home.join("secret.txt").to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(text(&o.stdout).contains("victim-secret-4713"));
+    let out = probe_as(victim, &["read", home.join("secret.txt").to_str().unwrap()]);
+    assert!(out.contains("victim-secret-4713"));
 }
 
 /// Finding 10: every user's sandboxes ran as uid 65534, so two users'
