@@ -175,7 +175,10 @@ const CUTS: [Cut; 6] = [
             }
         }
     }),
-    ("- host ids (root: no idmap, no uid change)", |p| p.host_ids = None),
+    ("- host ids (root: no idmap, no uid change)", |p| {
+        p.host_ids = None;
+        p.acting_for = None;
+    }),
 ];
 
 /// The default plan cut down to what the bwrap anchor does: no /etc, a plain
