@@ -754,7 +754,10 @@ fn check_egress(argv: &[String], network: &NetworkCapability) -> Result<(), Deni
             ),
         );
     }
-    let hosts = egress::hosts_in(argv).into_iter().chain(egress::hosts_in(&launched));
+    let mut hosts = egress::hosts_in(argv);
+    if launched != argv {
+        hosts.extend(egress::hosts_in(&launched));
+    }
     match hosts.into_iter().find(|h| !egress::allowed(h, allow)) {
         Some(host) => denied(
             ErrorKind::CapabilityDenied,

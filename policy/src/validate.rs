@@ -357,8 +357,11 @@ impl Rules {
         if self.sensitive_absolute.is_match(path) {
             return true;
         }
+        // The home as given, or as it resolves; resolved only for a path that
+        // names one of these at all (this runs for every argument).
         let in_home = |h: &Path| HOME_SENSITIVE_NAMES.iter().any(|n| path.starts_with(h.join(n)));
-        if home.is_some_and(|h| in_home(h) || h.canonicalize().is_ok_and(|c| in_home(&c))) {
+        let names_one = || path.iter().any(|c| HOME_SENSITIVE_NAMES.iter().any(|n| c == *n));
+        if home.is_some_and(|h| in_home(h) || names_one() && h.canonicalize().is_ok_and(|c| in_home(&c))) {
             return true;
         }
         let extra = self.sensitive_extra.iter().map(|p| match (p.strip_prefix("~/"), home) {
