@@ -1243,6 +1243,9 @@ pub fn resolve_program(files: &dyn HostFiles, command: &str, cwd: &Path) -> Resu
 }
 
 #[cfg(test)]
+mod table;
+
+#[cfg(test)]
 mod tests {
     use super::TmpfsSizes;
 
