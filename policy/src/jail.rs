@@ -176,7 +176,7 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, BuildError> {
         spec.tier == Tier::C
             && !(spec.read_write.iter().chain(&spec.read_only).chain(&spec.temp_workspace).any(under_etc))
     });
-    // With the snapshot, the entries are not looked up one by one: it holds them.
+    // With the snapshot, the entries are not bound one by one: it holds them.
     let (links, system) = system_paths(&spec.layout, etc_view.is_none());
     let read_write: Vec<String> = spec.read_write.iter().map(|p| s(p)).collect();
     let read_only: Vec<String> = spec.read_only.iter().map(|p| s(p)).collect();
