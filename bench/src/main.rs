@@ -202,17 +202,17 @@ impl Helper {
     /// The plans the default policy resolves; `snapshot`: with /etc as the
     /// broker's snapshot (as palisaded runs them), else entry by entry.
     fn with_etc(ws: &Path, payloads: &[&[&str]], snapshot: bool) -> Helper {
-        let policy = Policy::new(Config::default());
+        let host = palisade_broker::host::gather(&HostCapabilities {
+            user_namespaces: true,
+            landlock_abi: landlock_abi(),
+            cgroup: Err("bench".into()),
+        });
+        let policy = Policy::new(Config::default(), &host);
         // Beside the workspace: reachable by the sandbox's uid, removed with it.
         let base = ws.parent().unwrap().to_path_buf();
         let entries = palisade_policy::jail::ETC_ENTRIES.iter().map(PathBuf::from).collect();
         let etc = snapshot.then(|| EtcView::new(base, entries).current()).flatten();
         let ctx = Context {
-            host: HostCapabilities {
-                user_namespaces: true,
-                landlock_abi: landlock_abi(),
-                cgroup: Err("bench".into()),
-            },
             parent_pid: std::process::id(),
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
@@ -233,7 +233,7 @@ impl Helper {
                     cwd: Some(ws.to_string_lossy().into_owned()),
                     ..Default::default()
                 };
-                match policy.decide(&ctx, &req) {
+                match policy.decide(&host, &ctx, &req) {
                     Decision::Allow(r) => Plan::new(req.argv.clone(), r.plan),
                     other => panic!("the default policy refuses {p:?}: {other:?}"),
                 }

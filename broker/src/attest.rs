@@ -86,13 +86,13 @@ mod tests {
     use std::path::PathBuf;
 
     fn resolve(request: &RunRequest) -> Resolved {
-        let policy = Policy::new(Config::default());
+        let host = crate::host::gather(&HostCapabilities {
+            user_namespaces: true,
+            landlock_abi: 7,
+            cgroup: Err("none (test)".into()),
+        });
+        let policy = Policy::new(Config::default(), &host);
         let ctx = Context {
-            host: HostCapabilities {
-                user_namespaces: true,
-                landlock_abi: 7,
-                cgroup: Err("none (test)".into()),
-            },
             parent_pid: 1,
             uid: 1000,
             gid: 1000,
@@ -102,7 +102,7 @@ mod tests {
             run: 1,
             etc_view: None,
         };
-        match policy.decide(&ctx, request) {
+        match policy.decide(&host, &ctx, request) {
             Decision::Allow(r) => *r,
             other => panic!("{other:?}"),
         }

@@ -7,7 +7,7 @@ use crate::requester::{self, Acting, Requester};
 use crate::run::{Engine, Run, Sink};
 use crate::spawner::Spawner;
 use crate::{host, paths};
-use palisade_policy::{Config, Context, Decision, Policy, Resolved};
+use palisade_policy::{Config, Context, Decision, Host, HostCapabilities, Policy, Resolved};
 use palisade_protocol::HostIds;
 use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest, RunResult};
 use std::future::Future;
@@ -19,6 +19,8 @@ pub struct Broker {
     pub engine: Engine,
     pub cgroups: Cgroups,
     pub policy: Policy,
+    /// What the host can enforce, probed at start-up.
+    pub capabilities: HostCapabilities,
     /// The context every decision starts from; `run` is set per request.
     pub context: Context,
     /// The snapshot of /etc that Tier C sandboxes see; `None`: per-entry binds.
@@ -83,13 +85,13 @@ impl Broker {
     pub fn assemble(config: Config, helper: Option<PathBuf>) -> Result<Broker, String> {
         let cgroups = Cgroups::discover(config.broker.cgroup_root.as_deref(), true);
         tracing::info!(cgroups = %cgroups.description, "cgroups");
-        let mut host = host::probe(&cgroups);
+        let mut capabilities = host::probe(&cgroups);
         if !config.broker.user_namespaces {
-            host.user_namespaces = false;
+            capabilities.user_namespaces = false;
         }
         tracing::info!(
-            user_namespaces = host.user_namespaces,
-            landlock_abi = host.landlock_abi,
+            user_namespaces = capabilities.user_namespaces,
+            landlock_abi = capabilities.landlock_abi,
             "host capabilities"
         );
         if nix::unistd::geteuid().is_root() {
@@ -100,7 +102,6 @@ impl Broker {
         let spawner = Spawner::start().map_err(|e| format!("cannot start the spawner thread: {e}"))?;
         let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
         let context = Context {
-            host,
             parent_pid: std::process::id(),
             uid,
             gid,
@@ -118,7 +119,8 @@ impl Broker {
             engine: Engine::new(spawner, helper, config.broker.prespawn),
             etc,
             cgroups,
-            policy: Policy::new(config),
+            policy: Policy::new(config, &host::gather(&capabilities)),
+            capabilities,
             context,
             next_run: AtomicU64::new(1),
         })
@@ -151,6 +153,12 @@ impl Broker {
         Ok(Decided { run_id, resolved, approval, grants, etc, dirs })
     }
 
+    /// The host as a decision sees it now, read with the calling thread's
+    /// credentials (see [`host::gather`]).
+    pub fn host(&self) -> Host {
+        host::gather(&self.capabilities)
+    }
+
     /// The policy's decision, then the plan's host paths opened and the
     /// grants checked, with the credentials `act` gives.
     fn decide_as(
@@ -160,7 +168,7 @@ impl Broker {
         context: &Context,
         request: &RunRequest,
     ) -> Result<Opened, ErrorReply> {
-        let (resolved, approval) = match self.policy.decide(context, request) {
+        let (resolved, approval) = match self.policy.decide(&self.host(), context, request) {
             Decision::Allow(r) => (r, None),
             Decision::NeedsApproval { reason, resolved } => (resolved, Some(reason)),
             Decision::Deny(d) => {

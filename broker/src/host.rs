@@ -1,11 +1,18 @@
-//! What this host can enforce, probed once at start-up (before any thread
-//! exists, since one probe forks).
+//! The host the policy decides on: what it can enforce, probed once at
+//! start-up (before any thread exists, since one probe forks), and what the
+//! policy reads of it at each decision ([`gather`]), from the real
+//! filesystem, with the credentials of the thread that decides.
 
 use crate::cgroup::Cgroups;
 use nix::sched::{CloneFlags, unshare};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, fork};
-use palisade_policy::{CgroupRoot, HostCapabilities};
+use palisade_policy::jail::{ETC_ENTRIES, SYSTEM_DIRS, TIER_B_DEVICES};
+use palisade_policy::{CgroupRoot, FileKind, FileStat, Host, HostCapabilities, HostFiles, Layout};
+use std::ffi::OsString;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Whether this process may create a user namespace and, owned by it, every
 /// other namespace Tier C uses (mount, pid, network, ipc, uts, cgroup), tried
@@ -56,4 +63,151 @@ pub fn probe(cgroups: &Cgroups) -> HostCapabilities {
             Err(why) => Err(why.to_string()),
         },
     }
+}
+
+/// The host a decision is made on, now: `capabilities` as probed, the homes
+/// of /etc/passwd and the layout of `/` (each looked up again only when it
+/// changed), and the real filesystem. Read with the calling thread's
+/// credentials: the broker gathers it on the thread acting as the requester.
+pub fn gather(capabilities: &HostCapabilities) -> Host {
+    Host { capabilities: capabilities.clone(), homes: passwd_homes(), layout: layout(), files: files() }
+}
+
+/// The real filesystem, as the policy reads it.
+pub fn files() -> Arc<dyn HostFiles> {
+    static FILES: OnceLock<Arc<RealFiles>> = OnceLock::new();
+    FILES.get_or_init(|| Arc::new(RealFiles)).clone()
+}
+
+/// The real filesystem, read by the calling thread (whose filesystem
+/// credentials are the requester's while the broker decides).
+pub struct RealFiles;
+
+/// The permission bits of `st_mode`.
+const PERMISSION_BITS: u32 = 0o7777;
+
+fn file_stat(m: std::fs::Metadata) -> FileStat {
+    let t = m.file_type();
+    let kind = if t.is_symlink() {
+        FileKind::Symlink
+    } else if t.is_dir() {
+        FileKind::Dir
+    } else if t.is_file() {
+        FileKind::File
+    } else {
+        FileKind::Other
+    };
+    FileStat {
+        kind,
+        mode: m.permissions().mode() & PERMISSION_BITS,
+        dev: m.dev(),
+        ino: m.ino(),
+        len: m.len(),
+    }
+}
+
+impl HostFiles for RealFiles {
+    fn stat(&self, path: &Path) -> std::io::Result<FileStat> {
+        std::fs::metadata(path).map(file_stat)
+    }
+
+    fn lstat(&self, path: &Path) -> std::io::Result<FileStat> {
+        std::fs::symlink_metadata(path).map(file_stat)
+    }
+
+    fn canonicalize(&self, path: &Path) -> std::io::Result<PathBuf> {
+        path.canonicalize()
+    }
+
+    /// Opened without blocking (a FIFO swapped in for a program would
+    /// otherwise hold the decision, and the thread deciding, until someone
+    /// writes to it) and read only once `fstat` says it is a regular file.
+    fn read_head(&self, path: &Path, max: u64) -> Option<Vec<u8>> {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::File::options()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)
+            .ok()?;
+        if !file.metadata().ok()?.is_file() {
+            return None;
+        }
+        let mut out = Vec::new();
+        file.take(max).read_to_end(&mut out).ok()?;
+        Some(out)
+    }
+
+    fn list_dir(&self, dir: &Path) -> Vec<OsString> {
+        let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+        entries.map(|e| e.file_name()).collect()
+    }
+}
+
+/// The host's [`Layout`]. Its system directories are looked up again only
+/// when `/` changes (an entry made, removed or replaced there changes its
+/// times): a launch does not resolve the same seven paths every time. The
+/// /etc entries and devices present are looked up each time.
+pub fn layout() -> Layout {
+    type Key = (u64, u64, i64, i64, i64, i64);
+    static CACHE: Mutex<Option<(Key, Layout)>> = Mutex::new(None);
+    let key = std::fs::symlink_metadata("/")
+        .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()))
+        .unwrap_or_default();
+    let present = |paths: &[&str]| -> Vec<String> {
+        paths.iter().filter(|p| Path::new(p).exists()).map(|p| p.to_string()).collect()
+    };
+    let (etc, devices) = (present(&ETC_ENTRIES), present(&TIER_B_DEVICES));
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((k, layout)) = cache.as_ref() {
+        if *k == key {
+            return Layout { etc, devices, ..layout.clone() };
+        }
+    }
+    let mut layout = Layout::default();
+    for dir in SYSTEM_DIRS {
+        match std::fs::symlink_metadata(dir) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if let Ok(link) = std::fs::read_link(dir) {
+                    layout.links.push((dir.to_string(), link.to_string_lossy().into_owned()));
+                }
+            }
+            Ok(m) if m.is_dir() => layout.real.push(dir.to_string()),
+            _ => {}
+        }
+        layout.canonical.extend(Path::new(dir).canonicalize().ok());
+    }
+    *cache = Some((key, layout.clone()));
+    Layout { etc, devices, ..layout }
+}
+
+/// The home directories of the users in /etc/passwd that exist, canonical.
+/// Kept between decisions while /etc/passwd is the same file, unchanged
+/// (resolving every home costs more than the rest of a decision).
+fn passwd_homes() -> Vec<PathBuf> {
+    // name:password:uid:gid:gecos:home:shell
+    const HOME_FIELD: usize = 5;
+    type Key = (u64, u64, i64, i64, u64);
+    static CACHE: Mutex<Option<(Key, Vec<PathBuf>)>> = Mutex::new(None);
+    let key = std::fs::metadata("/etc/passwd")
+        .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
+        .unwrap_or_default();
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((k, homes)) = cache.as_ref() {
+        if *k == key {
+            return homes.clone();
+        }
+    }
+    let text = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let mut homes: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| l.split(':').nth(HOME_FIELD))
+        .filter(|h| h.starts_with('/') && *h != "/")
+        .filter_map(|h| Path::new(h).canonicalize().ok())
+        .filter(|h| h != Path::new("/"))
+        .collect();
+    homes.sort();
+    homes.dedup();
+    *cache = Some((key, homes.clone()));
+    homes
 }

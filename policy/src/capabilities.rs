@@ -165,6 +165,13 @@ pub struct Capabilities {
     pub environment: EnvironmentCapability,
 }
 
+/// A declared tool's deadline in seconds without a preset: the default profile's.
+const TOOL_MAX_EXECUTION_TIME: u64 = 300;
+/// A declared tool's memory in MiB without a preset: the default profile's.
+const TOOL_MAX_MEMORY_MB: u64 = 512;
+/// A declared tool's processes, threads included, with any preset or none.
+const TOOL_MAX_PROCESSES: u64 = 64;
+
 impl Default for Capabilities {
     /// The conservative defaults a declared tool starts from: a temporary
     /// workspace, no network, no fork, 300 s, 512 MiB, a restricted environment.
@@ -174,9 +181,9 @@ impl Default for Capabilities {
             network: NetworkCapability::Deny,
             process: ProcessCapability {
                 no_fork: true,
-                max_execution_time: 300,
-                max_memory_mb: 512,
-                max_processes: 64,
+                max_execution_time: TOOL_MAX_EXECUTION_TIME,
+                max_memory_mb: TOOL_MAX_MEMORY_MB,
+                max_processes: TOOL_MAX_PROCESSES,
                 max_cpu_percent: 0,
             },
             environment: EnvironmentCapability::Restricted,
@@ -209,7 +216,7 @@ impl Preset {
             no_fork: true,
             max_execution_time: time,
             max_memory_mb: memory,
-            max_processes: 64,
+            max_processes: TOOL_MAX_PROCESSES,
             max_cpu_percent: 0,
         };
         let (capabilities, immutable) = match name {

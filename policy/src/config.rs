@@ -384,7 +384,7 @@ impl Config {
             .iter()
             .chain(self.tools.values().flat_map(|t| &t.allowed_executables))
         {
-            crate::validate::resolve_executable(exe.get_ref())
+            configured_executable(exe.get_ref())
                 .map_err(|e| (exe.span().start, format!("allowed_executables: {e}")))?;
         }
         for (name, tool) in &self.tools {
@@ -444,6 +444,18 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// An executable the configuration names, looked up on this host as the
+/// file is read: the one read of the host, beyond the file itself and
+/// canonical paths, that the policy crate makes (decisions read the host
+/// through [`crate::HostFiles`]).
+fn configured_executable(name: &str) -> Result<PathBuf, String> {
+    use crate::host::EXECUTE_BITS;
+    use std::os::unix::fs::PermissionsExt;
+    let is_executable =
+        |p: &Path| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & EXECUTE_BITS != 0);
+    crate::validate::find_executable(name, &is_executable, &|p| p.canonicalize())
 }
 
 /// 1-based line and column of a byte offset.

@@ -1,13 +1,22 @@
 //! From a request to a decision: refuse (with a stable kind, a stable rule
 //! and a reason that names the path, limit or rule), ask for approval, or
 //! allow with a fully resolved plan.
+//!
+//! [`Policy::resolve`] is its phases, in order, each a function from what
+//! the earlier ones found to what it adds: the profile (a tool's or the
+//! defaults), the request's directories and parameters, the tier, the
+//! grants, the sandbox's view (cwd and environment); then the checks: the
+//! request's shape, the executable, interpreters, the workspace scope,
+//! blocked patterns, egress, Landlock, the cgroup, sensitive paths inside
+//! the grants; then the limits and the plan. The first refusal ends it.
 
 use crate::capabilities::{
     Binding, BoundCapability, Capabilities, EnvironmentCapability, FsCapability, Mapping, NetworkCapability,
     ProcessCapability, Validation,
 };
-use crate::config::{Config, DiskMode, FallbackPolicy};
+use crate::config::{Config, DiskMode, FallbackPolicy, PolicyConfig};
 use crate::egress::{self, EgressMode};
+use crate::host::{Host, HostCapabilities, HostFiles};
 use crate::jail::{BuildError, ETC_ENTRIES, JailSpec, Limits, build_plan};
 use crate::validate::{self, HOME_SENSITIVE_NAMES, Rules, SENSITIVE_NAMES};
 use crate::{Preset, paths};
@@ -28,21 +37,22 @@ const DEVICES: [&str; 13] = [
 /// Where a temporary workspace appears inside a Tier C sandbox (a tmpfs).
 pub const TEMP_WORKSPACE: &str = "/workspace";
 
-/// What the host can enforce, probed by the broker at start-up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostCapabilities {
-    pub user_namespaces: bool,
-    pub landlock_abi: u32,
-    /// The cgroup subtree runs go in, or why there is none.
-    pub cgroup: Result<CgroupRoot, String>,
-}
+/// With a cgroup holding the memory limit, RLIMIT_AS is this many times the
+/// limit: a looser floor (address space is not memory: runtimes reserve far
+/// more than they use).
+const ADDRESS_SPACE_SLACK: u64 = 4;
+/// With a cgroup holding the process count (pids.max), RLIMIT_NPROC is this
+/// many times the limit: a looser floor (it counts every process of the uid).
+const PROCESSES_SLACK: u64 = 2;
+/// The smallest chunk output is captured in, whatever is configured: a frame
+/// for every few bytes would cost more than it carries.
+const MIN_CAPTURE_CHUNK_BYTES: usize = 512;
+/// The hostname a Tier C sandbox has (its own UTS namespace).
+const HOSTNAME: &str = "palisade";
 
-/// Where run cgroups are created.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CgroupRoot {
-    /// cgroup v2: the directory; v1: the path inside each hierarchy.
-    pub path: PathBuf,
-    pub v1: bool,
+/// Bytes in `v` MiB: the configuration gives sizes in MiB.
+fn mib(v: u64) -> u64 {
+    v << 20
 }
 
 /// A run's cgroup, for the broker to create before spawning.
@@ -60,7 +70,6 @@ pub struct CgroupPlan {
 /// Who asks, and on whose behalf the broker runs.
 #[derive(Debug, Clone)]
 pub struct Context {
-    pub host: HostCapabilities,
     /// The broker's pid: the helper's lifeline.
     pub parent_pid: u32,
     /// The broker's own ids.
@@ -160,27 +169,126 @@ struct Profile {
     bindings: BTreeMap<String, Binding>,
 }
 
+/// The directories a request names, canonical, and its `HOME` as given.
+struct RequestDirs {
+    cwd: PathBuf,
+    workspace: PathBuf,
+    home: Option<PathBuf>,
+}
+
+/// The tier a run gets and what choosing it added: a warning, or the
+/// question a person must answer first.
+struct TierChoice {
+    tier: Tier,
+    warnings: Vec<String>,
+    approval: Option<String>,
+}
+
+/// What the sandbox is given of the host, in its tier.
+struct Grants {
+    tier: Tier,
+    read_only: Vec<PathBuf>,
+    read_write: Vec<PathBuf>,
+    /// Tier C: [`TEMP_WORKSPACE`], a tmpfs; Tier B: a directory of the run's.
+    temp_workspace: Option<PathBuf>,
+    /// `run-<instance>-<run>`: the name of the run's cgroup and host directory.
+    run_name: String,
+    /// The run's private /tmp on the host (Tier B's).
+    tier_b_tmp: PathBuf,
+    /// The host directories the broker creates for the run (Tier B).
+    host_dirs: Vec<PathBuf>,
+}
+
+/// Where the command starts, and the environment it sees.
+struct SandboxView {
+    cwd: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+/// What the phases before the plan found.
+struct Draft {
+    profile: Profile,
+    warnings: Vec<String>,
+    grants: Grants,
+    view: SandboxView,
+    program: PathBuf,
+    /// The Landlock features the run requires.
+    landlock: LandlockFeatures,
+    cgroup: Option<CgroupPlan>,
+    /// Sensitive entries inside the grants, hidden (whether each is a directory).
+    hidden: Vec<(PathBuf, bool)>,
+}
+
+/// A run's limits, from its profile, its request and whether a cgroup holds it.
+struct RunLimits {
+    timeout_secs: u64,
+    max_output_bytes: u64,
+    memory_bytes: u64,
+    /// How many writable directories are overlays (Tier C, `disk = overlay`).
+    overlays: u64,
+    tmpfs: TmpfsSizes,
+    rlimits: Limits,
+}
+
 fn denied<T>(kind: ErrorKind, rule: &'static str, reason: impl Into<String>) -> Result<T, Denial> {
     Err(Denial::new(kind, rule, reason))
 }
 
 impl Policy {
-    pub fn new(config: Config) -> Policy {
-        let rules = Rules::new(&config.policy);
+    /// A policy for `config` on `host`: the interpreters installed there are
+    /// looked up once, here.
+    pub fn new(config: Config, host: &Host) -> Policy {
+        let rules = Rules::new(&config.policy).with_installed(&*host.files);
         Policy { config, rules }
     }
 
-    pub fn decide(&self, ctx: &Context, req: &RunRequest) -> Decision {
-        match self.resolve(ctx, req) {
+    /// The decision on `req`, asked by `ctx.requester`, on `host`.
+    pub fn decide(&self, host: &Host, ctx: &Context, req: &RunRequest) -> Decision {
+        match self.resolve(host, ctx, req) {
             Ok((r, None)) => Decision::Allow(Box::new(r)),
             Ok((r, Some(reason))) => Decision::NeedsApproval { reason, resolved: Box::new(r) },
             Err(d) => Decision::Deny(d),
         }
     }
 
-    fn profile(&self, req: &RunRequest) -> Result<Profile, Denial> {
+    /// The run, with why it needs approval first (if it does), or a refusal.
+    fn resolve(
+        &self,
+        host: &Host,
+        ctx: &Context,
+        req: &RunRequest,
+    ) -> Result<(Resolved, Option<String>), Denial> {
+        let (files, uid) = (&*host.files, ctx.requester.uid);
+        let mut profile = self.profile(files, req)?;
+        let dirs = RequestDirs::of(files, req, uid)?;
+        let bound = self.bound_grants(files, req, &profile, &dirs, uid)?;
+        profile.capabilities.filesystem.extend(bound);
+        let TierChoice { tier, warnings, approval } =
+            choose_tier(&self.config.policy, &host.capabilities, profile.egress)?;
+        let grants = self.grants(&profile, &dirs, ctx, tier)?;
+        let view = SandboxView::new(req, &dirs, &grants, &profile);
+
+        // The checks, in order.
+        validate::check_shape(&self.config.policy, &req.argv, &view.env)?;
+        let program = self.executable(host, req, &view, &grants, &profile)?;
+        self.check_interpreters(files, req, &program, &profile)?;
+        self.check_scope(host, req, &dirs, &view, &grants)?;
+        validate::check_patterns(&self.rules, &req.argv)?;
+        check_egress(&req.argv, &profile)?;
+        let landlock = required_landlock(&self.config.policy, tier, host.capabilities.landlock_abi)?;
+        let cgroup = cgroup_plan(&host.capabilities, &grants.run_name, &profile)?;
+        let hidden = self.hidden(host, &grants, dirs.home.as_deref())?;
+
+        let draft = Draft { profile, warnings, grants, view, program, landlock, cgroup, hidden };
+        let limits = self.limits(req, &draft);
+        Ok((self.plan(host, ctx, req, draft, limits)?, approval))
+    }
+
+    /// The profile: the named tool's (its preset with its overrides), or the
+    /// defaults when the request names none.
+    fn profile(&self, files: &dyn HostFiles, req: &RunRequest) -> Result<Profile, Denial> {
         let resolve_all = |names: &[toml::Spanned<String>]| -> Vec<PathBuf> {
-            names.iter().filter_map(|n| validate::resolve_executable(n.get_ref()).ok()).collect()
+            names.iter().filter_map(|n| validate::resolve_executable(files, n.get_ref()).ok()).collect()
         };
         let Some(name) = &req.tool else {
             let d = &self.config.defaults;
@@ -249,27 +357,16 @@ impl Policy {
         })
     }
 
-    /// The run, with why it needs approval first (if it does), or a refusal.
-    fn resolve(&self, ctx: &Context, req: &RunRequest) -> Result<(Resolved, Option<String>), Denial> {
-        let policy = &self.config.policy;
-        let mut profile = self.profile(req)?;
-        let Some(cwd) = &req.cwd else {
-            return denied(
-                ErrorKind::InvalidRequest,
-                "request.cwd",
-                "the request names no cwd (an absolute directory)",
-            );
-        };
-        let uid = ctx.requester.uid;
-        let cwd = absolute_dir(cwd, "cwd", uid)?;
-        let workspace = match &req.workspace {
-            Some(w) => absolute_dir(&cwd.join(w).to_string_lossy(), "workspace", uid)?,
-            None => cwd.clone(),
-        };
-        let home = req.env.get("HOME").map(PathBuf::from);
-        let home = home.as_deref();
-
-        // Parameters bound to filesystem capabilities become concrete paths.
+    /// Parameters bound to filesystem capabilities, as the grants they become.
+    fn bound_grants(
+        &self,
+        files: &dyn HostFiles,
+        req: &RunRequest,
+        profile: &Profile,
+        dirs: &RequestDirs,
+        uid: u32,
+    ) -> Result<Vec<FsCapability>, Denial> {
+        let mut out = Vec::new();
         for (param, value) in &req.params {
             let Some(binding) = profile.bindings.get(param) else {
                 return denied(
@@ -281,106 +378,51 @@ impl Policy {
                     ),
                 );
             };
-            for path in bound_paths(param, value, binding, &cwd, home, &self.rules, uid)? {
+            let bound = Bound { param, binding, cwd: &dirs.cwd, home: dirs.home.as_deref(), uid };
+            for path in bound.paths(files, &self.rules, value)? {
                 let path = path.to_string_lossy().into_owned();
-                profile.capabilities.filesystem.push(match binding.capability {
+                out.push(match binding.capability {
                     BoundCapability::ReadOnly => FsCapability::ReadOnly { path },
                     BoundCapability::ReadWrite => FsCapability::ReadWrite { path },
                 });
             }
         }
+        Ok(out)
+    }
 
-        // The tier, or the fallback policy where Tier C is unavailable.
-        let mut warnings = Vec::new();
-        let mut approval = None;
-        let tier = if ctx.host.user_namespaces {
-            Tier::C
-        } else {
-            let why = "Tier C needs unprivileged user namespaces, which this host does not allow";
-            match policy.fallback {
-                FallbackPolicy::Deny => {
-                    return denied(
-                        ErrorKind::Unavailable,
-                        "fallback.deny",
-                        format!("{why}; the fallback policy is deny"),
-                    );
-                }
-                FallbackPolicy::RequestApproval => {
-                    // Decided after every check: only a run that would be allowed is put to a person.
-                    approval =
-                        Some(format!("{why}; run it in Tier B (Landlock, seccomp, rlimits; no namespaces)?"));
-                    Tier::B
-                }
-                FallbackPolicy::WarnAndExecute => {
-                    warnings.push(format!(
-                        "{why}: running in Tier B (Landlock, seccomp, rlimits; no namespaces)"
-                    ));
-                    Tier::B
-                }
-            }
-        };
-        if profile.egress == EgressMode::Strict && tier != Tier::C {
-            return denied(
-                ErrorKind::Unavailable,
-                "egress.strict_unavailable",
-                "egress = strict needs a network namespace, which this host cannot create",
-            );
-        }
-
-        // Filesystem grants, with templates and the temporary workspace resolved.
+    /// The filesystem grants, with templates and the temporary workspace
+    /// resolved, and the run's own host directories.
+    fn grants(
+        &self,
+        profile: &Profile,
+        dirs: &RequestDirs,
+        ctx: &Context,
+        tier: Tier,
+    ) -> Result<Grants, Denial> {
         let run_name = format!("run-{}-{}", ctx.instance, ctx.run);
         let run_dir = ctx.temp_root.join(&run_name);
-        let project_root = policy.project_root.clone().unwrap_or_else(|| workspace.clone());
+        let project_root = self.config.policy.project_root.clone().unwrap_or_else(|| dirs.workspace.clone());
         let (mut read_only, mut read_write) = (Vec::new(), Vec::new());
         let mut temp_workspace = None;
-        let mut host_dirs = Vec::new();
         for cap in &profile.capabilities.filesystem {
             match cap {
                 FsCapability::ReadOnly { path } | FsCapability::ReadWrite { path } => {
                     let expanded = path
-                        .replace("${WORKSPACE}", &workspace.to_string_lossy())
+                        .replace("${WORKSPACE}", &dirs.workspace.to_string_lossy())
                         .replace("${PROJECT_ROOT}", &project_root.to_string_lossy());
                     let writable = matches!(cap, FsCapability::ReadWrite { .. });
-                    let canonical = Path::new(&expanded).canonicalize();
-                    if let Err(e) = &canonical {
-                        if e.kind() == std::io::ErrorKind::PermissionDenied {
-                            return Err(not_allowed(&expanded, uid));
-                        }
-                    }
-                    let Ok(p) = canonical else {
-                        if writable {
-                            return denied(
-                                ErrorKind::InvalidRequest,
-                                "filesystem.missing",
-                                format!("{expanded} does not exist"),
-                            );
-                        }
-                        // A read-only grant of a path that does not exist gives nothing.
+                    let Some(p) =
+                        self.granted_path(&expanded, writable, dirs.home.as_deref(), ctx.requester.uid)?
+                    else {
                         continue;
                     };
-                    if p == Path::new("/") {
-                        return denied(
-                            ErrorKind::WorkspaceScopeDenied,
-                            "scope.root",
-                            "/ cannot be granted as a whole",
-                        );
-                    }
-                    // Deny beats allow: a grant cannot open a sensitive path.
-                    if self.rules.sensitive(&p, home) {
-                        return denied(
-                            ErrorKind::WorkspaceScopeDenied,
-                            "scope.sensitive_path",
-                            format!("{} is a sensitive path and cannot be granted", p.display()),
-                        );
-                    }
                     if writable { read_write.push(p) } else { read_only.push(p) }
                 }
                 FsCapability::TempWorkspace => {
-                    let dir = match tier {
+                    temp_workspace = Some(match tier {
                         Tier::C => PathBuf::from(TEMP_WORKSPACE),
                         Tier::B => run_dir.join("workspace"),
-                    };
-                    temp_workspace = Some(dir);
+                    });
                 }
             }
         }
@@ -390,55 +432,66 @@ impl Policy {
         read_write.sort();
         read_write.dedup();
         let tier_b_tmp = run_dir.join("tmp");
-        if tier == Tier::B {
-            host_dirs.push(run_dir.clone());
-            host_dirs.push(tier_b_tmp.clone());
-            host_dirs.extend(temp_workspace.clone());
-        }
-
-        // The working directory inside: the client's when the sandbox can see it.
-        let visible_dirs: Vec<&PathBuf> =
-            read_write.iter().chain(&read_only).chain(&temp_workspace).collect();
-        let sandbox_cwd = if visible_dirs.iter().any(|d| cwd.starts_with(d)) {
-            cwd.clone()
-        } else if let Some(t) = &temp_workspace {
-            t.clone()
-        } else {
-            read_write.first().or(read_only.first()).cloned().unwrap_or_else(|| PathBuf::from("/"))
+        let host_dirs = match tier {
+            Tier::B => [run_dir, tier_b_tmp.clone()].into_iter().chain(temp_workspace.clone()).collect(),
+            Tier::C => vec![],
         };
-        let sandbox_home = temp_workspace
-            .clone()
-            .or_else(|| read_write.first().cloned())
-            .unwrap_or_else(|| sandbox_cwd.clone());
+        Ok(Grants { tier, read_only, read_write, temp_workspace, run_name, tier_b_tmp, host_dirs })
+    }
 
-        // The environment the command will see.
-        let env: Vec<(String, String)> = match profile.capabilities.environment {
-            EnvironmentCapability::None => vec![],
-            EnvironmentCapability::Restricted => {
-                let mut env = vec![
-                    ("PATH".to_string(), SANDBOX_PATH.to_string()),
-                    ("HOME".to_string(), sandbox_home.to_string_lossy().into_owned()),
-                ];
-                for key in ["USER", "LANG", "TERM"] {
-                    if let Some(v) = req.env.get(key) {
-                        env.push((key.to_string(), v.clone()));
-                    }
-                }
-                if tier == Tier::B {
-                    env.push(("TMPDIR".to_string(), tier_b_tmp.to_string_lossy().into_owned()));
-                }
-                env
+    /// A granted path, canonical; `None` for a read-only one that does not
+    /// exist (it gives nothing).
+    fn granted_path(
+        &self,
+        expanded: &str,
+        writable: bool,
+        home: Option<&Path>,
+        uid: u32,
+    ) -> Result<Option<PathBuf>, Denial> {
+        let canonical = Path::new(expanded).canonicalize();
+        if let Err(e) = &canonical {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                return Err(not_allowed(expanded, uid));
             }
-            EnvironmentCapability::Full => req.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        }
+        let Ok(p) = canonical else {
+            if writable {
+                return denied(
+                    ErrorKind::InvalidRequest,
+                    "filesystem.missing",
+                    format!("{expanded} does not exist"),
+                );
+            }
+            return Ok(None);
         };
+        if p == Path::new("/") {
+            return denied(ErrorKind::WorkspaceScopeDenied, "scope.root", "/ cannot be granted as a whole");
+        }
+        // Deny beats allow: a grant cannot open a sensitive path.
+        if self.rules.sensitive(&p, home) {
+            return denied(
+                ErrorKind::WorkspaceScopeDenied,
+                "scope.sensitive_path",
+                format!("{} is a sensitive path and cannot be granted", p.display()),
+            );
+        }
+        Ok(Some(p))
+    }
 
-        // The validation pipeline.
-        validate::check_shape(policy, &req.argv, &env)?;
-        let program = resolve_program(&req.argv[0], &sandbox_cwd)?;
-        let system: Vec<PathBuf> = crate::jail::host_layout().canonical;
-        let mut exec_roots: Vec<&PathBuf> = system.iter().chain(&read_only).collect();
+    /// The executable: found where the sandbox would find it, inside a
+    /// directory it may execute from, and on the allow-list if there is one.
+    fn executable(
+        &self,
+        host: &Host,
+        req: &RunRequest,
+        view: &SandboxView,
+        grants: &Grants,
+        profile: &Profile,
+    ) -> Result<PathBuf, Denial> {
+        let program = resolve_program(&*host.files, &req.argv[0], &view.cwd)?;
+        let mut exec_roots: Vec<&PathBuf> = host.layout.canonical.iter().chain(&grants.read_only).collect();
         if profile.exec_in_writable {
-            exec_roots.extend(&read_write);
+            exec_roots.extend(&grants.read_write);
         }
         if !exec_roots.iter().any(|r| program.starts_with(r)) {
             return denied(
@@ -448,83 +501,69 @@ impl Policy {
             );
         }
         validate::check_allowed(&program, &profile.allowed_executables)?;
+        Ok(program)
+    }
+
+    /// Interpreters (through launchers and `#!` lines) and inline code.
+    fn check_interpreters(
+        &self,
+        files: &dyn HostFiles,
+        req: &RunRequest,
+        program: &Path,
+        profile: &Profile,
+    ) -> Result<(), Denial> {
         validate::check_interpreters(
             &self.rules,
-            &program,
+            files,
+            program,
             &req.argv,
             !req.stdin.is_empty(),
             profile.allow_interpreters,
             profile.allow_inline_code,
-        )?;
-        let mut roots: Vec<PathBuf> = system.clone();
+        )
+    }
+
+    /// The workspace scope: every path the arguments name lies in what the
+    /// sandbox sees, and none is sensitive.
+    fn check_scope(
+        &self,
+        host: &Host,
+        req: &RunRequest,
+        dirs: &RequestDirs,
+        view: &SandboxView,
+        grants: &Grants,
+    ) -> Result<(), Denial> {
+        let mut roots: Vec<PathBuf> = host.layout.canonical.clone();
         roots.extend(ETC_ENTRIES.iter().map(PathBuf::from));
-        roots.extend(read_only.iter().cloned());
-        roots.extend(read_write.iter().cloned());
-        roots.extend(temp_workspace.iter().cloned());
+        roots.extend(grants.read_only.iter().cloned());
+        roots.extend(grants.read_write.iter().cloned());
+        roots.extend(grants.temp_workspace.iter().cloned());
         roots.push(PathBuf::from("/proc"));
         roots.extend(DEVICES.iter().map(|d| Path::new("/dev").join(d)));
-        let private = match tier {
+        let private = match grants.tier {
             Tier::C => vec![PathBuf::from("/tmp")],
             Tier::B => {
-                roots.push(tier_b_tmp.clone());
+                roots.push(grants.tier_b_tmp.clone());
                 vec![]
             }
         };
-        validate::check_scope(&self.rules, &req.argv, &sandbox_cwd, home, &roots, &private)?;
-        validate::check_patterns(&self.rules, &req.argv)?;
-        if profile.egress != EgressMode::None {
-            check_egress(&req.argv, &profile.capabilities.network)?;
-        }
+        let home = dirs.home.as_deref();
+        validate::check_scope(&self.rules, &*host.files, &req.argv, &view.cwd, home, &roots, &private)
+    }
 
-        // Landlock features the policy requires, against what this kernel has.
-        let mut required = policy.required_landlock();
-        if tier == Tier::B {
-            // Without namespaces, Landlock is the filesystem boundary: a Tier B
-            // run without it would see the whole host. Never optional.
-            required = required.union(LandlockFeatures::FS);
-        }
-        let missing = required.difference(LandlockFeatures::supported_by_abi(ctx.host.landlock_abi));
-        if !missing.is_empty() {
-            return denied(
-                ErrorKind::Unavailable,
-                "landlock.unsupported",
-                format!(
-                    "the policy requires Landlock {missing}, which this kernel (Landlock ABI {}) cannot enforce",
-                    ctx.host.landlock_abi
-                ),
-            );
-        }
-
-        // The run's cgroup, required or not.
-        let cgroup = match &ctx.host.cgroup {
-            Ok(root) => {
-                let name = run_name.clone();
-                Some(CgroupPlan {
-                    path: root.path.join(&name),
-                    name,
-                    v1: root.v1,
-                    memory_bytes: profile.capabilities.process.max_memory_mb << 20,
-                    processes: profile.capabilities.process.max_processes,
-                    cpu_percent: profile.capabilities.process.max_cpu_percent,
-                })
-            }
-            Err(why) if profile.require_cgroup => {
-                return denied(
-                    ErrorKind::Unavailable,
-                    "cgroup.unavailable",
-                    format!("the policy requires cgroup limits, and this broker has no usable cgroup: {why}"),
-                );
-            }
-            Err(_) => None,
-        };
-
-        // Sensitive entries inside a granted directory: at its top, in any home
-        // directory it holds, and the system's own (/etc/shadow, ...). Hidden
-        // in Tier C, a refusal in Tier B (which cannot hide them).
+    /// Sensitive entries inside a granted directory: at its top, in any home
+    /// directory it holds, and the system's own (/etc/shadow, ...). Hidden
+    /// in Tier C, a refusal in Tier B (which cannot hide them).
+    fn hidden(
+        &self,
+        host: &Host,
+        grants: &Grants,
+        home: Option<&Path>,
+    ) -> Result<Vec<(PathBuf, bool)>, Denial> {
+        let granted: Vec<&PathBuf> = grants.read_write.iter().chain(&grants.read_only).collect();
         let mut hidden = Vec::new();
-        let granted: Vec<&PathBuf> = read_write.iter().chain(&read_only).collect();
-        for (root, p, is_dir) in sensitive_inside(&self.rules, &granted, home) {
-            if tier == Tier::B {
+        for (root, p, is_dir) in sensitive_inside(&self.rules, host, &granted, home) {
+            if grants.tier == Tier::B {
                 return denied(
                     ErrorKind::WorkspaceScopeDenied,
                     "scope.sensitive_path",
@@ -537,98 +576,125 @@ impl Policy {
             }
             hidden.push((p, is_dir));
         }
+        Ok(hidden)
+    }
 
-        // The plan.
-        let process = profile.capabilities.process;
-        let timeout =
+    /// The run's limits: its deadline and output quota, the rlimits, and
+    /// the sizes of its tmpfs mounts.
+    fn limits(&self, req: &RunRequest, draft: &Draft) -> RunLimits {
+        let (profile, grants, tier) = (&draft.profile, &draft.grants, draft.grants.tier);
+        let process = &profile.capabilities.process;
+        let timeout_secs =
             req.timeout_secs.map_or(process.max_execution_time, |t| t.min(process.max_execution_time));
         let max_output_bytes =
             req.max_output_bytes.map_or(profile.max_output_bytes, |m| m.min(profile.max_output_bytes));
-        let host_network = match (&profile.capabilities.network, profile.egress) {
-            (NetworkCapability::AllowAll, _) => true,
-            (NetworkCapability::AllowDomains(_), EgressMode::Strict) => false,
-            (NetworkCapability::AllowDomains(_), _) => true,
-            (NetworkCapability::Deny, _) => false,
+        let d = &self.config.defaults;
+        let overlays = match (tier, d.disk) {
+            (Tier::C, DiskMode::Overlay) => grants.read_write.len() as u64,
+            _ => 0,
         };
-        let mut exec_dirs = read_only.clone();
-        if profile.exec_in_writable {
-            exec_dirs.extend(read_write.iter().cloned());
+        let memory_bytes = mib(process.max_memory_mb);
+        let tmpfs = TmpfsSizes {
+            tmp: mib(profile.tmp_size_mb),
+            workspace: u64::from(grants.temp_workspace.is_some() && tier == Tier::C),
+            upper: mib(d.max_disk_mb),
+            overlays,
+            // /dev/shm holds memory like any other: as much as the run may use.
+            shm: memory_bytes,
+        };
+        let cgroup = draft.cgroup.is_some();
+        let tmpfs = match (cgroup, tier) {
+            // A cgroup charges tmpfs pages to the run; rlimits do not see them.
+            (false, Tier::C) => tmpfs.fit_within(memory_bytes),
+            _ => tmpfs,
+        };
+        let rlimits = Limits {
+            memory_bytes: if cgroup {
+                memory_bytes.saturating_mul(ADDRESS_SPACE_SLACK)
+            } else {
+                memory_bytes
+            },
+            cpu_seconds: timeout_secs,
+            processes: if cgroup {
+                process.max_processes.saturating_mul(PROCESSES_SLACK)
+            } else {
+                process.max_processes
+            },
+            open_files: profile.max_open_files,
+            file_size_bytes: mib(profile.max_file_size_mb),
+            tmp_bytes: tmpfs.tmp,
+            shm_bytes: tmpfs.shm,
+        };
+        RunLimits { timeout_secs, max_output_bytes, memory_bytes, overlays, tmpfs, rlimits }
+    }
+
+    /// What the helper is to build: the sandbox's paths, ids, limits and
+    /// mechanisms.
+    fn jail_spec(
+        &self,
+        host: &Host,
+        ctx: &Context,
+        req: &RunRequest,
+        draft: &Draft,
+        limits: &RunLimits,
+    ) -> Result<JailSpec, Denial> {
+        let (grants, tier) = (&draft.grants, draft.grants.tier);
+        let mut exec_dirs = grants.read_only.clone();
+        if draft.profile.exec_in_writable {
+            exec_dirs.extend(grants.read_write.iter().cloned());
         }
         // A root broker's sandboxes run as the requester's own block of host ids.
         let sandbox_ids = (ctx.uid == 0)
             .then(|| self.config.broker.sandbox_ids.for_requester(ctx.requester.uid))
             .transpose()
             .map_err(|e| Denial::new(ErrorKind::Unauthorized, "broker.sandbox_ids", e))?;
-        let d = &self.config.defaults;
-        let overlays = match (tier, d.disk) {
-            (Tier::C, DiskMode::Overlay) => read_write.len() as u64,
-            _ => 0,
-        };
-        let memory_bytes = process.max_memory_mb << 20;
-        let tmpfs = TmpfsSizes {
-            tmp: profile.tmp_size_mb << 20,
-            workspace: u64::from(temp_workspace.is_some() && tier == Tier::C),
-            upper: d.max_disk_mb << 20,
-            overlays,
-            // /dev/shm holds memory like any other: as much as the run may use.
-            shm: memory_bytes,
-        };
-        let tmpfs = match (&cgroup, tier) {
-            // A cgroup charges tmpfs pages to the run; rlimits do not see them.
-            (None, Tier::C) => tmpfs.fit_within(memory_bytes),
-            _ => tmpfs,
-        };
-        let spec = JailSpec {
+        // Tier B has no user namespace to map a root broker's uid: the
+        // command runs as the sandbox's ids on the host.
+        let on_host = sandbox_ids.filter(|_| tier == Tier::B);
+        Ok(JailSpec {
             tier,
-            program: program.to_string_lossy().into_owned(),
+            program: draft.program.to_string_lossy().into_owned(),
             argv: req.argv.clone(),
-            env,
-            cwd: sandbox_cwd,
-            read_write: match (&temp_workspace, tier) {
-                (Some(t), Tier::B) => read_write.iter().cloned().chain([t.clone()]).collect(),
-                _ => read_write.clone(),
+            env: draft.view.env.clone(),
+            cwd: draft.view.cwd.clone(),
+            read_write: match (&grants.temp_workspace, tier) {
+                (Some(t), Tier::B) => grants.read_write.iter().cloned().chain([t.clone()]).collect(),
+                _ => grants.read_write.clone(),
             },
-            read_only,
+            read_only: grants.read_only.clone(),
             exec_dirs,
-            tmp_dir: Some(tier_b_tmp),
-            host_network,
-            limits: Limits {
-                // With a cgroup holding the memory limit, RLIMIT_AS stays a
-                // looser floor (address space is not memory: runtimes reserve
-                // far more than they use).
-                memory_bytes: match cgroup {
-                    Some(_) => (process.max_memory_mb << 20).saturating_mul(4),
-                    None => process.max_memory_mb << 20,
-                },
-                cpu_seconds: timeout,
-                // With a cgroup holding the process count (pids.max), RLIMIT_NPROC
-                // stays a looser floor.
-                processes: match cgroup {
-                    Some(_) => process.max_processes.saturating_mul(2),
-                    None => process.max_processes,
-                },
-                open_files: profile.max_open_files,
-                file_size_bytes: profile.max_file_size_mb << 20,
-                tmp_bytes: tmpfs.tmp,
-                shm_bytes: tmpfs.shm,
-            },
-            landlock_required: required,
-            hostname: "palisade".into(),
-            // Tier B has no user namespace to map a root broker's uid: the
-            // command runs as the sandbox's ids on the host.
-            uid: sandbox_ids.filter(|_| tier == Tier::B).map_or(ctx.uid, |ids| ids.uid),
-            gid: sandbox_ids.filter(|_| tier == Tier::B).map_or(ctx.gid, |ids| ids.gid),
+            tmp_dir: Some(grants.tier_b_tmp.clone()),
+            host_network: host_network(&draft.profile),
+            limits: limits.rlimits.clone(),
+            landlock_required: draft.landlock,
+            hostname: HOSTNAME.into(),
+            uid: on_host.map_or(ctx.uid, |ids| ids.uid),
+            gid: on_host.map_or(ctx.gid, |ids| ids.gid),
             host_ids: sandbox_ids,
             acting_for: sandbox_ids.map(|_| ctx.requester),
             parent_pid: ctx.parent_pid,
             // cgroup v2: the helper joins through fd 5; v1: the broker places it.
-            cgroup: cgroup.as_ref().filter(|c| !c.v1).map(|c| c.path.to_string_lossy().into_owned()),
-            no_fork: process.no_fork,
-            temp_workspace: if tier == Tier::C { temp_workspace.clone() } else { None },
-            write_bound: (overlays > 0).then_some(tmpfs.upper),
-            hidden,
+            cgroup: draft.cgroup.as_ref().filter(|c| !c.v1).map(|c| c.path.to_string_lossy().into_owned()),
+            no_fork: draft.profile.capabilities.process.no_fork,
+            temp_workspace: if tier == Tier::C { grants.temp_workspace.clone() } else { None },
+            write_bound: (limits.overlays > 0).then_some(limits.tmpfs.upper),
+            hidden: draft.hidden.clone(),
             etc_view: ctx.etc_view.clone(),
-        };
+            layout: host.layout.clone(),
+        })
+    }
+
+    /// The plan, and the run as the broker, the attestation and `palisade
+    /// explain` see it.
+    fn plan(
+        &self,
+        host: &Host,
+        ctx: &Context,
+        req: &RunRequest,
+        draft: Draft,
+        limits: RunLimits,
+    ) -> Result<Resolved, Denial> {
+        let spec = self.jail_spec(host, ctx, req, &draft, &limits)?;
         let plan = build_plan(&spec).map_err(|e| match e {
             BuildError::TooManyPaths(_) => {
                 Denial::new(ErrorKind::InvalidRequest, "filesystem.too_many_paths", e.to_string())
@@ -637,21 +703,28 @@ impl Policy {
                 Denial::new(ErrorKind::RuntimeFailure, "seccomp.compile", e.to_string())
             }
         })?;
-        let labels =
-            Labels { tier, host_network, cgroup: cgroup.as_ref(), memory_bytes, tmpfs, disk: d.disk };
+        let Draft { profile, warnings, grants, cgroup, .. } = draft;
+        let labels = Labels {
+            tier: grants.tier,
+            host_network: spec.host_network,
+            cgroup: cgroup.as_ref(),
+            memory_bytes: limits.memory_bytes,
+            tmpfs: limits.tmpfs,
+            disk: self.config.defaults.disk,
+        };
         let network = labels.network(&profile.capabilities.network, profile.egress);
-        let disk = labels.disk(temp_workspace.is_some(), !read_write.is_empty());
+        let disk = labels.disk(grants.temp_workspace.is_some(), !grants.read_write.is_empty());
         let memory = labels.memory();
-        let writable = read_write;
+        let writable = grants.read_write;
         let granted = writable.iter().chain(&spec.read_only).cloned().collect();
-        let resolved = Resolved {
+        Ok(Resolved {
             plan,
             writable,
             granted,
-            host_dirs,
-            timeout: Duration::from_secs(timeout),
-            max_output_bytes,
-            capture_chunk_bytes: policy.capture_chunk_bytes.max(512),
+            host_dirs: grants.host_dirs,
+            timeout: Duration::from_secs(limits.timeout_secs),
+            max_output_bytes: limits.max_output_bytes,
+            capture_chunk_bytes: self.config.policy.capture_chunk_bytes.max(MIN_CAPTURE_CHUNK_BYTES),
             cgroup,
             tool: profile.tool,
             capabilities: profile.capabilities,
@@ -660,8 +733,165 @@ impl Policy {
             disk,
             memory,
             warnings,
+        })
+    }
+}
+
+impl RequestDirs {
+    /// The request's cwd (required) and workspace (the cwd by default),
+    /// each an absolute directory, canonical.
+    fn of(files: &dyn HostFiles, req: &RunRequest, uid: u32) -> Result<RequestDirs, Denial> {
+        let Some(cwd) = &req.cwd else {
+            return denied(
+                ErrorKind::InvalidRequest,
+                "request.cwd",
+                "the request names no cwd (an absolute directory)",
+            );
         };
-        Ok((resolved, approval))
+        let cwd = absolute_dir(files, cwd, "cwd", uid)?;
+        let workspace = match &req.workspace {
+            Some(w) => absolute_dir(files, &cwd.join(w).to_string_lossy(), "workspace", uid)?,
+            None => cwd.clone(),
+        };
+        Ok(RequestDirs { cwd, workspace, home: req.env.get("HOME").map(PathBuf::from) })
+    }
+}
+
+/// The tier: C where the host has user namespaces, else what the fallback
+/// policy says. Strict egress needs Tier C's network namespace.
+fn choose_tier(
+    policy: &PolicyConfig,
+    host: &HostCapabilities,
+    egress: EgressMode,
+) -> Result<TierChoice, Denial> {
+    let (mut warnings, mut approval) = (Vec::new(), None);
+    let tier = if host.user_namespaces {
+        Tier::C
+    } else {
+        let why = "Tier C needs unprivileged user namespaces, which this host does not allow";
+        match policy.fallback {
+            FallbackPolicy::Deny => {
+                return denied(
+                    ErrorKind::Unavailable,
+                    "fallback.deny",
+                    format!("{why}; the fallback policy is deny"),
+                );
+            }
+            FallbackPolicy::RequestApproval => {
+                // Decided after every check: only a run that would be allowed is put to a person.
+                approval =
+                    Some(format!("{why}; run it in Tier B (Landlock, seccomp, rlimits; no namespaces)?"));
+                Tier::B
+            }
+            FallbackPolicy::WarnAndExecute => {
+                warnings
+                    .push(format!("{why}: running in Tier B (Landlock, seccomp, rlimits; no namespaces)"));
+                Tier::B
+            }
+        }
+    };
+    if egress == EgressMode::Strict && tier != Tier::C {
+        return denied(
+            ErrorKind::Unavailable,
+            "egress.strict_unavailable",
+            "egress = strict needs a network namespace, which this host cannot create",
+        );
+    }
+    Ok(TierChoice { tier, warnings, approval })
+}
+
+impl SandboxView {
+    /// The working directory inside (the client's when the sandbox can see
+    /// it), and the environment the command will see.
+    fn new(req: &RunRequest, dirs: &RequestDirs, grants: &Grants, profile: &Profile) -> SandboxView {
+        let Grants { read_only, read_write, temp_workspace, .. } = grants;
+        let visible_dirs: Vec<&PathBuf> = read_write.iter().chain(read_only).chain(temp_workspace).collect();
+        let cwd = if visible_dirs.iter().any(|d| dirs.cwd.starts_with(d)) {
+            dirs.cwd.clone()
+        } else if let Some(t) = temp_workspace {
+            t.clone()
+        } else {
+            read_write.first().or(read_only.first()).cloned().unwrap_or_else(|| PathBuf::from("/"))
+        };
+        let home =
+            temp_workspace.clone().or_else(|| read_write.first().cloned()).unwrap_or_else(|| cwd.clone());
+        let env: Vec<(String, String)> = match profile.capabilities.environment {
+            EnvironmentCapability::None => vec![],
+            EnvironmentCapability::Restricted => {
+                let mut env = vec![
+                    ("PATH".to_string(), SANDBOX_PATH.to_string()),
+                    ("HOME".to_string(), home.to_string_lossy().into_owned()),
+                ];
+                for key in ["USER", "LANG", "TERM"] {
+                    if let Some(v) = req.env.get(key) {
+                        env.push((key.to_string(), v.clone()));
+                    }
+                }
+                if grants.tier == Tier::B {
+                    env.push(("TMPDIR".to_string(), grants.tier_b_tmp.to_string_lossy().into_owned()));
+                }
+                env
+            }
+            EnvironmentCapability::Full => req.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        };
+        SandboxView { cwd, env }
+    }
+}
+
+/// Landlock features the policy requires, against what this kernel has.
+fn required_landlock(policy: &PolicyConfig, tier: Tier, abi: u32) -> Result<LandlockFeatures, Denial> {
+    let mut required = policy.required_landlock();
+    if tier == Tier::B {
+        // Without namespaces, Landlock is the filesystem boundary: a Tier B
+        // run without it would see the whole host. Never optional.
+        required = required.union(LandlockFeatures::FS);
+    }
+    let missing = required.difference(LandlockFeatures::supported_by_abi(abi));
+    if !missing.is_empty() {
+        return denied(
+            ErrorKind::Unavailable,
+            "landlock.unsupported",
+            format!(
+                "the policy requires Landlock {missing}, which this kernel (Landlock ABI {abi}) cannot enforce"
+            ),
+        );
+    }
+    Ok(required)
+}
+
+/// The run's cgroup, where the host has a subtree for runs; a refusal where
+/// the profile requires one and there is none.
+fn cgroup_plan(
+    host: &HostCapabilities,
+    run_name: &str,
+    profile: &Profile,
+) -> Result<Option<CgroupPlan>, Denial> {
+    let process = &profile.capabilities.process;
+    match &host.cgroup {
+        Ok(root) => Ok(Some(CgroupPlan {
+            path: root.path.join(run_name),
+            name: run_name.to_string(),
+            v1: root.v1,
+            memory_bytes: mib(process.max_memory_mb),
+            processes: process.max_processes,
+            cpu_percent: process.max_cpu_percent,
+        })),
+        Err(why) if profile.require_cgroup => denied(
+            ErrorKind::Unavailable,
+            "cgroup.unavailable",
+            format!("the policy requires cgroup limits, and this broker has no usable cgroup: {why}"),
+        ),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Whether the sandbox keeps the host's network.
+fn host_network(profile: &Profile) -> bool {
+    match (&profile.capabilities.network, profile.egress) {
+        (NetworkCapability::AllowAll, _) => true,
+        (NetworkCapability::AllowDomains(_), EgressMode::Strict) => false,
+        (NetworkCapability::AllowDomains(_), _) => true,
+        (NetworkCapability::Deny, _) => false,
     }
 }
 
@@ -735,7 +965,11 @@ impl Labels<'_> {
 /// Egress preflight: every host the command line names is on the allow-list,
 /// and no option of a known tool sends a connection somewhere it does not
 /// name. (The host's network is given: this checks names, not connections.)
-fn check_egress(argv: &[String], network: &NetworkCapability) -> Result<(), Denial> {
+fn check_egress(argv: &[String], profile: &Profile) -> Result<(), Denial> {
+    if profile.egress == EgressMode::None {
+        return Ok(());
+    }
+    let network = &profile.capabilities.network;
     let allow: &[String] = match network {
         NetworkCapability::Deny => &[],
         NetworkCapability::AllowDomains(d) => d,
@@ -832,15 +1066,17 @@ impl TmpfsSizes {
 /// whole tree at every run); naming one in the command line is refused.
 fn sensitive_inside<'a>(
     rules: &Rules,
+    host: &Host,
     granted: &[&'a PathBuf],
     home: Option<&Path>,
 ) -> Vec<(&'a PathBuf, PathBuf, bool)> {
-    let mut homes = passwd_homes();
+    let files = &*host.files;
+    let mut homes = host.homes.clone();
     homes.extend(home.and_then(|h| h.canonicalize().ok()));
     let absolute = rules.absolute_sensitive(home);
     let mut found: Vec<(&PathBuf, PathBuf, bool)> = Vec::new();
     let mut add = |root: &'a PathBuf, p: PathBuf| {
-        if let Ok(meta) = std::fs::symlink_metadata(&p) {
+        if let Ok(meta) = files.lstat(&p) {
             if !found.iter().any(|(_, q, _)| *q == p) {
                 found.push((root, p, meta.is_dir()));
             }
@@ -863,9 +1099,9 @@ fn sensitive_inside<'a>(
             if !name.contains('*') {
                 add(root, dir.join(name));
             } else if let Ok(glob) = globset::Glob::new(name).map(|g| g.compile_matcher()) {
-                for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                    if glob.is_match(e.file_name()) {
-                        add(root, e.path());
+                for entry in files.list_dir(dir) {
+                    if glob.is_match(&entry) {
+                        add(root, dir.join(entry));
                     }
                 }
             }
@@ -874,60 +1110,43 @@ fn sensitive_inside<'a>(
     found
 }
 
-/// The home directories of the users in /etc/passwd that exist, canonical.
-/// Kept between decisions while /etc/passwd is the same file, unchanged
-/// (resolving every home costs more than the rest of a decision).
-fn passwd_homes() -> Vec<PathBuf> {
-    use std::os::unix::fs::MetadataExt;
-    use std::sync::Mutex;
-    type Key = (u64, u64, i64, i64, u64);
-    static CACHE: Mutex<Option<(Key, Vec<PathBuf>)>> = Mutex::new(None);
-    let key = std::fs::metadata("/etc/passwd")
-        .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
-        .unwrap_or_default();
-    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((k, homes)) = cache.as_ref() {
-        if *k == key {
-            return homes.clone();
-        }
-    }
-    let text = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-    let mut homes: Vec<PathBuf> = text
-        .lines()
-        .filter_map(|l| l.split(':').nth(5))
-        .filter(|h| h.starts_with('/') && *h != "/")
-        .filter_map(|h| Path::new(h).canonicalize().ok())
-        .filter(|h| h != Path::new("/"))
-        .collect();
-    homes.sort();
-    homes.dedup();
-    *cache = Some((key, homes.clone()));
-    homes
+/// A parameter bound to a filesystem capability, and where its paths are
+/// taken from.
+struct Bound<'a> {
+    param: &'a str,
+    binding: &'a Binding,
+    cwd: &'a Path,
+    home: Option<&'a Path>,
+    uid: u32,
 }
 
-/// The paths a parameter names, validated.
-fn bound_paths(
-    param: &str,
-    value: &ParamValue,
-    binding: &Binding,
-    cwd: &Path,
-    home: Option<&Path>,
-    rules: &Rules,
-    uid: u32,
-) -> Result<Vec<PathBuf>, Denial> {
-    let values: Vec<&String> = match (value, binding.mapping) {
-        (ParamValue::One(v), _) => vec![v],
-        (ParamValue::Many(vs), Mapping::EachElement) => vs.iter().collect(),
-        (ParamValue::Many(_), Mapping::Single) => {
-            return denied(
-                ErrorKind::InvalidRequest,
-                "tools.parameter_validation",
-                format!("parameter {param} takes a single path"),
-            );
-        }
-    };
-    let mut out = Vec::new();
-    for v in values {
+impl Bound<'_> {
+    /// The paths `value` names, validated.
+    fn paths(
+        &self,
+        files: &dyn HostFiles,
+        rules: &Rules,
+        value: &ParamValue,
+    ) -> Result<Vec<PathBuf>, Denial> {
+        let param = self.param;
+        let values: Vec<&String> = match (value, self.binding.mapping) {
+            (ParamValue::One(v), _) => vec![v],
+            (ParamValue::Many(vs), Mapping::EachElement) => vs.iter().collect(),
+            (ParamValue::Many(_), Mapping::Single) => {
+                return denied(
+                    ErrorKind::InvalidRequest,
+                    "tools.parameter_validation",
+                    format!("parameter {param} takes a single path"),
+                );
+            }
+        };
+        values.into_iter().map(|v| self.path(files, rules, v)).collect()
+    }
+
+    /// One path of the parameter: not sensitive, reachable, of the kind the
+    /// binding validates, and not `/`.
+    fn path(&self, files: &dyn HostFiles, rules: &Rules, v: &str) -> Result<PathBuf, Denial> {
+        let (param, home) = (self.param, self.home);
         if v.contains('\0') || v.is_empty() {
             return denied(
                 ErrorKind::InvalidRequest,
@@ -935,26 +1154,27 @@ fn bound_paths(
                 format!("parameter {param}: {v:?} is not a path"),
             );
         }
-        let p = paths::resolve(v, cwd, home);
-        if rules.sensitive(&p, home) || rules.sensitive(&paths::resolve_lexically(v, cwd, home), home) {
+        let p = paths::resolve(v, self.cwd, home);
+        if rules.sensitive(&p, home) || rules.sensitive(&paths::resolve_lexically(v, self.cwd, home), home) {
             return denied(
                 ErrorKind::WorkspaceScopeDenied,
                 "scope.sensitive_path",
                 format!("parameter {param}: {v} is a sensitive path"),
             );
         }
-        let meta = std::fs::metadata(&p);
+        let meta = files.stat(&p);
         if meta.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied) {
-            return Err(not_allowed(&format!("parameter {param}: {v}"), uid));
+            return Err(not_allowed(&format!("parameter {param}: {v}"), self.uid));
         }
-        let ok = match (binding.validation, meta) {
+        let validation = self.binding.validation;
+        let ok = match (validation, meta) {
             (_, Err(_)) => false,
             (Validation::IsFile, Ok(m)) => m.is_file(),
             (Validation::IsDirectory, Ok(m)) => m.is_dir(),
             (Validation::IsPath, Ok(_)) => true,
         };
         if !ok {
-            let want = match binding.validation {
+            let want = match validation {
                 Validation::IsFile => "an existing file",
                 Validation::IsDirectory => "an existing directory",
                 Validation::IsPath => "an existing path",
@@ -972,9 +1192,8 @@ fn bound_paths(
                 format!("parameter {param}: / cannot be granted"),
             );
         }
-        out.push(p);
+        Ok(p)
     }
-    Ok(out)
 }
 
 /// The refusal of a path the requester may not reach: the same words whether
@@ -988,7 +1207,7 @@ fn not_allowed(path: &str, uid: u32) -> Denial {
     )
 }
 
-fn absolute_dir(path: &str, what: &str, uid: u32) -> Result<PathBuf, Denial> {
+fn absolute_dir(files: &dyn HostFiles, path: &str, what: &str, uid: u32) -> Result<PathBuf, Denial> {
     if !path.starts_with('/') {
         return denied(ErrorKind::InvalidRequest, "request.path", format!("{what} {path:?} is not absolute"));
     }
@@ -996,7 +1215,7 @@ fn absolute_dir(path: &str, what: &str, uid: u32) -> Result<PathBuf, Denial> {
         std::io::ErrorKind::PermissionDenied => not_allowed(&format!("{what} {path}"), uid),
         _ => Denial::new(ErrorKind::InvalidRequest, "request.path", format!("{what} {path}: {e}")),
     })?;
-    if !p.is_dir() {
+    if !files.stat(&p).is_ok_and(|m| m.is_dir()) {
         return denied(
             ErrorKind::InvalidRequest,
             "request.path",
@@ -1011,16 +1230,20 @@ fn absolute_dir(path: &str, what: &str, uid: u32) -> Result<PathBuf, Denial> {
 
 /// A bare name is looked up in the sandbox's PATH; a path is taken relative to
 /// the sandbox's working directory. The result is canonical.
-pub fn resolve_program(command: &str, cwd: &Path) -> Result<PathBuf, Denial> {
+pub fn resolve_program(files: &dyn HostFiles, command: &str, cwd: &Path) -> Result<PathBuf, Denial> {
     let not_found = |why: String| Denial::new(ErrorKind::InvalidRequest, "command.not_found", why);
     if command.contains('/') {
         let p = cwd.join(command);
-        let c = p.canonicalize().map_err(|_| not_found(format!("command not found: {command}")))?;
-        validate::resolve_executable(&c.to_string_lossy()).map_err(not_found)
+        let c = files.canonicalize(&p).map_err(|_| not_found(format!("command not found: {command}")))?;
+        validate::resolve_executable(files, &c.to_string_lossy()).map_err(not_found)
     } else {
-        validate::resolve_executable(command).map_err(|_| not_found(format!("command not found: {command}")))
+        validate::resolve_executable(files, command)
+            .map_err(|_| not_found(format!("command not found: {command}")))
     }
 }
+
+#[cfg(test)]
+mod table;
 
 #[cfg(test)]
 mod tests {

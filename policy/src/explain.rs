@@ -7,14 +7,18 @@ use crate::seccomp;
 use palisade_protocol::{LandlockFeatures, Mount, Rlimit};
 use std::fmt::Write;
 
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
 /// A size as people read it: `1 GiB`, `64 MiB`, `12.2 MiB`, `4 KiB`.
 pub fn size(v: u64) -> String {
     match v {
         u64::MAX => "unlimited".into(),
-        v if v >= 1 << 30 && v % (1 << 30) == 0 => format!("{} GiB", v >> 30),
-        v if v >= 1 << 20 && v % (1 << 20) == 0 => format!("{} MiB", v >> 20),
-        v if v >= 1 << 20 => format!("{:.1} MiB", v as f64 / f64::from(1 << 20)),
-        v if v >= 1 << 10 && v % (1 << 10) == 0 => format!("{} KiB", v >> 10),
+        v if v >= GIB && v % GIB == 0 => format!("{} GiB", v / GIB),
+        v if v >= MIB && v % MIB == 0 => format!("{} MiB", v / MIB),
+        v if v >= MIB => format!("{:.1} MiB", v as f64 / MIB as f64),
+        v if v >= KIB && v % KIB == 0 => format!("{} KiB", v / KIB),
         v => format!("{v} bytes"),
     }
 }

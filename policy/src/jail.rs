@@ -42,7 +42,7 @@ pub const ETC_ENTRIES: [&str; 22] = [
 ];
 
 /// Host device files a Tier B sandbox may use (Tier C gets its own /dev).
-const TIER_B_DEVICES: [&str; 6] =
+pub const TIER_B_DEVICES: [&str; 6] =
     ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"];
 
 /// Resource limits of one run.
@@ -120,6 +120,8 @@ pub struct JailSpec {
     /// one mount per entry. Not used when another mount lies under `/etc`
     /// (its mount point could not be made in a read-only bind).
     pub etc_view: Option<PathBuf>,
+    /// The host's system directories, /etc entries and devices.
+    pub layout: Layout,
 }
 
 fn s(p: &Path) -> String {
@@ -133,54 +135,24 @@ pub fn depth_then_name(a: &Mount, b: &Mount) -> std::cmp::Ordering {
 }
 
 /// How this host lays out its system directories: the symlinks among them
-/// (as their link text), the real ones, and all of them canonical.
-#[derive(Debug, Clone)]
+/// (as their link text), the real ones, and all of them canonical; and which
+/// of the [`ETC_ENTRIES`] and [`TIER_B_DEVICES`] it has. Gathered by the
+/// broker (see [`crate::Host`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Layout {
     pub links: Vec<(String, String)>,
     pub real: Vec<String>,
     pub canonical: Vec<PathBuf>,
-}
-
-/// The host's [`Layout`], looked up again only when `/` changes (an entry
-/// made, removed or replaced there changes its times): a launch does not
-/// resolve the same seven paths every time.
-pub fn host_layout() -> Layout {
-    use std::os::unix::fs::MetadataExt;
-    use std::sync::Mutex;
-    type Key = (u64, u64, i64, i64, i64, i64);
-    static CACHE: Mutex<Option<(Key, Layout)>> = Mutex::new(None);
-    let key = std::fs::symlink_metadata("/")
-        .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()))
-        .unwrap_or_default();
-    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((k, layout)) = cache.as_ref() {
-        if *k == key {
-            return layout.clone();
-        }
-    }
-    let mut layout = Layout { links: vec![], real: vec![], canonical: vec![] };
-    for dir in SYSTEM_DIRS {
-        match std::fs::symlink_metadata(dir) {
-            Ok(m) if m.file_type().is_symlink() => {
-                if let Ok(link) = std::fs::read_link(dir) {
-                    layout.links.push((dir.to_string(), s(&link)));
-                }
-            }
-            Ok(m) if m.is_dir() => layout.real.push(dir.to_string()),
-            _ => {}
-        }
-        layout.canonical.extend(Path::new(dir).canonicalize().ok());
-    }
-    *cache = Some((key, layout.clone()));
-    layout
+    pub etc: Vec<String>,
+    pub devices: Vec<String>,
 }
 
 /// The system directories and, unless a snapshot stands for them, the /etc
 /// entries present on this host: symlinks (as their link text) and real paths.
-fn system_paths(etc_entries: bool) -> (Vec<(String, String)>, Vec<String>) {
-    let Layout { links, mut real, .. } = host_layout();
+fn system_paths(layout: &Layout, etc_entries: bool) -> (Vec<(String, String)>, Vec<String>) {
+    let Layout { links, mut real, .. } = layout.clone();
     if etc_entries {
-        real.extend(ETC_ENTRIES.iter().filter(|p| Path::new(p).exists()).map(|p| p.to_string()));
+        real.extend(layout.etc.iter().cloned());
     }
     (links, real)
 }
@@ -204,8 +176,8 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, BuildError> {
         spec.tier == Tier::C
             && !(spec.read_write.iter().chain(&spec.read_only).chain(&spec.temp_workspace).any(under_etc))
     });
-    // With the snapshot, the entries are not looked up one by one: it holds them.
-    let (links, system) = system_paths(etc_view.is_none());
+    // With the snapshot, the entries are not bound one by one: it holds them.
+    let (links, system) = system_paths(&spec.layout, etc_view.is_none());
     let read_write: Vec<String> = spec.read_write.iter().map(|p| s(p)).collect();
     let read_only: Vec<String> = spec.read_only.iter().map(|p| s(p)).collect();
     let mut exec: Vec<String> = system.iter().filter(|p| !p.starts_with("/etc")).cloned().collect();
@@ -291,9 +263,7 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, BuildError> {
         }
         Tier::B => {
             landlock.read.push("/proc".into());
-            landlock
-                .write
-                .extend(TIER_B_DEVICES.iter().filter(|p| Path::new(p).exists()).map(|p| p.to_string()));
+            landlock.write.extend(spec.layout.devices.iter().cloned());
             landlock.write.extend(spec.tmp_dir.iter().map(|p| s(p)));
             (Namespaces::NONE, vec![], None)
         }

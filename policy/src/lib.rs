@@ -1,12 +1,14 @@
-//! palisade's decisions: from a request and the configuration to a refusal or
-//! a fully resolved `JailPlan`. No I/O beyond reading configuration and
-//! canonicalizing paths.
+//! palisade's decisions: from a request, the configuration and the host to a
+//! refusal or a fully resolved `JailPlan`. No I/O beyond reading the
+//! configuration and canonicalizing the paths a request names: what it knows
+//! of the host, the broker gathers and passes in ([`Host`]).
 
 pub mod capabilities;
 pub mod config;
 pub mod decision;
 pub mod egress;
 pub mod explain;
+pub mod host;
 pub mod jail;
 pub mod paths;
 pub mod seccomp;
@@ -14,5 +16,6 @@ pub mod validate;
 
 pub use capabilities::{Capabilities, Preset};
 pub use config::{Config, ConfigError, FallbackPolicy};
-pub use decision::{CgroupPlan, CgroupRoot, Context, Decision, Denial, HostCapabilities, Policy, Resolved};
-pub use jail::{JailSpec, Limits, build_plan};
+pub use decision::{CgroupPlan, Context, Decision, Denial, Policy, Resolved};
+pub use host::{CgroupRoot, FileKind, FileStat, Host, HostCapabilities, HostFiles};
+pub use jail::{JailSpec, Layout, Limits, build_plan};

@@ -8,13 +8,24 @@
 
 use crate::config::PolicyConfig;
 use crate::decision::{Denial, SANDBOX_PATH};
+use crate::host::{FileStat, HostFiles};
 use crate::paths;
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use palisade_protocol::wire::ErrorKind;
 use regex::Regex;
 use std::collections::HashMap;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+/// How much of a script is read for its `#!` line (Linux reads 256 bytes of it).
+const SHEBANG_BYTES: u64 = 256;
+/// How much of an ELF file is read for its loader: the program headers and
+/// `PT_INTERP` of an ordinary executable lie in its first page.
+const ELF_HEAD_BYTES: u64 = 4096;
+/// How many launchers (`env nice timeout ...`) are looked through, nested:
+/// more than any real command line holds.
+const MAX_LAUNCHERS: usize = 8;
+/// How much of an argument holding a NUL byte a refusal shows.
+const SHOWN_CHARS: usize = 40;
 
 /// Shells and language runtimes: given code, they run anything.
 pub const INTERPRETERS: &[&str] = &[
@@ -220,11 +231,29 @@ const BLOCKED_PATTERNS: &[(&str, &str)] = &[
 #[derive(Debug)]
 pub struct Rules {
     interpreters: GlobSet,
-    interpreter_files: HashMap<(u64, u64), String>,
-    interpreter_sizes: HashMap<u64, Vec<PathBuf>>,
+    installed: Installed,
     sensitive_absolute: GlobSet,
     sensitive_extra: Vec<String>,
     blocked: Vec<(Regex, String)>,
+}
+
+/// The interpreters installed on the host, by inode (a hard link or symlink
+/// under another name is still the interpreter) and by size (a renamed copy
+/// is compared byte for byte).
+#[derive(Debug, Default)]
+struct Installed {
+    by_inode: HashMap<(u64, u64), String>,
+    by_size: HashMap<u64, Vec<PathBuf>>,
+}
+
+impl Installed {
+    fn add(&mut self, m: FileStat, name: String, canonical: Option<PathBuf>) {
+        self.by_inode.insert((m.dev, m.ino), name);
+        let list = self.by_size.entry(m.len).or_default();
+        if let Some(p) = canonical.filter(|p| !list.contains(p)) {
+            list.push(p);
+        }
+    }
 }
 
 fn globset(patterns: impl IntoIterator<Item = String>) -> GlobSet {
@@ -242,7 +271,9 @@ fn basename(p: &str) -> &str {
 }
 
 impl Rules {
-    /// Patterns were checked when the configuration was parsed.
+    /// Patterns were checked when the configuration was parsed. The
+    /// interpreters installed on the host are not known yet (see
+    /// [`Rules::with_installed`]): until then they are recognised by name.
     pub fn new(policy: &PolicyConfig) -> Rules {
         let interpreters = globset(
             INTERPRETERS
@@ -250,43 +281,6 @@ impl Rules {
                 .map(|s| s.to_string())
                 .chain(policy.interpreters.iter().map(|s| s.get_ref().clone())),
         );
-        // Every interpreter binary installed in the system PATH, by inode (a
-        // hard link or symlink under another name is still the interpreter)
-        // and by size (a renamed copy is compared byte for byte).
-        let mut interpreter_files = HashMap::new();
-        let mut interpreter_sizes: HashMap<u64, Vec<PathBuf>> = HashMap::new();
-        for dir in SANDBOX_PATH.split(':') {
-            let Ok(entries) = std::fs::read_dir(dir) else { continue };
-            for e in entries.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if !interpreters.is_match(&name) {
-                    continue;
-                }
-                if let Ok(m) = std::fs::metadata(e.path()) {
-                    if m.is_file() {
-                        interpreter_files.insert((m.dev(), m.ino()), name);
-                        let list = interpreter_sizes.entry(m.len()).or_default();
-                        if let Ok(p) = e.path().canonicalize() {
-                            if !list.contains(&p) {
-                                list.push(p);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        // The host's dynamic loaders, by inode and content like the interpreters
-        // (a copy under another name is still one).
-        for loader in loaders() {
-            if let Ok(m) = std::fs::metadata(&loader) {
-                let name = loader.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                interpreter_files.insert((m.dev(), m.ino()), name);
-                let list = interpreter_sizes.entry(m.len()).or_default();
-                if !list.contains(&loader) {
-                    list.push(loader);
-                }
-            }
-        }
         let blocked = BLOCKED_PATTERNS
             .iter()
             .map(|(p, what)| (p.to_string(), what.to_string()))
@@ -300,8 +294,7 @@ impl Rules {
             .collect();
         Rules {
             interpreters,
-            interpreter_files,
-            interpreter_sizes,
+            installed: Installed::default(),
             sensitive_absolute: globset(
                 SENSITIVE_NAMES
                     .iter()
@@ -313,9 +306,36 @@ impl Rules {
         }
     }
 
+    /// With the interpreters installed on the host: every one in the
+    /// system PATH, and the host's dynamic loaders.
+    pub fn with_installed(mut self, files: &dyn HostFiles) -> Rules {
+        let mut installed = Installed::default();
+        for dir in SANDBOX_PATH.split(':').map(Path::new) {
+            for name in files.list_dir(dir) {
+                let name = name.to_string_lossy().into_owned();
+                if !self.interpreters.is_match(&name) {
+                    continue;
+                }
+                let path = dir.join(&name);
+                if let Some(m) = files.stat(&path).ok().filter(FileStat::is_file) {
+                    installed.add(m, name, files.canonicalize(&path).ok());
+                }
+            }
+        }
+        // A copy of a loader under another name is still one.
+        for loader in loaders(files) {
+            let name = loader.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if let Ok(m) = files.stat(&loader) {
+                installed.add(m, name, Some(loader));
+            }
+        }
+        self.installed = installed;
+        self
+    }
+
     /// The interpreter `path` is (by name, inode or content), if any: a
     /// shell, a language runtime, or a dynamic loader.
-    pub fn interpreter(&self, path: &Path, argv0: &str) -> Option<String> {
+    pub fn interpreter(&self, files: &dyn HostFiles, path: &Path, argv0: &str) -> Option<String> {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         if self.interpreters.is_match(&name) {
             return Some(name);
@@ -323,15 +343,15 @@ impl Rules {
         if self.interpreters.is_match(basename(argv0)) {
             return Some(basename(argv0).to_string());
         }
-        let m = std::fs::metadata(path).ok()?;
-        if let Some(n) = self.interpreter_files.get(&(m.dev(), m.ino())) {
+        let m = files.stat(path).ok()?;
+        if let Some(n) = self.installed.by_inode.get(&(m.dev, m.ino)) {
             return Some(n.clone());
         }
-        let candidates = self.interpreter_sizes.get(&m.len())?;
-        let content = read_regular(path, m.len())?;
+        let candidates = self.installed.by_size.get(&m.len)?;
+        let content = files.read_head(path, m.len)?;
         candidates
             .iter()
-            .find(|known| read_regular(known, m.len()).as_ref() == Some(&content))
+            .find(|known| files.read_head(known, m.len).as_ref() == Some(&content))
             .and_then(|known| known.file_name().map(|n| n.to_string_lossy().into_owned()))
     }
 
@@ -375,14 +395,15 @@ impl Rules {
 /// The dynamic loaders of this host: the `PT_INTERP` of its shell and of
 /// `env` (where the system's programs say their loader is), and glibc's
 /// `ld.so`, canonical.
-fn loaders() -> Vec<PathBuf> {
+fn loaders(files: &dyn HostFiles) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = ["/bin/sh", "/usr/bin/env", "/usr/bin/ld.so"]
         .iter()
         .filter_map(|p| {
-            let interp = read_regular(Path::new(p), 4096).and_then(|head| elf_interpreter(&head));
+            let head = files.read_head(Path::new(p), ELF_HEAD_BYTES);
+            let interp = head.and_then(|head| elf_interpreter(&head));
             interp.map(PathBuf::from).or_else(|| p.ends_with("ld.so").then(|| PathBuf::from(p)))
         })
-        .filter_map(|p| p.canonicalize().ok())
+        .filter_map(|p| files.canonicalize(&p).ok())
         .collect();
     out.sort();
     out.dedup();
@@ -392,20 +413,27 @@ fn loaders() -> Vec<PathBuf> {
 /// The `PT_INTERP` path of a 64-bit little-endian ELF file, from its first
 /// bytes (`head`), if it names one there.
 fn elf_interpreter(head: &[u8]) -> Option<String> {
+    // Offsets in the ELF64 file header and program header (elf(5)).
+    const E_PHOFF: usize = 0x20;
+    const E_PHENTSIZE: usize = 0x36;
+    const E_PHNUM: usize = 0x38;
+    const P_OFFSET: usize = 8;
+    const P_FILESZ: usize = 32;
+    const PT_INTERP: u32 = 3;
     let u16_at = |at: usize| Some(u16::from_le_bytes(head.get(at..at + 2)?.try_into().ok()?));
     let u64_at = |at: usize| Some(u64::from_le_bytes(head.get(at..at + 8)?.try_into().ok()?));
+    // ELF, 64-bit, little-endian.
     if head.get(..6)? != b"\x7fELF\x02\x01" {
         return None;
     }
     let (phoff, phentsize, phnum) =
-        (u64_at(0x20)? as usize, usize::from(u16_at(0x36)?), usize::from(u16_at(0x38)?));
+        (u64_at(E_PHOFF)? as usize, usize::from(u16_at(E_PHENTSIZE)?), usize::from(u16_at(E_PHNUM)?));
     (0..phnum).find_map(|i| {
         let ph = phoff + i * phentsize;
-        const PT_INTERP: u32 = 3;
         if u32::from_le_bytes(head.get(ph..ph + 4)?.try_into().ok()?) != PT_INTERP {
             return None;
         }
-        let (offset, size) = (u64_at(ph + 8)? as usize, u64_at(ph + 32)? as usize);
+        let (offset, size) = (u64_at(ph + P_OFFSET)? as usize, u64_at(ph + P_FILESZ)? as usize);
         let path = head.get(offset..offset + size)?;
         Some(String::from_utf8_lossy(path.strip_suffix(b"\0").unwrap_or(path)).into_owned())
     })
@@ -461,7 +489,7 @@ pub fn check_shape(policy: &PolicyConfig, argv: &[String], env: &[(String, Strin
     };
     let nul = argv.iter().chain(env.iter().flat_map(|(k, v)| [k, v])).find(|s| s.contains('\0'));
     if let Some(s) = nul {
-        let shown: String = s.chars().take(40).collect::<String>().replace('\0', "\\0");
+        let shown: String = s.chars().take(SHOWN_CHARS).collect::<String>().replace('\0', "\\0");
         return Err(deny(ErrorKind::InvalidRequest, "limits.nul_byte", format!("NUL byte in {shown:?}")));
     }
     if command.len() > policy.max_command_bytes {
@@ -495,13 +523,20 @@ pub fn check_shape(policy: &PolicyConfig, argv: &[String], env: &[(String, Strin
     Ok(())
 }
 
-fn is_executable(p: &Path) -> bool {
-    p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
 /// A bare name is looked up in the sandbox's PATH; a path must be absolute.
 /// The result is canonical (symlinks resolved).
-pub fn resolve_executable(name: &str) -> Result<PathBuf, String> {
+pub fn resolve_executable(files: &dyn HostFiles, name: &str) -> Result<PathBuf, String> {
+    let is_executable = |p: &Path| files.stat(p).is_ok_and(|m| m.is_executable());
+    find_executable(name, &is_executable, &|p| files.canonicalize(p))
+}
+
+/// [`resolve_executable`], with the host's answers given: whether a path is
+/// an executable file, and where it leads.
+pub(crate) fn find_executable(
+    name: &str,
+    is_executable: &dyn Fn(&Path) -> bool,
+    canonicalize: &dyn Fn(&Path) -> std::io::Result<PathBuf>,
+) -> Result<PathBuf, String> {
     let found = if name.starts_with('/') {
         Some(PathBuf::from(name))
     } else if name.contains('/') {
@@ -510,7 +545,7 @@ pub fn resolve_executable(name: &str) -> Result<PathBuf, String> {
         SANDBOX_PATH.split(':').map(|d| Path::new(d).join(name)).find(|p| is_executable(p))
     };
     let path = found.ok_or_else(|| format!("{name}: not found in {SANDBOX_PATH}"))?;
-    let canonical = path.canonicalize().map_err(|e| format!("{}: {e}", path.display()))?;
+    let canonical = canonicalize(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     if !is_executable(&canonical) {
         return Err(format!("{} is not an executable file", canonical.display()));
     }
@@ -532,7 +567,7 @@ pub fn check_allowed(program: &Path, allowed: &[PathBuf]) -> Result<(), Denial> 
 /// The command a launcher (env, nice, timeout, ...) would run, and its arguments.
 pub(crate) fn through_launchers(argv: &[String]) -> (String, Vec<String>) {
     let mut argv: Vec<String> = argv.to_vec();
-    for _ in 0..8 {
+    for _ in 0..MAX_LAUNCHERS {
         let name = basename(&argv[0]).to_string();
         let args: &[String] = if name == "busybox" {
             &argv[1..]
@@ -589,38 +624,18 @@ pub(crate) fn through_launchers(argv: &[String]) -> (String, Vec<String>) {
     (first, argv[1..].to_vec())
 }
 
-/// Up to `max` bytes of `path`, if it is a regular file. Opened without
-/// blocking (a FIFO swapped in for a program would otherwise hold the
-/// decision, and the thread deciding, until someone writes to it) and read
-/// only once `fstat` says it is a regular file.
-pub fn read_regular(path: &Path, max: u64) -> Option<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::File::options()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .ok()?;
-    if !file.metadata().ok()?.is_file() {
-        return None;
-    }
-    let mut out = Vec::new();
-    file.take(max).read_to_end(&mut out).ok()?;
-    Some(out)
-}
-
 /// The interpreter named on a script's `#!` line (through `env`).
-fn shebang(path: &Path) -> Option<(PathBuf, String)> {
-    let head = read_regular(path, 256)?;
+fn shebang(files: &dyn HostFiles, path: &Path) -> Option<(PathBuf, String)> {
+    let head = files.read_head(path, SHEBANG_BYTES)?;
     let line = head.strip_prefix(b"#!")?;
     let line = String::from_utf8_lossy(line.split(|b| *b == b'\n').next()?).into_owned();
     let mut words = line.split_whitespace();
     let interp = words.next()?.to_string();
     if basename(&interp) == "env" {
         let next = words.find(|w| !w.starts_with('-'))?.to_string();
-        return resolve_executable(&next).ok().map(|p| (p, next));
+        return resolve_executable(files, &next).ok().map(|p| (p, next));
     }
-    Some((PathBuf::from(&interp).canonicalize().unwrap_or_else(|_| PathBuf::from(&interp)), interp))
+    Some((files.canonicalize(Path::new(&interp)).unwrap_or_else(|_| PathBuf::from(&interp)), interp))
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -764,6 +779,7 @@ fn inline_code(f: Family, args: &[String], stdin_given: bool) -> Option<String> 
 /// The interpreter deny-list, and with interpreters allowed, inline code.
 pub fn check_interpreters(
     rules: &Rules,
+    files: &dyn HostFiles,
     program: &Path,
     argv: &[String],
     stdin_given: bool,
@@ -775,7 +791,7 @@ pub fn check_interpreters(
     let effective = if command == argv[0] {
         program.to_path_buf()
     } else {
-        resolve_executable(&command).unwrap_or_else(|_| PathBuf::from(&command))
+        resolve_executable(files, &command).unwrap_or_else(|_| PathBuf::from(&command))
     };
     if basename(&command) == "git" || effective.file_name().is_some_and(|n| n == "git") {
         if let Some(setting) = git_runs_command(&args) {
@@ -786,10 +802,10 @@ pub fn check_interpreters(
             );
         }
     }
-    let (interpreter, args) = match rules.interpreter(&effective, &command) {
+    let (interpreter, args) = match rules.interpreter(files, &effective, &command) {
         Some(name) => (Some(name), args),
-        None => match shebang(&effective) {
-            Some((path, name)) => (rules.interpreter(&path, &name), args),
+        None => match shebang(files, &effective) {
+            Some((path, name)) => (rules.interpreter(files, &path, &name), args),
             None => (None, args),
         },
     };
@@ -909,6 +925,7 @@ fn path_candidates(arg: &str) -> Vec<&str> {
 /// lead into something that exists on the host, which the sandbox cannot see.
 pub fn check_scope(
     rules: &Rules,
+    files: &dyn HostFiles,
     argv: &[String],
     cwd: &Path,
     home: Option<&Path>,
@@ -925,10 +942,7 @@ pub fn check_scope(
             arg.strip_prefix('-').filter(|a| !a.starts_with('-')).and_then(|a| a.get(1..)),
         ];
         for name in bare.into_iter().flatten() {
-            if !name.is_empty()
-                && !candidates.contains(&name)
-                && std::fs::symlink_metadata(cwd.join(name)).is_ok()
-            {
+            if !name.is_empty() && !candidates.contains(&name) && files.lstat(&cwd.join(name)).is_ok() {
                 candidates.push(name);
             }
         }
@@ -948,7 +962,7 @@ pub fn check_scope(
             let in_private = || {
                 private.iter().any(|r| match resolved.strip_prefix(r).map(|rest| rest.components().next()) {
                     Ok(None) => true,
-                    Ok(Some(c)) => std::fs::symlink_metadata(r.join(c)).is_err(),
+                    Ok(Some(c)) => files.lstat(&r.join(c)).is_err(),
                     Err(_) => false,
                 })
             };
@@ -988,6 +1002,7 @@ pub fn check_patterns(rules: &Rules, argv: &[String]) -> Result<(), Denial> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::fake::{FakeFiles, elf_with_interpreter};
 
     fn args(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
@@ -998,6 +1013,7 @@ mod tests {
     #[test]
     fn interpreters_are_recognised_by_name() {
         let rules = Rules::new(&PolicyConfig::default());
+        let files = FakeFiles::new(None);
         for name in [
             "sh",
             "bash",
@@ -1036,11 +1052,11 @@ mod tests {
             "guile3.0",
         ] {
             let path = PathBuf::from(format!("/nonexistent/{name}"));
-            assert_eq!(rules.interpreter(&path, name).as_deref(), Some(name), "{name}");
+            assert_eq!(rules.interpreter(&files, &path, name).as_deref(), Some(name), "{name}");
         }
         for name in ["ls", "cat", "grep", "git", "cargo", "make", "gcc", "rustc", "shellcheck", "nodemon-x"] {
             let path = PathBuf::from(format!("/nonexistent/{name}"));
-            assert_eq!(rules.interpreter(&path, name), None, "{name}");
+            assert_eq!(rules.interpreter(&files, &path, name), None, "{name}");
         }
     }
 
@@ -1048,14 +1064,16 @@ mod tests {
     #[test]
     fn loaders_script_and_git_commands_are_interpreters() {
         let rules = Rules::new(&PolicyConfig::default());
+        let files = FakeFiles::new(None);
         for name in
             ["ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1", "ld.so", "ld64.so.2", "ld-musl-x86_64.so.1"]
         {
             let path = PathBuf::from(format!("/nonexistent/{name}"));
-            assert_eq!(rules.interpreter(&path, name).as_deref(), Some(name), "{name}");
+            assert_eq!(rules.interpreter(&files, &path, name).as_deref(), Some(name), "{name}");
             assert!(family(name) == Family::Loader, "{name}");
         }
-        assert_eq!(rules.interpreter(Path::new("/nonexistent/script"), "script").as_deref(), Some("script"));
+        let script = rules.interpreter(&files, Path::new("/nonexistent/script"), "script");
+        assert_eq!(script.as_deref(), Some("script"));
         assert!(inline_code(Family::Script, &args(&["-q", "-c", "id", "log"]), false).is_some());
         assert!(inline_code(Family::Script, &args(&["log"]), true).is_some());
         assert_eq!(inline_code(Family::Script, &args(&["-q", "-O", "x", "log"]), false), None);
@@ -1077,11 +1095,29 @@ mod tests {
         {
             assert_eq!(git_runs_command(&args(&cmd.split(' ').collect::<Vec<_>>())), None, "git {cmd}");
         }
-        // The host's loader, by inode: the PT_INTERP of its shell.
-        if let Some(loader) = loaders().first() {
-            let name = loader.file_name().unwrap().to_string_lossy();
-            assert!(rules.interpreter(loader, &name).is_some(), "{}", loader.display());
+    }
+
+    /// The host's loader is the `PT_INTERP` of its shell, found under any
+    /// name: by inode (a link to it) and by content (a renamed copy).
+    #[test]
+    fn the_hosts_loader_is_an_interpreter_under_any_name() {
+        const LOADER: &str = "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2";
+        let loader_bytes = b"\x7fELF the loader itself".as_slice();
+        let files = FakeFiles::new(None)
+            .executable("/usr/bin/sh", &elf_with_interpreter("/lib64/ld-linux-x86-64.so.2"))
+            .symlink("/bin/sh", "/usr/bin/sh")
+            .executable(LOADER, loader_bytes)
+            .symlink("/lib64/ld-linux-x86-64.so.2", LOADER)
+            .hard_link("/srv/linked", LOADER)
+            .executable("/srv/copied", loader_bytes)
+            .executable("/srv/other", b"\x7fELF something else!!");
+        assert_eq!(loaders(&files), vec![PathBuf::from(LOADER)]);
+        let rules = Rules::new(&PolicyConfig::default()).with_installed(&files);
+        for path in ["/srv/linked", "/srv/copied"] {
+            let found = rules.interpreter(&files, Path::new(path), "innocent");
+            assert_eq!(found.as_deref(), Some("ld-linux-x86-64.so.2"), "{path}");
         }
+        assert_eq!(rules.interpreter(&files, Path::new("/srv/other"), "innocent"), None);
     }
 
     /// The review's list of common credentials, each refused in a home
@@ -1119,11 +1155,9 @@ mod tests {
 
     #[test]
     fn the_loader_of_an_elf_file_is_read_from_its_program_headers() {
-        let head = read_regular(Path::new("/bin/sh"), 4096).unwrap();
-        let interp = elf_interpreter(&head);
-        if head.starts_with(b"\x7fELF\x02\x01") && cfg!(target_arch = "x86_64") {
-            assert!(interp.as_deref().is_some_and(|i| i.contains("ld-")), "{interp:?}");
-        }
+        let head = elf_with_interpreter("/lib/ld-musl-x86_64.so.1");
+        assert_eq!(elf_interpreter(&head).as_deref(), Some("/lib/ld-musl-x86_64.so.1"));
+        assert_eq!(elf_interpreter(&head[..head.len() - 4]), None, "cut short");
         assert_eq!(elf_interpreter(b"#!/bin/sh\n"), None);
     }
 

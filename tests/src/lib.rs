@@ -202,6 +202,7 @@ impl Jail {
             temp_workspace: None,
             write_bound: None,
             etc_view: None,
+            layout: palisade_broker::host::layout(),
         };
         Jail { spec, timeout: Duration::from_secs(60), stdin: None, dir }
     }

@@ -1,8 +1,10 @@
-//! The validation pipeline, step by step: tables of requests and the decision
-//! each must get, adversarial ones included, and a property test that no
-//! generated path outside the allowed roots is ever accepted.
+//! The validation pipeline on this host, as the broker gathers it, step by
+//! step: tables of requests and the decision each must get, adversarial ones
+//! included, and a property test that no generated path outside the allowed
+//! roots is ever accepted.
 
-use palisade_policy::{Config, Context, Decision, HostCapabilities, Policy};
+use palisade_broker::host;
+use palisade_policy::{Config, Context, Decision, Host, HostCapabilities, Policy};
 use palisade_protocol::wire::{ErrorKind, ParamValue, RunRequest};
 use palisade_protocol::{Mount, Tier};
 use proptest::prelude::*;
@@ -61,13 +63,19 @@ impl Drop for Fixture {
     }
 }
 
-fn context(user_namespaces: bool, landlock_abi: u32) -> Context {
-    Context {
-        host: HostCapabilities {
-            user_namespaces,
-            landlock_abi,
-            cgroup: Err("no delegated cgroup v2 root (test)".into()),
-        },
+/// The host a decision is made on, and who asks.
+struct On {
+    host: Host,
+    ctx: Context,
+}
+
+fn context(user_namespaces: bool, landlock_abi: u32) -> On {
+    let host = host::gather(&HostCapabilities {
+        user_namespaces,
+        landlock_abi,
+        cgroup: Err("no delegated cgroup v2 root (test)".into()),
+    });
+    let ctx = Context {
         parent_pid: 1,
         uid: 1000,
         gid: 1000,
@@ -76,16 +84,21 @@ fn context(user_namespaces: bool, landlock_abi: u32) -> Context {
         instance: "1-1".into(),
         etc_view: None,
         run: 7,
-    }
+    };
+    On { host, ctx }
 }
 
 fn policy(toml: &str) -> Policy {
-    Policy::new(Config::parse(toml, Path::new("test.toml")).unwrap())
+    Policy::new(Config::parse(toml, Path::new("test.toml")).unwrap(), &context(true, 7).host)
+}
+
+fn decide(p: &Policy, on: &On, req: &RunRequest) -> Decision {
+    p.decide(&on.host, &on.ctx, req)
 }
 
 /// `Ok(())` for allow, `Err((kind, rule))` otherwise.
-fn verdict(p: &Policy, ctx: &Context, req: &RunRequest) -> Result<(), (ErrorKind, String)> {
-    match p.decide(ctx, req) {
+fn verdict(p: &Policy, ctx: &On, req: &RunRequest) -> Result<(), (ErrorKind, String)> {
+    match decide(p, ctx, req) {
         Decision::Allow(_) => Ok(()),
         Decision::Deny(d) => Err((d.kind, d.rule.to_string())),
         Decision::NeedsApproval { .. } => Err((ErrorKind::NeedsApproval, "fallback.request_approval".into())),
@@ -323,7 +336,7 @@ fn workspace_scope_and_sensitive_paths() {
 fn sensitive_entries_in_a_granted_directory_are_hidden_in_tier_c_and_refused_in_tier_b() {
     let f = Fixture::new("mask");
     let p = policy("");
-    let Decision::Allow(r) = p.decide(&context(true, 7), &f.request(&["ls"])) else { panic!() };
+    let Decision::Allow(r) = decide(&p, &context(true, 7), &f.request(&["ls"])) else { panic!() };
     let hidden = f.ws().join(".ssh").to_string_lossy().into_owned();
     assert!(
         r.plan.mounts.iter().any(|m| matches!(m, Mount::Tmpfs { target, mode: 0, .. } if *target == hidden)),
@@ -370,8 +383,8 @@ fn a_grant_cannot_open_a_sensitive_path_and_homes_inside_a_grant_are_masked() {
     // entries are masked, however deep the home is.
     let mut above = req.clone();
     above.cwd = Some(f.root.to_string_lossy().into_owned());
-    let Decision::Allow(r) = p.decide(&context(true, 7), &above) else {
-        panic!("{:?}", p.decide(&context(true, 7), &above))
+    let Decision::Allow(r) = decide(&p, &context(true, 7), &above) else {
+        panic!("{:?}", decide(&p, &context(true, 7), &above))
     };
     for hidden in ["home/.ssh", "home/.aws"] {
         assert!(
@@ -448,15 +461,15 @@ fn egress_preflight_and_strict() {
     );
 
     // preflight keeps the host network; strict takes it away (a namespace).
-    let Decision::Allow(pre) = p.decide(&context(true, 7), &f.request(&["ls"])) else { panic!() };
+    let Decision::Allow(pre) = decide(&p, &context(true, 7), &f.request(&["ls"])) else { panic!() };
     assert!(!pre.plan.namespaces.net);
     let strict = policy(&format!("{allow}egress = \"strict\"\n"));
-    let Decision::Allow(st) = strict.decide(&context(true, 7), &f.request(&["ls"])) else { panic!() };
+    let Decision::Allow(st) = decide(&strict, &context(true, 7), &f.request(&["ls"])) else { panic!() };
     assert!(st.plan.namespaces.net && st.plan.loopback);
     // strict where no network namespace can be made: refused, with the reason.
     let strict_b =
         policy(&format!("[policy]\nfallback = \"warn_and_execute\"\n{allow}egress = \"strict\"\n"));
-    match strict_b.decide(&context(false, 7), &f.request(&["ls"])) {
+    match decide(&strict_b, &context(false, 7), &f.request(&["ls"])) {
         Decision::Deny(d) => {
             assert_eq!((d.kind, d.rule), (ErrorKind::Unavailable, "egress.strict_unavailable"));
             assert!(d.reason.contains("network namespace"), "{}", d.reason);
@@ -469,7 +482,7 @@ fn egress_preflight_and_strict() {
 fn fallback_policy_where_tier_c_is_unavailable() {
     let f = Fixture::new("fallback");
     let req = f.request(&["ls"]);
-    match policy("").decide(&context(false, 7), &req) {
+    match decide(&policy(""), &context(false, 7), &req) {
         Decision::Deny(d) => assert_eq!((d.kind, d.rule), (ErrorKind::Unavailable, "fallback.deny")),
         other => panic!("{other:?}"),
     }
@@ -478,7 +491,7 @@ fn fallback_policy_where_tier_c_is_unavailable() {
     req_b.cwd = Some(f.p("ws/src"));
     // Approval is asked for a run the pipeline allows, and carries that run (Tier B).
     let ask = policy("[policy]\nfallback = \"request_approval\"\n");
-    match ask.decide(&context(false, 7), &req_b) {
+    match decide(&ask, &context(false, 7), &req_b) {
         Decision::NeedsApproval { reason, resolved } => {
             assert!(reason.contains("Tier B"), "{reason}");
             assert_eq!(resolved.plan.tier(), Tier::B);
@@ -489,11 +502,11 @@ fn fallback_policy_where_tier_c_is_unavailable() {
     let mut shell = req_b.clone();
     shell.argv = v(&["sh", "-c", "id"]);
     assert!(
-        matches!(ask.decide(&context(false, 7), &shell), Decision::Deny(d) if d.kind == ErrorKind::PolicyDenied)
+        matches!(decide(&ask, &context(false, 7), &shell), Decision::Deny(d) if d.kind == ErrorKind::PolicyDenied)
     );
     assert_eq!(verdict(&ask, &context(false, 7), &req), Err((SCOPE, "scope.sensitive_path".into())));
     let warn = policy("[policy]\nfallback = \"warn_and_execute\"\n");
-    match warn.decide(&context(false, 7), &req_b) {
+    match decide(&warn, &context(false, 7), &req_b) {
         Decision::Allow(r) => {
             assert_eq!(r.plan.tier(), Tier::B);
             assert!(r.plan.mounts.is_empty() && r.plan.namespaces.names().is_empty());
@@ -504,7 +517,7 @@ fn fallback_policy_where_tier_c_is_unavailable() {
     }
     // Tier C with user namespaces: the fallback does not apply.
     assert!(
-        matches!(policy("").decide(&context(true, 7), &req), Decision::Allow(r) if r.plan.tier() == Tier::C)
+        matches!(decide(&policy(""), &context(true, 7), &req), Decision::Allow(r) if r.plan.tier() == Tier::C)
     );
 }
 
@@ -512,14 +525,14 @@ fn fallback_policy_where_tier_c_is_unavailable() {
 fn required_landlock_features_the_kernel_lacks_are_refused_before_spawning() {
     let f = Fixture::new("landlock");
     let p = policy("[policy]\nrequire_landlock = [\"fs\", \"net.tcp\"]\n");
-    match p.decide(&context(true, 2), &f.request(&["ls"])) {
+    match decide(&p, &context(true, 2), &f.request(&["ls"])) {
         Decision::Deny(d) => {
             assert_eq!((d.kind, d.rule), (ErrorKind::Unavailable, "landlock.unsupported"));
             assert!(d.reason.contains("net.tcp") && d.reason.contains("ABI 2"), "{}", d.reason);
         }
         other => panic!("{other:?}"),
     }
-    assert!(matches!(p.decide(&context(true, 4), &f.request(&["ls"])), Decision::Allow(_)));
+    assert!(matches!(decide(&p, &context(true, 4), &f.request(&["ls"])), Decision::Allow(_)));
 }
 
 #[test]
@@ -528,7 +541,7 @@ fn cgroup_limits_are_planned_when_there_is_a_root_and_required_ones_refused_when
     let p = policy(
         "[policy]\nrequire_cgroup = true\n[defaults]\nmax_memory_mb = 64\nmax_processes = 32\nmax_cpu_percent = 25\n",
     );
-    match p.decide(&context(true, 7), &f.request(&["ls"])) {
+    match decide(&p, &context(true, 7), &f.request(&["ls"])) {
         Decision::Deny(d) => {
             assert_eq!((d.kind, d.rule), (ErrorKind::Unavailable, "cgroup.unavailable"));
             assert!(d.reason.contains("no delegated cgroup v2 root (test)"), "{}", d.reason);
@@ -536,9 +549,9 @@ fn cgroup_limits_are_planned_when_there_is_a_root_and_required_ones_refused_when
         other => panic!("{other:?}"),
     }
     let mut ctx = context(true, 7);
-    ctx.host.cgroup =
+    ctx.host.capabilities.cgroup =
         Ok(palisade_policy::CgroupRoot { path: PathBuf::from("/sys/fs/cgroup/palisade"), v1: false });
-    let Decision::Allow(r) = p.decide(&ctx, &f.request(&["ls"])) else { panic!() };
+    let Decision::Allow(r) = decide(&p, &ctx, &f.request(&["ls"])) else { panic!() };
     let c = r.cgroup.as_ref().unwrap();
     assert_eq!(
         (c.name.as_str(), c.memory_bytes, c.processes, c.cpu_percent),
@@ -550,7 +563,7 @@ fn cgroup_limits_are_planned_when_there_is_a_root_and_required_ones_refused_when
     assert_eq!(r.plan.rlimits.processes.hard, 64);
     // Without a root and without the requirement: rlimits alone, and the plan says so.
     let q = policy("[defaults]\nmax_memory_mb = 64\n");
-    let Decision::Allow(r) = q.decide(&context(true, 7), &f.request(&["ls"])) else { panic!() };
+    let Decision::Allow(r) = decide(&q, &context(true, 7), &f.request(&["ls"])) else { panic!() };
     assert!(r.cgroup.is_none() && r.plan.cgroup.is_none());
     assert_eq!(r.plan.rlimits.address_space.hard, 64 << 20);
 }
@@ -606,7 +619,7 @@ fn tools_resolve_presets_overrides_and_parameter_bindings() {
         &["cp", &f.p("ws/input.png"), &f.p("data")],
         &[("input", one(f.p("ws/input.png"))), ("out", one(f.p("data")))],
     );
-    let Decision::Allow(r) = p.decide(&ctx, &req) else { panic!("{:?}", p.decide(&ctx, &req)) };
+    let Decision::Allow(r) = decide(&p, &ctx, &req) else { panic!("{:?}", decide(&p, &ctx, &req)) };
     // The preset's temporary workspace, the bound paths, the overrides.
     assert!(r.plan.mounts.iter().any(|m| matches!(m, Mount::Tmpfs { target, .. } if target == "/workspace")));
     assert!(
@@ -627,7 +640,7 @@ fn tools_resolve_presets_overrides_and_parameter_bindings() {
     // each_element binds every path of a list; single refuses a list.
     let many = ParamValue::Many(vec![f.p("ws/src"), f.p("ws/input.png")]);
     let req = tool_request(&f, "convert", &["cp", "a", "b"], &[("extra", many.clone())]);
-    let Decision::Allow(r) = p.decide(&ctx, &req) else { panic!() };
+    let Decision::Allow(r) = decide(&p, &ctx, &req) else { panic!() };
     assert!(r.plan.mounts.iter().any(|m| m.target() == f.p("ws/src")));
     let wrong = tool_request(&f, "convert", &["cp", "a", "b"], &[("input", many)]);
     assert_eq!(verdict(&p, &ctx, &wrong), Err((INVALID, "tools.parameter_validation".into())));
@@ -667,7 +680,7 @@ fn tools_resolve_presets_overrides_and_parameter_bindings() {
     }
 
     // code_analyzer: the workspace read-only, no temp workspace, no network.
-    let Decision::Allow(r) = p.decide(&ctx, &tool_request(&f, "scan", &["grep", "-r", "x", "src"], &[]))
+    let Decision::Allow(r) = decide(&p, &ctx, &tool_request(&f, "scan", &["grep", "-r", "x", "src"], &[]))
     else {
         panic!()
     };
@@ -678,11 +691,11 @@ fn tools_resolve_presets_overrides_and_parameter_bindings() {
     assert_eq!((r.timeout.as_secs(), r.capabilities.process.max_memory_mb), (900, 2048));
     // data_transformer: ${PROJECT_ROOT}/data read-only (the workspace is the project root).
     std::fs::create_dir_all(f.ws().join("data")).unwrap();
-    let Decision::Allow(r) = p.decide(&ctx, &tool_request(&f, "transform", &["ls"], &[])) else { panic!() };
+    let Decision::Allow(r) = decide(&p, &ctx, &tool_request(&f, "transform", &["ls"], &[])) else { panic!() };
     assert!(r.plan.mounts.iter().any(|m| m.target() == f.ws().join("data").to_string_lossy()));
     // web_scraper: the host network.
     let Decision::Allow(r) =
-        p.decide(&ctx, &tool_request(&f, "fetch", &["curl", "https://any.example/"], &[]))
+        decide(&p, &ctx, &tool_request(&f, "fetch", &["curl", "https://any.example/"], &[]))
     else {
         panic!()
     };
@@ -790,7 +803,7 @@ proptest! {
             env,
             ..Default::default()
         };
-        let allowed = POLICY.with(|p| matches!(p.decide(&context(true, 7), &req), Decision::Allow(_)));
+        let allowed = POLICY.with(|p| matches!(decide(p, &context(true, 7), &req), Decision::Allow(_)));
         // A bare name that does not exist is not a path (cat gets a word).
         let is_path = path.contains('/') || path.starts_with('.') || path.starts_with('~') || ws.join(&path).exists();
         if allowed && is_path {

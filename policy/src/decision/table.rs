@@ -1,0 +1,650 @@
+//! Decisions as a table: a request, a configuration and a host in, the
+//! decision out. No root, no user namespaces, no installed binary: the host
+//! is in memory ([`FakeFiles`]), but for the request's own directories, made
+//! in a temporary directory (the paths a request names are canonicalized on
+//! the real filesystem, the one read of it the policy makes).
+
+use super::{Context, Decision, Policy, Resolved};
+use crate::config::Config;
+use crate::host::fake::{FakeFiles, elf_with_interpreter};
+use crate::host::{CgroupRoot, Host, HostCapabilities};
+use crate::jail::Layout;
+use palisade_protocol::wire::{ErrorKind, ParamValue, RunRequest};
+use palisade_protocol::{HostIds, Mount, Tier};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const LOADER: &str = "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2";
+/// The bytes of the fake host's bash (and of a renamed copy of it).
+const BASH: &[u8] = b"\x7fELF\x02\x01\x01 bash, as far as this test knows";
+
+/// The request's side: a workspace with a key directory inside and a
+/// symlink out, a secret outside, a home with keys.
+struct Fixture {
+    root: PathBuf,
+}
+
+impl Fixture {
+    fn new(tag: &str) -> Fixture {
+        let base = std::env::temp_dir().canonicalize().unwrap();
+        let root = base.join(format!("palisade-decision-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for d in ["ws/src", "ws/.ssh", "outside", "home/.ssh"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::write(root.join("ws/src/main.rs"), "fn main() {}").unwrap();
+        std::fs::write(root.join("outside/secret"), "s").unwrap();
+        std::fs::write(root.join("home/.ssh/id_ed25519"), "key").unwrap();
+        std::os::unix::fs::symlink(root.join("outside"), root.join("ws/link-out")).unwrap();
+        // A real file that may be executed, outside every directory a sandbox sees.
+        let tool = root.join("outside/tool");
+        std::fs::write(&tool, "").unwrap();
+        std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        Fixture { root }
+    }
+
+    fn p(&self, rel: &str) -> String {
+        self.root.join(rel).to_string_lossy().into_owned()
+    }
+
+    /// A request run in the workspace, with `HOME` the fixture's home.
+    fn request(&self, argv: &[&str]) -> RunRequest {
+        self.request_in("ws", argv)
+    }
+
+    fn request_in(&self, cwd: &str, argv: &[&str]) -> RunRequest {
+        RunRequest {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            cwd: Some(self.p(cwd)),
+            env: [("HOME".to_string(), self.p("home")), ("LANG".to_string(), "C.UTF-8".to_string())]
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// A merged-/usr host with a few programs, shells among them.
+    fn host(&self, on: On) -> Host {
+        let elf = elf_with_interpreter("/lib64/ld-linux-x86-64.so.2");
+        let mut files = FakeFiles::new(Some(&self.root))
+            .executable(LOADER, b"\x7fELF\x02\x01\x01 the loader")
+            .symlink("/lib64/ld-linux-x86-64.so.2", LOADER)
+            .executable("/usr/bin/bash", BASH)
+            .executable("/usr/bin/sh", &elf)
+            .symlink("/bin/sh", "/usr/bin/sh")
+            .executable("/usr/bin/python3", b"\x7fELF\x02\x01\x01 python")
+            .executable("/usr/local/bin/innocent", BASH)
+            .executable("/usr/bin/build", b"#!/bin/sh\nmake\n")
+            .file("/usr/bin/readme", 0o644, b"not a program")
+            .denied("/srv/private");
+        // Each program its own bytes: a copy of a shell is a shell.
+        for name in ["ls", "cat", "cp", "curl", "git", "env", "grep"] {
+            files = files.executable(&format!("/usr/bin/{name}"), &[&elf[..], name.as_bytes()].concat());
+        }
+        let usr = |d: &str| PathBuf::from(format!("/usr/{d}"));
+        let mut capabilities =
+            HostCapabilities { user_namespaces: true, landlock_abi: 6, cgroup: Err("none (test)".into()) };
+        match on {
+            On::TierC | On::RootFor(_) => {}
+            On::NoUserNamespaces => capabilities.user_namespaces = false,
+            On::Cgroup => {
+                let path = PathBuf::from("/sys/fs/cgroup/palisade");
+                capabilities.cgroup = Ok(CgroupRoot { path, v1: false });
+            }
+            On::LandlockAbi(abi) => capabilities.landlock_abi = abi,
+        }
+        Host {
+            capabilities,
+            homes: vec![self.root.join("home")],
+            layout: Layout {
+                links: ["bin", "sbin", "lib", "lib64"].map(|d| (format!("/{d}"), format!("usr/{d}"))).into(),
+                real: vec!["/usr".into()],
+                canonical: vec![PathBuf::from("/usr"), usr("bin"), usr("sbin"), usr("lib"), usr("lib64")],
+                etc: ["/etc/passwd", "/etc/group", "/etc/hosts"].map(String::from).into(),
+                devices: ["/dev/null", "/dev/zero", "/dev/urandom"].map(String::from).into(),
+            },
+            files: Arc::new(files),
+        }
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// What the host and the broker are.
+#[derive(Debug, Clone, Copy)]
+enum On {
+    /// User namespaces, Landlock ABI 6, no cgroup for runs.
+    TierC,
+    NoUserNamespaces,
+    /// Tier C with a cgroup v2 subtree for runs.
+    Cgroup,
+    LandlockAbi(u32),
+    /// Tier C, the broker running as root for requester uid N.
+    RootFor(u32),
+}
+
+fn context(on: On) -> Context {
+    let (uid, requester) = match on {
+        On::RootFor(requester) => (0, requester),
+        _ => (1000, 1000),
+    };
+    Context {
+        parent_pid: 1,
+        uid,
+        gid: uid,
+        requester: HostIds { uid: requester, gid: requester },
+        temp_root: PathBuf::from("/run/palisade-test"),
+        instance: "1-1".into(),
+        run: 7,
+        etc_view: None,
+    }
+}
+
+/// The decision a row must get.
+enum Want {
+    Allow(fn(&Resolved, &Fixture)),
+    /// Allowed once a person approves: the run it would be.
+    Approval(fn(&Resolved, &Fixture)),
+    Deny(ErrorKind, &'static str),
+}
+
+struct Row {
+    what: &'static str,
+    config: String,
+    on: On,
+    request: Box<dyn Fn(&Fixture) -> RunRequest>,
+    want: Want,
+}
+
+fn row(
+    what: &'static str,
+    config: &str,
+    on: On,
+    request: impl Fn(&Fixture) -> RunRequest + 'static,
+    want: Want,
+) -> Row {
+    Row { what, config: config.to_string(), on, request: Box::new(request), want }
+}
+
+/// A request run in the workspace.
+fn args(argv: &'static [&'static str]) -> impl Fn(&Fixture) -> RunRequest + 'static {
+    move |f: &Fixture| f.request(argv)
+}
+
+/// A request for tool `name`, its parameters' paths relative to the fixture.
+fn tool(
+    name: &'static str,
+    argv: &'static [&'static str],
+    params: &'static [(&'static str, &'static str)],
+) -> impl Fn(&Fixture) -> RunRequest {
+    move |f: &Fixture| {
+        let mut r = f.request(argv);
+        r.tool = Some(name.into());
+        let value = |v: &str| ParamValue::One(if v.starts_with('/') { v.into() } else { f.p(v) });
+        r.params = params.iter().map(|(k, v)| (k.to_string(), value(v))).collect();
+        r
+    }
+}
+
+const SCOPE: ErrorKind = ErrorKind::WorkspaceScopeDenied;
+const DENY: ErrorKind = ErrorKind::PolicyDenied;
+const INVALID: ErrorKind = ErrorKind::InvalidRequest;
+const CAP: ErrorKind = ErrorKind::CapabilityDenied;
+const UNAVAILABLE: ErrorKind = ErrorKind::Unavailable;
+
+const ALLOW_INTERPRETERS: &str = "[defaults]\nallow_interpreters = true\n";
+const ALLOW_INLINE: &str = "[defaults]\nallow_interpreters = true\nallow_inline_code = true\n";
+const WARN: &str = "[policy]\nfallback = \"warn_and_execute\"\n";
+const ASK: &str = "[policy]\nfallback = \"request_approval\"\n";
+const GITHUB: &str = "[defaults]\nnetwork = { allow_domains = [\"github.com\"] }\n";
+const TOOLS: &str = r#"
+[tools.convert]
+preset = "file_processor"
+[tools.convert.parameters.input]
+capability = "filesystem.read_only"
+validation = "is_file"
+mapping = "single"
+
+[tools.scan]
+preset = "code_analyzer"
+
+[tools.peek]
+[tools.peek.overrides]
+filesystem = [{ read_only = "${WORKSPACE}/.ssh" }]
+
+[tools.out]
+[tools.out.overrides]
+filesystem = [{ read_write = "${WORKSPACE}/missing" }]
+"#;
+
+fn rows() -> Vec<Row> {
+    [
+        allowed(),
+        allowed_elsewhere(),
+        refused_for_the_request(),
+        refused_for_the_program(),
+        refused_for_paths_and_hosts(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// Allowed in Tier C, with the plan's key fields.
+fn allowed() -> Vec<Row> {
+    use On::*;
+    use Want::*;
+    vec![
+        row(
+            "Tier C: the workspace an overlay, its .ssh hidden, no network",
+            "",
+            TierC,
+            args(&["ls", "src"]),
+            Allow(|r, f| {
+                let p = &r.plan;
+                assert_eq!(
+                    (p.tier(), p.program.as_str(), p.cwd.as_str()),
+                    (Tier::C, "/usr/bin/ls", f.p("ws").as_str())
+                );
+                assert_eq!(r.writable, vec![PathBuf::from(f.p("ws"))]);
+                assert!(
+                    p.mounts
+                        .iter()
+                        .any(|m| matches!(m, Mount::Overlay { target, .. } if *target == f.p("ws")))
+                );
+                assert!(
+                    p.mounts.iter().any(
+                        |m| matches!(m, Mount::Tmpfs { target, mode: 0, .. } if *target == f.p("ws/.ssh"))
+                    )
+                );
+                assert!(p.mounts.iter().any(
+                    |m| matches!(m, Mount::Symlink { target, link } if target == "/bin" && link == "usr/bin")
+                ));
+                assert!(p.namespaces.net && r.cgroup.is_none() && r.warnings.is_empty());
+                assert_eq!((r.timeout.as_secs(), p.rlimits.address_space.hard), (300, 512 << 20));
+                assert!(p.env.contains(&("HOME".into(), f.p("ws"))), "{:?}", p.env);
+            }),
+        ),
+        row(
+            "a tool's preset: its temporary workspace, no fork",
+            TOOLS,
+            TierC,
+            tool("convert", &["cp", "in", "out"], &[("input", "ws/src/main.rs")]),
+            Allow(|r, f| {
+                let p = &r.plan;
+                assert_eq!((p.cwd.as_str(), r.tool.as_deref()), ("/workspace", Some("convert")));
+                assert!(
+                    p.mounts
+                        .iter()
+                        .any(|m| matches!(m, Mount::Tmpfs { target, .. } if target == "/workspace"))
+                );
+                assert!(p.mounts.iter().any(|m| matches!(m, Mount::Bind { target, writable: false, .. } if *target == f.p("ws/src/main.rs"))));
+                assert!(r.writable.is_empty() && r.capabilities.process.no_fork);
+            }),
+        ),
+        row(
+            "a read-only preset: the workspace a read-only bind",
+            TOOLS,
+            TierC,
+            tool("scan", &["grep", "-r", "x", "src"], &[]),
+            Allow(|r, f| {
+                assert!(r.plan.mounts.iter().any(
+                    |m| matches!(m, Mount::Bind { target, writable: false, .. } if *target == f.p("ws"))
+                ));
+                assert_eq!((r.writable.len(), r.timeout.as_secs()), (0, 900));
+            }),
+        ),
+        row(
+            "preflight egress: a named host on the allow-list, the host network",
+            GITHUB,
+            TierC,
+            args(&["curl", "https://github.com/o/r"]),
+            Allow(|r, _| {
+                assert!(!r.plan.namespaces.net);
+                assert_eq!(r.egress, "preflight");
+                assert!(r.network.contains("preflight checked the hosts"), "{}", r.network);
+            }),
+        ),
+    ]
+}
+
+/// Allowed on other hosts and brokers, and with interpreters allowed.
+fn allowed_elsewhere() -> Vec<Row> {
+    use On::*;
+    use Want::*;
+    vec![
+        row(
+            "no user namespaces, warn_and_execute: Tier B with a warning",
+            WARN,
+            NoUserNamespaces,
+            |f: &Fixture| f.request_in("ws/src", &["ls"]),
+            Allow(|r, _| {
+                let p = &r.plan;
+                assert_eq!(p.tier(), Tier::B);
+                assert!(p.mounts.is_empty() && p.namespaces.names().is_empty() && !r.warnings.is_empty());
+                assert!(r.host_dirs.iter().all(|d| d.starts_with("/run/palisade-test/run-1-1-7")));
+                assert!(p.env.contains(&("TMPDIR".into(), "/run/palisade-test/run-1-1-7/tmp".into())));
+                assert!(
+                    p.landlock.write.contains(&"/dev/null".to_string()),
+                    "the host's devices: {:?}",
+                    p.landlock.write
+                );
+            }),
+        ),
+        row(
+            "a cgroup for runs: limits planned, rlimits a looser floor",
+            "",
+            Cgroup,
+            args(&["ls"]),
+            Allow(|r, _| {
+                let c = r.cgroup.as_ref().unwrap();
+                assert_eq!((c.name.as_str(), c.memory_bytes, c.processes), ("run-1-1-7", 512 << 20, 256));
+                assert_eq!(r.plan.cgroup.as_deref(), Some("/sys/fs/cgroup/palisade/run-1-1-7"));
+                assert_eq!(
+                    (r.plan.rlimits.address_space.hard, r.plan.rlimits.processes.hard),
+                    (4 * (512 << 20), 512)
+                );
+            }),
+        ),
+        row(
+            "a root broker: the requester's own block of host ids",
+            "",
+            RootFor(1000),
+            args(&["ls"]),
+            Allow(|r, _| {
+                let ids = HostIds { uid: 0x7000_0000 + 1000, gid: 0x7000_0000 + 1000 };
+                assert_eq!(
+                    (r.plan.host_ids, r.plan.acting_for),
+                    (Some(ids), Some(HostIds { uid: 1000, gid: 1000 }))
+                );
+            }),
+        ),
+        row(
+            "interpreters allowed: a script runs",
+            ALLOW_INTERPRETERS,
+            TierC,
+            args(&["sh", "build.sh"]),
+            Allow(|r, _| {
+                assert_eq!(r.plan.program, "/usr/bin/sh");
+            }),
+        ),
+    ]
+}
+
+/// Put to a person, or refused for what the request is or names.
+fn refused_for_the_request() -> Vec<Row> {
+    use On::*;
+    use Want::*;
+    vec![
+        // Needs approval.
+        row(
+            "no user namespaces, request_approval: the Tier B run, put to a person",
+            ASK,
+            NoUserNamespaces,
+            |f: &Fixture| f.request_in("ws/src", &["ls"]),
+            Approval(|r, _| {
+                assert_eq!(r.plan.tier(), Tier::B);
+            }),
+        ),
+        // Refused: the request's shape.
+        row(
+            "no cwd",
+            "",
+            TierC,
+            |f: &Fixture| RunRequest { cwd: None, ..f.request(&["ls"]) },
+            Deny(INVALID, "request.cwd"),
+        ),
+        row(
+            "a cwd that is a file",
+            "",
+            TierC,
+            |f: &Fixture| f.request_in("ws/src/main.rs", &["ls"]),
+            Deny(INVALID, "request.path"),
+        ),
+        row("an empty command", "", TierC, args(&[]), Deny(INVALID, "limits.empty_command")),
+        row("a NUL byte", "", TierC, args(&["ls", "a\0b"]), Deny(INVALID, "limits.nul_byte")),
+        // The tool and its parameters.
+        row("an unknown tool", TOOLS, TierC, tool("nope", &["ls"], &[]), Deny(INVALID, "tools.unknown")),
+        row(
+            "an undeclared parameter",
+            TOOLS,
+            TierC,
+            tool("convert", &["cp"], &[("other", "ws/src")]),
+            Deny(DENY, "tools.undeclared_parameter"),
+        ),
+        row(
+            "a parameter that is not the file it must be",
+            TOOLS,
+            TierC,
+            tool("convert", &["cp"], &[("input", "ws/src")]),
+            Deny(INVALID, "tools.parameter_validation"),
+        ),
+        row(
+            "a parameter the requester cannot reach",
+            TOOLS,
+            TierC,
+            tool("convert", &["cp"], &[("input", "/srv/private")]),
+            Deny(SCOPE, "scope.not_allowed"),
+        ),
+        row(
+            "a grant of a sensitive path through a template",
+            TOOLS,
+            TierC,
+            tool("peek", &["ls"], &[]),
+            Deny(SCOPE, "scope.sensitive_path"),
+        ),
+        row(
+            "a writable grant that does not exist",
+            TOOLS,
+            TierC,
+            tool("out", &["ls"], &[]),
+            Deny(INVALID, "filesystem.missing"),
+        ),
+    ]
+}
+
+/// Refused for the program: not found, not visible, an interpreter.
+fn refused_for_the_program() -> Vec<Row> {
+    use On::*;
+    use Want::*;
+    vec![
+        // The executable.
+        row("a program not found", "", TierC, args(&["no-such-program"]), Deny(INVALID, "command.not_found")),
+        row(
+            "a file that is not executable",
+            "",
+            TierC,
+            args(&["readme"]),
+            Deny(INVALID, "command.not_found"),
+        ),
+        row(
+            "a program outside what the sandbox may execute",
+            "",
+            TierC,
+            |f: &Fixture| f.request(&[&f.p("outside/tool")]),
+            Deny(DENY, "executables.not_visible"),
+        ),
+        // Interpreters.
+        row(
+            "a shell, interpreters not allowed",
+            "",
+            TierC,
+            args(&["sh", "-c", "id"]),
+            Deny(DENY, "interpreters.denied"),
+        ),
+        row(
+            "a script whose #! names a shell",
+            "",
+            TierC,
+            args(&["build"]),
+            Deny(DENY, "interpreters.denied"),
+        ),
+        row(
+            "a renamed copy of a shell (same bytes)",
+            "",
+            TierC,
+            args(&["innocent"]),
+            Deny(DENY, "interpreters.denied"),
+        ),
+        row(
+            "a shell through a launcher",
+            "",
+            TierC,
+            args(&["env", "-i", "bash"]),
+            Deny(DENY, "interpreters.denied"),
+        ),
+        row(
+            "inline code, interpreters allowed",
+            ALLOW_INTERPRETERS,
+            TierC,
+            args(&["python3", "-c", "print(1)"]),
+            Deny(DENY, "interpreters.inline_code"),
+        ),
+        row(
+            "git told to run a command",
+            ALLOW_INTERPRETERS,
+            TierC,
+            args(&["git", "-c", "alias.x=!id", "x"]),
+            Deny(DENY, "interpreters.inline_code"),
+        ),
+        row(
+            "the dynamic loader",
+            ALLOW_INTERPRETERS,
+            TierC,
+            args(&["/lib64/ld-linux-x86-64.so.2", "/usr/bin/ls"]),
+            Deny(DENY, "interpreters.loader"),
+        ),
+    ]
+}
+
+/// Refused for a path, a command line, a host, or what the host lacks.
+fn refused_for_paths_and_hosts() -> Vec<Row> {
+    use On::*;
+    use Want::*;
+    vec![
+        // The workspace scope and sensitive paths.
+        row(
+            "a path outside the roots",
+            "",
+            TierC,
+            |f: &Fixture| f.request(&["cat", &f.p("outside/secret")]),
+            Deny(SCOPE, "scope.outside_roots"),
+        ),
+        row(
+            "a symlink out of the workspace",
+            "",
+            TierC,
+            args(&["cat", "link-out/secret"]),
+            Deny(SCOPE, "scope.outside_roots"),
+        ),
+        row("~/.ssh", "", TierC, args(&["cat", "~/.ssh/id_ed25519"]), Deny(SCOPE, "scope.sensitive_path")),
+        row("/etc/shadow", "", TierC, args(&["cat", "/etc/shadow"]), Deny(SCOPE, "scope.sensitive_path")),
+        row(
+            "Tier B cannot hide the workspace's .ssh",
+            WARN,
+            NoUserNamespaces,
+            args(&["ls"]),
+            Deny(SCOPE, "scope.sensitive_path"),
+        ),
+        // Blocked patterns.
+        row(
+            "sudo inside inline code",
+            ALLOW_INLINE,
+            TierC,
+            args(&["sh", "-c", "echo x; sudo id"]),
+            Deny(DENY, "patterns.blocked"),
+        ),
+        // Egress.
+        row(
+            "a host not on the allow-list",
+            GITHUB,
+            TierC,
+            args(&["curl", "https://evil.example/"]),
+            Deny(CAP, "egress.host_not_allowed"),
+        ),
+        row(
+            "a proxy option of a known tool",
+            GITHUB,
+            TierC,
+            args(&["curl", "--proxy", "127.0.0.1:8080", "https://github.com/"]),
+            Deny(CAP, "egress.redirected"),
+        ),
+        row(
+            "strict egress without a network namespace",
+            &format!("{WARN}{GITHUB}egress = \"strict\"\n"),
+            NoUserNamespaces,
+            |f: &Fixture| f.request_in("ws/src", &["ls"]),
+            Deny(UNAVAILABLE, "egress.strict_unavailable"),
+        ),
+        // The host's mechanisms: fail closed.
+        row(
+            "no user namespaces, fallback deny",
+            "",
+            NoUserNamespaces,
+            args(&["ls"]),
+            Deny(UNAVAILABLE, "fallback.deny"),
+        ),
+        row(
+            "a Landlock feature the kernel lacks",
+            "[policy]\nrequire_landlock = [\"net.tcp\"]\n",
+            LandlockAbi(2),
+            args(&["ls"]),
+            Deny(UNAVAILABLE, "landlock.unsupported"),
+        ),
+        row(
+            "a cgroup required, none available",
+            "[policy]\nrequire_cgroup = true\n",
+            TierC,
+            args(&["ls"]),
+            Deny(UNAVAILABLE, "cgroup.unavailable"),
+        ),
+        row(
+            "a root broker, a requester beyond its sandbox ids",
+            "",
+            RootFor(70000),
+            args(&["ls"]),
+            Deny(ErrorKind::Unauthorized, "broker.sandbox_ids"),
+        ),
+    ]
+}
+
+#[test]
+fn decisions() {
+    let f = Fixture::new("table");
+    for row in rows() {
+        let config = Config::parse(&row.config, Path::new("table.toml")).unwrap();
+        let host = f.host(row.on);
+        let decision = Policy::new(config, &host).decide(&host, &context(row.on), &(row.request)(&f));
+        match (row.want, decision) {
+            (Want::Allow(check), Decision::Allow(r)) => check(&r, &f),
+            (Want::Approval(check), Decision::NeedsApproval { reason, resolved }) => {
+                assert!(reason.contains("Tier B"), "{}: {reason}", row.what);
+                check(&resolved, &f)
+            }
+            (Want::Deny(kind, rule), Decision::Deny(d)) => {
+                assert_eq!((d.kind, d.rule), (kind, rule), "{}: {}", row.what, d.reason)
+            }
+            (_, other) => panic!("{}: {other:?}", row.what),
+        }
+    }
+}
+
+/// An allow-list names the programs a profile may run: others are refused.
+#[test]
+fn the_executable_allow_list() {
+    let f = Fixture::new("allow-list");
+    let host = f.host(On::TierC);
+    let mut config = Config::default();
+    config.defaults.allowed_executables = vec![toml::Spanned::new(0..0, "ls".into())];
+    let policy = Policy::new(config, &host);
+    let decide = |argv: &[&str]| policy.decide(&host, &context(On::TierC), &f.request(argv));
+    assert!(matches!(decide(&["ls"]), Decision::Allow(_)));
+    match decide(&["cat", "src/main.rs"]) {
+        Decision::Deny(d) => assert_eq!((d.kind, d.rule), (DENY, "executables.not_allowed")),
+        other => panic!("{other:?}"),
+    }
+}
