@@ -54,11 +54,11 @@ pub struct Grants {
 
 /// The refusal of a run that needed approval and did not get it.
 pub fn not_approved(reason: &str, why: &str) -> ErrorReply {
-    ErrorReply {
-        kind: ErrorKind::NeedsApproval,
-        message: format!("{reason} Not approved: {why}."),
-        rule: Some("fallback.request_approval".into()),
-    }
+    ErrorReply::with_rule(
+        ErrorKind::NeedsApproval,
+        format!("{reason} Not approved: {why}."),
+        "fallback.request_approval",
+    )
 }
 
 /// Who is asking: the peer's credentials from SO_PEERCRED and its groups
@@ -164,7 +164,7 @@ impl Broker {
             Decision::Allow(r) => (r, None),
             Decision::NeedsApproval { reason, resolved } => (resolved, Some(reason)),
             Decision::Deny(d) => {
-                return Err(ErrorReply { kind: d.kind, message: d.reason, rule: Some(d.rule.into()) });
+                return Err(ErrorReply::with_rule(d.kind, d.reason, d.rule));
             }
         };
         // The run's own directories (Tier B), made by the broker for the sandbox's uid.
@@ -258,11 +258,11 @@ impl Broker {
             }
             let owner = nix::sys::stat::fstat(fd).map(|st| st.st_uid).unwrap_or(u32::MAX);
             if writable && peer.uid != self.context.uid && peer.uid != 0 && owner != peer.uid {
-                return Err(ErrorReply {
-                    kind: ErrorKind::WorkspaceScopeDenied,
-                    message: format!("{shown} is not owned by uid {} (the requesting peer)", peer.uid),
-                    rule: Some("scope.not_the_peers".into()),
-                });
+                return Err(ErrorReply::with_rule(
+                    ErrorKind::WorkspaceScopeDenied,
+                    format!("{shown} is not owned by uid {} (the requesting peer)", peer.uid),
+                    "scope.not_the_peers",
+                ));
             }
         }
         Ok(())
