@@ -2,9 +2,10 @@
 //! decide by policy, prepare the run's host directories, execute.
 
 use crate::cgroup::{CgroupLimits, Cgroups};
+use crate::error::BrokerError;
 use crate::etc_view::EtcView;
 use crate::requester::{self, Acting, Requester};
-use crate::run::{Engine, Run, Sink};
+use crate::run::{Engine, Planned, Sink};
 use crate::spawner::Spawner;
 use crate::{host, paths};
 use palisade_policy::{Config, Context, Decision, Policy, Resolved};
@@ -185,10 +186,10 @@ impl Broker {
         request: &RunRequest,
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
-    ) -> Result<RunResult, ErrorReply> {
+    ) -> Result<RunResult, BrokerError> {
         let decided = self.decide(peer, request)?;
         if let Some(reason) = &decided.approval {
-            return Err(not_approved(reason, "nobody was asked"));
+            return Err(not_approved(reason, "nobody was asked").into());
         }
         self.execute(peer, decided, request, sink, cancel).await
     }
@@ -201,7 +202,7 @@ impl Broker {
         request: &RunRequest,
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
-    ) -> Result<RunResult, ErrorReply> {
+    ) -> Result<RunResult, BrokerError> {
         let Decided { run_id, resolved, approval, grants, etc, dirs } = decided;
         if let Some(reason) = approval {
             tracing::info!(run_id, uid = peer.uid, "approved: {reason}");
@@ -216,16 +217,14 @@ impl Broker {
                     processes: c.processes,
                     cpu_percent: c.cpu_percent,
                 };
-                Some(self.cgroups.create(&c.name, limits).map_err(|e| {
-                    ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot create the run's cgroup: {e}"))
-                })?)
+                Some(self.cgroups.create(&c.name, limits).map_err(BrokerError::CgroupCreate)?)
             }
             None => None,
         };
         let result = self
             .engine
             .execute(
-                Run { id: run_id, resolved: &resolved, grants: &grants },
+                Planned { id: run_id, resolved: &resolved, grants: &grants },
                 request,
                 sink,
                 cancel,
