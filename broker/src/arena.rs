@@ -14,6 +14,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// The arena's size: more than a short run allocates in all (a few hundred KiB).
 const ARENA_BYTES: usize = 1 << 20;
 
 #[repr(C, align(4096))]

@@ -2,9 +2,10 @@
 //! decide by policy, prepare the run's host directories, execute.
 
 use crate::cgroup::{CgroupLimits, Cgroups};
+use crate::error::BrokerError;
 use crate::etc_view::EtcView;
 use crate::requester::{self, Acting, Requester};
-use crate::run::{Engine, Run, Sink};
+use crate::run::{Engine, Planned, Sink};
 use crate::spawner::Spawner;
 use crate::{host, paths};
 use palisade_policy::{Config, Context, Decision, Host, HostCapabilities, Policy, Resolved};
@@ -56,11 +57,11 @@ pub struct Grants {
 
 /// The refusal of a run that needed approval and did not get it.
 pub fn not_approved(reason: &str, why: &str) -> ErrorReply {
-    ErrorReply {
-        kind: ErrorKind::NeedsApproval,
-        message: format!("{reason} Not approved: {why}."),
-        rule: Some("fallback.request_approval".into()),
-    }
+    ErrorReply::with_rule(
+        ErrorKind::NeedsApproval,
+        format!("{reason} Not approved: {why}."),
+        "fallback.request_approval",
+    )
 }
 
 /// Who is asking: the peer's credentials from SO_PEERCRED and its groups
@@ -172,7 +173,7 @@ impl Broker {
             Decision::Allow(r) => (r, None),
             Decision::NeedsApproval { reason, resolved } => (resolved, Some(reason)),
             Decision::Deny(d) => {
-                return Err(ErrorReply { kind: d.kind, message: d.reason, rule: Some(d.rule.into()) });
+                return Err(ErrorReply::with_rule(d.kind, d.reason, d.rule));
             }
         };
         // The run's own directories (Tier B), made by the broker for the sandbox's uid.
@@ -193,10 +194,10 @@ impl Broker {
         request: &RunRequest,
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
-    ) -> Result<RunResult, ErrorReply> {
+    ) -> Result<RunResult, BrokerError> {
         let decided = self.decide(peer, request)?;
         if let Some(reason) = &decided.approval {
-            return Err(not_approved(reason, "nobody was asked"));
+            return Err(not_approved(reason, "nobody was asked").into());
         }
         self.execute(peer, decided, request, sink, cancel).await
     }
@@ -209,7 +210,7 @@ impl Broker {
         request: &RunRequest,
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
-    ) -> Result<RunResult, ErrorReply> {
+    ) -> Result<RunResult, BrokerError> {
         let Decided { run_id, resolved, approval, grants, etc, dirs } = decided;
         if let Some(reason) = approval {
             tracing::info!(run_id, uid = peer.uid, "approved: {reason}");
@@ -224,16 +225,14 @@ impl Broker {
                     processes: c.processes,
                     cpu_percent: c.cpu_percent,
                 };
-                Some(self.cgroups.create(&c.name, limits).map_err(|e| {
-                    ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot create the run's cgroup: {e}"))
-                })?)
+                Some(self.cgroups.create(&c.name, limits).map_err(BrokerError::CgroupCreate)?)
             }
             None => None,
         };
         let result = self
             .engine
             .execute(
-                Run { id: run_id, resolved: &resolved, grants: &grants },
+                Planned { id: run_id, resolved: &resolved, grants: &grants },
                 request,
                 sink,
                 cancel,
@@ -266,11 +265,11 @@ impl Broker {
             }
             let owner = nix::sys::stat::fstat(fd).map(|st| st.st_uid).unwrap_or(u32::MAX);
             if writable && peer.uid != self.context.uid && peer.uid != 0 && owner != peer.uid {
-                return Err(ErrorReply {
-                    kind: ErrorKind::WorkspaceScopeDenied,
-                    message: format!("{shown} is not owned by uid {} (the requesting peer)", peer.uid),
-                    rule: Some("scope.not_the_peers".into()),
-                });
+                return Err(ErrorReply::with_rule(
+                    ErrorKind::WorkspaceScopeDenied,
+                    format!("{shown} is not owned by uid {} (the requesting peer)", peer.uid),
+                    "scope.not_the_peers",
+                ));
             }
         }
         Ok(())

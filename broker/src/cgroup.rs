@@ -26,11 +26,78 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// statfs(2)'s `f_type` of a cgroup v2 mount.
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+/// statfs(2)'s `f_type` of a cgroup v1 hierarchy.
 const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
 /// The controllers runs are limited with.
 pub const CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
+/// The CPU quota's period: the kernel's default CFS period (100 ms), in µs.
+const CPU_PERIOD_USEC: u64 = 100_000;
+/// cgroup v1's `cpuacct.stat` counts in USER_HZ ticks, 100 a second on Linux.
+const USER_HZ: u64 = 100;
+/// How long removal keeps killing a run's processes before it gives up
+/// waiting for the cgroup to empty (they are SIGKILLed: only a process
+/// stuck in the kernel takes this long).
+const EMPTY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long removal keeps trying `rmdir` (the kernel refuses it until the
+/// last member is gone from its accounting).
+const REMOVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Between two kills of what is left, while a cgroup empties.
+const EMPTY_POLL: Duration = Duration::from_millis(2);
+/// Between two attempts to remove an emptied cgroup.
+const REMOVE_POLL: Duration = Duration::from_millis(5);
+
+/// What can go wrong with the broker's cgroups: finding its subtree,
+/// creating a run's cgroup and setting its limits, placing the helper.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cgroup_root {} is not in a cgroup filesystem", .0.display())]
+    NotCgroupFs(PathBuf),
+    #[error("cgroup_root {} does not exist", .0.display())]
+    Missing(PathBuf),
+    #[error(
+        "/sys/fs/cgroup is not a pure cgroup v2 mount (a v1 or hybrid host), and no cgroup_root is configured"
+    )]
+    NotPureV2,
+    #[error("this process has no cgroup v2 path in /proc/self/cgroup")]
+    NoOwnCgroup,
+    #[error("{}: {source}", .path.display())]
+    Stat { path: PathBuf, source: std::io::Error },
+    #[error("{} is not delegated to uid {uid} (owned by {owner})", .dir.display())]
+    NotDelegated { dir: PathBuf, uid: u32, owner: u32 },
+    #[error(
+        "{} carries no trusted.delegate mark: a root broker uses a cgroup only when systemd delegated it \
+         (Delegate=yes) or the configuration names cgroup_root",
+        .0.display()
+    )]
+    NoDelegateMark(PathBuf),
+    #[error("{} lacks the {} controller(s) (available: {available})", .root.display(), .missing.join(", "))]
+    MissingControllers { root: PathBuf, missing: Vec<&'static str>, available: String },
+    #[error("mkdir {}: {source}", .path.display())]
+    Mkdir { path: PathBuf, source: std::io::Error },
+    #[error("write {value:?} to {}: {source}", .path.display())]
+    Write { path: PathBuf, value: String, source: std::io::Error },
+    /// Enabling the controllers failed: another process lives in the root.
+    #[error("{source} (does another process live in {}?)", .root.display())]
+    Enable { root: PathBuf, source: Box<CgroupError> },
+    #[error("no cgroup v1 {0} hierarchy is mounted")]
+    NoV1Hierarchy(&'static str),
+    #[error("cgroup_root {} is not in the v1 memory hierarchy ({})", .root.display(), .memory.display())]
+    NotInV1Memory { root: PathBuf, memory: PathBuf },
+    /// The broker has no cgroups to create runs in (why, as discovery said).
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("create cgroup {name}: {source}")]
+    Create { name: String, source: cgroups_rs::fs::error::Error },
+    #[error("no {0} controller")]
+    NoController(&'static str),
+    #[error("set {what}: {source}")]
+    Limit { what: &'static str, source: cgroups_rs::fs::error::Error },
+    #[error("place pid {pid}: {source}")]
+    Place { pid: u32, source: cgroups_rs::fs::error::Error },
+}
 
 /// A cgroup v2 hierarchy rooted at the broker's subtree (cgroups-rs's own
 /// `V2` is rooted at /sys/fs/cgroup, which the broker must not touch).
@@ -78,7 +145,8 @@ enum Backend {
 /// What the broker may use, found once at start-up.
 #[derive(Debug, Clone)]
 pub struct Cgroups {
-    backend: Result<Backend, String>,
+    /// `Err`: why there is none.
+    backend: Result<Backend, Unavailable>,
     /// For `palisade doctor` and the logs.
     pub description: String,
 }
@@ -114,90 +182,86 @@ fn own_cgroup_v2() -> Option<PathBuf> {
     Some(Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/')))
 }
 
-fn write(path: &Path, value: &str) -> Result<(), String> {
-    std::fs::write(path, value).map_err(|e| format!("write {value:?} to {}: {e}", path.display()))
+/// Why the broker has no cgroups, as discovery found (kept to be told).
+#[derive(Debug, Clone)]
+struct Unavailable(String);
+
+fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
+    std::fs::write(path, value).map_err(|source| CgroupError::Write {
+        path: path.to_path_buf(),
+        value: value.to_string(),
+        source,
+    })
 }
 
 /// Whether this process was delegated `dir`: an unprivileged broker owns it;
 /// a root broker needs systemd's `trusted.delegate` mark (root can write
 /// anywhere, so writability proves nothing).
-fn delegated(dir: &Path) -> Result<(), String> {
+fn delegated(dir: &Path) -> Result<(), CgroupError> {
+    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let meta = std::fs::metadata(dir).map_err(|source| CgroupError::Stat { path: dir.into(), source })?;
     let me = nix::unistd::geteuid().as_raw();
     if me != 0 {
         return if meta.uid() == me {
             Ok(())
         } else {
-            Err(format!("{} is not delegated to uid {me} (owned by {})", dir.display(), meta.uid()))
+            Err(CgroupError::NotDelegated { dir: dir.into(), uid: me, owner: meta.uid() })
         };
     }
+    // Room for the mark's value, "1", and then some.
     let mut buf = [0u8; 8];
-    let name = c"trusted.delegate";
-    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
-    // SAFETY: both strings are NUL-terminated and `buf` is valid for its length.
-    let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n > 0 && buf[0] == b'1' {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} carries no trusted.delegate mark: a root broker uses a cgroup only when systemd delegated it \
-             (Delegate=yes) or the configuration names cgroup_root",
-            dir.display()
-        ))
-    }
+    // A path with a NUL byte cannot name a file, let alone a marked one.
+    let marked = std::ffi::CString::new(dir.as_os_str().as_bytes()).is_ok_and(|path| {
+        // SAFETY: both strings are NUL-terminated and `buf` is valid for its length.
+        let n = unsafe {
+            libc::getxattr(path.as_ptr(), c"trusted.delegate".as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        };
+        n > 0 && buf[0] == b'1'
+    });
+    if marked { Ok(()) } else { Err(CgroupError::NoDelegateMark(dir.into())) }
 }
 
 impl Cgroups {
-    pub fn none(reason: impl Into<String>) -> Cgroups {
-        let reason = reason.into();
-        Cgroups { description: format!("none: {reason}"), backend: Err(reason) }
+    pub fn none(reason: impl std::fmt::Display) -> Cgroups {
+        let reason = reason.to_string();
+        Cgroups { description: format!("none: {reason}"), backend: Err(Unavailable(reason)) }
     }
 
     /// Finds (and, with `apply`, prepares) the subtree: the configured root,
     /// else the delegated cgroup of this process on a pure cgroup v2 host.
     /// Without `apply` nothing is written (for `palisade doctor`).
     pub fn discover(configured: Option<&Path>, apply: bool) -> Cgroups {
-        match configured {
-            Some(root) => match statfs_magic(root) {
-                Some(CGROUP2_SUPER_MAGIC) => Cgroups::prepare_v2(root, true, apply),
-                Some(CGROUP_SUPER_MAGIC) => Cgroups::prepare_v1(root, apply),
-                Some(_) => {
-                    Cgroups::none(format!("cgroup_root {} is not in a cgroup filesystem", root.display()))
-                }
-                None => Cgroups::none(format!("cgroup_root {} does not exist", root.display())),
-            },
-            None => {
-                if statfs_magic(Path::new("/sys/fs/cgroup")) != Some(CGROUP2_SUPER_MAGIC) {
-                    return Cgroups::none(
-                        "/sys/fs/cgroup is not a pure cgroup v2 mount (a v1 or hybrid host), and no cgroup_root is configured",
-                    );
-                }
-                let Some(own) = own_cgroup_v2() else {
-                    return Cgroups::none("this process has no cgroup v2 path in /proc/self/cgroup");
-                };
-                if let Err(e) = delegated(&own) {
-                    return Cgroups::none(e);
-                }
-                Cgroups::prepare_v2(&own, false, apply)
+        Cgroups::find(configured, apply).unwrap_or_else(Cgroups::none)
+    }
+
+    fn find(configured: Option<&Path>, apply: bool) -> Result<Cgroups, CgroupError> {
+        let Some(root) = configured else {
+            if statfs_magic(Path::new("/sys/fs/cgroup")) != Some(CGROUP2_SUPER_MAGIC) {
+                return Err(CgroupError::NotPureV2);
             }
+            let own = own_cgroup_v2().ok_or(CgroupError::NoOwnCgroup)?;
+            delegated(&own)?;
+            return Cgroups::prepare_v2(&own, false, apply);
+        };
+        match statfs_magic(root) {
+            Some(CGROUP2_SUPER_MAGIC) => Cgroups::prepare_v2(root, true, apply),
+            Some(CGROUP_SUPER_MAGIC) => Cgroups::prepare_v1(root, apply),
+            Some(_) => Err(CgroupError::NotCgroupFs(root.into())),
+            None => Err(CgroupError::Missing(root.into())),
         }
     }
 
     /// Moves this process out of `root` (into `root/broker`) if it lives
     /// there, enables the controllers for the subtree, and clears runs left
     /// over from a previous broker.
-    fn prepare_v2(root: &Path, configured: bool, apply: bool) -> Cgroups {
+    fn prepare_v2(root: &Path, configured: bool, apply: bool) -> Result<Cgroups, CgroupError> {
         let available = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
         let missing: Vec<&str> =
             CONTROLLERS.iter().copied().filter(|c| !available.split_whitespace().any(|a| a == *c)).collect();
         if !missing.is_empty() {
-            return Cgroups::none(format!(
-                "{} lacks the {} controller(s) (available: {})",
-                root.display(),
-                missing.join(", "),
-                available.trim()
-            ));
+            let available = available.trim().to_string();
+            return Err(CgroupError::MissingControllers { root: root.into(), missing, available });
         }
         let description = format!(
             "cgroup v2 at {} ({}), controllers {}{}",
@@ -210,50 +274,38 @@ impl Cgroups {
                 "; no swap accounting (swapaccount=0): memory.swap.max cannot be set, swap is not limited"
             }
         );
+        let c = Cgroups { description, backend: Ok(Backend::V2 { root: root.to_path_buf() }) };
         if !apply {
-            return Cgroups { description, backend: Ok(Backend::V2 { root: root.to_path_buf() }) };
+            return Ok(c);
         }
         if own_cgroup_v2().as_deref() == Some(root) {
             // No internal processes: the broker moves into a leaf of its own.
             let leaf = root.join("broker");
-            if let Err(e) = std::fs::create_dir_all(&leaf) {
-                return Cgroups::none(format!("mkdir {}: {e}", leaf.display()));
-            }
-            if let Err(e) = write(&leaf.join("cgroup.procs"), &std::process::id().to_string()) {
-                return Cgroups::none(e);
-            }
+            std::fs::create_dir_all(&leaf)
+                .map_err(|source| CgroupError::Mkdir { path: leaf.clone(), source })?;
+            write(&leaf.join("cgroup.procs"), &std::process::id().to_string())?;
         }
         let enable: String = CONTROLLERS.iter().map(|c| format!("+{c} ")).collect();
-        if let Err(e) = write(&root.join("cgroup.subtree_control"), enable.trim_end()) {
-            return Cgroups::none(format!("{e} (does another process live in {}?)", root.display()));
-        }
-        let c = Cgroups { description, backend: Ok(Backend::V2 { root: root.to_path_buf() }) };
+        write(&root.join("cgroup.subtree_control"), enable.trim_end())
+            .map_err(|e| CgroupError::Enable { root: root.into(), source: Box::new(e) })?;
         c.sweep();
-        c
+        Ok(c)
     }
 
-    fn prepare_v1(root: &Path, apply: bool) -> Cgroups {
+    fn prepare_v1(root: &Path, apply: bool) -> Result<Cgroups, CgroupError> {
         let mounts = hierarchies::V1::new();
         let memory = mounts.get_mount_point(cgroups_rs::fs::Controllers::Mem);
-        let Some((point, _)) = memory else {
-            return Cgroups::none("no cgroup v1 memory hierarchy is mounted");
-        };
-        let Ok(relative) = root.strip_prefix(&point) else {
-            return Cgroups::none(format!(
-                "cgroup_root {} is not in the v1 memory hierarchy ({})",
-                root.display(),
-                point.display()
-            ));
-        };
+        let (point, _) = memory.ok_or(CgroupError::NoV1Hierarchy("memory"))?;
+        let relative = root
+            .strip_prefix(&point)
+            .map_err(|_| CgroupError::NotInV1Memory { root: root.into(), memory: point.clone() })?;
         for (c, ctl) in [
             ("pids", cgroups_rs::fs::Controllers::Pids),
             ("cpu", cgroups_rs::fs::Controllers::Cpu),
             ("cpuacct", cgroups_rs::fs::Controllers::CpuAcct),
             ("freezer", cgroups_rs::fs::Controllers::Freezer),
         ] {
-            if mounts.get_mount_point(ctl).is_none() {
-                return Cgroups::none(format!("no cgroup v1 {c} hierarchy is mounted"));
-            }
+            mounts.get_mount_point(ctl).ok_or(CgroupError::NoV1Hierarchy(c))?;
         }
         let c = Cgroups {
             description: format!(
@@ -266,7 +318,7 @@ impl Cgroups {
         if apply {
             c.sweep();
         }
-        c
+        Ok(c)
     }
 
     /// How this host mounts cgroups, for `palisade doctor`.
@@ -285,8 +337,9 @@ impl Cgroups {
         }
     }
 
+    /// `Err`: why the broker has no cgroups.
     pub fn available(&self) -> Result<(), &str> {
-        self.backend.as_ref().map(|_| ()).map_err(String::as_str)
+        self.backend.as_ref().map(|_| ()).map_err(|Unavailable(why)| why.as_str())
     }
 
     pub fn is_v1(&self) -> bool {
@@ -314,16 +367,18 @@ impl Cgroups {
     }
 
     /// Creates run `name`'s cgroup with its limits.
-    pub fn create(&self, name: &str, limits: CgroupLimits) -> Result<RunCgroup, String> {
-        let cg = self.load(name).ok_or_else(|| self.available().err().unwrap_or("no cgroup").to_string())?;
+    pub fn create(&self, name: &str, limits: CgroupLimits) -> Result<RunCgroup, CgroupError> {
+        let unavailable = || CgroupError::Unavailable(self.available().err().unwrap_or("no cgroup").into());
+        let cg = self.load(name).ok_or_else(unavailable)?;
         let dir = match &self.backend {
             Ok(Backend::V2 { root }) => {
                 let dir = root.join(name);
-                std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+                std::fs::create_dir(&dir)
+                    .map_err(|source| CgroupError::Mkdir { path: dir.clone(), source })?;
                 Some(dir)
             }
             _ => {
-                cg.create().map_err(|e| format!("create cgroup {name}: {e}"))?;
+                cg.create().map_err(|source| CgroupError::Create { name: name.to_string(), source })?;
                 None
             }
         };
@@ -415,9 +470,9 @@ impl Drop for RunCgroup {
 }
 
 impl RunCgroup {
-    fn limit(&self, l: CgroupLimits) -> Result<(), String> {
-        let e = |what: &'static str| move |err: cgroups_rs::fs::error::Error| format!("set {what}: {err}");
-        let mem: &MemController = self.cg.controller_of().ok_or("no memory controller")?;
+    fn limit(&self, l: CgroupLimits) -> Result<(), CgroupError> {
+        let e = |what: &'static str| move |source| CgroupError::Limit { what, source };
+        let mem: &MemController = self.cg.controller_of().ok_or(CgroupError::NoController("memory"))?;
         mem.set_limit(l.memory_bytes as i64).map_err(e("the memory limit"))?;
         let swap_file = if self.v1 { "memory.memsw.limit_in_bytes" } else { "memory.swap.max" };
         // Without swap accounting the file is missing; discovery said so.
@@ -426,13 +481,12 @@ impl RunCgroup {
             let swap = if self.v1 { l.memory_bytes as i64 } else { 0 };
             mem.set_memswap_limit(swap).map_err(e("the swap limit"))?;
         }
-        let pids: &PidController = self.cg.controller_of().ok_or("no pids controller")?;
+        let pids: &PidController = self.cg.controller_of().ok_or(CgroupError::NoController("pids"))?;
         pids.set_pid_max(MaxValue::Value(l.processes as i64)).map_err(e("pids.max"))?;
         if l.cpu_percent > 0 {
-            let cpu: &CpuController = self.cg.controller_of().ok_or("no cpu controller")?;
-            let period = 100_000u64;
-            cpu.set_cfs_quota_and_period(Some((period * l.cpu_percent / 100) as i64), Some(period))
-                .map_err(e("the cpu quota"))?;
+            let cpu: &CpuController = self.cg.controller_of().ok_or(CgroupError::NoController("cpu"))?;
+            let (period, quota) = (CPU_PERIOD_USEC, CPU_PERIOD_USEC * l.cpu_percent / 100);
+            cpu.set_cfs_quota_and_period(Some(quota as i64), Some(period)).map_err(e("the cpu quota"))?;
         }
         Ok(())
     }
@@ -464,11 +518,13 @@ impl RunCgroup {
     }
 
     /// cgroup v1: moves `pid` into the run's cgroup in every hierarchy.
-    pub fn place(&self, pid: u32) -> Result<(), String> {
+    pub fn place(&self, pid: u32) -> Result<(), CgroupError> {
         if self.dir.is_some() {
             return Ok(());
         }
-        self.cg.add_task_by_tgid(CgroupPid::from(pid as u64)).map_err(|e| format!("place pid {pid}: {e}"))
+        self.cg
+            .add_task_by_tgid(CgroupPid::from(pid as u64))
+            .map_err(|source| CgroupError::Place { pid, source })
     }
 
     /// Kills every process in the cgroup: `cgroup.kill` where the kernel has
@@ -509,7 +565,7 @@ impl RunCgroup {
                     .map(|c| c.path().join(f));
                 p.and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default()
             };
-            let ticks = |key: &str| field(&cpuacct("cpuacct.stat"), key) * 1_000_000 / 100;
+            let ticks = |key: &str| field(&cpuacct("cpuacct.stat"), key) * 1_000_000 / USER_HZ;
             return CgroupUsage {
                 peak_memory_bytes: stat.map_or(0, |s| s.max_usage_in_bytes),
                 cpu_user_usec: ticks("user "),
@@ -539,21 +595,21 @@ impl RunCgroup {
     pub fn remove(mut self) {
         self.removed = true;
         let start = Instant::now();
-        while self.populated() && start.elapsed() < Duration::from_secs(5) {
+        while self.populated() && start.elapsed() < EMPTY_TIMEOUT {
             self.kill();
-            std::thread::sleep(Duration::from_millis(2));
+            std::thread::sleep(EMPTY_POLL);
         }
         let mut last = None;
-        while start.elapsed() < Duration::from_secs(10) {
-            let gone = match &self.dir {
-                Some(d) => std::fs::remove_dir(d).map_err(|e| e.to_string()),
-                None => self.cg.delete().map_err(|e| e.to_string()),
+        while start.elapsed() < REMOVE_TIMEOUT {
+            let refused = match &self.dir {
+                Some(d) => std::fs::remove_dir(d).err().map(|e| e.to_string()),
+                None => self.cg.delete().err().map(|e| e.to_string()),
             };
-            match gone {
-                Ok(()) => return,
-                Err(e) => last = Some(e),
+            match refused {
+                None => return,
+                Some(e) => last = Some(e),
             }
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(REMOVE_POLL);
         }
         tracing::error!(cgroup = %self.display(), "cannot remove the run's cgroup: {}", last.unwrap_or_default());
     }

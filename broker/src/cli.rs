@@ -311,25 +311,28 @@ impl Render {
         match outcome {
             Ok(r) => match r.status {
                 RunStatus::Exited { code } => code,
+                // As a shell reports a command killed by a signal.
                 RunStatus::Signaled { signal } => 128 + signal,
-                RunStatus::TimedOut => quiet_fail(self.json, ErrorKind::TimedOut, "killed at the deadline"),
-                RunStatus::QuotaExceeded => {
-                    quiet_fail(self.json, ErrorKind::QuotaExceeded, "output exceeded its quota; killed")
-                }
-                RunStatus::MemoryLimitExceeded => {
-                    quiet_fail(self.json, ErrorKind::MemoryLimitExceeded, "killed by the memory limit")
-                }
-                RunStatus::DiskLimitExceeded => quiet_fail(
-                    self.json,
-                    ErrorKind::DiskLimitExceeded,
-                    "the run's writes filled their bound; none was kept",
-                ),
-                RunStatus::Cancelled => {
-                    quiet_fail(self.json, ErrorKind::RuntimeFailure, "the run was cancelled")
+                ended => {
+                    let kind = ended.error_kind().unwrap_or(ErrorKind::RuntimeFailure);
+                    quiet_fail(self.json, kind, ended_by_palisade(ended))
                 }
             },
             Err(e) => quiet_fail(self.json, e.kind, e.message),
         }
+    }
+}
+
+/// What the CLI says of a run palisade ended (its kind is
+/// [`RunStatus::error_kind`]'s).
+fn ended_by_palisade(status: RunStatus) -> &'static str {
+    match status {
+        RunStatus::TimedOut => "killed at the deadline",
+        RunStatus::QuotaExceeded => "output exceeded its quota; killed",
+        RunStatus::MemoryLimitExceeded => "killed by the memory limit",
+        RunStatus::DiskLimitExceeded => "the run's writes filled their bound; none was kept",
+        RunStatus::Cancelled => "the run was cancelled",
+        RunStatus::Exited { .. } | RunStatus::Signaled { .. } => "the command ended by itself",
     }
 }
 
@@ -472,14 +475,14 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
             let ask = reason.clone();
             let approved = tokio::task::spawn_blocking(move || ask_at_terminal(&ask)).await.unwrap_or(false);
             if !approved {
-                return Err(crate::broker::not_approved(reason, "refused"));
+                return Err(crate::broker::not_approved(reason, "refused").into());
             }
         }
         broker.execute(&peer, decided, &request, &mut RenderSink(&mut render), cancel).await
     });
     // Not waiting for an output write given up on (a reader that never reads).
     runtime.shutdown_background();
-    render.finish(outcome)
+    render.finish(outcome.map_err(ErrorReply::from))
 }
 
 #[cfg(test)]

@@ -8,24 +8,17 @@ use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// Connecting, reading or writing failed.
-    Io(std::io::Error),
+    #[error("{0}")]
+    Io(#[source] std::io::Error),
     /// The broker answered with an error.
+    #[error("{}: {}", .0.kind, .0.message)]
     Reply(ErrorReply),
     /// The broker said something that makes no sense here.
+    #[error("protocol error: {0}")]
     Protocol(String),
-}
-
-impl std::fmt::Display for ClientError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ClientError::Io(e) => write!(f, "{e}"),
-            ClientError::Reply(r) => write!(f, "{}: {}", r.kind, r.message),
-            ClientError::Protocol(e) => write!(f, "protocol error: {e}"),
-        }
-    }
 }
 
 /// What a run sends before its result.

@@ -8,6 +8,11 @@ use palisade_policy::Config;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// Exit status when the configuration or the broker's set-up is refused.
+const EXIT_CONFIG: i32 = 2;
+/// Exit status when the broker cannot run (no runtime, no socket).
+const EXIT_FAILED: i32 = 1;
+
 /// palisade's broker: serves sandboxed runs on a Unix socket.
 #[derive(Parser, Debug)]
 #[command(name = "palisaded", version, about, long_about = None)]
@@ -45,7 +50,7 @@ pub fn main(args: Args) -> i32 {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("palisaded: {e}");
-                return 2;
+                return EXIT_CONFIG;
             }
         },
         None => Config::default(),
@@ -59,19 +64,19 @@ pub fn main(args: Args) -> i32 {
         Ok(b) => b,
         Err(e) => {
             eprintln!("palisaded: {e}");
-            return 2;
+            return EXIT_CONFIG;
         }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("palisaded: cannot start the runtime: {e}");
-            return 1;
+            return EXIT_FAILED;
         }
     };
     // Served from a worker rather than this thread: each connection's task
     // then starts on the worker that accepted it, with no thread to wake.
-    runtime.block_on(async move { tokio::spawn(serve(broker, socket, mode)).await.unwrap_or(1) })
+    runtime.block_on(async move { tokio::spawn(serve(broker, socket, mode)).await.unwrap_or(EXIT_FAILED) })
 }
 
 async fn serve(broker: Broker, socket: PathBuf, mode: u32) -> i32 {
@@ -86,7 +91,7 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32) -> i32 {
         Ok(l) => l,
         Err(e) => {
             eprintln!("palisaded: cannot listen on {}: {e}", socket.display());
-            return 1;
+            return EXIT_FAILED;
         }
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);

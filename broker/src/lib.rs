@@ -10,6 +10,7 @@ pub mod cli;
 pub mod client;
 pub mod daemon;
 pub mod doctor;
+pub mod error;
 pub mod etc_view;
 pub mod host;
 pub mod instance;

@@ -146,7 +146,7 @@ fn switch_thread(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
 }
 
 fn refusal(rule: &str, message: String) -> ErrorReply {
-    ErrorReply { kind: ErrorKind::WorkspaceScopeDenied, message, rule: Some(rule.into()) }
+    ErrorReply::with_rule(ErrorKind::WorkspaceScopeDenied, message, rule)
 }
 
 /// The refusal of a path the requester may not reach (the same words

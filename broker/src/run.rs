@@ -1,29 +1,34 @@
 //! One run: spawn the helper, feed stdin, stream stdout and stderr as they
 //! come, enforce the output quota and the deadline, kill the whole tree when
 //! needed, then collect usage and build the result and its attestation.
+//!
+//! The streaming is a state machine, [`Run`], over two seams: the client's
+//! [`Sink`] and the process's [`Child`]; its tests drive it with neither a
+//! kernel sandbox nor a client socket.
 
 use crate::attest::attestation;
 use crate::broker::Grants;
 use crate::cgroup::RunCgroup;
+use crate::error::BrokerError;
 use crate::overlay;
 use crate::pool::Pool;
 use crate::requester::Requester;
 use crate::spawn::{HelperChild, HelperCommand, Io, pidfd_kill, send_plan};
 use crate::spawner::Spawner;
 use palisade_policy::Resolved;
-use palisade_protocol::wire::{
-    ErrorKind, ErrorReply, RunRequest, RunResult, RunStatus, ServerMessage, Stream,
-};
-use palisade_protocol::{ExitReport, HelperRecord, Tier, encode_plan};
+use palisade_protocol::wire::{RunRequest, RunResult, RunStatus, ServerMessage, Stream};
+use palisade_protocol::{ExitReport, HelperRecord, LandlockReport, Tier, encode_plan};
 use std::future::Future;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
+use tokio::time::Sleep;
 
 /// After the helper exits, how long stray holders of the output pipes may keep
 /// them open before the run is finished without their end-of-file.
@@ -42,6 +47,9 @@ const STARTED_HOLD: Duration = Duration::from_millis(20);
 /// Output waiting in a pipe is spliced into a client's socket from this size
 /// on; less is read, to go out with its frame's header in one write.
 const SPLICE_MIN_BYTES: usize = 16 * 1024;
+/// A plan up to this size is sent from the runtime's thread: an empty Unix
+/// stream socket takes it whole at once (its default buffer is larger).
+const PLAN_AT_ONCE_BYTES: usize = 64 * 1024;
 
 /// Where a run's messages go. `false`: the client is gone.
 pub trait Sink {
@@ -120,54 +128,10 @@ fn pipe_holds(pipe: &pipe::Receiver) -> usize {
     if rc < 0 { 0 } else { n.max(0) as usize }
 }
 
-/// Awaits a send to the client while the run's deadline and cancellation
-/// stay in force: a client that stops reading cannot hold a sandbox past
-/// either. Once the run has ended, a send still stuck after [`SEND_GRACE`]
-/// is dropped (`false`: the client is given up, its sink abandoned). A client
-/// gone while the run goes on cancels the run.
-macro_rules! watched_send {
-    ($send:expr, $sink:expr, $deadline:ident, $cancel:ident, $ended:ident, $exited:expr, $kill:ident, $signal:expr) => {{
-        let sent = {
-            let send = $send;
-            tokio::pin!(send);
-            let grace = tokio::time::sleep(if $ended.is_some() { SEND_GRACE } else { NEVER });
-            tokio::pin!(grace);
-            loop {
-                tokio::select! {
-                    ok = &mut send => break Some(ok),
-                    _ = &mut $deadline, if $ended.is_none() && !$exited => {
-                        $ended = Some(RunStatus::TimedOut);
-                        $kill($signal);
-                        grace.as_mut().reset(tokio::time::Instant::now() + SEND_GRACE);
-                    }
-                    _ = &mut $cancel, if $ended.is_none() && !$exited => {
-                        $ended = Some(RunStatus::Cancelled);
-                        $kill($signal);
-                        grace.as_mut().reset(tokio::time::Instant::now() + SEND_GRACE);
-                    }
-                    _ = &mut grace => break None,
-                }
-            }
-        };
-        let connected = match sent {
-            Some(ok) => ok,
-            None => {
-                $sink.abandon();
-                false
-            }
-        };
-        if !connected && $ended.is_none() {
-            $ended = Some(RunStatus::Cancelled);
-            $kill($signal);
-        }
-        connected
-    }};
-}
-
 /// A decided run: its id, its plan and limits, and what it was given of the
 /// host.
 #[derive(Clone, Copy)]
-pub struct Run<'a> {
+pub struct Planned<'a> {
     pub id: u64,
     pub resolved: &'a Resolved,
     pub grants: &'a Grants,
@@ -179,16 +143,22 @@ pub struct Engine {
     pool: Arc<Pool>,
 }
 
-fn failure(kind: ErrorKind, message: impl Into<String>) -> ErrorReply {
-    ErrorReply::new(kind, message)
-}
-
+/// The helper's resource usage, as `wait4` reported it.
 struct Usage {
     user_ms: u64,
     system_ms: u64,
     max_rss_bytes: u64,
     code: Option<i32>,
     signal: Option<i32>,
+}
+
+/// Microseconds since the run started, at each step (logged at debug level).
+#[derive(Default)]
+struct Timeline {
+    spawned_us: u128,
+    exited_us: u128,
+    closed_us: u128,
+    status_read_us: u128,
 }
 
 impl Engine {
@@ -207,303 +177,104 @@ impl Engine {
         &self,
         request: &RunRequest,
         cgroup: Option<&RunCgroup>,
-    ) -> Result<HelperChild, ErrorReply> {
-        let io_err = |e: std::io::Error| failure(ErrorKind::RuntimeFailure, e.to_string());
+    ) -> Result<HelperChild, BrokerError> {
         self.spawner
             .spawn(HelperCommand {
                 helper: self.helper.clone(),
-                cgroup_dir: cgroup.map(RunCgroup::open_dir).transpose().map_err(io_err)?.flatten(),
+                cgroup_dir: cgroup.map(RunCgroup::open_dir).transpose()?.flatten(),
                 stdin: if request.stdin.is_empty() { Io::Null } else { Io::Piped },
                 stdout: Io::Piped,
                 stderr: Io::Piped,
                 outer_limits: vec![],
             })
             .await
-            .map_err(|e| {
-                failure(ErrorKind::RuntimeFailure, format!("cannot start {}: {e}", self.helper.display()))
-            })
+            .map_err(|source| BrokerError::Spawn { helper: self.helper.clone(), source })
     }
 
     pub fn helper(&self) -> &std::path::Path {
         &self.helper
     }
 
-    /// Runs `run`. `cancel` completing (a client gone, a shutdown) kills it.
-    pub async fn execute<S: Sink + Send>(
+    /// A helper holding its plan: one started ahead of requests (for a run
+    /// without a cgroup, which must hold the helper from its start) or a
+    /// fresh one.
+    async fn launch(
         &self,
-        run: Run<'_>,
+        plan: Vec<u8>,
+        grants: &Grants,
         request: &RunRequest,
-        sink: &mut S,
-        cancel: impl Future<Output = ()> + Send,
         cgroup: Option<&RunCgroup>,
-    ) -> Result<RunResult, ErrorReply> {
-        let Run { id: run_id, resolved, grants } = run;
-        let io_err = |e: std::io::Error| failure(ErrorKind::RuntimeFailure, e.to_string());
-        let plan =
-            encode_plan(&resolved.plan).map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?;
-        let tier = resolved.plan.tier();
-        let started = Instant::now();
+    ) -> Result<HelperChild, BrokerError> {
         let pooled = if cgroup.is_none() { self.pool.take() } else { None };
         let mut helper = match pooled {
             Some(h) => h,
             None => self.spawn_fresh(request, cgroup).await?,
         };
-        let pid = helper.pid;
-        let spawned_us = started.elapsed().as_micros();
-        tracing::debug!(run_id, pid, %tier, "helper started");
         if let Some(channel) = helper.plan_channel.take() {
             // cgroup v1: the broker places the helper before it has its plan.
-            let handed = cgroup.map_or(Ok(()), |c| c.place(pid)).and_then(|()| {
-                hand_over(channel, plan, &grants.descriptors)
-                    .map_err(|e| format!("cannot hand the helper its plan: {e}"))
-            });
+            let handed = cgroup
+                .map_or(Ok(()), |c| c.place(helper.pid))
+                .map_err(BrokerError::from)
+                .and_then(|()| hand_over(channel, plan, &grants.descriptors).map_err(BrokerError::HandOver));
             if let Err(e) = handed {
                 let _ = pidfd_kill(&helper.pidfd, libc::SIGKILL);
-                let _ = reap(pid);
-                return Err(failure(ErrorKind::RuntimeFailure, e));
+                let _ = reap(helper.pid);
+                return Err(e);
             }
         }
+        Ok(helper)
+    }
+
+    /// Runs `planned`. `cancel` completing (a client gone, a shutdown) kills it.
+    pub async fn execute<S: Sink + Send>(
+        &self,
+        planned: Planned<'_>,
+        request: &RunRequest,
+        sink: &mut S,
+        cancel: impl Future<Output = ()> + Send,
+        cgroup: Option<&RunCgroup>,
+    ) -> Result<RunResult, BrokerError> {
+        let Planned { id: run_id, resolved, grants } = planned;
+        let plan = encode_plan(&resolved.plan)?;
+        let tier = resolved.plan.tier();
+        let started = Instant::now();
+        let helper = self.launch(plan, grants, request, cgroup).await?;
+        let HelperChild { pid, pidfd, status, stdin, stdout, stderr, .. } = helper;
+        let mut timeline = Timeline { spawned_us: started.elapsed().as_micros(), ..Timeline::default() };
+        tracing::debug!(run_id, pid, %tier, "helper started");
         // SAFETY: an OwnedFd's descriptor stays open as long as the AsyncFd owns it.
-        let pidfd = unsafe { AsyncFd::register(helper.pidfd) }.map_err(|e| io_err(e.into()))?;
-        let out = pipe_reader(helper.stdout.take()).map_err(io_err)?;
-        let err = pipe_reader(helper.stderr.take()).map_err(io_err)?;
-        if let Some(stdin) = helper.stdin.take().filter(|_| !request.stdin.is_empty()) {
-            let mut tx = pipe::Sender::from_owned_fd(OwnedFd::from(stdin)).map_err(io_err)?;
-            let data = request.stdin.clone();
-            // A command that does not read its stdin must not hold up the run.
-            tokio::spawn(async move {
-                let _ = tx.write_all(&data).await;
-            });
-        }
-        let kill = |signal: i32| {
-            // The cgroup holds every process of the run, whatever it did.
-            if let Some(c) = cgroup {
-                c.kill();
-            }
-            if let Err(e) = pidfd_kill(pidfd.get_ref(), signal) {
-                tracing::error!(run_id, pid, "cannot signal the helper: {e}");
-            }
+        let pidfd = unsafe { AsyncFd::register(pidfd) }.map_err(std::io::Error::from)?;
+        let pipes = [pipe_reader(stdout)?, pipe_reader(stderr)?];
+        feed_stdin(stdin, &request.stdin)?;
+        let bounds = Bounds {
+            max_output_bytes: resolved.max_output_bytes,
+            timeout: resolved.timeout,
+            chunk_bytes: resolved.capture_chunk_bytes,
+            // Tier C: SIGKILL to the helper takes pid 1 of the sandbox with it, and
+            // with it the whole pid namespace. Tier B: SIGTERM lets the helper (a
+            // subreaper) kill every descendant before it exits.
+            first_signal: if tier == Tier::C { libc::SIGKILL } else { libc::SIGTERM },
         };
-        // Tier C: SIGKILL to the helper takes pid 1 of the sandbox with it, and
-        // with it the whole pid namespace. Tier B: SIGTERM lets the helper (a
-        // subreaper) kill every descendant before it exits.
-        let first_signal = if tier == Tier::C { libc::SIGKILL } else { libc::SIGTERM };
-
-        let max = resolved.max_output_bytes;
-        let (mut total, mut stdout_bytes, mut stderr_bytes) = (0u64, 0u64, 0u64);
-        let chunk_bytes = resolved.capture_chunk_bytes;
-        let (mut out_buf, mut err_buf) = (vec![0u8; chunk_bytes], vec![0u8; chunk_bytes]);
-        let (mut out_open, mut err_open, mut exited) = (true, true, false);
-        let mut ended: Option<RunStatus> = None;
-        let deadline = tokio::time::sleep(resolved.timeout);
-        let drain = tokio::time::sleep(NEVER);
-        let escalate = tokio::time::sleep(NEVER);
+        let child = Helper { pidfd, cgroup, run_id, pid };
         let started_msg = ServerMessage::Started { run_id, executor: tier.to_string() };
-        let mut started_held = sink.hold(&started_msg);
-        let release_started = tokio::time::sleep(if started_held { STARTED_HOLD } else { NEVER });
-        tokio::pin!(deadline, drain, escalate, cancel, release_started);
-        let mut connected = started_held
-            || watched_send!(
-                sink.send(started_msg),
-                sink,
-                deadline,
-                cancel,
-                ended,
-                exited,
-                kill,
-                first_signal
-            );
-        let mut escalation_armed = false;
-        let mut exited_us = 0;
-
-        let splices = sink.splices();
-        while !(exited && !out_open && !err_open) {
-            let mut ready: Option<Stream> = None;
-            let mut release = false;
-            tokio::select! {
-                _ = &mut release_started, if started_held => release = true,
-                r = out.readable(), if out_open => match r {
-                    Ok(()) => ready = Some(Stream::Stdout),
-                    Err(_) => out_open = false,
-                },
-                r = err.readable(), if err_open => match r {
-                    Ok(()) => ready = Some(Stream::Stderr),
-                    Err(_) => err_open = false,
-                },
-                r = pidfd.readable(), if !exited => {
-                    if let Ok(mut guard) = r {
-                        guard.retain_ready();
-                    }
-                    exited = true;
-                    exited_us = started.elapsed().as_micros();
-                    drain.as_mut().reset(tokio::time::Instant::now() + DRAIN_GRACE);
-                }
-                _ = &mut deadline, if ended.is_none() && !exited => {
-                    ended = Some(RunStatus::TimedOut);
-                    kill(first_signal);
-                }
-                _ = &mut cancel, if ended.is_none() && !exited => {
-                    ended = Some(RunStatus::Cancelled);
-                    kill(first_signal);
-                }
-                _ = &mut escalate, if escalation_armed && !exited => {
-                    escalation_armed = false;
-                    kill(libc::SIGKILL);
-                }
-                _ = &mut drain, if exited => break,
-            }
-            if release {
-                started_held = false;
-                if connected {
-                    connected = watched_send!(
-                        sink.flush(),
-                        sink,
-                        deadline,
-                        cancel,
-                        ended,
-                        exited,
-                        kill,
-                        first_signal
-                    );
-                }
-            }
-            if ended.is_some() && first_signal == libc::SIGTERM && !escalation_armed && !exited {
-                escalation_armed = true;
-                escalate.as_mut().reset(tokio::time::Instant::now() + TERM_GRACE);
-            }
-            let Some(stream) = ready else { continue };
-            if ended == Some(RunStatus::QuotaExceeded) {
-                continue;
-            }
-            let (pipe, buf, open) = match stream {
-                Stream::Stdout => (&out, &mut out_buf, &mut out_open),
-                Stream::Stderr => (&err, &mut err_buf, &mut err_open),
-            };
-            // What the pipe holds goes out by splice where the sink can take
-            // it so; otherwise (and to see the pipe's end) it is read here.
-            // Small pieces are read: header and bytes then go in one write.
-            let held = if splices && connected { pipe_holds(pipe).min(chunk_bytes) } else { 0 };
-            let held = if held >= SPLICE_MIN_BYTES { held } else { 0 };
-            let n = if held > 0 {
-                held
-            } else {
-                match pipe.try_read(buf) {
-                    Ok(n) if n > 0 => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                    _ => {
-                        *open = false;
-                        continue;
-                    }
-                }
-            };
-            let room = max.saturating_sub(total);
-            let deliver = (n as u64).min(room) as usize;
-            if deliver < n {
-                // Over the quota: the whole tree dies now, and no byte past the limit leaves.
-                ended = Some(RunStatus::QuotaExceeded);
-                kill(first_signal);
-                out_open = false;
-                err_open = false;
-            }
-            if deliver > 0 {
-                total += deliver as u64;
-                *(if stream == Stream::Stdout { &mut stdout_bytes } else { &mut stderr_bytes }) +=
-                    deliver as u64;
-                if connected {
-                    // Whatever is held goes out in front of this piece.
-                    started_held = false;
-                    let send = async {
-                        if held > 0 {
-                            sink.splice_output(stream, pipe.as_fd(), deliver).await
-                        } else {
-                            sink.send_output(stream, &buf[..deliver]).await
-                        }
-                    };
-                    connected =
-                        watched_send!(send, sink, deadline, cancel, ended, exited, kill, first_signal);
-                }
-            }
-        }
-        if !exited {
-            if ended.is_some() && first_signal == libc::SIGTERM {
-                tokio::select! {
-                    _ = pidfd.readable() => {}
-                    _ = tokio::time::sleep(TERM_GRACE) => kill(libc::SIGKILL),
-                }
-            }
-            let _ = pidfd.readable().await;
-        }
+        let streamed = Run::new(sink, child, pipes, bounds, cancel).stream(started_msg).await;
+        timeline.exited_us = streamed.exited_at.map_or(0, |at| at.duration_since(started).as_micros());
         let wall_ms = started.elapsed().as_millis() as u64;
-        let closed_us = started.elapsed().as_micros();
-        let usage = reap(pid).map_err(io_err)?;
+        timeline.closed_us = started.elapsed().as_micros();
+        let usage = reap(pid)?;
         self.pool.refill();
-        let status_channel = helper.status;
-        // Every holder of the channel is gone once the helper has exited, so
-        // it reads to its end at once; should one linger, wait in a thread.
-        let quick =
-            nonblocking(&status_channel, true).and_then(|()| crate::spawn::read_status(&status_channel));
-        let status = match quick {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => tokio::task::spawn_blocking(move || {
-                nonblocking(&status_channel, false).and_then(|()| crate::spawn::read_status(&status_channel))
-            })
-            .await
-            .map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?,
-            other => other,
-        };
-        let (records, fds) = status
-            .map_err(|e| failure(ErrorKind::RuntimeFailure, format!("bad status from the helper: {e}")))?;
-        let status_read_us = started.elapsed().as_micros();
-        let mut fds = fds.into_iter();
-        let mut overlays: Vec<(String, OwnedFd)> = Vec::new();
-        let mut landlock = None;
-        let mut exit = None;
-        for r in records {
-            match r {
-                HelperRecord::Landlock(l) => landlock = Some(l),
-                HelperRecord::Exit(e) => exit = Some(e),
-                HelperRecord::Failed(f) if ended.is_none() => {
-                    return Err(failure(ErrorKind::RuntimeFailure, format!("sandbox setup failed: {f}")));
-                }
-                HelperRecord::Failed(_) => {}
-                HelperRecord::Overlay { target } => match fds.next() {
-                    Some(fd) => overlays.push((target, fd)),
-                    None => {
-                        return Err(failure(
-                            ErrorKind::RuntimeFailure,
-                            "the helper sent an overlay without its descriptor",
-                        ));
-                    }
-                },
-            }
-        }
-        // Writes held in overlays: kept when the command ended by itself within
-        // its bound, dropped when it filled it or palisade ended the run.
-        let mut written_bytes = 0;
-        if !overlays.is_empty() && ended.is_none() {
-            if overlays.iter().any(|(_, fd)| overlay::full(fd)) {
-                ended = Some(RunStatus::DiskLimitExceeded);
-            } else if !overlays.iter().all(|(_, fd)| overlay::untouched(fd)) {
-                let targets = copy_back_targets(&resolved.plan, grants, overlays)?;
-                let requester = grants.requester.clone();
-                written_bytes = tokio::task::spawn_blocking(move || commit_all(&requester, targets))
-                    .await
-                    .map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))??;
-            }
-        }
+        let (records, fds) = read_status_channel(status).await?;
+        timeline.status_read_us = started.elapsed().as_micros();
+        let mut ended = streamed.ended;
+        let report = Report::read(records, fds, ended)?;
+        let written_bytes = keep_writes(resolved, grants, report.overlays, &mut ended).await?;
         let cg_usage = cgroup.map(RunCgroup::usage);
         if cg_usage.is_some_and(|u| u.oom_kills > 0) && ended.is_none() {
             ended = Some(RunStatus::MemoryLimitExceeded);
         }
-        let status = ended.unwrap_or(match exit {
-            Some(ExitReport::Code(code)) => RunStatus::Exited { code },
-            Some(ExitReport::Signal(signal)) => RunStatus::Signaled { signal },
-            None => match (usage.code, usage.signal) {
-                (Some(code), _) => RunStatus::Exited { code },
-                (_, Some(signal)) => RunStatus::Signaled { signal },
-                _ => RunStatus::Signaled { signal: libc::SIGKILL },
-            },
-        });
+        let status = ended.unwrap_or_else(|| exit_status(report.exit, &usage));
         tracing::info!(run_id, pid, ?status, wall_ms, "run finished");
+        let Timeline { spawned_us, exited_us, closed_us, status_read_us } = timeline;
         tracing::debug!(
             run_id,
             spawned_us,
@@ -521,11 +292,480 @@ impl Engine {
             cpu_system_ms: cg_usage.map_or(usage.system_ms, |u| u.cpu_system_usec / 1000),
             peak_memory_bytes: cg_usage.map_or(usage.max_rss_bytes, |u| u.peak_memory_bytes),
             memory_source: if cg_usage.is_some() { "cgroup" } else { "rusage" }.into(),
-            stdout_bytes,
-            stderr_bytes,
+            stdout_bytes: streamed.stdout_bytes,
+            stderr_bytes: streamed.stderr_bytes,
             written_bytes,
-            attestation: attestation(request, resolved, landlock),
+            attestation: attestation(request, resolved, report.landlock),
         })
+    }
+}
+
+/// How the command ended by itself: as the helper reported it, else as the
+/// helper's own exit says.
+fn exit_status(exit: Option<ExitReport>, usage: &Usage) -> RunStatus {
+    match exit {
+        Some(ExitReport::Code(code)) => RunStatus::Exited { code },
+        Some(ExitReport::Signal(signal)) => RunStatus::Signaled { signal },
+        None => match (usage.code, usage.signal) {
+            (Some(code), _) => RunStatus::Exited { code },
+            (_, Some(signal)) => RunStatus::Signaled { signal },
+            _ => RunStatus::Signaled { signal: libc::SIGKILL },
+        },
+    }
+}
+
+/// Writes `data` to the command's stdin from a task of its own: a command
+/// that does not read its stdin must not hold up the run. Without data, the
+/// stdin is closed.
+fn feed_stdin(stdin: Option<std::fs::File>, data: &[u8]) -> std::io::Result<()> {
+    let Some(stdin) = stdin.filter(|_| !data.is_empty()) else { return Ok(()) };
+    let mut tx = pipe::Sender::from_owned_fd(OwnedFd::from(stdin))?;
+    let data = data.to_vec();
+    tokio::spawn(async move {
+        let _ = tx.write_all(&data).await;
+    });
+    Ok(())
+}
+
+/// Reads the helper's status channel to its end. Every holder of it is gone
+/// once the helper has exited, so it reads to its end at once; should one
+/// linger, the read waits in a thread.
+async fn read_status_channel(
+    channel: std::fs::File,
+) -> Result<(Vec<HelperRecord>, Vec<OwnedFd>), BrokerError> {
+    let quick = nonblocking(&channel, true).and_then(|()| crate::spawn::read_status(&channel));
+    let status = match quick {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            tokio::task::spawn_blocking(move || {
+                nonblocking(&channel, false).and_then(|()| crate::spawn::read_status(&channel))
+            })
+            .await?
+        }
+        other => other,
+    };
+    status.map_err(BrokerError::Status)
+}
+
+/// What the helper reported on its status channel.
+struct Report {
+    landlock: Option<LandlockReport>,
+    exit: Option<ExitReport>,
+    /// The upper layer of each overlay, by its target in the sandbox.
+    overlays: Vec<(String, OwnedFd)>,
+}
+
+impl Report {
+    /// The records in their order, with the descriptors that came with
+    /// them. A failed step is the run's error, unless palisade had ended the
+    /// run already (`ended`): the step may have failed of palisade's kill.
+    fn read(
+        records: Vec<HelperRecord>,
+        fds: Vec<OwnedFd>,
+        ended: Option<RunStatus>,
+    ) -> Result<Report, BrokerError> {
+        let mut fds = fds.into_iter();
+        let mut report = Report { landlock: None, exit: None, overlays: Vec::new() };
+        for r in records {
+            match r {
+                HelperRecord::Landlock(l) => report.landlock = Some(l),
+                HelperRecord::Exit(e) => report.exit = Some(e),
+                HelperRecord::Failed(f) if ended.is_none() => return Err(BrokerError::Helper(f)),
+                HelperRecord::Failed(_) => {}
+                HelperRecord::Overlay { target } => {
+                    let fd = fds.next().ok_or(BrokerError::OverlayWithoutDescriptor)?;
+                    report.overlays.push((target, fd));
+                }
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// Writes held in overlays: kept when the command ended by itself within
+/// its bound, dropped when it filled it (`ended` becomes
+/// `DiskLimitExceeded`) or palisade ended the run. The bytes kept.
+async fn keep_writes(
+    resolved: &Resolved,
+    grants: &Grants,
+    overlays: Vec<(String, OwnedFd)>,
+    ended: &mut Option<RunStatus>,
+) -> Result<u64, BrokerError> {
+    if overlays.is_empty() || ended.is_some() {
+        return Ok(0);
+    }
+    if overlays.iter().any(|(_, fd)| overlay::full(fd)) {
+        *ended = Some(RunStatus::DiskLimitExceeded);
+        return Ok(0);
+    }
+    if overlays.iter().all(|(_, fd)| overlay::untouched(fd)) {
+        return Ok(0);
+    }
+    let targets = copy_back_targets(&resolved.plan, grants, overlays)?;
+    let requester = grants.requester.clone();
+    tokio::task::spawn_blocking(move || commit_all(&requester, targets)).await?
+}
+
+/// The process side of a run, as its streaming sees it: when it has exited,
+/// and how to kill it with everything it started.
+pub(crate) trait Child {
+    /// Completes once the process has exited (it is not reaped).
+    fn exited(&self) -> impl Future<Output = ()> + Send;
+    /// Sends `signal` to the process and everything it started.
+    fn kill(&self, signal: i32);
+}
+
+/// A started helper.
+struct Helper<'a> {
+    /// Readable once the helper has exited.
+    pidfd: AsyncFd<OwnedFd>,
+    /// Holds every process of the run, whatever it did.
+    cgroup: Option<&'a RunCgroup>,
+    run_id: u64,
+    pid: u32,
+}
+
+impl Child for Helper<'_> {
+    async fn exited(&self) {
+        if let Ok(mut guard) = self.pidfd.readable().await {
+            guard.retain_ready();
+        }
+    }
+
+    fn kill(&self, signal: i32) {
+        if let Some(c) = self.cgroup {
+            c.kill();
+        }
+        if let Err(e) = pidfd_kill(self.pidfd.get_ref(), signal) {
+            tracing::error!(run_id = self.run_id, pid = self.pid, "cannot signal the helper: {e}");
+        }
+    }
+}
+
+/// What bounds a run's streaming.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// stdout and stderr together; not one byte more reaches the client.
+    pub max_output_bytes: u64,
+    pub timeout: Duration,
+    /// The most read from a pipe at once.
+    pub chunk_bytes: usize,
+    /// What ends the run: SIGKILL, or SIGTERM followed by SIGKILL after [`TERM_GRACE`].
+    pub first_signal: i32,
+}
+
+/// How a run's streaming ended.
+#[derive(Debug)]
+pub(crate) struct Streamed {
+    /// Why palisade ended the run, if it did.
+    pub ended: Option<RunStatus>,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    /// When the process was seen to exit.
+    pub exited_at: Option<Instant>,
+}
+
+/// One of the command's output streams.
+struct Pipe {
+    rx: pipe::Receiver,
+    buf: Vec<u8>,
+    open: bool,
+    /// Bytes passed on to the client.
+    bytes: u64,
+}
+
+/// A message on its way to the client (see [`Run::send`]).
+enum Outgoing {
+    Message(ServerMessage),
+    /// What the sink holds.
+    Flush,
+    /// The first bytes of the stream's buffer.
+    Read(Stream, usize),
+    /// The next bytes of the stream's pipe.
+    Splice(Stream, usize),
+}
+
+/// What a run waits for; one at a time happens.
+#[derive(Debug)]
+enum Event {
+    ReleaseStarted,
+    Readable(Stream),
+    Closed(Stream),
+    Exited,
+    Deadline,
+    Cancelled,
+    Escalate,
+    Drained,
+}
+
+/// What ends a run from outside its output, and the kill that follows.
+struct Ending<K, C> {
+    child: K,
+    cancel: Pin<Box<C>>,
+    deadline: Pin<Box<Sleep>>,
+    first_signal: i32,
+    /// Why palisade ended the run, once it has.
+    ended: Option<RunStatus>,
+    exited: bool,
+}
+
+impl<K: Child, C> Ending<K, C> {
+    /// Neither ended by palisade nor exited: the deadline and a cancel still apply.
+    fn live(&self) -> bool {
+        self.ended.is_none() && !self.exited
+    }
+
+    /// Palisade ends the run: the whole tree is signalled.
+    fn end(&mut self, status: RunStatus) {
+        self.ended = Some(status);
+        self.child.kill(self.first_signal);
+    }
+}
+
+/// A run in progress: the helper's output goes to the client, under the
+/// quota, the deadline and the client's own pace, until the helper has
+/// exited and its output is drained.
+pub(crate) struct Run<'s, S, K, C> {
+    sink: &'s mut S,
+    /// stdout and stderr, by [`Stream`].
+    pipes: [Pipe; 2],
+    ending: Ending<K, C>,
+    /// After the exit, how long stray holders of the pipes may keep them open.
+    drain: Pin<Box<Sleep>>,
+    /// Tier B: SIGKILL after a SIGTERM that did not end the run.
+    escalate: Pin<Box<Sleep>>,
+    escalation_armed: bool,
+    /// `Started` held to go out with the first output, until then.
+    release_started: Pin<Box<Sleep>>,
+    started_held: bool,
+    max_output_bytes: u64,
+    total: u64,
+    /// The client still takes messages.
+    connected: bool,
+    splices: bool,
+    exited_at: Option<Instant>,
+}
+
+impl<'s, S, K, C> Run<'s, S, K, C>
+where
+    S: Sink + Send,
+    K: Child,
+    C: Future<Output = ()> + Send,
+{
+    pub(crate) fn new(
+        sink: &'s mut S,
+        child: K,
+        [out, err]: [pipe::Receiver; 2],
+        bounds: Bounds,
+        cancel: C,
+    ) -> Self {
+        let pipe = |rx| Pipe { rx, buf: vec![0u8; bounds.chunk_bytes], open: true, bytes: 0 };
+        let splices = sink.splices();
+        Run {
+            sink,
+            pipes: [pipe(out), pipe(err)],
+            ending: Ending {
+                child,
+                cancel: Box::pin(cancel),
+                deadline: Box::pin(tokio::time::sleep(bounds.timeout)),
+                first_signal: bounds.first_signal,
+                ended: None,
+                exited: false,
+            },
+            drain: Box::pin(tokio::time::sleep(NEVER)),
+            escalate: Box::pin(tokio::time::sleep(NEVER)),
+            escalation_armed: false,
+            release_started: Box::pin(tokio::time::sleep(NEVER)),
+            started_held: false,
+            max_output_bytes: bounds.max_output_bytes,
+            total: 0,
+            connected: false,
+            splices,
+            exited_at: None,
+        }
+    }
+
+    /// Announces the run with `started`, then passes its output on until
+    /// the helper has exited and its pipes are drained.
+    pub(crate) async fn stream(mut self, started: ServerMessage) -> Streamed {
+        self.announce(started).await;
+        while !(self.ending.exited && !self.pipes[0].open && !self.pipes[1].open) {
+            self.arm_escalation();
+            match self.next_event().await {
+                Event::ReleaseStarted => self.release_started().await,
+                Event::Readable(stream) => self.forward(stream).await,
+                Event::Closed(stream) => self.pipes[stream as usize].open = false,
+                Event::Exited => {
+                    self.ending.exited = true;
+                    self.exited_at = Some(Instant::now());
+                    self.drain.as_mut().reset(tokio::time::Instant::now() + DRAIN_GRACE);
+                }
+                Event::Deadline => self.ending.end(RunStatus::TimedOut),
+                Event::Cancelled => self.ending.end(RunStatus::Cancelled),
+                Event::Escalate => {
+                    self.escalation_armed = false;
+                    self.ending.child.kill(libc::SIGKILL);
+                }
+                Event::Drained => break,
+            }
+        }
+        let [out, err] = &self.pipes;
+        Streamed {
+            ended: self.ending.ended,
+            stdout_bytes: out.bytes,
+            stderr_bytes: err.bytes,
+            exited_at: self.exited_at,
+        }
+    }
+
+    /// `Started` goes out now, or is held to go out with what comes next
+    /// (within [`STARTED_HOLD`]).
+    async fn announce(&mut self, started: ServerMessage) {
+        self.started_held = self.sink.hold(&started);
+        if self.started_held {
+            self.release_started.as_mut().reset(tokio::time::Instant::now() + STARTED_HOLD);
+        }
+        self.connected = self.started_held || self.send(Outgoing::Message(started)).await;
+    }
+
+    async fn next_event(&mut self) -> Event {
+        let [out, err] = &self.pipes;
+        let ending = &mut self.ending;
+        let live = ending.live();
+        tokio::select! {
+            _ = self.release_started.as_mut(), if self.started_held => Event::ReleaseStarted,
+            r = out.rx.readable(), if out.open => match r {
+                Ok(()) => Event::Readable(Stream::Stdout),
+                Err(_) => Event::Closed(Stream::Stdout),
+            },
+            r = err.rx.readable(), if err.open => match r {
+                Ok(()) => Event::Readable(Stream::Stderr),
+                Err(_) => Event::Closed(Stream::Stderr),
+            },
+            _ = ending.child.exited(), if !ending.exited => Event::Exited,
+            _ = ending.deadline.as_mut(), if live => Event::Deadline,
+            _ = ending.cancel.as_mut(), if live => Event::Cancelled,
+            _ = self.escalate.as_mut(), if self.escalation_armed && !ending.exited => Event::Escalate,
+            _ = self.drain.as_mut(), if ending.exited => Event::Drained,
+        }
+    }
+
+    /// Tier B: a SIGTERM that ended the run is followed by SIGKILL.
+    fn arm_escalation(&mut self) {
+        let ending = &self.ending;
+        if ending.ended.is_some()
+            && ending.first_signal == libc::SIGTERM
+            && !self.escalation_armed
+            && !ending.exited
+        {
+            self.escalation_armed = true;
+            self.escalate.as_mut().reset(tokio::time::Instant::now() + TERM_GRACE);
+        }
+    }
+
+    async fn release_started(&mut self) {
+        self.started_held = false;
+        if self.connected {
+            self.connected = self.send(Outgoing::Flush).await;
+        }
+    }
+
+    /// Passes on what `stream`'s pipe holds, up to the quota: the run dies
+    /// at the first byte past it, which never leaves.
+    async fn forward(&mut self, stream: Stream) {
+        if self.ending.ended == Some(RunStatus::QuotaExceeded) {
+            return;
+        }
+        let Some((n, spliced)) = self.take(stream) else { return };
+        let room = self.max_output_bytes.saturating_sub(self.total);
+        let deliver = (n as u64).min(room) as usize;
+        if deliver < n {
+            // Over the quota: the whole tree dies now, and no byte past the limit leaves.
+            self.ending.end(RunStatus::QuotaExceeded);
+            self.pipes[0].open = false;
+            self.pipes[1].open = false;
+        }
+        if deliver == 0 {
+            return;
+        }
+        self.total += deliver as u64;
+        self.pipes[stream as usize].bytes += deliver as u64;
+        if self.connected {
+            // Whatever is held goes out in front of this piece.
+            self.started_held = false;
+            let out =
+                if spliced { Outgoing::Splice(stream, deliver) } else { Outgoing::Read(stream, deliver) };
+            self.connected = self.send(out).await;
+        }
+    }
+
+    /// How many bytes of `stream` go out next, and whether they are still
+    /// in the pipe (to be spliced) rather than in its buffer. What the pipe
+    /// holds goes out by splice where the sink can take it so; otherwise
+    /// (and to see the pipe's end) it is read here. Small pieces are read:
+    /// header and bytes then go in one write. `None`: nothing to pass on.
+    fn take(&mut self, stream: Stream) -> Option<(usize, bool)> {
+        let pipe = &mut self.pipes[stream as usize];
+        let held = if self.splices && self.connected { pipe_holds(&pipe.rx).min(pipe.buf.len()) } else { 0 };
+        if held >= SPLICE_MIN_BYTES {
+            return Some((held, true));
+        }
+        match pipe.rx.try_read(&mut pipe.buf) {
+            Ok(n) if n > 0 => Some((n, false)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+            _ => {
+                pipe.open = false;
+                None
+            }
+        }
+    }
+
+    /// Sends `out` while the run's deadline and cancellation stay in force:
+    /// a client that stops reading cannot hold a sandbox past either. Once
+    /// the run has ended, a send still stuck after [`SEND_GRACE`] is dropped
+    /// (`false`: the client is given up, its sink abandoned). A client gone
+    /// while the run goes on cancels the run.
+    async fn send(&mut self, out: Outgoing) -> bool {
+        let sent = {
+            let (sink, pipes) = (&mut *self.sink, &self.pipes);
+            let send = async move {
+                match out {
+                    Outgoing::Message(msg) => sink.send(msg).await,
+                    Outgoing::Flush => sink.flush().await,
+                    Outgoing::Read(stream, n) => {
+                        sink.send_output(stream, &pipes[stream as usize].buf[..n]).await
+                    }
+                    Outgoing::Splice(stream, n) => {
+                        sink.splice_output(stream, pipes[stream as usize].rx.as_fd(), n).await
+                    }
+                }
+            };
+            tokio::pin!(send);
+            let grace = tokio::time::sleep(if self.ending.ended.is_some() { SEND_GRACE } else { NEVER });
+            tokio::pin!(grace);
+            loop {
+                let live = self.ending.live();
+                tokio::select! {
+                    ok = &mut send => break Some(ok),
+                    _ = self.ending.deadline.as_mut(), if live => {
+                        self.ending.end(RunStatus::TimedOut);
+                        grace.as_mut().reset(tokio::time::Instant::now() + SEND_GRACE);
+                    }
+                    _ = self.ending.cancel.as_mut(), if live => {
+                        self.ending.end(RunStatus::Cancelled);
+                        grace.as_mut().reset(tokio::time::Instant::now() + SEND_GRACE);
+                    }
+                    _ = &mut grace => break None,
+                }
+            }
+        };
+        let connected = sent.unwrap_or_else(|| {
+            self.sink.abandon();
+            false
+        });
+        if !connected && self.ending.ended.is_none() {
+            self.ending.end(RunStatus::Cancelled);
+        }
+        connected
     }
 }
 
@@ -533,7 +773,7 @@ impl Engine {
 /// Into an empty socket a plan that fits its buffer goes at once; a larger
 /// one is written from a blocking thread while the helper reads it.
 fn hand_over(channel: UnixStream, plan: Vec<u8>, descriptors: &[OwnedFd]) -> std::io::Result<()> {
-    if plan.len() <= 64 * 1024 {
+    if plan.len() <= PLAN_AT_ONCE_BYTES {
         let fds: Vec<BorrowedFd<'_>> = descriptors.iter().map(AsFd::as_fd).collect();
         return send_plan(channel, &plan, &fds);
     }
@@ -551,7 +791,7 @@ fn copy_back_targets(
     plan: &palisade_protocol::JailPlan,
     grants: &Grants,
     overlays: Vec<(String, OwnedFd)>,
-) -> Result<Vec<(String, OwnedFd, OwnedFd)>, ErrorReply> {
+) -> Result<Vec<(String, OwnedFd, OwnedFd)>, BrokerError> {
     let mut out = Vec::new();
     for (target, upper) in overlays {
         let source = plan.mounts.iter().find_map(|m| match m {
@@ -560,12 +800,9 @@ fn copy_back_targets(
         });
         let dest = source.and_then(|s| plan.descriptor(s)).and_then(|i| grants.descriptors.get(i));
         let (Some(source), Some(dest)) = (source, dest) else {
-            return Err(failure(
-                ErrorKind::RuntimeFailure,
-                format!("the helper sent an overlay for {target}, which the plan has not"),
-            ));
+            return Err(BrokerError::UnplannedOverlay(target));
         };
-        let dest = dest.try_clone().map_err(|e| failure(ErrorKind::RuntimeFailure, e.to_string()))?;
+        let dest = dest.try_clone()?;
         out.push((source.clone(), upper, dest));
     }
     Ok(out)
@@ -573,12 +810,13 @@ fn copy_back_targets(
 
 /// Copies every overlay's changes back to its host directory, as the
 /// requester (see [`crate::requester`]).
-fn commit_all(requester: &Requester, targets: Vec<(String, OwnedFd, OwnedFd)>) -> Result<u64, ErrorReply> {
+fn commit_all(requester: &Requester, targets: Vec<(String, OwnedFd, OwnedFd)>) -> Result<u64, BrokerError> {
     let mut bytes = 0;
     for (source, upper, dest) in targets {
-        let done = requester.act(|act| overlay::commit(&upper, &dest, act)).and_then(|r| r).map_err(|e| {
-            failure(ErrorKind::RuntimeFailure, format!("copying the run's writes back to {source}: {e}"))
-        })?;
+        let done = requester
+            .act(|act| overlay::commit(&upper, &dest, act))
+            .and_then(|r| r)
+            .map_err(|e| BrokerError::CopyBack { path: source.clone(), source: e })?;
         tracing::debug!(%source, files = done.files, bytes = done.bytes, removed = done.removed, "writes copied back");
         bytes += done.bytes;
     }
@@ -620,8 +858,308 @@ fn reap(pid: u32) -> std::io::Result<Usage> {
     Ok(Usage {
         user_ms: ms(ru.ru_utime),
         system_ms: ms(ru.ru_stime),
+        // ru_maxrss counts KiB.
         max_rss_bytes: ru.ru_maxrss as u64 * 1024,
         code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
         signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
     })
+}
+
+/// The run's state machine against a fake client and a fake process: real
+/// pipes, no sandbox, no root, and tokio's paused clock for every timer.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use tokio::sync::watch;
+
+    /// What the fake client does.
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    enum Client {
+        /// Takes everything at once.
+        Reads,
+        /// Gone after taking this many messages: every send after fails.
+        GoneAfter(usize),
+        /// Takes messages but never the output: those sends never complete.
+        StopsReading,
+    }
+
+    struct FakeSink {
+        client: Client,
+        /// What reached the client, in order.
+        sent: Vec<ServerMessage>,
+        /// Messages held to go in front of the next.
+        held: Vec<ServerMessage>,
+        holds: bool,
+        splices: bool,
+        abandoned: bool,
+    }
+
+    impl FakeSink {
+        fn new(client: Client) -> FakeSink {
+            FakeSink { client, sent: vec![], held: vec![], holds: false, splices: false, abandoned: false }
+        }
+
+        fn output(&self, stream: Stream) -> Vec<u8> {
+            let data = |m: &ServerMessage| match m {
+                ServerMessage::Output { stream: s, data } if *s == stream => Some(data.clone()),
+                _ => None,
+            };
+            self.sent.iter().filter_map(data).flatten().collect()
+        }
+
+        fn deliver(&mut self, msg: ServerMessage) -> bool {
+            if matches!(self.client, Client::GoneAfter(n) if self.sent.len() >= n) {
+                return false;
+            }
+            self.sent.append(&mut self.held);
+            self.sent.push(msg);
+            true
+        }
+    }
+
+    impl Sink for FakeSink {
+        async fn send(&mut self, msg: ServerMessage) -> bool {
+            self.deliver(msg)
+        }
+
+        async fn send_output(&mut self, stream: Stream, data: &[u8]) -> bool {
+            if self.client == Client::StopsReading {
+                std::future::pending::<()>().await;
+            }
+            self.deliver(ServerMessage::Output { stream, data: data.to_vec() })
+        }
+
+        fn splices(&self) -> bool {
+            self.splices
+        }
+
+        fn hold(&mut self, msg: &ServerMessage) -> bool {
+            if self.holds {
+                self.held.push(msg.clone());
+            }
+            self.holds
+        }
+
+        async fn flush(&mut self) -> bool {
+            self.sent.append(&mut self.held);
+            true
+        }
+
+        fn abandon(&mut self) {
+            self.abandoned = true;
+        }
+    }
+
+    struct ChildState {
+        /// Signals received, in order.
+        kills: Vec<i32>,
+        /// The write ends of stdout and stderr, while the process holds them.
+        writers: Option<[OwnedFd; 2]>,
+        /// The signals it dies of.
+        dies_of: &'static [i32],
+    }
+
+    /// A process that writes what the test says and exits when told or killed.
+    struct FakeChild {
+        state: Arc<Mutex<ChildState>>,
+        exit: Arc<watch::Sender<bool>>,
+    }
+
+    impl Child for FakeChild {
+        fn exited(&self) -> impl Future<Output = ()> + Send {
+            let mut exit = self.exit.subscribe();
+            async move {
+                let _ = exit.wait_for(|exited| *exited).await;
+            }
+        }
+
+        fn kill(&self, signal: i32) {
+            let mut state = self.state.lock().unwrap();
+            state.kills.push(signal);
+            if state.dies_of.contains(&signal) {
+                state.writers = None;
+                self.exit.send_replace(true);
+            }
+        }
+    }
+
+    /// The test's side of the fake process.
+    struct Process {
+        state: Arc<Mutex<ChildState>>,
+        exit: Arc<watch::Sender<bool>>,
+    }
+
+    impl Process {
+        fn write(&self, stream: Stream, data: &[u8]) {
+            let state = self.state.lock().unwrap();
+            let fd = &state.writers.as_ref().expect("the process holds its pipes")[stream as usize];
+            assert_eq!(nix::unistd::write(fd, data).unwrap(), data.len());
+        }
+
+        /// Exits; `keep_pipes`: something it started still holds them.
+        fn exit(&self, keep_pipes: bool) {
+            if !keep_pipes {
+                self.state.lock().unwrap().writers = None;
+            }
+            self.exit.send_replace(true);
+        }
+
+        fn kills(&self) -> Vec<i32> {
+            self.state.lock().unwrap().kills.clone()
+        }
+    }
+
+    fn process(dies_of: &'static [i32]) -> (FakeChild, [pipe::Receiver; 2], Process) {
+        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let ((out_r, out_w), (err_r, err_w)) = (pipe(), pipe());
+        let state =
+            Arc::new(Mutex::new(ChildState { kills: vec![], writers: Some([out_w, err_w]), dies_of }));
+        let exit = Arc::new(watch::channel(false).0);
+        let readers =
+            [pipe::Receiver::from_owned_fd(out_r).unwrap(), pipe::Receiver::from_owned_fd(err_r).unwrap()];
+        let child = FakeChild { state: state.clone(), exit: exit.clone() };
+        (child, readers, Process { state, exit })
+    }
+
+    const TIMEOUT: Duration = Duration::from_secs(30);
+
+    fn bounds(max_output_bytes: u64) -> Bounds {
+        Bounds { max_output_bytes, timeout: TIMEOUT, chunk_bytes: 64 * 1024, first_signal: libc::SIGKILL }
+    }
+
+    async fn stream(
+        sink: &mut FakeSink,
+        child: FakeChild,
+        pipes: [pipe::Receiver; 2],
+        bounds: Bounds,
+        cancel: impl Future<Output = ()> + Send,
+    ) -> Streamed {
+        let started = ServerMessage::Started { run_id: 1, executor: "test".into() };
+        Run::new(sink, child, pipes, bounds, cancel).stream(started).await
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn output_is_cut_at_exactly_the_quota_read_or_spliced() {
+        // (spliced, bytes written, quota): one byte over, far over, exactly at it.
+        for (splices, len, max) in [(false, 10, 9), (false, 10, 7), (true, 40_000, 20_001), (false, 7, 7)] {
+            let (child, pipes, p) = process(&[libc::SIGKILL]);
+            let data = pattern(len);
+            p.write(Stream::Stdout, &data);
+            let at_quota = len as u64 <= max;
+            if at_quota {
+                p.exit(false);
+            }
+            let mut sink = FakeSink { splices, ..FakeSink::new(Client::Reads) };
+            let s = stream(&mut sink, child, pipes, bounds(max), std::future::pending()).await;
+            let kept = len.min(max as usize);
+            assert_eq!(sink.output(Stream::Stdout), data[..kept], "{len} bytes, quota {max}");
+            assert_eq!((s.stdout_bytes, s.stderr_bytes), (kept as u64, 0));
+            if at_quota {
+                assert_eq!((s.ended, p.kills()), (None, vec![]), "{len} bytes, quota {max}");
+            } else {
+                assert_eq!((s.ended, p.kills()), (Some(RunStatus::QuotaExceeded), vec![libc::SIGKILL]));
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_quota_counts_both_streams_together() {
+        let (child, pipes, p) = process(&[libc::SIGKILL]);
+        p.write(Stream::Stdout, b"ooooo");
+        p.write(Stream::Stderr, b"eeeee");
+        let mut sink = FakeSink::new(Client::Reads);
+        let s = stream(&mut sink, child, pipes, bounds(7), std::future::pending()).await;
+        assert_eq!(s.ended, Some(RunStatus::QuotaExceeded));
+        let (out, err) = (sink.output(Stream::Stdout), sink.output(Stream::Stderr));
+        assert_eq!(out.len() + err.len(), 7, "{out:?} {err:?}");
+        assert!(b"ooooo".starts_with(&out) && b"eeeee".starts_with(&err));
+        assert_eq!((s.stdout_bytes, s.stderr_bytes), (out.len() as u64, err.len() as u64));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_kills_the_run_and_tier_b_escalates_to_sigkill() {
+        // Tier C dies of the first signal; Tier B's helper is given TERM_GRACE.
+        for (first, dies_of, kills, took) in [
+            (libc::SIGKILL, &[libc::SIGKILL][..], vec![libc::SIGKILL], TIMEOUT),
+            (libc::SIGTERM, &[libc::SIGKILL][..], vec![libc::SIGTERM, libc::SIGKILL], TIMEOUT + TERM_GRACE),
+        ] {
+            let (child, pipes, p) = process(dies_of);
+            p.write(Stream::Stdout, b"partial");
+            let mut sink = FakeSink::new(Client::Reads);
+            let t0 = tokio::time::Instant::now();
+            let s =
+                stream(&mut sink, child, pipes, Bounds { first_signal: first, ..bounds(1 << 20) }, async {
+                    std::future::pending().await
+                })
+                .await;
+            assert_eq!((s.ended, p.kills()), (Some(RunStatus::TimedOut), kills));
+            assert_eq!(t0.elapsed(), took);
+            assert_eq!(sink.output(Stream::Stdout), b"partial");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_disconnects_gets_its_run_cancelled() {
+        // Seen by the connection (its end of input, or a cancel): the cancel future.
+        let (child, pipes, p) = process(&[libc::SIGKILL]);
+        let mut sink = FakeSink::new(Client::Reads);
+        let t0 = tokio::time::Instant::now();
+        let s = stream(&mut sink, child, pipes, bounds(1 << 20), tokio::time::sleep(Duration::from_secs(1)))
+            .await;
+        assert_eq!((s.ended, p.kills()), (Some(RunStatus::Cancelled), vec![libc::SIGKILL]));
+        assert_eq!(t0.elapsed(), Duration::from_secs(1));
+        // Seen by a send: the client takes `Started`, then its socket fails.
+        let (child, pipes, p) = process(&[libc::SIGKILL]);
+        p.write(Stream::Stdout, b"hello");
+        let mut sink = FakeSink::new(Client::GoneAfter(1));
+        let s = stream(&mut sink, child, pipes, bounds(1 << 20), std::future::pending()).await;
+        assert_eq!((s.ended, p.kills()), (Some(RunStatus::Cancelled), vec![libc::SIGKILL]));
+        assert!(matches!(sink.sent.as_slice(), [ServerMessage::Started { .. }]), "{:?}", sink.sent);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_reading_cannot_hold_the_run_past_its_deadline() {
+        let (child, pipes, p) = process(&[libc::SIGKILL]);
+        p.write(Stream::Stdout, b"nobody reads this");
+        let mut sink = FakeSink::new(Client::StopsReading);
+        let t0 = tokio::time::Instant::now();
+        let s = stream(&mut sink, child, pipes, bounds(1 << 20), std::future::pending()).await;
+        assert_eq!((s.ended, p.kills()), (Some(RunStatus::TimedOut), vec![libc::SIGKILL]));
+        // Killed at the deadline; the stuck send is given up SEND_GRACE later.
+        assert!(sink.abandoned);
+        assert_eq!(t0.elapsed(), TIMEOUT + SEND_GRACE);
+        // A run already ended (here, over its quota) gives a stuck send SEND_GRACE too.
+        let (child, pipes, p) = process(&[libc::SIGKILL]);
+        p.write(Stream::Stdout, &pattern(100));
+        let mut sink = FakeSink::new(Client::StopsReading);
+        let t0 = tokio::time::Instant::now();
+        let s = stream(&mut sink, child, pipes, bounds(10), std::future::pending()).await;
+        assert_eq!((s.ended, p.kills()), (Some(RunStatus::QuotaExceeded), vec![libc::SIGKILL]));
+        assert!(sink.abandoned);
+        assert_eq!(t0.elapsed(), SEND_GRACE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn started_goes_out_with_the_first_output_and_stray_pipe_holders_are_not_waited_for() {
+        let (child, pipes, p) = process(&[libc::SIGKILL]);
+        p.write(Stream::Stderr, b"warning\n");
+        // The process exits; something it left behind keeps its pipes open.
+        p.exit(true);
+        let mut sink = FakeSink { holds: true, ..FakeSink::new(Client::Reads) };
+        let t0 = tokio::time::Instant::now();
+        let s = stream(&mut sink, child, pipes, bounds(1 << 20), std::future::pending()).await;
+        assert_eq!((s.ended, p.kills()), (None, vec![]));
+        assert!(
+            matches!(sink.sent.as_slice(), [ServerMessage::Started { .. }, ServerMessage::Output { .. }]),
+            "{:?}",
+            sink.sent
+        );
+        assert_eq!(sink.output(Stream::Stderr), b"warning\n");
+        assert_eq!(t0.elapsed(), DRAIN_GRACE);
+    }
 }

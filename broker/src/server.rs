@@ -3,11 +3,12 @@
 //! limit with its bounded queue, and shutdown.
 
 use crate::broker::{Broker, Decided, Peer, not_approved};
+use crate::error::BrokerError;
 use crate::requester::Requester;
 use crate::run::Sink;
 use palisade_protocol::wire::{
-    ClientMessage, Decoder, Encoding, ErrorKind, ErrorReply, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION,
-    RunRequest, ServerHello, ServerMessage, Stream, encode, output_frame_header,
+    ClientMessage, Decoder, Encoding, Hello, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION, RunRequest, RunResult,
+    ServerHello, ServerMessage, Stream, encode, output_frame_header,
 };
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -34,6 +35,18 @@ const REFUSAL_HELLO_TIMEOUT: Duration = Duration::from_secs(1);
 /// Connections over the limits being told so at once; beyond, one is closed
 /// without a word (descriptors stay bounded whatever the rate of attempts).
 const MAX_REFUSING: usize = 16;
+/// After a failed accept (out of descriptors, say), a pause before the next:
+/// the failure would otherwise repeat at once, in a busy loop.
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+/// The most read from a client at once.
+const READ_BYTES: usize = 16 * 1024;
+/// A piece of output up to this size is copied behind its frame's header,
+/// to go in one write; a larger one is written after it, not copied.
+const COPY_MAX_BYTES: usize = 16 * 1024;
+
+/// What reading a client's first message gave: nothing within
+/// [`HELLO_TIMEOUT`], a bad frame, its end, or a message.
+type HelloRead = Result<Result<Option<ClientMessage>, String>, tokio::time::error::Elapsed>;
 
 /// Open connections, overall and by peer uid.
 #[derive(Default)]
@@ -111,7 +124,7 @@ impl Server {
                     }
                     Err(e) => {
                         tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        tokio::time::sleep(ACCEPT_RETRY).await;
                     }
                 },
                 _ = shutdown.changed() => break,
@@ -147,17 +160,19 @@ impl Server {
     }
 
     /// Counts a new connection of `uid` in, or says which limit it is over.
-    fn admit(&self, uid: u32) -> Result<Admitted, String> {
+    fn admit(&self, uid: u32) -> Result<Admitted, BrokerError> {
         let mut c = self.connections.lock().unwrap_or_else(|e| e.into_inner());
         let of_uid = c.by_uid.get(&uid).copied().unwrap_or(0);
         if c.total >= self.max_connections {
             let max = self.max_connections;
-            return Err(format!("all {max} connections the broker takes (max_connections) are open"));
+            return Err(BrokerError::Busy(format!(
+                "all {max} connections the broker takes (max_connections) are open"
+            )));
         }
         if of_uid >= self.max_connections_per_uid {
-            return Err(format!(
+            return Err(BrokerError::Busy(format!(
                 "uid {uid} has all {of_uid} connections it may open (max_connections_per_uid)"
-            ));
+            )));
         }
         c.total += 1;
         *c.by_uid.entry(uid).or_default() += 1;
@@ -166,7 +181,7 @@ impl Server {
 
     /// A connection over the limits: told `Busy` (once it said hello, to
     /// know its encoding), then closed.
-    async fn refuse_busy(&self, stream: UnixStream, peer: &Peer, why: String) {
+    async fn refuse_busy(&self, stream: UnixStream, peer: &Peer, why: BrokerError) {
         let Ok(_refusing) = self.refusing.clone().try_acquire_owned() else { return };
         tracing::warn!(uid = peer.uid, pid = peer.pid, "connection refused: {why}");
         let (mut reader, writer) = stream.into_split();
@@ -175,9 +190,9 @@ impl Server {
         let hello =
             tokio::time::timeout(REFUSAL_HELLO_TIMEOUT, read_message(&mut reader, &mut decoder)).await;
         let Some(encoding) = decoder.encoding().filter(|_| matches!(hello, Ok(Ok(Some(_))))) else { return };
-        let mut sink = SocketSink { writer, encoding, broken: false, no_splice: false, held: Vec::new() };
-        let e = ErrorReply::new(ErrorKind::Busy, format!("{why}; try again later"));
-        let _ = tokio::time::timeout(REFUSAL_HELLO_TIMEOUT, sink.send(ServerMessage::Error(e))).await;
+        let mut sink = SocketSink::new(writer, encoding);
+        let e = BrokerError::Busy(format!("{why}; try again later"));
+        let _ = tokio::time::timeout(REFUSAL_HELLO_TIMEOUT, sink.send(e.into())).await;
     }
 
     async fn connection(&self, stream: UnixStream, shutdown: watch::Receiver<bool>) {
@@ -191,45 +206,14 @@ impl Server {
         decoder.set_limit(HELLO_MAX_BYTES);
         let hello = tokio::time::timeout(HELLO_TIMEOUT, read_message(&mut reader, &mut decoder)).await;
         let encoding = decoder.encoding().unwrap_or(Encoding::Bincode);
-        let mut sink = SocketSink { writer, encoding, broken: false, no_splice: false, held: Vec::new() };
-        let refuse = |kind, message: String| ErrorReply::new(kind, message);
-        let reply = match hello {
-            Err(_) => Err(refuse(ErrorKind::ProtocolError, "no hello within 10 s".into())),
-            Ok(Err(e)) => Err(refuse(ErrorKind::ProtocolError, e)),
-            Ok(Ok(None)) => return,
-            Ok(Ok(Some(ClientMessage::Hello(h)))) => {
-                if h.magic != MAGIC {
-                    Err(refuse(ErrorKind::ProtocolError, format!("bad magic {:?}", h.magic)))
-                } else if h.version != PROTOCOL_VERSION {
-                    Err(refuse(
-                        ErrorKind::ProtocolError,
-                        format!(
-                            "protocol version {} is not supported; this broker speaks {PROTOCOL_VERSION}",
-                            h.version
-                        ),
-                    ))
-                } else if h.encoding != encoding {
-                    Err(refuse(
-                        ErrorKind::ProtocolError,
-                        format!("hello says {:?} but the frame is {encoding:?}", h.encoding),
-                    ))
-                } else {
-                    Ok(())
-                }
+        let mut sink = SocketSink::new(writer, encoding);
+        match self.greet(&peer, hello, encoding) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                sink.send(e.into()).await;
+                return;
             }
-            Ok(Ok(Some(_))) => {
-                Err(refuse(ErrorKind::ProtocolError, "the first message must be a hello".into()))
-            }
-        };
-        if let Err(e) = reply {
-            tracing::info!(uid = peer.uid, pid = peer.pid, "refused: {}", e.message);
-            sink.send(ServerMessage::Error(e)).await;
-            return;
-        }
-        if let Some(message) = self.refusal(&peer) {
-            tracing::warn!(uid = peer.uid, gid = peer.gid, pid = peer.pid, "peer not allowed: {message}");
-            sink.send(ServerMessage::Error(ErrorReply::new(ErrorKind::Unauthorized, message))).await;
-            return;
         }
         decoder.set_limit(MAX_FRAME_BYTES);
         let hello = ServerHello {
@@ -241,22 +225,56 @@ impl Server {
         // A client that sent its request behind the hello gets the hello
         // with the first reply to it.
         let answered = if decoder.has_message() { sink.hold(&hello) } else { sink.send(hello).await };
-        if !answered {
-            return;
+        if answered {
+            self.serve_requests(&peer, &mut sink, &mut reader, &mut decoder, shutdown).await;
         }
+    }
+
+    /// Whether a connection goes on after its first message: a hello this
+    /// broker takes, from a peer it serves. `Ok(false)`: the client left
+    /// without a word.
+    fn greet(&self, peer: &Peer, hello: HelloRead, encoding: Encoding) -> Result<bool, BrokerError> {
+        let checked = match hello {
+            Err(_) => Err(BrokerError::Protocol(format!("no hello within {} s", HELLO_TIMEOUT.as_secs()))),
+            Ok(Err(e)) => Err(BrokerError::Protocol(e)),
+            Ok(Ok(None)) => return Ok(false),
+            Ok(Ok(Some(ClientMessage::Hello(h)))) => check_hello(&h, encoding),
+            Ok(Ok(Some(_))) => Err(BrokerError::Protocol("the first message must be a hello".into())),
+        };
+        if let Err(e) = checked {
+            tracing::info!(uid = peer.uid, pid = peer.pid, "refused: {e}");
+            return Err(e);
+        }
+        if let Some(message) = self.refusal(peer) {
+            tracing::warn!(uid = peer.uid, gid = peer.gid, pid = peer.pid, "peer not allowed: {message}");
+            return Err(BrokerError::Unauthorized(message));
+        }
+        Ok(true)
+    }
+
+    /// Serves one request after another until the client leaves, falls
+    /// silent, or breaks the protocol.
+    async fn serve_requests(
+        &self,
+        peer: &Peer,
+        sink: &mut SocketSink,
+        reader: &mut OwnedReadHalf,
+        decoder: &mut Decoder,
+        shutdown: watch::Receiver<bool>,
+    ) {
         loop {
             // Nothing held while waiting for the client, who may be waiting for it.
             if !decoder.has_message() && !sink.flush().await {
                 return;
             }
-            let next = tokio::time::timeout(self.idle_timeout, read_message(&mut reader, &mut decoder)).await;
+            let next = tokio::time::timeout(self.idle_timeout, read_message(reader, decoder)).await;
             let message = match next {
-                Err(_) => return self.close_idle(&peer, &mut sink).await,
+                Err(_) => return self.close_idle(peer, sink).await,
                 Ok(Ok(Some(m))) => m,
                 Ok(Ok(None)) => return,
                 Ok(Err(e)) => {
                     tracing::info!(uid = peer.uid, "bad frame: {e}");
-                    sink.send(ServerMessage::Error(ErrorReply::new(ErrorKind::ProtocolError, e))).await;
+                    sink.send(BrokerError::Protocol(e).into()).await;
                     return;
                 }
             };
@@ -264,23 +282,20 @@ impl Server {
                 ClientMessage::Run(r) => r,
                 ClientMessage::Cancel => continue,
                 ClientMessage::Approve { .. } => {
-                    let e = ErrorReply::new(ErrorKind::ProtocolError, "no run is waiting for approval");
-                    if !sink.send(ServerMessage::Error(e)).await {
+                    let e = BrokerError::Protocol("no run is waiting for approval".into());
+                    if !sink.send(e.into()).await {
                         return;
                     }
                     continue;
                 }
                 ClientMessage::Hello(_) => {
-                    let e = ErrorReply::new(ErrorKind::ProtocolError, "hello sent twice");
-                    sink.send(ServerMessage::Error(e)).await;
+                    sink.send(BrokerError::Protocol("hello sent twice".into()).into()).await;
                     return;
                 }
             };
-            let outcome =
-                self.serve_run(&peer, request, &mut sink, &mut reader, &mut decoder, shutdown.clone()).await;
-            let msg = match outcome {
+            let msg = match self.serve_run(peer, request, sink, reader, decoder, shutdown.clone()).await {
                 Ok(result) => ServerMessage::Finished(Box::new(result)),
-                Err(e) => ServerMessage::Error(e),
+                Err(e) => e.into(),
             };
             // A client that does not read its result is given up, not waited for.
             if !tokio::time::timeout(RESULT_SEND_TIMEOUT, sink.send(msg)).await.unwrap_or(false) {
@@ -294,21 +309,18 @@ impl Server {
         let secs = self.idle_timeout.as_secs();
         tracing::info!(uid = peer.uid, pid = peer.pid, "idle for {secs} s: closing the connection");
         let message = format!("no request within {secs} s (idle_timeout_secs): closing the connection");
-        sink.send(ServerMessage::Error(ErrorReply::new(ErrorKind::ProtocolError, message))).await;
+        sink.send(BrokerError::Protocol(message).into()).await;
     }
 
     /// Decides off the runtime's threads: the decision reads the host as the
     /// requester, and a read that blocks (a file on a stuck network
     /// filesystem, say) must hold up no other client.
-    async fn decide(&self, peer: &Peer, request: RunRequest) -> (Result<Decided, ErrorReply>, RunRequest) {
+    async fn decide(&self, peer: &Peer, request: RunRequest) -> (Result<Decided, BrokerError>, RunRequest) {
         let (broker, who) = (self.broker.clone(), peer.clone());
         let task = tokio::task::spawn_blocking(move || (broker.decide(&who, &request), request));
         match task.await {
-            Ok(done) => done,
-            Err(e) => {
-                let e = ErrorReply::new(ErrorKind::RuntimeFailure, format!("the decision failed: {e}"));
-                (Err(e), RunRequest::default())
-            }
+            Ok((decided, request)) => (decided.map_err(BrokerError::from), request),
+            Err(e) => (Err(BrokerError::Decision(e)), RunRequest::default()),
         }
     }
 
@@ -320,7 +332,7 @@ impl Server {
         reader: &mut OwnedReadHalf,
         decoder: &mut Decoder,
         mut shutdown: watch::Receiver<bool>,
-    ) -> Result<palisade_protocol::wire::RunResult, ErrorReply> {
+    ) -> Result<RunResult, BrokerError> {
         let (decided, request) = self.decide(peer, request).await;
         let decided = decided?;
         if let Some(reason) = &decided.approval {
@@ -332,13 +344,10 @@ impl Server {
             Err(_) => {
                 if self.queued.fetch_add(1, Ordering::SeqCst) >= self.max_queued {
                     self.queued.fetch_sub(1, Ordering::SeqCst);
-                    return Err(ErrorReply::new(
-                        ErrorKind::Busy,
-                        format!(
-                            "all {} run slots are in use and {} requests are already waiting; try again later",
-                            self.max_concurrent, self.max_queued
-                        ),
-                    ));
+                    return Err(BrokerError::Busy(format!(
+                        "all {} run slots are in use and {} requests are already waiting; try again later",
+                        self.max_concurrent, self.max_queued
+                    )));
                 }
                 tracing::debug!(uid = peer.uid, pid = peer.pid, "waiting in the queue for a run slot");
                 // A client that leaves the queue frees its place at once.
@@ -357,7 +366,7 @@ impl Server {
                     } else {
                         "the client left the queue"
                     };
-                    ErrorReply::new(ErrorKind::Busy, why)
+                    BrokerError::Busy(why.into())
                 })?
             }
         };
@@ -383,11 +392,11 @@ impl Server {
         sink: &mut SocketSink,
         reader: &mut OwnedReadHalf,
         decoder: &mut Decoder,
-    ) -> Result<(), ErrorReply> {
+    ) -> Result<(), BrokerError> {
         let limit = Duration::from_secs(self.broker.policy.config.policy.approval_timeout_secs);
         tracing::info!(uid = peer.uid, pid = peer.pid, "asking for approval: {reason}");
         if !sink.send(ServerMessage::ApprovalRequired { reason: reason.into() }).await {
-            return Err(not_approved(reason, "the client is gone"));
+            return Err(not_approved(reason, "the client is gone").into());
         }
         let answer = tokio::time::timeout(limit, read_message(reader, decoder)).await;
         let why = match answer {
@@ -399,7 +408,24 @@ impl Server {
             Err(_) => format!("no answer within {} s", limit.as_secs()),
         };
         tracing::info!(uid = peer.uid, pid = peer.pid, "not approved ({why}): {reason}");
-        Err(not_approved(reason, &why))
+        Err(not_approved(reason, &why).into())
+    }
+}
+
+/// Why a hello is refused, if it is: its magic, version and encoding must be
+/// this broker's and the frame's.
+fn check_hello(h: &Hello, encoding: Encoding) -> Result<(), BrokerError> {
+    if h.magic != MAGIC {
+        Err(BrokerError::Protocol(format!("bad magic {:?}", h.magic)))
+    } else if h.version != PROTOCOL_VERSION {
+        Err(BrokerError::Protocol(format!(
+            "protocol version {} is not supported; this broker speaks {PROTOCOL_VERSION}",
+            h.version
+        )))
+    } else if h.encoding != encoding {
+        Err(BrokerError::Protocol(format!("hello says {:?} but the frame is {encoding:?}", h.encoding)))
+    } else {
+        Ok(())
     }
 }
 
@@ -424,7 +450,7 @@ async fn read_message(
     reader: &mut OwnedReadHalf,
     decoder: &mut Decoder,
 ) -> Result<Option<ClientMessage>, String> {
-    let mut buf = [0u8; 16 * 1024];
+    let mut buf = [0u8; READ_BYTES];
     loop {
         if let Some(m) = decoder.next_message::<ClientMessage>().map_err(|e| e.to_string())? {
             return Ok(Some(m));
@@ -450,6 +476,10 @@ pub struct SocketSink {
 }
 
 impl SocketSink {
+    fn new(writer: OwnedWriteHalf, encoding: Encoding) -> SocketSink {
+        SocketSink { writer, encoding, broken: false, no_splice: false, held: Vec::new() }
+    }
+
     /// `bytes`, behind whatever is held.
     fn behind_held(&mut self, bytes: Vec<u8>) -> Vec<u8> {
         if self.held.is_empty() {
@@ -487,7 +517,7 @@ impl Sink for SocketSink {
                 let mut frame = output_frame_header(stream, data.len());
                 frame = self.behind_held(frame);
                 // Small pieces (most output) go in one write; large ones are not copied.
-                if data.len() <= 16 * 1024 {
+                if data.len() <= COPY_MAX_BYTES {
                     frame.extend_from_slice(data);
                     return self.writer.write_all(&frame).await.is_ok();
                 }

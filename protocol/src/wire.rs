@@ -11,13 +11,16 @@
 //! Decoding is sans-IO: [`Decoder`] takes bytes as they arrive and yields
 //! messages, refusing frames over the size limit before buffering them.
 
+use crate::status::HelperFailure;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 
 pub const MAGIC: &str = "palisade";
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The version both sides say in their hello; a change of any message's
+/// bincode form changes it (2: `ErrorReply` gained `helper`).
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
 
@@ -167,11 +170,45 @@ pub struct ErrorReply {
     /// The policy rule that refused the request (`scope.outside_roots`, ...), stable like `kind`.
     #[serde(default)]
     pub rule: Option<String>,
+    /// The step of the helper that failed, when the sandbox could not be
+    /// built (`kind` is then `RuntimeFailure`). Boxed: most errors have none.
+    #[serde(default)]
+    pub helper: Option<Box<HelperFailureReply>>,
 }
 
 impl ErrorReply {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> ErrorReply {
-        ErrorReply { kind, message: message.into(), rule: None }
+        ErrorReply { kind, message: message.into(), rule: None, helper: None }
+    }
+
+    /// A refusal by the policy rule `rule`.
+    pub fn with_rule(kind: ErrorKind, message: impl Into<String>, rule: impl Into<String>) -> ErrorReply {
+        ErrorReply { rule: Some(rule.into()), ..ErrorReply::new(kind, message) }
+    }
+}
+
+/// A step of the helper failed and it exec'd nothing: which step, and the
+/// kernel's answer, as the helper reported them (see [`HelperFailure`]).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct HelperFailureReply {
+    /// The step, as [`Stage::name`](crate::status::Stage::name) spells it: `rlimits`, `mount`, `landlock`, ...
+    pub stage: String,
+    /// The kernel's errno, or 0 when the failure is not a system call's.
+    pub errno: i32,
+    /// Its symbolic name (`EPERM`), or `-` for 0.
+    pub errno_name: String,
+    /// What was attempted and how it failed.
+    pub message: String,
+}
+
+impl From<&HelperFailure> for HelperFailureReply {
+    fn from(f: &HelperFailure) -> HelperFailureReply {
+        HelperFailureReply {
+            stage: f.stage.name().to_string(),
+            errno: f.errno,
+            errno_name: f.errno_name.clone(),
+            message: f.message.clone(),
+        }
     }
 }
 
@@ -189,14 +226,17 @@ pub enum RunStatus {
 }
 
 impl RunStatus {
-    /// The error kind of a run palisade ended, if it did.
+    /// The error kind of a run palisade ended; `None` for a command that
+    /// ended by itself (an exit or a signal of its own). A cancelled run
+    /// (its client gone, or the broker shutting down) is a `RuntimeFailure`.
     pub fn error_kind(self) -> Option<ErrorKind> {
         match self {
+            RunStatus::Exited { .. } | RunStatus::Signaled { .. } => None,
             RunStatus::TimedOut => Some(ErrorKind::TimedOut),
             RunStatus::QuotaExceeded => Some(ErrorKind::QuotaExceeded),
             RunStatus::MemoryLimitExceeded => Some(ErrorKind::MemoryLimitExceeded),
             RunStatus::DiskLimitExceeded => Some(ErrorKind::DiskLimitExceeded),
-            _ => None,
+            RunStatus::Cancelled => Some(ErrorKind::RuntimeFailure),
         }
     }
 }
@@ -824,6 +864,60 @@ mod tests {
         let mut d = Decoder::default();
         d.push(b"{\"run\": {\"argv\": \"not a list\"}}\n");
         assert!(matches!(d.next_message::<ClientMessage>(), Err(WireError::Malformed(_))));
+    }
+
+    fn helper_failed() -> ErrorReply {
+        let failure = HelperFailure {
+            stage: crate::status::Stage::Rlimits,
+            errno: 1,
+            errno_name: "EPERM".into(),
+            message: "setrlimit RLIMIT_NOFILE 100000/100000: EPERM".into(),
+        };
+        ErrorReply {
+            helper: Some(Box::new(HelperFailureReply::from(&failure))),
+            ..ErrorReply::new(ErrorKind::RuntimeFailure, format!("sandbox setup failed: {failure}"))
+        }
+    }
+
+    #[test]
+    fn an_error_carries_the_helpers_stage_and_errno_in_both_encodings() {
+        let sent = ServerMessage::Error(helper_failed());
+        for encoding in [Encoding::Bincode, Encoding::Json] {
+            let Ok(bytes) = encode(&sent, encoding) else { continue };
+            let mut d = Decoder::new(Some(encoding));
+            d.push(&bytes);
+            assert_eq!(d.next_message::<ServerMessage>().unwrap().as_ref(), Some(&sent), "{encoding:?}");
+        }
+    }
+
+    #[cfg(feature = "json")]
+    #[test]
+    fn the_json_error_fields_are_named_as_documented_and_old_errors_still_read() {
+        let v = serde_json::to_value(ServerMessage::Error(helper_failed())).unwrap();
+        assert_eq!(
+            v["error"]["helper"],
+            serde_json::json!({"stage": "rlimits", "errno": 1, "errno_name": "EPERM",
+                               "message": "setrlimit RLIMIT_NOFILE 100000/100000: EPERM"})
+        );
+        assert_eq!(v["error"]["kind"], "RuntimeFailure");
+        // An error written before `rule` and `helper` existed.
+        let mut d = Decoder::new(Some(Encoding::Json));
+        d.push(b"{\"error\": {\"kind\": \"Busy\", \"message\": \"later\"}}\n");
+        assert_eq!(
+            d.next_message::<ServerMessage>().unwrap(),
+            Some(ServerMessage::Error(ErrorReply::new(ErrorKind::Busy, "later")))
+        );
+    }
+
+    #[test]
+    fn every_status_palisade_ended_has_a_kind_and_no_other_does() {
+        use RunStatus::*;
+        let ended = [TimedOut, QuotaExceeded, MemoryLimitExceeded, DiskLimitExceeded, Cancelled];
+        assert!(ended.iter().all(|s| s.error_kind().is_some()));
+        assert_eq!(TimedOut.error_kind(), Some(ErrorKind::TimedOut));
+        assert_eq!(Cancelled.error_kind(), Some(ErrorKind::RuntimeFailure));
+        assert_eq!(Exited { code: 3 }.error_kind(), None);
+        assert_eq!(Signaled { signal: 9 }.error_kind(), None);
     }
 
     #[test]

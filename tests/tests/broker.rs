@@ -558,6 +558,37 @@ fn a_helper_failure_reaches_the_client_as_stage_and_errno() {
         "palisade: RuntimeFailure: sandbox setup failed: (rlimits, EPERM) setrlimit RLIMIT_NOFILE 100000/100000: EPERM"
     );
     assert!(o.stdout.is_empty() && !marker.exists());
+    // The same failure as fields, in both encodings.
+    let what = "setrlimit RLIMIT_NOFILE 100000/100000: EPERM";
+    let req = request(ws.path(), &["write", marker.to_str().unwrap()]);
+    match Client::connect(&d.socket).unwrap().run(req.clone(), |_| {}) {
+        Err(ClientError::Reply(e)) => {
+            assert_eq!(e.kind, ErrorKind::RuntimeFailure);
+            let h = e.helper.unwrap_or_else(|| panic!("no helper fields: {}", e.message));
+            assert_eq!((h.stage.as_str(), h.errno, h.errno_name.as_str()), ("rlimits", libc::EPERM, "EPERM"));
+            assert_eq!(h.message, what);
+        }
+        other => panic!("expected the helper's failure, got {other:?}"),
+    }
+    let json = json_run(&d.socket, &req);
+    let error = &json.last().unwrap()["error"];
+    assert_eq!(error["kind"], "RuntimeFailure", "{json:?}");
+    assert_eq!(
+        error["helper"],
+        serde_json::json!({"stage": "rlimits", "errno": libc::EPERM, "errno_name": "EPERM", "message": what})
+    );
+    let o = palisade_cli(
+        ws.path(),
+        &["run", "--json", "--socket", d.socket.to_str().unwrap()],
+        &[&probe(), "write", marker.to_str().unwrap()],
+        None,
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+    assert_eq!(
+        (&v["error"]["helper"]["stage"], &v["error"]["helper"]["errno"]),
+        (&"rlimits".into(), &1.into())
+    );
+    assert!(!marker.exists());
     // Counter-test: within the hard limit the same run works.
     let d = Daemon::start_with(DaemonOptions {
         config: "max_open_files = 4096\n".into(),
@@ -565,6 +596,24 @@ fn a_helper_failure_reaches_the_client_as_stage_and_errno() {
         ..Default::default()
     });
     assert_eq!(d.run(ws.path(), &[&probe(), "write", marker.to_str().unwrap()]).status.code(), Some(0));
+}
+
+/// Runs `req` over the JSON-lines encoding: every message the broker sent,
+/// up to its `finished` or `error`, as JSON values.
+fn json_run(socket: &Path, req: &RunRequest) -> Vec<serde_json::Value> {
+    let mut bytes = hello(Encoding::Json);
+    bytes.extend(encode(&ClientMessage::Run(req.clone()), Encoding::Json).unwrap());
+    // No half-close: a client that stops sending is a client gone.
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    s.write_all(&bytes).unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(s));
+    let mut msgs: Vec<serde_json::Value> = Vec::new();
+    while !msgs.last().is_some_and(|m| m.get("finished").is_some() || m.get("error").is_some()) {
+        let line = lines.next().unwrap_or_else(|| panic!("closed early: {msgs:?}")).unwrap();
+        msgs.push(serde_json::from_str(&line).unwrap());
+    }
+    msgs
 }
 
 #[test]

@@ -1,0 +1,142 @@
+//! The broker's errors. Each has the stable kind a client sees
+//! ([`ErrorKind`]); [`ErrorReply::from`] turns one into what goes on the
+//! wire, with a failed helper step as fields of its own.
+
+use crate::cgroup::CgroupError;
+use palisade_protocol::HelperFailure;
+use palisade_protocol::wire::{ErrorKind, ErrorReply, HelperFailureReply, ServerMessage};
+use std::io;
+use std::path::PathBuf;
+
+/// What can go wrong while a connection is served and a run executed.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// An error already in the client's terms: a refusal of the policy, of
+    /// the requester's access, of approval, with its kind and rule.
+    #[error("{}", .0.message)]
+    Reply(ErrorReply),
+    /// A malformed, oversized or unexpected message, or a silent client.
+    #[error("{0}")]
+    Protocol(String),
+    /// The peer may not use this broker.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// No run slot, no place in the queue, or no connection left.
+    #[error("{0}")]
+    Busy(String),
+    /// A step of the helper failed; it exec'd nothing.
+    #[error("sandbox setup failed: {0}")]
+    Helper(HelperFailure),
+    #[error("cannot create the run's cgroup: {0}")]
+    CgroupCreate(#[source] CgroupError),
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error("cannot start {}: {source}", .helper.display())]
+    Spawn { helper: PathBuf, source: io::Error },
+    #[error("cannot hand the helper its plan: {0}")]
+    HandOver(#[source] io::Error),
+    #[error("bad status from the helper: {0}")]
+    Status(#[source] io::Error),
+    #[error("the helper sent an overlay without its descriptor")]
+    OverlayWithoutDescriptor,
+    #[error("the helper sent an overlay for {0}, which the plan has not")]
+    UnplannedOverlay(String),
+    #[error("copying the run's writes back to {path}: {source}")]
+    CopyBack { path: String, source: io::Error },
+    #[error("the decision failed: {0}")]
+    Decision(#[source] tokio::task::JoinError),
+    #[error(transparent)]
+    Plan(#[from] palisade_protocol::PlanError),
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+impl BrokerError {
+    /// The kind the client branches on.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            BrokerError::Reply(r) => r.kind,
+            BrokerError::Protocol(_) => ErrorKind::ProtocolError,
+            BrokerError::Unauthorized(_) => ErrorKind::Unauthorized,
+            BrokerError::Busy(_) => ErrorKind::Busy,
+            BrokerError::Helper(_)
+            | BrokerError::CgroupCreate(_)
+            | BrokerError::Cgroup(_)
+            | BrokerError::Spawn { .. }
+            | BrokerError::HandOver(_)
+            | BrokerError::Status(_)
+            | BrokerError::OverlayWithoutDescriptor
+            | BrokerError::UnplannedOverlay(_)
+            | BrokerError::CopyBack { .. }
+            | BrokerError::Decision(_)
+            | BrokerError::Plan(_)
+            | BrokerError::Task(_)
+            | BrokerError::Io(_) => ErrorKind::RuntimeFailure,
+        }
+    }
+}
+
+impl From<ErrorReply> for BrokerError {
+    fn from(reply: ErrorReply) -> BrokerError {
+        BrokerError::Reply(reply)
+    }
+}
+
+impl From<BrokerError> for ErrorReply {
+    fn from(e: BrokerError) -> ErrorReply {
+        let helper = match e {
+            BrokerError::Reply(reply) => return reply,
+            BrokerError::Helper(ref f) => Some(Box::new(HelperFailureReply::from(f))),
+            _ => None,
+        };
+        ErrorReply { helper, ..ErrorReply::new(e.kind(), e.to_string()) }
+    }
+}
+
+impl From<BrokerError> for ServerMessage {
+    fn from(e: BrokerError) -> ServerMessage {
+        ServerMessage::Error(e.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use palisade_protocol::Stage;
+
+    #[test]
+    fn a_helper_failure_reaches_the_reply_as_fields_and_as_text() {
+        let failure = HelperFailure {
+            stage: Stage::Mounts,
+            errno: libc::EPERM,
+            errno_name: "EPERM".into(),
+            message: "mount /usr read-only: EPERM".into(),
+        };
+        let reply = ErrorReply::from(BrokerError::Helper(failure));
+        assert_eq!(reply.kind, ErrorKind::RuntimeFailure);
+        assert_eq!(reply.message, "sandbox setup failed: (mount, EPERM) mount /usr read-only: EPERM");
+        let helper = reply.helper.expect("the helper's fields");
+        assert_eq!((helper.stage.as_str(), helper.errno), ("mount", libc::EPERM));
+        assert_eq!(helper.message, "mount /usr read-only: EPERM");
+    }
+
+    #[test]
+    fn a_reply_passes_through_unchanged_and_the_others_take_their_kind() {
+        let denied =
+            ErrorReply::with_rule(ErrorKind::WorkspaceScopeDenied, "/etc is outside", "scope.outside_roots");
+        assert_eq!(ErrorReply::from(BrokerError::from(denied.clone())), denied);
+        for (e, kind) in [
+            (BrokerError::Busy("full".into()), ErrorKind::Busy),
+            (BrokerError::Protocol("bad".into()), ErrorKind::ProtocolError),
+            (BrokerError::Unauthorized("no".into()), ErrorKind::Unauthorized),
+            (BrokerError::Cgroup(CgroupError::NoController("pids")), ErrorKind::RuntimeFailure),
+            (BrokerError::Io(io::Error::other("gone")), ErrorKind::RuntimeFailure),
+        ] {
+            let text = e.to_string();
+            let reply = ErrorReply::from(e);
+            assert_eq!((reply.kind, reply.message, reply.rule, reply.helper), (kind, text, None, None));
+        }
+    }
+}
