@@ -298,7 +298,7 @@ impl Engine {
         let deadline = tokio::time::sleep(resolved.timeout);
         let drain = tokio::time::sleep(NEVER);
         let escalate = tokio::time::sleep(NEVER);
-        let started_msg = ServerMessage::Started { run_id, executor: tier.to_string() };
+        let started_msg = ServerMessage::Started { run_id, executor: tier.into() };
         let mut started_held = sink.hold(&started_msg);
         let release_started = tokio::time::sleep(if started_held { STARTED_HOLD } else { NEVER });
         tokio::pin!(deadline, drain, escalate, cancel, release_started);
@@ -520,7 +520,10 @@ impl Engine {
             cpu_user_ms: cg_usage.map_or(usage.user_ms, |u| u.cpu_user_usec / 1000),
             cpu_system_ms: cg_usage.map_or(usage.system_ms, |u| u.cpu_system_usec / 1000),
             peak_memory_bytes: cg_usage.map_or(usage.max_rss_bytes, |u| u.peak_memory_bytes),
-            memory_source: if cg_usage.is_some() { "cgroup" } else { "rusage" }.into(),
+            memory_source: match cg_usage {
+                Some(_) => palisade_protocol::wire::MemorySource::Cgroup,
+                None => palisade_protocol::wire::MemorySource::Rusage,
+            },
             stdout_bytes,
             stderr_bytes,
             written_bytes,

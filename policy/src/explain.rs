@@ -121,7 +121,8 @@ fn allow(out: &mut String, r: &Resolved) {
                 Mount::Proc { target } => format!("{target}  proc (the sandbox's processes only)"),
                 Mount::Dev { target, shm_bytes } => {
                     format!(
-                        "{target}  null zero full random urandom tty, pts, shm (tmpfs, {})",
+                        "{target}  {}, pts, shm (tmpfs, {})",
+                        palisade_protocol::DEV_NODES.join(" "),
                         size(*shm_bytes)
                     )
                 }
