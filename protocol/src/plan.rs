@@ -466,14 +466,14 @@ fn body_config() -> impl bincode::config::Config {
 
 /// Encodes a plan: header (magic, version, arch) then the bincode body.
 pub fn encode_plan(plan: &JailPlan) -> Result<Vec<u8>, PlanError> {
-    let mut out = Vec::with_capacity(4096);
-    out.extend_from_slice(&PLAN_MAGIC);
-    out.extend_from_slice(&PLAN_VERSION.to_be_bytes());
-    let arch = PLAN_ARCH.as_bytes();
-    out.push(arch.len() as u8);
-    out.extend_from_slice(arch);
     let body =
         bincode::serde::encode_to_vec(plan, body_config()).map_err(|e| PlanError::Encode(e.to_string()))?;
+    let arch = PLAN_ARCH.as_bytes();
+    let mut out = Vec::with_capacity(PLAN_MAGIC.len() + 4 + 1 + arch.len() + body.len());
+    out.extend_from_slice(&PLAN_MAGIC);
+    out.extend_from_slice(&PLAN_VERSION.to_be_bytes());
+    out.push(arch.len() as u8);
+    out.extend_from_slice(arch);
     out.extend_from_slice(&body);
     if out.len() > PLAN_MAX_BYTES {
         return Err(PlanError::TooLarge { len: out.len(), max: PLAN_MAX_BYTES });
