@@ -427,3 +427,72 @@ fn hiding(path: &Path, is_dir: bool) -> Mount {
 fn limit(v: u64) -> Rlimit {
     Rlimit::both(if v == 0 { RLIM_INFINITY } else { v })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(tier: Tier) -> JailSpec {
+        let ws = std::env::temp_dir();
+        JailSpec {
+            tier,
+            program: "/usr/bin/true".into(),
+            argv: vec!["true".into()],
+            env: vec![],
+            cwd: ws.clone(),
+            read_write: vec![ws.clone()],
+            read_only: vec![],
+            exec_dirs: vec![],
+            tmp_dir: Some(ws),
+            host_network: false,
+            limits: Limits {
+                memory_bytes: 1 << 30,
+                cpu_seconds: 10,
+                processes: 64,
+                open_files: 256,
+                file_size_bytes: 1 << 20,
+                tmp_bytes: 1 << 20,
+                shm_bytes: 1 << 30,
+            },
+            landlock_required: LandlockFeatures::FS,
+            hostname: "palisade".into(),
+            uid: 1000,
+            gid: 1000,
+            host_ids: None,
+            acting_for: None,
+            parent_pid: 1,
+            cgroup: None,
+            no_fork: false,
+            temp_workspace: None,
+            write_bound: None,
+            hidden: vec![],
+            etc_view: None,
+        }
+    }
+
+    #[test]
+    fn plans_are_checked_before_they_leave_the_policy() {
+        for tier in [Tier::B, Tier::C] {
+            let plan = build_plan(&spec(tier)).expect("a consistent plan");
+            assert_eq!(plan.check(), Ok(()));
+            assert_eq!(plan.rlimits.cpu_seconds, Rlimit { soft: 10, hard: 10 + CPU_KILL_GRACE_SECONDS });
+        }
+        // Tier B as host root: the policy's own check refuses it, by name.
+        let mut root = spec(Tier::B);
+        (root.uid, root.gid) = (0, 0);
+        let err = build_plan(&root).unwrap_err();
+        assert!(matches!(err, BuildError::Invariant(PlanInvariant::HostRoot)), "{err}");
+        assert_eq!((err.kind(), err.rule()), (ErrorKind::RuntimeFailure, "plan.invariant"));
+    }
+
+    #[test]
+    fn dev_shm_is_the_size_the_limits_give() {
+        let plan = build_plan(&spec(Tier::C)).unwrap();
+        let dev = plan.mounts.iter().find(|m| matches!(m, Mount::Dev { .. }));
+        assert_eq!(dev, Some(&Mount::Dev { target: "/dev".into(), shm_bytes: 1 << 30 }));
+        // Tier B may write the host's harmless device nodes, and no other device.
+        let plan = build_plan(&spec(Tier::B)).unwrap();
+        let devices: Vec<&String> = plan.landlock.write.iter().filter(|p| p.starts_with("/dev/")).collect();
+        assert!(devices.iter().all(|d| DEV_NODES.contains(&&d["/dev/".len()..])), "{devices:?}");
+    }
+}
