@@ -36,12 +36,14 @@ pub fn check_conventions() -> Result<()> {
     Ok(())
 }
 
+/// Closing a descriptor that an OwnedFd still owns is sound only if that
+/// owner never uses or closes it afterwards, when its number may be another
+/// file's. Each caller closes descriptors nothing owns or, in a monitor, ones
+/// whose owners stay untouched in frames that never return (Tier B's reaper
+/// still holds the plan's).
 fn close_range(first: u32, last: u32) -> Result<()> {
-    // SAFETY: close_range takes no pointer. What is relied on is that no owner
-    // of a descriptor in the range (an OwnedFd) uses or closes it afterwards,
-    // when its number may be another file's: each caller closes descriptors
-    // nothing owns, or, in a monitor, ones whose owners stay untouched in
-    // frames that never return (Tier B's reaper still holds the plan's).
+    // SAFETY: no pointer is passed, and no owner of a descriptor in the range
+    // uses or closes it afterwards (see above).
     let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
     Errno::result(rc).map(drop).at(Stage::Fds, || format!("close_range({first}..={last})"))
 }
