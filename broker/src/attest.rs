@@ -2,17 +2,17 @@
 //! built, and what the kernel actually enforced.
 
 use palisade_policy::Resolved;
+use palisade_protocol::attest::{LimitsBy, RlimitEntry};
 use palisade_protocol::wire::{Attestation, Enforcement, LandlockEnforcement, RunRequest, canonical_bytes};
-use palisade_protocol::{LandlockReport, Rlimit, RulesetState};
+use palisade_protocol::{LandlockFeatures, LandlockReport};
 use sha2::{Digest, Sha256};
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn rlimit(name: &str, l: Rlimit) -> String {
-    let show = |v: u64| if v == u64::MAX { "unlimited".to_string() } else { v.to_string() };
-    format!("{name}={}/{}", show(l.soft), show(l.hard))
+fn names(features: LandlockFeatures) -> Vec<String> {
+    features.names().iter().map(|s| s.to_string()).collect()
 }
 
 pub fn attestation(
@@ -26,52 +26,31 @@ pub fn attestation(
         .iter()
         .flat_map(|i| [&i.code.to_ne_bytes()[..], &[i.jt, i.jf], &i.k.to_ne_bytes()[..]].concat())
         .collect();
-    let r = &plan.rlimits;
     let landlock = landlock.map(|l| LandlockEnforcement {
         abi: l.abi,
-        ruleset: match l.ruleset {
-            RulesetState::Full => "full",
-            RulesetState::Partial => "partial",
-            RulesetState::NotEnforced => "not_enforced",
-        }
-        .into(),
-        enforced: l.enforced.names().iter().map(|s| s.to_string()).collect(),
-        not_enforced: plan
-            .landlock
-            .wanted
-            .difference(l.enforced)
-            .names()
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        required: plan.landlock.required.names().iter().map(|s| s.to_string()).collect(),
+        ruleset: l.ruleset,
+        enforced: names(l.enforced),
+        not_enforced: names(plan.landlock.wanted.difference(l.enforced)),
+        required: names(plan.landlock.required),
     });
     Attestation {
         execution_sha256: sha256_hex(&canonical_bytes(&(request, plan))),
-        executor: plan.tier().to_string(),
+        executor: plan.tier().into(),
         enforcement: Enforcement {
             namespaces: plan.namespaces.names().iter().map(|s| s.to_string()).collect(),
             host_uid: plan.host_ids.map_or_else(|| nix::unistd::getuid().as_raw(), |h| h.uid),
             landlock,
             seccomp_sha256: sha256_hex(&seccomp),
             seccomp_instructions: plan.seccomp.len() as u32,
-            rlimits: vec![
-                rlimit("AS", r.address_space),
-                rlimit("CPU", r.cpu_seconds),
-                rlimit("NPROC", r.processes),
-                rlimit("NOFILE", r.open_files),
-                rlimit("FSIZE", r.file_size),
-                rlimit("CORE", r.core),
-            ],
+            rlimits: plan.rlimits.table().into_iter().map(|(name, l)| RlimitEntry::new(name, l)).collect(),
             cgroup: resolved.cgroup.as_ref().map(|c| c.path.to_string_lossy().into_owned()),
             limits_by: match &resolved.cgroup {
-                Some(c) if c.v1 => "cgroup v1 + rlimits",
-                Some(_) => "cgroup v2 + rlimits",
-                None => "rlimits",
-            }
-            .into(),
+                Some(c) if c.v1 => LimitsBy::CgroupV1,
+                Some(_) => LimitsBy::CgroupV2,
+                None => LimitsBy::Rlimits,
+            },
             network: resolved.network.clone(),
-            egress: resolved.egress.clone(),
+            egress: resolved.egress,
             disk: resolved.disk.clone(),
             memory: resolved.memory.clone(),
         },
@@ -83,6 +62,9 @@ pub fn attestation(
 mod tests {
     use super::*;
     use palisade_policy::{Config, Context, Decision, HostCapabilities, Policy};
+    use palisade_protocol::RlimitName;
+    use palisade_protocol::attest::{Executor, Network};
+    use palisade_protocol::{Rlimit, RulesetState};
     use std::path::PathBuf;
 
     fn resolve(request: &RunRequest) -> Resolved {
@@ -148,13 +130,17 @@ mod tests {
         };
         let a = attestation(&req, &resolved, Some(report));
         let e = &a.enforcement;
-        assert_eq!(a.executor, "linux-tier-c");
+        assert_eq!(a.executor, Executor::LinuxTierC);
         assert_eq!(e.namespaces, ["user", "mount", "pid", "net", "ipc", "uts", "cgroup"]);
         let l = e.landlock.as_ref().unwrap();
-        assert_eq!((l.abi, l.ruleset.as_str()), (2, "partial"));
+        assert_eq!((l.abi, l.ruleset), (2, RulesetState::Partial));
         assert!(l.not_enforced.iter().any(|f| f == "scope.signal"), "{l:?}");
-        assert_eq!((e.cgroup.as_deref(), e.limits_by.as_str()), (None, "rlimits"));
+        assert_eq!((e.cgroup.as_deref(), e.limits_by), (None, LimitsBy::Rlimits));
+        assert_eq!(e.network, Network::LoopbackOnly);
         assert_eq!(e.seccomp_instructions as usize, resolved.plan.seccomp.len());
-        assert!(e.rlimits.contains(&"CORE=0/0".to_string()), "{:?}", e.rlimits);
+        let names: Vec<RlimitName> = e.rlimits.iter().map(|r| r.name).collect();
+        use RlimitName::*;
+        assert_eq!(names, [As, Cpu, Nproc, Nofile, Fsize, Core]);
+        assert!(e.rlimits.contains(&RlimitEntry::new(Core, Rlimit::both(0))), "{:?}", e.rlimits);
     }
 }

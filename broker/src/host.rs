@@ -7,8 +7,9 @@ use crate::cgroup::Cgroups;
 use nix::sched::{CloneFlags, unshare};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, fork};
-use palisade_policy::jail::{ETC_ENTRIES, SYSTEM_DIRS, TIER_B_DEVICES};
+use palisade_policy::jail::{ETC_ENTRIES, SYSTEM_DIRS};
 use palisade_policy::{CgroupRoot, FileKind, FileStat, Host, HostCapabilities, HostFiles, Layout};
+use palisade_protocol::DEV_NODES;
 use std::ffi::OsString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -154,10 +155,11 @@ pub fn layout() -> Layout {
     let key = std::fs::symlink_metadata("/")
         .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()))
         .unwrap_or_default();
-    let present = |paths: &[&str]| -> Vec<String> {
-        paths.iter().filter(|p| Path::new(p).exists()).map(|p| p.to_string()).collect()
+    let present = |paths: &mut dyn Iterator<Item = String>| -> Vec<String> {
+        paths.filter(|p| Path::new(p).exists()).collect()
     };
-    let (etc, devices) = (present(&ETC_ENTRIES), present(&TIER_B_DEVICES));
+    let etc = present(&mut ETC_ENTRIES.iter().map(|p| p.to_string()));
+    let devices = present(&mut DEV_NODES.iter().map(|n| format!("/dev/{n}")));
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((k, layout)) = cache.as_ref() {
         if *k == key {

@@ -256,7 +256,7 @@ impl Engine {
             first_signal: if tier == Tier::C { libc::SIGKILL } else { libc::SIGTERM },
         };
         let child = Helper { pidfd, cgroup, run_id, pid };
-        let started_msg = ServerMessage::Started { run_id, executor: tier.to_string() };
+        let started_msg = ServerMessage::Started { run_id, executor: tier.into() };
         let streamed = Run::new(sink, child, pipes, bounds, cancel).stream(started_msg).await;
         timeline.exited_us = streamed.exited_at.map_or(0, |at| at.duration_since(started).as_micros());
         let wall_ms = started.elapsed().as_millis() as u64;
@@ -291,7 +291,10 @@ impl Engine {
             cpu_user_ms: cg_usage.map_or(usage.user_ms, |u| u.cpu_user_usec / 1000),
             cpu_system_ms: cg_usage.map_or(usage.system_ms, |u| u.cpu_system_usec / 1000),
             peak_memory_bytes: cg_usage.map_or(usage.max_rss_bytes, |u| u.peak_memory_bytes),
-            memory_source: if cg_usage.is_some() { "cgroup" } else { "rusage" }.into(),
+            memory_source: match cg_usage {
+                Some(_) => palisade_protocol::wire::MemorySource::Cgroup,
+                None => palisade_protocol::wire::MemorySource::Rusage,
+            },
             stdout_bytes: streamed.stdout_bytes,
             stderr_bytes: streamed.stderr_bytes,
             written_bytes,
@@ -1035,7 +1038,8 @@ mod tests {
         bounds: Bounds,
         cancel: impl Future<Output = ()> + Send,
     ) -> Streamed {
-        let started = ServerMessage::Started { run_id: 1, executor: "test".into() };
+        let started =
+            ServerMessage::Started { run_id: 1, executor: palisade_protocol::wire::Executor::LinuxTierC };
         Run::new(sink, child, pipes, bounds, cancel).stream(started).await
     }
 

@@ -8,9 +8,9 @@ use nix::sys::stat::Mode;
 use palisade_protocol::Stage;
 
 pub fn join(path: &str) -> Result<()> {
-    let dir = fds::cgroup_dir();
-    let procs = openat(dir, "cgroup.procs", OFlag::O_WRONLY | OFlag::O_CLOEXEC, Mode::empty())
+    let dir = fds::take_cgroup_dir();
+    let procs = openat(&dir, "cgroup.procs", OFlag::O_WRONLY | OFlag::O_CLOEXEC, Mode::empty())
         .at(Stage::Cgroup, || format!("open {path}/cgroup.procs"))?;
     nix::unistd::write(&procs, b"0").at(Stage::Cgroup, || format!("join {path}"))?;
-    nix::unistd::close(fds::CGROUP_FD).at(Stage::Cgroup, || "close fd 5".into())
+    nix::unistd::close(dir).at(Stage::Cgroup, || "close fd 5".into())
 }

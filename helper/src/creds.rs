@@ -7,7 +7,7 @@
 use crate::error::{Context, Result, fail};
 use nix::errno::Errno;
 use nix::unistd::{Gid, Uid, geteuid, getgroups, setgroups, setresgid, setresuid};
-use palisade_protocol::Stage;
+use palisade_protocol::{HostIds, Stage};
 
 /// Drops the bounding set (while CAP_SETPCAP may still be held), switches to
 /// the plan's ids, then clears every other set and checks that it is empty.
@@ -17,6 +17,18 @@ pub fn switch_ids_and_drop_capabilities(uid: u32, gid: u32) -> Result<()> {
     setresgid(gid, gid, gid).at(Stage::Ids, || format!("setresgid {gid}"))?;
     setresuid(uid, uid, uid).at(Stage::Ids, || format!("setresuid {uid}"))?;
     clear_sets()
+}
+
+/// A helper started by root becomes the plan's unprivileged host ids, its
+/// supplementary groups dropped: no process of the sandbox is ever host root.
+pub fn become_host_ids(ids: HostIds) -> Result<()> {
+    let (uid, gid) = (Uid::from_raw(ids.uid), Gid::from_raw(ids.gid));
+    setgroups(&[]).at(Stage::HostIds, || "drop supplementary groups".into())?;
+    setresgid(gid, gid, gid).at(Stage::HostIds, || format!("setresgid {gid}"))?;
+    setresuid(uid, uid, uid).at(Stage::HostIds, || format!("setresuid {uid}"))?;
+    // Leaving root made us non-dumpable, which leaves /proc/self owned by root
+    // and our own uid and gid maps unwritable to us.
+    nix::sys::prctl::set_dumpable(true).at(Stage::HostIds, || "PR_SET_DUMPABLE".into())
 }
 
 /// Leaves every supplementary group, where the helper may (it runs as root, in

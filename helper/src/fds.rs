@@ -5,17 +5,21 @@
 
 use crate::error::{Context, Result, STATUS_FD, fail};
 use nix::errno::Errno;
-use nix::fcntl::{FcntlArg, fcntl};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
 use palisade_protocol::{JailPlan, PLAN_MAX_BYTES, PLAN_MAX_DESCRIPTORS, Stage, decode_plan};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 pub const PLAN_FD: i32 = 3;
 pub const CGROUP_FD: i32 = 5;
+/// Bytes taken from the plan's socket per read: a default plan (its seccomp
+/// programs included) in one read, the largest in a few.
+const PLAN_READ_BYTES: usize = 64 * 1024;
 
 fn is_open(fd: i32) -> bool {
-    // SAFETY: F_GETFD on a descriptor number only inspects it; a closed number fails with EBADF.
-    fcntl(unsafe { BorrowedFd::borrow_raw(fd) }, FcntlArg::F_GETFD).is_ok()
+    // SAFETY: fcntl(F_GETFD) takes no pointer and only reads the flags of the
+    // number given; one that is not open fails with EBADF. No BorrowedFd is
+    // made of it: a borrow asserts the descriptor is open, which is the question.
+    unsafe { libc::fcntl(fd, libc::F_GETFD) != -1 }
 }
 
 /// Refuses to run unless 0, 1, 2, the plan and the status channel are open:
@@ -32,9 +36,14 @@ pub fn check_conventions() -> Result<()> {
     Ok(())
 }
 
+/// Closing a descriptor that an OwnedFd still owns is sound only if that
+/// owner never uses or closes it afterwards, when its number may be another
+/// file's. Each caller closes descriptors nothing owns or, in a monitor, ones
+/// whose owners stay untouched in frames that never return (Tier B's reaper
+/// still holds the plan's).
 fn close_range(first: u32, last: u32) -> Result<()> {
-    // SAFETY: close_range only closes descriptors; nothing in this process
-    // owns one in the range when it is called (see the callers).
+    // SAFETY: no pointer is passed, and no owner of a descriptor in the range
+    // uses or closes it afterwards (see above).
     let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
     Errno::result(rc).map(drop).at(Stage::Fds, || format!("close_range({first}..={last})"))
 }
@@ -55,9 +64,9 @@ pub fn read_plan() -> Result<(JailPlan, Vec<OwnedFd>)> {
     let socket = unsafe { OwnedFd::from_raw_fd(PLAN_FD) };
     // Whether fd 5 is the caller's: if not, a received descriptor may take its number.
     let had_cgroup_fd = is_open(CGROUP_FD);
-    let mut bytes = Vec::with_capacity(16 * 1024);
+    let mut bytes = Vec::with_capacity(PLAN_READ_BYTES);
     let mut received: Vec<OwnedFd> = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = vec![0u8; PLAN_READ_BYTES];
     loop {
         let mut cmsg = nix::cmsg_space!([RawFd; PLAN_MAX_DESCRIPTORS]);
         let mut iov = [std::io::IoSliceMut::new(&mut buf)];
@@ -143,11 +152,13 @@ pub fn keep_only_status_and(tether: &OwnedFd) -> Result<()> {
     close_range(first, u32::MAX)
 }
 
-/// The cgroup directory the broker opened for this run (checked open by [`read_plan`]).
-pub fn cgroup_dir() -> BorrowedFd<'static> {
-    // SAFETY: fd 5 is the cgroup directory by the calling convention, open
-    // (read_plan checked) until `cgroup::join` closes it.
-    unsafe { BorrowedFd::borrow_raw(CGROUP_FD) }
+/// The cgroup directory the broker opened for this run (checked open by
+/// [`read_plan`]), taken once, by `cgroup::join`, which closes it.
+pub fn take_cgroup_dir() -> OwnedFd {
+    // SAFETY: fd 5 is open (read_plan checked it when the plan names a
+    // cgroup) and nothing else in this process owns it: this is its only
+    // owner, and it is taken once.
+    unsafe { OwnedFd::from_raw_fd(CGROUP_FD) }
 }
 
 /// The descriptors that came with the plan, by the host path each stands for.

@@ -1,38 +1,38 @@
-//! A helper started by root never leaves a sandboxed process as host root:
-//! it prepares what needs root (clones of the granted paths, idmapped for the
-//! requester), then becomes the plan's unprivileged host ids before creating
+//! A helper started by root prepares, while it is still root and in the
+//! host's mount namespace, what needs both: clones of every bind and overlay
+//! source, the granted ones idmapped for the requester. It then becomes the
+//! plan's unprivileged host ids (`creds::become_host_ids`) before creating
 //! any namespace.
 
 use crate::error::{Context, Result, fail};
 use crate::fds::Descriptors;
-use crate::{lifeline, mounts};
+use crate::mounts;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::{Gid, Pid, Uid, getuid, setgroups, setresgid, setresuid};
+use nix::unistd::{Pid, getuid};
 use palisade_protocol::{HostIds, JailPlan, Mount, Stage};
 use std::os::fd::OwnedFd;
 
 /// Returns every bind's and overlay's detached tree (by mount index), cloned
-/// from the broker's descriptors while the helper is still in the host's
-/// mount namespace. Owned ones (granted to the request) are idmapped so that
-/// the requester's files are the sandbox's: the sandbox acts as the
-/// requester on them, and as anybody else on the rest.
-pub fn become_unprivileged(
+/// from the broker's descriptors: the kernel clones only mounts of the
+/// caller's own namespace, and these are the host's. Owned ones (granted to
+/// the request) are idmapped from `requester` to `ids`, so that the
+/// requester's files are the sandbox's: the sandbox acts as the requester
+/// on them, and as anybody else on the rest.
+pub fn clone_sources(
     plan: &JailPlan,
     descriptors: Option<&Descriptors>,
+    requester: HostIds,
     ids: HostIds,
 ) -> Result<Vec<Option<OwnedFd>>> {
     let descriptors = descriptors.ok_or_else(|| fail(Stage::Plan, Errno::EINVAL, "no descriptors"))?;
     if !getuid().is_root() {
         return Err(fail(
-            Stage::Ids,
+            Stage::HostIds,
             Errno::EINVAL,
             "the plan names host ids but the helper is not running as root",
         ));
     }
-    let requester = plan.acting_for.ok_or_else(|| {
-        fail(Stage::Plan, Errno::EINVAL, "the plan names host ids but not the requester they act for")
-    })?;
     let mut trees: Vec<Option<OwnedFd>> = plan.mounts.iter().map(|_| None).collect();
     let mut userns: Option<OwnedFd> = None;
     for (i, m) in plan.mounts.iter().enumerate() {
@@ -65,16 +65,6 @@ pub fn become_unprivileged(
         }
         trees[i] = Some(tree);
     }
-    setgroups(&[]).at(Stage::Ids, || "drop supplementary groups".into())?;
-    setresgid(Gid::from_raw(ids.gid), Gid::from_raw(ids.gid), Gid::from_raw(ids.gid))
-        .at(Stage::Ids, || format!("setresgid {}", ids.gid))?;
-    setresuid(Uid::from_raw(ids.uid), Uid::from_raw(ids.uid), Uid::from_raw(ids.uid))
-        .at(Stage::Ids, || format!("setresuid {}", ids.uid))?;
-    // Leaving root made us non-dumpable, which leaves /proc/self owned by root
-    // and our own uid and gid maps unwritable to us.
-    nix::sys::prctl::set_dumpable(true).at(Stage::Ids, || "PR_SET_DUMPABLE".into())?;
-    // The kernel clears the death signal when credentials change.
-    lifeline::arm_against_caller(plan.parent_pid, Signal::SIGKILL)?;
     Ok(trees)
 }
 

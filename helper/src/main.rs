@@ -30,7 +30,7 @@ use monitor::Role;
 use nix::errno::Errno;
 use nix::sys::prctl;
 use nix::sys::signal::Signal;
-use palisade_protocol::{JailPlan, LandlockFeatures, Stage};
+use palisade_protocol::Stage;
 use std::convert::Infallible;
 
 fn main() {
@@ -52,7 +52,8 @@ fn contain() -> Result<Infallible> {
     // Nothing a caller left open may reach the sandbox (pid 1 never execs).
     fds::close_inherited()?;
     let (plan, received) = fds::read_plan()?;
-    check(&plan)?;
+    // The broker checked it before sending; the helper builds nothing it has not checked itself.
+    plan.check().map_err(|e| fail(Stage::Plan, Errno::EINVAL, format!("the plan asks for {e}")))?;
     // Tier C builds its root from them; Tier B's Landlock rules use them.
     let mut descriptors = Some(fds::Descriptors::new(&plan, received));
     fds::close_on_exec_above_stdio()?;
@@ -64,9 +65,18 @@ fn contain() -> Result<Infallible> {
         cgroup::join(path)?;
     }
     let tether = if plan.namespaces.user {
-        let captured = match plan.host_ids {
-            Some(ids) => hostids::become_unprivileged(&plan, descriptors.as_ref(), ids)?,
-            None => vec![],
+        // The plan names host ids and the requester they act for together, or neither.
+        let captured = match (plan.host_ids, plan.acting_for) {
+            (Some(ids), Some(requester)) => {
+                // As root, in the host's mount namespace: the kernel clones only its own mounts.
+                let trees = hostids::clone_sources(&plan, descriptors.as_ref(), requester, ids)?;
+                // Before any namespace: no process of the sandbox is ever host root.
+                creds::become_host_ids(ids)?;
+                // The kernel clears the death signal when credentials change.
+                lifeline::arm_against_caller(plan.parent_pid, death_signal)?;
+                trees
+            }
+            _ => vec![],
         };
         userns::enter(&plan.namespaces, plan.uid, plan.gid)?;
         let net = if plan.namespaces.net { Some(net::prepare()?) } else { None };
@@ -114,34 +124,4 @@ fn contain() -> Result<Infallible> {
     // Last before execve, so the filter need not allow anything the helper does.
     seccomp::install(&plan.seccomp)?;
     exec::exec(command)
-}
-
-/// What the helper can do with a plan: namespaces need a user namespace to own
-/// them, and a sandbox root needs mount and pid namespaces.
-fn check(plan: &JailPlan) -> Result<()> {
-    let ns = &plan.namespaces;
-    let problem = if !ns.user && (!ns.names().is_empty() || !plan.mounts.is_empty()) {
-        "namespaces or mounts without a user namespace"
-    } else if ns.user && !(ns.mount && ns.pid) {
-        "a user namespace without mount and pid namespaces"
-    } else if plan.host_ids.is_some() && !ns.user {
-        "host ids without a user namespace"
-    } else if !ns.user && plan.uid == 0 {
-        // The kernel exempts host root from RLIMIT_NPROC, and root owns most files.
-        "the command to run as host root without a user namespace"
-    } else if !ns.user && !plan.landlock.required.contains(LandlockFeatures::FS) {
-        // Without namespaces, Landlock is the filesystem boundary.
-        "Tier B without Landlock's filesystem rules as a requirement"
-    } else if plan.acting_for.is_some() && plan.host_ids.is_none() {
-        "a requester to act for without host ids"
-    } else if plan.hostname.is_some() && !ns.uts {
-        "a hostname without a UTS namespace"
-    } else if plan.loopback && !ns.net {
-        "loopback without a network namespace"
-    } else if !plan.program.starts_with('/') {
-        "a program path that is not absolute"
-    } else {
-        return Ok(());
-    };
-    Err(fail(Stage::Plan, Errno::EINVAL, format!("the plan asks for {problem}")))
 }

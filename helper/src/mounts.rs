@@ -23,23 +23,21 @@ use nix::fcntl::{AT_FDCWD, OFlag, OpenHow, ResolveFlag, open, openat2};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::stat::{Mode, SFlag, fstat};
 use nix::unistd::{chdir, mkdir, pivot_root, symlinkat};
-use palisade_protocol::{HelperRecord, JailPlan, Mount, Stage, tmpfs_inodes};
+use palisade_protocol::{
+    DEV_LINKS, DEV_NODES, DEV_PTS, DEV_SHM, HelperRecord, JailPlan, Mount, Stage, tmpfs_inodes,
+};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// A tmpfs mounted over the old root's `/tmp`: it holds the new root and,
 /// next to it, the overlays' layers; after `pivot_root` none of it shows.
 const STAGING: &str = "/tmp";
+/// The staging tmpfs holds mount points and empty files to mount on, nothing else.
+const STAGING_OPTIONS: &str = "size=1m,mode=0755";
 /// The new root: a directory of the staging tmpfs, bound on itself.
 const NEW_ROOT: &str = "/tmp/root";
-const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
-const DEV_LINKS: [(&str, &str); 5] = [
-    ("fd", "/proc/self/fd"),
-    ("stdin", "/proc/self/fd/0"),
-    ("stdout", "/proc/self/fd/1"),
-    ("stderr", "/proc/self/fd/2"),
-    ("ptmx", "pts/ptmx"),
-];
+/// /dev's own tmpfs holds device mount points and symlinks only (it ends up read-only).
+const DEV_OPTIONS: &str = "size=64k,mode=0755";
 
 /// `captured`: trees cloned before the namespaces existed (by a helper
 /// started by root: every bind and overlay source), by mount index.
@@ -49,8 +47,8 @@ pub fn build_root(
     captured: Vec<Option<OwnedFd>>,
 ) -> Result<()> {
     let descriptors = descriptors.ok_or_else(|| fail(Stage::Plan, Errno::EINVAL, "no descriptors"))?;
+    // Targets were checked with the plan: each resolves inside the new root, as written.
     let mounts = &plan.mounts;
-    check_targets(mounts)?;
     // Nothing mounted from here on may propagate back to the host.
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .at(Stage::Mounts, || "make / private".into())?;
@@ -61,7 +59,7 @@ pub fn build_root(
         .collect::<Result<Vec<_>>>()?;
     drop(descriptors);
     let fs_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    mount(Some("tmpfs"), STAGING, Some("tmpfs"), fs_flags, Some("size=1m,mode=0755"))
+    mount(Some("tmpfs"), STAGING, Some("tmpfs"), fs_flags, Some(STAGING_OPTIONS))
         .at(Stage::Mounts, || "mount the staging tmpfs".into())?;
     mkdir(NEW_ROOT, Mode::from_bits_truncate(0o755)).at(Stage::Mounts, || format!("mkdir {NEW_ROOT}"))?;
     // pivot_root wants a mount point: the directory bound on itself.
@@ -84,24 +82,6 @@ pub fn build_root(
     pivot_root(".", ".").at(Stage::Mounts, || "pivot_root".into())?;
     umount2(".", MntFlags::MNT_DETACH).at(Stage::Mounts, || "detach the old root".into())?;
     chdir("/").at(Stage::Mounts, || "chdir /".into())
-}
-
-/// Targets are absolute and normalized, and none lies beneath a symlink the
-/// plan creates: every path resolves inside the new root, as written.
-fn check_targets(mounts: &[Mount]) -> Result<()> {
-    for (i, m) in mounts.iter().enumerate() {
-        let t = m.target();
-        let normalized = t.starts_with('/') && t[1..].split('/').all(|c| !matches!(c, "" | "." | ".."));
-        let under_link = mounts[..i].iter().any(|earlier| {
-            matches!(earlier, Mount::Symlink { .. })
-                && t.starts_with(earlier.target())
-                && t.as_bytes().get(earlier.target().len()) == Some(&b'/')
-        });
-        if !normalized || t == "/" || under_link {
-            return Err(fail(Stage::Mounts, Errno::EINVAL, format!("bad mount target {t:?}")));
-        }
-    }
-    Ok(())
 }
 
 enum Source {
@@ -243,7 +223,7 @@ fn overlay(target: &str, size: u64, lower: OwnedFd, i: usize) -> Result<()> {
 fn build_dev(rel: &str, target: &str, shm: u64, nodes: Vec<OwnedFd>) -> Result<()> {
     make_mount_point(rel, true)?;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
-    mount(Some("tmpfs"), rel, Some("tmpfs"), flags, Some("size=64k,mode=0755"))
+    mount(Some("tmpfs"), rel, Some("tmpfs"), flags, Some(DEV_OPTIONS))
         .at(Stage::Mounts, || format!("mount tmpfs on {target}"))?;
     for (name, node) in DEV_NODES.iter().zip(nodes) {
         let path = format!("{rel}/{name}");
@@ -256,14 +236,14 @@ fn build_dev(rel: &str, target: &str, shm: u64, nodes: Vec<OwnedFd>) -> Result<(
         symlinkat(link, nix::fcntl::AT_FDCWD, format!("{rel}/{name}").as_str())
             .at(Stage::Mounts, || format!("symlink {target}/{name} -> {link}"))?;
     }
-    let (shm_dir, pts) = (format!("{rel}/shm"), format!("{rel}/pts"));
+    let (shm_dir, pts) = (format!("{rel}/{DEV_SHM}"), format!("{rel}/{DEV_PTS}"));
     make_mount_point(&shm_dir, true)?;
     let data = format!("size={shm},nr_inodes={},mode=1777", tmpfs_inodes(shm));
     mount(Some("tmpfs"), shm_dir.as_str(), Some("tmpfs"), flags | MsFlags::MS_NODEV, Some(data.as_str()))
-        .at(Stage::Mounts, || format!("mount tmpfs on {target}/shm"))?;
+        .at(Stage::Mounts, || format!("mount tmpfs on {target}/{DEV_SHM}"))?;
     make_mount_point(&pts, true)?;
     mount(Some("devpts"), pts.as_str(), Some("devpts"), flags, Some("newinstance,ptmxmode=0666,mode=0620"))
-        .at(Stage::Mounts, || format!("mount devpts on {target}/pts"))?;
+        .at(Stage::Mounts, || format!("mount devpts on {target}/{DEV_PTS}"))?;
     set_attributes(None, rel, libc::MOUNT_ATTR_RDONLY, false)
         .at(Stage::Mounts, || format!("make {target} read-only"))
 }

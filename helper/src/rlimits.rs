@@ -4,22 +4,27 @@
 
 use crate::error::{Context, Result};
 use nix::sys::resource::{Resource, setrlimit};
-use palisade_protocol::{Rlimit, Rlimits, Stage};
+use palisade_protocol::{RlimitName, Rlimits, Stage};
 
+/// Sets every limit of the plan's table.
 pub fn apply(limits: &Rlimits) -> Result<()> {
-    let all: [(Resource, &str, Rlimit); 6] = [
-        (Resource::RLIMIT_AS, "RLIMIT_AS", limits.address_space),
-        (Resource::RLIMIT_CPU, "RLIMIT_CPU", limits.cpu_seconds),
-        (Resource::RLIMIT_NPROC, "RLIMIT_NPROC", limits.processes),
-        (Resource::RLIMIT_NOFILE, "RLIMIT_NOFILE", limits.open_files),
-        (Resource::RLIMIT_FSIZE, "RLIMIT_FSIZE", limits.file_size),
-        (Resource::RLIMIT_CORE, "RLIMIT_CORE", limits.core),
-    ];
-    for (resource, name, limit) in all {
-        setrlimit(resource, limit.soft, limit.hard)
-            .at(Stage::Rlimits, || format!("setrlimit {name} {}/{}", show(limit.soft), show(limit.hard)))?;
+    for (name, limit) in limits.table() {
+        setrlimit(resource(name), limit.soft, limit.hard).at(Stage::Rlimits, || {
+            format!("setrlimit RLIMIT_{name} {}/{}", show(limit.soft), show(limit.hard))
+        })?;
     }
     Ok(())
+}
+
+fn resource(name: RlimitName) -> Resource {
+    match name {
+        RlimitName::As => Resource::RLIMIT_AS,
+        RlimitName::Cpu => Resource::RLIMIT_CPU,
+        RlimitName::Nproc => Resource::RLIMIT_NPROC,
+        RlimitName::Nofile => Resource::RLIMIT_NOFILE,
+        RlimitName::Fsize => Resource::RLIMIT_FSIZE,
+        RlimitName::Core => Resource::RLIMIT_CORE,
+    }
 }
 
 fn show(v: u64) -> String {

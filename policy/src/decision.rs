@@ -17,9 +17,10 @@ use crate::capabilities::{
 use crate::config::{Config, DiskMode, FallbackPolicy, PolicyConfig};
 use crate::egress::{self, EgressMode};
 use crate::host::{Host, HostCapabilities, HostFiles};
-use crate::jail::{BuildError, ETC_ENTRIES, JailSpec, Limits, build_plan};
+use crate::jail::{ETC_ENTRIES, JailSpec, Limits, build_plan};
 use crate::validate::{self, HOME_SENSITIVE_NAMES, Rules, SENSITIVE_NAMES};
 use crate::{Preset, paths};
+use palisade_protocol::attest::{Disk, Memory, Network, Scratch, TmpfsBudget, UpperLayers, WritableDirs};
 use palisade_protocol::wire::{ErrorKind, ParamValue, RunRequest};
 use palisade_protocol::{HostIds, JailPlan, LandlockFeatures, Tier};
 use std::collections::BTreeMap;
@@ -28,11 +29,6 @@ use std::time::Duration;
 
 /// PATH inside the sandbox, also used to resolve a bare command name.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-/// What a sandbox finds in /dev.
-const DEVICES: [&str; 13] = [
-    "null", "zero", "full", "random", "urandom", "tty", "shm", "pts", "ptmx", "fd", "stdin", "stdout",
-    "stderr",
-];
 
 /// Where a temporary workspace appears inside a Tier C sandbox (a tmpfs).
 pub const TEMP_WORKSPACE: &str = "/workspace";
@@ -124,12 +120,12 @@ pub struct Resolved {
     /// The tool run, if any.
     pub tool: Option<String>,
     pub capabilities: Capabilities,
-    /// Human labels for the attestation and `palisade explain`.
-    pub network: String,
-    pub egress: String,
-    pub disk: String,
+    /// What the attestation and `palisade explain` say was in force.
+    pub network: Network,
+    pub egress: EgressMode,
+    pub disk: Disk,
     /// What bounded the run's memory, tmpfs mounts included.
-    pub memory: String,
+    pub memory: Memory,
     pub warnings: Vec<String>,
 }
 
@@ -539,7 +535,7 @@ impl Policy {
         roots.extend(grants.read_write.iter().cloned());
         roots.extend(grants.temp_workspace.iter().cloned());
         roots.push(PathBuf::from("/proc"));
-        roots.extend(DEVICES.iter().map(|d| Path::new("/dev").join(d)));
+        roots.extend(palisade_protocol::dev_entries().map(|d| Path::new("/dev").join(d)));
         let private = match grants.tier {
             Tier::C => vec![PathBuf::from("/tmp")],
             Tier::B => {
@@ -695,14 +691,7 @@ impl Policy {
         limits: RunLimits,
     ) -> Result<Resolved, Denial> {
         let spec = self.jail_spec(host, ctx, req, &draft, &limits)?;
-        let plan = build_plan(&spec).map_err(|e| match e {
-            BuildError::TooManyPaths(_) => {
-                Denial::new(ErrorKind::InvalidRequest, "filesystem.too_many_paths", e.to_string())
-            }
-            BuildError::Seccomp(_) => {
-                Denial::new(ErrorKind::RuntimeFailure, "seccomp.compile", e.to_string())
-            }
-        })?;
+        let plan = build_plan(&spec).map_err(|e| Denial::new(e.kind(), e.rule(), e.to_string()))?;
         let Draft { profile, warnings, grants, cgroup, .. } = draft;
         let labels = Labels {
             tier: grants.tier,
@@ -729,7 +718,7 @@ impl Policy {
             tool: profile.tool,
             capabilities: profile.capabilities,
             network,
-            egress: profile.egress.to_string(),
+            egress: profile.egress,
             disk,
             memory,
             warnings,
@@ -895,7 +884,7 @@ fn host_network(profile: &Profile) -> bool {
     }
 }
 
-/// What a run's attestation and explanation say was in force, in words.
+/// What a run's attestation and explanation say was in force.
 struct Labels<'a> {
     tier: Tier,
     host_network: bool,
@@ -906,58 +895,47 @@ struct Labels<'a> {
 }
 
 impl Labels<'_> {
-    fn network(&self, capability: &NetworkCapability, egress: EgressMode) -> String {
-        match (self.host_network, capability, egress) {
-            (false, _, _) if self.tier == Tier::C => {
-                "none: a network namespace with only loopback".to_string()
+    fn network(&self, capability: &NetworkCapability, egress: EgressMode) -> Network {
+        match (self.host_network, capability) {
+            (false, _) if self.tier == Tier::C => Network::LoopbackOnly,
+            (false, _) => Network::NoSockets,
+            (true, NetworkCapability::AllowDomains(d)) => {
+                Network::HostDomains { domains: d.clone(), preflight: egress == EgressMode::Preflight }
             }
-            (false, _, _) => {
-                "none: no socket() but socketpair, Landlock TCP rules (no namespace)".to_string()
-            }
-            (true, n @ NetworkCapability::AllowDomains(_), EgressMode::Preflight) => format!(
-                "host network ({n}): preflight checked the hosts named on the command line; \
-                 nothing stops a connection to any other address, host loopback included"
-            ),
-            (true, n, _) => format!("host network ({n})"),
+            (true, _) => Network::Host,
         }
     }
 
-    fn disk(&self, temp_workspace: bool, writable: bool) -> String {
-        let size = crate::explain::size;
-        let writes = match (self.tier, self.disk, writable) {
-            (_, _, false) => String::new(),
-            (Tier::C, DiskMode::Overlay, true) => format!(
-                "; writable directories: overlay, writes held in a {} tmpfs and copied back when the command exits by itself",
-                size(self.tmpfs.upper)
-            ),
-            (_, _, true) => {
-                "; writable directories: direct, bounded by RLIMIT_FSIZE per file only".to_string()
+    fn disk(&self, temp_workspace: bool, writable: bool) -> Disk {
+        let writable = match (self.tier, self.disk, writable) {
+            (_, _, false) => None,
+            (Tier::C, DiskMode::Overlay, true) => {
+                Some(WritableDirs::Overlay { upper_bytes: self.tmpfs.upper })
             }
+            (_, _, true) => Some(WritableDirs::Direct),
         };
-        match (self.tier, temp_workspace) {
+        let scratch = match (self.tier, temp_workspace) {
             (Tier::C, true) => {
-                format!("tmpfs {TEMP_WORKSPACE} and /tmp of {} each{writes}", size(self.tmpfs.tmp))
+                Scratch::WorkspaceAndTmp { workspace: TEMP_WORKSPACE.into(), bytes: self.tmpfs.tmp }
             }
-            (Tier::C, false) => format!("tmpfs /tmp of {}{writes}", size(self.tmpfs.tmp)),
-            (Tier::B, _) => format!("host directories{writes}"),
-        }
+            (Tier::C, false) => Scratch::Tmp { bytes: self.tmpfs.tmp },
+            (Tier::B, _) => Scratch::Host,
+        };
+        Disk { scratch, writable }
     }
 
-    fn memory(&self) -> String {
-        let size = crate::explain::size;
+    fn memory(&self) -> Memory {
+        let t = &self.tmpfs;
+        let budget = TmpfsBudget {
+            tmp: t.tmp,
+            workspace: (t.workspace > 0).then(|| TEMP_WORKSPACE.to_string()),
+            upper_layers: (t.overlays > 0).then_some(UpperLayers { count: t.overlays, bytes_each: t.upper }),
+            shm: t.shm,
+        };
         match (self.cgroup, self.tier) {
-            (Some(c), _) => format!(
-                "cgroup {}: {} for the whole run, tmpfs pages included",
-                if c.v1 { "memory.limit_in_bytes" } else { "memory.max" },
-                size(self.memory_bytes)
-            ),
-            (None, Tier::C) => format!(
-                "RLIMIT_AS {} per process; /tmp, /dev/shm and overlay upper layers {} together ({})",
-                size(self.memory_bytes),
-                size(self.tmpfs.total()),
-                self.tmpfs.describe(&size)
-            ),
-            (None, Tier::B) => format!("RLIMIT_AS {} per process", size(self.memory_bytes)),
+            (Some(c), _) => Memory::Cgroup { v1: c.v1, bytes: self.memory_bytes },
+            (None, Tier::C) => Memory::Rlimit { address_space: self.memory_bytes, tmpfs: Some(budget) },
+            (None, Tier::B) => Memory::Rlimit { address_space: self.memory_bytes, tmpfs: None },
         }
     }
 }
@@ -1042,18 +1020,6 @@ impl TmpfsSizes {
             ((u128::from(b) * u128::from(budget) / u128::from(total)) as u64 / PAGE * PAGE).max(PAGE)
         };
         TmpfsSizes { tmp: scale(self.tmp), upper: scale(self.upper), shm: scale(self.shm), ..self }
-    }
-
-    fn describe(&self, mib: &dyn Fn(u64) -> String) -> String {
-        let mut parts = vec![format!("/tmp {}", mib(self.tmp))];
-        if self.workspace > 0 {
-            parts.push(format!("{TEMP_WORKSPACE} {}", mib(self.tmp)));
-        }
-        if self.overlays > 0 {
-            parts.push(format!("{} upper layer(s) of {}", self.overlays, mib(self.upper)));
-        }
-        parts.push(format!("/dev/shm {}", mib(self.shm)));
-        parts.join(", ")
     }
 }
 

@@ -2,32 +2,9 @@
 //! the allow-list admits them. This is a user-space check (it cannot see a
 //! host a program computes); `strict` adds the kernel's network namespace.
 
-use serde::Deserialize;
-use std::fmt;
-
-/// How network access is checked and enforced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum EgressMode {
-    /// No check.
-    None,
-    /// Hosts named in the arguments must be on the allow-list.
-    #[default]
-    Preflight,
-    /// Preflight, and the kernel enforces it: a network namespace with only
-    /// loopback. Refused where the host cannot create one.
-    Strict,
-}
-
-impl fmt::Display for EgressMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            EgressMode::None => "none",
-            EgressMode::Preflight => "preflight",
-            EgressMode::Strict => "strict",
-        })
-    }
-}
+/// How network access is checked and enforced: defined beside the
+/// attestation, which reports it.
+pub use palisade_protocol::attest::EgressMode;
 
 /// Network tools whose bare `host:path` arguments name remote hosts.
 const SCP_LIKE: [&str; 3] = ["scp", "rsync", "sftp"];

@@ -4,7 +4,7 @@
 use crate::capabilities::{EnvironmentCapability, FsCapability};
 use crate::decision::{Decision, Resolved};
 use crate::seccomp;
-use palisade_protocol::{LandlockFeatures, Mount, Rlimit};
+use palisade_protocol::{DEV_NODES, LandlockFeatures, Mount, Rlimit};
 use std::fmt::Write;
 
 const KIB: u64 = 1 << 10;
@@ -124,10 +124,7 @@ fn allow(out: &mut String, r: &Resolved) {
                 Mount::Tmpfs { target, size_bytes, .. } => format!("{target}  tmpfs, {}", size(*size_bytes)),
                 Mount::Proc { target } => format!("{target}  proc (the sandbox's processes only)"),
                 Mount::Dev { target, shm_bytes } => {
-                    format!(
-                        "{target}  null zero full random urandom tty, pts, shm (tmpfs, {})",
-                        size(*shm_bytes)
-                    )
+                    format!("{target}  {}, pts, shm (tmpfs, {})", DEV_NODES.join(" "), size(*shm_bytes))
                 }
                 Mount::Symlink { target, link } => format!("{target} -> {link}"),
                 Mount::Overlay { source, target, size_bytes, .. } => {

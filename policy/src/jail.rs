@@ -6,9 +6,10 @@
 //! decides nothing.
 
 use crate::seccomp;
+use palisade_protocol::wire::ErrorKind;
 use palisade_protocol::{
     HostIds, HostPath, JailPlan, LandlockFeatures, LandlockPlan, Mount, Namespaces, PLAN_MAX_DESCRIPTORS,
-    RLIM_INFINITY, Rlimit, Rlimits, Tier,
+    PlanInvariant, RLIM_INFINITY, Rlimit, Rlimits, Tier,
 };
 use std::path::{Path, PathBuf};
 
@@ -41,11 +42,20 @@ pub const ETC_ENTRIES: [&str; 22] = [
     "/etc/timezone",
 ];
 
-/// Host device files a Tier B sandbox may use (Tier C gets its own /dev).
-pub const TIER_B_DEVICES: [&str; 6] =
-    ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"];
+/// `/tmp`'s mode: anyone may create files, only their owner removes them.
+const TMP_MODE: u32 = 0o1777;
+/// A temporary workspace's mode: the sandbox's uid owns it, others read.
+const TEMP_WORKSPACE_MODE: u32 = 0o755;
+/// The empty tmpfs over a hidden directory: one page, mode 0 (nothing to
+/// list, nothing to create).
+const HIDDEN_DIR_BYTES: u64 = 4096;
+const HIDDEN_DIR_MODE: u32 = 0o000;
+/// RLIMIT_CPU's hard limit is this many seconds past the soft one: SIGXCPU
+/// at the soft limit lets a program stop by itself, SIGKILL follows.
+const CPU_KILL_GRACE_SECONDS: u64 = 1;
 
-/// Resource limits of one run.
+/// Resource limits of one run, resolved from the configuration (a value of
+/// 0 is no limit).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     pub memory_bytes: u64,
@@ -55,22 +65,10 @@ pub struct Limits {
     pub file_size_bytes: u64,
     /// Size of the tmpfs `/tmp` (and of a temporary workspace).
     pub tmp_bytes: u64,
-    /// Size of the tmpfs `/dev/shm`.
+    /// Size of the tmpfs `/dev/shm`: shared memory is memory, so the policy
+    /// gives it the run's memory limit (less, without a cgroup, what the
+    /// other tmpfs mounts take of it).
     pub shm_bytes: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            memory_bytes: 512 << 20,
-            cpu_seconds: 300,
-            processes: 256,
-            open_files: 1024,
-            file_size_bytes: 1 << 30,
-            tmp_bytes: 256 << 20,
-            shm_bytes: 64 << 20,
-        }
-    }
 }
 
 /// A resolved sandbox: paths are absolute and canonical, the command resolved.
@@ -136,7 +134,7 @@ pub fn depth_then_name(a: &Mount, b: &Mount) -> std::cmp::Ordering {
 
 /// How this host lays out its system directories: the symlinks among them
 /// (as their link text), the real ones, and all of them canonical; and which
-/// of the [`ETC_ENTRIES`] and [`TIER_B_DEVICES`] it has. Gathered by the
+/// of the [`ETC_ENTRIES`] and [`DEV_NODES`] (as `/dev/<name>`) it has. Gathered by the
 /// broker (see [`crate::Host`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Layout {
@@ -164,115 +162,62 @@ pub enum BuildError {
     Seccomp(#[from] seccomp::SeccompError),
     #[error("the sandbox would need {0} host paths; a plan carries at most {PLAN_MAX_DESCRIPTORS}")]
     TooManyPaths(usize),
+    /// A plan that breaks its own rules: a bug of the policy, never sent.
+    #[error("the resolved plan asks for {0}")]
+    Invariant(#[from] PlanInvariant),
 }
 
-/// Builds the plan. Tier C: a private root of read-only system binds, the
-/// writable directories, tmpfs /tmp, fresh /proc and minimal /dev, with
-/// Landlock rules mirroring it. Tier B: the host's root, confined by Landlock
-/// alone.
+impl BuildError {
+    /// The kind a client sees.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            BuildError::TooManyPaths(_) => ErrorKind::InvalidRequest,
+            BuildError::Seccomp(_) | BuildError::Invariant(_) => ErrorKind::RuntimeFailure,
+        }
+    }
+
+    /// The stable name of the rule that refused.
+    pub fn rule(&self) -> &'static str {
+        match self {
+            BuildError::TooManyPaths(_) => "filesystem.too_many_paths",
+            BuildError::Seccomp(_) => "seccomp.compile",
+            BuildError::Invariant(_) => "plan.invariant",
+        }
+    }
+}
+
+/// Builds the plan, and checks it before anything is sent. Tier C: a
+/// private root of read-only system binds, the writable directories, tmpfs
+/// /tmp, fresh /proc and minimal /dev, with Landlock rules mirroring it.
+/// Tier B: the host's root, confined by Landlock alone.
 pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, BuildError> {
     let under_etc = |p: &PathBuf| p.starts_with("/etc");
-    let etc_view = spec.etc_view.as_ref().filter(|_| {
+    let etc_view = spec.etc_view.as_deref().filter(|_| {
         spec.tier == Tier::C
             && !(spec.read_write.iter().chain(&spec.read_only).chain(&spec.temp_workspace).any(under_etc))
     });
     // With the snapshot, the entries are not bound one by one: it holds them.
     let (links, system) = system_paths(&spec.layout, etc_view.is_none());
-    let read_write: Vec<String> = spec.read_write.iter().map(|p| s(p)).collect();
-    let read_only: Vec<String> = spec.read_only.iter().map(|p| s(p)).collect();
-    let mut exec: Vec<String> = system.iter().filter(|p| !p.starts_with("/etc")).cloned().collect();
-    exec.extend(spec.exec_dirs.iter().map(|p| s(p)));
-
-    let mut wanted = LandlockFeatures::FS
-        .union(LandlockFeatures::FS_REFER)
-        .union(LandlockFeatures::FS_TRUNCATE)
-        .union(LandlockFeatures::SCOPE_ABSTRACT_UNIX)
-        .union(LandlockFeatures::SCOPE_SIGNAL);
-    // Tier C cuts the network with a namespace (loopback inside stays usable);
-    // Tier B has only Landlock's TCP rules and the seccomp socket families.
-    let ip_sockets = spec.host_network || spec.tier == Tier::C;
-    if spec.tier == Tier::B && !spec.host_network {
-        wanted = wanted.union(LandlockFeatures::NET_TCP);
-    }
-    let mut landlock = LandlockPlan {
-        wanted,
-        required: spec.landlock_required.intersection(wanted),
-        read: system.clone(),
-        write: read_write.clone(),
-        execute: exec,
-        list: vec![],
-        tcp_bind: vec![],
-        tcp_connect: vec![],
-    };
-    landlock.read.extend(read_only.iter().cloned());
-
+    let mut landlock = landlock_rules(spec, &system);
     let (namespaces, mut mounts, hostname) = match spec.tier {
         Tier::C => {
-            let mut mounts: Vec<Mount> =
-                links.iter().map(|(t, l)| Mount::Symlink { target: t.clone(), link: l.clone() }).collect();
-            let bind = |p: &String, writable, owned| Mount::Bind {
-                source: p.clone(),
-                target: p.clone(),
-                writable,
-                owned,
-            };
-            match etc_view {
-                Some(view) => {
-                    mounts.extend(
-                        system.iter().filter(|p| !p.starts_with("/etc/")).map(|p| bind(p, false, false)),
-                    );
-                    mounts.push(Mount::Bind {
-                        source: s(view),
-                        target: "/etc".into(),
-                        writable: false,
-                        owned: false,
-                    });
-                }
-                None => mounts.extend(system.iter().map(|p| bind(p, false, false))),
-            }
-            mounts.extend(read_only.iter().map(|p| bind(p, false, true)));
-            mounts.extend(read_write.iter().map(|p| match spec.write_bound {
-                Some(size_bytes) => {
-                    Mount::Overlay { source: p.clone(), target: p.clone(), size_bytes, owned: true }
-                }
-                None => bind(p, true, true),
-            }));
-            mounts.push(Mount::Tmpfs {
-                target: "/tmp".into(),
-                size_bytes: spec.limits.tmp_bytes,
-                mode: 0o1777,
-            });
-            if let Some(t) = &spec.temp_workspace {
-                mounts.push(Mount::Tmpfs { target: s(t), size_bytes: spec.limits.tmp_bytes, mode: 0o755 });
-                landlock.write.push(s(t));
-            }
-            mounts.push(Mount::Proc { target: "/proc".into() });
-            mounts.push(Mount::Dev { target: "/dev".into(), shm_bytes: spec.limits.shm_bytes });
-            mounts.extend(spec.hidden.iter().map(|(p, is_dir)| hiding(p, *is_dir)));
-            // The private /etc holds only the curated entries: one rule covers them.
-            if etc_view.is_some() || landlock.read.iter().any(|p| p.starts_with("/etc/")) {
-                landlock.read.retain(|p| !p.starts_with("/etc/") && p != "/etc");
-                landlock.read.push("/etc".into());
-            }
-            landlock.read.push("/proc".into());
-            landlock.write.extend(["/tmp".to_string(), "/dev".to_string()]);
-            // Inside the private root, listing directories reveals nothing that is not mounted.
-            landlock.list.push("/".into());
+            let mounts = tier_c_mounts(spec, &links, &system, etc_view);
+            tier_c_landlock(spec, etc_view.is_some(), &mut landlock);
             let ns = Namespaces { net: !spec.host_network, ..Namespaces::ALL };
             (ns, mounts, Some(spec.hostname.clone()))
         }
         Tier::B => {
-            landlock.read.push("/proc".into());
-            landlock.write.extend(spec.layout.devices.iter().cloned());
-            landlock.write.extend(spec.tmp_dir.iter().map(|p| s(p)));
+            tier_b_landlock(spec, &mut landlock);
             (Namespaces::NONE, vec![], None)
         }
     };
     mounts.sort_by(depth_then_name);
     let descriptors = descriptors(spec, &mounts, &landlock)?;
-    let l = &spec.limits;
-    let profile = seccomp::Profile { tier: spec.tier, ip: ip_sockets, fork: !spec.no_fork };
-    Ok(JailPlan {
+    // Tier C cuts the network with a namespace (loopback inside stays usable);
+    // Tier B has only Landlock's TCP rules and the seccomp socket families.
+    let ip = spec.host_network || spec.tier == Tier::C;
+    let profile = seccomp::Profile { tier: spec.tier, ip, fork: !spec.no_fork };
+    let plan = JailPlan {
         program: spec.program.clone(),
         argv: spec.argv.clone(),
         env: spec.env.clone(),
@@ -286,21 +231,116 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, BuildError> {
         namespaces,
         mounts,
         hostname,
-        rlimits: Rlimits {
-            address_space: limit(l.memory_bytes),
-            // SIGXCPU at the limit, SIGKILL a second later.
-            cpu_seconds: Rlimit { soft: l.cpu_seconds, hard: l.cpu_seconds.saturating_add(1) },
-            processes: limit(l.processes),
-            open_files: limit(l.open_files),
-            file_size: limit(l.file_size_bytes),
-            core: Rlimit::both(0),
-        },
+        rlimits: rlimits(&spec.limits),
         landlock,
         seccomp: seccomp::default_program(profile)?.to_vec(),
         monitor_seccomp: seccomp::monitor_program()?.to_vec(),
         cgroup: spec.cgroup.clone(),
         parent_pid: spec.parent_pid,
-    })
+    };
+    plan.check()?;
+    Ok(plan)
+}
+
+/// The Landlock rules both tiers start from: the system paths readable and
+/// executable, the grants as granted.
+fn landlock_rules(spec: &JailSpec, system: &[String]) -> LandlockPlan {
+    let mut wanted = LandlockFeatures::FS
+        .union(LandlockFeatures::FS_REFER)
+        .union(LandlockFeatures::FS_TRUNCATE)
+        .union(LandlockFeatures::SCOPE_ABSTRACT_UNIX)
+        .union(LandlockFeatures::SCOPE_SIGNAL);
+    if spec.tier == Tier::B && !spec.host_network {
+        wanted = wanted.union(LandlockFeatures::NET_TCP);
+    }
+    let mut execute: Vec<String> = system.iter().filter(|p| !p.starts_with("/etc")).cloned().collect();
+    execute.extend(spec.exec_dirs.iter().map(|p| s(p)));
+    LandlockPlan {
+        wanted,
+        required: spec.landlock_required.intersection(wanted),
+        read: system.iter().cloned().chain(spec.read_only.iter().map(|p| s(p))).collect(),
+        write: spec.read_write.iter().map(|p| s(p)).collect(),
+        execute,
+        list: vec![],
+        tcp_bind: vec![],
+        tcp_connect: vec![],
+    }
+}
+
+/// Tier C's root: the system directories (and their symlinks), /etc, the
+/// grants, the tmpfs mounts, /proc, /dev, and what hides sensitive entries.
+fn tier_c_mounts(
+    spec: &JailSpec,
+    links: &[(String, String)],
+    system: &[String],
+    etc_view: Option<&Path>,
+) -> Vec<Mount> {
+    let bind =
+        |p: &String, writable, owned| Mount::Bind { source: p.clone(), target: p.clone(), writable, owned };
+    let mut mounts: Vec<Mount> =
+        links.iter().map(|(t, l)| Mount::Symlink { target: t.clone(), link: l.clone() }).collect();
+    match etc_view {
+        Some(view) => {
+            mounts.extend(system.iter().filter(|p| !p.starts_with("/etc/")).map(|p| bind(p, false, false)));
+            mounts.push(Mount::Bind {
+                source: s(view),
+                target: "/etc".into(),
+                writable: false,
+                owned: false,
+            });
+        }
+        None => mounts.extend(system.iter().map(|p| bind(p, false, false))),
+    }
+    mounts.extend(spec.read_only.iter().map(|p| bind(&s(p), false, true)));
+    mounts.extend(spec.read_write.iter().map(|p| match spec.write_bound {
+        Some(size_bytes) => Mount::Overlay { source: s(p), target: s(p), size_bytes, owned: true },
+        None => bind(&s(p), true, true),
+    }));
+    let tmp_bytes = spec.limits.tmp_bytes;
+    mounts.push(Mount::Tmpfs { target: "/tmp".into(), size_bytes: tmp_bytes, mode: TMP_MODE });
+    if let Some(t) = &spec.temp_workspace {
+        mounts.push(Mount::Tmpfs { target: s(t), size_bytes: tmp_bytes, mode: TEMP_WORKSPACE_MODE });
+    }
+    mounts.push(Mount::Proc { target: "/proc".into() });
+    mounts.push(Mount::Dev { target: "/dev".into(), shm_bytes: spec.limits.shm_bytes });
+    mounts.extend(spec.hidden.iter().map(|(p, is_dir)| hiding(p, *is_dir)));
+    mounts
+}
+
+/// Tier C's Landlock rules mirror its root.
+fn tier_c_landlock(spec: &JailSpec, etc_view: bool, landlock: &mut LandlockPlan) {
+    landlock.write.extend(spec.temp_workspace.iter().map(|p| s(p)));
+    // The private /etc holds only the curated entries: one rule covers them.
+    if etc_view || landlock.read.iter().any(|p| p.starts_with("/etc/")) {
+        landlock.read.retain(|p| !p.starts_with("/etc/") && p != "/etc");
+        landlock.read.push("/etc".into());
+    }
+    landlock.read.push("/proc".into());
+    landlock.write.extend(["/tmp".to_string(), "/dev".to_string()]);
+    // Inside the private root, listing directories reveals nothing that is not mounted.
+    landlock.list.push("/".into());
+}
+
+/// Tier B sees the host's root: the harmless device nodes and the run's own
+/// temporary directory are all it may write beyond its grants.
+fn tier_b_landlock(spec: &JailSpec, landlock: &mut LandlockPlan) {
+    landlock.read.push("/proc".into());
+    landlock.write.extend(spec.layout.devices.iter().cloned());
+    landlock.write.extend(spec.tmp_dir.iter().map(|p| s(p)));
+}
+
+fn rlimits(l: &Limits) -> Rlimits {
+    Rlimits {
+        address_space: limit(l.memory_bytes),
+        cpu_seconds: Rlimit {
+            soft: l.cpu_seconds,
+            hard: l.cpu_seconds.saturating_add(CPU_KILL_GRACE_SECONDS),
+        },
+        processes: limit(l.processes),
+        open_files: limit(l.open_files),
+        file_size: limit(l.file_size_bytes),
+        core: Rlimit::both(0),
+    }
 }
 
 /// The host paths the helper gets as descriptors: every bind and overlay
@@ -350,11 +390,87 @@ fn descriptors(
 /// /dev/null over a file.
 fn hiding(path: &Path, is_dir: bool) -> Mount {
     match is_dir {
-        true => Mount::Tmpfs { target: s(path), size_bytes: 4096, mode: 0o000 },
+        true => Mount::Tmpfs { target: s(path), size_bytes: HIDDEN_DIR_BYTES, mode: HIDDEN_DIR_MODE },
         false => Mount::Bind { source: "/dev/null".into(), target: s(path), writable: false, owned: false },
     }
 }
 
 fn limit(v: u64) -> Rlimit {
     Rlimit::both(if v == 0 { RLIM_INFINITY } else { v })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(tier: Tier) -> JailSpec {
+        let ws = std::env::temp_dir();
+        JailSpec {
+            tier,
+            program: "/usr/bin/true".into(),
+            argv: vec!["true".into()],
+            env: vec![],
+            cwd: ws.clone(),
+            read_write: vec![ws.clone()],
+            read_only: vec![],
+            exec_dirs: vec![],
+            tmp_dir: Some(ws),
+            host_network: false,
+            limits: Limits {
+                memory_bytes: 1 << 30,
+                cpu_seconds: 10,
+                processes: 64,
+                open_files: 256,
+                file_size_bytes: 1 << 20,
+                tmp_bytes: 1 << 20,
+                shm_bytes: 1 << 30,
+            },
+            landlock_required: LandlockFeatures::FS,
+            hostname: "palisade".into(),
+            uid: 1000,
+            gid: 1000,
+            host_ids: None,
+            acting_for: None,
+            parent_pid: 1,
+            cgroup: None,
+            no_fork: false,
+            temp_workspace: None,
+            write_bound: None,
+            hidden: vec![],
+            etc_view: None,
+            layout: Layout {
+                devices: palisade_protocol::DEV_NODES.iter().map(|n| format!("/dev/{n}")).collect(),
+                ..Layout::default()
+            },
+        }
+    }
+
+    #[test]
+    fn plans_are_checked_before_they_leave_the_policy() {
+        for tier in [Tier::B, Tier::C] {
+            let plan = build_plan(&spec(tier)).expect("a consistent plan");
+            assert_eq!(plan.check(), Ok(()));
+            assert_eq!(plan.rlimits.cpu_seconds, Rlimit { soft: 10, hard: 10 + CPU_KILL_GRACE_SECONDS });
+        }
+        // Tier B as host root: the policy's own check refuses it, by name.
+        let mut root = spec(Tier::B);
+        (root.uid, root.gid) = (0, 0);
+        let err = build_plan(&root).unwrap_err();
+        assert!(matches!(err, BuildError::Invariant(PlanInvariant::HostRoot)), "{err}");
+        assert_eq!((err.kind(), err.rule()), (ErrorKind::RuntimeFailure, "plan.invariant"));
+    }
+
+    #[test]
+    fn dev_shm_is_the_size_the_limits_give() {
+        let plan = build_plan(&spec(Tier::C)).unwrap();
+        let dev = plan.mounts.iter().find(|m| matches!(m, Mount::Dev { .. }));
+        assert_eq!(dev, Some(&Mount::Dev { target: "/dev".into(), shm_bytes: 1 << 30 }));
+        // Tier B may write the host's harmless device nodes, and no other device.
+        let plan = build_plan(&spec(Tier::B)).unwrap();
+        let devices: Vec<&String> = plan.landlock.write.iter().filter(|p| p.starts_with("/dev/")).collect();
+        assert!(
+            devices.iter().all(|d| palisade_protocol::DEV_NODES.contains(&&d["/dev/".len()..])),
+            "{devices:?}"
+        );
+    }
 }

@@ -1,16 +1,22 @@
 //! Formats that cross palisade's process boundaries.
 //!
-//! - [`plan`]: the broker → helper `JailPlan` (fd 3).
+//! - [`plan`]: the broker → helper `JailPlan` (fd 3), the tables it relies
+//!   on (the /dev layout, the rlimits) and, in [`check`], its invariants.
 //! - [`status`]: the helper → broker status records (fd 4).
-//! - [`wire`]: client ⇄ broker messages (the Unix socket).
+//! - [`wire`]: client ⇄ broker messages (the Unix socket); the attestation
+//!   they carry is typed in [`attest`].
 
+pub mod attest;
+pub mod check;
 pub mod plan;
 pub mod status;
 pub mod wire;
 
+pub use check::PlanInvariant;
 pub use plan::{
-    BpfInstruction, HostIds, HostPath, JailPlan, LandlockFeatures, LandlockPlan, Mount, Namespaces,
-    PLAN_ARCH, PLAN_MAX_BYTES, PLAN_MAX_DESCRIPTORS, PLAN_VERSION, PlanError, RLIM_INFINITY, Rlimit, Rlimits,
-    Tier, decode_plan, encode_plan, tmpfs_inodes,
+    BpfInstruction, DEV_LINKS, DEV_NODES, DEV_PTS, DEV_SHM, HostIds, HostPath, JailPlan, LandlockFeatures,
+    LandlockPlan, Mount, Namespaces, PLAN_ARCH, PLAN_MAX_BYTES, PLAN_MAX_DESCRIPTORS, PLAN_VERSION,
+    PlanError, RLIM_INFINITY, Rlimit, RlimitName, Rlimits, Tier, decode_plan, dev_entries, encode_plan,
+    tmpfs_inodes,
 };
 pub use status::{ExitReport, HelperFailure, HelperRecord, LandlockReport, RulesetState, Stage};

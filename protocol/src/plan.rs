@@ -120,11 +120,9 @@ pub enum Tier {
 }
 
 impl fmt::Display for Tier {
+    /// The executor's name: `linux-tier-b`, `linux-tier-c`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Tier::B => "linux-tier-b",
-            Tier::C => "linux-tier-c",
-        })
+        crate::attest::Executor::from(*self).fmt(f)
     }
 }
 
@@ -184,8 +182,8 @@ pub enum Mount {
     Tmpfs { target: String, size_bytes: u64, mode: u32 },
     /// A fresh procfs for the sandbox's pid namespace.
     Proc { target: String },
-    /// A minimal /dev: null, zero, full, random, urandom, tty, pts, and
-    /// `shm`, a tmpfs of `shm_bytes`.
+    /// A minimal /dev laid out as [`DEV_NODES`], [`DEV_LINKS`], a private
+    /// devpts at [`DEV_PTS`] and, at [`DEV_SHM`], a tmpfs of `shm_bytes`.
     Dev { target: String, shm_bytes: u64 },
     /// A symbolic link (for merged-/usr layouts: `/bin -> usr/bin`).
     Symlink { target: String, link: String },
@@ -196,11 +194,42 @@ pub enum Mount {
     Overlay { source: String, target: String, size_bytes: u64, owned: bool },
 }
 
-/// The files a tmpfs of `size_bytes` may hold: one per 8 KiB, at least
-/// 1024. Without a bound, a tmpfs takes up to half of RAM's pages in inodes,
-/// whose memory `size=` does not count: empty files could grow past it.
+/// Bytes of a tmpfs per file it may hold: half the kernel's default density
+/// (one inode per page of a tmpfs's default size), so inode memory stays in
+/// proportion to the size.
+pub const TMPFS_BYTES_PER_INODE: u64 = 8192;
+/// Files a tmpfs may hold however small it is: room for a tool's scratch
+/// files, at under 1 MiB of inodes.
+pub const TMPFS_MIN_INODES: u64 = 1024;
+
+/// The files a tmpfs of `size_bytes` may hold: one per
+/// [`TMPFS_BYTES_PER_INODE`], at least [`TMPFS_MIN_INODES`]. Without a bound,
+/// a tmpfs takes up to half of RAM's pages in inodes, whose memory `size=`
+/// does not count: empty files could grow past it.
 pub fn tmpfs_inodes(size_bytes: u64) -> u64 {
-    (size_bytes / 8192).max(1024)
+    (size_bytes / TMPFS_BYTES_PER_INODE).max(TMPFS_MIN_INODES)
+}
+
+/// The host's device nodes a sandbox gets: bound into a Tier C /dev, and
+/// the only ones of the host's /dev a Tier B sandbox may write. Each is
+/// harmless to share (no state, no other process's data).
+pub const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+/// The symbolic links of a Tier C /dev, name and target.
+pub const DEV_LINKS: [(&str, &str); 5] = [
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+    ("ptmx", "pts/ptmx"),
+];
+/// A Tier C /dev's tmpfs for shared memory (its size is the plan's).
+pub const DEV_SHM: &str = "shm";
+/// A Tier C /dev's private devpts instance.
+pub const DEV_PTS: &str = "pts";
+
+/// Every name in a Tier C sandbox's /dev.
+pub fn dev_entries() -> impl Iterator<Item = &'static str> {
+    DEV_NODES.into_iter().chain(DEV_LINKS.map(|(name, _)| name)).chain([DEV_SHM, DEV_PTS])
 }
 
 impl Mount {
@@ -230,6 +259,38 @@ impl Rlimit {
     pub const UNLIMITED: Rlimit = Rlimit::both(RLIM_INFINITY);
 }
 
+/// A resource limit, by the name of its `RLIMIT_*` resource.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum RlimitName {
+    As,
+    Cpu,
+    Nproc,
+    Nofile,
+    Fsize,
+    Core,
+}
+
+impl RlimitName {
+    /// `AS`, `CPU`, ...: the resource's name without `RLIMIT_`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RlimitName::As => "AS",
+            RlimitName::Cpu => "CPU",
+            RlimitName::Nproc => "NPROC",
+            RlimitName::Nofile => "NOFILE",
+            RlimitName::Fsize => "FSIZE",
+            RlimitName::Core => "CORE",
+        }
+    }
+}
+
+impl fmt::Display for RlimitName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// The rlimits every sandbox gets. Core dumps are always off.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rlimits {
@@ -245,6 +306,21 @@ pub struct Rlimits {
     pub file_size: Rlimit,
     /// RLIMIT_CORE; the policy always sets 0.
     pub core: Rlimit,
+}
+
+impl Rlimits {
+    /// Every limit with its resource: what the helper sets, in this order,
+    /// and what the attestation lists.
+    pub fn table(&self) -> [(RlimitName, Rlimit); 6] {
+        [
+            (RlimitName::As, self.address_space),
+            (RlimitName::Cpu, self.cpu_seconds),
+            (RlimitName::Nproc, self.processes),
+            (RlimitName::Nofile, self.open_files),
+            (RlimitName::Fsize, self.file_size),
+            (RlimitName::Core, self.core),
+        ]
+    }
 }
 
 /// A set of Landlock features, each tied to the ABI that introduced it.
@@ -390,14 +466,14 @@ fn body_config() -> impl bincode::config::Config {
 
 /// Encodes a plan: header (magic, version, arch) then the bincode body.
 pub fn encode_plan(plan: &JailPlan) -> Result<Vec<u8>, PlanError> {
-    let mut out = Vec::with_capacity(4096);
-    out.extend_from_slice(&PLAN_MAGIC);
-    out.extend_from_slice(&PLAN_VERSION.to_be_bytes());
-    let arch = PLAN_ARCH.as_bytes();
-    out.push(arch.len() as u8);
-    out.extend_from_slice(arch);
     let body =
         bincode::serde::encode_to_vec(plan, body_config()).map_err(|e| PlanError::Encode(e.to_string()))?;
+    let arch = PLAN_ARCH.as_bytes();
+    let mut out = Vec::with_capacity(PLAN_MAGIC.len() + 4 + 1 + arch.len() + body.len());
+    out.extend_from_slice(&PLAN_MAGIC);
+    out.extend_from_slice(&PLAN_VERSION.to_be_bytes());
+    out.push(arch.len() as u8);
+    out.extend_from_slice(arch);
     out.extend_from_slice(&body);
     if out.len() > PLAN_MAX_BYTES {
         return Err(PlanError::TooLarge { len: out.len(), max: PLAN_MAX_BYTES });
@@ -441,7 +517,7 @@ pub fn decode_plan(bytes: &[u8]) -> Result<JailPlan, PlanError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn sample() -> JailPlan {

@@ -19,6 +19,7 @@ pub enum Stage {
     Fds,
     Lifeline,
     Cgroup,
+    HostIds,
     Namespaces,
     IdMap,
     Fork,
@@ -45,6 +46,7 @@ impl Stage {
             Stage::Fds => "fds",
             Stage::Lifeline => "lifeline",
             Stage::Cgroup => "cgroup",
+            Stage::HostIds => "host_ids",
             Stage::Namespaces => "namespaces",
             Stage::IdMap => "idmap",
             Stage::Fork => "fork",
@@ -89,8 +91,10 @@ impl fmt::Display for HelperFailure {
     }
 }
 
-/// How far the kernel enforced the Landlock ruleset.
+/// How far the kernel enforced the Landlock ruleset (`full`, `partial`,
+/// `not_enforced` in an attestation).
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
 pub enum RulesetState {
     Full,
     Partial,

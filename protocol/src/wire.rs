@@ -11,6 +11,7 @@
 //! Decoding is sans-IO: [`Decoder`] takes bytes as they arrive and yields
 //! messages, refusing frames over the size limit before buffering them.
 
+pub use crate::attest::{Attestation, Enforcement, Executor, LandlockEnforcement, MemorySource};
 use crate::status::HelperFailure;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -19,7 +20,8 @@ use std::fmt;
 
 pub const MAGIC: &str = "palisade";
 /// The version both sides say in their hello; a change of any message's
-/// bincode form changes it (2: `ErrorReply` gained `helper`).
+/// bincode form changes it (2: `ErrorReply` gained `helper`, and the
+/// attestation is typed).
 pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
@@ -241,54 +243,6 @@ impl RunStatus {
     }
 }
 
-/// What Landlock enforced, as the helper reported it.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-pub struct LandlockEnforcement {
-    pub abi: u32,
-    /// `full`, `partial` or `not_enforced`.
-    pub ruleset: String,
-    pub enforced: Vec<String>,
-    pub not_enforced: Vec<String>,
-    pub required: Vec<String>,
-}
-
-/// What was actually in force for a run.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
-pub struct Enforcement {
-    pub namespaces: Vec<String>,
-    /// The host uid the sandbox ran as.
-    pub host_uid: u32,
-    pub landlock: Option<LandlockEnforcement>,
-    pub seccomp_sha256: String,
-    pub seccomp_instructions: u32,
-    /// `name=soft/hard` for every rlimit set.
-    pub rlimits: Vec<String>,
-    /// The run's cgroup, when limits were enforced by one.
-    pub cgroup: Option<String>,
-    /// `cgroup` or `rlimits`: what bounded memory and processes.
-    pub limits_by: String,
-    pub network: String,
-    pub egress: String,
-    /// How the run's writes were bounded.
-    pub disk: String,
-    /// What bounded the run's memory, its tmpfs mounts included (a cgroup's
-    /// limit, or RLIMIT_AS per process and the tmpfs sizes together).
-    #[serde(default)]
-    pub memory: String,
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-pub struct Attestation {
-    /// sha256 over the canonical (bincode) encoding of the request and the resolved plan.
-    pub execution_sha256: String,
-    /// e.g. `linux-tier-c`.
-    pub executor: String,
-    pub enforcement: Enforcement,
-    /// What the policy let through with a warning (a fallback to Tier B, ...).
-    #[serde(default)]
-    pub warnings: Vec<String>,
-}
-
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct RunResult {
     pub run_id: u64,
@@ -297,8 +251,8 @@ pub struct RunResult {
     pub cpu_user_ms: u64,
     pub cpu_system_ms: u64,
     pub peak_memory_bytes: u64,
-    /// `cgroup` or `rusage`.
-    pub memory_source: String,
+    /// Where `cpu_*_ms` and `peak_memory_bytes` come from.
+    pub memory_source: MemorySource,
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
     /// Bytes of files the run wrote to its workspace and that were kept
@@ -320,7 +274,7 @@ pub enum ServerMessage {
     Hello(ServerHello),
     Started {
         run_id: u64,
-        executor: String,
+        executor: Executor,
     },
     Output {
         stream: Stream,
@@ -708,8 +662,11 @@ mod tests {
             sent.push((stream, data));
             // Another message between them: left to next_message.
             wire.extend(
-                encode(&ServerMessage::Started { run_id: i as u64, executor: "x".into() }, Encoding::Bincode)
-                    .unwrap(),
+                encode(
+                    &ServerMessage::Started { run_id: i as u64, executor: Executor::LinuxTierC },
+                    Encoding::Bincode,
+                )
+                .unwrap(),
             );
         }
         let mut d = Decoder::new(Some(Encoding::Bincode));
@@ -808,7 +765,8 @@ mod tests {
         assert!(d.take_output_start(1, |_| true).is_none());
         assert_eq!(d.next_output().map(|(_, b)| b.len()), Some(data.len()));
         d.push(
-            &encode(&ServerMessage::Started { run_id: 1, executor: "x".into() }, Encoding::Bincode).unwrap(),
+            &encode(&ServerMessage::Started { run_id: 1, executor: Executor::LinuxTierC }, Encoding::Bincode)
+                .unwrap(),
         );
         assert!(d.take_output_start(1, |_| true).is_none());
     }

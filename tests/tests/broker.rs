@@ -83,7 +83,8 @@ fn json_output_carries_the_result_and_its_attestation() {
     assert_eq!(e["namespaces"].as_array().unwrap().len(), 7);
     assert_eq!(e["seccomp_sha256"].as_str().unwrap().len(), 64);
     assert!(e["landlock"]["abi"].as_u64().unwrap() >= 1, "{e}");
-    assert!(e["rlimits"].as_array().unwrap().iter().any(|l| l == "CORE=0/0"), "{e}");
+    let core = serde_json::json!({"name": "CORE", "soft": 0, "hard": 0});
+    assert!(e["rlimits"].as_array().unwrap().contains(&core), "{e}");
     assert!(r["wall_ms"].as_u64().is_some() && r["peak_memory_bytes"].as_u64().unwrap() > 0);
 }
 

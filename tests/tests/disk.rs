@@ -3,6 +3,7 @@
 //! when the command exits by itself. A disk-fill attempt ends at the bound,
 //! with a clear error, and the host's disk is untouched.
 
+use palisade_protocol::attest::Scratch;
 use palisade_tests::*;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -186,10 +187,10 @@ fn a_temporary_workspace_is_a_tmpfs_of_the_configured_size() {
     assert!(text(&out).starts_with("err ENOSPC stopped after"), "{} {r:?}", text(&out));
     let written: u64 = text(&out).split_whitespace().nth(4).unwrap().parse().unwrap();
     assert!(written <= 8 << 20, "{written} bytes in an 8 MiB temporary workspace");
+    let disk = &r.attestation.enforcement.disk;
     assert!(
-        r.attestation.enforcement.disk.contains("tmpfs /workspace"),
-        "{}",
-        r.attestation.enforcement.disk
+        matches!(&disk.scratch, Scratch::WorkspaceAndTmp { workspace, .. } if workspace == "/workspace"),
+        "{disk}"
     );
 }
 

@@ -487,11 +487,12 @@ fn a_failed_step_is_reported_as_stage_and_errno_and_nothing_runs() {
         writable: false,
         owned: false,
     });
-    // The helper binds only what the broker opened and sent: a path alone is refused.
+    // The helper binds only what the broker opened and sent: a path alone is
+    // refused, before anything is built.
     let o = jail.run_plan(&plan);
     let f = o.failure().expect("failure reported");
-    assert_eq!((f.stage, f.errno), (Stage::Mounts, Errno::EINVAL as i32));
-    assert_eq!(f.message, "the plan names /nonexistent-source but no descriptor for it");
+    assert_eq!((f.stage, f.errno), (Stage::Plan, Errno::EINVAL as i32));
+    assert_eq!(f.message, "the plan asks for a mount of /nonexistent-source without its descriptor");
     assert_eq!(o.status.code(), Some(125));
     assert!(!marker.exists() && o.stdout.is_empty());
 

@@ -4,7 +4,9 @@
 //! capabilities, each checked from inside the sandbox.
 
 use palisade_broker::client::{Client, ClientError};
-use palisade_protocol::wire::{ClientMessage, ErrorKind, ParamValue, RunRequest, RunStatus, ServerMessage};
+use palisade_protocol::wire::{
+    ClientMessage, ErrorKind, Executor, ParamValue, RunRequest, RunStatus, ServerMessage,
+};
 use palisade_tests::*;
 use std::path::Path;
 
@@ -383,20 +385,20 @@ fn request_approval_puts_the_run_to_the_client_and_runs_it_in_tier_b_only_when_a
     assert!(!marker.exists());
 
     // Approved: it runs, in Tier B, and the attestation says so.
-    let mut executor = String::new();
+    let mut executor = None;
     let r = c
         .run_with_approval(
             write,
             |m| {
                 if let ServerMessage::Started { executor: e, .. } = m {
-                    executor = e.clone()
+                    executor = Some(*e)
                 }
             },
             |_| true,
         )
         .unwrap();
     assert_eq!(r.status, RunStatus::Exited { code: 0 });
-    assert_eq!((executor.as_str(), r.attestation.executor.as_str()), ("linux-tier-b", "linux-tier-b"));
+    assert_eq!((executor, r.attestation.executor), (Some(Executor::LinuxTierB), Executor::LinuxTierB));
     assert!(r.attestation.enforcement.namespaces.is_empty());
     assert!(marker.exists());
 
@@ -418,7 +420,7 @@ fn request_approval_puts_the_run_to_the_client_and_runs_it_in_tier_b_only_when_a
     let d = Daemon::start("[policy]\nfallback = \"request_approval\"\n");
     let mut c = Client::connect(&d.socket).unwrap();
     let r = c.run_with_approval(request(&ws_path, &["echo", "x"]), |_| {}, |_| panic!("asked")).unwrap();
-    assert_eq!(r.attestation.executor, "linux-tier-c");
+    assert_eq!(r.attestation.executor, Executor::LinuxTierC);
 }
 
 #[test]
@@ -484,7 +486,7 @@ fn warn_and_execute_runs_in_tier_b_says_so_and_still_kills_the_tree_at_the_deadl
     let (out, status) = run(&mut c, request(&ws_path, &["echo", "b"]));
     assert_eq!((out.as_str(), status), ("ok b\n", Ok(RunStatus::Exited { code: 0 })));
     let r = c.run(request(&ws_path, &["ns"]), |_| {}).unwrap();
-    assert_eq!(r.attestation.executor, "linux-tier-b");
+    assert_eq!(r.attestation.executor, Executor::LinuxTierB);
     assert!(r.attestation.warnings.iter().any(|w| w.contains("Tier B")), "{:?}", r.attestation.warnings);
     // The deadline takes a double-forked, setsid sleeper with it, without namespaces.
     let tok = format!("palisade-tier-b-{}", std::process::id());

@@ -305,8 +305,12 @@ fn allowed() -> Vec<Row> {
             args(&["curl", "https://github.com/o/r"]),
             Allow(|r, _| {
                 assert!(!r.plan.namespaces.net);
-                assert_eq!(r.egress, "preflight");
-                assert!(r.network.contains("preflight checked the hosts"), "{}", r.network);
+                assert_eq!(r.egress, palisade_protocol::attest::EgressMode::Preflight);
+                let preflight = matches!(
+                    r.network,
+                    palisade_protocol::attest::Network::HostDomains { preflight: true, .. }
+                );
+                assert!(preflight, "{}", r.network);
             }),
         ),
     ]

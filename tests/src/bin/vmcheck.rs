@@ -6,7 +6,9 @@
 //! and exits with the number of failures.
 
 use palisade_broker::client::{Client, ClientError};
-use palisade_protocol::wire::{ErrorKind, RunRequest, RunResult, RunStatus, ServerMessage};
+use palisade_protocol::RulesetState;
+use palisade_protocol::attest::LimitsBy;
+use palisade_protocol::wire::{ErrorKind, MemorySource, RunRequest, RunResult, RunStatus, ServerMessage};
 use palisade_tests::{bin, eventually, process_with_token};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -135,12 +137,12 @@ fn memory_bomb(g: &Guest, socket: &Path, runs_dir: &Path) -> Check {
     let (out, r) = run(socket, g.request(&["membomb", "4096"]));
     let r = r.map_err(|e| format!("{e:?}"))?;
     ensure(r.status == RunStatus::MemoryLimitExceeded, || format!("status {:?}, output {out:?}", r.status))?;
-    ensure(r.memory_source == "cgroup", || r.memory_source.clone())?;
+    ensure(r.memory_source == MemorySource::Cgroup, || format!("{:?}", r.memory_source))?;
     ensure(r.peak_memory_bytes > 32 << 20 && r.peak_memory_bytes <= 66 << 20, || {
         format!("peak {}", r.peak_memory_bytes)
     })?;
     let e = &r.attestation.enforcement;
-    ensure(e.limits_by.starts_with("cgroup"), || e.limits_by.clone())?;
+    ensure(e.limits_by != LimitsBy::Rlimits, || e.limits_by.to_string())?;
     ensure(
         e.cgroup.as_deref().is_some_and(|c| c.starts_with(&runs_dir.to_string_lossy().into_owned())),
         || format!("{:?}", e.cgroup),
@@ -266,7 +268,7 @@ fn root_delegation(g: &Guest) -> Check {
             ensure(leaf, || "the broker did not move into a leaf".into())?;
             ensure(runs_left(&dir).is_empty(), || format!("{:?}", runs_left(&dir)))?;
         } else {
-            ensure(e.cgroup.is_none() && e.limits_by == "rlimits", || format!("{e:?}"))?;
+            ensure(e.cgroup.is_none() && e.limits_by == LimitsBy::Rlimits, || format!("{e:?}"))?;
             ensure(!dir.join("broker").exists(), || "wrote into an undelegated cgroup".into())?;
         }
         found.push(format!("{}: {}", if marked { "marked" } else { "unmarked" }, e.limits_by));
@@ -311,7 +313,7 @@ fn landlock_abi2(g: &Guest, socket: &Path) -> Check {
     for f in ["fs.truncate", "scope.abstract_unix", "scope.signal"] {
         ensure(l.not_enforced.iter().any(|n| n == f), || format!("{f} not reported as not enforced: {l:?}"))?;
     }
-    ensure(l.ruleset == "partial", || l.ruleset.clone())?;
+    ensure(l.ruleset == RulesetState::Partial, || format!("{:?}", l.ruleset))?;
     // Required parts the kernel lacks: refused before spawning, with the reason.
     let strict = g.config("", None).with_file_name("palisade-require.toml");
     let dir = bin("probe").parent().unwrap().to_path_buf();
@@ -381,11 +383,12 @@ fn v1_checks(g: &Guest) -> Vec<(&'static str, Check)> {
         ("v1 memory bomb", {
             let (o, r) = run(&socket, g.request(&["membomb", "4096"]));
             r.map_err(|e| format!("{e:?}")).and_then(|r| {
-                ensure(r.status == RunStatus::MemoryLimitExceeded && r.memory_source == "cgroup", || {
-                    format!("{:?} {o}", r.status)
-                })?;
-                ensure(r.attestation.enforcement.limits_by == "cgroup v1 + rlimits", || {
-                    r.attestation.enforcement.limits_by.clone()
+                ensure(
+                    r.status == RunStatus::MemoryLimitExceeded && r.memory_source == MemorySource::Cgroup,
+                    || format!("{:?} {o}", r.status),
+                )?;
+                ensure(r.attestation.enforcement.limits_by == LimitsBy::CgroupV1, || {
+                    r.attestation.enforcement.limits_by.to_string()
                 })?;
                 Ok(format!(
                     "OOM-killed under memory.limit_in_bytes=64M, peak {} MiB",

@@ -1,0 +1,682 @@
+//! The attestation of a run, typed: what was asked and built (a hash), and
+//! what the kernel actually enforced.
+//!
+//! In both encodings the enums read as fixed strings (`"linux-tier-c"`,
+//! `"cgroup v2 + rlimits"`, `"full"`, ...). The three values that carry
+//! figures (`network`, `disk`, `memory`) are one sentence each, for people,
+//! and [`FromStr`] reads each back into the same value: a size is written
+//! in the largest unit that divides it exactly (`256 MiB`, `12492 KiB`).
+
+use crate::plan::{RLIM_INFINITY, Rlimit, RlimitName, Tier};
+use crate::status::RulesetState;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+use std::str::FromStr;
+
+/// What ran the command.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Executor {
+    /// Landlock, seccomp and rlimits, without namespaces.
+    LinuxTierB,
+    /// Namespaces, a private root, Landlock, seccomp and rlimits.
+    LinuxTierC,
+}
+
+impl Executor {
+    pub fn name(self) -> &'static str {
+        match self {
+            Executor::LinuxTierB => "linux-tier-b",
+            Executor::LinuxTierC => "linux-tier-c",
+        }
+    }
+}
+
+impl From<Tier> for Executor {
+    fn from(tier: Tier) -> Executor {
+        match tier {
+            Tier::B => Executor::LinuxTierB,
+            Tier::C => Executor::LinuxTierC,
+        }
+    }
+}
+
+impl fmt::Display for Executor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How network access is checked and enforced (the policy's `egress`).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum EgressMode {
+    /// No check.
+    None,
+    /// Hosts named in the arguments must be on the allow-list.
+    #[default]
+    Preflight,
+    /// Preflight, and the kernel enforces it: a network namespace with only
+    /// loopback. Refused where the host cannot create one.
+    Strict,
+}
+
+impl fmt::Display for EgressMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EgressMode::None => "none",
+            EgressMode::Preflight => "preflight",
+            EgressMode::Strict => "strict",
+        })
+    }
+}
+
+/// What bounded the run's memory and processes.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitsBy {
+    /// The run's cgroup (v2), with the rlimits as a looser floor.
+    #[serde(rename = "cgroup v2 + rlimits")]
+    CgroupV2,
+    /// The run's cgroups (v1 hierarchies), with the rlimits as a looser floor.
+    #[serde(rename = "cgroup v1 + rlimits")]
+    CgroupV1,
+    /// The rlimits alone: no cgroup was available.
+    #[serde(rename = "rlimits")]
+    Rlimits,
+}
+
+impl LimitsBy {
+    pub fn name(self) -> &'static str {
+        match self {
+            LimitsBy::CgroupV2 => "cgroup v2 + rlimits",
+            LimitsBy::CgroupV1 => "cgroup v1 + rlimits",
+            LimitsBy::Rlimits => "rlimits",
+        }
+    }
+}
+
+impl fmt::Display for LimitsBy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where a run's usage figures (peak memory, CPU time) come from.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum MemorySource {
+    /// The run's cgroup: every process of the run, tmpfs pages included.
+    Cgroup,
+    /// `getrusage` of the helper's children: the largest process only.
+    Rusage,
+}
+
+/// One resource limit that was set. `None` is unlimited (`RLIM_INFINITY`).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RlimitEntry {
+    pub name: RlimitName,
+    pub soft: Option<u64>,
+    pub hard: Option<u64>,
+}
+
+impl RlimitEntry {
+    pub fn new(name: RlimitName, limit: Rlimit) -> RlimitEntry {
+        let finite = |v: u64| (v != RLIM_INFINITY).then_some(v);
+        RlimitEntry { name, soft: finite(limit.soft), hard: finite(limit.hard) }
+    }
+}
+
+/// What Landlock enforced, as the helper reported it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct LandlockEnforcement {
+    pub abi: u32,
+    pub ruleset: RulesetState,
+    pub enforced: Vec<String>,
+    pub not_enforced: Vec<String>,
+    pub required: Vec<String>,
+}
+
+/// What was actually in force for a run.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Enforcement {
+    pub namespaces: Vec<String>,
+    /// The host uid the sandbox ran as.
+    pub host_uid: u32,
+    pub landlock: Option<LandlockEnforcement>,
+    pub seccomp_sha256: String,
+    pub seccomp_instructions: u32,
+    /// Every rlimit set on the command, in the order the helper sets them.
+    pub rlimits: Vec<RlimitEntry>,
+    /// The run's cgroup, when limits were enforced by one.
+    pub cgroup: Option<String>,
+    pub limits_by: LimitsBy,
+    pub network: Network,
+    pub egress: EgressMode,
+    /// How the run's writes were bounded.
+    pub disk: Disk,
+    /// What bounded the run's memory, its tmpfs mounts included.
+    pub memory: Memory,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Attestation {
+    /// sha256 over the canonical (bincode) encoding of the request and the resolved plan.
+    pub execution_sha256: String,
+    pub executor: Executor,
+    pub enforcement: Enforcement,
+    /// What the policy let through with a warning (a fallback to Tier B, ...).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// A value of the attestation that does not read as one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    pub what: &'static str,
+    pub text: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "not a {} of an attestation: {:?}", self.what, self.text)
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+fn bad(what: &'static str, text: &str) -> ParseError {
+    ParseError { what, text: text.to_string() }
+}
+
+/// Serialized as its `Display` text, read back with `FromStr`.
+macro_rules! serde_as_text {
+    ($t:ty) => {
+        impl Serialize for $t {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+serde_as_text!(Network);
+serde_as_text!(Disk);
+serde_as_text!(Memory);
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// A size in the largest unit that divides it: `1 GiB`, `64 MiB`,
+/// `12492 KiB`, `100 bytes`; `unlimited` for `u64::MAX`.
+pub fn exact_size(v: u64) -> String {
+    match v {
+        u64::MAX => "unlimited".into(),
+        0 => "0 bytes".into(),
+        v if v % GIB == 0 => format!("{} GiB", v / GIB),
+        v if v % MIB == 0 => format!("{} MiB", v / MIB),
+        v if v % KIB == 0 => format!("{} KiB", v / KIB),
+        v => format!("{v} bytes"),
+    }
+}
+
+/// The inverse of [`exact_size`].
+pub fn parse_size(s: &str) -> Option<u64> {
+    if s == "unlimited" {
+        return Some(u64::MAX);
+    }
+    let (n, unit) = s.split_once(' ')?;
+    let unit = match unit {
+        "GiB" => GIB,
+        "MiB" => MIB,
+        "KiB" => KIB,
+        "bytes" => 1,
+        _ => return None,
+    };
+    n.parse::<u64>().ok()?.checked_mul(unit)
+}
+
+/// The network a run had.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Network {
+    /// Tier C: a network namespace with only loopback.
+    LoopbackOnly,
+    /// Tier B: no `socket()` but `socketpair`, and Landlock's TCP rules.
+    NoSockets,
+    /// The host's network, every address (`allow_all`).
+    Host,
+    /// The host's network, under an allowlist of domains. `preflight`: the
+    /// hosts named on the command line were checked against it; nothing
+    /// stops a connection to any other address.
+    HostDomains { domains: Vec<String>, preflight: bool },
+}
+
+const LOOPBACK_ONLY: &str = "none: a network namespace with only loopback";
+const NO_SOCKETS: &str = "none: no socket() but socketpair, Landlock TCP rules (no namespace)";
+const HOST_ALL: &str = "host network (allow_all)";
+const PREFLIGHT_NOTE: &str = ": preflight checked the hosts named on the command line; \
+                              nothing stops a connection to any other address, host loopback included";
+
+impl fmt::Display for Network {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Network::LoopbackOnly => f.write_str(LOOPBACK_ONLY),
+            Network::NoSockets => f.write_str(NO_SOCKETS),
+            Network::Host => f.write_str(HOST_ALL),
+            Network::HostDomains { domains, preflight } => {
+                write!(f, "host network (allow_domains [{}])", domains.join(", "))?;
+                if *preflight { f.write_str(PREFLIGHT_NOTE) } else { Ok(()) }
+            }
+        }
+    }
+}
+
+impl FromStr for Network {
+    type Err = ParseError;
+
+    fn from_str(s: &str) -> Result<Network, ParseError> {
+        match s {
+            LOOPBACK_ONLY => return Ok(Network::LoopbackOnly),
+            NO_SOCKETS => return Ok(Network::NoSockets),
+            HOST_ALL => return Ok(Network::Host),
+            _ => {}
+        }
+        let (rest, preflight) = s.strip_suffix(PREFLIGHT_NOTE).map_or((s, false), |r| (r, true));
+        let list = rest.strip_prefix("host network (allow_domains [").and_then(|r| r.strip_suffix("])"));
+        let list = list.ok_or_else(|| bad("network", s))?;
+        let domains = if list.is_empty() { vec![] } else { list.split(", ").map(String::from).collect() };
+        Ok(Network::HostDomains { domains, preflight })
+    }
+}
+
+/// How a run's writes were bounded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disk {
+    pub scratch: Scratch,
+    /// How writes to the writable directories were held; `None`: there were none.
+    pub writable: Option<WritableDirs>,
+}
+
+/// Where a run writes what it does not keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scratch {
+    /// Tier C: a tmpfs `/tmp` of `bytes`.
+    Tmp { bytes: u64 },
+    /// Tier C: a tmpfs temporary workspace at `workspace` and a tmpfs
+    /// `/tmp`, of `bytes` each.
+    WorkspaceAndTmp { workspace: String, bytes: u64 },
+    /// Tier B: directories of the host's.
+    Host,
+}
+
+/// How writes to the writable directories were held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WritableDirs {
+    /// An overlay each, its writes in a tmpfs of `upper_bytes`, copied back
+    /// when the command exits by itself.
+    Overlay { upper_bytes: u64 },
+    /// Written in place, bounded by RLIMIT_FSIZE per file only.
+    Direct,
+}
+
+const WRITABLE: &str = "; writable directories: ";
+const DIRECT: &str = "direct, bounded by RLIMIT_FSIZE per file only";
+const OVERLAY: (&str, &str) =
+    ("overlay, writes held in a ", " tmpfs and copied back when the command exits by itself");
+
+impl fmt::Display for Disk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.scratch {
+            Scratch::Tmp { bytes } => write!(f, "tmpfs /tmp of {}", exact_size(*bytes))?,
+            Scratch::WorkspaceAndTmp { workspace, bytes } => {
+                write!(f, "tmpfs {workspace} and /tmp of {} each", exact_size(*bytes))?
+            }
+            Scratch::Host => f.write_str("host directories")?,
+        }
+        match self.writable {
+            None => Ok(()),
+            Some(WritableDirs::Direct) => write!(f, "{WRITABLE}{DIRECT}"),
+            Some(WritableDirs::Overlay { upper_bytes }) => {
+                write!(f, "{WRITABLE}{}{}{}", OVERLAY.0, exact_size(upper_bytes), OVERLAY.1)
+            }
+        }
+    }
+}
+
+impl FromStr for Disk {
+    type Err = ParseError;
+
+    fn from_str(s: &str) -> Result<Disk, ParseError> {
+        let err = || bad("disk", s);
+        let (base, writes) = s.split_once(WRITABLE).map_or((s, None), |(b, w)| (b, Some(w)));
+        let writable = match writes {
+            None => None,
+            Some(DIRECT) => Some(WritableDirs::Direct),
+            Some(w) => {
+                let size = w.strip_prefix(OVERLAY.0).and_then(|r| r.strip_suffix(OVERLAY.1));
+                Some(WritableDirs::Overlay { upper_bytes: size.and_then(parse_size).ok_or_else(err)? })
+            }
+        };
+        let scratch = if base == "host directories" {
+            Scratch::Host
+        } else if let Some(size) = base.strip_prefix("tmpfs /tmp of ") {
+            Scratch::Tmp { bytes: parse_size(size).ok_or_else(err)? }
+        } else {
+            let both = base.strip_prefix("tmpfs ").and_then(|r| r.strip_suffix(" each"));
+            let (workspace, size) = both.and_then(|b| b.split_once(" and /tmp of ")).ok_or_else(err)?;
+            Scratch::WorkspaceAndTmp { workspace: workspace.into(), bytes: parse_size(size).ok_or_else(err)? }
+        };
+        Ok(Disk { scratch, writable })
+    }
+}
+
+/// What bounded a run's memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Memory {
+    /// The run's cgroup: `bytes` for the whole run, tmpfs pages included
+    /// (`memory.max`, or `memory.limit_in_bytes` under cgroup v1).
+    Cgroup { v1: bool, bytes: u64 },
+    /// RLIMIT_AS of `address_space` bytes per process; in Tier C, the tmpfs
+    /// mounts (whose pages no rlimit counts) within a budget together.
+    Rlimit { address_space: u64, tmpfs: Option<TmpfsBudget> },
+}
+
+/// The sizes of a Tier C run's tmpfs mounts, which hold memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TmpfsBudget {
+    /// `/tmp`.
+    pub tmp: u64,
+    /// A temporary workspace, of the size of `/tmp`, where there is one.
+    pub workspace: Option<String>,
+    /// The overlays' upper layers, where there are any.
+    pub upper_layers: Option<UpperLayers>,
+    /// `/dev/shm`.
+    pub shm: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpperLayers {
+    pub count: u64,
+    pub bytes_each: u64,
+}
+
+impl TmpfsBudget {
+    /// The bytes all of them may hold together.
+    pub fn total(&self) -> u64 {
+        let upper = self.upper_layers.map_or(0, |u| u.count.saturating_mul(u.bytes_each));
+        self.tmp
+            .saturating_mul(1 + u64::from(self.workspace.is_some()))
+            .saturating_add(upper)
+            .saturating_add(self.shm)
+    }
+}
+
+const RLIMIT_AS: (&str, &str) = ("RLIMIT_AS ", " per process");
+const TMPFS_TOGETHER: (&str, &str) = ("; /tmp, /dev/shm and overlay upper layers ", " together (");
+const UPPER_LAYERS: &str = " upper layer(s) of ";
+
+impl fmt::Display for Memory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (address_space, t) = match self {
+            Memory::Cgroup { v1, bytes } => {
+                let knob = if *v1 { "memory.limit_in_bytes" } else { "memory.max" };
+                return write!(
+                    f,
+                    "cgroup {knob}: {} for the whole run, tmpfs pages included",
+                    exact_size(*bytes)
+                );
+            }
+            Memory::Rlimit { address_space, tmpfs } => (address_space, tmpfs),
+        };
+        write!(f, "{}{}{}", RLIMIT_AS.0, exact_size(*address_space), RLIMIT_AS.1)?;
+        let Some(t) = t else { return Ok(()) };
+        write!(
+            f,
+            "{}{}{}/tmp {}",
+            TMPFS_TOGETHER.0,
+            exact_size(t.total()),
+            TMPFS_TOGETHER.1,
+            exact_size(t.tmp)
+        )?;
+        if let Some(w) = &t.workspace {
+            write!(f, ", {w} {}", exact_size(t.tmp))?;
+        }
+        if let Some(u) = t.upper_layers {
+            write!(f, ", {}{UPPER_LAYERS}{}", u.count, exact_size(u.bytes_each))?;
+        }
+        write!(f, ", /dev/shm {})", exact_size(t.shm))
+    }
+}
+
+impl FromStr for Memory {
+    type Err = ParseError;
+
+    fn from_str(s: &str) -> Result<Memory, ParseError> {
+        let err = || bad("memory", s);
+        if let Some(rest) = s.strip_prefix("cgroup ") {
+            let (knob, rest) = rest.split_once(": ").ok_or_else(err)?;
+            let v1 = match knob {
+                "memory.max" => false,
+                "memory.limit_in_bytes" => true,
+                _ => return Err(err()),
+            };
+            let size = rest.strip_suffix(" for the whole run, tmpfs pages included").ok_or_else(err)?;
+            return Ok(Memory::Cgroup { v1, bytes: parse_size(size).ok_or_else(err)? });
+        }
+        let rest = s.strip_prefix(RLIMIT_AS.0).ok_or_else(err)?;
+        let (size, tmpfs) = rest.split_once(RLIMIT_AS.1).ok_or_else(err)?;
+        let address_space = parse_size(size).ok_or_else(err)?;
+        if tmpfs.is_empty() {
+            return Ok(Memory::Rlimit { address_space, tmpfs: None });
+        }
+        let tmpfs = tmpfs.strip_prefix(TMPFS_TOGETHER.0).and_then(|r| r.strip_suffix(')'));
+        let (total, parts) = tmpfs.and_then(|t| t.split_once(TMPFS_TOGETHER.1)).ok_or_else(err)?;
+        let budget = parse_budget(parts).ok_or_else(err)?;
+        if parse_size(total) != Some(budget.total()) {
+            return Err(err());
+        }
+        Ok(Memory::Rlimit { address_space, tmpfs: Some(budget) })
+    }
+}
+
+/// `/tmp X[, WORKSPACE X][, N upper layer(s) of Y], /dev/shm Z`.
+fn parse_budget(parts: &str) -> Option<TmpfsBudget> {
+    let mut parts: Vec<&str> = parts.split(", ").collect();
+    let shm = parse_size(parts.pop()?.strip_prefix("/dev/shm ")?)?;
+    let mut parts = parts.into_iter();
+    let tmp = parse_size(parts.next()?.strip_prefix("/tmp ")?)?;
+    let mut budget = TmpfsBudget { tmp, workspace: None, upper_layers: None, shm };
+    for part in parts {
+        match part.split_once(UPPER_LAYERS) {
+            Some((count, size)) if budget.upper_layers.is_none() => {
+                let (count, bytes_each) = (count.parse().ok()?, parse_size(size)?);
+                budget.upper_layers = Some(UpperLayers { count, bytes_each });
+            }
+            None if budget.workspace.is_none() && budget.upper_layers.is_none() => {
+                let (path, size) = part.split_once(' ')?;
+                if parse_size(size)? != tmp {
+                    return None;
+                }
+                budget.workspace = Some(path.to_string());
+            }
+            _ => return None,
+        }
+    }
+    Some(budget)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_back_exactly() {
+        for v in [0, 1, 1000, 4096, 12_792_000 / 4096 * 4096, 64 << 20, 3 << 30, (1 << 30) + 4096, u64::MAX] {
+            assert_eq!(parse_size(&exact_size(v)), Some(v), "{v}");
+        }
+        assert_eq!(exact_size(64 << 20), "64 MiB");
+        assert_eq!(exact_size((12 << 20) + (200 << 10)), "12488 KiB");
+        assert_eq!(parse_size("12.2 MiB"), None);
+    }
+
+    /// Each value reads back from its text; the texts are those of the
+    /// attestation before it was typed.
+    #[test]
+    fn labels_read_back_from_their_text() {
+        let networks = [
+            (Network::LoopbackOnly, LOOPBACK_ONLY.to_string()),
+            (Network::NoSockets, NO_SOCKETS.to_string()),
+            (Network::Host, "host network (allow_all)".into()),
+            (Network::HostDomains { domains: vec![], preflight: false }, "host network (allow_domains [])".into()),
+            (
+                Network::HostDomains { domains: vec!["pypi.org".into(), "*.github.com".into()], preflight: true },
+                "host network (allow_domains [pypi.org, *.github.com]): preflight checked the hosts named on \
+                 the command line; nothing stops a connection to any other address, host loopback included"
+                    .into(),
+            ),
+        ];
+        for (n, text) in networks {
+            assert_eq!(n.to_string(), text);
+            assert_eq!(text.parse::<Network>(), Ok(n));
+        }
+        let disks = [
+            (Disk { scratch: Scratch::Host, writable: None }, "host directories"),
+            (
+                Disk { scratch: Scratch::Host, writable: Some(WritableDirs::Direct) },
+                "host directories; writable directories: direct, bounded by RLIMIT_FSIZE per file only",
+            ),
+            (
+                Disk {
+                    scratch: Scratch::Tmp { bytes: 256 << 20 },
+                    writable: Some(WritableDirs::Overlay { upper_bytes: 1 << 30 }),
+                },
+                "tmpfs /tmp of 256 MiB; writable directories: overlay, writes held in a 1 GiB tmpfs and \
+                 copied back when the command exits by itself",
+            ),
+            (
+                Disk {
+                    scratch: Scratch::WorkspaceAndTmp { workspace: "/workspace".into(), bytes: 12 << 10 },
+                    writable: None,
+                },
+                "tmpfs /workspace and /tmp of 12 KiB each",
+            ),
+        ];
+        for (d, text) in disks {
+            assert_eq!(d.to_string(), text);
+            assert_eq!(text.parse::<Disk>(), Ok(d));
+        }
+        let budget = TmpfsBudget {
+            tmp: 64 << 20,
+            workspace: Some("/workspace".into()),
+            upper_layers: Some(UpperLayers { count: 2, bytes_each: 100 << 10 }),
+            shm: 4096,
+        };
+        let memories = [
+            (
+                Memory::Cgroup { v1: false, bytes: 512 << 20 },
+                "cgroup memory.max: 512 MiB for the whole run, tmpfs pages included",
+            ),
+            (
+                Memory::Cgroup { v1: true, bytes: 1 << 30 },
+                "cgroup memory.limit_in_bytes: 1 GiB for the whole run, tmpfs pages included",
+            ),
+            (Memory::Rlimit { address_space: 512 << 20, tmpfs: None }, "RLIMIT_AS 512 MiB per process"),
+            (
+                Memory::Rlimit { address_space: 512 << 20, tmpfs: Some(budget.clone()) },
+                "RLIMIT_AS 512 MiB per process; /tmp, /dev/shm and overlay upper layers 131276 KiB together \
+                 (/tmp 64 MiB, /workspace 64 MiB, 2 upper layer(s) of 100 KiB, /dev/shm 4 KiB)",
+            ),
+            (
+                Memory::Rlimit {
+                    address_space: 0,
+                    tmpfs: Some(TmpfsBudget { workspace: None, upper_layers: None, ..budget }),
+                },
+                "RLIMIT_AS 0 bytes per process; /tmp, /dev/shm and overlay upper layers 65540 KiB together \
+                 (/tmp 64 MiB, /dev/shm 4 KiB)",
+            ),
+        ];
+        for (m, text) in memories {
+            assert_eq!(m.to_string(), text);
+            assert_eq!(text.parse::<Memory>(), Ok(m));
+        }
+    }
+
+    #[test]
+    fn text_that_is_not_a_label_is_refused() {
+        assert!("host network".parse::<Network>().is_err());
+        assert!("tmpfs /tmp of lots".parse::<Disk>().is_err());
+        assert!("host directories; writable directories: sometimes".parse::<Disk>().is_err());
+        // A total that does not add up.
+        assert!(
+            "RLIMIT_AS 1 GiB per process; /tmp, /dev/shm and overlay upper layers 1 GiB together (/tmp 1 MiB, /dev/shm 1 MiB)"
+                .parse::<Memory>()
+                .is_err()
+        );
+        assert!(
+            "cgroup memory.high: 1 GiB for the whole run, tmpfs pages included".parse::<Memory>().is_err()
+        );
+    }
+
+    fn json<T: Serialize>(v: T) -> serde_json::Value {
+        serde_json::to_value(v).unwrap()
+    }
+
+    #[test]
+    fn enums_keep_their_strings() {
+        assert_eq!(json(Executor::LinuxTierC), "linux-tier-c");
+        assert_eq!(json(Executor::LinuxTierB), "linux-tier-b");
+        assert_eq!(json(LimitsBy::CgroupV2), "cgroup v2 + rlimits");
+        assert_eq!(json(LimitsBy::CgroupV1), "cgroup v1 + rlimits");
+        assert_eq!(json(LimitsBy::Rlimits), "rlimits");
+        assert_eq!(json(MemorySource::Rusage), "rusage");
+        assert_eq!(json(EgressMode::Preflight), "preflight");
+        assert_eq!(json(RulesetState::NotEnforced), "not_enforced");
+        assert_eq!(json(RlimitName::Nproc), "NPROC");
+        assert_eq!(
+            json(RlimitEntry::new(RlimitName::As, Rlimit { soft: 1 << 30, hard: RLIM_INFINITY })),
+            serde_json::json!({"name": "AS", "soft": 1u64 << 30, "hard": null})
+        );
+        for l in [LimitsBy::CgroupV2, LimitsBy::CgroupV1, LimitsBy::Rlimits] {
+            assert_eq!(json(l), l.to_string());
+        }
+        for e in [Executor::LinuxTierB, Executor::LinuxTierC] {
+            assert_eq!(json(e), e.to_string());
+        }
+        assert_eq!(json(Network::Host), "host network (allow_all)");
+        assert_eq!(serde_json::from_value::<Network>(json(Network::NoSockets)).unwrap(), Network::NoSockets);
+    }
+
+    /// bincode carries the same values (the three sentences as strings).
+    #[test]
+    fn an_enforcement_round_trips_in_bincode() {
+        let e = Enforcement {
+            namespaces: vec!["user".into()],
+            host_uid: 1000,
+            landlock: Some(LandlockEnforcement {
+                abi: 6,
+                ruleset: RulesetState::Partial,
+                enforced: vec!["fs".into()],
+                not_enforced: vec![],
+                required: vec!["fs".into()],
+            }),
+            seccomp_sha256: "00".into(),
+            seccomp_instructions: 300,
+            rlimits: vec![RlimitEntry::new(RlimitName::Core, Rlimit::both(0))],
+            cgroup: None,
+            limits_by: LimitsBy::Rlimits,
+            network: Network::HostDomains { domains: vec!["example.org".into()], preflight: true },
+            egress: EgressMode::Preflight,
+            disk: Disk { scratch: Scratch::Tmp { bytes: 1 << 20 }, writable: Some(WritableDirs::Direct) },
+            memory: Memory::Rlimit { address_space: 1 << 30, tmpfs: None },
+        };
+        let bytes = crate::wire::canonical_bytes(&e);
+        let (back, _): (Enforcement, usize) =
+            bincode::serde::decode_from_slice(&bytes, bincode::config::standard()).unwrap();
+        assert_eq!(back, e);
+    }
+}

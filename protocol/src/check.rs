@@ -1,0 +1,174 @@
+//! What every plan must satisfy, whoever built it: the policy checks a plan
+//! before it sends it, and the helper again once it has received it.
+
+use crate::plan::{JailPlan, LandlockFeatures, Mount, PLAN_MAX_DESCRIPTORS};
+
+/// The rule of [`JailPlan::check`] a plan breaks. Each message reads after
+/// "the plan asks for".
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanInvariant {
+    #[error("namespaces or mounts without a user namespace")]
+    NamespacesWithoutUser,
+    #[error("a user namespace without mount and pid namespaces")]
+    UserWithoutMountAndPid,
+    #[error("host ids without a user namespace")]
+    HostIdsWithoutUser,
+    /// The kernel exempts host root from RLIMIT_NPROC, and root owns most files.
+    #[error("the command to run as host root without a user namespace")]
+    HostRoot,
+    /// Without namespaces, Landlock is the filesystem boundary.
+    #[error("Tier B without Landlock's filesystem rules as a requirement")]
+    TierBWithoutLandlock,
+    #[error("a requester to act for without host ids")]
+    RequesterWithoutHostIds,
+    /// Host ids idmap the granted paths from the requester's ids.
+    #[error("host ids without the requester they act for")]
+    HostIdsWithoutRequester,
+    #[error("a hostname without a UTS namespace")]
+    HostnameWithoutUts,
+    #[error("loopback without a network namespace")]
+    LoopbackWithoutNet,
+    #[error("a program path that is not absolute")]
+    RelativeProgram,
+    #[error("an empty argv")]
+    EmptyArgv,
+    #[error("a working directory that is not absolute")]
+    RelativeCwd,
+    #[error("Landlock features it requires but does not handle ({0})")]
+    RequiredNotHandled(LandlockFeatures),
+    #[error("{0} host paths (at most {PLAN_MAX_DESCRIPTORS} descriptors come with a plan)")]
+    TooManyDescriptors(usize),
+    /// Every path must resolve inside the new root, as written.
+    #[error(
+        "a bad mount target {0:?} (not absolute and normal, the root itself, or beneath a symlink of the plan)"
+    )]
+    MountTarget(String),
+    /// The helper builds the sandbox from what the broker opened, never from a path alone.
+    #[error("a mount of {0} without its descriptor")]
+    MountWithoutDescriptor(String),
+}
+
+impl JailPlan {
+    /// The plan's own consistency: what the helper can build, and nothing
+    /// that would leave a sandboxed process with more than the plan says.
+    pub fn check(&self) -> Result<(), PlanInvariant> {
+        use PlanInvariant::*;
+        let ns = &self.namespaces;
+        let not_handled = self.landlock.required.difference(self.landlock.wanted);
+        let rules = [
+            (!ns.user && (!ns.names().is_empty() || !self.mounts.is_empty()), NamespacesWithoutUser),
+            (ns.user && !(ns.mount && ns.pid), UserWithoutMountAndPid),
+            (self.host_ids.is_some() && !ns.user, HostIdsWithoutUser),
+            (!ns.user && self.uid == 0, HostRoot),
+            (!ns.user && !self.landlock.required.contains(LandlockFeatures::FS), TierBWithoutLandlock),
+            (self.acting_for.is_some() && self.host_ids.is_none(), RequesterWithoutHostIds),
+            (self.host_ids.is_some() && self.acting_for.is_none(), HostIdsWithoutRequester),
+            (self.hostname.is_some() && !ns.uts, HostnameWithoutUts),
+            (self.loopback && !ns.net, LoopbackWithoutNet),
+            (!self.program.starts_with('/'), RelativeProgram),
+            (self.argv.is_empty(), EmptyArgv),
+            (!self.cwd.starts_with('/'), RelativeCwd),
+            (!not_handled.is_empty(), RequiredNotHandled(not_handled)),
+            (self.descriptors.len() > PLAN_MAX_DESCRIPTORS, TooManyDescriptors(self.descriptors.len())),
+        ];
+        if let Some((_, broken)) = rules.into_iter().find(|(broken, _)| *broken) {
+            return Err(broken);
+        }
+        self.check_mounts()
+    }
+
+    /// Targets are absolute and normal, and none lies beneath a symlink the
+    /// plan makes; every source came as a descriptor.
+    fn check_mounts(&self) -> Result<(), PlanInvariant> {
+        for (i, m) in self.mounts.iter().enumerate() {
+            let t = m.target();
+            let normal = t.starts_with('/') && t[1..].split('/').all(|c| !matches!(c, "" | "." | ".."));
+            let under_link = self.mounts[..i].iter().any(|earlier| {
+                matches!(earlier, Mount::Symlink { .. })
+                    && t.starts_with(earlier.target())
+                    && t.as_bytes().get(earlier.target().len()) == Some(&b'/')
+            });
+            if !normal || t == "/" || under_link {
+                return Err(PlanInvariant::MountTarget(t.to_string()));
+            }
+            if let Mount::Bind { source, .. } | Mount::Overlay { source, .. } = m {
+                if self.descriptor(source).is_none() {
+                    return Err(PlanInvariant::MountWithoutDescriptor(source.clone()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::tests::sample;
+    use crate::plan::{HostIds, Namespaces};
+
+    #[test]
+    fn a_consistent_plan_passes() {
+        assert_eq!(sample().check(), Ok(()));
+        let mut tier_b = sample();
+        tier_b.namespaces = Namespaces::NONE;
+        (tier_b.mounts, tier_b.hostname, tier_b.loopback) = (vec![], None, false);
+        (tier_b.host_ids, tier_b.acting_for) = (None, None);
+        assert_eq!(tier_b.check(), Ok(()));
+    }
+
+    #[test]
+    fn each_broken_rule_is_named() {
+        type Break = fn(&mut JailPlan);
+        let cases: [(Break, PlanInvariant); 12] = [
+            (|p| p.namespaces.user = false, PlanInvariant::NamespacesWithoutUser),
+            (|p| p.namespaces.pid = false, PlanInvariant::UserWithoutMountAndPid),
+            (|p| p.acting_for = None, PlanInvariant::HostIdsWithoutRequester),
+            (|p| p.host_ids = None, PlanInvariant::RequesterWithoutHostIds),
+            (|p| p.namespaces.uts = false, PlanInvariant::HostnameWithoutUts),
+            (|p| p.namespaces.net = false, PlanInvariant::LoopbackWithoutNet),
+            (|p| p.program = "true".into(), PlanInvariant::RelativeProgram),
+            (|p| p.argv.clear(), PlanInvariant::EmptyArgv),
+            (|p| p.cwd = "work".into(), PlanInvariant::RelativeCwd),
+            (
+                |p| p.landlock.wanted = LandlockFeatures::FS_REFER,
+                PlanInvariant::RequiredNotHandled(LandlockFeatures::FS),
+            ),
+            (|p| p.descriptors.clear(), PlanInvariant::MountWithoutDescriptor("/usr".into())),
+            (
+                |p| p.mounts.push(Mount::Proc { target: "/bin/proc".into() }),
+                PlanInvariant::MountTarget("/bin/proc".into()),
+            ),
+        ];
+        for (i, (break_it, broken)) in cases.into_iter().enumerate() {
+            let mut plan = sample();
+            break_it(&mut plan);
+            assert_eq!(plan.check(), Err(broken), "case {i}");
+        }
+        for target in ["usr", "/usr/../etc", "/", "/a//b", "/a/./b"] {
+            let mut plan = sample();
+            plan.mounts.push(Mount::Proc { target: target.into() });
+            assert_eq!(plan.check(), Err(PlanInvariant::MountTarget(target.into())), "{target}");
+        }
+    }
+
+    #[test]
+    fn tier_b_rules() {
+        let mut plan = sample();
+        plan.namespaces = Namespaces::NONE;
+        (plan.mounts, plan.hostname, plan.loopback) = (vec![], None, false);
+        (plan.host_ids, plan.acting_for) = (None, None);
+        let mut root = plan.clone();
+        root.uid = 0;
+        assert_eq!(root.check(), Err(PlanInvariant::HostRoot));
+        let mut no_landlock = plan.clone();
+        no_landlock.landlock.required = LandlockFeatures::EMPTY;
+        assert_eq!(no_landlock.check(), Err(PlanInvariant::TierBWithoutLandlock));
+        plan.host_ids = Some(HostIds { uid: 1, gid: 1 });
+        assert_eq!(plan.check(), Err(PlanInvariant::HostIdsWithoutUser));
+        assert_eq!(
+            PlanInvariant::TierBWithoutLandlock.to_string(),
+            "Tier B without Landlock's filesystem rules as a requirement"
+        );
+    }
+}
