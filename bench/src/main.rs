@@ -29,8 +29,8 @@
 
 use palisade_broker::client::Client;
 use palisade_broker::etc_view::{EtcView, Snapshot};
+use palisade_broker::helper::{HelperCommand, Io, send_plan, spawn};
 use palisade_broker::requester::{self, Requester};
-use palisade_broker::spawn::{HelperCommand, Io, send_plan, spawn};
 use palisade_policy::{Config, Context, Decision, HostCapabilities, Policy};
 use palisade_protocol::wire::{RunRequest, RunStatus, ServerMessage};
 use std::path::{Path, PathBuf};

@@ -1,10 +1,10 @@
 //! palisade: the command-line client. `palisade run` uses a running broker,
 //! or an embedded one with the built-in default policy when none answers.
 
-use crate::broker::{Broker, Peer};
 use crate::client::{Client, ClientError, Event};
 use crate::paths;
 use crate::run::Sink;
+use crate::service::{Broker, Peer};
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use palisade_policy::Config;
 use palisade_protocol::wire::{
@@ -475,7 +475,7 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
             let ask = reason.clone();
             let approved = tokio::task::spawn_blocking(move || ask_at_terminal(&ask)).await.unwrap_or(false);
             if !approved {
-                return Err(crate::broker::not_approved(reason, "refused").into());
+                return Err(crate::service::not_approved(reason, "refused").into());
             }
         }
         broker.execute(&peer, decided, &request, &mut RenderSink(&mut render), cancel).await

@@ -1,7 +1,7 @@
 //! palisaded: the long-running broker.
 
-use crate::broker::Broker;
 use crate::server::Server;
+use crate::service::Broker;
 use crate::{paths, systemd};
 use clap::Parser;
 use palisade_policy::Config;

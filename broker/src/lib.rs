@@ -4,7 +4,6 @@
 
 pub mod arena;
 pub mod attest;
-pub mod broker;
 pub mod cgroup;
 pub mod cli;
 pub mod client;
@@ -12,6 +11,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod error;
 pub mod etc_view;
+pub mod helper;
 pub mod host;
 pub mod instance;
 pub mod overlay;
@@ -20,6 +20,6 @@ pub mod pool;
 pub mod requester;
 pub mod run;
 pub mod server;
-pub mod spawn;
-pub mod spawner;
+pub mod service;
+pub mod spawn_thread;
 pub mod systemd;

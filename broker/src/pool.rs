@@ -5,8 +5,8 @@
 //! on the run's path. Only runs without a cgroup use them: a run's cgroup
 //! must hold the helper from the start. A dead or stale one is skipped.
 
-use crate::spawn::{HelperChild, HelperCommand, Io};
-use crate::spawner::Spawner;
+use crate::helper::{HelperChild, HelperCommand, Io};
+use crate::spawn_thread::Spawner;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

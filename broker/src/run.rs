@@ -7,14 +7,14 @@
 //! kernel sandbox nor a client socket.
 
 use crate::attest::attestation;
-use crate::broker::Grants;
 use crate::cgroup::RunCgroup;
 use crate::error::BrokerError;
+use crate::helper::{HelperChild, HelperCommand, Io, pidfd_kill, send_plan};
 use crate::overlay;
 use crate::pool::Pool;
 use crate::requester::Requester;
-use crate::spawn::{HelperChild, HelperCommand, Io, pidfd_kill, send_plan};
-use crate::spawner::Spawner;
+use crate::service::Grants;
+use crate::spawn_thread::Spawner;
 use palisade_policy::Resolved;
 use palisade_protocol::wire::{RunRequest, RunResult, RunStatus, ServerMessage, Stream};
 use palisade_protocol::{ExitReport, HelperRecord, LandlockReport, Tier, encode_plan};
@@ -336,11 +336,11 @@ fn feed_stdin(stdin: Option<std::fs::File>, data: &[u8]) -> std::io::Result<()> 
 async fn read_status_channel(
     channel: std::fs::File,
 ) -> Result<(Vec<HelperRecord>, Vec<OwnedFd>), BrokerError> {
-    let quick = nonblocking(&channel, true).and_then(|()| crate::spawn::read_status(&channel));
+    let quick = nonblocking(&channel, true).and_then(|()| crate::helper::read_status(&channel));
     let status = match quick {
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
             tokio::task::spawn_blocking(move || {
-                nonblocking(&channel, false).and_then(|()| crate::spawn::read_status(&channel))
+                nonblocking(&channel, false).and_then(|()| crate::helper::read_status(&channel))
             })
             .await?
         }

@@ -2,10 +2,10 @@
 //! connection limits (overall and per uid) and idle timeout, the concurrency
 //! limit with its bounded queue, and shutdown.
 
-use crate::broker::{Broker, Decided, Peer, not_approved};
 use crate::error::BrokerError;
 use crate::requester::Requester;
 use crate::run::Sink;
+use crate::service::{Broker, Decided, Peer, not_approved};
 use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, Hello, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION, RunRequest, RunResult,
     ServerHello, ServerMessage, Stream, encode, output_frame_header,

@@ -3,8 +3,8 @@
 //! plan with outer limits and a wall-clock bound, so that a broken sandbox
 //! cannot hurt the machine.
 
+use palisade_broker::helper::{HelperCommand, Io, OuterLimit, send_plan, spawn};
 use palisade_broker::requester::{self, Requester};
-use palisade_broker::spawn::{HelperCommand, Io, OuterLimit, send_plan, spawn};
 use palisade_policy::{JailSpec, Limits, build_plan};
 use palisade_protocol::{
     ExitReport, HelperFailure, HelperRecord, JailPlan, LandlockReport, Tier, encode_plan,

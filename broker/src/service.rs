@@ -1,12 +1,13 @@
-//! The broker's core, shared by palisaded and the CLI's embedded broker:
-//! decide by policy, prepare the run's host directories, execute.
+//! The broker service, shared by palisaded and the CLI's embedded broker: a
+//! peer's request decided by policy as the peer, its host directories
+//! prepared, and its run executed.
 
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::error::BrokerError;
 use crate::etc_view::EtcView;
 use crate::requester::{self, Acting, Requester};
 use crate::run::{Engine, Planned, Sink};
-use crate::spawner::Spawner;
+use crate::spawn_thread::Spawner;
 use crate::{host, paths};
 use palisade_policy::{Config, Context, Decision, Host, HostCapabilities, Policy, Resolved};
 use palisade_protocol::HostIds;
