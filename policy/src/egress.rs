@@ -96,9 +96,13 @@ const URL_OPERANDS: [(&str, &str, &[&str]); 4] = [
 const GIT_REPOSITORY: [(&str, usize); 7] =
     [("clone", 0), ("fetch", 0), ("pull", 0), ("push", 0), ("ls-remote", 0), ("remote", 2), ("submodule", 1)];
 
+/// The longest a domain name's text form can be (RFC 1035: 255 octets on
+/// the wire, 253 characters written out).
+const MAX_HOSTNAME_CHARS: usize = 253;
+
 fn looks_like_host(h: &str) -> bool {
     !h.is_empty()
-        && h.len() <= 253
+        && h.len() <= MAX_HOSTNAME_CHARS
         && (h.contains('.') || h.contains(':') || h.eq_ignore_ascii_case("localhost"))
         && !h.starts_with('-')
         && !h.contains('/')
