@@ -135,10 +135,12 @@ fn with_fd_9(program: &Path, file: &Path, args: &[&str]) -> std::process::Comman
     let fd = std::os::fd::IntoRawFd::into_raw_fd(std::fs::File::open(file).unwrap());
     let mut cmd = std::process::Command::new(program);
     cmd.args(args).stdin(std::process::Stdio::null());
-    // SAFETY: dup2 only, which is async-signal-safe.
+    // SAFETY: dup2 and fcntl only, which are async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(fd, 9) < 0 {
+            // dup2 onto itself would leave fd 9 close-on-exec (File::open sets it).
+            let rc = if fd == 9 { libc::fcntl(9, libc::F_SETFD, 0) } else { libc::dup2(fd, 9) };
+            if rc < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
