@@ -51,12 +51,14 @@ pub fn tether() -> Result<Tether> {
     Ok(Tether { parent_end, child_end })
 }
 
-/// Arms (or re-arms) the death signal in a forked child, then checks the tether.
+/// Arms (or re-arms) the death signal in a forked child, then checks the
+/// tether: hung up once the parent is gone (a byte waiting on it is the
+/// parent's [`release`], not its death).
 pub fn arm_in_child(child_end: &OwnedFd) -> Result<()> {
     request_death_signal(Signal::SIGKILL)?;
     let mut fds = [PollFd::new(child_end.as_fd(), PollFlags::POLLIN)];
-    let ready = poll(&mut fds, PollTimeout::ZERO).at(Stage::Lifeline, || "poll the lifeline".into())?;
-    if ready != 0 {
+    poll(&mut fds, PollTimeout::ZERO).at(Stage::Lifeline, || "poll the lifeline".into())?;
+    if fds[0].revents().is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)) {
         return Err(fail(
             Stage::Lifeline,
             Errno::ESRCH,
@@ -64,4 +66,28 @@ pub fn arm_in_child(child_end: &OwnedFd) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The parent's word that the child may go on: one byte on the tether.
+pub fn release(parent_end: &OwnedFd) -> Result<()> {
+    nix::unistd::write(parent_end, &[1]).map(drop).at(Stage::Monitor, || "release the command".into())
+}
+
+/// Waits for the parent's [`release`]; fails if the parent is gone first.
+pub fn wait_for_release(child_end: &OwnedFd) -> Result<()> {
+    let mut byte = [0u8];
+    loop {
+        match nix::unistd::read(child_end, &mut byte) {
+            Ok(1) => return Ok(()),
+            Ok(_) => {
+                return Err(fail(
+                    Stage::Lifeline,
+                    Errno::ESRCH,
+                    "the parent exited before releasing the command",
+                ));
+            }
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(fail(Stage::Lifeline, e, "wait for the parent's release")),
+        }
+    }
 }

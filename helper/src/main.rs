@@ -112,6 +112,8 @@ fn contain() -> Result<Infallible> {
     };
     rlimits::apply(&plan.rlimits)?;
     creds::switch_ids_and_drop_capabilities(plan.uid, plan.gid)?;
+    // Its watcher (pid 1, or Tier B's reaper) has set itself up before the command goes on.
+    lifeline::wait_for_release(&tether)?;
     // The kernel clears the death signal when credentials change.
     lifeline::arm_in_child(&tether)?;
     drop(tether);

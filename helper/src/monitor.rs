@@ -73,7 +73,15 @@ pub fn fork_watched(role: Role, in_parent: impl FnOnce() -> Result<()>) -> Resul
                 Role::Relay => Ok(()),
                 Role::Init | Role::Reaper => fds::keep_only_status_and(&tether.parent_end),
             };
-            if let Err(e) = drop_caps().and_then(|()| close()).and_then(|()| in_parent()) {
+            // pid 1 and the reaper release the command once they hold nothing
+            // it could reach (pid 1 under its own filter): until then it waits.
+            let release = || match role {
+                Role::Relay => Ok(()),
+                Role::Init | Role::Reaper => lifeline::release(&tether.parent_end),
+            };
+            if let Err(e) =
+                drop_caps().and_then(|()| close()).and_then(|()| in_parent()).and_then(|()| release())
+            {
                 error::report(&e);
                 let _ = kill(child, Signal::SIGKILL);
                 std::process::exit(error::EXIT_HELPER_FAILED);
