@@ -19,7 +19,6 @@ pub enum Stage {
     Fds,
     Lifeline,
     Cgroup,
-    HostIds,
     Namespaces,
     IdMap,
     Fork,
@@ -36,6 +35,9 @@ pub enum Stage {
     Seccomp,
     Exec,
     Monitor,
+    /// A helper started by root becoming the sandbox's host ids. Last, so
+    /// that the earlier stages keep their numbers in the status records.
+    HostIds,
 }
 
 impl Stage {
