@@ -207,7 +207,7 @@ impl Helper {
             landlock_abi: landlock_abi(),
             cgroup: Err("bench".into()),
         });
-        let policy = Policy::new(Config::default(), &host);
+        let policy = Policy::new(Config::default(), &*host.files);
         // Beside the workspace: reachable by the sandbox's uid, removed with it.
         let base = ws.parent().unwrap().to_path_buf();
         let entries = palisade_policy::jail::ETC_ENTRIES.iter().map(PathBuf::from).collect();

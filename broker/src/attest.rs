@@ -73,7 +73,7 @@ mod tests {
             landlock_abi: 7,
             cgroup: Err("none (test)".into()),
         });
-        let policy = Policy::new(Config::default(), &host);
+        let policy = Policy::new(Config::default(), &*host.files);
         let ctx = Context {
             parent_pid: 1,
             uid: 1000,

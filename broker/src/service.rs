@@ -121,7 +121,9 @@ impl Broker {
             engine: Engine::new(spawner, helper, config.broker.prespawn),
             etc,
             cgroups,
-            policy: Policy::new(config, &host::gather(&capabilities)),
+            // Only the installed interpreters are looked up now: the rest of the
+            // host is read at each decision, as the requester.
+            policy: Policy::new(config, &*host::files()),
             capabilities,
             context,
             next_run: AtomicU64::new(1),

@@ -89,7 +89,7 @@ fn context(user_namespaces: bool, landlock_abi: u32) -> On {
 }
 
 fn policy(toml: &str) -> Policy {
-    Policy::new(Config::parse(toml, Path::new("test.toml")).unwrap(), &context(true, 7).host)
+    Policy::new(Config::parse(toml, Path::new("test.toml")).unwrap(), &*context(true, 7).host.files)
 }
 
 fn decide(p: &Policy, on: &On, req: &RunRequest) -> Decision {

@@ -231,10 +231,10 @@ fn denied<T>(kind: ErrorKind, rule: &'static str, reason: impl Into<String>) -> 
 }
 
 impl Policy {
-    /// A policy for `config` on `host`: the interpreters installed there are
-    /// looked up once, here.
-    pub fn new(config: Config, host: &Host) -> Policy {
-        let rules = Rules::new(&config.policy).with_installed(&*host.files);
+    /// A policy for `config`: the interpreters installed on the host (read
+    /// through `files`) are looked up once, here.
+    pub fn new(config: Config, files: &dyn HostFiles) -> Policy {
+        let rules = Rules::new(&config.policy).with_installed(files);
         Policy { config, rules }
     }
 

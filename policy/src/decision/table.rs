@@ -622,7 +622,7 @@ fn decisions() {
     for row in rows() {
         let config = Config::parse(&row.config, Path::new("table.toml")).unwrap();
         let host = f.host(row.on);
-        let decision = Policy::new(config, &host).decide(&host, &context(row.on), &(row.request)(&f));
+        let decision = Policy::new(config, &*host.files).decide(&host, &context(row.on), &(row.request)(&f));
         match (row.want, decision) {
             (Want::Allow(check), Decision::Allow(r)) => check(&r, &f),
             (Want::Approval(check), Decision::NeedsApproval { reason, resolved }) => {
@@ -644,7 +644,7 @@ fn the_executable_allow_list() {
     let host = f.host(On::TierC);
     let mut config = Config::default();
     config.defaults.allowed_executables = vec![toml::Spanned::new(0..0, "ls".into())];
-    let policy = Policy::new(config, &host);
+    let policy = Policy::new(config, &*host.files);
     let decide = |argv: &[&str]| policy.decide(&host, &context(On::TierC), &f.request(argv));
     assert!(matches!(decide(&["ls"]), Decision::Allow(_)));
     match decide(&["cat", "src/main.rs"]) {
