@@ -38,8 +38,9 @@ pub fn arm_against_caller(expected_parent: u32, signal: Signal) -> Result<()> {
 }
 
 /// A pipe between a parent and the child it forks: the parent holds the
-/// write end and never writes, so the child sees a hang-up exactly when the
-/// parent is gone. It works across pid namespaces, where getppid() says 0.
+/// write end, so the child sees a hang-up exactly when the parent is gone.
+/// It works across pid namespaces, where getppid() says 0. The parent writes
+/// on it once at most, to [`release`] the child.
 pub struct Tether {
     pub parent_end: OwnedFd,
     pub child_end: OwnedFd,

@@ -1011,14 +1011,15 @@ impl TmpfsSizes {
         if budget == 0 || self.total() <= budget {
             return self;
         }
+        // Down to whole MiB where there is one (the attestation then reads
+        // "73 MiB", not "74896 KiB"), else to whole pages, at least one.
+        let round = |b: u64| if b >= mib(1) { b / mib(1) * mib(1) } else { (b / PAGE * PAGE).max(PAGE) };
         let fixed = self.total() - self.shm;
         if fixed + PAGE <= budget {
-            return TmpfsSizes { shm: (budget - fixed) / PAGE * PAGE, ..self };
+            return TmpfsSizes { shm: round(budget - fixed), ..self };
         }
         let total = self.total();
-        let scale = |b: u64| {
-            ((u128::from(b) * u128::from(budget) / u128::from(total)) as u64 / PAGE * PAGE).max(PAGE)
-        };
+        let scale = |b: u64| round((u128::from(b) * u128::from(budget) / u128::from(total)) as u64);
         TmpfsSizes { tmp: scale(self.tmp), upper: scale(self.upper), shm: scale(self.shm), ..self }
     }
 }
@@ -1239,6 +1240,8 @@ mod tests {
             for s in [sizes(256, 1024, 512), with_ws] {
                 let f = s.fit_within(budget);
                 assert!(f.tmp >= 4096 && f.upper >= 4096 && f.shm >= 4096, "{f:?}");
+                // Whole MiB from one MiB up: the attestation names them so.
+                assert!([f.tmp, f.upper, f.shm].iter().all(|b| *b < MIB || b % MIB == 0), "{f:?}");
                 assert!(
                     f.total() <= budget.max(4096 * (2 + s.workspace + s.overlays)),
                     "{f:?} over {budget}"
