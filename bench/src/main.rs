@@ -202,16 +202,17 @@ impl Helper {
     /// The plans the default policy resolves; `snapshot`: with /etc as the
     /// broker's snapshot (as palisaded runs them), else entry by entry.
     fn with_etc(ws: &Path, payloads: &[&[&str]], snapshot: bool) -> Helper {
-        let host = palisade_broker::host::gather(&HostCapabilities {
-            user_namespaces: true,
-            landlock_abi: landlock_abi(),
-            cgroup: Err("bench".into()),
-        });
-        let policy = Policy::new(Config::default(), &*host.files);
         // Beside the workspace: reachable by the sandbox's uid, removed with it.
         let base = ws.parent().unwrap().to_path_buf();
         let entries = palisade_policy::jail::ETC_ENTRIES.iter().map(PathBuf::from).collect();
         let etc = snapshot.then(|| EtcView::new(base, entries).current()).flatten();
+        let capabilities = HostCapabilities {
+            user_namespaces: true,
+            landlock_abi: landlock_abi(),
+            cgroup: Err("bench".into()),
+        };
+        let host = palisade_broker::host::gather(&capabilities, etc.is_none());
+        let policy = Policy::new(Config::default(), &*host.files);
         let ctx = Context {
             parent_pid: std::process::id(),
             uid: nix::unistd::getuid().as_raw(),

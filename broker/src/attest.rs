@@ -68,11 +68,10 @@ mod tests {
     use std::path::PathBuf;
 
     fn resolve(request: &RunRequest) -> Resolved {
-        let host = crate::host::gather(&HostCapabilities {
-            user_namespaces: true,
-            landlock_abi: 7,
-            cgroup: Err("none (test)".into()),
-        });
+        let host = crate::host::gather(
+            &HostCapabilities { user_namespaces: true, landlock_abi: 7, cgroup: Err("none (test)".into()) },
+            true,
+        );
         let policy = Policy::new(Config::default(), &*host.files);
         let ctx = Context {
             parent_pid: 1,

@@ -232,7 +232,7 @@ fn explain(args: ExplainArgs) -> i32 {
         Ok(b) => b,
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),
     };
-    let decision = broker.policy.decide(&broker.host(), &broker.context, &request);
+    let decision = broker.policy.decide(&broker.host(&broker.context), &broker.context, &request);
     print!("{}", palisade_policy::explain::render(&decision));
     if matches!(decision, palisade_policy::Decision::Allow(_)) { 0 } else { 1 }
 }

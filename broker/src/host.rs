@@ -70,8 +70,12 @@ pub fn probe(cgroups: &Cgroups) -> HostCapabilities {
 /// of /etc/passwd and the layout of `/` (each looked up again only when it
 /// changed), and the real filesystem. Read with the calling thread's
 /// credentials: the broker gathers it on the thread acting as the requester.
-pub fn gather(capabilities: &HostCapabilities) -> Host {
-    Host { capabilities: capabilities.clone(), homes: passwd_homes(), layout: layout(), files: files() }
+/// Only what the decision uses is looked up: the /etc entries when no
+/// snapshot of /etc stands for them (`etc_entries`), the devices where Tier
+/// B runs (user namespaces unavailable).
+pub fn gather(capabilities: &HostCapabilities, etc_entries: bool) -> Host {
+    let layout = layout(etc_entries, !capabilities.user_namespaces);
+    Host { capabilities: capabilities.clone(), homes: passwd_homes(), layout, files: files() }
 }
 
 /// The real filesystem, as the policy reads it.
@@ -148,18 +152,18 @@ impl HostFiles for RealFiles {
 /// The host's [`Layout`]. Its system directories are looked up again only
 /// when `/` changes (an entry made, removed or replaced there changes its
 /// times): a launch does not resolve the same seven paths every time. The
-/// /etc entries and devices present are looked up each time.
-pub fn layout() -> Layout {
+/// /etc entries and devices present, when asked for, are looked up each time.
+pub fn layout(etc_entries: bool, devices: bool) -> Layout {
     type Key = (u64, u64, i64, i64, i64, i64);
     static CACHE: Mutex<Option<(Key, Layout)>> = Mutex::new(None);
     let key = std::fs::symlink_metadata("/")
         .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()))
         .unwrap_or_default();
-    let present = |paths: &mut dyn Iterator<Item = String>| -> Vec<String> {
-        paths.filter(|p| Path::new(p).exists()).collect()
+    let present = |wanted: bool, paths: &mut dyn Iterator<Item = String>| -> Vec<String> {
+        if wanted { paths.filter(|p| Path::new(p).exists()).collect() } else { vec![] }
     };
-    let etc = present(&mut ETC_ENTRIES.iter().map(|p| p.to_string()));
-    let devices = present(&mut DEV_NODES.iter().map(|n| format!("/dev/{n}")));
+    let etc = present(etc_entries, &mut ETC_ENTRIES.iter().map(|p| p.to_string()));
+    let devices = present(devices, &mut DEV_NODES.iter().map(|n| format!("/dev/{n}")));
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((k, layout)) = cache.as_ref() {
         if *k == key {

@@ -157,10 +157,10 @@ impl Broker {
         Ok(Decided { run_id, resolved, approval, grants, etc, dirs })
     }
 
-    /// The host as a decision sees it now, read with the calling thread's
-    /// credentials (see [`host::gather`]).
-    pub fn host(&self) -> Host {
-        host::gather(&self.capabilities)
+    /// The host as a decision in `context` sees it now, read with the
+    /// calling thread's credentials (see [`host::gather`]).
+    pub fn host(&self, context: &Context) -> Host {
+        host::gather(&self.capabilities, context.etc_view.is_none())
     }
 
     /// The policy's decision, then the plan's host paths opened and the
@@ -172,7 +172,7 @@ impl Broker {
         context: &Context,
         request: &RunRequest,
     ) -> Result<Opened, ErrorReply> {
-        let (resolved, approval) = match self.policy.decide(&self.host(), context, request) {
+        let (resolved, approval) = match self.policy.decide(&self.host(context), context, request) {
             Decision::Allow(r) => (r, None),
             Decision::NeedsApproval { reason, resolved } => (resolved, Some(reason)),
             Decision::Deny(d) => {

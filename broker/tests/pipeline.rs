@@ -70,11 +70,14 @@ struct On {
 }
 
 fn context(user_namespaces: bool, landlock_abi: u32) -> On {
-    let host = host::gather(&HostCapabilities {
-        user_namespaces,
-        landlock_abi,
-        cgroup: Err("no delegated cgroup v2 root (test)".into()),
-    });
+    let host = host::gather(
+        &HostCapabilities {
+            user_namespaces,
+            landlock_abi,
+            cgroup: Err("no delegated cgroup v2 root (test)".into()),
+        },
+        true,
+    );
     let ctx = Context {
         parent_pid: 1,
         uid: 1000,

@@ -202,7 +202,7 @@ impl Jail {
             temp_workspace: None,
             write_bound: None,
             etc_view: None,
-            layout: palisade_broker::host::layout(),
+            layout: palisade_broker::host::layout(true, true),
         };
         Jail { spec, timeout: Duration::from_secs(60), stdin: None, dir }
     }
