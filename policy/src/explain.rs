@@ -4,24 +4,9 @@
 use crate::capabilities::{EnvironmentCapability, FsCapability};
 use crate::decision::{Decision, Resolved};
 use crate::seccomp;
+use palisade_protocol::attest::exact_size as size;
 use palisade_protocol::{DEV_NODES, LandlockFeatures, Mount, Rlimit};
 use std::fmt::Write;
-
-const KIB: u64 = 1 << 10;
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
-
-/// A size as people read it: `1 GiB`, `64 MiB`, `12.2 MiB`, `4 KiB`.
-pub fn size(v: u64) -> String {
-    match v {
-        u64::MAX => "unlimited".into(),
-        v if v >= GIB && v % GIB == 0 => format!("{} GiB", v / GIB),
-        v if v >= MIB && v % MIB == 0 => format!("{} MiB", v / MIB),
-        v if v >= MIB => format!("{:.1} MiB", v as f64 / MIB as f64),
-        v if v >= KIB && v % KIB == 0 => format!("{} KiB", v / KIB),
-        v => format!("{v} bytes"),
-    }
-}
 
 fn count(l: Rlimit) -> String {
     if l.hard == u64::MAX { "unlimited".into() } else { l.hard.to_string() }
