@@ -70,8 +70,13 @@ pub fn arm_in_child(child_end: &OwnedFd) -> Result<()> {
 }
 
 /// The parent's word that the child may go on: one byte on the tether.
+/// EPIPE means the child has already ended (a failed setup step of its own,
+/// reported by itself): the parent goes on to reap it, not to fail over it.
 pub fn release(parent_end: &OwnedFd) -> Result<()> {
-    nix::unistd::write(parent_end, &[1]).map(drop).at(Stage::Monitor, || "release the command".into())
+    match nix::unistd::write(parent_end, &[1]) {
+        Ok(_) | Err(Errno::EPIPE) => Ok(()),
+        Err(e) => Err(fail(Stage::Monitor, e, "release the command")),
+    }
 }
 
 /// Waits for the parent's [`release`]; fails if the parent is gone first.
