@@ -26,6 +26,24 @@ pub fn default_temp_root() -> PathBuf {
     }
 }
 
+/// Where the broker keeps what must outlive it (the audit journal, the
+/// tools' trust stages): `/var/lib/palisade` for root (a system install),
+/// else `$XDG_STATE_HOME/palisade` (default `~/.local/state/palisade`).
+/// Never a temporary directory: with neither variable set (nor absolute),
+/// the caller must be given a path.
+pub fn default_state_dir() -> Result<PathBuf, String> {
+    if nix::unistd::geteuid().is_root() {
+        return Ok(PathBuf::from("/var/lib/palisade"));
+    }
+    let absolute = |var: &str| std::env::var_os(var).map(PathBuf::from).filter(|p| p.is_absolute());
+    if let Some(state) = absolute("XDG_STATE_HOME") {
+        return Ok(state.join("palisade"));
+    }
+    absolute("HOME")
+        .map(|home| home.join(".local/state/palisade"))
+        .ok_or_else(|| "neither XDG_STATE_HOME nor HOME is set to an absolute path".to_string())
+}
+
 /// The helper installed next to the running binary.
 pub fn default_helper() -> PathBuf {
     std::env::current_exe()
