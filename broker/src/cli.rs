@@ -2,6 +2,7 @@
 //! or an embedded one with the built-in default policy when none answers.
 
 use crate::client::{Client, ClientError, Event};
+use crate::journal::Event as JournalEvent;
 use crate::paths;
 use crate::run::Sink;
 use crate::service::{Broker, Peer};
@@ -43,6 +44,9 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         policy: Option<PathBuf>,
     },
+    /// Read and check the audit journal (see docs/journal.md).
+    #[command(subcommand)]
+    Audit(crate::audit::AuditCommand),
 }
 
 #[derive(ClapArgs, Debug)]
@@ -175,6 +179,7 @@ pub fn main(cli: Cli) -> i32 {
     match cli.command {
         Command::Run(args) => run(args),
         Command::Explain(args) => explain(args),
+        Command::Audit(command) => crate::audit::main(command),
         Command::Doctor { policy } => {
             let config = match policy.as_deref().map(Config::load).transpose() {
                 Ok(c) => c.unwrap_or_default(),
@@ -212,6 +217,8 @@ fn explain(args: ExplainArgs) -> i32 {
     // Nothing is written: the /etc entries are shown bound one by one, as the
     // CLI's embedded broker binds them (palisaded binds a copy of the same).
     config.broker.etc_snapshot = false;
+    // Nothing runs, so nothing is recorded.
+    config.journal.enabled = false;
     let run_args = RunArgs {
         socket: None,
         workspace: args.workspace,
@@ -473,9 +480,22 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
         let decided = broker.decide(&peer, &request)?;
         if let Some(reason) = &decided.approval {
             let ask = reason.clone();
+            let (run_id, tool) = (decided.run_id, request.tool.clone());
+            let asked =
+                JournalEvent::ApprovalAsked { approval: run_id, run_id, uid, tool, reason: reason.clone() };
+            broker.journal.append(asked).await?;
             let approved = tokio::task::spawn_blocking(move || ask_at_terminal(&ask)).await.unwrap_or(false);
+            let why = if approved { "" } else { "refused" };
+            let answered = JournalEvent::ApprovalAnswered {
+                approval: run_id,
+                run_id,
+                by_uid: Some(uid),
+                approved,
+                why: why.into(),
+            };
+            broker.journal.append(answered).await?;
             if !approved {
-                return Err(crate::service::not_approved(reason, "refused").into());
+                return Err(crate::service::not_approved(reason, why).into());
             }
         }
         broker.execute(&peer, decided, &request, &mut RenderSink(&mut render), cancel).await
