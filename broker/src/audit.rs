@@ -169,7 +169,10 @@ fn tail(at: &JournalDir, n: usize, follow: bool, json: bool) -> Result<(), Strin
     let records = verify::records(&dir)?;
     let mut last = records.last().map_or(0, |(_, r)| r.seq);
     records.iter().skip(records.len().saturating_sub(n)).for_each(|(_, r)| print_record(r, json));
-    while follow {
+    if !follow {
+        return Ok(());
+    }
+    loop {
         std::thread::sleep(FOLLOW_EVERY);
         let seen = last;
         for (_, r) in verify::records(&dir)?.iter().filter(|(_, r)| r.seq > seen) {
@@ -177,7 +180,6 @@ fn tail(at: &JournalDir, n: usize, follow: bool, json: bool) -> Result<(), Strin
             last = r.seq;
         }
     }
-    Ok(())
 }
 
 /// One record: as the journal has it (`json`), or `seq time event key=value ...`.

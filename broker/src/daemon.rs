@@ -68,6 +68,16 @@ pub fn main(args: Args) -> i32 {
             return EXIT_CONFIG;
         }
     };
+    // A journal whose newest records do not chain is not written on.
+    if let Some(dir) = broker.journal.dir() {
+        if let Err(broken) = crate::journal::verify::verify_newest(dir) {
+            eprintln!(
+                "palisaded: the audit journal {} is broken at {broken}; see `palisade audit verify`",
+                dir.display()
+            );
+            return EXIT_CONFIG;
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {

@@ -185,6 +185,16 @@ fn an_edit_a_deletion_a_swap_or_an_insertion_is_named_at_its_record() {
         );
         assert!(documented_recipe(copy).starts_with("broken at seq"), "{}", copy.display());
     }
+    // A broker does not write on a journal whose newest records do not chain.
+    let config = dir.join("c.toml");
+    std::fs::write(&config, base_config()).unwrap();
+    let o = std::process::Command::new(bin("palisaded"))
+        .args(["--config", config.to_str().unwrap(), "--socket", dir.join("s.sock").to_str().unwrap()])
+        .env("PALISADE_JOURNAL", &edited)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is broken at record seq 7 ("), "{o:?}");
     // The last records cut off: the chain left is whole, but the kept head is gone from it.
     let cut = tampered(&journal, &dir.join("cut"), |l| l.truncate(l.len() - 3));
     assert_eq!(verify(&cut, &[]).0, Some(0));
