@@ -473,3 +473,79 @@ fn with_the_journal_off_nothing_is_written_and_results_say_so() {
     let on = Daemon::start("");
     assert!(runs(&on, ws.path(), 1, 1)[0].attestation.journal.is_some());
 }
+
+#[test]
+fn approvals_asked_and_answered_are_recorded_with_the_run() {
+    let d = Daemon::start("[broker]\nuser_namespaces = false\n[policy]\nfallback = \"request_approval\"\n");
+    let ws = TempDir::new("ws");
+    let ws_path = shared_workspace(&ws, "w");
+    let mut c = Client::connect(&d.socket).unwrap();
+    let refused = c.run_with_approval(request(&ws_path, &["echo", "no"]), |_| {}, |_| false);
+    assert!(matches!(refused, Err(ClientError::Reply(ref e)) if e.kind == ErrorKind::NeedsApproval), "{refused:?}");
+    let approved = c.run_with_approval(request(&ws_path, &["echo", "yes"]), |_| {}, |_| true).unwrap();
+    let recs = records(&d.journal());
+    let of = |run: u64| -> Vec<&str> {
+        recs.iter().filter(|r| r["run_id"] == run).map(|r| r["event"].as_str().unwrap()).collect()
+    };
+    let me = nix::unistd::getuid().as_raw();
+    assert_eq!(of(1), ["request_received", "decision", "approval_asked", "approval_answered"]);
+    assert_eq!(
+        of(approved.run_id),
+        ["request_received", "decision", "approval_asked", "approval_answered", "run_started", "run_finished"]
+    );
+    let answers: Vec<&Value> = recs.iter().filter(|r| r["event"] == "approval_answered").collect();
+    assert_eq!((answers[0]["approved"].as_bool(), answers[0]["by_uid"].as_u64()), (Some(false), Some(me.into())));
+    assert_eq!((answers[1]["approved"].as_bool(), answers[1]["by_uid"].as_u64()), (Some(true), Some(me.into())));
+    assert!(recs.iter().any(|r| r["event"] == "decision" && r["decision"] == "needs_approval"));
+    assert_receipts(&[approved], &recs);
+}
+
+#[test]
+fn show_and_tail_read_the_journal_for_people_and_tools() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let results = runs(&d, ws.path(), 3, 1);
+    let j = d.journal();
+    let journal = j.to_str().unwrap();
+    let run = results[1].run_id.to_string();
+    let (code, out) = audit(&["show", &run, "--journal", journal, "--json"]);
+    assert_eq!(code, Some(0), "{out}");
+    let shown: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let events: Vec<&str> = shown.iter().map(|r| r["event"].as_str().unwrap()).collect();
+    assert_eq!(events, ["request_received", "decision", "run_started", "run_finished"]);
+    assert!(shown.iter().all(|r| r["run_id"] == results[1].run_id));
+    let (code, out) = audit(&["show", &run, "--journal", journal]);
+    assert_eq!(code, Some(0));
+    assert!(out.lines().nth(3).is_some_and(|l| l.contains(" run_finished ") && l.contains("status=\"exited 0\"")), "{out}");
+    // Counter-test: a run it never had.
+    let (code, out) = audit(&["show", "999999", "--journal", journal]);
+    assert_eq!(code, Some(2), "{out}");
+    let (code, out) = audit(&["tail", "-n", "2", "--journal", journal]);
+    assert_eq!((code, out.lines().count()), (Some(0), 2), "{out}");
+    assert!(out.lines().nth(1).unwrap().contains(" run_finished "), "{out}");
+    // -f prints what is appended after it started: the last record first, then the new ones.
+    let mut follow = std::process::Command::new(bin("palisade"))
+        .args(["audit", "tail", "-n", "1", "-f", "--json", "--journal", journal])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = follow.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let Ok(line) = line else { return };
+            if tx.send(serde_json::from_str::<Value>(&line).unwrap()).is_err() {
+                return;
+            }
+        }
+    });
+    // Bounded: a tail that prints nothing fails the test, it does not hang it.
+    let next = || rx.recv_timeout(Duration::from_secs(30)).expect("a record from tail -f");
+    assert_eq!(next()["run_id"], results[2].run_id);
+    let later = runs(&d, ws.path(), 1, 1);
+    let seen: Vec<Value> = (0..4).map(|_| next()).collect();
+    follow.kill().unwrap();
+    follow.wait().unwrap();
+    assert!(seen.iter().all(|r| r["run_id"] == later[0].run_id), "{seen:?}");
+    assert_eq!(seen[3]["event"], "run_finished");
+}
