@@ -481,7 +481,10 @@ fn approvals_asked_and_answered_are_recorded_with_the_run() {
     let ws_path = shared_workspace(&ws, "w");
     let mut c = Client::connect(&d.socket).unwrap();
     let refused = c.run_with_approval(request(&ws_path, &["echo", "no"]), |_| {}, |_| false);
-    assert!(matches!(refused, Err(ClientError::Reply(ref e)) if e.kind == ErrorKind::NeedsApproval), "{refused:?}");
+    assert!(
+        matches!(refused, Err(ClientError::Reply(ref e)) if e.kind == ErrorKind::NeedsApproval),
+        "{refused:?}"
+    );
     let approved = c.run_with_approval(request(&ws_path, &["echo", "yes"]), |_| {}, |_| true).unwrap();
     let recs = records(&d.journal());
     let of = |run: u64| -> Vec<&str> {
@@ -491,11 +494,24 @@ fn approvals_asked_and_answered_are_recorded_with_the_run() {
     assert_eq!(of(1), ["request_received", "decision", "approval_asked", "approval_answered"]);
     assert_eq!(
         of(approved.run_id),
-        ["request_received", "decision", "approval_asked", "approval_answered", "run_started", "run_finished"]
+        [
+            "request_received",
+            "decision",
+            "approval_asked",
+            "approval_answered",
+            "run_started",
+            "run_finished"
+        ]
     );
     let answers: Vec<&Value> = recs.iter().filter(|r| r["event"] == "approval_answered").collect();
-    assert_eq!((answers[0]["approved"].as_bool(), answers[0]["by_uid"].as_u64()), (Some(false), Some(me.into())));
-    assert_eq!((answers[1]["approved"].as_bool(), answers[1]["by_uid"].as_u64()), (Some(true), Some(me.into())));
+    assert_eq!(
+        (answers[0]["approved"].as_bool(), answers[0]["by_uid"].as_u64()),
+        (Some(false), Some(me.into()))
+    );
+    assert_eq!(
+        (answers[1]["approved"].as_bool(), answers[1]["by_uid"].as_u64()),
+        (Some(true), Some(me.into()))
+    );
     assert!(recs.iter().any(|r| r["event"] == "decision" && r["decision"] == "needs_approval"));
     assert_receipts(&[approved], &recs);
 }
@@ -516,7 +532,10 @@ fn show_and_tail_read_the_journal_for_people_and_tools() {
     assert!(shown.iter().all(|r| r["run_id"] == results[1].run_id));
     let (code, out) = audit(&["show", &run, "--journal", journal]);
     assert_eq!(code, Some(0));
-    assert!(out.lines().nth(3).is_some_and(|l| l.contains(" run_finished ") && l.contains("status=\"exited 0\"")), "{out}");
+    assert!(
+        out.lines().nth(3).is_some_and(|l| l.contains(" run_finished ") && l.contains("status=\"exited 0\"")),
+        "{out}"
+    );
     // Counter-test: a run it never had.
     let (code, out) = audit(&["show", "999999", "--journal", journal]);
     assert_eq!(code, Some(2), "{out}");

@@ -393,3 +393,60 @@ impl Drop for Locked<'_> {
         unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(n: u64) -> Entry {
+        let event = super::super::Event::BrokerStopped { pid: n as u32 };
+        Entry { fields: super::super::fields(&event), answered: true }
+    }
+
+    fn settings(segment_bytes: u64) -> Settings {
+        Settings { segment_bytes, keep_segments: None, reader_gid: None }
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("palisade-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn two_writers_on_one_directory_keep_one_chain_across_segments() {
+        let dir = scratch("two");
+        let mut a = Store::open(&dir, settings(4096)).unwrap();
+        let mut b = Store::open(&dir, settings(4096)).unwrap();
+        let mut seqs = Vec::new();
+        for n in 0..40 {
+            let writer = if n % 3 == 0 { &mut a } else { &mut b };
+            let got = writer.append(vec![entry(n), entry(n)], n % 2 == 0).unwrap();
+            seqs.extend(got.iter().map(|h| h.seq));
+        }
+        assert_eq!(seqs, (1..=80).collect::<Vec<u64>>());
+        let verified = super::super::verify::verify(&dir, None).unwrap();
+        assert_eq!(verified.records, 80);
+        assert!(verified.segments > 2, "{} segments", verified.segments);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_torn_line_left_by_another_writer_is_set_aside_before_the_next_batch() {
+        let dir = scratch("torn");
+        let mut a = Store::open(&dir, settings(1 << 20)).unwrap();
+        a.append(vec![entry(1)], true).unwrap();
+        let (_, segment) = segments(&dir).unwrap().pop().unwrap();
+        std::fs::OpenOptions::new().append(true).open(&segment).unwrap().write_all(b"{\"half").unwrap();
+        let mut b = Store::open(&dir, settings(1 << 20)).unwrap();
+        let got = b.append(vec![entry(2)], true).unwrap();
+        // The set-aside record is seq 2, the entry seq 3.
+        assert_eq!(got.iter().map(|h| h.seq).collect::<Vec<_>>(), [3]);
+        assert_eq!(set_aside_files(&dir).len(), 1);
+        assert_eq!(std::fs::read(&set_aside_files(&dir)[0]).unwrap(), b"{\"half");
+        // The first writer catches up with both.
+        assert_eq!(a.append(vec![entry(3)], true).unwrap()[0].seq, 4);
+        assert_eq!(super::super::verify::verify(&dir, None).unwrap().records, 4);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
