@@ -47,11 +47,18 @@ fn segments(journal: &Path) -> Vec<PathBuf> {
     found
 }
 
+/// A segment's records: its bytes up to the zeros reserved ahead.
+fn content(segment: &Path) -> Vec<u8> {
+    let mut bytes = std::fs::read(segment).unwrap();
+    bytes.truncate(bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len()));
+    bytes
+}
+
 /// Every whole record of a journal, in order.
 fn records(journal: &Path) -> Vec<Value> {
     let mut all = Vec::new();
     for s in segments(journal) {
-        let text = std::fs::read_to_string(&s).unwrap();
+        let text = String::from_utf8(content(&s)).unwrap();
         all.extend(text.split_inclusive('\n').filter(|l| l.ends_with('\n')).map(|l| {
             serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{}: {e}: {l}", s.display()))
         }));
@@ -125,7 +132,7 @@ fn tampered(journal: &Path, to: &Path, change: impl FnOnce(&mut Vec<String>)) ->
     std::fs::create_dir_all(to).unwrap();
     let segment = &segments(journal)[0];
     let mut lines: Vec<String> =
-        std::fs::read_to_string(segment).unwrap().lines().map(String::from).collect();
+        String::from_utf8(content(segment)).unwrap().lines().map(String::from).collect();
     change(&mut lines);
     let copy = to.join(segment.file_name().unwrap());
     std::fs::write(&copy, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
@@ -185,6 +192,15 @@ fn an_edit_a_deletion_a_swap_or_an_insertion_is_named_at_its_record() {
         );
         assert!(documented_recipe(copy).starts_with("broken at seq"), "{}", copy.display());
     }
+    // Records end at the zeros reserved ahead: anything after those is no record's.
+    let hidden = dir.join("hidden");
+    std::fs::create_dir(&hidden).unwrap();
+    let zeros = vec![0u8; 64];
+    let bytes = [&content(&segments(&journal)[0])[..], &zeros[..], &b"{\"seq\":99}\n"[..]].concat();
+    std::fs::write(hidden.join(&name), bytes).unwrap();
+    let (code, out) = verify(&hidden, &[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("bytes after the end of the records"), "{out}");
     // A broker does not write on a journal whose newest records do not chain.
     let config = dir.join("c.toml");
     std::fs::write(&config, base_config()).unwrap();
@@ -253,7 +269,7 @@ fn a_torn_last_line_is_set_aside_recorded_and_the_chain_goes_on() {
     d.stop();
     let journal = d.journal();
     let segment = segments(&journal)[0].clone();
-    let before = std::fs::read(&segment).unwrap();
+    let before = content(&segment);
     let torn = br#"{"argv":["/usr/bin/echo","half"],"broker":"1-2","ev"#;
     std::fs::write(&segment, [&before[..], &torn[..]].concat()).unwrap();
     let (code, out) = verify(&journal, &[]);
@@ -266,7 +282,7 @@ fn a_torn_last_line_is_set_aside_recorded_and_the_chain_goes_on() {
     assert!(again.log().contains("was set aside"), "{}", again.log());
     runs(&again, ws.path(), 2, 1);
     // Earlier records untouched; the torn bytes kept in a file of their own, and recorded.
-    let now = std::fs::read(&segment).unwrap();
+    let now = content(&segment);
     assert_eq!(&now[..before.len()], &before[..]);
     let recs = records(&journal);
     let aside = recs.iter().find(|r| r["event"] == "tail_set_aside").expect("a tail_set_aside record");

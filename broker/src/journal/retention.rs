@@ -3,7 +3,7 @@
 //! the seqs they held and the hash they ended at, so that `audit verify`
 //! still accepts the chain that remains.
 
-use super::store::{Entry, last_line, segments};
+use super::store::{Entry, content_len, last_line, segments, whole_len};
 use super::{Event, JournalError, record};
 use std::path::{Path, PathBuf};
 
@@ -23,8 +23,9 @@ pub fn plan(dir: &Path, keep: u32, batch: &mut Vec<Entry>) -> Result<Vec<PathBuf
     };
     let mut file = std::fs::File::open(last_path)
         .map_err(|e| JournalError::Io(format!("cannot open {}: {e}", last_path.display())))?;
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let line = last_line(&mut file, len).ok().flatten();
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let whole = content_len(&file, size).and_then(|c| whole_len(&mut file, c)).unwrap_or(0);
+    let line = last_line(&mut file, whole).ok().flatten();
     let Some(last) = line.and_then(|l| record::parse(&l).ok()) else {
         // Nothing is removed whose end cannot be recorded.
         tracing::warn!(

@@ -4,7 +4,6 @@
 
 use super::record::{self, GENESIS, Record};
 use super::store::{self, Locked};
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 /// A journal that verified.
@@ -102,43 +101,40 @@ pub fn verify_newest(dir: &Path) -> Result<(), Broken> {
 }
 
 impl Walk {
-    /// Checks one segment's records in turn.
+    /// Checks one segment's records in turn: they end at its first zero
+    /// byte, and only zeros (the space reserved ahead) may follow.
     fn segment(&mut self, path: &Path, newest: bool, head: Option<&str>) -> Result<(), Broken> {
-        let file = std::fs::File::open(path).map_err(|e| Broken {
-            seq: None,
-            file: path.to_path_buf(),
-            line: 0,
-            why: format!("cannot open: {e}"),
-        })?;
-        let mut reader = std::io::BufReader::new(file);
-        let mut line = Vec::new();
-        for n in 1u64.. {
-            line.clear();
-            let read = reader.read_until(b'\n', &mut line).map_err(|e| Broken {
-                seq: None,
-                file: path.to_path_buf(),
-                line: n,
-                why: format!("cannot read: {e}"),
-            })?;
-            if read == 0 {
-                break;
-            }
-            let at = |seq: Option<u64>, why: String| Broken { seq, file: path.to_path_buf(), line: n, why };
-            if line.last() != Some(&b'\n') {
-                if newest {
-                    self.verified.torn_tail = Some((path.to_path_buf(), line.len() as u64));
-                    break;
-                }
-                return Err(at(None, "an incomplete line in a segment that is not the last".into()));
-            }
-            let record = record::parse(&line[..line.len() - 1]).map_err(|why| at(None, why))?;
-            self.record(&record).map_err(|why| at(Some(record.seq), why))?;
+        let at =
+            |seq: Option<u64>, line: u64, why: String| Broken { seq, file: path.to_path_buf(), line, why };
+        let data = std::fs::read(path).map_err(|e| at(None, 0, format!("cannot read: {e}")))?;
+        let content = data.iter().position(|b| *b == 0).unwrap_or(data.len());
+        let whole = data[..content].iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        let lines =
+            data[..whole].split(|b| *b == b'\n').take(data[..whole].iter().filter(|b| **b == b'\n').count());
+        let mut n = 0u64;
+        for line in lines {
+            n += 1;
+            let record = record::parse(line).map_err(|why| at(None, n, why))?;
+            self.record(&record).map_err(|why| at(Some(record.seq), n, why))?;
             if head == Some(record.hash.as_str()) {
                 self.head_seen = true;
             }
             if self.start.is_none() && self.verified.records == 1 && record.seq != 1 {
                 self.start = Some((record.seq, record.prev.clone(), path.to_path_buf(), n));
             }
+        }
+        if data[content..].iter().any(|b| *b != 0) {
+            return Err(at(
+                None,
+                n + 1,
+                "bytes after the end of the records (a zero byte among them)".into(),
+            ));
+        }
+        if whole < content {
+            if !newest {
+                return Err(at(None, n + 1, "an incomplete line in a segment that is not the last".into()));
+            }
+            self.verified.torn_tail = Some((path.to_path_buf(), (content - whole) as u64));
         }
         Ok(())
     }
@@ -182,7 +178,8 @@ pub fn head(dir: &Path) -> Result<Option<Record>, String> {
     for (_, path) in segments.iter().rev() {
         let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let len = file.metadata().map_err(|e| format!("{}: {e}", path.display()))?.len();
-        let whole = store::whole_len(&mut file, len).map_err(|e| format!("{}: {e}", path.display()))?;
+        let content = store::content_len(&file, len).map_err(|e| format!("{}: {e}", path.display()))?;
+        let whole = store::whole_len(&mut file, content).map_err(|e| format!("{}: {e}", path.display()))?;
         if let Some(line) =
             store::last_line(&mut file, whole).map_err(|e| format!("{}: {e}", path.display()))?
         {
@@ -200,7 +197,8 @@ pub fn records(dir: &Path) -> Result<Vec<(PathBuf, Record)>, String> {
     let segments = store::segments(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
     let mut all = Vec::new();
     for (_, path) in segments {
-        let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        text.truncate(text.iter().position(|b| *b == 0).unwrap_or(text.len()));
         for line in text.split_inclusive(|b| *b == b'\n').filter(|l| l.ends_with(b"\n")) {
             if let Ok(r) = record::parse(&line[..line.len() - 1]) {
                 all.push((path.clone(), r));
