@@ -201,13 +201,15 @@ impl Store {
         let removed = self.rotate_if_full(&mut batch)?;
         batch.extend(entries);
         let receipts = self.write(batch, durable || !removed.is_empty())?;
-        for path in removed {
-            if let Err(e) = std::fs::remove_file(&path) {
-                tracing::warn!("journal retention: cannot remove {}: {e}", path.display());
+        if !removed.is_empty() {
+            for path in &removed {
+                if let Err(e) = std::fs::remove_file(path) {
+                    tracing::warn!("journal retention: cannot remove {}: {e}", path.display());
+                }
             }
-        }
-        if let Err(e) = sync_dir(&self.dir) {
-            tracing::warn!("journal: cannot sync {}: {e}", self.dir.display());
+            if let Err(e) = sync_dir(&self.dir) {
+                tracing::warn!("journal: cannot sync {}: {e}", self.dir.display());
+            }
         }
         Ok(receipts)
     }
