@@ -195,7 +195,7 @@ fn an_edit_a_deletion_a_swap_or_an_insertion_is_named_at_its_record() {
     // Records end at the zeros reserved ahead: anything after those is no record's.
     let hidden = dir.join("hidden");
     std::fs::create_dir(&hidden).unwrap();
-    let zeros = vec![0u8; 64];
+    let zeros = [0u8; 64];
     let bytes = [&content(&segments(&journal)[0])[..], &zeros[..], &b"{\"seq\":99}\n"[..]].concat();
     std::fs::write(hidden.join(&name), bytes).unwrap();
     let (code, out) = verify(&hidden, &[]);
