@@ -18,7 +18,8 @@ const CHAIN_FIELDS: [&str; 6] = ["seq", "time", "prev", "hash", "event", "broker
 #[derive(Subcommand, Debug)]
 pub enum AuditCommand {
     /// Check every segment: each record's seq, prev and hash. Exits 0 when
-    /// the chain is whole, 1 naming the first broken record (seq, file, line).
+    /// the chain is whole, 1 naming the first broken record (seq, file,
+    /// line), 2 when there is no journal to read.
     Verify {
         /// A head kept elsewhere (`palisade audit head`): it must still be in the chain.
         #[arg(long, value_name = "HASH")]
@@ -33,6 +34,7 @@ pub enum AuditCommand {
     Head {
         #[command(flatten)]
         at: JournalDir,
+        /// Print them as a JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -56,6 +58,7 @@ pub enum AuditCommand {
         follow: bool,
         #[command(flatten)]
         at: JournalDir,
+        /// One JSON record a line, as the journal has them.
         #[arg(long)]
         json: bool,
     },
