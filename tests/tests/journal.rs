@@ -476,6 +476,14 @@ fn the_journal_is_private_and_a_directory_others_may_write_is_refused() {
     assert_eq!(mode(&open), 0o750);
     assert_eq!(mode(&segments(&open)[0]), 0o640);
     assert_eq!(std::fs::metadata(segments(&open)[0].clone()).unwrap().gid(), gid);
+    // A directory made on the way lets the readers through, and shows them nothing.
+    let deeper = dir.join("state/journal");
+    let _made = Daemon::start_with(DaemonOptions {
+        config: format!("[journal]\nreader_gid = {gid}\n"),
+        env: vec![("PALISADE_JOURNAL".into(), deeper.to_string_lossy().into_owned())],
+        ..Default::default()
+    });
+    assert_eq!((mode(&dir.join("state")), mode(&deeper)), (0o711, 0o750));
 }
 
 #[test]

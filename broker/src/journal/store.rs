@@ -436,6 +436,16 @@ fn file_mode(reader_gid: Option<u32>) -> u32 {
 fn make_dir(dir: &Path, reader_gid: Option<u32>) -> Result<(), JournalError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let mode = if reader_gid.is_some() { 0o750 } else { 0o700 };
+    // Directories made on the way: searchable by the readers when there are
+    // some (not listable), else the broker's alone.
+    let ancestors = if reader_gid.is_some() { 0o711 } else { 0o700 };
+    if let Some(parent) = dir.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(ancestors)
+            .create(parent)
+            .map_err(|e| io_error(parent, "cannot create", e))?;
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
