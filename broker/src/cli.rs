@@ -382,17 +382,25 @@ fn run(args: RunArgs) -> i32 {
 
 /// Asks the person at this process's terminal whether to run; no terminal: no.
 fn ask_at_terminal(reason: &str) -> bool {
+    terminal_answer(reason).unwrap_or(false)
+}
+
+/// The answer of the person at this process's terminal; `None` when there
+/// is no terminal to ask (nobody answered).
+fn terminal_answer(reason: &str) -> Option<bool> {
     let Ok(mut tty) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") else {
         eprintln!("palisade: the run needs approval and there is no terminal to ask: {reason}");
-        return false;
+        return None;
     };
     if write!(tty, "palisade: {reason} [y/N] ").and_then(|()| tty.flush()).is_err() {
-        return false;
+        return None;
     }
     let mut answer = String::new();
     let mut reader = std::io::BufReader::new(tty);
-    std::io::BufRead::read_line(&mut reader, &mut answer).is_ok()
-        && matches!(answer.trim(), "y" | "Y" | "yes" | "Yes" | "YES")
+    Some(
+        std::io::BufRead::read_line(&mut reader, &mut answer).is_ok()
+            && matches!(answer.trim(), "y" | "Y" | "yes" | "Yes" | "YES"),
+    )
 }
 
 fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -> i32 {
@@ -484,12 +492,18 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
             let asked =
                 JournalEvent::ApprovalAsked { approval: run_id, run_id, uid, tool, reason: reason.clone() };
             broker.journal.append(asked).await?;
-            let approved = tokio::task::spawn_blocking(move || ask_at_terminal(&ask)).await.unwrap_or(false);
-            let why = if approved { "" } else { "refused" };
+            let answer = tokio::task::spawn_blocking(move || terminal_answer(&ask)).await.unwrap_or(None);
+            let approved = answer == Some(true);
+            let why = match answer {
+                Some(true) => "",
+                Some(false) => "refused",
+                None => "no terminal to ask",
+            };
+            let by_uid = answer.map(|_| uid);
             let answered = JournalEvent::ApprovalAnswered {
                 approval: run_id,
                 run_id,
-                by_uid: Some(uid),
+                by_uid,
                 approved,
                 why: why.into(),
             };

@@ -592,3 +592,32 @@ fn show_and_tail_read_the_journal_for_people_and_tools() {
     assert!(seen.iter().all(|r| r["run_id"] == later[0].run_id), "{seen:?}");
     assert_eq!(seen[3]["event"], "run_finished");
 }
+
+#[test]
+fn the_embedded_broker_records_that_nobody_was_there_to_approve() {
+    use std::os::unix::process::CommandExt;
+    let ws = TempDir::new("ws");
+    let policy = ws.join("p.toml");
+    let config = "[broker]\nuser_namespaces = false\n[policy]\nfallback = \"request_approval\"\n";
+    std::fs::write(&policy, format!("{}{config}", base_config())).unwrap();
+    let (_journal, journal) = scratch_journal(None);
+    let mut cmd = std::process::Command::new(bin("palisade"));
+    cmd.args(["run", "-n", "--policy", policy.to_str().unwrap(), "--", &probe(), "echo", "x"])
+        .env("PALISADE_JOURNAL", &journal)
+        .current_dir(ws.path());
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        // No controlling terminal: nobody to ask.
+        cmd.pre_exec(|| nix::unistd::setsid().map(drop).map_err(std::io::Error::from));
+    }
+    let o = cmd.output().unwrap();
+    assert_eq!(o.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("NeedsApproval"), "{o:?}");
+    let recs = records(&journal);
+    let events: Vec<&str> = recs.iter().map(|r| r["event"].as_str().unwrap()).collect();
+    assert_eq!(events, ["request_received", "decision", "approval_asked", "approval_answered"]);
+    let answer = &recs[3];
+    assert_eq!((answer["approved"].as_bool(), answer["by_uid"].is_null()), (Some(false), true));
+    assert_eq!(answer["why"], "no terminal to ask");
+    assert_eq!(verify(&journal, &[]).0, Some(0));
+}
