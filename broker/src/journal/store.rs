@@ -175,7 +175,7 @@ fn zero(file: &File, from: u64, to: u64) -> std::io::Result<()> {
 
 impl Store {
     /// Opens (creating) the journal in `dir`; its directory must be the
-    /// broker's own (see [`check_private`]).
+    /// broker's own (see `crate::service::check_private`).
     pub fn open(dir: &Path, settings: Settings) -> Result<Store, JournalError> {
         make_dir(dir, settings.reader_gid)?;
         let lock_path = dir.join(LOCK_FILE);
@@ -253,7 +253,11 @@ impl Store {
             None if all.len() > 1 => {
                 let before = &all[all.len() - 2].1;
                 let mut f = File::open(before).map_err(|e| io_error(before, "cannot open", e))?;
-                let l = f.metadata().map_err(|e| io_error(before, "cannot stat", e))?.len();
+                let size = f.metadata().map_err(|e| io_error(before, "cannot stat", e))?.len();
+                // Zeros a crash left before the segment was closed are not records.
+                let l = content_len(&f, size)
+                    .and_then(|c| whole_len(&mut f, c))
+                    .map_err(|e| io_error(before, "cannot read", e))?;
                 last_line(&mut f, l)
                     .map_err(|e| io_error(before, "cannot read", e))?
                     .map(|x| (x, before.clone()))
@@ -536,6 +540,26 @@ mod tests {
         assert_eq!(verified.records, 80);
         assert!(verified.segments > 2, "{} segments", verified.segments);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_new_segment_left_empty_chains_on_the_records_before_the_zeros_of_the_last() {
+        let dir = scratch("empty");
+        let mut a = Store::open(&dir, settings(1 << 20)).unwrap();
+        a.append(vec![entry(1)], true).unwrap();
+        let (_, first) = segments(&dir).unwrap().pop().unwrap();
+        assert!(std::fs::metadata(&first).unwrap().len() > content(&first), "no zeros reserved");
+        // A writer that died right after starting the next segment.
+        std::fs::write(dir.join(format!("{SEGMENT_PREFIX}{:020}{SEGMENT_SUFFIX}", 2)), b"").unwrap();
+        let mut b = Store::open(&dir, settings(1 << 20)).unwrap();
+        assert_eq!(b.append(vec![entry(2)], true).unwrap()[0].seq, 2);
+        assert_eq!(super::super::verify::verify(&dir, None).unwrap().records, 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn content(path: &Path) -> u64 {
+        let file = File::open(path).unwrap();
+        content_len(&file, file.metadata().unwrap().len()).unwrap()
     }
 
     #[test]
