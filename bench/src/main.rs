@@ -71,6 +71,7 @@ trait Launch: Sync {
     fn once(&self, payload: &[&str]);
 }
 
+#[derive(Clone)]
 struct Prefix {
     name: String,
     prefix: Vec<String>,
@@ -99,13 +100,14 @@ impl Launch for Prefix {
 /// An agent's call: a connection to the broker's socket, one request, its
 /// result (what `palisade run` does, without starting a process for it).
 struct SocketClient {
+    name: &'static str,
     socket: PathBuf,
     cwd: PathBuf,
 }
 
 impl Launch for SocketClient {
     fn name(&self) -> &str {
-        "palisade, socket client"
+        self.name
     }
     fn once(&self, payload: &[&str]) {
         let mut c = Client::connect(&self.socket).expect("connect to palisaded");
@@ -115,7 +117,7 @@ impl Launch for SocketClient {
             ..Default::default()
         };
         let r = c.run(req, |_| {}).expect("run");
-        assert_eq!(r.status, RunStatus::Exited { code: 0 }, "palisade, socket client");
+        assert_eq!(r.status, RunStatus::Exited { code: 0 }, "{}", self.name);
     }
 }
 
@@ -296,14 +298,21 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(dir: &Path) -> Daemon {
-        let config = dir.join("bench.toml");
+    /// A broker for the benchmark; `journal`: its audit journal on (the
+    /// default, kept in `dir`) or off.
+    fn start(dir: &Path, journal: bool) -> Daemon {
+        let name = if journal { "bench" } else { "bench-no-journal" };
+        let config = dir.join(format!("{name}.toml"));
+        let journal = match journal {
+            true => format!("[journal]\npath = {:?}\n", dir.join("journal").to_string_lossy()),
+            false => "[journal]\nenabled = false\n".to_string(),
+        };
         std::fs::write(
             &config,
-            "[broker]\nmax_concurrent = 64\nmax_queued = 256\n[defaults]\nmax_output_bytes = 17179869184\nallow_interpreters = true\nallow_inline_code = true\n",
+            format!("[broker]\nmax_concurrent = 64\nmax_queued = 256\n{journal}[defaults]\nmax_output_bytes = 17179869184\nallow_interpreters = true\nallow_inline_code = true\n"),
         )
         .unwrap();
-        let socket = dir.join("bench.sock");
+        let socket = dir.join(format!("{name}.sock"));
         let mut cmd = Command::new(bin("palisaded"));
         cmd.arg("--config")
             .arg(&config)
@@ -726,7 +735,8 @@ fn main() {
     let ws = dir.join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let ws = ws.canonicalize().unwrap();
-    let d = Daemon::start(&dir);
+    let d = Daemon::start(&dir, true);
+    let no_journal = Daemon::start(&dir, false);
 
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let bare = Prefix { name: "bare exec".into(), prefix: vec![], cwd: ws.clone() };
@@ -794,8 +804,20 @@ fn main() {
     launchers.push(&helper);
     launchers.push(&helper_like_bwrap);
     launchers.push(&palisade);
-    let socket_client = SocketClient { socket: d.socket.clone(), cwd: ws.clone() };
+    let socket_client =
+        SocketClient { name: "palisade, socket client", socket: d.socket.clone(), cwd: ws.clone() };
     launchers.push(&socket_client);
+    // The same two through a broker whose audit journal is off.
+    let mut palisade_no_journal = palisade.clone();
+    palisade_no_journal.name = "palisade run, journal off".into();
+    palisade_no_journal.prefix[3] = no_journal.socket.to_string_lossy().into_owned();
+    launchers.push(&palisade_no_journal);
+    let socket_client_no_journal = SocketClient {
+        name: "palisade, socket client, journal off",
+        socket: no_journal.socket.clone(),
+        cwd: ws.clone(),
+    };
+    launchers.push(&socket_client_no_journal);
 
     // `--loop NAME N`: launch `/bin/true` N times with one launcher and
     // nothing else, for a profiler to watch (perf record, strace -c -f).
@@ -831,7 +853,7 @@ fn main() {
             t.elapsed().as_secs_f64() * 1e3 / n as f64,
             busy * 100.0 / total.max(1.0)
         );
-        drop(d);
+        drop((d, no_journal));
         let _ = std::fs::remove_dir_all(&dir);
         return;
     }
@@ -863,7 +885,12 @@ fn main() {
         let tput: Vec<&dyn Launch> = launchers
             .iter()
             .copied()
-            .filter(|l| ["bare exec", "bwrap", "palisade run", "palisade, socket client"].contains(&l.name()))
+            .filter(|l| {
+                l.name() == "bare exec"
+                    || l.name() == "bwrap"
+                    || l.name().starts_with("palisade run")
+                    || l.name().starts_with("palisade, socket client")
+            })
             .collect();
         sections.push(throughput(&opts, &tput));
     }
@@ -878,6 +905,6 @@ fn main() {
     }
     report.push_str(&sections.join("\n"));
     println!("{report}");
-    drop(d);
+    drop((d, no_journal));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -55,6 +55,7 @@ pub fn attestation(
             memory: resolved.memory.clone(),
         },
         warnings: resolved.warnings.clone(),
+        journal: None,
     }
 }
 

@@ -2,6 +2,7 @@
 //! or an embedded one with the built-in default policy when none answers.
 
 use crate::client::{Client, ClientError, Event};
+use crate::journal::Event as JournalEvent;
 use crate::paths;
 use crate::run::Sink;
 use crate::service::{Broker, Peer};
@@ -43,6 +44,9 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         policy: Option<PathBuf>,
     },
+    /// Read and check the audit journal (see docs/journal.md).
+    #[command(subcommand)]
+    Audit(crate::audit::AuditCommand),
 }
 
 #[derive(ClapArgs, Debug)]
@@ -175,6 +179,7 @@ pub fn main(cli: Cli) -> i32 {
     match cli.command {
         Command::Run(args) => run(args),
         Command::Explain(args) => explain(args),
+        Command::Audit(command) => crate::audit::main(command),
         Command::Doctor { policy } => {
             let config = match policy.as_deref().map(Config::load).transpose() {
                 Ok(c) => c.unwrap_or_default(),
@@ -212,6 +217,8 @@ fn explain(args: ExplainArgs) -> i32 {
     // Nothing is written: the /etc entries are shown bound one by one, as the
     // CLI's embedded broker binds them (palisaded binds a copy of the same).
     config.broker.etc_snapshot = false;
+    // Nothing runs, so nothing is recorded.
+    config.journal.enabled = false;
     let run_args = RunArgs {
         socket: None,
         workspace: args.workspace,
@@ -375,17 +382,25 @@ fn run(args: RunArgs) -> i32 {
 
 /// Asks the person at this process's terminal whether to run; no terminal: no.
 fn ask_at_terminal(reason: &str) -> bool {
+    terminal_answer(reason).unwrap_or(false)
+}
+
+/// The answer of the person at this process's terminal; `None` when there
+/// is no terminal to ask (nobody answered).
+fn terminal_answer(reason: &str) -> Option<bool> {
     let Ok(mut tty) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") else {
         eprintln!("palisade: the run needs approval and there is no terminal to ask: {reason}");
-        return false;
+        return None;
     };
     if write!(tty, "palisade: {reason} [y/N] ").and_then(|()| tty.flush()).is_err() {
-        return false;
+        return None;
     }
     let mut answer = String::new();
     let mut reader = std::io::BufReader::new(tty);
-    std::io::BufRead::read_line(&mut reader, &mut answer).is_ok()
-        && matches!(answer.trim(), "y" | "Y" | "yes" | "Yes" | "YES")
+    Some(
+        std::io::BufRead::read_line(&mut reader, &mut answer).is_ok()
+            && matches!(answer.trim(), "y" | "Y" | "yes" | "Yes" | "YES"),
+    )
 }
 
 fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -> i32 {
@@ -473,9 +488,28 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
         let decided = broker.decide(&peer, &request)?;
         if let Some(reason) = &decided.approval {
             let ask = reason.clone();
-            let approved = tokio::task::spawn_blocking(move || ask_at_terminal(&ask)).await.unwrap_or(false);
+            let (run_id, tool) = (decided.run_id, request.tool.clone());
+            let asked =
+                JournalEvent::ApprovalAsked { approval: run_id, run_id, uid, tool, reason: reason.clone() };
+            broker.journal.append(asked).await?;
+            let answer = tokio::task::spawn_blocking(move || terminal_answer(&ask)).await.unwrap_or(None);
+            let approved = answer == Some(true);
+            let why = match answer {
+                Some(true) => "",
+                Some(false) => "refused",
+                None => "no terminal to ask",
+            };
+            let by_uid = answer.map(|_| uid);
+            let answered = JournalEvent::ApprovalAnswered {
+                approval: run_id,
+                run_id,
+                by_uid,
+                approved,
+                why: why.into(),
+            };
+            broker.journal.append(answered).await?;
             if !approved {
-                return Err(crate::service::not_approved(reason, "refused").into());
+                return Err(crate::service::not_approved(reason, why).into());
             }
         }
         broker.execute(&peer, decided, &request, &mut RenderSink(&mut render), cancel).await

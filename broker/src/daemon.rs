@@ -1,5 +1,6 @@
 //! palisaded: the long-running broker.
 
+use crate::journal::Event;
 use crate::server::Server;
 use crate::service::Broker;
 use crate::{paths, systemd};
@@ -67,6 +68,16 @@ pub fn main(args: Args) -> i32 {
             return EXIT_CONFIG;
         }
     };
+    // A journal whose newest records do not chain is not written on.
+    if let Some(dir) = broker.journal.dir() {
+        if let Err(broken) = crate::journal::verify::verify_newest(dir) {
+            eprintln!(
+                "palisaded: the audit journal {} is broken at {broken}; see `palisade audit verify`",
+                dir.display()
+            );
+            return EXIT_CONFIG;
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
@@ -80,6 +91,14 @@ pub fn main(args: Args) -> i32 {
 }
 
 async fn serve(broker: Broker, socket: PathBuf, mode: u32) -> i32 {
+    let journal = broker.journal.clone();
+    let pid = std::process::id();
+    let started =
+        Event::BrokerStarted { pid, uid: broker.context.uid, version: env!("CARGO_PKG_VERSION").into() };
+    if let Err(e) = journal.append(started).await {
+        eprintln!("palisaded: {e}");
+        return EXIT_FAILED;
+    }
     let (listener, owned_path) = match systemd::activated_listener() {
         Some(l) => {
             let _ = l.set_nonblocking(true);
@@ -119,6 +138,9 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32) -> i32 {
     let cgroups = broker.cgroups.clone();
     Arc::new(Server::new(broker)).serve(listener, stopped).await;
     systemd::notify("STOPPING=1");
+    if let Err(e) = journal.append(Event::BrokerStopped { pid }).await {
+        tracing::error!("{e}");
+    }
     // Runs cut short at shutdown leave no cgroup behind.
     let _ = tokio::task::spawn_blocking(move || cgroups.remove_own()).await;
     if let Some(p) = owned_path {

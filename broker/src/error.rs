@@ -51,6 +51,9 @@ pub enum BrokerError {
     Task(#[from] tokio::task::JoinError),
     #[error(transparent)]
     Io(#[from] io::Error),
+    /// The audit journal cannot record the run: it is refused (never run unrecorded).
+    #[error("{0}")]
+    JournalUnavailable(String),
 }
 
 impl BrokerError {
@@ -61,6 +64,7 @@ impl BrokerError {
             BrokerError::Protocol(_) => ErrorKind::ProtocolError,
             BrokerError::Unauthorized(_) => ErrorKind::Unauthorized,
             BrokerError::Busy(_) => ErrorKind::Busy,
+            BrokerError::JournalUnavailable(_) => ErrorKind::JournalUnavailable,
             BrokerError::Helper(_)
             | BrokerError::CgroupCreate(_)
             | BrokerError::Cgroup(_)
@@ -75,6 +79,12 @@ impl BrokerError {
             | BrokerError::Task(_)
             | BrokerError::Io(_) => ErrorKind::RuntimeFailure,
         }
+    }
+}
+
+impl From<crate::journal::JournalError> for BrokerError {
+    fn from(e: crate::journal::JournalError) -> BrokerError {
+        BrokerError::JournalUnavailable(e.to_string())
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod arena;
 pub mod attest;
+pub mod audit;
 pub mod cgroup;
 pub mod cli;
 pub mod client;
@@ -14,6 +15,7 @@ pub mod etc_view;
 pub mod helper;
 pub mod host;
 pub mod instance;
+pub mod journal;
 pub mod overlay;
 pub mod paths;
 pub mod pool;

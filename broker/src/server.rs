@@ -3,6 +3,7 @@
 //! limit with its bounded queue, and shutdown.
 
 use crate::error::BrokerError;
+use crate::journal::Event;
 use crate::requester::Requester;
 use crate::run::Sink;
 use crate::service::{Broker, Decided, Peer, not_approved};
@@ -335,8 +336,8 @@ impl Server {
     ) -> Result<RunResult, BrokerError> {
         let (decided, request) = self.decide(peer, request).await;
         let decided = decided?;
-        if let Some(reason) = &decided.approval {
-            self.ask_approval(peer, reason, sink, reader, decoder).await?;
+        if decided.approval.is_some() {
+            self.ask_approval(peer, &decided, request.tool.as_deref(), sink, reader, decoder).await?;
         }
         // A slot, or a place in the bounded queue, or Busy.
         let permit = match self.slots.clone().try_acquire_owned() {
@@ -385,28 +386,50 @@ impl Server {
     /// Puts the run to the client, which relays it to a person, and waits
     /// (bounded) for the answer. Anything but `Approve { approved: true }`
     /// refuses the run.
+    /// Both the question and the answer are recorded in the journal (the
+    /// approval is numbered by its run).
     async fn ask_approval(
         &self,
         peer: &Peer,
-        reason: &str,
+        decided: &Decided,
+        tool: Option<&str>,
         sink: &mut SocketSink,
         reader: &mut OwnedReadHalf,
         decoder: &mut Decoder,
     ) -> Result<(), BrokerError> {
+        let reason = decided.approval.as_deref().unwrap_or_default();
+        let run_id = decided.run_id;
         let limit = Duration::from_secs(self.broker.policy.config.policy.approval_timeout_secs);
         tracing::info!(uid = peer.uid, pid = peer.pid, "asking for approval: {reason}");
-        if !sink.send(ServerMessage::ApprovalRequired { reason: reason.into() }).await {
-            return Err(not_approved(reason, "the client is gone").into());
-        }
-        let answer = tokio::time::timeout(limit, read_message(reader, decoder)).await;
-        let why = match answer {
-            Ok(Ok(Some(ClientMessage::Approve { approved: true }))) => return Ok(()),
-            Ok(Ok(Some(ClientMessage::Approve { approved: false }))) => "refused".to_string(),
-            Ok(Ok(Some(ClientMessage::Cancel))) => "cancelled".to_string(),
-            Ok(Ok(Some(other))) => format!("the client answered {other:?}"),
-            Ok(Ok(None)) | Ok(Err(_)) => "the client is gone".to_string(),
-            Err(_) => format!("no answer within {} s", limit.as_secs()),
+        let asked = Event::ApprovalAsked {
+            approval: run_id,
+            run_id,
+            uid: peer.uid,
+            tool: tool.map(str::to_string),
+            reason: reason.into(),
         };
+        self.broker.journal.append(asked).await?;
+        let answered = sink.send(ServerMessage::ApprovalRequired { reason: reason.into() }).await;
+        let answer = match answered {
+            true => tokio::time::timeout(limit, read_message(reader, decoder)).await,
+            false => Ok(Ok(None)),
+        };
+        let (by_uid, why) = match answer {
+            Ok(Ok(Some(ClientMessage::Approve { approved: true }))) => (Some(peer.uid), String::new()),
+            Ok(Ok(Some(ClientMessage::Approve { approved: false }))) => {
+                (Some(peer.uid), "refused".to_string())
+            }
+            Ok(Ok(Some(ClientMessage::Cancel))) => (Some(peer.uid), "cancelled".to_string()),
+            Ok(Ok(Some(other))) => (None, format!("the client answered {other:?}")),
+            Ok(Ok(None)) | Ok(Err(_)) => (None, "the client is gone".to_string()),
+            Err(_) => (None, format!("no answer within {} s", limit.as_secs())),
+        };
+        let approved = why.is_empty();
+        let event = Event::ApprovalAnswered { approval: run_id, run_id, by_uid, approved, why: why.clone() };
+        self.broker.journal.append(event).await?;
+        if approved {
+            return Ok(());
+        }
         tracing::info!(uid = peer.uid, pid = peer.pid, "not approved ({why}): {reason}");
         Err(not_approved(reason, &why).into())
     }

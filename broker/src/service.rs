@@ -5,6 +5,7 @@
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::error::BrokerError;
 use crate::etc_view::EtcView;
+use crate::journal::{Event, Journal};
 use crate::requester::{self, Acting, Requester};
 use crate::run::{Engine, Planned, Sink};
 use crate::spawn_thread::Spawner;
@@ -27,6 +28,8 @@ pub struct Broker {
     pub context: Context,
     /// The snapshot of /etc that Tier C sandboxes see; `None`: per-entry binds.
     pub etc: Option<EtcView>,
+    /// The audit journal every request, decision and run is recorded in.
+    pub journal: Journal,
     next_run: AtomicU64,
 }
 
@@ -39,6 +42,8 @@ pub struct Decided {
     pub grants: Grants,
     etc: Option<std::sync::Arc<crate::etc_view::Snapshot>>,
     dirs: HostDirs,
+    /// The request's and the decision's records, written with the run's start.
+    pending: Vec<Event>,
 }
 
 /// An allowed run with its host paths opened (see [`Broker::decide`]).
@@ -117,7 +122,14 @@ impl Broker {
         };
         remove_orphan_run_dirs(&context.temp_root);
         let etc = config.broker.etc_snapshot.then(|| etc_view(&context.temp_root)).flatten();
+        let journal = match crate::journal::Options::from_config(&config.journal)? {
+            Some(options) => {
+                Journal::open(&options).map_err(|e| format!("{e} ({})", options.dir.display()))?
+            }
+            None => Journal::off(),
+        };
         Ok(Broker {
+            journal,
             engine: Engine::new(spawner, helper, config.broker.prespawn),
             etc,
             cgroups,
@@ -150,11 +162,26 @@ impl Broker {
             ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot act for uid {}: {e}", peer.uid))
         })?;
         tracing::debug!(run_id, decide_us = deciding.elapsed().as_micros(), "policy decided");
-        let Opened { resolved, approval, dirs, descriptors } = decided.inspect_err(|e| {
-            tracing::info!(run_id, uid = peer.uid, rule = e.rule, "denied: {}", e.message);
-        })?;
+        let received = received(run_id, peer, request);
+        let Opened { resolved, approval, dirs, descriptors } = match decided {
+            Ok(opened) => opened,
+            Err(e) => {
+                tracing::info!(run_id, uid = peer.uid, rule = e.rule, "denied: {}", e.message);
+                let decision = decision(run_id, "deny", Some(&e));
+                self.journal.append_all_blocking(vec![received, decision], true).map_err(journal_refusal)?;
+                return Err(e);
+            }
+        };
         let grants = Grants { requester, descriptors };
-        Ok(Decided { run_id, resolved, approval, grants, etc, dirs })
+        let mut pending = vec![
+            received,
+            decision(run_id, if approval.is_some() { "needs_approval" } else { "allow" }, None),
+        ];
+        if approval.is_some() {
+            // Recorded before anybody is asked.
+            self.journal.append_all_blocking(std::mem::take(&mut pending), false).map_err(journal_refusal)?;
+        }
+        Ok(Decided { run_id, resolved, approval, grants, etc, dirs, pending })
     }
 
     /// The host as a decision in `context` sees it now, read with the
@@ -214,10 +241,13 @@ impl Broker {
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, BrokerError> {
-        let Decided { run_id, resolved, approval, grants, etc, dirs } = decided;
+        let Decided { run_id, resolved, approval, grants, etc, dirs, mut pending } = decided;
         if let Some(reason) = approval {
             tracing::info!(run_id, uid = peer.uid, "approved: {reason}");
         }
+        // Written before the sandbox starts: a run that cannot be recorded does not run.
+        pending.push(run_started(run_id, request, &resolved));
+        self.journal.append_all(pending, false).await?;
         for w in &resolved.warnings {
             tracing::warn!(run_id, "{w}");
         }
@@ -247,7 +277,28 @@ impl Broker {
             let _ = tokio::task::spawn_blocking(move || c.remove()).await;
         }
         drop((dirs, etc));
-        result
+        self.record_end(run_id, result).await
+    }
+
+    /// Records how a run ended, on disk before the client hears of it; the
+    /// result's attestation gets the record's seq and hash. A run whose end
+    /// cannot be recorded is answered `JournalUnavailable` instead.
+    async fn record_end(
+        &self,
+        run_id: u64,
+        result: Result<RunResult, BrokerError>,
+    ) -> Result<RunResult, BrokerError> {
+        let event = match &result {
+            Ok(r) => run_finished(r),
+            Err(e) => Event::RunFailed { run_id, kind: e.kind().name().into(), message: e.to_string() },
+        };
+        let receipt = self.journal.append(event).await?;
+        let mut result = result?;
+        if self.journal.enabled() {
+            let record = palisade_protocol::attest::JournalRecord { seq: receipt.seq, hash: receipt.hash };
+            result.attestation.journal = Some(record);
+        }
+        Ok(result)
     }
 
     /// The requester may read every granted path (and write every writable
@@ -277,6 +328,67 @@ impl Broker {
         }
         Ok(())
     }
+}
+
+/// The record of a request as it came in.
+fn received(run_id: u64, peer: &Peer, request: &RunRequest) -> Event {
+    Event::RequestReceived {
+        run_id,
+        uid: peer.uid,
+        gid: peer.gid,
+        pid: peer.pid,
+        tool: request.tool.clone(),
+        argv: request.argv.clone(),
+        workspace: request.workspace.clone(),
+    }
+}
+
+/// The record of a decision; a refusal's kind, rule and reason with it.
+fn decision(run_id: u64, decision: &str, refusal: Option<&ErrorReply>) -> Event {
+    Event::Decision {
+        run_id,
+        decision: decision.into(),
+        kind: refusal.map(|e| e.kind.name().to_string()),
+        rule: refusal.and_then(|e| e.rule.clone()),
+        reason: refusal.map(|e| e.message.clone()),
+    }
+}
+
+/// The record of a run about to start: what its attestation will pin.
+fn run_started(run_id: u64, request: &RunRequest, resolved: &Resolved) -> Event {
+    let planned = crate::attest::attestation(request, resolved, None);
+    Event::RunStarted {
+        run_id,
+        execution_sha256: planned.execution_sha256,
+        tier: planned.executor.to_string(),
+        enforcement: Box::new(planned.enforcement),
+    }
+}
+
+/// The record of a run's end.
+fn run_finished(r: &RunResult) -> Event {
+    use palisade_protocol::wire::RunStatus;
+    let status = match r.status {
+        RunStatus::Exited { code } => format!("exited {code}"),
+        RunStatus::Signaled { signal } => format!("signaled {signal}"),
+        ended => ended.error_kind().map_or("ended".into(), |k| k.name().to_string()),
+    };
+    Event::RunFinished {
+        run_id: r.run_id,
+        status,
+        wall_ms: r.wall_ms,
+        cpu_user_ms: r.cpu_user_ms,
+        cpu_system_ms: r.cpu_system_ms,
+        peak_memory_bytes: r.peak_memory_bytes,
+        stdout_bytes: r.stdout_bytes,
+        stderr_bytes: r.stderr_bytes,
+        written_bytes: r.written_bytes,
+    }
+}
+
+/// A request refused because the journal cannot record it.
+pub fn journal_refusal(e: crate::journal::JournalError) -> ErrorReply {
+    ErrorReply::new(ErrorKind::JournalUnavailable, e.to_string())
 }
 
 /// Refuses a block of sandbox ids that holds an id the host already uses: a
@@ -346,6 +458,19 @@ fn etc_view(temp_root: &std::path::Path) -> Option<EtcView> {
     }
     let entries = palisade_policy::jail::ETC_ENTRIES.iter().map(std::path::PathBuf::from).collect();
     Some(EtcView::new(temp_root.to_path_buf(), entries))
+}
+
+/// Refuses `dir` unless [`private_to_us`]: the audit journal's directory
+/// must be the broker's alone, on a path nobody else can swap.
+pub fn check_private(dir: &std::path::Path) -> Result<(), String> {
+    if private_to_us(dir) {
+        return Ok(());
+    }
+    Err(format!(
+        "{} must be a directory owned by uid {} that nobody else can write to, on a path only it or root can change",
+        dir.display(),
+        nix::unistd::geteuid()
+    ))
 }
 
 /// Whether `dir` is the broker's own directory, writable by it alone, on a

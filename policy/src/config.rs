@@ -18,6 +18,8 @@ pub struct Config {
     #[serde(default)]
     pub broker: BrokerConfig,
     #[serde(default)]
+    pub journal: JournalConfig,
+    #[serde(default)]
     pub policy: PolicyConfig,
     #[serde(default)]
     pub defaults: DefaultProfile,
@@ -75,6 +77,42 @@ pub struct BrokerConfig {
     /// false: act as on a host without them (the fallback policy decides),
     /// for hosts where they exist but misbehave.
     pub user_namespaces: bool,
+}
+
+/// The audit journal (`[journal]`): where the broker records every request,
+/// decision, approval and run, hash-chained (see `docs/journal.md`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JournalConfig {
+    /// Record events; off, results say so (no `journal` in their attestation).
+    pub enabled: bool,
+    /// The journal's directory; default `$PALISADE_JOURNAL`, else
+    /// `/var/lib/palisade/journal` for root, `$XDG_STATE_HOME/palisade/journal` for a user.
+    pub path: Option<PathBuf>,
+    /// A segment that reached this size is closed and a new one started.
+    pub segment_bytes: u64,
+    /// How many segments to keep when one is closed (the oldest are removed,
+    /// and a record says so); absent: every segment is kept.
+    pub keep_segments: Option<u32>,
+    /// The group (gid) that may read the journal, e.g. the approvers':
+    /// directory 0750 and files 0640 instead of 0700 and 0600.
+    pub reader_gid: Option<u32>,
+}
+
+/// A segment's default size: large enough that rotation is rare, small
+/// enough that one segment is read in a moment.
+pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        JournalConfig {
+            enabled: true,
+            path: None,
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+            keep_segments: None,
+            reader_gid: None,
+        }
+    }
 }
 
 impl Default for BrokerConfig {
@@ -353,6 +391,15 @@ impl Config {
         }
         if self.broker.max_connections == 0 || self.broker.max_connections_per_uid == 0 {
             return Err((0, "broker.max_connections and max_connections_per_uid must be at least 1".into()));
+        }
+        if self.journal.segment_bytes < 4096 || self.journal.keep_segments == Some(0) {
+            return Err((
+                0,
+                "journal.segment_bytes must be at least 4096 and keep_segments at least 1".into(),
+            ));
+        }
+        if self.journal.path.as_ref().is_some_and(|p| !p.is_absolute()) {
+            return Err((0, "journal.path must be an absolute path".into()));
         }
         for name in &self.policy.require_landlock {
             if !LandlockFeatures::TABLE.iter().any(|(_, _, n)| n == name.get_ref()) {

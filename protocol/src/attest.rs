@@ -167,6 +167,18 @@ pub struct Attestation {
     /// What the policy let through with a warning (a fallback to Tier B, ...).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// The audit journal's record of the run's end; `None` when the broker's journal is off.
+    #[serde(default)]
+    pub journal: Option<JournalRecord>,
+}
+
+/// Where a run's end was recorded in the broker's audit journal (see docs/journal.md).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct JournalRecord {
+    /// The `run_finished` record's sequence number.
+    pub seq: u64,
+    /// Its hash (lowercase hex sha256), which chains every record before it.
+    pub hash: String,
 }
 
 /// A value of the attestation that does not read as one.

@@ -22,7 +22,7 @@ pub const MAGIC: &str = "palisade";
 /// The version both sides say in their hello; a change of any message's
 /// bincode form changes it (2: `ErrorReply` gained `helper`, and the
 /// attestation is typed).
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
 
@@ -136,6 +136,9 @@ pub enum ErrorKind {
     ProtocolError,
     /// A well-formed request that cannot be served as given.
     InvalidRequest,
+    /// The audit journal cannot record the run, so it is not run (or its
+    /// result is withheld); the message gives the OS's reason (a full disk, ...).
+    JournalUnavailable,
 }
 
 impl ErrorKind {
@@ -155,6 +158,7 @@ impl ErrorKind {
             ErrorKind::Unauthorized => "Unauthorized",
             ErrorKind::ProtocolError => "ProtocolError",
             ErrorKind::InvalidRequest => "InvalidRequest",
+            ErrorKind::JournalUnavailable => "JournalUnavailable",
         }
     }
 }

@@ -478,6 +478,8 @@ impl Daemon {
         let mut cmd = std::process::Command::new(&argv[0]);
         cmd.args(&argv[1..]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
         cmd.env("PALISADE_LOG", "palisade_broker=debug,info");
+        // A journal of its own, never the host's.
+        cmd.env("PALISADE_JOURNAL", dir.join("journal"));
         for (k, v) in &opts.env {
             cmd.env(k, v);
         }
@@ -495,6 +497,11 @@ impl Daemon {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("palisaded.log")).unwrap_or_default()
+    }
+
+    /// The daemon's audit journal (unless its configuration names another).
+    pub fn journal(&self) -> PathBuf {
+        self.dir.join("journal")
     }
 
     /// How many runs the daemon has finished (its log says each).
@@ -538,6 +545,20 @@ pub fn pattern(len: usize, salt: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_right(13 + salt as u32) as u8).collect()
 }
 
+/// A directory of its own for the audit journal of a CLI (or broker) run
+/// as `user` (root when `None`): no test writes to the host's journal. The
+/// journal is `path`, inside the returned directory (removed when dropped).
+pub fn scratch_journal(user: Option<&nix::unistd::User>) -> (TempDir, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("journal");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    if let Some(u) = user {
+        nix::unistd::chown(dir.path(), Some(u.uid), Some(u.gid)).unwrap();
+    }
+    let path = dir.join("journal");
+    (dir, path)
+}
+
 /// Runs the `palisade` CLI: `pre` (subcommand and options), then `-- args`.
 pub fn palisade_cli(
     cwd: &Path,
@@ -550,10 +571,12 @@ pub fn palisade_cli(
     argv.extend(pre.iter().map(|s| s.to_string()));
     argv.push("--".into());
     argv.extend(args.iter().map(|s| s.to_string()));
+    let (_journal, path) = scratch_journal(user);
     std::process::Command::new(&argv[0])
         .args(&argv[1..])
         .current_dir(cwd)
         .stdin(Stdio::null())
+        .env("PALISADE_JOURNAL", path)
         .output()
         .expect("run palisade")
 }

@@ -470,6 +470,7 @@ fn the_cli_finds_the_broker_at_the_default_socket_or_palisade_socket() {
     });
     let ws = TempDir::new("ws");
     let ws_path = shared_workspace(&ws, "w");
+    let (_journal, journal) = scratch_journal(user.as_ref());
     let cli = |env: &[(&str, &str)], command: &[&str]| {
         let mut argv: Vec<String> = user.as_ref().map(as_user).unwrap_or_default();
         argv.push(bin("palisade").to_string_lossy().into_owned());
@@ -478,6 +479,7 @@ fn the_cli_finds_the_broker_at_the_default_socket_or_palisade_socket() {
         let mut cmd = std::process::Command::new(&argv[0]);
         cmd.args(&argv[1..]).current_dir(&ws_path).stdin(std::process::Stdio::null());
         cmd.env_remove("PALISADE_SOCKET").env("XDG_RUNTIME_DIR", "/nonexistent");
+        cmd.env("PALISADE_JOURNAL", &journal);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -673,6 +675,7 @@ fn readiness_is_notified_and_a_socket_passed_by_systemd_is_used() {
         bin("palisaded").to_str().unwrap(),
     ])
     .arg(&cfg)
+    .env("PALISADE_JOURNAL", dir.join("journal"))
     .stderr(std::process::Stdio::null());
     // SAFETY: dup2 and fcntl are async-signal-safe.
     unsafe {
@@ -908,9 +911,11 @@ fn with_json_a_failure_is_a_json_object_too() {
 fn without_a_broker_the_cli_runs_an_embedded_one() {
     let ws = TempDir::new("ws");
     let nowhere = ws.join("no-broker.sock");
+    let (_journal, journal) = scratch_journal(None);
     let o = std::process::Command::new(bin("palisade"))
         .args(["run", "--", "/usr/bin/echo", "embedded"])
         .env("PALISADE_SOCKET", &nowhere)
+        .env("PALISADE_JOURNAL", &journal)
         .current_dir(ws.path())
         .output()
         .unwrap();

@@ -157,7 +157,7 @@ fn cli_with_fd_9(cwd: &Path, file: &Path, args: &[&str]) -> std::process::Comman
     let mut all = vec!["run", "--policy", policy.to_str().unwrap(), "--"];
     all.extend_from_slice(args);
     let mut cmd = with_fd_9(&bin("palisade"), file, &all);
-    cmd.current_dir(cwd);
+    cmd.current_dir(cwd).env("PALISADE_JOURNAL", cwd.join("../journal"));
     cmd
 }
 

@@ -57,6 +57,10 @@ impl Guest {
             .arg("--socket")
             .arg(&socket)
             .env("PALISADE_LOG", "palisade_broker=info,warn")
+            .env(
+                "PALISADE_JOURNAL",
+                self.tmp.join(format!("journal-{}", config.file_name().unwrap().to_string_lossy())),
+            )
             .stdin(Stdio::null());
         if let Some(cg) = cgroup {
             let procs = std::ffi::CString::new(cg.join("cgroup.procs").into_os_string().into_encoded_bytes())

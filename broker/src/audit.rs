@@ -1,0 +1,205 @@
+//! `palisade audit`: the audit journal read for people and checked for
+//! tools (`verify`, `head`, `show`, `tail`).
+
+use crate::journal::{self, Record, verify};
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Exit status when the journal does not verify.
+const EXIT_BROKEN: i32 = 1;
+/// Exit status when the journal cannot be found or read at all.
+const EXIT_UNREADABLE: i32 = 2;
+/// How often `tail -f` looks for new records.
+const FOLLOW_EVERY: Duration = Duration::from_millis(200);
+/// Fields every record has; a record's line for people shows the others.
+const CHAIN_FIELDS: [&str; 6] = ["seq", "time", "prev", "hash", "event", "broker"];
+
+#[derive(Subcommand, Debug)]
+pub enum AuditCommand {
+    /// Check every segment: each record's seq, prev and hash. Exits 0 when
+    /// the chain is whole, 1 naming the first broken record (seq, file,
+    /// line), 2 when there is no journal to read.
+    Verify {
+        /// A head kept elsewhere (`palisade audit head`): it must still be in the chain.
+        #[arg(long, value_name = "HASH")]
+        head: Option<String>,
+        #[command(flatten)]
+        at: JournalDir,
+        /// Print the outcome as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the last record's seq and hash, to keep elsewhere for `verify --head`.
+    Head {
+        #[command(flatten)]
+        at: JournalDir,
+        /// Print them as a JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the records of one run (every broker's run with that id).
+    Show {
+        /// The run's id (the result's `run_id`).
+        run_id: u64,
+        #[command(flatten)]
+        at: JournalDir,
+        /// One JSON record a line, as the journal has them.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the last records, and with -f the new ones as they come.
+    Tail {
+        /// How many records.
+        #[arg(short = 'n', default_value_t = 10)]
+        n: usize,
+        /// Keep printing records as they are appended.
+        #[arg(short = 'f', long)]
+        follow: bool,
+        #[command(flatten)]
+        at: JournalDir,
+        /// One JSON record a line, as the journal has them.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct JournalDir {
+    /// The journal's directory [default: $PALISADE_JOURNAL, else
+    /// /var/lib/palisade/journal for root, $XDG_STATE_HOME/palisade/journal for a user].
+    #[arg(long, value_name = "DIR")]
+    journal: Option<PathBuf>,
+}
+
+impl JournalDir {
+    fn dir(&self) -> Result<PathBuf, String> {
+        let dir = journal::default_dir(self.journal.as_deref())?;
+        if !dir.is_dir() {
+            return Err(format!("no journal at {}", dir.display()));
+        }
+        Ok(dir)
+    }
+}
+
+pub fn main(command: AuditCommand) -> i32 {
+    let done = match command {
+        AuditCommand::Verify { head, at, json } => return verify_journal(&at, head.as_deref(), json),
+        AuditCommand::Head { at, json } => print_head(&at, json),
+        AuditCommand::Show { run_id, at, json } => show(&at, run_id, json),
+        AuditCommand::Tail { n, follow, at, json } => tail(&at, n, follow, json),
+    };
+    match done {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("palisade audit: {e}");
+            EXIT_UNREADABLE
+        }
+    }
+}
+
+fn verify_journal(at: &JournalDir, head: Option<&str>, json: bool) -> i32 {
+    let dir = match at.dir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("palisade audit: {e}");
+            return EXIT_UNREADABLE;
+        }
+    };
+    match verify::verify(&dir, head) {
+        Ok(v) if json => {
+            println!("{}", serde_json::json!({ "verified": v }));
+            0
+        }
+        Ok(v) => {
+            print!("{}", describe(&v));
+            0
+        }
+        Err(b) if json => {
+            println!("{}", serde_json::json!({ "broken": b }));
+            EXIT_BROKEN
+        }
+        Err(b) => {
+            println!("broken: {b}");
+            EXIT_BROKEN
+        }
+    }
+}
+
+/// What a verified journal is, for people.
+fn describe(v: &verify::Verified) -> String {
+    let mut text = format!("verified: {} records in {} segments\n", v.records, v.segments);
+    if let Some((seq, hash)) = &v.head {
+        text += &format!("head: {seq} {hash}\n");
+    }
+    if let Some(seq) = v.removed_before {
+        text += &format!("records before seq {seq} were removed by retention (a record says so)\n");
+    }
+    if let Some((file, bytes)) = &v.torn_tail {
+        text += &format!(
+            "torn tail: the last {bytes} bytes of {} are not a whole record (the next writer sets them aside)\n",
+            file.display()
+        );
+    }
+    for f in &v.set_aside {
+        text += &format!("set aside: {}\n", f.display());
+    }
+    text
+}
+
+fn print_head(at: &JournalDir, json: bool) -> Result<(), String> {
+    let Some(last) = verify::head(&at.dir()?)? else { return Err("the journal is empty".into()) };
+    if json {
+        println!("{}", serde_json::json!({ "seq": last.seq, "hash": last.hash }));
+    } else {
+        println!("{} {}", last.seq, last.hash);
+    }
+    Ok(())
+}
+
+fn show(at: &JournalDir, run_id: u64, json: bool) -> Result<(), String> {
+    let records = verify::records(&at.dir()?)?;
+    let found: Vec<&Record> = records.iter().map(|(_, r)| r).filter(|r| r.run_id() == Some(run_id)).collect();
+    if found.is_empty() {
+        return Err(format!("no record of run {run_id}"));
+    }
+    found.into_iter().for_each(|r| print_record(r, json));
+    Ok(())
+}
+
+fn tail(at: &JournalDir, n: usize, follow: bool, json: bool) -> Result<(), String> {
+    let dir = at.dir()?;
+    let records = verify::records(&dir)?;
+    let mut last = records.last().map_or(0, |(_, r)| r.seq);
+    records.iter().skip(records.len().saturating_sub(n)).for_each(|(_, r)| print_record(r, json));
+    if !follow {
+        return Ok(());
+    }
+    loop {
+        std::thread::sleep(FOLLOW_EVERY);
+        let seen = last;
+        for (_, r) in verify::records(&dir)?.iter().filter(|(_, r)| r.seq > seen) {
+            print_record(r, json);
+            last = r.seq;
+        }
+    }
+}
+
+/// One record: as the journal has it (`json`), or `seq time event key=value ...`.
+fn print_record(r: &Record, json: bool) {
+    use std::io::Write;
+    let line = if json {
+        serde_json::Value::Object(r.fields.clone()).to_string()
+    } else {
+        let time = r.fields.get("time").and_then(|t| t.as_str()).unwrap_or("");
+        let rest: Vec<String> = r
+            .fields
+            .iter()
+            .filter(|(k, _)| !CHAIN_FIELDS.contains(&k.as_str()))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        format!("{} {time} {} {}", r.seq, r.event(), rest.join(" "))
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}

@@ -1,0 +1,311 @@
+//! The broker's audit journal: one hash-chained JSON line per event
+//! (requests, decisions, approvals, runs, the broker's start and stop),
+//! appended by one writer thread that syncs each batch once (group commit),
+//! in segments that several brokers of one user may share under a lock.
+//! `docs/journal.md` describes the format and how to verify it.
+
+mod record;
+mod retention;
+mod store;
+pub mod verify;
+
+pub use record::{GENESIS, Record};
+use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc;
+use store::{Entry, Settings, Store};
+
+/// Where a record landed: its sequence number and its hash (lowercase hex sha256).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    pub seq: u64,
+    pub hash: String,
+}
+
+/// Why an event could not be recorded (it is not in the journal).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum JournalError {
+    /// Writing or syncing failed (a full disk, an I/O error): the next append tries again.
+    #[error("the audit journal cannot be written: {0}")]
+    Io(String),
+    /// What is on disk does not read as the journal.
+    #[error("the audit journal is damaged: {0}")]
+    Damaged(String),
+    /// The journal's directory is not the broker's alone.
+    #[error("the audit journal's directory is refused: {0}")]
+    Setup(String),
+    /// The writer thread is gone.
+    #[error("the audit journal's writer has stopped")]
+    Stopped,
+}
+
+/// One event; serialized as the record's fields, with `"event": "<snake_case variant name>"`.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The broker started serving (`pid`, as which uid, its version).
+    BrokerStarted { pid: u32, uid: u32, version: String },
+    /// The broker stopped serving.
+    BrokerStopped { pid: u32 },
+    /// A request came in (the peer from SO_PEERCRED; the command as asked).
+    RequestReceived {
+        run_id: u64,
+        uid: u32,
+        gid: u32,
+        pid: Option<i32>,
+        tool: Option<String>,
+        argv: Vec<String>,
+        workspace: Option<String>,
+    },
+    /// The policy's decision: `allow`, `deny` (with kind and rule) or `needs_approval`.
+    Decision {
+        run_id: u64,
+        decision: String,
+        kind: Option<String>,
+        rule: Option<String>,
+        reason: Option<String>,
+    },
+    /// A run was put to a person (the requester and/or the approvers).
+    ApprovalAsked { approval: u64, run_id: u64, uid: u32, tool: Option<String>, reason: String },
+    /// The answer: `by_uid` None when nobody answered (expired, client gone).
+    ApprovalAnswered { approval: u64, run_id: u64, by_uid: Option<u32>, approved: bool, why: String },
+    /// A tool moved between trust stages ("draft", "trial", "verified").
+    TrustChanged {
+        tool: String,
+        from: String,
+        to: String,
+        reason: String,
+        by_uid: Option<u32>,
+        capabilities_sha256: String,
+    },
+    /// The sandbox is about to start: what the attestation will pin.
+    RunStarted {
+        run_id: u64,
+        execution_sha256: String,
+        tier: String,
+        enforcement: Box<palisade_protocol::attest::Enforcement>,
+    },
+    /// The run ended: how, what it used, how much it wrote.
+    RunFinished {
+        run_id: u64,
+        status: String,
+        wall_ms: u64,
+        cpu_user_ms: u64,
+        cpu_system_ms: u64,
+        peak_memory_bytes: u64,
+        stdout_bytes: u64,
+        stderr_bytes: u64,
+        written_bytes: u64,
+    },
+    /// The run could not be carried out (its error as the client gets it).
+    RunFailed { run_id: u64, kind: String, message: String },
+    /// A torn last line (a writer killed mid-write) was moved into `file`.
+    TailSetAside { file: String, bytes: u64, sha256: String },
+    /// Retention removed these segments: records `first_seq..=last_seq`, the last hash `last_hash`.
+    SegmentsRemoved { files: Vec<String>, first_seq: u64, last_seq: u64, last_hash: String },
+}
+
+/// An event's fields as a record carries them.
+fn fields(event: &Event) -> Map<String, Value> {
+    match serde_json::to_value(event) {
+        Ok(Value::Object(map)) => map,
+        // Every variant is a struct of strings, numbers and lists.
+        _ => Map::new(),
+    }
+}
+
+/// The journal's configuration, resolved.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub dir: PathBuf,
+    pub segment_bytes: u64,
+    pub keep_segments: Option<u32>,
+    pub reader_gid: Option<u32>,
+}
+
+impl Options {
+    /// From the `[journal]` table: `None` when the journal is off.
+    pub fn from_config(config: &palisade_policy::config::JournalConfig) -> Result<Option<Options>, String> {
+        if !config.enabled {
+            return Ok(None);
+        }
+        Ok(Some(Options {
+            dir: default_dir(config.path.as_deref())?,
+            segment_bytes: config.segment_bytes,
+            keep_segments: config.keep_segments,
+            reader_gid: config.reader_gid,
+        }))
+    }
+}
+
+/// The variable naming the journal's directory when the configuration does not.
+pub const JOURNAL_ENV: &str = "PALISADE_JOURNAL";
+
+/// `configured`, else `$PALISADE_JOURNAL`, else `journal` in the state directory.
+pub fn default_dir(configured: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(p) = configured {
+        return Ok(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os(JOURNAL_ENV).filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    Ok(crate::paths::default_state_dir()?.join("journal"))
+}
+
+/// What the writer answers an append with.
+type Outcome = Result<Vec<Receipt>, JournalError>;
+
+/// Appends waiting for the writer, and how to answer each.
+struct Pending {
+    events: Vec<Event>,
+    durable: bool,
+    reply: Reply,
+}
+
+/// Where an append waits: a task, or a thread that may block (even one
+/// that drives a runtime, as the CLI's decision does).
+enum Reply {
+    Task(tokio::sync::oneshot::Sender<Outcome>),
+    Thread(mpsc::SyncSender<Outcome>),
+}
+
+impl Reply {
+    fn send(self, outcome: Outcome) {
+        let _ = match self {
+            Reply::Task(t) => t.send(outcome).map_err(drop),
+            Reply::Thread(t) => t.send(outcome).map_err(drop),
+        };
+    }
+}
+
+/// The most appends one batch takes (each its own events).
+const MAX_BATCH: usize = 256;
+
+/// The broker's audit journal; cheap to clone (an Arc inside).
+#[derive(Clone, Default)]
+pub struct Journal {
+    inner: Option<Arc<Inner>>,
+}
+
+struct Inner {
+    queue: mpsc::Sender<Pending>,
+    dir: PathBuf,
+}
+
+impl Journal {
+    /// A journal that records nothing (`[journal] enabled = false`).
+    pub fn off() -> Journal {
+        Journal { inner: None }
+    }
+
+    /// Opens the journal in `options.dir` and starts its writer thread.
+    pub fn open(options: &Options) -> Result<Journal, JournalError> {
+        let settings = Settings {
+            segment_bytes: options.segment_bytes,
+            keep_segments: options.keep_segments,
+            reader_gid: options.reader_gid,
+        };
+        let store = Store::open(&options.dir, settings)?;
+        let (queue, pending) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("palisade-journal".into())
+            .spawn(move || write_batches(store, pending))
+            .map_err(|e| JournalError::Io(format!("cannot start the writer thread: {e}")))?;
+        Ok(Journal { inner: Some(Arc::new(Inner { queue, dir: options.dir.clone() })) })
+    }
+
+    /// Whether events are recorded.
+    pub fn enabled(&self) -> bool {
+        self.inner.is_some()
+    }
+
+    /// The directory of the journal, when it is on.
+    pub fn dir(&self) -> Option<&Path> {
+        self.inner.as_ref().map(|i| i.dir.as_path())
+    }
+
+    /// Appends `event` and returns once it is on disk (fsync; concurrent appends may share one).
+    /// An error means the event is NOT recorded: the caller refuses what it was about to do
+    /// with `BrokerError::JournalUnavailable(message)` (kind `ErrorKind::JournalUnavailable`).
+    /// With the journal off, nothing is written and the receipt is seq 0 with an empty hash.
+    pub async fn append(&self, event: Event) -> Result<Receipt, JournalError> {
+        last(self.append_all(vec![event], true).await)
+    }
+
+    /// The same, for code that may block (no runtime needed).
+    pub fn append_blocking(&self, event: Event) -> Result<Receipt, JournalError> {
+        last(self.append_all_blocking(vec![event], true))
+    }
+
+    /// Appends `events` together, in order: synced to disk before this
+    /// returns when `durable`, else written (in the page cache, kept if the
+    /// broker is killed) and synced with the next durable batch.
+    pub async fn append_all(&self, events: Vec<Event>, durable: bool) -> Result<Vec<Receipt>, JournalError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        match self.send(events, durable, Reply::Task(reply))? {
+            true => answer.await.unwrap_or(Err(JournalError::Stopped)),
+            false => Ok(vec![]),
+        }
+    }
+
+    /// [`Journal::append_all`] for code that may block.
+    pub fn append_all_blocking(
+        &self,
+        events: Vec<Event>,
+        durable: bool,
+    ) -> Result<Vec<Receipt>, JournalError> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        match self.send(events, durable, Reply::Thread(reply))? {
+            true => answer.recv().unwrap_or(Err(JournalError::Stopped)),
+            false => Ok(vec![]),
+        }
+    }
+
+    /// Queues an append for the writer; `false` with the journal off.
+    fn send(&self, events: Vec<Event>, durable: bool, reply: Reply) -> Result<bool, JournalError> {
+        let Some(inner) = &self.inner else { return Ok(false) };
+        inner.queue.send(Pending { events, durable, reply }).map_err(|_| JournalError::Stopped)?;
+        Ok(true)
+    }
+}
+
+/// The last receipt of a batch (seq 0 with the journal off).
+fn last(receipts: Result<Vec<Receipt>, JournalError>) -> Result<Receipt, JournalError> {
+    Ok(receipts?.pop().unwrap_or(Receipt { seq: 0, hash: String::new() }))
+}
+
+/// The writer thread: takes every append waiting, writes them as one batch,
+/// syncs once, answers each. Ends when every [`Journal`] is dropped.
+fn write_batches(mut store: Store, queue: mpsc::Receiver<Pending>) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        let durable = batch.iter().any(|p| p.durable);
+        let mut counts = Vec::with_capacity(batch.len());
+        let mut entries = Vec::new();
+        for p in &mut batch {
+            counts.push(p.events.len());
+            entries.extend(p.events.drain(..).map(|e| Entry { fields: fields(&e), answered: true }));
+        }
+        let written = store.append(entries, durable);
+        if let Err(e) = &written {
+            tracing::error!("{e}");
+        }
+        let mut receipts = written.as_ref().map(|r| r.iter()).ok();
+        for (p, n) in batch.into_iter().zip(counts) {
+            let answer = match &mut receipts {
+                Some(r) => {
+                    Ok(r.by_ref().take(n).map(|h| Receipt { seq: h.seq, hash: h.hash.clone() }).collect())
+                }
+                None => Err(written.as_ref().err().cloned().unwrap_or(JournalError::Stopped)),
+            };
+            p.reply.send(answer);
+        }
+    }
+}

@@ -1,0 +1,623 @@
+//! The audit journal through the real binaries: runs recorded in one chain
+//! that `palisade audit verify` accepts, tampering named at its record, a
+//! broker killed mid-burst, a torn last line set aside, a full filesystem,
+//! several writers, rotation and retention, and the recipe of
+//! docs/journal.md checked against a real journal.
+
+use palisade_broker::client::{Client, ClientError};
+use palisade_protocol::wire::{ErrorKind, RunRequest, RunResult};
+use palisade_tests::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+fn probe() -> String {
+    bin("probe").to_string_lossy().into_owned()
+}
+
+fn request(cwd: &Path, args: &[&str]) -> RunRequest {
+    let mut argv = vec![probe()];
+    argv.extend(args.iter().map(|s| s.to_string()));
+    RunRequest { argv, cwd: Some(cwd.to_string_lossy().into_owned()), ..Default::default() }
+}
+
+/// `palisade audit ARGS`: its exit status and what it printed (both streams).
+fn audit(args: &[&str]) -> (Option<i32>, String) {
+    let o = std::process::Command::new(bin("palisade")).arg("audit").args(args).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    (o.status.code(), text)
+}
+
+fn verify(journal: &Path, more: &[&str]) -> (Option<i32>, String) {
+    let mut args = vec!["verify", "--journal", journal.to_str().unwrap()];
+    args.extend_from_slice(more);
+    audit(&args)
+}
+
+/// The segments of a journal, oldest first.
+fn segments(journal: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(journal)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    found.sort();
+    found
+}
+
+/// A segment's records: its bytes up to the zeros reserved ahead.
+fn content(segment: &Path) -> Vec<u8> {
+    let mut bytes = std::fs::read(segment).unwrap();
+    bytes.truncate(bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len()));
+    bytes
+}
+
+/// Every whole record of a journal, in order.
+fn records(journal: &Path) -> Vec<Value> {
+    let mut all = Vec::new();
+    for s in segments(journal) {
+        let text = String::from_utf8(content(&s)).unwrap();
+        all.extend(text.split_inclusive('\n').filter(|l| l.ends_with('\n')).map(|l| {
+            serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{}: {e}: {l}", s.display()))
+        }));
+    }
+    all
+}
+
+fn count(records: &[Value], event: &str) -> usize {
+    records.iter().filter(|r| r["event"] == event).count()
+}
+
+/// `n` runs of `probe echo` through the daemon by `clients` clients at once.
+fn runs(d: &Daemon, ws: &Path, n: usize, clients: usize) -> Vec<RunResult> {
+    let results = Arc::new(Mutex::new(Vec::new()));
+    std::thread::scope(|s| {
+        for c in 0..clients {
+            let results = results.clone();
+            s.spawn(move || {
+                let mut client = Client::connect(&d.socket).unwrap();
+                for i in (c..n).step_by(clients) {
+                    let r = client.run(request(ws, &["echo", &i.to_string()]), |_| {}).unwrap();
+                    results.lock().unwrap().push(r);
+                }
+            });
+        }
+    });
+    Arc::try_unwrap(results).unwrap().into_inner().unwrap()
+}
+
+/// Each result's attestation names its `run_finished` record, as the journal has it.
+fn assert_receipts(results: &[RunResult], recs: &[Value]) {
+    for r in results {
+        let j = r.attestation.journal.as_ref().expect("the attestation's journal record");
+        let rec = recs.iter().find(|x| x["seq"] == j.seq).unwrap_or_else(|| panic!("no record {}", j.seq));
+        assert_eq!(
+            (rec["event"].as_str(), rec["hash"].as_str()),
+            (Some("run_finished"), Some(j.hash.as_str()))
+        );
+        assert_eq!(rec["run_id"], r.run_id);
+    }
+}
+
+#[test]
+fn a_thousand_runs_make_one_chain_that_verifies_and_each_result_names_its_record() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let results = runs(&d, ws.path(), 1000, 4);
+    assert_eq!(results.len(), 1000);
+    let recs = records(&d.journal());
+    assert_receipts(&results, &recs);
+    for event in ["request_received", "decision", "run_started", "run_finished"] {
+        assert_eq!(count(&recs, event), 1000, "{event}");
+    }
+    assert_eq!(count(&recs, "broker_started"), 1);
+    let (code, out) = verify(&d.journal(), &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains(&format!("verified: {} records", recs.len())), "{out}");
+    // A head kept elsewhere is found in the chain; a head it never had is not.
+    let (code, head) = audit(&["head", "--journal", d.journal().to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{head}");
+    let hash = head.split_whitespace().nth(1).unwrap().to_string();
+    assert_eq!(verify(&d.journal(), &["--head", &hash]).0, Some(0));
+    let (code, out) = verify(&d.journal(), &["--head", &"ab".repeat(32)]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("is not in the journal"), "{out}");
+}
+
+/// A copy of `journal`'s segments in `to`, with `change` applied to the
+/// lines of its (only) segment.
+fn tampered(journal: &Path, to: &Path, change: impl FnOnce(&mut Vec<String>)) -> PathBuf {
+    std::fs::create_dir_all(to).unwrap();
+    let segment = &segments(journal)[0];
+    let mut lines: Vec<String> =
+        String::from_utf8(content(segment)).unwrap().lines().map(String::from).collect();
+    change(&mut lines);
+    let copy = to.join(segment.file_name().unwrap());
+    std::fs::write(&copy, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    to.to_path_buf()
+}
+
+/// The documented script (docs/journal.md's Python block) run on `journal`.
+fn documented_recipe(journal: &Path) -> String {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/journal.md")).unwrap();
+    let script = doc.split("```python\n").nth(1).and_then(|s| s.split("```").next()).expect("the recipe");
+    let o = std::process::Command::new("python3").arg("-c").arg(script).arg(journal).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+#[test]
+fn an_edit_a_deletion_a_swap_or_an_insertion_is_named_at_its_record() {
+    let mut d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    runs(&d, ws.path(), 5, 1);
+    d.stop();
+    let journal = d.journal();
+    let (code, out) = verify(&journal, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    // The documented recipe agrees with palisade on the untouched journal.
+    let (_, head) = audit(&["head", "--journal", journal.to_str().unwrap()]);
+    assert_eq!(documented_recipe(&journal), format!("ok {}", head.trim()));
+    let dir = TempDir::new("tampered");
+    let name = segments(&journal)[0].file_name().unwrap().to_string_lossy().into_owned();
+    // One digit of line 7's time changed.
+    let edited = tampered(&journal, &dir.join("edit"), |l| {
+        let at = l[6].find("\"time\":\"").unwrap() + 8 + 21;
+        let digit = if &l[6][at..at + 1] == "1" { "2" } else { "1" };
+        l[6].replace_range(at..at + 1, digit);
+    });
+    let deleted = tampered(&journal, &dir.join("delete"), |l| {
+        l.remove(6);
+    });
+    let swapped = tampered(&journal, &dir.join("swap"), |l| l.swap(6, 7));
+    let inserted = tampered(&journal, &dir.join("insert"), |l| {
+        let copy = l[4].clone();
+        l.insert(5, copy);
+    });
+    for (copy, seq, line) in [(&edited, 7, 7), (&deleted, 8, 7), (&swapped, 8, 7), (&inserted, 5, 6)] {
+        let (code, out) = verify(copy, &[]);
+        assert_eq!(code, Some(1), "{out}");
+        assert!(
+            out.contains(&format!("record seq {seq} (")) && out.contains(&format!("{name}, line {line})")),
+            "{out}"
+        );
+        let (code, json) = verify(copy, &["--json"]);
+        let v: Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            (code, v["broken"]["seq"].as_u64(), v["broken"]["line"].as_u64()),
+            (Some(1), Some(seq), Some(line))
+        );
+        assert!(documented_recipe(copy).starts_with("broken at seq"), "{}", copy.display());
+    }
+    // Records end at the zeros reserved ahead: anything after those is no record's.
+    let hidden = dir.join("hidden");
+    std::fs::create_dir(&hidden).unwrap();
+    let zeros = [0u8; 64];
+    let bytes = [&content(&segments(&journal)[0])[..], &zeros[..], &b"{\"seq\":99}\n"[..]].concat();
+    std::fs::write(hidden.join(&name), bytes).unwrap();
+    let (code, out) = verify(&hidden, &[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("bytes after the end of the records"), "{out}");
+    // A broker does not write on a journal whose newest records do not chain.
+    let config = dir.join("c.toml");
+    std::fs::write(&config, base_config()).unwrap();
+    let o = std::process::Command::new(bin("palisaded"))
+        .args(["--config", config.to_str().unwrap(), "--socket", dir.join("s.sock").to_str().unwrap()])
+        .env("PALISADE_JOURNAL", &edited)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is broken at record seq 7 ("), "{o:?}");
+    // The last records cut off: the chain left is whole, but the kept head is gone from it.
+    let cut = tampered(&journal, &dir.join("cut"), |l| l.truncate(l.len() - 3));
+    assert_eq!(verify(&cut, &[]).0, Some(0));
+    let hash = head.split_whitespace().nth(1).unwrap();
+    let (code, out) = verify(&cut, &["--head", hash]);
+    assert_eq!(code, Some(1), "{out}");
+}
+
+#[test]
+fn a_broker_killed_mid_burst_leaves_a_chain_that_verifies_and_goes_on() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let received = Arc::new(Mutex::new(Vec::new()));
+    std::thread::scope(|s| {
+        for c in 0..4 {
+            let (received, ws, socket) = (received.clone(), ws.path(), d.socket.clone());
+            s.spawn(move || {
+                let Ok(mut client) = Client::connect(&socket) else { return };
+                // Bounded: the broker is killed long before.
+                for i in 0..500 {
+                    match client.run(request(ws, &["echo", &format!("{c}-{i}")]), |_| {}) {
+                        Ok(r) => received.lock().unwrap().push(r),
+                        Err(_) => return,
+                    }
+                }
+            });
+        }
+        assert!(eventually(Duration::from_secs(60), || received.lock().unwrap().len() >= 40));
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(d.child.id() as i32), nix::sys::signal::SIGKILL)
+            .unwrap();
+    });
+    let received = Arc::try_unwrap(received).unwrap().into_inner().unwrap();
+    let journal = d.journal();
+    let (code, out) = verify(&journal, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    // Every result a client got is in the chain, as its attestation says.
+    assert_receipts(&received, &records(&journal));
+    // A broker started again chains on the last whole record.
+    let again = Daemon::start_with(DaemonOptions {
+        env: vec![("PALISADE_JOURNAL".into(), journal.to_string_lossy().into_owned())],
+        ..Default::default()
+    });
+    let after = runs(&again, ws.path(), 3, 1);
+    let recs = records(&journal);
+    assert_receipts(&received, &recs);
+    assert_receipts(&after, &recs);
+    let (code, out) = verify(&journal, &[]);
+    assert_eq!(code, Some(0), "{out}\n{}", again.log());
+}
+
+#[test]
+fn a_torn_last_line_is_set_aside_recorded_and_the_chain_goes_on() {
+    let mut d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    runs(&d, ws.path(), 3, 1);
+    d.stop();
+    let journal = d.journal();
+    let segment = segments(&journal)[0].clone();
+    let before = content(&segment);
+    let torn = br#"{"argv":["/usr/bin/echo","half"],"broker":"1-2","ev"#;
+    std::fs::write(&segment, [&before[..], &torn[..]].concat()).unwrap();
+    let (code, out) = verify(&journal, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains(&format!("torn tail: the last {} bytes", torn.len())), "{out}");
+    let again = Daemon::start_with(DaemonOptions {
+        env: vec![("PALISADE_JOURNAL".into(), journal.to_string_lossy().into_owned())],
+        ..Default::default()
+    });
+    assert!(again.log().contains("was set aside"), "{}", again.log());
+    runs(&again, ws.path(), 2, 1);
+    // Earlier records untouched; the torn bytes kept in a file of their own, and recorded.
+    let now = content(&segment);
+    assert_eq!(&now[..before.len()], &before[..]);
+    let recs = records(&journal);
+    let aside = recs.iter().find(|r| r["event"] == "tail_set_aside").expect("a tail_set_aside record");
+    let file = journal.join(aside["file"].as_str().unwrap());
+    assert_eq!(std::fs::read(&file).unwrap(), torn);
+    assert_eq!(aside["bytes"], torn.len());
+    assert_eq!(aside["sha256"].as_str(), Some(palisade_broker::attest::sha256_hex(torn).as_str()));
+    let (code, out) = verify(&journal, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains(&format!("set aside: {}", file.display())) && !out.contains("torn tail"), "{out}");
+}
+
+#[test]
+fn a_daemon_and_embedded_brokers_at_once_keep_one_chain() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let journal = d.journal();
+    let nowhere = ws.join("no-broker.sock");
+    std::thread::scope(|s| {
+        s.spawn(|| runs(&d, ws.path(), 30, 2));
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..6 {
+                    let o = std::process::Command::new(bin("palisade"))
+                        .args(["run", "-n", "--", "/usr/bin/echo", "embedded"])
+                        .env("PALISADE_SOCKET", &nowhere)
+                        .env("PALISADE_JOURNAL", &journal)
+                        .current_dir(ws.path())
+                        .output()
+                        .unwrap();
+                    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+                }
+            });
+        }
+    });
+    let recs = records(&journal);
+    assert_eq!(count(&recs, "run_finished"), 42);
+    let brokers: std::collections::BTreeSet<&str> =
+        recs.iter().filter_map(|r| r["broker"].as_str()).collect();
+    assert_eq!(brokers.len(), 13, "{brokers:?}");
+    let (code, out) = verify(&journal, &[]);
+    assert_eq!(code, Some(0), "{out}");
+}
+
+/// A tmpfs mounted by the test, unmounted whatever happens.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Fills the filesystem of `dir` (bounded), in a file `filler`.
+fn fill(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let filler = dir.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let chunk = vec![0u8; 4096];
+    for _ in 0..100_000 {
+        if f.write_all(&chunk).is_err() {
+            return filler;
+        }
+    }
+    panic!("{} never filled up", dir.display());
+}
+
+#[test]
+fn a_full_filesystem_refuses_runs_as_journal_unavailable_until_space_returns() {
+    if !is_root() {
+        eprintln!("not root: a tmpfs cannot be mounted, so a full filesystem cannot be made");
+        return;
+    }
+    let dir = TempDir::new("fulljournal");
+    let fs = dir.join("fs");
+    std::fs::create_dir(&fs).unwrap();
+    let flags =
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
+    nix::mount::mount(Some("tmpfs"), &fs, Some("tmpfs"), flags, Some("size=256k,mode=0755")).unwrap();
+    let _mounted = Mounted(fs.clone());
+    let journal = fs.join("journal");
+    let d = Daemon::start_with(DaemonOptions {
+        env: vec![("PALISADE_JOURNAL".into(), journal.to_string_lossy().into_owned())],
+        ..Default::default()
+    });
+    let ws = TempDir::new("ws");
+    runs(&d, ws.path(), 2, 1);
+    let filler = fill(&fs);
+    let mut client = Client::connect(&d.socket).unwrap();
+    let mut refused = 0;
+    // What is left of the segment's last page may take a record or two; not more runs.
+    for i in 0..6 {
+        match client.run(request(ws.path(), &["echo", &i.to_string()]), |_| {}) {
+            Err(ClientError::Reply(e)) => {
+                assert_eq!(e.kind, ErrorKind::JournalUnavailable, "{}", e.message);
+                assert!(e.message.contains("No space left"), "{}", e.message);
+                refused += 1;
+            }
+            Ok(r) => assert!(r.attestation.journal.is_some()),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(refused >= 4, "{refused} refused");
+    // The CLI says so in its one line.
+    let o = d.run(ws.path(), &[&probe(), "echo", "x"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("JournalUnavailable"));
+    // Nothing half written stays: the chain is whole.
+    let (code, out) = verify(&journal, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    std::fs::remove_file(&filler).unwrap();
+    let after = client.run(request(ws.path(), &["echo", "back"]), |_| {}).unwrap();
+    assert_receipts(&[after], &records(&journal));
+    let (code, out) = verify(&journal, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    drop(d);
+}
+
+#[test]
+fn segments_rotate_and_retention_leaves_a_record_of_what_it_removed() {
+    let mut d = Daemon::start("[journal]\nsegment_bytes = 4096\n");
+    let ws = TempDir::new("ws");
+    let first = runs(&d, ws.path(), 12, 2);
+    d.stop();
+    let journal = d.journal();
+    let many = segments(&journal).len();
+    assert!(many >= 4, "{many} segments");
+    let (code, out) = verify(&journal, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains(&format!("in {many} segments")), "{out}");
+    assert_receipts(&first, &records(&journal));
+    // With retention, the oldest segments go when one is closed, and a record says so.
+    let kept = Daemon::start_with(DaemonOptions {
+        config: "[journal]\nsegment_bytes = 4096\nkeep_segments = 2\n".into(),
+        env: vec![("PALISADE_JOURNAL".into(), journal.to_string_lossy().into_owned())],
+        ..Default::default()
+    });
+    let last = runs(&kept, ws.path(), 6, 1);
+    assert_eq!(segments(&journal).len(), 2);
+    let recs = records(&journal);
+    // The latest run's records are among those kept (the earlier ones may be gone).
+    assert_receipts(&last[last.len() - 1..], &recs);
+    let removed = recs.iter().rfind(|r| r["event"] == "segments_removed").expect("a segments_removed record");
+    assert_eq!(removed["last_seq"].as_u64().unwrap() + 1, recs[0]["seq"].as_u64().unwrap());
+    assert_eq!(removed["last_hash"], recs[0]["prev"]);
+    let (code, out) = verify(&journal, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("were removed by retention"), "{out}");
+    // A segment removed otherwise is no retention's: the chain is broken.
+    drop(kept);
+    std::fs::remove_file(&segments(&journal)[0]).unwrap();
+    let (code, out) = verify(&journal, &[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("no retention record"), "{out}");
+}
+
+#[test]
+fn the_journal_is_private_and_a_directory_others_may_write_is_refused() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    runs(&d, ws.path(), 1, 1);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+    assert_eq!(mode(&d.journal()), 0o700);
+    assert_eq!(mode(&segments(&d.journal())[0]), 0o600);
+    // A directory others may write to could be swapped or filled by them: refused.
+    let dir = TempDir::new("open");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let open = dir.join("journal");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let config = dir.join("c.toml");
+    std::fs::write(&config, base_config()).unwrap();
+    let o = std::process::Command::new(bin("palisaded"))
+        .args(["--config", config.to_str().unwrap(), "--socket", dir.join("s.sock").to_str().unwrap()])
+        .env("PALISADE_JOURNAL", &open)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nobody else can write to"), "{o:?}");
+    assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0, "something was written");
+    // Counter-test: the same directory made private is taken, and readable by a group when asked.
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let gid = nix::unistd::getegid().as_raw();
+    let grouped = Daemon::start_with(DaemonOptions {
+        config: format!("[journal]\nreader_gid = {gid}\n"),
+        env: vec![("PALISADE_JOURNAL".into(), open.to_string_lossy().into_owned())],
+        ..Default::default()
+    });
+    runs(&grouped, ws.path(), 1, 1);
+    assert_eq!(mode(&open), 0o750);
+    assert_eq!(mode(&segments(&open)[0]), 0o640);
+    assert_eq!(std::fs::metadata(segments(&open)[0].clone()).unwrap().gid(), gid);
+    // A directory made on the way lets the readers through, and shows them nothing.
+    let deeper = dir.join("state/journal");
+    let _made = Daemon::start_with(DaemonOptions {
+        config: format!("[journal]\nreader_gid = {gid}\n"),
+        env: vec![("PALISADE_JOURNAL".into(), deeper.to_string_lossy().into_owned())],
+        ..Default::default()
+    });
+    assert_eq!((mode(&dir.join("state")), mode(&deeper)), (0o711, 0o750));
+}
+
+#[test]
+fn with_the_journal_off_nothing_is_written_and_results_say_so() {
+    let d = Daemon::start("[journal]\nenabled = false\n");
+    let ws = TempDir::new("ws");
+    let results = runs(&d, ws.path(), 2, 1);
+    assert!(results.iter().all(|r| r.attestation.journal.is_none()));
+    assert!(!d.journal().exists());
+    // Counter-test: on (the default), the result names its record.
+    let on = Daemon::start("");
+    assert!(runs(&on, ws.path(), 1, 1)[0].attestation.journal.is_some());
+}
+
+#[test]
+fn approvals_asked_and_answered_are_recorded_with_the_run() {
+    let d = Daemon::start("[broker]\nuser_namespaces = false\n[policy]\nfallback = \"request_approval\"\n");
+    let ws = TempDir::new("ws");
+    let ws_path = shared_workspace(&ws, "w");
+    let mut c = Client::connect(&d.socket).unwrap();
+    let refused = c.run_with_approval(request(&ws_path, &["echo", "no"]), |_| {}, |_| false);
+    assert!(
+        matches!(refused, Err(ClientError::Reply(ref e)) if e.kind == ErrorKind::NeedsApproval),
+        "{refused:?}"
+    );
+    let approved = c.run_with_approval(request(&ws_path, &["echo", "yes"]), |_| {}, |_| true).unwrap();
+    let recs = records(&d.journal());
+    let of = |run: u64| -> Vec<&str> {
+        recs.iter().filter(|r| r["run_id"] == run).map(|r| r["event"].as_str().unwrap()).collect()
+    };
+    let me = nix::unistd::getuid().as_raw();
+    assert_eq!(of(1), ["request_received", "decision", "approval_asked", "approval_answered"]);
+    assert_eq!(
+        of(approved.run_id),
+        [
+            "request_received",
+            "decision",
+            "approval_asked",
+            "approval_answered",
+            "run_started",
+            "run_finished"
+        ]
+    );
+    let answers: Vec<&Value> = recs.iter().filter(|r| r["event"] == "approval_answered").collect();
+    assert_eq!(
+        (answers[0]["approved"].as_bool(), answers[0]["by_uid"].as_u64()),
+        (Some(false), Some(me.into()))
+    );
+    assert_eq!(
+        (answers[1]["approved"].as_bool(), answers[1]["by_uid"].as_u64()),
+        (Some(true), Some(me.into()))
+    );
+    assert!(recs.iter().any(|r| r["event"] == "decision" && r["decision"] == "needs_approval"));
+    assert_receipts(&[approved], &recs);
+}
+
+#[test]
+fn show_and_tail_read_the_journal_for_people_and_tools() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let results = runs(&d, ws.path(), 3, 1);
+    let j = d.journal();
+    let journal = j.to_str().unwrap();
+    let run = results[1].run_id.to_string();
+    let (code, out) = audit(&["show", &run, "--journal", journal, "--json"]);
+    assert_eq!(code, Some(0), "{out}");
+    let shown: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let events: Vec<&str> = shown.iter().map(|r| r["event"].as_str().unwrap()).collect();
+    assert_eq!(events, ["request_received", "decision", "run_started", "run_finished"]);
+    assert!(shown.iter().all(|r| r["run_id"] == results[1].run_id));
+    let (code, out) = audit(&["show", &run, "--journal", journal]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.lines().nth(3).is_some_and(|l| l.contains(" run_finished ") && l.contains("status=\"exited 0\"")),
+        "{out}"
+    );
+    // Counter-test: a run it never had.
+    let (code, out) = audit(&["show", "999999", "--journal", journal]);
+    assert_eq!(code, Some(2), "{out}");
+    let (code, out) = audit(&["tail", "-n", "2", "--journal", journal]);
+    assert_eq!((code, out.lines().count()), (Some(0), 2), "{out}");
+    assert!(out.lines().nth(1).unwrap().contains(" run_finished "), "{out}");
+    // -f prints what is appended after it started: the last record first, then the new ones.
+    let mut follow = std::process::Command::new(bin("palisade"))
+        .args(["audit", "tail", "-n", "1", "-f", "--json", "--journal", journal])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = follow.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let Ok(line) = line else { return };
+            if tx.send(serde_json::from_str::<Value>(&line).unwrap()).is_err() {
+                return;
+            }
+        }
+    });
+    // Bounded: a tail that prints nothing fails the test, it does not hang it.
+    let next = || rx.recv_timeout(Duration::from_secs(30)).expect("a record from tail -f");
+    assert_eq!(next()["run_id"], results[2].run_id);
+    let later = runs(&d, ws.path(), 1, 1);
+    let seen: Vec<Value> = (0..4).map(|_| next()).collect();
+    follow.kill().unwrap();
+    follow.wait().unwrap();
+    assert!(seen.iter().all(|r| r["run_id"] == later[0].run_id), "{seen:?}");
+    assert_eq!(seen[3]["event"], "run_finished");
+}
+
+#[test]
+fn the_embedded_broker_records_that_nobody_was_there_to_approve() {
+    use std::os::unix::process::CommandExt;
+    let ws = TempDir::new("ws");
+    let policy = ws.join("p.toml");
+    let config = "[broker]\nuser_namespaces = false\n[policy]\nfallback = \"request_approval\"\n";
+    std::fs::write(&policy, format!("{}{config}", base_config())).unwrap();
+    let (_journal, journal) = scratch_journal(None);
+    let mut cmd = std::process::Command::new(bin("palisade"));
+    cmd.args(["run", "-n", "--policy", policy.to_str().unwrap(), "--", &probe(), "echo", "x"])
+        .env("PALISADE_JOURNAL", &journal)
+        .current_dir(ws.path());
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        // No controlling terminal: nobody to ask.
+        cmd.pre_exec(|| nix::unistd::setsid().map(drop).map_err(std::io::Error::from));
+    }
+    let o = cmd.output().unwrap();
+    assert_eq!(o.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("NeedsApproval"), "{o:?}");
+    let recs = records(&journal);
+    let events: Vec<&str> = recs.iter().map(|r| r["event"].as_str().unwrap()).collect();
+    assert_eq!(events, ["request_received", "decision", "approval_asked", "approval_answered"]);
+    let answer = &recs[3];
+    assert_eq!((answer["approved"].as_bool(), answer["by_uid"].is_null()), (Some(false), true));
+    assert_eq!(answer["why"], "no terminal to ask");
+    assert_eq!(verify(&journal, &[]).0, Some(0));
+}
