@@ -43,6 +43,70 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         policy: Option<PathBuf>,
     },
+    /// List the runs waiting for an approval: all of them for an approver,
+    /// your own otherwise. Exits 0, or 125 when the broker cannot be asked.
+    Approvals {
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// Print them as a JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve the waiting run ID (an approver, or its requester with
+    /// self_approval on): it starts at once. Exits 0, or 125 when refused.
+    Approve {
+        /// The approval's id, as `palisade approvals` lists it.
+        id: u64,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+    /// Deny the waiting run ID: it is refused with your reason. Exits 0, or
+    /// 125 when refused.
+    Deny {
+        /// The approval's id, as `palisade approvals` lists it.
+        id: u64,
+        /// Why, shown to the requester.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+    /// The declared tools' trust stages (Draft, Trial, Verified) and declarations.
+    #[command(subcommand)]
+    Tools(ToolsCommand),
+}
+
+/// Where the approval and tool commands find the broker.
+#[derive(ClapArgs, Debug)]
+pub struct BrokerArgs {
+    /// Broker socket [default: $PALISADE_SOCKET, else the default socket].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ToolsCommand {
+    /// Print each declared tool (or NAME alone): its stage and its capability
+    /// declaration, as an approver reviews it.
+    Show {
+        name: Option<String>,
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// The embedded broker's tools under this policy file, instead of a running broker's.
+        #[arg(long, value_name = "FILE", conflicts_with = "socket")]
+        policy: Option<PathBuf>,
+    },
+    /// Approve tool NAME's declaration (an approver only): Draft → Trial,
+    /// where each run is held for an approval until `trial_runs` of them
+    /// succeed.
+    Approve {
+        name: String,
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// The embedded broker's tools under this policy file, instead of a running broker's.
+        #[arg(long, value_name = "FILE", conflicts_with = "socket")]
+        policy: Option<PathBuf>,
+    },
 }
 
 #[derive(ClapArgs, Debug)]
@@ -184,6 +248,10 @@ pub fn main(cli: Cli) -> i32 {
             print!("{text}");
             if complete { 0 } else { 1 }
         }
+        Command::Approvals { broker, json } => crate::approve_cli::list(&broker, json),
+        Command::Approve { id, broker } => crate::approve_cli::answer(&broker, id, true, None),
+        Command::Deny { id, reason, broker } => crate::approve_cli::answer(&broker, id, false, reason),
+        Command::Tools(command) => crate::approve_cli::tools(command),
     }
 }
 
@@ -374,18 +442,33 @@ fn run(args: RunArgs) -> i32 {
 }
 
 /// Asks the person at this process's terminal whether to run; no terminal: no.
-fn ask_at_terminal(reason: &str) -> bool {
+fn ask_at_terminal(question: &str) -> bool {
     let Ok(mut tty) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") else {
-        eprintln!("palisade: the run needs approval and there is no terminal to ask: {reason}");
+        eprintln!("palisade: the run needs approval and there is no terminal to ask: {question}");
         return false;
     };
-    if write!(tty, "palisade: {reason} [y/N] ").and_then(|()| tty.flush()).is_err() {
+    if write!(tty, "palisade: {question} [y/N] ").and_then(|()| tty.flush()).is_err() {
         return false;
     }
     let mut answer = String::new();
     let mut reader = std::io::BufReader::new(tty);
     std::io::BufRead::read_line(&mut reader, &mut answer).is_ok()
         && matches!(answer.trim(), "y" | "Y" | "yes" | "Yes" | "YES")
+}
+
+/// A run held for approval, put to the requester: at its terminal when it
+/// may answer; otherwise it says who can, and waits.
+fn ask_requester(ask: &crate::client::Ask<'_>) -> Option<bool> {
+    let details = crate::approve_cli::describe(ask.approval);
+    if ask.may_answer {
+        return Some(ask_at_terminal(&format!("{}\n{details}Run it?", ask.reason)));
+    }
+    let id = ask.approval.id;
+    eprintln!(
+        "palisade: {}\n{details}palisade: waiting for an approver: palisade approve {id} (or palisade deny {id})",
+        ask.reason
+    );
+    None
 }
 
 fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -> i32 {
@@ -402,7 +485,7 @@ fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -> i3
             render.output(stream, data);
         }
     };
-    let outcome = client.run_events(request, on, ask_at_terminal);
+    let outcome = client.run_events(request, on, ask_requester);
     match outcome {
         Ok(r) => render.finish(Ok(r)),
         Err(ClientError::Reply(e)) => render.finish(Err(e)),
@@ -472,17 +555,44 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
         };
         let decided = broker.decide(&peer, &request)?;
         if let Some(reason) = &decided.approval {
-            let ask = reason.clone();
-            let approved = tokio::task::spawn_blocking(move || ask_at_terminal(&ask)).await.unwrap_or(false);
-            if !approved {
-                return Err(crate::service::not_approved(reason, "refused").into());
-            }
+            let pending = broker.pending_approval(&peer, &decided, &request, reason);
+            ask_embedded(&broker, &peer, pending).await?;
         }
         broker.execute(&peer, decided, &request, &mut RenderSink(&mut render), cancel).await
     });
     // Not waiting for an output write given up on (a reader that never reads).
     runtime.shutdown_background();
     render.finish(outcome.map_err(ErrorReply::from))
+}
+
+/// The embedded broker's question: nobody else to ask, so the person at
+/// this terminal answers, if they are an approver (the broker's own user
+/// is one, unless `[approvers]` says otherwise); anyone else is refused.
+async fn ask_embedded(
+    broker: &Broker,
+    peer: &Peer,
+    pending: palisade_protocol::wire::PendingApproval,
+) -> Result<(), crate::error::BrokerError> {
+    use crate::journal::Event;
+    let (reason, run_id) = (pending.reason.clone(), pending.run_id);
+    let ticket = broker.pending.open(pending);
+    let approval = ticket.pending.id;
+    if !broker.approvers.is_approver(peer) {
+        let why = format!(
+            "uid {} is not an approver of this policy and nobody else can answer here: \
+             a running broker (palisaded) with approvers is needed",
+            peer.uid
+        );
+        return Err(crate::service::not_approved(&reason, &why).into());
+    }
+    let tool = ticket.pending.tool.clone();
+    broker.record(Event::ApprovalAsked { approval, run_id, uid: peer.uid, tool, reason: reason.clone() })?;
+    let question = format!("{reason}\n{}Run it?", crate::approve_cli::describe(&ticket.pending));
+    let approved = tokio::task::spawn_blocking(move || ask_at_terminal(&question)).await.unwrap_or(false);
+    let why = if approved { "approved at the terminal" } else { "refused" };
+    let by_uid = Some(peer.uid);
+    broker.record(Event::ApprovalAnswered { approval, run_id, by_uid, approved, why: why.into() })?;
+    if approved { Ok(()) } else { Err(crate::service::not_approved(&reason, why).into()) }
 }
 
 #[cfg(test)]

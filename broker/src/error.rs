@@ -51,6 +51,12 @@ pub enum BrokerError {
     Task(#[from] tokio::task::JoinError),
     #[error(transparent)]
     Io(#[from] io::Error),
+    /// The audit journal could not record an event: what needed it is refused.
+    #[error("the journal cannot record this: {0}")]
+    JournalUnavailable(String),
+    /// The tools' trust stages cannot be read or written: the run is refused.
+    #[error("trust state {}: {source}", .path.display())]
+    TrustState { path: PathBuf, source: io::Error },
 }
 
 impl BrokerError {
@@ -61,6 +67,7 @@ impl BrokerError {
             BrokerError::Protocol(_) => ErrorKind::ProtocolError,
             BrokerError::Unauthorized(_) => ErrorKind::Unauthorized,
             BrokerError::Busy(_) => ErrorKind::Busy,
+            BrokerError::JournalUnavailable(_) => ErrorKind::JournalUnavailable,
             BrokerError::Helper(_)
             | BrokerError::CgroupCreate(_)
             | BrokerError::Cgroup(_)
@@ -73,6 +80,7 @@ impl BrokerError {
             | BrokerError::Decision(_)
             | BrokerError::Plan(_)
             | BrokerError::Task(_)
+            | BrokerError::TrustState { .. }
             | BrokerError::Io(_) => ErrorKind::RuntimeFailure,
         }
     }

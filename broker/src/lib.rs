@@ -2,6 +2,8 @@
 //! its embedded broker), and what they share: policy decisions turned into
 //! runs of palisade-helper, streamed, bounded and attested.
 
+pub mod approvals;
+pub mod approve_cli;
 pub mod arena;
 pub mod attest;
 pub mod cgroup;
@@ -14,6 +16,7 @@ pub mod etc_view;
 pub mod helper;
 pub mod host;
 pub mod instance;
+pub mod journal;
 pub mod overlay;
 pub mod paths;
 pub mod pool;
@@ -23,3 +26,4 @@ pub mod server;
 pub mod service;
 pub mod spawn_thread;
 pub mod systemd;
+pub mod trust;

@@ -12,10 +12,12 @@ pub mod host;
 pub mod jail;
 pub mod paths;
 pub mod seccomp;
+pub mod trust;
 pub mod validate;
 
 pub use capabilities::{Capabilities, Preset};
 pub use config::{Config, ConfigError, FallbackPolicy};
 pub use decision::{CgroupPlan, Context, Decision, Denial, Policy, Resolved};
 pub use host::{CgroupRoot, FileKind, FileStat, Host, HostCapabilities, HostFiles};
+pub use trust::{ToolTrust, TrustStage};
 pub use jail::{JailSpec, Layout, Limits, build_plan};

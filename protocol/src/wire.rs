@@ -21,8 +21,8 @@ use std::fmt;
 pub const MAGIC: &str = "palisade";
 /// The version both sides say in their hello; a change of any message's
 /// bincode form changes it (2: `ErrorReply` gained `helper`, and the
-/// attestation is typed).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// attestation is typed; 3: approvals by id, approvers and trust stages).
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
 
@@ -96,6 +96,107 @@ pub enum ClientMessage {
     Approve {
         approved: bool,
     },
+    /// The approvals waiting for an answer: all of them for an approver,
+    /// the client's own (read-only) for anyone else. Answered `Approvals`.
+    ListApprovals,
+    /// An answer to the pending approval `approval` (its id), from any
+    /// connection of an approver. Answered `Answered`, or `Unauthorized`.
+    Answer {
+        approval: u64,
+        approved: bool,
+        /// Why, shown to the requester (a denial's reason).
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    /// The declared tools with their trust stage and declaration. Answered `Tools`.
+    ListTools,
+    /// An approver's review of a tool's declaration: Draft → Trial.
+    /// Answered `Tools` (the tool alone), or `Unauthorized`.
+    ApproveTool {
+        name: String,
+    },
+}
+
+/// Why a tool's run escalated: it asks for more than its approved range.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EscalationReason {
+    /// A parameter names a path outside the tool's approved range.
+    PathOutOfScope,
+    /// A parameter names a sensitive path (`~/.ssh`, ...): never granted.
+    SensitiveDirectory,
+    /// A parameter the tool's bindings do not declare.
+    UndeclaredBinding,
+    /// The first run of a tool in Trial.
+    FirstExecution,
+}
+
+impl EscalationReason {
+    pub fn name(self) -> &'static str {
+        match self {
+            EscalationReason::PathOutOfScope => "PathOutOfScope",
+            EscalationReason::SensitiveDirectory => "SensitiveDirectory",
+            EscalationReason::UndeclaredBinding => "UndeclaredBinding",
+            EscalationReason::FirstExecution => "FirstExecution",
+        }
+    }
+}
+
+/// What set off an escalation: the reason, the path asked for (or the
+/// undeclared parameter's name) and the tool's approved paths.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct EscalationTrigger {
+    pub reason: EscalationReason,
+    #[serde(default)]
+    pub requested_path: Option<String>,
+    #[serde(default)]
+    pub approved_paths: Vec<String>,
+}
+
+/// A run held for a person's approval, as the requester and the approvers see it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct PendingApproval {
+    /// The approval's id, for `Answer` (`palisade approve ID`).
+    pub id: u64,
+    pub run_id: u64,
+    /// Who asked: the requesting peer's ids and pid.
+    pub uid: u32,
+    pub gid: u32,
+    #[serde(default)]
+    pub pid: Option<i32>,
+    #[serde(default)]
+    pub tool: Option<String>,
+    /// Why it needs approval.
+    pub reason: String,
+    /// What the run is about to do.
+    pub argv: Vec<String>,
+    /// Host paths granted read-only and read-write, resolved.
+    pub read_only: Vec<String>,
+    pub read_write: Vec<String>,
+    /// The network the sandbox gets (`none`, `loopback`, `host`) and its egress rule.
+    pub network: String,
+    pub egress: String,
+    /// Its limits, as `palisade explain` names them (`timeout_secs`, `memory_bytes`, ...).
+    pub limits: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub trigger: Option<EscalationTrigger>,
+    /// When it was asked and when it expires, in seconds since the epoch.
+    pub created_unix: u64,
+    pub expires_unix: u64,
+}
+
+/// A declared tool as `palisade tools show` prints it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ToolInfo {
+    pub name: String,
+    /// `draft`, `trial` or `verified`; `untracked` where trust stages are off.
+    pub stage: String,
+    /// Approved runs that succeeded in Trial (Verified at `trial_runs`).
+    pub trial_successes: u32,
+    pub trial_runs: u32,
+    /// The capability declaration, as a person reads it.
+    pub declaration: String,
+    /// sha256 (lowercase hex) of `declaration`: a change puts the tool back to Draft.
+    pub capabilities_sha256: String,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,6 +237,8 @@ pub enum ErrorKind {
     ProtocolError,
     /// A well-formed request that cannot be served as given.
     InvalidRequest,
+    /// The audit journal cannot record an event: what needed it was refused.
+    JournalUnavailable,
 }
 
 impl ErrorKind {
@@ -155,6 +258,7 @@ impl ErrorKind {
             ErrorKind::Unauthorized => "Unauthorized",
             ErrorKind::ProtocolError => "ProtocolError",
             ErrorKind::InvalidRequest => "InvalidRequest",
+            ErrorKind::JournalUnavailable => "JournalUnavailable",
         }
     }
 }
@@ -286,10 +390,25 @@ pub enum ServerMessage {
     Finished(Box<RunResult>),
     Error(ErrorReply),
     /// The run needs a person's approval first (the fallback policy
-    /// `request_approval`); nothing runs until the client answers `Approve`.
+    /// `request_approval`, or the tool's trust stage); nothing runs until
+    /// it is answered: by this client (`Approve`) when `may_answer`, or by
+    /// an approver from another connection (`Answer`).
     ApprovalRequired {
         reason: String,
+        /// Whether this client's own `Approve` is taken (it is an approver,
+        /// or `self_approval` is on); otherwise it waits for an approver.
+        may_answer: bool,
+        approval: Box<PendingApproval>,
     },
+    /// The answer to `ListApprovals`.
+    Approvals(Vec<PendingApproval>),
+    /// The answer to `Answer`: it reached the waiting run.
+    Answered {
+        approval: u64,
+        approved: bool,
+    },
+    /// The answer to `ListTools` and `ApproveTool`.
+    Tools(Vec<ToolInfo>),
 }
 
 /// Why bytes could not be decoded.

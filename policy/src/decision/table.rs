@@ -141,6 +141,7 @@ fn context(on: On) -> Context {
         instance: "1-1".into(),
         run: 7,
         etc_view: None,
+        trust: None,
     }
 }
 
