@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 /// What a run held for approval is about to do, one item a line.
 pub fn describe(p: &PendingApproval) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "  approval:   {} (run {}, uid {}, pid {})", p.id, p.run_id, p.uid, pid_text(p.pid));
+    let _ =
+        writeln!(out, "  approval:   {} (run {}, uid {}, pid {})", p.id, p.run_id, p.uid, pid_text(p.pid));
     if let Some(tool) = &p.tool {
         let _ = writeln!(out, "  tool:       {tool}");
     }
@@ -164,11 +165,15 @@ fn show_remote(broker: &BrokerArgs) -> Result<Vec<ToolInfo>, i32> {
 /// process's user, who must be an approver of that policy).
 fn embedded(policy: &Path, approve: Option<&str>) -> Result<Vec<ToolInfo>, i32> {
     let config = Config::load(policy).map_err(|e| fail(ErrorKind::InvalidRequest, e))?;
-    let store = TrustStore::open(&config, Journal::default()).map_err(|e| fail(ErrorKind::RuntimeFailure, e))?;
+    let store =
+        TrustStore::open(&config, Journal::default()).map_err(|e| fail(ErrorKind::RuntimeFailure, e))?;
     let Some(store) = store else {
         return Err(fail(
             ErrorKind::InvalidRequest,
-            format!("{} keeps no trust stages ([trust] enabled = false, or no tool is declared)", policy.display()),
+            format!(
+                "{} keeps no trust stages ([trust] enabled = false, or no tool is declared)",
+                policy.display()
+            ),
         ));
     };
     if let Some(name) = approve {

@@ -443,10 +443,17 @@ fn run(args: RunArgs) -> i32 {
 
 /// Asks the person at this process's terminal whether to run; no terminal: no.
 fn ask_at_terminal(question: &str) -> bool {
-    let Ok(mut tty) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") else {
-        eprintln!("palisade: the run needs approval and there is no terminal to ask: {question}");
-        return false;
-    };
+    match std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") {
+        Ok(tty) => prompt(tty, question),
+        Err(_) => {
+            eprintln!("palisade: the run needs approval and there is no terminal to ask: {question}");
+            false
+        }
+    }
+}
+
+/// Puts `question` at the terminal `tty`; "y" or "yes" approves.
+fn prompt(mut tty: std::fs::File, question: &str) -> bool {
     if write!(tty, "palisade: {question} [y/N] ").and_then(|()| tty.flush()).is_err() {
         return false;
     }
@@ -457,17 +464,30 @@ fn ask_at_terminal(question: &str) -> bool {
 }
 
 /// A run held for approval, put to the requester: at its terminal when it
-/// may answer; otherwise it says who can, and waits.
-fn ask_requester(ask: &crate::client::Ask<'_>) -> Option<bool> {
+/// may answer, while an approver elsewhere may answer first (no terminal:
+/// refused, as nobody here can answer); otherwise it says who can, and waits.
+fn ask_requester(ask: crate::client::Ask<'_>) -> Option<bool> {
     let details = crate::approve_cli::describe(ask.approval);
-    if ask.may_answer {
-        return Some(ask_at_terminal(&format!("{}\n{details}Run it?", ask.reason)));
-    }
     let id = ask.approval.id;
-    eprintln!(
-        "palisade: {}\n{details}palisade: waiting for an approver: palisade approve {id} (or palisade deny {id})",
-        ask.reason
-    );
+    if !ask.may_answer {
+        eprintln!(
+            "palisade: {}\n{details}palisade: waiting for an approver: palisade approve {id} (or palisade deny {id})",
+            ask.reason
+        );
+        return None;
+    }
+    let Ok(tty) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") else {
+        eprintln!("palisade: the run needs approval and there is no terminal to ask: {}", ask.reason);
+        return Some(false);
+    };
+    let question = format!("{}\n{details}Run it? (or elsewhere: palisade approve {id})", ask.reason);
+    let answerer = ask.answerer;
+    // The prompt waits on its own thread: an answer from elsewhere ends the
+    // wait, and the process, without it.
+    std::thread::spawn(move || {
+        let approved = prompt(tty, &question);
+        let _ = answerer.send(approved);
+    });
     None
 }
 

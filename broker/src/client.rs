@@ -1,8 +1,8 @@
 //! A blocking client for the broker's socket (what the CLI uses).
 
 use palisade_protocol::wire::{
-    ClientMessage, Decoder, Encoding, ErrorReply, Hello, PendingApproval, RunRequest, RunResult, ServerMessage, Stream,
-    encode,
+    ClientMessage, Decoder, Encoding, ErrorReply, Hello, PendingApproval, RunRequest, RunResult,
+    ServerMessage, Stream, encode,
 };
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -39,6 +39,25 @@ pub struct Ask<'a> {
     /// answers from elsewhere (`palisade approve ID`) and the run waits.
     pub may_answer: bool,
     pub approval: &'a PendingApproval,
+    /// Sends this client's answer later, from another thread, while the
+    /// run waits for whichever answer comes first.
+    pub answerer: Answerer,
+}
+
+/// This client's `Approve`, to send from another thread (a prompt at a
+/// terminal that an approver elsewhere may answer first).
+pub struct Answerer {
+    stream: UnixStream,
+    encoding: Encoding,
+}
+
+impl Answerer {
+    /// Sends the answer; the broker takes it only while the run still waits.
+    pub fn send(mut self, approved: bool) -> Result<(), ClientError> {
+        let bytes = encode(&ClientMessage::Approve { approved }, self.encoding)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.stream.write_all(&bytes).map_err(ClientError::Io)
+    }
 }
 
 pub struct Client {
@@ -189,7 +208,7 @@ impl Client {
             Event::Output(stream, data) => each(&ServerMessage::Output { stream, data: data.to_vec() }),
             Event::Message(m) => each(m),
         };
-        self.run_events(request, on, |ask: &Ask<'_>| ask.may_answer.then(|| approve(ask.reason)))
+        self.run_events(request, on, |ask: Ask<'_>| ask.may_answer.then(|| approve(ask.reason)))
     }
 
     /// Sends one message that is not a run (`ListApprovals`, `Answer`,
@@ -208,12 +227,13 @@ impl Client {
     /// Runs `request`: `on` sees each piece of output where it was received
     /// (no copy) and every other message before the final one; `approve`
     /// puts a question to a person, if the run needs one: `Some(answer)`
-    /// is sent, `None` sends nothing and the run waits for an approver.
+    /// is sent, `None` sends nothing and the run waits for an answer (an
+    /// approver's, or one sent later with [`Ask::answerer`]).
     pub fn run_events(
         &mut self,
         request: RunRequest,
         mut on: impl FnMut(Event<'_>),
-        mut approve: impl FnMut(&Ask<'_>) -> Option<bool>,
+        mut approve: impl FnMut(Ask<'_>) -> Option<bool>,
     ) -> Result<RunResult, ClientError> {
         let sent = self.send(&ClientMessage::Run(request));
         // A refused hello explains a failed send (the broker hung up after refusing).
@@ -237,7 +257,13 @@ impl Client {
                 ServerMessage::Finished(r) => return Ok(*r),
                 ServerMessage::Error(e) => return Err(ClientError::Reply(e)),
                 ServerMessage::ApprovalRequired { reason, may_answer, approval } => {
-                    if let Some(approved) = approve(&Ask { reason: &reason, may_answer, approval: &approval }) {
+                    let answerer = Answerer {
+                        stream: self.stream.try_clone().map_err(ClientError::Io)?,
+                        encoding: self.encoding,
+                    };
+                    if let Some(approved) =
+                        approve(Ask { reason: &reason, may_answer, approval: &approval, answerer })
+                    {
                         self.send(&ClientMessage::Approve { approved })?;
                     }
                 }

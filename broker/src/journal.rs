@@ -55,7 +55,11 @@ impl Journal {
     /// The same, for code that may block (no runtime needed).
     pub fn append_blocking(&self, event: Event) -> Result<Receipt, JournalError> {
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(seq, "journal: {}", serde_json::to_string(&event).map_err(|e| JournalError(e.to_string()))?);
+        tracing::info!(
+            seq,
+            "journal: {}",
+            serde_json::to_string(&event).map_err(|e| JournalError(e.to_string()))?
+        );
         Ok(Receipt { seq, hash: "0".repeat(64) })
     }
 }

@@ -9,8 +9,8 @@ use crate::requester::Requester;
 use crate::run::Sink;
 use crate::service::{Broker, Decided, Peer, not_approved};
 use palisade_protocol::wire::{
-    ClientMessage, Decoder, Encoding, Hello, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION, PendingApproval, RunRequest, RunResult,
-    ServerHello, ServerMessage, Stream, encode, output_frame_header,
+    ClientMessage, Decoder, Encoding, Hello, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION, PendingApproval,
+    RunRequest, RunResult, ServerHello, ServerMessage, Stream, encode, output_frame_header,
 };
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -444,7 +444,13 @@ impl Server {
             tool: ticket.pending.tool.clone(),
             reason: reason.clone(),
         })?;
-        tracing::info!(uid = peer.uid, pid = peer.pid, approval = id, may_answer, "asking for approval: {reason}");
+        tracing::info!(
+            uid = peer.uid,
+            pid = peer.pid,
+            approval = id,
+            may_answer,
+            "asking for approval: {reason}"
+        );
         let asked = ServerMessage::ApprovalRequired {
             reason: reason.clone(),
             may_answer,
@@ -457,7 +463,13 @@ impl Server {
             Answer { approved: false, by_uid: None, why: "the client is gone".into() }
         };
         drop(ticket);
-        tracing::info!(uid = peer.uid, approval = id, approved = answer.approved, "approval answered: {}", answer.why);
+        tracing::info!(
+            uid = peer.uid,
+            approval = id,
+            approved = answer.approved,
+            "approval answered: {}",
+            answer.why
+        );
         self.broker.record(Event::ApprovalAnswered {
             approval: id,
             run_id,
@@ -490,14 +502,16 @@ impl Server {
                 m = read_message(reader, decoder) => m,
                 _ = tokio::time::sleep_until(deadline) => {
                     let secs = self.broker.policy.config.policy.approval_timeout_secs;
-                    return refused(format!("no answer within {secs} s: the approval expired"));
+                    return refused(format!("the approval expired after {secs} s without an answer"));
                 }
             };
             let by_uid = Some(peer.uid);
             return match message {
-                Ok(Some(ClientMessage::Approve { approved: true })) if may_answer => {
-                    Answer { approved: true, by_uid, why: format!("approved by uid {} (the requester)", peer.uid) }
-                }
+                Ok(Some(ClientMessage::Approve { approved: true })) if may_answer => Answer {
+                    approved: true,
+                    by_uid,
+                    why: format!("approved by uid {} (the requester)", peer.uid),
+                },
                 Ok(Some(ClientMessage::Approve { approved: true })) => {
                     // Told so, and still waiting for an approver.
                     let e = self.broker.approvers.authorize(peer, ApproverAction::Answer(&ticket.pending));
@@ -511,7 +525,9 @@ impl Server {
                 Ok(Some(ClientMessage::Approve { approved: false })) => {
                     Answer { approved: false, by_uid, why: "refused".into() }
                 }
-                Ok(Some(ClientMessage::Cancel)) => Answer { approved: false, by_uid, why: "cancelled".into() },
+                Ok(Some(ClientMessage::Cancel)) => {
+                    Answer { approved: false, by_uid, why: "cancelled".into() }
+                }
                 Ok(Some(other)) => refused(format!("the client answered {other:?}")),
                 Ok(None) | Err(_) => refused("the client is gone".into()),
             };
@@ -555,9 +571,10 @@ fn peer_of(stream: &UnixStream) -> Option<Peer> {
 }
 
 /// Completes when the client disconnects or sends `Cancel` (or anything else:
-/// a run in progress accepts nothing but a cancel).
+/// a run in progress accepts nothing but a cancel). A late `Approve` (a
+/// prompt answered after an approver elsewhere did) is passed over.
 async fn client_gone(reader: &mut OwnedReadHalf, decoder: &mut Decoder) {
-    let _ = read_message(reader, decoder).await;
+    while let Ok(Some(ClientMessage::Approve { .. })) = read_message(reader, decoder).await {}
 }
 
 /// Reads until one whole message is decoded; `Ok(None)` at a clean end of input.

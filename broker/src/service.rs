@@ -4,18 +4,20 @@
 
 use crate::approvals::{Approvers, Pending};
 use crate::cgroup::{CgroupLimits, Cgroups};
-use crate::journal::{Event, Journal};
-use crate::trust::TrustStore;
 use crate::error::BrokerError;
 use crate::etc_view::EtcView;
+use crate::journal::{Event, Journal};
 use crate::requester::{self, Acting, Requester};
 use crate::run::{Engine, Planned, Sink};
 use crate::spawn_thread::Spawner;
+use crate::trust::TrustStore;
 use crate::{host, paths};
 use palisade_policy::trust::EscalationReason;
 use palisade_policy::{Config, Context, Decision, Host, HostCapabilities, Policy, Resolved};
 use palisade_protocol::HostIds;
-use palisade_protocol::wire::{ErrorKind, ErrorReply, PendingApproval, RunRequest, RunResult, RunStatus, ToolInfo};
+use palisade_protocol::wire::{
+    ErrorKind, ErrorReply, PendingApproval, RunRequest, RunResult, RunStatus, ToolInfo,
+};
 use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -201,11 +203,9 @@ impl Broker {
                 format!("escalation SensitiveDirectory: {}", e.message)
             }
             Ok(o) => match &o.resolved.escalation {
-                Some(t) if t.reason != EscalationReason::FirstExecution => format!(
-                    "escalation {}: {}",
-                    t.reason.name(),
-                    t.requested_path.as_deref().unwrap_or("-")
-                ),
+                Some(t) if t.reason != EscalationReason::FirstExecution => {
+                    format!("escalation {}: {}", t.reason.name(), t.requested_path.as_deref().unwrap_or("-"))
+                }
                 _ => return decided,
             },
             Err(_) => return decided,
@@ -223,9 +223,8 @@ impl Broker {
         reason: &str,
     ) -> PendingApproval {
         let r = &decided.resolved;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let shown = |p: &PathBuf| p.to_string_lossy().into_owned();
         let mut limits = std::collections::BTreeMap::new();
         limits.insert("timeout_secs".to_string(), r.timeout.as_secs());
@@ -293,7 +292,10 @@ impl Broker {
 
     /// Records `event` in the journal, or refuses what needed it.
     pub fn record(&self, event: Event) -> Result<(), BrokerError> {
-        self.journal.append_blocking(event).map(|_| ()).map_err(|e| BrokerError::JournalUnavailable(e.to_string()))
+        self.journal
+            .append_blocking(event)
+            .map(|_| ())
+            .map_err(|e| BrokerError::JournalUnavailable(e.to_string()))
     }
 
     /// The host as a decision in `context` sees it now, read with the
@@ -388,10 +390,15 @@ impl Broker {
             let _ = tokio::task::spawn_blocking(move || c.remove()).await;
         }
         drop((dirs, etc));
-        if let (Some((trust, tool)), Ok(RunResult { status: RunStatus::Exited { code: 0 }, .. })) = (trial, &result) {
+        if let (Some((trust, tool)), Ok(RunResult { status: RunStatus::Exited { code: 0 }, .. })) =
+            (trial, &result)
+        {
             let counted = tokio::task::spawn_blocking(move || trust.succeeded(&tool)).await;
             if let Err(e) = counted.map_err(BrokerError::from).and_then(|r| r) {
-                tracing::error!(run_id, "the run's success is not counted towards its tool's Verified stage: {e}");
+                tracing::error!(
+                    run_id,
+                    "the run's success is not counted towards its tool's Verified stage: {e}"
+                );
             }
         }
         result

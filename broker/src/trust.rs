@@ -66,7 +66,9 @@ impl TrustStore {
         }
         let path = match &config.trust.state {
             Some(p) => p.clone(),
-            None => crate::paths::default_state_dir().map_err(|e| format!("[trust] state: {e}"))?.join(STATE_FILE),
+            None => {
+                crate::paths::default_state_dir().map_err(|e| format!("[trust] state: {e}"))?.join(STATE_FILE)
+            }
         };
         if let Some(dir) = path.parent() {
             std::fs::DirBuilder::new()
@@ -100,7 +102,13 @@ impl TrustStore {
                     e.capabilities_sha256 = declared.sha256.clone();
                     e.successes = 0;
                     if from != TrustStage::Draft.name() {
-                        changes.push(self.change(name, &from, TrustStage::Draft, "its declaration changed", None));
+                        changes.push(self.change(
+                            name,
+                            &from,
+                            TrustStage::Draft,
+                            "its declaration changed",
+                            None,
+                        ));
                     }
                 }
             }
@@ -115,9 +123,10 @@ impl TrustStore {
     }
 
     fn trust_of(&self, state: &State, tool: &str) -> ToolTrust {
-        let current = self.tools.get(tool).and_then(|d| {
-            state.tools.get(tool).filter(|e| e.capabilities_sha256 == d.sha256)
-        });
+        let current = self
+            .tools
+            .get(tool)
+            .and_then(|d| state.tools.get(tool).filter(|e| e.capabilities_sha256 == d.sha256));
         ToolTrust {
             stage: current.and_then(|e| TrustStage::named(&e.stage)).unwrap_or(TrustStage::Draft),
             successes: current.map_or(0, |e| e.successes),
@@ -200,10 +209,9 @@ impl TrustStore {
     fn set(&self, state: &mut State, tool: &str, to: TrustStage, why: &str, by_uid: Option<u32>) -> Event {
         let from = self.trust_of(state, tool).stage;
         let sha = self.tools.get(tool).map_or_else(String::new, |d| d.sha256.clone());
-        state.tools.insert(
-            tool.into(),
-            Entry { stage: to.name().into(), capabilities_sha256: sha, successes: 0 },
-        );
+        state
+            .tools
+            .insert(tool.into(), Entry { stage: to.name().into(), capabilities_sha256: sha, successes: 0 });
         self.change(tool, from.name(), to, why, by_uid)
     }
 
@@ -221,13 +229,18 @@ impl TrustStore {
     /// Reads the state under an exclusive lock, lets `change` edit it and
     /// name the journal events of its transitions, records them, and writes
     /// the state back. A record that fails refuses the whole change.
-    fn update(&self, change: impl FnOnce(&mut State) -> Result<Vec<Event>, BrokerError>) -> Result<(), BrokerError> {
+    fn update(
+        &self,
+        change: impl FnOnce(&mut State) -> Result<Vec<Event>, BrokerError>,
+    ) -> Result<(), BrokerError> {
         let (mut state, lock) = self.locked(FlockArg::LockExclusive)?;
         let before = serde_json::to_vec(&state.tools).unwrap_or_default();
         let events = change(&mut state)?;
         for event in events {
             tracing::info!(?event, "trust stage changed");
-            self.journal.append_blocking(event).map_err(|e| BrokerError::JournalUnavailable(e.to_string()))?;
+            self.journal
+                .append_blocking(event)
+                .map_err(|e| BrokerError::JournalUnavailable(e.to_string()))?;
         }
         if serde_json::to_vec(&state.tools).unwrap_or_default() != before {
             write_atomically(&self.path, &state)?;
@@ -316,7 +329,10 @@ mod tests {
         store.succeeded("t").unwrap();
         assert_eq!(store.approve("t", 0).unwrap().stage, "trial");
         store.succeeded("t").unwrap();
-        assert_eq!(store.stage("t").unwrap(), ToolTrust { stage: TrustStage::Trial, successes: 1, trial_runs: 2 });
+        assert_eq!(
+            store.stage("t").unwrap(),
+            ToolTrust { stage: TrustStage::Trial, successes: 1, trial_runs: 2 }
+        );
         drop(store);
         let store = TrustStore::open(&config(&dir, ""), Journal::default()).unwrap().unwrap();
         store.succeeded("t").unwrap();

@@ -18,8 +18,8 @@ use crate::config::{Config, DiskMode, FallbackPolicy, PolicyConfig};
 use crate::egress::{self, EgressMode};
 use crate::host::{Host, HostCapabilities, HostFiles};
 use crate::jail::{ETC_ENTRIES, JailSpec, Limits, build_plan};
-use crate::validate::{self, HOME_SENSITIVE_NAMES, Rules, SENSITIVE_NAMES};
 use crate::trust::{self, EscalationReason, EscalationTrigger, ToolTrust, TrustStage};
+use crate::validate::{self, HOME_SENSITIVE_NAMES, Rules, SENSITIVE_NAMES};
 use crate::{Preset, paths};
 use palisade_protocol::attest::{Disk, Memory, Network, Scratch, TmpfsBudget, UpperLayers, WritableDirs};
 use palisade_protocol::wire::{ErrorKind, ParamValue, RunRequest};
@@ -232,6 +232,18 @@ struct RunLimits {
     rlimits: Limits,
 }
 
+/// Sorts `paths` and drops each that lies inside another of them: granted
+/// the same way, it is already reached through that one, and a mount of it
+/// inside that one's would need a mount point made in a directory the
+/// sandbox gets read-only. (A read-only path inside a read-write one stays:
+/// it takes writing away there.)
+fn drop_nested(paths: &mut Vec<PathBuf>) {
+    paths.sort();
+    paths.dedup();
+    let all = paths.clone();
+    paths.retain(|p| !all.iter().any(|outer| outer != p && p.starts_with(outer)));
+}
+
 /// Whether `path` lies inside the approved `range` (in a writable part of
 /// it, when it is to be written).
 fn in_range(range: &[(PathBuf, bool)], path: &Path, writable: bool) -> bool {
@@ -413,7 +425,8 @@ impl Policy {
             let Some(binding) = profile.bindings.get(param) else {
                 if trusted {
                     // Held for an approval; approved, the run goes on without it (it binds nothing).
-                    escalation.get_or_insert_with(|| escalate(EscalationReason::UndeclaredBinding, param.clone()));
+                    escalation
+                        .get_or_insert_with(|| escalate(EscalationReason::UndeclaredBinding, param.clone()));
                     continue;
                 }
                 return denied(
@@ -427,17 +440,25 @@ impl Policy {
                 "scope.sensitive_path" if trusted => Denial::new(
                     d.kind,
                     trust::SENSITIVE_RULE,
-                    format!("{}: never granted (escalation SensitiveDirectory: tool {tool} is back to Draft)", d.reason),
+                    format!(
+                        "{}: never granted (escalation SensitiveDirectory: tool {tool} is back to Draft)",
+                        d.reason
+                    ),
                 ),
                 _ => d,
             })?;
             let writable = binding.capability == BoundCapability::ReadWrite;
             for path in paths {
                 if trusted && escalation.is_none() && !in_range(&range, &path, writable) {
-                    escalation = Some(escalate(EscalationReason::PathOutOfScope, path.to_string_lossy().into()));
+                    escalation =
+                        Some(escalate(EscalationReason::PathOutOfScope, path.to_string_lossy().into()));
                 }
                 let path = path.to_string_lossy().into_owned();
-                out.push(if writable { FsCapability::ReadWrite { path } } else { FsCapability::ReadOnly { path } });
+                out.push(if writable {
+                    FsCapability::ReadWrite { path }
+                } else {
+                    FsCapability::ReadOnly { path }
+                });
             }
         }
         Ok((out, escalation))
@@ -501,10 +522,8 @@ impl Policy {
             }
         }
         read_only.retain(|p| !read_write.contains(p));
-        read_only.sort();
-        read_only.dedup();
-        read_write.sort();
-        read_write.dedup();
+        drop_nested(&mut read_only);
+        drop_nested(&mut read_write);
         let tier_b_tmp = run_dir.join("tmp");
         let host_dirs = match tier {
             Tier::B => [run_dir, tier_b_tmp.clone()].into_iter().chain(temp_workspace.clone()).collect(),

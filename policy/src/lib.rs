@@ -19,5 +19,5 @@ pub use capabilities::{Capabilities, Preset};
 pub use config::{Config, ConfigError, FallbackPolicy};
 pub use decision::{CgroupPlan, Context, Decision, Denial, Policy, Resolved};
 pub use host::{CgroupRoot, FileKind, FileStat, Host, HostCapabilities, HostFiles};
-pub use trust::{ToolTrust, TrustStage};
 pub use jail::{JailSpec, Layout, Limits, build_plan};
+pub use trust::{ToolTrust, TrustStage};

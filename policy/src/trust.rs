@@ -50,7 +50,11 @@ pub struct ToolTrust {
 
 /// The question a tool's stage puts before a run (and the trigger, if the
 /// run escalated), or none for a Verified tool that stays in its range.
-pub fn question(tool: &str, trust: &ToolTrust, escalation: Option<EscalationTrigger>) -> Option<(String, Option<EscalationTrigger>)> {
+pub fn question(
+    tool: &str,
+    trust: &ToolTrust,
+    escalation: Option<EscalationTrigger>,
+) -> Option<(String, Option<EscalationTrigger>)> {
     if let Some(t) = escalation {
         let what = match (&t.reason, &t.requested_path) {
             (EscalationReason::UndeclaredBinding, Some(p)) => format!("parameter {p} is not declared"),
