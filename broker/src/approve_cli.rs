@@ -165,29 +165,24 @@ fn show_remote(broker: &BrokerArgs) -> Result<Vec<ToolInfo>, i32> {
 /// process's user, who must be an approver of that policy).
 fn embedded(policy: &Path, approve: Option<&str>) -> Result<Vec<ToolInfo>, i32> {
     let config = Config::load(policy).map_err(|e| fail(ErrorKind::InvalidRequest, e))?;
+    let refused = |e: crate::error::BrokerError| fail(e.kind(), e);
+    let me = crate::requester::Requester::me();
+    let peer = Peer { uid: me.uid, gid: me.gid, pid: Some(std::process::id() as i32), groups: me.groups };
+    if let Some(name) = approve {
+        // Authorized before anything is read or written.
+        let approvers = Approvers::new(config.approvers.clone(), peer.uid);
+        approvers.authorize(&peer, ApproverAction::ApproveTool(name)).map_err(refused)?;
+    }
     let store =
         TrustStore::open(&config, Journal::default()).map_err(|e| fail(ErrorKind::RuntimeFailure, e))?;
     let Some(store) = store else {
-        return Err(fail(
-            ErrorKind::InvalidRequest,
-            format!(
-                "{} keeps no trust stages ([trust] enabled = false, or no tool is declared)",
-                policy.display()
-            ),
-        ));
+        let why = "keeps no trust stages ([trust] enabled = false, or no tool is declared)";
+        return Err(fail(ErrorKind::InvalidRequest, format!("{} {why}", policy.display())));
     };
-    if let Some(name) = approve {
-        let me = crate::requester::Requester::me();
-        let peer = Peer { uid: me.uid, gid: me.gid, pid: Some(std::process::id() as i32), groups: me.groups };
-        let approvers = Approvers::new(config.approvers.clone(), me.uid);
-        let refused = |e: crate::error::BrokerError| {
-            let kind = e.kind();
-            fail(kind, e)
-        };
-        approvers.authorize(&peer, ApproverAction::ApproveTool(name)).map_err(refused)?;
-        return store.approve(name, peer.uid).map(|t| vec![t]).map_err(refused);
+    match approve {
+        Some(name) => store.approve(name, peer.uid).map(|t| vec![t]).map_err(refused),
+        None => store.list().map_err(refused),
     }
-    store.list().map_err(|e| fail(e.kind(), e))
 }
 
 /// A tool as `palisade tools show` prints it.

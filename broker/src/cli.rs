@@ -33,7 +33,8 @@ pub enum Command {
     Run(RunArgs),
     /// Print the policy's decision for a command and, when it is allowed, the
     /// sandbox it would get (mounts, Landlock rules, limits, seccomp), without
-    /// running anything. Exits 0 when allowed, 1 otherwise.
+    /// running anything. Exits 0 when allowed, 1 otherwise. A declared tool's
+    /// trust stage is not consulted: this is the run it would be once approved.
     Explain(ExplainArgs),
     /// Print what this host can enforce (cgroups, user namespaces, Landlock,
     /// seccomp) and the tier palisade will use. Changes nothing. Exits 0 when

@@ -463,13 +463,8 @@ impl Server {
             Answer { approved: false, by_uid: None, why: "the client is gone".into() }
         };
         drop(ticket);
-        tracing::info!(
-            uid = peer.uid,
-            approval = id,
-            approved = answer.approved,
-            "approval answered: {}",
-            answer.why
-        );
+        let outcome = if answer.approved { "approved" } else { "not approved" };
+        tracing::info!(uid = peer.uid, pid = peer.pid, approval = id, "{outcome} ({}): {reason}", answer.why);
         self.broker.record(Event::ApprovalAnswered {
             approval: id,
             run_id,

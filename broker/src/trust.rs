@@ -87,7 +87,7 @@ impl TrustStore {
             })
             .collect();
         let store = TrustStore { path, trial_runs: config.trust.trial_runs, tools, journal };
-        store.reconcile().map_err(|e| format!("trust state {}: {e}", store.path.display()))?;
+        store.reconcile().map_err(|e| e.to_string())?;
         Ok(Some(store))
     }
 

@@ -935,6 +935,64 @@ mod tests {
         );
     }
 
+    /// The approval messages, appended in version 3: their bincode indexes
+    /// follow the older ones (which did not move), and their JSON is the
+    /// one docs/protocol.md shows.
+    #[cfg(feature = "json")]
+    #[test]
+    fn approval_messages_keep_the_older_indexes_and_read_as_documented() {
+        let bincode_index = |m: &ClientMessage| encode(m, Encoding::Bincode).unwrap()[4];
+        assert_eq!(bincode_index(&ClientMessage::Cancel), 2);
+        assert_eq!(bincode_index(&ClientMessage::Approve { approved: true }), 3);
+        assert_eq!(bincode_index(&ClientMessage::ListApprovals), 4);
+        let answer = ClientMessage::Answer { approval: 4, approved: false, reason: Some("no".into()) };
+        assert_eq!(bincode_index(&answer), 5);
+        assert_eq!(bincode_index(&ClientMessage::ApproveTool { name: "t".into() }), 7);
+        let server_index = |m: &ServerMessage| encode(m, Encoding::Bincode).unwrap()[4];
+        assert_eq!(server_index(&ServerMessage::Approvals(vec![])), 6);
+        assert_eq!(server_index(&ServerMessage::Tools(vec![])), 8);
+        assert_eq!(
+            encode(&ErrorKind::JournalUnavailable, Encoding::Bincode).unwrap()[4],
+            14,
+            "JournalUnavailable comes last"
+        );
+        for (line, want) in [
+            (r#""list_approvals""#, ClientMessage::ListApprovals),
+            (r#"{"answer": {"approval": 4, "approved": false, "reason": "no"}}"#, answer.clone()),
+            (
+                r#"{"answer": {"approval": 4, "approved": true}}"#,
+                ClientMessage::Answer { approval: 4, approved: true, reason: None },
+            ),
+            (r#"{"approve_tool": {"name": "t"}}"#, ClientMessage::ApproveTool { name: "t".into() }),
+        ] {
+            let mut d = Decoder::new(Some(Encoding::Json));
+            d.push(format!("{line}\n").as_bytes());
+            assert_eq!(d.next_message::<ClientMessage>().unwrap(), Some(want), "{line}");
+        }
+        let pending = PendingApproval {
+            id: 4,
+            trigger: Some(EscalationTrigger {
+                reason: EscalationReason::PathOutOfScope,
+                requested_path: Some("/srv/x".into()),
+                approved_paths: vec!["/w (read-only)".into()],
+            }),
+            ..Default::default()
+        };
+        let asked = ServerMessage::ApprovalRequired {
+            reason: "r".into(),
+            may_answer: false,
+            approval: Box::new(pending),
+        };
+        let json = String::from_utf8(encode(&asked, Encoding::Json).unwrap()).unwrap();
+        assert!(
+            json.contains(r#""may_answer":false"#) && json.contains(r#""reason":"PathOutOfScope""#),
+            "{json}"
+        );
+        let mut d = Decoder::new(Some(Encoding::Bincode));
+        d.push(&encode(&asked, Encoding::Bincode).unwrap());
+        assert_eq!(d.next_message::<ServerMessage>().unwrap(), Some(asked));
+    }
+
     #[cfg(feature = "json")]
     #[test]
     fn json_with_wrong_types_is_malformed() {

@@ -157,29 +157,7 @@ impl Setup {
     /// `user`'s run of `show`, in the background, with a terminal of its own;
     /// returns once its question is at the terminal (and the prompt's text).
     fn at_terminal(&self, user: Option<&nix::unistd::User>) -> (Child, std::fs::File, String) {
-        let pty = nix::pty::openpty(None, None).unwrap();
-        let mut cmd = self.show_command(user, &["file=in.txt"], "in.txt");
-        let tty = pty.slave.as_raw_fd();
-        // SAFETY: setsid and ioctl are async-signal-safe.
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::unistd::setsid().map_err(std::io::Error::from)?;
-                if libc::ioctl(tty, libc::TIOCSCTTY, 0) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().unwrap();
-        drop(pty.slave);
-        let mut prompt = Vec::new();
-        let mut master = std::fs::File::from(pty.master);
-        while !prompt.ends_with(b"[y/N] ") {
-            let mut byte = [0u8; 1];
-            std::io::Read::read_exact(&mut master, &mut byte).unwrap();
-            prompt.push(byte[0]);
-        }
-        (child, master, text(&prompt))
+        spawn_at_terminal(self.show_command(user, &["file=in.txt"], "in.txt"))
     }
 
     /// The test user's run of `show` on the workspace's `in.txt`, to its end.
@@ -229,6 +207,34 @@ impl Setup {
         assert_eq!((o.status.code(), text(&o.stdout)), (Some(0), format!("approval {}: approved\n", p.id)));
         (p, child.wait_with_output().unwrap())
     }
+}
+
+/// Starts `cmd` in a session of its own whose controlling terminal is a new
+/// pty; returns once a question ending in `[y/N] ` is at the terminal, with
+/// the terminal's other end and the question.
+fn spawn_at_terminal(mut cmd: std::process::Command) -> (Child, std::fs::File, String) {
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let tty = pty.slave.as_raw_fd();
+    // SAFETY: setsid and ioctl are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            if libc::ioctl(tty, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    drop(pty.slave);
+    let mut prompt = Vec::new();
+    let mut master = std::fs::File::from(pty.master);
+    while !prompt.ends_with(b"[y/N] ") {
+        let mut byte = [0u8; 1];
+        std::io::Read::read_exact(&mut master, &mut byte).unwrap();
+        prompt.push(byte[0]);
+    }
+    (child, master, text(&prompt))
 }
 
 fn ran(o: &Output) {
@@ -436,4 +442,98 @@ fn each_escalation_puts_the_tool_back_to_draft_and_a_sensitive_path_is_never_gra
     // Counter-test: approved again, the same tool reads a file in its range silently.
     verified(&s);
     ran(&s.show());
+}
+
+#[test]
+fn without_a_daemon_the_terminals_user_answers_if_an_approver_and_anyone_else_is_refused() {
+    if !is_root() {
+        eprintln!("not root: the stages' file of this test is root's");
+        return;
+    }
+    use std::io::Write;
+    let user = test_user();
+    let dir = TempDir::new("embedded");
+    let ws = shared_workspace(&dir, "w");
+    std::fs::write(ws.join("in.txt"), "hello").unwrap();
+    let knobs = Knobs { self_approval: false, timeout_secs: LONG, trial_runs: 1 };
+    let state = dir.join("state/trust.json");
+    // The same tool and stages; root an approver in one, not in the other.
+    let mine = dir.join("mine.toml");
+    std::fs::write(
+        &mine,
+        test_config(&tool_config(&user, &state, knobs, "")).replace("uids = [0]", "uids = []"),
+    )
+    .unwrap();
+    let others = dir.join("others.toml");
+    std::fs::write(
+        &others,
+        test_config(&tool_config(&user, &state, knobs, "")).replace("uids = [0]", "uids = [4242]"),
+    )
+    .unwrap();
+    let palisade = |args: &[&str], as_user: Option<&nix::unistd::User>| {
+        let mut argv = as_user.map(palisade_tests::as_user).unwrap_or_default();
+        argv.push(bin("palisade").to_string_lossy().into_owned());
+        argv.extend(args.iter().map(|a| a.to_string()));
+        let mut cmd = std::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .current_dir(&ws)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    };
+    let p = probe();
+    let run = |policy: &Path| {
+        let policy = policy.to_string_lossy().into_owned();
+        let args = [
+            "run",
+            "--policy",
+            &policy,
+            "--tool",
+            "show",
+            "--param",
+            "file=in.txt",
+            "--",
+            &p,
+            "read",
+            "in.txt",
+        ];
+        palisade(&args, None)
+    };
+    let o = run(&mine).output().unwrap();
+    assert_eq!(o.status.code(), Some(125));
+    assert!(text(&o.stderr).contains("palisade tools approve show"), "{}", text(&o.stderr));
+    // Where uid 4242 is the approver, the test user may not approve the tool.
+    let o = palisade(&["tools", "approve", "show", "--policy", others.to_str().unwrap()], Some(&user))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(125));
+    assert!(text(&o.stderr).contains("Unauthorized"), "{}", text(&o.stderr));
+    let o =
+        palisade(&["tools", "approve", "show", "--policy", mine.to_str().unwrap()], None).output().unwrap();
+    assert!(text(&o.stdout).starts_with("tool show: trial"), "{}", text(&o.stderr));
+
+    // Not an approver here: nobody can answer, refused without a question.
+    let o = run(&others).output().unwrap();
+    assert_eq!(o.status.code(), Some(125));
+    assert!(
+        text(&o.stderr).contains("a running broker (palisaded) with approvers is needed"),
+        "{}",
+        text(&o.stderr)
+    );
+    // An approver with no terminal: refused.
+    let o = run(&mine).output().unwrap();
+    assert_eq!(o.status.code(), Some(125));
+    assert!(text(&o.stderr).contains("no terminal to ask"), "{}", text(&o.stderr));
+    // At a terminal: asked what the run will do, and "y" runs it (Verified: trial_runs = 1).
+    let (child, mut terminal, prompt) = spawn_at_terminal(run(&mine));
+    assert!(
+        prompt.contains("tool show is in Trial") && prompt.contains("trigger:    FirstExecution"),
+        "{prompt}"
+    );
+    terminal.write_all(b"y\n").unwrap();
+    ran(&child.wait_with_output().unwrap());
+    let o = palisade(&["tools", "show", "--policy", mine.to_str().unwrap()], None).output().unwrap();
+    assert!(text(&o.stdout).starts_with("tool show: verified"), "{}", text(&o.stdout));
+    ran(&run(&others).output().unwrap());
 }
