@@ -279,8 +279,10 @@ fn explain(args: ExplainArgs) -> i32 {
         Err(e) => return fail(ErrorKind::InvalidRequest, e),
     };
     // Nothing is written: the /etc entries are shown bound one by one, as the
-    // CLI's embedded broker binds them (palisaded binds a copy of the same).
+    // CLI's embedded broker binds them (palisaded binds a copy of the same),
+    // and the tools' trust stages are neither read nor reconciled.
     config.broker.etc_snapshot = false;
+    config.trust.enabled = false;
     let run_args = RunArgs {
         socket: None,
         workspace: args.workspace,
