@@ -431,7 +431,6 @@ impl Server {
         reader: &mut OwnedReadHalf,
         decoder: &mut Decoder,
     ) -> Result<(), BrokerError> {
-        let limit = Duration::from_secs(self.broker.policy.config.policy.approval_timeout_secs);
         let reason = pending.reason.clone();
         let mut ticket = self.broker.pending.open(pending);
         let (id, run_id) = (ticket.pending.id, ticket.pending.run_id);
@@ -457,8 +456,7 @@ impl Server {
             approval: Box::new(ticket.pending.clone()),
         };
         let answer = if sink.send(asked).await {
-            let deadline = tokio::time::Instant::now() + limit;
-            self.await_answer(peer, may_answer, &mut ticket, sink, reader, decoder, deadline).await
+            self.await_answer(peer, may_answer, &mut ticket, sink, (reader, decoder)).await
         } else {
             Answer { approved: false, by_uid: None, why: "the client is gone".into() }
         };
@@ -475,18 +473,18 @@ impl Server {
         if answer.approved { Ok(()) } else { Err(not_approved(&reason, &answer.why).into()) }
     }
 
-    /// The first answer to the requester's pending approval: see [`Server::ask_approval`].
-    #[allow(clippy::too_many_arguments)]
+    /// The first answer to the requester's pending approval, within
+    /// `approval_timeout_secs`: see [`Server::ask_approval`].
     async fn await_answer(
         &self,
         peer: &Peer,
         may_answer: bool,
         ticket: &mut Ticket,
         sink: &mut SocketSink,
-        reader: &mut OwnedReadHalf,
-        decoder: &mut Decoder,
-        deadline: tokio::time::Instant,
+        (reader, decoder): (&mut OwnedReadHalf, &mut Decoder),
     ) -> Answer {
+        let secs = self.broker.policy.config.policy.approval_timeout_secs;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
         let refused = |why: String| Answer { approved: false, by_uid: None, why };
         loop {
             let message = tokio::select! {
@@ -496,7 +494,6 @@ impl Server {
                 },
                 m = read_message(reader, decoder) => m,
                 _ = tokio::time::sleep_until(deadline) => {
-                    let secs = self.broker.policy.config.policy.approval_timeout_secs;
                     return refused(format!("the approval expired after {secs} s without an answer"));
                 }
             };
