@@ -356,6 +356,15 @@ fn draft_trial_verified_across_a_restart_and_a_changed_declaration_is_draft_agai
     assert!(shown.contains("tool show: draft") && shown.contains("parameter file:"), "{shown}");
     s.approve_tool();
 
+    // An approved run that fails counts for nothing.
+    let child = s.spawn_show(&["file=in.txt"], "missing.txt");
+    let p = s.next_pending();
+    assert_eq!(s.palisade(&["approve", &p.id.to_string()], None).status.code(), Some(0));
+    let o = child.wait_with_output().unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o.stdout));
+    let shown = text(&s.palisade(&["tools", "show", "show"], None).stdout);
+    assert!(shown.starts_with("tool show: trial (0 of 3 approved runs succeeded)"), "{shown}");
+
     // Trial: each run is held; the broker restarts in the middle.
     for i in 0..3 {
         if i == 1 {
