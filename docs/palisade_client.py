@@ -66,8 +66,13 @@ def main(argv):
             stream.buffer.write(bytes(message["output"]["data"]))
             stream.flush()
         elif "approval_required" in message:
-            approved = ask(message["approval_required"]["reason"])
-            send({"approve": {"approved": approved}})
+            question = message["approval_required"]
+            if question["may_answer"]:
+                send({"approve": {"approved": ask(question["reason"])}})
+            else:
+                approval = question["approval"]["id"]
+                print(f"palisade: {question['reason']} waiting for an approver: palisade approve {approval}",
+                      file=sys.stderr)
         elif "finished" in message:
             status = message["finished"]["status"]
             if "exited" in status:

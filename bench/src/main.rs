@@ -227,6 +227,7 @@ impl Helper {
             instance: "1-1".into(),
             run: 0,
             etc_view: etc.as_ref().map(|e| e.dir().to_path_buf()),
+            trust: None,
         };
         let plans = payloads
             .iter()

@@ -83,6 +83,7 @@ mod tests {
             instance: "1-1".into(),
             run: 1,
             etc_view: None,
+            trust: None,
         };
         match policy.decide(&host, &ctx, request) {
             Decision::Allow(r) => *r,

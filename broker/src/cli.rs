@@ -2,7 +2,6 @@
 //! or an embedded one with the built-in default policy when none answers.
 
 use crate::client::{Client, ClientError, Event};
-use crate::journal::Event as JournalEvent;
 use crate::paths;
 use crate::run::Sink;
 use crate::service::{Broker, Peer};
@@ -34,7 +33,8 @@ pub enum Command {
     Run(RunArgs),
     /// Print the policy's decision for a command and, when it is allowed, the
     /// sandbox it would get (mounts, Landlock rules, limits, seccomp), without
-    /// running anything. Exits 0 when allowed, 1 otherwise.
+    /// running anything. Exits 0 when allowed, 1 otherwise. A declared tool's
+    /// trust stage is not consulted: this is the run it would be once approved.
     Explain(ExplainArgs),
     /// Print what this host can enforce (cgroups, user namespaces, Landlock,
     /// seccomp) and the tier palisade will use. Changes nothing. Exits 0 when
@@ -44,9 +44,73 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         policy: Option<PathBuf>,
     },
+    /// List the runs waiting for an approval: all of them for an approver,
+    /// your own otherwise. Exits 0, or 125 when the broker cannot be asked.
+    Approvals {
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// Print them as a JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve the waiting run ID (an approver, or its requester with
+    /// self_approval on): it starts at once. Exits 0, or 125 when refused.
+    Approve {
+        /// The approval's id, as `palisade approvals` lists it.
+        id: u64,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+    /// Deny the waiting run ID: it is refused with your reason. Exits 0, or
+    /// 125 when refused.
+    Deny {
+        /// The approval's id, as `palisade approvals` lists it.
+        id: u64,
+        /// Why, shown to the requester.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        #[command(flatten)]
+        broker: BrokerArgs,
+    },
+    /// The declared tools' trust stages (Draft, Trial, Verified) and declarations.
+    #[command(subcommand)]
+    Tools(ToolsCommand),
     /// Read and check the audit journal (see docs/journal.md).
     #[command(subcommand)]
     Audit(crate::audit::AuditCommand),
+}
+
+/// Where the approval and tool commands find the broker.
+#[derive(ClapArgs, Debug)]
+pub struct BrokerArgs {
+    /// Broker socket [default: $PALISADE_SOCKET, else the default socket].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ToolsCommand {
+    /// Print each declared tool (or NAME alone): its stage and its capability
+    /// declaration, as an approver reviews it.
+    Show {
+        name: Option<String>,
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// The embedded broker's tools under this policy file, instead of a running broker's.
+        #[arg(long, value_name = "FILE", conflicts_with = "socket")]
+        policy: Option<PathBuf>,
+    },
+    /// Approve tool NAME's declaration (an approver only): Draft → Trial,
+    /// where each run is held for an approval until `trial_runs` of them
+    /// succeed.
+    Approve {
+        name: String,
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// The embedded broker's tools under this policy file, instead of a running broker's.
+        #[arg(long, value_name = "FILE", conflicts_with = "socket")]
+        policy: Option<PathBuf>,
+    },
 }
 
 #[derive(ClapArgs, Debug)]
@@ -189,6 +253,10 @@ pub fn main(cli: Cli) -> i32 {
             print!("{text}");
             if complete { 0 } else { 1 }
         }
+        Command::Approvals { broker, json } => crate::approve_cli::list(&broker, json),
+        Command::Approve { id, broker } => crate::approve_cli::answer(&broker, id, true, None),
+        Command::Deny { id, reason, broker } => crate::approve_cli::answer(&broker, id, false, reason),
+        Command::Tools(command) => crate::approve_cli::tools(command),
     }
 }
 
@@ -215,10 +283,12 @@ fn explain(args: ExplainArgs) -> i32 {
         Err(e) => return fail(ErrorKind::InvalidRequest, e),
     };
     // Nothing is written: the /etc entries are shown bound one by one, as the
-    // CLI's embedded broker binds them (palisaded binds a copy of the same).
+    // CLI's embedded broker binds them (palisaded binds a copy of the same),
+    // and the tools' trust stages are neither read nor reconciled.
     config.broker.etc_snapshot = false;
     // Nothing runs, so nothing is recorded.
     config.journal.enabled = false;
+    config.trust.enabled = false;
     let run_args = RunArgs {
         socket: None,
         workspace: args.workspace,
@@ -380,27 +450,55 @@ fn run(args: RunArgs) -> i32 {
     }
 }
 
-/// Asks the person at this process's terminal whether to run; no terminal: no.
-fn ask_at_terminal(reason: &str) -> bool {
-    terminal_answer(reason).unwrap_or(false)
-}
-
 /// The answer of the person at this process's terminal; `None` when there
 /// is no terminal to ask (nobody answered).
-fn terminal_answer(reason: &str) -> Option<bool> {
-    let Ok(mut tty) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") else {
-        eprintln!("palisade: the run needs approval and there is no terminal to ask: {reason}");
-        return None;
-    };
-    if write!(tty, "palisade: {reason} [y/N] ").and_then(|()| tty.flush()).is_err() {
-        return None;
+fn terminal_answer(question: &str) -> Option<bool> {
+    match std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") {
+        Ok(tty) => Some(prompt(tty, question)),
+        Err(_) => {
+            eprintln!("palisade: the run needs approval and there is no terminal to ask: {question}");
+            None
+        }
+    }
+}
+
+/// Puts `question` at the terminal `tty`; "y" or "yes" approves.
+fn prompt(mut tty: std::fs::File, question: &str) -> bool {
+    if write!(tty, "palisade: {question} [y/N] ").and_then(|()| tty.flush()).is_err() {
+        return false;
     }
     let mut answer = String::new();
     let mut reader = std::io::BufReader::new(tty);
-    Some(
-        std::io::BufRead::read_line(&mut reader, &mut answer).is_ok()
-            && matches!(answer.trim(), "y" | "Y" | "yes" | "Yes" | "YES"),
-    )
+    std::io::BufRead::read_line(&mut reader, &mut answer).is_ok()
+        && matches!(answer.trim(), "y" | "Y" | "yes" | "Yes" | "YES")
+}
+
+/// A run held for approval, put to the requester: at its terminal when it
+/// may answer, while an approver elsewhere may answer first (no terminal:
+/// refused, as nobody here can answer); otherwise it says who can, and waits.
+fn ask_requester(ask: crate::client::Ask<'_>) -> Option<bool> {
+    let details = crate::approve_cli::describe(ask.approval);
+    let id = ask.approval.id;
+    if !ask.may_answer {
+        eprintln!(
+            "palisade: {}\n{details}palisade: waiting for an approver: palisade approve {id} (or palisade deny {id})",
+            ask.reason
+        );
+        return None;
+    }
+    let Ok(tty) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") else {
+        eprintln!("palisade: the run needs approval and there is no terminal to ask: {}", ask.reason);
+        return Some(false);
+    };
+    let question = format!("{}\n{details}Run it? (or elsewhere: palisade approve {id})", ask.reason);
+    let answerer = ask.answerer;
+    // The prompt waits on its own thread: an answer from elsewhere ends the
+    // wait, and the process, without it.
+    std::thread::spawn(move || {
+        let approved = prompt(tty, &question);
+        let _ = answerer.send(approved);
+    });
+    None
 }
 
 fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -> i32 {
@@ -417,7 +515,7 @@ fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -> i3
             render.output(stream, data);
         }
     };
-    let outcome = client.run_events(request, on, ask_at_terminal);
+    let outcome = client.run_events(request, on, ask_requester);
     match outcome {
         Ok(r) => render.finish(Ok(r)),
         Err(ClientError::Reply(e)) => render.finish(Err(e)),
@@ -487,36 +585,51 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
         };
         let decided = broker.decide(&peer, &request)?;
         if let Some(reason) = &decided.approval {
-            let ask = reason.clone();
-            let (run_id, tool) = (decided.run_id, request.tool.clone());
-            let asked =
-                JournalEvent::ApprovalAsked { approval: run_id, run_id, uid, tool, reason: reason.clone() };
-            broker.journal.append(asked).await?;
-            let answer = tokio::task::spawn_blocking(move || terminal_answer(&ask)).await.unwrap_or(None);
-            let approved = answer == Some(true);
-            let why = match answer {
-                Some(true) => "",
-                Some(false) => "refused",
-                None => "no terminal to ask",
-            };
-            let by_uid = answer.map(|_| uid);
-            let answered = JournalEvent::ApprovalAnswered {
-                approval: run_id,
-                run_id,
-                by_uid,
-                approved,
-                why: why.into(),
-            };
-            broker.journal.append(answered).await?;
-            if !approved {
-                return Err(crate::service::not_approved(reason, why).into());
-            }
+            let pending = broker.pending_approval(&peer, &decided, &request, reason);
+            ask_embedded(&broker, &peer, pending).await?;
         }
         broker.execute(&peer, decided, &request, &mut RenderSink(&mut render), cancel).await
     });
     // Not waiting for an output write given up on (a reader that never reads).
     runtime.shutdown_background();
     render.finish(outcome.map_err(ErrorReply::from))
+}
+
+/// The embedded broker's question: nobody else to ask, so the person at
+/// this terminal answers, if they are an approver (the broker's own user
+/// is one, unless `[approvers]` says otherwise); anyone else is refused.
+async fn ask_embedded(
+    broker: &Broker,
+    peer: &Peer,
+    pending: palisade_protocol::wire::PendingApproval,
+) -> Result<(), crate::error::BrokerError> {
+    use crate::journal::Event;
+    let (reason, run_id) = (pending.reason.clone(), pending.run_id);
+    let ticket = broker.pending.open(pending);
+    let approval = ticket.pending.id;
+    if !broker.approvers.is_approver(peer) {
+        let why = format!(
+            "uid {} is not an approver of this policy and nobody else can answer here: \
+             a running broker (palisaded) with approvers is needed",
+            peer.uid
+        );
+        return Err(crate::service::not_approved(&reason, &why).into());
+    }
+    let tool = ticket.pending.tool.clone();
+    let asked = Event::ApprovalAsked { approval, run_id, uid: peer.uid, tool, reason: reason.clone() };
+    broker.journal.append(asked).await?;
+    let question = format!("{reason}\n{}Run it?", crate::approve_cli::describe(&ticket.pending));
+    let answer = tokio::task::spawn_blocking(move || terminal_answer(&question)).await.unwrap_or(None);
+    let approved = answer == Some(true);
+    let why = match answer {
+        Some(true) => "approved at the terminal",
+        Some(false) => "refused",
+        None => "no terminal to ask",
+    };
+    let by_uid = answer.map(|_| peer.uid);
+    let answered = Event::ApprovalAnswered { approval, run_id, by_uid, approved, why: why.into() };
+    broker.journal.append(answered).await?;
+    if approved { Ok(()) } else { Err(crate::service::not_approved(&reason, why).into()) }
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! A blocking client for the broker's socket (what the CLI uses).
 
 use palisade_protocol::wire::{
-    ClientMessage, Decoder, Encoding, ErrorReply, Hello, RunRequest, RunResult, ServerMessage, Stream, encode,
+    ClientMessage, Decoder, Encoding, ErrorReply, Hello, PendingApproval, RunRequest, RunResult,
+    ServerMessage, Stream, encode,
 };
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -29,6 +30,34 @@ pub enum Event<'a> {
     Output(Stream, &'a [u8]),
     /// Any other message (`Started`, ...).
     Message(&'a ServerMessage),
+}
+
+/// A run held for approval, as the requester is told.
+pub struct Ask<'a> {
+    pub reason: &'a str,
+    /// Whether this client's own answer is taken; otherwise an approver
+    /// answers from elsewhere (`palisade approve ID`) and the run waits.
+    pub may_answer: bool,
+    pub approval: &'a PendingApproval,
+    /// Sends this client's answer later, from another thread, while the
+    /// run waits for whichever answer comes first.
+    pub answerer: Answerer,
+}
+
+/// This client's `Approve`, to send from another thread (a prompt at a
+/// terminal that an approver elsewhere may answer first).
+pub struct Answerer {
+    stream: UnixStream,
+    encoding: Encoding,
+}
+
+impl Answerer {
+    /// Sends the answer; the broker takes it only while the run still waits.
+    pub fn send(mut self, approved: bool) -> Result<(), ClientError> {
+        let bytes = encode(&ClientMessage::Approve { approved }, self.encoding)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.stream.write_all(&bytes).map_err(ClientError::Io)
+    }
 }
 
 pub struct Client {
@@ -161,33 +190,50 @@ impl Client {
         request: RunRequest,
         each: impl FnMut(&ServerMessage),
     ) -> Result<RunResult, ClientError> {
-        // Nobody to ask: a run that needs approval is refused.
+        // Nobody to ask here: a run that needs approval is refused (or, where
+        // this client may not answer, waits for an approver).
         self.run_with_approval(request, each, |_| false)
     }
 
     /// Runs `request`; a run that needs approval is put to `approve`, which
-    /// asks a person and says whether they approved.
+    /// asks a person and says whether they approved, when this client may
+    /// answer; otherwise the run waits for an approver's answer.
     pub fn run_with_approval(
         &mut self,
         request: RunRequest,
         mut each: impl FnMut(&ServerMessage),
-        approve: impl FnMut(&str) -> bool,
+        mut approve: impl FnMut(&str) -> bool,
     ) -> Result<RunResult, ClientError> {
         let on = |event: Event<'_>| match event {
             Event::Output(stream, data) => each(&ServerMessage::Output { stream, data: data.to_vec() }),
             Event::Message(m) => each(m),
         };
-        self.run_events(request, on, approve)
+        self.run_events(request, on, |ask: Ask<'_>| ask.may_answer.then(|| approve(ask.reason)))
+    }
+
+    /// Sends one message that is not a run (`ListApprovals`, `Answer`,
+    /// `ListTools`, `ApproveTool`) and returns the broker's reply; an
+    /// error reply is `ClientError::Reply`.
+    pub fn request(&mut self, msg: &ClientMessage) -> Result<ServerMessage, ClientError> {
+        let sent = self.send(msg);
+        self.finish_hello()?;
+        sent?;
+        match self.receive()? {
+            ServerMessage::Error(e) => Err(ClientError::Reply(e)),
+            reply => Ok(reply),
+        }
     }
 
     /// Runs `request`: `on` sees each piece of output where it was received
     /// (no copy) and every other message before the final one; `approve`
-    /// puts a question to a person, if the run needs one.
+    /// puts a question to a person, if the run needs one: `Some(answer)`
+    /// is sent, `None` sends nothing and the run waits for an answer (an
+    /// approver's, or one sent later with [`Ask::answerer`]).
     pub fn run_events(
         &mut self,
         request: RunRequest,
         mut on: impl FnMut(Event<'_>),
-        mut approve: impl FnMut(&str) -> bool,
+        mut approve: impl FnMut(Ask<'_>) -> Option<bool>,
     ) -> Result<RunResult, ClientError> {
         let sent = self.send(&ClientMessage::Run(request));
         // A refused hello explains a failed send (the broker hung up after refusing).
@@ -210,9 +256,16 @@ impl Client {
             match message {
                 ServerMessage::Finished(r) => return Ok(*r),
                 ServerMessage::Error(e) => return Err(ClientError::Reply(e)),
-                ServerMessage::ApprovalRequired { reason } => {
-                    let approved = approve(&reason);
-                    self.send(&ClientMessage::Approve { approved })?;
+                ServerMessage::ApprovalRequired { reason, may_answer, approval } => {
+                    let answerer = Answerer {
+                        stream: self.stream.try_clone().map_err(ClientError::Io)?,
+                        encoding: self.encoding,
+                    };
+                    if let Some(approved) =
+                        approve(Ask { reason: &reason, may_answer, approval: &approval, answerer })
+                    {
+                        self.send(&ClientMessage::Approve { approved })?;
+                    }
                 }
                 ServerMessage::Output { stream, data } => on(Event::Output(stream, &data)),
                 other => on(Event::Message(&other)),

@@ -51,9 +51,13 @@ pub enum BrokerError {
     Task(#[from] tokio::task::JoinError),
     #[error(transparent)]
     Io(#[from] io::Error),
-    /// The audit journal cannot record the run: it is refused (never run unrecorded).
+    /// The audit journal cannot record an event: what needed it is refused
+    /// (a run is never run unrecorded).
     #[error("{0}")]
     JournalUnavailable(String),
+    /// The tools' trust stages cannot be read or written: the run is refused.
+    #[error("trust state {}: {source}", .path.display())]
+    TrustState { path: PathBuf, source: io::Error },
 }
 
 impl BrokerError {
@@ -77,6 +81,7 @@ impl BrokerError {
             | BrokerError::Decision(_)
             | BrokerError::Plan(_)
             | BrokerError::Task(_)
+            | BrokerError::TrustState { .. }
             | BrokerError::Io(_) => ErrorKind::RuntimeFailure,
         }
     }

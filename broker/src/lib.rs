@@ -2,6 +2,8 @@
 //! its embedded broker), and what they share: policy decisions turned into
 //! runs of palisade-helper, streamed, bounded and attested.
 
+pub mod approvals;
+pub mod approve_cli;
 pub mod arena;
 pub mod attest;
 pub mod audit;
@@ -25,3 +27,4 @@ pub mod server;
 pub mod service;
 pub mod spawn_thread;
 pub mod systemd;
+pub mod trust;

@@ -2,14 +2,15 @@
 //! connection limits (overall and per uid) and idle timeout, the concurrency
 //! limit with its bounded queue, and shutdown.
 
+use crate::approvals::{ApproverAction, Ticket};
 use crate::error::BrokerError;
 use crate::journal::Event;
 use crate::requester::Requester;
 use crate::run::Sink;
 use crate::service::{Broker, Decided, Peer, not_approved};
 use palisade_protocol::wire::{
-    ClientMessage, Decoder, Encoding, Hello, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION, RunRequest, RunResult,
-    ServerHello, ServerMessage, Stream, encode, output_frame_header,
+    ClientMessage, Decoder, Encoding, Hello, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION, PendingApproval,
+    RunRequest, RunResult, ServerHello, ServerMessage, Stream, encode, output_frame_header,
 };
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -293,6 +294,13 @@ impl Server {
                     sink.send(BrokerError::Protocol("hello sent twice".into()).into()).await;
                     return;
                 }
+                other => {
+                    let reply = self.control(peer, other).await.unwrap_or_else(ServerMessage::from);
+                    if !sink.send(reply).await {
+                        return;
+                    }
+                    continue;
+                }
             };
             let msg = match self.serve_run(peer, request, sink, reader, decoder, shutdown.clone()).await {
                 Ok(result) => ServerMessage::Finished(Box::new(result)),
@@ -336,8 +344,9 @@ impl Server {
     ) -> Result<RunResult, BrokerError> {
         let (decided, request) = self.decide(peer, request).await;
         let decided = decided?;
-        if decided.approval.is_some() {
-            self.ask_approval(peer, &decided, request.tool.as_deref(), sink, reader, decoder).await?;
+        if let Some(reason) = &decided.approval {
+            let pending = self.broker.pending_approval(peer, &decided, &request, reason);
+            self.ask_approval(peer, pending, sink, reader, decoder).await?;
         }
         // A slot, or a place in the bounded queue, or Busy.
         let permit = match self.slots.clone().try_acquire_owned() {
@@ -383,56 +392,149 @@ impl Server {
         result
     }
 
-    /// Puts the run to the client, which relays it to a person, and waits
-    /// (bounded) for the answer. Anything but `Approve { approved: true }`
-    /// refuses the run.
-    /// Both the question and the answer are recorded in the journal (the
-    /// approval is numbered by its run).
+    /// The approvals, the answers and the tools' stages: what a client asks
+    /// between runs. `ListApprovals`, `Answer`, `ListTools`, `ApproveTool`.
+    async fn control(&self, peer: &Peer, message: ClientMessage) -> Result<ServerMessage, BrokerError> {
+        let b = &self.broker;
+        match message {
+            ClientMessage::ListApprovals => Ok(ServerMessage::Approvals(b.pending.list(&b.approvers, peer))),
+            ClientMessage::Answer { approval, approved, reason } => {
+                b.pending.answer(&b.approvers, peer, approval, approved, reason)?;
+                tracing::info!(uid = peer.uid, approval, approved, "answered an approval");
+                Ok(ServerMessage::Answered { approval, approved })
+            }
+            ClientMessage::ListTools => {
+                let broker = b.clone();
+                let tools = tokio::task::spawn_blocking(move || broker.tools()).await??;
+                Ok(ServerMessage::Tools(tools))
+            }
+            ClientMessage::ApproveTool { name } => {
+                b.approvers.authorize(peer, ApproverAction::ApproveTool(&name))?;
+                let (broker, uid) = (b.clone(), peer.uid);
+                let info = tokio::task::spawn_blocking(move || broker.approve_tool(&name, uid)).await??;
+                Ok(ServerMessage::Tools(vec![info]))
+            }
+            other => Err(BrokerError::Protocol(format!("unexpected message {other:?}"))),
+        }
+    }
+
+    /// Puts the run to the requester and the approvers, and waits (bounded)
+    /// for the first answer: the requester's own `Approve` where it may
+    /// answer, or an approver's `Answer` from another connection. The
+    /// requester gone, cancelling or refusing, or the time up, refuses the
+    /// run; so does anything but an approval. Nothing runs before.
     async fn ask_approval(
         &self,
         peer: &Peer,
-        decided: &Decided,
-        tool: Option<&str>,
+        pending: PendingApproval,
         sink: &mut SocketSink,
         reader: &mut OwnedReadHalf,
         decoder: &mut Decoder,
     ) -> Result<(), BrokerError> {
-        let reason = decided.approval.as_deref().unwrap_or_default();
-        let run_id = decided.run_id;
-        let limit = Duration::from_secs(self.broker.policy.config.policy.approval_timeout_secs);
-        tracing::info!(uid = peer.uid, pid = peer.pid, "asking for approval: {reason}");
-        let asked = Event::ApprovalAsked {
-            approval: run_id,
+        let reason = pending.reason.clone();
+        let mut ticket = self.broker.pending.open(pending);
+        let (id, run_id) = (ticket.pending.id, ticket.pending.run_id);
+        let may_answer =
+            self.broker.approvers.authorize(peer, ApproverAction::Answer(&ticket.pending)).is_ok();
+        let asked_event = Event::ApprovalAsked {
+            approval: id,
             run_id,
             uid: peer.uid,
-            tool: tool.map(str::to_string),
-            reason: reason.into(),
+            tool: ticket.pending.tool.clone(),
+            reason: reason.clone(),
         };
-        self.broker.journal.append(asked).await?;
-        let answered = sink.send(ServerMessage::ApprovalRequired { reason: reason.into() }).await;
-        let answer = match answered {
-            true => tokio::time::timeout(limit, read_message(reader, decoder)).await,
-            false => Ok(Ok(None)),
+        self.broker.journal.append(asked_event).await?;
+        tracing::info!(
+            uid = peer.uid,
+            pid = peer.pid,
+            approval = id,
+            may_answer,
+            "asking for approval: {reason}"
+        );
+        let asked = ServerMessage::ApprovalRequired {
+            reason: reason.clone(),
+            may_answer,
+            approval: Box::new(ticket.pending.clone()),
         };
-        let (by_uid, why) = match answer {
-            Ok(Ok(Some(ClientMessage::Approve { approved: true }))) => (Some(peer.uid), String::new()),
-            Ok(Ok(Some(ClientMessage::Approve { approved: false }))) => {
-                (Some(peer.uid), "refused".to_string())
-            }
-            Ok(Ok(Some(ClientMessage::Cancel))) => (Some(peer.uid), "cancelled".to_string()),
-            Ok(Ok(Some(other))) => (None, format!("the client answered {other:?}")),
-            Ok(Ok(None)) | Ok(Err(_)) => (None, "the client is gone".to_string()),
-            Err(_) => (None, format!("no answer within {} s", limit.as_secs())),
+        let answer = if sink.send(asked).await {
+            self.await_answer(peer, may_answer, &mut ticket, sink, (reader, decoder)).await
+        } else {
+            Answer { approved: false, by_uid: None, why: "the client is gone".into() }
         };
-        let approved = why.is_empty();
-        let event = Event::ApprovalAnswered { approval: run_id, run_id, by_uid, approved, why: why.clone() };
-        self.broker.journal.append(event).await?;
-        if approved {
-            return Ok(());
-        }
-        tracing::info!(uid = peer.uid, pid = peer.pid, "not approved ({why}): {reason}");
-        Err(not_approved(reason, &why).into())
+        drop(ticket);
+        let outcome = if answer.approved { "approved" } else { "not approved" };
+        tracing::info!(uid = peer.uid, pid = peer.pid, approval = id, "{outcome} ({}): {reason}", answer.why);
+        let answered = Event::ApprovalAnswered {
+            approval: id,
+            run_id,
+            by_uid: answer.by_uid,
+            approved: answer.approved,
+            why: answer.why.clone(),
+        };
+        self.broker.journal.append(answered).await?;
+        if answer.approved { Ok(()) } else { Err(not_approved(&reason, &answer.why).into()) }
     }
+
+    /// The first answer to the requester's pending approval, within
+    /// `approval_timeout_secs`: see [`Server::ask_approval`].
+    async fn await_answer(
+        &self,
+        peer: &Peer,
+        may_answer: bool,
+        ticket: &mut Ticket,
+        sink: &mut SocketSink,
+        (reader, decoder): (&mut OwnedReadHalf, &mut Decoder),
+    ) -> Answer {
+        let secs = self.broker.policy.config.policy.approval_timeout_secs;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        let refused = |why: String| Answer { approved: false, by_uid: None, why };
+        loop {
+            let message = tokio::select! {
+                a = &mut ticket.answer => return match a {
+                    Ok(a) => Answer { approved: a.approved, by_uid: Some(a.by_uid), why: a.why },
+                    Err(_) => refused("the approval was withdrawn".into()),
+                },
+                m = read_message(reader, decoder) => m,
+                _ = tokio::time::sleep_until(deadline) => {
+                    return refused(format!("the approval expired after {secs} s without an answer"));
+                }
+            };
+            let by_uid = Some(peer.uid);
+            return match message {
+                Ok(Some(ClientMessage::Approve { approved: true })) if may_answer => Answer {
+                    approved: true,
+                    by_uid,
+                    why: format!("approved by uid {} (the requester)", peer.uid),
+                },
+                Ok(Some(ClientMessage::Approve { approved: true })) => {
+                    // Told so, and still waiting for an approver.
+                    let e = self.broker.approvers.authorize(peer, ApproverAction::Answer(&ticket.pending));
+                    if let Err(e) = e {
+                        if !sink.send(e.into()).await {
+                            return refused("the client is gone".into());
+                        }
+                    }
+                    continue;
+                }
+                Ok(Some(ClientMessage::Approve { approved: false })) => {
+                    Answer { approved: false, by_uid, why: "refused".into() }
+                }
+                Ok(Some(ClientMessage::Cancel)) => {
+                    Answer { approved: false, by_uid, why: "cancelled".into() }
+                }
+                Ok(Some(other)) => refused(format!("the client answered {other:?}")),
+                Ok(None) | Err(_) => refused("the client is gone".into()),
+            };
+        }
+    }
+}
+
+/// The outcome of a pending approval as the journal records it.
+struct Answer {
+    approved: bool,
+    /// Who answered; `None` when nobody did (expired, the client gone).
+    by_uid: Option<u32>,
+    why: String,
 }
 
 /// Why a hello is refused, if it is: its magic, version and encoding must be
@@ -463,9 +565,10 @@ fn peer_of(stream: &UnixStream) -> Option<Peer> {
 }
 
 /// Completes when the client disconnects or sends `Cancel` (or anything else:
-/// a run in progress accepts nothing but a cancel).
+/// a run in progress accepts nothing but a cancel). A late `Approve` (a
+/// prompt answered after an approver elsewhere did) is passed over.
 async fn client_gone(reader: &mut OwnedReadHalf, decoder: &mut Decoder) {
-    let _ = read_message(reader, decoder).await;
+    while let Ok(Some(ClientMessage::Approve { .. })) = read_message(reader, decoder).await {}
 }
 
 /// Reads until one whole message is decoded; `Ok(None)` at a clean end of input.

@@ -2,6 +2,7 @@
 //! peer's request decided by policy as the peer, its host directories
 //! prepared, and its run executed.
 
+use crate::approvals::{Approvers, Pending};
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::error::BrokerError;
 use crate::etc_view::EtcView;
@@ -9,13 +10,18 @@ use crate::journal::{Event, Journal};
 use crate::requester::{self, Acting, Requester};
 use crate::run::{Engine, Planned, Sink};
 use crate::spawn_thread::Spawner;
+use crate::trust::TrustStore;
 use crate::{host, paths};
+use palisade_policy::trust::EscalationReason;
 use palisade_policy::{Config, Context, Decision, Host, HostCapabilities, Policy, Resolved};
 use palisade_protocol::HostIds;
-use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest, RunResult};
+use palisade_protocol::wire::{
+    ErrorKind, ErrorReply, PendingApproval, RunRequest, RunResult, RunStatus, ToolInfo,
+};
 use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub struct Broker {
@@ -28,8 +34,15 @@ pub struct Broker {
     pub context: Context,
     /// The snapshot of /etc that Tier C sandboxes see; `None`: per-entry binds.
     pub etc: Option<EtcView>,
-    /// The audit journal every request, decision and run is recorded in.
+    /// The audit journal every request, decision, approval, trust
+    /// transition and run is recorded in.
     pub journal: Journal,
+    /// Who may answer a run held for approval.
+    pub approvers: Approvers,
+    /// The runs held for approval now.
+    pub pending: Pending,
+    /// The declared tools' trust stages; `None` where they are off (or no tool is declared).
+    pub trust: Option<Arc<TrustStore>>,
     next_run: AtomicU64,
 }
 
@@ -119,17 +132,20 @@ impl Broker {
             instance: crate::instance::tag().to_string(),
             run: 0,
             etc_view: None,
+            trust: None,
         };
         remove_orphan_run_dirs(&context.temp_root);
-        let etc = config.broker.etc_snapshot.then(|| etc_view(&context.temp_root)).flatten();
         let journal = match crate::journal::Options::from_config(&config.journal)? {
             Some(options) => {
                 Journal::open(&options).map_err(|e| format!("{e} ({})", options.dir.display()))?
             }
             None => Journal::off(),
         };
+        // After the journal: a declaration changed since the last start is a transition it records.
+        let trust = TrustStore::open(&config, journal.clone())?.map(Arc::new);
+        let approvers = Approvers::new(config.approvers.clone(), uid);
+        let etc = config.broker.etc_snapshot.then(|| etc_view(&context.temp_root)).flatten();
         Ok(Broker {
-            journal,
             engine: Engine::new(spawner, helper, config.broker.prespawn),
             etc,
             cgroups,
@@ -138,6 +154,10 @@ impl Broker {
             policy: Policy::new(config, &*host::files()),
             capabilities,
             context,
+            journal,
+            approvers,
+            pending: Pending::default(),
+            trust,
             next_run: AtomicU64::new(1),
         })
     }
@@ -154,6 +174,7 @@ impl Broker {
             run: run_id,
             requester: HostIds { uid: peer.uid, gid: peer.gid },
             etc_view: etc.as_ref().map(|e| e.dir().to_path_buf()),
+            trust: self.tool_trust(request)?,
             ..self.context.clone()
         };
         let requester = peer.requester();
@@ -162,6 +183,7 @@ impl Broker {
             ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot act for uid {}: {e}", peer.uid))
         })?;
         tracing::debug!(run_id, decide_us = deciding.elapsed().as_micros(), "policy decided");
+        let decided = self.escalated(request, decided);
         let received = received(run_id, peer, request);
         let Opened { resolved, approval, dirs, descriptors } = match decided {
             Ok(opened) => opened,
@@ -184,6 +206,113 @@ impl Broker {
         Ok(Decided { run_id, resolved, approval, grants, etc, dirs, pending })
     }
 
+    /// The requested tool's trust stage, where stages apply.
+    fn tool_trust(&self, request: &RunRequest) -> Result<Option<palisade_policy::ToolTrust>, ErrorReply> {
+        let (Some(trust), Some(tool)) = (&self.trust, &request.tool) else { return Ok(None) };
+        trust.stage(tool).map(Some).map_err(ErrorReply::from)
+    }
+
+    /// A decision on a tool's run that escalated puts the tool back to
+    /// Draft before anything else happens (the first run of a Trial tool
+    /// does not: it is what Trial is for). The change must be recorded, or
+    /// the run is refused.
+    fn escalated(
+        &self,
+        request: &RunRequest,
+        decided: Result<Opened, ErrorReply>,
+    ) -> Result<Opened, ErrorReply> {
+        let (Some(trust), Some(tool)) = (&self.trust, &request.tool) else { return decided };
+        let why = match &decided {
+            Err(e) if e.rule.as_deref() == Some(palisade_policy::trust::SENSITIVE_RULE) => {
+                format!("escalation SensitiveDirectory: {}", e.message)
+            }
+            Ok(o) => match &o.resolved.escalation {
+                Some(t) if t.reason != EscalationReason::FirstExecution => {
+                    format!("escalation {}: {}", t.reason.name(), t.requested_path.as_deref().unwrap_or("-"))
+                }
+                _ => return decided,
+            },
+            Err(_) => return decided,
+        };
+        trust.escalate(tool, &why).map_err(ErrorReply::from)?;
+        decided
+    }
+
+    /// What a run held for approval shows its requester and the approvers.
+    pub fn pending_approval(
+        &self,
+        peer: &Peer,
+        decided: &Decided,
+        request: &RunRequest,
+        reason: &str,
+    ) -> PendingApproval {
+        let r = &decided.resolved;
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let shown = |p: &PathBuf| p.to_string_lossy().into_owned();
+        let mut limits = std::collections::BTreeMap::new();
+        limits.insert("timeout_secs".to_string(), r.timeout.as_secs());
+        limits.insert("max_output_bytes".to_string(), r.max_output_bytes);
+        if let Some(c) = &r.cgroup {
+            limits.insert("memory_bytes".to_string(), c.memory_bytes);
+            limits.insert("processes".to_string(), c.processes);
+            limits.insert("cpu_percent".to_string(), c.cpu_percent);
+        }
+        PendingApproval {
+            id: 0,
+            run_id: decided.run_id,
+            uid: peer.uid,
+            gid: peer.gid,
+            pid: peer.pid,
+            tool: r.tool.clone(),
+            reason: reason.into(),
+            argv: request.argv.clone(),
+            read_only: r.granted.iter().filter(|p| !r.writable.contains(p)).map(shown).collect(),
+            read_write: r.writable.iter().map(shown).collect(),
+            network: r.network.to_string(),
+            egress: r.egress.to_string(),
+            limits,
+            trigger: r.escalation.clone(),
+            created_unix: now,
+            expires_unix: now + self.policy.config.policy.approval_timeout_secs,
+        }
+    }
+
+    /// The declared tools with their stage and declaration (`untracked`
+    /// where trust stages are off).
+    pub fn tools(&self) -> Result<Vec<ToolInfo>, BrokerError> {
+        if let Some(trust) = &self.trust {
+            return trust.list();
+        }
+        let tools = &self.policy.config.tools;
+        let trial_runs = self.policy.config.trust.trial_runs;
+        Ok(tools
+            .iter()
+            .map(|(name, t)| {
+                let declaration = t.declaration();
+                ToolInfo {
+                    name: name.clone(),
+                    stage: "untracked".into(),
+                    trial_successes: 0,
+                    trial_runs,
+                    capabilities_sha256: crate::attest::sha256_hex(declaration.as_bytes()),
+                    declaration,
+                }
+            })
+            .collect())
+    }
+
+    /// Approves `tool`'s declaration for `by_uid` (authorized by the caller): Draft → Trial.
+    pub fn approve_tool(&self, tool: &str, by_uid: u32) -> Result<ToolInfo, BrokerError> {
+        match &self.trust {
+            Some(trust) => trust.approve(tool, by_uid),
+            None => Err(ErrorReply::new(
+                ErrorKind::InvalidRequest,
+                "this broker keeps no trust stages ([trust] enabled = false, or no tool is declared)",
+            )
+            .into()),
+        }
+    }
     /// The host as a decision in `context` sees it now, read with the
     /// calling thread's credentials (see [`host::gather`]).
     pub fn host(&self, context: &Context) -> Host {
@@ -242,6 +371,8 @@ impl Broker {
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, BrokerError> {
         let Decided { run_id, resolved, approval, grants, etc, dirs, mut pending } = decided;
+        // An approved run of a tool: its success counts towards Verified.
+        let trial = approval.as_ref().and(self.trust.clone()).zip(resolved.tool.clone());
         if let Some(reason) = approval {
             tracing::info!(run_id, uid = peer.uid, "approved: {reason}");
         }
@@ -277,6 +408,17 @@ impl Broker {
             let _ = tokio::task::spawn_blocking(move || c.remove()).await;
         }
         drop((dirs, etc));
+        if let (Some((trust, tool)), Ok(RunResult { status: RunStatus::Exited { code: 0 }, .. })) =
+            (trial, &result)
+        {
+            let counted = tokio::task::spawn_blocking(move || trust.succeeded(&tool)).await;
+            if let Err(e) = counted.map_err(BrokerError::from).and_then(|r| r) {
+                tracing::error!(
+                    run_id,
+                    "the run's success is not counted towards its tool's Verified stage: {e}"
+                );
+            }
+        }
         self.record_end(run_id, result).await
     }
 

@@ -86,6 +86,7 @@ fn context(user_namespaces: bool, landlock_abi: u32) -> On {
         temp_root: PathBuf::from("/run/palisade-test"),
         instance: "1-1".into(),
         etc_view: None,
+        trust: None,
         run: 7,
     };
     On { host, ctx }

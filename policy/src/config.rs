@@ -25,6 +25,41 @@ pub struct Config {
     pub defaults: DefaultProfile,
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
+    #[serde(default)]
+    pub approvers: ApproversConfig,
+    #[serde(default)]
+    pub trust: TrustConfig,
+}
+
+/// Who may answer a run held for approval, from any connection. With
+/// neither list set: the broker's own uid, and root.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApproversConfig {
+    pub uids: Vec<u32>,
+    /// A peer whose primary or supplementary group is one of these.
+    pub gids: Vec<u32>,
+    /// Whether a client that is not an approver may answer its own request.
+    pub self_approval: bool,
+}
+
+/// Trust stages of declared tools: Draft (not executable until an approver
+/// approves its declaration), Trial (each run held for approval), Verified
+/// (runs silently). The default profile has none.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrustConfig {
+    pub enabled: bool,
+    /// Approved Trial runs that exit 0 before the tool is Verified.
+    pub trial_runs: u32,
+    /// The stages' file; default `trust.json` in the broker's state directory.
+    pub state: Option<PathBuf>,
+}
+
+impl Default for TrustConfig {
+    fn default() -> Self {
+        TrustConfig { enabled: true, trial_runs: 3, state: None }
+    }
 }
 
 /// How palisaded serves (the CLI's embedded broker ignores the socket settings).
@@ -200,8 +235,8 @@ pub enum DiskMode {
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
     pub fallback: FallbackPolicy,
-    /// How long a run that needs approval (`request_approval`) waits for the
-    /// client's answer before it is refused.
+    /// How long a run that needs approval (`request_approval`, a tool's
+    /// trust stage) waits for an answer before it is refused.
     pub approval_timeout_secs: u64,
     /// Refuse runs where no cgroup enforces memory, processes and CPU (see
     /// `palisade doctor`); rlimits alone do not bound a process tree.
@@ -350,6 +385,51 @@ fn default_tool_output() -> u64 {
     16 << 20
 }
 
+impl ToolConfig {
+    /// The tool's capability declaration, one line per item, as a person
+    /// reviews it (`palisade tools show`): the preset with its overrides
+    /// applied, the parameters, executables, flags, egress and limits. The
+    /// text is canonical (no positions, fixed order): its sha256 is the
+    /// tool's capabilities hash, and a change of it puts the tool back to
+    /// Draft. The description is not part of it.
+    pub fn declaration(&self) -> String {
+        use std::fmt::Write;
+        let preset = self.preset.as_ref().and_then(|p| Preset::named(p.get_ref()));
+        let base = preset.as_ref().map_or_else(Default::default, |p| p.capabilities.clone());
+        let caps = self.overrides.apply(&base);
+        let mut out = String::new();
+        let _ = writeln!(out, "preset: {}", preset.as_ref().map_or("none", |p| p.name));
+        for fs in &caps.filesystem {
+            let _ = match fs {
+                FsCapability::ReadOnly { path } => writeln!(out, "filesystem: read-only {path}"),
+                FsCapability::ReadWrite { path } => writeln!(out, "filesystem: read-write {path}"),
+                FsCapability::TempWorkspace => writeln!(out, "filesystem: temporary workspace"),
+            };
+        }
+        let _ = writeln!(out, "network: {:?}", caps.network);
+        let _ = writeln!(out, "egress: {:?}", self.egress);
+        let _ = writeln!(out, "environment: {:?}", caps.environment);
+        let p = caps.process;
+        let _ = writeln!(
+            out,
+            "process: no_fork={} max_execution_time={}s max_memory_mb={} max_processes={} max_cpu_percent={}",
+            p.no_fork, p.max_execution_time, p.max_memory_mb, p.max_processes, p.max_cpu_percent
+        );
+        for (name, b) in &self.parameters {
+            let _ =
+                writeln!(out, "parameter {name}: {:?}, {:?}, {:?}", b.capability, b.validation, b.mapping);
+        }
+        for exe in &self.allowed_executables {
+            let _ = writeln!(out, "executable: {}", exe.get_ref());
+        }
+        let _ = writeln!(out, "allow_interpreters: {}", self.allow_interpreters);
+        let _ = writeln!(out, "allow_inline_code: {}", self.allow_inline_code);
+        let _ = writeln!(out, "max_output_bytes: {}", self.max_output_bytes);
+        let _ = writeln!(out, "require_cgroup: {}", self.require_cgroup);
+        out
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
@@ -388,6 +468,9 @@ impl Config {
                     ids.count, ids.first
                 ),
             ));
+        }
+        if self.trust.trial_runs == 0 {
+            return Err((0, "trust.trial_runs must be at least 1".into()));
         }
         if self.broker.max_connections == 0 || self.broker.max_connections_per_uid == 0 {
             return Err((0, "broker.max_connections and max_connections_per_uid must be at least 1".into()));

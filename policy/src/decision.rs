@@ -18,6 +18,7 @@ use crate::config::{Config, DiskMode, FallbackPolicy, PolicyConfig};
 use crate::egress::{self, EgressMode};
 use crate::host::{Host, HostCapabilities, HostFiles};
 use crate::jail::{ETC_ENTRIES, JailSpec, Limits, build_plan};
+use crate::trust::{self, EscalationReason, EscalationTrigger, ToolTrust, TrustStage};
 use crate::validate::{self, HOME_SENSITIVE_NAMES, Rules, SENSITIVE_NAMES};
 use crate::{Preset, paths};
 use palisade_protocol::attest::{Disk, Memory, Network, Scratch, TmpfsBudget, UpperLayers, WritableDirs};
@@ -85,6 +86,9 @@ pub struct Context {
     /// A directory holding a copy of the curated /etc entries, bound at
     /// `/etc` in Tier C instead of each entry (see [`JailSpec::etc_view`]).
     pub etc_view: Option<PathBuf>,
+    /// The requested tool's trust stage; `None` where stages do not apply
+    /// (they are off, the request names no tool, or `palisade explain`).
+    pub trust: Option<ToolTrust>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,6 +131,8 @@ pub struct Resolved {
     /// What bounded the run's memory, tmpfs mounts included.
     pub memory: Memory,
     pub warnings: Vec<String>,
+    /// What set off the question a tool's trust stage asks, if it asks one.
+    pub escalation: Option<EscalationTrigger>,
 }
 
 #[derive(Debug, Clone)]
@@ -226,6 +232,29 @@ struct RunLimits {
     rlimits: Limits,
 }
 
+/// Sorts `paths` and drops each that lies inside another of them: granted
+/// the same way, it is already reached through that one, and a mount of it
+/// inside that one's would need a mount point made in a directory the
+/// sandbox gets read-only. (A read-only path inside a read-write one stays:
+/// it takes writing away there.)
+fn drop_nested(paths: &mut Vec<PathBuf>) {
+    paths.sort();
+    paths.dedup();
+    let all = paths.clone();
+    paths.retain(|p| !all.iter().any(|outer| outer != p && p.starts_with(outer)));
+}
+
+/// Whether `path` lies inside the approved `range` (in a writable part of
+/// it, when it is to be written).
+fn in_range(range: &[(PathBuf, bool)], path: &Path, writable: bool) -> bool {
+    range.iter().any(|(root, w)| path.starts_with(root) && (*w || !writable))
+}
+
+/// A path of the approved range as the trigger shows it.
+fn approved_path_text(path: &Path, writable: bool) -> String {
+    format!("{} ({})", path.display(), if writable { "read-write" } else { "read-only" })
+}
+
 fn denied<T>(kind: ErrorKind, rule: &'static str, reason: impl Into<String>) -> Result<T, Denial> {
     Err(Denial::new(kind, rule, reason))
 }
@@ -256,8 +285,19 @@ impl Policy {
     ) -> Result<(Resolved, Option<String>), Denial> {
         let (files, uid) = (&*host.files, ctx.requester.uid);
         let mut profile = self.profile(files, req)?;
+        let trust = profile.tool.clone().zip(ctx.trust);
+        if let Some((tool, ToolTrust { stage: TrustStage::Draft, .. })) = &trust {
+            return denied(
+                ErrorKind::PolicyDenied,
+                trust::DRAFT_RULE,
+                format!(
+                    "tool {tool} is a Draft and does not run: an approver reviews its declaration \
+                     (palisade tools show {tool}) and approves it (palisade tools approve {tool})"
+                ),
+            );
+        }
         let dirs = RequestDirs::of(files, req, uid)?;
-        let bound = self.bound_grants(files, req, &profile, &dirs, uid)?;
+        let (bound, escalation) = self.bound_grants(files, req, &profile, &dirs, uid, trust.is_some())?;
         profile.capabilities.filesystem.extend(bound);
         let TierChoice { tier, warnings, approval } =
             choose_tier(&self.config.policy, &host.capabilities, profile.egress)?;
@@ -277,7 +317,17 @@ impl Policy {
 
         let draft = Draft { profile, warnings, grants, view, program, landlock, cgroup, hidden };
         let limits = self.limits(req, &draft);
-        Ok((self.plan(host, ctx, req, draft, limits)?, approval))
+        let mut resolved = self.plan(host, ctx, req, draft, limits)?;
+        let Some((tool, trust)) = trust else { return Ok((resolved, approval)) };
+        let Some((question, trigger)) = trust::question(&tool, &trust, escalation) else {
+            return Ok((resolved, approval));
+        };
+        resolved.escalation = trigger;
+        let approval = Some(match approval {
+            Some(first) => format!("{first} {question}"),
+            None => question,
+        });
+        Ok((resolved, approval))
     }
 
     /// The profile: the named tool's (its preset with its overrides), or the
@@ -361,29 +411,78 @@ impl Policy {
         profile: &Profile,
         dirs: &RequestDirs,
         uid: u32,
-    ) -> Result<Vec<FsCapability>, Denial> {
-        let mut out = Vec::new();
+        trusted: bool,
+    ) -> Result<(Vec<FsCapability>, Option<EscalationTrigger>), Denial> {
+        let tool = profile.tool.as_deref().unwrap_or("-");
+        let range = if trusted { self.approved_range(profile, dirs) } else { Vec::new() };
+        let escalate = |reason, requested: String| EscalationTrigger {
+            reason,
+            requested_path: Some(requested),
+            approved_paths: range.iter().map(|(p, w)| approved_path_text(p, *w)).collect(),
+        };
+        let (mut out, mut escalation) = (Vec::new(), None);
         for (param, value) in &req.params {
             let Some(binding) = profile.bindings.get(param) else {
+                if trusted {
+                    // Held for an approval; approved, the run goes on without it (it binds nothing).
+                    escalation
+                        .get_or_insert_with(|| escalate(EscalationReason::UndeclaredBinding, param.clone()));
+                    continue;
+                }
                 return denied(
                     ErrorKind::PolicyDenied,
                     "tools.undeclared_parameter",
-                    format!(
-                        "parameter {param} is not declared by tool {}",
-                        profile.tool.as_deref().unwrap_or("-")
-                    ),
+                    format!("parameter {param} is not declared by tool {tool}"),
                 );
             };
             let bound = Bound { param, binding, cwd: &dirs.cwd, home: dirs.home.as_deref(), uid };
-            for path in bound.paths(files, &self.rules, value)? {
+            let paths = bound.paths(files, &self.rules, value).map_err(|d| match d.rule {
+                "scope.sensitive_path" if trusted => Denial::new(
+                    d.kind,
+                    trust::SENSITIVE_RULE,
+                    format!(
+                        "{}: never granted (escalation SensitiveDirectory: tool {tool} is back to Draft)",
+                        d.reason
+                    ),
+                ),
+                _ => d,
+            })?;
+            let writable = binding.capability == BoundCapability::ReadWrite;
+            for path in paths {
+                if trusted && escalation.is_none() && !in_range(&range, &path, writable) {
+                    escalation =
+                        Some(escalate(EscalationReason::PathOutOfScope, path.to_string_lossy().into()));
+                }
                 let path = path.to_string_lossy().into_owned();
-                out.push(match binding.capability {
-                    BoundCapability::ReadOnly => FsCapability::ReadOnly { path },
-                    BoundCapability::ReadWrite => FsCapability::ReadWrite { path },
+                out.push(if writable {
+                    FsCapability::ReadWrite { path }
+                } else {
+                    FsCapability::ReadOnly { path }
                 });
             }
         }
-        Ok(out)
+        Ok((out, escalation))
+    }
+
+    /// A tool's approved range: the host paths its declared capabilities
+    /// grant, `${WORKSPACE}` and `${PROJECT_ROOT}` resolved for this run, each
+    /// with whether it is writable. A parameter's path must lie inside one
+    /// of them (a writable one for a read-write binding), or the run escalates.
+    fn approved_range(&self, profile: &Profile, dirs: &RequestDirs) -> Vec<(PathBuf, bool)> {
+        let project_root = self.config.policy.project_root.clone().unwrap_or_else(|| dirs.workspace.clone());
+        let mut range = Vec::new();
+        for cap in &profile.capabilities.filesystem {
+            let (path, writable) = match cap {
+                FsCapability::ReadOnly { path } => (path, false),
+                FsCapability::ReadWrite { path } => (path, true),
+                FsCapability::TempWorkspace => continue,
+            };
+            let expanded = path
+                .replace("${WORKSPACE}", &dirs.workspace.to_string_lossy())
+                .replace("${PROJECT_ROOT}", &project_root.to_string_lossy());
+            range.push((paths::resolve(&expanded, &dirs.cwd, dirs.home.as_deref()), writable));
+        }
+        range
     }
 
     /// The filesystem grants, with templates and the temporary workspace
@@ -423,10 +522,8 @@ impl Policy {
             }
         }
         read_only.retain(|p| !read_write.contains(p));
-        read_only.sort();
-        read_only.dedup();
-        read_write.sort();
-        read_write.dedup();
+        drop_nested(&mut read_only);
+        drop_nested(&mut read_write);
         let tier_b_tmp = run_dir.join("tmp");
         let host_dirs = match tier {
             Tier::B => [run_dir, tier_b_tmp.clone()].into_iter().chain(temp_workspace.clone()).collect(),
@@ -722,6 +819,7 @@ impl Policy {
             disk,
             memory,
             warnings,
+            escalation: None,
         })
     }
 }

@@ -12,6 +12,7 @@ pub mod host;
 pub mod jail;
 pub mod paths;
 pub mod seccomp;
+pub mod trust;
 pub mod validate;
 
 pub use capabilities::{Capabilities, Preset};
@@ -19,3 +20,4 @@ pub use config::{Config, ConfigError, FallbackPolicy};
 pub use decision::{CgroupPlan, Context, Decision, Denial, Policy, Resolved};
 pub use host::{CgroupRoot, FileKind, FileStat, Host, HostCapabilities, HostFiles};
 pub use jail::{JailSpec, Layout, Limits, build_plan};
+pub use trust::{ToolTrust, TrustStage};

@@ -21,7 +21,8 @@ use std::fmt;
 pub const MAGIC: &str = "palisade";
 /// The version both sides say in their hello; a change of any message's
 /// bincode form changes it (2: `ErrorReply` gained `helper`, and the
-/// attestation is typed).
+/// attestation is typed; 3: `JournalUnavailable`, the attestation's
+/// journal record, approvals by id, approvers and trust stages).
 pub const PROTOCOL_VERSION: u32 = 3;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
@@ -96,6 +97,107 @@ pub enum ClientMessage {
     Approve {
         approved: bool,
     },
+    /// The approvals waiting for an answer: all of them for an approver,
+    /// the client's own (read-only) for anyone else. Answered `Approvals`.
+    ListApprovals,
+    /// An answer to the pending approval `approval` (its id), from any
+    /// connection of an approver. Answered `Answered`, or `Unauthorized`.
+    Answer {
+        approval: u64,
+        approved: bool,
+        /// Why, shown to the requester (a denial's reason).
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    /// The declared tools with their trust stage and declaration. Answered `Tools`.
+    ListTools,
+    /// An approver's review of a tool's declaration: Draft → Trial.
+    /// Answered `Tools` (the tool alone), or `Unauthorized`.
+    ApproveTool {
+        name: String,
+    },
+}
+
+/// Why a tool's run escalated: it asks for more than its approved range.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EscalationReason {
+    /// A parameter names a path outside the tool's approved range.
+    PathOutOfScope,
+    /// A parameter names a sensitive path (`~/.ssh`, ...): never granted.
+    SensitiveDirectory,
+    /// A parameter the tool's bindings do not declare.
+    UndeclaredBinding,
+    /// The first run of a tool in Trial.
+    FirstExecution,
+}
+
+impl EscalationReason {
+    pub fn name(self) -> &'static str {
+        match self {
+            EscalationReason::PathOutOfScope => "PathOutOfScope",
+            EscalationReason::SensitiveDirectory => "SensitiveDirectory",
+            EscalationReason::UndeclaredBinding => "UndeclaredBinding",
+            EscalationReason::FirstExecution => "FirstExecution",
+        }
+    }
+}
+
+/// What set off an escalation: the reason, the path asked for (or the
+/// undeclared parameter's name) and the tool's approved paths.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct EscalationTrigger {
+    pub reason: EscalationReason,
+    #[serde(default)]
+    pub requested_path: Option<String>,
+    #[serde(default)]
+    pub approved_paths: Vec<String>,
+}
+
+/// A run held for a person's approval, as the requester and the approvers see it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct PendingApproval {
+    /// The approval's id, for `Answer` (`palisade approve ID`).
+    pub id: u64,
+    pub run_id: u64,
+    /// Who asked: the requesting peer's ids and pid.
+    pub uid: u32,
+    pub gid: u32,
+    #[serde(default)]
+    pub pid: Option<i32>,
+    #[serde(default)]
+    pub tool: Option<String>,
+    /// Why it needs approval.
+    pub reason: String,
+    /// What the run is about to do.
+    pub argv: Vec<String>,
+    /// Host paths granted read-only and read-write, resolved.
+    pub read_only: Vec<String>,
+    pub read_write: Vec<String>,
+    /// The network the sandbox gets (`none`, `loopback`, `host`) and its egress rule.
+    pub network: String,
+    pub egress: String,
+    /// Its limits, as `palisade explain` names them (`timeout_secs`, `memory_bytes`, ...).
+    pub limits: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub trigger: Option<EscalationTrigger>,
+    /// When it was asked and when it expires, in seconds since the epoch.
+    pub created_unix: u64,
+    pub expires_unix: u64,
+}
+
+/// A declared tool as `palisade tools show` prints it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ToolInfo {
+    pub name: String,
+    /// `draft`, `trial` or `verified`; `untracked` where trust stages are off.
+    pub stage: String,
+    /// Approved runs that succeeded in Trial (Verified at `trial_runs`).
+    pub trial_successes: u32,
+    pub trial_runs: u32,
+    /// The capability declaration, as a person reads it.
+    pub declaration: String,
+    /// sha256 (lowercase hex) of `declaration`: a change puts the tool back to Draft.
+    pub capabilities_sha256: String,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,8 +238,9 @@ pub enum ErrorKind {
     ProtocolError,
     /// A well-formed request that cannot be served as given.
     InvalidRequest,
-    /// The audit journal cannot record the run, so it is not run (or its
-    /// result is withheld); the message gives the OS's reason (a full disk, ...).
+    /// The audit journal cannot record an event, so what needed it is
+    /// refused: a run is not run (or its result is withheld), a transition
+    /// or an answer not made; the message gives the OS's reason (a full disk, ...).
     JournalUnavailable,
 }
 
@@ -290,10 +393,25 @@ pub enum ServerMessage {
     Finished(Box<RunResult>),
     Error(ErrorReply),
     /// The run needs a person's approval first (the fallback policy
-    /// `request_approval`); nothing runs until the client answers `Approve`.
+    /// `request_approval`, or the tool's trust stage); nothing runs until
+    /// it is answered: by this client (`Approve`) when `may_answer`, or by
+    /// an approver from another connection (`Answer`).
     ApprovalRequired {
         reason: String,
+        /// Whether this client's own `Approve` is taken (it is an approver,
+        /// or `self_approval` is on); otherwise it waits for an approver.
+        may_answer: bool,
+        approval: Box<PendingApproval>,
     },
+    /// The answer to `ListApprovals`.
+    Approvals(Vec<PendingApproval>),
+    /// The answer to `Answer`: it reached the waiting run.
+    Answered {
+        approval: u64,
+        approved: bool,
+    },
+    /// The answer to `ListTools` and `ApproveTool`.
+    Tools(Vec<ToolInfo>),
 }
 
 /// Why bytes could not be decoded.
@@ -818,6 +936,64 @@ mod tests {
             d.next_message::<ClientMessage>().unwrap(),
             Some(ClientMessage::Run(RunRequest { argv: vec!["ls".into()], ..Default::default() }))
         );
+    }
+
+    /// The approval messages, appended in version 3: their bincode indexes
+    /// follow the older ones (which did not move), and their JSON is the
+    /// one docs/protocol.md shows.
+    #[cfg(feature = "json")]
+    #[test]
+    fn approval_messages_keep_the_older_indexes_and_read_as_documented() {
+        let bincode_index = |m: &ClientMessage| encode(m, Encoding::Bincode).unwrap()[4];
+        assert_eq!(bincode_index(&ClientMessage::Cancel), 2);
+        assert_eq!(bincode_index(&ClientMessage::Approve { approved: true }), 3);
+        assert_eq!(bincode_index(&ClientMessage::ListApprovals), 4);
+        let answer = ClientMessage::Answer { approval: 4, approved: false, reason: Some("no".into()) };
+        assert_eq!(bincode_index(&answer), 5);
+        assert_eq!(bincode_index(&ClientMessage::ApproveTool { name: "t".into() }), 7);
+        let server_index = |m: &ServerMessage| encode(m, Encoding::Bincode).unwrap()[4];
+        assert_eq!(server_index(&ServerMessage::Approvals(vec![])), 6);
+        assert_eq!(server_index(&ServerMessage::Tools(vec![])), 8);
+        assert_eq!(
+            encode(&ErrorKind::JournalUnavailable, Encoding::Bincode).unwrap()[4],
+            14,
+            "JournalUnavailable comes last"
+        );
+        for (line, want) in [
+            (r#""list_approvals""#, ClientMessage::ListApprovals),
+            (r#"{"answer": {"approval": 4, "approved": false, "reason": "no"}}"#, answer.clone()),
+            (
+                r#"{"answer": {"approval": 4, "approved": true}}"#,
+                ClientMessage::Answer { approval: 4, approved: true, reason: None },
+            ),
+            (r#"{"approve_tool": {"name": "t"}}"#, ClientMessage::ApproveTool { name: "t".into() }),
+        ] {
+            let mut d = Decoder::new(Some(Encoding::Json));
+            d.push(format!("{line}\n").as_bytes());
+            assert_eq!(d.next_message::<ClientMessage>().unwrap(), Some(want), "{line}");
+        }
+        let pending = PendingApproval {
+            id: 4,
+            trigger: Some(EscalationTrigger {
+                reason: EscalationReason::PathOutOfScope,
+                requested_path: Some("/srv/x".into()),
+                approved_paths: vec!["/w (read-only)".into()],
+            }),
+            ..Default::default()
+        };
+        let asked = ServerMessage::ApprovalRequired {
+            reason: "r".into(),
+            may_answer: false,
+            approval: Box::new(pending),
+        };
+        let json = String::from_utf8(encode(&asked, Encoding::Json).unwrap()).unwrap();
+        assert!(
+            json.contains(r#""may_answer":false"#) && json.contains(r#""reason":"PathOutOfScope""#),
+            "{json}"
+        );
+        let mut d = Decoder::new(Some(Encoding::Bincode));
+        d.push(&encode(&asked, Encoding::Bincode).unwrap());
+        assert_eq!(d.next_message::<ServerMessage>().unwrap(), Some(asked));
     }
 
     #[cfg(feature = "json")]

@@ -420,6 +420,17 @@ pub fn base_config() -> String {
     format!("[defaults]\nread_only = [{:?}]\n", probe_dir.to_string_lossy())
 }
 
+/// A test's configuration: [`base_config`], `toml`'s lines before any table
+/// header added to its `[defaults]`, then `toml`'s tables. Trust stages are
+/// off unless `toml` has a `[trust]` table: the suites that are not about
+/// them run declared tools as they always did, and none writes a state file
+/// outside its temporary directory.
+pub fn test_config(toml: &str) -> String {
+    let (defaults, rest) = split_defaults(toml);
+    let trust = if toml.contains("[trust]") { "" } else { "\n[trust]\nenabled = false\n" };
+    format!("{}{}\n{}{trust}", base_config(), defaults, rest)
+}
+
 /// Splits test TOML into lines for `[defaults]` (those before any table
 /// header) and the rest, so tests can add defaults to the base configuration.
 fn split_defaults(config: &str) -> (String, String) {
@@ -465,8 +476,7 @@ impl Daemon {
         }
         let socket = opts.default_socket.clone().unwrap_or_else(|| dir.join("palisade.sock"));
         let config = dir.join("palisade.toml");
-        let (defaults, rest) = split_defaults(&opts.config);
-        std::fs::write(&config, format!("{}{}\n{}", base_config(), defaults, rest)).unwrap();
+        std::fs::write(&config, test_config(&opts.config)).unwrap();
         let log = std::fs::File::create(dir.join("palisaded.log")).unwrap();
         let mut argv: Vec<String> = opts.prefix.clone();
         argv.extend(opts.user.as_ref().map(as_user).unwrap_or_default());

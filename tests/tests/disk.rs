@@ -25,8 +25,7 @@ fn text(b: &[u8]) -> String {
 fn run_with(ws: &Path, toml: &str, args: &[&str]) -> std::process::Output {
     let dir = TempDir::new("policy");
     let path = dir.join("p.toml");
-    let base = base_config();
-    std::fs::write(&path, format!("{base}{toml}")).unwrap();
+    std::fs::write(&path, test_config(toml)).unwrap();
     palisade_cli(ws, &["run", "--policy", path.to_str().unwrap()], args, None)
 }
 
@@ -148,7 +147,7 @@ fn writes_are_dropped_when_palisade_ends_the_run() {
     let toml = "allow_interpreters = true\nallow_inline_code = true\n";
     let dir = TempDir::new("p");
     let path = dir.join("p.toml");
-    std::fs::write(&path, format!("{}{toml}", base_config())).unwrap();
+    std::fs::write(&path, test_config(toml)).unwrap();
     let o = palisade_cli(
         ws.path(),
         &["run", "--policy", path.to_str().unwrap(), "--timeout", "1"],

@@ -18,7 +18,7 @@ fn text(b: &[u8]) -> String {
 fn run_json(toml: &str, args: &[&str]) -> (Option<i32>, serde_json::Value, String) {
     let dir = TempDir::new("limits");
     let path = dir.join("p.toml");
-    std::fs::write(&path, format!("{}{toml}", base_config())).unwrap();
+    std::fs::write(&path, test_config(toml)).unwrap();
     let ws = TempDir::new("ws");
     let o = palisade_cli(ws.path(), &["run", "--json", "--policy", path.to_str().unwrap()], args, None);
     let v = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
@@ -60,7 +60,7 @@ fn without_a_usable_cgroup_root_limits_fall_back_to_rlimits_and_say_so() {
     let tool = format!("{nowhere}{}{}", tool("strict", true), tool("loose", false));
     let dir = TempDir::new("tools");
     let path = dir.join("p.toml");
-    std::fs::write(&path, format!("{}{tool}", base_config())).unwrap();
+    std::fs::write(&path, test_config(&tool)).unwrap();
     let ws = TempDir::new("ws");
     let run = |name: &str| {
         palisade_cli(

@@ -407,7 +407,7 @@ fn request_approval_puts_the_run_to_the_client_and_runs_it_in_tier_b_only_when_a
     raw.send(&ClientMessage::Run(request(&ws_path, &["echo", "x"]))).unwrap();
     assert!(matches!(raw.receive().unwrap(), ServerMessage::ApprovalRequired { .. }));
     match raw.receive().unwrap() {
-        ServerMessage::Error(e) => assert!(e.message.contains("no answer within 2 s"), "{}", e.message),
+        ServerMessage::Error(e) => assert!(e.message.contains("expired after 2 s"), "{}", e.message),
         other => panic!("{other:?}"),
     }
 

@@ -141,6 +141,7 @@ fn context(on: On) -> Context {
         instance: "1-1".into(),
         run: 7,
         etc_view: None,
+        trust: None,
     }
 }
 
@@ -651,4 +652,74 @@ fn the_executable_allow_list() {
         Decision::Deny(d) => assert_eq!((d.kind, d.rule), (DENY, "executables.not_allowed")),
         other => panic!("{other:?}"),
     }
+}
+
+/// A tool's trust stage, passed in by the broker, turned into a refusal
+/// (Draft), a question with its trigger (Trial, an escalation) or nothing
+/// (Verified, in range); a sensitive path is refused at every stage, and
+/// with stages off (or no tool) nothing changes.
+#[test]
+fn trust_stages() {
+    use crate::trust::{EscalationReason, ToolTrust, TrustStage};
+    let f = Fixture::new("trust");
+    std::fs::write(f.root.join("ws/in.txt"), "in").unwrap();
+    let host = f.host(On::TierC);
+    let text = "[tools.t]\n[tools.t.overrides]\nfilesystem = [{ read_only = \"${WORKSPACE}\" }]\n\
+                [tools.t.parameters.input]\ncapability = \"filesystem.read_only\"\nvalidation = \"is_file\"\nmapping = \"single\"\n";
+    let policy = Policy::new(Config::parse(text, Path::new("trust.toml")).unwrap(), &*host.files);
+    let at = |stage, successes| ToolTrust { stage, successes, trial_runs: 3 };
+    let decide = |trust: Option<ToolTrust>, params: &'static [(&'static str, &'static str)]| {
+        let ctx = Context { trust, ..context(On::TierC) };
+        policy.decide(&host, &ctx, &tool("t", &["cat", "in.txt"], params)(&f))
+    };
+    let question = |d: Decision| match d {
+        Decision::NeedsApproval { reason, resolved } => (reason, resolved),
+        other => panic!("{other:?}"),
+    };
+    let refusal = |d: Decision| match d {
+        Decision::Deny(d) => d,
+        other => panic!("{other:?}"),
+    };
+    let input: &[(&str, &str)] = &[("input", "ws/in.txt")];
+
+    // Draft: not executable, and the refusal says how to get it reviewed.
+    let d = refusal(decide(Some(at(TrustStage::Draft, 0)), input));
+    assert_eq!((d.kind, d.rule), (DENY, "trust.draft"));
+    assert!(d.reason.contains("palisade tools show t") && d.reason.contains("palisade tools approve t"));
+    // Trial: every run asks; the first says it is the first.
+    let (reason, r) = question(decide(Some(at(TrustStage::Trial, 0)), input));
+    assert!(reason.contains("(1 of 3)"), "{reason}");
+    assert_eq!(r.escalation.map(|t| t.reason), Some(EscalationReason::FirstExecution));
+    let (reason, r) = question(decide(Some(at(TrustStage::Trial, 2)), input));
+    assert!(reason.contains("(3 of 3)") && r.escalation.is_none(), "{reason}");
+    // Verified: silent in range.
+    assert!(matches!(decide(Some(at(TrustStage::Verified, 0)), input), Decision::Allow(_)));
+
+    // PathOutOfScope: outside the declared range (the workspace), with the range shown.
+    let (reason, r) = question(decide(Some(at(TrustStage::Verified, 0)), &[("input", "outside/secret")]));
+    let t = r.escalation.unwrap();
+    assert_eq!((t.reason, t.requested_path), (EscalationReason::PathOutOfScope, Some(f.p("outside/secret"))));
+    assert_eq!(t.approved_paths, [format!("{} (read-only)", f.p("ws"))]);
+    assert!(reason.contains("back to Draft"), "{reason}");
+    // UndeclaredBinding: asked; approved, the parameter grants nothing.
+    let (_, r) = question(decide(
+        Some(at(TrustStage::Verified, 0)),
+        &[("input", "ws/in.txt"), ("other", "outside/secret")],
+    ));
+    let t = r.escalation.unwrap();
+    assert_eq!((t.reason, t.requested_path.as_deref()), (EscalationReason::UndeclaredBinding, Some("other")));
+    assert!(!r.granted.iter().any(|p| p.starts_with(f.p("outside"))), "{:?}", r.granted);
+    // SensitiveDirectory: refused at every stage, approval or not.
+    for stage in [TrustStage::Trial, TrustStage::Verified] {
+        let d = refusal(decide(Some(at(stage, 0)), &[("input", "home/.ssh/id_ed25519")]));
+        assert_eq!((d.kind, d.rule), (SCOPE, "trust.sensitive_directory"), "{}", d.reason);
+    }
+
+    // Counter-tests: stages off, the same requests are decided as before.
+    assert!(matches!(decide(None, &[("input", "outside/secret")]), Decision::Allow(_)));
+    assert_eq!(refusal(decide(None, &[("other", "ws/in.txt")])).rule, "tools.undeclared_parameter");
+    assert_eq!(refusal(decide(None, &[("input", "home/.ssh/id_ed25519")])).rule, "scope.sensitive_path");
+    // The default profile has no stage, whatever the context says.
+    let ctx = Context { trust: Some(at(TrustStage::Draft, 0)), ..context(On::TierC) };
+    assert!(matches!(policy.decide(&host, &ctx, &f.request(&["cat", "in.txt"])), Decision::Allow(_)));
 }

@@ -29,6 +29,7 @@ fn probe() -> String {
 }
 
 impl Guest {
+    /// The guest's configuration (its tools are not about trust stages: they are off).
     fn config(&self, extra_defaults: &str, cgroup_root: Option<&Path>) -> PathBuf {
         let dir = bin("probe").parent().unwrap().to_path_buf();
         let broker = cgroup_root.map(|r| format!("[broker]\ncgroup_root = {:?}\n", r)).unwrap_or_default();
@@ -38,7 +39,8 @@ impl Guest {
              [tools.spinfree.overrides]\nfilesystem = [{{ read_only = {dir:?} }}]\nprocess = {{ max_cpu_percent = 0, no_fork = false }}\n\
              [tools.guest]\npreset = \"file_processor\"\n\
              [tools.guest.overrides]\nfilesystem = [\"temp_workspace\", {{ read_only = {dir:?} }}]\n\
-             process = {{ max_memory_mb = 64, max_processes = 32, max_cpu_percent = 20, no_fork = false }}\n",
+             process = {{ max_memory_mb = 64, max_processes = 32, max_cpu_percent = 20, no_fork = false }}\n\
+             [trust]\nenabled = false\n",
             p = probe()
         );
         let path = self.tmp.join(format!("palisade-{}.toml", text.len()));

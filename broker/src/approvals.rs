@@ -1,0 +1,228 @@
+//! Runs held for a person's approval: a registry of the pending ones, who
+//! may answer them (the approvers, and a requester where `self_approval`
+//! allows), and the answer handed to the connection that waits for it.
+
+use crate::error::BrokerError;
+use crate::service::Peer;
+use palisade_policy::config::ApproversConfig;
+use palisade_protocol::wire::PendingApproval;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::oneshot;
+
+/// An answer to a pending approval.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub approved: bool,
+    /// Who answered.
+    pub by_uid: u32,
+    /// What the requester is told (`approved by uid 0`, `denied by uid 0: ...`).
+    pub why: String,
+}
+
+/// What an approver does; [`Approvers::authorize`] decides each.
+#[derive(Debug, Clone, Copy)]
+pub enum ApproverAction<'a> {
+    /// Answer this pending approval.
+    Answer(&'a PendingApproval),
+    /// Approve this tool's declaration (Draft → Trial).
+    ApproveTool(&'a str),
+}
+
+/// Who the approvers are.
+#[derive(Debug, Clone)]
+pub struct Approvers {
+    config: ApproversConfig,
+    /// The broker's own uid: the approver (with root) when none are configured.
+    broker_uid: u32,
+}
+
+impl Approvers {
+    pub fn new(config: ApproversConfig, broker_uid: u32) -> Approvers {
+        Approvers { config, broker_uid }
+    }
+
+    /// Whether `peer` holds the approver role: its uid, primary or
+    /// supplementary group is configured; with neither list set, it is the
+    /// broker's own uid or root.
+    pub fn is_approver(&self, peer: &Peer) -> bool {
+        let c = &self.config;
+        if c.uids.is_empty() && c.gids.is_empty() {
+            return peer.uid == self.broker_uid || peer.uid == 0;
+        }
+        c.uids.contains(&peer.uid)
+            || c.gids.contains(&peer.gid)
+            || peer.groups.iter().any(|g| c.gids.contains(g))
+    }
+
+    /// Whether `peer` may do `action`: the one place an approver's answer
+    /// (and a tool's approval) is authorized. An approver may do both; a
+    /// client that is not one may answer only its own request, and only
+    /// with `self_approval` on.
+    pub fn authorize(&self, peer: &Peer, action: ApproverAction<'_>) -> Result<(), BrokerError> {
+        if self.is_approver(peer) {
+            return Ok(());
+        }
+        match action {
+            ApproverAction::Answer(p) if p.uid == peer.uid && self.config.self_approval => Ok(()),
+            ApproverAction::Answer(p) if p.uid == peer.uid => Err(BrokerError::Unauthorized(format!(
+                "uid {} is not an approver and may not answer its own request (approval {}): \
+                 self_approval is off; an approver answers it (palisade approve {})",
+                peer.uid, p.id, p.id
+            ))),
+            ApproverAction::Answer(p) => Err(BrokerError::Unauthorized(format!(
+                "uid {} is not an approver: it may not answer approval {}",
+                peer.uid, p.id
+            ))),
+            ApproverAction::ApproveTool(name) => Err(BrokerError::Unauthorized(format!(
+                "uid {} is not an approver: it may not approve tool {name}",
+                peer.uid
+            ))),
+        }
+    }
+}
+
+/// One pending approval and the way to its waiting run.
+struct Waiting {
+    pending: PendingApproval,
+    /// Taken by the first answer.
+    answer: Option<oneshot::Sender<Answer>>,
+}
+
+#[derive(Default)]
+struct Registry {
+    next: u64,
+    waiting: BTreeMap<u64, Waiting>,
+}
+
+/// The pending approvals of this broker.
+#[derive(Clone, Default)]
+pub struct Pending {
+    registry: Arc<Mutex<Registry>>,
+}
+
+/// A pending approval, held by the connection that waits for its answer;
+/// dropped, it leaves the list.
+pub struct Ticket {
+    pub pending: PendingApproval,
+    pub answer: oneshot::Receiver<Answer>,
+    registry: Arc<Mutex<Registry>>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner()).waiting.remove(&self.pending.id);
+    }
+}
+
+impl Pending {
+    /// Lists `pending` (its id assigned here) until the ticket is dropped.
+    pub fn open(&self, mut pending: PendingApproval) -> Ticket {
+        let (tx, rx) = oneshot::channel();
+        let mut r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        r.next += 1;
+        pending.id = r.next;
+        r.waiting.insert(pending.id, Waiting { pending: pending.clone(), answer: Some(tx) });
+        Ticket { pending, answer: rx, registry: self.registry.clone() }
+    }
+
+    /// What `peer` may see: everything for an approver, its own otherwise.
+    pub fn list(&self, approvers: &Approvers, peer: &Peer) -> Vec<PendingApproval> {
+        let all = approvers.is_approver(peer);
+        let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        r.waiting.values().filter(|w| all || w.pending.uid == peer.uid).map(|w| w.pending.clone()).collect()
+    }
+
+    /// `peer`'s answer to approval `id`, handed to the run that waits for it.
+    pub fn answer(
+        &self,
+        approvers: &Approvers,
+        peer: &Peer,
+        id: u64,
+        approved: bool,
+        reason: Option<String>,
+    ) -> Result<(), BrokerError> {
+        let mut r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let w = r.waiting.get_mut(&id).ok_or_else(|| no_such(id))?;
+        approvers.authorize(peer, ApproverAction::Answer(&w.pending))?;
+        let sender = w.answer.take().ok_or_else(|| no_such(id))?;
+        let why = match (approved, reason) {
+            (true, _) => format!("approved by uid {}", peer.uid),
+            (false, Some(r)) => format!("denied by uid {}: {r}", peer.uid),
+            (false, None) => format!("denied by uid {}", peer.uid),
+        };
+        sender.send(Answer { approved, by_uid: peer.uid, why }).map_err(|_| no_such(id))
+    }
+}
+
+fn no_such(id: u64) -> BrokerError {
+    BrokerError::Reply(palisade_protocol::wire::ErrorReply::new(
+        palisade_protocol::wire::ErrorKind::InvalidRequest,
+        format!("no approval {id} is waiting for an answer (answered, expired, or its client gone)"),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(uid: u32, gid: u32, groups: &[u32]) -> Peer {
+        Peer { uid, gid, pid: None, groups: groups.to_vec() }
+    }
+
+    fn asked_by(uid: u32) -> PendingApproval {
+        PendingApproval { uid, reason: "why".into(), ..Default::default() }
+    }
+
+    #[test]
+    fn without_lists_the_brokers_uid_and_root_approve_and_nobody_else() {
+        let a = Approvers::new(ApproversConfig::default(), 1000);
+        assert!(a.is_approver(&peer(1000, 1000, &[])) && a.is_approver(&peer(0, 0, &[])));
+        assert!(!a.is_approver(&peer(1001, 1000, &[1000])));
+    }
+
+    #[test]
+    fn configured_uids_and_groups_approve_and_the_broker_alone_no_longer_does() {
+        let config = ApproversConfig { uids: vec![1001], gids: vec![50], self_approval: false };
+        let a = Approvers::new(config, 1000);
+        assert!(a.is_approver(&peer(1001, 1, &[])));
+        assert!(a.is_approver(&peer(1002, 50, &[])));
+        assert!(a.is_approver(&peer(1003, 1, &[7, 50])));
+        assert!(!a.is_approver(&peer(1000, 1000, &[])) && !a.is_approver(&peer(0, 0, &[])));
+    }
+
+    #[test]
+    fn a_non_approver_answers_its_own_request_only_with_self_approval() {
+        let mut config = ApproversConfig { uids: vec![0], ..Default::default() };
+        let own = asked_by(1001);
+        let a = Approvers::new(config.clone(), 0);
+        let e = a.authorize(&peer(1001, 1001, &[]), ApproverAction::Answer(&own)).unwrap_err();
+        assert!(e.to_string().contains("self_approval is off"), "{e}");
+        config.self_approval = true;
+        let a = Approvers::new(config, 0);
+        assert!(a.authorize(&peer(1001, 1001, &[]), ApproverAction::Answer(&own)).is_ok());
+        // Another's request, or a tool: never.
+        assert!(a.authorize(&peer(1002, 1002, &[]), ApproverAction::Answer(&own)).is_err());
+        assert!(a.authorize(&peer(1001, 1001, &[]), ApproverAction::ApproveTool("t")).is_err());
+    }
+
+    #[test]
+    fn the_first_answer_reaches_the_waiting_run_and_a_refused_one_changes_nothing() {
+        let a = Approvers::new(ApproversConfig { uids: vec![0], ..Default::default() }, 0);
+        let pending = Pending::default();
+        let mut ticket = pending.open(asked_by(1001));
+        let id = ticket.pending.id;
+        let stranger = peer(1002, 1002, &[]);
+        assert!(pending.list(&a, &stranger).is_empty());
+        assert_eq!(pending.list(&a, &peer(1001, 1001, &[])).len(), 1);
+        let e = pending.answer(&a, &stranger, id, true, None).unwrap_err();
+        assert!(matches!(e, BrokerError::Unauthorized(_)), "{e}");
+        assert!(ticket.answer.try_recv().is_err(), "a refused answer reached the run");
+        pending.answer(&a, &peer(0, 0, &[]), id, false, Some("not now".into())).unwrap();
+        let got = ticket.answer.try_recv().unwrap();
+        assert_eq!((got.approved, got.by_uid, got.why.as_str()), (false, 0, "denied by uid 0: not now"));
+        assert!(pending.answer(&a, &peer(0, 0, &[]), id, true, None).is_err(), "answered twice");
+        drop(ticket);
+        assert!(pending.list(&a, &peer(0, 0, &[])).is_empty());
+    }
+}
