@@ -108,6 +108,7 @@ impl Broker {
             uid,
             gid,
             requester: HostIds { uid, gid },
+            groups: Requester::me().groups,
             temp_root: paths::canonical_prefix(
                 &config.policy.temp_root.clone().unwrap_or_else(paths::default_temp_root),
             ),
@@ -141,6 +142,7 @@ impl Broker {
         let context = Context {
             run: run_id,
             requester: HostIds { uid: peer.uid, gid: peer.gid },
+            groups: peer.groups.clone(),
             etc_view: etc.as_ref().map(|e| e.dir().to_path_buf()),
             ..self.context.clone()
         };

@@ -14,6 +14,7 @@ use crate::capabilities::{
     Binding, BoundCapability, Capabilities, EnvironmentCapability, FsCapability, Mapping, NetworkCapability,
     ProcessCapability, Validation,
 };
+use crate::cedar::{self, CedarVerdict, Principal};
 use crate::config::{Config, DiskMode, FallbackPolicy, PolicyConfig};
 use crate::egress::{self, EgressMode};
 use crate::host::{Host, HostCapabilities, HostFiles};
@@ -75,6 +76,9 @@ pub struct Context {
     /// embedded broker). A broker running as root acts on its behalf: the
     /// sandbox gets its access and its own block of host ids.
     pub requester: HostIds,
+    /// The requester's supplementary groups (`SO_PEERGROUPS`): Cedar
+    /// policies see it a member of these and of its primary group.
+    pub groups: Vec<u32>,
     /// Where this run's host directories go (Tier B): `<temp_root>/run-<instance>-<run>`.
     pub temp_root: PathBuf,
     /// The broker's instance (`<pid>-<start time>`): runs' host directories
@@ -127,6 +131,12 @@ pub struct Resolved {
     /// What bounded the run's memory, tmpfs mounts included.
     pub memory: Memory,
     pub warnings: Vec<String>,
+    /// The request's workspace, canonical.
+    pub workspace: PathBuf,
+    /// Whose run it is.
+    pub requester: HostIds,
+    /// What the Cedar policies decided (`None`: none are configured).
+    pub cedar: Option<CedarVerdict>,
 }
 
 #[derive(Debug, Clone)]
@@ -277,7 +287,40 @@ impl Policy {
 
         let draft = Draft { profile, warnings, grants, view, program, landlock, cgroup, hidden };
         let limits = self.limits(req, &draft);
-        Ok((self.plan(host, ctx, req, draft, limits)?, approval))
+        let mut resolved = self.plan(host, ctx, req, draft, limits, &dirs)?;
+
+        // Cedar, last: it can only narrow what the built-in checks allow.
+        resolved.cedar = self.check_cedar(ctx, &resolved, approval.is_some())?;
+        Ok((resolved, approval))
+    }
+
+    /// The Cedar policies' decision on the run, asked by its requester
+    /// (`run`, or `run_tool` for a tool); `None` when none are configured.
+    fn check_cedar(
+        &self,
+        ctx: &Context,
+        resolved: &Resolved,
+        needs_approval: bool,
+    ) -> Result<Option<CedarVerdict>, Denial> {
+        let Some(policies) = &self.config.policy.cedar_policies else { return Ok(None) };
+        let principal =
+            Principal { uid: ctx.requester.uid, gid: ctx.requester.gid, groups: ctx.groups.clone() };
+        policies.authorize(&principal, cedar::Action::of(resolved), resolved, needs_approval).map(Some)
+    }
+
+    /// Whether `approver` may approve the waiting run `resolved`, as the
+    /// Cedar policies say (action `approve`, the run's resource and
+    /// context): `Ok(None)` when none are configured (the built-in rules
+    /// alone decide), the verdict when they permit it, a refusal (kind
+    /// `PolicyDenied`, rule `cedar.forbid`, `cedar.no_permit` or
+    /// `cedar.error`) when they do not.
+    pub fn authorize_approval(
+        &self,
+        approver: &Principal,
+        resolved: &Resolved,
+    ) -> Result<Option<CedarVerdict>, Denial> {
+        let Some(policies) = &self.config.policy.cedar_policies else { return Ok(None) };
+        policies.authorize(approver, cedar::Action::Approve, resolved, true).map(Some)
     }
 
     /// The profile: the named tool's (its preset with its overrides), or the
@@ -689,6 +732,7 @@ impl Policy {
         req: &RunRequest,
         draft: Draft,
         limits: RunLimits,
+        dirs: &RequestDirs,
     ) -> Result<Resolved, Denial> {
         let spec = self.jail_spec(host, ctx, req, &draft, &limits)?;
         let plan = build_plan(&spec).map_err(|e| Denial::new(e.kind(), e.rule(), e.to_string()))?;
@@ -722,6 +766,9 @@ impl Policy {
             disk,
             memory,
             warnings,
+            workspace: dirs.workspace.clone(),
+            requester: ctx.requester,
+            cedar: None,
         })
     }
 }
