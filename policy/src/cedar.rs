@@ -34,9 +34,12 @@ pub const SCHEMA: &str = include_str!("../../docs/palisade.cedarschema");
 /// (`@id("no-network")`); without it, Cedar's own id (`policy0`, ...).
 const NAME_ANNOTATION: &str = "id";
 
-/// The stable rules of Cedar's refusals.
+/// The rule of a refusal by a matching `forbid` policy.
 pub const RULE_FORBID: &str = "cedar.forbid";
+/// The rule of a refusal for want of a matching `permit` (Cedar denies by default).
 pub const RULE_NO_PERMIT: &str = "cedar.no_permit";
+/// The rule of a refusal because a policy failed to evaluate, or the
+/// request could not be put to Cedar.
 pub const RULE_ERROR: &str = "cedar.error";
 
 /// A Cedar policy file, parsed and validated against [`SCHEMA`].
@@ -373,6 +376,9 @@ mod tests {
         assert!(e[1].starts_with("3:37: invalid policy condition: wen"), "{e:?}");
         let e = errors("permit(principal, action, resource)");
         assert!(e.len() == 1 && e[0].starts_with("1:"), "{e:?}");
+        // Columns count characters, not bytes.
+        let e = errors("// héhé\npermit(principal, action, resource) when { \"é\" == x };");
+        assert!(e.len() == 1 && e[0].starts_with("2:51: invalid variable: x"), "{e:?}");
     }
 
     #[test]
