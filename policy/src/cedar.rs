@@ -148,16 +148,7 @@ impl CedarPolicies {
         needs_approval: bool,
     ) -> Result<CedarVerdict, Denial> {
         let (resource, resource_entity) = resource(resolved).map_err(|e| error(&e))?;
-        let user = uid("User", &principal.uid.to_string())?;
-        let groups: BTreeSet<u32> =
-            std::iter::once(principal.gid).chain(principal.groups.iter().copied()).collect();
-        let group_uids: Vec<EntityUid> =
-            groups.iter().map(|g| uid("Group", &g.to_string())).collect::<Result<_, _>>()?;
-        let attrs = HashMap::from([("uid".to_string(), long(u64::from(principal.uid)))]);
-        let user_entity =
-            Entity::new(user.clone(), attrs, group_uids.iter().cloned().collect()).map_err(|e| error(&e))?;
-        let mut entities = vec![user_entity];
-        entities.extend(group_uids.into_iter().map(|g| Entity::new_no_attrs(g, HashSet::new())));
+        let (user, mut entities) = principal_entities(principal)?;
         entities.push(resource_entity);
         let entities = Entities::from_entities(entities, Some(&self.schema)).map_err(|e| error(&e))?;
         let context = Context::from_pairs(run_context(resolved, needs_approval)).map_err(|e| error(&e))?;
@@ -210,6 +201,21 @@ impl CedarPolicies {
     fn name_of(&self, id: &PolicyId) -> String {
         format!("{:?}", self.policies.annotation(id, NAME_ANNOTATION).unwrap_or(id.as_ref()))
     }
+}
+
+/// The principal's entity, `User::"<uid>"`, and those of its groups, each
+/// a parent of it: its primary group and its supplementary ones.
+fn principal_entities(principal: &Principal) -> Result<(EntityUid, Vec<Entity>), Denial> {
+    let user = uid("User", &principal.uid.to_string())?;
+    let groups: BTreeSet<u32> =
+        std::iter::once(principal.gid).chain(principal.groups.iter().copied()).collect();
+    let group_uids: Vec<EntityUid> =
+        groups.iter().map(|g| uid("Group", &g.to_string())).collect::<Result<_, _>>()?;
+    let attrs = HashMap::from([("uid".to_string(), long(u64::from(principal.uid)))]);
+    let parents = group_uids.iter().cloned().collect();
+    let mut entities = vec![Entity::new(user.clone(), attrs, parents).map_err(|e| error(&e))?];
+    entities.extend(group_uids.into_iter().map(|g| Entity::new_no_attrs(g, HashSet::new())));
+    Ok((user, entities))
 }
 
 /// The policy an authorization error is about.
