@@ -8,7 +8,9 @@
 //! grants, the sandbox's view (cwd and environment); then the checks: the
 //! request's shape, the executable, interpreters, the workspace scope,
 //! blocked patterns, egress, Landlock, the cgroup, sensitive paths inside
-//! the grants; then the limits and the plan. The first refusal ends it.
+//! the grants; then the limits and the plan; last, when the configuration
+//! names a Cedar file, its policies ([`crate::cedar`]), which can only
+//! narrow. The first refusal ends it.
 
 use crate::capabilities::{
     Binding, BoundCapability, Capabilities, EnvironmentCapability, FsCapability, Mapping, NetworkCapability,
