@@ -32,8 +32,9 @@ pub enum Command {
     /// when palisade refused or failed (with a one-line message naming the error kind).
     Run(RunArgs),
     /// Print the policy's decision for a command and, when it is allowed, the
-    /// sandbox it would get (mounts, Landlock rules, limits, seccomp), without
-    /// running anything. Exits 0 when allowed, 1 otherwise.
+    /// sandbox it would get (mounts, Landlock rules, limits, seccomp) and the
+    /// Cedar policies that permitted it, without running anything. Exits 0
+    /// when allowed, 1 otherwise.
     Explain(ExplainArgs),
     /// Print what this host can enforce (cgroups, user namespaces, Landlock,
     /// seccomp) and the tier palisade will use. Changes nothing. Exits 0 when
