@@ -30,6 +30,10 @@ use std::str::FromStr;
 /// every policy is validated against it, every request built to it.
 pub const SCHEMA: &str = include_str!("../../docs/palisade.cedarschema");
 
+/// The stack Cedar's parser, validator and evaluator run on (see
+/// [`on_cedar_stack`]): ample for their recursion, mapped only as used.
+const CEDAR_STACK_BYTES: usize = 4 << 20;
+
 /// The annotation that names a policy in refusals and explanations
 /// (`@id("no-network")`); without it, Cedar's own id (`policy0`, ...).
 const NAME_ANNOTATION: &str = "id";
@@ -109,6 +113,10 @@ impl CedarPolicies {
     /// Parses `text` (the file at `path`) and validates it against the
     /// schema; every error found, with its position.
     pub fn parse(text: &str, path: &Path) -> Result<CedarPolicies, Vec<CedarError>> {
+        on_cedar_stack(|| CedarPolicies::parse_here(text, path))
+    }
+
+    fn parse_here(text: &str, path: &Path) -> Result<CedarPolicies, Vec<CedarError>> {
         let at = |offset: usize, message: String| {
             let (line, column) = crate::config::line_column(text, offset);
             CedarError { line, column, message }
@@ -122,7 +130,7 @@ impl CedarPolicies {
             validated.validation_errors().map(|e| at(offset_of(e), message_of(e))).collect();
         errors.extend(templates_and_names(&policies, text).into_iter().map(|(o, m)| at(o, m)));
         if !errors.is_empty() {
-            errors.sort_by_key(|e| (e.line, e.column));
+            errors.sort_by(|a, b| (a.line, a.column, &a.message).cmp(&(b.line, b.column, &b.message)));
             return Err(errors);
         }
         Ok(CedarPolicies { path: path.to_path_buf(), policies, schema })
@@ -141,6 +149,16 @@ impl CedarPolicies {
     /// Cedar's decision on `principal` doing `action` to the run `resolved`
     /// (`needs_approval`: the built-in checks put it to a person first).
     pub fn authorize(
+        &self,
+        principal: &Principal,
+        action: Action,
+        resolved: &Resolved,
+        needs_approval: bool,
+    ) -> Result<CedarVerdict, Denial> {
+        on_cedar_stack(|| self.authorize_here(principal, action, resolved, needs_approval))
+    }
+
+    fn authorize_here(
         &self,
         principal: &Principal,
         action: Action,
@@ -201,6 +219,16 @@ impl CedarPolicies {
     fn name_of(&self, id: &PolicyId) -> String {
         format!("{:?}", self.policies.annotation(id, NAME_ANNOTATION).unwrap_or(id.as_ref()))
     }
+}
+
+/// Runs `f` on a stack of [`CEDAR_STACK_BYTES`] whose bounds are known.
+/// Cedar checks the stack left before each step of its recursion, and
+/// where it cannot tell (the main thread of a static musl binary reports
+/// a stack too small) it stops: its validator then passes what it did not
+/// check, its evaluator fails every policy. On a stack of its own, the
+/// bounds are exact.
+fn on_cedar_stack<R>(f: impl FnOnce() -> R) -> R {
+    stacker::grow(CEDAR_STACK_BYTES, f)
 }
 
 /// The principal's entity, `User::"<uid>"`, and those of its groups, each
@@ -418,6 +446,17 @@ mod tests {
             "@id(\"a\")\npermit(principal, action, resource);\n@id(\"a\")\nforbid(principal, action, resource);",
         );
         assert_eq!(e, ["3:5: two policies are named @id(\"a\"): names must be unique"]);
+    }
+
+    /// On a thread whose stack is smaller than Cedar's margin (as a static
+    /// musl binary's main thread reports its own), a schema error is still
+    /// found: Cedar runs on a stack of its own.
+    #[test]
+    fn a_small_stack_does_not_hide_schema_errors() {
+        let small = std::thread::Builder::new().stack_size(96 << 10);
+        let e = small.spawn(|| errors("permit(principal, action, resource) when { context.nope };")).unwrap();
+        let e = e.join().unwrap();
+        assert!(e.len() == 3 && e.iter().all(|e| e.contains("attribute `nope` in context")), "{e:?}");
     }
 
     /// Every example of docs/cedar.md is valid against the schema.

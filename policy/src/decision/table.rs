@@ -935,6 +935,20 @@ mod cedar {
         }
     }
 
+    /// On a thread whose stack is smaller than Cedar's margin, a run is
+    /// still decided (Cedar runs on a stack of its own).
+    #[test]
+    fn a_small_stack_still_decides() {
+        let small = std::thread::Builder::new().stack_size(256 << 10);
+        let decided = small.spawn(|| {
+            let f = Fixture::new("cedar-stack");
+            let policies =
+                "@id(\"all\") permit(principal, action, resource) when { context.memory_mb < 1024 };";
+            permitted("small stack", decide(&f, On::TierC, "", Some(policies), USER, &f.request(&["ls"])))
+        });
+        assert_eq!(decided.unwrap().join().unwrap(), ["\"all\""]);
+    }
+
     /// The names of the permits that applied, and of both forbids.
     #[test]
     fn the_deciding_policies_are_named() {
