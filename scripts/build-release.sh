@@ -39,6 +39,12 @@ else
     libc=glibc
 fi
 if [ "$libc" = musl ]; then
+    # cedar-policy's stack check (the psm crate) assembles a few lines with
+    # the target's C compiler; without a musl cross compiler, the host's gcc
+    # assembles them (assembly: no libc involved).
+    if [ -z "${CC_x86_64_unknown_linux_musl:-}" ] && ! command -v x86_64-linux-musl-gcc >/dev/null; then
+        export CC_x86_64_unknown_linux_musl=gcc
+    fi
     cargo build --release --locked --quiet --target "$musl" -p palisade-helper --bin palisade-helper
     cargo rustc --release --locked --quiet --target "$musl" -p palisade-broker --bin palisade -- -C relocation-model=static
     for b in palisade-helper palisade; do

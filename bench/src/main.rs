@@ -223,6 +223,7 @@ impl Helper {
                 uid: nix::unistd::getuid().as_raw(),
                 gid: nix::unistd::getgid().as_raw(),
             },
+            groups: vec![],
             temp_root: std::env::temp_dir(),
             instance: "1-1".into(),
             run: 0,

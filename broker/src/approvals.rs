@@ -4,8 +4,11 @@
 
 use crate::error::BrokerError;
 use crate::service::Peer;
+use palisade_policy::Resolved;
+use palisade_policy::cedar::{CedarPolicies, Principal};
 use palisade_policy::config::ApproversConfig;
 use palisade_protocol::wire::PendingApproval;
+use palisade_protocol::wire::{ErrorKind, ErrorReply};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
@@ -23,8 +26,11 @@ pub struct Answer {
 /// What an approver does; [`Approvers::authorize`] decides each.
 #[derive(Debug, Clone, Copy)]
 pub enum ApproverAction<'a> {
-    /// Answer this pending approval.
-    Answer(&'a PendingApproval),
+    /// Approve this pending approval of this run (`None`: a run not kept,
+    /// which Cedar's `approve`, when configured, refuses).
+    Approve(&'a PendingApproval, Option<&'a Resolved>),
+    /// Deny it: the role alone decides (a denial only narrows).
+    Deny(&'a PendingApproval),
     /// Approve this tool's declaration (Draft → Trial).
     ApproveTool(&'a str),
 }
@@ -35,11 +41,18 @@ pub struct Approvers {
     config: ApproversConfig,
     /// The broker's own uid: the approver (with root) when none are configured.
     broker_uid: u32,
+    /// The policy's Cedar file, which must also permit `approve` when there is one.
+    cedar: Option<Arc<CedarPolicies>>,
 }
 
 impl Approvers {
     pub fn new(config: ApproversConfig, broker_uid: u32) -> Approvers {
-        Approvers { config, broker_uid }
+        Approvers { config, broker_uid, cedar: None }
+    }
+
+    /// The same, with the Cedar policies an answer must also satisfy.
+    pub fn with_cedar(self, cedar: Option<Arc<CedarPolicies>>) -> Approvers {
+        Approvers { cedar, ..self }
     }
 
     /// Whether `peer` holds the approver role: its uid, primary or
@@ -60,31 +73,68 @@ impl Approvers {
     /// client that is not one may answer only its own request, and only
     /// with `self_approval` on.
     pub fn authorize(&self, peer: &Peer, action: ApproverAction<'_>) -> Result<(), BrokerError> {
+        self.role(peer, action)?;
+        match action {
+            ApproverAction::Approve(_, run) => self.cedar_approve(peer, run),
+            ApproverAction::Deny(_) | ApproverAction::ApproveTool(_) => Ok(()),
+        }
+    }
+
+    /// The built-in rule: the approver role, or a requester's own answer
+    /// where `self_approval` allows it.
+    fn role(&self, peer: &Peer, action: ApproverAction<'_>) -> Result<(), BrokerError> {
         if self.is_approver(peer) {
             return Ok(());
         }
-        match action {
-            ApproverAction::Answer(p) if p.uid == peer.uid && self.config.self_approval => Ok(()),
-            ApproverAction::Answer(p) if p.uid == peer.uid => Err(BrokerError::Unauthorized(format!(
-                "uid {} is not an approver and may not answer its own request (approval {}): \
-                 self_approval is off; an approver answers it (palisade approve {})",
-                peer.uid, p.id, p.id
-            ))),
-            ApproverAction::Answer(p) => Err(BrokerError::Unauthorized(format!(
+        let p = match action {
+            ApproverAction::Approve(p, _) | ApproverAction::Deny(p) => p,
+            ApproverAction::ApproveTool(name) => {
+                return Err(BrokerError::Unauthorized(format!(
+                    "uid {} is not an approver: it may not approve tool {name}",
+                    peer.uid
+                )));
+            }
+        };
+        if p.uid != peer.uid {
+            return Err(BrokerError::Unauthorized(format!(
                 "uid {} is not an approver: it may not answer approval {}",
                 peer.uid, p.id
-            ))),
-            ApproverAction::ApproveTool(name) => Err(BrokerError::Unauthorized(format!(
-                "uid {} is not an approver: it may not approve tool {name}",
-                peer.uid
-            ))),
+            )));
         }
+        if self.config.self_approval {
+            return Ok(());
+        }
+        Err(BrokerError::Unauthorized(format!(
+            "uid {} is not an approver and may not answer its own request (approval {}): \
+             self_approval is off; an approver answers it (palisade approve {})",
+            peer.uid, p.id, p.id
+        )))
+    }
+
+    /// With a Cedar file, its `approve` action must permit `peer`'s answer
+    /// on the waiting run too: it can only narrow the built-in rule.
+    fn cedar_approve(&self, peer: &Peer, run: Option<&Resolved>) -> Result<(), BrokerError> {
+        let Some(cedar) = &self.cedar else { return Ok(()) };
+        let refused = |kind, message: String, rule: &str| {
+            BrokerError::Reply(ErrorReply::with_rule(kind, message, rule.to_string()))
+        };
+        let Some(run) = run else {
+            let message = "the waiting run is not kept, so Cedar's approve cannot be asked".to_string();
+            return Err(refused(ErrorKind::PolicyDenied, message, "cedar.error"));
+        };
+        let principal = Principal { uid: peer.uid, gid: peer.gid, groups: peer.groups.clone() };
+        cedar
+            .authorize(&principal, palisade_policy::cedar::Action::Approve, run, true)
+            .map(drop)
+            .map_err(|d| refused(d.kind, d.reason, d.rule))
     }
 }
 
 /// One pending approval and the way to its waiting run.
 struct Waiting {
     pending: PendingApproval,
+    /// The run it would be, for Cedar's `approve`.
+    run: Option<Arc<Resolved>>,
     /// Taken by the first answer.
     answer: Option<oneshot::Sender<Answer>>,
 }
@@ -105,6 +155,8 @@ pub struct Pending {
 /// dropped, it leaves the list.
 pub struct Ticket {
     pub pending: PendingApproval,
+    /// The run it would be.
+    pub run: Option<Arc<Resolved>>,
     pub answer: oneshot::Receiver<Answer>,
     registry: Arc<Mutex<Registry>>,
 }
@@ -117,13 +169,14 @@ impl Drop for Ticket {
 
 impl Pending {
     /// Lists `pending` (its id assigned here) until the ticket is dropped.
-    pub fn open(&self, mut pending: PendingApproval) -> Ticket {
+    pub fn open(&self, mut pending: PendingApproval, run: Option<Arc<Resolved>>) -> Ticket {
         let (tx, rx) = oneshot::channel();
         let mut r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         r.next += 1;
         pending.id = r.next;
-        r.waiting.insert(pending.id, Waiting { pending: pending.clone(), answer: Some(tx) });
-        Ticket { pending, answer: rx, registry: self.registry.clone() }
+        r.waiting
+            .insert(pending.id, Waiting { pending: pending.clone(), run: run.clone(), answer: Some(tx) });
+        Ticket { pending, run, answer: rx, registry: self.registry.clone() }
     }
 
     /// What `peer` may see: everything for an approver, its own otherwise.
@@ -144,7 +197,11 @@ impl Pending {
     ) -> Result<(), BrokerError> {
         let mut r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         let w = r.waiting.get_mut(&id).ok_or_else(|| no_such(id))?;
-        approvers.authorize(peer, ApproverAction::Answer(&w.pending))?;
+        let action = match approved {
+            true => ApproverAction::Approve(&w.pending, w.run.as_deref()),
+            false => ApproverAction::Deny(&w.pending),
+        };
+        approvers.authorize(peer, action)?;
         let sender = w.answer.take().ok_or_else(|| no_such(id))?;
         let why = match (approved, reason) {
             (true, _) => format!("approved by uid {}", peer.uid),
@@ -196,13 +253,13 @@ mod tests {
         let mut config = ApproversConfig { uids: vec![0], ..Default::default() };
         let own = asked_by(1001);
         let a = Approvers::new(config.clone(), 0);
-        let e = a.authorize(&peer(1001, 1001, &[]), ApproverAction::Answer(&own)).unwrap_err();
+        let e = a.authorize(&peer(1001, 1001, &[]), ApproverAction::Approve(&own, None)).unwrap_err();
         assert!(e.to_string().contains("self_approval is off"), "{e}");
         config.self_approval = true;
         let a = Approvers::new(config, 0);
-        assert!(a.authorize(&peer(1001, 1001, &[]), ApproverAction::Answer(&own)).is_ok());
+        assert!(a.authorize(&peer(1001, 1001, &[]), ApproverAction::Approve(&own, None)).is_ok());
         // Another's request, or a tool: never.
-        assert!(a.authorize(&peer(1002, 1002, &[]), ApproverAction::Answer(&own)).is_err());
+        assert!(a.authorize(&peer(1002, 1002, &[]), ApproverAction::Approve(&own, None)).is_err());
         assert!(a.authorize(&peer(1001, 1001, &[]), ApproverAction::ApproveTool("t")).is_err());
     }
 
@@ -210,7 +267,7 @@ mod tests {
     fn the_first_answer_reaches_the_waiting_run_and_a_refused_one_changes_nothing() {
         let a = Approvers::new(ApproversConfig { uids: vec![0], ..Default::default() }, 0);
         let pending = Pending::default();
-        let mut ticket = pending.open(asked_by(1001));
+        let mut ticket = pending.open(asked_by(1001), None);
         let id = ticket.pending.id;
         let stranger = peer(1002, 1002, &[]);
         assert!(pending.list(&a, &stranger).is_empty());

@@ -79,6 +79,7 @@ mod tests {
             uid: 1000,
             gid: 1000,
             requester: palisade_protocol::HostIds { uid: 1000, gid: 1000 },
+            groups: vec![],
             temp_root: PathBuf::from("/run/palisade-test"),
             instance: "1-1".into(),
             run: 1,

@@ -32,9 +32,10 @@ pub enum Command {
     /// when palisade refused or failed (with a one-line message naming the error kind).
     Run(RunArgs),
     /// Print the policy's decision for a command and, when it is allowed, the
-    /// sandbox it would get (mounts, Landlock rules, limits, seccomp), without
-    /// running anything. Exits 0 when allowed, 1 otherwise. A declared tool's
-    /// trust stage is not consulted: this is the run it would be once approved.
+    /// sandbox it would get (mounts, Landlock rules, limits, seccomp) and the
+    /// Cedar policies that permitted it, without running anything. Exits 0
+    /// when allowed, 1 otherwise. A declared tool's trust stage is not
+    /// consulted: this is the run it would be once approved.
     Explain(ExplainArgs),
     /// Print what this host can enforce (cgroups, user namespaces, Landlock,
     /// seccomp) and the tier palisade will use. Changes nothing. Exits 0 when
@@ -585,8 +586,8 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
         };
         let decided = broker.decide(&peer, &request)?;
         if let Some(reason) = &decided.approval {
-            let pending = broker.pending_approval(&peer, &decided, &request, reason);
-            ask_embedded(&broker, &peer, pending).await?;
+            let question = broker.pending_approval(&peer, &decided, &request, reason);
+            ask_embedded(&broker, &peer, question).await?;
         }
         broker.execute(&peer, decided, &request, &mut RenderSink(&mut render), cancel).await
     });
@@ -601,11 +602,11 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
 async fn ask_embedded(
     broker: &Broker,
     peer: &Peer,
-    pending: palisade_protocol::wire::PendingApproval,
+    question: crate::service::Question,
 ) -> Result<(), crate::error::BrokerError> {
     use crate::journal::Event;
-    let (reason, run_id) = (pending.reason.clone(), pending.run_id);
-    let ticket = broker.pending.open(pending);
+    let (reason, run_id) = (question.pending.reason.clone(), question.pending.run_id);
+    let ticket = broker.pending.open(question.pending, Some(question.run));
     let approval = ticket.pending.id;
     if !broker.approvers.is_approver(peer) {
         let why = format!(
@@ -615,6 +616,9 @@ async fn ask_embedded(
         );
         return Err(crate::service::not_approved(&reason, &why).into());
     }
+    // An approver still answers only where the Cedar policies' `approve` permits it.
+    let run = ticket.run.as_deref();
+    broker.approvers.authorize(peer, crate::approvals::ApproverAction::Approve(&ticket.pending, run))?;
     let tool = ticket.pending.tool.clone();
     let asked = Event::ApprovalAsked { approval, run_id, uid: peer.uid, tool, reason: reason.clone() };
     broker.journal.append(asked).await?;

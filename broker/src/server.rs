@@ -7,10 +7,10 @@ use crate::error::BrokerError;
 use crate::journal::Event;
 use crate::requester::Requester;
 use crate::run::Sink;
-use crate::service::{Broker, Decided, Peer, not_approved};
+use crate::service::{Broker, Decided, Peer, Question, not_approved};
 use palisade_protocol::wire::{
-    ClientMessage, Decoder, Encoding, Hello, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION, PendingApproval,
-    RunRequest, RunResult, ServerHello, ServerMessage, Stream, encode, output_frame_header,
+    ClientMessage, Decoder, Encoding, Hello, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION, RunRequest, RunResult,
+    ServerHello, ServerMessage, Stream, encode, output_frame_header,
 };
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -345,8 +345,8 @@ impl Server {
         let (decided, request) = self.decide(peer, request).await;
         let decided = decided?;
         if let Some(reason) = &decided.approval {
-            let pending = self.broker.pending_approval(peer, &decided, &request, reason);
-            self.ask_approval(peer, pending, sink, reader, decoder).await?;
+            let question = self.broker.pending_approval(peer, &decided, &request, reason);
+            self.ask_approval(peer, question, sink, reader, decoder).await?;
         }
         // A slot, or a place in the bounded queue, or Busy.
         let permit = match self.slots.clone().try_acquire_owned() {
@@ -426,16 +426,19 @@ impl Server {
     async fn ask_approval(
         &self,
         peer: &Peer,
-        pending: PendingApproval,
+        question: Question,
         sink: &mut SocketSink,
         reader: &mut OwnedReadHalf,
         decoder: &mut Decoder,
     ) -> Result<(), BrokerError> {
-        let reason = pending.reason.clone();
-        let mut ticket = self.broker.pending.open(pending);
+        let reason = question.pending.reason.clone();
+        let mut ticket = self.broker.pending.open(question.pending, Some(question.run));
         let (id, run_id) = (ticket.pending.id, ticket.pending.run_id);
-        let may_answer =
-            self.broker.approvers.authorize(peer, ApproverAction::Answer(&ticket.pending)).is_ok();
+        let may_answer = self
+            .broker
+            .approvers
+            .authorize(peer, ApproverAction::Approve(&ticket.pending, ticket.run.as_deref()))
+            .is_ok();
         let asked_event = Event::ApprovalAsked {
             approval: id,
             run_id,
@@ -508,7 +511,10 @@ impl Server {
                 },
                 Ok(Some(ClientMessage::Approve { approved: true })) => {
                     // Told so, and still waiting for an approver.
-                    let e = self.broker.approvers.authorize(peer, ApproverAction::Answer(&ticket.pending));
+                    let e = self
+                        .broker
+                        .approvers
+                        .authorize(peer, ApproverAction::Approve(&ticket.pending, ticket.run.as_deref()));
                     if let Err(e) = e {
                         if !sink.send(e.into()).await {
                             return refused("the client is gone".into());

@@ -46,6 +46,12 @@ pub struct Broker {
     next_run: AtomicU64,
 }
 
+/// A run held for approval: what is shown, and the run it would be.
+pub struct Question {
+    pub pending: PendingApproval,
+    pub run: Arc<Resolved>,
+}
+
 /// A decided request, ready to run.
 pub struct Decided {
     pub run_id: u64,
@@ -126,6 +132,7 @@ impl Broker {
             uid,
             gid,
             requester: HostIds { uid, gid },
+            groups: Requester::me().groups,
             temp_root: paths::canonical_prefix(
                 &config.policy.temp_root.clone().unwrap_or_else(paths::default_temp_root),
             ),
@@ -143,7 +150,8 @@ impl Broker {
         };
         // After the journal: a declaration changed since the last start is a transition it records.
         let trust = TrustStore::open(&config, journal.clone())?.map(Arc::new);
-        let approvers = Approvers::new(config.approvers.clone(), uid);
+        let approvers =
+            Approvers::new(config.approvers.clone(), uid).with_cedar(config.policy.cedar_policies.clone());
         let etc = config.broker.etc_snapshot.then(|| etc_view(&context.temp_root)).flatten();
         Ok(Broker {
             engine: Engine::new(spawner, helper, config.broker.prespawn),
@@ -173,6 +181,7 @@ impl Broker {
         let context = Context {
             run: run_id,
             requester: HostIds { uid: peer.uid, gid: peer.gid },
+            groups: peer.groups.clone(),
             etc_view: etc.as_ref().map(|e| e.dir().to_path_buf()),
             trust: self.tool_trust(request)?,
             ..self.context.clone()
@@ -238,14 +247,15 @@ impl Broker {
         decided
     }
 
-    /// What a run held for approval shows its requester and the approvers.
+    /// What a run held for approval shows its requester and the approvers,
+    /// and the run itself (for Cedar's `approve`).
     pub fn pending_approval(
         &self,
         peer: &Peer,
         decided: &Decided,
         request: &RunRequest,
         reason: &str,
-    ) -> PendingApproval {
+    ) -> Question {
         let r = &decided.resolved;
         let now =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -258,7 +268,7 @@ impl Broker {
             limits.insert("processes".to_string(), c.processes);
             limits.insert("cpu_percent".to_string(), c.cpu_percent);
         }
-        PendingApproval {
+        let pending = PendingApproval {
             id: 0,
             run_id: decided.run_id,
             uid: peer.uid,
@@ -275,7 +285,8 @@ impl Broker {
             trigger: r.escalation.clone(),
             created_unix: now,
             expires_unix: now + self.policy.config.policy.approval_timeout_secs,
-        }
+        };
+        Question { pending, run: Arc::new((**r).clone()) }
     }
 
     /// The declared tools with their stage and declaration (`untracked`

@@ -83,6 +83,7 @@ fn context(user_namespaces: bool, landlock_abi: u32) -> On {
         uid: 1000,
         gid: 1000,
         requester: palisade_protocol::HostIds { uid: 1000, gid: 1000 },
+        groups: vec![],
         temp_root: PathBuf::from("/run/palisade-test"),
         instance: "1-1".into(),
         etc_view: None,

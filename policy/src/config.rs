@@ -5,11 +5,13 @@
 use crate::capabilities::{
     Binding, EnvironmentCapability, FsCapability, NetworkCapability, Overrides, Preset,
 };
+use crate::cedar::{CedarError, CedarPolicies};
 use crate::egress::EgressMode;
 use palisade_protocol::LandlockFeatures;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use toml::Spanned;
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -262,6 +264,13 @@ pub struct PolicyConfig {
     pub interpreters: Vec<Spanned<String>>,
     /// `${PROJECT_ROOT}` in presets; default: the request's workspace.
     pub project_root: Option<PathBuf>,
+    /// A file of Cedar policies (see docs/cedar.md), evaluated after the
+    /// built-in checks, which it can only narrow; relative to the
+    /// configuration file's directory.
+    pub cedar: Option<Spanned<PathBuf>>,
+    /// The policies of `cedar`, parsed and validated when the file is loaded.
+    #[serde(skip)]
+    pub cedar_policies: Option<Arc<CedarPolicies>>,
 }
 
 impl Default for PolicyConfig {
@@ -281,6 +290,8 @@ impl Default for PolicyConfig {
             blocked_patterns: vec![],
             interpreters: vec![],
             project_root: None,
+            cedar: None,
+            cedar_policies: None,
         }
     }
 }
@@ -436,6 +447,20 @@ pub enum ConfigError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("{path}:{line}:{column}: {message}")]
     Invalid { path: PathBuf, line: usize, column: usize, message: String },
+    /// `[policy] cedar` names a file that cannot be read.
+    #[error("{config}: [policy] cedar: cannot read {path}: {source}")]
+    CedarRead { config: PathBuf, path: PathBuf, source: std::io::Error },
+    /// The Cedar policies do not parse, or do not validate against the
+    /// schema: each error on its own line.
+    #[error("{}", cedar_lines(.path, .errors))]
+    Cedar { path: PathBuf, errors: Vec<CedarError> },
+}
+
+/// `FILE:LINE:COLUMN: message`, one line per error.
+fn cedar_lines(path: &Path, errors: &[CedarError]) -> String {
+    let lines: Vec<String> =
+        errors.iter().map(|e| format!("{}:{}:{}: {}", path.display(), e.line, e.column, e.message)).collect();
+    lines.join("\n")
 }
 
 impl Config {
@@ -454,7 +479,24 @@ impl Config {
         let config: Config =
             toml::from_str(text).map_err(|e| at(e.span().map_or(0, |s| s.start), e.message().into()))?;
         config.check().map_err(|(offset, message)| at(offset, message))?;
-        Ok(config)
+        config.load_cedar(path)
+    }
+
+    /// Reads and validates the Cedar policies `[policy] cedar` names (a
+    /// relative path is relative to the directory of `path`, the
+    /// configuration file).
+    fn load_cedar(mut self, path: &Path) -> Result<Config, ConfigError> {
+        let Some(cedar) = &self.policy.cedar else { return Ok(self) };
+        let file = path.parent().unwrap_or(Path::new("")).join(cedar.get_ref());
+        let text = std::fs::read_to_string(&file).map_err(|source| ConfigError::CedarRead {
+            config: path.to_path_buf(),
+            path: file.clone(),
+            source,
+        })?;
+        let policies = CedarPolicies::parse(&text, &file)
+            .map_err(|errors| ConfigError::Cedar { path: file.clone(), errors })?;
+        self.policy.cedar_policies = Some(Arc::new(policies));
+        Ok(self)
     }
 
     /// Semantic checks, each failing with the byte offset it is about.
@@ -588,9 +630,10 @@ fn configured_executable(name: &str) -> Result<PathBuf, String> {
     crate::validate::find_executable(name, &is_executable, &|p| p.canonicalize())
 }
 
-/// 1-based line and column of a byte offset.
-fn line_column(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset.min(text.len())];
+/// 1-based line and column of a byte offset (inside a character: of that character).
+pub(crate) fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let offset = (0..=offset.min(text.len())).rev().find(|o| text.is_char_boundary(*o)).unwrap_or(0);
+    let before = &text[..offset];
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     (line, column)

@@ -8,12 +8,15 @@
 //! grants, the sandbox's view (cwd and environment); then the checks: the
 //! request's shape, the executable, interpreters, the workspace scope,
 //! blocked patterns, egress, Landlock, the cgroup, sensitive paths inside
-//! the grants; then the limits and the plan. The first refusal ends it.
+//! the grants; then the limits and the plan; last, when the configuration
+//! names a Cedar file, its policies ([`crate::cedar`]), which can only
+//! narrow. The first refusal ends it.
 
 use crate::capabilities::{
     Binding, BoundCapability, Capabilities, EnvironmentCapability, FsCapability, Mapping, NetworkCapability,
     ProcessCapability, Validation,
 };
+use crate::cedar::{self, CedarVerdict, Principal};
 use crate::config::{Config, DiskMode, FallbackPolicy, PolicyConfig};
 use crate::egress::{self, EgressMode};
 use crate::host::{Host, HostCapabilities, HostFiles};
@@ -76,6 +79,9 @@ pub struct Context {
     /// embedded broker). A broker running as root acts on its behalf: the
     /// sandbox gets its access and its own block of host ids.
     pub requester: HostIds,
+    /// The requester's supplementary groups (`SO_PEERGROUPS`): Cedar
+    /// policies see it a member of these and of its primary group.
+    pub groups: Vec<u32>,
     /// Where this run's host directories go (Tier B): `<temp_root>/run-<instance>-<run>`.
     pub temp_root: PathBuf,
     /// The broker's instance (`<pid>-<start time>`): runs' host directories
@@ -133,6 +139,12 @@ pub struct Resolved {
     pub warnings: Vec<String>,
     /// What set off the question a tool's trust stage asks, if it asks one.
     pub escalation: Option<EscalationTrigger>,
+    /// The request's workspace, canonical.
+    pub workspace: PathBuf,
+    /// Whose run it is.
+    pub requester: HostIds,
+    /// What the Cedar policies decided (`None`: none are configured).
+    pub cedar: Option<CedarVerdict>,
 }
 
 #[derive(Debug, Clone)]
@@ -317,17 +329,59 @@ impl Policy {
 
         let draft = Draft { profile, warnings, grants, view, program, landlock, cgroup, hidden };
         let limits = self.limits(req, &draft);
-        let mut resolved = self.plan(host, ctx, req, draft, limits)?;
-        let Some((tool, trust)) = trust else { return Ok((resolved, approval)) };
-        let Some((question, trigger)) = trust::question(&tool, &trust, escalation) else {
-            return Ok((resolved, approval));
-        };
+        let mut resolved = self.plan(host, ctx, req, draft, limits, &dirs)?;
+        let approval = self.trust_question(&mut resolved, trust, escalation, approval);
+
+        // Cedar, last: it can only narrow what the built-in checks allow.
+        resolved.cedar = self.check_cedar(ctx, &resolved, approval.is_some())?;
+        Ok((resolved, approval))
+    }
+
+    /// The question a tool's trust stage asks before the run (Trial, an
+    /// escalation), after any the tier asked; the trigger goes in `resolved`.
+    fn trust_question(
+        &self,
+        resolved: &mut Resolved,
+        trust: Option<(String, ToolTrust)>,
+        escalation: Option<EscalationTrigger>,
+        approval: Option<String>,
+    ) -> Option<String> {
+        let Some((tool, trust)) = trust else { return approval };
+        let Some((question, trigger)) = trust::question(&tool, &trust, escalation) else { return approval };
         resolved.escalation = trigger;
-        let approval = Some(match approval {
+        Some(match approval {
             Some(first) => format!("{first} {question}"),
             None => question,
-        });
-        Ok((resolved, approval))
+        })
+    }
+
+    /// The Cedar policies' decision on the run, asked by its requester
+    /// (`run`, or `run_tool` for a tool); `None` when none are configured.
+    fn check_cedar(
+        &self,
+        ctx: &Context,
+        resolved: &Resolved,
+        needs_approval: bool,
+    ) -> Result<Option<CedarVerdict>, Denial> {
+        let Some(policies) = &self.config.policy.cedar_policies else { return Ok(None) };
+        let principal =
+            Principal { uid: ctx.requester.uid, gid: ctx.requester.gid, groups: ctx.groups.clone() };
+        policies.authorize(&principal, cedar::Action::of(resolved), resolved, needs_approval).map(Some)
+    }
+
+    /// Whether `approver` may approve the waiting run `resolved`, as the
+    /// Cedar policies say (action `approve`, the run's resource and
+    /// context): `Ok(None)` when none are configured (the built-in rules
+    /// alone decide), the verdict when they permit it, a refusal (kind
+    /// `PolicyDenied`, rule `cedar.forbid`, `cedar.no_permit` or
+    /// `cedar.error`) when they do not.
+    pub fn authorize_approval(
+        &self,
+        approver: &Principal,
+        resolved: &Resolved,
+    ) -> Result<Option<CedarVerdict>, Denial> {
+        let Some(policies) = &self.config.policy.cedar_policies else { return Ok(None) };
+        policies.authorize(approver, cedar::Action::Approve, resolved, true).map(Some)
     }
 
     /// The profile: the named tool's (its preset with its overrides), or the
@@ -786,6 +840,7 @@ impl Policy {
         req: &RunRequest,
         draft: Draft,
         limits: RunLimits,
+        dirs: &RequestDirs,
     ) -> Result<Resolved, Denial> {
         let spec = self.jail_spec(host, ctx, req, &draft, &limits)?;
         let plan = build_plan(&spec).map_err(|e| Denial::new(e.kind(), e.rule(), e.to_string()))?;
@@ -820,6 +875,9 @@ impl Policy {
             memory,
             warnings,
             escalation: None,
+            workspace: dirs.workspace.clone(),
+            requester: ctx.requester,
+            cedar: None,
         })
     }
 }

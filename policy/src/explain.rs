@@ -150,6 +150,15 @@ fn allow(out: &mut String, r: &Resolved) {
     let _ = writeln!(out, "disk:     {}", r.disk);
     let _ = writeln!(out, "memory:   {}", r.memory);
     let _ = writeln!(out, "seccomp:  {}", seccomp_summary(r));
+    let _ = writeln!(out, "cedar:    {}", cedar_summary(r));
+}
+
+/// What the Cedar policies said of a run, in words.
+fn cedar_summary(r: &Resolved) -> String {
+    match &r.cedar {
+        None => "no Cedar policies configured".into(),
+        Some(v) => format!("permitted by {} for {}", v.permitted_by.join(", "), v.request),
+    }
 }
 
 /// The seccomp program of a run, in words.

@@ -4,6 +4,7 @@
 //! of the host, the broker gathers and passes in ([`Host`]).
 
 pub mod capabilities;
+pub mod cedar;
 pub mod config;
 pub mod decision;
 pub mod egress;
@@ -16,6 +17,7 @@ pub mod trust;
 pub mod validate;
 
 pub use capabilities::{Capabilities, Preset};
+pub use cedar::{CedarPolicies, CedarVerdict, Principal};
 pub use config::{Config, ConfigError, FallbackPolicy};
 pub use decision::{CgroupPlan, Context, Decision, Denial, Policy, Resolved};
 pub use host::{CgroupRoot, FileKind, FileStat, Host, HostCapabilities, HostFiles};

@@ -137,6 +137,7 @@ fn context(on: On) -> Context {
         uid,
         gid: uid,
         requester: HostIds { uid: requester, gid: requester },
+        groups: vec![],
         temp_root: PathBuf::from("/run/palisade-test"),
         instance: "1-1".into(),
         run: 7,
@@ -722,4 +723,403 @@ fn trust_stages() {
     // The default profile has no stage, whatever the context says.
     let ctx = Context { trust: Some(at(TrustStage::Draft, 0)), ..context(On::TierC) };
     assert!(matches!(policy.decide(&host, &ctx, &f.request(&["cat", "in.txt"])), Decision::Allow(_)));
+}
+
+/// Cedar: what the built-in checks allow, a `[policy] cedar` file can only
+/// narrow. Each case is a policy file, a configuration, who asks and what,
+/// and the decision: the same request is allowed without the file (checked
+/// once per case, so that a refusal here is Cedar's).
+mod cedar {
+    use super::*;
+    use crate::cedar::Principal;
+
+    /// The decision on `req` under `toml` with the Cedar `policies` added,
+    /// asked by `uid` (gid the same) with supplementary `groups`.
+    fn decide(
+        f: &Fixture,
+        on: On,
+        toml: &str,
+        policies: Option<&str>,
+        (uid, groups): (u32, &[u32]),
+        req: &RunRequest,
+    ) -> Decision {
+        let mut toml = toml.to_string();
+        if let Some(text) = policies {
+            let file = f.root.join("policy.cedar");
+            std::fs::write(&file, text).unwrap();
+            let key = format!("[policy]\ncedar = {:?}\n", file.to_string_lossy());
+            toml = if toml.contains("[policy]\n") {
+                toml.replacen("[policy]\n", &key, 1)
+            } else {
+                format!("{key}{toml}")
+            };
+        }
+        let config = Config::parse(&toml, Path::new("cedar.toml")).unwrap();
+        let host = f.host(on);
+        let mut ctx = context(on);
+        ctx.requester = HostIds { uid, gid: uid };
+        ctx.groups = groups.to_vec();
+        Policy::new(config, &*host.files).decide(&host, &ctx, req)
+    }
+
+    /// The Cedar refusal of `decision`: its rule and reason.
+    fn refused(what: &str, decision: Decision) -> (&'static str, String) {
+        match decision {
+            Decision::Deny(d) => {
+                assert_eq!(d.kind, DENY, "{what}: {}", d.reason);
+                (d.rule, d.reason)
+            }
+            other => panic!("{what}: not refused: {other:?}"),
+        }
+    }
+
+    /// The Cedar policies that permitted `decision`.
+    fn permitted(what: &str, decision: Decision) -> Vec<String> {
+        match decision {
+            Decision::Allow(r) | Decision::NeedsApproval { resolved: r, .. } => {
+                r.cedar.unwrap_or_else(|| panic!("{what}: no Cedar verdict")).permitted_by
+            }
+            Decision::Deny(d) => panic!("{what}: refused: {} {}", d.rule, d.reason),
+        }
+    }
+
+    const USER: (u32, &[u32]) = (1000, &[]);
+
+    /// (what, configuration, policies, who, request (`@tool` first: a
+    /// tool's), the rule that refuses it or "" when allowed)
+    type Case = (
+        &'static str,
+        &'static str,
+        &'static str,
+        (u32, &'static [u32]),
+        &'static [&'static str],
+        &'static str,
+    );
+
+    fn cases() -> Vec<Case> {
+        [permits(), forbids()].concat()
+    }
+
+    /// Who is permitted, and who is not.
+    fn permits() -> Vec<Case> {
+        vec![
+            (
+                "permit by user",
+                "",
+                r#"@id("u1000") permit(principal == User::"1000", action, resource);"#,
+                USER,
+                &["ls"],
+                "",
+            ),
+            (
+                "another user: no permit",
+                "",
+                r#"permit(principal == User::"1000", action, resource);"#,
+                (1001, &[]),
+                &["ls"],
+                "cedar.no_permit",
+            ),
+            (
+                "permit by a supplementary group",
+                "",
+                r#"@id("devs") permit(principal in Group::"4242", action, resource);"#,
+                (1001, &[4242]),
+                &["ls"],
+                "",
+            ),
+            (
+                "not in the group: no permit",
+                "",
+                r#"permit(principal in Group::"4242", action, resource);"#,
+                (1001, &[4243]),
+                &["ls"],
+                "cedar.no_permit",
+            ),
+            (
+                "permit by the primary group",
+                "",
+                r#"@id("g1001") permit(principal in Group::"1001", action, resource);"#,
+                (1001, &[]),
+                &["ls"],
+                "",
+            ),
+            ("no policy at all: Cedar denies", "", "", USER, &["ls"], "cedar.no_permit"),
+        ]
+    }
+
+    /// What a forbid refuses, by the run's context and resource.
+    fn forbids() -> Vec<Case> {
+        vec![
+            (
+                "forbid the network",
+                GITHUB,
+                "permit(principal, action, resource);\n@id(\"no-network\") forbid(principal, action, resource) when { context.network };",
+                USER,
+                &["curl", "https://github.com/"],
+                "cedar.forbid",
+            ),
+            (
+                "forbid an allowed domain",
+                GITHUB,
+                "permit(principal, action, resource);\n@id(\"no-github\") forbid(principal, action, resource) when { context.allow_domains.contains(\"github.com\") };",
+                USER,
+                &["curl", "https://github.com/"],
+                "cedar.forbid",
+            ),
+            (
+                "forbid the network: none asked",
+                "",
+                "@id(\"all\") permit(principal, action, resource);\nforbid(principal, action, resource) when { context.network };",
+                USER,
+                &["ls"],
+                "",
+            ),
+            (
+                "forbid a memory limit over 256 MiB",
+                "",
+                "permit(principal, action, resource);\n@id(\"small\") forbid(principal, action, resource) when { context.memory_mb > 256 };",
+                USER,
+                &["ls"],
+                "cedar.forbid",
+            ),
+            (
+                "a memory limit under it",
+                "[defaults]\nmax_memory_mb = 128\n",
+                "@id(\"all\") permit(principal, action, resource);\nforbid(principal, action, resource) when { context.memory_mb > 256 };",
+                USER,
+                &["ls"],
+                "",
+            ),
+            (
+                "forbid a writable workspace",
+                "",
+                "permit(principal, action, resource);\n@id(\"read-only\") forbid(principal, action, resource) unless { context.read_write.isEmpty() };",
+                USER,
+                &["ls"],
+                "cedar.forbid",
+            ),
+            (
+                "forbid a program",
+                "",
+                "permit(principal, action, resource);\n@id(\"no-curl\") forbid(principal, action == Action::\"run\", resource == Executable::\"/usr/bin/curl\");",
+                USER,
+                &["curl", "--version"],
+                "cedar.forbid",
+            ),
+            (
+                "forbid a program: another one",
+                "",
+                "@id(\"all\") permit(principal, action, resource);\nforbid(principal, action == Action::\"run\", resource == Executable::\"/usr/bin/curl\");",
+                USER,
+                &["ls"],
+                "",
+            ),
+            (
+                "forbid by path pattern",
+                "",
+                "permit(principal, action, resource);\n@id(\"no-usr-bin\") forbid(principal, action, resource is Executable) when { resource.path like \"/usr/bin/*\" };",
+                USER,
+                &["ls"],
+                "cedar.forbid",
+            ),
+            (
+                "forbid by argument",
+                "",
+                "permit(principal, action, resource);\n@id(\"no-force\") forbid(principal, action, resource) when { context.argv.contains(\"--force\") };",
+                USER,
+                &["git", "push", "--force"],
+                "cedar.forbid",
+            ),
+            (
+                "two forbids",
+                "",
+                "permit(principal, action, resource);\n@id(\"a\") forbid(principal, action, resource);\n@id(\"b\") forbid(principal, action, resource);",
+                USER,
+                &["ls"],
+                "cedar.forbid",
+            ),
+            (
+                "a failing policy refuses",
+                "",
+                "permit(principal, action, resource);\n@id(\"overflow\") forbid(principal, action, resource) when { context.output_bytes * 1000000000000 < 0 };",
+                USER,
+                &["ls"],
+                "cedar.error",
+            ),
+            (
+                "run_tool is not run",
+                TOOLS,
+                "permit(principal, action == Action::\"run\", resource);",
+                USER,
+                &["@scan", "grep", "-r", "x", "src"],
+                "cedar.no_permit",
+            ),
+        ]
+    }
+
+    #[test]
+    fn cedar_narrows_the_built_in_decision() {
+        let f = Fixture::new("cedar");
+        for (what, toml, policies, who, argv, want) in cases() {
+            let req = match argv.split_first() {
+                Some((t, rest)) if t.starts_with('@') => {
+                    let mut r = f.request(rest);
+                    r.tool = Some(t[1..].into());
+                    r
+                }
+                _ => f.request(argv),
+            };
+            // Without the file, the same request is allowed, with no verdict.
+            match decide(&f, On::TierC, toml, None, who, &req) {
+                Decision::Allow(r) => assert!(r.cedar.is_none(), "{what}"),
+                other => panic!("{what}: refused without Cedar: {other:?}"),
+            }
+            let decision = decide(&f, On::TierC, toml, Some(policies), who, &req);
+            if want.is_empty() {
+                let by = permitted(what, decision);
+                assert!(!by.is_empty() && by.iter().all(|n| n.starts_with('"')), "{what}: {by:?}");
+                continue;
+            }
+            let (rule, reason) = refused(what, decision);
+            assert_eq!(rule, want, "{what}: {reason}");
+            // The reason names the policies that decided, by their @id.
+            for name in [
+                "no-network",
+                "no-github",
+                "small",
+                "read-only",
+                "no-curl",
+                "no-usr-bin",
+                "no-force",
+                "overflow",
+            ] {
+                if policies.contains(&format!("@id(\"{name}\")")) {
+                    assert!(reason.contains(&format!("\"{name}\"")), "{what}: {reason}");
+                }
+            }
+            if want == "cedar.no_permit" {
+                assert!(
+                    reason.contains("no Cedar policy") && reason.contains("denies what no permit allows"),
+                    "{reason}"
+                );
+            }
+        }
+    }
+
+    /// On a thread whose stack is smaller than Cedar's margin, a run is
+    /// still decided (Cedar runs on a stack of its own).
+    #[test]
+    fn a_small_stack_still_decides() {
+        let small = std::thread::Builder::new().stack_size(256 << 10);
+        let decided = small.spawn(|| {
+            let f = Fixture::new("cedar-stack");
+            let policies =
+                "@id(\"all\") permit(principal, action, resource) when { context.memory_mb < 1024 };";
+            permitted("small stack", decide(&f, On::TierC, "", Some(policies), USER, &f.request(&["ls"])))
+        });
+        assert_eq!(decided.unwrap().join().unwrap(), ["\"all\""]);
+    }
+
+    /// The names of the permits that applied, and of both forbids.
+    #[test]
+    fn the_deciding_policies_are_named() {
+        let f = Fixture::new("cedar-names");
+        let req = f.request(&["ls"]);
+        let policies = "@id(\"users\") permit(principal in Group::\"1000\", action, resource);\npermit(principal, action == Action::\"run\", resource);\nforbid(principal == User::\"7\", action, resource);";
+        assert_eq!(
+            permitted("two permits", decide(&f, On::TierC, "", Some(policies), USER, &req)),
+            ["\"policy1\"", "\"users\""]
+        );
+        let two = "permit(principal, action, resource);\n@id(\"a\") forbid(principal, action, resource);\nforbid(principal, action, resource);";
+        let (_, reason) = refused("two forbids", decide(&f, On::TierC, "", Some(two), USER, &req));
+        assert!(reason.starts_with("Cedar policies \"a\", \"policy2\" forbid the request (User::\"1000\", Action::\"run\", Executable::\"/usr/bin/ls\")"), "{reason}");
+    }
+
+    /// The run_tool action's resource is the tool, with its program.
+    #[test]
+    fn a_tool_is_its_own_resource() {
+        let f = Fixture::new("cedar-tool");
+        let tools = format!("{TOOLS}\n[tools.look]\npreset = \"code_analyzer\"\n");
+        let mut req = f.request(&["grep", "-r", "x", "src"]);
+        req.tool = Some("scan".into());
+        let policies = "@id(\"scan\") permit(principal, action == Action::\"run_tool\", resource == Tool::\"scan\") when { resource.executable == \"/usr/bin/grep\" && !context.network && context.read_write.isEmpty() };";
+        assert_eq!(
+            permitted("scan", decide(&f, On::TierC, &tools, Some(policies), USER, &req)),
+            ["\"scan\""]
+        );
+        req.tool = Some("look".into());
+        assert!(matches!(decide(&f, On::TierC, &tools, None, USER, &req), Decision::Allow(_)));
+        let (rule, _) = refused("look", decide(&f, On::TierC, &tools, Some(policies), USER, &req));
+        assert_eq!(rule, "cedar.no_permit");
+    }
+
+    /// A run put to a person is put to Cedar first, and says so in its context.
+    #[test]
+    fn a_run_that_needs_approval_is_asked_too() {
+        let f = Fixture::new("cedar-approval");
+        let req = f.request_in("ws/src", &["ls"]);
+        let policies = "permit(principal, action, resource);\n@id(\"no-tier-b\") forbid(principal, action, resource) when { context.needs_approval || context.tier == \"B\" };";
+        let (rule, reason) =
+            refused("Tier B", decide(&f, On::NoUserNamespaces, ASK, Some(policies), USER, &req));
+        assert_eq!(rule, "cedar.forbid", "{reason}");
+        assert!(matches!(
+            decide(&f, On::NoUserNamespaces, ASK, None, USER, &req),
+            Decision::NeedsApproval { .. }
+        ));
+    }
+
+    /// `approve`: the approver is the principal, the run the resource and context.
+    #[test]
+    fn approvers_are_authorized_by_cedar() {
+        let f = Fixture::new("cedar-approve");
+        let req = f.request_in("ws/src", &["ls"]);
+        let policies = "permit(principal, action == Action::\"run\", resource);\n@id(\"wheel approves\") permit(principal in Group::\"10\", action == Action::\"approve\", resource) when { context.requester_uid != principal.uid() };";
+        // `principal.uid()` is no Cedar: the file is refused at load, with its position.
+        let file = f.root.join("approve.cedar");
+        std::fs::write(&file, policies).unwrap();
+        let toml = format!("{ASK}cedar = {:?}\n", file.to_string_lossy());
+        let err = Config::parse(&toml, Path::new("a.toml")).unwrap_err().to_string();
+        assert!(err.starts_with(&format!("{}:2:", file.display())), "{err}");
+
+        let policies = "permit(principal, action == Action::\"run\", resource);\n@id(\"wheel approves\") permit(principal in Group::\"10\", action == Action::\"approve\", resource) unless { context.requester_uid == 0 };\n@id(\"no curl\") forbid(principal, action == Action::\"approve\", resource == Executable::\"/usr/bin/curl\");\n@id(\"not your own\") forbid(principal, action == Action::\"approve\", resource) when { context.requester_uid == principal.uid };";
+        std::fs::write(&file, policies).unwrap();
+        let config = Config::parse(&toml, Path::new("a.toml")).unwrap();
+        let host = f.host(On::NoUserNamespaces);
+        let policy = Policy::new(config, &*host.files);
+        let resolved = |argv: &[&str]| match policy.decide(
+            &host,
+            &context(On::NoUserNamespaces),
+            &f.request_in("ws/src", argv),
+        ) {
+            Decision::NeedsApproval { resolved, .. } => resolved,
+            other => panic!("{other:?}"),
+        };
+        let ls = resolved(&["ls"]);
+        let wheel = Principal { uid: 1002, gid: 1002, groups: vec![10] };
+        let verdict = policy.authorize_approval(&wheel, &ls).unwrap().unwrap();
+        assert_eq!(verdict.permitted_by, ["\"wheel approves\""]);
+        let other = Principal { uid: 1003, gid: 1003, groups: vec![11] };
+        let d = policy.authorize_approval(&other, &ls).unwrap_err();
+        assert_eq!((d.kind, d.rule), (DENY, "cedar.no_permit"), "{}", d.reason);
+        assert!(
+            d.reason.contains("(User::\"1003\", Action::\"approve\", Executable::\"/usr/bin/ls\")"),
+            "{}",
+            d.reason
+        );
+        let d = policy.authorize_approval(&wheel, &resolved(&["curl", "--version"])).unwrap_err();
+        assert_eq!((d.rule, d.reason.contains("\"no curl\"")), ("cedar.forbid", true), "{}", d.reason);
+        // The requester (uid 1000, context()'s), in group 10 too, may not approve its own run.
+        let own = Principal { uid: 1000, gid: 1000, groups: vec![10] };
+        let d = policy.authorize_approval(&own, &ls).unwrap_err();
+        assert_eq!((d.rule, d.reason.contains("\"not your own\"")), ("cedar.forbid", true), "{}", d.reason);
+
+        // Without Cedar policies, Cedar has nothing to say.
+        let policy = Policy::new(Config::parse(ASK, Path::new("a.toml")).unwrap(), &*host.files);
+        match policy.decide(&host, &context(On::NoUserNamespaces), &req) {
+            Decision::NeedsApproval { resolved, .. } => {
+                assert_eq!(policy.authorize_approval(&other, &resolved), Ok(None))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
