@@ -300,6 +300,27 @@ pub fn run_helper(plan: &JailPlan, stdin: Io, timeout: Duration) -> Outcome {
     }
 }
 
+/// The test probe's path, as a command's first argument.
+pub fn probe() -> String {
+    bin("probe").to_string_lossy().into_owned()
+}
+
+/// Bytes a command wrote, as text for assertions and messages.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A request to run the probe with `args` in `cwd`.
+pub fn request(cwd: &Path, args: &[&str]) -> palisade_protocol::wire::RunRequest {
+    let mut argv = vec![probe()];
+    argv.extend(args.iter().map(|s| s.to_string()));
+    palisade_protocol::wire::RunRequest {
+        argv,
+        cwd: Some(cwd.to_string_lossy().into_owned()),
+        ..Default::default()
+    }
+}
+
 /// Runs the probe directly, outside any sandbox: the counter-test.
 pub fn probe_outside(args: &[&str]) -> Result<String, String> {
     let out = std::process::Command::new(bin("probe")).args(args).output().expect("run probe");

@@ -15,14 +15,6 @@ use std::time::Duration;
 /// How long a test waits for a held run to show up in `palisade approvals`.
 const PENDING_WAIT: Duration = Duration::from_secs(30);
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn probe() -> String {
-    bin("probe").to_string_lossy().into_owned()
-}
-
 /// A root broker that the test user may use, with tool `show` (reads the
 /// file its `file` parameter names; the workspace and the probe's directory
 /// are its approved range) and the stages kept in `state`.

@@ -21,16 +21,6 @@ fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-fn probe() -> String {
-    bin("probe").to_string_lossy().into_owned()
-}
-
-fn request(cwd: &Path, args: &[&str]) -> RunRequest {
-    let mut argv = vec![probe()];
-    argv.extend(args.iter().map(|s| s.to_string()));
-    RunRequest { argv, cwd: Some(cwd.to_string_lossy().into_owned()), ..Default::default() }
-}
-
 fn token(tag: &str) -> String {
     format!("palisade-{tag}-{}-{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "")
 }

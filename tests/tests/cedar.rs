@@ -9,14 +9,6 @@ use palisade_protocol::wire::{ErrorKind, RunRequest, RunStatus, ServerMessage};
 use palisade_tests::*;
 use std::path::{Path, PathBuf};
 
-fn probe() -> String {
-    bin("probe").to_string_lossy().into_owned()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 /// The canonical path of a host program, as Cedar's `Executable` names it.
 fn program(name: &str) -> String {
     Path::new("/usr/bin").join(name).canonicalize().unwrap().to_string_lossy().into_owned()

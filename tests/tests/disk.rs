@@ -8,17 +8,9 @@ use palisade_tests::*;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-fn probe() -> String {
-    bin("probe").to_string_lossy().into_owned()
-}
-
 fn free_bytes(p: &Path) -> u64 {
     let s = nix::sys::statvfs::statvfs(p).unwrap();
     s.blocks_available() as u64 * s.fragment_size()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// `palisade run --policy` (an embedded broker) with `toml` added to the base configuration.

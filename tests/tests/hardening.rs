@@ -11,14 +11,6 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-fn probe() -> String {
-    bin("probe").to_string_lossy().into_owned()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 /// Tier B, as on a host without user namespaces, with the fallback that runs it.
 const TIER_B: &str = "[policy]\nfallback = \"warn_and_execute\"\n[broker]\nuser_namespaces = false\n";
 

@@ -5,22 +5,12 @@
 //! docs/journal.md checked against a real journal.
 
 use palisade_broker::client::{Client, ClientError};
-use palisade_protocol::wire::{ErrorKind, RunRequest, RunResult};
+use palisade_protocol::wire::{ErrorKind, RunResult};
 use palisade_tests::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-fn probe() -> String {
-    bin("probe").to_string_lossy().into_owned()
-}
-
-fn request(cwd: &Path, args: &[&str]) -> RunRequest {
-    let mut argv = vec![probe()];
-    argv.extend(args.iter().map(|s| s.to_string()));
-    RunRequest { argv, cwd: Some(cwd.to_string_lossy().into_owned()), ..Default::default() }
-}
 
 /// `palisade audit ARGS`: its exit status and what it printed (both streams).
 fn audit(args: &[&str]) -> (Option<i32>, String) {

@@ -6,14 +6,6 @@
 
 use palisade_tests::*;
 
-fn probe() -> String {
-    bin("probe").to_string_lossy().into_owned()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 /// `palisade run --json --policy` (an embedded broker) with `toml` added to the base configuration.
 fn run_json(toml: &str, args: &[&str]) -> (Option<i32>, serde_json::Value, String) {
     let dir = TempDir::new("limits");

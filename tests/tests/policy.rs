@@ -10,14 +10,6 @@ use palisade_protocol::wire::{
 use palisade_tests::*;
 use std::path::Path;
 
-fn probe() -> String {
-    bin("probe").to_string_lossy().into_owned()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 /// Runs one request through a client and returns (stdout, result or error).
 fn run(client: &mut Client, req: RunRequest) -> (String, Result<RunStatus, (ErrorKind, String)>) {
     let mut out = Vec::new();
@@ -32,12 +24,6 @@ fn run(client: &mut Client, req: RunRequest) -> (String, Result<RunStatus, (Erro
         Err(e) => panic!("{e}"),
     };
     (text(&out), r)
-}
-
-fn request(cwd: &Path, args: &[&str]) -> RunRequest {
-    let mut argv = vec![probe()];
-    argv.extend(args.iter().map(|s| s.to_string()));
-    RunRequest { argv, cwd: Some(cwd.to_string_lossy().into_owned()), ..Default::default() }
 }
 
 #[test]

@@ -12,14 +12,6 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-fn probe() -> String {
-    bin("probe").to_string_lossy().into_owned()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 /// The probe's report, run outside any sandbox as `user`: the counter-test.
 fn probe_as(user: &nix::unistd::User, args: &[&str]) -> String {
     let o = std::process::Command::new("setpriv")
