@@ -712,6 +712,34 @@ impl Swapper {
     }
 }
 
+/// Runs `attempt` while `swapper` swaps, at least `RACE_RUNS` times and on
+/// until `RACE_THROUGH` attempts got through (`attempt` returns true when the
+/// run went ahead rather than being refused), at most `RACE_MAX_RUNS` times:
+/// most attempts meet a symlink at one of the checks, and a run that went
+/// through is what shows the race reached the mount. Returns (swaps, runs that
+/// went through, runs refused); fails the test when the race did not run.
+pub fn race(swapper: Swapper, mut attempt: impl FnMut() -> bool) -> (u64, usize, usize) {
+    const RACE_RUNS: usize = 100;
+    const RACE_THROUGH: usize = 3;
+    const RACE_MAX_RUNS: usize = 3000;
+    let (mut through, mut refused) = (0, 0);
+    while through + refused < RACE_RUNS || (through < RACE_THROUGH && through + refused < RACE_MAX_RUNS) {
+        if attempt() {
+            through += 1;
+        } else {
+            refused += 1;
+        }
+    }
+    let swaps = swapper.stop();
+    eprintln!("{swaps} swaps; {through} runs went through, {refused} were refused");
+    assert!(
+        swaps > 100 && through > 0,
+        "the race did not run: {swaps} swaps, {through} of {} runs",
+        through + refused
+    );
+    (swaps, through, refused)
+}
+
 impl Drop for Swapper {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
