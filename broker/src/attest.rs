@@ -53,6 +53,7 @@ pub fn attestation(
             egress: resolved.egress,
             disk: resolved.disk.clone(),
             memory: resolved.memory.clone(),
+            egress_traffic: None,
         },
         warnings: resolved.warnings.clone(),
         journal: None,

@@ -374,6 +374,12 @@ impl Report {
                 HelperRecord::Exit(e) => report.exit = Some(e),
                 HelperRecord::Failed(f) if ended.is_none() => return Err(BrokerError::Helper(f)),
                 HelperRecord::Failed(_) => {}
+                // Read at the start of the run (strict egress), never here.
+                HelperRecord::Listeners(_) => {
+                    return Err(BrokerError::Status(std::io::Error::other(
+                        "egress listeners after the command started",
+                    )));
+                }
                 HelperRecord::Overlay { target } => {
                     let fd = fds.next().ok_or(BrokerError::OverlayWithoutDescriptor)?;
                     report.overlays.push((target, fd));

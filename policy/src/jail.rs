@@ -228,6 +228,7 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, BuildError> {
         acting_for: if spec.tier == Tier::C { spec.host_ids.and(spec.acting_for) } else { None },
         descriptors,
         loopback: namespaces.net,
+        listeners: vec![],
         namespaces,
         mounts,
         hostname,

@@ -156,6 +156,76 @@ pub struct Enforcement {
     pub disk: Disk,
     /// What bounded the run's memory, its tmpfs mounts included.
     pub memory: Memory,
+    /// Strict egress: every connection and name lookup the broker served
+    /// for the run. `None` for other egress modes.
+    #[serde(default)]
+    pub egress_traffic: Option<EgressTraffic>,
+}
+
+/// What a run reached through the broker's egress listeners, and what it
+/// was refused (strict egress).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct EgressTraffic {
+    /// Each host and port reached, in the order first reached.
+    pub reached: Vec<HostReached>,
+    /// Refused attempts, in order, at most [`EGRESS_LIST_MAX`].
+    pub denied: Vec<EgressDenied>,
+    /// Refused attempts left out of `denied` (beyond its bound).
+    pub denied_omitted: u64,
+    /// Bytes from the sandbox to the hosts, every connection together.
+    pub bytes_out: u64,
+    /// Bytes from the hosts to the sandbox.
+    pub bytes_in: u64,
+    /// The run's byte quota (`[egress] max_bytes`) was reached and ended
+    /// the connections open then.
+    pub quota_exceeded: bool,
+}
+
+/// At most this many entries in each list of [`EgressTraffic`].
+pub const EGRESS_LIST_MAX: usize = 256;
+
+/// A host a run reached (one entry per name, port and path).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct HostReached {
+    /// The name asked for (CONNECT, `Host`, or the name a transparent
+    /// address stands for).
+    pub host: String,
+    pub port: u16,
+    /// The address the broker connected to.
+    pub address: String,
+    pub via: EgressPath,
+    pub connections: u64,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+}
+
+/// How a connection or lookup reached the broker.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum EgressPath {
+    /// The proxy named in `HTTP_PROXY` and `HTTPS_PROXY`.
+    Proxy,
+    /// A transparent listener (a tool that ignores the proxy variables).
+    Transparent,
+    /// The sandbox's resolver.
+    Dns,
+}
+
+/// A refused attempt.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct EgressDenied {
+    /// The name asked for, or the address when no name was given.
+    pub host: String,
+    /// 0 for a name lookup.
+    pub port: u16,
+    pub via: EgressPath,
+    /// Stable: `domain_not_allowed`, `port_not_allowed`, `address_refused`,
+    /// `sni_mismatch`, `too_many_connections`, `quota_exceeded`,
+    /// `resolve_failed`, `connect_failed`, `malformed_request`,
+    /// `query_refused`, `rate_limited`.
+    pub reason: String,
+    /// For a person: what was refused and why.
+    pub detail: String,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -685,6 +755,7 @@ mod tests {
             egress: EgressMode::Preflight,
             disk: Disk { scratch: Scratch::Tmp { bytes: 1 << 20 }, writable: Some(WritableDirs::Direct) },
             memory: Memory::Rlimit { address_space: 1 << 30, tmpfs: None },
+            egress_traffic: None,
         };
         let bytes = crate::wire::canonical_bytes(&e);
         let (back, _): (Enforcement, usize) =

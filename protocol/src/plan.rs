@@ -12,7 +12,7 @@ use std::fmt;
 /// First bytes of every encoded plan.
 pub const PLAN_MAGIC: [u8; 4] = *b"PJP\x01";
 /// Bumped on every incompatible change of [`JailPlan`].
-pub const PLAN_VERSION: u32 = 2;
+pub const PLAN_VERSION: u32 = 3;
 /// Largest encoded plan the helper accepts (seccomp program included).
 pub const PLAN_MAX_BYTES: usize = 1 << 20;
 /// Most descriptors a plan may come with: what one `SCM_RIGHTS` message
@@ -65,6 +65,11 @@ pub struct JailPlan {
     pub hostname: Option<String>,
     /// Bring `lo` up inside a new network namespace.
     pub loopback: bool,
+    /// Strict egress: the sockets the helper opens inside the new network
+    /// namespace (after `lo` is up) and hands to the broker on the status
+    /// channel, in one [`crate::status::HelperRecord::Listeners`] record,
+    /// before the command runs. No process of the sandbox keeps them.
+    pub listeners: Vec<Listener>,
     /// Resource limits, applied to the command and inherited by its children.
     pub rlimits: Rlimits,
     /// Landlock rules, applied after the mounts and before seccomp.
@@ -92,6 +97,35 @@ impl JailPlan {
         self.descriptors.iter().position(|d| d.path == path)
     }
 }
+
+/// A socket the helper opens in the sandbox's network namespace for the
+/// broker to serve (strict egress).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listener {
+    pub kind: ListenerKind,
+    /// An address of 127.0.0.0/8, inside the sandbox's namespace.
+    pub address: std::net::Ipv4Addr,
+    pub port: u16,
+}
+
+/// What the broker serves on a [`Listener`].
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ListenerKind {
+    /// The HTTP proxy (`CONNECT host:port`, and plain HTTP by `Host`): TCP.
+    Proxy,
+    /// The sandbox's resolver: UDP.
+    DnsUdp,
+    /// The sandbox's resolver: TCP.
+    DnsTcp,
+    /// A transparent listener: TCP connections to this address and port go
+    /// to the name the address stands for.
+    Transparent,
+}
+
+/// Most listeners a plan may ask for: they travel in one `SCM_RIGHTS`
+/// message with nothing else.
+pub const PLAN_MAX_LISTENERS: usize = PLAN_MAX_DESCRIPTORS;
 
 /// A uid and gid on the host.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -541,6 +575,7 @@ pub(crate) mod tests {
             ],
             hostname: Some("palisade".into()),
             loopback: true,
+            listeners: vec![],
             rlimits: Rlimits {
                 address_space: Rlimit::both(1 << 30),
                 cpu_seconds: Rlimit { soft: 10, hard: 11 },

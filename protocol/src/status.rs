@@ -38,6 +38,8 @@ pub enum Stage {
     /// A helper started by root becoming the sandbox's host ids. Last, so
     /// that the earlier stages keep their numbers in the status records.
     HostIds,
+    /// Opening the strict egress listeners inside the network namespace.
+    Listeners,
 }
 
 impl Stage {
@@ -65,6 +67,7 @@ impl Stage {
             Stage::Seccomp => "seccomp",
             Stage::Exec => "exec",
             Stage::Monitor => "monitor",
+            Stage::Listeners => "listeners",
         }
     }
 }
@@ -130,6 +133,9 @@ pub enum HelperRecord {
     Overlay {
         target: String,
     },
+    /// The plan's listeners, opened in the sandbox's network namespace, in
+    /// the plan's order; their descriptors travel with this record.
+    Listeners(Vec<crate::plan::Listener>),
 }
 
 fn config() -> impl bincode::config::Config {
