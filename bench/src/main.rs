@@ -17,7 +17,10 @@
 //!
 //! Flags:
 //! - `--quick`: every measurement small (the CI runs it once);
-//! - `--only latency,throughput,output,memory,precision`: some sections only;
+//! - egress: a download from a loopback origin through strict egress (the
+//!   broker's proxy, and its transparent path), against the same download
+//!   without a sandbox.
+//! - `--only latency,throughput,output,memory,precision,egress`: some sections only;
 //! - `--breakdown`: where the helper's time goes, by removing one mechanism
 //!   at a time from its plan;
 //! - `--loop LAUNCHER N [--clients K]`: N launches of `/bin/true` (by K
@@ -26,6 +29,8 @@
 //!
 //! Build as an installation would (`scripts/build-release.sh`, which
 //! `bench/run.sh` does): a dynamically linked helper and CLI start slower.
+
+mod egress;
 
 use palisade_broker::client::Client;
 use palisade_broker::etc_view::{EtcView, Snapshot};
@@ -294,7 +299,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
-struct Daemon {
+pub(crate) struct Daemon {
     child: std::process::Child,
     socket: PathBuf,
 }
@@ -304,14 +309,22 @@ impl Daemon {
     /// default, kept in `dir`) or off.
     fn start(dir: &Path, journal: bool) -> Daemon {
         let name = if journal { "bench" } else { "bench-no-journal" };
+        Daemon::start_with(dir, name, journal, "", "")
+    }
+
+    /// A broker named `name`, its `[defaults]` with `defaults` added and
+    /// `tables` after them.
+    fn start_with(dir: &Path, name: &str, journal: bool, defaults: &str, tables: &str) -> Daemon {
         let config = dir.join(format!("{name}.toml"));
         let journal = match journal {
-            true => format!("[journal]\npath = {:?}\n", dir.join("journal").to_string_lossy()),
+            true => {
+                format!("[journal]\npath = {:?}\n", dir.join(format!("{name}-journal")).to_string_lossy())
+            }
             false => "[journal]\nenabled = false\n".to_string(),
         };
         std::fs::write(
             &config,
-            format!("[broker]\nmax_concurrent = 64\nmax_queued = 256\n{journal}[defaults]\nmax_output_bytes = 17179869184\nallow_interpreters = true\nallow_inline_code = true\n"),
+            format!("[broker]\nmax_concurrent = 64\nmax_queued = 256\n{journal}[defaults]\nmax_output_bytes = 17179869184\nallow_interpreters = true\nallow_inline_code = true\n{defaults}{tables}"),
         )
         .unwrap();
         let socket = dir.join(format!("{name}.sock"));
@@ -872,7 +885,7 @@ fn main() {
     for n in &notes {
         report.push_str(&format!("Note: {n}\n\n"));
     }
-    // `--only latency,throughput,output,memory,precision`: some sections only.
+    // `--only latency,throughput,output,memory,precision,egress`: some sections only.
     let only: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--only")
@@ -901,6 +914,9 @@ fn main() {
     }
     if wanted("memory") {
         sections.push(memory(&d, &ws));
+    }
+    if wanted("egress") {
+        sections.push(egress::download(&dir, &ws, if opts.quick { 8 << 20 } else { 100 << 20 }));
     }
     if wanted("precision") {
         sections.push(precision(&d, &ws, if opts.quick { 1 } else { 5 }));

@@ -106,36 +106,92 @@ impl HelperChild {
     }
 }
 
-/// Reads a status channel to its end: the records, and the descriptors that
-/// came with them (in order).
-pub fn read_status(channel: &File) -> io::Result<(Vec<HelperRecord>, Vec<OwnedFd>)> {
-    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
-    let mut bytes = Vec::new();
-    let mut fds = Vec::new();
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        let mut cmsg = nix::cmsg_space!([RawFd; 4]);
+/// Most descriptors one status record brings: a plan's listeners, in one
+/// `SCM_RIGHTS` message (the kernel's `SCM_MAX_FD`).
+const STATUS_MAX_FDS: usize = palisade_protocol::plan::PLAN_MAX_LISTENERS;
+/// Most bytes of records a helper may write on its status channel.
+const STATUS_MAX_BYTES: usize = 1 << 20;
+
+/// What was read of a status channel so far: whole records are decoded as
+/// they arrive, in order, with the descriptors that came with them.
+#[derive(Default)]
+pub struct StatusRead {
+    bytes: Vec<u8>,
+    /// Bytes of `bytes` already decoded into `records`.
+    decoded: usize,
+    pub records: Vec<HelperRecord>,
+    pub fds: Vec<OwnedFd>,
+    pub ended: bool,
+}
+
+impl StatusRead {
+    /// One `recvmsg` on `channel`: its bytes and descriptors, then every
+    /// whole record they complete. An end of file sets `ended`.
+    pub fn receive(&mut self, channel: &File) -> io::Result<()> {
+        use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+        let mut buf = [0u8; 16 * 1024];
+        let mut cmsg = nix::cmsg_space!([RawFd; STATUS_MAX_FDS]);
         let mut iov = [io::IoSliceMut::new(&mut buf)];
         let msg = recvmsg::<()>(channel.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
         for c in msg.cmsgs()? {
             if let ControlMessageOwned::ScmRights(received) = c {
                 for fd in received {
                     // SAFETY: SCM_RIGHTS installed this descriptor in this process; nothing else owns it.
-                    fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                    self.fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
                 }
             }
         }
+        if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "status record with too many descriptors",
+            ));
+        }
         let n = msg.bytes;
         if n == 0 {
-            break;
+            self.ended = true;
+            return self.decode_whole(true);
         }
-        bytes.extend_from_slice(&buf[..n]);
-        if bytes.len() > 1 << 20 {
+        self.bytes.extend_from_slice(&buf[..n]);
+        if self.bytes.len() > STATUS_MAX_BYTES {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "status channel over 1 MiB"));
         }
+        self.decode_whole(false)
     }
-    let records = decode_records(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    Ok((records, fds))
+
+    /// Decodes the whole records received; at the end, a piece of one is an error.
+    fn decode_whole(&mut self, at_end: bool) -> io::Result<()> {
+        let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidData, e);
+        loop {
+            let rest = &self.bytes[self.decoded..];
+            if rest.is_empty() {
+                return Ok(());
+            }
+            match rest.first_chunk::<4>().map(|len| 4 + u32::from_be_bytes(*len) as usize) {
+                Some(whole) if whole <= rest.len() => {
+                    self.records.extend(decode_records(&rest[..whole]).map_err(invalid)?);
+                    self.decoded += whole;
+                }
+                _ if at_end => return Err(invalid("truncated status record".into())),
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// Reads `channel` to its end.
+    pub fn to_end(mut self, channel: &File) -> io::Result<StatusRead> {
+        while !self.ended {
+            self.receive(channel)?;
+        }
+        Ok(self)
+    }
+}
+
+/// Reads a status channel to its end: the records, and the descriptors that
+/// came with them (in order).
+pub fn read_status(channel: &File) -> io::Result<(Vec<HelperRecord>, Vec<OwnedFd>)> {
+    let read = StatusRead::default().to_end(channel)?;
+    Ok((read.records, read.fds))
 }
 
 /// Sends an encoded plan and its descriptors (in the order of the plan's

@@ -9,13 +9,14 @@
 use crate::attest::attestation;
 use crate::cgroup::RunCgroup;
 use crate::error::BrokerError;
-use crate::helper::{HelperChild, HelperCommand, Io, pidfd_kill, send_plan};
+use crate::helper::{HelperChild, HelperCommand, Io, StatusRead, pidfd_kill, send_plan};
 use crate::overlay;
 use crate::pool::Pool;
 use crate::requester::Requester;
 use crate::service::Grants;
 use crate::spawn_thread::Spawner;
 use palisade_policy::Resolved;
+use palisade_protocol::plan::Listener;
 use palisade_protocol::wire::{RunRequest, RunResult, RunStatus, ServerMessage, Stream};
 use palisade_protocol::{ExitReport, HelperRecord, LandlockReport, Tier, encode_plan};
 use std::future::Future;
@@ -263,7 +264,7 @@ impl Engine {
         timeline.closed_us = started.elapsed().as_micros();
         let usage = reap(pid)?;
         self.pool.refill();
-        let (records, fds) = read_status_channel(status).await?;
+        let (records, fds) = read_status_channel(status, StatusRead::default()).await?;
         timeline.status_read_us = started.elapsed().as_micros();
         let mut ended = streamed.ended;
         let report = Report::read(records, fds, ended)?;
@@ -335,18 +336,76 @@ fn feed_stdin(stdin: Option<std::fs::File>, data: &[u8]) -> std::io::Result<()> 
 /// linger, the read waits in a thread.
 async fn read_status_channel(
     channel: std::fs::File,
+    read: StatusRead,
 ) -> Result<(Vec<HelperRecord>, Vec<OwnedFd>), BrokerError> {
-    let quick = nonblocking(&channel, true).and_then(|()| crate::helper::read_status(&channel));
-    let status = match quick {
+    let mut read = read;
+    let quick = nonblocking(&channel, true).and_then(|()| {
+        while !read.ended {
+            read.receive(&channel)?;
+        }
+        Ok(())
+    });
+    let read = match quick {
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
             tokio::task::spawn_blocking(move || {
-                nonblocking(&channel, false).and_then(|()| crate::helper::read_status(&channel))
+                nonblocking(&channel, false).and_then(|()| read.to_end(&channel))
             })
             .await?
         }
-        other => other,
+        Err(e) => Err(e),
+        Ok(()) => Ok(read),
     };
-    status.map_err(BrokerError::Status)
+    read.map(|r| (r.records, r.fds)).map_err(BrokerError::Status)
+}
+
+/// Strict egress: reads the status channel until the helper's listeners
+/// come (it opens them as soon as the network namespace is up, before the
+/// command runs), and takes them out of what was read. `None` when the
+/// helper stopped before (a failure record, or the channel's end): the run
+/// ends with that failure. Bounded by `within`, the run's own deadline.
+async fn read_listeners(
+    channel: std::fs::File,
+    wanted: &[Listener],
+    within: Duration,
+) -> Result<(std::fs::File, StatusRead, Option<Vec<(Listener, OwnedFd)>>), BrokerError> {
+    nonblocking(&channel, true)?;
+    // SAFETY: a File's descriptor stays open as long as the AsyncFd owns it.
+    let fd = unsafe { AsyncFd::register(channel) }.map_err(std::io::Error::from)?;
+    let mut read = StatusRead::default();
+    let found = tokio::time::timeout(within, async {
+        loop {
+            if let Some(at) = read.records.iter().position(|r| matches!(r, HelperRecord::Listeners(_))) {
+                return Ok(Some(at));
+            }
+            if read.ended || read.records.iter().any(|r| matches!(r, HelperRecord::Failed(_))) {
+                return Ok(None);
+            }
+            let mut ready = fd.readable().await?;
+            match ready.try_io(|inner| read.receive(inner.get_ref())) {
+                Ok(result) => result?,
+                Err(_would_block) => continue,
+            }
+        }
+    })
+    .await
+    .map_err(|_| {
+        BrokerError::Status(std::io::Error::other("the helper did not open the egress listeners in time"))
+    })?
+    .map_err(BrokerError::Status)?;
+    let channel = fd.into_inner();
+    nonblocking(&channel, false)?;
+    let Some(at) = found else { return Ok((channel, read, None)) };
+    let HelperRecord::Listeners(sent) = read.records.remove(at) else { unreachable!("found above") };
+    if sent != wanted || read.fds.len() < sent.len() {
+        return Err(BrokerError::Status(std::io::Error::other(format!(
+            "the helper sent {} listeners with {} descriptors, the plan asked for {}",
+            sent.len(),
+            read.fds.len(),
+            wanted.len()
+        ))));
+    }
+    let fds: Vec<OwnedFd> = read.fds.drain(..sent.len()).collect();
+    Ok((channel, read, Some(sent.into_iter().zip(fds).collect())))
 }
 
 /// What the helper reported on its status channel.

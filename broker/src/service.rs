@@ -536,6 +536,7 @@ fn run_finished(r: &RunResult) -> Event {
         stdout_bytes: r.stdout_bytes,
         stderr_bytes: r.stderr_bytes,
         written_bytes: r.written_bytes,
+        egress: r.attestation.enforcement.egress_traffic.clone(),
     }
 }
 

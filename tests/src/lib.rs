@@ -455,8 +455,8 @@ pub fn test_config(toml: &str) -> String {
 /// Splits test TOML into lines for `[defaults]` (those before any table
 /// header) and the rest, so tests can add defaults to the base configuration.
 fn split_defaults(config: &str) -> (String, String) {
-    match config.find('[') {
-        Some(0) => (String::new(), config.to_string()),
+    let header = if config.starts_with('[') { Some(0) } else { config.find("\n[").map(|i| i + 1) };
+    match header {
         Some(i) => (config[..i].to_string(), config[i..].to_string()),
         None => (config.to_string(), String::new()),
     }
@@ -745,6 +745,76 @@ impl Drop for Swapper {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+    }
+}
+
+/// An origin server on host loopback for the egress tests: what a sandbox
+/// reaches through the broker. It answers, by the first bytes of a
+/// connection: `GET ` with a small HTTP response naming the path; `big N\n`
+/// with N bytes; `ping` with `pong\n` (and holds the connection open);
+/// anything else by echoing all it received once the client closes its
+/// side. It counts the connections it accepted.
+pub struct Origin {
+    pub addr: std::net::SocketAddr,
+    pub accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Origin {
+    /// Listens on `ip` (a loopback address), on `port` (0: any).
+    pub fn start(ip: &str, port: u16) -> std::io::Result<Origin> {
+        let listener = std::net::TcpListener::bind((ip, port))?;
+        let addr = listener.local_addr()?;
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                std::thread::spawn(move || Origin::serve(conn));
+            }
+        });
+        Ok(Origin { addr, accepted })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn serve(mut conn: std::net::TcpStream) {
+        use std::io::{Read, Write};
+        let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(30)));
+        let mut first = vec![0u8; 64 * 1024];
+        let n = conn.read(&mut first).unwrap_or(0);
+        first.truncate(n);
+        let head = String::from_utf8_lossy(&first).into_owned();
+        if head.starts_with("GET ") {
+            let path = head.split_whitespace().nth(1).unwrap_or("");
+            let body = format!("origin saw GET {path}");
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        } else if let Some(n) = head.strip_prefix("big ").and_then(|r| r.trim().parse::<usize>().ok()) {
+            let chunk = vec![b'x'; 64 * 1024];
+            let mut left = n;
+            while left > 0 {
+                let take = left.min(chunk.len());
+                if conn.write_all(&chunk[..take]).is_err() {
+                    return;
+                }
+                left -= take;
+            }
+        } else if head.starts_with("ping") {
+            let _ = conn.write_all(b"pong\n");
+            let _ = conn.read_to_end(&mut Vec::new());
+        } else {
+            let _ = conn.read_to_end(&mut first);
+            let _ = conn.write_all(&first);
         }
     }
 }

@@ -97,6 +97,9 @@ pub enum Event {
         stdout_bytes: u64,
         stderr_bytes: u64,
         written_bytes: u64,
+        /// Strict egress: the hosts reached, the attempts refused, the bytes each way.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        egress: Option<palisade_protocol::attest::EgressTraffic>,
     },
     /// The run could not be carried out (its error as the client gets it).
     RunFailed { run_id: u64, kind: String, message: String },

@@ -1,6 +1,8 @@
 //! probe: run inside a sandbox (and outside, as the counter-test), it attempts
 //! one thing and reports `ok [detail]` (exit 0) or `err ERRNO [detail]` (exit 1).
 
+mod egress;
+
 use nix::errno::Errno;
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -54,6 +56,8 @@ fn run() -> Result<(), (Errno, String)> {
         "link" => std::fs::hard_link(arg(1), arg(2)).map(|_| String::new()).map_err(io),
         "symlink" => std::os::unix::fs::symlink(arg(1), arg(2)).map(|_| String::new()).map_err(io),
         "connect" => connect(&arg(1)),
+        "egress" => egress::run(&arg(1)),
+        "egress-bind" => egress::bind(&arg(1)),
         "unix" => unix(&arg(1)),
         "socketpair" => std::os::unix::net::UnixStream::pair().map(|_| String::new()).map_err(io),
         "limits" => limits(),
