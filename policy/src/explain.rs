@@ -3,6 +3,7 @@
 
 use crate::capabilities::{EnvironmentCapability, FsCapability};
 use crate::decision::{Decision, Resolved};
+use crate::egress_plan::{DNS_ADDRESS, EgressPlan, PROXY_ADDRESS};
 use crate::seccomp;
 use palisade_protocol::attest::exact_size as size;
 use palisade_protocol::{DEV_NODES, LandlockFeatures, Mount, Rlimit};
@@ -112,6 +113,9 @@ fn allow(out: &mut String, r: &Resolved) {
                     format!("{target}  {}, pts, shm (tmpfs, {})", DEV_NODES.join(" "), size(*shm_bytes))
                 }
                 Mount::Symlink { target, link } => format!("{target} -> {link}"),
+                Mount::File { target, contents } => {
+                    format!("{target}  read-only file of the plan's: {:?}", contents.trim_end())
+                }
                 Mount::Overlay { source, target, size_bytes, .. } => {
                     let of = if source == target { String::new() } else { format!(" of {source}") };
                     format!(
@@ -132,7 +136,13 @@ fn allow(out: &mut String, r: &Resolved) {
         let _ = writeln!(out, "  list:    {}", list(&l.list));
     }
     if l.wanted.contains(LandlockFeatures::NET_TCP) {
-        let _ = writeln!(out, "  tcp:     no bind, no connect");
+        let ports: Vec<String> = l.tcp_connect.iter().map(u16::to_string).collect();
+        let connect = if ports.is_empty() {
+            "no connect".into()
+        } else {
+            format!("connect to ports {}", ports.join(", "))
+        };
+        let _ = writeln!(out, "  tcp:     no bind, {connect}");
     }
     let rl = &p.rlimits;
     let _ = writeln!(
@@ -147,10 +157,46 @@ fn allow(out: &mut String, r: &Resolved) {
     );
     let _ = writeln!(out, "deadline: {} s; output quota {}", r.timeout.as_secs(), size(r.max_output_bytes));
     let _ = writeln!(out, "network:  {}", r.network);
+    if let Some(e) = &r.egress_plan {
+        egress_plan(out, e);
+    }
     let _ = writeln!(out, "disk:     {}", r.disk);
     let _ = writeln!(out, "memory:   {}", r.memory);
     let _ = writeln!(out, "seccomp:  {}", seccomp_summary(r));
     let _ = writeln!(out, "cedar:    {}", cedar_summary(r));
+}
+
+/// Strict egress: what the broker serves inside the sandbox, and its limits.
+fn egress_plan(out: &mut String, e: &EgressPlan) {
+    let ports: Vec<String> = e.ports.iter().map(u16::to_string).collect();
+    let _ = writeln!(out, "egress:   strict, served by the broker");
+    let _ = writeln!(out, "  allowed:   {} on ports {}", list(&e.domains), list(&ports));
+    let _ = writeln!(out, "  proxy:     {PROXY_ADDRESS} (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY)");
+    let _ = writeln!(out, "  resolver:  {DNS_ADDRESS} udp and tcp (/etc/resolv.conf)");
+    if e.transparent {
+        let pool: Vec<String> = e
+            .pool
+            .iter()
+            .map(|p| format!("{} {}", p.address, p.name.as_deref().unwrap_or("(spare, for *.suffix names)")))
+            .collect();
+        let _ = writeln!(out, "  transparent pool: {}", list(&pool));
+    } else {
+        let _ = writeln!(out, "  transparent: off (tools that ignore the proxy variables reach nothing)");
+    }
+    let hosts: Vec<String> = e
+        .hosts
+        .iter()
+        .map(|(n, a)| format!("{n} = {}", a.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" ")))
+        .collect();
+    let nets: Vec<String> = e.allow_addresses.iter().map(|n| n.to_string()).collect();
+    let _ = writeln!(out, "  static hosts: {}; allowed private addresses: {}", list(&hosts), list(&nets));
+    let _ = writeln!(
+        out,
+        "  limits:    {} connections at once, {} both ways, idle {} s",
+        e.max_connections,
+        size(e.max_bytes),
+        e.idle_timeout.as_secs()
+    );
 }
 
 /// What the Cedar policies said of a run, in words.
