@@ -852,6 +852,49 @@ mod tests {
     }
 
     #[test]
+    fn the_egress_table_is_checked_key_by_key() {
+        let c = parse("").unwrap();
+        assert_eq!((c.egress.ports.as_slice(), c.egress.transparent), (&[443, 80][..], true));
+        assert_eq!(
+            (c.egress.max_connections, c.egress.max_bytes, c.egress.idle_timeout_secs),
+            (64, 1 << 30, 60)
+        );
+        let ok = "[egress]\nports = [443]\ntransparent = false\nallow_addresses = [\"10.0.0.0/8\", \"::1\"]\n\
+                  hosts = { \"Origin.Test.\" = \"127.0.0.1\", \"b.test\" = [\"::1\", \"10.0.0.2\"] }\n\
+                  max_connections = 8\nmax_bytes = 1048576\nidle_timeout_secs = 5\n";
+        let c = parse(ok).unwrap();
+        assert_eq!(c.egress.allowed_addresses().len(), 2);
+        assert_eq!(c.egress.host_map()["origin.test"], ["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]);
+        for (text, want) in [
+            (
+                "[egress]\nallow_addresses = [\"10.0.0.0/33\"]\n",
+                "p.toml:2:20: egress.allow_addresses: \"10.0.0.0/33\" is not an address or CIDR range",
+            ),
+            (
+                "[egress]\nallow_addresses = [\"localhost\"]\n",
+                "p.toml:2:20: egress.allow_addresses: \"localhost\"",
+            ),
+            (
+                "[egress]\nhosts = { \"a.test\" = \"300.1.1.1\" }\n",
+                "p.toml:2:22: egress.hosts: a.test: \"300.1.1.1\" is not an IPv4 or IPv6 address",
+            ),
+            ("[egress]\nhosts = { \"a.test\" = [] }\n", "p.toml:2:22: egress.hosts: a.test has no address"),
+            ("[egress]\nhosts = { \"a.test\" = 7 }\n", "p.toml:2:"),
+            ("[egress]\nport = [443]\n", "p.toml:2:1: unknown field `port`"),
+            ("[egress]\nports = [0]\n", "p.toml:1:1: egress.ports: 0 is not a port"),
+            ("[egress]\nports = [70000]\n", "p.toml:2:10: "),
+            (
+                "[egress]\nmax_bytes = 0\n",
+                "p.toml:1:1: egress.max_connections, max_bytes and idle_timeout_secs must be at least 1",
+            ),
+            ("[egress]\ntransparent = \"yes\"\n", "p.toml:2:15: invalid type"),
+        ] {
+            let err = parse(text).unwrap_err();
+            assert!(err.starts_with(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
     fn an_empty_file_gives_the_defaults() {
         let c = parse("").unwrap();
         assert_eq!(c.broker.socket_mode, 0o660);

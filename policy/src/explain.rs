@@ -94,36 +94,7 @@ fn allow(out: &mut String, r: &Resolved) {
     if !p.mounts.is_empty() {
         let _ = writeln!(out, "mounts (the sandbox's root is a read-only tmpfs):");
         for m in &p.mounts {
-            let line = match m {
-                Mount::Bind { source, target, .. } if source == "/dev/null" => {
-                    format!("{target}  hidden (sensitive)")
-                }
-                Mount::Bind { source, target, writable, .. } => {
-                    let how = if *writable { "read-write" } else { "read-only" };
-                    if source == target {
-                        format!("{target}  {how} bind")
-                    } else {
-                        format!("{target}  {how} bind of {source}")
-                    }
-                }
-                Mount::Tmpfs { target, mode: 0, .. } => format!("{target}  hidden (sensitive)"),
-                Mount::Tmpfs { target, size_bytes, .. } => format!("{target}  tmpfs, {}", size(*size_bytes)),
-                Mount::Proc { target } => format!("{target}  proc (the sandbox's processes only)"),
-                Mount::Dev { target, shm_bytes } => {
-                    format!("{target}  {}, pts, shm (tmpfs, {})", DEV_NODES.join(" "), size(*shm_bytes))
-                }
-                Mount::Symlink { target, link } => format!("{target} -> {link}"),
-                Mount::File { target, contents } => {
-                    format!("{target}  read-only file of the plan's: {:?}", contents.trim_end())
-                }
-                Mount::Overlay { source, target, size_bytes, .. } => {
-                    let of = if source == target { String::new() } else { format!(" of {source}") };
-                    format!(
-                        "{target}  read-write overlay{of}: writes held in a {} tmpfs, copied back after the run",
-                        size(*size_bytes)
-                    )
-                }
-            };
+            let line = mount_line(m);
             let _ = writeln!(out, "  {line}");
         }
     }
@@ -164,6 +135,40 @@ fn allow(out: &mut String, r: &Resolved) {
     let _ = writeln!(out, "memory:   {}", r.memory);
     let _ = writeln!(out, "seccomp:  {}", seccomp_summary(r));
     let _ = writeln!(out, "cedar:    {}", cedar_summary(r));
+}
+
+/// One mount of the sandbox's root, in words.
+fn mount_line(m: &Mount) -> String {
+    match m {
+        Mount::Bind { source, target, .. } if source == "/dev/null" => {
+            format!("{target}  hidden (sensitive)")
+        }
+        Mount::Bind { source, target, writable, .. } => {
+            let how = if *writable { "read-write" } else { "read-only" };
+            if source == target {
+                format!("{target}  {how} bind")
+            } else {
+                format!("{target}  {how} bind of {source}")
+            }
+        }
+        Mount::Tmpfs { target, mode: 0, .. } => format!("{target}  hidden (sensitive)"),
+        Mount::Tmpfs { target, size_bytes, .. } => format!("{target}  tmpfs, {}", size(*size_bytes)),
+        Mount::Proc { target } => format!("{target}  proc (the sandbox's processes only)"),
+        Mount::Dev { target, shm_bytes } => {
+            format!("{target}  {}, pts, shm (tmpfs, {})", DEV_NODES.join(" "), size(*shm_bytes))
+        }
+        Mount::Symlink { target, link } => format!("{target} -> {link}"),
+        Mount::File { target, contents } => {
+            format!("{target}  read-only file of the plan's: {:?}", contents.trim_end())
+        }
+        Mount::Overlay { source, target, size_bytes, .. } => {
+            let of = if source == target { String::new() } else { format!(" of {source}") };
+            format!(
+                "{target}  read-write overlay{of}: writes held in a {} tmpfs, copied back after the run",
+                size(*size_bytes)
+            )
+        }
+    }
 }
 
 /// Strict egress: what the broker serves inside the sandbox, and its limits.
