@@ -128,6 +128,10 @@ pub struct ExplainArgs {
     /// A tool parameter, NAME=PATH (repeat NAME for a list).
     #[arg(long = "param", value_name = "NAME=PATH")]
     pub params: Vec<String>,
+    /// Narrow the network to this name, exact or *.suffix (repeatable):
+    /// each must be within the tool's (or default profile's) allow_domains.
+    #[arg(long = "allow-domain", value_name = "NAME")]
+    pub allow_domains: Vec<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -165,6 +169,10 @@ pub struct RunArgs {
     /// A tool parameter, NAME=PATH (repeat NAME for a list).
     #[arg(long = "param", value_name = "NAME=PATH")]
     pub params: Vec<String>,
+    /// Narrow the network to this name, exact or *.suffix (repeatable):
+    /// each must be within the tool's (or default profile's) allow_domains.
+    #[arg(long = "allow-domain", value_name = "NAME")]
+    pub allow_domains: Vec<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -193,6 +201,7 @@ pub fn parse_common_run(args: &[std::ffi::OsString]) -> Option<Cli> {
         no_stdin: false,
         tool: None,
         params: vec![],
+        allow_domains: vec![],
         command: command.iter().map(|c| c.to_string()).collect(),
     };
     let mut i = 0;
@@ -300,6 +309,7 @@ fn explain(args: ExplainArgs) -> i32 {
         no_stdin: true,
         tool: args.tool,
         params: args.params,
+        allow_domains: args.allow_domains,
         command: args.command,
     };
     let request = match request(&run_args, false) {
@@ -336,6 +346,7 @@ fn request(args: &RunArgs, read_stdin: bool) -> Result<RunRequest, String> {
         max_output_bytes: args.max_output,
         tool: args.tool.clone(),
         params: params(&args.params)?,
+        allow_domains: (!args.allow_domains.is_empty()).then(|| args.allow_domains.clone()),
     })
 }
 

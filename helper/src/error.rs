@@ -3,7 +3,7 @@
 use nix::errno::Errno;
 use palisade_protocol::status::encode_record;
 use palisade_protocol::{HelperFailure, HelperRecord, Stage};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 /// The status channel: a pipe (or file) from the caller, close-on-exec.
 pub const STATUS_FD: i32 = 4;
@@ -61,13 +61,17 @@ pub fn send(record: &HelperRecord) {
 
 /// Writes one record with a descriptor attached (SCM_RIGHTS).
 pub fn send_with_fd(record: &HelperRecord, fd: &impl AsRawFd) -> nix::Result<()> {
+    send_with_fds(record, &[fd.as_raw_fd()])
+}
+
+/// Writes one record with descriptors attached, in order, in one message.
+pub fn send_with_fds(record: &HelperRecord, fds: &[RawFd]) -> nix::Result<()> {
     use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
     let bytes = encode_record(record);
-    let fds = [fd.as_raw_fd()];
     let sent = sendmsg::<()>(
         STATUS_FD,
         &[std::io::IoSlice::new(&bytes)],
-        &[ControlMessage::ScmRights(&fds)],
+        &[ControlMessage::ScmRights(fds)],
         MsgFlags::empty(),
         None,
     )?;

@@ -81,10 +81,10 @@ fn contain() -> Result<Infallible> {
         userns::enter(&plan.namespaces, plan.uid, plan.gid)?;
         let net = if plan.namespaces.net { Some(net::prepare()?) } else { None };
         // The outer helper stays behind as monitor (after making the network
-        // namespace, while its child builds the mounts); its child is pid 1
-        // of the new pid namespace.
+        // namespace and handing its listeners to the broker, while its child
+        // builds the mounts); its child is pid 1 of the new pid namespace.
         let to_relay = monitor::fork_watched(Role::Relay, || match &net {
-            Some(n) => n.create(plan.loopback),
+            Some(n) => n.create(plan.loopback, &plan.listeners),
             None => Ok(()),
         })?;
         mounts::build_root(&plan, descriptors.take(), captured)?;

@@ -71,6 +71,7 @@ pub fn build_root(
             (Mount::Overlay { target, size_bytes, .. }, Source::Tree(lower)) => {
                 overlay(target, *size_bytes, lower, i)?
             }
+            (Mount::File { target, contents }, _) => file(target, contents, i)?,
             (m, source) => place(m, source)?,
         }
     }
@@ -216,6 +217,37 @@ fn overlay(target: &str, size: u64, lower: OwnedFd, i: usize) -> Result<()> {
     .at(Stage::Mounts, || format!("open the upper layer of {target}"))?;
     error::send_with_fd(&HelperRecord::Overlay { target: target.to_string() }, &upper)
         .at(Stage::Mounts, || format!("hand the upper layer of {target} to the broker"))
+}
+
+/// A file of the plan's own: written in the staging tmpfs, outside the new
+/// root, and bound read-only (nosuid, nodev, noexec) over `target`. A target
+/// that cannot be made (in a read-only bind that lacks it) or bound is an
+/// error: the sandbox never runs with what was there instead.
+fn file(target: &str, contents: &str, i: usize) -> Result<()> {
+    use std::io::Write;
+    // Relative to the new root, the current directory.
+    let staged = format!("../file-{i}");
+    let flags = OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
+    let fd = open(staged.as_str(), flags, Mode::from_bits_truncate(0o644))
+        .at(Stage::Mounts, || format!("create the file for {target}"))?;
+    std::fs::File::from(fd)
+        .write_all(contents.as_bytes())
+        .at(Stage::Mounts, || format!("write the file for {target}"))?;
+    let tree = open_tree(&staged, false)?;
+    let ro =
+        libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV | libc::MOUNT_ATTR_NOEXEC;
+    set_attributes(Some(&tree), "", ro, false).at(Stage::Mounts, || format!("make {target} read-only"))?;
+    let rel = &target[1..];
+    // A file already there (in the read-only /etc snapshot) is the mount point.
+    let is_file =
+        nix::sys::stat::lstat(rel).is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) == SFlag::S_IFREG);
+    if !is_file {
+        make_mount_point(rel, false).map_err(|mut e| {
+            e.message.push_str(" (the sandbox's root has no file there to bind the plan's over)");
+            e
+        })?;
+    }
+    attach(&tree, rel).at(Stage::Mounts, || format!("bind the plan's file on {target}"))
 }
 
 /// A tmpfs with the host's harmless device nodes bound in, a private devpts

@@ -5,14 +5,25 @@
 //! helper creates it while its child builds the mount tree, and the child
 //! joins it before anything runs: `prepare` before the fork, `create` in the
 //! parent, `join` in the child.
+//!
+//! Strict egress: the parent also opens the plan's listeners there, once
+//! `lo` is up, and hands them to the broker in one status record. It holds
+//! every capability of the sandbox's user namespace (ports below 1024), and
+//! it is not the sandbox's pid 1: no process of the sandbox inherits them.
 
-use crate::error::{Context, Result, fail};
+use crate::error::{self, Context, Result, fail};
 use nix::errno::Errno;
 use nix::sched::{CloneFlags, setns, unshare};
-use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
+use nix::sys::socket::{
+    AddressFamily, Backlog, SockFlag, SockType, SockaddrIn, bind, listen, setsockopt, socket, sockopt,
+};
 use nix::unistd::{getpid, pipe2, read, write};
-use palisade_protocol::Stage;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use palisade_protocol::{HelperRecord, Listener, ListenerKind, Stage};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Connections the kernel queues on a listener before the broker accepts
+/// them: a burst of a parallel package install.
+const LISTEN_BACKLOG: i32 = 128;
 
 pub struct Pending {
     /// A pidfd of the process that creates the namespace.
@@ -36,11 +47,14 @@ pub fn prepare() -> Result<Pending> {
 
 impl Pending {
     /// In the parent: a new network namespace for this process, `lo` up if
-    /// asked, then one byte to the child.
-    pub fn create(&self, loopback: bool) -> Result<()> {
+    /// asked, the listeners handed to the broker, then one byte to the child.
+    pub fn create(&self, loopback: bool, listeners: &[Listener]) -> Result<()> {
         unshare(CloneFlags::CLONE_NEWNET).at(Stage::Namespaces, || "unshare(net)".into())?;
         if loopback {
             loopback_up()?;
+        }
+        if !listeners.is_empty() {
+            hand_over(listeners)?;
         }
         write(&self.ready_write, &[1]).at(Stage::Namespaces, || "signal the network namespace".into())?;
         Ok(())
@@ -83,4 +97,32 @@ fn loopback_up() -> Result<()> {
     // SAFETY: SIOCSIFFLAGS reads `req`, which outlives the call.
     let rc = unsafe { libc::ioctl(sock.as_raw_fd(), set, &req) };
     Errno::result(rc).map(drop).at(Stage::Loopback, || "bring lo up".into())
+}
+
+/// Opens every listener (close-on-exec), sends them to the broker in one
+/// record, in the plan's order, and closes this process's copies.
+fn hand_over(listeners: &[Listener]) -> Result<()> {
+    let sockets = listeners.iter().map(open_listener).collect::<Result<Vec<OwnedFd>>>()?;
+    let fds: Vec<RawFd> = sockets.iter().map(AsRawFd::as_raw_fd).collect();
+    error::send_with_fds(&HelperRecord::Listeners(listeners.to_vec()), &fds)
+        .at(Stage::Listeners, || format!("hand {} listeners to the broker", fds.len()))
+}
+
+fn open_listener(l: &Listener) -> Result<OwnedFd> {
+    let what = || format!("{:?} listener on {}:{}", l.kind, l.address, l.port);
+    let udp = l.kind == ListenerKind::DnsUdp;
+    let kind = if udp { SockType::Datagram } else { SockType::Stream };
+    let sock = socket(AddressFamily::Inet, kind, SockFlag::SOCK_CLOEXEC, None)
+        .at(Stage::Listeners, || format!("socket for the {}", what()))?;
+    let addr = SockaddrIn::from(std::net::SocketAddrV4::new(l.address, l.port));
+    if !udp {
+        setsockopt(&sock, sockopt::ReuseAddr, &true)
+            .at(Stage::Listeners, || format!("SO_REUSEADDR on the {}", what()))?;
+    }
+    bind(sock.as_raw_fd(), &addr).at(Stage::Listeners, || format!("bind the {}", what()))?;
+    if !udp {
+        let backlog = Backlog::new(LISTEN_BACKLOG).map_err(|e| fail(Stage::Listeners, e, what()))?;
+        listen(&sock, backlog).at(Stage::Listeners, || format!("listen on the {}", what()))?;
+    }
+    Ok(sock)
 }

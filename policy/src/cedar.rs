@@ -346,7 +346,8 @@ fn run_context(r: &Resolved, needs_approval: bool) -> Vec<(String, RestrictedExp
     let (network, domains): (bool, &[String]) = match &r.network {
         Network::LoopbackOnly | Network::NoSockets => (false, &[]),
         Network::Host => (true, &[]),
-        Network::HostDomains { domains, .. } => (true, domains),
+        // Strict egress reaches the allowed domains, through the broker.
+        Network::HostDomains { domains, .. } | Network::StrictDomains { domains, .. } => (true, domains),
     };
     let process = &r.capabilities.process;
     let tier = match p.tier() {

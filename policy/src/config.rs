@@ -31,6 +31,135 @@ pub struct Config {
     pub approvers: ApproversConfig,
     #[serde(default)]
     pub trust: TrustConfig,
+    #[serde(default)]
+    pub egress: EgressConfig,
+}
+
+/// Strict egress (`egress = "strict"` with `network = { allow_domains =
+/// [...] }`): what the broker's proxy, resolver and transparent listeners
+/// let through, and their limits per run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressConfig {
+    /// Ports a connection to an allowed name may go to.
+    pub ports: Vec<u16>,
+    /// Listeners on a loopback pool address per allowed name, so that tools
+    /// that ignore the proxy variables reach allowed names too.
+    pub transparent: bool,
+    /// Addresses and ranges (CIDR) the broker may connect to although they
+    /// are loopback, private, link-local, multicast or unspecified.
+    pub allow_addresses: Vec<Spanned<String>>,
+    /// Names the broker resolves from this map before DNS: one address or a
+    /// list of them per name.
+    pub hosts: BTreeMap<String, Spanned<HostAddresses>>,
+    /// Connections open at once per run (proxy and transparent together).
+    pub max_connections: u32,
+    /// Bytes both ways per run, every connection together.
+    pub max_bytes: u64,
+    /// A connection silent both ways for this long is closed.
+    pub idle_timeout_secs: u64,
+}
+
+/// The address or addresses of a name in `[egress] hosts`, as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum HostAddresses {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// HTTPS and plain HTTP: what package indexes, forges and APIs use.
+pub const DEFAULT_EGRESS_PORTS: [u16; 2] = [443, 80];
+/// Enough for a parallel package install, few enough that a run cannot
+/// tie up the broker's descriptors.
+pub const DEFAULT_EGRESS_MAX_CONNECTIONS: u32 = 64;
+/// A large dependency download fits; an exfiltration of a disk does not.
+pub const DEFAULT_EGRESS_MAX_BYTES: u64 = 1 << 30;
+/// As long as the broker's own connections may stay silent.
+pub const DEFAULT_EGRESS_IDLE_TIMEOUT_SECS: u64 = 60;
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        EgressConfig {
+            ports: DEFAULT_EGRESS_PORTS.to_vec(),
+            transparent: true,
+            allow_addresses: vec![],
+            hosts: BTreeMap::new(),
+            max_connections: DEFAULT_EGRESS_MAX_CONNECTIONS,
+            max_bytes: DEFAULT_EGRESS_MAX_BYTES,
+            idle_timeout_secs: DEFAULT_EGRESS_IDLE_TIMEOUT_SECS,
+        }
+    }
+}
+
+impl EgressConfig {
+    /// `allow_addresses`, parsed (a single address is a range of one).
+    pub fn allowed_addresses(&self) -> Vec<ipnet::IpNet> {
+        self.allow_addresses.iter().filter_map(|a| parse_net(a.get_ref()).ok()).collect()
+    }
+
+    /// `hosts`, parsed, names in lower case without a trailing dot.
+    pub fn host_map(&self) -> BTreeMap<String, Vec<std::net::IpAddr>> {
+        self.hosts
+            .iter()
+            .map(|(name, addrs)| {
+                let list = match addrs.get_ref() {
+                    HostAddresses::One(a) => vec![a.clone()],
+                    HostAddresses::Many(l) => l.clone(),
+                };
+                (host_name(name), list.iter().filter_map(|a| a.parse().ok()).collect())
+            })
+            .collect()
+    }
+
+    /// Each address and range parses, each name has at least one address
+    /// and each of them parses, the limits are at least 1.
+    fn check(&self) -> Result<(), (usize, String)> {
+        for a in &self.allow_addresses {
+            parse_net(a.get_ref()).map_err(|e| {
+                (
+                    a.span().start,
+                    format!("egress.allow_addresses: {:?} is not an address or CIDR range: {e}", a.get_ref()),
+                )
+            })?;
+        }
+        for (name, addrs) in &self.hosts {
+            let list = match addrs.get_ref() {
+                HostAddresses::One(a) => vec![a.clone()],
+                HostAddresses::Many(l) => l.clone(),
+            };
+            if list.is_empty() {
+                return Err((addrs.span().start, format!("egress.hosts: {name} has no address")));
+            }
+            if let Some(bad) = list.iter().find(|a| a.parse::<std::net::IpAddr>().is_err()) {
+                return Err((
+                    addrs.span().start,
+                    format!("egress.hosts: {name}: {bad:?} is not an IPv4 or IPv6 address"),
+                ));
+            }
+        }
+        if self.ports.contains(&0) {
+            return Err((0, "egress.ports: 0 is not a port".into()));
+        }
+        if self.max_connections == 0 || self.max_bytes == 0 || self.idle_timeout_secs == 0 {
+            return Err((
+                0,
+                "egress.max_connections, max_bytes and idle_timeout_secs must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An address or a CIDR range.
+fn parse_net(text: &str) -> Result<ipnet::IpNet, String> {
+    text.parse::<ipnet::IpNet>()
+        .or_else(|e| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from).map_err(|_| e.to_string()))
+}
+
+/// A name as the broker compares it: lower case, no trailing dot.
+pub fn host_name(name: &str) -> String {
+    name.trim_end_matches('.').to_ascii_lowercase()
 }
 
 /// Who may answer a run held for approval, from any connection. With
@@ -511,6 +640,7 @@ impl Config {
                 ),
             ));
         }
+        self.egress.check()?;
         if self.trust.trial_runs == 0 {
             return Err((0, "trust.trial_runs must be at least 1".into()));
         }
@@ -719,6 +849,49 @@ mod tests {
         assert!(parse(ok).is_ok());
         let err = parse("[tools.t]\npreset = \"fast\"\n").unwrap_err();
         assert!(err.starts_with("p.toml:2:10: tool t: unknown preset \"fast\""), "{err}");
+    }
+
+    #[test]
+    fn the_egress_table_is_checked_key_by_key() {
+        let c = parse("").unwrap();
+        assert_eq!((c.egress.ports.as_slice(), c.egress.transparent), (&[443, 80][..], true));
+        assert_eq!(
+            (c.egress.max_connections, c.egress.max_bytes, c.egress.idle_timeout_secs),
+            (64, 1 << 30, 60)
+        );
+        let ok = "[egress]\nports = [443]\ntransparent = false\nallow_addresses = [\"10.0.0.0/8\", \"::1\"]\n\
+                  hosts = { \"Origin.Test.\" = \"127.0.0.1\", \"b.test\" = [\"::1\", \"10.0.0.2\"] }\n\
+                  max_connections = 8\nmax_bytes = 1048576\nidle_timeout_secs = 5\n";
+        let c = parse(ok).unwrap();
+        assert_eq!(c.egress.allowed_addresses().len(), 2);
+        assert_eq!(c.egress.host_map()["origin.test"], ["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]);
+        for (text, want) in [
+            (
+                "[egress]\nallow_addresses = [\"10.0.0.0/33\"]\n",
+                "p.toml:2:20: egress.allow_addresses: \"10.0.0.0/33\" is not an address or CIDR range",
+            ),
+            (
+                "[egress]\nallow_addresses = [\"localhost\"]\n",
+                "p.toml:2:20: egress.allow_addresses: \"localhost\"",
+            ),
+            (
+                "[egress]\nhosts = { \"a.test\" = \"300.1.1.1\" }\n",
+                "p.toml:2:22: egress.hosts: a.test: \"300.1.1.1\" is not an IPv4 or IPv6 address",
+            ),
+            ("[egress]\nhosts = { \"a.test\" = [] }\n", "p.toml:2:22: egress.hosts: a.test has no address"),
+            ("[egress]\nhosts = { \"a.test\" = 7 }\n", "p.toml:2:"),
+            ("[egress]\nport = [443]\n", "p.toml:2:1: unknown field `port`"),
+            ("[egress]\nports = [0]\n", "p.toml:1:1: egress.ports: 0 is not a port"),
+            ("[egress]\nports = [70000]\n", "p.toml:2:10: "),
+            (
+                "[egress]\nmax_bytes = 0\n",
+                "p.toml:1:1: egress.max_connections, max_bytes and idle_timeout_secs must be at least 1",
+            ),
+            ("[egress]\ntransparent = \"yes\"\n", "p.toml:2:15: invalid type"),
+        ] {
+            let err = parse(text).unwrap_err();
+            assert!(err.starts_with(want), "{text}: {err}");
+        }
     }
 
     #[test]

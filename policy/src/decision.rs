@@ -19,6 +19,7 @@ use crate::capabilities::{
 use crate::cedar::{self, CedarVerdict, Principal};
 use crate::config::{Config, DiskMode, FallbackPolicy, PolicyConfig};
 use crate::egress::{self, EgressMode};
+use crate::egress_plan::{self, EgressPlan};
 use crate::host::{Host, HostCapabilities, HostFiles};
 use crate::jail::{ETC_ENTRIES, JailSpec, Limits, build_plan};
 use crate::trust::{self, EscalationReason, EscalationTrigger, ToolTrust, TrustStage};
@@ -47,6 +48,8 @@ const PROCESSES_SLACK: u64 = 2;
 /// The smallest chunk output is captured in, whatever is configured: a frame
 /// for every few bytes would cost more than it carries.
 const MIN_CAPTURE_CHUNK_BYTES: usize = 512;
+/// Names the sandbox's resolver under strict egress.
+const RESOLV_CONF: &str = "/etc/resolv.conf";
 /// The hostname a Tier C sandbox has (its own UTS namespace).
 const HOSTNAME: &str = "palisade";
 
@@ -133,6 +136,11 @@ pub struct Resolved {
     /// What the attestation and `palisade explain` say was in force.
     pub network: Network,
     pub egress: EgressMode,
+    /// Strict egress with allowed domains (Tier C): what the broker serves
+    /// on the plan's listeners (`plan.listeners`, handed over by the helper
+    /// in one `HelperRecord::Listeners`) and lets through. `None`: no
+    /// listeners (any other egress, or strict with no domain allowed).
+    pub egress_plan: Option<EgressPlan>,
     pub disk: Disk,
     /// What bounded the run's memory, tmpfs mounts included.
     pub memory: Memory,
@@ -222,6 +230,8 @@ struct SandboxView {
 /// What the phases before the plan found.
 struct Draft {
     profile: Profile,
+    /// Strict egress's plan, when it has domains to reach.
+    egress: Option<EgressPlan>,
     warnings: Vec<String>,
     grants: Grants,
     view: SandboxView,
@@ -297,6 +307,9 @@ impl Policy {
     ) -> Result<(Resolved, Option<String>), Denial> {
         let (files, uid) = (&*host.files, ctx.requester.uid);
         let mut profile = self.profile(files, req)?;
+        // A request may only narrow its profile's domains.
+        profile.capabilities.network =
+            egress_plan::narrow(&profile.capabilities.network, req.allow_domains.as_deref())?;
         let trust = profile.tool.clone().zip(ctx.trust);
         if let Some((tool, ToolTrust { stage: TrustStage::Draft, .. })) = &trust {
             return denied(
@@ -314,10 +327,16 @@ impl Policy {
         let TierChoice { tier, warnings, approval } =
             choose_tier(&self.config.policy, &host.capabilities, profile.egress)?;
         let grants = self.grants(&profile, &dirs, ctx, tier)?;
-        let view = SandboxView::new(req, &dirs, &grants, &profile);
+        let mut view = SandboxView::new(req, &dirs, &grants, &profile);
+        let egress = self.egress_plan(&profile, tier)?;
 
         // The checks, in order.
         validate::check_shape(&self.config.policy, &req.argv, &view.env)?;
+        if egress.is_some() {
+            // The sandbox's own settings, after the request's shape was checked.
+            view.env.retain(|(k, _)| !EgressPlan::env().iter().any(|(p, _)| p == k));
+            view.env.extend(EgressPlan::env());
+        }
         let program = self.executable(host, req, &view, &grants, &profile)?;
         self.check_interpreters(files, req, &program, &profile)?;
         self.check_scope(host, req, &dirs, &view, &grants)?;
@@ -327,7 +346,7 @@ impl Policy {
         let cgroup = cgroup_plan(&host.capabilities, &grants.run_name, &profile)?;
         let hidden = self.hidden(host, &grants, dirs.home.as_deref())?;
 
-        let draft = Draft { profile, warnings, grants, view, program, landlock, cgroup, hidden };
+        let draft = Draft { profile, egress, warnings, grants, view, program, landlock, cgroup, hidden };
         let limits = self.limits(req, &draft);
         let mut resolved = self.plan(host, ctx, req, draft, limits, &dirs)?;
         let approval = self.trust_question(&mut resolved, trust, escalation, approval);
@@ -353,6 +372,18 @@ impl Policy {
             Some(first) => format!("{first} {question}"),
             None => question,
         })
+    }
+
+    /// Strict egress's plan: in Tier C (Tier B was refused when the tier was
+    /// chosen), when the network allows some domains; with none, the
+    /// sandbox has loopback alone and nothing to serve.
+    fn egress_plan(&self, profile: &Profile, tier: Tier) -> Result<Option<EgressPlan>, Denial> {
+        match (&profile.capabilities.network, profile.egress, tier) {
+            (NetworkCapability::AllowDomains(d), EgressMode::Strict, Tier::C) if !d.is_empty() => {
+                EgressPlan::new(&self.config.egress, d).map(Some)
+            }
+            _ => Ok(None),
+        }
     }
 
     /// The Cedar policies' decision on the run, asked by its requester
@@ -828,6 +859,14 @@ impl Policy {
             hidden: draft.hidden.clone(),
             etc_view: ctx.etc_view.clone(),
             layout: host.layout.clone(),
+            listeners: draft.egress.as_ref().map_or_else(Vec::new, EgressPlan::listeners),
+            // The network namespace already holds the boundary; Landlock's
+            // TCP rules are a second one where the kernel has them.
+            tcp_connect: draft.egress.as_ref().map(EgressPlan::connect_ports),
+            files: match &draft.egress {
+                Some(_) => vec![(RESOLV_CONF.to_string(), EgressPlan::resolv_conf())],
+                None => vec![],
+            },
         })
     }
 
@@ -844,7 +883,7 @@ impl Policy {
     ) -> Result<Resolved, Denial> {
         let spec = self.jail_spec(host, ctx, req, &draft, &limits)?;
         let plan = build_plan(&spec).map_err(|e| Denial::new(e.kind(), e.rule(), e.to_string()))?;
-        let Draft { profile, warnings, grants, cgroup, .. } = draft;
+        let Draft { profile, egress, warnings, grants, cgroup, .. } = draft;
         let labels = Labels {
             tier: grants.tier,
             host_network: spec.host_network,
@@ -853,7 +892,7 @@ impl Policy {
             tmpfs: limits.tmpfs,
             disk: self.config.defaults.disk,
         };
-        let network = labels.network(&profile.capabilities.network, profile.egress);
+        let network = labels.network(&profile.capabilities.network, profile.egress, egress.as_ref());
         let disk = labels.disk(grants.temp_workspace.is_some(), !grants.read_write.is_empty());
         let memory = labels.memory();
         let writable = grants.read_write;
@@ -871,6 +910,7 @@ impl Policy {
             capabilities: profile.capabilities,
             network,
             egress: profile.egress,
+            egress_plan: egress,
             disk,
             memory,
             warnings,
@@ -939,7 +979,8 @@ fn choose_tier(
         return denied(
             ErrorKind::Unavailable,
             "egress.strict_unavailable",
-            "egress = strict needs a network namespace, which this host cannot create",
+            "egress = strict needs a network namespace, which this host cannot create: \
+             Tier B cannot have strict egress",
         );
     }
     Ok(TierChoice { tier, warnings, approval })
@@ -1051,7 +1092,19 @@ struct Labels<'a> {
 }
 
 impl Labels<'_> {
-    fn network(&self, capability: &NetworkCapability, egress: EgressMode) -> Network {
+    fn network(
+        &self,
+        capability: &NetworkCapability,
+        egress: EgressMode,
+        plan: Option<&EgressPlan>,
+    ) -> Network {
+        if let Some(p) = plan {
+            return Network::StrictDomains {
+                domains: p.domains.clone(),
+                ports: p.ports.clone(),
+                transparent: p.transparent,
+            };
+        }
         match (self.host_network, capability) {
             (false, _) if self.tier == Tier::C => Network::LoopbackOnly,
             (false, _) => Network::NoSockets,

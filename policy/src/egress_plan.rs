@@ -3,6 +3,11 @@
 //! The policy builds it (from the profile's or tool's `allow_domains`, the
 //! request's narrowing and the `[egress]` table); the broker serves it.
 
+use crate::capabilities::NetworkCapability;
+use crate::config::{EgressConfig, host_name};
+use crate::decision::Denial;
+use palisade_protocol::wire::ErrorKind;
+use palisade_protocol::{Listener, ListenerKind, PLAN_MAX_LISTENERS};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
@@ -57,5 +62,166 @@ impl EgressPlan {
     /// Whether `name` (lower case, no trailing dot) is allowed.
     pub fn allows(&self, name: &str) -> bool {
         crate::egress::allowed(name, &self.domains)
+    }
+}
+
+/// Spare pool addresses when a `*.suffix` pattern is allowed: names below
+/// it that the resolver is asked for get one each, first come, for the run.
+pub const SPARE_POOL_ADDRESSES: usize = 16;
+/// `HTTP_PROXY` and its kin name the proxy as a URL.
+const PROXY_URL: &str = "http://127.0.0.1:3128";
+/// Loopback itself is never proxied: a tool's own local servers stay local.
+const NO_PROXY: &str = "localhost,127.0.0.1,::1";
+
+impl EgressPlan {
+    /// Builds the plan for `domains` (already narrowed by the request) under
+    /// `[egress]`: in transparent mode, one pool address per exact name, in
+    /// sorted order from [`TRANSPARENT_POOL`] up, then the spare ones when a
+    /// `*.suffix` is allowed. Refused when its listeners would not fit in a
+    /// plan.
+    pub fn new(config: &EgressConfig, domains: &[String]) -> Result<EgressPlan, Denial> {
+        let mut domains: Vec<String> = domains.iter().map(|d| host_name(d)).collect();
+        domains.sort();
+        domains.dedup();
+        let mut ports = config.ports.clone();
+        ports.dedup();
+        let pool = if config.transparent { pool(&domains) } else { vec![] };
+        let plan = EgressPlan {
+            domains,
+            ports,
+            transparent: config.transparent,
+            pool,
+            allow_addresses: config.allowed_addresses(),
+            hosts: config.host_map(),
+            max_connections: config.max_connections,
+            max_bytes: config.max_bytes,
+            idle_timeout: Duration::from_secs(config.idle_timeout_secs),
+        };
+        let count = plan.listener_count();
+        if count > PLAN_MAX_LISTENERS {
+            return Err(Denial::new(
+                ErrorKind::InvalidRequest,
+                "egress.too_many_listeners",
+                format!(
+                    "strict egress would need {count} listeners ({} pool addresses × {} ports, the proxy and \
+                     the resolver); a plan carries at most {PLAN_MAX_LISTENERS}: allow fewer names or \
+                     ports, or set [egress] transparent = false",
+                    plan.pool.len(),
+                    plan.ports.len()
+                ),
+            ));
+        }
+        Ok(plan)
+    }
+
+    fn listener_count(&self) -> usize {
+        FIXED_LISTENERS.saturating_add(self.pool.len().saturating_mul(self.ports.len()))
+    }
+
+    /// The sockets the helper opens for the broker: the proxy, the resolver
+    /// (UDP and TCP) and, in transparent mode, one per pool address and port.
+    pub fn listeners(&self) -> Vec<Listener> {
+        let at = |kind, a: SocketAddrV4| Listener { kind, address: *a.ip(), port: a.port() };
+        let mut out = vec![
+            at(ListenerKind::Proxy, PROXY_ADDRESS),
+            at(ListenerKind::DnsUdp, DNS_ADDRESS),
+            at(ListenerKind::DnsTcp, DNS_ADDRESS),
+        ];
+        for entry in &self.pool {
+            out.extend(self.ports.iter().map(|&port| Listener {
+                kind: ListenerKind::Transparent,
+                address: entry.address,
+                port,
+            }));
+        }
+        out
+    }
+
+    /// The ports a sandboxed process may connect to (Landlock): the proxy's,
+    /// the resolver's and the allowed ones (the transparent listeners').
+    pub fn connect_ports(&self) -> Vec<u16> {
+        let mut ports = vec![PROXY_ADDRESS.port(), DNS_ADDRESS.port()];
+        ports.extend(&self.ports);
+        ports.sort_unstable();
+        ports.dedup();
+        ports
+    }
+
+    /// The proxy variables, upper and lower case.
+    pub fn env() -> Vec<(String, String)> {
+        let vars = [
+            ("HTTP_PROXY", PROXY_URL),
+            ("HTTPS_PROXY", PROXY_URL),
+            ("ALL_PROXY", PROXY_URL),
+            ("NO_PROXY", NO_PROXY),
+        ];
+        vars.iter()
+            .flat_map(|(k, v)| [(k.to_string(), v.to_string()), (k.to_ascii_lowercase(), v.to_string())])
+            .collect()
+    }
+
+    /// `/etc/resolv.conf` inside the sandbox: its own resolver only.
+    pub fn resolv_conf() -> String {
+        format!("nameserver {}\n", DNS_ADDRESS.ip())
+    }
+}
+
+/// The proxy, and the resolver on UDP and TCP.
+const FIXED_LISTENERS: usize = 3;
+
+/// The transparent pool for sorted `domains`.
+fn pool(domains: &[String]) -> Vec<PoolEntry> {
+    let exact = domains.iter().filter(|d| !d.starts_with("*.")).map(|d| Some(d.clone()));
+    let spare = if domains.iter().any(|d| d.starts_with("*.")) { SPARE_POOL_ADDRESSES } else { 0 };
+    let first = u32::from(TRANSPARENT_POOL);
+    exact
+        .chain(std::iter::repeat_n(None, spare))
+        .enumerate()
+        .map(|(i, name)| PoolEntry { address: Ipv4Addr::from(first.saturating_add(i as u32)), name })
+        .collect()
+}
+
+/// Narrows `network` to the names a request asks for (`None`: unchanged):
+/// each must lie within the profile's list. A profile with `allow_all` is
+/// narrowed to exactly those names; one with `deny` grants none.
+pub fn narrow(network: &NetworkCapability, asked: Option<&[String]>) -> Result<NetworkCapability, Denial> {
+    let Some(asked) = asked else { return Ok(network.clone()) };
+    let granted: &[String] = match network {
+        NetworkCapability::AllowAll => {
+            return Ok(NetworkCapability::AllowDomains(asked.iter().map(|d| host_name(d)).collect()));
+        }
+        NetworkCapability::AllowDomains(d) => d,
+        NetworkCapability::Deny => &[],
+    };
+    let mut out = Vec::new();
+    for name in asked {
+        let name = host_name(name);
+        if !granted.iter().any(|g| within(&name, &host_name(g))) {
+            return Err(Denial::new(
+                ErrorKind::CapabilityDenied,
+                "egress.domain_not_granted",
+                format!("the request asks for {name}, which its network ({network}) does not grant"),
+            ));
+        }
+        if !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    Ok(NetworkCapability::AllowDomains(out))
+}
+
+/// Whether the request's `name` lies within the granted `entry` (both lower
+/// case): an exact name within an equal one or a `*.suffix` that matches
+/// it; `*.x` within `*.x`, or within `*.y` when `x` lies below `y`.
+fn within(name: &str, entry: &str) -> bool {
+    if name.is_empty() || name == "*." {
+        return false;
+    }
+    match name.strip_prefix("*.") {
+        None => crate::egress::allowed(name, std::slice::from_ref(&entry.to_string())),
+        Some(x) => match entry.strip_prefix("*.") {
+            Some(y) => x == y || x.ends_with(&format!(".{y}")),
+            None => false,
+        },
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::capabilities::{EnvironmentCapability, FsCapability};
 use crate::decision::{Decision, Resolved};
+use crate::egress_plan::{DNS_ADDRESS, EgressPlan, PROXY_ADDRESS};
 use crate::seccomp;
 use palisade_protocol::attest::exact_size as size;
 use palisade_protocol::{DEV_NODES, LandlockFeatures, Mount, Rlimit};
@@ -93,33 +94,7 @@ fn allow(out: &mut String, r: &Resolved) {
     if !p.mounts.is_empty() {
         let _ = writeln!(out, "mounts (the sandbox's root is a read-only tmpfs):");
         for m in &p.mounts {
-            let line = match m {
-                Mount::Bind { source, target, .. } if source == "/dev/null" => {
-                    format!("{target}  hidden (sensitive)")
-                }
-                Mount::Bind { source, target, writable, .. } => {
-                    let how = if *writable { "read-write" } else { "read-only" };
-                    if source == target {
-                        format!("{target}  {how} bind")
-                    } else {
-                        format!("{target}  {how} bind of {source}")
-                    }
-                }
-                Mount::Tmpfs { target, mode: 0, .. } => format!("{target}  hidden (sensitive)"),
-                Mount::Tmpfs { target, size_bytes, .. } => format!("{target}  tmpfs, {}", size(*size_bytes)),
-                Mount::Proc { target } => format!("{target}  proc (the sandbox's processes only)"),
-                Mount::Dev { target, shm_bytes } => {
-                    format!("{target}  {}, pts, shm (tmpfs, {})", DEV_NODES.join(" "), size(*shm_bytes))
-                }
-                Mount::Symlink { target, link } => format!("{target} -> {link}"),
-                Mount::Overlay { source, target, size_bytes, .. } => {
-                    let of = if source == target { String::new() } else { format!(" of {source}") };
-                    format!(
-                        "{target}  read-write overlay{of}: writes held in a {} tmpfs, copied back after the run",
-                        size(*size_bytes)
-                    )
-                }
-            };
+            let line = mount_line(m);
             let _ = writeln!(out, "  {line}");
         }
     }
@@ -132,7 +107,13 @@ fn allow(out: &mut String, r: &Resolved) {
         let _ = writeln!(out, "  list:    {}", list(&l.list));
     }
     if l.wanted.contains(LandlockFeatures::NET_TCP) {
-        let _ = writeln!(out, "  tcp:     no bind, no connect");
+        let ports: Vec<String> = l.tcp_connect.iter().map(u16::to_string).collect();
+        let connect = if ports.is_empty() {
+            "no connect".into()
+        } else {
+            format!("connect to ports {}", ports.join(", "))
+        };
+        let _ = writeln!(out, "  tcp:     no bind, {connect}");
     }
     let rl = &p.rlimits;
     let _ = writeln!(
@@ -147,10 +128,80 @@ fn allow(out: &mut String, r: &Resolved) {
     );
     let _ = writeln!(out, "deadline: {} s; output quota {}", r.timeout.as_secs(), size(r.max_output_bytes));
     let _ = writeln!(out, "network:  {}", r.network);
+    if let Some(e) = &r.egress_plan {
+        egress_plan(out, e);
+    }
     let _ = writeln!(out, "disk:     {}", r.disk);
     let _ = writeln!(out, "memory:   {}", r.memory);
     let _ = writeln!(out, "seccomp:  {}", seccomp_summary(r));
     let _ = writeln!(out, "cedar:    {}", cedar_summary(r));
+}
+
+/// One mount of the sandbox's root, in words.
+fn mount_line(m: &Mount) -> String {
+    match m {
+        Mount::Bind { source, target, .. } if source == "/dev/null" => {
+            format!("{target}  hidden (sensitive)")
+        }
+        Mount::Bind { source, target, writable, .. } => {
+            let how = if *writable { "read-write" } else { "read-only" };
+            if source == target {
+                format!("{target}  {how} bind")
+            } else {
+                format!("{target}  {how} bind of {source}")
+            }
+        }
+        Mount::Tmpfs { target, mode: 0, .. } => format!("{target}  hidden (sensitive)"),
+        Mount::Tmpfs { target, size_bytes, .. } => format!("{target}  tmpfs, {}", size(*size_bytes)),
+        Mount::Proc { target } => format!("{target}  proc (the sandbox's processes only)"),
+        Mount::Dev { target, shm_bytes } => {
+            format!("{target}  {}, pts, shm (tmpfs, {})", DEV_NODES.join(" "), size(*shm_bytes))
+        }
+        Mount::Symlink { target, link } => format!("{target} -> {link}"),
+        Mount::File { target, contents } => {
+            format!("{target}  read-only file of the plan's: {:?}", contents.trim_end())
+        }
+        Mount::Overlay { source, target, size_bytes, .. } => {
+            let of = if source == target { String::new() } else { format!(" of {source}") };
+            format!(
+                "{target}  read-write overlay{of}: writes held in a {} tmpfs, copied back after the run",
+                size(*size_bytes)
+            )
+        }
+    }
+}
+
+/// Strict egress: what the broker serves inside the sandbox, and its limits.
+fn egress_plan(out: &mut String, e: &EgressPlan) {
+    let ports: Vec<String> = e.ports.iter().map(u16::to_string).collect();
+    let _ = writeln!(out, "egress:   strict, served by the broker");
+    let _ = writeln!(out, "  allowed:   {} on ports {}", list(&e.domains), list(&ports));
+    let _ = writeln!(out, "  proxy:     {PROXY_ADDRESS} (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY)");
+    let _ = writeln!(out, "  resolver:  {DNS_ADDRESS} udp and tcp (/etc/resolv.conf)");
+    if e.transparent {
+        let pool: Vec<String> = e
+            .pool
+            .iter()
+            .map(|p| format!("{} {}", p.address, p.name.as_deref().unwrap_or("(spare, for *.suffix names)")))
+            .collect();
+        let _ = writeln!(out, "  transparent pool: {}", list(&pool));
+    } else {
+        let _ = writeln!(out, "  transparent: off (tools that ignore the proxy variables reach nothing)");
+    }
+    let hosts: Vec<String> = e
+        .hosts
+        .iter()
+        .map(|(n, a)| format!("{n} = {}", a.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" ")))
+        .collect();
+    let nets: Vec<String> = e.allow_addresses.iter().map(|n| n.to_string()).collect();
+    let _ = writeln!(out, "  static hosts: {}; allowed private addresses: {}", list(&hosts), list(&nets));
+    let _ = writeln!(
+        out,
+        "  limits:    {} connections at once, {} both ways, idle {} s",
+        e.max_connections,
+        size(e.max_bytes),
+        e.idle_timeout.as_secs()
+    );
 }
 
 /// What the Cedar policies said of a run, in words.

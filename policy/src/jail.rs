@@ -8,8 +8,8 @@
 use crate::seccomp;
 use palisade_protocol::wire::ErrorKind;
 use palisade_protocol::{
-    HostIds, HostPath, JailPlan, LandlockFeatures, LandlockPlan, Mount, Namespaces, PLAN_MAX_DESCRIPTORS,
-    PlanInvariant, RLIM_INFINITY, Rlimit, Rlimits, Tier,
+    HostIds, HostPath, JailPlan, LandlockFeatures, LandlockPlan, Listener, Mount, Namespaces,
+    PLAN_MAX_DESCRIPTORS, PlanInvariant, RLIM_INFINITY, Rlimit, Rlimits, Tier,
 };
 use std::path::{Path, PathBuf};
 
@@ -120,6 +120,15 @@ pub struct JailSpec {
     pub etc_view: Option<PathBuf>,
     /// The host's system directories, /etc entries and devices.
     pub layout: Layout,
+    /// Tier C, strict egress: the sockets the helper opens in the network
+    /// namespace for the broker (see [`JailPlan::listeners`]).
+    pub listeners: Vec<Listener>,
+    /// Tier C, strict egress: the only TCP ports the command may connect
+    /// to, and no bind (Landlock `net.tcp`, where the kernel has it).
+    pub tcp_connect: Option<Vec<u16>>,
+    /// Tier C: files of the plan's own, path and contents, bound read-only
+    /// over what the host has there (see [`Mount::File`]).
+    pub files: Vec<(String, String)>,
 }
 
 fn s(p: &Path) -> String {
@@ -192,9 +201,14 @@ impl BuildError {
 /// Tier B: the host's root, confined by Landlock alone.
 pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, BuildError> {
     let under_etc = |p: &PathBuf| p.starts_with("/etc");
+    // A file of the plan's own needs a mount point: in the snapshot's
+    // read-only /etc only where the host has the entry.
+    let file_has_mount_point =
+        |(t, _): &(String, String)| !t.starts_with("/etc/") || spec.layout.etc.contains(t);
     let etc_view = spec.etc_view.as_deref().filter(|_| {
         spec.tier == Tier::C
             && !(spec.read_write.iter().chain(&spec.read_only).chain(&spec.temp_workspace).any(under_etc))
+            && spec.files.iter().all(file_has_mount_point)
     });
     // With the snapshot, the entries are not bound one by one: it holds them.
     let (links, system) = system_paths(&spec.layout, etc_view.is_none());
@@ -228,7 +242,7 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, BuildError> {
         acting_for: if spec.tier == Tier::C { spec.host_ids.and(spec.acting_for) } else { None },
         descriptors,
         loopback: namespaces.net,
-        listeners: vec![],
+        listeners: if spec.tier == Tier::C { spec.listeners.clone() } else { vec![] },
         namespaces,
         mounts,
         hostname,
@@ -278,6 +292,9 @@ fn tier_c_mounts(
 ) -> Vec<Mount> {
     let bind =
         |p: &String, writable, owned| Mount::Bind { source: p.clone(), target: p.clone(), writable, owned };
+    // A file of the plan's own stands for the host's entry: not bound too.
+    let system: Vec<String> =
+        system.iter().filter(|p| !spec.files.iter().any(|(t, _)| t == *p)).cloned().collect();
     let mut mounts: Vec<Mount> =
         links.iter().map(|(t, l)| Mount::Symlink { target: t.clone(), link: l.clone() }).collect();
     match etc_view {
@@ -305,12 +322,25 @@ fn tier_c_mounts(
     mounts.push(Mount::Proc { target: "/proc".into() });
     mounts.push(Mount::Dev { target: "/dev".into(), shm_bytes: spec.limits.shm_bytes });
     mounts.extend(spec.hidden.iter().map(|(p, is_dir)| hiding(p, *is_dir)));
+    mounts.extend(spec.files.iter().map(|(t, c)| Mount::File { target: t.clone(), contents: c.clone() }));
     mounts
 }
 
 /// Tier C's Landlock rules mirror its root.
 fn tier_c_landlock(spec: &JailSpec, etc_view: bool, landlock: &mut LandlockPlan) {
     landlock.write.extend(spec.temp_workspace.iter().map(|p| s(p)));
+    for (target, _) in &spec.files {
+        if !landlock.read.contains(target) {
+            landlock.read.push(target.clone());
+        }
+    }
+    if let Some(ports) = &spec.tcp_connect {
+        // Wanted, not required: the network namespace already holds the
+        // boundary (only loopback, where only the broker's listeners are).
+        // Handled with no bind rule: the command binds no TCP port.
+        landlock.wanted = landlock.wanted.union(LandlockFeatures::NET_TCP);
+        landlock.tcp_connect = ports.clone();
+    }
     // The private /etc holds only the curated entries: one rule covers them.
     if etc_view || landlock.read.iter().any(|p| p.starts_with("/etc/")) {
         landlock.read.retain(|p| !p.starts_with("/etc/") && p != "/etc");
@@ -443,6 +473,9 @@ mod tests {
                 devices: palisade_protocol::DEV_NODES.iter().map(|n| format!("/dev/{n}")).collect(),
                 ..Layout::default()
             },
+            listeners: vec![],
+            tcp_connect: None,
+            files: vec![],
         }
     }
 

@@ -336,11 +336,19 @@ pub enum Network {
     /// hosts named on the command line were checked against it; nothing
     /// stops a connection to any other address.
     HostDomains { domains: Vec<String>, preflight: bool },
+    /// Tier C, strict egress with allowed domains: a network namespace with
+    /// only loopback, where the broker's proxy and resolver (and, when
+    /// `transparent`, its listeners on pool addresses) reach `domains` on
+    /// `ports`, and nothing else.
+    StrictDomains { domains: Vec<String>, ports: Vec<u16>, transparent: bool },
 }
 
 const LOOPBACK_ONLY: &str = "none: a network namespace with only loopback";
 const NO_SOCKETS: &str = "none: no socket() but socketpair, Landlock TCP rules (no namespace)";
 const HOST_ALL: &str = "host network (allow_all)";
+const STRICT_PREFIX: &str = "a network namespace with only loopback; the broker's proxy";
+const STRICT_TRANSPARENT: &str = ", resolver and transparent listeners";
+const STRICT_PROXY_DNS: &str = " and resolver";
 const PREFLIGHT_NOTE: &str = ": preflight checked the hosts named on the command line; \
                               nothing stops a connection to any other address, host loopback included";
 
@@ -353,6 +361,16 @@ impl fmt::Display for Network {
             Network::HostDomains { domains, preflight } => {
                 write!(f, "host network (allow_domains [{}])", domains.join(", "))?;
                 if *preflight { f.write_str(PREFLIGHT_NOTE) } else { Ok(()) }
+            }
+            Network::StrictDomains { domains, ports, transparent } => {
+                let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+                write!(
+                    f,
+                    "{STRICT_PREFIX}{} reach allow_domains [{}] on ports [{}]",
+                    if *transparent { STRICT_TRANSPARENT } else { STRICT_PROXY_DNS },
+                    domains.join(", "),
+                    ports.join(", ")
+                )
             }
         }
     }
@@ -368,12 +386,28 @@ impl FromStr for Network {
             HOST_ALL => return Ok(Network::Host),
             _ => {}
         }
+        if let Some(rest) = s.strip_prefix(STRICT_PREFIX) {
+            return strict_domains(rest).ok_or_else(|| bad("network", s));
+        }
         let (rest, preflight) = s.strip_suffix(PREFLIGHT_NOTE).map_or((s, false), |r| (r, true));
         let list = rest.strip_prefix("host network (allow_domains [").and_then(|r| r.strip_suffix("])"));
         let list = list.ok_or_else(|| bad("network", s))?;
         let domains = if list.is_empty() { vec![] } else { list.split(", ").map(String::from).collect() };
         Ok(Network::HostDomains { domains, preflight })
     }
+}
+
+/// The rest of a [`Network::StrictDomains`] text, after its prefix.
+fn strict_domains(rest: &str) -> Option<Network> {
+    let (rest, transparent) = match rest.strip_prefix(STRICT_TRANSPARENT) {
+        Some(r) => (r, true),
+        None => (rest.strip_prefix(STRICT_PROXY_DNS)?, false),
+    };
+    let rest = rest.strip_prefix(" reach allow_domains [")?.strip_suffix("]")?;
+    let (domains, ports) = rest.split_once("] on ports [")?;
+    let list = |l: &str| if l.is_empty() { vec![] } else { l.split(", ").map(String::from).collect() };
+    let ports = list(ports).iter().map(|p| p.parse().ok()).collect::<Option<Vec<u16>>>()?;
+    Some(Network::StrictDomains { domains: list(domains), ports, transparent })
 }
 
 /// How a run's writes were bounded.
@@ -622,6 +656,27 @@ mod tests {
                     .into(),
             ),
         ];
+        let strict = [
+            (
+                Network::StrictDomains {
+                    domains: vec!["pypi.org".into(), "*.github.com".into()],
+                    ports: vec![443, 80],
+                    transparent: true,
+                },
+                "a network namespace with only loopback; the broker's proxy, resolver and transparent \
+                 listeners reach allow_domains [pypi.org, *.github.com] on ports [443, 80]",
+            ),
+            (
+                Network::StrictDomains {
+                    domains: vec!["a.example".into()],
+                    ports: vec![],
+                    transparent: false,
+                },
+                "a network namespace with only loopback; the broker's proxy and resolver reach allow_domains \
+                 [a.example] on ports []",
+            ),
+        ];
+        let networks = networks.into_iter().chain(strict.map(|(n, t)| (n, t.to_string())));
         for (n, text) in networks {
             assert_eq!(n.to_string(), text);
             assert_eq!(text.parse::<Network>(), Ok(n));
@@ -691,6 +746,9 @@ mod tests {
     #[test]
     fn text_that_is_not_a_label_is_refused() {
         assert!("host network".parse::<Network>().is_err());
+        let strict = "a network namespace with only loopback; the broker's proxy and resolver reach";
+        assert!(format!("{strict} allow_domains [a] on ports [http]").parse::<Network>().is_err());
+        assert!(format!("{strict} somewhere").parse::<Network>().is_err());
         assert!("tmpfs /tmp of lots".parse::<Disk>().is_err());
         assert!("host directories; writable directories: sometimes".parse::<Disk>().is_err());
         // A total that does not add up.

@@ -1,7 +1,11 @@
 //! What every plan must satisfy, whoever built it: the policy checks a plan
 //! before it sends it, and the helper again once it has received it.
 
-use crate::plan::{JailPlan, LandlockFeatures, Mount, PLAN_MAX_DESCRIPTORS};
+use crate::plan::{
+    JailPlan, LandlockFeatures, ListenerKind, Mount, PLAN_MAX_DESCRIPTORS, PLAN_MAX_FILE_BYTES,
+    PLAN_MAX_LISTENERS,
+};
+use std::net::Ipv4Addr;
 
 /// The rule of [`JailPlan::check`] a plan breaks. Each message reads after
 /// "the plan asks for".
@@ -46,6 +50,19 @@ pub enum PlanInvariant {
     /// The helper builds the sandbox from what the broker opened, never from a path alone.
     #[error("a mount of {0} without its descriptor")]
     MountWithoutDescriptor(String),
+    /// The listeners live in the sandbox's own network namespace, on its loopback.
+    #[error("egress listeners without a network namespace with loopback up")]
+    ListenersWithoutLoopback,
+    /// Anything else would listen on an address the sandbox does not own alone.
+    #[error("an egress listener on {0}, outside 127.0.0.0/8")]
+    ListenerAddress(Ipv4Addr),
+    #[error("{0} egress listeners (at most {PLAN_MAX_LISTENERS} travel in one message)")]
+    TooManyListeners(usize),
+    /// Two sockets of one protocol cannot bind the same address and port.
+    #[error("two egress listeners on {0}:{1}")]
+    DuplicateListener(Ipv4Addr, u16),
+    #[error("a file of {1} bytes at {0} (at most {PLAN_MAX_FILE_BYTES})")]
+    FileTooLarge(String, usize),
 }
 
 impl JailPlan {
@@ -74,7 +91,37 @@ impl JailPlan {
         if let Some((_, broken)) = rules.into_iter().find(|(broken, _)| *broken) {
             return Err(broken);
         }
+        self.check_listeners()?;
         self.check_mounts()
+    }
+
+    /// Listeners: in the sandbox's own network namespace with loopback up,
+    /// on 127.0.0.0/8, few enough for one message, no two on one address,
+    /// port and protocol.
+    fn check_listeners(&self) -> Result<(), PlanInvariant> {
+        let listeners = &self.listeners;
+        if listeners.is_empty() {
+            return Ok(());
+        }
+        if !(self.namespaces.net && self.loopback) {
+            return Err(PlanInvariant::ListenersWithoutLoopback);
+        }
+        if listeners.len() > PLAN_MAX_LISTENERS {
+            return Err(PlanInvariant::TooManyListeners(listeners.len()));
+        }
+        let udp = |k: ListenerKind| k == ListenerKind::DnsUdp;
+        for (i, l) in listeners.iter().enumerate() {
+            if !l.address.is_loopback() {
+                return Err(PlanInvariant::ListenerAddress(l.address));
+            }
+            let same = |o: &&crate::plan::Listener| {
+                (o.address, o.port, udp(o.kind)) == (l.address, l.port, udp(l.kind))
+            };
+            if listeners[..i].iter().any(|o| same(&o)) {
+                return Err(PlanInvariant::DuplicateListener(l.address, l.port));
+            }
+        }
+        Ok(())
     }
 
     /// Targets are absolute and normal, and none lies beneath a symlink the
@@ -94,6 +141,11 @@ impl JailPlan {
             if let Mount::Bind { source, .. } | Mount::Overlay { source, .. } = m {
                 if self.descriptor(source).is_none() {
                     return Err(PlanInvariant::MountWithoutDescriptor(source.clone()));
+                }
+            }
+            if let Mount::File { target, contents } = m {
+                if contents.len() > PLAN_MAX_FILE_BYTES {
+                    return Err(PlanInvariant::FileTooLarge(target.clone(), contents.len()));
                 }
             }
         }
@@ -150,6 +202,52 @@ mod tests {
             plan.mounts.push(Mount::Proc { target: target.into() });
             assert_eq!(plan.check(), Err(PlanInvariant::MountTarget(target.into())), "{target}");
         }
+    }
+
+    #[test]
+    fn listener_rules() {
+        use crate::plan::{Listener, ListenerKind as K};
+        let at = |kind, a: [u8; 4], port| Listener { kind, address: Ipv4Addr::from(a), port };
+        let mut plan = sample();
+        plan.listeners = vec![
+            at(K::Proxy, [127, 0, 0, 1], 3128),
+            at(K::DnsUdp, [127, 0, 0, 1], 53),
+            at(K::DnsTcp, [127, 0, 0, 1], 53),
+            at(K::Transparent, [127, 77, 0, 1], 443),
+        ];
+        assert_eq!(plan.check(), Ok(()));
+        let mut no_lo = plan.clone();
+        no_lo.loopback = false;
+        assert_eq!(no_lo.check(), Err(PlanInvariant::ListenersWithoutLoopback));
+        let mut no_net = plan.clone();
+        (no_net.namespaces.net, no_net.loopback) = (false, false);
+        assert_eq!(no_net.check(), Err(PlanInvariant::ListenersWithoutLoopback));
+        let mut outside = plan.clone();
+        outside.listeners.push(at(K::Transparent, [10, 0, 0, 1], 443));
+        assert_eq!(outside.check(), Err(PlanInvariant::ListenerAddress(Ipv4Addr::new(10, 0, 0, 1))));
+        let mut twice = plan.clone();
+        twice.listeners.push(at(K::Transparent, [127, 77, 0, 1], 443));
+        assert_eq!(twice.check(), Err(PlanInvariant::DuplicateListener(Ipv4Addr::new(127, 77, 0, 1), 443)));
+        let mut many = plan.clone();
+        many.listeners =
+            (0..=PLAN_MAX_LISTENERS as u16).map(|p| at(K::Transparent, [127, 77, 0, 1], p)).collect();
+        assert_eq!(many.check(), Err(PlanInvariant::TooManyListeners(PLAN_MAX_LISTENERS + 1)));
+    }
+
+    #[test]
+    fn file_rules() {
+        let mut plan = sample();
+        let file = |contents: String| Mount::File { target: "/etc/resolv.conf".into(), contents };
+        plan.mounts.push(file("nameserver 127.0.0.1\n".into()));
+        assert_eq!(plan.check(), Ok(()));
+        plan.mounts.push(file("x".repeat(PLAN_MAX_FILE_BYTES + 1)));
+        assert_eq!(
+            plan.check(),
+            Err(PlanInvariant::FileTooLarge("/etc/resolv.conf".into(), PLAN_MAX_FILE_BYTES + 1))
+        );
+        let mut relative = sample();
+        relative.mounts.push(Mount::File { target: "etc/resolv.conf".into(), contents: String::new() });
+        assert_eq!(relative.check(), Err(PlanInvariant::MountTarget("etc/resolv.conf".into())));
     }
 
     #[test]

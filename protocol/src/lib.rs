@@ -15,8 +15,8 @@ pub mod wire;
 pub use check::PlanInvariant;
 pub use plan::{
     BpfInstruction, DEV_LINKS, DEV_NODES, DEV_PTS, DEV_SHM, HostIds, HostPath, JailPlan, LandlockFeatures,
-    LandlockPlan, Mount, Namespaces, PLAN_ARCH, PLAN_MAX_BYTES, PLAN_MAX_DESCRIPTORS, PLAN_VERSION,
-    PlanError, RLIM_INFINITY, Rlimit, RlimitName, Rlimits, Tier, decode_plan, dev_entries, encode_plan,
-    tmpfs_inodes,
+    LandlockPlan, Listener, ListenerKind, Mount, Namespaces, PLAN_ARCH, PLAN_MAX_BYTES, PLAN_MAX_DESCRIPTORS,
+    PLAN_MAX_FILE_BYTES, PLAN_MAX_LISTENERS, PLAN_VERSION, PlanError, RLIM_INFINITY, Rlimit, RlimitName,
+    Rlimits, Tier, decode_plan, dev_entries, encode_plan, tmpfs_inodes,
 };
 pub use status::{ExitReport, HelperFailure, HelperRecord, LandlockReport, RulesetState, Stage};

@@ -226,7 +226,18 @@ pub enum Mount {
     /// disk. The helper hands the broker the upper layer (a directory fd on
     /// the status channel), and the broker copies the changes back.
     Overlay { source: String, target: String, size_bytes: u64, owned: bool },
+    /// A read-only file of the plan's own (at most [`PLAN_MAX_FILE_BYTES`]),
+    /// nosuid, nodev and noexec: the helper writes `contents` in its staging
+    /// tmpfs, outside the new root, and binds it over `target` (strict
+    /// egress: `/etc/resolv.conf` naming the sandbox's own resolver). The
+    /// helper fails when the target cannot be made or bound; it never falls
+    /// back to what was there.
+    File { target: String, contents: String },
 }
+
+/// Largest [`Mount::File`]: a resolv.conf's worth, well within the helper's
+/// 1 MiB staging tmpfs.
+pub const PLAN_MAX_FILE_BYTES: usize = 4096;
 
 /// Bytes of a tmpfs per file it may hold: half the kernel's default density
 /// (one inode per page of a tmpfs's default size), so inode memory stays in
@@ -274,7 +285,8 @@ impl Mount {
             | Mount::Proc { target }
             | Mount::Dev { target, .. }
             | Mount::Symlink { target, .. }
-            | Mount::Overlay { target, .. } => target,
+            | Mount::Overlay { target, .. }
+            | Mount::File { target, .. } => target,
         }
     }
 }
@@ -610,6 +622,23 @@ pub(crate) mod tests {
         let plan = sample();
         let bytes = encode_plan(&plan).unwrap();
         assert_eq!(decode_plan(&bytes).unwrap(), plan);
+        // Strict egress's pieces: listeners and a file of the plan's own.
+        let mut strict = sample();
+        strict.listeners = vec![
+            Listener { kind: ListenerKind::Proxy, address: std::net::Ipv4Addr::LOCALHOST, port: 3128 },
+            Listener { kind: ListenerKind::DnsUdp, address: std::net::Ipv4Addr::LOCALHOST, port: 53 },
+            Listener {
+                kind: ListenerKind::Transparent,
+                address: std::net::Ipv4Addr::new(127, 77, 0, 1),
+                port: 443,
+            },
+        ];
+        strict.mounts.push(Mount::File {
+            target: "/etc/resolv.conf".into(),
+            contents: "nameserver 127.0.0.1\n".into(),
+        });
+        let bytes = encode_plan(&strict).unwrap();
+        assert_eq!(decode_plan(&bytes).unwrap(), strict);
     }
 
     #[test]

@@ -22,8 +22,10 @@ pub const MAGIC: &str = "palisade";
 /// The version both sides say in their hello; a change of any message's
 /// bincode form changes it (2: `ErrorReply` gained `helper`, and the
 /// attestation is typed; 3: `JournalUnavailable`, the attestation's
-/// journal record, approvals by id, approvers and trust stages).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// journal record, approvals by id, approvers and trust stages; 4: strict
+/// egress, the run request's `allow_domains` and the attestation's egress
+/// traffic).
+pub const PROTOCOL_VERSION: u32 = 4;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
 
@@ -84,6 +86,12 @@ pub struct RunRequest {
     /// The tool's parameters.
     #[serde(default)]
     pub params: BTreeMap<String, ParamValue>,
+    /// Narrows the network to these names (exact, or `*.suffix`): each
+    /// must be within the tool's (or default profile's) `allow_domains`, or
+    /// the run is refused (`CapabilityDenied`, rule
+    /// `egress.domain_not_granted`). `None`: the profile's list as it is.
+    #[serde(default)]
+    pub allow_domains: Option<Vec<String>>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]

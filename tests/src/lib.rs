@@ -203,6 +203,9 @@ impl Jail {
             write_bound: None,
             etc_view: None,
             layout: palisade_broker::host::layout(true, true),
+            listeners: vec![],
+            tcp_connect: None,
+            files: vec![],
         };
         Jail { spec, timeout: Duration::from_secs(60), stdin: None, dir }
     }

@@ -226,6 +226,8 @@ filesystem = [{ read_write = "${WORKSPACE}/missing" }]
 fn rows() -> Vec<Row> {
     [
         allowed(),
+        strict_egress(),
+        strict_egress_refused(),
         allowed_elsewhere(),
         refused_for_the_request(),
         refused_for_the_program(),
@@ -314,6 +316,195 @@ fn allowed() -> Vec<Row> {
                 );
                 assert!(preflight, "{}", r.network);
             }),
+        ),
+    ]
+}
+
+/// Strict egress with domains: github.com and every name below pypi.org.
+const STRICT: &str = "[defaults]\negress = \"strict\"\nnetwork = { allow_domains = [\"github.com\", \"*.pypi.org\", \"api.example\"] }\n";
+
+/// A request narrowing its profile's domains to `names`.
+fn narrowed(names: &'static [&'static str]) -> impl Fn(&Fixture) -> RunRequest + 'static {
+    move |f: &Fixture| RunRequest {
+        allow_domains: Some(names.iter().map(|n| n.to_string()).collect()),
+        ..f.request(&["ls"])
+    }
+}
+
+/// Strict egress: the broker's listeners planned, or loopback alone.
+fn strict_egress() -> Vec<Row> {
+    use On::*;
+    use Want::*;
+    use palisade_protocol::{LandlockFeatures, Listener, ListenerKind as K};
+    use std::net::Ipv4Addr;
+    vec![
+        row(
+            "strict with domains: listeners, pool, proxy variables, resolv.conf, Landlock TCP rules",
+            STRICT,
+            TierC,
+            args(&["ls"]),
+            Allow(|r, _| {
+                let (p, e) = (&r.plan, r.egress_plan.as_ref().expect("an egress plan"));
+                assert_eq!(e.domains, ["*.pypi.org", "api.example", "github.com"]);
+                assert_eq!((e.ports.as_slice(), e.transparent), (&[443, 80][..], true));
+                let names: Vec<(Ipv4Addr, Option<&str>)> =
+                    e.pool.iter().map(|p| (p.address, p.name.as_deref())).collect();
+                assert_eq!(
+                    names[..2],
+                    [
+                        (Ipv4Addr::new(127, 77, 0, 1), Some("api.example")),
+                        (Ipv4Addr::new(127, 77, 0, 2), Some("github.com"))
+                    ]
+                );
+                assert_eq!(names.len(), 2 + crate::egress_plan::SPARE_POOL_ADDRESSES);
+                assert!(names[2..].iter().all(|(_, n)| n.is_none()));
+                let at = |kind, address, port| Listener { kind, address, port };
+                let lo = Ipv4Addr::LOCALHOST;
+                assert_eq!(
+                    p.listeners[..3],
+                    [at(K::Proxy, lo, 3128), at(K::DnsUdp, lo, 53), at(K::DnsTcp, lo, 53)]
+                );
+                assert_eq!(
+                    p.listeners[3..5],
+                    [
+                        at(K::Transparent, Ipv4Addr::new(127, 77, 0, 1), 443),
+                        at(K::Transparent, Ipv4Addr::new(127, 77, 0, 1), 80)
+                    ]
+                );
+                assert_eq!(p.listeners.len(), 3 + 2 * names.len());
+                assert!(p.namespaces.net && p.loopback);
+                for k in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"]
+                {
+                    assert!(p.env.contains(&(k.into(), "http://127.0.0.1:3128".into())), "{k}: {:?}", p.env);
+                }
+                assert!(p.env.contains(&("no_proxy".into(), "localhost,127.0.0.1,::1".into())));
+                assert!(p.mounts.iter().any(|m| matches!(m, Mount::File { target, contents } if target == "/etc/resolv.conf" && contents == "nameserver 127.0.0.1\n")));
+                assert!(
+                    !p.mounts
+                        .iter()
+                        .any(|m| matches!(m, Mount::Bind { target, .. } if target == "/etc/resolv.conf"))
+                );
+                let l = &p.landlock;
+                assert!(
+                    l.wanted.contains(LandlockFeatures::NET_TCP)
+                        && !l.required.contains(LandlockFeatures::NET_TCP)
+                );
+                assert_eq!(
+                    (l.tcp_bind.as_slice(), l.tcp_connect.as_slice()),
+                    (&[][..], &[53, 80, 443, 3128][..])
+                );
+                assert!(l.read.contains(&"/etc".to_string()), "{:?}", l.read);
+                let text = r.network.to_string();
+                assert!(
+                    text.contains("only loopback")
+                        && text.contains("github.com")
+                        && text.contains("[443, 80]"),
+                    "{text}"
+                );
+                let explained = crate::explain::render(&Decision::Allow(Box::new(r.clone())));
+                assert!(
+                    explained.contains("127.77.0.2 github.com") && explained.contains("127.0.0.1:3128"),
+                    "{explained}"
+                );
+            }),
+        ),
+        row(
+            "strict with domains, not transparent, other limits: no pool",
+            &format!(
+                "{STRICT}[egress]\ntransparent = false\nports = [8443]\nmax_connections = 4\nallow_addresses = [\"127.0.0.1\", \"10.0.0.0/8\"]\nhosts = {{ \"API.example.\" = \"127.0.0.1\", \"b.example\" = [\"::1\", \"10.1.2.3\"] }}\n"
+            ),
+            TierC,
+            args(&["ls"]),
+            Allow(|r, _| {
+                let e = r.egress_plan.as_ref().expect("an egress plan");
+                assert!(e.pool.is_empty() && r.plan.listeners.len() == 3);
+                assert_eq!((e.ports.as_slice(), e.max_connections), (&[8443][..], 4));
+                assert_eq!(e.allow_addresses.len(), 2);
+                assert_eq!(e.hosts["api.example"], ["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]);
+                assert_eq!(e.hosts["b.example"].len(), 2);
+                assert_eq!(r.plan.landlock.tcp_connect, [53, 3128, 8443]);
+            }),
+        ),
+        row(
+            "strict without domains: loopback alone, no listeners",
+            "[defaults]\negress = \"strict\"\n",
+            TierC,
+            args(&["ls"]),
+            Allow(|r, _| {
+                let p = &r.plan;
+                assert!(r.egress_plan.is_none() && p.listeners.is_empty() && p.loopback);
+                assert!(!p.env.iter().any(|(k, _)| k.ends_with("PROXY")));
+                assert!(!p.mounts.iter().any(|m| matches!(m, Mount::File { .. })));
+                assert!(!p.landlock.wanted.contains(palisade_protocol::LandlockFeatures::NET_TCP));
+                assert_eq!(r.network, palisade_protocol::attest::Network::LoopbackOnly);
+            }),
+        ),
+        row(
+            "a request narrows the domains: the plan has only those",
+            STRICT,
+            TierC,
+            narrowed(&["files.pypi.org", "*.cdn.pypi.org", "GitHub.com."]),
+            Allow(|r, _| {
+                let e = r.egress_plan.as_ref().expect("an egress plan");
+                assert_eq!(e.domains, ["*.cdn.pypi.org", "files.pypi.org", "github.com"]);
+                assert_eq!(e.pool[0].name.as_deref(), Some("files.pypi.org"));
+            }),
+        ),
+    ]
+}
+
+/// Strict egress and requests' domains: refused.
+fn strict_egress_refused() -> Vec<Row> {
+    use On::*;
+    use Want::*;
+    vec![
+        row(
+            "preflight narrowed: a host outside the narrowed list is refused",
+            GITHUB,
+            TierC,
+            |f: &Fixture| RunRequest {
+                allow_domains: Some(vec![]),
+                ..f.request(&["curl", "https://github.com/"])
+            },
+            Deny(CAP, "egress.host_not_allowed"),
+        ),
+        row(
+            "a request names a domain its profile lacks",
+            STRICT,
+            TierC,
+            narrowed(&["evil.example"]),
+            Deny(CAP, "egress.domain_not_granted"),
+        ),
+        row(
+            "a request widens *.pypi.org to pypi.org",
+            STRICT,
+            TierC,
+            narrowed(&["pypi.org"]),
+            Deny(CAP, "egress.domain_not_granted"),
+        ),
+        row(
+            "a request widens an exact name to a pattern",
+            STRICT,
+            TierC,
+            narrowed(&["*.github.com"]),
+            Deny(CAP, "egress.domain_not_granted"),
+        ),
+        row(
+            "a request asks for a domain under a deny network",
+            "",
+            TierC,
+            narrowed(&["github.com"]),
+            Deny(CAP, "egress.domain_not_granted"),
+        ),
+        row(
+            "too many names × ports for one plan",
+            &format!(
+                "[defaults]\negress = \"strict\"\nnetwork = {{ allow_domains = [{}] }}\n",
+                (0..130).map(|i| format!("\"h{i}.example\"")).collect::<Vec<_>>().join(", ")
+            ),
+            TierC,
+            args(&["ls"]),
+            Deny(INVALID, "egress.too_many_listeners"),
         ),
     ]
 }
@@ -582,6 +773,13 @@ fn refused_for_paths_and_hosts() -> Vec<Row> {
         row(
             "strict egress without a network namespace",
             &format!("{WARN}{GITHUB}egress = \"strict\"\n"),
+            NoUserNamespaces,
+            |f: &Fixture| f.request_in("ws/src", &["ls"]),
+            Deny(UNAVAILABLE, "egress.strict_unavailable"),
+        ),
+        row(
+            "strict egress with domains in Tier B: refused, not downgraded",
+            &format!("{WARN}{STRICT}"),
             NoUserNamespaces,
             |f: &Fixture| f.request_in("ws/src", &["ls"]),
             Deny(UNAVAILABLE, "egress.strict_unavailable"),
