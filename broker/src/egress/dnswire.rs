@@ -11,6 +11,10 @@ const NAME_WIRE_MAX: usize = 255;
 pub const TYPE_A: u16 = 1;
 pub const TYPE_AAAA: u16 = 28;
 pub const CLASS_IN: u16 = 1;
+/// Largest answer: what every client takes over UDP without EDNS.
+pub const ANSWER_MAX: usize = 512;
+/// A record's size without its data: name pointer, type, class, TTL, length.
+const RECORD_FIXED: usize = 12;
 
 /// Response codes (RFC 1035 4.1.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,11 +89,21 @@ pub fn parse(msg: &[u8]) -> Result<Query<'_>, Unanswerable> {
 }
 
 /// The answer to `query`: `rcode`, and one record per address (A or AAAA
-/// by the address) with `ttl`.
+/// by the address) with `ttl`, as many as fit in [`ANSWER_MAX`] bytes.
 pub fn answer(query: &Query<'_>, rcode: Rcode, addresses: &[IpAddr], ttl: u32) -> Vec<u8> {
-    let mut out = header(query.id, query.flags, rcode, 1, addresses.len() as u16);
+    let mut room = ANSWER_MAX.saturating_sub(HEADER_LEN + query.question.len());
+    let fits = addresses
+        .iter()
+        .take_while(|ip| {
+            let size = RECORD_FIXED + if ip.is_ipv4() { 4 } else { 16 };
+            let fits = size <= room;
+            room = room.saturating_sub(size);
+            fits
+        })
+        .count();
+    let mut out = header(query.id, query.flags, rcode, 1, fits as u16);
     out.extend_from_slice(query.question);
-    for ip in addresses {
+    for ip in &addresses[..fits] {
         // The question's name, by a pointer to it (offset 12).
         out.extend_from_slice(&[0xc0, HEADER_LEN as u8]);
         let (kind, data) = match ip {
@@ -167,6 +181,11 @@ mod tests {
         assert_eq!((parsed.id, parsed.name.as_str(), parsed.qtype, parsed.qclass), (7, "allowed.test", 1, 1));
         let a = answer(&parsed, Rcode::NoError, &["127.77.0.1".parse().unwrap(), "::1".parse().unwrap()], 5);
         assert_eq!(read_answer(&a), (7, 0, vec!["127.77.0.1".parse().unwrap(), "::1".parse().unwrap()]));
+        let many: Vec<IpAddr> =
+            (0..40u16).map(|i| std::net::Ipv6Addr::new(0x2606, 0, 0, 0, 0, 0, 0, i).into()).collect();
+        let a = answer(&parsed, Rcode::NoError, &many, 5);
+        assert!(a.len() <= ANSWER_MAX);
+        assert_eq!(read_answer(&a).2, many[..(ANSWER_MAX - HEADER_LEN - 18) / 28]);
     }
 
     #[test]
