@@ -17,6 +17,8 @@ mod pool;
 mod proxy;
 pub mod refusal;
 mod sni;
+#[cfg(test)]
+mod tests;
 mod transparent;
 mod tunnel;
 
