@@ -116,3 +116,28 @@ impl Drop for Flow<'_> {
 pub fn count(counter: &AtomicU64, n: usize) {
     counter.fetch_add(n as u64, Ordering::Relaxed);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_are_bounded_and_the_rest_counted() {
+        let account = Account::default();
+        let at: SocketAddr = "127.0.0.1:80".parse().unwrap();
+        for i in 0..EGRESS_LIST_MAX + 3 {
+            account.deny(&format!("h{i}.test"), 80, EgressPath::Proxy, &Refusal::PortNotAllowed(80));
+            let flow = account.reached(&format!("h{i}.test"), 80, at, EgressPath::Proxy);
+            count(&flow.out, 2);
+            count(&flow.inbound, 3);
+        }
+        drop(account.reached("h0.test", 80, at, EgressPath::Proxy));
+        let traffic = account.traffic(false);
+        assert_eq!((traffic.denied.len(), traffic.denied_omitted), (EGRESS_LIST_MAX, 3));
+        assert_eq!((traffic.reached.len(), traffic.reached_omitted), (EGRESS_LIST_MAX, 3));
+        assert_eq!(traffic.reached[0].connections, 2);
+        let total = (EGRESS_LIST_MAX + 3) as u64;
+        assert_eq!((traffic.bytes_out, traffic.bytes_in), (2 * total, 3 * total));
+        assert_eq!(traffic.denied[0].reason, "port_not_allowed");
+    }
+}

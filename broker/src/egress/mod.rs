@@ -155,7 +155,11 @@ where
     loop {
         tokio::select! {
             () = finished(&mut stop) => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(ended) = connections.join_next(), if !connections.is_empty() => {
+                if let Err(e) = ended {
+                    tracing::error!("an egress connection failed: {e}");
+                }
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     connections.spawn(serve(stream));

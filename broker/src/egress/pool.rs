@@ -26,8 +26,10 @@ impl Pool {
         for entry in entries {
             match &entry.name {
                 Some(name) => {
+                    // In the form the resolver and the allowlist compare.
+                    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
                     state.by_name.insert(name.clone(), entry.address);
-                    state.by_address.insert(entry.address, name.clone());
+                    state.by_address.insert(entry.address, name);
                 }
                 None => state.spares.push_back(entry.address),
             }
