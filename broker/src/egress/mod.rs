@@ -90,6 +90,7 @@ impl Egress {
         let (finish, _) = watch::channel(false);
         let mut tasks = Vec::with_capacity(listeners.len());
         for (listener, fd) in listeners {
+            check_socket(&fd, listener.kind)?;
             let stop = finish.subscribe();
             let task = match listener.kind {
                 ListenerKind::DnsUdp => {
@@ -129,6 +130,26 @@ impl Egress {
             }
         }
         self.run.account.traffic(self.run.quota.is_exceeded())
+    }
+}
+
+/// Refuses a descriptor that is not the socket its record says: a bound
+/// UDP socket for the resolver's UDP listener, a listening TCP socket for
+/// the others (a mismatch would fail every accept, forever).
+fn check_socket(fd: &OwnedFd, kind: ListenerKind) -> std::io::Result<()> {
+    use nix::sys::socket::{SockType, getsockopt, sockopt};
+    let mismatch = |what: &str| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("the {kind:?} listener is {what}"))
+    };
+    let ty = getsockopt(fd, sockopt::SockType).map_err(std::io::Error::from)?;
+    match kind {
+        ListenerKind::DnsUdp if ty != SockType::Datagram => Err(mismatch("not a UDP socket")),
+        ListenerKind::DnsUdp => Ok(()),
+        _ if ty != SockType::Stream => Err(mismatch("not a TCP socket")),
+        _ if !getsockopt(fd, sockopt::AcceptConn).map_err(std::io::Error::from)? => {
+            Err(mismatch("not listening"))
+        }
+        _ => Ok(()),
     }
 }
 

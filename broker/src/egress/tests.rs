@@ -486,3 +486,18 @@ async fn a_transparent_tls_connection_must_name_its_host() {
     assert_eq!(reasons(&traffic), ["sni_mismatch"]);
     assert_eq!(traffic.reached[0].connections, 1);
 }
+
+#[tokio::test]
+async fn a_descriptor_that_is_not_its_listener_is_refused() {
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let at = udp.local_addr().unwrap();
+    let listeners = vec![(record(ListenerKind::Proxy, at, at.port()), OwnedFd::from(udp))];
+    assert!(Egress::start(Arc::new(plan(443)), listeners).is_err());
+    let (fd, at) = tcp_fd("127.0.0.1:0");
+    let listeners = vec![(record(ListenerKind::DnsUdp, at, at.port()), fd)];
+    assert!(Egress::start(Arc::new(plan(443)), listeners).is_err());
+    let (_listening, at) = tcp_fd("127.0.0.1:0");
+    let connected = OwnedFd::from(std::net::TcpStream::connect(at).unwrap());
+    let listeners = vec![(record(ListenerKind::Proxy, at, at.port()), connected)];
+    assert!(Egress::start(Arc::new(plan(443)), listeners).is_err());
+}
