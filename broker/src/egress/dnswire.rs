@@ -207,3 +207,21 @@ mod tests {
         assert!(matches!(parse(&notify), Err(Unanswerable::Error { rcode: Rcode::NotImp, .. })));
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any bytes: the parser answers (never panics), and whatever it
+        /// reads as a query is answered within the size bound.
+        #[test]
+        fn the_parser_takes_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            if let Ok(query) = parse(&bytes) {
+                let addresses = vec![IpAddr::from([1, 2, 3, 4]); 40];
+                prop_assert!(answer(&query, Rcode::NoError, &addresses, 1).len() <= ANSWER_MAX.max(HEADER_LEN + query.question.len()));
+            }
+        }
+    }
+}

@@ -309,3 +309,20 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any request line and headers: the parser answers, never panics.
+        #[test]
+        fn any_head_is_parsed_or_refused(target in "[ -~]{0,40}", host in "[ -~]{0,40}") {
+            let head = format!("GET {target} HTTP/1.1\r\nHost: {host}\r\n\r\n");
+            let _ = parse_request(head.as_bytes());
+            let head = format!("CONNECT {target} HTTP/1.1\r\n\r\n");
+            let _ = parse_request(head.as_bytes());
+        }
+    }
+}

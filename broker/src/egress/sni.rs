@@ -280,3 +280,30 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any bytes: the parser answers, never panics.
+        #[test]
+        fn the_parser_takes_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let _ = parse(&bytes);
+        }
+
+        /// A real ClientHello with one byte changed and cut short: refused,
+        /// incomplete, or read with a name as long as the one it carries.
+        #[test]
+        fn a_damaged_hello_is_refused_or_read(at in 0usize..200, value in any::<u8>(), cut in 0usize..200) {
+            let mut hello = client_hello(Some("allowed.test"), 2);
+            let at = at % hello.len();
+            hello[at] = value;
+            hello.truncate(hello.len() - cut % hello.len());
+            if let Ok(Hello::Complete(Some(name))) = parse(&hello) {
+                prop_assert_eq!(name.len(), "allowed.test".len());
+            }
+        }
+    }
+}
