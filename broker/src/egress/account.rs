@@ -9,6 +9,12 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Longest host kept in a record (a name is at most 253 bytes; what the
+/// sandbox sent in its place may be anything up to a request head).
+const HOST_MAX: usize = 256;
+/// Longest detail kept in a record.
+const DETAIL_MAX: usize = 512;
+
 #[derive(Default)]
 pub struct Account {
     state: Mutex<State>,
@@ -24,16 +30,17 @@ struct State {
 impl Account {
     /// Records a refusal (logged at info).
     pub fn deny(&self, host: &str, port: u16, via: EgressPath, refusal: &Refusal) {
-        tracing::info!(host, port, ?via, reason = refusal.reason(), "egress refused: {refusal}");
+        let (host, detail) = (clip(host, HOST_MAX), clip(&refusal.to_string(), DETAIL_MAX));
+        tracing::info!(host, port, ?via, reason = refusal.reason(), "egress refused: {detail}");
         let mut state = self.lock();
         let traffic = &mut state.traffic;
         if traffic.denied.len() < EGRESS_LIST_MAX {
             traffic.denied.push(EgressDenied {
-                host: host.to_owned(),
+                host,
                 port,
                 via,
                 reason: refusal.reason().to_owned(),
-                detail: refusal.to_string(),
+                detail,
             });
         } else {
             traffic.denied_omitted += 1;
@@ -84,6 +91,18 @@ impl Account {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary, marked.
+fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max - '…'.len_utf8();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 /// One connection's bytes, counted as they pass and added to the account
@@ -139,5 +158,15 @@ mod tests {
         let total = (EGRESS_LIST_MAX + 3) as u64;
         assert_eq!((traffic.bytes_out, traffic.bytes_in), (2 * total, 3 * total));
         assert_eq!(traffic.denied[0].reason, "port_not_allowed");
+    }
+
+    #[test]
+    fn long_hosts_and_details_are_clipped() {
+        let account = Account::default();
+        let long = "é".repeat(1000);
+        account.deny(&long, 80, EgressPath::Proxy, &Refusal::MalformedRequest(long.clone()));
+        let denied = &account.traffic(false).denied[0];
+        assert!(denied.host.len() <= HOST_MAX && denied.host.ends_with('…'));
+        assert!(denied.detail.len() <= DETAIL_MAX && denied.detail.starts_with("éé"));
     }
 }
