@@ -12,6 +12,7 @@ pub mod cli;
 pub mod client;
 pub mod daemon;
 pub mod doctor;
+pub mod egress;
 pub mod error;
 pub mod etc_view;
 pub mod helper;

@@ -168,6 +168,10 @@ pub struct Enforcement {
 pub struct EgressTraffic {
     /// Each host and port reached, in the order first reached.
     pub reached: Vec<HostReached>,
+    /// Hosts reached beyond the bound of `reached` (their bytes are in the
+    /// totals).
+    #[serde(default)]
+    pub reached_omitted: u64,
     /// Refused attempts, in order, at most [`EGRESS_LIST_MAX`].
     pub denied: Vec<EgressDenied>,
     /// Refused attempts left out of `denied` (beyond its bound).
