@@ -19,6 +19,7 @@ pub fn attestation(
     request: &RunRequest,
     resolved: &Resolved,
     landlock: Option<LandlockReport>,
+    egress_traffic: Option<palisade_protocol::attest::EgressTraffic>,
 ) -> Attestation {
     let plan = &resolved.plan;
     let seccomp: Vec<u8> = plan
@@ -53,7 +54,7 @@ pub fn attestation(
             egress: resolved.egress,
             disk: resolved.disk.clone(),
             memory: resolved.memory.clone(),
-            egress_traffic: None,
+            egress_traffic,
         },
         warnings: resolved.warnings.clone(),
         journal: None,
@@ -106,20 +107,20 @@ mod tests {
     fn the_execution_hash_is_sha256_over_the_request_and_the_plan() {
         let req = request(&["/usr/bin/echo", "one"]);
         let resolved = resolve(&req);
-        let a = attestation(&req, &resolved, None);
+        let a = attestation(&req, &resolved, None, None);
         let expected: String = Sha256::digest(canonical_bytes(&(&req, &resolved.plan)))
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
         assert_eq!(a.execution_sha256, expected);
         // The same request resolves to the same plan and the same hash.
-        assert_eq!(attestation(&req, &resolve(&req), None).execution_sha256, expected);
+        assert_eq!(attestation(&req, &resolve(&req), None, None).execution_sha256, expected);
         // Anything asked or built differently changes it.
         let other = request(&["/usr/bin/echo", "two"]);
-        assert_ne!(attestation(&other, &resolve(&other), None).execution_sha256, expected);
+        assert_ne!(attestation(&other, &resolve(&other), None, None).execution_sha256, expected);
         let mut plan_changed = resolved.clone();
         plan_changed.plan.rlimits.open_files = Rlimit::both(7);
-        assert_ne!(attestation(&req, &plan_changed, None).execution_sha256, expected);
+        assert_ne!(attestation(&req, &plan_changed, None, None).execution_sha256, expected);
     }
 
     #[test]
@@ -131,7 +132,7 @@ mod tests {
             ruleset: RulesetState::Partial,
             enforced: palisade_protocol::LandlockFeatures::FS,
         };
-        let a = attestation(&req, &resolved, Some(report));
+        let a = attestation(&req, &resolved, Some(report), None);
         let e = &a.enforcement;
         assert_eq!(a.executor, Executor::LinuxTierC);
         assert_eq!(e.namespaces, ["user", "mount", "pid", "net", "ipc", "uts", "cgroup"]);

@@ -8,6 +8,7 @@
 
 use crate::attest::attestation;
 use crate::cgroup::RunCgroup;
+use crate::egress::Egress;
 use crate::error::BrokerError;
 use crate::helper::{HelperChild, HelperCommand, Io, StatusRead, pidfd_kill, send_plan};
 use crate::overlay;
@@ -243,6 +244,15 @@ impl Engine {
         let HelperChild { pid, pidfd, status, stdin, stdout, stderr, .. } = helper;
         let mut timeline = Timeline { spawned_us: started.elapsed().as_micros(), ..Timeline::default() };
         tracing::debug!(run_id, pid, %tier, "helper started");
+        let (status, early, egress) = match serve_egress(resolved, status).await {
+            Ok(served) => served,
+            Err(e) => {
+                // Nothing of the run may outlive its refusal.
+                let _ = pidfd_kill(&pidfd, libc::SIGKILL);
+                let _ = reap(pid);
+                return Err(e);
+            }
+        };
         // SAFETY: an OwnedFd's descriptor stays open as long as the AsyncFd owns it.
         let pidfd = unsafe { AsyncFd::register(pidfd) }.map_err(std::io::Error::from)?;
         let pipes = [pipe_reader(stdout)?, pipe_reader(stderr)?];
@@ -260,11 +270,15 @@ impl Engine {
         let started_msg = ServerMessage::Started { run_id, executor: tier.into() };
         let streamed = Run::new(sink, child, pipes, bounds, cancel).stream(started_msg).await;
         timeline.exited_us = streamed.exited_at.map_or(0, |at| at.duration_since(started).as_micros());
+        let egress_traffic = match egress {
+            Some(e) => Some(e.finish().await),
+            None => None,
+        };
         let wall_ms = started.elapsed().as_millis() as u64;
         timeline.closed_us = started.elapsed().as_micros();
         let usage = reap(pid)?;
         self.pool.refill();
-        let (records, fds) = read_status_channel(status, StatusRead::default()).await?;
+        let (records, fds) = read_status_channel(status, early).await?;
         timeline.status_read_us = started.elapsed().as_micros();
         let mut ended = streamed.ended;
         let report = Report::read(records, fds, ended)?;
@@ -299,7 +313,7 @@ impl Engine {
             stdout_bytes: streamed.stdout_bytes,
             stderr_bytes: streamed.stderr_bytes,
             written_bytes,
-            attestation: attestation(request, resolved, report.landlock),
+            attestation: attestation(request, resolved, report.landlock, egress_traffic),
         })
     }
 }
@@ -358,6 +372,24 @@ async fn read_status_channel(
     read.map(|r| (r.records, r.fds)).map_err(BrokerError::Status)
 }
 
+/// Strict egress: the listeners the helper opened in the sandbox's network
+/// namespace, served for the run. Without an egress plan, the channel as it is.
+async fn serve_egress(
+    resolved: &Resolved,
+    status: std::fs::File,
+) -> Result<(std::fs::File, StatusRead, Option<Egress>), BrokerError> {
+    let Some(plan) = resolved.egress_plan.as_ref().filter(|_| !resolved.plan.listeners.is_empty()) else {
+        return Ok((status, StatusRead::default(), None));
+    };
+    let (status, early, listeners) =
+        read_listeners(status, &resolved.plan.listeners, resolved.timeout).await?;
+    let egress = match listeners {
+        Some(listeners) => Some(Egress::start(Arc::new(plan.clone()), listeners)?),
+        None => None,
+    };
+    Ok((status, early, egress))
+}
+
 /// Strict egress: reads the status channel until the helper's listeners
 /// come (it opens them as soon as the network namespace is up, before the
 /// command runs), and takes them out of what was read. `None` when the
@@ -396,15 +428,18 @@ async fn read_listeners(
     nonblocking(&channel, false)?;
     let Some(at) = found else { return Ok((channel, read, None)) };
     let HelperRecord::Listeners(sent) = read.records.remove(at) else { unreachable!("found above") };
-    if sent != wanted || read.fds.len() < sent.len() {
+    // The child may have sent an overlay's layer (a record with one
+    // descriptor) before: the descriptors are in the order of the records.
+    let before = read.records[..at].iter().filter(|r| matches!(r, HelperRecord::Overlay { .. })).count();
+    if sent != wanted || read.fds.len() < before + sent.len() {
         return Err(BrokerError::Status(std::io::Error::other(format!(
             "the helper sent {} listeners with {} descriptors, the plan asked for {}",
             sent.len(),
-            read.fds.len(),
+            read.fds.len() - before.min(read.fds.len()),
             wanted.len()
         ))));
     }
-    let fds: Vec<OwnedFd> = read.fds.drain(..sent.len()).collect();
+    let fds: Vec<OwnedFd> = read.fds.drain(before..before + sent.len()).collect();
     Ok((channel, read, Some(sent.into_iter().zip(fds).collect())))
 }
 

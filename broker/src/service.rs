@@ -509,7 +509,7 @@ fn decision(run_id: u64, decision: &str, refusal: Option<&ErrorReply>) -> Event 
 
 /// The record of a run about to start: what its attestation will pin.
 fn run_started(run_id: u64, request: &RunRequest, resolved: &Resolved) -> Event {
-    let planned = crate::attest::attestation(request, resolved, None);
+    let planned = crate::attest::attestation(request, resolved, None, None);
     Event::RunStarted {
         run_id,
         execution_sha256: planned.execution_sha256,

@@ -27,6 +27,7 @@ pub fn run(line: &str) -> Outcome {
         "fetch" => fetch(word(1), word(2).as_bytes()),
         "count" => fetch(word(1), word(2).replace('_', " ").as_bytes()).map(|reply| reply.len().to_string()),
         "bind" => bind(word(1)),
+        "connect" => super::connect(word(1)),
         "tls" => {
             let hello = client_hello(word(2).trim_start_matches('-'));
             fetch(word(1), &hello).map(|reply| format!("echoed {} of {}", reply.len(), hello.len()))
