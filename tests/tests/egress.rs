@@ -71,6 +71,23 @@ fn through_the_proxy_variables_allowed_names_are_reached_and_accounted_for() {
     assert_eq!(t["reached"][0]["port"], port);
     assert_eq!(t["reached"][0]["via"], "proxy");
     assert!(t["bytes_out"].as_u64().unwrap() >= 21 && t["bytes_in"].as_u64().unwrap() >= 21, "{t}");
+    // The journal's run_finished carries the same traffic.
+    let o = std::process::Command::new(bin("palisade"))
+        .args([
+            "audit",
+            "show",
+            "--json",
+            &v["result"]["run_id"].to_string(),
+            "--journal",
+            d.journal().to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let shown = text(&o.stdout);
+    let finished =
+        shown.lines().find(|l| l.contains("\"event\":\"run_finished\"")).unwrap_or_else(|| panic!("{shown}"));
+    let record: serde_json::Value = serde_json::from_str(finished).unwrap();
+    assert_eq!(&record["egress"], t, "{finished}");
     let (out, _) = egress(&d, &[], &format!("proxy-get allowed.test:{port} some/path"));
     assert_eq!(out, "ok 200 origin saw GET /some/path");
     // Counter-test: the origin is there for anyone on the host.
