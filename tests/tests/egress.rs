@@ -245,6 +245,35 @@ fn the_sandbox_binds_no_port_and_the_attestation_says_so() {
     assert_eq!(probe_outside(&["egress-bind", &free.to_string()]), Ok(String::new()));
 }
 
+#[test]
+fn explain_shows_the_egress_plan() {
+    let ws = TempDir::new("explain");
+    let policy = ws.join("p.toml");
+    std::fs::write(&policy, test_config(&config(8080, ""))).unwrap();
+    let o = palisade_cli(
+        ws.path(),
+        &["explain", "--policy", policy.to_str().unwrap(), "--allow-domain", "allowed.test"],
+        &["/bin/true"],
+        None,
+    );
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", text(&o.stderr));
+    for want in [
+        "egress:   strict, served by the broker",
+        "127.0.0.1:3128",
+        "127.0.0.1:53",
+        "127.77.0.1",
+        "allowed.test",
+    ] {
+        assert!(out.contains(want), "{want} is not in:\n{out}");
+    }
+    let allowed = out.lines().find(|l| l.trim_start().starts_with("allowed:")).unwrap_or_default();
+    assert!(
+        allowed.contains("allowed.test") && !allowed.contains("tls.test"),
+        "the request narrowed the names:\n{out}"
+    );
+}
+
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_egress_suite_passes_as_an_unprivileged_user() {
