@@ -101,6 +101,9 @@ fn a_tool_that_ignores_the_proxy_variables_reaches_allowed_names_transparently()
     let port = origin.port();
     let (out, _) = egress(&d, &[], "resolve allowed.test");
     assert_eq!(out, "ok 127.77.0.1");
+    // The address names it back, as a canonicalizing lookup asks.
+    let (out, _) = egress(&d, &[], "dns 1.0.77.127.in-addr.arpa 12");
+    assert_eq!(out, "ok rcode=0 answers=1");
     let (out, v) = egress(&d, &[], &format!("fetch allowed.test:{port} straight-through"));
     assert_eq!(out, "ok straight-through", "{v}");
     assert_eq!(traffic(&v)["reached"][0]["via"], "transparent");

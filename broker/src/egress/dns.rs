@@ -5,7 +5,7 @@
 //! `NXDOMAIN` for names not allowed, `REFUSED` for other types and classes
 //! and past the query rate.
 
-use super::dnswire::{self, CLASS_IN, Query, Rcode, TYPE_A, TYPE_AAAA, Unanswerable};
+use super::dnswire::{self, CLASS_IN, Query, Rcode, TYPE_A, TYPE_AAAA, TYPE_PTR, Unanswerable};
 use super::limits::Verdict;
 use super::refusal::Refusal;
 use super::{Run, connect, finished, name};
@@ -107,6 +107,13 @@ pub async fn respond(run: &Run, msg: &[u8]) -> Option<Vec<u8>> {
         }
         (Err(_), _) => return None,
     };
+    // A reverse lookup of a transparent address names what it stands for
+    // (a canonicalization like Kerberos' looks the address up again).
+    if query.qtype == TYPE_PTR && query.qclass == CLASS_IN && run.plan.transparent {
+        if let Some(name) = dnswire::reverse_v4(&query.name).and_then(|a| run.pool.name_of(a)) {
+            return Some(dnswire::ptr_answer(&query, &name, TTL));
+        }
+    }
     let (rcode, addresses) = match lookup(run, &query).await {
         Ok(addresses) => (Rcode::NoError, addresses),
         Err((rcode, refusal)) => {

@@ -10,6 +10,7 @@ pub const HEADER_LEN: usize = 12;
 const NAME_WIRE_MAX: usize = 255;
 pub const TYPE_A: u16 = 1;
 pub const TYPE_AAAA: u16 = 28;
+pub const TYPE_PTR: u16 = 12;
 pub const CLASS_IN: u16 = 1;
 /// Largest answer: what every client takes over UDP without EDNS.
 pub const ANSWER_MAX: usize = 512;
@@ -119,6 +120,34 @@ pub fn answer(query: &Query<'_>, rcode: Rcode, addresses: &[IpAddr], ttl: u32) -
     out
 }
 
+/// The answer to a reverse query: one PTR record naming `name` (a
+/// normalized name, whose labels fit the wire's bounds).
+pub fn ptr_answer(query: &Query<'_>, name: &str, ttl: u32) -> Vec<u8> {
+    let mut data = Vec::with_capacity(name.len() + 2);
+    for label in name.split('.') {
+        data.push(label.len() as u8);
+        data.extend_from_slice(label.as_bytes());
+    }
+    data.push(0);
+    let mut out = header(query.id, query.flags, Rcode::NoError, 1, 1);
+    out.extend_from_slice(query.question);
+    out.extend_from_slice(&[0xc0, HEADER_LEN as u8]);
+    out.extend_from_slice(&TYPE_PTR.to_be_bytes());
+    out.extend_from_slice(&CLASS_IN.to_be_bytes());
+    out.extend_from_slice(&ttl.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u16).to_be_bytes());
+    out.extend_from_slice(&data);
+    out
+}
+
+/// The IPv4 address a reverse name (`4.3.2.1.in-addr.arpa`) stands for.
+pub fn reverse_v4(name: &str) -> Option<std::net::Ipv4Addr> {
+    let octets: Vec<u8> =
+        name.strip_suffix(".in-addr.arpa")?.split('.').map(|o| o.parse().ok()).collect::<Option<_>>()?;
+    let [d, c, b, a] = octets[..] else { return None };
+    Some(std::net::Ipv4Addr::new(a, b, c, d))
+}
+
 /// An answer with no question (to a message whose question cannot be read).
 pub fn error(id: u16, flags: u16, rcode: Rcode) -> Vec<u8> {
     header(id, flags, rcode, 0, 0)
@@ -173,6 +202,22 @@ pub fn read_answer(msg: &[u8]) -> (u16, u8, Vec<IpAddr>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reverse_query_of_an_address_is_answered_with_its_name() {
+        assert_eq!(reverse_v4("1.0.77.127.in-addr.arpa"), Some(std::net::Ipv4Addr::new(127, 77, 0, 1)));
+        for bad in
+            ["1.0.77.in-addr.arpa", "1.0.77.127.5.in-addr.arpa", "x.0.77.127.in-addr.arpa", "1.0.77.127"]
+        {
+            assert_eq!(reverse_v4(bad), None, "{bad}");
+        }
+        let q = query(9, "1.0.77.127.in-addr.arpa", TYPE_PTR);
+        let parsed = parse(&q).unwrap();
+        let a = ptr_answer(&parsed, "allowed.test", 30);
+        assert_eq!(&a[..2], &[0, 9]);
+        assert_eq!(u16::from_be_bytes([a[6], a[7]]), 1, "one answer");
+        assert!(a.ends_with(b"\x07allowed\x04test\x00"), "{a:?}");
+    }
 
     #[test]
     fn a_query_is_read_and_answered() {
