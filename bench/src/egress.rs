@@ -67,7 +67,7 @@ fn timed(mut cmd: Command, size: usize) -> f64 {
     secs
 }
 
-pub fn download(dir: &Path, ws: &Path, size: usize) -> String {
+pub fn download(dir: &Path, ws: &Path, size: usize, rounds: usize) -> String {
     let port = origin(size);
     let defaults = "egress = \"strict\"\nnetwork = { allow_domains = [\"origin.bench\"] }\n";
     let tables = format!(
@@ -85,7 +85,6 @@ pub fn download(dir: &Path, ws: &Path, size: usize) -> String {
         cmd.args(["-c", CLIENT, mode, host, &port.to_string()]).current_dir(ws);
         cmd
     };
-    let rounds = 3;
     let mut times: [Vec<f64>; 3] = Default::default();
     for _ in 0..rounds {
         times[0].push(timed(client("direct", "127.0.0.1", false), size));

@@ -916,7 +916,12 @@ fn main() {
         sections.push(memory(&d, &ws));
     }
     if wanted("egress") {
-        sections.push(egress::download(&dir, &ws, if opts.quick { 8 << 20 } else { 100 << 20 }));
+        sections.push(egress::download(
+            &dir,
+            &ws,
+            if opts.quick { 8 << 20 } else { 100 << 20 },
+            if opts.quick { 1 } else { 5 },
+        ));
     }
     if wanted("precision") {
         sections.push(precision(&d, &ws, if opts.quick { 1 } else { 5 }));
