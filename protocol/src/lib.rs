@@ -9,6 +9,7 @@
 pub mod attest;
 pub mod check;
 pub mod plan;
+pub mod plugin;
 pub mod status;
 pub mod wire;
 

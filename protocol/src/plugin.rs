@@ -1,0 +1,215 @@
+//! The channel between the broker and its plugin-host (Tier A): frames of a
+//! u32 big-endian length and a bincode 2 body, broker to host on the host's
+//! stdin, host to broker on its stdout. The host runs one call at a time;
+//! while a call runs, the host may ask the broker to carry out a host
+//! function for it (`HostCall`) and waits for the answer (`HostReply`).
+
+use serde::{Deserialize, Serialize};
+
+/// Largest frame either side accepts (a module to compile, an input, an
+/// output, a host function's answer).
+pub const PLUGIN_FRAME_MAX: usize = 16 << 20;
+
+/// The broker's messages to the plugin-host.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum ToHost {
+    /// Compile a module (its bytes: binary WebAssembly or WAT text) for this
+    /// host's engine; answered `Compiled` or `Failed`.
+    Compile { id: u64, module: Vec<u8> },
+    /// One call in a fresh instance of the precompiled module at `artifact`
+    /// (a path the host can read: the broker's module cache, bound
+    /// read-only), answered `Done` (after any number of `HostCall`s).
+    Call(PluginCall),
+    /// The answer to the host's `HostCall` of the same id.
+    HostReply { id: u64, result: Result<Vec<u8>, HostFnError> },
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct PluginCall {
+    pub id: u64,
+    /// A file of the module cache, written by the broker from `Compiled`.
+    pub artifact: String,
+    /// The module's sha256 (hex), for the host's own checks and logs.
+    pub module_sha256: String,
+    /// The exported function to call (`palisade_plugin_main` by default).
+    pub entry: String,
+    /// The call's input (JSON text).
+    pub input: Vec<u8>,
+    pub limits: PluginLimits,
+    /// The host functions this call may use; any other import it calls
+    /// fails with `CapabilityDenied` without reaching the broker.
+    pub granted: Vec<HostFn>,
+}
+
+/// Limits of one call (Palyra's `WasmPluginRunnerPolicy` fields).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PluginLimits {
+    pub fuel_budget: u64,
+    pub max_memory_bytes: u64,
+    pub max_table_elements: u32,
+    pub max_instances: u32,
+    /// Wall-clock deadline of the call (epoch interruption), host calls included.
+    pub deadline_ms: u64,
+}
+
+/// The plugin-host's messages to the broker.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum FromHost {
+    /// Sent once at start: the host's engine configuration, as a digest
+    /// (the module cache's key together with the module's sha256).
+    Ready {
+        engine: String,
+    },
+    Compiled {
+        id: u64,
+        artifact: Vec<u8>,
+    },
+    /// A call's plugin called a granted host function; `args` is JSON.
+    HostCall {
+        id: u64,
+        function: HostFn,
+        args: Vec<u8>,
+    },
+    Done(CallDone),
+    /// A request could not be carried out at all (`id` 0: a frame that did not decode).
+    Failed {
+        id: u64,
+        message: String,
+    },
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct CallDone {
+    pub id: u64,
+    pub outcome: CallOutcome,
+    pub fuel_used: u64,
+    /// The largest the instance's linear memory grew, bytes.
+    pub memory_peak_bytes: u64,
+    /// Inside the host: instantiating, and running the entry point.
+    pub instantiate_us: u64,
+    pub call_us: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// The entry point returned this output (JSON text).
+    Output(Vec<u8>),
+    /// Fuel, memory, tables, instances or the deadline ran out (which, in words).
+    QuotaExceeded(String),
+    /// A host function the call was not granted (which).
+    CapabilityDenied(String),
+    /// A trap, an entry point missing or of the wrong type, an output that
+    /// is not where the ABI says.
+    Trap(String),
+}
+
+/// The host functions a plugin may import (module `palisade`).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum HostFn {
+    HttpFetch,
+    SecretGet,
+    StorageGet,
+    StoragePut,
+    Log,
+}
+
+impl HostFn {
+    pub const ALL: [HostFn; 5] =
+        [HostFn::HttpFetch, HostFn::SecretGet, HostFn::StorageGet, HostFn::StoragePut, HostFn::Log];
+
+    /// The import's name in module `palisade`.
+    pub fn name(self) -> &'static str {
+        match self {
+            HostFn::HttpFetch => "http_fetch",
+            HostFn::SecretGet => "secret_get",
+            HostFn::StorageGet => "storage_get",
+            HostFn::StoragePut => "storage_put",
+            HostFn::Log => "log",
+        }
+    }
+}
+
+/// Why the broker refused or failed a host function.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct HostFnError {
+    /// A stable kind: `CapabilityDenied` (not on the grant), `QuotaExceeded`
+    /// (storage quota, response size), `TimedOut` (the call's deadline),
+    /// `RuntimeFailure` (anything else).
+    pub kind: crate::wire::ErrorKind,
+    pub message: String,
+}
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<PLUGIN_FRAME_MAX>()
+}
+
+/// Encodes one frame: its length, then its body.
+pub fn encode_frame<T: Serialize>(message: &T) -> Result<Vec<u8>, String> {
+    let body = bincode::serde::encode_to_vec(message, config()).map_err(|e| e.to_string())?;
+    if body.len() > PLUGIN_FRAME_MAX {
+        return Err(format!("a frame of {} bytes exceeds {PLUGIN_FRAME_MAX}", body.len()));
+    }
+    let mut out = Vec::with_capacity(body.len() + 4);
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Decodes one frame's body (its length prefix already read and checked
+/// against [`PLUGIN_FRAME_MAX`]).
+pub fn decode_body<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, String> {
+    let (message, used) = bincode::serde::decode_from_slice(body, config()).map_err(|e| e.to_string())?;
+    if used != body.len() {
+        return Err(format!("{} bytes after a frame's message", body.len() - used));
+    }
+    Ok(message)
+}
+
+/// Reads one frame from a blocking reader: `None` at a clean end of input.
+pub fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl std::io::Read) -> std::io::Result<Option<T>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        other => other?,
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > PLUGIN_FRAME_MAX {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("a frame of {len} bytes")));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    decode_body(&body).map(Some).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let call = ToHost::Call(PluginCall {
+            id: 7,
+            artifact: "/cache/x.cwasm".into(),
+            module_sha256: "ab".repeat(32),
+            entry: "palisade_plugin_main".into(),
+            input: b"{}".to_vec(),
+            limits: PluginLimits {
+                fuel_budget: 1,
+                max_memory_bytes: 2,
+                max_table_elements: 3,
+                max_instances: 4,
+                deadline_ms: 5,
+            },
+            granted: vec![HostFn::Log],
+        });
+        let bytes = encode_frame(&call).unwrap();
+        let back: Option<ToHost> = read_frame(&mut &bytes[..]).unwrap();
+        assert_eq!(back, Some(call));
+        let none: Option<ToHost> = read_frame(&mut &[][..]).unwrap();
+        assert_eq!(none, None);
+        let mut huge = ((PLUGIN_FRAME_MAX + 1) as u32).to_be_bytes().to_vec();
+        huge.extend_from_slice(&[0; 8]);
+        assert!(read_frame::<ToHost>(&mut &huge[..]).is_err());
+    }
+}
