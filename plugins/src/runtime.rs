@@ -26,6 +26,9 @@ const ENGINE_CONFIG_VERSION: u32 = 1;
 /// Instantiated modules kept in memory; past this the cache starts over
 /// (the broker's artifacts stay on disk, so a miss only costs a deserialize).
 const MODULE_CACHE_MAX: usize = 64;
+/// A longer deadline is taken as this one (a day): `Instant` arithmetic
+/// must not overflow on a broker's `u64::MAX`.
+const DEADLINE_MAX_MS: u64 = 24 * 3600 * 1000;
 /// Instances alive at once in the pool: one call at a time needs one, a
 /// second covers a slot still being returned.
 pub const DEFAULT_POOL_INSTANCES: u32 = 2;
@@ -111,7 +114,7 @@ impl Runtime {
     /// One call in a fresh instance. `Err` only when the artifact cannot be
     /// loaded; everything the plugin does ends in the `CallDone`'s outcome.
     pub fn call(&mut self, call: &PluginCall, host: &mut dyn HostCalls) -> Result<CallDone, PluginError> {
-        let deadline = Instant::now() + Duration::from_millis(call.limits.deadline_ms);
+        let deadline = Instant::now() + Duration::from_millis(call.limits.deadline_ms.min(DEADLINE_MAX_MS));
         let pre = self.instance_pre(call)?;
         let limiter = CallLimiter::new(&call.limits, self.config.max_memory_bytes);
         // SAFETY: `store` is dropped at the end of this function, inside `host`'s borrow.
@@ -120,7 +123,9 @@ impl Runtime {
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         let fuel_set = store.set_fuel(call.limits.fuel_budget);
-        store.set_epoch_deadline(call.limits.deadline_ms.div_ceil(EPOCH_TICK.as_millis() as u64).max(1));
+        store.set_epoch_deadline(
+            call.limits.deadline_ms.min(DEADLINE_MAX_MS).div_ceil(EPOCH_TICK.as_millis() as u64).max(1),
+        );
         let _ticking = self.ticker.ticking();
 
         let mut done = CallDone {

@@ -227,6 +227,9 @@ fn echo_and_every_limit_then_echo_again() {
     assert!(quota(&done).starts_with("instances"), "{done:?}");
     let done = host.call(&echo, "{}", PluginLimits { max_memory_bytes: 1000, ..LIMITS });
     assert!(quota(&done).starts_with("memory"), "an initial memory over the limit: {done:?}");
+    let done =
+        host.call(&echo, "{}", PluginLimits { deadline_ms: u64::MAX, fuel_budget: u64::MAX, ..LIMITS });
+    assert_eq!(done.outcome, CallOutcome::Output(b"{}".to_vec()), "the largest limits");
     host.echo_works(&echo);
 }
 

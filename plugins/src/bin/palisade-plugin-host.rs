@@ -13,7 +13,14 @@ fn main() -> ExitCode {
         eprintln!("palisade-plugin-host: {e}");
         return ExitCode::from(2);
     }
-    let mut runtime = match Runtime::new(RuntimeConfig::default()) {
+    let config = match config_from_args(std::env::args().skip(1)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("palisade-plugin-host: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut runtime = match Runtime::new(config) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("palisade-plugin-host: {e}");
@@ -29,4 +36,21 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--pool-instances N`, `--max-memory-bytes N`, `--max-table-elements N`:
+/// the pool's sizes (no secret, so argv is fine); the rest of the defaults.
+fn config_from_args(mut args: impl Iterator<Item = String>) -> Result<RuntimeConfig, String> {
+    let mut config = RuntimeConfig::default();
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let bad = |e: std::num::ParseIntError| format!("{flag} {value}: {e}");
+        match flag.as_str() {
+            "--pool-instances" => config.pool_instances = value.parse().map_err(bad)?,
+            "--max-memory-bytes" => config.max_memory_bytes = value.parse().map_err(bad)?,
+            "--max-table-elements" => config.max_table_elements = value.parse().map_err(bad)?,
+            _ => return Err(format!("unknown argument {flag}")),
+        }
+    }
+    Ok(config)
 }
