@@ -171,11 +171,17 @@ fn quota(done: &CallDone) -> &str {
     }
 }
 
+/// Ready, with the same engine digest in every process, and the host's own
+/// filter in force (it refuses exec: `seccomp::tests` checks what it does).
 #[test]
-fn the_engine_digest_is_the_same_in_every_process() {
+fn ready_with_a_stable_digest_and_its_seccomp_filter_on() {
     let (a, b) = (Host::start("digest-a"), Host::start("digest-b"));
     assert!(a.engine.starts_with("wasmtime-48."), "{}", a.engine);
     assert_eq!(a.engine, b.engine);
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", a.child.id())).expect("the host's status");
+    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+    assert!(status.contains("Seccomp:\t2"), "{status}");
 }
 
 #[test]
@@ -295,6 +301,18 @@ fn host_functions_granted_denied_failed_and_late() {
     let out: serde_json::Value = serde_json::from_slice(out).unwrap();
     assert_eq!(out["error"]["kind"], "CapabilityDenied", "{out}");
     host.echo_works(&echo);
+
+    // A request while a call waits for its host function: refused, busy;
+    // the call goes on.
+    let call = host.plugin_call(&secret, "palisade_plugin_main", input, LIMITS, &[HostFn::SecretGet]);
+    let id = call.id;
+    host.send(&ToHost::Call(call));
+    assert!(matches!(host.recv(), FromHost::HostCall { id: h, .. } if h == id));
+    host.send(&ToHost::Compile { id: 77, module: b"(module)".to_vec() });
+    assert!(matches!(host.recv(), FromHost::Failed { id: 77, message } if message.contains("busy")));
+    host.send(&ToHost::HostReply { id, result: Ok(br#"{"value":"v"}"#.to_vec()) });
+    let FromHost::Done(done) = host.recv() else { panic!("expected Done") };
+    assert_eq!(done.outcome, CallOutcome::Output(br#"{"ok":{"value":"v"}}"#.to_vec()));
 
     // The broker answers after the deadline: the call ends at its deadline,
     // and the late answer is discarded.
