@@ -24,8 +24,8 @@ pub const MAGIC: &str = "palisade";
 /// attestation is typed; 3: `JournalUnavailable`, the attestation's
 /// journal record, approvals by id, approvers and trust stages; 4: strict
 /// egress, the run request's `allow_domains` and the attestation's egress
-/// traffic).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// traffic; 5: WebAssembly skill plugins, `RunPlugin` and `PluginResult`).
+pub const PROTOCOL_VERSION: u32 = 5;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
 
@@ -123,6 +123,23 @@ pub enum ClientMessage {
     /// Answered `Tools` (the tool alone), or `Unauthorized`.
     ApproveTool {
         name: String,
+    },
+    /// Call an installed skill (Tier A, a WebAssembly plugin in the
+    /// plugin-host's jail). Answered `PluginResult` or an error.
+    RunPlugin {
+        /// The installed skill (`palisade plugin list`); with
+        /// `inline_module`, the name the call is recorded under.
+        skill: String,
+        /// The plugin's input, JSON text.
+        input: String,
+        /// A module of the request's own (WAT text, or base64 of a binary
+        /// module): only where `[plugins] allow_inline_modules`; it gets no
+        /// grant but `log`.
+        #[serde(default)]
+        inline_module: Option<String>,
+        /// Lowers the policy's deadline (`[plugins] timeout_ms`).
+        #[serde(default)]
+        timeout_ms: Option<u64>,
     },
 }
 
@@ -420,6 +437,14 @@ pub enum ServerMessage {
     },
     /// The answer to `ListTools` and `ApproveTool`.
     Tools(Vec<ToolInfo>),
+    /// The answer to `RunPlugin`: the plugin's output (JSON text) and what
+    /// the call used and was given.
+    PluginResult {
+        output: String,
+        fuel_used: u64,
+        memory_peak_bytes: u64,
+        attestation: Box<crate::plugin::PluginAttestation>,
+    },
 }
 
 /// Why bytes could not be decoded.
