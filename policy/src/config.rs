@@ -57,6 +57,8 @@ pub struct PluginsConfig {
     pub timeout_ms: u64,
     /// The skills index; default `<state dir>/skills`.
     pub skills_dir: Option<PathBuf>,
+    /// The secret store (a 0600 file per key); default `<state dir>/secrets`.
+    pub secrets_dir: Option<PathBuf>,
     /// Bytes of storage per skill (keys and values together).
     pub storage_quota_bytes: u64,
     /// palisade-plugin-host; default: next to palisade-helper.
@@ -93,6 +95,7 @@ impl Default for PluginsConfig {
             max_instances: DEFAULT_PLUGIN_INSTANCES,
             timeout_ms: DEFAULT_PLUGIN_TIMEOUT_MS,
             skills_dir: None,
+            secrets_dir: None,
             storage_quota_bytes: DEFAULT_PLUGIN_STORAGE_QUOTA,
             host: None,
             allow_http_hosts: vec![],
@@ -119,7 +122,9 @@ impl PluginsConfig {
                     .into(),
             ));
         }
-        for (key, path) in [("skills_dir", &self.skills_dir), ("host", &self.host)] {
+        for (key, path) in
+            [("skills_dir", &self.skills_dir), ("secrets_dir", &self.secrets_dir), ("host", &self.host)]
+        {
             if path.as_ref().is_some_and(|p| !p.is_absolute()) {
                 return Err((0, format!("plugins.{key} must be an absolute path")));
             }

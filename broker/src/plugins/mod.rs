@@ -86,7 +86,11 @@ pub fn dirs(config: &PluginsConfig) -> Result<(PathBuf, PathBuf), String> {
         Some(d) => d.clone(),
         None => state.clone()?.join(SKILLS_DIR),
     };
-    Ok((skills, state?.join(SECRETS_DIR)))
+    let secrets = match &config.secrets_dir {
+        Some(d) => d.clone(),
+        None => state?.join(SECRETS_DIR),
+    };
+    Ok((skills, secrets))
 }
 
 /// The plugin-host's path: `[plugins] host`, else next to the helper.
