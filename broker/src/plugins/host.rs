@@ -64,6 +64,15 @@ impl Running {
         decode_body(&body).map_err(HostError::Protocol)
     }
 
+    /// Whether the helper is still running (its pidfd is not yet readable).
+    pub fn alive(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut poll = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: poll on one valid pollfd that outlives the call, without waiting.
+        let rc = unsafe { libc::poll(&mut poll, 1, 0) };
+        rc == 0
+    }
+
     /// Ends the plugin-host (SIGKILL to the helper: pid 1 of its namespace
     /// goes, and everything in it) and reaps it off the runtime's threads.
     pub fn kill(self) {

@@ -216,6 +216,10 @@ impl Plugins {
 
     /// The running plugin-host, started if there is none.
     async fn running<'g>(&self, slot: &'g mut Option<Running>) -> Result<&'g mut Running, ErrorReply> {
+        if let Some(gone) = slot.take_if(|r| !r.alive()) {
+            tracing::warn!(pid = gone.pid, "the plugin-host died between calls: starting another");
+            gone.kill();
+        }
         if slot.is_none() {
             let failed = |m: String| refusal(ErrorKind::RuntimeFailure, m, "plugins.host_start");
             let (plan, fds) =
