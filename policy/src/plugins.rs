@@ -242,7 +242,9 @@ pub fn plugin_host_plan(jail: &PluginHostJail<'_>) -> Result<JailPlan, BuildErro
         host_network: false,
         limits: Limits {
             memory_bytes: 0,
-            cpu_seconds: 0,
+            // Long-lived: its CPU time adds up over every call; each call is
+            // bounded by its fuel and deadline instead.
+            cpu_seconds: palisade_protocol::RLIM_INFINITY,
             processes: PLUGIN_HOST_PROCESSES,
             open_files: PLUGIN_HOST_OPEN_FILES,
             file_size_bytes: PLUGIN_HOST_TMPFS_BYTES,
@@ -251,10 +253,12 @@ pub fn plugin_host_plan(jail: &PluginHostJail<'_>) -> Result<JailPlan, BuildErro
         },
         landlock_required: LandlockFeatures::FS,
         hostname: PLUGIN_HOST_HOSTNAME.into(),
-        uid: jail.host_ids.map_or(jail.uid, |_| 0),
-        gid: jail.host_ids.map_or(jail.gid, |_| 0),
+        // Inside, the broker's own ids (as a run's); a root broker's host is
+        // not host root, and sees the broker's files (the cache) as its own.
+        uid: jail.uid,
+        gid: jail.gid,
         host_ids: jail.host_ids,
-        acting_for: None,
+        acting_for: jail.host_ids.map(|_| HostIds { uid: jail.uid, gid: jail.gid }),
         parent_pid: jail.parent_pid,
         cgroup: None,
         no_fork: true,

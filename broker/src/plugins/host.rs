@@ -99,7 +99,7 @@ pub async fn start(
             cgroup_dir: None,
             stdin: Io::Piped,
             stdout: Io::Piped,
-            stderr: Io::Null,
+            stderr: Io::Piped,
             outer_limits: vec![],
         })
         .await
@@ -112,6 +112,9 @@ pub async fn start(
     let wrap = |e: std::io::Error| HostError::Start(e.to_string());
     let stdin = child.stdin.take().ok_or_else(|| HostError::Start("no stdin pipe".into()))?;
     let stdout = child.stdout.take().ok_or_else(|| HostError::Start("no stdout pipe".into()))?;
+    if let Some(stderr) = child.stderr.take() {
+        log_stderr(pipe::Receiver::from_owned_fd(OwnedFd::from(stderr)).map_err(wrap)?, pid);
+    }
     let mut running = Running {
         pid,
         pidfd,
@@ -131,8 +134,10 @@ pub async fn start(
             return Err(HostError::Protocol(format!("{other:?} before Ready")));
         }
         Ok(Err(e)) => {
+            // The helper's report first: it writes it as the host ends.
+            let why = tokio::time::timeout(READY_TIMEOUT, helper_failure(status)).await.unwrap_or_default();
             running.kill();
-            return Err(HostError::Start(format!("{e}{}", helper_failure(status).await)));
+            return Err(HostError::Start(format!("{e}{why}")));
         }
         Err(_) => {
             running.kill();
@@ -142,6 +147,26 @@ pub async fn start(
     running.jail.engine = running.engine.clone();
     running.jail.landlock = landlock_reached(&status, plan);
     Ok(running)
+}
+
+/// Most bytes of a plugin-host's stderr that go into the broker's log; the
+/// rest is read and dropped (a host that writes without end fills no disk).
+const STDERR_LOGGED_BYTES: usize = 64 << 10;
+
+/// The plugin-host's stderr (its panics, the engine's warnings), line by
+/// line into the broker's log, bounded.
+fn log_stderr(stderr: pipe::Receiver, pid: u32) {
+    use tokio::io::AsyncBufReadExt;
+    tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let mut logged = 0;
+        while let Ok(Some(line)) = lines.next_line().await {
+            if logged < STDERR_LOGGED_BYTES {
+                logged += line.len();
+                tracing::warn!(pid, "plugin-host: {line}");
+            }
+        }
+    });
 }
 
 /// What the jail was built as (the Landlock status is filled in once the
@@ -184,9 +209,11 @@ async fn helper_failure(status: std::fs::File) -> String {
                 HelperRecord::Failed(f) => {
                     Some(format!(": the helper failed at {}: {}", f.stage.name(), f.message))
                 }
+                HelperRecord::Exit(e) => Some(format!(": it ended ({e:?})")),
                 _ => None,
             })
             .unwrap_or_default(),
-        _ => String::new(),
+        Ok(Err(e)) => format!(" (its status channel: {e})"),
+        Err(e) => format!(" ({e})"),
     }
 }
