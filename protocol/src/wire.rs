@@ -971,6 +971,63 @@ mod tests {
         );
     }
 
+    /// The plugin messages, appended in version 5: the older indexes did not
+    /// move, and the JSON reads as docs/protocol.md shows it.
+    #[cfg(feature = "json")]
+    #[test]
+    fn plugin_messages_are_appended_and_read_as_documented() {
+        let call = ClientMessage::RunPlugin {
+            skill: "echo".into(),
+            input: r#"{"q":1}"#.into(),
+            inline_module: None,
+            timeout_ms: Some(500),
+        };
+        assert_eq!(encode(&call, Encoding::Bincode).unwrap()[4], 8);
+        let line = r#"{"run_plugin": {"skill": "echo", "input": "{\"q\":1}", "timeout_ms": 500}}"#;
+        let mut d = Decoder::new(Some(Encoding::Json));
+        d.push(format!("{line}\n").as_bytes());
+        assert_eq!(d.next_message::<ClientMessage>().unwrap(), Some(call));
+        let jail = crate::plugin::PluginHostJail {
+            executor: Executor::LinuxTierC,
+            pid: 1,
+            namespaces: vec![],
+            seccomp_sha256: String::new(),
+            landlock: None,
+            execution_sha256: String::new(),
+            engine: String::new(),
+            address_space_unlimited: true,
+        };
+        let limits = crate::plugin::PluginLimits {
+            fuel_budget: 1,
+            max_memory_bytes: 2,
+            max_table_elements: 3,
+            max_instances: 4,
+            deadline_ms: 5,
+        };
+        let result = ServerMessage::PluginResult {
+            output: "{}".into(),
+            fuel_used: 1,
+            memory_peak_bytes: 65536,
+            attestation: Box::new(crate::plugin::PluginAttestation {
+                skill: "echo".into(),
+                module_sha256: "ab".into(),
+                entry: "palisade_plugin_main".into(),
+                grants: Default::default(),
+                limits,
+                fuel_used: 1,
+                memory_peak_bytes: 65536,
+                host_calls: 0,
+                host_calls_refused: 0,
+                jail,
+                journal: None,
+            }),
+        };
+        let bytes = encode(&result, Encoding::Bincode).unwrap();
+        assert_eq!(bytes[4], 9);
+        let json = String::from_utf8(encode(&result, Encoding::Json).unwrap()).unwrap();
+        assert!(json.starts_with(r#"{"plugin_result":{"output":"{}","fuel_used":1,"#), "{json}");
+    }
+
     /// The approval messages, appended in version 3: their bincode indexes
     /// follow the older ones (which did not move), and their JSON is the
     /// one docs/protocol.md shows.

@@ -162,6 +162,15 @@ fn refusals_before_the_plugin_host() {
     let e = call_with(&d, "inline", "{}", Some("(module)".into())).unwrap_err();
     assert_eq!((e.kind, e.rule.as_deref()), (ErrorKind::PolicyDenied, Some("plugins.inline_not_allowed")));
     assert_eq!(call(&d, "nope", "{}").unwrap_err().kind, ErrorKind::InvalidRequest);
+    // The Python client speaks it too (JSON lines).
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/palisade_client.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .args(["--socket", d.socket.to_str().unwrap(), "--plugin", "nope", "{}"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("InvalidRequest: no skill \"nope\""), "{}", text(&out.stderr));
     // The module is verified at every load, not only at install.
     std::fs::write(skills.dir.join("skills/echo/module.wasm"), "(module )").unwrap();
     let e = call(&d, "echo", "{}").unwrap_err();
@@ -177,7 +186,7 @@ fn refusals_before_the_plugin_host() {
         .lines()
         .filter(|l| l.contains("\"plugin_called\"") && l.contains("\"decision\":\"deny\""))
         .count();
-    assert_eq!(denied, 3, "{}", journal.trim_end());
+    assert_eq!(denied, 4, "{}", journal.trim_end());
 }
 
 /// A daemon with every test skill installed, and an origin on loopback.
