@@ -2,10 +2,12 @@
 """A minimal palisade client over the JSON-lines encoding (standard library only).
 
     python3 palisade_client.py [--socket PATH] -- CMD [ARGS...]
+    python3 palisade_client.py [--socket PATH] --plugin SKILL [INPUT_JSON]
 
 Runs CMD through palisaded with the current directory as the workspace,
 streams its output, and exits with its status (128+N for signal N, 125 when
-palisade refused or failed).
+palisade refused or failed). With --plugin, calls an installed WebAssembly
+skill with INPUT_JSON (default {}) and prints its output.
 """
 import json
 import os
@@ -35,7 +37,8 @@ def main(argv):
     path = os.environ.get("PALISADE_SOCKET") or default_socket()
     if argv[:1] == ["--socket"]:
         path, argv = argv[1], argv[2:]
-    if argv[:1] != ["--"] or len(argv) < 2:
+    plugin = argv[:1] == ["--plugin"] and len(argv) in (2, 3)
+    if not plugin and (argv[:1] != ["--"] or len(argv) < 2):
         print(__doc__, file=sys.stderr)
         return 2
     command = argv[1:]
@@ -53,10 +56,18 @@ def main(argv):
             raise EOFError("the broker closed the connection")
         return json.loads(line)
 
-    send({"hello": {"magic": "palisade", "version": 4, "encoding": "json"}})
+    send({"hello": {"magic": "palisade", "version": 5, "encoding": "json"}})
     reply = receive()
     if "error" in reply:
         print(f"palisade: {reply['error']['kind']}: {reply['error']['message']}", file=sys.stderr)
+        return 125
+    if plugin:
+        send({"run_plugin": {"skill": argv[1], "input": argv[2] if len(argv) == 3 else "{}"}})
+        message = receive()
+        if "plugin_result" in message:
+            print(message["plugin_result"]["output"])
+            return 0
+        print(f"palisade: {message['error']['kind']}: {message['error']['message']}", file=sys.stderr)
         return 125
     send({"run": {"argv": command, "cwd": os.getcwd(), "env": dict(os.environ)}})
     while True:

@@ -15,6 +15,27 @@ fn names(features: LandlockFeatures) -> Vec<String> {
     features.names().iter().map(|s| s.to_string()).collect()
 }
 
+/// sha256 of a plan's seccomp program, as BPF bytes.
+pub fn seccomp_sha256(plan: &palisade_protocol::JailPlan) -> String {
+    let seccomp: Vec<u8> = plan
+        .seccomp
+        .iter()
+        .flat_map(|i| [&i.code.to_ne_bytes()[..], &[i.jt, i.jf], &i.k.to_ne_bytes()[..]].concat())
+        .collect();
+    sha256_hex(&seccomp)
+}
+
+/// What Landlock reached, against what the plan wanted and required.
+pub fn landlock_enforcement(l: LandlockReport, plan: &palisade_protocol::JailPlan) -> LandlockEnforcement {
+    LandlockEnforcement {
+        abi: l.abi,
+        ruleset: l.ruleset,
+        enforced: names(l.enforced),
+        not_enforced: names(plan.landlock.wanted.difference(l.enforced)),
+        required: names(plan.landlock.required),
+    }
+}
+
 pub fn attestation(
     request: &RunRequest,
     resolved: &Resolved,
@@ -22,18 +43,7 @@ pub fn attestation(
     egress_traffic: Option<palisade_protocol::attest::EgressTraffic>,
 ) -> Attestation {
     let plan = &resolved.plan;
-    let seccomp: Vec<u8> = plan
-        .seccomp
-        .iter()
-        .flat_map(|i| [&i.code.to_ne_bytes()[..], &[i.jt, i.jf], &i.k.to_ne_bytes()[..]].concat())
-        .collect();
-    let landlock = landlock.map(|l| LandlockEnforcement {
-        abi: l.abi,
-        ruleset: l.ruleset,
-        enforced: names(l.enforced),
-        not_enforced: names(plan.landlock.wanted.difference(l.enforced)),
-        required: names(plan.landlock.required),
-    });
+    let landlock = landlock.map(|l| landlock_enforcement(l, plan));
     Attestation {
         execution_sha256: sha256_hex(&canonical_bytes(&(request, plan))),
         executor: plan.tier().into(),
@@ -41,7 +51,7 @@ pub fn attestation(
             namespaces: plan.namespaces.names().iter().map(|s| s.to_string()).collect(),
             host_uid: plan.host_ids.map_or_else(|| nix::unistd::getuid().as_raw(), |h| h.uid),
             landlock,
-            seccomp_sha256: sha256_hex(&seccomp),
+            seccomp_sha256: seccomp_sha256(plan),
             seccomp_instructions: plan.seccomp.len() as u32,
             rlimits: plan.rlimits.table().into_iter().map(|(name, l)| RlimitEntry::new(name, l)).collect(),
             cgroup: resolved.cgroup.as_ref().map(|c| c.path.to_string_lossy().into_owned()),

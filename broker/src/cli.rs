@@ -79,6 +79,9 @@ pub enum Command {
     /// Read and check the audit journal (see docs/journal.md).
     #[command(subcommand)]
     Audit(crate::audit::AuditCommand),
+    /// WebAssembly skill plugins (Tier A): install, list, run, secrets.
+    #[command(subcommand)]
+    Plugin(crate::plugin_cli::PluginCommand),
 }
 
 /// Where the approval and tool commands find the broker.
@@ -267,6 +270,7 @@ pub fn main(cli: Cli) -> i32 {
         Command::Approve { id, broker } => crate::approve_cli::answer(&broker, id, true, None),
         Command::Deny { id, reason, broker } => crate::approve_cli::answer(&broker, id, false, reason),
         Command::Tools(command) => crate::approve_cli::tools(command),
+        Command::Plugin(command) => crate::plugin_cli::main(command),
     }
 }
 

@@ -21,6 +21,8 @@ pub mod instance;
 pub mod journal;
 pub mod overlay;
 pub mod paths;
+pub mod plugin_cli;
+pub mod plugins;
 pub mod pool;
 pub mod requester;
 pub mod run;

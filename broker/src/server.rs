@@ -414,6 +414,19 @@ impl Server {
                 let info = tokio::task::spawn_blocking(move || broker.approve_tool(&name, uid)).await??;
                 Ok(ServerMessage::Tools(vec![info]))
             }
+            ClientMessage::RunPlugin { skill, input, inline_module, timeout_ms } => {
+                let request = crate::plugins::CallRequest { skill, input, inline_module, timeout_ms };
+                let r = match b.plugins.call(&b.journal, peer, request).await {
+                    Ok(r) => r,
+                    Err(e) => return Ok(ServerMessage::Error(e)),
+                };
+                Ok(ServerMessage::PluginResult {
+                    output: r.output,
+                    fuel_used: r.fuel_used,
+                    memory_peak_bytes: r.memory_peak_bytes,
+                    attestation: Box::new(r.attestation),
+                })
+            }
             other => Err(BrokerError::Protocol(format!("unexpected message {other:?}"))),
         }
     }

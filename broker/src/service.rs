@@ -43,6 +43,8 @@ pub struct Broker {
     pub pending: Pending,
     /// The declared tools' trust stages; `None` where they are off (or no tool is declared).
     pub trust: Option<Arc<TrustStore>>,
+    /// Tier A: the skills, their stores, and the plugin-host.
+    pub plugins: Arc<crate::plugins::Plugins>,
     next_run: AtomicU64,
 }
 
@@ -153,7 +155,9 @@ impl Broker {
         let approvers =
             Approvers::new(config.approvers.clone(), uid).with_cedar(config.policy.cedar_policies.clone());
         let etc = config.broker.etc_snapshot.then(|| etc_view(&context.temp_root)).flatten();
+        let plugins = crate::plugins::Plugins::new(&config, spawner.clone(), &helper, context.parent_pid)?;
         Ok(Broker {
+            plugins: Arc::new(plugins),
             engine: Engine::new(spawner, helper, config.broker.prespawn),
             etc,
             cgroups,

@@ -33,6 +33,104 @@ pub struct Config {
     pub trust: TrustConfig,
     #[serde(default)]
     pub egress: EgressConfig,
+    #[serde(default)]
+    pub plugins: PluginsConfig,
+}
+
+/// WebAssembly skill plugins (Tier A, `[plugins]`): whether they run, the
+/// limits of each call, where skills are installed, and the most any
+/// skill's manifest may be granted (see `docs/plugins.md`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginsConfig {
+    pub enabled: bool,
+    /// Requests may bring their own module (WAT or base64) instead of an installed skill's.
+    pub allow_inline_modules: bool,
+    /// Instructions' fuel per call (wasmtime fuel units).
+    pub fuel_budget: u64,
+    /// Largest a call's linear memory may grow.
+    pub max_memory_bytes: u64,
+    pub max_table_elements: u32,
+    /// Instances a call may create (its module's, and any it instantiates).
+    pub max_instances: u32,
+    /// Wall-clock deadline of a call, host functions included.
+    pub timeout_ms: u64,
+    /// The skills index; default `<state dir>/skills`.
+    pub skills_dir: Option<PathBuf>,
+    /// The secret store (a 0600 file per key); default `<state dir>/secrets`.
+    pub secrets_dir: Option<PathBuf>,
+    /// Bytes of storage per skill (keys and values together).
+    pub storage_quota_bytes: u64,
+    /// palisade-plugin-host; default: next to palisade-helper.
+    pub host: Option<PathBuf>,
+    /// Hosts `http_fetch` may reach at most: exact names or `*.suffix`.
+    pub allow_http_hosts: Vec<String>,
+    /// Secret keys `secret_get` may read at most.
+    pub allow_secrets: Vec<String>,
+    /// Key prefixes storage may use at most.
+    pub allow_storage_prefixes: Vec<String>,
+}
+
+/// Palyra's default fuel budget: a few hundred milliseconds of plain code.
+pub const DEFAULT_PLUGIN_FUEL: u64 = 10_000_000;
+/// Palyra's default memory ceiling: room for a JSON document and its parse.
+pub const DEFAULT_PLUGIN_MEMORY_BYTES: u64 = 64 << 20;
+/// Palyra's default: far above what a skill's function tables need.
+pub const DEFAULT_PLUGIN_TABLE_ELEMENTS: u32 = 10_000;
+/// A skill is one module: one instance per call.
+pub const DEFAULT_PLUGIN_INSTANCES: u32 = 1;
+/// A skill's call is an interactive step of an agent: seconds, not minutes.
+pub const DEFAULT_PLUGIN_TIMEOUT_MS: u64 = 5_000;
+/// Enough for a skill's settings and cache keys, not a data store.
+pub const DEFAULT_PLUGIN_STORAGE_QUOTA: u64 = 1 << 20;
+
+impl Default for PluginsConfig {
+    fn default() -> Self {
+        PluginsConfig {
+            enabled: false,
+            allow_inline_modules: false,
+            fuel_budget: DEFAULT_PLUGIN_FUEL,
+            max_memory_bytes: DEFAULT_PLUGIN_MEMORY_BYTES,
+            max_table_elements: DEFAULT_PLUGIN_TABLE_ELEMENTS,
+            max_instances: DEFAULT_PLUGIN_INSTANCES,
+            timeout_ms: DEFAULT_PLUGIN_TIMEOUT_MS,
+            skills_dir: None,
+            secrets_dir: None,
+            storage_quota_bytes: DEFAULT_PLUGIN_STORAGE_QUOTA,
+            host: None,
+            allow_http_hosts: vec![],
+            allow_secrets: vec![],
+            allow_storage_prefixes: vec![],
+        }
+    }
+}
+
+impl PluginsConfig {
+    /// Limits are at least 1 (the memory at least one wasm page), paths absolute.
+    fn check(&self) -> Result<(), (usize, String)> {
+        const WASM_PAGE: u64 = 65536;
+        if self.fuel_budget == 0
+            || self.max_memory_bytes < WASM_PAGE
+            || self.max_table_elements == 0
+            || self.max_instances == 0
+            || self.timeout_ms == 0
+        {
+            return Err((
+                0,
+                "plugins.fuel_budget, max_table_elements, max_instances and timeout_ms must be at least 1, \
+                 max_memory_bytes at least 65536 (one page)"
+                    .into(),
+            ));
+        }
+        for (key, path) in
+            [("skills_dir", &self.skills_dir), ("secrets_dir", &self.secrets_dir), ("host", &self.host)]
+        {
+            if path.as_ref().is_some_and(|p| !p.is_absolute()) {
+                return Err((0, format!("plugins.{key} must be an absolute path")));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Strict egress (`egress = "strict"` with `network = { allow_domains =
@@ -641,6 +739,7 @@ impl Config {
             ));
         }
         self.egress.check()?;
+        self.plugins.check()?;
         if self.trust.trial_runs == 0 {
             return Err((0, "trust.trial_runs must be at least 1".into()));
         }
@@ -901,6 +1000,21 @@ mod tests {
         assert_eq!(c.defaults.max_execution_time, 300);
         assert_eq!(c.policy.max_env_vars, 32);
         assert_eq!(c.policy.fallback, FallbackPolicy::Deny);
+    }
+
+    #[test]
+    fn the_plugins_table_is_strict_and_has_defaults() {
+        let c = parse("").unwrap();
+        assert!(!c.plugins.enabled && !c.plugins.allow_inline_modules);
+        assert_eq!(c.plugins.fuel_budget, DEFAULT_PLUGIN_FUEL);
+        assert_eq!(c.plugins.max_memory_bytes, 64 << 20);
+        let c = parse("[plugins]\nenabled = true\nallow_secrets = [\"k\"]\n").unwrap();
+        assert!(c.plugins.enabled);
+        assert_eq!(c.plugins.allow_secrets, ["k"]);
+        let e = parse("[plugins]\nenabled = true\nfuel = 3\n").unwrap_err();
+        assert!(e.contains(":3:") && e.contains("fuel"), "{e}");
+        assert!(parse("[plugins]\ntimeout_ms = 0\n").unwrap_err().contains("timeout_ms"));
+        assert!(parse("[plugins]\nskills_dir = \"rel\"\n").unwrap_err().contains("absolute"));
     }
 
     #[test]

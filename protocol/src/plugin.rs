@@ -140,6 +140,57 @@ pub struct HostFnError {
     pub message: String,
 }
 
+/// What a plugin call was given and used, and where it ran (in
+/// `ServerMessage::PluginResult`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct PluginAttestation {
+    pub skill: String,
+    /// The module's sha256 (hex), checked against the manifest at load.
+    pub module_sha256: String,
+    pub entry: String,
+    /// The grants in force: the manifest's request within the policy's.
+    pub grants: PluginGrantsInForce,
+    pub limits: PluginLimits,
+    pub fuel_used: u64,
+    pub memory_peak_bytes: u64,
+    /// Host function calls the broker served, and refused.
+    pub host_calls: u64,
+    pub host_calls_refused: u64,
+    pub jail: PluginHostJail,
+    /// The call's `plugin_finished` record in the audit journal.
+    #[serde(default)]
+    pub journal: Option<crate::attest::JournalRecord>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct PluginGrantsInForce {
+    pub http_hosts: Vec<String>,
+    pub secrets: Vec<String>,
+    pub storage_prefixes: Vec<String>,
+    pub log: bool,
+    /// The host functions these make callable.
+    pub functions: Vec<HostFn>,
+}
+
+/// The jail the plugin-host runs in, as built when it started.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct PluginHostJail {
+    pub executor: crate::attest::Executor,
+    pub pid: u32,
+    pub namespaces: Vec<String>,
+    /// sha256 of the seccomp program installed (BPF bytes).
+    pub seccomp_sha256: String,
+    /// Landlock as the helper reported it reached.
+    pub landlock: Option<crate::attest::LandlockEnforcement>,
+    /// sha256 of the plan the host was started with (canonical encoding).
+    pub execution_sha256: String,
+    /// The engine's configuration digest (`Ready`).
+    pub engine: String,
+    /// RLIMIT_AS is unlimited in this jail: the pooling allocator reserves
+    /// address space it does not use; memory is bounded per call instead.
+    pub address_space_unlimited: bool,
+}
+
 fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<PLUGIN_FRAME_MAX>()
 }

@@ -24,8 +24,8 @@ pub const MAGIC: &str = "palisade";
 /// attestation is typed; 3: `JournalUnavailable`, the attestation's
 /// journal record, approvals by id, approvers and trust stages; 4: strict
 /// egress, the run request's `allow_domains` and the attestation's egress
-/// traffic).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// traffic; 5: WebAssembly skill plugins, `RunPlugin` and `PluginResult`).
+pub const PROTOCOL_VERSION: u32 = 5;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
 
@@ -123,6 +123,23 @@ pub enum ClientMessage {
     /// Answered `Tools` (the tool alone), or `Unauthorized`.
     ApproveTool {
         name: String,
+    },
+    /// Call an installed skill (Tier A, a WebAssembly plugin in the
+    /// plugin-host's jail). Answered `PluginResult` or an error.
+    RunPlugin {
+        /// The installed skill (`palisade plugin list`); with
+        /// `inline_module`, the name the call is recorded under.
+        skill: String,
+        /// The plugin's input, JSON text.
+        input: String,
+        /// A module of the request's own (WAT text, or base64 of a binary
+        /// module): only where `[plugins] allow_inline_modules`; it gets no
+        /// grant but `log`.
+        #[serde(default)]
+        inline_module: Option<String>,
+        /// Lowers the policy's deadline (`[plugins] timeout_ms`).
+        #[serde(default)]
+        timeout_ms: Option<u64>,
     },
 }
 
@@ -420,6 +437,14 @@ pub enum ServerMessage {
     },
     /// The answer to `ListTools` and `ApproveTool`.
     Tools(Vec<ToolInfo>),
+    /// The answer to `RunPlugin`: the plugin's output (JSON text) and what
+    /// the call used and was given.
+    PluginResult {
+        output: String,
+        fuel_used: u64,
+        memory_peak_bytes: u64,
+        attestation: Box<crate::plugin::PluginAttestation>,
+    },
 }
 
 /// Why bytes could not be decoded.
@@ -944,6 +969,63 @@ mod tests {
             d.next_message::<ClientMessage>().unwrap(),
             Some(ClientMessage::Run(RunRequest { argv: vec!["ls".into()], ..Default::default() }))
         );
+    }
+
+    /// The plugin messages, appended in version 5: the older indexes did not
+    /// move, and the JSON reads as docs/protocol.md shows it.
+    #[cfg(feature = "json")]
+    #[test]
+    fn plugin_messages_are_appended_and_read_as_documented() {
+        let call = ClientMessage::RunPlugin {
+            skill: "echo".into(),
+            input: r#"{"q":1}"#.into(),
+            inline_module: None,
+            timeout_ms: Some(500),
+        };
+        assert_eq!(encode(&call, Encoding::Bincode).unwrap()[4], 8);
+        let line = r#"{"run_plugin": {"skill": "echo", "input": "{\"q\":1}", "timeout_ms": 500}}"#;
+        let mut d = Decoder::new(Some(Encoding::Json));
+        d.push(format!("{line}\n").as_bytes());
+        assert_eq!(d.next_message::<ClientMessage>().unwrap(), Some(call));
+        let jail = crate::plugin::PluginHostJail {
+            executor: Executor::LinuxTierC,
+            pid: 1,
+            namespaces: vec![],
+            seccomp_sha256: String::new(),
+            landlock: None,
+            execution_sha256: String::new(),
+            engine: String::new(),
+            address_space_unlimited: true,
+        };
+        let limits = crate::plugin::PluginLimits {
+            fuel_budget: 1,
+            max_memory_bytes: 2,
+            max_table_elements: 3,
+            max_instances: 4,
+            deadline_ms: 5,
+        };
+        let result = ServerMessage::PluginResult {
+            output: "{}".into(),
+            fuel_used: 1,
+            memory_peak_bytes: 65536,
+            attestation: Box::new(crate::plugin::PluginAttestation {
+                skill: "echo".into(),
+                module_sha256: "ab".into(),
+                entry: "palisade_plugin_main".into(),
+                grants: Default::default(),
+                limits,
+                fuel_used: 1,
+                memory_peak_bytes: 65536,
+                host_calls: 0,
+                host_calls_refused: 0,
+                jail,
+                journal: None,
+            }),
+        };
+        let bytes = encode(&result, Encoding::Bincode).unwrap();
+        assert_eq!(bytes[4], 9);
+        let json = String::from_utf8(encode(&result, Encoding::Json).unwrap()).unwrap();
+        assert!(json.starts_with(r#"{"plugin_result":{"output":"{}","fuel_used":1,"#), "{json}");
     }
 
     /// The approval messages, appended in version 3: their bincode indexes

@@ -8,7 +8,7 @@
 
 mod account;
 pub mod addr;
-mod connect;
+pub(crate) mod connect;
 mod dns;
 mod dnswire;
 mod limits;

@@ -103,6 +103,31 @@ pub enum Event {
     },
     /// The run could not be carried out (its error as the client gets it).
     RunFailed { run_id: u64, kind: String, message: String },
+    /// A plugin call came in and was decided (`decision`: `allow`, or
+    /// `deny` with the refusal's kind): before the plugin runs.
+    PluginCalled {
+        call_id: u64,
+        uid: u32,
+        pid: Option<i32>,
+        skill: String,
+        inline: bool,
+        module_sha256: Option<String>,
+        decision: String,
+        kind: Option<String>,
+        reason: Option<String>,
+    },
+    /// A plugin call ended: `outcome` is `ok` or the error's kind.
+    PluginFinished {
+        call_id: u64,
+        skill: String,
+        outcome: String,
+        message: Option<String>,
+        fuel_used: u64,
+        memory_peak_bytes: u64,
+        host_calls: u64,
+        host_calls_refused: u64,
+        wall_ms: u64,
+    },
     /// A torn last line (a writer killed mid-write) was moved into `file`.
     TailSetAside { file: String, bytes: u64, sha256: String },
     /// Retention removed these segments: records `first_seq..=last_seq`, the last hash `last_hash`.

@@ -1,0 +1,213 @@
+//! One plugin call: recorded, decided, run in the plugin-host with its host
+//! functions served, recorded again, attested.
+
+use super::*;
+use crate::journal::{Event, Journal};
+use crate::service::{Peer, journal_refusal};
+use palisade_protocol::plugin::{CallDone, PluginHostJail};
+
+/// What came back of a call that ran.
+struct Ran {
+    done: CallDone,
+    host_calls: u64,
+    host_calls_refused: u64,
+    jail: PluginHostJail,
+}
+
+impl Plugins {
+    /// Runs one call: `plugin_called` is on disk before anything runs, and
+    /// `plugin_finished` before the answer goes out (its seq and hash in
+    /// the attestation); a call that cannot be recorded is refused.
+    pub async fn call(
+        &self,
+        journal: &Journal,
+        peer: &Peer,
+        request: CallRequest,
+    ) -> Result<CallResult, ErrorReply> {
+        let call_id = self.next_call_id();
+        let started = Instant::now();
+        let prepared = self.prepare(&request);
+        let refused = prepared.as_ref().err();
+        journal
+            .append(Event::PluginCalled {
+                call_id,
+                uid: peer.uid,
+                pid: peer.pid,
+                skill: request.skill.clone(),
+                inline: request.inline_module.is_some(),
+                module_sha256: prepared.as_ref().ok().map(|p| p.sha256.clone()),
+                decision: if refused.is_some() { "deny" } else { "allow" }.into(),
+                kind: refused.map(|e| e.kind.name().to_string()),
+                reason: refused.map(|e| e.message.clone()),
+            })
+            .await
+            .map_err(journal_refusal)?;
+        let prepared = prepared?;
+        let limits = self.limits(request.timeout_ms);
+        let ran = self.execute(call_id, &prepared, request.input.as_bytes(), limits).await;
+        let result = ran.and_then(|ran| answer(&prepared, limits, ran));
+        let (outcome, message) = match &result {
+            Ok(_) => ("ok".to_string(), None),
+            Err(e) => (e.kind.name().to_string(), Some(e.message.clone())),
+        };
+        let used = result.as_ref().ok().map(|r| &r.attestation);
+        let receipt = journal
+            .append(Event::PluginFinished {
+                call_id,
+                skill: prepared.skill.clone(),
+                outcome,
+                message,
+                fuel_used: used.map_or(0, |a| a.fuel_used),
+                memory_peak_bytes: used.map_or(0, |a| a.memory_peak_bytes),
+                host_calls: used.map_or(0, |a| a.host_calls),
+                host_calls_refused: used.map_or(0, |a| a.host_calls_refused),
+                wall_ms: started.elapsed().as_millis() as u64,
+            })
+            .await
+            .map_err(journal_refusal)?;
+        let mut result = result?;
+        if journal.enabled() {
+            result.attestation.journal =
+                Some(palisade_protocol::attest::JournalRecord { seq: receipt.seq, hash: receipt.hash });
+        }
+        Ok(result)
+    }
+
+    /// Runs the call in the plugin-host (started if it is not running); a
+    /// host that died or broke the channel is killed and its call failed,
+    /// and the next call starts a new one.
+    async fn execute(
+        &self,
+        id: u64,
+        prepared: &Prepared,
+        input: &[u8],
+        limits: PluginLimits,
+    ) -> Result<Ran, ErrorReply> {
+        let deadline = Instant::now() + Duration::from_millis(limits.deadline_ms);
+        let mut slot = self.host.lock().await;
+        let host = self.running(&mut slot).await?;
+        let jail = host.jail.clone();
+        let exchanged = self.exchange(host, id, prepared, input, limits, deadline).await;
+        let failed = |kind, e: &CallError| refusal(kind, e.to_string(), "plugins.runtime");
+        match exchanged {
+            Ok((done, host_calls, host_calls_refused)) => {
+                Ok(Ran { done, host_calls, host_calls_refused, jail })
+            }
+            Err(e @ CallError::BadModule(_)) => Err(failed(ErrorKind::RuntimeFailure, &e)),
+            Err(e) => {
+                if let Some(dead) = slot.take() {
+                    tracing::warn!(pid = dead.pid, "plugin-host ended: {e}");
+                    dead.kill();
+                }
+                let kind = if matches!(e, CallError::Stuck(_)) {
+                    ErrorKind::QuotaExceeded
+                } else {
+                    ErrorKind::RuntimeFailure
+                };
+                Err(failed(kind, &e))
+            }
+        }
+    }
+
+    /// The call on the channel: compile if needed, `Call`, then serve its
+    /// host functions until `Done`.
+    async fn exchange(
+        &self,
+        host: &mut Running,
+        id: u64,
+        prepared: &Prepared,
+        input: &[u8],
+        limits: PluginLimits,
+        deadline: Instant,
+    ) -> Result<(CallDone, u64, u64), CallError> {
+        let artifact = self.artifact(host, id, prepared).await?;
+        let storage_name = if palisade_policy::plugins::key_name(&prepared.skill) {
+            prepared.skill.as_str()
+        } else {
+            ".inline"
+        };
+        let storage = Storage {
+            dir: self.index.dir.join(storage_name).join("storage"),
+            quota: self.config.storage_quota_bytes,
+        };
+        let egress = egress_plan(&prepared.grants, &self.egress);
+        let ctx = CallContext {
+            skill: &prepared.skill,
+            grants: &prepared.grants,
+            secrets: &self.secrets,
+            storage: &storage,
+            egress: &egress,
+            deadline,
+        };
+        host.send(&ToHost::Call(PluginCall {
+            id,
+            artifact: artifact.to_string_lossy().into_owned(),
+            module_sha256: prepared.sha256.clone(),
+            entry: prepared.entry.clone(),
+            input: input.to_vec(),
+            limits,
+            granted: prepared.grants.host_functions(),
+        }))
+        .await?;
+        let (mut calls, mut refused) = (0, 0);
+        loop {
+            let message = match tokio::time::timeout_at(deadline + DEADLINE_GRACE, host.receive()).await {
+                Ok(m) => m?,
+                Err(_) => return Err(CallError::Stuck(DEADLINE_GRACE)),
+            };
+            match message {
+                FromHost::HostCall { id: call, function, args } => {
+                    calls += 1;
+                    let result = hostfn::serve(&ctx, function, &args).await;
+                    if let Err(e) = &result {
+                        refused += 1;
+                        tracing::info!(skill = %prepared.skill, function = function.name(), kind = %e.kind, "host function refused: {}", e.message);
+                    }
+                    host.send(&ToHost::HostReply { id: call, result }).await?;
+                }
+                FromHost::Done(done) if done.id == id => return Ok((done, calls, refused)),
+                FromHost::Failed { message, .. } => {
+                    return Err(CallError::Host(HostError::Protocol(message)));
+                }
+                other => {
+                    return Err(CallError::Host(HostError::Protocol(format!("{other:?} during a call"))));
+                }
+            }
+        }
+    }
+}
+
+/// The client's answer: the output, or the outcome's error kind.
+fn answer(prepared: &Prepared, limits: PluginLimits, ran: Ran) -> Result<CallResult, ErrorReply> {
+    let Ran { done, host_calls, host_calls_refused, jail } = ran;
+    let output = match done.outcome {
+        CallOutcome::Output(bytes) => String::from_utf8(bytes).map_err(|_| {
+            refusal(ErrorKind::RuntimeFailure, "the plugin's output is not UTF-8", "plugins.output")
+        })?,
+        CallOutcome::QuotaExceeded(what) => {
+            return Err(refusal(ErrorKind::QuotaExceeded, what, "plugins.limit"));
+        }
+        CallOutcome::CapabilityDenied(what) => {
+            return Err(refusal(ErrorKind::CapabilityDenied, what, "plugins.not_granted"));
+        }
+        CallOutcome::Trap(what) => return Err(refusal(ErrorKind::RuntimeFailure, what, "plugins.trap")),
+    };
+    Ok(CallResult {
+        output,
+        fuel_used: done.fuel_used,
+        memory_peak_bytes: done.memory_peak_bytes,
+        attestation: PluginAttestation {
+            skill: prepared.skill.clone(),
+            module_sha256: prepared.sha256.clone(),
+            entry: prepared.entry.clone(),
+            grants: grants_in_force(&prepared.grants),
+            limits,
+            fuel_used: done.fuel_used,
+            memory_peak_bytes: done.memory_peak_bytes,
+            host_calls,
+            host_calls_refused,
+            jail,
+            journal: None,
+        },
+    })
+}

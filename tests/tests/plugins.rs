@@ -1,0 +1,355 @@
+//! Tier A, WebAssembly skill plugins, end to end through palisaded, the
+//! CLI and the plugin-host in its jail (issue 16, point 7). The plugins are
+//! the WAT files of `tests/plugins/`. The tests that run a plugin need
+//! `palisade-plugin-host` next to the other binaries; where it is not
+//! built, they say so and return (the refusals before the host need it not).
+
+use palisade_broker::client::{Client, ClientError};
+use palisade_broker::plugins::index::sha256_hex;
+use palisade_protocol::plugin::PluginAttestation;
+use palisade_protocol::wire::{ClientMessage, ErrorKind, ErrorReply, ServerMessage};
+use palisade_tests::*;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The call's deadline in these tests.
+const TIMEOUT_MS: u64 = 2000;
+/// Fuel enough for echo and the host-function plugins, not for a loop.
+const FUEL: u64 = 5_000_000;
+/// A few pages: the grow plugin reaches it at once.
+const MEMORY: u64 = 4 << 20;
+
+fn plugins_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("plugins")
+}
+
+/// Whether palisade-plugin-host is built next to palisade-helper.
+fn host_built() -> bool {
+    let host = bin("palisade-helper").with_file_name("palisade-plugin-host");
+    if !host.exists() {
+        eprintln!("SKIPPED: {} is not built (the palisade-plugins crate)", host.display());
+    }
+    host.exists()
+}
+
+/// A skills directory, a secrets directory, and the policy naming them.
+struct Skills {
+    dir: TempDir,
+}
+
+impl Skills {
+    fn new() -> Skills {
+        let dir = TempDir::new("skills");
+        std::fs::create_dir_all(dir.join("src")).unwrap();
+        Skills { dir }
+    }
+
+    fn policy(&self, extra: &str) -> String {
+        format!(
+            "[plugins]\nenabled = true\nskills_dir = {:?}\nsecrets_dir = {:?}\ntimeout_ms = {TIMEOUT_MS}\n\
+             fuel_budget = {FUEL}\nmax_memory_bytes = {MEMORY}\n{extra}",
+            self.dir.join("skills"),
+            self.dir.join("secrets"),
+        )
+    }
+
+    fn policy_file(&self, extra: &str) -> PathBuf {
+        let path = self.dir.join("policy.toml");
+        std::fs::write(&path, self.policy(extra)).unwrap();
+        path
+    }
+
+    /// Installs `tests/plugins/<plugin>.wat` as skill `name` with these capabilities, by the CLI.
+    fn install(&self, name: &str, plugin: &str, capabilities: &str) {
+        let module = std::fs::read(plugins_dir().join(format!("{plugin}.wat"))).unwrap();
+        let src = self.dir.join("src");
+        std::fs::write(src.join(format!("{name}.wat")), &module).unwrap();
+        let manifest = src.join(format!("{name}.toml"));
+        std::fs::write(
+            &manifest,
+            format!(
+                "name = {name:?}\nversion = \"1.0.0\"\nmodule = \"{name}.wat\"\nsha256 = {:?}\n[capabilities]\n{capabilities}\n",
+                sha256_hex(&module)
+            ),
+        )
+        .unwrap();
+        let out = self.cli(&["plugin", "install", manifest.to_str().unwrap()], None);
+        assert!(out.status.success(), "install {name}: {}", text(&out.stderr));
+    }
+
+    fn cli(&self, args: &[&str], stdin: Option<&str>) -> std::process::Output {
+        use std::io::Write;
+        let policy = self.policy_file("");
+        let mut cmd = std::process::Command::new(bin("palisade"));
+        cmd.args(args).args(["--policy", policy.to_str().unwrap()]);
+        cmd.env("PALISADE_JOURNAL", self.dir.join("journal"));
+        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+        cmd.stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+        drop(input);
+        child.wait_with_output().unwrap()
+    }
+}
+
+type Called = Result<(String, PluginAttestation), ErrorReply>;
+
+fn call_with(d: &Daemon, skill: &str, input: &str, inline_module: Option<String>) -> Called {
+    let mut client = Client::connect(&d.socket).unwrap();
+    let message = ClientMessage::RunPlugin {
+        skill: skill.into(),
+        input: input.into(),
+        inline_module,
+        timeout_ms: None,
+    };
+    match client.request(&message) {
+        Ok(ServerMessage::PluginResult { output, attestation, .. }) => Ok((output, *attestation)),
+        Ok(other) => panic!("unexpected reply {other:?}"),
+        Err(ClientError::Reply(e)) => Err(e),
+        Err(e) => panic!("{skill}: {e}\n{}", d.log()),
+    }
+}
+
+fn call(d: &Daemon, skill: &str, input: &str) -> Called {
+    call_with(d, skill, input, None)
+}
+
+/// The call failed with `kind`, or its plugin's output says the host function was refused with it.
+fn refused(called: &Called, kind: ErrorKind) -> bool {
+    match called {
+        Err(e) => e.kind == kind,
+        Ok((output, _)) => output.contains(kind.name()),
+    }
+}
+
+fn echo_works(d: &Daemon) {
+    let (output, a) =
+        call(d, "echo", r#"{"hello":"world"}"#).unwrap_or_else(|e| panic!("echo: {e:?}\n{}", d.log()));
+    assert_eq!(output, r#"{"hello":"world"}"#);
+    assert_eq!(a.entry, "palisade_plugin_main");
+}
+
+#[test]
+fn refusals_before_the_plugin_host() {
+    let skills = Skills::new();
+    skills.install("echo", "echo", "");
+    // A module that does not match its manifest is refused at install.
+    let src = skills.dir.join("src");
+    std::fs::write(src.join("bad.wat"), "(module)").unwrap();
+    std::fs::write(
+        src.join("bad.toml"),
+        format!("name = \"bad\"\nversion = \"1\"\nmodule = \"bad.wat\"\nsha256 = {:?}\n", "0".repeat(64)),
+    )
+    .unwrap();
+    let out = skills.cli(&["plugin", "install", src.join("bad.toml").to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("does not match the manifest"), "{}", text(&out.stderr));
+    // An unknown key in a manifest names its line.
+    std::fs::write(src.join("typo.toml"), "name = \"t\"\nversion = \"1\"\nmodul = \"x\"\n").unwrap();
+    let out = skills.cli(&["plugin", "install", src.join("typo.toml").to_str().unwrap()], None);
+    assert!(text(&out.stderr).contains("typo.toml:3:"), "{}", text(&out.stderr));
+    let out = skills.cli(&["plugin", "list", "--json"], None);
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed[0]["name"], "echo");
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+
+    let off = Daemon::start(&skills.policy("").replace("enabled = true", "enabled = false"));
+    let e = call(&off, "echo", "{}").unwrap_err();
+    assert_eq!((e.kind, e.rule.as_deref()), (ErrorKind::PolicyDenied, Some("plugins.disabled")));
+    drop(off);
+    let d = Daemon::start(&skills.policy(""));
+    let e = call_with(&d, "inline", "{}", Some("(module)".into())).unwrap_err();
+    assert_eq!((e.kind, e.rule.as_deref()), (ErrorKind::PolicyDenied, Some("plugins.inline_not_allowed")));
+    assert_eq!(call(&d, "nope", "{}").unwrap_err().kind, ErrorKind::InvalidRequest);
+    // The Python client speaks it too (JSON lines).
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/palisade_client.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .args(["--socket", d.socket.to_str().unwrap(), "--plugin", "nope", "{}"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("InvalidRequest: no skill \"nope\""), "{}", text(&out.stderr));
+    // The module is verified at every load, not only at install.
+    std::fs::write(skills.dir.join("skills/echo/module.wasm"), "(module )").unwrap();
+    let e = call(&d, "echo", "{}").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::RuntimeFailure);
+    assert!(e.message.contains("does not match"), "{}", e.message);
+    let journal = std::fs::read_dir(d.journal())
+        .unwrap()
+        .flatten()
+        .map(|f| std::fs::read_to_string(f.path()).unwrap_or_default())
+        .collect::<String>();
+    // A refused call is recorded as such (a call that runs gets its `plugin_finished` too).
+    let denied = journal
+        .lines()
+        .filter(|l| l.contains("\"plugin_called\"") && l.contains("\"decision\":\"deny\""))
+        .count();
+    assert_eq!(denied, 4, "{}", journal.trim_end());
+}
+
+/// A daemon with every test skill installed, and an origin on loopback.
+fn setup() -> (Skills, Daemon, Origin, std::net::TcpListener) {
+    let skills = Skills::new();
+    for (name, plugin, capabilities) in [
+        ("echo", "echo", "log = true"),
+        ("loop", "loop", ""),
+        ("grow", "grow", ""),
+        ("trap", "trap", ""),
+        ("secret", "secret", "secrets = [\"granted_key\", \"other_key\"]"),
+        ("fetch", "fetch", "http_hosts = [\"origin.test\", \"denied.test\"]"),
+        ("sleep", "sleep", "http_hosts = [\"origin.test\"]"),
+        ("storage", "storage", "storage_prefixes = [\"notes/\", \"cache/\"]"),
+        ("malformed", "malformed", ""),
+    ] {
+        skills.install(name, plugin, capabilities);
+    }
+    for (key, value) in [("granted_key", "sesame"), ("other_key", "never-seen")] {
+        let out = skills.cli(&["plugin", "secret", "set", key], Some(value));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let origin = Origin::start("127.0.0.1", 0).unwrap();
+    // Accepts and never answers: a host call that outlives the call's deadline.
+    let (stall, _) = loopback_listener();
+    let stall_port = stall.local_addr().unwrap().port();
+    let d = Daemon::start(&skills.policy(&format!(
+        "allow_inline_modules = true\nallow_http_hosts = [\"origin.test\"]\nallow_secrets = [\"granted_key\"]\n\
+         allow_storage_prefixes = [\"notes/\"]\n\
+         [egress]\nports = [{}, {stall_port}]\nallow_addresses = [\"127.0.0.1\"]\n\
+         hosts = {{ \"origin.test\" = \"127.0.0.1\", \"denied.test\" = \"127.0.0.1\" }}\n",
+        origin.port()
+    )));
+    (skills, d, origin, stall)
+}
+
+#[test]
+fn limits_end_a_call_and_the_next_call_works() {
+    if !host_built() {
+        return;
+    }
+    let (_skills, d, _origin, stall) = setup();
+    echo_works(&d);
+    let e = call(&d, "loop", "{}").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::QuotaExceeded, "loop: {e:?}");
+    echo_works(&d);
+    let e = call(&d, "grow", "{}").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::QuotaExceeded, "grow: {e:?}");
+    echo_works(&d);
+    let e = call(&d, "trap", "{}").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::RuntimeFailure, "trap: {e:?}");
+    echo_works(&d);
+    let e = call(&d, "malformed", "{}").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::RuntimeFailure, "malformed: {e:?}");
+    echo_works(&d);
+    let garbage = call_with(&d, "inline", "{}", Some("bm90IGEgbW9kdWxl".into())).unwrap_err();
+    assert_eq!(garbage.kind, ErrorKind::RuntimeFailure, "inline garbage: {garbage:?}");
+    echo_works(&d);
+    // A host call past the deadline: the broker answers it TimedOut, and
+    // the call ends within its deadline and the grace.
+    let url = format!("http://origin.test:{}/never", stall.local_addr().unwrap().port());
+    let started = Instant::now();
+    let slept = call(&d, "sleep", &serde_json::json!({ "url": url }).to_string());
+    assert!(
+        refused(&slept, ErrorKind::TimedOut) || refused(&slept, ErrorKind::QuotaExceeded),
+        "sleep: {slept:?}"
+    );
+    assert!(started.elapsed() < Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(3));
+    echo_works(&d);
+}
+
+#[test]
+fn grants_decide_secrets_fetches_and_storage() {
+    if !host_built() {
+        return;
+    }
+    let (_skills, d, origin, _stall) = setup();
+    let (output, a) = call(&d, "secret", r#"{"key":"granted_key"}"#).unwrap();
+    assert!(output.contains("sesame"), "{output}");
+    assert_eq!(a.grants.secrets, ["granted_key"]);
+    // Requested by the manifest, not allowed by the policy.
+    let other = call(&d, "secret", r#"{"key":"other_key"}"#);
+    assert!(refused(&other, ErrorKind::CapabilityDenied), "{other:?}");
+    assert!(!format!("{other:?}").contains("never-seen"));
+    echo_works(&d);
+
+    let url = |host: &str| format!("http://{host}:{}/from-plugin", origin.port());
+    let fetched =
+        call(&d, "fetch", &serde_json::json!({ "url": url("origin.test"), "method": "GET" }).to_string());
+    let (output, a) = fetched.unwrap();
+    assert!(output.contains("origin saw GET /from-plugin"), "{output}");
+    assert_eq!(a.grants.http_hosts, ["origin.test"]);
+    let before = origin.accepted();
+    let denied = call(&d, "fetch", &serde_json::json!({ "url": url("denied.test") }).to_string());
+    assert!(refused(&denied, ErrorKind::CapabilityDenied), "{denied:?}");
+    let https = call(&d, "fetch", r#"{"url":"https://origin.test/"}"#);
+    assert!(format!("{https:?}").contains("https is not supported"), "{https:?}");
+    assert_eq!(origin.accepted(), before, "a refused fetch reached the origin");
+    echo_works(&d);
+
+    let (output, _) = call(&d, "storage", r#"{"key":"notes/a","value":"kept"}"#).unwrap();
+    assert!(output.contains("kept"), "{output}");
+    let outside = call(&d, "storage", r#"{"key":"cache/a","value":"no"}"#);
+    assert!(refused(&outside, ErrorKind::CapabilityDenied), "{outside:?}");
+    echo_works(&d);
+}
+
+/// The plugin-host's pid, found by its name under the daemon.
+fn plugin_host_pid() -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        (comm.trim() == "palisade-plugin").then_some(pid)
+    })
+}
+
+fn ns(pid: u32, name: &str) -> PathBuf {
+    std::fs::read_link(format!("/proc/{pid}/ns/{name}")).unwrap()
+}
+
+#[test]
+fn the_plugin_host_is_jailed() {
+    if !host_built() {
+        return;
+    }
+    let (_skills, d, _origin, _stall) = setup();
+    let (_, a) = call(&d, "echo", "{}").unwrap();
+    assert_eq!(a.jail.namespaces.len(), 7, "{:?}", a.jail.namespaces);
+    assert!(a.jail.address_space_unlimited);
+    assert!(!a.jail.engine.is_empty() && a.jail.seccomp_sha256.len() == 64);
+    let pid = plugin_host_pid().expect("the plugin-host runs");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+    assert!(status.contains("Seccomp:\t2"), "{status}");
+    let daemon = d.child.id();
+    for name in ["user", "mnt", "pid", "net", "ipc", "uts"] {
+        assert_ne!(ns(pid, name), ns(daemon, name), "{name} namespace shared with the broker");
+    }
+}
+
+#[test]
+fn killing_the_plugin_host_mid_call_fails_that_call_and_the_next_works() {
+    if !host_built() {
+        return;
+    }
+    let skills = Skills::new();
+    skills.install("echo", "echo", "");
+    skills.install("loop", "loop", "");
+    // Fuel and time for the loop to run while the host is killed.
+    let policy = skills.policy("").replace(&format!("fuel_budget = {FUEL}"), "fuel_budget = 100000000000");
+    let policy = policy.replace(&format!("timeout_ms = {TIMEOUT_MS}"), "timeout_ms = 20000");
+    let d = std::sync::Arc::new(Daemon::start(&policy));
+    echo_works(&d);
+    let first = plugin_host_pid().expect("the plugin-host runs");
+    let looping = {
+        let d = d.clone();
+        std::thread::spawn(move || call(&d, "loop", "{}"))
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(first as i32), nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    let e = looping.join().unwrap().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::RuntimeFailure, "{e:?}");
+    echo_works(&d);
+    assert_ne!(plugin_host_pid(), Some(first), "the next call has a new plugin-host");
+}
