@@ -1,5 +1,6 @@
 ;; storage: entry `palisade_plugin_main` calls `storage_put` (input
-;; {"key","value"}), entry `get` calls `storage_get` (input {"key"}); each
+;; {"key","value"}) and then `storage_get` with the same input (the value
+;; read back), entry `get` calls `storage_get` (input {"key"}); each
 ;; returns {"ok":REPLY} or {"error":{"kind","message"}}.
 (module
   (import "palisade" "storage_put" (func $put (param i32 i32) (result i64)))
@@ -40,7 +41,11 @@
     (memory.copy (i32.add (local.get $out) (local.get $prelen)) (local.get $ptr) (local.get $len))
     (i32.store8 (i32.sub (i32.add (local.get $out) (local.get $total)) (i32.const 1)) (i32.const 125))
     (i64.or (i64.shl (i64.extend_i32_u (local.get $out)) (i64.const 32)) (i64.extend_i32_u (local.get $total))))
+  ;; put, then (when it worked) get with the same input: the value read back.
   (func (export "palisade_plugin_main") (param $ptr i32) (param $len i32) (result i64)
-    (call $wrap (call $put (local.get $ptr) (local.get $len))))
+    (local $r i64)
+    (local.set $r (call $put (local.get $ptr) (local.get $len)))
+    (if (i64.lt_s (local.get $r) (i64.const 0)) (then (return (call $wrap (local.get $r)))))
+    (call $wrap (call $get (local.get $ptr) (local.get $len))))
   (func (export "get") (param $ptr i32) (param $len i32) (result i64)
     (call $wrap (call $get (local.get $ptr) (local.get $len)))))
