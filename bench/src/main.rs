@@ -20,7 +20,9 @@
 //! - egress: a download from a loopback origin through strict egress (the
 //!   broker's proxy, and its transparent path), against the same download
 //!   without a sandbox.
-//! - `--only latency,throughput,output,memory,precision,egress`: some sections only;
+//! - plugins: a call to a trivial plugin through the socket, and its part
+//!   inside the plugin-host, against a Tier C launch of `/bin/true`.
+//! - `--only latency,throughput,output,memory,precision,egress,plugins`: some sections only;
 //! - `--breakdown`: where the helper's time goes, by removing one mechanism
 //!   at a time from its plan;
 //! - `--loop LAUNCHER N [--clients K]`: N launches of `/bin/true` (by K
@@ -31,6 +33,7 @@
 //! `bench/run.sh` does): a dynamically linked helper and CLI start slower.
 
 mod egress;
+mod plugins;
 
 use palisade_broker::client::Client;
 use palisade_broker::etc_view::{EtcView, Snapshot};
@@ -885,7 +888,7 @@ fn main() {
     for n in &notes {
         report.push_str(&format!("Note: {n}\n\n"));
     }
-    // `--only latency,throughput,output,memory,precision,egress`: some sections only.
+    // `--only latency,throughput,output,memory,precision,egress,plugins`: some sections only.
     let only: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--only")
@@ -922,6 +925,9 @@ fn main() {
             if opts.quick { 8 << 20 } else { 100 << 20 },
             if opts.quick { 1 } else { 5 },
         ));
+    }
+    if wanted("plugins") {
+        sections.push(plugins::calls(&dir, &ws, &d, if opts.quick { 5 } else { 500 }));
     }
     if wanted("precision") {
         sections.push(precision(&d, &ws, if opts.quick { 1 } else { 5 }));

@@ -198,6 +198,8 @@ fn embedded(mut config: Config, message: ClientMessage) -> Result<ServerMessage,
         output: r.output,
         fuel_used: r.fuel_used,
         memory_peak_bytes: r.memory_peak_bytes,
+        instantiate_us: r.instantiate_us,
+        call_us: r.call_us,
         attestation: Box::new(r.attestation),
     })
 }

@@ -443,6 +443,10 @@ pub enum ServerMessage {
         output: String,
         fuel_used: u64,
         memory_peak_bytes: u64,
+        /// Microseconds inside the plugin-host: instantiating the module,
+        /// and running its entry point (host function calls included).
+        instantiate_us: u64,
+        call_us: u64,
         attestation: Box<crate::plugin::PluginAttestation>,
     },
 }
@@ -1008,6 +1012,8 @@ mod tests {
             output: "{}".into(),
             fuel_used: 1,
             memory_peak_bytes: 65536,
+            instantiate_us: 3,
+            call_us: 2,
             attestation: Box::new(crate::plugin::PluginAttestation {
                 skill: "echo".into(),
                 module_sha256: "ab".into(),

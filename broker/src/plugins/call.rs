@@ -196,6 +196,8 @@ fn answer(prepared: &Prepared, limits: PluginLimits, ran: Ran) -> Result<CallRes
         output,
         fuel_used: done.fuel_used,
         memory_peak_bytes: done.memory_peak_bytes,
+        instantiate_us: done.instantiate_us,
+        call_us: done.call_us,
         attestation: PluginAttestation {
             skill: prepared.skill.clone(),
             module_sha256: prepared.sha256.clone(),

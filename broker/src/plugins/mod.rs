@@ -52,6 +52,9 @@ pub struct CallResult {
     pub output: String,
     pub fuel_used: u64,
     pub memory_peak_bytes: u64,
+    /// Inside the plugin-host, microseconds.
+    pub instantiate_us: u64,
+    pub call_us: u64,
     pub attestation: PluginAttestation,
 }
 
