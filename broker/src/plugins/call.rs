@@ -28,18 +28,23 @@ impl Plugins {
         let started = Instant::now();
         let prepared = self.prepare(&request);
         let refused = prepared.as_ref().err();
+        // Like a run's first records: written now, synced with the call's
+        // last record (a refusal is the last: synced before the answer).
         journal
-            .append(Event::PluginCalled {
-                call_id,
-                uid: peer.uid,
-                pid: peer.pid,
-                skill: request.skill.clone(),
-                inline: request.inline_module.is_some(),
-                module_sha256: prepared.as_ref().ok().map(|p| p.sha256.clone()),
-                decision: if refused.is_some() { "deny" } else { "allow" }.into(),
-                kind: refused.map(|e| e.kind.name().to_string()),
-                reason: refused.map(|e| e.message.clone()),
-            })
+            .append_all(
+                vec![Event::PluginCalled {
+                    call_id,
+                    uid: peer.uid,
+                    pid: peer.pid,
+                    skill: request.skill.clone(),
+                    inline: request.inline_module.is_some(),
+                    module_sha256: prepared.as_ref().ok().map(|p| p.sha256.clone()),
+                    decision: if refused.is_some() { "deny" } else { "allow" }.into(),
+                    kind: refused.map(|e| e.kind.name().to_string()),
+                    reason: refused.map(|e| e.message.clone()),
+                }],
+                refused.is_some(),
+            )
             .await
             .map_err(journal_refusal)?;
         let prepared = prepared?;
