@@ -26,7 +26,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
 fi
 
-bash scripts/build-release.sh -p palisade-bench
+# The plugin-host too: the plugins section calls it.
+bash scripts/build-release.sh -p palisade-bench -p palisade-plugins
 target/release/palisade-bench "$@"
 
 case " $* " in *" --quick "*) exit 0 ;; esac
