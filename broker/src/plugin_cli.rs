@@ -194,14 +194,7 @@ fn embedded(mut config: Config, message: ClientMessage) -> Result<ServerMessage,
     let request = crate::plugins::CallRequest { skill, input, inline_module, timeout_ms };
     let result = runtime.block_on(broker.plugins.call(&broker.journal, &peer, request));
     runtime.shutdown_background();
-    result.map(|r| ServerMessage::PluginResult {
-        output: r.output,
-        fuel_used: r.fuel_used,
-        memory_peak_bytes: r.memory_peak_bytes,
-        instantiate_us: r.instantiate_us,
-        call_us: r.call_us,
-        attestation: Box::new(r.attestation),
-    })
+    result.map(ServerMessage::from)
 }
 
 fn render(reply: Result<ServerMessage, ErrorReply>, json: bool) -> i32 {

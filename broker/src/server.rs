@@ -416,17 +416,9 @@ impl Server {
             }
             ClientMessage::RunPlugin { skill, input, inline_module, timeout_ms } => {
                 let request = crate::plugins::CallRequest { skill, input, inline_module, timeout_ms };
-                let r = match b.plugins.call(&b.journal, peer, request).await {
-                    Ok(r) => r,
-                    Err(e) => return Ok(ServerMessage::Error(e)),
-                };
-                Ok(ServerMessage::PluginResult {
-                    output: r.output,
-                    fuel_used: r.fuel_used,
-                    memory_peak_bytes: r.memory_peak_bytes,
-                    instantiate_us: r.instantiate_us,
-                    call_us: r.call_us,
-                    attestation: Box::new(r.attestation),
+                Ok(match b.plugins.call(&b.journal, peer, request).await {
+                    Ok(r) => r.into(),
+                    Err(e) => ServerMessage::Error(e),
                 })
             }
             other => Err(BrokerError::Protocol(format!("unexpected message {other:?}"))),

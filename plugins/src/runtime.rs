@@ -162,10 +162,11 @@ impl Runtime {
             path: call.artifact.clone(),
             message: format!("{e:#}"),
         };
-        // SAFETY: the artifact is a file of the broker's module cache, written
-        // by the broker from this engine's own `Compiled` answer and mounted
-        // read-only into this process's jail; nothing this process runs can
-        // change it, and a file of another engine is refused by wasmtime's header check.
+        // The artifact is a file of the broker's module cache, written by the
+        // broker from this engine's own `Compiled` answer and mounted
+        // read-only into this process's jail; a file of another engine is
+        // refused by wasmtime's header check.
+        // SAFETY: relies on that file being this engine's own output, which nothing this process runs can change.
         let module = unsafe { Module::deserialize_file(&self.engine, &call.artifact) }.map_err(failed)?;
         let pre = self.linker.instantiate_pre(&module).map_err(failed)?;
         if self.modules.len() >= MODULE_CACHE_MAX {

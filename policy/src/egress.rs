@@ -437,6 +437,21 @@ pub fn allowed(host: &str, allow: &[String]) -> bool {
     })
 }
 
+/// Whether `name`, an exact name or a `*.suffix` pattern, lies within the
+/// allow-list: an exact name wherever [`allowed`] admits it; `*.x` within
+/// `*.x`, or within `*.y` when `x` lies below `y`. What a request or a
+/// manifest may ask of what a profile or policy grants.
+pub fn within(name: &str, allow: &[String]) -> bool {
+    let name = clean(name);
+    match name.strip_prefix("*.") {
+        None => !name.is_empty() && allowed(&name, allow),
+        Some("") => false,
+        Some(x) => allow.iter().any(|entry| {
+            clean(entry).strip_prefix("*.").is_some_and(|y| x == y || x.ends_with(&format!(".{y}")))
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -196,7 +196,7 @@ pub fn narrow(network: &NetworkCapability, asked: Option<&[String]>) -> Result<N
     let mut out = Vec::new();
     for name in asked {
         let name = host_name(name);
-        if !granted.iter().any(|g| within(&name, &host_name(g))) {
+        if !crate::egress::within(&name, granted) {
             return Err(Denial::new(
                 ErrorKind::CapabilityDenied,
                 "egress.domain_not_granted",
@@ -208,20 +208,4 @@ pub fn narrow(network: &NetworkCapability, asked: Option<&[String]>) -> Result<N
         }
     }
     Ok(NetworkCapability::AllowDomains(out))
-}
-
-/// Whether the request's `name` lies within the granted `entry` (both lower
-/// case): an exact name within an equal one or a `*.suffix` that matches
-/// it; `*.x` within `*.x`, or within `*.y` when `x` lies below `y`.
-fn within(name: &str, entry: &str) -> bool {
-    if name.is_empty() || name == "*." {
-        return false;
-    }
-    match name.strip_prefix("*.") {
-        None => crate::egress::allowed(name, std::slice::from_ref(&entry.to_string())),
-        Some(x) => match entry.strip_prefix("*.") {
-            Some(y) => x == y || x.ends_with(&format!(".{y}")),
-            None => false,
-        },
-    }
 }

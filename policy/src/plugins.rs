@@ -149,15 +149,7 @@ impl Grants {
     /// policy's; a secret the policy names; a storage prefix that starts
     /// with one of the policy's. `log` is harmless (bounded by the broker).
     pub fn of(requested: &Requested, policy: &PluginsConfig) -> Grants {
-        let host_ok = |h: &String| match h.strip_prefix("*.") {
-            None => crate::egress::allowed(h, &policy.allow_http_hosts),
-            Some(suffix) => policy.allow_http_hosts.iter().any(|p| {
-                p.strip_prefix("*.").is_some_and(|ps| {
-                    let (s, ps) = (suffix.to_ascii_lowercase(), ps.to_ascii_lowercase());
-                    s == ps || s.ends_with(&format!(".{ps}"))
-                })
-            }),
-        };
+        let host_ok = |h: &String| crate::egress::within(h, &policy.allow_http_hosts);
         Grants {
             http_hosts: requested.http_hosts.iter().filter(|h| host_ok(h)).cloned().collect(),
             secrets: requested.secrets.iter().filter(|k| policy.allow_secrets.contains(k)).cloned().collect(),

@@ -58,6 +58,19 @@ pub struct CallResult {
     pub attestation: PluginAttestation,
 }
 
+impl From<CallResult> for palisade_protocol::wire::ServerMessage {
+    fn from(r: CallResult) -> Self {
+        palisade_protocol::wire::ServerMessage::PluginResult {
+            output: r.output,
+            fuel_used: r.fuel_used,
+            memory_peak_bytes: r.memory_peak_bytes,
+            instantiate_us: r.instantiate_us,
+            call_us: r.call_us,
+            attestation: Box::new(r.attestation),
+        }
+    }
+}
+
 /// The module a call runs, verified, and what it may use.
 struct Prepared {
     skill: String,
