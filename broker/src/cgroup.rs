@@ -513,6 +513,15 @@ impl RunCgroup {
         Ok(Some(OwnedFd::from(file)))
     }
 
+    /// `run-...`, under the broker's cgroup root.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn is_v1(&self) -> bool {
+        self.v1
+    }
+
     pub fn display(&self) -> String {
         self.dir.as_ref().map_or_else(|| self.cg.path().to_string(), |d| d.display().to_string())
     }

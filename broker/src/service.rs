@@ -155,7 +155,13 @@ impl Broker {
         let approvers =
             Approvers::new(config.approvers.clone(), uid).with_cedar(config.policy.cedar_policies.clone());
         let etc = config.broker.etc_snapshot.then(|| etc_view(&context.temp_root)).flatten();
-        let plugins = crate::plugins::Plugins::new(&config, spawner.clone(), &helper, context.parent_pid)?;
+        let plugins = crate::plugins::Plugins::new(
+            &config,
+            spawner.clone(),
+            &helper,
+            context.parent_pid,
+            cgroups.clone(),
+        )?;
         Ok(Broker {
             plugins: Arc::new(plugins),
             engine: Engine::new(spawner, helper, config.broker.prespawn),

@@ -63,6 +63,9 @@ pub struct PluginsConfig {
     pub storage_quota_bytes: u64,
     /// palisade-plugin-host; default: next to palisade-helper.
     pub host: Option<PathBuf>,
+    /// The plugin-host's cgroup memory limit, where the broker has cgroups:
+    /// its engine, a module's compilation, and the call running.
+    pub host_memory_bytes: u64,
     /// Hosts `http_fetch` may reach at most: exact names or `*.suffix`.
     pub allow_http_hosts: Vec<String>,
     /// Secret keys `secret_get` may read at most.
@@ -83,6 +86,9 @@ pub const DEFAULT_PLUGIN_INSTANCES: u32 = 1;
 pub const DEFAULT_PLUGIN_TIMEOUT_MS: u64 = 5_000;
 /// Enough for a skill's settings and cache keys, not a data store.
 pub const DEFAULT_PLUGIN_STORAGE_QUOTA: u64 = 1 << 20;
+/// The host's engine and a call (16 MiB resident when idle, a call's
+/// memory up to its 64 MiB slot) with room for compiling a large module.
+pub const DEFAULT_PLUGIN_HOST_MEMORY: u64 = 512 << 20;
 
 impl Default for PluginsConfig {
     fn default() -> Self {
@@ -98,6 +104,7 @@ impl Default for PluginsConfig {
             secrets_dir: None,
             storage_quota_bytes: DEFAULT_PLUGIN_STORAGE_QUOTA,
             host: None,
+            host_memory_bytes: DEFAULT_PLUGIN_HOST_MEMORY,
             allow_http_hosts: vec![],
             allow_secrets: vec![],
             allow_storage_prefixes: vec![],
@@ -121,6 +128,9 @@ impl PluginsConfig {
                  max_memory_bytes at least 65536 (one page)"
                     .into(),
             ));
+        }
+        if self.host_memory_bytes < self.max_memory_bytes {
+            return Err((0, "plugins.host_memory_bytes must be at least max_memory_bytes".into()));
         }
         for (key, path) in
             [("skills_dir", &self.skills_dir), ("secrets_dir", &self.secrets_dir), ("host", &self.host)]
@@ -987,6 +997,10 @@ mod tests {
                 "p.toml:1:1: egress.max_connections, max_bytes and idle_timeout_secs must be at least 1",
             ),
             ("[egress]\ntransparent = \"yes\"\n", "p.toml:2:15: invalid type"),
+            (
+                "[plugins]\nhost_memory_bytes = 65536\n",
+                "p.toml:1:1: plugins.host_memory_bytes must be at least max_memory_bytes",
+            ),
         ] {
             let err = parse(text).unwrap_err();
             assert!(err.starts_with(want), "{text}: {err}");

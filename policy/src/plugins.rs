@@ -191,7 +191,7 @@ impl Grants {
 
 /// The plugin-host's own processes: the host and the threads of its
 /// engine (the epoch ticker, wasmtime's), counted per uid by RLIMIT_NPROC.
-const PLUGIN_HOST_PROCESSES: u64 = 64;
+pub const PLUGIN_HOST_PROCESSES: u64 = 64;
 /// Descriptors: the channel, the module cache's files, the engine's.
 const PLUGIN_HOST_OPEN_FILES: u64 = 256;
 /// The host writes no file: /tmp and /dev/shm stay a page or so.
@@ -211,6 +211,9 @@ pub struct PluginHostJail<'a> {
     pub parent_pid: u32,
     /// A root broker: the unprivileged host ids the plugin-host runs as.
     pub host_ids: Option<HostIds>,
+    /// cgroup v2: the host's own cgroup, which the helper joins through fd 5
+    /// (v1: the broker places the helper; none: rlimits alone).
+    pub cgroup: Option<String>,
 }
 
 /// The plugin-host's jail: Tier C with every namespace (no network at all:
@@ -252,7 +255,7 @@ pub fn plugin_host_plan(jail: &PluginHostJail<'_>) -> Result<JailPlan, BuildErro
         host_ids: jail.host_ids,
         acting_for: jail.host_ids.map(|_| HostIds { uid: jail.uid, gid: jail.gid }),
         parent_pid: jail.parent_pid,
-        cgroup: None,
+        cgroup: jail.cgroup.clone(),
         no_fork: true,
         temp_workspace: None,
         write_bound: None,
@@ -355,6 +358,7 @@ mod tests {
             gid: 1000,
             parent_pid: 1,
             host_ids: None,
+            cgroup: None,
         })
         .unwrap();
         assert_eq!(plan.namespaces, palisade_protocol::Namespaces::ALL);

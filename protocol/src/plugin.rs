@@ -189,6 +189,18 @@ pub struct PluginHostJail {
     /// RLIMIT_AS is unlimited in this jail: the pooling allocator reserves
     /// address space it does not use; memory is bounded per call instead.
     pub address_space_unlimited: bool,
+    /// The host's own cgroup, where the broker has cgroups.
+    pub cgroup: Option<PluginHostCgroup>,
+}
+
+/// The plugin-host's cgroup and its limits: every process of the host, its
+/// engine and the call running, together.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct PluginHostCgroup {
+    pub name: String,
+    pub v1: bool,
+    pub memory_bytes: u64,
+    pub processes: u64,
 }
 
 fn config() -> impl bincode::config::Config {

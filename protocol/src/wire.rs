@@ -24,8 +24,9 @@ pub const MAGIC: &str = "palisade";
 /// attestation is typed; 3: `JournalUnavailable`, the attestation's
 /// journal record, approvals by id, approvers and trust stages; 4: strict
 /// egress, the run request's `allow_domains` and the attestation's egress
-/// traffic; 5: WebAssembly skill plugins, `RunPlugin` and `PluginResult`).
-pub const PROTOCOL_VERSION: u32 = 5;
+/// traffic; 5: WebAssembly skill plugins, `RunPlugin` and `PluginResult`; 6: the
+/// plugin-host's cgroup in a plugin result's attestation).
+pub const PROTOCOL_VERSION: u32 = 6;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
 
@@ -1000,6 +1001,12 @@ mod tests {
             execution_sha256: String::new(),
             engine: String::new(),
             address_space_unlimited: true,
+            cgroup: Some(crate::plugin::PluginHostCgroup {
+                name: "run-1-2-plugin-host-1".into(),
+                v1: false,
+                memory_bytes: 512 << 20,
+                processes: 64,
+            }),
         };
         let limits = crate::plugin::PluginLimits {
             fuel_budget: 1,

@@ -20,18 +20,28 @@ fn boot(extra: &[&str], args: &[&str]) -> (bool, String) {
             "{tool} is missing: apt-get install qemu-system-x86 busybox-static cpio (.ci/run does)"
         );
     }
-    let vmcheck = bin("vmcheck");
-    let dir = vmcheck.parent().unwrap().to_path_buf();
+    let dir = bin("vmcheck").parent().unwrap().to_path_buf();
     let cache = dir.join("vmcache");
     let mut cmd = Command::new("bash");
     cmd.arg(&script).args(["--timeout", "900", "--mem", "2G", "--smp", "2"]).args(extra);
-    for b in ["palisaded", "palisade", "palisade-helper", "probe"] {
-        cmd.arg("--add").arg(format!("{}:/vmtest/{b}", bin(b).display()));
+    for b in ["palisaded", "palisade", "palisade-helper", "palisade-plugin-host", "probe"] {
+        cmd.arg("--add").arg(format!("{}:/vmtest/{b}", stripped(b).display()));
     }
-    cmd.arg(&vmcheck).args(args).env("VMCACHE", &cache);
+    cmd.arg(stripped("vmcheck")).args(args).env("VMCACHE", &cache);
     let out = cmd.output().expect("run-in-vm.sh");
     let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
+}
+
+/// `name` without its debug information: the guest unpacks its files into
+/// memory, and a debug build's binaries are hundreds of MiB.
+fn stripped(name: &str) -> PathBuf {
+    let dir = bin("vmcheck").parent().unwrap().join("vmcache/stripped");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(name);
+    let o = Command::new("strip").arg("--strip-debug").arg("-o").arg(&out).arg(bin(name)).output().unwrap();
+    assert!(o.status.success(), "strip {name}: {o:?}");
+    out
 }
 
 #[test]
@@ -48,6 +58,8 @@ fn cgroup_limits_hold_in_a_pure_cgroup_v2_guest() {
             "200 runs",
             "landlock abi 2",
             "shutdown",
+            "plugin-host cgroup",
+            "plugin-host memory limit",
         ] {
             assert!(
                 text.contains(&format!("vmcheck PASS [{who}] {check}:")),
@@ -70,7 +82,7 @@ fn vmcheck_refuses_to_run_outside_the_guest() {
 #[test]
 fn cgroup_v1_is_used_under_a_configured_root() {
     let (ok, text) = boot(&["--keep-v1", "--controllers", "", "--as", "root"], &["--v1"]);
-    for check in ["v1 memory bomb", "v1 fork bomb", "v1 runs removed"] {
+    for check in ["v1 memory bomb", "v1 fork bomb", "v1 plugin-host cgroup", "v1 runs removed"] {
         assert!(text.contains(&format!("vmcheck PASS [root] {check}:")), "{check} did not pass:\n{text}");
     }
     assert!(ok, "{text}");

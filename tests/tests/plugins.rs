@@ -127,6 +127,9 @@ fn echo_works(d: &Daemon) {
         call(d, "echo", r#"{"hello":"world"}"#).unwrap_or_else(|e| panic!("echo: {e:?}\n{}", d.log()));
     assert_eq!(output, r#"{"hello":"world"}"#);
     assert_eq!(a.entry, "palisade_plugin_main");
+    // This host's cgroups are its process manager's: the host has none of
+    // its own, and the attestation says so (tests/vm checks the other case).
+    assert_eq!(a.jail.cgroup, None);
 }
 
 #[test]

@@ -3,10 +3,11 @@
 //! channel (`palisade_protocol::plugin`). Long-lived, started at the first
 //! call, restarted after it dies; one call at a time.
 
+use crate::cgroup::RunCgroup;
 use crate::helper::{HelperCommand, Io, pidfd_kill};
 use crate::spawn_thread::Spawner;
 use palisade_protocol::plugin::{
-    FromHost, PLUGIN_FRAME_MAX, PluginHostJail, ToHost, decode_body, encode_frame,
+    FromHost, PLUGIN_FRAME_MAX, PluginHostCgroup, PluginHostJail, ToHost, decode_body, encode_frame,
 };
 use palisade_protocol::{HelperRecord, JailPlan};
 use std::os::fd::OwnedFd;
@@ -38,6 +39,8 @@ pub struct Running {
     /// The engine's configuration digest, from `Ready`.
     pub engine: String,
     pub jail: PluginHostJail,
+    /// Its own cgroup, removed when it ends.
+    cgroup: Option<RunCgroup>,
 }
 
 impl Running {
@@ -74,29 +77,39 @@ impl Running {
     }
 
     /// Ends the plugin-host (SIGKILL to the helper: pid 1 of its namespace
-    /// goes, and everything in it) and reaps it off the runtime's threads.
-    pub fn kill(self) {
+    /// goes, and everything in it), reaps it and removes its cgroup off the
+    /// runtime's threads.
+    pub fn kill(mut self) {
         let _ = pidfd_kill(&self.pidfd, libc::SIGKILL);
         let pid = self.pid;
+        let cgroup = self.cgroup.take();
         tokio::task::spawn_blocking(move || {
             // SAFETY: waitpid on our own child; no memory is passed.
             unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0) };
+            if let Some(c) = cgroup {
+                c.remove();
+            }
         });
     }
 }
 
-/// Starts a plugin-host in the jail of `plan` and waits for its `Ready`.
+/// Starts a plugin-host in the jail of `plan` (in `cgroup`, when there is
+/// one) and waits for its `Ready`.
 pub async fn start(
     spawner: &Spawner,
     helper: PathBuf,
     plan: &JailPlan,
     descriptors: Vec<OwnedFd>,
+    cgroup: Option<(RunCgroup, PluginHostCgroup)>,
 ) -> Result<Running, HostError> {
+    let (cgroup, reported) = cgroup.unzip();
     let encoded = palisade_protocol::plan::encode_plan(plan).map_err(|e| HostError::Start(e.to_string()))?;
+    let cgroup_dir = cgroup.as_ref().map(RunCgroup::open_dir).transpose();
+    let cgroup_dir = cgroup_dir.map_err(|e| HostError::Start(format!("its cgroup: {e}")))?.flatten();
     let mut child = spawner
         .spawn(HelperCommand {
             helper: helper.clone(),
-            cgroup_dir: None,
+            cgroup_dir,
             stdin: Io::Piped,
             stdout: Io::Piped,
             stderr: Io::Piped,
@@ -121,9 +134,14 @@ pub async fn start(
         stdin: pipe::Sender::from_owned_fd(OwnedFd::from(stdin)).map_err(wrap)?,
         stdout: pipe::Receiver::from_owned_fd(OwnedFd::from(stdout)).map_err(wrap)?,
         engine: String::new(),
-        jail: jail_of(plan, pid),
+        jail: jail_of(plan, pid, reported),
+        cgroup,
     };
-    if let Err(e) = crate::helper::send_plan(channel, &encoded, &fds) {
+    // cgroup v1: placed by the broker before the helper has its plan.
+    let placed = running.cgroup.as_ref().map_or(Ok(()), |c| c.place(pid)).map_err(|e| e.to_string());
+    if let Err(e) =
+        placed.and_then(|()| crate::helper::send_plan(channel, &encoded, &fds).map_err(|e| e.to_string()))
+    {
         running.kill();
         return Err(HostError::Start(format!("handing over the plan: {e}")));
     }
@@ -171,7 +189,7 @@ fn log_stderr(stderr: pipe::Receiver, pid: u32) {
 
 /// What the jail was built as (the Landlock status is filled in once the
 /// helper has reported it).
-fn jail_of(plan: &JailPlan, pid: u32) -> PluginHostJail {
+fn jail_of(plan: &JailPlan, pid: u32, cgroup: Option<PluginHostCgroup>) -> PluginHostJail {
     PluginHostJail {
         executor: plan.tier().into(),
         pid,
@@ -181,6 +199,7 @@ fn jail_of(plan: &JailPlan, pid: u32) -> PluginHostJail {
         execution_sha256: crate::attest::sha256_hex(&palisade_protocol::wire::canonical_bytes(plan)),
         engine: String::new(),
         address_space_unlimited: plan.rlimits.address_space.soft == palisade_protocol::RLIM_INFINITY,
+        cgroup,
     }
 }
 

@@ -9,15 +9,19 @@ pub mod http;
 pub mod index;
 pub mod store;
 
+use crate::cgroup::{CgroupLimits, Cgroups, RunCgroup};
 use crate::spawn_thread::Spawner;
 use host::{HostError, Running};
 use hostfn::CallContext;
 use index::{Index, IndexError, sha256_hex};
 use palisade_policy::config::{Config, EgressConfig, PluginsConfig};
-use palisade_policy::plugins::{DEFAULT_ENTRY, PLUGIN_HOST_NAME, PluginHostJail, Requested};
+use palisade_policy::plugins::{
+    DEFAULT_ENTRY, PLUGIN_HOST_NAME, PLUGIN_HOST_PROCESSES, PluginHostJail, Requested,
+};
 use palisade_policy::{EgressPlan, PluginGrants, plugin_host_plan};
 use palisade_protocol::plugin::{
-    CallOutcome, FromHost, PluginAttestation, PluginCall, PluginGrantsInForce, PluginLimits, ToHost,
+    CallOutcome, FromHost, PluginAttestation, PluginCall, PluginGrantsInForce, PluginHostCgroup,
+    PluginLimits, ToHost,
 };
 use palisade_protocol::wire::{ErrorKind, ErrorReply};
 use std::os::fd::OwnedFd;
@@ -90,9 +94,13 @@ pub struct Plugins {
     spawner: Spawner,
     /// The broker's ids and pid, and a root broker's host ids for the plugin-host.
     ids: (u32, u32, u32, Option<palisade_protocol::HostIds>),
+    /// Where the plugin-host's own cgroup is created, when there is one.
+    cgroups: Cgroups,
     /// The plugin-host, started at the first call; `None` after it died.
     host: tokio::sync::Mutex<Option<Running>>,
     next_call: AtomicU64,
+    /// Plugin-hosts started (each names its cgroup).
+    next_host: AtomicU64,
 }
 
 /// The state directory's skills index and secret store (`[plugins] skills_dir` first).
@@ -119,7 +127,13 @@ fn refusal(kind: ErrorKind, message: impl Into<String>, rule: &str) -> ErrorRepl
 }
 
 impl Plugins {
-    pub fn new(config: &Config, spawner: Spawner, helper: &Path, parent_pid: u32) -> Result<Plugins, String> {
+    pub fn new(
+        config: &Config,
+        spawner: Spawner,
+        helper: &Path,
+        parent_pid: u32,
+        cgroups: Cgroups,
+    ) -> Result<Plugins, String> {
         // Disabled plugins need no state directory (the CLI's `plugin install` names its own errors).
         let (skills, secrets) = match dirs(&config.plugins) {
             Ok(d) => d,
@@ -140,8 +154,10 @@ impl Plugins {
             helper: helper.to_path_buf(),
             spawner,
             ids: (uid, gid, parent_pid, host_ids),
+            cgroups,
             host: tokio::sync::Mutex::new(None),
             next_call: AtomicU64::new(1),
+            next_host: AtomicU64::new(1),
         })
     }
 
@@ -207,8 +223,35 @@ impl Plugins {
         }
     }
 
+    /// The plugin-host's own cgroup with its limits, where the broker has
+    /// cgroups (`run-<instance>-plugin-host-<n>`: swept like a run's when
+    /// its broker is gone).
+    fn host_cgroup(&self) -> Result<Option<(RunCgroup, PluginHostCgroup)>, String> {
+        if self.cgroups.available().is_err() {
+            return Ok(None);
+        }
+        let n = self.next_host.fetch_add(1, Ordering::Relaxed);
+        let name = format!("run-{}-plugin-host-{n}", crate::instance::tag());
+        let limits = CgroupLimits {
+            memory_bytes: self.config.host_memory_bytes,
+            processes: PLUGIN_HOST_PROCESSES,
+            cpu_percent: 0,
+        };
+        let cgroup = self.cgroups.create(&name, limits).map_err(|e| e.to_string())?;
+        let reported = PluginHostCgroup {
+            name,
+            v1: cgroup.is_v1(),
+            memory_bytes: limits.memory_bytes,
+            processes: limits.processes,
+        };
+        Ok(Some((cgroup, reported)))
+    }
+
     /// The plan of the plugin-host's jail and its host paths, opened.
-    fn jail(&self) -> Result<(palisade_protocol::JailPlan, Vec<OwnedFd>), String> {
+    fn jail(
+        &self,
+        cgroup: Option<&RunCgroup>,
+    ) -> Result<(palisade_protocol::JailPlan, Vec<OwnedFd>), String> {
         let cache = self.index.cache_dir();
         std::fs::create_dir_all(&cache).map_err(|e| format!("{}: {e}", cache.display()))?;
         let program =
@@ -224,6 +267,7 @@ impl Plugins {
             gid,
             parent_pid,
             host_ids,
+            cgroup: cgroup.filter(|c| c.joins_itself()).map(RunCgroup::display),
         };
         let plan = plugin_host_plan(&jail).map_err(|e| e.to_string())?;
         let fds = open_host_paths(&plan)?;
@@ -238,9 +282,18 @@ impl Plugins {
         }
         if slot.is_none() {
             let failed = |m: String| refusal(ErrorKind::RuntimeFailure, m, "plugins.host_start");
-            let (plan, fds) =
-                self.jail().map_err(|e| failed(format!("cannot start the plugin-host: {e}")))?;
-            let running = host::start(&self.spawner, self.helper.clone(), &plan, fds)
+            let cannot = |e: String| failed(format!("cannot start the plugin-host: {e}"));
+            let cgroup = self.host_cgroup().map_err(cannot)?;
+            let (plan, fds) = match self.jail(cgroup.as_ref().map(|(c, _)| c)) {
+                Ok(jail) => jail,
+                Err(e) => {
+                    if let Some((c, _)) = cgroup {
+                        let _ = tokio::task::spawn_blocking(move || c.remove()).await;
+                    }
+                    return Err(cannot(e));
+                }
+            };
+            let running = host::start(&self.spawner, self.helper.clone(), &plan, fds, cgroup)
                 .await
                 .map_err(|e| failed(e.to_string()))?;
             tracing::info!(pid = running.pid, engine = %running.engine, "plugin-host started");

@@ -8,7 +8,10 @@
 use palisade_broker::client::{Client, ClientError};
 use palisade_protocol::RulesetState;
 use palisade_protocol::attest::LimitsBy;
-use palisade_protocol::wire::{ErrorKind, MemorySource, RunRequest, RunResult, RunStatus, ServerMessage};
+use palisade_protocol::plugin::PluginAttestation;
+use palisade_protocol::wire::{
+    ClientMessage, ErrorKind, MemorySource, RunRequest, RunResult, RunStatus, ServerMessage,
+};
 use palisade_tests::{bin, eventually, process_with_token};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -46,6 +49,35 @@ impl Guest {
         let path = self.tmp.join(format!("palisade-{}.toml", text.len()));
         std::fs::write(&path, text).unwrap();
         path
+    }
+
+    /// The configuration with plugins on (inline modules allowed) and the
+    /// plugin-host's memory limit `host_memory`.
+    fn plugin_config(&self, cgroup_root: Option<&Path>, host_memory: u64) -> PathBuf {
+        let base = std::fs::read_to_string(self.config("", cgroup_root)).unwrap();
+        let skills = self.tmp.join(format!("skills-{host_memory}"));
+        let text = format!(
+            "{base}[plugins]\nenabled = true\nallow_inline_modules = true\nskills_dir = {skills:?}\n\
+             host_memory_bytes = {host_memory}\nmax_memory_bytes = {}\n\
+             # memory.fill costs fuel per byte; the guest may be emulated.\n\
+             fuel_budget = 10000000000\ntimeout_ms = 60000\n",
+            host_memory.min(64 << 20)
+        );
+        let path = self.tmp.join(format!("palisade-plugins-{host_memory}.toml"));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Where a plugin check's broker puts its runs: root, the configured
+    /// root; the user, a fresh cgroup of the delegated subtree that the
+    /// broker starts in (the first broker's is no longer a leaf).
+    fn plugin_daemon_cgroup(&self, name: &str) -> PathBuf {
+        if self.root {
+            return self.delegated.clone();
+        }
+        let dir = self.delegated.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
     }
 
     /// Starts palisaded; `cgroup`: the cgroup it starts in (as a systemd
@@ -364,6 +396,123 @@ fn landlock_abi2(g: &Guest, socket: &Path) -> Check {
     ))
 }
 
+/// tests/plugins/echo.wat without its comments (an inline module starts
+/// with its `(`).
+fn echo() -> String {
+    let text = include_str!("../../plugins/echo.wat");
+    text.lines().filter(|l| !l.trim_start().starts_with(";;")).collect::<Vec<_>>().join("\n")
+}
+
+/// A plugin that grows its memory by `pages` (64 KiB each) and touches
+/// them, then returns its input.
+fn toucher(pages: u32) -> String {
+    let echo = echo();
+    let main = "(func (export \"palisade_plugin_main\")";
+    let touch = format!(
+        "(func $touch (drop (memory.grow (i32.const {pages}))) \
+         (memory.fill (i32.const 65536) (i32.const 7) (i32.const {bytes})))\n  (start $touch)\n  {main}",
+        bytes = pages << 16,
+    );
+    echo.replacen(main, &touch, 1)
+}
+
+fn call_plugin(socket: &Path, module: String) -> Result<PluginAttestation, String> {
+    let mut c = Client::connect(socket).map_err(|e| e.to_string())?;
+    let message = ClientMessage::RunPlugin {
+        skill: "inline".into(),
+        input: "{}".into(),
+        inline_module: Some(module),
+        timeout_ms: None,
+    };
+    match c.request(&message) {
+        Ok(ServerMessage::PluginResult { output, attestation, .. }) if output == "{}" => Ok(*attestation),
+        Ok(other) => Err(format!("{other:?}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn cgroup_file(dir: &Path, file: &str) -> String {
+    std::fs::read_to_string(dir.join(file)).unwrap_or_default().trim().to_string()
+}
+
+/// The plugin-host lives in a cgroup of its own with its limits: a plugin
+/// that touches 56 MiB of memory runs, and the host is in that cgroup.
+fn plugin_host_cgroup(g: &Guest) -> Check {
+    let runs_dir = g.plugin_daemon_cgroup("plugins-big");
+    let runs_dir = runs_dir.as_path();
+    let config = g.plugin_config(g.root.then_some(g.delegated.as_path()), 512 << 20);
+    let (mut d, socket) = g.daemon(&config, (!g.root).then_some(runs_dir));
+    let checked = (|| {
+        let a = call_plugin(&socket, toucher(56 * 16))?;
+        let cg = a.jail.cgroup.ok_or("the attestation names no cgroup for the plugin-host")?;
+        ensure(cg.name.contains("-plugin-host-") && !cg.v1, || format!("{cg:?}"))?;
+        ensure((cg.memory_bytes, cg.processes) == (512 << 20, 64), || format!("{cg:?}"))?;
+        let dir = runs_dir.join(&cg.name);
+        let (max, pids, procs) = (
+            cgroup_file(&dir, "memory.max"),
+            cgroup_file(&dir, "pids.max"),
+            cgroup_file(&dir, "cgroup.procs"),
+        );
+        ensure(max == "536870912" && pids == "64", || {
+            format!("{}: memory.max {max}, pids.max {pids}", dir.display())
+        })?;
+        ensure(procs.lines().any(|p| p == a.jail.pid.to_string()), || {
+            format!("the host's helper {} is not in {}: {procs:?}", a.jail.pid, dir.display())
+        })?;
+        let peak = cgroup_file(&dir, "memory.peak").parse::<u64>().unwrap_or(0);
+        ensure(peak > 56 << 20, || format!("memory.peak {peak}: the touched pages are not counted"))?;
+        Ok(format!("{} holds the host (memory.max {max}, pids.max {pids}, peak {} MiB)", cg.name, peak >> 20))
+    })();
+    stop(&mut d);
+    checked
+}
+
+/// A plugin that touches all of the 64 MiB a call may grow to, in a host
+/// whose cgroup allows 64 MiB for the call and the engine together: the kernel kills
+/// the host, the call fails, the next call gets a new host in a new cgroup,
+/// and the dead host's cgroup is removed.
+fn plugin_host_memory_limit(g: &Guest) -> Check {
+    let runs_dir = g.plugin_daemon_cgroup("plugins-small");
+    let runs_dir = runs_dir.as_path();
+    let config = g.plugin_config(g.root.then_some(g.delegated.as_path()), 64 << 20);
+    let (mut d, socket) = g.daemon(&config, (!g.root).then_some(runs_dir));
+    let checked = (|| {
+        let first = call_plugin(&socket, echo())?;
+        let first = first.jail.cgroup.ok_or("no cgroup for the plugin-host")?.name;
+        // The whole 64 MiB a call may have (its first page and 1023 more).
+        let ooms = || oom_kills(&runs_dir.join("memory.events"));
+        let before = ooms();
+        let killed = call_plugin(&socket, toucher(1023));
+        ensure(killed.as_ref().is_err_and(|e| e.contains("plugin-host died")), || format!("{killed:?}"))?;
+        // memory.events counts the subtree's: the dead host's cgroup is gone.
+        ensure(ooms() > before, || format!("no OOM kill under {}: {before} before", runs_dir.display()))?;
+        let next = call_plugin(&socket, echo())?;
+        let next = next.jail.cgroup.ok_or("no cgroup for the second plugin-host")?.name;
+        ensure(next != first, || format!("the second host is in {next}, as the first"))?;
+        ensure(eventually(Duration::from_secs(10), || !runs_dir.join(&first).exists()), || {
+            format!("{first} was left behind")
+        })?;
+        Ok(format!(
+            "OOM-killed in {first} ({} of the subtree's oom_kill): {}; the next host runs in {next}",
+            ooms() - before,
+            killed.unwrap_err()
+        ))
+    })();
+    stop(&mut d);
+    checked
+}
+
+fn oom_kills(events: &Path) -> u64 {
+    let text = std::fs::read_to_string(events).unwrap_or_default();
+    text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+}
+
+fn stop(d: &mut Child) {
+    let _ =
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(d.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    let _ = d.wait();
+}
+
 /// cgroup v1: the hierarchies this program mounts (as root) in the guest.
 fn v1_checks(g: &Guest) -> Vec<(&'static str, Check)> {
     let base = g.tmp.join("cgv1");
@@ -403,6 +552,7 @@ fn v1_checks(g: &Guest) -> Vec<(&'static str, Check)> {
             })
         }),
         ("v1 fork bomb", fork_bomb(g, &socket)),
+        ("v1 plugin-host cgroup", v1_plugin_host(g, &base)),
     ];
     out.push((
         "v1 runs removed",
@@ -413,6 +563,45 @@ fn v1_checks(g: &Guest) -> Vec<(&'static str, Check)> {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(d.id() as i32), nix::sys::signal::Signal::SIGTERM);
     let _ = d.wait();
     out
+}
+
+/// cgroup v1: the broker places the plugin-host in its cgroup of every
+/// hierarchy, and removes it when it stops.
+fn v1_plugin_host(g: &Guest, base: &Path) -> Check {
+    let config = g.plugin_config(Some(&base.join("memory/palisade")), 512 << 20);
+    let (mut d, socket) = g.daemon(&config, None);
+    let (memory, pids) = (base.join("memory/palisade"), base.join("pids/palisade"));
+    let placed = call_plugin(&socket, echo()).and_then(|a| {
+        let cg = a.jail.cgroup.ok_or("the attestation names no cgroup for the plugin-host")?;
+        ensure(cg.v1 && cg.memory_bytes == 512 << 20, || format!("{cg:?}"))?;
+        let (limit, max) = (
+            cgroup_file(&memory.join(&cg.name), "memory.limit_in_bytes"),
+            cgroup_file(&pids.join(&cg.name), "pids.max"),
+        );
+        ensure(limit == "536870912" && max == "64", || {
+            format!("memory.limit_in_bytes {limit}, pids.max {max}")
+        })?;
+        for h in [&memory, &pids] {
+            let procs = cgroup_file(&h.join(&cg.name), "cgroup.procs");
+            ensure(procs.lines().any(|p| p == a.jail.pid.to_string()), || {
+                format!(
+                    "the host's helper {} is not in {}: {procs:?}",
+                    a.jail.pid,
+                    h.join(&cg.name).display()
+                )
+            })?;
+        }
+        Ok(cg)
+    });
+    stop(&mut d);
+    let cg = placed?;
+    ensure(!memory.join(&cg.name).exists() && !pids.join(&cg.name).exists(), || {
+        format!("{} was left behind after the broker stopped", cg.name)
+    })?;
+    Ok(format!(
+        "{} holds the host in the memory and pids hierarchies; removed when the broker stopped",
+        cg.name
+    ))
 }
 
 fn main() {
@@ -469,6 +658,8 @@ fn main() {
             ensure(status.success(), || format!("palisaded exited {status:?}"))
                 .map(|_| "palisaded exited 0".into()),
         ));
+        checks.push(("plugin-host cgroup", plugin_host_cgroup(&g)));
+        checks.push(("plugin-host memory limit", plugin_host_memory_limit(&g)));
         if g.root {
             checks.push(("root delegation", root_delegation(&g)));
         }
