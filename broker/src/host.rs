@@ -20,23 +20,39 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// for real in a throwaway child: sysctls, AppArmor, seccomp in a container,
 /// or a kernel without one of them can each forbid it.
 pub fn user_namespaces() -> bool {
-    // SAFETY: called before the runtime starts threads; the child only makes
-    // async-signal-safe calls and exits.
-    match unsafe { fork() } {
-        Ok(ForkResult::Child) => {
-            let all = CloneFlags::CLONE_NEWUSER
-                | CloneFlags::CLONE_NEWNS
-                | CloneFlags::CLONE_NEWPID
-                | CloneFlags::CLONE_NEWNET
-                | CloneFlags::CLONE_NEWIPC
-                | CloneFlags::CLONE_NEWUTS
-                | CloneFlags::CLONE_NEWCGROUP;
-            let ok = unshare(all).is_ok();
-            // SAFETY: _exit is async-signal-safe and ends the child at once.
-            unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+    UserNsProbe::start().passed()
+}
+
+/// The probe of [`user_namespaces`], started: its child builds and tears
+/// down the namespaces (a millisecond) while this process goes on. Start it
+/// before any thread exists: it forks.
+pub struct UserNsProbe(Option<nix::unistd::Pid>);
+
+impl UserNsProbe {
+    pub fn start() -> UserNsProbe {
+        // SAFETY: called before the runtime starts threads; the child only makes
+        // async-signal-safe calls and exits.
+        match unsafe { fork() } {
+            Ok(ForkResult::Child) => {
+                let all = CloneFlags::CLONE_NEWUSER
+                    | CloneFlags::CLONE_NEWNS
+                    | CloneFlags::CLONE_NEWPID
+                    | CloneFlags::CLONE_NEWNET
+                    | CloneFlags::CLONE_NEWIPC
+                    | CloneFlags::CLONE_NEWUTS
+                    | CloneFlags::CLONE_NEWCGROUP;
+                let ok = unshare(all).is_ok();
+                // SAFETY: _exit is async-signal-safe and ends the child at once.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+            }
+            Ok(ForkResult::Parent { child }) => UserNsProbe(Some(child)),
+            Err(_) => UserNsProbe(None),
         }
-        Ok(ForkResult::Parent { child }) => matches!(waitpid(child, None), Ok(WaitStatus::Exited(_, 0))),
-        Err(_) => false,
+    }
+
+    /// Whether the child made them all (waits for it).
+    pub fn passed(self) -> bool {
+        self.0.is_some_and(|child| matches!(waitpid(child, None), Ok(WaitStatus::Exited(_, 0))))
     }
 }
 
@@ -55,9 +71,11 @@ pub fn landlock_abi() -> u32 {
     if v > 0 { v as u32 } else { 0 }
 }
 
-pub fn probe(cgroups: &Cgroups) -> HostCapabilities {
+/// What the host can enforce; `user_namespaces` as [`UserNsProbe`] found
+/// (and the configuration allows).
+pub fn probe(cgroups: &Cgroups, user_namespaces: bool) -> HostCapabilities {
     HostCapabilities {
-        user_namespaces: user_namespaces(),
+        user_namespaces,
         landlock_abi: landlock_abi(),
         cgroup: match cgroups.available() {
             Ok(()) => Ok(CgroupRoot { path: cgroups.path_of("").unwrap_or_default(), v1: cgroups.is_v1() }),

@@ -111,17 +111,10 @@ impl Broker {
     /// A broker for `config`. Call before starting any thread: the probe of
     /// user namespaces forks.
     pub fn assemble(config: Config, helper: Option<PathBuf>) -> Result<Broker, String> {
+        // Its child tries the namespaces while the broker is put together.
+        let userns = host::UserNsProbe::start();
         let cgroups = Cgroups::discover(config.broker.cgroup_root.as_deref(), true);
         tracing::info!(cgroups = %cgroups.description, "cgroups");
-        let mut capabilities = host::probe(&cgroups);
-        if !config.broker.user_namespaces {
-            capabilities.user_namespaces = false;
-        }
-        tracing::info!(
-            user_namespaces = capabilities.user_namespaces,
-            landlock_abi = capabilities.landlock_abi,
-            "host capabilities"
-        );
         if nix::unistd::geteuid().is_root() {
             check_sandbox_ids(config.broker.sandbox_ids)?;
         }
@@ -162,14 +155,22 @@ impl Broker {
             context.parent_pid,
             cgroups.clone(),
         )?;
+        let (prespawn, user_namespaces) = (config.broker.prespawn, config.broker.user_namespaces);
+        // Only the installed interpreters are looked up now: the rest of the
+        // host is read at each decision, as the requester.
+        let policy = Policy::new(config, &*host::files());
+        let capabilities = host::probe(&cgroups, userns.passed() && user_namespaces);
+        tracing::info!(
+            user_namespaces = capabilities.user_namespaces,
+            landlock_abi = capabilities.landlock_abi,
+            "host capabilities"
+        );
         Ok(Broker {
             plugins: Arc::new(plugins),
-            engine: Engine::new(spawner, helper, config.broker.prespawn),
+            engine: Engine::new(spawner, helper, prespawn),
             etc,
             cgroups,
-            // Only the installed interpreters are looked up now: the rest of the
-            // host is read at each decision, as the requester.
-            policy: Policy::new(config, &*host::files()),
+            policy,
             capabilities,
             context,
             journal,
