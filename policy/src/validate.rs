@@ -262,6 +262,7 @@ impl Blocked {
 pub struct Rules {
     interpreters: GlobSet,
     installed: Installed,
+    /// [`SENSITIVE_PATHS`] (the names are compared component by component).
     sensitive_absolute: GlobSet,
     sensitive_extra: Vec<String>,
     blocked: Vec<Blocked>,
@@ -296,6 +297,15 @@ fn globset(patterns: impl IntoIterator<Item = String>) -> GlobSet {
     b.build().unwrap_or_else(|_| GlobSet::empty())
 }
 
+/// Whether `path` leads to or through `name` (one component, or several
+/// such as `.config/gh`): as the globs `**/NAME` and `**/NAME/**` would
+/// match, without building them (half a millisecond at every start).
+fn holds_name(path: &Path, name: &str) -> bool {
+    let path: Vec<_> = path.components().collect();
+    let name: Vec<_> = Path::new(name).components().collect();
+    path.windows(name.len()).any(|w| w == name.as_slice())
+}
+
 fn basename(p: &str) -> &str {
     p.rsplit('/').next().unwrap_or(p)
 }
@@ -323,12 +333,7 @@ impl Rules {
         Rules {
             interpreters,
             installed: Installed::default(),
-            sensitive_absolute: globset(
-                SENSITIVE_NAMES
-                    .iter()
-                    .flat_map(|n| [format!("**/{n}"), format!("**/{n}/**")])
-                    .chain(SENSITIVE_PATHS.iter().map(|s| s.to_string())),
-            ),
+            sensitive_absolute: globset(SENSITIVE_PATHS.iter().map(|s| s.to_string())),
             sensitive_extra: policy.sensitive_paths.iter().map(|s| s.get_ref().clone()).collect(),
             blocked,
         }
@@ -409,7 +414,7 @@ impl Rules {
     /// Whether a resolved path is sensitive. `home` expands `~/` in the
     /// configured patterns.
     pub fn sensitive(&self, path: &Path, home: Option<&Path>) -> bool {
-        if self.sensitive_absolute.is_match(path) {
+        if SENSITIVE_NAMES.iter().any(|n| holds_name(path, n)) || self.sensitive_absolute.is_match(path) {
             return true;
         }
         // The home as given, or as it resolves; resolved only for a path that
@@ -1039,6 +1044,30 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// The names compared by component say what their globs `**/NAME` and
+    /// `**/NAME/**` said, for each name where it is, under it, and beside it.
+    #[test]
+    fn sensitive_names_by_component_as_by_glob() {
+        let globs = globset(SENSITIVE_NAMES.iter().flat_map(|n| [format!("**/{n}"), format!("**/{n}/**")]));
+        for n in SENSITIVE_NAMES {
+            for p in [
+                n.to_string(),
+                format!("/{n}"),
+                format!("/home/u/{n}"),
+                format!("/home/u/{n}/key"),
+                format!("/w/p/{n}/a/b"),
+                format!("/home/u/x{n}"),
+                format!("/home/u/{n}x/key"),
+                format!("/home/u/{n}.bak"),
+                format!("/{}", n.rsplit('/').next().unwrap_or(n)),
+            ] {
+                let path = Path::new(&p);
+                let by_component = SENSITIVE_NAMES.iter().any(|m| holds_name(path, m));
+                assert_eq!(by_component, globs.is_match(path), "{p}");
+            }
+        }
     }
 
     /// Each built-in pattern compiles, and every command line it matches
