@@ -84,6 +84,7 @@ struct Prefix {
     name: String,
     prefix: Vec<String>,
     cwd: PathBuf,
+    env: Vec<(String, String)>,
 }
 
 impl Launch for Prefix {
@@ -96,6 +97,7 @@ impl Launch for Prefix {
         let st = Command::new(argv[0])
             .args(&argv[1..])
             .current_dir(&self.cwd)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -757,7 +759,7 @@ fn main() {
     let no_journal = Daemon::start(&dir, false);
 
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-    let bare = Prefix { name: "bare exec".into(), prefix: vec![], cwd: ws.clone() };
+    let bare = Prefix { name: "bare exec".into(), prefix: vec![], cwd: ws.clone(), env: vec![] };
     let unshare = Prefix {
         name: "unshare".into(),
         prefix: s(&[
@@ -773,6 +775,7 @@ fn main() {
             "--fork",
         ]),
         cwd: ws.clone(),
+        env: vec![],
     };
     let w = ws.to_string_lossy().into_owned();
     let mut bwrap_args = s(&["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]);
@@ -795,7 +798,7 @@ fn main() {
         &w,
         "--clearenv",
     ]));
-    let bwrap = Prefix { name: "bwrap".into(), prefix: bwrap_args, cwd: ws.clone() };
+    let bwrap = Prefix { name: "bwrap".into(), prefix: bwrap_args, cwd: ws.clone(), env: vec![] };
     let payloads: [&[&str]; 2] = [&["/bin/true"], &["/bin/echo", "hello"]];
     let helper = Helper::new(&ws, &payloads);
     let palisade = Prefix {
@@ -808,6 +811,18 @@ fn main() {
             "--".into(),
         ],
         cwd: ws.clone(),
+        env: vec![],
+    };
+    // The README's first command where no broker runs: the built-in default
+    // policy in the CLI's own process, its journal in the bench's directory.
+    let embedded = Prefix {
+        name: "palisade run, embedded".into(),
+        prefix: vec![bin("palisade").to_string_lossy().into_owned(), "run".into(), "--".into()],
+        cwd: ws.clone(),
+        env: vec![
+            ("PALISADE_SOCKET".into(), dir.join("no-broker.sock").to_string_lossy().into_owned()),
+            ("PALISADE_JOURNAL".into(), dir.join("embedded-journal").to_string_lossy().into_owned()),
+        ],
     };
     let mut launchers: Vec<&dyn Launch> = vec![&bare];
     let mut notes = Vec::new();
@@ -836,6 +851,7 @@ fn main() {
         cwd: ws.clone(),
     };
     launchers.push(&socket_client_no_journal);
+    launchers.push(&embedded);
 
     // `--loop NAME N`: launch `/bin/true` N times with one launcher and
     // nothing else, for a profiler to watch (perf record, strace -c -f).
