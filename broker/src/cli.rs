@@ -320,7 +320,7 @@ fn explain(args: ExplainArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return fail(ErrorKind::InvalidRequest, e),
     };
-    let broker = match Broker::assemble(config, None) {
+    let broker = match Broker::assemble_one_run(config) {
         Ok(b) => b,
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),
     };
@@ -579,12 +579,12 @@ impl Sink for RenderSink<'_> {
 /// A broker inside this process, under `config`.
 fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 {
     crate::daemon::init_tracing("warn");
-    // One run: no helper to start ahead of it.
+    // One run: its helper is started while the broker decides, and no other.
     config.broker.prespawn = 0;
     // Nor a copy of /etc kept for runs to come: binding the entries is cheaper once.
     config.broker.etc_snapshot = false;
     // Before any thread exists: the probe of user namespaces forks.
-    let broker = match Broker::assemble(config, None) {
+    let broker = match Broker::assemble_one_run(config) {
         Ok(b) => b,
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),
     };

@@ -11,8 +11,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+type Ahead = tokio::sync::oneshot::Receiver<std::io::Result<HelperChild>>;
+
 pub struct Pool {
     idle: Mutex<Vec<HelperChild>>,
+    /// One helper being started for the next run only ([`Pool::start_one`]).
+    ahead: Mutex<Option<Ahead>>,
     size: usize,
     /// One refill at a time.
     refilling: AtomicBool,
@@ -24,6 +28,7 @@ impl Pool {
     pub fn new(spawner: Spawner, helper: PathBuf, size: usize) -> Arc<Pool> {
         Arc::new(Pool {
             idle: Mutex::new(Vec::new()),
+            ahead: Mutex::new(None),
             size,
             refilling: AtomicBool::new(false),
             spawner,
@@ -65,6 +70,38 @@ impl Pool {
             self.refill();
         }
         taken
+    }
+
+    /// Starts one helper now, on the spawner's thread, for the next run
+    /// alone (no refill after it): a broker of one run (the CLI's embedded
+    /// one) has its helper started while it decides. Call before any runtime.
+    pub fn start_one(&self) {
+        match self.spawner.submit(self.command()) {
+            Ok(rx) => {
+                if let Ok(mut ahead) = self.ahead.lock() {
+                    *ahead = Some(rx);
+                }
+            }
+            Err(e) => tracing::warn!("cannot start a helper ahead of the run: {e}"),
+        }
+    }
+
+    /// The helper of [`Pool::start_one`], once started, if it is still there;
+    /// else one of [`Pool::take`].
+    pub async fn claim(self: &Arc<Pool>) -> Option<HelperChild> {
+        let ahead = self.ahead.lock().ok().and_then(|mut a| a.take());
+        if let Some(rx) = ahead {
+            match rx.await {
+                Ok(Ok(mut h)) => {
+                    if matches!(h.try_wait(), Ok(None)) {
+                        return Some(h);
+                    }
+                }
+                Ok(Err(e)) => tracing::warn!("the helper started ahead of the run failed: {e}"),
+                Err(_) => {}
+            }
+        }
+        self.take()
     }
 
     /// Starts helpers until `size` are idle (in the background).

@@ -175,6 +175,11 @@ impl Engine {
         self.pool.refill();
     }
 
+    /// Starts one helper for the next run, now (see [`Pool::start_one`]).
+    pub fn start_one(&self) {
+        self.pool.start_one();
+    }
+
     async fn spawn_fresh(
         &self,
         request: &RunRequest,
@@ -207,7 +212,7 @@ impl Engine {
         request: &RunRequest,
         cgroup: Option<&RunCgroup>,
     ) -> Result<HelperChild, BrokerError> {
-        let pooled = if cgroup.is_none() { self.pool.take() } else { None };
+        let pooled = if cgroup.is_none() { self.pool.claim().await } else { None };
         let mut helper = match pooled {
             Some(h) => h,
             None => self.spawn_fresh(request, cgroup).await?,

@@ -111,6 +111,16 @@ impl Broker {
     /// A broker for `config`. Call before starting any thread: the probe of
     /// user namespaces forks.
     pub fn assemble(config: Config, helper: Option<PathBuf>) -> Result<Broker, String> {
+        Self::assemble_with(config, helper, false)
+    }
+
+    /// A broker for one run (the CLI's embedded one): its helper is started,
+    /// on the spawner's thread, while the broker is put together and decides.
+    pub fn assemble_one_run(config: Config) -> Result<Broker, String> {
+        Self::assemble_with(config, None, true)
+    }
+
+    fn assemble_with(config: Config, helper: Option<PathBuf>, one_run: bool) -> Result<Broker, String> {
         // Its child tries the namespaces while the broker is put together.
         let userns = host::UserNsProbe::start();
         let cgroups = Cgroups::discover(config.broker.cgroup_root.as_deref(), true);
@@ -121,6 +131,10 @@ impl Broker {
         let helper = helper.or_else(|| config.broker.helper.clone()).unwrap_or_else(paths::default_helper);
         paths::check_helper(&helper)?;
         let spawner = Spawner::start().map_err(|e| format!("cannot start the spawner thread: {e}"))?;
+        let engine = Engine::new(spawner.clone(), helper.clone(), config.broker.prespawn);
+        if one_run {
+            engine.start_one();
+        }
         let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
         let context = Context {
             parent_pid: std::process::id(),
@@ -155,7 +169,7 @@ impl Broker {
             context.parent_pid,
             cgroups.clone(),
         )?;
-        let (prespawn, user_namespaces) = (config.broker.prespawn, config.broker.user_namespaces);
+        let user_namespaces = config.broker.user_namespaces;
         // Only the installed interpreters are looked up now: the rest of the
         // host is read at each decision, as the requester.
         let policy = Policy::new(config, &*host::files());
@@ -167,7 +181,7 @@ impl Broker {
         );
         Ok(Broker {
             plugins: Arc::new(plugins),
-            engine: Engine::new(spawner, helper, prespawn),
+            engine,
             etc,
             cgroups,
             policy,

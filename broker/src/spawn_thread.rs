@@ -26,8 +26,14 @@ impl Spawner {
     }
 
     pub async fn spawn(&self, cmd: HelperCommand) -> io::Result<HelperChild> {
+        self.submit(cmd)?.await.map_err(|_| io::Error::other("the spawner thread is gone"))?
+    }
+
+    /// Hands `cmd` to the spawner thread now, which starts it while the
+    /// caller goes on; the child, when it is wanted, from the receiver.
+    pub fn submit(&self, cmd: HelperCommand) -> io::Result<oneshot::Receiver<io::Result<HelperChild>>> {
         let (tx, rx) = oneshot::channel();
         self.jobs.send((cmd, tx)).map_err(|_| io::Error::other("the spawner thread is gone"))?;
-        rx.await.map_err(|_| io::Error::other("the spawner thread is gone"))?
+        Ok(rx)
     }
 }
