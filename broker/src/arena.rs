@@ -16,6 +16,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The arena's size: more than a short run allocates in all (a few hundred KiB).
 const ARENA_BYTES: usize = 1 << 20;
+/// Every block is aligned at least as malloc's are (`max_align_t`): code
+/// that keeps C structures in byte buffers relies on it (nix's control
+/// messages for `sendmsg`, for one).
+const MIN_ALIGN: usize = 16;
 
 #[repr(C, align(4096))]
 struct Space(UnsafeCell<[u8; ARENA_BYTES]>);
@@ -55,7 +59,7 @@ impl Arena {
         let base = self.base();
         let mut current = self.next.load(Ordering::Relaxed);
         loop {
-            let start = (base + current).next_multiple_of(layout.align()) - base;
+            let start = (base + current).next_multiple_of(layout.align().max(MIN_ALIGN)) - base;
             let Some(end) = start.checked_add(layout.size()).filter(|&e| e <= ARENA_BYTES) else {
                 return std::ptr::null_mut();
             };
@@ -148,7 +152,8 @@ mod tests {
             let layout = Layout::from_size_align(100 + i, align).unwrap();
             // SAFETY: a valid layout of non-zero size.
             let p = unsafe { A.alloc(layout) };
-            assert!(inside(&A, p) && p as usize % align == 0);
+            // Odd sizes before it: a byte buffer is still aligned as malloc's.
+            assert!(inside(&A, p) && p as usize % align.max(MIN_ALIGN) == 0);
             // SAFETY: `p` holds `layout.size()` bytes.
             unsafe { p.write_bytes(i as u8 + 1, layout.size()) };
             taken.push((p, layout));
