@@ -320,7 +320,7 @@ fn explain(args: ExplainArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return fail(ErrorKind::InvalidRequest, e),
     };
-    let broker = match Broker::assemble_one_run(config) {
+    let broker = match Broker::assemble(config, None) {
         Ok(b) => b,
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),
     };
