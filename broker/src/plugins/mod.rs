@@ -283,16 +283,9 @@ impl Plugins {
         if slot.is_none() {
             let failed = |m: String| refusal(ErrorKind::RuntimeFailure, m, "plugins.host_start");
             let cannot = |e: String| failed(format!("cannot start the plugin-host: {e}"));
+            // On an error below, the cgroup dropped is removed (RunCgroup's Drop).
             let cgroup = self.host_cgroup().map_err(cannot)?;
-            let (plan, fds) = match self.jail(cgroup.as_ref().map(|(c, _)| c)) {
-                Ok(jail) => jail,
-                Err(e) => {
-                    if let Some((c, _)) = cgroup {
-                        let _ = tokio::task::spawn_blocking(move || c.remove()).await;
-                    }
-                    return Err(cannot(e));
-                }
-            };
+            let (plan, fds) = self.jail(cgroup.as_ref().map(|(c, _)| c)).map_err(cannot)?;
             let running = host::start(&self.spawner, self.helper.clone(), &plan, fds, cgroup)
                 .await
                 .map_err(|e| failed(e.to_string()))?;
