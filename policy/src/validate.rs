@@ -14,7 +14,7 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 use palisade_protocol::wire::ErrorKind;
 use regex::Regex;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::OnceLock;
 
 /// How much of a script is read for its `#!` line (Linux reads 256 bytes of it).
@@ -264,6 +264,8 @@ pub struct Rules {
     installed: Installed,
     /// [`SENSITIVE_PATHS`] (the names are compared component by component).
     sensitive_absolute: GlobSet,
+    /// [`SENSITIVE_NAMES`], each split into its components.
+    sensitive_names: Vec<Vec<Component<'static>>>,
     sensitive_extra: Vec<String>,
     blocked: Vec<Blocked>,
 }
@@ -297,15 +299,6 @@ fn globset(patterns: impl IntoIterator<Item = String>) -> GlobSet {
     b.build().unwrap_or_else(|_| GlobSet::empty())
 }
 
-/// Whether `path` leads to or through `name` (one component, or several
-/// such as `.config/gh`): as the globs `**/NAME` and `**/NAME/**` would
-/// match, without building them (half a millisecond at every start).
-fn holds_name(path: &Path, name: &str) -> bool {
-    let path: Vec<_> = path.components().collect();
-    let name: Vec<_> = Path::new(name).components().collect();
-    path.windows(name.len()).any(|w| w == name.as_slice())
-}
-
 fn basename(p: &str) -> &str {
     p.rsplit('/').next().unwrap_or(p)
 }
@@ -334,6 +327,7 @@ impl Rules {
             interpreters,
             installed: Installed::default(),
             sensitive_absolute: globset(SENSITIVE_PATHS.iter().map(|s| s.to_string())),
+            sensitive_names: SENSITIVE_NAMES.iter().map(|n| Path::new(n).components().collect()).collect(),
             sensitive_extra: policy.sensitive_paths.iter().map(|s| s.get_ref().clone()).collect(),
             blocked,
         }
@@ -411,10 +405,19 @@ impl Rules {
             .collect()
     }
 
+    /// Whether `path` leads to or through one of [`SENSITIVE_NAMES`] (one
+    /// component, or several such as `.config/gh`): as the globs `**/NAME`
+    /// and `**/NAME/**` would match, without building them (half a
+    /// millisecond at every start).
+    fn holds_sensitive_name(&self, path: &Path) -> bool {
+        let path: Vec<_> = path.components().collect();
+        self.sensitive_names.iter().any(|name| path.windows(name.len()).any(|w| w == name.as_slice()))
+    }
+
     /// Whether a resolved path is sensitive. `home` expands `~/` in the
     /// configured patterns.
     pub fn sensitive(&self, path: &Path, home: Option<&Path>) -> bool {
-        if SENSITIVE_NAMES.iter().any(|n| holds_name(path, n)) || self.sensitive_absolute.is_match(path) {
+        if self.holds_sensitive_name(path) || self.sensitive_absolute.is_match(path) {
             return true;
         }
         // The home as given, or as it resolves; resolved only for a path that
@@ -1051,6 +1054,7 @@ mod tests {
     #[test]
     fn sensitive_names_by_component_as_by_glob() {
         let globs = globset(SENSITIVE_NAMES.iter().flat_map(|n| [format!("**/{n}"), format!("**/{n}/**")]));
+        let rules = Rules::new(&PolicyConfig::default());
         for n in SENSITIVE_NAMES {
             for p in [
                 n.to_string(),
@@ -1064,7 +1068,7 @@ mod tests {
                 format!("/{}", n.rsplit('/').next().unwrap_or(n)),
             ] {
                 let path = Path::new(&p);
-                let by_component = SENSITIVE_NAMES.iter().any(|m| holds_name(path, m));
+                let by_component = rules.holds_sensitive_name(path);
                 assert_eq!(by_component, globs.is_match(path), "{p}");
             }
         }
