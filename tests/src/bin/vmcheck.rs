@@ -68,16 +68,23 @@ impl Guest {
         path
     }
 
-    /// Where a plugin check's broker puts its runs: root, the configured
-    /// root; the user, a fresh cgroup of the delegated subtree that the
+    /// `check` against a broker of its own with plugins on, given its
+    /// socket and the cgroup its runs go in: root's, the configured root;
+    /// the user's, a fresh cgroup `name` of the delegated subtree that the
     /// broker starts in (the first broker's is no longer a leaf).
-    fn plugin_daemon_cgroup(&self, name: &str) -> PathBuf {
-        if self.root {
-            return self.delegated.clone();
-        }
-        let dir = self.delegated.join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    fn with_plugin_daemon(
+        &self,
+        name: &str,
+        host_memory: u64,
+        check: impl FnOnce(&Path, &Path) -> Check,
+    ) -> Check {
+        let runs_dir = if self.root { self.delegated.clone() } else { self.delegated.join(name) };
+        std::fs::create_dir_all(&runs_dir).unwrap();
+        let config = self.plugin_config(self.root.then_some(self.delegated.as_path()), host_memory);
+        let (mut d, socket) = self.daemon(&config, (!self.root).then_some(runs_dir.as_path()));
+        let checked = check(&socket, &runs_dir);
+        stop(&mut d);
+        checked
     }
 
     /// Starts palisaded; `cgroup`: the cgroup it starts in (as a systemd
@@ -438,12 +445,8 @@ fn cgroup_file(dir: &Path, file: &str) -> String {
 /// The plugin-host lives in a cgroup of its own with its limits: a plugin
 /// that touches 56 MiB of memory runs, and the host is in that cgroup.
 fn plugin_host_cgroup(g: &Guest) -> Check {
-    let runs_dir = g.plugin_daemon_cgroup("plugins-big");
-    let runs_dir = runs_dir.as_path();
-    let config = g.plugin_config(g.root.then_some(g.delegated.as_path()), 512 << 20);
-    let (mut d, socket) = g.daemon(&config, (!g.root).then_some(runs_dir));
-    let checked = (|| {
-        let a = call_plugin(&socket, toucher(56 * 16))?;
+    g.with_plugin_daemon("plugins-big", 512 << 20, |socket, runs_dir| {
+        let a = call_plugin(socket, toucher(56 * 16))?;
         let cg = a.jail.cgroup.ok_or("the attestation names no cgroup for the plugin-host")?;
         ensure(cg.name.contains("-plugin-host-") && !cg.v1, || format!("{cg:?}"))?;
         ensure((cg.memory_bytes, cg.processes) == (512 << 20, 64), || format!("{cg:?}"))?;
@@ -462,9 +465,7 @@ fn plugin_host_cgroup(g: &Guest) -> Check {
         let peak = cgroup_file(&dir, "memory.peak").parse::<u64>().unwrap_or(0);
         ensure(peak > 56 << 20, || format!("memory.peak {peak}: the touched pages are not counted"))?;
         Ok(format!("{} holds the host (memory.max {max}, pids.max {pids}, peak {} MiB)", cg.name, peak >> 20))
-    })();
-    stop(&mut d);
-    checked
+    })
 }
 
 /// A plugin that touches all of the 64 MiB a call may grow to, in a host
@@ -472,21 +473,17 @@ fn plugin_host_cgroup(g: &Guest) -> Check {
 /// the host, the call fails, the next call gets a new host in a new cgroup,
 /// and the dead host's cgroup is removed.
 fn plugin_host_memory_limit(g: &Guest) -> Check {
-    let runs_dir = g.plugin_daemon_cgroup("plugins-small");
-    let runs_dir = runs_dir.as_path();
-    let config = g.plugin_config(g.root.then_some(g.delegated.as_path()), 64 << 20);
-    let (mut d, socket) = g.daemon(&config, (!g.root).then_some(runs_dir));
-    let checked = (|| {
-        let first = call_plugin(&socket, echo())?;
+    g.with_plugin_daemon("plugins-small", 64 << 20, |socket, runs_dir| {
+        let first = call_plugin(socket, echo())?;
         let first = first.jail.cgroup.ok_or("no cgroup for the plugin-host")?.name;
         // The whole 64 MiB a call may have (its first page and 1023 more).
         let ooms = || oom_kills(&runs_dir.join("memory.events"));
         let before = ooms();
-        let killed = call_plugin(&socket, toucher(1023));
+        let killed = call_plugin(socket, toucher(1023));
         ensure(killed.as_ref().is_err_and(|e| e.contains("plugin-host died")), || format!("{killed:?}"))?;
         // memory.events counts the subtree's: the dead host's cgroup is gone.
         ensure(ooms() > before, || format!("no OOM kill under {}: {before} before", runs_dir.display()))?;
-        let next = call_plugin(&socket, echo())?;
+        let next = call_plugin(socket, echo())?;
         let next = next.jail.cgroup.ok_or("no cgroup for the second plugin-host")?.name;
         ensure(next != first, || format!("the second host is in {next}, as the first"))?;
         ensure(eventually(Duration::from_secs(10), || !runs_dir.join(&first).exists()), || {
@@ -497,9 +494,7 @@ fn plugin_host_memory_limit(g: &Guest) -> Check {
             ooms() - before,
             killed.unwrap_err()
         ))
-    })();
-    stop(&mut d);
-    checked
+    })
 }
 
 fn oom_kills(events: &Path) -> u64 {
