@@ -281,6 +281,7 @@ impl Launch for Helper {
             .find(|p| p.argv.iter().map(String::as_str).eq(payload.iter().copied()))
             .unwrap();
         let mut child = spawn(HelperCommand {
+            warm: None,
             helper: bin("palisade-helper"),
             cgroup_dir: None,
             stdin: Io::Null,

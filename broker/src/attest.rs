@@ -2,7 +2,7 @@
 //! built, and what the kernel actually enforced.
 
 use palisade_policy::Resolved;
-use palisade_protocol::attest::{LimitsBy, RlimitEntry};
+use palisade_protocol::attest::{Built, LimitsBy, RlimitEntry};
 use palisade_protocol::wire::{Attestation, Enforcement, LandlockEnforcement, RunRequest, canonical_bytes};
 use palisade_protocol::{LandlockFeatures, LandlockReport};
 use sha2::{Digest, Sha256};
@@ -41,6 +41,7 @@ pub fn attestation(
     resolved: &Resolved,
     landlock: Option<LandlockReport>,
     egress_traffic: Option<palisade_protocol::attest::EgressTraffic>,
+    built: Option<Built>,
 ) -> Attestation {
     let plan = &resolved.plan;
     let landlock = landlock.map(|l| landlock_enforcement(l, plan));
@@ -49,6 +50,7 @@ pub fn attestation(
         executor: plan.tier().into(),
         enforcement: Enforcement {
             namespaces: plan.namespaces.names().iter().map(|s| s.to_string()).collect(),
+            built,
             host_uid: plan.host_ids.map_or_else(|| nix::unistd::getuid().as_raw(), |h| h.uid),
             landlock,
             seccomp_sha256: seccomp_sha256(plan),
@@ -117,20 +119,20 @@ mod tests {
     fn the_execution_hash_is_sha256_over_the_request_and_the_plan() {
         let req = request(&["/usr/bin/echo", "one"]);
         let resolved = resolve(&req);
-        let a = attestation(&req, &resolved, None, None);
+        let a = attestation(&req, &resolved, None, None, None);
         let expected: String = Sha256::digest(canonical_bytes(&(&req, &resolved.plan)))
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
         assert_eq!(a.execution_sha256, expected);
         // The same request resolves to the same plan and the same hash.
-        assert_eq!(attestation(&req, &resolve(&req), None, None).execution_sha256, expected);
+        assert_eq!(attestation(&req, &resolve(&req), None, None, None).execution_sha256, expected);
         // Anything asked or built differently changes it.
         let other = request(&["/usr/bin/echo", "two"]);
-        assert_ne!(attestation(&other, &resolve(&other), None, None).execution_sha256, expected);
+        assert_ne!(attestation(&other, &resolve(&other), None, None, None).execution_sha256, expected);
         let mut plan_changed = resolved.clone();
         plan_changed.plan.rlimits.open_files = Rlimit::both(7);
-        assert_ne!(attestation(&req, &plan_changed, None, None).execution_sha256, expected);
+        assert_ne!(attestation(&req, &plan_changed, None, None, None).execution_sha256, expected);
     }
 
     #[test]
@@ -142,7 +144,7 @@ mod tests {
             ruleset: RulesetState::Partial,
             enforced: palisade_protocol::LandlockFeatures::FS,
         };
-        let a = attestation(&req, &resolved, Some(report), None);
+        let a = attestation(&req, &resolved, Some(report), None, None);
         let e = &a.enforcement;
         assert_eq!(a.executor, Executor::LinuxTierC);
         assert_eq!(e.namespaces, ["user", "mount", "pid", "net", "ipc", "uts", "cgroup"]);

@@ -3,8 +3,8 @@
 //! names come with it), the status channel on fd 4, and the run's cgroup
 //! directory on fd 5 when there is one. The environment is empty.
 
-use palisade_protocol::HelperRecord;
 use palisade_protocol::status::decode_records;
+use palisade_protocol::{HelperRecord, WarmSpec};
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Write};
@@ -52,6 +52,9 @@ pub struct HelperCommand {
     pub stdout: Io,
     pub stderr: Io,
     pub outer_limits: Vec<OuterLimit>,
+    /// A sandbox of the warm pool: the spec goes on fd 3 before anything
+    /// else, and the helper builds it while its plan is decided.
+    pub warm: Option<WarmSpec>,
 }
 
 pub struct HelperChild {
@@ -67,6 +70,8 @@ pub struct HelperChild {
     pub stdin: Option<File>,
     pub stdout: Option<File>,
     pub stderr: Option<File>,
+    /// What it was built with ahead of its plan, if it is a warm pool's.
+    pub warm: Option<WarmSpec>,
 }
 
 impl HelperChild {
@@ -103,6 +108,14 @@ impl HelperChild {
     /// SIGKILL to the helper (through its pidfd).
     pub fn kill(&mut self) -> io::Result<()> {
         pidfd_kill(&self.pidfd, libc::SIGKILL)
+    }
+
+    /// Kills and reaps a helper that will get no plan. A warm one's pid 1
+    /// dies with it (its death signal), and with pid 1 the whole sandbox.
+    pub fn discard(mut self) {
+        if let Err(e) = self.kill().and_then(|()| self.wait().map(drop)) {
+            tracing::warn!(pid = self.pid, "cannot discard a helper started ahead: {e}");
+        }
     }
 }
 
@@ -307,6 +320,10 @@ impl Drop for SpawnSetup {
 pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
     // A socket: the plan's descriptors come with it.
     let (plan_channel, plan) = UnixStream::pair()?;
+    if let Some(spec) = &cmd.warm {
+        // Into an empty socket's buffer: it cannot block.
+        (&plan_channel).write_all(&spec.encode())?;
+    }
     // A socket, not a pipe: the helper hands over descriptors on it.
     let (status_read, status_write) = nix::sys::socket::socketpair(
         nix::sys::socket::AddressFamily::Unix,
@@ -382,7 +399,8 @@ pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
     let pid = pid as u32;
     let [stdin, stdout, stderr] = ours;
     let plan_channel = Some(plan_channel);
-    Ok(HelperChild { pid, pidfd, status: File::from(status_read), plan_channel, stdin, stdout, stderr })
+    let warm = cmd.warm;
+    Ok(HelperChild { pid, pidfd, status: File::from(status_read), plan_channel, stdin, stdout, stderr, warm })
 }
 
 fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {

@@ -1,12 +1,20 @@
-//! Helpers started ahead of requests.
+//! Helpers started ahead of requests: the warm pool.
 //!
-//! Each one has exec'd and waits, having done nothing else, for its plan on
-//! its socket; a run takes one and writes the plan, so starting a process is not
-//! on the run's path. Only runs without a cgroup use them: a run's cgroup
-//! must hold the helper from the start. A dead or stale one is skipped.
+//! With a [`WarmSpec`] (a broker that is not root, with user namespaces),
+//! each one builds a sandbox as far as nothing request-specific is involved
+//! (its user namespace and maps, the other namespaces, the monitor and its
+//! pid 1) and waits there for its plan; without one, it has exec'd and waits,
+//! having done nothing else. A run takes one and writes the plan, so
+//! starting a process, and building what the spec names, is not on the
+//! run's path. A sandbox serves exactly one run, then is gone with it.
+//!
+//! Only runs without a cgroup use them (a run's cgroup must hold the helper
+//! from the start), and a warm one only for a plan its spec admits; any
+//! other run gets a cold helper. A dead one is skipped.
 
 use crate::helper::{HelperChild, HelperCommand, Io};
 use crate::spawn_thread::Spawner;
+use palisade_protocol::{JailPlan, WarmSpec};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,10 +30,12 @@ pub struct Pool {
     refilling: AtomicBool,
     spawner: Spawner,
     helper: PathBuf,
+    /// What a helper builds before its plan; `None`: nothing.
+    warm: Mutex<Option<WarmSpec>>,
 }
 
 impl Pool {
-    pub fn new(spawner: Spawner, helper: PathBuf, size: usize) -> Arc<Pool> {
+    pub fn new(spawner: Spawner, helper: PathBuf, size: usize, warm: Option<WarmSpec>) -> Arc<Pool> {
         Arc::new(Pool {
             idle: Mutex::new(Vec::new()),
             ahead: Mutex::new(None),
@@ -33,7 +43,16 @@ impl Pool {
             refilling: AtomicBool::new(false),
             spawner,
             helper,
+            warm: Mutex::new(warm),
         })
+    }
+
+    /// Helpers started from now on build nothing ahead of their plan (the
+    /// host turned out to have no user namespaces for the broker).
+    pub fn stop_warming(&self) {
+        if let Ok(mut warm) = self.warm.lock() {
+            *warm = None;
+        }
     }
 
     fn command(&self) -> HelperCommand {
@@ -44,24 +63,23 @@ impl Pool {
             stdout: Io::Piped,
             stderr: Io::Piped,
             outer_limits: vec![],
+            warm: self.warm.lock().ok().and_then(|w| *w),
         }
     }
 
-    /// An idle helper, if one is ready. The caller calls [`Pool::refill`]
-    /// once its run is over: a replacement started now would compete with
-    /// the run for the CPU.
-    pub fn take(self: &Arc<Pool>) -> Option<HelperChild> {
+    /// An idle helper that can run `plan`, if one is ready. The caller
+    /// calls [`Pool::refill`] once its run is over: a replacement started
+    /// now would compete with the run for the CPU.
+    fn take(self: &Arc<Pool>, plan: &JailPlan) -> Option<HelperChild> {
         if self.size == 0 {
             return None;
         }
         let mut taken = None;
         let mut empty = true;
         if let Ok(mut idle) = self.idle.lock() {
-            while let Some(mut h) = idle.pop() {
-                if matches!(h.try_wait(), Ok(None)) {
-                    taken = Some(h);
-                    break;
-                }
+            idle.retain_mut(|h| matches!(h.try_wait(), Ok(None)));
+            if let Some(i) = idle.iter().position(|h| fits(h, plan)) {
+                taken = Some(idle.swap_remove(i));
             }
             empty = idle.is_empty();
         }
@@ -86,22 +104,23 @@ impl Pool {
         }
     }
 
-    /// The helper of [`Pool::start_one`], once started, if it is still there;
-    /// else one of [`Pool::take`].
-    pub async fn claim(self: &Arc<Pool>) -> Option<HelperChild> {
+    /// A helper for `plan`: the one of [`Pool::start_one`], once started,
+    /// if it is still there and can run it (else it is discarded); else an
+    /// idle one that can.
+    pub async fn claim(self: &Arc<Pool>, plan: &JailPlan) -> Option<HelperChild> {
         let ahead = self.ahead.lock().ok().and_then(|mut a| a.take());
         if let Some(rx) = ahead {
             match rx.await {
-                Ok(Ok(mut h)) => {
-                    if matches!(h.try_wait(), Ok(None)) {
-                        return Some(h);
-                    }
-                }
+                Ok(Ok(mut h)) => match h.try_wait() {
+                    Ok(None) if fits(&h, plan) => return Some(h),
+                    Ok(None) => h.discard(),
+                    _ => {}
+                },
                 Ok(Err(e)) => tracing::warn!("the helper started ahead of the run failed: {e}"),
                 Err(_) => {}
             }
         }
-        self.take()
+        self.take(plan)
     }
 
     /// Starts helpers until `size` are idle (in the background).
@@ -126,4 +145,10 @@ impl Pool {
             pool.refilling.store(false, Ordering::Release);
         });
     }
+}
+
+/// Whether `helper` can run `plan`: any helper that built nothing, a warm
+/// one only for a plan its spec admits.
+fn fits(helper: &HelperChild, plan: &JailPlan) -> bool {
+    helper.warm.is_none_or(|spec| spec.admits(plan).is_ok())
 }

@@ -17,9 +17,10 @@ use crate::requester::Requester;
 use crate::service::Grants;
 use crate::spawn_thread::Spawner;
 use palisade_policy::Resolved;
+use palisade_protocol::attest::Built;
 use palisade_protocol::plan::Listener;
 use palisade_protocol::wire::{RunRequest, RunResult, RunStatus, ServerMessage, Stream};
-use palisade_protocol::{ExitReport, HelperRecord, LandlockReport, Tier, encode_plan};
+use palisade_protocol::{ExitReport, HelperRecord, LandlockReport, Tier, WarmSpec, encode_plan};
 use std::future::Future;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -164,9 +165,10 @@ struct Timeline {
 }
 
 impl Engine {
-    /// `prespawn`: helpers kept started ahead of requests (see [`Pool`]).
-    pub fn new(spawner: Spawner, helper: PathBuf, prespawn: usize) -> Engine {
-        let pool = Pool::new(spawner.clone(), helper.clone(), prespawn);
+    /// `prespawn`: helpers kept started ahead of requests, building `warm`
+    /// before their plan (see [`Pool`]).
+    pub fn new(spawner: Spawner, helper: PathBuf, prespawn: usize, warm: Option<WarmSpec>) -> Engine {
+        let pool = Pool::new(spawner.clone(), helper.clone(), prespawn, warm);
         Engine { spawner, helper, pool }
     }
 
@@ -180,6 +182,11 @@ impl Engine {
         self.pool.start_one();
     }
 
+    /// Helpers started from now on build nothing ahead of their plan.
+    pub fn stop_warming(&self) {
+        self.pool.stop_warming();
+    }
+
     async fn spawn_fresh(
         &self,
         request: &RunRequest,
@@ -187,6 +194,7 @@ impl Engine {
     ) -> Result<HelperChild, BrokerError> {
         self.spawner
             .spawn(HelperCommand {
+                warm: None,
                 helper: self.helper.clone(),
                 cgroup_dir: cgroup.map(RunCgroup::open_dir).transpose()?.flatten(),
                 stdin: if request.stdin.is_empty() { Io::Null } else { Io::Piped },
@@ -207,12 +215,13 @@ impl Engine {
     /// fresh one.
     async fn launch(
         &self,
-        plan: Vec<u8>,
+        resolved: &Resolved,
         grants: &Grants,
         request: &RunRequest,
         cgroup: Option<&RunCgroup>,
     ) -> Result<HelperChild, BrokerError> {
-        let pooled = if cgroup.is_none() { self.pool.claim().await } else { None };
+        let plan = encode_plan(&resolved.plan)?;
+        let pooled = if cgroup.is_none() { self.pool.claim(&resolved.plan).await } else { None };
         let mut helper = match pooled {
             Some(h) => h,
             None => self.spawn_fresh(request, cgroup).await?,
@@ -242,13 +251,13 @@ impl Engine {
         cgroup: Option<&RunCgroup>,
     ) -> Result<RunResult, BrokerError> {
         let Planned { id: run_id, resolved, grants } = planned;
-        let plan = encode_plan(&resolved.plan)?;
         let tier = resolved.plan.tier();
         let started = Instant::now();
-        let helper = self.launch(plan, grants, request, cgroup).await?;
+        let helper = self.launch(resolved, grants, request, cgroup).await?;
+        let built = if helper.warm.is_some() { Built::Warm } else { Built::Cold };
         let HelperChild { pid, pidfd, status, stdin, stdout, stderr, .. } = helper;
         let mut timeline = Timeline { spawned_us: started.elapsed().as_micros(), ..Timeline::default() };
-        tracing::debug!(run_id, pid, %tier, "helper started");
+        tracing::debug!(run_id, pid, %tier, ?built, "helper started");
         let (status, early, egress) = match serve_egress(resolved, status).await {
             Ok(served) => served,
             Err(e) => {
@@ -318,7 +327,7 @@ impl Engine {
             stdout_bytes: streamed.stdout_bytes,
             stderr_bytes: streamed.stderr_bytes,
             written_bytes,
-            attestation: attestation(request, resolved, report.landlock, egress_traffic),
+            attestation: attestation(request, resolved, report.landlock, egress_traffic, Some(built)),
         })
     }
 }

@@ -14,10 +14,10 @@ use crate::trust::TrustStore;
 use crate::{host, paths};
 use palisade_policy::trust::EscalationReason;
 use palisade_policy::{Config, Context, Decision, Host, HostCapabilities, Policy, Resolved};
-use palisade_protocol::HostIds;
 use palisade_protocol::wire::{
     ErrorKind, ErrorReply, PendingApproval, RunRequest, RunResult, RunStatus, ToolInfo,
 };
+use palisade_protocol::{HostIds, Namespaces, WarmSpec};
 use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -107,6 +107,16 @@ impl Peer {
     }
 }
 
+/// What the warm pool's sandboxes are built with: the default plan's shape
+/// for a broker that is not root (Tier C, every namespace, its own ids, no
+/// host ids). A root broker's sandboxes run as each requester's own host
+/// ids, so it builds nothing ahead; nor does one with `warm = false`.
+fn warm_spec(config: &Config) -> Option<WarmSpec> {
+    let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+    let usable = config.broker.warm && config.broker.user_namespaces && !nix::unistd::geteuid().is_root();
+    usable.then_some(WarmSpec { uid, gid, namespaces: Namespaces::ALL, parent_pid: std::process::id() })
+}
+
 impl Broker {
     /// A broker for `config`. Call before starting any thread: the probe of
     /// user namespaces forks.
@@ -131,7 +141,8 @@ impl Broker {
         let helper = helper.or_else(|| config.broker.helper.clone()).unwrap_or_else(paths::default_helper);
         paths::check_helper(&helper)?;
         let spawner = Spawner::start().map_err(|e| format!("cannot start the spawner thread: {e}"))?;
-        let engine = Engine::new(spawner.clone(), helper.clone(), config.broker.prespawn);
+        let warm = warm_spec(&config);
+        let engine = Engine::new(spawner.clone(), helper.clone(), config.broker.prespawn, warm);
         if one_run {
             engine.start_one();
         }
@@ -174,6 +185,9 @@ impl Broker {
         // host is read at each decision, as the requester.
         let policy = Policy::new(config, &*host::files());
         let capabilities = host::probe(&cgroups, userns.passed() && user_namespaces);
+        if !capabilities.user_namespaces {
+            engine.stop_warming();
+        }
         tracing::info!(
             user_namespaces = capabilities.user_namespaces,
             landlock_abi = capabilities.landlock_abi,
@@ -534,7 +548,7 @@ fn decision(run_id: u64, decision: &str, refusal: Option<&ErrorReply>) -> Event 
 
 /// The record of a run about to start: what its attestation will pin.
 fn run_started(run_id: u64, request: &RunRequest, resolved: &Resolved) -> Event {
-    let planned = crate::attest::attestation(request, resolved, None, None);
+    let planned = crate::attest::attestation(request, resolved, None, None, None);
     Event::RunStarted {
         run_id,
         execution_sha256: planned.execution_sha256,

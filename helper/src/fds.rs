@@ -6,7 +6,9 @@
 use crate::error::{Context, Result, STATUS_FD, fail};
 use nix::errno::Errno;
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
-use palisade_protocol::{JailPlan, PLAN_MAX_BYTES, PLAN_MAX_DESCRIPTORS, Stage, decode_plan};
+use palisade_protocol::{
+    JailPlan, PLAN_MAX_BYTES, PLAN_MAX_DESCRIPTORS, Stage, WARM_MAGIC, WARM_SPEC_BYTES, WarmSpec, decode_plan,
+};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 pub const PLAN_FD: i32 = 3;
@@ -55,15 +57,63 @@ pub fn close_inherited() -> Result<()> {
     close_range(CGROUP_FD as u32 + 1, u32::MAX)
 }
 
+/// The warm spec that a pooled helper gets on fd 3 before its plan, or
+/// `None` when a plan comes first (it is left unread, for [`read_plan`]).
+pub fn read_warm_spec() -> Result<Option<WarmSpec>> {
+    let mut head = [0u8; WARM_SPEC_BYTES];
+    // A peek leaves a plan's bytes, and the descriptors sent with them, in the socket.
+    let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_WAITALL;
+    let peeked = loop {
+        match nix::sys::socket::recv(PLAN_FD, &mut head[..WARM_MAGIC.len()], flags) {
+            Err(Errno::EINTR) => continue,
+            other => {
+                break other.at(Stage::Plan, || "read the start of fd 3 (a Unix stream socket)".into())?;
+            }
+        }
+    };
+    // Fewer bytes: the socket was closed early, which read_plan reports.
+    if peeked < WARM_MAGIC.len() || head[..WARM_MAGIC.len()] != WARM_MAGIC {
+        return Ok(None);
+    }
+    let mut have = 0;
+    while have < WARM_SPEC_BYTES {
+        match nix::sys::socket::recv(PLAN_FD, &mut head[have..], MsgFlags::empty()) {
+            Err(Errno::EINTR) => continue,
+            Ok(0) => return Err(fail(Stage::Plan, Errno::EPIPE, "fd 3 closed inside the warm spec")),
+            Ok(n) => have += n,
+            Err(e) => return Err(fail(Stage::Plan, e, "read the warm spec from fd 3")),
+        }
+    }
+    let spec = WarmSpec::decode(&head).map_err(|e| fail(Stage::Plan, Errno::EINVAL, e))?;
+    // A warm sandbox joins no cgroup: fd 5, if open, is nothing of ours, and
+    // must go before the helper opens anything that could take its number.
+    if is_open(CGROUP_FD) {
+        close_range(CGROUP_FD as u32, CGROUP_FD as u32)?;
+    }
+    Ok(Some(spec))
+}
+
+/// Whether fd 5 is open: before anything of the helper's own is, whether
+/// the caller passed a cgroup directory.
+pub fn cgroup_dir_passed() -> bool {
+    is_open(CGROUP_FD)
+}
+
+/// Closes fd 3 in the monitor of a warm sandbox, which forked before the
+/// plan came: only pid 1 reads it.
+pub fn close_plan_socket() -> Result<()> {
+    close_range(PLAN_FD as u32, PLAN_FD as u32)
+}
+
 /// The plan from fd 3 and the descriptors that came with it (close-on-exec),
 /// one per entry of `plan.descriptors`. fd 3 is closed afterwards; so is
 /// fd 5 when the plan names no cgroup (it was then nothing of ours).
-pub fn read_plan() -> Result<(JailPlan, Vec<OwnedFd>)> {
+/// `had_cgroup_fd`: whether fd 5 is the caller's ([`cgroup_dir_passed`],
+/// asked before anything else could take its number).
+pub fn read_plan(had_cgroup_fd: bool) -> Result<(JailPlan, Vec<OwnedFd>)> {
     // SAFETY: fd 3 carries the plan by the calling convention and nothing else
     // in this process refers to it; the OwnedFd closes it when this returns.
     let socket = unsafe { OwnedFd::from_raw_fd(PLAN_FD) };
-    // Whether fd 5 is the caller's: if not, a received descriptor may take its number.
-    let had_cgroup_fd = is_open(CGROUP_FD);
     let mut bytes = Vec::with_capacity(PLAN_READ_BYTES);
     let mut received: Vec<OwnedFd> = Vec::new();
     let mut buf = vec![0u8; PLAN_READ_BYTES];

@@ -30,8 +30,9 @@ use monitor::Role;
 use nix::errno::Errno;
 use nix::sys::prctl;
 use nix::sys::signal::Signal;
-use palisade_protocol::Stage;
+use palisade_protocol::{JailPlan, Namespaces, Stage};
 use std::convert::Infallible;
+use std::os::fd::OwnedFd;
 
 fn main() {
     if std::env::args_os().len() > 1 {
@@ -51,50 +52,44 @@ fn contain() -> Result<Infallible> {
     fds::check_conventions()?;
     // Nothing a caller left open may reach the sandbox (pid 1 never execs).
     fds::close_inherited()?;
-    let (plan, received) = fds::read_plan()?;
-    // The broker checked it before sending; the helper builds nothing it has not checked itself.
-    plan.check().map_err(|e| fail(Stage::Plan, Errno::EINVAL, format!("the plan asks for {e}")))?;
-    // Tier C builds its root from them; Tier B's Landlock rules use them.
-    let mut descriptors = Some(fds::Descriptors::new(&plan, received));
     fds::close_on_exec_above_stdio()?;
+    let (plan, mut descriptors, entered) = match fds::read_warm_spec()? {
+        // A warm pool's sandbox: its namespaces, monitor and pid 1 come
+        // before the request, then the plan must be one they fit exactly.
+        Some(spec) => {
+            lifeline::arm_against_caller(spec.parent_pid, Signal::SIGKILL)?;
+            let entered = enter_namespaces(&spec.namespaces, spec.uid, spec.gid, Vec::new(), true)?;
+            let (plan, descriptors) = receive_plan(false)?;
+            spec.admits(&plan).map_err(|e| fail(Stage::Plan, Errno::EINVAL, e))?;
+            (plan, descriptors, Some(entered))
+        }
+        None => {
+            let (plan, descriptors) = receive_plan(fds::cgroup_dir_passed())?;
+            (plan, descriptors, None)
+        }
+    };
     // Tier B's helper cleans up after the command when its caller dies: see lifeline.rs.
     let death_signal = if plan.namespaces.user { Signal::SIGKILL } else { Signal::SIGTERM };
-    lifeline::arm_against_caller(plan.parent_pid, death_signal)?;
-    if let Some(path) = &plan.cgroup {
-        // Before the namespaces: this cgroup becomes the root of the sandbox's cgroup namespace.
-        cgroup::join(path)?;
+    if entered.is_none() {
+        lifeline::arm_against_caller(plan.parent_pid, death_signal)?;
+        if let Some(path) = &plan.cgroup {
+            // Before the namespaces: this cgroup becomes the root of the sandbox's cgroup namespace.
+            cgroup::join(path)?;
+        }
     }
     let tether = if plan.namespaces.user {
-        // The plan names host ids and the requester they act for together, or neither.
-        let captured = match (plan.host_ids, plan.acting_for) {
-            (Some(ids), Some(requester)) => {
-                // As root, in the host's mount namespace: the kernel clones only its own mounts.
-                let trees = hostids::clone_sources(&plan, descriptors.as_ref(), requester, ids)?;
-                // Before any namespace: no process of the sandbox is ever host root.
-                creds::become_host_ids(ids)?;
-                // The kernel clears the death signal when credentials change.
-                lifeline::arm_against_caller(plan.parent_pid, death_signal)?;
-                trees
-            }
-            _ => vec![],
+        let entered = match entered {
+            Some(built_ahead) => built_ahead,
+            None => enter_cold(&plan, descriptors.as_ref(), death_signal)?,
         };
-        userns::enter(&plan.namespaces, plan.uid, plan.gid)?;
-        let net = if plan.namespaces.net { Some(net::prepare()?) } else { None };
-        // The outer helper stays behind as monitor (after making the network
-        // namespace and handing its listeners to the broker, while its child
-        // builds the mounts); its child is pid 1 of the new pid namespace.
-        let to_relay = monitor::fork_watched(Role::Relay, || match &net {
-            Some(n) => n.create(plan.loopback, &plan.listeners),
-            None => Ok(()),
-        })?;
-        mounts::build_root(&plan, descriptors.take(), captured)?;
+        mounts::build_root(&plan, descriptors.take(), entered.captured)?;
         if let Some(name) = &plan.hostname {
             uts::set_hostname(name)?;
         }
-        if let Some(n) = net {
-            n.join()?;
+        if let Some(n) = entered.net {
+            n.join(plan.loopback, &plan.listeners)?;
         }
-        drop(to_relay);
+        drop(entered.to_relay);
         // pid 1 stays as a tiny init; the command runs in its child. Nothing
         // of pid 1 may be reached from the command through /proc/1: it holds
         // no descriptor but stdio and the status channel, and it is not
@@ -126,4 +121,63 @@ fn contain() -> Result<Infallible> {
     // Last before execve, so the filter need not allow anything the helper does.
     seccomp::install(&plan.seccomp)?;
     exec::exec(command)
+}
+
+/// The plan from fd 3, checked, and the descriptors of its host paths (Tier
+/// C builds its root from them; Tier B's Landlock rules use them).
+/// `cgroup_dir`: whether fd 5 is still the caller's cgroup directory.
+fn receive_plan(cgroup_dir: bool) -> Result<(JailPlan, Option<fds::Descriptors>)> {
+    let (plan, received) = fds::read_plan(cgroup_dir)?;
+    // The broker checked it before sending; the helper builds nothing it has not checked itself.
+    plan.check().map_err(|e| fail(Stage::Plan, Errno::EINVAL, format!("the plan asks for {e}")))?;
+    let descriptors = fds::Descriptors::new(&plan, received);
+    Ok((plan, Some(descriptors)))
+}
+
+/// A Tier C sandbox up to its mounts: in a new user namespace and the
+/// others, the outer helper left behind as monitor, this process pid 1.
+struct Entered {
+    /// Mount trees a helper started by root cloned on the host.
+    captured: Vec<Option<OwnedFd>>,
+    net: Option<net::Pending>,
+    to_relay: OwnedFd,
+}
+
+/// [`Entered`] for a plan in hand (a cold sandbox).
+fn enter_cold(plan: &JailPlan, descriptors: Option<&fds::Descriptors>, death: Signal) -> Result<Entered> {
+    // The plan names host ids and the requester they act for together, or neither.
+    let captured = match (plan.host_ids, plan.acting_for) {
+        (Some(ids), Some(requester)) => {
+            // As root, in the host's mount namespace: the kernel clones only its own mounts.
+            let trees = hostids::clone_sources(plan, descriptors, requester, ids)?;
+            // Before any namespace: no process of the sandbox is ever host root.
+            creds::become_host_ids(ids)?;
+            // The kernel clears the death signal when credentials change.
+            lifeline::arm_against_caller(plan.parent_pid, death)?;
+            trees
+        }
+        _ => vec![],
+    };
+    enter_namespaces(&plan.namespaces, plan.uid, plan.gid, captured, false)
+}
+
+/// The namespaces and the fork into pid 1. The outer helper stays behind as
+/// monitor, and makes the network namespace while its child goes on; in a
+/// warm sandbox it first closes fd 3, which only pid 1 reads.
+fn enter_namespaces(
+    ns: &Namespaces,
+    uid: u32,
+    gid: u32,
+    captured: Vec<Option<OwnedFd>>,
+    warm: bool,
+) -> Result<Entered> {
+    userns::enter(ns, uid, gid)?;
+    let net = if ns.net { Some(net::prepare()?) } else { None };
+    let to_relay = monitor::fork_watched(Role::Relay, || {
+        if warm {
+            fds::close_plan_socket()?;
+        }
+        net.as_ref().map_or(Ok(()), net::Pending::create)
+    })?;
+    Ok(Entered { captured, net, to_relay })
 }

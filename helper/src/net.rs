@@ -4,12 +4,14 @@
 //! kernel registers every protocol's per-namespace state), so the outer
 //! helper creates it while its child builds the mount tree, and the child
 //! joins it before anything runs: `prepare` before the fork, `create` in the
-//! parent, `join` in the child.
+//! parent, `join` in the child. Nothing of it depends on the plan, so a
+//! warm sandbox has it before its plan comes.
 //!
-//! Strict egress: the parent also opens the plan's listeners there, once
-//! `lo` is up, and hands them to the broker in one status record. It holds
-//! every capability of the sandbox's user namespace (ports below 1024), and
-//! it is not the sandbox's pid 1: no process of the sandbox inherits them.
+//! `join` then brings `lo` up when the plan asks and, for strict egress,
+//! opens the plan's listeners there and hands them to the broker in one
+//! status record. The child still holds every capability of the sandbox's
+//! user namespace (ports below 1024), and it keeps none of them: they are
+//! closed once handed over, before the command is forked.
 
 use crate::error::{self, Context, Result, fail};
 use nix::errno::Errno;
@@ -46,23 +48,18 @@ pub fn prepare() -> Result<Pending> {
 }
 
 impl Pending {
-    /// In the parent: a new network namespace for this process, `lo` up if
-    /// asked, the listeners handed to the broker, then one byte to the child.
-    pub fn create(&self, loopback: bool, listeners: &[Listener]) -> Result<()> {
+    /// In the parent: a new network namespace for this process, then one
+    /// byte to the child.
+    pub fn create(&self) -> Result<()> {
         unshare(CloneFlags::CLONE_NEWNET).at(Stage::Namespaces, || "unshare(net)".into())?;
-        if loopback {
-            loopback_up()?;
-        }
-        if !listeners.is_empty() {
-            hand_over(listeners)?;
-        }
         write(&self.ready_write, &[1]).at(Stage::Namespaces, || "signal the network namespace".into())?;
         Ok(())
     }
 
-    /// In the child: waits for the parent's namespace and moves into it. An
-    /// end of file means the parent failed (it reports why).
-    pub fn join(self) -> Result<()> {
+    /// In the child: waits for the parent's namespace and moves into it (an
+    /// end of file means the parent failed, and it reports why); then `lo`
+    /// up if asked, and the listeners handed to the broker.
+    pub fn join(self, loopback: bool, listeners: &[Listener]) -> Result<()> {
         drop(self.ready_write);
         let mut byte = [0u8];
         let n = loop {
@@ -74,7 +71,11 @@ impl Pending {
         if n != 1 {
             return Err(fail(Stage::Namespaces, Errno::ECHILD, "the network namespace was not created"));
         }
-        setns(&self.creator, CloneFlags::CLONE_NEWNET).at(Stage::Namespaces, || "setns(net)".into())
+        setns(&self.creator, CloneFlags::CLONE_NEWNET).at(Stage::Namespaces, || "setns(net)".into())?;
+        if loopback {
+            loopback_up()?;
+        }
+        if listeners.is_empty() { Ok(()) } else { hand_over(listeners) }
     }
 }
 

@@ -319,8 +319,14 @@ pub struct BrokerConfig {
     /// Runs waiting for a slot; beyond this, requests get `Busy`.
     pub max_queued: usize,
     /// Helpers started ahead of requests, waiting for a plan, so that a run
-    /// without a cgroup does not wait for one to start. 0: none.
+    /// without a cgroup does not wait for one to start: the warm pool's
+    /// size. 0: none.
     pub prespawn: usize,
+    /// Each of those builds its sandbox ahead, as far as nothing of the
+    /// request is involved (user namespace and maps, the other namespaces,
+    /// monitor and pid 1), for a broker that is not root; one serves one run.
+    /// false: they only wait, having built nothing.
+    pub warm: bool,
     /// Sandboxes see `/etc` as one read-only bind of a copy of the curated
     /// entries that the broker keeps, and takes afresh when the host's change
     /// (watched with inotify); false: each entry is bound on its own, at
@@ -399,6 +405,7 @@ impl Default for BrokerConfig {
             max_concurrent: 16,
             max_queued: 128,
             prespawn: 2,
+            warm: true,
             etc_snapshot: true,
             helper: None,
             sandbox_ids: SandboxIds::default(),

@@ -71,6 +71,15 @@ impl fmt::Display for EgressMode {
     }
 }
 
+/// When the run's sandbox was built: ahead of its request, by the broker's
+/// warm pool (namespaces, monitor and pid 1), or for it.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Built {
+    Warm,
+    Cold,
+}
+
 /// What bounded the run's memory and processes.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LimitsBy {
@@ -140,6 +149,9 @@ pub struct LandlockEnforcement {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Enforcement {
     pub namespaces: Vec<String>,
+    /// Whether the namespaces were built ahead of the request (warm) or for
+    /// it (cold); `None` where nothing was built (`palisade explain`).
+    pub built: Option<Built>,
     /// The host uid the sandbox ran as.
     pub host_uid: u32,
     pub landlock: Option<LandlockEnforcement>,
@@ -800,6 +812,7 @@ mod tests {
     fn an_enforcement_round_trips_in_bincode() {
         let e = Enforcement {
             namespaces: vec!["user".into()],
+            built: Some(Built::Warm),
             host_uid: 1000,
             landlock: Some(LandlockEnforcement {
                 abi: 6,

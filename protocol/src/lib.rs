@@ -3,6 +3,7 @@
 //! - [`plan`]: the broker → helper `JailPlan` (fd 3), the tables it relies
 //!   on (the /dev layout, the rlimits) and, in [`check`], its invariants.
 //! - [`status`]: the helper → broker status records (fd 4).
+//! - [`warm`]: what a helper of the broker's warm pool builds before its plan.
 //! - [`wire`]: client ⇄ broker messages (the Unix socket); the attestation
 //!   they carry is typed in [`attest`].
 
@@ -11,6 +12,7 @@ pub mod check;
 pub mod plan;
 pub mod plugin;
 pub mod status;
+pub mod warm;
 pub mod wire;
 
 pub use check::PlanInvariant;
@@ -21,3 +23,4 @@ pub use plan::{
     Rlimits, Tier, decode_plan, dev_entries, encode_plan, tmpfs_inodes,
 };
 pub use status::{ExitReport, HelperFailure, HelperRecord, LandlockReport, RulesetState, Stage};
+pub use warm::{WARM_MAGIC, WARM_SPEC_BYTES, WarmSpec};

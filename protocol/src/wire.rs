@@ -26,7 +26,7 @@ pub const MAGIC: &str = "palisade";
 /// egress, the run request's `allow_domains` and the attestation's egress
 /// traffic; 5: WebAssembly skill plugins, `RunPlugin` and `PluginResult`; 6: the
 /// plugin-host's cgroup in a plugin result's attestation).
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
 

@@ -253,7 +253,19 @@ pub fn open_descriptors(plan: &JailPlan) -> Vec<std::os::fd::OwnedFd> {
 
 /// Runs the real helper binary on `plan` and collects everything.
 pub fn run_helper(plan: &JailPlan, stdin: Io, timeout: Duration) -> Outcome {
+    run_helper_with(plan, stdin, timeout, None)
+}
+
+/// [`run_helper`], the helper first given `warm` (a warm pool's sandbox):
+/// it builds that much before the plan is sent.
+pub fn run_helper_with(
+    plan: &JailPlan,
+    stdin: Io,
+    timeout: Duration,
+    warm: Option<palisade_protocol::WarmSpec>,
+) -> Outcome {
     let mut child = spawn(HelperCommand {
+        warm,
         helper: bin("palisade-helper"),
         cgroup_dir: None,
         stdin,

@@ -510,6 +510,7 @@ fn a_corrupt_plan_is_refused_before_anything_happens() {
     let mut bytes = palisade_protocol::encode_plan(&jail.plan(&["echo", "x"])).unwrap();
     bytes[7] = 99; // version
     let mut child = palisade_broker::helper::spawn(palisade_broker::helper::HelperCommand {
+        warm: None,
         helper: bin("palisade-helper"),
         cgroup_dir: None,
         stdin: Io::Null,
@@ -584,6 +585,39 @@ fn the_command_runs_with_the_plans_ids_cwd_and_exit_status() {
         assert_eq!((o.exit(), o.status.code()), (Some(ExitReport::Code(7)), Some(7)), "{tier}");
         let o = jail.run(&["kill-self", "15"]);
         assert_eq!((o.exit(), o.status.code()), (Some(ExitReport::Signal(15)), Some(143)), "{tier}");
+    }
+}
+
+/// A warm pool's helper builds its namespaces, monitor and pid 1 before it
+/// has a plan, then runs the plan its spec admits, and refuses any other
+/// at stage `plan`, whatever the broker sends.
+#[test]
+fn a_warm_helper_runs_only_a_plan_its_spec_admits() {
+    let jail = Jail::new(Tier::C);
+    let plan = jail.plan(&["ns"]);
+    if is_root() {
+        // A root caller's sandbox runs as its own host ids, so it is never
+        // built ahead; the unprivileged half of this suite runs the rest.
+        assert!(palisade_protocol::WarmSpec::of(&plan).is_err());
+        return;
+    }
+    let spec = palisade_protocol::WarmSpec::of(&plan).expect("a plan that can be built ahead");
+    let warm = run_helper_with(&plan, Io::Null, Duration::from_secs(60), Some(spec));
+    let namespaces = warm.expect_ran().probe().unwrap();
+    let cold = run_helper(&plan, Io::Null, Duration::from_secs(60));
+    assert_ne!(cold.expect_ran().probe().unwrap(), namespaces, "two sandboxes, two sets of namespaces");
+    for (what, change) in [
+        ("other ids", (|p| p.uid += 1) as fn(&mut palisade_protocol::JailPlan)),
+        ("no network namespace", |p| (p.namespaces.net, p.loopback) = (false, false)),
+        ("another broker", |p| p.parent_pid = 1),
+    ] {
+        let mut other = plan.clone();
+        change(&mut other);
+        let o = run_helper_with(&other, Io::Null, Duration::from_secs(60), Some(spec));
+        let f = o.failure().unwrap_or_else(|| panic!("{what}: no failure: {o:#?}"));
+        assert_eq!(f.stage, Stage::Plan, "{what}: {f}");
+        assert!(f.message.contains("built ahead") || f.message.contains("built for"), "{what}: {f}");
+        assert!(o.stdout.is_empty(), "{what}: the command ran: {}", o.stdout);
     }
 }
 

@@ -108,6 +108,7 @@ pub async fn start(
     let cgroup_dir = cgroup_dir.map_err(|e| HostError::Start(format!("its cgroup: {e}")))?.flatten();
     let mut child = spawner
         .spawn(HelperCommand {
+            warm: None,
             helper: helper.clone(),
             cgroup_dir,
             stdin: Io::Piped,

@@ -99,6 +99,8 @@ fn run() -> Result<(), (Errno, String)> {
             std::fs::OpenOptions::new().read(true).write(true).open(arg(1)).map(|_| String::new()).map_err(io)
         }
         "sysv" => sysv(&arg(1), arg(2).parse().unwrap_or(0)),
+        "traces" => traces(&arg(1)),
+        "look" => Ok(look(&arg(1))),
         "no-landlock" => no_landlock(&args[1..]),
         "daemonize" => daemonize(&arg(1), arg(2) == "flood"),
         "sleep" => loop {
@@ -114,15 +116,7 @@ fn run() -> Result<(), (Errno, String)> {
             nix::unistd::getsid(None).map(|p| p.as_raw()).unwrap_or(-1),
             nix::unistd::getpgrp()
         )),
-        "ns" => Ok(["user", "mnt", "pid", "net", "uts", "ipc", "cgroup"]
-            .iter()
-            .map(|n| {
-                std::fs::read_link(format!("/proc/self/ns/{n}"))
-                    .map(|l| l.display().to_string())
-                    .unwrap_or_default()
-            })
-            .collect::<Vec<_>>()
-            .join(",")),
+        "ns" => Ok(namespaces()),
         "caller" => caller(&arg(1)),
         "cat" => {
             let mut s = String::new();
@@ -210,6 +204,80 @@ fn sysv(kind: &str, key: i32) -> Outcome {
     }
 }
 
+/// The SysV message queue key `traces` leaves.
+const TRACE_KEY: i32 = 0x5057;
+
+/// Leaves what a run could leave to the next one in its sandbox: a file in
+/// /tmp, a SysV message queue and shared memory segment, and a detached
+/// process (`probe sleep TOKEN`); then reports, as `look` would, that they
+/// are there (the counter-test of `look` run in a later sandbox).
+fn traces(token: &str) -> Outcome {
+    use nix::unistd::{ForkResult, fork, setsid};
+    let step = |what: &'static str| move |(e, _): (Errno, String)| (e, what.to_string());
+    std::fs::write(format!("/tmp/trace-{token}"), b"trace").map_err(io).map_err(step("file"))?;
+    // SAFETY: the calls take integers only.
+    unsafe {
+        sys(libc::msgget(TRACE_KEY, libc::IPC_CREAT | 0o600) as libc::c_long).map_err(step("sysv"))?;
+        sys(libc::shmget(TRACE_KEY, 4096, libc::IPC_CREAT | 0o600) as libc::c_long).map_err(step("shm"))?;
+    }
+    let exe = std::env::current_exe().map_err(io)?;
+    // SAFETY: the children only call setsid, fork, exec and exit.
+    match unsafe { fork() }.map_err(errno)? {
+        ForkResult::Child => {
+            let _ = setsid();
+            // SAFETY: as above.
+            if let Ok(ForkResult::Child) = unsafe { fork() } {
+                let err = std::process::Command::new(&exe).args(["sleep", token]).exec_replace();
+                eprintln!("probe: exec failed: {err}");
+            }
+            std::process::exit(0);
+        }
+        ForkResult::Parent { child } => {
+            let _ = nix::sys::wait::waitpid(child, None);
+        }
+    }
+    let started = std::time::Instant::now();
+    while !look(token).contains("process=yes") && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(look(token))
+}
+
+/// Which of the traces of `traces TOKEN` this process sees, and where it is
+/// (host name and namespaces).
+fn look(token: &str) -> String {
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let file = std::path::Path::new(&format!("/tmp/trace-{token}")).exists();
+    // SAFETY: as in `traces`.
+    let (sysv, shm) = unsafe { (libc::msgget(TRACE_KEY, 0) != -1, libc::shmget(TRACE_KEY, 0, 0) != -1) };
+    let me = std::process::id().to_string();
+    let process = std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        // Processes only ("self" is this one), and not this one.
+        name.parse::<u32>().is_ok() && name != me && cmdline.split(|b| *b == 0).any(|a| a == token.as_bytes())
+    });
+    let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
+    format!(
+        "file={} sysv={} shm={} process={} host={host} ns={}",
+        yes(file),
+        yes(sysv),
+        yes(shm),
+        yes(process),
+        namespaces()
+    )
+}
+
+/// This process's namespaces, as their links read.
+fn namespaces() -> String {
+    ["user", "mnt", "pid", "net", "uts", "ipc", "cgroup"]
+        .iter()
+        .map(|n| std::fs::read_link(format!("/proc/self/ns/{n}")).map(|l| l.display().to_string()))
+        .map(Result::unwrap_or_default)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Runs a command under a seccomp filter that answers ENOSYS to Landlock's
 /// system calls: a kernel without Landlock, as the command sees it.
 fn no_landlock(command: &[String]) -> Outcome {
@@ -245,6 +313,7 @@ fn caller(helper: &str) -> Outcome {
     plan.parent_pid = std::process::id();
     let encoded = palisade_protocol::encode_plan(&plan).map_err(|e| (Errno::EINVAL, e.to_string()))?;
     let mut child = palisade_broker::helper::spawn(palisade_broker::helper::HelperCommand {
+        warm: None,
         helper: helper.into(),
         cgroup_dir: None,
         stdin: palisade_broker::helper::Io::Null,
