@@ -75,7 +75,7 @@ pub fn download(dir: &Path, ws: &Path, size: usize, rounds: usize) -> String {
          allow_addresses = [\"127.0.0.1/32\"]\nmax_bytes = {}\n",
         4 * size
     );
-    let d = Daemon::start_with(dir, "bench-egress", true, defaults, &tables);
+    let d = Daemon::start_with(dir, "bench-egress", true, true, defaults, &tables);
     let python = "/usr/bin/python3";
     let client = |mode: &str, host: &str, sandboxed: bool| {
         let mut cmd = Command::new(if sandboxed { bin("palisade") } else { python.into() });

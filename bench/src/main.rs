@@ -312,15 +312,15 @@ pub(crate) struct Daemon {
 
 impl Daemon {
     /// A broker for the benchmark; `journal`: its audit journal on (the
-    /// default, kept in `dir`) or off.
-    fn start(dir: &Path, journal: bool) -> Daemon {
-        let name = if journal { "bench" } else { "bench-no-journal" };
-        Daemon::start_with(dir, name, journal, "", "")
+    /// default, kept in `dir`) or off; `warm`: its pool's sandboxes built
+    /// ahead (the default; a root broker never does) or not.
+    fn start(dir: &Path, name: &str, journal: bool, warm: bool) -> Daemon {
+        Daemon::start_with(dir, name, journal, warm, "", "")
     }
 
     /// A broker named `name`, its `[defaults]` with `defaults` added and
     /// `tables` after them.
-    fn start_with(dir: &Path, name: &str, journal: bool, defaults: &str, tables: &str) -> Daemon {
+    fn start_with(dir: &Path, name: &str, journal: bool, warm: bool, defaults: &str, tables: &str) -> Daemon {
         let config = dir.join(format!("{name}.toml"));
         let journal = match journal {
             true => {
@@ -330,7 +330,7 @@ impl Daemon {
         };
         std::fs::write(
             &config,
-            format!("[broker]\nmax_concurrent = 64\nmax_queued = 256\n{journal}[defaults]\nmax_output_bytes = 17179869184\nallow_interpreters = true\nallow_inline_code = true\n{defaults}{tables}"),
+            format!("[broker]\nmax_concurrent = 64\nmax_queued = 256\nwarm = {warm}\n{journal}[defaults]\nmax_output_bytes = 17179869184\nallow_interpreters = true\nallow_inline_code = true\n{defaults}{tables}"),
         )
         .unwrap();
         let socket = dir.join(format!("{name}.sock"));
@@ -756,8 +756,9 @@ fn main() {
     let ws = dir.join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let ws = ws.canonicalize().unwrap();
-    let d = Daemon::start(&dir, true);
-    let no_journal = Daemon::start(&dir, false);
+    let d = Daemon::start(&dir, "bench", true, true);
+    let no_journal = Daemon::start(&dir, "bench-no-journal", false, true);
+    let cold = Daemon::start(&dir, "bench-cold", false, false);
 
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let bare = Prefix { name: "bare exec".into(), prefix: vec![], cwd: ws.clone(), env: vec![] };
@@ -852,6 +853,14 @@ fn main() {
         cwd: ws.clone(),
     };
     launchers.push(&socket_client_no_journal);
+    // And through one whose pool builds nothing ahead (`warm = false`): as
+    // a root broker's, every sandbox is cold.
+    let socket_client_cold = SocketClient {
+        name: "palisade, socket client, journal off, warm = false",
+        socket: cold.socket.clone(),
+        cwd: ws.clone(),
+    };
+    launchers.push(&socket_client_cold);
     launchers.push(&embedded);
 
     // `--loop NAME N`: launch `/bin/true` N times with one launcher and

@@ -40,7 +40,7 @@ fn plugin_broker(dir: &Path) -> Daemon {
         .status()
         .expect("palisade plugin install");
     assert!(st.success(), "palisade plugin install failed: {st}");
-    Daemon::start_with(dir, "bench-plugins", true, "", &tables)
+    Daemon::start_with(dir, "bench-plugins", true, true, "", &tables)
 }
 
 /// One call of echo through a new connection: (whole µs, in-host µs).
