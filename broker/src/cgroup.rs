@@ -368,6 +368,17 @@ impl Cgroups {
 
     /// Creates run `name`'s cgroup with its limits.
     pub fn create(&self, name: &str, limits: CgroupLimits) -> Result<RunCgroup, CgroupError> {
+        let run = self.create_unlimited(name)?;
+        if let Err(e) = run.limit(limits) {
+            run.remove();
+            return Err(e);
+        }
+        Ok(run)
+    }
+
+    /// Creates the cgroup of a warm pool's slot (cgroup v2): its limits are
+    /// the run's, set when a run claims it ([`RunCgroup::set_limits`]).
+    pub fn create_unlimited(&self, name: &str) -> Result<RunCgroup, CgroupError> {
         let unavailable = || CgroupError::Unavailable(self.available().err().unwrap_or("no cgroup").into());
         let cg = self.load(name).ok_or_else(unavailable)?;
         let dir = match &self.backend {
@@ -382,19 +393,14 @@ impl Cgroups {
                 None
             }
         };
-        let run = RunCgroup {
+        Ok(RunCgroup {
             cg,
             dir,
             v1: self.is_v1(),
             name: name.to_string(),
             owner: self.clone(),
             removed: false,
-        };
-        if let Err(e) = run.limit(limits) {
-            run.remove();
-            return Err(e);
-        }
-        Ok(run)
+        })
     }
 
     /// Removes run cgroups that brokers no longer running left behind
@@ -470,6 +476,12 @@ impl Drop for RunCgroup {
 }
 
 impl RunCgroup {
+    /// Sets the run's limits: on a cgroup made by [`Cgroups::create`] at
+    /// once; on a warm pool slot's, when a run claims it.
+    pub fn set_limits(&self, l: CgroupLimits) -> Result<(), CgroupError> {
+        self.limit(l)
+    }
+
     fn limit(&self, l: CgroupLimits) -> Result<(), CgroupError> {
         let e = |what: &'static str| move |source| CgroupError::Limit { what, source };
         let mem: &MemController = self.cg.controller_of().ok_or(CgroupError::NoController("memory"))?;

@@ -136,7 +136,10 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32) -> i32 {
     drop(broker.etc.as_ref().and_then(|e| e.current()));
     systemd::notify("READY=1");
     let cgroups = broker.cgroups.clone();
+    let pool = broker.engine.pool();
     Arc::new(Server::new(broker)).serve(listener, stopped).await;
+    // The warm pool's sandboxes go before the cgroups are swept.
+    let _ = tokio::task::spawn_blocking(move || pool.close()).await;
     systemd::notify("STOPPING=1");
     if let Err(e) = journal.append(Event::BrokerStopped { pid }).await {
         tracing::error!("{e}");

@@ -8,42 +8,93 @@
 //! starting a process, and building what the spec names, is not on the
 //! run's path. A sandbox serves exactly one run, then is gone with it.
 //!
-//! Only runs without a cgroup use them (a run's cgroup must hold the helper
-//! from the start), and a warm one only for a plan its spec admits; any
-//! other run gets a cold helper. A dead one is skipped.
+//! With cgroups (v2), each warm slot has a cgroup of its own from the start
+//! (`run-<instance>-pool-<n>`, no limits), which the helper joins before its
+//! namespaces; the run that claims the slot takes that cgroup for its own
+//! (cgroup v2 renames nothing) and its limits are set then. A helper that built nothing serves
+//! only a run without a cgroup (which must hold the helper from its start);
+//! a warm one only a run whose plan its spec admits. Any other run gets a
+//! cold helper. A dead one is skipped.
 
+use crate::cgroup::{Cgroups, RunCgroup};
 use crate::helper::{HelperChild, HelperCommand, Io};
 use crate::spawn_thread::Spawner;
 use palisade_protocol::{JailPlan, WarmSpec};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-type Ahead = tokio::sync::oneshot::Receiver<std::io::Result<HelperChild>>;
+type Started = tokio::sync::oneshot::Receiver<std::io::Result<HelperChild>>;
+
+/// How long [`Pool::close`] waits for a refill under way (one helper's start).
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A helper started ahead, and its cgroup when it is a warm slot's.
+pub struct Slot {
+    pub helper: HelperChild,
+    pub cgroup: Option<RunCgroup>,
+}
+
+impl Slot {
+    /// Whether it can run `plan`, in a cgroup (`in_cgroup`) or not.
+    fn fits(&self, plan: &JailPlan, in_cgroup: bool) -> bool {
+        match self.helper.warm {
+            Some(spec) => spec.admits(plan).is_ok() && self.cgroup.is_some() == in_cgroup,
+            None => !in_cgroup,
+        }
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.helper.try_wait(), Ok(None))
+    }
+
+    /// Kills it, and removes its cgroup (its pid 1, killed with it, has
+    /// left it within a few polls).
+    pub fn discard(self) {
+        self.helper.discard();
+        if let Some(cgroup) = self.cgroup {
+            cgroup.remove();
+        }
+    }
+}
 
 pub struct Pool {
-    idle: Mutex<Vec<HelperChild>>,
+    idle: Mutex<Vec<Slot>>,
     /// One helper being started for the next run only ([`Pool::start_one`]).
-    ahead: Mutex<Option<Ahead>>,
+    ahead: Mutex<Option<(Started, Option<RunCgroup>)>>,
     size: usize,
     /// One refill at a time.
     refilling: AtomicBool,
+    /// Shut down: nothing is started any more ([`Pool::close`]).
+    closed: AtomicBool,
     spawner: Spawner,
     helper: PathBuf,
     /// What a helper builds before its plan; `None`: nothing.
     warm: Mutex<Option<WarmSpec>>,
+    /// Where warm slots' cgroups go, with `warm`'s `cgroup`.
+    cgroups: Cgroups,
+    slots_made: AtomicU64,
 }
 
 impl Pool {
-    pub fn new(spawner: Spawner, helper: PathBuf, size: usize, warm: Option<WarmSpec>) -> Arc<Pool> {
+    pub fn new(
+        spawner: Spawner,
+        helper: PathBuf,
+        size: usize,
+        warm: Option<WarmSpec>,
+        cgroups: Cgroups,
+    ) -> Arc<Pool> {
         Arc::new(Pool {
             idle: Mutex::new(Vec::new()),
             ahead: Mutex::new(None),
             size,
             refilling: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             spawner,
             helper,
             warm: Mutex::new(warm),
+            cgroups,
+            slots_made: AtomicU64::new(0),
         })
     }
 
@@ -55,30 +106,43 @@ impl Pool {
         }
     }
 
-    fn command(&self) -> HelperCommand {
-        HelperCommand {
+    /// What to start next: the helper's command and, for a warm slot with a
+    /// cgroup, that cgroup (its directory goes to the helper as fd 5).
+    fn command(&self) -> std::io::Result<(HelperCommand, Option<RunCgroup>)> {
+        let warm = self.warm.lock().ok().and_then(|w| *w);
+        let cgroup = match warm {
+            Some(spec) if spec.cgroup => {
+                let n = self.slots_made.fetch_add(1, Ordering::Relaxed) + 1;
+                let name = format!("run-{}-pool-{n}", crate::instance::tag());
+                Some(self.cgroups.create_unlimited(&name).map_err(std::io::Error::other)?)
+            }
+            _ => None,
+        };
+        let cgroup_dir = cgroup.as_ref().map(RunCgroup::open_dir).transpose()?.flatten();
+        let command = HelperCommand {
             helper: self.helper.clone(),
-            cgroup_dir: None,
+            cgroup_dir,
             stdin: Io::Piped,
             stdout: Io::Piped,
             stderr: Io::Piped,
             outer_limits: vec![],
-            warm: self.warm.lock().ok().and_then(|w| *w),
-        }
+            warm,
+        };
+        Ok((command, cgroup))
     }
 
-    /// An idle helper that can run `plan`, if one is ready. The caller
-    /// calls [`Pool::refill`] once its run is over: a replacement started
-    /// now would compete with the run for the CPU.
-    fn take(self: &Arc<Pool>, plan: &JailPlan) -> Option<HelperChild> {
+    /// An idle slot that can run `plan`, if one is ready. The caller calls
+    /// [`Pool::refill`] once its run is over: a replacement started now
+    /// would compete with the run for the CPU.
+    fn take(self: &Arc<Pool>, plan: &JailPlan, in_cgroup: bool) -> Option<Slot> {
         if self.size == 0 {
             return None;
         }
         let mut taken = None;
         let mut empty = true;
         if let Ok(mut idle) = self.idle.lock() {
-            idle.retain_mut(|h| matches!(h.try_wait(), Ok(None)));
-            if let Some(i) = idle.iter().position(|h| fits(h, plan)) {
+            idle.retain_mut(Slot::alive);
+            if let Some(i) = idle.iter().position(|s| s.fits(plan, in_cgroup)) {
                 taken = Some(idle.swap_remove(i));
             }
             empty = idle.is_empty();
@@ -94,33 +158,49 @@ impl Pool {
     /// alone (no refill after it): a broker of one run (the CLI's embedded
     /// one) has its helper started while it decides. Call before any runtime.
     pub fn start_one(&self) {
-        match self.spawner.submit(self.command()) {
-            Ok(rx) => {
+        let submitted =
+            self.command().and_then(|(command, cgroup)| Ok((self.spawner.submit(command)?, cgroup)));
+        match submitted {
+            Ok(started) => {
                 if let Ok(mut ahead) = self.ahead.lock() {
-                    *ahead = Some(rx);
+                    *ahead = Some(started);
                 }
             }
             Err(e) => tracing::warn!("cannot start a helper ahead of the run: {e}"),
         }
     }
 
-    /// A helper for `plan`: the one of [`Pool::start_one`], once started,
-    /// if it is still there and can run it (else it is discarded); else an
-    /// idle one that can.
-    pub async fn claim(self: &Arc<Pool>, plan: &JailPlan) -> Option<HelperChild> {
+    /// A slot for `plan`, run in a cgroup (`in_cgroup`) or not: the one of
+    /// [`Pool::start_one`], once started, if it is still there and can run
+    /// it (else it is discarded); else an idle one that can.
+    pub async fn claim(self: &Arc<Pool>, plan: &JailPlan, in_cgroup: bool) -> Option<Slot> {
         let ahead = self.ahead.lock().ok().and_then(|mut a| a.take());
-        if let Some(rx) = ahead {
-            match rx.await {
-                Ok(Ok(mut h)) => match h.try_wait() {
-                    Ok(None) if fits(&h, plan) => return Some(h),
-                    Ok(None) => h.discard(),
-                    _ => {}
-                },
+        if let Some((started, cgroup)) = ahead {
+            match started.await {
+                Ok(Ok(helper)) => {
+                    let mut slot = Slot { helper, cgroup };
+                    if slot.alive() && slot.fits(plan, in_cgroup) {
+                        return Some(slot);
+                    }
+                    slot.discard();
+                }
                 Ok(Err(e)) => tracing::warn!("the helper started ahead of the run failed: {e}"),
                 Err(_) => {}
             }
         }
-        self.take(plan)
+        self.take(plan, in_cgroup)
+    }
+
+    /// At shutdown (blocking): starts nothing more, waits for a refill
+    /// under way, and discards the idle slots, their cgroups with them.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let start = std::time::Instant::now();
+        while self.refilling.load(Ordering::Acquire) && start.elapsed() < CLOSE_WAIT {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let idle = self.idle.lock().map(|mut idle| std::mem::take(&mut *idle)).unwrap_or_default();
+        idle.into_iter().for_each(Slot::discard);
     }
 
     /// Starts helpers until `size` are idle (in the background).
@@ -130,10 +210,18 @@ impl Pool {
         }
         let pool = Arc::clone(self);
         tokio::spawn(async move {
-            while pool.idle.lock().is_ok_and(|idle| idle.len() < pool.size) {
-                match pool.spawner.spawn(pool.command()).await {
-                    Ok(h) => match pool.idle.lock() {
-                        Ok(mut idle) => idle.push(h),
+            while !pool.closed.load(Ordering::Acquire)
+                && pool.idle.lock().is_ok_and(|idle| idle.len() < pool.size)
+            {
+                let started = match pool.command() {
+                    Ok((command, cgroup)) => {
+                        pool.spawner.spawn(command).await.map(|helper| Slot { helper, cgroup })
+                    }
+                    Err(e) => Err(e),
+                };
+                match started {
+                    Ok(slot) => match pool.idle.lock() {
+                        Ok(mut idle) => idle.push(slot),
                         Err(_) => break,
                     },
                     Err(e) => {
@@ -145,10 +233,4 @@ impl Pool {
             pool.refilling.store(false, Ordering::Release);
         });
     }
-}
-
-/// Whether `helper` can run `plan`: any helper that built nothing, a warm
-/// one only for a plan its spec admits.
-fn fits(helper: &HelperChild, plan: &JailPlan) -> bool {
-    helper.warm.is_none_or(|spec| spec.admits(plan).is_ok())
 }

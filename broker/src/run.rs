@@ -7,12 +7,12 @@
 //! kernel sandbox nor a client socket.
 
 use crate::attest::attestation;
-use crate::cgroup::RunCgroup;
+use crate::cgroup::{CgroupLimits, Cgroups, RunCgroup};
 use crate::egress::Egress;
 use crate::error::BrokerError;
 use crate::helper::{HelperChild, HelperCommand, Io, StatusRead, pidfd_kill, send_plan};
 use crate::overlay;
-use crate::pool::Pool;
+use crate::pool::{Pool, Slot};
 use crate::requester::Requester;
 use crate::service::Grants;
 use crate::spawn_thread::Spawner;
@@ -20,7 +20,7 @@ use palisade_policy::Resolved;
 use palisade_protocol::attest::Built;
 use palisade_protocol::plan::Listener;
 use palisade_protocol::wire::{RunRequest, RunResult, RunStatus, ServerMessage, Stream};
-use palisade_protocol::{ExitReport, HelperRecord, LandlockReport, Tier, WarmSpec, encode_plan};
+use palisade_protocol::{ExitReport, HelperRecord, JailPlan, LandlockReport, Tier, WarmSpec, encode_plan};
 use std::future::Future;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -140,10 +140,18 @@ pub struct Planned<'a> {
     pub grants: &'a Grants,
 }
 
+/// A helper holding its plan, in the run's cgroup if it has one.
+struct Launched<'a> {
+    helper: HelperChild,
+    cgroup: Option<&'a RunCgroup>,
+    started: Instant,
+}
+
 pub struct Engine {
     spawner: Spawner,
     helper: PathBuf,
     pool: Arc<Pool>,
+    cgroups: Cgroups,
 }
 
 /// The helper's resource usage, as `wait4` reported it.
@@ -166,10 +174,16 @@ struct Timeline {
 
 impl Engine {
     /// `prespawn`: helpers kept started ahead of requests, building `warm`
-    /// before their plan (see [`Pool`]).
-    pub fn new(spawner: Spawner, helper: PathBuf, prespawn: usize, warm: Option<WarmSpec>) -> Engine {
-        let pool = Pool::new(spawner.clone(), helper.clone(), prespawn, warm);
-        Engine { spawner, helper, pool }
+    /// before their plan (see [`Pool`]); `cgroups`: where runs' cgroups go.
+    pub fn new(
+        spawner: Spawner,
+        helper: PathBuf,
+        prespawn: usize,
+        warm: Option<WarmSpec>,
+        cgroups: Cgroups,
+    ) -> Engine {
+        let pool = Pool::new(spawner.clone(), helper.clone(), prespawn, warm, cgroups.clone());
+        Engine { spawner, helper, pool, cgroups }
     }
 
     /// Starts the helpers kept ahead of requests; call inside the runtime.
@@ -185,6 +199,11 @@ impl Engine {
     /// Helpers started from now on build nothing ahead of their plan.
     pub fn stop_warming(&self) {
         self.pool.stop_warming();
+    }
+
+    /// The pool, to close at shutdown ([`Pool::close`]).
+    pub fn pool(&self) -> Arc<Pool> {
+        Arc::clone(&self.pool)
     }
 
     async fn spawn_fresh(
@@ -210,50 +229,95 @@ impl Engine {
         &self.helper
     }
 
-    /// A helper holding its plan: one started ahead of requests (for a run
-    /// without a cgroup, which must hold the helper from its start) or a
-    /// fresh one.
+    /// A slot of the pool for `plan`, run in a cgroup or not (see
+    /// [`Pool::claim`]). A warm slot's cgroup becomes the run's: the caller
+    /// names it in the plan before the run is recorded.
+    pub async fn claim(&self, plan: &JailPlan, in_cgroup: bool) -> Option<Slot> {
+        self.pool.claim(plan, in_cgroup).await
+    }
+
+    /// A helper holding its plan, and the run's cgroup when it has one
+    /// (`wanted`: its name and limits): the claimed slot's, or a fresh
+    /// helper in a new cgroup.
     async fn launch(
         &self,
         resolved: &Resolved,
         grants: &Grants,
         request: &RunRequest,
-        cgroup: Option<&RunCgroup>,
-    ) -> Result<HelperChild, BrokerError> {
+        wanted: Option<(&str, CgroupLimits)>,
+        claimed: Option<Slot>,
+    ) -> Result<(HelperChild, Option<RunCgroup>), BrokerError> {
         let plan = encode_plan(&resolved.plan)?;
-        let pooled = if cgroup.is_none() { self.pool.claim(&resolved.plan).await } else { None };
-        let mut helper = match pooled {
-            Some(h) => h,
-            None => self.spawn_fresh(request, cgroup).await?,
+        let (mut helper, cgroup) = match (claimed, wanted) {
+            (Some(Slot { helper, cgroup: Some(cgroup) }), Some((name, limits))) if cgroup.name() == name => {
+                if let Err(e) = cgroup.set_limits(limits) {
+                    helper.discard();
+                    return Err(BrokerError::CgroupCreate(e));
+                }
+                (helper, Some(cgroup))
+            }
+            (Some(Slot { helper, cgroup: None }), None) => (helper, None),
+            (claimed, wanted) => {
+                // A slot claimed for another cgroup than the plan's: not used.
+                if let Some(slot) = claimed {
+                    slot.discard();
+                }
+                let cgroup = wanted.map(|(name, limits)| self.cgroups.create(name, limits));
+                let cgroup = cgroup.transpose().map_err(BrokerError::CgroupCreate)?;
+                (self.spawn_fresh(request, cgroup.as_ref()).await?, cgroup)
+            }
         };
         if let Some(channel) = helper.plan_channel.take() {
             // cgroup v1: the broker places the helper before it has its plan.
-            let handed = cgroup
-                .map_or(Ok(()), |c| c.place(helper.pid))
-                .map_err(BrokerError::from)
-                .and_then(|()| hand_over(channel, plan, &grants.descriptors).map_err(BrokerError::HandOver));
+            let handed =
+                cgroup.as_ref().map_or(Ok(()), |c| c.place(helper.pid)).map_err(BrokerError::from).and_then(
+                    |()| hand_over(channel, plan, &grants.descriptors).map_err(BrokerError::HandOver),
+                );
             if let Err(e) = handed {
                 let _ = pidfd_kill(&helper.pidfd, libc::SIGKILL);
                 let _ = reap(helper.pid);
                 return Err(e);
             }
         }
-        Ok(helper)
+        Ok((helper, cgroup))
     }
 
-    /// Runs `planned`. `cancel` completing (a client gone, a shutdown) kills it.
+    /// Runs `planned` on the slot `claimed` by [`Engine::claim`] or a fresh
+    /// helper, in a cgroup of this name and limits when `cgroup` says so
+    /// (removed after the run, whatever happened in it). `cancel` completing
+    /// (a client gone, a shutdown) kills it.
     pub async fn execute<S: Sink + Send>(
         &self,
         planned: Planned<'_>,
         request: &RunRequest,
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
-        cgroup: Option<&RunCgroup>,
+        cgroup: Option<(&str, CgroupLimits)>,
+        claimed: Option<Slot>,
+    ) -> Result<RunResult, BrokerError> {
+        let started = Instant::now();
+        let (helper, cgroup) =
+            self.launch(planned.resolved, planned.grants, request, cgroup, claimed).await?;
+        let launched = Launched { helper, cgroup: cgroup.as_ref(), started };
+        let result = self.finish(planned, request, sink, cancel, launched).await;
+        if let Some(c) = cgroup {
+            let _ = tokio::task::spawn_blocking(move || c.remove()).await;
+        }
+        result
+    }
+
+    /// The run of a launched helper, to its result.
+    async fn finish<S: Sink + Send>(
+        &self,
+        planned: Planned<'_>,
+        request: &RunRequest,
+        sink: &mut S,
+        cancel: impl Future<Output = ()> + Send,
+        launched: Launched<'_>,
     ) -> Result<RunResult, BrokerError> {
         let Planned { id: run_id, resolved, grants } = planned;
+        let Launched { helper, cgroup, started } = launched;
         let tier = resolved.plan.tier();
-        let started = Instant::now();
-        let helper = self.launch(resolved, grants, request, cgroup).await?;
         let built = if helper.warm.is_some() { Built::Warm } else { Built::Cold };
         let HelperChild { pid, pidfd, status, stdin, stdout, stderr, .. } = helper;
         let mut timeline = Timeline { spawned_us: started.elapsed().as_micros(), ..Timeline::default() };

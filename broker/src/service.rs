@@ -109,12 +109,16 @@ impl Peer {
 
 /// What the warm pool's sandboxes are built with: the default plan's shape
 /// for a broker that is not root (Tier C, every namespace, its own ids, no
-/// host ids). A root broker's sandboxes run as each requester's own host
-/// ids, so it builds nothing ahead; nor does one with `warm = false`.
-fn warm_spec(config: &Config) -> Option<WarmSpec> {
+/// host ids), in a cgroup of their own where runs get one (cgroup v2). A
+/// root broker's sandboxes run as each requester's own host ids, so it
+/// builds nothing ahead; nor does one with `warm = false`, nor on cgroup
+/// v1, where the broker places a run's helper itself after its start.
+fn warm_spec(config: &Config, cgroups: &Cgroups) -> Option<WarmSpec> {
     let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
     let usable = config.broker.warm && config.broker.user_namespaces && !nix::unistd::geteuid().is_root();
-    usable.then_some(WarmSpec { uid, gid, namespaces: Namespaces::ALL, parent_pid: std::process::id() })
+    let cgroup = cgroups.available().is_ok();
+    let spec = WarmSpec { uid, gid, namespaces: Namespaces::ALL, parent_pid: std::process::id(), cgroup };
+    (usable && !(cgroup && cgroups.is_v1())).then_some(spec)
 }
 
 impl Broker {
@@ -141,8 +145,9 @@ impl Broker {
         let helper = helper.or_else(|| config.broker.helper.clone()).unwrap_or_else(paths::default_helper);
         paths::check_helper(&helper)?;
         let spawner = Spawner::start().map_err(|e| format!("cannot start the spawner thread: {e}"))?;
-        let warm = warm_spec(&config);
-        let engine = Engine::new(spawner.clone(), helper.clone(), config.broker.prespawn, warm);
+        let warm = warm_spec(&config, &cgroups);
+        let engine =
+            Engine::new(spawner.clone(), helper.clone(), config.broker.prespawn, warm, cgroups.clone());
         if one_run {
             engine.start_one();
         }
@@ -420,43 +425,38 @@ impl Broker {
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, BrokerError> {
-        let Decided { run_id, resolved, approval, grants, etc, dirs, mut pending } = decided;
+        let Decided { run_id, mut resolved, approval, grants, etc, dirs, mut pending } = decided;
         // An approved run of a tool: its success counts towards Verified.
         let trial = approval.as_ref().and(self.trust.clone()).zip(resolved.tool.clone());
         if let Some(reason) = approval {
             tracing::info!(run_id, uid = peer.uid, "approved: {reason}");
         }
+        // A warm slot with a cgroup brings it: the run's cgroup is that one,
+        // in the plan, its record and its attestation.
+        let claimed = self.engine.claim(&resolved.plan, resolved.cgroup.is_some()).await;
+        if let Some(cgroup) = claimed.as_ref().and_then(|s| s.cgroup.as_ref()) {
+            take_cgroup(&mut resolved, cgroup);
+        }
         // Written before the sandbox starts: a run that cannot be recorded does not run.
         pending.push(run_started(run_id, request, &resolved));
-        self.journal.append_all(pending, false).await?;
+        if let Err(e) = self.journal.append_all(pending, false).await {
+            if let Some(slot) = claimed {
+                let _ = tokio::task::spawn_blocking(move || slot.discard()).await;
+            }
+            return Err(e.into());
+        }
         for w in &resolved.warnings {
             tracing::warn!(run_id, "{w}");
         }
-        let cgroup = match &resolved.cgroup {
-            Some(c) => {
-                let limits = CgroupLimits {
-                    memory_bytes: c.memory_bytes,
-                    processes: c.processes,
-                    cpu_percent: c.cpu_percent,
-                };
-                Some(self.cgroups.create(&c.name, limits).map_err(BrokerError::CgroupCreate)?)
-            }
-            None => None,
+        let limits = |c: &palisade_policy::CgroupPlan| CgroupLimits {
+            memory_bytes: c.memory_bytes,
+            processes: c.processes,
+            cpu_percent: c.cpu_percent,
         };
-        let result = self
-            .engine
-            .execute(
-                Planned { id: run_id, resolved: &resolved, grants: &grants },
-                request,
-                sink,
-                cancel,
-                cgroup.as_ref(),
-            )
-            .await;
-        if let Some(c) = cgroup {
-            // Removed after every run, whatever happened in it.
-            let _ = tokio::task::spawn_blocking(move || c.remove()).await;
-        }
+        let cgroup = resolved.cgroup.as_ref().map(|c| (c.name.as_str(), limits(c)));
+        let planned = Planned { id: run_id, resolved: &resolved, grants: &grants };
+        // The run's cgroup, if it has one, is made (or the slot's limited) and removed by the engine.
+        let result = self.engine.execute(planned, request, sink, cancel, cgroup, claimed).await;
         drop((dirs, etc));
         if let (Some((trust, tool)), Ok(RunResult { status: RunStatus::Exited { code: 0 }, .. })) =
             (trial, &result)
@@ -543,6 +543,16 @@ fn decision(run_id: u64, decision: &str, refusal: Option<&ErrorReply>) -> Event 
         kind: refusal.map(|e| e.kind.name().to_string()),
         rule: refusal.and_then(|e| e.rule.clone()),
         reason: refusal.map(|e| e.message.clone()),
+    }
+}
+
+/// Makes a warm slot's cgroup the run's (cgroup v2 cannot rename one
+/// with processes in it): its name and path, in the plan too.
+fn take_cgroup(resolved: &mut Resolved, cgroup: &crate::cgroup::RunCgroup) {
+    if let Some(planned) = resolved.cgroup.as_mut() {
+        planned.name = cgroup.name().to_string();
+        planned.path = PathBuf::from(cgroup.display());
+        resolved.plan.cgroup = Some(cgroup.display());
     }
 }
 

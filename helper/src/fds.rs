@@ -85,12 +85,14 @@ pub fn read_warm_spec() -> Result<Option<WarmSpec>> {
         }
     }
     let spec = WarmSpec::decode(&head).map_err(|e| fail(Stage::Plan, Errno::EINVAL, e))?;
-    // A warm sandbox joins no cgroup: fd 5, if open, is nothing of ours, and
-    // must go before the helper opens anything that could take its number.
-    if is_open(CGROUP_FD) {
-        close_range(CGROUP_FD as u32, CGROUP_FD as u32)?;
+    match (spec.cgroup, is_open(CGROUP_FD)) {
+        (true, false) => {
+            Err(fail(Stage::Cgroup, Errno::EBADF, "the warm spec names a cgroup but fd 5 is not open"))
+        }
+        // Nothing of ours: it goes before anything could take its number.
+        (false, true) => close_range(CGROUP_FD as u32, CGROUP_FD as u32).map(|()| Some(spec)),
+        _ => Ok(Some(spec)),
     }
-    Ok(Some(spec))
 }
 
 /// Whether fd 5 is open: before anything of the helper's own is, whether
@@ -106,11 +108,8 @@ pub fn close_plan_socket() -> Result<()> {
 }
 
 /// The plan from fd 3 and the descriptors that came with it (close-on-exec),
-/// one per entry of `plan.descriptors`. fd 3 is closed afterwards; so is
-/// fd 5 when the plan names no cgroup (it was then nothing of ours).
-/// `had_cgroup_fd`: whether fd 5 is the caller's ([`cgroup_dir_passed`],
-/// asked before anything else could take its number).
-pub fn read_plan(had_cgroup_fd: bool) -> Result<(JailPlan, Vec<OwnedFd>)> {
+/// one per entry of `plan.descriptors`. fd 3 is closed afterwards.
+pub fn read_plan() -> Result<(JailPlan, Vec<OwnedFd>)> {
     // SAFETY: fd 3 carries the plan by the calling convention and nothing else
     // in this process refers to it; the OwnedFd closes it when this returns.
     let socket = unsafe { OwnedFd::from_raw_fd(PLAN_FD) };
@@ -159,14 +158,21 @@ pub fn read_plan(had_cgroup_fd: bool) -> Result<(JailPlan, Vec<OwnedFd>)> {
             ),
         ));
     }
+    Ok((plan, received))
+}
+
+/// A cold helper's fd 5 against its plan: the plan names a cgroup only with
+/// the directory passed; when it names none, fd 5 was nothing of ours and
+/// is closed. `had_cgroup_fd`: [`cgroup_dir_passed`], asked before the plan
+/// was read (a received descriptor may take the number 5).
+pub fn settle_cgroup_dir(plan: &JailPlan, had_cgroup_fd: bool) -> Result<()> {
     match (&plan.cgroup, had_cgroup_fd) {
         (Some(_), false) => {
-            return Err(fail(Stage::Cgroup, Errno::EBADF, "the plan names a cgroup but fd 5 is not open"));
+            Err(fail(Stage::Cgroup, Errno::EBADF, "the plan names a cgroup but fd 5 is not open"))
         }
-        (None, true) => close_range(CGROUP_FD as u32, CGROUP_FD as u32)?,
-        _ => {}
+        (None, true) => close_range(CGROUP_FD as u32, CGROUP_FD as u32),
+        _ => Ok(()),
     }
-    Ok((plan, received))
 }
 
 /// Marks every descriptor above stdio close-on-exec, the status channel and

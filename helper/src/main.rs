@@ -58,13 +58,19 @@ fn contain() -> Result<Infallible> {
         // before the request, then the plan must be one they fit exactly.
         Some(spec) => {
             lifeline::arm_against_caller(spec.parent_pid, Signal::SIGKILL)?;
+            if spec.cgroup {
+                // The pool slot's cgroup, the run's once a plan claims it.
+                cgroup::join("the pooled sandbox's cgroup")?;
+            }
             let entered = enter_namespaces(&spec.namespaces, spec.uid, spec.gid, Vec::new(), true)?;
-            let (plan, descriptors) = receive_plan(false)?;
+            let (plan, descriptors) = receive_plan()?;
             spec.admits(&plan).map_err(|e| fail(Stage::Plan, Errno::EINVAL, e))?;
             (plan, descriptors, Some(entered))
         }
         None => {
-            let (plan, descriptors) = receive_plan(fds::cgroup_dir_passed())?;
+            let had_cgroup_dir = fds::cgroup_dir_passed();
+            let (plan, descriptors) = receive_plan()?;
+            fds::settle_cgroup_dir(&plan, had_cgroup_dir)?;
             (plan, descriptors, None)
         }
     };
@@ -125,9 +131,8 @@ fn contain() -> Result<Infallible> {
 
 /// The plan from fd 3, checked, and the descriptors of its host paths (Tier
 /// C builds its root from them; Tier B's Landlock rules use them).
-/// `cgroup_dir`: whether fd 5 is still the caller's cgroup directory.
-fn receive_plan(cgroup_dir: bool) -> Result<(JailPlan, Option<fds::Descriptors>)> {
-    let (plan, received) = fds::read_plan(cgroup_dir)?;
+fn receive_plan() -> Result<(JailPlan, Option<fds::Descriptors>)> {
+    let (plan, received) = fds::read_plan()?;
     // The broker checked it before sending; the helper builds nothing it has not checked itself.
     plan.check().map_err(|e| fail(Stage::Plan, Errno::EINVAL, format!("the plan asks for {e}")))?;
     let descriptors = fds::Descriptors::new(&plan, received);

@@ -324,8 +324,9 @@ pub struct BrokerConfig {
     pub prespawn: usize,
     /// Each of those builds its sandbox ahead, as far as nothing of the
     /// request is involved (user namespace and maps, the other namespaces,
-    /// monitor and pid 1), for a broker that is not root; one serves one run.
-    /// false: they only wait, having built nothing.
+    /// monitor and pid 1, in a cgroup of its own with cgroup v2), for a
+    /// broker that is not root; one serves one run. false: they only wait,
+    /// having built nothing.
     pub warm: bool,
     /// Sandboxes see `/etc` as one read-only bind of a copy of the curated
     /// entries that the broker keeps, and takes afresh when the host's change

@@ -5,7 +5,9 @@
 //! namespaces, the monitor and pid 1). It then waits on fd 3 for the plan,
 //! which follows on the same socket as for any helper, and refuses it at
 //! stage `plan` unless [`WarmSpec::admits`] it: a plan that differs in
-//! anything already built gets a cold helper from the broker instead.
+//! anything already built gets a cold helper from the broker instead. With
+//! `cgroup`, the helper first joins the cgroup on fd 5 (the pool slot's,
+//! which becomes the run's when a plan claims it).
 
 use crate::plan::{JailPlan, Namespaces, PLAN_VERSION};
 
@@ -25,12 +27,14 @@ pub struct WarmSpec {
     pub namespaces: Namespaces,
     /// The broker: the sandbox's lifeline.
     pub parent_pid: u32,
+    /// Joined the cgroup on fd 5 before its namespaces (cgroup v2): the
+    /// plan must name a cgroup, and the broker gives the run that one.
+    pub cgroup: bool,
 }
 
 impl WarmSpec {
     /// The spec of a plan's sandbox, or why it cannot be built ahead: Tier
-    /// B, a root broker's per-requester host ids, or a cgroup (which must
-    /// hold the helper before its namespaces, and is made per run).
+    /// B, or a root broker's per-requester host ids.
     pub fn of(plan: &JailPlan) -> Result<WarmSpec, &'static str> {
         if !plan.namespaces.user {
             return Err("Tier B builds no namespaces");
@@ -38,14 +42,12 @@ impl WarmSpec {
         if plan.host_ids.is_some() || plan.acting_for.is_some() {
             return Err("a root broker's sandbox runs as the requester's own host ids");
         }
-        if plan.cgroup.is_some() {
-            return Err("the run's cgroup must hold the helper before its namespaces");
-        }
         Ok(WarmSpec {
             uid: plan.uid,
             gid: plan.gid,
             namespaces: plan.namespaces,
             parent_pid: plan.parent_pid,
+            cgroup: plan.cgroup.is_some(),
         })
     }
 
@@ -67,6 +69,7 @@ impl WarmSpec {
         out[12..16].copy_from_slice(&self.gid.to_be_bytes());
         out[16..20].copy_from_slice(&self.parent_pid.to_be_bytes());
         out[20] = namespace_bits(&self.namespaces);
+        out[21] = u8::from(self.cgroup);
         out
     }
 
@@ -79,10 +82,16 @@ impl WarmSpec {
             return Err(format!("warm spec version {}, this helper speaks version {PLAN_VERSION}", word(4)));
         }
         let namespaces = namespaces_of(bytes[20]).ok_or("warm spec names unknown namespaces")?;
-        if bytes[21] != 0 {
-            return Err("warm spec has a nonzero reserved byte".into());
+        if bytes[21] > 1 {
+            return Err("warm spec has unknown flags".into());
         }
-        let spec = WarmSpec { uid: word(8), gid: word(12), namespaces, parent_pid: word(16) };
+        let spec = WarmSpec {
+            uid: word(8),
+            gid: word(12),
+            namespaces,
+            parent_pid: word(16),
+            cgroup: bytes[21] == 1,
+        };
         if !spec.namespaces.user {
             return Err("a warm spec builds a user namespace (Tier C)".into());
         }
@@ -121,7 +130,7 @@ mod tests {
     use super::*;
 
     fn spec() -> WarmSpec {
-        WarmSpec { uid: 1000, gid: 1001, namespaces: Namespaces::ALL, parent_pid: 42 }
+        WarmSpec { uid: 1000, gid: 1001, namespaces: Namespaces::ALL, parent_pid: 42, cgroup: false }
     }
 
     #[test]
@@ -129,6 +138,8 @@ mod tests {
         let mut s = spec();
         assert_eq!(WarmSpec::decode(&s.encode()), Ok(s));
         s.namespaces.net = false;
+        assert_eq!(WarmSpec::decode(&s.encode()), Ok(s));
+        s.cgroup = true;
         assert_eq!(WarmSpec::decode(&s.encode()), Ok(s));
     }
 
@@ -148,8 +159,8 @@ mod tests {
         bad[20] &= !1;
         assert!(WarmSpec::decode(&bad).unwrap_err().contains("user namespace"));
         let mut bad = good;
-        bad[21] = 1;
-        assert!(WarmSpec::decode(&bad).unwrap_err().contains("reserved"));
+        bad[21] = 2;
+        assert!(WarmSpec::decode(&bad).unwrap_err().contains("flags"));
     }
 
     #[test]
@@ -157,7 +168,7 @@ mod tests {
         let mut plan = crate::plan::tests::sample();
         plan.host_ids = None;
         plan.acting_for = None;
-        let warm = WarmSpec::of(&plan).expect("a non-root Tier C plan without a cgroup");
+        let warm = WarmSpec::of(&plan).expect("a non-root Tier C plan");
         assert_eq!(warm.admits(&plan), Ok(()));
         let changes: [fn(&mut JailPlan); 7] = [
             |p| p.uid += 1,

@@ -7,7 +7,7 @@
 
 use palisade_broker::client::{Client, ClientError};
 use palisade_protocol::RulesetState;
-use palisade_protocol::attest::LimitsBy;
+use palisade_protocol::attest::{Built, LimitsBy};
 use palisade_protocol::plugin::PluginAttestation;
 use palisade_protocol::wire::{
     ClientMessage, ErrorKind, MemorySource, RunRequest, RunResult, RunStatus, ServerMessage,
@@ -152,7 +152,8 @@ fn run(socket: &Path, req: RunRequest) -> (String, Result<RunResult, (ErrorKind,
     (String::from_utf8_lossy(&out).into_owned(), r)
 }
 
-fn runs_left(dir: &Path) -> Vec<String> {
+/// Every run cgroup in `dir`, the warm pool's slots included.
+fn run_cgroups(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .map(|d| {
             d.flatten()
@@ -161,6 +162,18 @@ fn runs_left(dir: &Path) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Run cgroups left behind after runs: every one but the warm pool's idle
+/// slots, of which a broker keeps `prespawn` (2); with more, all of them
+/// (a slot that served a run must have gone with it).
+fn runs_left(dir: &Path) -> Vec<String> {
+    let all = run_cgroups(dir);
+    let idle_slots = all.iter().filter(|n| n.contains("-pool-")).count();
+    if idle_slots > 2 {
+        return all;
+    }
+    all.into_iter().filter(|n| !n.contains("-pool-")).collect()
 }
 
 fn ensure(cond: bool, why: impl FnOnce() -> String) -> Result<(), String> {
@@ -192,10 +205,18 @@ fn memory_bomb(g: &Guest, socket: &Path, runs_dir: &Path) -> Check {
         e.cgroup.as_deref().is_some_and(|c| c.starts_with(&runs_dir.to_string_lossy().into_owned())),
         || format!("{:?}", e.cgroup),
     )?;
+    // The user's broker runs it in a warm pool slot's cgroup, limited when
+    // claimed; a root broker builds nothing ahead.
+    let (built, slot) = if g.root { (Built::Cold, false) } else { (Built::Warm, true) };
+    ensure(e.built == Some(built), || format!("{:?}", e.built))?;
+    let cgroup = e.cgroup.clone().unwrap_or_default();
+    ensure(cgroup.contains("-pool-") == slot, || cgroup.clone())?;
+    ensure(!Path::new(&cgroup).exists(), || format!("{cgroup} left behind"))?;
     ensure(runs_left(runs_dir).is_empty(), || format!("left behind: {:?}", runs_left(runs_dir)))?;
     Ok(format!(
-        "4 GiB bomb under memory.max=64M: OOM-killed, peak {} MiB, cgroup removed",
-        r.peak_memory_bytes >> 20
+        "4 GiB bomb under memory.max=64M: OOM-killed, peak {} MiB, {built:?} sandbox, cgroup {} removed",
+        r.peak_memory_bytes >> 20,
+        Path::new(&cgroup).file_name().unwrap_or_default().to_string_lossy()
     ))
 }
 
@@ -651,7 +672,11 @@ fn main() {
         checks.push((
             "shutdown",
             ensure(status.success(), || format!("palisaded exited {status:?}"))
-                .map(|_| "palisaded exited 0".into()),
+                .and_then(|()| {
+                    let left = run_cgroups(&runs_dir);
+                    ensure(left.is_empty(), || format!("left at exit: {left:?}"))
+                })
+                .map(|_| "palisaded exited 0, no run cgroup or pool slot left".into()),
         ));
         checks.push(("plugin-host cgroup", plugin_host_cgroup(&g)));
         checks.push(("plugin-host memory limit", plugin_host_memory_limit(&g)));
