@@ -108,5 +108,31 @@ pub fn report(config: &Config) -> (String, bool) {
         }
     };
     let _ = writeln!(out, "tier:             {tier}");
+    let _ = writeln!(out, "warm pool:        {}", warm_pool(config, &cgroups, tier_c));
     (out, tier_c && abi > 0)
+}
+
+/// What the broker keeps started ahead of requests, and why no more.
+fn warm_pool(config: &Config, cgroups: &Cgroups, tier_c: bool) -> String {
+    let n = config.broker.prespawn;
+    let plain = |why: &str| format!("{n} helpers started ahead, nothing built: {why}");
+    if n == 0 {
+        return "none (prespawn = 0)".into();
+    }
+    if !config.broker.warm {
+        return plain("warm = false");
+    }
+    if nix::unistd::geteuid().is_root() {
+        return plain("a root broker's sandboxes run as each requester's own host ids");
+    }
+    if !tier_c {
+        return plain("no Tier C here");
+    }
+    match crate::service::warm_spec(config, cgroups) {
+        Some(spec) if spec.cgroup => {
+            format!("{n} sandboxes built ahead (namespaces, monitor, pid 1), each in a cgroup of its own")
+        }
+        Some(_) => format!("{n} sandboxes built ahead (namespaces, monitor, pid 1)"),
+        None => plain("cgroup v1: the broker places each run's helper in its cgroups itself"),
+    }
 }

@@ -67,6 +67,8 @@ pub struct Pool {
     refilling: AtomicBool,
     /// Shut down: nothing is started any more ([`Pool::close`]).
     closed: AtomicBool,
+    /// [`Pool::say_unfit`] has said it.
+    said_unfit: AtomicBool,
     spawner: Spawner,
     helper: PathBuf,
     /// What a helper builds before its plan; `None`: nothing.
@@ -90,6 +92,7 @@ impl Pool {
             size,
             refilling: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            said_unfit: AtomicBool::new(false),
             spawner,
             helper,
             warm: Mutex::new(warm),
@@ -142,8 +145,9 @@ impl Pool {
         let mut empty = true;
         if let Ok(mut idle) = self.idle.lock() {
             idle.retain_mut(Slot::alive);
-            if let Some(i) = idle.iter().position(|s| s.fits(plan, in_cgroup)) {
-                taken = Some(idle.swap_remove(i));
+            match idle.iter().position(|s| s.fits(plan, in_cgroup)) {
+                Some(i) => taken = Some(idle.swap_remove(i)),
+                None => self.say_unfit(idle.first(), plan),
             }
             empty = idle.is_empty();
         }
@@ -152,6 +156,18 @@ impl Pool {
             self.refill();
         }
         taken
+    }
+
+    /// Once: why the pool's sandboxes fit a run that then runs cold, for an
+    /// operator whose runs none of them fits (`warm = false` spares them).
+    fn say_unfit(&self, slot: Option<&Slot>, plan: &JailPlan) {
+        let Some(Err(why)) = slot.and_then(|s| s.helper.warm).map(|spec| spec.admits(plan)) else { return };
+        if !self.said_unfit.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                "a run does not fit the warm pool's sandboxes and runs cold ({why}); \
+                 if none does, [broker] warm = false spares building them"
+            );
+        }
     }
 
     /// Starts one helper now, on the spawner's thread, for the next run

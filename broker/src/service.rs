@@ -113,7 +113,7 @@ impl Peer {
 /// root broker's sandboxes run as each requester's own host ids, so it
 /// builds nothing ahead; nor does one with `warm = false`, nor on cgroup
 /// v1, where the broker places a run's helper itself after its start.
-fn warm_spec(config: &Config, cgroups: &Cgroups) -> Option<WarmSpec> {
+pub(crate) fn warm_spec(config: &Config, cgroups: &Cgroups) -> Option<WarmSpec> {
     let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
     let usable = config.broker.warm && config.broker.user_namespaces && !nix::unistd::geteuid().is_root();
     let cgroup = cgroups.available().is_ok();

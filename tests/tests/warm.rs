@@ -126,6 +126,7 @@ fn a_plan_the_pool_was_not_built_for_gets_a_cold_sandbox() {
     assert!(!namespaces.contains(&"net"), "{namespaces:?}");
     // The pool's sandbox is left for a run it fits: the same one is still there.
     assert!(pool_is_full(&host_net, 1));
+    assert!(host_net.d.log().contains("does not fit the warm pool's sandboxes"), "{}", host_net.d.log());
     // Counter-test: a default run on the first broker takes its pooled one.
     let (out, built, _) = b.run(&["echo", "y"]);
     assert_eq!((out.as_str(), built.as_str()), ("ok y\n", "warm"), "{}", b.d.log());
@@ -143,4 +144,22 @@ fn pooled_sandboxes_whose_broker_dies_leave_nothing_behind() {
     // Each monitor dies with the broker (its death signal), each pid 1 with its monitor.
     let gone = eventually(Duration::from_secs(10), || pooled.iter().all(|p| !alive(*p)));
     assert!(gone, "left behind: {:?}", pooled.iter().filter(|p| alive(**p)).collect::<Vec<_>>());
+}
+
+#[test]
+fn doctor_says_what_the_pool_builds_ahead() {
+    let doctor = |user: Option<&nix::unistd::User>| {
+        let mut argv = user.map(as_user).unwrap_or_default();
+        argv.push(bin("palisade").to_string_lossy().into_owned());
+        let o = std::process::Command::new(&argv[0]).args(&argv[1..]).arg("doctor").output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        text.lines().find(|l| l.starts_with("warm pool:")).unwrap_or_else(|| panic!("{text}")).to_string()
+    };
+    let user = is_root().then(test_user);
+    let line = doctor(user.as_ref());
+    assert!(line.contains("2 sandboxes built ahead (namespaces, monitor, pid 1)"), "{line}");
+    if is_root() {
+        let line = doctor(None);
+        assert!(line.contains("nothing built: a root broker's sandboxes run as"), "{line}");
+    }
 }
