@@ -369,7 +369,7 @@ impl Cgroups {
     /// Creates run `name`'s cgroup with its limits.
     pub fn create(&self, name: &str, limits: CgroupLimits) -> Result<RunCgroup, CgroupError> {
         let run = self.create_unlimited(name)?;
-        if let Err(e) = run.limit(limits) {
+        if let Err(e) = run.set_limits(limits) {
             run.remove();
             return Err(e);
         }
@@ -479,10 +479,6 @@ impl RunCgroup {
     /// Sets the run's limits: on a cgroup made by [`Cgroups::create`] at
     /// once; on a warm pool slot's, when a run claims it.
     pub fn set_limits(&self, l: CgroupLimits) -> Result<(), CgroupError> {
-        self.limit(l)
-    }
-
-    fn limit(&self, l: CgroupLimits) -> Result<(), CgroupError> {
         let e = |what: &'static str| move |source| CgroupError::Limit { what, source };
         let mem: &MemController = self.cg.controller_of().ok_or(CgroupError::NoController("memory"))?;
         mem.set_limit(l.memory_bytes as i64).map_err(e("the memory limit"))?;

@@ -212,7 +212,6 @@ const TRACE_KEY: i32 = 0x5057;
 /// process (`probe sleep TOKEN`); then reports, as `look` would, that they
 /// are there (the counter-test of `look` run in a later sandbox).
 fn traces(token: &str) -> Outcome {
-    use nix::unistd::{ForkResult, fork, setsid};
     let step = |what: &'static str| move |(e, _): (Errno, String)| (e, what.to_string());
     std::fs::write(format!("/tmp/trace-{token}"), b"trace").map_err(io).map_err(step("file"))?;
     // SAFETY: the calls take integers only.
@@ -220,22 +219,8 @@ fn traces(token: &str) -> Outcome {
         sys(libc::msgget(TRACE_KEY, libc::IPC_CREAT | 0o600) as libc::c_long).map_err(step("sysv"))?;
         sys(libc::shmget(TRACE_KEY, 4096, libc::IPC_CREAT | 0o600) as libc::c_long).map_err(step("shm"))?;
     }
-    let exe = std::env::current_exe().map_err(io)?;
-    // SAFETY: the children only call setsid, fork, exec and exit.
-    match unsafe { fork() }.map_err(errno)? {
-        ForkResult::Child => {
-            let _ = setsid();
-            // SAFETY: as above.
-            if let Ok(ForkResult::Child) = unsafe { fork() } {
-                let err = std::process::Command::new(&exe).args(["sleep", token]).exec_replace();
-                eprintln!("probe: exec failed: {err}");
-            }
-            std::process::exit(0);
-        }
-        ForkResult::Parent { child } => {
-            let _ = nix::sys::wait::waitpid(child, None);
-        }
-    }
+    let child = detach_sleeper(token)?;
+    let _ = nix::sys::wait::waitpid(child, None);
     let started = std::time::Instant::now();
     while !look(token).contains("process=yes") && started.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(10));
@@ -596,10 +581,9 @@ fn bigfile(path: &str, mib: usize) -> Outcome {
 }
 
 /// Double-forks a process that calls setsid and sleeps with `token` in its
-/// argv (so the host can find it), then sleeps itself.
-/// Leaves a double-forked, setsid sleeper carrying `token`, then sleeps, or
-/// with `flood`, writes to stdout without end.
-fn daemonize(token: &str, flood_after: bool) -> Outcome {
+/// argv (so the host can find it); returns the pid of the first child, which
+/// exits at once.
+fn detach_sleeper(token: &str) -> Result<nix::unistd::Pid, (Errno, String)> {
     use nix::unistd::{ForkResult, fork, setsid};
     let exe = std::env::current_exe().map_err(io)?;
     // SAFETY: the children only call setsid, fork, exec and exit.
@@ -613,16 +597,21 @@ fn daemonize(token: &str, flood_after: bool) -> Outcome {
             }
             std::process::exit(0);
         }
-        ForkResult::Parent { .. } => {
-            println!("ok daemonized");
-            let _ = std::io::stdout().flush();
-            if flood_after {
-                return flood();
-            }
-            loop {
-                std::thread::sleep(Duration::from_secs(3600));
-            }
-        }
+        ForkResult::Parent { child } => Ok(child),
+    }
+}
+
+/// Leaves a double-forked, setsid sleeper carrying `token`, then sleeps, or
+/// with `flood`, writes to stdout without end.
+fn daemonize(token: &str, flood_after: bool) -> Outcome {
+    detach_sleeper(token)?;
+    println!("ok daemonized");
+    let _ = std::io::stdout().flush();
+    if flood_after {
+        return flood();
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
     }
 }
 
