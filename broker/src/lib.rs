@@ -2,32 +2,42 @@
 //! its embedded broker), and what they share: policy decisions turned into
 //! runs of palisade-helper, streamed, bounded and attested.
 
-pub mod approvals;
-pub mod approve_cli;
-pub mod arena;
-pub mod attest;
-pub mod audit;
-pub mod cgroup;
-pub mod cli;
-pub mod client;
-pub mod daemon;
-pub mod doctor;
-pub mod egress;
-pub mod error;
-pub mod etc_view;
-pub mod helper;
-pub mod host;
-pub mod instance;
-pub mod journal;
-pub mod overlay;
-pub mod paths;
-pub mod plugin_cli;
-pub mod plugins;
-pub mod pool;
-pub mod requester;
-pub mod run;
-pub mod server;
-pub mod service;
-pub mod spawn_thread;
-pub mod systemd;
-pub mod trust;
+/// The broker drives palisade-helper's Linux jail: on other systems only
+/// [`elsewhere`] is built, and the binaries refuse with its reason.
+macro_rules! linux_only {
+    ($($item:item)*) => { $(#[cfg(target_os = "linux")] $item)* };
+}
+
+linux_only! {
+    pub mod approvals;
+    pub mod approve_cli;
+    pub mod arena;
+    pub mod attest;
+    pub mod audit;
+    pub mod cgroup;
+    pub mod cli;
+    pub mod client;
+    pub mod daemon;
+    pub mod doctor;
+    pub mod egress;
+    pub mod error;
+    pub mod etc_view;
+    pub mod helper;
+    pub mod host;
+    pub mod instance;
+    pub mod journal;
+    pub mod overlay;
+    pub mod paths;
+    pub mod plugin_cli;
+    pub mod plugins;
+    pub mod pool;
+    pub mod requester;
+    pub mod run;
+    pub mod server;
+    pub mod service;
+    pub mod spawn_thread;
+    pub mod systemd;
+    pub mod trust;
+}
+
+pub mod elsewhere;

@@ -8,32 +8,49 @@
 //! either succeeds or reports `(stage, errno)` on fd 4, and the helper exits
 //! without exec. Nothing after a failed step runs.
 
-mod cgroup;
-mod creds;
-mod error;
-mod exec;
-mod fds;
-mod hostids;
-mod landlock;
-mod lifeline;
-mod monitor;
-mod mounts;
-mod net;
-mod rlimits;
-mod seccomp;
-mod session;
-mod userns;
-mod uts;
+/// The helper's work exists on Linux only: elsewhere it is a binary that refuses.
+macro_rules! linux_only {
+    ($($item:item)*) => { $(#[cfg(target_os = "linux")] $item)* };
+}
 
-use error::{Context, Result, fail};
-use monitor::Role;
-use nix::errno::Errno;
-use nix::sys::prctl;
-use nix::sys::signal::Signal;
-use palisade_protocol::{JailPlan, Namespaces, Stage};
-use std::convert::Infallible;
-use std::os::fd::OwnedFd;
+linux_only! {
+    mod cgroup;
+    mod creds;
+    mod error;
+    mod exec;
+    mod fds;
+    mod hostids;
+    mod landlock;
+    mod lifeline;
+    mod monitor;
+    mod mounts;
+    mod net;
+    mod rlimits;
+    mod seccomp;
+    mod session;
+    mod userns;
+    mod uts;
 
+    use error::{Context, Result, fail};
+    use monitor::Role;
+    use nix::errno::Errno;
+    use nix::sys::prctl;
+    use nix::sys::signal::Signal;
+    use palisade_protocol::{JailPlan, Namespaces, Stage};
+    use std::convert::Infallible;
+    use std::os::fd::OwnedFd;
+}
+
+#[cfg(not(target_os = "linux"))]
+fn main() {
+    eprintln!(
+        "palisade-helper: the jail needs Linux (user namespaces, Landlock, seccomp); this system is {}",
+        std::env::consts::OS
+    );
+    std::process::exit(2);
+}
+
+#[cfg(target_os = "linux")]
 fn main() {
     if std::env::args_os().len() > 1 {
         eprintln!(
@@ -46,6 +63,7 @@ fn main() {
     std::process::exit(error::EXIT_HELPER_FAILED);
 }
 
+#[cfg(target_os = "linux")]
 fn contain() -> Result<Infallible> {
     // Never gain privileges through exec, from here on.
     prctl::set_no_new_privs().at(Stage::NoNewPrivs, || "PR_SET_NO_NEW_PRIVS".into())?;
@@ -129,6 +147,7 @@ fn contain() -> Result<Infallible> {
     exec::exec(command)
 }
 
+#[cfg(target_os = "linux")]
 /// The plan from fd 3, checked, and the descriptors of its host paths (Tier
 /// C builds its root from them; Tier B's Landlock rules use them).
 fn receive_plan() -> Result<(JailPlan, Option<fds::Descriptors>)> {
@@ -139,6 +158,7 @@ fn receive_plan() -> Result<(JailPlan, Option<fds::Descriptors>)> {
     Ok((plan, Some(descriptors)))
 }
 
+#[cfg(target_os = "linux")]
 /// A Tier C sandbox up to its mounts: in a new user namespace and the
 /// others, the outer helper left behind as monitor, this process pid 1.
 struct Entered {
@@ -148,6 +168,7 @@ struct Entered {
     to_relay: OwnedFd,
 }
 
+#[cfg(target_os = "linux")]
 /// [`Entered`] for a plan in hand (a cold sandbox).
 fn enter_cold(plan: &JailPlan, descriptors: Option<&fds::Descriptors>, death: Signal) -> Result<Entered> {
     // The plan names host ids and the requester they act for together, or neither.
@@ -166,6 +187,7 @@ fn enter_cold(plan: &JailPlan, descriptors: Option<&fds::Descriptors>, death: Si
     enter_namespaces(&plan.namespaces, plan.uid, plan.gid, captured, false)
 }
 
+#[cfg(target_os = "linux")]
 /// The namespaces and the fork into pid 1. The outer helper stays behind as
 /// monitor, and makes the network namespace while its child goes on; in a
 /// warm sandbox it first closes fd 3, which only pid 1 reads.

@@ -4,7 +4,8 @@
 //! `docs/plugins.md`), the host functions a plugin imports (`host_fns`),
 //! and what `palisade-plugin-host` runs: its seccomp filter (`seccomp`) and
 //! its loop over the broker's frames (`serve`). wasmtime lives in this crate
-//! and in no other.
+//! and in no other. The tier needs a Linux jail: elsewhere the crate is empty.
+#![cfg(target_os = "linux")]
 
 pub mod abi;
 pub mod host_fns;

@@ -870,11 +870,21 @@ impl Config {
 /// canonical paths, that the policy crate makes (decisions read the host
 /// through [`crate::HostFiles`]).
 fn configured_executable(name: &str) -> Result<PathBuf, String> {
-    use crate::host::EXECUTE_BITS;
-    use std::os::unix::fs::PermissionsExt;
-    let is_executable =
-        |p: &Path| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & EXECUTE_BITS != 0);
+    let is_executable = |p: &Path| p.metadata().is_ok_and(|m| m.is_file() && has_execute_bits(&m));
     crate::validate::find_executable(name, &is_executable, &|p| p.canonicalize())
+}
+
+#[cfg(unix)]
+fn has_execute_bits(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    m.permissions().mode() & crate::host::EXECUTE_BITS != 0
+}
+
+/// Windows has no execute bits: any file may be named (nothing runs there:
+/// runs are refused on Windows).
+#[cfg(not(unix))]
+fn has_execute_bits(_: &std::fs::Metadata) -> bool {
+    true
 }
 
 /// 1-based line and column of a byte offset (inside a character: of that character).

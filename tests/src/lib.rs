@@ -2,6 +2,7 @@
 //! binaries, temporary directories, and running the real helper binary on a
 //! plan with outer limits and a wall-clock bound, so that a broken sandbox
 //! cannot hurt the machine.
+#![cfg(target_os = "linux")]
 
 use palisade_broker::helper::{HelperCommand, Io, OuterLimit, send_plan, spawn};
 use palisade_broker::requester::{self, Requester};

@@ -4,8 +4,17 @@
 
 use std::process::ExitCode;
 
+#[cfg(target_os = "linux")]
 use palisade_plugins::{Runtime, RuntimeConfig, seccomp, serve};
 
+/// The plugin tier runs its host in a Tier C jail, which only Linux has.
+#[cfg(not(target_os = "linux"))]
+fn main() -> ExitCode {
+    eprintln!("palisade-plugin-host: WebAssembly plugins run inside a Linux jail; this system has none");
+    ExitCode::from(2)
+}
+
+#[cfg(target_os = "linux")]
 fn main() -> ExitCode {
     // First, before any thread: the threads started later inherit the filter.
     let filter = seccomp::exec_filter().and_then(|p| seccomp::apply_to_current_thread(&p));
@@ -40,6 +49,7 @@ fn main() -> ExitCode {
 
 /// `--pool-instances N`, `--max-memory-bytes N`, `--max-table-elements N`:
 /// the pool's sizes (no secret, so argv is fine); the rest of the defaults.
+#[cfg(target_os = "linux")]
 fn config_from_args(mut args: impl Iterator<Item = String>) -> Result<RuntimeConfig, String> {
     let mut config = RuntimeConfig::default();
     while let Some(flag) = args.next() {

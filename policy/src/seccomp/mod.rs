@@ -12,19 +12,29 @@
 //! [`compile`] (the tables into BPF) and [`listing`] (a program as people
 //! read it, for the golden files and `palisade explain`).
 
+#[cfg(target_os = "linux")]
 mod compile;
+#[cfg(not(target_os = "linux"))]
+mod elsewhere;
+#[cfg(target_os = "linux")]
 mod listing;
+#[cfg(target_os = "linux")]
 mod profile;
 
+#[cfg(target_os = "linux")]
 pub use compile::{default_program, monitor_program};
+#[cfg(not(target_os = "linux"))]
+pub use elsewhere::{Profile, default_program, monitor_program, summary};
+#[cfg(target_os = "linux")]
 pub use listing::{listing, summary};
+#[cfg(target_os = "linux")]
 pub use profile::{DENIED, Profile, allowed_names};
 
 #[derive(Debug, thiserror::Error)]
 #[error("cannot compile the seccomp profile: {0}")]
 pub struct SeccompError(String);
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::compile::*;
     use super::listing::*;

@@ -1,9 +1,4 @@
-//! vmcheck: the cgroup checks, run inside a throwaway guest with a pure
-//! cgroup v2 hierarchy (tests/vm/run-in-vm.sh), as root and as an
-//! unprivileged user in a delegated subtree; with `--v1`, in a guest whose
-//! cgroup v1 controllers it mounts itself. It drives the real palisaded,
-//! palisade, palisade-helper and probe, prints one PASS/FAIL line per check,
-//! and exits with the number of failures.
+//! The checks themselves (see `main.rs`).
 
 use palisade_broker::client::{Client, ClientError};
 use palisade_protocol::RulesetState;
@@ -427,7 +422,7 @@ fn landlock_abi2(g: &Guest, socket: &Path) -> Check {
 /// tests/plugins/echo.wat without its comments (an inline module starts
 /// with its `(`).
 fn echo() -> String {
-    let text = include_str!("../../plugins/echo.wat");
+    let text = include_str!("../../../plugins/echo.wat");
     text.lines().filter(|l| !l.trim_start().starts_with(";;")).collect::<Vec<_>>().join("\n")
 }
 
@@ -620,7 +615,7 @@ fn v1_plugin_host(g: &Guest, base: &Path) -> Check {
     ))
 }
 
-fn main() {
+pub(crate) fn main() {
     // It mounts cgroup hierarchies and writes cgroups: never on a real host.
     if std::env::var_os("VMTEST_AS").is_none() {
         eprintln!(

@@ -1,0 +1,625 @@
+//! The probe itself (see `main.rs`).
+
+use crate::egress;
+
+use nix::errno::Errno;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+pub(crate) type Outcome = Result<String, (Errno, String)>;
+
+fn errno(e: impl Into<Errno>) -> (Errno, String) {
+    (e.into(), String::new())
+}
+
+pub(crate) fn io(e: std::io::Error) -> (Errno, String) {
+    (Errno::from_raw(e.raw_os_error().unwrap_or(0)), e.to_string())
+}
+
+fn sys(rc: libc::c_long) -> Result<libc::c_long, (Errno, String)> {
+    Errno::result(rc).map_err(errno)
+}
+
+pub(crate) fn main() {
+    if let Err((e, detail)) = run() {
+        let _ = writeln!(std::io::stdout().lock(), "err {e:?} {detail}");
+        std::process::exit(1)
+    }
+}
+
+fn run() -> Result<(), (Errno, String)> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // "-": the argument comes on stdin (a path the policy would refuse on the
+    // command line, to test what the kernel does with it).
+    let arg = |i: usize| match args.get(i).map(String::as_str) {
+        Some("-") => {
+            let mut s = String::new();
+            let _ = std::io::stdin().read_to_string(&mut s);
+            s
+        }
+        other => other.unwrap_or_default().to_string(),
+    };
+    let outcome = match args.first().map(String::as_str).unwrap_or("") {
+        "read" => std::fs::read(arg(1))
+            .map(|b| format!("{} bytes: {}", b.len(), String::from_utf8_lossy(&b)))
+            .map_err(io),
+        "write" => std::fs::write(arg(1), b"probe\n").map(|_| String::new()).map_err(io),
+        "list" => std::fs::read_dir(arg(1))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .map_err(io),
+        "link" => std::fs::hard_link(arg(1), arg(2)).map(|_| String::new()).map_err(io),
+        "symlink" => std::os::unix::fs::symlink(arg(1), arg(2)).map(|_| String::new()).map_err(io),
+        "connect" => connect(&arg(1)),
+        "egress" => egress::run(&arg(1)),
+        "egress-bind" => egress::bind(&arg(1)),
+        "unix" => unix(&arg(1)),
+        "socketpair" => std::os::unix::net::UnixStream::pair().map(|_| String::new()).map_err(io),
+        "limits" => limits(),
+        "ifaces" => ifaces(),
+        "pids" => pids(),
+        "signal" => nix::sys::signal::kill(pid(&arg(1)), nix::sys::signal::Signal::SIGCONT)
+            .map(|_| String::new())
+            .map_err(errno),
+        "ptrace" => nix::sys::ptrace::seize(pid(&arg(1)), nix::sys::ptrace::Options::empty())
+            .map(|_| String::new())
+            .map_err(errno),
+        "mount" => mount(),
+        "chroot" => chroot(),
+        "userns" => {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map(|_| String::new()).map_err(errno)
+        }
+        "keyctl" => keyctl(),
+        "bpf" => bpf(),
+        "io_uring" => io_uring(),
+        "status" => status(),
+        "fds" => Ok(fds()),
+        "env" => Ok(std::env::vars().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("\n")),
+        "hostname" => nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).map_err(errno),
+        "ids" => Ok(format!("uid={} gid={}", nix::unistd::getuid(), nix::unistd::getgid())),
+        "cwd" => std::env::current_dir().map(|p| p.display().to_string()).map_err(io),
+        "tiocsti" => tiocsti(),
+        "forkbomb" => forkbomb(),
+        "membomb" => membomb(arg(1).parse().unwrap_or(4096)),
+        "spin" => spin(),
+        "bigfile" => bigfile(&arg(1), arg(2).parse().unwrap_or(1024)),
+        "setuid-file" => setuid_file(&arg(1), arg(2).parse().unwrap_or(1)),
+        "write-sleep" => {
+            std::fs::write(arg(1), b"probe\n").map_err(io)?;
+            std::thread::sleep(Duration::from_secs(arg(2).parse().unwrap_or(1)));
+            Ok(String::new())
+        }
+        "fill" => fill(&args[1..]),
+        "open-rw" => {
+            std::fs::OpenOptions::new().read(true).write(true).open(arg(1)).map(|_| String::new()).map_err(io)
+        }
+        "sysv" => sysv(&arg(1), arg(2).parse().unwrap_or(0)),
+        "traces" => traces(&arg(1)),
+        "look" => Ok(look(&arg(1))),
+        "no-landlock" => no_landlock(&args[1..]),
+        "daemonize" => daemonize(&arg(1), arg(2) == "flood"),
+        "sleep" => loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        },
+        "echo" => Ok(args[1..].join(" ")),
+        "flood" => flood(),
+        "pattern" => pattern(arg(1).parse().unwrap_or(0)),
+        "readall" => Ok(readall(std::path::Path::new(&arg(1)))),
+        "session" => Ok(format!(
+            "pid={} sid={} pgid={}",
+            nix::unistd::getpid(),
+            nix::unistd::getsid(None).map(|p| p.as_raw()).unwrap_or(-1),
+            nix::unistd::getpgrp()
+        )),
+        "ns" => Ok(namespaces()),
+        "caller" => caller(&arg(1)),
+        "cat" => {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).map(|_| s).map_err(io)
+        }
+        "exit" => std::process::exit(arg(1).parse().unwrap_or(0)),
+        "kill-self" => {
+            let sig = nix::sys::signal::Signal::try_from(arg(1).parse::<i32>().unwrap_or(9))
+                .unwrap_or(nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::signal::raise(sig);
+            Ok(String::new())
+        }
+        other => {
+            eprintln!("probe: unknown check {other:?}");
+            std::process::exit(2);
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    match outcome {
+        Ok(detail) => {
+            let _ = writeln!(out, "ok {detail}");
+            std::process::exit(0)
+        }
+        Err((e, detail)) => {
+            let _ = writeln!(out, "err {e:?} {detail}");
+            std::process::exit(1)
+        }
+    }
+}
+
+/// `mib` MiB, then mode 04755: a program the sandbox's uid may make setuid
+/// on its own file (what copy-back must never carry over as another owner's).
+fn setuid_file(path: &str, mib: usize) -> Outcome {
+    use std::os::unix::fs::PermissionsExt;
+    bigfile(path, mib)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o4755)).map_err(io)?;
+    Ok("mode 4755".into())
+}
+
+/// Writes 16 MiB files into each directory until it is full; reports the
+/// bytes written in all (what those mounts hold together). Bounded: never
+/// more than 512 MiB in all, whatever the mounts would take.
+fn fill(dirs: &[String]) -> Outcome {
+    let chunk = vec![7u8; 1 << 20];
+    let mut total = 0u64;
+    for dir in dirs {
+        'files: for i in 0.. {
+            if total >= 512 << 20 {
+                break;
+            }
+            let Ok(mut f) = std::fs::File::create(format!("{dir}/fill-{i}")) else { break };
+            for _ in 0..16 {
+                match f.write(&chunk) {
+                    Ok(n) if n == chunk.len() => total += n as u64,
+                    Ok(n) => {
+                        total += n as u64;
+                        break 'files;
+                    }
+                    Err(_) => break 'files,
+                }
+            }
+        }
+    }
+    Ok(format!("total {total}"))
+}
+
+/// Opens an existing System V IPC object of the host by its key:
+/// `shm` (and attaches it), `msg` or `sem`.
+fn sysv(kind: &str, key: i32) -> Outcome {
+    // SAFETY: the calls take integers; shmat maps the segment at an address
+    // the kernel picks and the pointer is only compared.
+    unsafe {
+        match kind {
+            "shm" => {
+                let id = sys(libc::shmget(key, 0, 0) as libc::c_long)?;
+                let at = libc::shmat(id as i32, std::ptr::null(), libc::SHM_RDONLY);
+                if at as isize == -1 {
+                    return Err(errno(Errno::last()));
+                }
+                Ok(format!("attached segment {id}"))
+            }
+            "msg" => sys(libc::msgget(key, 0) as libc::c_long).map(|id| format!("queue {id}")),
+            _ => sys(libc::semget(key, 0, 0) as libc::c_long).map(|id| format!("semaphores {id}")),
+        }
+    }
+}
+
+/// The SysV message queue key `traces` leaves.
+const TRACE_KEY: i32 = 0x5057;
+
+/// Leaves what a run could leave to the next one in its sandbox: a file in
+/// /tmp, a SysV message queue and shared memory segment, and a detached
+/// process (`probe sleep TOKEN`); then reports, as `look` would, that they
+/// are there (the counter-test of `look` run in a later sandbox).
+fn traces(token: &str) -> Outcome {
+    let step = |what: &'static str| move |(e, _): (Errno, String)| (e, what.to_string());
+    std::fs::write(format!("/tmp/trace-{token}"), b"trace").map_err(io).map_err(step("file"))?;
+    // SAFETY: the calls take integers only.
+    unsafe {
+        sys(libc::msgget(TRACE_KEY, libc::IPC_CREAT | 0o600) as libc::c_long).map_err(step("sysv"))?;
+        sys(libc::shmget(TRACE_KEY, 4096, libc::IPC_CREAT | 0o600) as libc::c_long).map_err(step("shm"))?;
+    }
+    let child = detach_sleeper(token)?;
+    let _ = nix::sys::wait::waitpid(child, None);
+    let started = std::time::Instant::now();
+    while !look(token).contains("process=yes") && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(look(token))
+}
+
+/// Which of the traces of `traces TOKEN` this process sees, and where it is
+/// (host name and namespaces).
+fn look(token: &str) -> String {
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let file = std::path::Path::new(&format!("/tmp/trace-{token}")).exists();
+    // SAFETY: as in `traces`.
+    let (sysv, shm) = unsafe { (libc::msgget(TRACE_KEY, 0) != -1, libc::shmget(TRACE_KEY, 0, 0) != -1) };
+    let me = std::process::id().to_string();
+    let process = std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        // Processes only ("self" is this one), and not this one.
+        name.parse::<u32>().is_ok() && name != me && cmdline.split(|b| *b == 0).any(|a| a == token.as_bytes())
+    });
+    let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
+    format!(
+        "file={} sysv={} shm={} process={} host={host} ns={}",
+        yes(file),
+        yes(sysv),
+        yes(shm),
+        yes(process),
+        namespaces()
+    )
+}
+
+/// This process's namespaces, as their links read.
+fn namespaces() -> String {
+    ["user", "mnt", "pid", "net", "uts", "ipc", "cgroup"]
+        .iter()
+        .map(|n| std::fs::read_link(format!("/proc/self/ns/{n}")).map(|l| l.display().to_string()))
+        .map(Result::unwrap_or_default)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Runs a command under a seccomp filter that answers ENOSYS to Landlock's
+/// system calls: a kernel without Landlock, as the command sees it.
+fn no_landlock(command: &[String]) -> Outcome {
+    use std::os::unix::process::CommandExt;
+    const LD_ABS: u16 = 0x20;
+    const JEQ: u16 = 0x15;
+    const RET: u16 = 0x06;
+    let f = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let enosys = 0x0005_0000 | libc::ENOSYS as u32;
+    let program = [
+        f(LD_ABS, 0, 0, 0),
+        f(JEQ, 3, 0, libc::SYS_landlock_create_ruleset as u32),
+        f(JEQ, 2, 0, libc::SYS_landlock_add_rule as u32),
+        f(JEQ, 1, 0, libc::SYS_landlock_restrict_self as u32),
+        f(RET, 0, 0, 0x7fff_0000),
+        f(RET, 0, 0, enosys),
+    ];
+    let fprog = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut _ };
+    nix::sys::prctl::set_no_new_privs().map_err(errno)?;
+    // SAFETY: `fprog` points at `program`, which outlives the call.
+    sys(unsafe { libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0, &fprog) })?;
+    let (cmd, rest) = command.split_first().ok_or((Errno::EINVAL, "no command".to_string()))?;
+    Err(io(std::process::Command::new(cmd).args(rest).exec()))
+}
+
+/// Plays the broker for one run: reads a plan on stdin, names itself as the
+/// plan's parent, spawns the helper (`path`) and waits. Killing this process
+/// must kill the whole sandbox.
+fn caller(helper: &str) -> Outcome {
+    let mut bytes = Vec::new();
+    std::io::stdin().read_to_end(&mut bytes).map_err(io)?;
+    let mut plan = palisade_protocol::decode_plan(&bytes).map_err(|e| (Errno::EINVAL, e.to_string()))?;
+    plan.parent_pid = std::process::id();
+    let encoded = palisade_protocol::encode_plan(&plan).map_err(|e| (Errno::EINVAL, e.to_string()))?;
+    let mut child = palisade_broker::helper::spawn(palisade_broker::helper::HelperCommand {
+        warm: None,
+        helper: helper.into(),
+        cgroup_dir: None,
+        stdin: palisade_broker::helper::Io::Null,
+        stdout: palisade_broker::helper::Io::Inherit,
+        stderr: palisade_broker::helper::Io::Inherit,
+        outer_limits: vec![],
+    })
+    .map_err(io)?;
+    let fds = palisade_tests::open_descriptors(&plan);
+    let fds: Vec<_> = fds.iter().map(std::os::fd::AsFd::as_fd).collect();
+    let channel = child.plan_channel.take().ok_or((Errno::EBADF, "no plan channel".to_string()))?;
+    palisade_broker::helper::send_plan(channel, &encoded, &fds).map_err(io)?;
+    let status = child.wait().map_err(io)?;
+    Ok(format!("helper exited: {status}"))
+}
+
+fn pid(s: &str) -> nix::unistd::Pid {
+    nix::unistd::Pid::from_raw(s.parse().unwrap_or(0))
+}
+
+pub(crate) fn connect(addr: &str) -> Outcome {
+    let addr: std::net::SocketAddr =
+        addr.parse().map_err(|_| (Errno::EINVAL, format!("bad address {addr}")))?;
+    std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map(|_| String::new()).map_err(io)
+}
+
+/// Connects to a unix socket: a path, or `@name` for the abstract namespace.
+fn unix(addr: &str) -> Outcome {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixStream};
+    let stream = match addr.strip_prefix('@') {
+        Some(name) => SocketAddr::from_abstract_name(name).and_then(|a| UnixStream::connect_addr(&a)),
+        None => UnixStream::connect(addr),
+    };
+    stream.map(|_| String::new()).map_err(io)
+}
+
+/// The soft limits the process runs under, as `/proc/self/limits` gives them.
+fn limits() -> Outcome {
+    let text = std::fs::read_to_string("/proc/self/limits").map_err(io)?;
+    let soft = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l[name.len()..].split_whitespace().next())
+            .unwrap_or("?")
+            .to_string()
+    };
+    Ok(format!(
+        "nofile={} core={} nproc={} fsize={} as={} cpu={}",
+        soft("Max open files"),
+        soft("Max core file size"),
+        soft("Max processes"),
+        soft("Max file size"),
+        soft("Max address space"),
+        soft("Max cpu time")
+    ))
+}
+
+fn ifaces() -> Outcome {
+    let text = std::fs::read_to_string("/proc/net/dev").map_err(io)?;
+    Ok(text.lines().skip(2).filter_map(|l| l.split(':').next()).map(str::trim).collect::<Vec<_>>().join(","))
+}
+
+fn pids() -> Outcome {
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .map_err(io)?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    pids.sort();
+    Ok(pids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+}
+
+/// Tries every route to a mount: in a new user+mount namespace, in a new mount
+/// namespace, and (if neither could be made) in place on a scratch directory.
+fn mount() -> Outcome {
+    use nix::sched::{CloneFlags, unshare};
+    let private = unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS).is_ok()
+        || unshare(CloneFlags::CLONE_NEWNS).is_ok();
+    let target = if private { "/tmp".to_string() } else { format!("probe-mnt-{}", std::process::id()) };
+    if !private {
+        let _ = std::fs::create_dir(&target);
+    }
+    let r = nix::mount::mount(
+        Some("tmpfs"),
+        target.as_str(),
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    );
+    if !private {
+        if r.is_ok() {
+            let _ = nix::mount::umount(target.as_str());
+        }
+        let _ = std::fs::remove_dir(&target);
+    }
+    r.map(|_| format!("private namespace: {private}")).map_err(errno)
+}
+
+fn chroot() -> Outcome {
+    if nix::unistd::chroot(".").is_ok() {
+        return Ok("in place".into());
+    }
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map_err(errno)?;
+    nix::unistd::chroot(".").map(|_| "in a new user namespace".into()).map_err(errno)
+}
+
+fn keyctl() -> Outcome {
+    const KEYCTL_GET_KEYRING_ID: libc::c_long = 0;
+    const KEY_SPEC_SESSION_KEYRING: libc::c_long = -3;
+    // SAFETY: keyctl with integer arguments only.
+    sys(unsafe { libc::syscall(libc::SYS_keyctl, KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 1) })
+        .map(|id| format!("keyring {id}"))
+}
+
+fn bpf() -> Outcome {
+    // BPF_MAP_CREATE of a one-entry array map.
+    let mut attr = [0u32; 32];
+    attr[0] = 2; // BPF_MAP_TYPE_ARRAY
+    attr[1] = 4; // key_size
+    attr[2] = 4; // value_size
+    attr[3] = 1; // max_entries
+    // SAFETY: `attr` is a valid, large enough attribute buffer that outlives the call.
+    sys(unsafe { libc::syscall(libc::SYS_bpf, 0, attr.as_mut_ptr(), std::mem::size_of_val(&attr)) })
+        .map(|fd| format!("map fd {fd}"))
+}
+
+fn io_uring() -> Outcome {
+    let mut params = [0u8; 120];
+    // SAFETY: `params` is a zeroed io_uring_params buffer that outlives the call.
+    sys(unsafe { libc::syscall(libc::SYS_io_uring_setup, 1, params.as_mut_ptr()) })
+        .map(|fd| format!("ring fd {fd}"))
+}
+
+fn status() -> Outcome {
+    let text = std::fs::read_to_string("/proc/self/status").map_err(io)?;
+    let keep = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"];
+    Ok(text
+        .lines()
+        .filter(|l| keep.iter().any(|k| l.starts_with(&format!("{k}:"))))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join("="))
+        .map(|l| l.replacen(":=", "=", 1))
+        .collect::<Vec<_>>()
+        .join(" "))
+}
+
+/// Open descriptors, found without opening any.
+fn fds() -> String {
+    (0..4096)
+        .filter(|fd| {
+            // SAFETY: F_GETFD on a descriptor number only inspects it.
+            let flags = unsafe { libc::fcntl(*fd, libc::F_GETFD) };
+            flags >= 0
+        })
+        .map(|fd: i32| fd.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn tiocsti() -> Outcome {
+    let c: libc::c_char = b'#' as libc::c_char;
+    // SAFETY: TIOCSTI reads one byte from `c`, which outlives the call.
+    Errno::result(unsafe { libc::ioctl(0, libc::TIOCSTI, &c) }).map(|_| String::new()).map_err(errno)
+}
+
+/// Forks children that stay alive until fork fails; reports how many.
+fn forkbomb() -> Outcome {
+    let mut n = 0u32;
+    loop {
+        // SAFETY: the child only sleeps (async-signal-safe) until it is killed.
+        match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Child) => loop {
+                // SAFETY: pause has no arguments.
+                unsafe { libc::pause() };
+            },
+            Ok(nix::unistd::ForkResult::Parent { .. }) => n += 1,
+            Err(e) => return Err((e, format!("stopped after {n} forks"))),
+        }
+        if n >= 100_000 {
+            return Ok(format!("{n} forks and never stopped"));
+        }
+    }
+}
+
+/// Allocates and touches memory in 16 MiB steps, up to `mib`.
+fn membomb(mib: usize) -> Outcome {
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    for step in 0..mib / 16 {
+        let mut chunk = Vec::new();
+        if let Err(e) = chunk.try_reserve_exact(16 << 20) {
+            return Err((Errno::ENOMEM, format!("stopped after {} MiB: {e}", step * 16)));
+        }
+        chunk.resize(16 << 20, 1u8);
+        held.push(chunk);
+    }
+    Ok(format!("allocated {mib} MiB"))
+}
+
+/// Reads every file it can find below `dir` (a walk the policy cannot
+/// anticipate: names come from the directory listings, not the arguments).
+/// Reports `path=content` for what it read and `path!ERRNO` for what it could not.
+fn readall(dir: &std::path::Path) -> String {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) => {
+                out.push(format!("{}!{:?}", d.display(), io(e).0));
+                continue;
+            }
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(p),
+                _ => match std::fs::read(&p) {
+                    Ok(b) => out.push(format!("{}={}", p.display(), String::from_utf8_lossy(&b))),
+                    Err(e) => out.push(format!("{}!{:?}", p.display(), io(e).0)),
+                },
+            }
+        }
+    }
+    out.sort();
+    out.join(" ")
+}
+
+/// Writes to stdout until it cannot (the token in argv lets the host find it).
+fn flood() -> Outcome {
+    let chunk = vec![b'x'; 64 * 1024];
+    let mut out = std::io::stdout().lock();
+    loop {
+        if let Err(e) = out.write_all(&chunk) {
+            return Err(io(e));
+        }
+    }
+}
+
+/// `len` bytes of `palisade_tests::pattern` on stdout and as many (another
+/// salt) on stderr, in pieces of many sizes taken in turn from each.
+fn pattern(len: usize) -> Outcome {
+    let (out, err) = (palisade_tests::pattern(len, 0), palisade_tests::pattern(len, 1));
+    let sizes = [1, 100, 5000, 70_000, 300_000, 1 << 20, 17];
+    let (mut o, mut e) = (std::io::stdout().lock(), std::io::stderr().lock());
+    let mut at = 0;
+    for size in sizes.iter().cycle() {
+        if at == len {
+            break;
+        }
+        let end = (at + size).min(len);
+        o.write_all(&out[at..end]).and_then(|()| o.flush()).map_err(io)?;
+        e.write_all(&err[at..end]).map_err(io)?;
+        at = end;
+    }
+    Ok(String::new())
+}
+
+fn spin() -> Outcome {
+    let mut x = 0u64;
+    loop {
+        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+    }
+}
+
+/// Writes up to `mib` MiB into `path`; reports how far it got.
+fn bigfile(path: &str, mib: usize) -> Outcome {
+    // Report EFBIG instead of dying of SIGXFSZ.
+    // SAFETY: setting a signal to SIG_IGN installs no handler code.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    let mut f = std::fs::File::create(path).map_err(io)?;
+    let chunk = vec![7u8; 1 << 20];
+    let mut written = 0usize;
+    for _ in 0..mib {
+        match f.write(&chunk) {
+            Ok(n) if n == chunk.len() => written += n,
+            Ok(n) => return Err((Errno::EFBIG, format!("short write after {} bytes", written + n))),
+            Err(e) => return Err((io(e).0, format!("stopped after {written} bytes"))),
+        }
+    }
+    Ok(format!("wrote {written} bytes"))
+}
+
+/// Double-forks a process that calls setsid and sleeps with `token` in its
+/// argv (so the host can find it); returns the pid of the first child, which
+/// exits at once.
+fn detach_sleeper(token: &str) -> Result<nix::unistd::Pid, (Errno, String)> {
+    use nix::unistd::{ForkResult, fork, setsid};
+    let exe = std::env::current_exe().map_err(io)?;
+    // SAFETY: the children only call setsid, fork, exec and exit.
+    match unsafe { fork() }.map_err(errno)? {
+        ForkResult::Child => {
+            let _ = setsid();
+            // SAFETY: as above.
+            if let Ok(ForkResult::Child) = unsafe { fork() } {
+                let err = std::process::Command::new(&exe).args(["sleep", token]).exec_replace();
+                eprintln!("probe: exec failed: {err}");
+            }
+            std::process::exit(0);
+        }
+        ForkResult::Parent { child } => Ok(child),
+    }
+}
+
+/// Leaves a double-forked, setsid sleeper carrying `token`, then sleeps, or
+/// with `flood`, writes to stdout without end.
+fn daemonize(token: &str, flood_after: bool) -> Outcome {
+    detach_sleeper(token)?;
+    println!("ok daemonized");
+    let _ = std::io::stdout().flush();
+    if flood_after {
+        return flood();
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+trait ExecReplace {
+    fn exec_replace(&mut self) -> std::io::Error;
+}
+
+impl ExecReplace for std::process::Command {
+    fn exec_replace(&mut self) -> std::io::Error {
+        std::os::unix::process::CommandExt::exec(self)
+    }
+}
