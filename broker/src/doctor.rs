@@ -13,6 +13,43 @@ fn sysctl(name: &str) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
+/// The AppArmor profiles loaded in the kernel, one per line: `name (mode)`.
+const APPARMOR_PROFILES: &str = "/sys/kernel/security/apparmor/profiles";
+/// The profile palisade ships (apparmor/palisade-helper) and the path it attaches to.
+const HELPER_PROFILE: &str = "palisade-helper";
+const HELPER_PROFILE_PATH: &str = "/usr/bin/palisade-helper";
+
+/// Whether AppArmor keeps the helper from using user namespaces, and the
+/// fix: `restrict` is the sysctl `kernel.apparmor_restrict_unprivileged_userns`
+/// (`None`: no such restriction in this kernel), `profiles` the loaded
+/// profiles (`None`: unreadable), `helper` the helper this broker runs.
+fn apparmor_userns(restrict: Option<&str>, profiles: Option<&str>, helper: &std::path::Path) -> String {
+    const SYSCTL: &str = "kernel.apparmor_restrict_unprivileged_userns";
+    match restrict {
+        None => return "no AppArmor userns restriction".into(),
+        Some("0") => return format!("AppArmor does not restrict them ({SYSCTL}=0)"),
+        Some(_) => {}
+    }
+    let fix = "install apparmor/palisade-helper as /etc/apparmor.d/palisade-helper (the Debian package does) \
+               and load it: apparmor_parser -r /etc/apparmor.d/palisade-helper";
+    let loaded = profiles.map(|p| p.lines().any(|l| l.split_whitespace().next() == Some(HELPER_PROFILE)));
+    match loaded {
+        Some(true) if helper == std::path::Path::new(HELPER_PROFILE_PATH) => {
+            format!("{SYSCTL}=1, and the {HELPER_PROFILE} profile that grants them is loaded")
+        }
+        Some(true) => format!(
+            "{SYSCTL}=1: the {HELPER_PROFILE} profile is loaded but attaches to {HELPER_PROFILE_PATH}, \
+             not to this helper ({}): copy the profile with this path in its place and load it",
+            helper.display()
+        ),
+        Some(false) => format!("{SYSCTL}=1 and no {HELPER_PROFILE} AppArmor profile is loaded: {fix}"),
+        None => format!(
+            "{SYSCTL}=1; whether the {HELPER_PROFILE} profile is loaded is unknown ({APPARMOR_PROFILES} \
+             is not readable here); if runs fail at their mounts: {fix}"
+        ),
+    }
+}
+
 /// The report, and whether every mechanism of Tier C is there.
 pub fn report(config: &Config) -> (String, bool) {
     let mut out = String::new();
@@ -28,14 +65,12 @@ pub fn report(config: &Config) -> (String, bool) {
     if let Some(v) = sysctl("user.max_user_namespaces") {
         why.push(format!("user.max_user_namespaces={v}"));
     }
-    match sysctl("kernel.apparmor_restrict_unprivileged_userns") {
-        Some(v) if v != "0" => why.push(format!(
-            "AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns={v}): \
-             install palisade's AppArmor profile for palisade-helper"
-        )),
-        Some(_) => why.push("AppArmor does not restrict them".into()),
-        None => why.push("no AppArmor userns restriction".into()),
-    }
+    let profiles = std::fs::read_to_string(APPARMOR_PROFILES).ok();
+    why.push(apparmor_userns(
+        sysctl("kernel.apparmor_restrict_unprivileged_userns").as_deref(),
+        profiles.as_deref(),
+        &crate::paths::default_helper(),
+    ));
     if !config.broker.user_namespaces {
         why.push("not used: [broker] user_namespaces = false".into());
     }
@@ -134,5 +169,34 @@ fn warm_pool(config: &Config, cgroups: &Cgroups, tier_c: bool) -> String {
         }
         Some(_) => format!("{n} sandboxes built ahead (namespaces, monitor, pid 1)"),
         None => plain("cgroup v1: the broker places each run's helper in its cgroups itself"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    const PACKAGED: &str = "/usr/bin/palisade-helper";
+
+    #[test]
+    fn apparmor_names_the_restriction_and_the_fix_only_where_it_is_in_force() {
+        let helper = Path::new(PACKAGED);
+        assert_eq!(apparmor_userns(None, None, helper), "no AppArmor userns restriction");
+        assert!(apparmor_userns(Some("0"), None, helper).contains("does not restrict"));
+        let others = "snap.lxd.lxc (enforce)\nunprivileged_userns (enforce)\n";
+        let missing = apparmor_userns(Some("1"), Some(others), helper);
+        assert!(missing.contains("kernel.apparmor_restrict_unprivileged_userns=1"), "{missing}");
+        assert!(missing.contains("apparmor_parser -r /etc/apparmor.d/palisade-helper"), "{missing}");
+        let loaded = format!("{others}palisade-helper (unconfined)\n");
+        let ok = apparmor_userns(Some("1"), Some(&loaded), helper);
+        assert!(ok.contains("is loaded") && !ok.contains("apparmor_parser"), "{ok}");
+        // A profile whose name only starts the same is not the helper's.
+        let lookalike = apparmor_userns(Some("1"), Some("palisade-helper-old (enforce)\n"), helper);
+        assert!(lookalike.contains("no palisade-helper AppArmor profile is loaded"), "{lookalike}");
+        let elsewhere = apparmor_userns(Some("1"), Some(&loaded), Path::new("/home/u/.local/bin/palisade-helper"));
+        assert!(elsewhere.contains("not to this helper (/home/u/.local/bin/palisade-helper)"), "{elsewhere}");
+        let unreadable = apparmor_userns(Some("1"), None, helper);
+        assert!(unreadable.contains("unknown") && unreadable.contains("apparmor_parser -r"), "{unreadable}");
     }
 }
