@@ -33,6 +33,11 @@ struct System {
 
 impl System {
     fn start(config: &str) -> Option<System> {
+        System::start_under(config, vec![])
+    }
+
+    /// Started under `prefix` (a command that execs the rest).
+    fn start_under(config: &str, prefix: Vec<String>) -> Option<System> {
         let Some(users) = system_users() else {
             eprintln!("not root: a root broker serving other users cannot be tested as an ordinary user");
             return None;
@@ -45,7 +50,7 @@ impl System {
             None => (config, ""),
         };
         let config = format!("{defaults}[broker]\nallowed_uids = [0, {a}, {v}]\nsocket_mode = 0o666\n{rest}");
-        let daemon = Daemon::start(&config);
+        let daemon = Daemon::start_with(DaemonOptions { config, prefix, ..Default::default() });
         Some(System { users, base, daemon })
     }
 
@@ -346,4 +351,118 @@ fn paths_the_requester_cannot_reach_are_not_allowed_whether_or_not_they_exist() 
     let o =
         s.run_as(None, &["--workspace", root_only.join("file").to_str().unwrap()], &[&probe(), "echo", "x"]);
     assert!(text(&o.stderr).contains("is not a directory"), "{}", text(&o.stderr));
+}
+
+/// A setting of the system unit (systemd/palisade.service).
+fn unit_setting(key: &str) -> String {
+    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd/palisade.service");
+    let text = std::fs::read_to_string(unit).unwrap();
+    let prefix = format!("{key}=");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {key}= in the unit"))
+        .into()
+}
+
+/// A root palisaded started as the system unit starts it, as far as the
+/// process goes: its capability bounding set, umask and no_new_privs.
+fn as_the_unit(capabilities: &[String]) -> Vec<String> {
+    let caps: Vec<String> =
+        capabilities.iter().map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase())).collect();
+    let umask = unit_setting("UMask");
+    let start = format!("umask {umask} && exec \"$@\"");
+    [
+        "sh",
+        "-c",
+        &start,
+        "sh",
+        "setpriv",
+        "--no-new-privs",
+        "--bounding-set",
+        &format!("-all,{}", caps.join(",")),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(["--".to_string()])
+    .collect()
+}
+
+/// What another user does through a root broker: a run that writes in its
+/// workspace (copied back as the user) and reads a file it may read.
+fn serve_another_user(s: &System) -> Result<(), String> {
+    let attacker = &s.users.attacker;
+    let ws = s.path("unit-ws");
+    owned_dir(&ws, attacker, 0o755);
+    let out = ws.join("out");
+    let o = s.run_as(
+        Some(attacker),
+        &["--workspace", ws.to_str().unwrap()],
+        &[&probe(), "write", out.to_str().unwrap()],
+    );
+    if !o.status.success() {
+        return Err(format!("the run failed: {}", text(&o.stderr)));
+    }
+    match std::fs::metadata(&out) {
+        Ok(m) if m.uid() == attacker.uid.as_raw() => Ok(()),
+        Ok(m) => Err(format!("copied back as uid {}", m.uid())),
+        Err(e) => Err(format!("nothing copied back: {e}; {}", text(&o.stderr))),
+    }
+}
+
+/// The system unit's CapabilityBoundingSet and UMask leave a root broker
+/// able to serve other users (and the set is not larger than that needs:
+/// without CAP_SYS_ADMIN, the idmapped mount of the user's workspace fails).
+#[test]
+fn the_system_units_capabilities_serve_other_users() {
+    let caps: Vec<String> =
+        unit_setting("CapabilityBoundingSet").split_whitespace().map(String::from).collect();
+    assert!(!caps.is_empty());
+    let Some(s) = System::start_under("", as_the_unit(&caps)) else { return };
+    serve_another_user(&s).unwrap();
+    drop(s);
+    // Counter-test: one capability fewer, and the same run fails.
+    let fewer: Vec<String> = caps.iter().filter(|c| *c != "CAP_SYS_ADMIN").cloned().collect();
+    let s = System::start_under("", as_the_unit(&fewer)).unwrap();
+    assert!(serve_another_user(&s).is_err(), "a run served without CAP_SYS_ADMIN");
+}
+
+/// Why the unit sets no ProtectKernelLogs, ProtectKernelTunables or
+/// ProtectHostname: the first two cover parts of /proc with mounts, and the
+/// kernel then refuses the sandbox's own /proc (a procfs mounted in a user
+/// namespace must not reveal what the broker's hides); the third forbids
+/// sethostname to every descendant. This makes such a cover and sees a
+/// sandbox fail to start, and succeed without it.
+#[test]
+fn a_covered_proc_keeps_sandboxes_from_starting_so_the_unit_covers_none() {
+    for key in ["ProtectKernelLogs", "ProtectKernelTunables", "ProtectHostname", "ProtectProc", "ProcSubset"]
+    {
+        let unit = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd/palisade.service"),
+        );
+        assert!(!unit.unwrap().lines().any(|l| l.starts_with(&format!("{key}="))), "the unit sets {key}");
+    }
+    let Some(users) = system_users() else { return };
+    let user = &users.attacker;
+    // The embedded broker keeps its journal in the user's (temporary) home.
+    let home = TempDir::new("covered-proc");
+    owned_dir(home.path(), user, 0o700);
+    let run = |cover: &str| {
+        let script = format!(
+            "{cover} exec setpriv --reuid {} --regid {} --clear-groups -- env HOME={} {} run -- /bin/echo started",
+            user.uid,
+            user.gid,
+            home.path().display(),
+            bin("palisade").display()
+        );
+        std::process::Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", &script])
+            .current_dir("/tmp")
+            .output()
+            .unwrap()
+    };
+    let covered = run("mount --bind /dev/null /proc/kmsg &&");
+    assert!(!covered.status.success(), "a sandbox started under a covered /proc");
+    assert!(text(&covered.stderr).contains("mount proc on /proc: EPERM"), "{}", text(&covered.stderr));
+    let open = run("");
+    assert_eq!(text(&open.stdout), "started\n", "{}", text(&open.stderr));
 }
