@@ -466,3 +466,65 @@ fn a_covered_proc_keeps_sandboxes_from_starting_so_the_unit_covers_none() {
     let open = run("");
     assert_eq!(text(&open.stdout), "started\n", "{}", text(&open.stderr));
 }
+
+/// The system unit's file system settings (ProtectSystem=strict with its
+/// ReadWritePaths, PrivateTmp, PrivateDevices), capabilities and umask,
+/// made by tests/system-unit.sh in a mount namespace of its own, leave a
+/// root broker able to serve another user's run in a workspace under
+/// /var/tmp; the same workspace without the ReadWritePaths entry is read-only
+/// and the run is refused.
+#[test]
+fn the_system_units_file_system_serves_other_users() {
+    let Some(users) = system_users() else { return };
+    let user = &users.attacker;
+    let caps: Vec<String> = unit_setting("CapabilityBoundingSet")
+        .split_whitespace()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
+    assert!(unit_setting("ReadWritePaths").split_whitespace().any(|p| p == "-/var/tmp"));
+    let work = PathBuf::from(format!("/var/tmp/palisade-unit-{}", std::process::id()));
+    let _cleanup = RemoveOnDrop(work.clone());
+    let ws = work.join("ws");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o755)).unwrap();
+    owned_dir(&ws, user, 0o755);
+    let config = work.join("palisade.toml");
+    let toml = format!(
+        "[broker]\nallowed_uids = [0, {}]\nsocket_mode = 0o666\n[policy]\ntemp_root = {:?}\n",
+        user.uid, "/tmp/runs"
+    );
+    std::fs::write(&config, test_config(&toml)).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("system-unit.sh");
+    let run = |read_write: &str| {
+        let bin_dir = bin("palisaded").parent().unwrap().to_path_buf();
+        std::process::Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh"])
+            .arg(&script)
+            .args([bin_dir.as_os_str(), probe().as_ref(), work.as_os_str(), user.name.as_ref()])
+            .arg(caps.join(","))
+            .args([unit_setting("UMask").as_str(), config.to_str().unwrap(), read_write])
+            .output()
+            .unwrap()
+    };
+    let o = run("/var/tmp");
+    assert!(o.status.success(), "{}{}", text(&o.stdout), text(&o.stderr));
+    let out = std::fs::metadata(ws.join("out")).unwrap();
+    assert_eq!(out.uid(), user.uid.as_raw());
+    std::fs::remove_file(ws.join("out")).unwrap();
+    // Counter-test: /var/tmp read-only like the rest of the host, and the
+    // workspace is refused (the requester cannot write it there either).
+    let o = run("");
+    assert!(!o.status.success(), "a run wrote a workspace on a read-only host");
+    let refused = format!("{}: not allowed (uid {} cannot reach it)", ws.display(), user.uid);
+    assert!(text(&o.stderr).contains(&refused), "{}", text(&o.stderr));
+    assert!(!ws.join("out").exists());
+}
+
+/// Removes a directory tree when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
