@@ -1,0 +1,408 @@
+#!/usr/bin/env bash
+# Builds the Debian package palisade_<version>_<arch>.deb from the binaries
+# scripts/build-release.sh left in target/release, with `dpkg-deb --build
+# --root-owner-group` (no debhelper, no cargo-deb). <version> is the
+# workspace's ([workspace.package] in Cargo.toml; a pre-release's `-` becomes
+# `~`, which sorts before the release as in Cargo), <arch> is
+# `dpkg --print-architecture`. The package is native: the project is its own
+# upstream, so its Debian changelog is /usr/share/doc/palisade/changelog.gz
+# (changelog.Debian.gz is the name for packages of someone else's source).
+#
+#   scripts/build-deb.sh [--release-dir DIR] [--out DIR] [--check]
+#   --release-dir  where the binaries are (default target/release)
+#   --out          where the .deb goes (default target/debian)
+#   --check        then run scripts/check-deb.sh on it (contents, modes,
+#                  conffiles, lintian)
+#
+# DEBFULLNAME and DEBEMAIL name the maintainer (default: palisade developers
+# <palisade@example.org>). SOURCE_DATE_EPOCH, or else the last commit's time,
+# dates the changelog entry and every file: the same tree gives the same
+# package.
+#
+# What it installs:
+#   /usr/bin/{palisaded,palisade,palisade-helper,palisade-plugin-host}
+#       stripped copies (the broker finds the helper next to itself, and the
+#       plugin-host next to the helper; the AppArmor profile attaches to
+#       /usr/bin/palisade-helper)
+#   /usr/lib/systemd/system/palisade.{service,socket}  from systemd/
+#   /usr/lib/systemd/user/palisade.{service,socket}    from systemd/user/, the
+#       service's ExecStart= pointed at /usr/bin/palisaded (the file in the
+#       tree starts ~/.local/bin/palisaded, a per-user install's)
+#   /usr/lib/sysusers.d/palisade.conf   the system group `palisade`, the
+#       socket unit's SocketGroup=. No `palisade` user: the system service
+#       runs as root (it acts as each requester) and nothing runs as, or is
+#       owned by, such a user.
+#   /usr/lib/tmpfiles.d/palisade.conf   /var/lib/palisade, root 0700: the
+#       system broker's state directory (the audit journal, trust stages,
+#       skills and secrets), as the service's StateDirectory= makes it. With
+#       a journal reader_gid the readers need it 0711 (docs/journal.md):
+#       change both, with a drop-in and a tmpfiles override in /etc.
+#   /etc/palisade/palisade.toml         palisade.example.toml; a conffile
+#   /etc/apparmor.d/palisade-helper     apparmor/palisade-helper; a conffile
+#   /usr/share/doc/palisade/{copyright,changelog.gz,README.md}  (README.md
+#       is what the service's Documentation= names)
+#   /usr/share/lintian/overrides/palisade  (see below)
+#
+# Maintainer scripts (sh, no debhelper):
+#   postinst  creates the group (systemd-sysusers) and the state directory
+#             (systemd-tmpfiles) where those tools exist, loads the AppArmor
+#             profile where AppArmor is enabled (a parser too old for its
+#             `abi <abi/4.0>`, Debian 12's, says so in one line: only hosts
+#             that restrict user namespaces, Ubuntu 23.10 and later with
+#             AppArmor 4, need it), `systemctl daemon-reload` when systemd
+#             runs, and on an upgrade restarts palisade.service if it is
+#             running (deb-systemd-invoke try-restart): a running broker
+#             spawns /usr/bin/palisade-helper for every run, which must be of
+#             its own version.
+#             It never enables or starts anything: a system broker serves
+#             the users in allowed_uids and allowed_gids, which the operator
+#             sets in /etc/palisade/palisade.toml first, then
+#             `systemctl enable --now palisade.socket`.
+#   prerm     on removal stops palisade.socket and palisade.service and
+#             unloads the AppArmor profile.
+#   postrm    `systemctl daemon-reload`; on purge, removes the profile's
+#             compiled cache. The state directory (the audit journal) and the
+#             group are kept, as Debian keeps system groups; remove them by
+#             hand.
+#
+# Depends: only what dpkg-shlibdeps finds for the binaries that are linked
+# dynamically (after build-release.sh, palisade-plugin-host alone: libc6,
+# libgcc-s1). Nothing for systemd: without it the package works (the CLI's
+# embedded broker, a broker started by hand) and the units and the group,
+# which only they use, do not matter; with it, systemd-sysusers is there.
+# A binary static against glibc makes the package Built-Using glibc.
+# Suggests: apparmor.
+#
+# lintian (2.116, Debian 12's) reports no error. It is told, in
+# /usr/share/lintian/overrides/palisade, that the binaries are static on
+# purpose (statically-linked-binary for a static executable, an error, and
+# shared-library-lacks-prerequisites for a static-pie, a warning; only those
+# it would report), and that palisade-helper and palisade-plugin-host, which
+# palisaded spawns, need no manual page. What remains:
+#   W no-manual-page [usr/bin/palisade], [usr/bin/palisaded]: their pages
+#     are to be generated from the CLI's definitions (clap), not written here;
+#     `--help` documents them meanwhile.
+#   I package-supports-alternative-init-but-no-init.d-script: systemd units
+#     only; elsewhere run palisaded by hand.
+#   I hardening-no-fortify-functions [usr/bin/palisade-plugin-host]: Rust
+#     code calls none of glibc's fortifiable functions.
+#   I spelling-error-in-binary: byte sequences in the binaries, not words.
+set -euo pipefail
+
+usage() { sed -n '/^#   scripts\/build-deb.sh/,/^#$/{/^#$/d;s/^#   //p}' "$0"; }
+die() { echo "build-deb: $*" >&2; exit 1; }
+
+release_dir=target/release
+out_dir=target/debian
+check=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --release-dir) [ $# -ge 2 ] || die "--release-dir needs a directory"; release_dir=$2; shift 2 ;;
+        --release-dir=*) release_dir=${1#*=}; shift ;;
+        --out) [ $# -ge 2 ] || die "--out needs a directory"; out_dir=$2; shift 2 ;;
+        --out=*) out_dir=${1#*=}; shift ;;
+        --check) check=1; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) usage >&2; die "unknown argument: $1" ;;
+    esac
+done
+# Relative to where it was called from; then work from the repository.
+release_dir=$(realpath -m -- "$release_dir")
+out_dir=$(realpath -m -- "$out_dir")
+cd "$(dirname "$0")/.."
+
+for tool in dpkg-deb dpkg readelf strip gzip; do
+    command -v "$tool" >/dev/null || die "$tool is missing"
+done
+
+# A key of [workspace.package] in Cargo.toml.
+workspace_key() {
+    awk -v key="$1" '
+        /^\[/ { section = ($0 == "[workspace.package]") }
+        section && $1 == key && $2 == "=" { sub(/^[^=]*=[ \t]*"/, ""); sub(/".*$/, ""); print; exit }
+    ' Cargo.toml
+}
+cargo_version=$(workspace_key version)
+license=$(workspace_key license)
+homepage=$(workspace_key repository)
+[ -n "$cargo_version" ] || die "no version in Cargo.toml's [workspace.package]"
+version=${cargo_version//-/\~}
+[[ $version =~ ^[0-9][A-Za-z0-9.+~]*$ ]] || die "version $cargo_version does not make a Debian version"
+# The copyright file below carries Apache-2.0's notice.
+[ "$license" = Apache-2.0 ] || die "Cargo.toml's license is $license: update the copyright text in $0"
+arch=$(dpkg --print-architecture)
+maintainer="${DEBFULLNAME:-palisade developers} <${DEBEMAIL:-palisade@example.org}>"
+
+if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
+    SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null || date +%s)
+fi
+export SOURCE_DATE_EPOCH
+first_year=$(git log --max-parents=0 --format=%cd --date=format:%Y 2>/dev/null | sort | sed -n 1p)
+last_year=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y)
+first_year=${first_year:-$last_year}
+years=$first_year
+[ "$first_year" = "$last_year" ] || years="$first_year-$last_year"
+
+binaries=(palisaded palisade palisade-helper palisade-plugin-host)
+for b in "${binaries[@]}"; do
+    [ -f "$release_dir/$b" ] && [ -x "$release_dir/$b" ] ||
+        die "no $b in $release_dir: build it first (bash scripts/build-release.sh)"
+done
+for f in systemd/palisade.service systemd/palisade.socket systemd/user/palisade.service \
+    systemd/user/palisade.socket apparmor/palisade-helper palisade.example.toml README.md; do
+    [ -f "$f" ] || die "$f is missing"
+done
+
+mkdir -p "$out_dir"
+root=$(mktemp -d "$out_dir/.root.XXXXXX")
+trap 'rm -rf "$root"' EXIT
+umask 022
+chmod 0755 "$root"
+doc=$root/usr/share/doc/palisade
+install -d "$root/DEBIAN" "$root/usr/bin" "$root/usr/lib/systemd/system" "$root/usr/lib/systemd/user" \
+    "$root/usr/lib/sysusers.d" "$root/usr/lib/tmpfiles.d" "$root/etc/palisade" "$root/etc/apparmor.d" "$doc"
+
+# Binaries: stripped (as dh_strip does) when they still have a symbol table.
+shlib_bins=()
+overrides=()
+built_using=
+for b in "${binaries[@]}"; do
+    dest=$root/usr/bin/$b
+    install -m 0755 "$release_dir/$b" "$dest"
+    if readelf -S --wide "$dest" | grep -q ' \.symtab '; then
+        strip --remove-section=.comment --remove-section=.note "$dest"
+    fi
+    if readelf -d "$dest" 2>/dev/null | grep -q '(NEEDED)'; then
+        shlib_bins+=("$dest")
+        continue
+    fi
+    # Static, as build-release.sh means it: lintian takes a static executable
+    # for a mistake, and a static-pie (type DYN, no NEEDED) for a library
+    # without its dependencies.
+    if readelf -h "$dest" | grep -Eq '^ *Type: *EXEC'; then
+        overrides+=("# Static on purpose (scripts/build-release.sh): it starts on every call." \
+            "statically-linked-binary [usr/bin/$b]")
+    else
+        overrides+=("# A static-pie executable (scripts/build-release.sh), not a library." \
+            "shared-library-lacks-prerequisites [usr/bin/$b]")
+    fi
+    # Static against glibc (its crt1.o brings the ABI note; musl has none):
+    # glibc's source is part of the package (Debian Policy 7.8).
+    if [ -z "$built_using" ] && readelf -n "$dest" | grep -q 'NT_GNU_ABI_TAG'; then
+        built_using=$(dpkg-query -W -f='${source:Package} (= ${source:Version})' libc6-dev 2>/dev/null || true)
+    fi
+done
+
+depends=
+if [ ${#shlib_bins[@]} -gt 0 ]; then
+    command -v dpkg-shlibdeps >/dev/null ||
+        die "${shlib_bins[*]##*/} linked dynamically: dpkg-shlibdeps (Debian package dpkg-dev) is needed for Depends"
+    # dpkg-shlibdeps wants a source tree's debian/control.
+    mkdir "$root.src" && trap 'rm -rf "$root" "$root.src"' EXIT
+    mkdir "$root.src/debian"
+    printf 'Source: palisade\n\nPackage: palisade\nArchitecture: any\n' >"$root.src/debian/control"
+    depends=$(cd "$root.src" && dpkg-shlibdeps -O "${shlib_bins[@]}" | sed -n 's/^shlibs:Depends=//p')
+fi
+
+install -m 0644 systemd/palisade.service systemd/palisade.socket "$root/usr/lib/systemd/system/"
+install -m 0644 systemd/user/palisade.socket "$root/usr/lib/systemd/user/"
+sed -E 's|^ExecStart=([^ ]*/)?palisaded( .*)?$|ExecStart=/usr/bin/palisaded\2|' systemd/user/palisade.service \
+    >"$root/usr/lib/systemd/user/palisade.service"
+chmod 0644 "$root/usr/lib/systemd/user/palisade.service"
+grep -q '^ExecStart=/usr/bin/palisaded\( \|$\)' "$root/usr/lib/systemd/user/palisade.service" ||
+    die "systemd/user/palisade.service: no ExecStart= of palisaded to point at /usr/bin/palisaded"
+
+cat >"$root/usr/lib/sysusers.d/palisade.conf" <<'EOF'
+# The group whose members may connect to the system broker's socket
+# (palisade.socket: SocketGroup=palisade); add them to allowed_gids too.
+g palisade -
+EOF
+cat >"$root/usr/lib/tmpfiles.d/palisade.conf" <<'EOF'
+# The system broker's state: the audit journal, trust stages, skills and
+# secrets (palisade.service: StateDirectory=palisade, StateDirectoryMode=0700).
+d /var/lib/palisade 0700 root root -
+EOF
+chmod 0644 "$root/usr/lib/sysusers.d/palisade.conf" "$root/usr/lib/tmpfiles.d/palisade.conf"
+
+install -m 0644 palisade.example.toml "$root/etc/palisade/palisade.toml"
+install -m 0644 apparmor/palisade-helper "$root/etc/apparmor.d/palisade-helper"
+
+install -m 0644 README.md "$doc/README.md"
+cat >"$doc/copyright" <<EOF
+Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
+Upstream-Name: palisade
+Upstream-Contact: $maintainer
+Source: $homepage
+Comment: Binaries linked statically contain, besides palisade's own code,
+ the Rust standard library and the crates palisade depends on (Cargo.lock),
+ each under its own license, and a C library: GNU libc (LGPL-2.1+, named in
+ Built-Using) or musl (MIT).
+
+Files: *
+Copyright: $years palisade developers
+License: Apache-2.0
+
+License: Apache-2.0
+ Licensed under the Apache License, Version 2.0 (the "License"); you may not
+ use this file except in compliance with the License. You may obtain a copy
+ of the License at
+ .
+     https://www.apache.org/licenses/LICENSE-2.0
+ .
+ Unless required by applicable law or agreed to in writing, software
+ distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+ WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+ License for the specific language governing permissions and limitations
+ under the License.
+ .
+ On Debian systems, the complete text of the Apache License, Version 2.0
+ can be found in "/usr/share/common-licenses/Apache-2.0".
+EOF
+cat >"$root/changelog" <<EOF
+palisade ($version) unstable; urgency=medium
+
+  * palisade $cargo_version.
+
+ -- $maintainer  $(date -u -R -d "@$SOURCE_DATE_EPOCH")
+EOF
+gzip -9n <"$root/changelog" >"$doc/changelog.gz"
+rm "$root/changelog"
+chmod 0644 "$doc/copyright" "$doc/changelog.gz"
+
+overrides+=("# Spawned by palisaded, never run by hand (the AppArmor profile and the" \
+    "# broker's defaults want them next to it, in /usr/bin)." \
+    "no-manual-page [usr/bin/palisade-helper]" "no-manual-page [usr/bin/palisade-plugin-host]")
+install -d "$root/usr/share/lintian/overrides"
+printf '%s\n' "${overrides[@]}" >"$root/usr/share/lintian/overrides/palisade"
+chmod 0644 "$root/usr/share/lintian/overrides/palisade"
+
+# Maintainer scripts.
+apparmor_enabled='apparmor_enabled() {
+    if command -v aa-enabled >/dev/null 2>&1; then
+        aa-enabled --quiet 2>/dev/null
+    else
+        [ "$(cat /sys/module/apparmor/parameters/enabled 2>/dev/null)" = Y ]
+    fi
+}'
+cat >"$root/DEBIAN/postinst" <<EOF
+#!/bin/sh
+# Nothing is enabled or started: set allowed_uids (and allowed_gids) in
+# /etc/palisade/palisade.toml, then \`systemctl enable --now palisade.socket\`.
+set -e
+
+$apparmor_enabled
+
+case "\$1" in
+configure | abort-upgrade | abort-deconfigure | abort-remove)
+    if command -v systemd-sysusers >/dev/null 2>&1; then
+        systemd-sysusers palisade.conf
+    fi
+    if command -v systemd-tmpfiles >/dev/null 2>&1; then
+        systemd-tmpfiles --create palisade.conf || true
+    fi
+    if [ ! -e /etc/apparmor.d/disable/palisade-helper ] && command -v apparmor_parser >/dev/null 2>&1 &&
+        apparmor_enabled; then
+        apparmor_parser -r -T -W /etc/apparmor.d/palisade-helper 2>/dev/null ||
+            echo "palisade: /etc/apparmor.d/palisade-helper not loaded (apparmor_parser -r says why); 'palisade doctor' says whether this host needs it" >&2
+    fi
+    if [ -d /run/systemd/system ]; then
+        systemctl --system daemon-reload >/dev/null || true
+        # A running broker must spawn a helper of its own version.
+        if [ "\$1" = configure ] && [ -n "\$2" ] && command -v deb-systemd-invoke >/dev/null 2>&1; then
+            deb-systemd-invoke try-restart palisade.service >/dev/null || true
+        fi
+    fi
+    ;;
+esac
+
+exit 0
+EOF
+cat >"$root/DEBIAN/prerm" <<EOF
+#!/bin/sh
+set -e
+
+$apparmor_enabled
+
+if [ "\$1" = remove ]; then
+    if [ -d /run/systemd/system ] && command -v deb-systemd-invoke >/dev/null 2>&1; then
+        deb-systemd-invoke stop palisade.socket palisade.service >/dev/null || true
+    fi
+    if command -v apparmor_parser >/dev/null 2>&1 && apparmor_enabled; then
+        apparmor_parser -R /etc/apparmor.d/palisade-helper >/dev/null 2>&1 || true
+    fi
+fi
+
+exit 0
+EOF
+cat >"$root/DEBIAN/postrm" <<'EOF'
+#!/bin/sh
+# The state directory (/var/lib/palisade: the audit journal) and the group
+# palisade are kept on purge.
+set -e
+
+case "$1" in
+remove | purge)
+    if [ -d /run/systemd/system ]; then
+        systemctl --system daemon-reload >/dev/null || true
+    fi
+    ;;
+esac
+if [ "$1" = purge ]; then
+    rm -f /var/cache/apparmor/*/palisade-helper /etc/apparmor.d/cache/palisade-helper
+fi
+
+exit 0
+EOF
+chmod 0755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm" "$root/DEBIAN/postrm"
+
+printf '%s\n' /etc/apparmor.d/palisade-helper /etc/palisade/palisade.toml >"$root/DEBIAN/conffiles"
+
+# Installed-Size as dpkg-gencontrol counts it: KiB per file, rounded up, and
+# one per directory or other entry.
+installed_size=$(find "$root" -mindepth 1 -path "$root/DEBIAN" -prune -o -printf '%y %s\n' |
+    awk '$1 == "f" { n += int(($2 + 1023) / 1024); next } { n += 1 } END { print n }')
+
+{
+    echo "Package: palisade"
+    echo "Version: $version"
+    echo "Architecture: $arch"
+    echo "Maintainer: $maintainer"
+    echo "Installed-Size: $installed_size"
+    [ -z "$depends" ] || echo "Depends: $depends"
+    echo "Suggests: apparmor"
+    [ -z "$built_using" ] || echo "Built-Using: $built_using"
+    echo "Section: admin"
+    echo "Priority: optional"
+    echo "Homepage: $homepage"
+    cat <<'EOF'
+Description: sandbox broker for AI-agent tool execution
+ palisade runs the commands that AI agents (coding assistants, automation
+ bots) ask for, under policy: each request is checked and resolved into a
+ sandbox before anything runs, or refused, and every request, decision and
+ run is recorded in a hash-chained audit journal.
+ .
+ The sandboxes use user namespaces, a private read-only root, Landlock,
+ seccomp, rlimits and cgroup v2 limits, with network access restricted to
+ allowed names; WebAssembly skills run in a wasmtime plugin host.
+ .
+ This package contains the broker (palisaded), the command-line client
+ (palisade), the helper that builds each sandbox (palisade-helper), the
+ WebAssembly plugin host (palisade-plugin-host), systemd units for a system
+ broker and a per-user one, and an AppArmor profile for hosts that restrict
+ unprivileged user namespaces. The system broker is not enabled on
+ installation: set allowed_uids in /etc/palisade/palisade.toml first.
+EOF
+} >"$root/DEBIAN/control"
+
+(cd "$root" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | LC_ALL=C sort -z |
+    xargs -0 md5sum) >"$root/DEBIAN/md5sums"
+chmod 0644 "$root/DEBIAN/control" "$root/DEBIAN/conffiles" "$root/DEBIAN/md5sums"
+
+find "$root" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+deb=$out_dir/palisade_${version}_${arch}.deb
+dpkg-deb --root-owner-group --build "$root" "$deb" >/dev/null
+echo "build-deb: $deb"
+
+if [ "$check" = 1 ]; then
+    bash scripts/check-deb.sh "$deb"
+fi
