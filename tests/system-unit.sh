@@ -7,7 +7,9 @@
 # workspace there, which must come back to the user.
 # Usage (as root, in a private mount namespace: unshare -m --propagation private):
 #   system-unit.sh BIN_DIR PROBE WORK USER CAPS UMASK CONFIG [READ_WRITE_PATH]
-# BIN_DIR holds palisaded and palisade; PROBE is the test probe, run in the sandbox.
+# BIN_DIR holds palisaded, palisade and palisade-helper; PROBE is the test
+# probe, run in the sandbox. They are run from copies in WORK/bin, which
+# CONFIG grants read-only.
 # WORK lies under /var/tmp, one of the unit's ReadWritePaths; without
 # READ_WRITE_PATH (/var/tmp), it is as read-only as the rest of the host.
 # The daemon's socket, journal and temp_root (CONFIG names /tmp/runs) are in
@@ -15,6 +17,13 @@
 # daemon's log when the run fails.
 set -eu
 bin=$1 probe=$2 work=$3 user=$4 caps=$5 um=$6 config=$7 rw=${8:-}
+
+# The binaries, copied where the private /tmp below cannot hide them (a
+# checkout may live under /tmp); the broker finds the helper beside itself.
+mkdir -p "$work/bin"
+cp "$bin/palisaded" "$bin/palisade" "$bin/palisade-helper" "$probe" "$work/bin/"
+bin=$work/bin
+probe=$work/bin/$(basename "$probe")
 
 # PrivateDevices: the old /dev kept aside, a tmpfs with the basic nodes.
 mkdir -p "$work/olddev"

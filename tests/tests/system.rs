@@ -489,11 +489,14 @@ fn the_system_units_file_system_serves_other_users() {
     std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o755)).unwrap();
     owned_dir(&ws, user, 0o755);
     let config = work.join("palisade.toml");
+    // The script runs copies of the binaries from WORK/bin (see there).
     let toml = format!(
-        "[broker]\nallowed_uids = [0, {}]\nsocket_mode = 0o666\n[policy]\ntemp_root = {:?}\n",
-        user.uid, "/tmp/runs"
+        "[defaults]\nread_only = [{:?}]\n[broker]\nallowed_uids = [0, {}]\nsocket_mode = 0o666\n\
+         [policy]\ntemp_root = \"/tmp/runs\"\n[trust]\nenabled = false\n",
+        work.join("bin").display().to_string(),
+        user.uid
     );
-    std::fs::write(&config, test_config(&toml)).unwrap();
+    std::fs::write(&config, toml).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("system-unit.sh");
     let run = |read_write: &str| {
         let bin_dir = bin("palisaded").parent().unwrap().to_path_buf();
@@ -509,6 +512,7 @@ fn the_system_units_file_system_serves_other_users() {
     let o = run("/var/tmp");
     assert!(o.status.success(), "{}{}", text(&o.stdout), text(&o.stderr));
     let out = std::fs::metadata(ws.join("out")).unwrap();
+    std::fs::remove_dir_all(work.join("bin")).unwrap();
     assert_eq!(out.uid(), user.uid.as_raw());
     std::fs::remove_file(ws.join("out")).unwrap();
     // Counter-test: /var/tmp read-only like the rest of the host, and the
