@@ -6,15 +6,15 @@
 #   lists /etc/palisade/palisade.toml and /etc/apparmor.d/palisade-helper;
 # - `lintian --fail-on error` passes (warnings are printed, not failures).
 # Exits non-zero, saying what is wrong, on any failure.
-# Usage: scripts/check-deb.sh [DEB, default target/debian/palisade_<version>_<arch>.deb]
+# Usage: scripts/check-deb.sh [DEB, default the one target/debian/palisade_*.deb]
 set -euo pipefail
 
+# Without an argument: the one package build-deb.sh left in target/debian.
 deb=${1:-}
 if [ -z "$deb" ]; then
-    cd "$(dirname "$0")/.."
-    version=$(awk '/^\[/ { s = ($0 == "[workspace.package]") }
-        s && $1 == "version" && $2 == "=" { sub(/^[^=]*=[ \t]*"/, ""); sub(/".*$/, ""); print; exit }' Cargo.toml)
-    deb=target/debian/palisade_${version//-/\~}_$(dpkg --print-architecture).deb
+    debs=("$(dirname "$0")"/../target/debian/palisade_*.deb)
+    [ ${#debs[@]} -eq 1 ] || { echo "check-deb: name the package: target/debian holds ${#debs[@]} of them" >&2; exit 1; }
+    deb=${debs[0]}
 fi
 [ -f "$deb" ] || { echo "check-deb: no $deb: build it first (bash scripts/build-deb.sh)" >&2; exit 1; }
 for tool in dpkg-deb lintian; do

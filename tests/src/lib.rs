@@ -52,7 +52,10 @@ pub struct TempDir(PathBuf);
 
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
-        let base = std::env::temp_dir().canonicalize().expect("temp dir");
+        TempDir::new_in(&std::env::temp_dir().canonicalize().expect("temp dir"), tag)
+    }
+    /// One under `base` (a place the system's temporary directory is not).
+    pub fn new_in(base: &Path, tag: &str) -> TempDir {
         let template = base.join(format!("palisade-{tag}-XXXXXX"));
         let path = nix::unistd::mkdtemp(&template).expect("mkdtemp");
         TempDir(path)

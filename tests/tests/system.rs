@@ -353,42 +353,49 @@ fn paths_the_requester_cannot_reach_are_not_allowed_whether_or_not_they_exist() 
     assert!(text(&o.stderr).contains("is not a directory"), "{}", text(&o.stderr));
 }
 
-/// A setting of the system unit (systemd/palisade.service).
+/// The system unit (systemd/palisade.service).
+fn unit() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd/palisade.service"))
+        .unwrap()
+}
+
+/// A setting of the system unit.
 fn unit_setting(key: &str) -> String {
-    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd/palisade.service");
-    let text = std::fs::read_to_string(unit).unwrap();
     let prefix = format!("{key}=");
-    text.lines()
+    unit()
+        .lines()
         .find_map(|l| l.strip_prefix(&prefix))
         .unwrap_or_else(|| panic!("no {key}= in the unit"))
         .into()
 }
 
+/// Capabilities (`CAP_SYS_ADMIN` ...) as setpriv's `--bounding-set` adds them.
+fn setpriv_caps(capabilities: &[String]) -> String {
+    capabilities
+        .iter()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The unit's capability bounding set.
+fn unit_caps() -> Vec<String> {
+    unit_setting("CapabilityBoundingSet").split_whitespace().map(String::from).collect()
+}
+
 /// A root palisaded started as the system unit starts it, as far as the
 /// process goes: its capability bounding set, umask and no_new_privs.
 fn as_the_unit(capabilities: &[String]) -> Vec<String> {
-    let caps: Vec<String> =
-        capabilities.iter().map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase())).collect();
-    let umask = unit_setting("UMask");
-    let start = format!("umask {umask} && exec \"$@\"");
-    [
-        "sh",
-        "-c",
-        &start,
-        "sh",
-        "setpriv",
-        "--no-new-privs",
-        "--bounding-set",
-        &format!("-all,{}", caps.join(",")),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain(["--".to_string()])
-    .collect()
+    let start = format!("umask {} && exec \"$@\"", unit_setting("UMask"));
+    let bounding = format!("-all,{}", setpriv_caps(capabilities));
+    ["sh", "-c", &start, "sh", "setpriv", "--no-new-privs", "--bounding-set", &bounding, "--"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
 }
 
 /// What another user does through a root broker: a run that writes in its
-/// workspace (copied back as the user) and reads a file it may read.
+/// workspace, copied back as the user.
 fn serve_another_user(s: &System) -> Result<(), String> {
     let attacker = &s.users.attacker;
     let ws = s.path("unit-ws");
@@ -414,8 +421,7 @@ fn serve_another_user(s: &System) -> Result<(), String> {
 /// without CAP_SYS_ADMIN, the idmapped mount of the user's workspace fails).
 #[test]
 fn the_system_units_capabilities_serve_other_users() {
-    let caps: Vec<String> =
-        unit_setting("CapabilityBoundingSet").split_whitespace().map(String::from).collect();
+    let caps = unit_caps();
     assert!(!caps.is_empty());
     let Some(s) = System::start_under("", as_the_unit(&caps)) else { return };
     serve_another_user(&s).unwrap();
@@ -434,12 +440,10 @@ fn the_system_units_capabilities_serve_other_users() {
 /// sandbox fail to start, and succeed without it.
 #[test]
 fn a_covered_proc_keeps_sandboxes_from_starting_so_the_unit_covers_none() {
+    let unit = unit();
     for key in ["ProtectKernelLogs", "ProtectKernelTunables", "ProtectHostname", "ProtectProc", "ProcSubset"]
     {
-        let unit = std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd/palisade.service"),
-        );
-        assert!(!unit.unwrap().lines().any(|l| l.starts_with(&format!("{key}="))), "the unit sets {key}");
+        assert!(!unit.lines().any(|l| l.starts_with(&format!("{key}="))), "the unit sets {key}");
     }
     let Some(users) = system_users() else { return };
     let user = &users.attacker;
@@ -477,15 +481,11 @@ fn a_covered_proc_keeps_sandboxes_from_starting_so_the_unit_covers_none() {
 fn the_system_units_file_system_serves_other_users() {
     let Some(users) = system_users() else { return };
     let user = &users.attacker;
-    let caps: Vec<String> = unit_setting("CapabilityBoundingSet")
-        .split_whitespace()
-        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
-        .collect();
+    let caps = setpriv_caps(&unit_caps());
     assert!(unit_setting("ReadWritePaths").split_whitespace().any(|p| p == "-/var/tmp"));
-    let work = PathBuf::from(format!("/var/tmp/palisade-unit-{}", std::process::id()));
-    let _cleanup = RemoveOnDrop(work.clone());
+    let dir = TempDir::new_in(Path::new("/var/tmp"), "unit");
+    let work = dir.path().to_path_buf();
     let ws = work.join("ws");
-    std::fs::create_dir_all(&work).unwrap();
     std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o755)).unwrap();
     owned_dir(&ws, user, 0o755);
     let config = work.join("palisade.toml");
@@ -504,7 +504,7 @@ fn the_system_units_file_system_serves_other_users() {
             .args(["-m", "--propagation", "private", "sh"])
             .arg(&script)
             .args([bin_dir.as_os_str(), probe().as_ref(), work.as_os_str(), user.name.as_ref()])
-            .arg(caps.join(","))
+            .arg(&caps)
             .args([unit_setting("UMask").as_str(), config.to_str().unwrap(), read_write])
             .output()
             .unwrap()
@@ -512,7 +512,6 @@ fn the_system_units_file_system_serves_other_users() {
     let o = run("/var/tmp");
     assert!(o.status.success(), "{}{}", text(&o.stdout), text(&o.stderr));
     let out = std::fs::metadata(ws.join("out")).unwrap();
-    std::fs::remove_dir_all(work.join("bin")).unwrap();
     assert_eq!(out.uid(), user.uid.as_raw());
     std::fs::remove_file(ws.join("out")).unwrap();
     // Counter-test: /var/tmp read-only like the rest of the host, and the
@@ -522,13 +521,4 @@ fn the_system_units_file_system_serves_other_users() {
     let refused = format!("{}: not allowed (uid {} cannot reach it)", ws.display(), user.uid);
     assert!(text(&o.stderr).contains(&refused), "{}", text(&o.stderr));
     assert!(!ws.join("out").exists());
-}
-
-/// Removes a directory tree when dropped.
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
