@@ -187,6 +187,7 @@ impl Helper {
         let capabilities = HostCapabilities {
             user_namespaces: true,
             landlock_abi: landlock_abi(),
+            seatbelt: false,
             cgroup: Err("bench".into()),
         };
         let host = palisade_broker::host::gather(&capabilities, etc.is_none());

@@ -84,7 +84,12 @@ mod tests {
 
     fn resolve(request: &RunRequest) -> Resolved {
         let host = crate::host::gather(
-            &HostCapabilities { user_namespaces: true, landlock_abi: 7, cgroup: Err("none (test)".into()) },
+            &HostCapabilities {
+                user_namespaces: true,
+                landlock_abi: 7,
+                seatbelt: false,
+                cgroup: Err("none (test)".into()),
+            },
             true,
         );
         let policy = Policy::new(Config::default(), &*host.files);

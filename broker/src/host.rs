@@ -77,6 +77,7 @@ pub fn probe(cgroups: &Cgroups, user_namespaces: bool) -> HostCapabilities {
     HostCapabilities {
         user_namespaces,
         landlock_abi: landlock_abi(),
+        seatbelt: false,
         cgroup: match cgroups.available() {
             Ok(()) => Ok(CgroupRoot { path: cgroups.path_of("").unwrap_or_default(), v1: cgroups.is_v1() }),
             Err(why) => Err(why.to_string()),

@@ -74,6 +74,7 @@ fn context(user_namespaces: bool, landlock_abi: u32) -> On {
         &HostCapabilities {
             user_namespaces,
             landlock_abi,
+            seatbelt: false,
             cgroup: Err("no delegated cgroup v2 root (test)".into()),
         },
         true,

@@ -342,7 +342,7 @@ impl Policy {
         self.check_scope(host, req, &dirs, &view, &grants)?;
         validate::check_patterns(&self.rules, &req.argv)?;
         check_egress(&req.argv, &profile)?;
-        let landlock = required_landlock(&self.config.policy, tier, host.capabilities.landlock_abi)?;
+        let landlock = required_landlock(&self.config.policy, tier, &host.capabilities)?;
         let cgroup = cgroup_plan(&host.capabilities, &grants.run_name, &profile)?;
         let hidden = self.hidden(host, &grants, dirs.home.as_deref())?;
 
@@ -942,8 +942,9 @@ impl RequestDirs {
     }
 }
 
-/// The tier: C where the host has user namespaces, else what the fallback
-/// policy says. Strict egress needs Tier C's network namespace.
+/// The tier: C where the host has user namespaces; B under Seatbelt, which
+/// is that system's jail and no fallback; else what the fallback policy
+/// says. Strict egress needs Tier C's network namespace.
 fn choose_tier(
     policy: &PolicyConfig,
     host: &HostCapabilities,
@@ -952,6 +953,8 @@ fn choose_tier(
     let (mut warnings, mut approval) = (Vec::new(), None);
     let tier = if host.user_namespaces {
         Tier::C
+    } else if host.seatbelt {
+        Tier::B
     } else {
         let why = "Tier C needs unprivileged user namespaces, which this host does not allow";
         match policy.fallback {
@@ -1025,12 +1028,21 @@ impl SandboxView {
 }
 
 /// Landlock features the policy requires, against what this kernel has.
-fn required_landlock(policy: &PolicyConfig, tier: Tier, abi: u32) -> Result<LandlockFeatures, Denial> {
+fn required_landlock(
+    policy: &PolicyConfig,
+    tier: Tier,
+    host: &HostCapabilities,
+) -> Result<LandlockFeatures, Denial> {
+    let abi = host.landlock_abi;
     let mut required = policy.required_landlock();
     if tier == Tier::B {
         // Without namespaces, Landlock is the filesystem boundary: a Tier B
         // run without it would see the whole host. Never optional.
         required = required.union(LandlockFeatures::FS);
+    }
+    if host.seatbelt {
+        // The profile written from the plan's Landlock lists enforces them.
+        return Ok(required);
     }
     let missing = required.difference(LandlockFeatures::supported_by_abi(abi));
     if !missing.is_empty() {
@@ -1419,7 +1431,7 @@ pub fn resolve_program(files: &dyn HostFiles, command: &str, cwd: &Path) -> Resu
 }
 
 #[cfg(test)]
-mod table;
+pub(crate) mod table;
 
 #[cfg(test)]
 mod tests {

@@ -19,6 +19,11 @@ use std::sync::Arc;
 pub struct HostCapabilities {
     pub user_namespaces: bool,
     pub landlock_abi: u32,
+    /// macOS: runs are confined by Seatbelt (`sandbox-exec` with the profile
+    /// [`crate::seatbelt`] writes from the plan). The plan is Tier B's, on the
+    /// host's own root; Seatbelt stands where Landlock and seccomp stand on
+    /// Linux, so neither is asked of the host.
+    pub seatbelt: bool,
     /// The cgroup subtree runs go in, or why there is none.
     pub cgroup: Result<CgroupRoot, String>,
 }

@@ -14,6 +14,7 @@ pub mod host;
 pub mod jail;
 pub mod paths;
 pub mod plugins;
+pub mod seatbelt;
 pub mod seccomp;
 pub mod trust;
 pub mod validate;

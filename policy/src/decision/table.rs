@@ -20,12 +20,12 @@ const BASH: &[u8] = b"\x7fELF\x02\x01\x01 bash, as far as this test knows";
 
 /// The request's side: a workspace with a key directory inside and a
 /// symlink out, a secret outside, a home with keys.
-struct Fixture {
-    root: PathBuf,
+pub(crate) struct Fixture {
+    pub(crate) root: PathBuf,
 }
 
 impl Fixture {
-    fn new(tag: &str) -> Fixture {
+    pub(crate) fn new(tag: &str) -> Fixture {
         let base = std::env::temp_dir().canonicalize().unwrap();
         let root = base.join(format!("palisade-decision-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
@@ -43,16 +43,16 @@ impl Fixture {
         Fixture { root }
     }
 
-    fn p(&self, rel: &str) -> String {
+    pub(crate) fn p(&self, rel: &str) -> String {
         self.root.join(rel).to_string_lossy().into_owned()
     }
 
     /// A request run in the workspace, with `HOME` the fixture's home.
-    fn request(&self, argv: &[&str]) -> RunRequest {
+    pub(crate) fn request(&self, argv: &[&str]) -> RunRequest {
         self.request_in("ws", argv)
     }
 
-    fn request_in(&self, cwd: &str, argv: &[&str]) -> RunRequest {
+    pub(crate) fn request_in(&self, cwd: &str, argv: &[&str]) -> RunRequest {
         RunRequest {
             argv: argv.iter().map(|s| s.to_string()).collect(),
             cwd: Some(self.p(cwd)),
@@ -64,7 +64,7 @@ impl Fixture {
     }
 
     /// A merged-/usr host with a few programs, shells among them.
-    fn host(&self, on: On) -> Host {
+    pub(crate) fn host(&self, on: On) -> Host {
         let elf = elf_with_interpreter("/lib64/ld-linux-x86-64.so.2");
         let mut files = FakeFiles::new(Some(&self.root))
             .executable(LOADER, b"\x7fELF\x02\x01\x01 the loader")
@@ -82,8 +82,12 @@ impl Fixture {
             files = files.executable(&format!("/usr/bin/{name}"), &[&elf[..], name.as_bytes()].concat());
         }
         let usr = |d: &str| PathBuf::from(format!("/usr/{d}"));
-        let mut capabilities =
-            HostCapabilities { user_namespaces: true, landlock_abi: 6, cgroup: Err("none (test)".into()) };
+        let mut capabilities = HostCapabilities {
+            user_namespaces: true,
+            landlock_abi: 6,
+            seatbelt: false,
+            cgroup: Err("none (test)".into()),
+        };
         match on {
             On::TierC | On::RootFor(_) => {}
             On::NoUserNamespaces => capabilities.user_namespaces = false,
@@ -92,6 +96,11 @@ impl Fixture {
                 capabilities.cgroup = Ok(CgroupRoot { path, v1: false });
             }
             On::LandlockAbi(abi) => capabilities.landlock_abi = abi,
+            On::Seatbelt => {
+                capabilities.user_namespaces = false;
+                capabilities.landlock_abi = 0;
+                capabilities.seatbelt = true;
+            }
         }
         Host {
             capabilities,
@@ -116,7 +125,7 @@ impl Drop for Fixture {
 
 /// What the host and the broker are.
 #[derive(Debug, Clone, Copy)]
-enum On {
+pub(crate) enum On {
     /// User namespaces, Landlock ABI 6, no cgroup for runs.
     TierC,
     NoUserNamespaces,
@@ -125,9 +134,11 @@ enum On {
     LandlockAbi(u32),
     /// Tier C, the broker running as root for requester uid N.
     RootFor(u32),
+    /// macOS: Seatbelt, no user namespaces, no Landlock.
+    Seatbelt,
 }
 
-fn context(on: On) -> Context {
+pub(crate) fn context(on: On) -> Context {
     let (uid, requester) = match on {
         On::RootFor(requester) => (0, requester),
         _ => (1000, 1000),
@@ -178,7 +189,7 @@ fn args(argv: &'static [&'static str]) -> impl Fn(&Fixture) -> RunRequest + 'sta
 }
 
 /// A request for tool `name`, its parameters' paths relative to the fixture.
-fn tool(
+pub(crate) fn tool(
     name: &'static str,
     argv: &'static [&'static str],
     params: &'static [(&'static str, &'static str)],
@@ -202,8 +213,8 @@ const ALLOW_INTERPRETERS: &str = "[defaults]\nallow_interpreters = true\n";
 const ALLOW_INLINE: &str = "[defaults]\nallow_interpreters = true\nallow_inline_code = true\n";
 const WARN: &str = "[policy]\nfallback = \"warn_and_execute\"\n";
 const ASK: &str = "[policy]\nfallback = \"request_approval\"\n";
-const GITHUB: &str = "[defaults]\nnetwork = { allow_domains = [\"github.com\"] }\n";
-const TOOLS: &str = r#"
+pub(crate) const GITHUB: &str = "[defaults]\nnetwork = { allow_domains = [\"github.com\"] }\n";
+pub(crate) const TOOLS: &str = r#"
 [tools.convert]
 preset = "file_processor"
 [tools.convert.parameters.input]

@@ -1,0 +1,120 @@
+//! The profiles of decided runs, against the golden files beside this one.
+//! The host is the decision table's (in memory, no root) with Seatbelt in
+//! place of user namespaces and Landlock; the fixture's temporary directory
+//! is written `$ROOT`. `PALISADE_BLESS=1` rewrites the files after a change
+//! that is meant (then review the diff).
+
+use super::{SeatbeltError, profile};
+use crate::config::Config;
+use crate::decision::table::{Fixture, GITHUB, On, TOOLS, context};
+use crate::decision::{Decision, Policy, Resolved};
+use palisade_protocol::wire::{ErrorKind, ParamValue, RunRequest};
+use std::path::{Path, PathBuf};
+
+/// A workspace with nothing sensitive in it (Tier B refuses to grant one
+/// that holds keys: it cannot hide them).
+const WORKSPACE: &str = "proj";
+
+fn fixture(tag: &str) -> Fixture {
+    let f = Fixture::new(tag);
+    std::fs::create_dir_all(f.root.join("proj/src")).unwrap();
+    std::fs::write(f.root.join("proj/src/main.rs"), "fn main() {}").unwrap();
+    f
+}
+
+fn decide(f: &Fixture, config: &str, request: &RunRequest) -> Decision {
+    let config = Config::parse(config, Path::new("seatbelt.toml")).unwrap();
+    let host = f.host(On::Seatbelt);
+    Policy::new(config, &*host.files).decide(&host, &context(On::Seatbelt), request)
+}
+
+fn allowed(f: &Fixture, config: &str, request: &RunRequest) -> Resolved {
+    match decide(f, config, request) {
+        Decision::Allow(r) => *r,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn tool(f: &Fixture, name: &str, argv: &[&str], params: &[(&str, &str)]) -> RunRequest {
+    let mut r = f.request_in(WORKSPACE, argv);
+    r.tool = Some(name.into());
+    r.params = params.iter().map(|(k, v)| (k.to_string(), ParamValue::One(f.p(v)))).collect();
+    r
+}
+
+/// `text` with the fixture's directory as `$ROOT`, against `golden/NAME.sb`.
+fn check_golden(f: &Fixture, name: &str, text: &str) {
+    let text = text.replace(&f.root.to_string_lossy().into_owned(), "$ROOT");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("src/seatbelt/golden/{name}.sb"));
+    if std::env::var_os("PALISADE_BLESS").is_some() {
+        std::fs::write(&path, &text).unwrap();
+    }
+    let golden = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(text, golden, "{name}: the profile differs from {}", path.display());
+}
+
+#[test]
+fn the_default_profile_has_no_network() {
+    let f = fixture("seatbelt-default");
+    let r = allowed(&f, "", &f.request_in(WORKSPACE, &["ls", "-la", "src"]));
+    let text = profile(&r).unwrap();
+    check_golden(&f, "default", &text);
+    assert!(text.contains("(deny default)") && !text.contains("(allow network"));
+    // The workspace is the one writable directory of the request's.
+    assert!(text.contains(&format!("(subpath \"{}\")", f.p(WORKSPACE))));
+    assert!(!text.contains(&f.p("outside")) && !text.contains(&f.p("home")));
+}
+
+#[test]
+fn a_tool_preset_reads_its_workspace_only() {
+    let f = fixture("seatbelt-preset");
+    let r = allowed(&f, TOOLS, &tool(&f, "scan", &["grep", "-r", "x", "src"], &[]));
+    assert!(r.writable.is_empty());
+    check_golden(&f, "tool_preset", &profile(&r).unwrap());
+}
+
+#[test]
+fn a_temporary_workspace_is_the_runs_own() {
+    let f = fixture("seatbelt-temporary");
+    let request = tool(&f, "convert", &["cp", "in", "out"], &[("input", "proj/src/main.rs")]);
+    let r = allowed(&f, TOOLS, &request);
+    let text = profile(&r).unwrap();
+    check_golden(&f, "temporary_workspace", &text);
+    // A preset without fork: the profile does not allow it either.
+    assert!(r.capabilities.process.no_fork && !text.contains("process-fork"));
+}
+
+#[test]
+fn allowed_domains_and_allow_all_are_the_hosts_network() {
+    let f = fixture("seatbelt-network");
+    let r = allowed(&f, GITHUB, &f.request_in(WORKSPACE, &["git", "clone", "https://github.com/a/b"]));
+    check_golden(&f, "allowed_domains", &profile(&r).unwrap());
+    let all = "[defaults]\nnetwork = \"allow_all\"\n";
+    let r = allowed(&f, all, &f.request_in(WORKSPACE, &["git", "fetch"]));
+    check_golden(&f, "host_network", &profile(&r).unwrap());
+}
+
+#[test]
+fn strict_egress_is_refused_not_loosened() {
+    let f = fixture("seatbelt-strict");
+    let strict = "[defaults]\negress = \"strict\"\n";
+    match decide(&f, strict, &f.request_in(WORKSPACE, &["ls"])) {
+        Decision::Deny(d) => {
+            assert_eq!((d.kind, d.rule), (ErrorKind::Unavailable, "egress.strict_unavailable"))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn only_tier_b_plans_and_plain_paths_are_written() {
+    let f = fixture("seatbelt-refusals");
+    let mut r = allowed(&f, "", &f.request_in(WORKSPACE, &["ls"]));
+    for bad in ["relative", "/a\"b", "/a\\b", "/a\nb"] {
+        let mut r = r.clone();
+        r.plan.landlock.read.push(bad.into());
+        assert_eq!(profile(&r), Err(SeatbeltError::Path(bad.into())));
+    }
+    r.plan.namespaces.user = true;
+    assert_eq!(profile(&r), Err(SeatbeltError::Tier(palisade_protocol::Tier::C)));
+}
