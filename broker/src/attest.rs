@@ -67,6 +67,7 @@ pub fn attestation(
             disk: resolved.disk.clone(),
             memory: resolved.memory.clone(),
             egress_traffic,
+            seatbelt_sha256: None,
         },
         warnings: resolved.warnings.clone(),
         journal: None,

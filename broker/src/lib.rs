@@ -12,7 +12,6 @@ linux_only! {
     pub mod approvals;
     pub mod approve_cli;
     pub mod arena;
-    pub mod attest;
     pub mod audit;
     pub mod cgroup;
     pub mod cli;
@@ -41,3 +40,10 @@ linux_only! {
 }
 
 pub mod elsewhere;
+
+#[cfg(unix)]
+pub mod attest;
+#[cfg(unix)]
+pub mod seatbelt;
+#[cfg(unix)]
+pub mod stream;

@@ -710,7 +710,7 @@ impl Sink for SocketSink {
                     tracing::debug!("splice into the client's socket: {e}; copying instead");
                     self.no_splice = true;
                     let mut data = vec![0u8; left];
-                    return match crate::run::read_exact_now(pipe, &mut data) {
+                    return match crate::stream::read_exact_now(pipe, &mut data) {
                         Ok(()) => self.writer.write_all(&data).await.is_ok(),
                         Err(_) => false,
                     };

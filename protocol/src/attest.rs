@@ -21,6 +21,8 @@ pub enum Executor {
     LinuxTierB,
     /// Namespaces, a private root, Landlock, seccomp and rlimits.
     LinuxTierC,
+    /// macOS: a Seatbelt profile (`sandbox-exec`) and rlimits.
+    MacosSeatbelt,
 }
 
 impl Executor {
@@ -28,6 +30,7 @@ impl Executor {
         match self {
             Executor::LinuxTierB => "linux-tier-b",
             Executor::LinuxTierC => "linux-tier-c",
+            Executor::MacosSeatbelt => "macos-seatbelt",
         }
     }
 }
@@ -172,6 +175,10 @@ pub struct Enforcement {
     /// for the run. `None` for other egress modes.
     #[serde(default)]
     pub egress_traffic: Option<EgressTraffic>,
+    /// macOS: sha256 of the Seatbelt profile the command ran under (its
+    /// text, as `sandbox-exec -f` read it). `None` elsewhere.
+    #[serde(default)]
+    pub seatbelt_sha256: Option<String>,
 }
 
 /// What a run reached through the broker's egress listeners, and what it
@@ -516,6 +523,10 @@ pub enum Memory {
     /// RLIMIT_AS of `address_space` bytes per process; in Tier C, the tmpfs
     /// mounts (whose pages no rlimit counts) within a budget together.
     Rlimit { address_space: u64, tmpfs: Option<TmpfsBudget> },
+    /// macOS: no kernel limit exists there (RLIMIT_AS is not enforced); the
+    /// broker samples the resident memory of the run's processes every
+    /// `every_ms` and ends the run above `bytes`.
+    Sampled { bytes: u64, every_ms: u64 },
 }
 
 /// The sizes of a Tier C run's tmpfs mounts, which hold memory.
@@ -551,6 +562,8 @@ impl TmpfsBudget {
 const RLIMIT_AS: (&str, &str) = ("RLIMIT_AS ", " per process");
 const TMPFS_TOGETHER: (&str, &str) = ("; /tmp, /dev/shm and overlay upper layers ", " together (");
 const UPPER_LAYERS: &str = " upper layer(s) of ";
+/// `Memory::Sampled`: around `SIZE resident, sampled every MS`.
+const SAMPLED: (&str, &str) = ("the run's processes together, ended above ", " ms (no kernel limit)");
 
 impl fmt::Display for Memory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -564,6 +577,10 @@ impl fmt::Display for Memory {
                 );
             }
             Memory::Rlimit { address_space, tmpfs } => (address_space, tmpfs),
+            Memory::Sampled { bytes, every_ms } => {
+                let size = exact_size(*bytes);
+                return write!(f, "{}{size} resident, sampled every {every_ms}{}", SAMPLED.0, SAMPLED.1);
+            }
         };
         write!(f, "{}{}{}", RLIMIT_AS.0, exact_size(*address_space), RLIMIT_AS.1)?;
         let Some(t) = t else { return Ok(()) };
@@ -599,6 +616,12 @@ impl FromStr for Memory {
             };
             let size = rest.strip_suffix(" for the whole run, tmpfs pages included").ok_or_else(err)?;
             return Ok(Memory::Cgroup { v1, bytes: parse_size(size).ok_or_else(err)? });
+        }
+        if let Some(rest) = s.strip_prefix(SAMPLED.0) {
+            let rest = rest.strip_suffix(SAMPLED.1).ok_or_else(err)?;
+            let (size, every) = rest.split_once(" resident, sampled every ").ok_or_else(err)?;
+            let every_ms = every.parse().map_err(|_| err())?;
+            return Ok(Memory::Sampled { bytes: parse_size(size).ok_or_else(err)?, every_ms });
         }
         let rest = s.strip_prefix(RLIMIT_AS.0).ok_or_else(err)?;
         let (size, tmpfs) = rest.split_once(RLIMIT_AS.1).ok_or_else(err)?;
@@ -752,6 +775,11 @@ mod tests {
                 "RLIMIT_AS 0 bytes per process; /tmp, /dev/shm and overlay upper layers 65540 KiB together \
                  (/tmp 64 MiB, /dev/shm 4 KiB)",
             ),
+            (
+                Memory::Sampled { bytes: 512 << 20, every_ms: 50 },
+                "the run's processes together, ended above 512 MiB resident, sampled every 50 ms \
+                 (no kernel limit)",
+            ),
         ];
         for (m, text) in memories {
             assert_eq!(m.to_string(), text);
@@ -786,6 +814,7 @@ mod tests {
     fn enums_keep_their_strings() {
         assert_eq!(json(Executor::LinuxTierC), "linux-tier-c");
         assert_eq!(json(Executor::LinuxTierB), "linux-tier-b");
+        assert_eq!(json(Executor::MacosSeatbelt), "macos-seatbelt");
         assert_eq!(json(LimitsBy::CgroupV2), "cgroup v2 + rlimits");
         assert_eq!(json(LimitsBy::CgroupV1), "cgroup v1 + rlimits");
         assert_eq!(json(LimitsBy::Rlimits), "rlimits");
@@ -800,7 +829,7 @@ mod tests {
         for l in [LimitsBy::CgroupV2, LimitsBy::CgroupV1, LimitsBy::Rlimits] {
             assert_eq!(json(l), l.to_string());
         }
-        for e in [Executor::LinuxTierB, Executor::LinuxTierC] {
+        for e in [Executor::LinuxTierB, Executor::LinuxTierC, Executor::MacosSeatbelt] {
             assert_eq!(json(e), e.to_string());
         }
         assert_eq!(json(Network::Host), "host network (allow_all)");
@@ -831,6 +860,7 @@ mod tests {
             disk: Disk { scratch: Scratch::Tmp { bytes: 1 << 20 }, writable: Some(WritableDirs::Direct) },
             memory: Memory::Rlimit { address_space: 1 << 30, tmpfs: None },
             egress_traffic: None,
+            seatbelt_sha256: Some("ab".into()),
         };
         let bytes = crate::wire::canonical_bytes(&e);
         let (back, _): (Enforcement, usize) =

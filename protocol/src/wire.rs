@@ -25,8 +25,10 @@ pub const MAGIC: &str = "palisade";
 /// journal record, approvals by id, approvers and trust stages; 4: strict
 /// egress, the run request's `allow_domains` and the attestation's egress
 /// traffic; 5: WebAssembly skill plugins, `RunPlugin` and `PluginResult`; 6: the
-/// plugin-host's cgroup in a plugin result's attestation).
-pub const PROTOCOL_VERSION: u32 = 7;
+/// plugin-host's cgroup in a plugin result's attestation; 7: the warm pool,
+/// the attestation's `built`; 8: the `macos-seatbelt` executor and the
+/// attestation's `seatbelt_sha256`).
+pub const PROTOCOL_VERSION: u32 = 8;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
 

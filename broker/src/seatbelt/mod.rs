@@ -1,0 +1,396 @@
+//! macOS's executor: a decided run under Seatbelt.
+//!
+//! The profile the policy wrote from the plan
+//! ([`palisade_policy::seatbelt::profile`]) goes to a private file;
+//! `sandbox-exec -f FILE PROGRAM ARGS...` runs the command under it, in a
+//! process group of its own, with the plan's environment, working directory
+//! and the rlimits macOS enforces. Its output streams as on Linux
+//! ([`crate::stream`]: the output quota, the deadline, the client's pace);
+//! when palisade ends the run, or the command exits, every process of the
+//! run is killed ([`procs`]); the resident memory of the run's processes is
+//! sampled and the run ended above the plan's limit, macOS having no kernel
+//! limit for it. The profile and the run's directories are removed when the
+//! run ends, whatever happened.
+//!
+//! Built on every Unix: on Linux its supervision is tested with a stand-in
+//! launcher (the tests in `tests.rs`); what Seatbelt enforces is tested on
+//! macOS only.
+
+mod procs;
+#[cfg(test)]
+mod tests;
+
+use crate::stream::{Bounds, Child, Run, Sink};
+use palisade_policy::Resolved;
+use palisade_policy::seatbelt::SeatbeltError;
+use palisade_protocol::attest::{Executor, Memory, MemorySource, RlimitEntry};
+use palisade_protocol::wire::{Attestation, ErrorKind, RunRequest, RunResult, RunStatus, ServerMessage};
+use palisade_protocol::{Rlimit, RlimitName};
+use std::future::Future;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::pipe;
+use tokio::sync::watch;
+
+/// macOS's launcher: applies the profile named by `-f`, then execs the command.
+pub const SANDBOX_EXEC: &str = "/usr/bin/sandbox-exec";
+
+/// How often the resident memory of a run's processes is summed: often
+/// enough to catch a steady climb, at a few system calls per process.
+pub const MEMORY_SAMPLE_EVERY: Duration = Duration::from_millis(50);
+
+/// The rlimits set on the command: those macOS enforces. RLIMIT_AS is not
+/// enforced there (memory is sampled instead), and RLIMIT_NPROC counts every
+/// process of the user, not of the run.
+const RLIMITS_SET: [RlimitName; 4] =
+    [RlimitName::Cpu, RlimitName::Nofile, RlimitName::Fsize, RlimitName::Core];
+
+/// Why a run could not be started or finished.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error(transparent)]
+    Profile(#[from] SeatbeltError),
+    #[error("cannot prepare the run's files: {0}")]
+    Setup(std::io::Error),
+    #[error("cannot start {}: {source}", launcher.display())]
+    Spawn { launcher: PathBuf, source: std::io::Error },
+    #[error("cannot collect the command's exit: {0}")]
+    Wait(std::io::Error),
+}
+
+impl ExecError {
+    /// The kind a client sees.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ExecError::Profile(SeatbeltError::Path(_)) => ErrorKind::InvalidRequest,
+            ExecError::Profile(_) => ErrorKind::Unavailable,
+            ExecError::Setup(_) | ExecError::Spawn { .. } | ExecError::Wait(_) => ErrorKind::RuntimeFailure,
+        }
+    }
+}
+
+/// Runs decided plans under Seatbelt.
+pub struct Seatbelt {
+    /// [`SANDBOX_EXEC`] (a test names a stand-in).
+    launcher: PathBuf,
+    /// A directory only the broker may enter, for the profiles of runs.
+    profiles: PathBuf,
+}
+
+impl Seatbelt {
+    /// Runs through `launcher`, with profiles written under `profiles`
+    /// (made 0700 if missing; refused when it is anyone else's).
+    pub fn new(launcher: PathBuf, profiles: PathBuf) -> Result<Seatbelt, String> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&profiles)
+            .map_err(|e| format!("cannot create {}: {e}", profiles.display()))?;
+        private_dir(&profiles)?;
+        Ok(Seatbelt { launcher, profiles })
+    }
+
+    /// Runs `resolved` (decided for `request`) to its result; `cancel`
+    /// completing (a client gone, a shutdown) kills it.
+    pub async fn execute<S: Sink + Send>(
+        &self,
+        run_id: u64,
+        resolved: &Resolved,
+        request: &RunRequest,
+        sink: &mut S,
+        cancel: impl Future<Output = ()> + Send,
+    ) -> Result<RunResult, ExecError> {
+        let profile = palisade_policy::seatbelt::profile(resolved)?;
+        let dirs = RunFiles::create(resolved, &self.profiles.join(format!("run-{run_id}.sb")), &profile)?;
+        let started = Instant::now();
+        let mut command = self.command(resolved, &dirs.profile, request.stdin.is_empty());
+        let mut spawned =
+            command.spawn().map_err(|source| ExecError::Spawn { launcher: self.launcher.clone(), source })?;
+        let group = Group::watch(spawned.id());
+        let setup = (|| -> std::io::Result<[pipe::Receiver; 2]> {
+            feed_stdin(spawned.stdin.take(), &request.stdin)?;
+            Ok([receiver(spawned.stdout.take())?, receiver(spawned.stderr.take())?])
+        })();
+        let pipes = match setup {
+            Ok(pipes) => pipes,
+            Err(e) => {
+                procs::kill_all(group.pgid, libc::SIGKILL);
+                let _ = group.reaped().await;
+                return Err(ExecError::Setup(e));
+            }
+        };
+        let memory_bytes = resolved.plan.rlimits.address_space.hard;
+        let sampler =
+            tokio::spawn(procs::watch_memory(group.pgid, memory_bytes, Arc::clone(&group.over_memory)));
+        let bounds = Bounds {
+            max_output_bytes: resolved.max_output_bytes,
+            timeout: resolved.timeout,
+            chunk_bytes: resolved.capture_chunk_bytes,
+            first_signal: libc::SIGKILL,
+        };
+        let started_msg = ServerMessage::Started { run_id, executor: Executor::MacosSeatbelt };
+        let streamed = Run::new(sink, &group, pipes, bounds, cancel).stream(started_msg).await;
+        let exited_ms = streamed.exited_at.map(|at| at.duration_since(started).as_millis());
+        tracing::debug!(run_id, ?exited_ms, "command exited");
+        // Nothing of the run outlives it: what the command left running dies with it.
+        procs::kill_all(group.pgid, libc::SIGKILL);
+        let usage = group.reaped().await.map_err(ExecError::Wait)?;
+        sampler.abort();
+        let mut ended = streamed.ended;
+        if group.over_memory.load(Ordering::SeqCst) && ended.is_none() {
+            ended = Some(RunStatus::MemoryLimitExceeded);
+        }
+        let status = ended.unwrap_or(usage.status);
+        tracing::info!(run_id, ?status, "run finished");
+        Ok(RunResult {
+            run_id,
+            status,
+            wall_ms: started.elapsed().as_millis() as u64,
+            cpu_user_ms: usage.user_ms,
+            cpu_system_ms: usage.system_ms,
+            peak_memory_bytes: usage.max_rss_bytes,
+            memory_source: MemorySource::Rusage,
+            stdout_bytes: streamed.stdout_bytes,
+            stderr_bytes: streamed.stderr_bytes,
+            written_bytes: 0,
+            attestation: attestation(request, resolved, &profile),
+        })
+    }
+
+    /// `sandbox-exec -f PROFILE PROGRAM ARGS...`, in a process group of its
+    /// own, with the plan's environment, directory and rlimits.
+    fn command(&self, resolved: &Resolved, profile: &Path, no_stdin: bool) -> std::process::Command {
+        let plan = &resolved.plan;
+        let mut command = std::process::Command::new(&self.launcher);
+        command
+            .arg("-f")
+            .arg(profile)
+            .arg(&plan.program)
+            .args(plan.argv.iter().skip(1))
+            .env_clear()
+            .envs(plan.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&plan.cwd)
+            .stdin(if no_stdin { Stdio::null() } else { Stdio::piped() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let limits = limits_set(resolved);
+        // SAFETY: the closure runs in the child between fork and exec and
+        // calls only setrlimit, which is async-signal-safe; `limits` is a
+        // copy it owns, read without allocating.
+        unsafe {
+            command.pre_exec(move || {
+                for &(resource, limit) in &limits {
+                    let rl = libc::rlimit {
+                        rlim_cur: limit.soft as libc::rlim_t,
+                        rlim_max: limit.hard as libc::rlim_t,
+                    };
+                    if libc::setrlimit(resource, &rl) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            })
+        };
+        command
+    }
+}
+
+/// The plan's rlimits of [`RLIMITS_SET`], with the resource numbers of this system.
+fn limits_set(resolved: &Resolved) -> Vec<(RlimitResource, Rlimit)> {
+    let table = resolved.plan.rlimits.table();
+    let number = |name: RlimitName| match name {
+        RlimitName::Cpu => libc::RLIMIT_CPU,
+        RlimitName::Nofile => libc::RLIMIT_NOFILE,
+        RlimitName::Fsize => libc::RLIMIT_FSIZE,
+        _ => libc::RLIMIT_CORE,
+    };
+    table
+        .into_iter()
+        .filter(|(n, _)| RLIMITS_SET.contains(n))
+        .map(|(n, l)| (number(n) as RlimitResource, l))
+        .collect()
+}
+
+#[cfg(target_os = "linux")]
+type RlimitResource = libc::__rlimit_resource_t;
+#[cfg(not(target_os = "linux"))]
+type RlimitResource = libc::c_int;
+
+/// What the run had in force; its executor `macos-seatbelt`.
+fn attestation(request: &RunRequest, resolved: &Resolved, profile: &str) -> Attestation {
+    let mut a = crate::attest::attestation(request, resolved, None, None, None);
+    a.executor = Executor::MacosSeatbelt;
+    let e = &mut a.enforcement;
+    e.seatbelt_sha256 = Some(crate::attest::sha256_hex(profile.as_bytes()));
+    e.seccomp_sha256 = crate::attest::sha256_hex(b"");
+    e.seccomp_instructions = 0;
+    e.rlimits = resolved
+        .plan
+        .rlimits
+        .table()
+        .into_iter()
+        .filter(|(n, _)| RLIMITS_SET.contains(n))
+        .map(|(n, l)| RlimitEntry::new(n, l))
+        .collect();
+    e.memory = Memory::Sampled {
+        bytes: resolved.plan.rlimits.address_space.hard,
+        every_ms: MEMORY_SAMPLE_EVERY.as_millis() as u64,
+    };
+    a
+}
+
+/// The run's files on the host: its profile (0600) and the directories the
+/// plan names (0700), all removed when the run is dropped.
+struct RunFiles {
+    profile: PathBuf,
+    dirs: Vec<PathBuf>,
+}
+
+impl RunFiles {
+    fn create(resolved: &Resolved, profile: &Path, text: &str) -> Result<RunFiles, ExecError> {
+        let mut files = RunFiles { profile: PathBuf::new(), dirs: Vec::new() };
+        for dir in &resolved.host_dirs {
+            std::fs::DirBuilder::new().mode(0o700).create(dir).map_err(ExecError::Setup)?;
+            files.dirs.push(dir.clone());
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(profile)
+            .map_err(ExecError::Setup)?;
+        files.profile = profile.to_path_buf();
+        std::io::Write::write_all(&mut file, text.as_bytes()).map_err(ExecError::Setup)?;
+        Ok(files)
+    }
+}
+
+impl Drop for RunFiles {
+    fn drop(&mut self) {
+        if !self.profile.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.profile);
+        }
+        for dir in self.dirs.iter().rev() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// `dir` is a directory of this user's, which no one else may enter.
+fn private_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if !m.is_dir() || m.uid() != me || m.mode() & 0o077 != 0 {
+        return Err(format!("{} must be a directory of uid {me} that no one else may enter", dir.display()));
+    }
+    Ok(())
+}
+
+/// Writes `data` to the command's stdin from a task of its own (a command
+/// that does not read it must not hold up the run), then closes it.
+fn feed_stdin(stdin: Option<std::process::ChildStdin>, data: &[u8]) -> std::io::Result<()> {
+    let Some(stdin) = stdin else { return Ok(()) };
+    let mut tx = pipe::Sender::from_owned_fd(OwnedFd::from(stdin))?;
+    let data = data.to_vec();
+    tokio::spawn(async move {
+        let _ = tx.write_all(&data).await;
+    });
+    Ok(())
+}
+
+fn receiver<T: Into<OwnedFd>>(end: Option<T>) -> std::io::Result<pipe::Receiver> {
+    pipe::Receiver::from_owned_fd(end.ok_or_else(|| std::io::Error::other("missing pipe"))?.into())
+}
+
+/// How the command ended by itself, and what it used.
+struct Usage {
+    status: RunStatus,
+    user_ms: u64,
+    system_ms: u64,
+    max_rss_bytes: u64,
+}
+
+/// The command's process group, reaped by a thread of its own.
+struct Group {
+    pgid: libc::pid_t,
+    /// `true` once the leader has exited (and was reaped).
+    exited: watch::Receiver<bool>,
+    usage: tokio::sync::Mutex<Option<tokio::sync::oneshot::Receiver<std::io::Result<Usage>>>>,
+    /// Set by the memory sampler when it ended the run.
+    over_memory: Arc<AtomicBool>,
+}
+
+impl Group {
+    fn watch(pid: u32) -> Group {
+        let (exited_tx, exited) = watch::channel(false);
+        let (usage_tx, usage_rx) = tokio::sync::oneshot::channel();
+        let pgid = pid as libc::pid_t;
+        std::thread::spawn(move || {
+            let _ = usage_tx.send(wait(pgid));
+            let _ = exited_tx.send(true);
+        });
+        Group {
+            pgid,
+            exited,
+            usage: tokio::sync::Mutex::new(Some(usage_rx)),
+            over_memory: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The leader's exit and usage, once it has exited.
+    async fn reaped(&self) -> std::io::Result<Usage> {
+        let rx = self.usage.lock().await.take().ok_or_else(|| std::io::Error::other("reaped twice"))?;
+        rx.await.map_err(|_| std::io::Error::other("the reaping thread is gone"))?
+    }
+}
+
+impl Child for &Group {
+    async fn exited(&self) {
+        let mut rx = self.exited.clone();
+        let _ = rx.wait_for(|exited| *exited).await;
+    }
+
+    fn kill(&self, signal: i32) {
+        procs::kill_all(self.pgid, signal);
+    }
+}
+
+/// Waits for the leader `pid` (blocking), with its usage and its children's.
+fn wait(pid: libc::pid_t) -> std::io::Result<Usage> {
+    let mut status = 0;
+    // SAFETY: rusage is plain old data; all-zero is valid.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `status` and `ru` are valid for writing for the duration of the call.
+        let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        if rc >= 0 {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    let ms = |tv: libc::timeval| tv.tv_sec as u64 * 1000 + tv.tv_usec as u64 / 1000;
+    let status = if libc::WIFEXITED(status) {
+        RunStatus::Exited { code: libc::WEXITSTATUS(status) }
+    } else {
+        RunStatus::Signaled { signal: libc::WTERMSIG(status) }
+    };
+    Ok(Usage {
+        status,
+        user_ms: ms(ru.ru_utime),
+        system_ms: ms(ru.ru_stime),
+        max_rss_bytes: procs::maxrss_bytes(ru.ru_maxrss),
+    })
+}

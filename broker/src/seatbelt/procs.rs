@@ -1,0 +1,158 @@
+//! The processes of a run: its process group and every descendant of a
+//! member (a process that left the group with `setsid` or `setpgid` is
+//! still found while its parent lives), to kill them all and to sum their
+//! memory. A process that left the group *and* was orphaned before the
+//! walk (a double fork that daemonizes) is out of reach: macOS has no
+//! cgroup, pid namespace or subreaper to hold it.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Sends `signal` to every process of the run whose group is `pgid`. A
+/// SIGKILL first stops the tree and walks it again until no new process
+/// appears, so that none forks past the walk.
+pub fn kill_all(pgid: libc::pid_t, signal: i32) {
+    if signal == libc::SIGKILL {
+        signal_group(pgid, libc::SIGSTOP);
+        let mut seen = BTreeSet::new();
+        loop {
+            let found: Vec<libc::pid_t> = members(pgid).into_iter().filter(|p| !seen.contains(p)).collect();
+            if found.is_empty() {
+                break;
+            }
+            for &pid in &found {
+                signal_one(pid, libc::SIGSTOP);
+            }
+            seen.extend(found);
+        }
+        for &pid in &seen {
+            signal_one(pid, libc::SIGKILL);
+        }
+    }
+    signal_group(pgid, signal);
+}
+
+fn signal_group(pgid: libc::pid_t, signal: i32) {
+    // SAFETY: killpg takes plain integers; a group that is gone is ESRCH.
+    unsafe { libc::killpg(pgid, signal) };
+}
+
+fn signal_one(pid: libc::pid_t, signal: i32) {
+    // SAFETY: kill takes plain integers; a process that is gone is ESRCH.
+    unsafe { libc::kill(pid, signal) };
+}
+
+/// Every `every`, sums the resident memory of the run's processes; above
+/// `limit` bytes, sets `over` and kills them all. Unlimited: nothing to do.
+pub async fn watch_memory(pgid: libc::pid_t, limit: u64, over: Arc<AtomicBool>) {
+    if limit == palisade_protocol::RLIM_INFINITY {
+        return;
+    }
+    loop {
+        tokio::time::sleep(super::MEMORY_SAMPLE_EVERY).await;
+        let total: u64 = members(pgid).into_iter().filter_map(resident_bytes).sum();
+        if total > limit {
+            over.store(true, Ordering::SeqCst);
+            kill_all(pgid, libc::SIGKILL);
+            return;
+        }
+    }
+}
+
+/// The members of group `pgid` and their descendants.
+fn members(pgid: libc::pid_t) -> Vec<libc::pid_t> {
+    let mut all: BTreeSet<libc::pid_t> = group(pgid).into_iter().collect();
+    let mut next: Vec<libc::pid_t> = all.iter().copied().collect();
+    while let Some(pid) = next.pop() {
+        for child in children(pid) {
+            if all.insert(child) {
+                next.push(child);
+            }
+        }
+    }
+    all.into_iter().collect()
+}
+
+/// `ru_maxrss` in bytes: macOS counts bytes, Linux KiB.
+pub fn maxrss_bytes(maxrss: libc::c_long) -> u64 {
+    let v = maxrss.max(0) as u64;
+    if cfg!(target_os = "macos") { v } else { v * 1024 }
+}
+
+#[cfg(target_os = "macos")]
+mod os {
+    /// `proc_listpids`'s selector for one process group (`<sys/proc_info.h>`).
+    const PROC_PGRP_ONLY: u32 = 2;
+    /// The most processes one listing returns; a run has far fewer.
+    const MAX_LISTED: usize = 4096;
+
+    pub fn group(pgid: libc::pid_t) -> Vec<libc::pid_t> {
+        let mut buf = vec![0 as libc::pid_t; MAX_LISTED];
+        let size = (buf.len() * std::mem::size_of::<libc::pid_t>()) as libc::c_int;
+        // SAFETY: `buf` is valid for writing `size` bytes; the call returns
+        // the bytes it wrote (pids), or -1.
+        let bytes =
+            unsafe { libc::proc_listpids(PROC_PGRP_ONLY, pgid as u32, buf.as_mut_ptr().cast(), size) };
+        buf.truncate(bytes.max(0) as usize / std::mem::size_of::<libc::pid_t>());
+        buf.retain(|&p| p > 0);
+        buf
+    }
+
+    pub fn children(pid: libc::pid_t) -> Vec<libc::pid_t> {
+        let mut buf = vec![0 as libc::pid_t; MAX_LISTED];
+        let size = (buf.len() * std::mem::size_of::<libc::pid_t>()) as libc::c_int;
+        // SAFETY: `buf` is valid for writing `size` bytes; the call returns
+        // the number of pids it wrote, or -1.
+        let n = unsafe { libc::proc_listchildpids(pid, buf.as_mut_ptr().cast(), size) };
+        buf.truncate((n.max(0) as usize).min(MAX_LISTED));
+        buf.retain(|&p| p > 0);
+        buf
+    }
+
+    pub fn resident_bytes(pid: libc::pid_t) -> Option<u64> {
+        // SAFETY: proc_taskinfo is plain old data; all-zero is valid.
+        let mut info: libc::proc_taskinfo = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::proc_taskinfo>() as libc::c_int;
+        // SAFETY: `info` is valid for writing `size` bytes.
+        let n = unsafe { libc::proc_pidinfo(pid, libc::PROC_PIDTASKINFO, 0, (&raw mut info).cast(), size) };
+        (n == size).then_some(info.pti_resident_size)
+    }
+}
+
+#[cfg(not(target_os = "macos"))]
+mod os {
+    //! Linux, where this executor runs only under test: `/proc`.
+
+    /// pid, parent and group of every process, from `/proc/PID/stat`.
+    fn table() -> Vec<(libc::pid_t, libc::pid_t, libc::pid_t)> {
+        let Ok(dir) = std::fs::read_dir("/proc") else { return vec![] };
+        dir.filter_map(|e| {
+            let name = e.ok()?.file_name();
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", name.to_str()?)).ok()?;
+            // After the command's name, in parentheses: state, ppid, pgrp.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let mut f = rest.split(' ').skip(1).map(|v| v.parse::<libc::pid_t>());
+            Some((name.to_str()?.parse().ok()?, f.next()?.ok()?, f.next()?.ok()?))
+        })
+        .collect()
+    }
+
+    pub fn group(pgid: libc::pid_t) -> Vec<libc::pid_t> {
+        table().into_iter().filter(|&(_, _, g)| g == pgid).map(|(p, _, _)| p).collect()
+    }
+
+    pub fn children(pid: libc::pid_t) -> Vec<libc::pid_t> {
+        table().into_iter().filter(|&(_, parent, _)| parent == pid).map(|(p, _, _)| p).collect()
+    }
+
+    pub fn resident_bytes(pid: libc::pid_t) -> Option<u64> {
+        let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+        let pages: u64 = statm.split(' ').nth(1)?.parse().ok()?;
+        // SAFETY: sysconf takes a plain integer and returns a number.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        Some(pages * page.max(0) as u64)
+    }
+}
+
+use os::{children, group, resident_bytes};

@@ -1,0 +1,219 @@
+//! The executor's supervision on Linux, through a stand-in for
+//! `sandbox-exec`: a script that checks the profile it is given (a private
+//! file that starts with `(deny default)`), keeps a copy, and runs the
+//! command without Seatbelt. What is tested here is palisade's side: the
+//! command line, the profile's file and its removal, the output quota, the
+//! deadline, cancellation, the memory sampler and the kill of every process
+//! of the run. What Seatbelt enforces is tested on macOS only.
+
+use super::*;
+use palisade_policy::{Config, Context, Decision, HostCapabilities, Policy};
+use palisade_protocol::wire::Stream;
+use std::os::unix::fs::PermissionsExt;
+
+/// `-f PROFILE` checked and copied next to the script, then the command.
+const STAND_IN: &str = r#"#!/bin/sh
+[ "$1" = "-f" ] || { echo "stand-in: no -f" >&2; exit 90; }
+profile=$2; shift 2
+[ "$(stat -c %a "$profile")" = 600 ] || { echo "stand-in: profile not 0600" >&2; exit 91; }
+head -n 2 "$profile" | grep -qx '(deny default)' || { echo "stand-in: not a deny-default profile" >&2; exit 92; }
+cp "$profile" "$(dirname "$0")/last.sb"
+echo "$profile" > "$(dirname "$0")/last-path"
+exec "$@"
+"#;
+
+struct Setup {
+    dir: PathBuf,
+    seatbelt: Seatbelt,
+}
+
+impl Setup {
+    fn new(tag: &str) -> Setup {
+        let dir = std::env::temp_dir()
+            .canonicalize()
+            .unwrap()
+            .join(format!("palisade-seatbelt-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["bin", "ws", "runs"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let launcher = dir.join("bin/sandbox-exec");
+        std::fs::write(&launcher, STAND_IN).unwrap();
+        std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let seatbelt = Seatbelt::new(launcher, dir.join("profiles")).unwrap();
+        Setup { dir, seatbelt }
+    }
+
+    /// `sh -c SCRIPT` decided by a policy that allows it, on a Seatbelt host.
+    fn resolve(&self, script: &str, limits: &str) -> (RunRequest, Resolved) {
+        let config = format!("[defaults]\nallow_interpreters = true\nallow_inline_code = true\n{limits}");
+        let config = Config::parse(&config, Path::new("seatbelt.toml")).unwrap();
+        let capabilities = HostCapabilities {
+            user_namespaces: false,
+            landlock_abi: 0,
+            seatbelt: true,
+            cgroup: Err("none (test)".into()),
+        };
+        let host = crate::host::gather(&capabilities, true);
+        let request = RunRequest {
+            argv: ["/bin/sh", "-c", script].map(String::from).into(),
+            cwd: Some(self.dir.join("ws").to_string_lossy().into_owned()),
+            ..Default::default()
+        };
+        let ctx = Context {
+            parent_pid: std::process::id(),
+            uid: 0,
+            gid: 0,
+            requester: palisade_protocol::HostIds { uid: 0, gid: 0 },
+            groups: vec![],
+            temp_root: self.dir.join("runs"),
+            instance: "1-1".into(),
+            run: 1,
+            etc_view: None,
+            trust: None,
+        };
+        match Policy::new(config, &*host.files).decide(&host, &ctx, &request) {
+            Decision::Allow(r) => (request, *r),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn run(&self, script: &str, limits: &str) -> (RunResult, Vec<u8>, Resolved) {
+        self.run_until(script, limits, std::future::pending())
+    }
+
+    fn run_until(
+        &self,
+        script: &str,
+        limits: &str,
+        cancel: impl Future<Output = ()> + Send,
+    ) -> (RunResult, Vec<u8>, Resolved) {
+        let (request, resolved) = self.resolve(script, limits);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mut sink = Collect::default();
+        let result = rt.block_on(self.seatbelt.execute(1, &resolved, &request, &mut sink, cancel)).unwrap();
+        assert!(matches!(
+            sink.messages.first(),
+            Some(ServerMessage::Started { run_id: 1, executor: Executor::MacosSeatbelt })
+        ));
+        (result, sink.stdout, resolved)
+    }
+
+    fn last_profile(&self) -> (PathBuf, String) {
+        let path = std::fs::read_to_string(self.dir.join("bin/last-path")).unwrap();
+        (PathBuf::from(path.trim()), std::fs::read_to_string(self.dir.join("bin/last.sb")).unwrap())
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[derive(Default)]
+struct Collect {
+    messages: Vec<ServerMessage>,
+    stdout: Vec<u8>,
+}
+
+impl Sink for Collect {
+    async fn send(&mut self, msg: ServerMessage) -> bool {
+        if let ServerMessage::Output { stream: Stream::Stdout, data } = &msg {
+            self.stdout.extend_from_slice(data);
+        }
+        self.messages.push(msg);
+        true
+    }
+}
+
+/// A process of the run that outlived it, by the pid it wrote in `file`.
+fn alive(file: &Path) -> bool {
+    let Ok(pid) = std::fs::read_to_string(file) else { return false };
+    let pid: libc::pid_t = pid.trim().parse().unwrap();
+    // A zombie waiting for its reaper is dead for this purpose.
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = state.rfind(')').and_then(|i| state.get(i + 2..i + 3)).unwrap_or("");
+    !state.is_empty() && state != "Z"
+}
+
+#[test]
+fn a_run_goes_through_the_launcher_with_its_profile_which_is_removed_after() {
+    let s = Setup::new("plain");
+    let (result, stdout, resolved) = s.run("echo hello; exit 3", "");
+    assert_eq!((result.status, stdout.as_slice()), (RunStatus::Exited { code: 3 }, &b"hello\n"[..]));
+    let (path, text) = s.last_profile();
+    assert_eq!(text, palisade_policy::seatbelt::profile(&resolved).unwrap());
+    let a = &result.attestation;
+    assert_eq!(a.executor, Executor::MacosSeatbelt);
+    assert_eq!(
+        a.enforcement.seatbelt_sha256.as_deref(),
+        Some(crate::attest::sha256_hex(text.as_bytes()).as_str())
+    );
+    assert!(matches!(a.enforcement.memory, Memory::Sampled { bytes, .. } if bytes == 512 << 20));
+    let set: Vec<RlimitName> = a.enforcement.rlimits.iter().map(|r| r.name).collect();
+    assert_eq!(set, RLIMITS_SET);
+    // The profile and the run's directories are gone; the directory holding them is private.
+    assert!(path.starts_with(s.dir.join("profiles")) && !path.exists());
+    assert!(resolved.host_dirs.iter().all(|d| !d.exists()), "{:?}", resolved.host_dirs);
+    assert_eq!(std::fs::metadata(s.dir.join("profiles")).unwrap().permissions().mode() & 0o777, 0o700);
+}
+
+#[test]
+fn the_deadline_kills_every_process_of_the_run_even_one_that_left_the_group() {
+    let s = Setup::new("deadline");
+    let pids = s.dir.join("ws");
+    // One child in the group, one in a session of its own; both would sleep on.
+    let script = format!(
+        "sleep 1000 & echo $! > {0}/in-group; \
+         setsid sh -c 'echo $$ $(ps -o pgid= -p $$) > {0}/detached.tmp; exec sleep 1000' & \
+         while [ ! -s {0}/detached.tmp ]; do sleep 0.05; done; \
+         mv {0}/detached.tmp {0}/detached; echo started; sleep 1000",
+        pids.display()
+    );
+    let (result, stdout, _) = s.run(&script, "max_execution_time = 2\n");
+    assert_eq!((result.status, stdout.as_slice()), (RunStatus::TimedOut, &b"started\n"[..]));
+    assert!(!alive(&pids.join("in-group")), "a process of the group outlived the run");
+    // It had left the run's group: it led a session and a group of its own.
+    let detached = std::fs::read_to_string(pids.join("detached")).unwrap();
+    let (pid, pgid) = detached.trim().split_once(' ').unwrap();
+    assert_eq!(pid, pgid.trim());
+    std::fs::write(pids.join("detached-pid"), pid).unwrap();
+    assert!(!alive(&pids.join("detached-pid")), "the process in a session of its own outlived the run");
+    // Outside a run, the same detached sleep lives on: the check above could fail.
+    let mut outside = std::process::Command::new("setsid").args(["sleep", "1000"]).spawn().unwrap();
+    std::fs::write(pids.join("outside"), outside.id().to_string()).unwrap();
+    assert!(alive(&pids.join("outside")));
+    outside.kill().unwrap();
+    outside.wait().unwrap();
+}
+
+#[test]
+fn output_past_the_quota_ends_the_run_and_never_leaves() {
+    let s = Setup::new("quota");
+    let (result, stdout, _) = s.run("yes", "max_output_bytes = 100000\n");
+    assert_eq!(result.status, RunStatus::QuotaExceeded);
+    assert_eq!((stdout.len(), result.stdout_bytes), (100_000, 100_000));
+}
+
+#[test]
+fn memory_past_the_limit_ends_the_run() {
+    let s = Setup::new("memory");
+    // 200 MB held in a shell variable, against a limit of 64 MiB.
+    let script = "a=$(head -c 200000000 /dev/zero | tr '\\0' x); sleep 1000";
+    let (result, _, _) = s.run(script, "max_memory_mb = 64\nmax_execution_time = 20\n");
+    assert_eq!(result.status, RunStatus::MemoryLimitExceeded);
+    // The same command within a larger limit holds its memory to the end.
+    let (result, _, _) =
+        s.run("a=$(head -c 20000000 /dev/zero | tr '\\0' x); echo ${#a}", "max_memory_mb = 256\n");
+    assert_eq!(result.status, RunStatus::Exited { code: 0 });
+}
+
+#[test]
+fn a_cancelled_run_is_killed() {
+    let s = Setup::new("cancel");
+    let cancel = async { tokio::time::sleep(Duration::from_millis(300)).await };
+    let (result, _, _) = s.run_until("echo $$ > pid; sleep 1000", "", cancel);
+    assert_eq!(result.status, RunStatus::Cancelled);
+    assert!(!alive(&s.dir.join("ws/pid")));
+}
