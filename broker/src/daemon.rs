@@ -3,10 +3,12 @@
 use crate::journal::Event;
 use crate::server::Server;
 use crate::service::Broker;
+pub use crate::logs::init_tracing;
+use crate::socket::{bind, raise_open_file_limit};
 use crate::{paths, systemd};
 use clap::Parser;
 use palisade_policy::Config;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Exit status when the configuration or the broker's set-up is refused.
@@ -28,20 +30,6 @@ pub struct Args {
     /// palisade-helper to spawn [default: next to this binary].
     #[arg(long, value_name = "PATH")]
     pub helper: Option<PathBuf>,
-}
-
-pub fn init_tracing(default: &str) {
-    let filter = std::env::var("PALISADE_LOG")
-        .ok()
-        .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
-        .or_else(|| tracing_subscriber::EnvFilter::try_from_default_env().ok())
-        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(default));
-    use std::io::IsTerminal;
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
 }
 
 pub fn main(args: Args) -> i32 {
@@ -153,43 +141,3 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32) -> i32 {
     0
 }
 
-/// Raises the soft limit on open files to the hard one: each connection and
-/// each run holds descriptors, and the connection limits are counted against
-/// what the process may open (the units set `LimitNOFILE`).
-fn raise_open_file_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => tracing::debug!(from = soft, to = hard, "open file limit raised"),
-            Err(e) => tracing::warn!("cannot raise the open file limit from {soft} to {hard}: {e}"),
-        },
-        Ok(_) => {}
-        Err(e) => tracing::warn!("cannot read the open file limit: {e}"),
-    }
-}
-
-/// Binds the socket with `mode`, replacing a stale one but never a live one.
-fn bind(path: &Path, mode: u32) -> std::io::Result<tokio::net::UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                "another broker is listening there",
-            ));
-        }
-        std::fs::remove_file(path)?;
-    }
-    // Created with no permission for others, whatever the umask, then given
-    // its mode: there is no moment when it is more open than configured.
-    let previous = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
-    let bound = std::os::unix::net::UnixListener::bind(path);
-    nix::sys::stat::umask(previous);
-    let listener = bound?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-    listener.set_nonblocking(true)?;
-    tokio::net::UnixListener::from_std(listener)
-}

@@ -8,12 +8,13 @@ use nix::sched::{CloneFlags, unshare};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, fork};
 use palisade_policy::jail::{ETC_ENTRIES, SYSTEM_DIRS};
-use palisade_policy::{CgroupRoot, FileKind, FileStat, Host, HostCapabilities, HostFiles, Layout};
+use palisade_policy::{CgroupRoot, Host, HostCapabilities, Layout};
 use palisade_protocol::DEV_NODES;
-use std::ffi::OsString;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Mutex;
+
+pub use crate::real_files::{RealFiles, files};
 
 /// Whether this process may create a user namespace and, owned by it, every
 /// other namespace Tier C uses (mount, pid, network, ipc, uts, cgroup), tried
@@ -95,77 +96,6 @@ pub fn probe(cgroups: &Cgroups, user_namespaces: bool) -> HostCapabilities {
 pub fn gather(capabilities: &HostCapabilities, etc_entries: bool) -> Host {
     let layout = layout(etc_entries, !capabilities.user_namespaces);
     Host { capabilities: capabilities.clone(), homes: passwd_homes(), layout, files: files() }
-}
-
-/// The real filesystem, as the policy reads it.
-pub fn files() -> Arc<dyn HostFiles> {
-    static FILES: OnceLock<Arc<RealFiles>> = OnceLock::new();
-    FILES.get_or_init(|| Arc::new(RealFiles)).clone()
-}
-
-/// The real filesystem, read by the calling thread (whose filesystem
-/// credentials are the requester's while the broker decides).
-pub struct RealFiles;
-
-/// The permission bits of `st_mode`.
-const PERMISSION_BITS: u32 = 0o7777;
-
-fn file_stat(m: std::fs::Metadata) -> FileStat {
-    let t = m.file_type();
-    let kind = if t.is_symlink() {
-        FileKind::Symlink
-    } else if t.is_dir() {
-        FileKind::Dir
-    } else if t.is_file() {
-        FileKind::File
-    } else {
-        FileKind::Other
-    };
-    FileStat {
-        kind,
-        mode: m.permissions().mode() & PERMISSION_BITS,
-        dev: m.dev(),
-        ino: m.ino(),
-        len: m.len(),
-    }
-}
-
-impl HostFiles for RealFiles {
-    fn stat(&self, path: &Path) -> std::io::Result<FileStat> {
-        std::fs::metadata(path).map(file_stat)
-    }
-
-    fn lstat(&self, path: &Path) -> std::io::Result<FileStat> {
-        std::fs::symlink_metadata(path).map(file_stat)
-    }
-
-    fn canonicalize(&self, path: &Path) -> std::io::Result<PathBuf> {
-        path.canonicalize()
-    }
-
-    /// Opened without blocking (a FIFO swapped in for a program would
-    /// otherwise hold the decision, and the thread deciding, until someone
-    /// writes to it) and read only once `fstat` says it is a regular file.
-    fn read_head(&self, path: &Path, max: u64) -> Option<Vec<u8>> {
-        use std::io::Read;
-        use std::os::unix::fs::OpenOptionsExt;
-        let file = std::fs::File::options()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-            .open(path)
-            .ok()?;
-        if !file.metadata().ok()?.is_file() {
-            return None;
-        }
-        let mut out = Vec::new();
-        file.take(max).read_to_end(&mut out).ok()?;
-        Some(out)
-    }
-
-    fn list_dir(&self, dir: &Path) -> Vec<OsString> {
-        let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
-        entries.map(|e| e.file_name()).collect()
-    }
 }
 
 /// The host's [`Layout`]. Its system directories are looked up again only

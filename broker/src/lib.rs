@@ -23,10 +23,7 @@ linux_only! {
     pub mod etc_view;
     pub mod helper;
     pub mod host;
-    pub mod instance;
-    pub mod journal;
     pub mod overlay;
-    pub mod paths;
     pub mod plugin_cli;
     pub mod plugins;
     pub mod pool;
@@ -44,6 +41,22 @@ pub mod elsewhere;
 #[cfg(unix)]
 pub mod attest;
 #[cfg(unix)]
+pub mod instance;
+#[cfg(unix)]
+pub mod journal;
+#[cfg(unix)]
+pub mod logs;
+#[cfg(unix)]
+pub mod mac;
+#[cfg(unix)]
+pub mod paths;
+#[cfg(unix)]
+pub mod real_files;
+#[cfg(unix)]
+pub mod run_cli;
+#[cfg(unix)]
 pub mod seatbelt;
+#[cfg(unix)]
+pub mod socket;
 #[cfg(unix)]
 pub mod stream;

@@ -3,8 +3,16 @@
 use std::path::PathBuf;
 
 /// `/run/palisade/palisade.sock` for root (a system install), else
-/// `$XDG_RUNTIME_DIR/palisade/palisade.sock` (a user install).
+/// `$XDG_RUNTIME_DIR/palisade/palisade.sock` (a user install); on macOS
+/// `/var/run/palisade/palisade.sock` and `$TMPDIR/palisade/palisade.sock`.
 pub fn default_socket() -> PathBuf {
+    if cfg!(target_os = "macos") {
+        // macOS: /var/run for root, else the user's private temporary directory.
+        return match nix::unistd::geteuid().is_root() {
+            true => PathBuf::from("/var/run/palisade/palisade.sock"),
+            false => std::env::temp_dir().join("palisade/palisade.sock"),
+        };
+    }
     if nix::unistd::geteuid().is_root() {
         return PathBuf::from("/run/palisade/palisade.sock");
     }
@@ -87,4 +95,32 @@ pub fn canonical_prefix(path: &std::path::Path) -> PathBuf {
             _ => return path.to_path_buf(),
         }
     }
+}
+
+/// Refuses `dir` unless [`private_to_us`]: the audit journal's directory
+/// must be the broker's alone, on a path nobody else can swap.
+pub fn check_private(dir: &std::path::Path) -> Result<(), String> {
+    if private_to_us(dir) {
+        return Ok(());
+    }
+    Err(format!(
+        "{} must be a directory owned by uid {} that nobody else can write to, on a path only it or root can change",
+        dir.display(),
+        nix::unistd::geteuid()
+    ))
+}
+
+/// Whether `dir` is the broker's own directory, writable by it alone, on a
+/// path that nobody but the broker and root can change (a sticky directory
+/// such as /tmp on the way is fine).
+pub fn private_to_us(dir: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let me = nix::unistd::geteuid().as_raw();
+    let Ok(dir) = dir.canonicalize() else { return false };
+    let own = std::fs::metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == me && m.mode() & 0o022 == 0);
+    own && dir.ancestors().skip(1).all(|a| {
+        std::fs::metadata(a).is_ok_and(|m| {
+            (m.uid() == me || m.uid() == 0) && (m.mode() & 0o022 == 0 || m.mode() & 0o1000 != 0)
+        })
+    })
 }

@@ -7,26 +7,21 @@ use crate::error::BrokerError;
 use crate::journal::Event;
 use crate::requester::Requester;
 use crate::run::Sink;
+use crate::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, SocketSink, check_hello, client_gone, read_message};
 use crate::service::{Broker, Decided, Peer, Question, not_approved};
 use palisade_protocol::wire::{
-    ClientMessage, Decoder, Encoding, Hello, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION, RunRequest, RunResult,
-    ServerHello, ServerMessage, Stream, encode, output_frame_header,
+    ClientMessage, Decoder, Encoding, MAX_FRAME_BYTES, PROTOCOL_VERSION, RunRequest, RunResult, ServerHello,
+    ServerMessage,
 };
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::unix::OwnedReadHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
-/// How long a new connection may take to say hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest hello accepted from a peer (before the handshake, frames are small).
-const HELLO_MAX_BYTES: usize = 4096;
 /// How long a run's result may wait for a client that does not read.
 const RESULT_SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long shutdown waits for killed runs to report.
@@ -40,12 +35,6 @@ const MAX_REFUSING: usize = 16;
 /// After a failed accept (out of descriptors, say), a pause before the next:
 /// the failure would otherwise repeat at once, in a busy loop.
 const ACCEPT_RETRY: Duration = Duration::from_millis(50);
-/// The most read from a client at once.
-const READ_BYTES: usize = 16 * 1024;
-/// A piece of output up to this size is copied behind its frame's header,
-/// to go in one write; a larger one is written after it, not copied.
-const COPY_MAX_BYTES: usize = 16 * 1024;
-
 /// What reading a client's first message gave: nothing within
 /// [`HELLO_TIMEOUT`], a bad frame, its end, or a message.
 type HelloRead = Result<Result<Option<ClientMessage>, String>, tokio::time::error::Elapsed>;
@@ -240,7 +229,7 @@ impl Server {
             Err(_) => Err(BrokerError::Protocol(format!("no hello within {} s", HELLO_TIMEOUT.as_secs()))),
             Ok(Err(e)) => Err(BrokerError::Protocol(e)),
             Ok(Ok(None)) => return Ok(false),
-            Ok(Ok(Some(ClientMessage::Hello(h)))) => check_hello(&h, encoding),
+            Ok(Ok(Some(ClientMessage::Hello(h)))) => check_hello(&h, encoding).map_err(BrokerError::Protocol),
             Ok(Ok(Some(_))) => Err(BrokerError::Protocol("the first message must be a hello".into())),
         };
         if let Err(e) = checked {
@@ -550,23 +539,6 @@ struct Answer {
     why: String,
 }
 
-/// Why a hello is refused, if it is: its magic, version and encoding must be
-/// this broker's and the frame's.
-fn check_hello(h: &Hello, encoding: Encoding) -> Result<(), BrokerError> {
-    if h.magic != MAGIC {
-        Err(BrokerError::Protocol(format!("bad magic {:?}", h.magic)))
-    } else if h.version != PROTOCOL_VERSION {
-        Err(BrokerError::Protocol(format!(
-            "protocol version {} is not supported; this broker speaks {PROTOCOL_VERSION}",
-            h.version
-        )))
-    } else if h.encoding != encoding {
-        Err(BrokerError::Protocol(format!("hello says {:?} but the frame is {encoding:?}", h.encoding)))
-    } else {
-        Ok(())
-    }
-}
-
 /// Who is at the other end: SO_PEERCRED's ids and SO_PEERGROUPS's groups.
 fn peer_of(stream: &UnixStream) -> Option<Peer> {
     let c = stream.peer_cred().map_err(|e| tracing::warn!("no peer credentials: {e}")).ok()?;
@@ -577,176 +549,3 @@ fn peer_of(stream: &UnixStream) -> Option<Peer> {
     Some(Peer { uid: c.uid(), gid: c.gid(), pid: c.pid(), groups })
 }
 
-/// Completes when the client disconnects or sends `Cancel` (or anything else:
-/// a run in progress accepts nothing but a cancel). A late `Approve` (a
-/// prompt answered after an approver elsewhere did) is passed over.
-async fn client_gone(reader: &mut OwnedReadHalf, decoder: &mut Decoder) {
-    while let Ok(Some(ClientMessage::Approve { .. })) = read_message(reader, decoder).await {}
-}
-
-/// Reads until one whole message is decoded; `Ok(None)` at a clean end of input.
-async fn read_message(
-    reader: &mut OwnedReadHalf,
-    decoder: &mut Decoder,
-) -> Result<Option<ClientMessage>, String> {
-    let mut buf = [0u8; READ_BYTES];
-    loop {
-        if let Some(m) = decoder.next_message::<ClientMessage>().map_err(|e| e.to_string())? {
-            return Ok(Some(m));
-        }
-        let n = reader.read(&mut buf).await.map_err(|e| e.to_string())?;
-        if n == 0 {
-            return decoder.finish().map(|_| None).map_err(|e| e.to_string());
-        }
-        decoder.push(&buf[..n]);
-    }
-}
-
-pub struct SocketSink {
-    writer: OwnedWriteHalf,
-    encoding: Encoding,
-    /// A frame was left half written: the stream can carry nothing more.
-    broken: bool,
-    /// The socket refused a splice: output is copied.
-    no_splice: bool,
-    /// Messages encoded but not yet written: they go out in front of the
-    /// next write (see [`SocketSink::hold`]).
-    held: Vec<u8>,
-}
-
-impl SocketSink {
-    fn new(writer: OwnedWriteHalf, encoding: Encoding) -> SocketSink {
-        SocketSink { writer, encoding, broken: false, no_splice: false, held: Vec::new() }
-    }
-
-    /// `bytes`, behind whatever is held.
-    fn behind_held(&mut self, bytes: Vec<u8>) -> Vec<u8> {
-        if self.held.is_empty() {
-            return bytes;
-        }
-        let mut all = std::mem::take(&mut self.held);
-        all.extend_from_slice(&bytes);
-        all
-    }
-}
-
-impl Sink for SocketSink {
-    async fn send(&mut self, msg: ServerMessage) -> bool {
-        if self.broken {
-            return false;
-        }
-        match encode(&msg, self.encoding) {
-            Ok(bytes) => {
-                let bytes = self.behind_held(bytes);
-                self.writer.write_all(&bytes).await.is_ok()
-            }
-            Err(e) => {
-                tracing::error!("cannot encode a reply: {e}");
-                false
-            }
-        }
-    }
-
-    async fn send_output(&mut self, stream: Stream, data: &[u8]) -> bool {
-        if self.broken {
-            return false;
-        }
-        match self.encoding {
-            Encoding::Bincode => {
-                let mut frame = output_frame_header(stream, data.len());
-                frame = self.behind_held(frame);
-                // Small pieces (most output) go in one write; large ones are not copied.
-                if data.len() <= COPY_MAX_BYTES {
-                    frame.extend_from_slice(data);
-                    return self.writer.write_all(&frame).await.is_ok();
-                }
-                self.writer.write_all(&frame).await.is_ok() && self.writer.write_all(data).await.is_ok()
-            }
-            Encoding::Json => self.send(ServerMessage::Output { stream, data: data.to_vec() }).await,
-        }
-    }
-
-    fn splices(&self) -> bool {
-        self.encoding == Encoding::Bincode && !self.broken && !self.no_splice
-    }
-
-    async fn splice_output(&mut self, stream: Stream, pipe: BorrowedFd<'_>, len: usize) -> bool {
-        if self.broken {
-            return false;
-        }
-        let header = self.behind_held(output_frame_header(stream, len));
-        if self.writer.write_all(&header).await.is_err() {
-            return false;
-        }
-        let socket: &UnixStream = self.writer.as_ref();
-        let mut left = len;
-        while left > 0 {
-            // The pipe holds the bytes, so only a full socket makes this wait.
-            let moved = socket
-                .async_io(Interest::WRITABLE, || {
-                    // SAFETY: both descriptors are open for the call; no memory is passed.
-                    let n = unsafe {
-                        libc::splice(
-                            pipe.as_raw_fd(),
-                            std::ptr::null_mut(),
-                            socket.as_raw_fd(),
-                            std::ptr::null_mut(),
-                            left,
-                            libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
-                        )
-                    };
-                    if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) }
-                })
-                .await;
-            match moved {
-                Ok(0) => {
-                    tracing::error!("the output pipe ended with {left} bytes it said it held");
-                    return false;
-                }
-                Ok(n) => left -= n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && left == len => {
-                    // This socket cannot take a splice: the bytes are read and written.
-                    tracing::debug!("splice into the client's socket: {e}; copying instead");
-                    self.no_splice = true;
-                    let mut data = vec![0u8; left];
-                    return match crate::stream::read_exact_now(pipe, &mut data) {
-                        Ok(()) => self.writer.write_all(&data).await.is_ok(),
-                        Err(_) => false,
-                    };
-                }
-                Err(_) => return false,
-            }
-        }
-        true
-    }
-
-    /// Only for a message the client is sure to be sent something after
-    /// (the hello when its request is already here, `Started`), and
-    /// flushed before waiting on the client.
-    fn hold(&mut self, msg: &ServerMessage) -> bool {
-        match encode(msg, self.encoding) {
-            Ok(bytes) if !self.broken => {
-                self.held.extend_from_slice(&bytes);
-                true
-            }
-            Ok(_) => false,
-            Err(e) => {
-                tracing::error!("cannot encode a reply: {e}");
-                false
-            }
-        }
-    }
-
-    async fn flush(&mut self) -> bool {
-        if self.held.is_empty() {
-            return !self.broken;
-        }
-        let held = std::mem::take(&mut self.held);
-        !self.broken && self.writer.write_all(&held).await.is_ok()
-    }
-
-    fn abandon(&mut self) {
-        self.broken = true;
-    }
-}

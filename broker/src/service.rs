@@ -6,7 +6,8 @@ use crate::approvals::{Approvers, Pending};
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::error::BrokerError;
 use crate::etc_view::EtcView;
-use crate::journal::{Event, Journal};
+use crate::journal::{Event, Journal, events};
+pub use crate::journal::events::journal_refusal;
 use crate::requester::{self, Acting, Requester};
 use crate::run::{Engine, Planned, Sink};
 use crate::spawn_thread::Spawner;
@@ -237,12 +238,12 @@ impl Broker {
         })?;
         tracing::debug!(run_id, decide_us = deciding.elapsed().as_micros(), "policy decided");
         let decided = self.escalated(request, decided);
-        let received = received(run_id, peer, request);
+        let received = events::received(run_id, (peer.uid, peer.gid, peer.pid), request);
         let Opened { resolved, approval, dirs, descriptors } = match decided {
             Ok(opened) => opened,
             Err(e) => {
                 tracing::info!(run_id, uid = peer.uid, rule = e.rule, "denied: {}", e.message);
-                let decision = decision(run_id, "deny", Some(&e));
+                let decision = events::decision(run_id, "deny", Some(&e));
                 self.journal.append_all_blocking(vec![received, decision], true).map_err(journal_refusal)?;
                 return Err(e);
             }
@@ -250,7 +251,7 @@ impl Broker {
         let grants = Grants { requester, descriptors };
         let mut pending = vec![
             received,
-            decision(run_id, if approval.is_some() { "needs_approval" } else { "allow" }, None),
+            events::decision(run_id, if approval.is_some() { "needs_approval" } else { "allow" }, None),
         ];
         if approval.is_some() {
             // Recorded before anybody is asked.
@@ -438,7 +439,7 @@ impl Broker {
             take_cgroup(&mut resolved, cgroup);
         }
         // Written before the sandbox starts: a run that cannot be recorded does not run.
-        pending.push(run_started(run_id, request, &resolved));
+        pending.push(events::run_started(run_id, request, &resolved));
         if let Err(e) = self.journal.append_all(pending, false).await {
             if let Some(slot) = claimed {
                 let _ = tokio::task::spawn_blocking(move || slot.discard()).await;
@@ -481,7 +482,7 @@ impl Broker {
         result: Result<RunResult, BrokerError>,
     ) -> Result<RunResult, BrokerError> {
         let event = match &result {
-            Ok(r) => run_finished(r),
+            Ok(r) => events::run_finished(r),
             Err(e) => Event::RunFailed { run_id, kind: e.kind().name().into(), message: e.to_string() },
         };
         let receipt = self.journal.append(event).await?;
@@ -522,30 +523,6 @@ impl Broker {
     }
 }
 
-/// The record of a request as it came in.
-fn received(run_id: u64, peer: &Peer, request: &RunRequest) -> Event {
-    Event::RequestReceived {
-        run_id,
-        uid: peer.uid,
-        gid: peer.gid,
-        pid: peer.pid,
-        tool: request.tool.clone(),
-        argv: request.argv.clone(),
-        workspace: request.workspace.clone(),
-    }
-}
-
-/// The record of a decision; a refusal's kind, rule and reason with it.
-fn decision(run_id: u64, decision: &str, refusal: Option<&ErrorReply>) -> Event {
-    Event::Decision {
-        run_id,
-        decision: decision.into(),
-        kind: refusal.map(|e| e.kind.name().to_string()),
-        rule: refusal.and_then(|e| e.rule.clone()),
-        reason: refusal.map(|e| e.message.clone()),
-    }
-}
-
 /// Makes a warm slot's cgroup the run's (cgroup v2 cannot rename one
 /// with processes in it): its name and path, in the plan too.
 fn take_cgroup(resolved: &mut Resolved, cgroup: &crate::cgroup::RunCgroup) {
@@ -554,44 +531,6 @@ fn take_cgroup(resolved: &mut Resolved, cgroup: &crate::cgroup::RunCgroup) {
         planned.path = PathBuf::from(cgroup.display());
         resolved.plan.cgroup = Some(cgroup.display());
     }
-}
-
-/// The record of a run about to start: what its attestation will pin.
-fn run_started(run_id: u64, request: &RunRequest, resolved: &Resolved) -> Event {
-    let planned = crate::attest::attestation(request, resolved, None, None, None);
-    Event::RunStarted {
-        run_id,
-        execution_sha256: planned.execution_sha256,
-        tier: planned.executor.to_string(),
-        enforcement: Box::new(planned.enforcement),
-    }
-}
-
-/// The record of a run's end.
-fn run_finished(r: &RunResult) -> Event {
-    use palisade_protocol::wire::RunStatus;
-    let status = match r.status {
-        RunStatus::Exited { code } => format!("exited {code}"),
-        RunStatus::Signaled { signal } => format!("signaled {signal}"),
-        ended => ended.error_kind().map_or("ended".into(), |k| k.name().to_string()),
-    };
-    Event::RunFinished {
-        run_id: r.run_id,
-        status,
-        wall_ms: r.wall_ms,
-        cpu_user_ms: r.cpu_user_ms,
-        cpu_system_ms: r.cpu_system_ms,
-        peak_memory_bytes: r.peak_memory_bytes,
-        stdout_bytes: r.stdout_bytes,
-        stderr_bytes: r.stderr_bytes,
-        written_bytes: r.written_bytes,
-        egress: r.attestation.enforcement.egress_traffic.clone(),
-    }
-}
-
-/// A request refused because the journal cannot record it.
-pub fn journal_refusal(e: crate::journal::JournalError) -> ErrorReply {
-    ErrorReply::new(ErrorKind::JournalUnavailable, e.to_string())
 }
 
 /// Refuses a block of sandbox ids that holds an id the host already uses: a
@@ -645,7 +584,7 @@ fn etc_view(temp_root: &std::path::Path) -> Option<EtcView> {
         return None;
     }
     // The copy must be the broker's alone: nobody else may replace what it holds.
-    if !private_to_us(temp_root) {
+    if !paths::private_to_us(temp_root) {
         tracing::warn!(
             "no /etc snapshot: {} is not a directory of the broker's own that only it (or root) can change; /etc entries are bound one by one",
             temp_root.display()
@@ -661,34 +600,6 @@ fn etc_view(temp_root: &std::path::Path) -> Option<EtcView> {
     }
     let entries = palisade_policy::jail::ETC_ENTRIES.iter().map(std::path::PathBuf::from).collect();
     Some(EtcView::new(temp_root.to_path_buf(), entries))
-}
-
-/// Refuses `dir` unless [`private_to_us`]: the audit journal's directory
-/// must be the broker's alone, on a path nobody else can swap.
-pub fn check_private(dir: &std::path::Path) -> Result<(), String> {
-    if private_to_us(dir) {
-        return Ok(());
-    }
-    Err(format!(
-        "{} must be a directory owned by uid {} that nobody else can write to, on a path only it or root can change",
-        dir.display(),
-        nix::unistd::geteuid()
-    ))
-}
-
-/// Whether `dir` is the broker's own directory, writable by it alone, on a
-/// path that nobody but the broker and root can change (a sticky directory
-/// such as /tmp on the way is fine).
-fn private_to_us(dir: &std::path::Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let me = nix::unistd::geteuid().as_raw();
-    let Ok(dir) = dir.canonicalize() else { return false };
-    let own = std::fs::metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == me && m.mode() & 0o022 == 0);
-    own && dir.ancestors().skip(1).all(|a| {
-        std::fs::metadata(a).is_ok_and(|m| {
-            (m.uid() == me || m.uid() == 0) && (m.mode() & 0o022 == 0 || m.mode() & 0o1000 != 0)
-        })
-    })
 }
 
 /// The run's /etc snapshot. Taking a new one copies files: on a runtime with

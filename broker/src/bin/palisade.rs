@@ -23,9 +23,25 @@ fn main() {
     std::process::exit(palisade_broker::cli::main(cli));
 }
 
+/// macOS: `palisade run` with a broker embedded, under Seatbelt.
+#[cfg(target_os = "macos")]
+fn main() {
+    use clap::Parser;
+    let cli = match palisade_broker::mac::cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version exit 0; a usage error is palisade failing, not the command.
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let _ = e.print();
+            std::process::exit(palisade_broker::run_cli::EXIT_PALISADE);
+        }
+    };
+    std::process::exit(palisade_broker::mac::cli::palisade(cli));
+}
+
 /// No jail on this system: `palisade run` (and every other command, all of
 /// which need a broker) is refused with the reason.
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
 fn main() {
     std::process::exit(palisade_broker::elsewhere::refuse("palisade"));
 }

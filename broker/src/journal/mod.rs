@@ -4,6 +4,7 @@
 //! in segments that several brokers of one user may share under a lock.
 //! `docs/journal.md` describes the format and how to verify it.
 
+pub mod events;
 mod record;
 mod retention;
 mod store;

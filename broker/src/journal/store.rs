@@ -175,7 +175,7 @@ fn zero(file: &File, from: u64, to: u64) -> std::io::Result<()> {
 
 impl Store {
     /// Opens (creating) the journal in `dir`; its directory must be the
-    /// broker's own (see `crate::service::check_private`).
+    /// broker's own (see `crate::paths::check_private`).
     pub fn open(dir: &Path, settings: Settings) -> Result<Store, JournalError> {
         make_dir(dir, settings.reader_gid)?;
         let lock_path = dir.join(LOCK_FILE);
@@ -455,7 +455,7 @@ fn make_dir(dir: &Path, reader_gid: Option<u32>) -> Result<(), JournalError> {
         .mode(0o700)
         .create(dir)
         .map_err(|e| io_error(dir, "cannot create", e))?;
-    crate::service::check_private(dir).map_err(JournalError::Setup)?;
+    crate::paths::check_private(dir).map_err(JournalError::Setup)?;
     let meta = std::fs::metadata(dir).map_err(|e| io_error(dir, "cannot stat", e))?;
     if let Some(gid) = reader_gid.filter(|g| *g != meta.gid()) {
         std::os::unix::fs::chown(dir, None, Some(gid))

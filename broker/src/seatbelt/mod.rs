@@ -18,7 +18,7 @@
 
 mod procs;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use crate::stream::{Bounds, Child, Run, Sink};
 use palisade_policy::Resolved;

@@ -22,6 +22,25 @@ echo "$profile" > "$(dirname "$0")/last-path"
 exec "$@"
 "#;
 
+/// The stand-in, written in `dir` (where it keeps the last profile it was given).
+pub(crate) fn stand_in(dir: &Path) -> PathBuf {
+    let launcher = dir.join("sandbox-exec");
+    std::fs::write(&launcher, STAND_IN).unwrap();
+    std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).unwrap();
+    launcher
+}
+
+/// A Linux host that says it has Seatbelt: Tier B's plan, as on a Mac.
+pub(crate) fn seatbelt_host() -> palisade_policy::Host {
+    let capabilities = HostCapabilities {
+        user_namespaces: false,
+        landlock_abi: 0,
+        seatbelt: true,
+        cgroup: Err("none (test)".into()),
+    };
+    crate::host::gather(&capabilities, true)
+}
+
 struct Setup {
     dir: PathBuf,
     seatbelt: Seatbelt,
@@ -37,9 +56,7 @@ impl Setup {
         for d in ["bin", "ws", "runs"] {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
-        let launcher = dir.join("bin/sandbox-exec");
-        std::fs::write(&launcher, STAND_IN).unwrap();
-        std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let launcher = stand_in(&dir.join("bin"));
         let seatbelt = Seatbelt::new(launcher, dir.join("profiles")).unwrap();
         Setup { dir, seatbelt }
     }
@@ -48,13 +65,7 @@ impl Setup {
     fn resolve(&self, script: &str, limits: &str) -> (RunRequest, Resolved) {
         let config = format!("[defaults]\nallow_interpreters = true\nallow_inline_code = true\n{limits}");
         let config = Config::parse(&config, Path::new("seatbelt.toml")).unwrap();
-        let capabilities = HostCapabilities {
-            user_namespaces: false,
-            landlock_abi: 0,
-            seatbelt: true,
-            cgroup: Err("none (test)".into()),
-        };
-        let host = crate::host::gather(&capabilities, true);
+        let host = seatbelt_host();
         let request = RunRequest {
             argv: ["/bin/sh", "-c", script].map(String::from).into(),
             cwd: Some(self.dir.join("ws").to_string_lossy().into_owned()),

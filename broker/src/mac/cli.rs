@@ -1,0 +1,191 @@
+//! The binaries on macOS. `palisaded`: [`Mac`] served on the socket launchd
+//! hands it (its plist's `Sockets` entry `Listeners`, see `launchd/`), or on
+//! one it binds. `palisade run`: a command run by a [`Mac`] embedded in the
+//! CLI, under the policy `--policy` names (the built-in default without).
+
+use super::Mac;
+use super::serve::{Limits, serve};
+use crate::journal::Event;
+use crate::logs::init_tracing;
+use crate::run_cli::{Render, RenderSink, RunArgs, fail, request};
+use crate::seatbelt::SANDBOX_EXEC;
+use clap::{Parser, Subcommand};
+use palisade_policy::Config;
+use palisade_protocol::wire::ErrorKind;
+use std::path::{Path, PathBuf};
+
+/// The name of the `Sockets` entry of the launchd plists.
+pub const LAUNCHD_SOCKETS: &str = "Listeners";
+/// Exit status when the configuration or the broker's set-up is refused.
+const EXIT_CONFIG: i32 = 2;
+/// Exit status when the broker cannot run (no runtime, no socket).
+const EXIT_FAILED: i32 = 1;
+
+/// palisade's broker: serves sandboxed runs on a Unix socket (macOS: Seatbelt).
+#[derive(Parser, Debug)]
+#[command(name = "palisaded", version, about, long_about = None)]
+pub struct DaemonArgs {
+    /// Configuration file (TOML); see palisade.example.toml.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Socket path [default: $TMPDIR/palisade/palisade.sock, or
+    /// /var/run/palisade/palisade.sock for root]. Ignored when launchd
+    /// passes the socket.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+/// Run commands in a kernel-enforced sandbox (macOS: Seatbelt).
+#[derive(Parser, Debug)]
+#[command(name = "palisade", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a command in a sandbox, with a broker embedded in this process.
+    ///
+    /// Exits with the command's status, 128+N if it died of signal N, and 125
+    /// when palisade refused or failed (with a one-line message naming the error kind).
+    Run(RunArgs),
+}
+
+/// This Mac, as the policy sees it.
+fn mac(config: Config) -> Result<Mac, String> {
+    Mac::assemble(config, PathBuf::from(SANDBOX_EXEC), || super::host::gather(Path::new(SANDBOX_EXEC)))
+}
+
+fn load(path: Option<&Path>) -> Result<Config, String> {
+    path.map(Config::load).transpose().map(Option::unwrap_or_default).map_err(|e| e.to_string())
+}
+
+/// `palisade`'s main.
+pub fn palisade(cli: Cli) -> i32 {
+    let Command::Run(args) = cli.command;
+    init_tracing("warn");
+    let mut render = Render::new(args.json);
+    if args.socket.is_some() {
+        let why = "--socket: palisade run on macOS runs its own broker; a running palisaded is not used yet";
+        return fail(ErrorKind::InvalidRequest, why);
+    }
+    let (config, request) =
+        match load(args.policy.as_deref()).and_then(|c| Ok((c, request(&args, !args.no_stdin)?))) {
+            Ok(both) => both,
+            Err(e) => return fail(ErrorKind::InvalidRequest, e),
+        };
+    let mac = match mac(config) {
+        Ok(m) => m,
+        Err(e) => return fail(ErrorKind::Unavailable, e),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => return fail(ErrorKind::RuntimeFailure, format!("cannot start the runtime: {e}")),
+    };
+    let me =
+        (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw(), Some(std::process::id() as i32));
+    let outcome = runtime.block_on(async {
+        // Interrupted (^C) or terminated: the run is killed, and so reported.
+        let cancel = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        mac.run(me, &request, &mut RenderSink(&mut render), cancel).await
+    });
+    render.finish(outcome)
+}
+
+/// `palisaded`'s main.
+pub fn palisaded(args: DaemonArgs) -> i32 {
+    init_tracing("info");
+    let config = match load(args.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("palisaded: {e}");
+            return EXIT_CONFIG;
+        }
+    };
+    let socket =
+        args.socket.or_else(|| config.broker.socket.clone()).unwrap_or_else(crate::paths::default_socket);
+    let (mode, limits) = (config.broker.socket_mode, Limits::of(&config.broker));
+    crate::socket::raise_open_file_limit();
+    let mac = match mac(config) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("palisaded: {e}");
+            return EXIT_CONFIG;
+        }
+    };
+    if let Some(dir) = mac.journal().dir() {
+        if let Err(broken) = crate::journal::verify::verify_newest(dir) {
+            eprintln!(
+                "palisaded: the audit journal {} is broken at {broken}; see `palisade audit verify`",
+                dir.display()
+            );
+            return EXIT_CONFIG;
+        }
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("palisaded: cannot start the runtime: {e}");
+            return EXIT_FAILED;
+        }
+    };
+    runtime.block_on(daemon(mac, limits, socket, mode))
+}
+
+async fn daemon(mac: Mac, limits: Limits, socket: PathBuf, mode: u32) -> i32 {
+    let journal = mac.journal().clone();
+    let pid = std::process::id();
+    let uid = nix::unistd::getuid().as_raw();
+    if let Err(e) =
+        journal.append(Event::BrokerStarted { pid, uid, version: env!("CARGO_PKG_VERSION").into() }).await
+    {
+        eprintln!("palisaded: {e}");
+        return EXIT_FAILED;
+    }
+    let (listener, owned) = match listener(&socket, mode) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("palisaded: cannot listen on {}: {e}", socket.display());
+            return EXIT_FAILED;
+        }
+    };
+    let shutdown = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+        else {
+            tracing::error!("cannot install signal handlers");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM"),
+            _ = int.recv() => tracing::info!("SIGINT"),
+        }
+    };
+    serve(mac, limits, listener, shutdown).await;
+    if let Err(e) = journal.append(Event::BrokerStopped { pid }).await {
+        tracing::error!("{e}");
+    }
+    if let Some(p) = owned {
+        let _ = std::fs::remove_file(p);
+    }
+    tracing::info!("stopped");
+    0
+}
+
+/// launchd's socket when it started this broker for one; otherwise `path`,
+/// bound here (and returned, to be removed at the end).
+fn listener(path: &Path, mode: u32) -> std::io::Result<(tokio::net::UnixListener, Option<PathBuf>)> {
+    #[cfg(target_os = "macos")]
+    if let Some(fd) = super::launchd::activated(LAUNCHD_SOCKETS)?.and_then(|fds| fds.into_iter().next()) {
+        tracing::info!("listening on the socket passed by launchd");
+        let listener = std::os::unix::net::UnixListener::from(fd);
+        listener.set_nonblocking(true)?;
+        return Ok((tokio::net::UnixListener::from_std(listener)?, None));
+    }
+    let listener = crate::socket::bind(path, mode)?;
+    tracing::info!(socket = %path.display(), "listening");
+    Ok((listener, Some(path.to_path_buf())))
+}

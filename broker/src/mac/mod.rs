@@ -1,0 +1,184 @@
+//! palisade on macOS: the policy's decisions run under Seatbelt.
+//!
+//! [`Mac`] is the broker there: each request is decided by the same policy
+//! as on Linux, on the host as [`host`] describes it (Tier B's plan, with
+//! Seatbelt in place of Landlock and seccomp), recorded in the audit
+//! journal, and run by [`crate::seatbelt`]. `palisaded` serves it on the
+//! socket launchd hands over ([`serve`]); `palisade run` embeds it
+//! ([`cli`]).
+//!
+//! What the Linux broker does and this one does not yet is refused, with
+//! that reason, never done differently: peers of another uid (and so a
+//! root broker serving other users), trust stages, runs that need a
+//! person's approval, plugins, strict egress (the policy refuses it in Tier
+//! B) and cgroups.
+//!
+//! Built on every Unix: on Linux its tests drive it through a stand-in for
+//! `sandbox-exec`, so what is tested there is the broker's side.
+
+pub mod cli;
+pub mod host;
+#[cfg(target_os = "macos")]
+pub mod launchd;
+pub mod serve;
+#[cfg(test)]
+mod tests;
+
+use crate::journal::{Event, Journal, events};
+use crate::seatbelt::Seatbelt;
+use crate::stream::Sink;
+use palisade_policy::{Config, Context, Decision, Host, Policy};
+use palisade_protocol::HostIds;
+use palisade_protocol::attest::JournalRecord;
+use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest, RunResult};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Who asks: uid, gid and pid (where the system tells it).
+pub type Peer = (u32, u32, Option<i32>);
+
+/// The broker on macOS.
+pub struct Mac {
+    policy: Policy,
+    seatbelt: Seatbelt,
+    journal: Journal,
+    /// Every run's context but its number.
+    context: Context,
+    host: Box<dyn Fn() -> Host + Send + Sync>,
+    next_run: AtomicU64,
+}
+
+impl Mac {
+    /// A broker for `config`, running commands through `launcher` (see
+    /// [`crate::seatbelt::SANDBOX_EXEC`]) on the host `host` describes.
+    pub fn assemble(
+        config: Config,
+        launcher: PathBuf,
+        host: impl Fn() -> Host + Send + Sync + 'static,
+    ) -> Result<Mac, String> {
+        unserved(&config)?;
+        let temp_root = config.policy.temp_root.clone().unwrap_or_else(crate::paths::default_temp_root);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&temp_root)
+            .map_err(|e| format!("cannot create {}: {e}", temp_root.display()))?;
+        let temp_root = crate::paths::canonical_prefix(&temp_root);
+        crate::paths::check_private(&temp_root)?;
+        let seatbelt = Seatbelt::new(launcher, temp_root.join("profiles"))?;
+        let journal = match crate::journal::Options::from_config(&config.journal)? {
+            Some(options) => {
+                Journal::open(&options).map_err(|e| format!("{e} ({})", options.dir.display()))?
+            }
+            None => Journal::off(),
+        };
+        let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+        let context = Context {
+            parent_pid: std::process::id(),
+            uid,
+            gid,
+            requester: HostIds { uid, gid },
+            groups: groups(),
+            temp_root,
+            instance: crate::instance::tag().to_string(),
+            run: 0,
+            etc_view: None,
+            trust: None,
+        };
+        let policy = Policy::new(config, &*crate::real_files::files());
+        Ok(Mac { policy, seatbelt, journal, context, host: Box::new(host), next_run: AtomicU64::new(1) })
+    }
+
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    /// Decides `request` from `peer` and runs it: its result, or the
+    /// refusal. Each step is in the journal before the next; a result is
+    /// sent only once its record is on disk.
+    pub async fn run<S: Sink + Send>(
+        &self,
+        peer: Peer,
+        request: &RunRequest,
+        sink: &mut S,
+        cancel: impl Future<Output = ()> + Send,
+    ) -> Result<RunResult, ErrorReply> {
+        let run_id = self.next_run.fetch_add(1, Ordering::Relaxed);
+        let context = Context { run: run_id, ..self.context.clone() };
+        let received = events::received(run_id, peer, request);
+        let refused = |e: ErrorReply| {
+            let decision = events::decision(run_id, "deny", Some(&e));
+            match self.journal.append_all_blocking(vec![received.clone(), decision], true) {
+                Ok(_) => e,
+                Err(j) => events::journal_refusal(j),
+            }
+        };
+        let resolved = match self.policy.decide(&(self.host)(), &context, request) {
+            Decision::Allow(r) => r,
+            Decision::Deny(d) => return Err(refused(ErrorReply::with_rule(d.kind, d.reason, d.rule))),
+            Decision::NeedsApproval { reason, .. } => {
+                let why = "a person's approval is not served by palisade on macOS yet";
+                return Err(refused(ErrorReply::with_rule(
+                    ErrorKind::NeedsApproval,
+                    format!("{reason} Not run: {why}."),
+                    "approval.unavailable",
+                )));
+            }
+        };
+        let pending = vec![
+            received,
+            events::decision(run_id, "allow", None),
+            events::run_started(run_id, request, &resolved),
+        ];
+        // Written before the command starts: a run that cannot be recorded does not run.
+        self.journal.append_all(pending, false).await.map_err(events::journal_refusal)?;
+        for w in &resolved.warnings {
+            tracing::warn!(run_id, "{w}");
+        }
+        let result = self.seatbelt.execute(run_id, &resolved, request, sink, cancel).await;
+        let event = match &result {
+            Ok(r) => events::run_finished(r),
+            Err(e) => Event::RunFailed { run_id, kind: e.kind().name().into(), message: e.to_string() },
+        };
+        let receipt = self.journal.append(event).await.map_err(events::journal_refusal)?;
+        let mut result =
+            result.map_err(|e| ErrorReply::with_rule(e.kind(), e.to_string(), "seatbelt.run"))?;
+        if self.journal.enabled() {
+            result.attestation.journal = Some(JournalRecord { seq: receipt.seq, hash: receipt.hash });
+        }
+        Ok(result)
+    }
+}
+
+use std::os::unix::fs::DirBuilderExt;
+
+/// This process's supplementary groups.
+fn groups() -> Vec<libc::gid_t> {
+    // SAFETY: with a size of 0, getgroups writes nothing and returns the count.
+    let count = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    let mut groups = vec![0 as libc::gid_t; count.max(0) as usize];
+    // SAFETY: `groups` is valid for writing `groups.len()` gids.
+    let count = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
+    groups.truncate(count.max(0) as usize);
+    groups
+}
+
+/// Refuses a configuration that asks for what this broker does not do yet.
+fn unserved(config: &Config) -> Result<(), String> {
+    let not_yet =
+        |what: &str, fix: &str| Err(format!("{what} is not served by palisade on macOS yet: {fix}"));
+    if !config.broker.allowed_uids.is_empty() || !config.broker.allowed_gids.is_empty() {
+        return not_yet(
+            "a broker serving other users ([broker] allowed_uids, allowed_gids)",
+            "run one palisaded per user (launchd/: the LaunchAgent)",
+        );
+    }
+    if config.trust.enabled && !config.tools.is_empty() {
+        return not_yet(
+            "tools' trust stages ([trust])",
+            "set [trust] enabled = false to run tools without them",
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! `palisaded` on macOS: [`Mac`] served on a Unix socket, in the protocol
+//! of `docs/protocol.md`. A connection says hello, then sends runs one
+//! after another; `Cancel`, or closing the connection, kills the run in
+//! progress. The requests of the Linux broker that this one does not serve
+//! (approvals, tools, plugins) are answered `Unavailable`, and the
+//! connection goes on.
+
+use super::Mac;
+use crate::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, SocketSink, check_hello, client_gone, read_message};
+use crate::stream::Sink;
+use palisade_protocol::wire::{
+    ClientMessage, Decoder, Encoding, ErrorKind, ErrorReply, MAX_FRAME_BYTES, PROTOCOL_VERSION, ServerHello,
+    ServerMessage,
+};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+
+/// The limits of `[broker]` this broker applies.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub max_concurrent: usize,
+    pub max_queued: usize,
+    pub idle_timeout: Duration,
+}
+
+impl Limits {
+    pub fn of(config: &palisade_policy::config::BrokerConfig) -> Limits {
+        Limits {
+            max_connections: config.max_connections,
+            max_concurrent: config.max_concurrent,
+            max_queued: config.max_queued,
+            idle_timeout: Duration::from_secs(config.idle_timeout_secs),
+        }
+    }
+}
+
+/// What connections share.
+struct Shared {
+    mac: Mac,
+    limits: Limits,
+    /// The uid served: the broker's own.
+    uid: u32,
+    connections: Arc<Semaphore>,
+    /// Runs running or waiting to.
+    admitted: Arc<Semaphore>,
+    /// Runs running.
+    running: Semaphore,
+}
+
+/// Serves `listener` until `shutdown` completes; runs in progress are then
+/// cancelled (their processes killed) as their connections drop.
+pub async fn serve(mac: Mac, limits: Limits, listener: UnixListener, shutdown: impl Future<Output = ()>) {
+    let shared = Arc::new(Shared {
+        mac,
+        limits,
+        uid: nix::unistd::geteuid().as_raw(),
+        connections: Arc::new(Semaphore::new(limits.max_connections)),
+        admitted: Arc::new(Semaphore::new(limits.max_concurrent + limits.max_queued)),
+        running: Semaphore::new(limits.max_concurrent),
+    });
+    let mut tasks = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    tasks.spawn(connection(Arc::clone(&shared), stream));
+                }
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            _ = &mut shutdown => break,
+        }
+    }
+    tasks.shutdown().await;
+}
+
+async fn connection(shared: Arc<Shared>, stream: UnixStream) {
+    let Ok(cred) = stream.peer_cred() else { return };
+    let peer = (cred.uid(), cred.gid(), cred.pid());
+    let (mut reader, writer) = stream.into_split();
+    let mut decoder = Decoder::default();
+    decoder.set_limit(HELLO_MAX_BYTES);
+    let hello = tokio::time::timeout(HELLO_TIMEOUT, read_message(&mut reader, &mut decoder)).await;
+    let encoding = decoder.encoding().unwrap_or(Encoding::Bincode);
+    let mut sink = SocketSink::new(writer, encoding);
+    let refusal = match hello {
+        Err(_) => Some(format!("no hello within {} s", HELLO_TIMEOUT.as_secs())),
+        Ok(Err(e)) => Some(e),
+        Ok(Ok(None)) => return,
+        Ok(Ok(Some(ClientMessage::Hello(h)))) => check_hello(&h, encoding).err(),
+        Ok(Ok(Some(_))) => Some("the first message must be a hello".into()),
+    };
+    let refusal = refusal.map(|m| ErrorReply::new(ErrorKind::ProtocolError, m)).or_else(|| {
+        let why = format!(
+            "palisaded on macOS serves its own user (uid {}) only; uid {} is not",
+            shared.uid, peer.0
+        );
+        (peer.0 != shared.uid).then(|| ErrorReply::new(ErrorKind::Unauthorized, why))
+    });
+    // Held until the connection ends: it counts against `max_connections`.
+    let counted = Arc::clone(&shared.connections).try_acquire_owned();
+    let refusal = refusal.or_else(|| {
+        let busy = format!("{} connections are open; try again later", shared.limits.max_connections);
+        counted.is_err().then(|| ErrorReply::new(ErrorKind::Busy, busy))
+    });
+    if let Some(e) = refusal {
+        tracing::info!(uid = peer.0, "refused: {}", e.message);
+        sink.send(ServerMessage::Error(e)).await;
+        return;
+    }
+    decoder.set_limit(MAX_FRAME_BYTES);
+    let broker = format!("palisaded {} (macOS)", env!("CARGO_PKG_VERSION"));
+    if !sink.send(ServerMessage::Hello(ServerHello { version: PROTOCOL_VERSION, broker, encoding })).await {
+        return;
+    }
+    loop {
+        let next =
+            tokio::time::timeout(shared.limits.idle_timeout, read_message(&mut reader, &mut decoder)).await;
+        let reply = match next {
+            Err(_) | Ok(Ok(None)) => return,
+            Ok(Err(e)) => {
+                sink.send(ServerMessage::Error(ErrorReply::new(ErrorKind::ProtocolError, e))).await;
+                return;
+            }
+            Ok(Ok(Some(ClientMessage::Run(request)))) => {
+                let cancel = client_gone(&mut reader, &mut decoder);
+                match run(&shared, peer, &request, &mut sink, cancel).await {
+                    Ok(result) => ServerMessage::Finished(Box::new(result)),
+                    Err(e) => ServerMessage::Error(e),
+                }
+            }
+            Ok(Ok(Some(ClientMessage::Cancel))) => continue,
+            Ok(Ok(Some(ClientMessage::Hello(_)))) => {
+                sink.send(ServerMessage::Error(ErrorReply::new(
+                    ErrorKind::ProtocolError,
+                    "hello sent twice",
+                )))
+                .await;
+                return;
+            }
+            Ok(Ok(Some(other))) => ServerMessage::Error(unserved(&other)),
+        };
+        if !sink.send(reply).await {
+            return;
+        }
+    }
+}
+
+/// One run, admitted within `max_concurrent` running and `max_queued` waiting.
+async fn run(
+    shared: &Shared,
+    peer: super::Peer,
+    request: &palisade_protocol::wire::RunRequest,
+    sink: &mut SocketSink,
+    cancel: impl Future<Output = ()> + Send,
+) -> Result<palisade_protocol::wire::RunResult, ErrorReply> {
+    let Ok(_admitted) = Arc::clone(&shared.admitted).try_acquire_owned() else {
+        let why = format!(
+            "{} runs are running or waiting; try again later",
+            shared.limits.max_concurrent + shared.limits.max_queued
+        );
+        return Err(ErrorReply::new(ErrorKind::Busy, why));
+    };
+    let _running =
+        shared.running.acquire().await.map_err(|_| ErrorReply::new(ErrorKind::Busy, "shutting down"))?;
+    shared.mac.run(peer, request, sink, cancel).await
+}
+
+/// The answer to a request the Linux broker serves and this one does not.
+fn unserved(message: &ClientMessage) -> ErrorReply {
+    let what = match message {
+        ClientMessage::Approve { .. } => "no run is waiting for approval",
+        ClientMessage::RunPlugin { .. } => "plugins (Tier A) are not served by palisade on macOS yet",
+        ClientMessage::ListTools | ClientMessage::ApproveTool { .. } => {
+            "tools' trust stages are not served by palisade on macOS yet"
+        }
+        _ => "approvals are not served by palisade on macOS yet",
+    };
+    let kind = if matches!(message, ClientMessage::Approve { .. }) {
+        ErrorKind::ProtocolError
+    } else {
+        ErrorKind::Unavailable
+    };
+    ErrorReply::new(kind, what)
+}

@@ -1,0 +1,175 @@
+//! The macOS broker on Linux: served on a socket, spoken to by the Linux
+//! client and by a JSON client of another uid, its commands run through the
+//! stand-in for `sandbox-exec` (see `seatbelt::tests`). What is tested is
+//! the broker's side: the protocol, who is served, the journal, refusals.
+
+use super::serve::{Limits, serve};
+use super::*;
+use crate::client::{Client, ClientError};
+use crate::seatbelt::tests::{seatbelt_host, stand_in};
+use palisade_protocol::attest::Executor;
+use palisade_protocol::wire::{ClientMessage, RunStatus, ServerMessage};
+use std::path::Path;
+use std::time::Duration;
+
+/// A uid that is not the broker's (the test users of this repository's CI;
+/// any other uid does as well).
+const OTHER_UID: u32 = 999;
+
+struct Served {
+    dir: PathBuf,
+    socket: PathBuf,
+    /// Serves until the test ends.
+    _runtime: tokio::runtime::Runtime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Served {
+    fn start(tag: &str, extra: &str) -> Served {
+        let base = std::env::temp_dir().canonicalize().unwrap();
+        let dir = base.join(format!("palisade-mac-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["bin", "ws", "journal"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        // Reachable by another uid, to be refused by the broker rather than the file system.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let toml = format!(
+            "[defaults]\nallow_interpreters = true\nallow_inline_code = true\n\
+             [policy]\ntemp_root = \"{}/runs\"\n[journal]\npath = \"{}/journal\"\n\
+             [broker]\nsocket_mode = 0o666\n{extra}",
+            dir.display(),
+            dir.display()
+        );
+        let config = Config::parse(&toml, Path::new("mac.toml")).unwrap();
+        let limits = Limits::of(&config.broker);
+        let mac = Mac::assemble(config, stand_in(&dir.join("bin")), seatbelt_host).unwrap();
+        let socket = dir.join("palisade.sock");
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let listener = runtime.block_on(async { crate::socket::bind(&socket, 0o666) }).unwrap();
+        runtime.spawn(serve(mac, limits, listener, async {
+            let _ = stopped.await;
+        }));
+        Served { dir, socket, _runtime: runtime, stop: Some(stop) }
+    }
+
+    fn request(&self, script: &str) -> RunRequest {
+        RunRequest {
+            argv: ["/bin/sh", "-c", script].map(String::from).into(),
+            cwd: Some(self.dir.join("ws").to_string_lossy().into_owned()),
+            ..Default::default()
+        }
+    }
+
+    fn run(&self, request: RunRequest) -> (Result<RunResult, ClientError>, Vec<ServerMessage>) {
+        let mut client = Client::connect(&self.socket).unwrap();
+        let mut seen = Vec::new();
+        let result = client.run(request, |m| seen.push(m.clone()));
+        (result, seen)
+    }
+
+    /// A JSON hello from `uid`, and the broker's first line back.
+    fn hello_as(&self, uid: u32) -> serde_json::Value {
+        let script = "import socket,sys\n\
+            s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n\
+            s.sendall(b'{\"hello\": {\"magic\": \"palisade\", \"version\": 8, \"encoding\": \"json\"}}\\n')\n\
+            print(s.makefile().readline())";
+        let out = std::process::Command::new("/usr/bin/python3")
+            .args(["-c", script])
+            .arg(&self.socket)
+            .uid(uid)
+            .gid(uid)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+use std::os::unix::process::CommandExt;
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn a_run_is_served_recorded_and_attested_as_seatbelt() {
+    let s = Served::start("run", "");
+    let (result, seen) = s.run(s.request("echo hello; exit 4"));
+    let result = result.unwrap();
+    assert_eq!(result.status, RunStatus::Exited { code: 4 });
+    assert!(
+        seen.iter().any(|m| matches!(m, ServerMessage::Started { executor: Executor::MacosSeatbelt, .. }))
+    );
+    let out: Vec<u8> = seen
+        .iter()
+        .filter_map(|m| match m {
+            ServerMessage::Output { data, .. } => Some(data.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(out, b"hello\n");
+    let a = &result.attestation;
+    assert_eq!(a.executor, Executor::MacosSeatbelt);
+    assert!(a.enforcement.seatbelt_sha256.is_some());
+    // The end of the run is in the journal, with the seq and hash the result carries.
+    let record = a.journal.clone().expect("a journal record");
+    let journal = std::fs::read_dir(s.dir.join("journal")).unwrap().flatten().map(|e| e.path());
+    let text: String = journal.filter_map(|p| std::fs::read_to_string(p).ok()).collect();
+    let finished = text.lines().find(|l| l.contains("\"run_finished\"")).expect("run_finished recorded");
+    assert!(finished.contains(&record.hash), "{finished}");
+    for event in ["request_received", "decision", "run_started", "broker"] {
+        assert!(text.contains(event), "{event} missing from {text}");
+    }
+}
+
+#[test]
+fn a_refusal_is_a_reply_and_the_connection_serves_on() {
+    let s = Served::start("refusal", "");
+    let mut client = Client::connect(&s.socket).unwrap();
+    let mut outside = s.request("cat /root/.ssh/id_ed25519");
+    outside.argv = ["/bin/cat", "/root/.ssh/id_ed25519"].map(String::from).into();
+    match client.run(outside, |_| {}) {
+        Err(ClientError::Reply(e)) => assert_eq!(e.kind, ErrorKind::WorkspaceScopeDenied, "{}", e.message),
+        other => panic!("{other:?}"),
+    }
+    // What the Linux broker serves and this one does not: answered, and the connection goes on.
+    match client.request(&ClientMessage::ListTools) {
+        Err(ClientError::Reply(e)) => assert_eq!(e.kind, ErrorKind::Unavailable, "{}", e.message),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(client.run(s.request("true"), |_| {}).unwrap().status, RunStatus::Exited { code: 0 });
+}
+
+#[test]
+fn only_the_brokers_own_uid_is_served() {
+    let s = Served::start("uid", "");
+    let mine = s.hello_as(nix::unistd::geteuid().as_raw());
+    assert!(mine.get("hello").is_some(), "{mine}");
+    let other = s.hello_as(OTHER_UID);
+    assert_eq!(other["error"]["kind"], "Unauthorized", "{other}");
+}
+
+#[test]
+fn a_configuration_asking_for_what_is_not_served_is_refused() {
+    for (extra, what) in [
+        ("[broker]\nallowed_uids = [1000]\n", "serving other users"),
+        ("[tools.lint]\npreset = \"code_analyzer\"\n", "trust stages"),
+    ] {
+        let config = Config::parse(extra, Path::new("mac.toml")).unwrap();
+        let dir = std::env::temp_dir().join(format!("palisade-mac-refused-{}", std::process::id()));
+        match Mac::assemble(config, dir.join("sandbox-exec"), seatbelt_host) {
+            Err(e) => assert!(e.contains(what) && e.contains("not served by palisade on macOS"), "{e}"),
+            Ok(_) => panic!("{extra}: assembled"),
+        }
+    }
+}

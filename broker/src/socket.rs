@@ -1,0 +1,252 @@
+//! A client's connection, as every broker serves it: its messages read
+//! and decoded, its hello checked, and replies written ([`SocketSink`]).
+
+use crate::stream::Sink;
+use palisade_protocol::wire::{
+    ClientMessage, Decoder, Encoding, Hello, MAGIC, PROTOCOL_VERSION, ServerMessage, Stream, encode,
+    output_frame_header,
+};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+/// How long a new connection may take to say hello.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest hello accepted from a peer (before the handshake, frames are small).
+pub const HELLO_MAX_BYTES: usize = 4096;
+/// The most read from a client at once.
+const READ_BYTES: usize = 16 * 1024;
+/// A piece of output up to this size is copied behind its frame's header,
+/// to go in one write; a larger one is written after it, not copied.
+const COPY_MAX_BYTES: usize = 16 * 1024;
+
+/// Why a hello is refused, if it is: its magic, version and encoding must be
+/// this broker's and the frame's.
+pub fn check_hello(h: &Hello, encoding: Encoding) -> Result<(), String> {
+    if h.magic != MAGIC {
+        Err(format!("bad magic {:?}", h.magic))
+    } else if h.version != PROTOCOL_VERSION {
+        Err(format!("protocol version {} is not supported; this broker speaks {PROTOCOL_VERSION}", h.version))
+    } else if h.encoding != encoding {
+        Err(format!("hello says {:?} but the frame is {encoding:?}", h.encoding))
+    } else {
+        Ok(())
+    }
+}
+
+/// Completes when the client disconnects or sends `Cancel` (or anything else:
+/// a run in progress accepts nothing but a cancel). A late `Approve` (a
+/// prompt answered after an approver elsewhere did) is passed over.
+pub async fn client_gone(reader: &mut OwnedReadHalf, decoder: &mut Decoder) {
+    while let Ok(Some(ClientMessage::Approve { .. })) = read_message(reader, decoder).await {}
+}
+
+/// Reads until one whole message is decoded; `Ok(None)` at a clean end of input.
+pub async fn read_message(
+    reader: &mut OwnedReadHalf,
+    decoder: &mut Decoder,
+) -> Result<Option<ClientMessage>, String> {
+    let mut buf = [0u8; READ_BYTES];
+    loop {
+        if let Some(m) = decoder.next_message::<ClientMessage>().map_err(|e| e.to_string())? {
+            return Ok(Some(m));
+        }
+        let n = reader.read(&mut buf).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return decoder.finish().map(|_| None).map_err(|e| e.to_string());
+        }
+        decoder.push(&buf[..n]);
+    }
+}
+
+pub struct SocketSink {
+    writer: OwnedWriteHalf,
+    encoding: Encoding,
+    /// A frame was left half written: the stream can carry nothing more.
+    broken: bool,
+    /// The socket refused a splice: output is copied.
+    no_splice: bool,
+    /// Messages encoded but not yet written: they go out in front of the
+    /// next write (see [`SocketSink::hold`]).
+    held: Vec<u8>,
+}
+
+impl SocketSink {
+    pub fn new(writer: OwnedWriteHalf, encoding: Encoding) -> SocketSink {
+        SocketSink { writer, encoding, broken: false, no_splice: false, held: Vec::new() }
+    }
+
+    /// `bytes`, behind whatever is held.
+    fn behind_held(&mut self, bytes: Vec<u8>) -> Vec<u8> {
+        if self.held.is_empty() {
+            return bytes;
+        }
+        let mut all = std::mem::take(&mut self.held);
+        all.extend_from_slice(&bytes);
+        all
+    }
+}
+
+impl Sink for SocketSink {
+    async fn send(&mut self, msg: ServerMessage) -> bool {
+        if self.broken {
+            return false;
+        }
+        match encode(&msg, self.encoding) {
+            Ok(bytes) => {
+                let bytes = self.behind_held(bytes);
+                self.writer.write_all(&bytes).await.is_ok()
+            }
+            Err(e) => {
+                tracing::error!("cannot encode a reply: {e}");
+                false
+            }
+        }
+    }
+
+    async fn send_output(&mut self, stream: Stream, data: &[u8]) -> bool {
+        if self.broken {
+            return false;
+        }
+        match self.encoding {
+            Encoding::Bincode => {
+                let mut frame = output_frame_header(stream, data.len());
+                frame = self.behind_held(frame);
+                // Small pieces (most output) go in one write; large ones are not copied.
+                if data.len() <= COPY_MAX_BYTES {
+                    frame.extend_from_slice(data);
+                    return self.writer.write_all(&frame).await.is_ok();
+                }
+                self.writer.write_all(&frame).await.is_ok() && self.writer.write_all(data).await.is_ok()
+            }
+            Encoding::Json => self.send(ServerMessage::Output { stream, data: data.to_vec() }).await,
+        }
+    }
+
+    fn splices(&self) -> bool {
+        cfg!(target_os = "linux") && self.encoding == Encoding::Bincode && !self.broken && !self.no_splice
+    }
+
+    #[cfg(target_os = "linux")]
+    async fn splice_output(&mut self, stream: Stream, pipe: std::os::fd::BorrowedFd<'_>, len: usize) -> bool {
+        if self.broken {
+            return false;
+        }
+        let header = self.behind_held(output_frame_header(stream, len));
+        if self.writer.write_all(&header).await.is_err() {
+            return false;
+        }
+        use std::os::fd::AsRawFd;
+        let socket: &tokio::net::UnixStream = self.writer.as_ref();
+        let mut left = len;
+        while left > 0 {
+            // The pipe holds the bytes, so only a full socket makes this wait.
+            let moved = socket
+                .async_io(tokio::io::Interest::WRITABLE, || {
+                    // SAFETY: both descriptors are open for the call; no memory is passed.
+                    let n = unsafe {
+                        libc::splice(
+                            pipe.as_raw_fd(),
+                            std::ptr::null_mut(),
+                            socket.as_raw_fd(),
+                            std::ptr::null_mut(),
+                            left,
+                            libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+                        )
+                    };
+                    if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) }
+                })
+                .await;
+            match moved {
+                Ok(0) => {
+                    tracing::error!("the output pipe ended with {left} bytes it said it held");
+                    return false;
+                }
+                Ok(n) => left -= n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && left == len => {
+                    // This socket cannot take a splice: the bytes are read and written.
+                    tracing::debug!("splice into the client's socket: {e}; copying instead");
+                    self.no_splice = true;
+                    let mut data = vec![0u8; left];
+                    return match crate::stream::read_exact_now(pipe, &mut data) {
+                        Ok(()) => self.writer.write_all(&data).await.is_ok(),
+                        Err(_) => false,
+                    };
+                }
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// Only for a message the client is sure to be sent something after
+    /// (the hello when its request is already here, `Started`), and
+    /// flushed before waiting on the client.
+    fn hold(&mut self, msg: &ServerMessage) -> bool {
+        match encode(msg, self.encoding) {
+            Ok(bytes) if !self.broken => {
+                self.held.extend_from_slice(&bytes);
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                tracing::error!("cannot encode a reply: {e}");
+                false
+            }
+        }
+    }
+
+    async fn flush(&mut self) -> bool {
+        if self.held.is_empty() {
+            return !self.broken;
+        }
+        let held = std::mem::take(&mut self.held);
+        !self.broken && self.writer.write_all(&held).await.is_ok()
+    }
+
+    fn abandon(&mut self) {
+        self.broken = true;
+    }
+}
+
+/// Raises the soft limit on open files to the hard one: each connection and
+/// each run holds descriptors, and the connection limits are counted against
+/// what the process may open (the units set `LimitNOFILE`).
+pub fn raise_open_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::debug!(from = soft, to = hard, "open file limit raised"),
+            Err(e) => tracing::warn!("cannot raise the open file limit from {soft} to {hard}: {e}"),
+        },
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot read the open file limit: {e}"),
+    }
+}
+
+/// Binds the socket with `mode`, replacing a stale one but never a live one.
+pub fn bind(path: &std::path::Path, mode: u32) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another broker is listening there",
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    // Created with no permission for others, whatever the umask, then given
+    // its mode: there is no moment when it is more open than configured.
+    let previous = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = std::os::unix::net::UnixListener::bind(path);
+    nix::sys::stat::umask(previous);
+    let listener = bound?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    listener.set_nonblocking(true)?;
+    tokio::net::UnixListener::from_std(listener)
+}
