@@ -80,3 +80,28 @@ fn homes() -> Vec<PathBuf> {
     homes.sort();
     homes
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_layout_holds_what_exists_and_nothing_else() {
+        let present = ["/usr", "/bin", "/System", "/private/etc/passwd", "/dev/null", "/dev/urandom"];
+        let l = layout(&|p| present.contains(&p));
+        assert_eq!(l.real, ["/usr", "/bin", "/System"]);
+        assert_eq!(l.canonical, [PathBuf::from("/usr"), PathBuf::from("/bin"), PathBuf::from("/System")]);
+        assert_eq!(
+            (l.etc.as_slice(), l.devices.as_slice()),
+            (
+                &["/private/etc/passwd".to_string()][..],
+                &["/dev/null".to_string(), "/dev/urandom".to_string()][..]
+            )
+        );
+        assert!(l.links.contains(&("/etc".into(), "private/etc".into())));
+        // Seatbelt only where its launcher is; never Linux's mechanisms.
+        let c = capabilities(true);
+        assert!(c.seatbelt && !c.user_namespaces && c.landlock_abi == 0 && c.cgroup.is_err());
+        assert!(!capabilities(false).seatbelt);
+    }
+}
