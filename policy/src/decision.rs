@@ -713,6 +713,8 @@ impl Policy {
     ) -> Result<(), Denial> {
         let mut roots: Vec<PathBuf> = host.layout.canonical.clone();
         roots.extend(ETC_ENTRIES.iter().map(PathBuf::from));
+        // Where /etc is a link (macOS: /private/etc), the entries as canonical paths name them.
+        roots.extend(host.layout.etc.iter().map(PathBuf::from));
         roots.extend(grants.read_only.iter().cloned());
         roots.extend(grants.read_write.iter().cloned());
         roots.extend(grants.temp_workspace.iter().cloned());

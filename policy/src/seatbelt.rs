@@ -15,8 +15,9 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 /// What a profile starts from, whatever the plan: `(deny default)` and what
-/// `sh`, `echo`, `ls` and `git` cannot start or run without. Each allowance
-/// says what needs it; none reaches a file, the network or another process.
+/// `sh`, `echo`, `ls` and `git` are meant to need to start and run (see
+/// docs/macos.md for how it was chosen). Each allowance says what needs it;
+/// none reaches a file, the network or another process.
 pub const BASE: &str = r#"(version 1)
 (deny default)
 
