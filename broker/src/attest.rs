@@ -74,7 +74,7 @@ pub fn attestation(
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
     use palisade_policy::{Config, Context, Decision, HostCapabilities, Policy};

@@ -595,7 +595,7 @@ mod tests {
     }
 
     fn process(dies_of: &'static [i32]) -> (FakeChild, [pipe::Receiver; 2], Process) {
-        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let pipe = || nix::unistd::pipe().unwrap();
         let ((out_r, out_w), (err_r, err_w)) = (pipe(), pipe());
         let state =
             Arc::new(Mutex::new(ChildState { kills: vec![], writers: Some([out_w, err_w]), dies_of }));

@@ -1,5 +1,6 @@
 //! Both binaries document themselves. (End-to-end tests of the broker live in
 //! the workspace's `tests` crate.)
+#![cfg(target_os = "linux")]
 
 use std::process::Command;
 

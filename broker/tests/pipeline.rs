@@ -2,6 +2,7 @@
 //! step: tables of requests and the decision each must get, adversarial ones
 //! included, and a property test that no generated path outside the allowed
 //! roots is ever accepted.
+#![cfg(target_os = "linux")]
 
 use palisade_broker::host;
 use palisade_policy::{Config, Context, Decision, Host, HostCapabilities, Policy};

@@ -21,7 +21,7 @@ pub mod host;
 #[cfg(target_os = "macos")]
 pub mod launchd;
 pub mod serve;
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests;
 
 use crate::journal::{Event, Journal, events};

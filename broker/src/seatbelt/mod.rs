@@ -13,11 +13,13 @@
 //! run ends, whatever happened.
 //!
 //! Built on every Unix: on Linux its supervision is tested with a stand-in
-//! launcher (the tests in `tests.rs`); what Seatbelt enforces is tested on
-//! macOS only.
+//! launcher (`tests.rs`); what Seatbelt enforces is tested on macOS only
+//! (`macos_tests.rs`).
 
+#[cfg(all(test, target_os = "macos"))]
+mod macos_tests;
 mod procs;
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 pub(crate) mod tests;
 
 use crate::stream::{Bounds, Child, Run, Sink};

@@ -1,0 +1,148 @@
+//! What Seatbelt enforces, on a Mac (these tests are built and run on macOS
+//! only): each forbidden attempt is made from inside a run and fails, and
+//! the same attempt made by the test itself succeeds, so each could fail.
+//! The paths an attempt uses are read from a file in the workspace, never
+//! named on the command line: the policy's scope check would refuse the
+//! run before Seatbelt is reached.
+
+use super::*;
+use palisade_policy::{Config, Context, Decision, Policy};
+use palisade_protocol::wire::Stream;
+use std::io::Read;
+
+struct Mac {
+    dir: PathBuf,
+    seatbelt: Seatbelt,
+}
+
+impl Mac {
+    fn new(tag: &str) -> Mac {
+        let base = std::env::temp_dir().canonicalize().unwrap();
+        let dir = base.join(format!("palisade-seatbelt-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["ws", "outside", "runs"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let seatbelt = Seatbelt::new(PathBuf::from(SANDBOX_EXEC), dir.join("profiles")).unwrap();
+        Mac { dir, seatbelt }
+    }
+
+    /// `sh -c SCRIPT` in the workspace, under `extra` policy settings.
+    fn run(&self, script: &str, extra: &str) -> (RunResult, String) {
+        let toml = format!("[defaults]\nallow_interpreters = true\nallow_inline_code = true\n{extra}");
+        let config = Config::parse(&toml, Path::new("macos.toml")).unwrap();
+        let host = crate::mac::host::gather(Path::new(SANDBOX_EXEC));
+        let request = RunRequest {
+            argv: ["/bin/sh", "-c", script].map(String::from).into(),
+            cwd: Some(self.dir.join("ws").to_string_lossy().into_owned()),
+            ..Default::default()
+        };
+        let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+        let ctx = Context {
+            parent_pid: std::process::id(),
+            uid,
+            gid,
+            requester: palisade_protocol::HostIds { uid, gid },
+            groups: vec![],
+            temp_root: self.dir.join("runs"),
+            instance: "1-1".into(),
+            run: 1,
+            etc_view: None,
+            trust: None,
+        };
+        let resolved = match Policy::new(config, &*host.files).decide(&host, &ctx, &request) {
+            Decision::Allow(r) => r,
+            other => panic!("{other:?}"),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mut sink = Text::default();
+        let cancel = std::future::pending();
+        let result = rt.block_on(self.seatbelt.execute(1, &resolved, &request, &mut sink, cancel)).unwrap();
+        (result, sink.0)
+    }
+
+    /// Writes `path` into the workspace's file `name`, for a script to read.
+    fn name(&self, name: &str, path: &Path) {
+        std::fs::write(self.dir.join("ws").join(name), path.to_string_lossy().as_bytes()).unwrap();
+    }
+}
+
+impl Drop for Mac {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[derive(Default)]
+struct Text(String);
+
+impl Sink for Text {
+    async fn send(&mut self, msg: ServerMessage) -> bool {
+        if let ServerMessage::Output { stream: Stream::Stdout, data } = msg {
+            self.0.push_str(&String::from_utf8_lossy(&data));
+        }
+        true
+    }
+}
+
+fn exited(r: &RunResult) -> Option<i32> {
+    match r.status {
+        RunStatus::Exited { code } => Some(code),
+        _ => None,
+    }
+}
+
+#[test]
+fn the_basic_utilities_run_and_the_workspace_is_writable() {
+    let m = Mac::new("basics");
+    let (r, out) =
+        m.run("echo hello > note; ls -la; cat note; git --version; git init -q repo && echo ok", "");
+    assert_eq!(exited(&r), Some(0), "{out}");
+    assert!(out.contains("hello") && out.contains("git version") && out.ends_with("ok\n"), "{out}");
+    assert!(m.dir.join("ws/note").exists());
+}
+
+#[test]
+fn a_file_outside_the_workspace_cannot_be_read() {
+    let m = Mac::new("read");
+    let secret = m.dir.join("outside/secret");
+    std::fs::write(&secret, "SECRET-VALUE").unwrap();
+    m.name("target", &secret);
+    let (r, out) = m.run("cat \"$(cat target)\"", "");
+    assert_ne!(exited(&r), Some(0));
+    assert!(!out.contains("SECRET-VALUE"), "{out}");
+    // The test itself reads it.
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "SECRET-VALUE");
+}
+
+#[test]
+fn nothing_is_written_outside_the_workspace() {
+    let m = Mac::new("write");
+    let target = m.dir.join("outside/planted");
+    m.name("target", &target);
+    let (r, _) = m.run("echo planted > \"$(cat target)\"", "");
+    assert_ne!(exited(&r), Some(0));
+    assert!(!target.exists());
+    std::fs::write(&target, "planted").unwrap();
+    assert!(target.exists());
+}
+
+#[test]
+fn the_network_is_closed_unless_the_policy_opens_it() {
+    let m = Mac::new("network");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = format!("/usr/bin/nc -z -w 2 127.0.0.1 {port} && echo connected");
+    let (_, out) = m.run(&script, "");
+    assert!(!out.contains("connected"), "{out}");
+    assert!(listener.accept().is_err(), "a connection from inside the sandbox reached the listener");
+    // With the host's network, the same command connects.
+    let (_, out) = m.run(&script, "network = \"allow_all\"\n");
+    assert!(out.contains("connected"), "{out}");
+    let mut accepted = listener.accept().map(|(s, _)| s);
+    if let Ok(s) = accepted.as_mut() {
+        let _ = s.read(&mut [0u8; 1]);
+    }
+    assert!(accepted.is_ok());
+}
