@@ -1,7 +1,7 @@
 //! What `palisaded` and `palisade` do on a system without palisade's jail:
 //! refuse, with the reason, before anything runs. Linux has the jail
-//! (namespaces, Landlock, seccomp); a macOS executor (Seatbelt) and a
-//! Windows one (Job Objects) are not built, so a run there is refused rather
+//! (namespaces, Landlock, seccomp) and macOS its own (Seatbelt, `mac/`); a
+//! Windows one (Job Objects) is not built, so a run there is refused rather
 //! than run unconfined.
 
 /// The exit status of a refusal: palisade failed, not the command (as
@@ -11,8 +11,8 @@ pub const EXIT_REFUSED: i32 = 125;
 /// Why nothing runs on `os` (as `std::env::consts::OS` names it).
 pub fn reason(os: &str) -> String {
     format!(
-        "no sandbox on {os}: palisade confines commands with Linux's namespaces, Landlock and seccomp, \
-         and has no executor for {os} yet; runs are refused rather than run unconfined"
+        "no sandbox on {os}: palisade confines commands with Linux's namespaces, Landlock and seccomp \
+         or macOS's Seatbelt, and has no executor for {os} yet; runs are refused rather than run unconfined"
     )
 }
 

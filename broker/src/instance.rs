@@ -14,11 +14,45 @@ pub fn tag() -> &'static str {
     })
 }
 
-/// A process's start time (clock ticks after boot), from `/proc/PID/stat`.
+/// A process's start time: clock ticks after boot, from `/proc/PID/stat`.
+#[cfg(not(target_os = "macos"))]
 pub fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // After the command name (which may hold spaces): field 3 onwards; the start time is field 22.
     stat.rsplit_once(") ")?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// A process's start time: microseconds since the epoch, from `proc_pidinfo`.
+#[cfg(target_os = "macos")]
+pub fn start_time(pid: u32) -> Option<u64> {
+    // SAFETY: proc_bsdinfo is plain old data; all-zero is valid.
+    let mut info: libc::proc_bsdinfo = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::proc_bsdinfo>() as libc::c_int;
+    // SAFETY: `info` is valid for writing `size` bytes.
+    let n = unsafe {
+        libc::proc_pidinfo(pid as libc::c_int, libc::PROC_PIDTBSDINFO, 0, (&raw mut info).cast(), size)
+    };
+    (n == size).then(|| info.pbi_start_tvsec * 1_000_000 + info.pbi_start_tvusec)
+}
+
+/// Removes what dead instances left in `dir`: the entries named
+/// `PREFIX<instance>...` whose instance is not a live process.
+pub fn remove_orphans(dir: &std::path::Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(instance) = name.strip_prefix(prefix) else { continue };
+        if !alive(instance) {
+            tracing::warn!(path = %e.path().display(), "removing what a dead broker left behind");
+            let removed = match e.file_type() {
+                Ok(t) if t.is_dir() => std::fs::remove_dir_all(e.path()),
+                _ => std::fs::remove_file(e.path()),
+            };
+            if let Err(err) = removed {
+                tracing::warn!("cannot remove {}: {err}", e.path().display());
+            }
+        }
+    }
 }
 
 /// Whether the instance a name begins with (`<pid>-<start>-...`) is a live

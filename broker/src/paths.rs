@@ -22,11 +22,13 @@ pub fn default_socket() -> PathBuf {
     runtime.join("palisade/palisade.sock")
 }
 
-/// Where per-run host directories go: `/run/palisade/runs` for root, else
+/// Where per-run host directories go: `/run/palisade/runs` for root
+/// (`/var/run/palisade/runs` on macOS), else
 /// `$XDG_RUNTIME_DIR/palisade/runs` (or a per-uid directory in /tmp).
 pub fn default_temp_root() -> PathBuf {
     if nix::unistd::geteuid().is_root() {
-        return PathBuf::from("/run/palisade/runs");
+        let run = if cfg!(target_os = "macos") { "/var/run" } else { "/run" };
+        return PathBuf::from(format!("{run}/palisade/runs"));
     }
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(r) => PathBuf::from(r).join("palisade/runs"),

@@ -167,7 +167,7 @@ impl Broker {
             etc_view: None,
             trust: None,
         };
-        remove_orphan_run_dirs(&context.temp_root);
+        crate::instance::remove_orphans(&context.temp_root, "run-");
         let journal = match crate::journal::Options::from_config(&config.journal)? {
             Some(options) => {
                 Journal::open(&options).map_err(|e| format!("{e} ({})", options.dir.display()))?
@@ -616,21 +616,6 @@ fn etc_snapshot(etc: &EtcView) -> Option<std::sync::Arc<crate::etc_view::Snapsho
     }
 }
 
-/// Removes the run directories (`run-<instance>-<n>`) that brokers no longer
-/// running left under `temp_root`.
-fn remove_orphan_run_dirs(temp_root: &std::path::Path) {
-    let Ok(entries) = std::fs::read_dir(temp_root) else { return };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(instance) = name.strip_prefix("run-") else { continue };
-        if !crate::instance::alive(instance) {
-            tracing::warn!(dir = %e.path().display(), "removing a run directory left behind");
-            if let Err(err) = std::fs::remove_dir_all(e.path()) {
-                tracing::warn!("cannot remove {}: {err}", e.path().display());
-            }
-        }
-    }
-}
 
 /// A run's host directories (Tier B's private /tmp and temporary workspace),
 /// removed with everything in them when the run is over.

@@ -72,6 +72,8 @@ pub enum SeatbeltError {
     Network(Network),
     #[error("a path of the plan cannot be written in a profile: {0:?}")]
     Path(String),
+    #[error("Seatbelt has no rule for listing a directory without reading its files: {0:?}")]
+    ListOnly(Vec<String>),
 }
 
 /// The profile for `resolved`'s run.
@@ -95,8 +97,12 @@ pub fn profile(resolved: &Resolved) -> Result<String, SeatbeltError> {
 /// directories above them.
 fn files(plan: &JailPlan, out: &mut String) -> Result<(), SeatbeltError> {
     let l = &plan.landlock;
+    if !l.list.is_empty() {
+        // Listing a directory without reading its files has no rule here.
+        return Err(SeatbeltError::ListOnly(l.list.clone()));
+    }
     let (devices, write): (Vec<&String>, Vec<&String>) = l.write.iter().partition(|p| p.starts_with("/dev/"));
-    let read: Vec<&String> = l.read.iter().chain(&l.list).collect();
+    let read: Vec<&String> = l.read.iter().collect();
     rule(
         out,
         "Read: the system directories, /etc's entries and the read-only grants.",
@@ -116,7 +122,7 @@ fn files(plan: &JailPlan, out: &mut String) -> Result<(), SeatbeltError> {
     let exec: Vec<&String> = l.execute.iter().collect();
     let what = "Programs and libraries: executed and mapped from these directories only.";
     rule(out, what, "process-exec file-map-executable", "subpath", &exec)?;
-    let above = ancestors(l.read.iter().chain(&l.list).chain(&l.write).chain(&l.execute));
+    let above = ancestors(l.read.iter().chain(&l.write).chain(&l.execute));
     let above: Vec<&String> = above.iter().collect();
     let what = "The directories above them: looked up (stat, realpath), not listed.";
     rule(out, what, "file-read-metadata", "literal", &above)
@@ -164,30 +170,37 @@ fn quoted(path: &str) -> Result<String, SeatbeltError> {
     Ok(format!("\"{path}\""))
 }
 
-/// The network as the decision gave it: none, or the host's.
+/// The network as the decision gave it: none, or the host's. The host's is
+/// IP sockets and the system's resolver (`getaddrinfo` asks mDNSResponder
+/// over this Unix socket), not any other Unix socket. Nothing of the request
+/// is written here (its domains were checked before).
 fn network(network: &Network, out: &mut String) -> Result<(), SeatbeltError> {
-    match network {
+    let what = match network {
         Network::NoSockets => {
             out.push_str("\n; Network: none (no rule allows it).\n");
+            return Ok(());
         }
-        Network::Host => {
-            out.push_str("\n; Network: the host's, every address (allow_all).\n(allow network*)\n");
-        }
-        Network::HostDomains { domains, .. } => {
-            let _ = write!(
-                out,
-                "\n; Network: the host's. The hosts named on the command line were checked\n\
-                 ; against {}; nothing here stops a connection to any other address.\n\
-                 (allow network*)\n",
-                domains.join(", ")
-            );
+        Network::Host => "the host's, every address (allow_all)",
+        Network::HostDomains { .. } => {
+            "the host's: the hosts named on the command line were checked against the\n\
+             ; allowed domains; nothing here stops a connection to any other address"
         }
         Network::LoopbackOnly | Network::StrictDomains { .. } => {
             return Err(SeatbeltError::Network(network.clone()));
         }
-    }
+    };
+    let _ = write!(out, "\n; Network: {what}.\n{HOST_NETWORK}");
     Ok(())
 }
+
+/// The host's network: IP sockets, and the system's resolver.
+const HOST_NETWORK: &str = r#"(allow system-socket)
+(allow network-outbound
+  (remote ip "*:*")
+  (remote unix-socket (path-literal "/private/var/run/mDNSResponder")))
+(allow network-inbound (local ip "*:*"))
+(allow network-bind (local ip "*:*"))
+"#;
 
 #[cfg(test)]
 mod tests;

@@ -30,7 +30,12 @@ pub fn decision(run_id: u64, decision: &str, refusal: Option<&ErrorReply>) -> Ev
 
 /// The record of a run about to start: what its attestation will pin.
 pub fn run_started(run_id: u64, request: &RunRequest, resolved: &Resolved) -> Event {
-    let planned = crate::attest::attestation(request, resolved, None, None, None);
+    run_started_as(run_id, crate::attest::attestation(request, resolved, None, None, None))
+}
+
+/// The record of a run about to start, from the attestation its executor
+/// planned (macOS: with the Seatbelt profile's hash).
+pub fn run_started_as(run_id: u64, planned: palisade_protocol::wire::Attestation) -> Event {
     Event::RunStarted {
         run_id,
         execution_sha256: planned.execution_sha256,

@@ -86,9 +86,17 @@ pub fn palisade(cli: Cli) -> i32 {
     let me =
         (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw(), Some(std::process::id() as i32));
     let outcome = runtime.block_on(async {
-        // Interrupted (^C) or terminated: the run is killed, and so reported.
-        let cancel = async {
-            let _ = tokio::signal::ctrl_c().await;
+        use tokio::signal::unix::{SignalKind, signal};
+        // Interrupted (^C), terminated or hung up: the run is killed, and so
+        // reported. The command has a process group of its own, so without
+        // these it would outlive palisade: no handlers, no run.
+        let kinds = (SignalKind::interrupt(), SignalKind::terminate(), SignalKind::hangup());
+        let (Ok(mut a), Ok(mut b), Ok(mut c)) = (signal(kinds.0), signal(kinds.1), signal(kinds.2)) else {
+            let why = "cannot install the signal handlers that kill a run when palisade is stopped";
+            return Err(palisade_protocol::wire::ErrorReply::new(ErrorKind::RuntimeFailure, why));
+        };
+        let cancel = async move {
+            tokio::select! { _ = a.recv() => {}, _ = b.recv() => {}, _ = c.recv() => {} }
         };
         mac.run(me, &request, &mut RenderSink(&mut render), cancel).await
     });

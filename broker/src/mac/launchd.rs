@@ -36,8 +36,14 @@ pub fn activated(name: &str) -> std::io::Result<Option<Vec<OwnedFd>>> {
     let owned = (0..count)
         .map(|i| {
             // SAFETY: `fds` holds `count` descriptors that launchd opened for
-            // this process and hands over: each is owned once, here.
-            unsafe { OwnedFd::from_raw_fd(*fds.add(i)) }
+            // this process and hands over: each is owned once, here, and
+            // marked close-on-exec (launchd leaves it inheritable) so that no
+            // command is given the broker's listening socket.
+            unsafe {
+                let fd = *fds.add(i);
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                OwnedFd::from_raw_fd(fd)
+            }
         })
         .collect();
     // SAFETY: the array was allocated by launchd with malloc, and is not used after.

@@ -67,6 +67,9 @@ impl Mac {
         let temp_root = crate::paths::canonical_prefix(&temp_root);
         crate::paths::check_private(&temp_root)?;
         let seatbelt = Seatbelt::new(launcher, temp_root.join("profiles"))?;
+        // What brokers no longer running left: their runs' directories and profiles.
+        crate::instance::remove_orphans(&temp_root, "run-");
+        crate::instance::remove_orphans(&temp_root.join("profiles"), "");
         let journal = match crate::journal::Options::from_config(&config.journal)? {
             Some(options) => {
                 Journal::open(&options).map_err(|e| format!("{e} ({})", options.dir.display()))?
@@ -126,17 +129,20 @@ impl Mac {
                 )));
             }
         };
-        let pending = vec![
-            received,
-            events::decision(run_id, "allow", None),
-            events::run_started(run_id, request, &resolved),
-        ];
+        let prepared = match Seatbelt::prepare(&resolved, request) {
+            Ok(p) => p,
+            Err(e) => {
+                return Err(refused(ErrorReply::with_rule(e.kind(), e.to_string(), "seatbelt.profile")));
+            }
+        };
+        let started = events::run_started_as(run_id, prepared.attestation.clone());
+        let pending = vec![received, events::decision(run_id, "allow", None), started];
         // Written before the command starts: a run that cannot be recorded does not run.
         self.journal.append_all(pending, false).await.map_err(events::journal_refusal)?;
         for w in &resolved.warnings {
             tracing::warn!(run_id, "{w}");
         }
-        let result = self.seatbelt.execute(run_id, &resolved, request, sink, cancel).await;
+        let result = self.seatbelt.execute(run_id, &resolved, request, prepared, sink, cancel).await;
         let event = match &result {
             Ok(r) => events::run_finished(r),
             Err(e) => Event::RunFailed { run_id, kind: e.kind().name().into(), message: e.to_string() },

@@ -51,8 +51,9 @@ struct Shared {
     running: Semaphore,
 }
 
-/// Serves `listener` until `shutdown` completes; runs in progress are then
-/// cancelled (their processes killed) as their connections drop.
+/// Serves `listener` until `shutdown` completes; the connections are then
+/// dropped, and with them the runs in progress (a run dropped kills every
+/// process of it, see `seatbelt::Group`).
 pub async fn serve(mac: Mac, limits: Limits, listener: UnixListener, shutdown: impl Future<Output = ()>) {
     let shared = Arc::new(Shared {
         mac,

@@ -54,10 +54,12 @@ impl Mac {
             Decision::Allow(r) => r,
             other => panic!("{other:?}"),
         };
+        let prepared = Seatbelt::prepare(&resolved, &request).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let mut sink = Text::default();
         let cancel = std::future::pending();
-        let result = rt.block_on(self.seatbelt.execute(1, &resolved, &request, &mut sink, cancel)).unwrap();
+        let result =
+            rt.block_on(self.seatbelt.execute(1, &resolved, &request, prepared, &mut sink, cancel)).unwrap();
         (result, sink.0)
     }
 

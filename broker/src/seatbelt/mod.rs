@@ -86,6 +86,12 @@ pub struct Seatbelt {
     profiles: PathBuf,
 }
 
+/// A run's profile and the attestation it will have.
+pub struct Prepared {
+    pub profile: String,
+    pub attestation: Attestation,
+}
+
 impl Seatbelt {
     /// Runs through `launcher`, with profiles written under `profiles`
     /// (made 0700 if missing; refused when it is anyone else's).
@@ -99,38 +105,43 @@ impl Seatbelt {
         Ok(Seatbelt { launcher, profiles })
     }
 
-    /// Runs `resolved` (decided for `request`) to its result; `cancel`
-    /// completing (a client gone, a shutdown) kills it.
+    /// The profile `resolved` runs under, and the attestation its run will
+    /// have (what the journal records before the run starts).
+    pub fn prepare(resolved: &Resolved, request: &RunRequest) -> Result<Prepared, ExecError> {
+        let profile = palisade_policy::seatbelt::profile(resolved)?;
+        let attestation = attestation(request, resolved, &profile);
+        Ok(Prepared { profile, attestation })
+    }
+
+    /// Runs `resolved` (decided for `request`, [`Seatbelt::prepare`]d) to
+    /// its result; `cancel` completing (a client gone, a shutdown) kills it,
+    /// and so does dropping the future.
     pub async fn execute<S: Sink + Send>(
         &self,
         run_id: u64,
         resolved: &Resolved,
         request: &RunRequest,
+        prepared: Prepared,
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, ExecError> {
-        let profile = palisade_policy::seatbelt::profile(resolved)?;
-        let dirs = RunFiles::create(resolved, &self.profiles.join(format!("run-{run_id}.sb")), &profile)?;
+        let name = format!("{}-{run_id}.sb", crate::instance::tag());
+        // Declared before the run: dropped after it, once its processes are dead.
+        let files = RunFiles::create(resolved, &self.profiles.join(name), &prepared.profile)?;
         let started = Instant::now();
-        let mut command = self.command(resolved, &dirs.profile, request.stdin.is_empty());
+        let mut command = self.command(resolved, &files.profile, request.stdin.is_empty());
+        procs::cloexec_inherited();
         let mut spawned =
             command.spawn().map_err(|source| ExecError::Spawn { launcher: self.launcher.clone(), source })?;
-        let group = Group::watch(spawned.id());
-        let setup = (|| -> std::io::Result<[pipe::Receiver; 2]> {
+        let mut group = Group::watch(spawned.id());
+        let pipes = (|| -> std::io::Result<[pipe::Receiver; 2]> {
             feed_stdin(spawned.stdin.take(), &request.stdin)?;
             Ok([receiver(spawned.stdout.take())?, receiver(spawned.stderr.take())?])
-        })();
-        let pipes = match setup {
-            Ok(pipes) => pipes,
-            Err(e) => {
-                procs::kill_all(group.pgid, libc::SIGKILL);
-                let _ = group.reaped().await;
-                return Err(ExecError::Setup(e));
-            }
-        };
+        })()
+        .map_err(ExecError::Setup)?;
         let memory_bytes = resolved.plan.rlimits.address_space.hard;
-        let sampler =
-            tokio::spawn(procs::watch_memory(group.pgid, memory_bytes, Arc::clone(&group.over_memory)));
+        let (pgid, seen, over) = (group.pgid, Arc::clone(&group.seen), Arc::clone(&group.over_memory));
+        group.sampler = Some(tokio::spawn(procs::watch(pgid, memory_bytes, seen, over)));
         let bounds = Bounds {
             max_output_bytes: resolved.max_output_bytes,
             timeout: resolved.timeout,
@@ -142,9 +153,7 @@ impl Seatbelt {
         let exited_ms = streamed.exited_at.map(|at| at.duration_since(started).as_millis());
         tracing::debug!(run_id, ?exited_ms, "command exited");
         // Nothing of the run outlives it: what the command left running dies with it.
-        procs::kill_all(group.pgid, libc::SIGKILL);
-        let usage = group.reaped().await.map_err(ExecError::Wait)?;
-        sampler.abort();
+        let usage = group.finish().await.map_err(ExecError::Wait)?;
         let mut ended = streamed.ended;
         if group.over_memory.load(Ordering::SeqCst) && ended.is_none() {
             ended = Some(RunStatus::MemoryLimitExceeded);
@@ -162,7 +171,7 @@ impl Seatbelt {
             stdout_bytes: streamed.stdout_bytes,
             stderr_bytes: streamed.stderr_bytes,
             written_bytes: 0,
-            attestation: attestation(request, resolved, &profile),
+            attestation: prepared.attestation,
         })
     }
 
@@ -190,10 +199,7 @@ impl Seatbelt {
         unsafe {
             command.pre_exec(move || {
                 for &(resource, limit) in &limits {
-                    let rl = libc::rlimit {
-                        rlim_cur: limit.soft as libc::rlim_t,
-                        rlim_max: limit.hard as libc::rlim_t,
-                    };
+                    let rl = libc::rlimit { rlim_cur: native(limit.soft), rlim_max: native(limit.hard) };
                     if libc::setrlimit(resource, &rl) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
@@ -205,20 +211,32 @@ impl Seatbelt {
     }
 }
 
-/// The plan's rlimits of [`RLIMITS_SET`], with the resource numbers of this system.
+/// A limit in this system's terms: its own `RLIM_INFINITY` (macOS's is not
+/// the protocol's `u64::MAX`) for unlimited.
+fn native(limit: u64) -> libc::rlim_t {
+    if limit == palisade_protocol::RLIM_INFINITY { libc::RLIM_INFINITY } else { limit as libc::rlim_t }
+}
+
+/// The rlimits of the plan that are set on the command: those of
+/// [`RLIMITS_SET`] that limit something. An unlimited one is left as the
+/// broker has it (raising a hard limit to infinity is refused to anyone
+/// but root), and is not in the attestation's list.
+fn rlimits_set(resolved: &Resolved) -> Vec<(RlimitName, Rlimit)> {
+    let unlimited =
+        |l: &Rlimit| l.soft == palisade_protocol::RLIM_INFINITY && l.hard == palisade_protocol::RLIM_INFINITY;
+    let table = resolved.plan.rlimits.table().into_iter();
+    table.filter(|(n, l)| RLIMITS_SET.contains(n) && !unlimited(l)).collect()
+}
+
+/// [`rlimits_set`], with the resource numbers of this system.
 fn limits_set(resolved: &Resolved) -> Vec<(RlimitResource, Rlimit)> {
-    let table = resolved.plan.rlimits.table();
     let number = |name: RlimitName| match name {
         RlimitName::Cpu => libc::RLIMIT_CPU,
         RlimitName::Nofile => libc::RLIMIT_NOFILE,
         RlimitName::Fsize => libc::RLIMIT_FSIZE,
         _ => libc::RLIMIT_CORE,
     };
-    table
-        .into_iter()
-        .filter(|(n, _)| RLIMITS_SET.contains(n))
-        .map(|(n, l)| (number(n) as RlimitResource, l))
-        .collect()
+    rlimits_set(resolved).into_iter().map(|(n, l)| (number(n) as RlimitResource, l)).collect()
 }
 
 #[cfg(target_os = "linux")]
@@ -234,14 +252,7 @@ fn attestation(request: &RunRequest, resolved: &Resolved, profile: &str) -> Atte
     e.seatbelt_sha256 = Some(crate::attest::sha256_hex(profile.as_bytes()));
     e.seccomp_sha256 = crate::attest::sha256_hex(b"");
     e.seccomp_instructions = 0;
-    e.rlimits = resolved
-        .plan
-        .rlimits
-        .table()
-        .into_iter()
-        .filter(|(n, _)| RLIMITS_SET.contains(n))
-        .map(|(n, l)| RlimitEntry::new(n, l))
-        .collect();
+    e.rlimits = rlimits_set(resolved).into_iter().map(|(n, l)| RlimitEntry::new(n, l)).collect();
     e.memory = Memory::Sampled {
         bytes: resolved.plan.rlimits.address_space.hard,
         every_ms: MEMORY_SAMPLE_EVERY.as_millis() as u64,
@@ -322,37 +333,74 @@ struct Usage {
     max_rss_bytes: u64,
 }
 
-/// The command's process group, reaped by a thread of its own.
+/// The command's process group. A thread of its own sees the leader exit
+/// (without reaping it: while it is a zombie its group id cannot be reused,
+/// so killing the group never reaches another); [`Group::finish`] kills
+/// what is left and reaps it. Dropped before that (the run's future
+/// dropped), it kills and reaps all the same.
 struct Group {
+    pid: libc::pid_t,
     pgid: libc::pid_t,
-    /// `true` once the leader has exited (and was reaped).
+    /// `true` once the leader has exited.
     exited: watch::Receiver<bool>,
-    usage: tokio::sync::Mutex<Option<tokio::sync::oneshot::Receiver<std::io::Result<Usage>>>>,
-    /// Set by the memory sampler when it ended the run.
+    /// Every process of the run the sampler saw, by pid and start time.
+    seen: Arc<procs::Seen>,
+    /// Set by the sampler when it ended the run.
     over_memory: Arc<AtomicBool>,
+    sampler: Option<tokio::task::JoinHandle<()>>,
+    reaped: bool,
 }
 
 impl Group {
     fn watch(pid: u32) -> Group {
         let (exited_tx, exited) = watch::channel(false);
-        let (usage_tx, usage_rx) = tokio::sync::oneshot::channel();
-        let pgid = pid as libc::pid_t;
+        let pid = pid as libc::pid_t;
         std::thread::spawn(move || {
-            let _ = usage_tx.send(wait(pgid));
+            if let Err(e) = wait_exit(pid) {
+                tracing::error!(pid, "cannot wait for the command: {e}");
+            }
             let _ = exited_tx.send(true);
         });
         Group {
-            pgid,
+            pid,
+            pgid: pid,
             exited,
-            usage: tokio::sync::Mutex::new(Some(usage_rx)),
+            seen: Arc::default(),
             over_memory: Arc::new(AtomicBool::new(false)),
+            sampler: None,
+            reaped: false,
         }
     }
 
-    /// The leader's exit and usage, once it has exited.
-    async fn reaped(&self) -> std::io::Result<Usage> {
-        let rx = self.usage.lock().await.take().ok_or_else(|| std::io::Error::other("reaped twice"))?;
-        rx.await.map_err(|_| std::io::Error::other("the reaping thread is gone"))?
+    /// Kills every process of the run, stops the sampler, and reaps the
+    /// leader (which has exited): its exit and usage.
+    async fn finish(&mut self) -> std::io::Result<Usage> {
+        self.kill_all();
+        if let Some(s) = self.sampler.take() {
+            s.abort();
+        }
+        let pid = self.pid;
+        let usage = tokio::task::spawn_blocking(move || wait(pid)).await.map_err(std::io::Error::other)?;
+        self.reaped = true;
+        usage
+    }
+
+    fn kill_all(&self) {
+        procs::kill_all(self.pgid, libc::SIGKILL);
+        self.seen.kill();
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(s) = self.sampler.take() {
+            s.abort();
+        }
+        if !self.reaped {
+            self.kill_all();
+            let pid = self.pid;
+            std::thread::spawn(move || wait(pid));
+        }
     }
 }
 
@@ -364,6 +412,27 @@ impl Child for &Group {
 
     fn kill(&self, signal: i32) {
         procs::kill_all(self.pgid, signal);
+        if signal == libc::SIGKILL {
+            self.seen.kill();
+        }
+    }
+}
+
+/// Waits (blocking) until `pid` has exited, leaving it to be reaped.
+fn wait_exit(pid: libc::pid_t) -> std::io::Result<()> {
+    loop {
+        // SAFETY: siginfo_t is plain old data; all-zero is valid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is valid for writing for the duration of the call.
+        let rc =
+            unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 

@@ -1,13 +1,15 @@
 //! The processes of a run: its process group and every descendant of a
 //! member (a process that left the group with `setsid` or `setpgid` is
-//! still found while its parent lives), to kill them all and to sum their
-//! memory. A process that left the group *and* was orphaned before the
-//! walk (a double fork that daemonizes) is out of reach: macOS has no
-//! cgroup, pid namespace or subreaper to hold it.
+//! found while its parent lives), to kill them all and to sum their memory.
+//! A sampler walks them every [`super::MEMORY_SAMPLE_EVERY`] and remembers
+//! each it saw (pid and start time), so that one that left the group and
+//! then lost its parent is still killed at the end. A process that leaves
+//! the group and loses its parent between two samples is out of reach:
+//! macOS has no cgroup, pid namespace or subreaper to hold it.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Sends `signal` to every process of the run whose group is `pgid`. A
 /// SIGKILL first stops the tree and walks it again until no new process
@@ -43,19 +45,67 @@ fn signal_one(pid: libc::pid_t, signal: i32) {
     unsafe { libc::kill(pid, signal) };
 }
 
-/// Every `every`, sums the resident memory of the run's processes; above
-/// `limit` bytes, sets `over` and kills them all. Unlimited: nothing to do.
-pub async fn watch_memory(pgid: libc::pid_t, limit: u64, over: Arc<AtomicBool>) {
-    if limit == palisade_protocol::RLIM_INFINITY {
-        return;
+/// The processes of a run seen so far, by pid, with their start time.
+#[derive(Default)]
+pub struct Seen(Mutex<BTreeMap<libc::pid_t, u64>>);
+
+impl Seen {
+    fn record(&self, pids: &[libc::pid_t]) {
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for &pid in pids {
+            if let Some(start) = crate::instance::start_time(pid as u32) {
+                seen.entry(pid).or_insert(start);
+            }
+        }
     }
+
+    /// SIGKILL to each process seen that still runs: the same pid with the
+    /// same start time (a pid reused since is another process, left alone).
+    pub fn kill(&self) {
+        let seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for (&pid, &start) in seen.iter() {
+            if crate::instance::start_time(pid as u32) == Some(start) {
+                signal_one(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Every [`super::MEMORY_SAMPLE_EVERY`], records the run's processes in
+/// `seen` and sums their resident memory; above `limit` bytes (unless
+/// unlimited), sets `over` and kills them all.
+pub async fn watch(pgid: libc::pid_t, limit: u64, seen: Arc<Seen>, over: Arc<AtomicBool>) {
     loop {
         tokio::time::sleep(super::MEMORY_SAMPLE_EVERY).await;
-        let total: u64 = members(pgid).into_iter().filter_map(resident_bytes).sum();
-        if total > limit {
+        let pids = members(pgid);
+        seen.record(&pids);
+        let total: u64 = pids.into_iter().filter_map(resident_bytes).sum();
+        if limit != palisade_protocol::RLIM_INFINITY && total > limit {
             over.store(true, Ordering::SeqCst);
             kill_all(pgid, libc::SIGKILL);
+            seen.kill();
             return;
+        }
+    }
+}
+
+/// Marks every descriptor this process holds from 3 up close-on-exec, so
+/// that none reaches a command: one inherited without the flag (from
+/// whoever started `palisade run`, or launchd) would otherwise pass into
+/// the sandbox, where Seatbelt checks paths at open, not descriptors
+/// already open. palisade's own are opened close-on-exec.
+pub fn cloexec_inherited() {
+    let dir = if cfg!(target_os = "macos") { "/dev/fd" } else { "/proc/self/fd" };
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let fds: Vec<i32> = entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
+    for fd in fds.into_iter().filter(|&fd| fd > 2) {
+        // SAFETY: fcntl on a descriptor number takes no memory; one closed
+        // meanwhile (the directory's own) fails with EBADF, which is fine.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
         }
     }
 }

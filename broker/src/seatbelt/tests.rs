@@ -100,9 +100,11 @@ impl Setup {
         cancel: impl Future<Output = ()> + Send,
     ) -> (RunResult, Vec<u8>, Resolved) {
         let (request, resolved) = self.resolve(script, limits);
+        let prepared = Seatbelt::prepare(&resolved, &request).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let mut sink = Collect::default();
-        let result = rt.block_on(self.seatbelt.execute(1, &resolved, &request, &mut sink, cancel)).unwrap();
+        let result =
+            rt.block_on(self.seatbelt.execute(1, &resolved, &request, prepared, &mut sink, cancel)).unwrap();
         assert!(matches!(
             sink.messages.first(),
             Some(ServerMessage::Started { run_id: 1, executor: Executor::MacosSeatbelt })
@@ -227,4 +229,75 @@ fn a_cancelled_run_is_killed() {
     let (result, _, _) = s.run_until("echo $$ > pid; sleep 1000", "", cancel);
     assert_eq!(result.status, RunStatus::Cancelled);
     assert!(!alive(&s.dir.join("ws/pid")));
+}
+
+/// Waits up to 2 s for the process whose pid `file` holds to be gone.
+fn gone(file: &Path) -> bool {
+    for _ in 0..40 {
+        if !alive(file) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+#[test]
+fn a_process_that_left_the_group_dies_with_a_run_that_ended_by_itself() {
+    let s = Setup::new("orphan");
+    let pid = s.dir.join("ws/detached");
+    // It leaves the group and outlives its parent, the shell, which exits 0 at once.
+    let script = format!(
+        "setsid sh -c 'echo $$ > {0}.tmp; exec sleep 1000' & \
+         while [ ! -s {0}.tmp ]; do sleep 0.05; done; mv {0}.tmp {0}; sleep 0.3",
+        pid.display()
+    );
+    let (result, _, _) = s.run(&script, "");
+    assert_eq!(result.status, RunStatus::Exited { code: 0 });
+    assert!(gone(&pid), "a process that left the run's group outlived the run");
+}
+
+#[test]
+fn a_dropped_run_is_killed() {
+    let s = Setup::new("dropped");
+    let (request, resolved) = s.resolve("echo $$ > pid; sleep 1000", "");
+    let prepared = Seatbelt::prepare(&resolved, &request).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut sink = Collect::default();
+    let run = s.seatbelt.execute(1, &resolved, &request, prepared, &mut sink, std::future::pending());
+    // The future is dropped half way, as when its connection's task is aborted.
+    let timed_out =
+        rt.block_on(async { tokio::time::timeout(Duration::from_millis(500), run).await.is_err() });
+    assert!(timed_out);
+    assert!(gone(&s.dir.join("ws/pid")), "the run outlived its future");
+}
+
+#[test]
+fn a_descriptor_palisade_inherited_does_not_reach_the_command() {
+    let s = Setup::new("fds");
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is valid for writing two descriptors.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let [read, write] = fds;
+    let script = format!("echo leaked >&{write} && echo wrote");
+    // Outside a run, a child inherits it (the flag cleared in the child
+    // only: another test may have marked it meanwhile) and writes.
+    let mut outside = std::process::Command::new("/bin/sh");
+    outside.args(["-c", &script]);
+    // SAFETY: fcntl is async-signal-safe and takes no memory.
+    unsafe {
+        outside.pre_exec(move || {
+            libc::fcntl(write, libc::F_SETFD, 0);
+            Ok(())
+        })
+    };
+    assert_eq!(String::from_utf8(outside.output().unwrap().stdout).unwrap(), "wrote\n");
+    let (result, stdout, _) = s.run(&script, "");
+    assert_ne!(result.status, RunStatus::Exited { code: 0 });
+    assert!(stdout.is_empty());
+    // SAFETY: both are this test's own, closed once.
+    unsafe {
+        libc::close(read);
+        libc::close(write);
+    }
 }

@@ -8,6 +8,7 @@ use super::{SeatbeltError, profile};
 use crate::config::Config;
 use crate::decision::table::{Fixture, GITHUB, On, TOOLS, context};
 use crate::decision::{Decision, Policy, Resolved};
+use palisade_protocol::attest::Network;
 use palisade_protocol::wire::{ErrorKind, ParamValue, RunRequest};
 use std::path::{Path, PathBuf};
 
@@ -115,6 +116,21 @@ fn only_tier_b_plans_and_plain_paths_are_written() {
         r.plan.landlock.read.push(bad.into());
         assert_eq!(profile(&r), Err(SeatbeltError::Path(bad.into())));
     }
+    let mut listed = r.clone();
+    listed.plan.landlock.list.push("/srv".into());
+    assert_eq!(profile(&listed), Err(SeatbeltError::ListOnly(vec!["/srv".into()])));
     r.plan.namespaces.user = true;
     assert_eq!(profile(&r), Err(SeatbeltError::Tier(palisade_protocol::Tier::C)));
+}
+
+/// The request's own text never reaches the profile: a domain it narrowed
+/// the network to cannot add a rule.
+#[test]
+fn no_text_of_the_request_is_written() {
+    let f = fixture("seatbelt-injection");
+    let mut r = allowed(&f, GITHUB, &f.request_in(WORKSPACE, &["git", "clone", "https://github.com/a/b"]));
+    let injected = "github.com\n(allow default)\n;";
+    r.network = Network::HostDomains { domains: vec![injected.into()], preflight: true };
+    let text = profile(&r).unwrap();
+    assert!(!text.contains("(allow default)") && !text.contains("github.com"), "{text}");
 }
