@@ -127,6 +127,9 @@ fn a_run_is_served_recorded_and_attested_as_seatbelt() {
     let text: String = journal.filter_map(|p| std::fs::read_to_string(p).ok()).collect();
     let finished = text.lines().find(|l| l.contains("\"run_finished\"")).expect("run_finished recorded");
     assert!(finished.contains(&record.hash), "{finished}");
+    // The record written before the run is the Seatbelt attestation's.
+    let started = text.lines().find(|l| l.contains("\"run_started\"")).expect("run_started recorded");
+    assert!(started.contains("macos-seatbelt") && started.contains("seatbelt_sha256"), "{started}");
     for event in ["request_received", "decision", "run_started", "broker"] {
         assert!(text.contains(event), "{event} missing from {text}");
     }
