@@ -239,9 +239,10 @@ fn limits_set(resolved: &Resolved) -> Vec<(RlimitResource, Rlimit)> {
     rlimits_set(resolved).into_iter().map(|(n, l)| (number(n) as RlimitResource, l)).collect()
 }
 
-#[cfg(target_os = "linux")]
+/// What `setrlimit` takes for a resource: glibc names its own type.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 type RlimitResource = libc::__rlimit_resource_t;
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 type RlimitResource = libc::c_int;
 
 /// What the run had in force; its executor `macos-seatbelt`.
