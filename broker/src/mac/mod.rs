@@ -117,7 +117,14 @@ impl Mac {
                 Err(j) => events::journal_refusal(j),
             }
         };
-        let resolved = match self.policy.decide(&(self.host)(), &context, request) {
+        // The decision reads the host (a file on a stuck network filesystem
+        // can block): on a runtime with workers to spare, the others serve on.
+        let decide = || self.policy.decide(&(self.host)(), &context, request);
+        let decision = match tokio::runtime::Handle::current().runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::CurrentThread => decide(),
+            _ => tokio::task::block_in_place(decide),
+        };
+        let resolved = match decision {
             Decision::Allow(r) => r,
             Decision::Deny(d) => return Err(refused(ErrorReply::with_rule(d.kind, d.reason, d.rule))),
             Decision::NeedsApproval { reason, .. } => {
