@@ -22,6 +22,23 @@ mod tests;
 mod transparent;
 mod tunnel;
 
+/// The parsers of what a sandboxed command sends the listeners, for the
+/// fuzz targets (`fuzz/`, `scripts/fuzz.sh`): each says whether it parsed.
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
+    pub fn dns_query(msg: &[u8]) -> bool {
+        super::dnswire::parse(msg).is_ok()
+    }
+
+    pub fn client_hello(buf: &[u8]) -> bool {
+        super::sni::parse(buf).is_ok()
+    }
+
+    pub fn proxy_request(head: &[u8]) -> bool {
+        super::proxy::parse_request(head).is_ok()
+    }
+}
+
 use account::Account;
 use limits::{Quota, Rate, Slots};
 use palisade_policy::EgressPlan;

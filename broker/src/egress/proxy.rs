@@ -36,7 +36,7 @@ const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection established\r\n\r\n";
 
 /// A request the proxy understood.
 #[derive(Debug, PartialEq, Eq)]
-struct Request {
+pub(super) struct Request {
     host: String,
     port: u16,
     /// `None` for CONNECT; the head to send the origin for plain HTTP.
@@ -162,7 +162,7 @@ async fn read_head(client: &mut TcpStream) -> Result<Option<(Vec<u8>, usize)>, B
 
 /// The target of a complete request head, and for plain HTTP the head to
 /// send on.
-fn parse_request(head: &[u8]) -> Result<Request, String> {
+pub(super) fn parse_request(head: &[u8]) -> Result<Request, String> {
     let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
     let mut req = httparse::Request::new(&mut headers);
     req.parse(head).map_err(|e| e.to_string())?;
