@@ -56,15 +56,9 @@ pub fn main(args: Args) -> i32 {
             return EXIT_CONFIG;
         }
     };
-    // A journal whose newest records do not chain is not written on.
-    if let Some(dir) = broker.journal.dir() {
-        if let Err(broken) = crate::journal::verify::verify_newest(dir) {
-            eprintln!(
-                "palisaded: the audit journal {} is broken at {broken}; see `palisade audit verify`",
-                dir.display()
-            );
-            return EXIT_CONFIG;
-        }
+    if let Err(e) = broker.journal.check_newest() {
+        eprintln!("palisaded: {e}");
+        return EXIT_CONFIG;
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,

@@ -12,6 +12,7 @@ use crate::requester::{self, Acting, Requester};
 use crate::run::{Engine, Planned, Sink};
 use crate::spawn_thread::Spawner;
 use crate::trust::TrustStore;
+use crate::paths::HostDirs;
 use crate::{host, paths};
 use palisade_policy::trust::EscalationReason;
 use palisade_policy::{Config, Context, Decision, Host, HostCapabilities, Policy, Resolved};
@@ -168,12 +169,7 @@ impl Broker {
             trust: None,
         };
         crate::instance::remove_orphans(&context.temp_root, "run-");
-        let journal = match crate::journal::Options::from_config(&config.journal)? {
-            Some(options) => {
-                Journal::open(&options).map_err(|e| format!("{e} ({})", options.dir.display()))?
-            }
-            None => Journal::off(),
-        };
+        let journal = Journal::from_config(&config.journal)?;
         // After the journal: a declaration changed since the last start is a transition it records.
         let trust = TrustStore::open(&config, journal.clone())?.map(Arc::new);
         let approvers =
@@ -613,58 +609,5 @@ fn etc_snapshot(etc: &EtcView) -> Option<std::sync::Arc<crate::etc_view::Snapsho
             Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(|| etc.retake()),
             _ => etc.retake(),
         },
-    }
-}
-
-
-/// A run's host directories (Tier B's private /tmp and temporary workspace),
-/// removed with everything in them when the run is over.
-struct HostDirs(Vec<PathBuf>);
-
-impl HostDirs {
-    /// Creates them for the sandbox's host ids: a root broker's Tier B
-    /// command runs as the sandbox's uid, which must own them.
-    fn create(dirs: &[PathBuf], (uid, gid): (u32, u32)) -> std::io::Result<HostDirs> {
-        use std::os::unix::fs::DirBuilderExt;
-        let made = HostDirs(dirs.to_vec());
-        let chown = uid != nix::unistd::geteuid().as_raw();
-        for d in dirs {
-            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(d)?;
-            if chown {
-                std::os::unix::fs::chown(d, Some(uid), Some(gid))?;
-            }
-        }
-        Ok(made)
-    }
-}
-
-impl Drop for HostDirs {
-    fn drop(&mut self) {
-        // The first is the run's own directory; the others live inside it.
-        if let Some(root) = self.0.first() {
-            if let Err(e) = std::fs::remove_dir_all(root) {
-                tracing::warn!("cannot remove {}: {e}", root.display());
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::HostDirs;
-
-    #[test]
-    fn a_runs_host_directories_are_private_and_removed_afterwards() {
-        use std::os::unix::fs::PermissionsExt;
-        let base = std::env::temp_dir().join(format!("palisade-hostdirs-{}", std::process::id()));
-        let run = base.join("run-1");
-        let dirs = [run.clone(), run.join("tmp"), run.join("workspace")];
-        let me = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
-        let made = HostDirs::create(&dirs, me).unwrap();
-        std::fs::write(run.join("workspace/left"), "x").unwrap();
-        assert_eq!(std::fs::metadata(&run).unwrap().permissions().mode() & 0o777, 0o700);
-        drop(made);
-        assert!(!run.exists(), "the run's directory outlived the run");
-        let _ = std::fs::remove_dir_all(&base);
     }
 }

@@ -244,6 +244,23 @@ impl Journal {
         Ok(Journal { inner: Some(Arc::new(Inner { queue, dir: options.dir.clone() })) })
     }
 
+    /// The journal `[journal]` describes: opened, or off.
+    pub fn from_config(config: &palisade_policy::config::JournalConfig) -> Result<Journal, String> {
+        match Options::from_config(config)? {
+            Some(options) => Journal::open(&options).map_err(|e| format!("{e} ({})", options.dir.display())),
+            None => Ok(Journal::off()),
+        }
+    }
+
+    /// Refuses a journal whose newest records do not chain: a broker does
+    /// not write on one.
+    pub fn check_newest(&self) -> Result<(), String> {
+        let Some(dir) = self.dir() else { return Ok(()) };
+        verify::verify_newest(dir).map_err(|broken| {
+            format!("the audit journal {} is broken at {broken}; see `palisade audit verify`", dir.display())
+        })
+    }
+
     /// Whether events are recorded.
     pub fn enabled(&self) -> bool {
         self.inner.is_some()

@@ -124,14 +124,9 @@ pub fn palisaded(args: DaemonArgs) -> i32 {
             return EXIT_CONFIG;
         }
     };
-    if let Some(dir) = mac.journal().dir() {
-        if let Err(broken) = crate::journal::verify::verify_newest(dir) {
-            eprintln!(
-                "palisaded: the audit journal {} is broken at {broken}; see `palisade audit verify`",
-                dir.display()
-            );
-            return EXIT_CONFIG;
-        }
+    if let Err(e) = mac.journal().check_newest() {
+        eprintln!("palisaded: {e}");
+        return EXIT_CONFIG;
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,

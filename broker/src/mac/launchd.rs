@@ -33,17 +33,19 @@ pub fn activated(name: &str) -> std::io::Result<Option<Vec<OwnedFd>>> {
             return Err(std::io::Error::new(e.kind(), format!("launchd socket {name:?}: {e}")));
         }
     }
-    let owned = (0..count)
-        .map(|i| {
-            // SAFETY: `fds` holds `count` descriptors that launchd opened for
-            // this process and hands over: each is owned once, here, and
-            // marked close-on-exec (launchd leaves it inheritable) so that no
-            // command is given the broker's listening socket.
-            unsafe {
-                let fd = *fds.add(i);
-                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-                OwnedFd::from_raw_fd(fd)
-            }
+    let given: &[libc::c_int] = match fds.is_null() {
+        true => &[],
+        // SAFETY: on success `fds` points to `count` descriptors, which launchd hands over.
+        false => unsafe { std::slice::from_raw_parts(fds, count) },
+    };
+    let owned = given
+        .iter()
+        .map(|&fd| {
+            // Close-on-exec (launchd leaves it inheritable): no command is given the socket.
+            // SAFETY: fcntl takes a descriptor number; each is owned once, here.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+            // SAFETY: launchd opened `fd` for this process and nothing else owns it.
+            unsafe { OwnedFd::from_raw_fd(fd) }
         })
         .collect();
     // SAFETY: the array was allocated by launchd with malloc, and is not used after.

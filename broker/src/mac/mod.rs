@@ -70,12 +70,7 @@ impl Mac {
         // What brokers no longer running left: their runs' directories and profiles.
         crate::instance::remove_orphans(&temp_root, "run-");
         crate::instance::remove_orphans(&temp_root.join("profiles"), "");
-        let journal = match crate::journal::Options::from_config(&config.journal)? {
-            Some(options) => {
-                Journal::open(&options).map_err(|e| format!("{e} ({})", options.dir.display()))?
-            }
-            None => Journal::off(),
-        };
+        let journal = Journal::from_config(&config.journal)?;
         let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
         let context = Context {
             parent_pid: std::process::id(),

@@ -22,6 +22,7 @@ mod procs;
 #[cfg(all(test, target_os = "linux"))]
 pub(crate) mod tests;
 
+use crate::paths::HostDirs;
 use crate::stream::{Bounds, Child, Run, Sink};
 use palisade_policy::Resolved;
 use palisade_policy::seatbelt::SeatbeltError;
@@ -94,14 +95,14 @@ pub struct Prepared {
 
 impl Seatbelt {
     /// Runs through `launcher`, with profiles written under `profiles`
-    /// (made 0700 if missing; refused when it is anyone else's).
+    /// (made 0700 if missing; refused when anyone else could write there).
     pub fn new(launcher: PathBuf, profiles: PathBuf) -> Result<Seatbelt, String> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&profiles)
             .map_err(|e| format!("cannot create {}: {e}", profiles.display()))?;
-        private_dir(&profiles)?;
+        crate::paths::check_private(&profiles)?;
         Ok(Seatbelt { launcher, profiles })
     }
 
@@ -261,27 +262,25 @@ fn attestation(request: &RunRequest, resolved: &Resolved, profile: &str) -> Atte
     a
 }
 
-/// The run's files on the host: its profile (0600) and the directories the
-/// plan names (0700), all removed when the run is dropped.
+/// The run's files on the host: the directories the plan names (0700) and
+/// its profile (0600), all removed when the run is dropped.
 struct RunFiles {
     profile: PathBuf,
-    dirs: Vec<PathBuf>,
+    /// Dropped after the profile is removed.
+    _dirs: HostDirs,
 }
 
 impl RunFiles {
     fn create(resolved: &Resolved, profile: &Path, text: &str) -> Result<RunFiles, ExecError> {
-        let mut files = RunFiles { profile: PathBuf::new(), dirs: Vec::new() };
-        for dir in &resolved.host_dirs {
-            std::fs::DirBuilder::new().mode(0o700).create(dir).map_err(ExecError::Setup)?;
-            files.dirs.push(dir.clone());
-        }
+        let me = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+        let dirs = HostDirs::create(&resolved.host_dirs, me).map_err(ExecError::Setup)?;
         let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(profile)
             .map_err(ExecError::Setup)?;
-        files.profile = profile.to_path_buf();
+        let files = RunFiles { profile: profile.to_path_buf(), _dirs: dirs };
         std::io::Write::write_all(&mut file, text.as_bytes()).map_err(ExecError::Setup)?;
         Ok(files)
     }
@@ -289,25 +288,8 @@ impl RunFiles {
 
 impl Drop for RunFiles {
     fn drop(&mut self) {
-        if !self.profile.as_os_str().is_empty() {
-            let _ = std::fs::remove_file(&self.profile);
-        }
-        for dir in self.dirs.iter().rev() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+        let _ = std::fs::remove_file(&self.profile);
     }
-}
-
-/// `dir` is a directory of this user's, which no one else may enter.
-fn private_dir(dir: &Path) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if !m.is_dir() || m.uid() != me || m.mode() & 0o077 != 0 {
-        return Err(format!("{} must be a directory of uid {me} that no one else may enter", dir.display()));
-    }
-    Ok(())
 }
 
 /// Writes `data` to the command's stdin from a task of its own (a command
