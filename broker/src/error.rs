@@ -55,6 +55,10 @@ pub enum BrokerError {
     /// (a run is never run unrecorded).
     #[error("{0}")]
     JournalUnavailable(String),
+    /// The broker failed (a panic, caught) while serving this request; the
+    /// daemon's log has the details under the same run id.
+    #[error("internal error while serving {0}: the broker's log has the details")]
+    Internal(String),
     /// The tools' trust stages cannot be read or written: the run is refused.
     #[error("trust state {}: {source}", .path.display())]
     TrustState { path: PathBuf, source: io::Error },
@@ -82,6 +86,7 @@ impl BrokerError {
             | BrokerError::Plan(_)
             | BrokerError::Task(_)
             | BrokerError::TrustState { .. }
+            | BrokerError::Internal(_)
             | BrokerError::Io(_) => ErrorKind::RuntimeFailure,
         }
     }

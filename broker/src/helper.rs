@@ -363,10 +363,12 @@ pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
     let path = CString::new(cmd.helper.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in the helper's path"))?;
     let argv = [path.as_ptr(), std::ptr::null()];
-    let envp = [std::ptr::null::<libc::c_char>()];
+    // Empty, but for a test hook of debug builds (see crate::fault).
+    let fault = crate::fault::helper_env();
+    let envp = [fault.as_ref().map_or(std::ptr::null(), |v| v.as_ptr()), std::ptr::null()];
     let mut pid: libc::pid_t = 0;
-    // SAFETY: every pointer is valid for the call: the path and argv (NUL-terminated,
-    // null-ended), an empty envp, and the initialized actions and attributes.
+    // SAFETY: every pointer is valid for the call: the path, argv and envp
+    // (NUL-terminated, null-ended), and the initialized actions and attributes.
     check(unsafe {
         libc::posix_spawn(
             &mut pid,

@@ -21,9 +21,11 @@ linux_only! {
     pub mod egress;
     pub mod error;
     pub mod etc_view;
+    pub mod fault;
     pub mod helper;
     pub mod host;
     pub mod overlay;
+    pub mod panics;
     pub mod plugin_cli;
     pub mod plugins;
     pub mod pool;

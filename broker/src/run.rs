@@ -225,27 +225,23 @@ impl Engine {
         let HelperChild { pid, pidfd, status, stdin, stdout, stderr, .. } = helper;
         let mut timeline = Timeline { spawned_us: started.elapsed().as_micros(), ..Timeline::default() };
         tracing::debug!(run_id, pid, %tier, ?built, "helper started");
-        let (status, early, egress) = match serve_egress(resolved, status).await {
-            Ok(served) => served,
-            Err(e) => {
-                // Nothing of the run may outlive its refusal.
-                let _ = pidfd_kill(&pidfd, libc::SIGKILL);
-                let _ = reap(pid);
-                return Err(e);
-            }
-        };
+        // Tier C: SIGKILL to the helper takes pid 1 of the sandbox with it, and
+        // with it the whole pid namespace. Tier B: SIGTERM lets the helper (a
+        // subreaper) kill every descendant before it exits.
+        let first_signal = if tier == Tier::C { libc::SIGKILL } else { libc::SIGTERM };
+        // Nothing of the run outlives it, however this function is left.
+        let abandon = Abandon::arm(pid, &pidfd, first_signal)?;
+        let (status, early, egress) = serve_egress(resolved, status).await?;
         // SAFETY: an OwnedFd's descriptor stays open as long as the AsyncFd owns it.
         let pidfd = unsafe { AsyncFd::register(pidfd) }.map_err(std::io::Error::from)?;
         let pipes = [pipe_reader(stdout)?, pipe_reader(stderr)?];
         feed_stdin(stdin, &request.stdin)?;
+        crate::fault::panic_if_named(&request.argv);
         let bounds = Bounds {
             max_output_bytes: resolved.max_output_bytes,
             timeout: resolved.timeout,
             chunk_bytes: resolved.capture_chunk_bytes,
-            // Tier C: SIGKILL to the helper takes pid 1 of the sandbox with it, and
-            // with it the whole pid namespace. Tier B: SIGTERM lets the helper (a
-            // subreaper) kill every descendant before it exits.
-            first_signal: if tier == Tier::C { libc::SIGKILL } else { libc::SIGTERM },
+            first_signal,
         };
         let child = Helper { pidfd, cgroup, run_id, pid };
         let started_msg = ServerMessage::Started { run_id, executor: tier.into() };
@@ -257,6 +253,7 @@ impl Engine {
         };
         let wall_ms = started.elapsed().as_millis() as u64;
         timeline.closed_us = started.elapsed().as_micros();
+        abandon.disarm();
         let usage = reap(pid)?;
         self.pool.refill();
         let (records, fds) = read_status_channel(status, early).await?;
@@ -514,6 +511,60 @@ impl Child for Helper<'_> {
             tracing::error!(run_id = self.run_id, pid = self.pid, "cannot signal the helper: {e}");
         }
     }
+}
+
+/// Kills and reaps a helper whose run is left before it was reaped: an
+/// error on the way, or the run's future dropped (a panic caught, a
+/// connection aborted at shutdown). Disarmed just before the reaping.
+struct Abandon {
+    pid: u32,
+    pidfd: Option<OwnedFd>,
+    first_signal: i32,
+}
+
+impl Abandon {
+    /// Holds a descriptor of its own for the helper; without one (out of
+    /// descriptors) the helper is killed and reaped at once, and the run fails.
+    fn arm(pid: u32, pidfd: &OwnedFd, first_signal: i32) -> std::io::Result<Abandon> {
+        match pidfd.try_clone() {
+            Ok(own) => Ok(Abandon { pid, pidfd: Some(own), first_signal }),
+            Err(e) => {
+                let _ = pidfd_kill(pidfd, libc::SIGKILL);
+                let _ = reap(pid);
+                Err(e)
+            }
+        }
+    }
+
+    fn disarm(mut self) {
+        self.pidfd = None;
+    }
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        let Some(pidfd) = self.pidfd.take() else { return };
+        let (pid, first) = (self.pid, self.first_signal);
+        tracing::warn!(pid, "a run was left before its end: killing its sandbox");
+        // Waiting (the grace of SIGTERM, then the reaping) is not for this thread.
+        std::thread::spawn(move || {
+            let _ = pidfd_kill(&pidfd, first);
+            if first != libc::SIGKILL && !exits_within(&pidfd, crate::stream::TERM_GRACE) {
+                let _ = pidfd_kill(&pidfd, libc::SIGKILL);
+            }
+            if let Err(e) = reap(pid) {
+                tracing::error!(pid, "cannot reap an abandoned helper: {e}");
+            }
+        });
+    }
+}
+
+/// Whether the process of `pidfd` exits within `grace`.
+fn exits_within(pidfd: &OwnedFd, grace: Duration) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let timeout = PollTimeout::try_from(grace).unwrap_or(PollTimeout::MAX);
+    let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+    poll(&mut fds, timeout).is_ok_and(|n| n > 0)
 }
 
 /// Sends the plan and the descriptors of its host paths on the helper's fd 3.

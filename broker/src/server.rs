@@ -5,6 +5,7 @@
 use crate::approvals::{ApproverAction, Ticket};
 use crate::error::BrokerError;
 use crate::journal::Event;
+use crate::panics::{self, Caught};
 use crate::requester::Requester;
 use crate::run::Sink;
 use crate::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, SocketSink, check_hello, client_gone, read_message};
@@ -20,7 +21,7 @@ use std::time::Duration;
 use tokio::net::unix::OwnedReadHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, watch};
-use tokio::task::JoinSet;
+use tokio::task::{JoinError, JoinSet};
 
 /// How long a run's result may wait for a client that does not read.
 const RESULT_SEND_TIMEOUT: Duration = Duration::from_secs(30);
@@ -119,7 +120,11 @@ impl Server {
                     }
                 },
                 _ = shutdown.changed() => break,
-                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                Some(joined) = connections.join_next(), if !connections.is_empty() => {
+                    if let Err(e) = joined.map_err(JoinError::into_panic) {
+                        tracing::error!("a connection's task panicked: {}", panics::message(e.as_ref()));
+                    }
+                }
             }
         }
         drop(listener);
@@ -284,16 +289,21 @@ impl Server {
                     return;
                 }
                 other => {
-                    let reply = self.control(peer, other).await.unwrap_or_else(ServerMessage::from);
+                    let reply = match Caught::new(self.control(peer, other)).await {
+                        Ok(reply) => reply.unwrap_or_else(ServerMessage::from),
+                        Err(panic) => return after_panic(peer, "a request", panic, sink).await,
+                    };
                     if !sink.send(reply).await {
                         return;
                     }
                     continue;
                 }
             };
-            let msg = match self.serve_run(peer, request, sink, reader, decoder, shutdown.clone()).await {
-                Ok(result) => ServerMessage::Finished(Box::new(result)),
-                Err(e) => e.into(),
+            let serving = self.serve_run(peer, request, sink, reader, decoder, shutdown.clone());
+            let msg = match Caught::new(serving).await {
+                Ok(Ok(result)) => ServerMessage::Finished(Box::new(result)),
+                Ok(Err(e)) => e.into(),
+                Err(panic) => return after_panic(peer, "a run request", panic, sink).await,
             };
             // A client that does not read its result is given up, not waited for.
             if !tokio::time::timeout(RESULT_SEND_TIMEOUT, sink.send(msg)).await.unwrap_or(false) {
@@ -529,6 +539,15 @@ impl Server {
             };
         }
     }
+}
+
+/// A request whose handling panicked: logged, its client answered
+/// `RuntimeFailure` (bounded), and its connection closed, since what it had
+/// half done is unknown. Other connections are not touched.
+async fn after_panic(peer: &Peer, what: &str, panic: String, sink: &mut SocketSink) {
+    tracing::error!(uid = peer.uid, pid = peer.pid, "the handling of {what} panicked: {panic}");
+    let e = BrokerError::Internal(format!("{what} of uid {}", peer.uid));
+    let _ = tokio::time::timeout(RESULT_SEND_TIMEOUT, sink.send(e.into())).await;
 }
 
 /// The outcome of a pending approval as the journal records it.

@@ -453,7 +453,11 @@ impl Broker {
         let cgroup = resolved.cgroup.as_ref().map(|c| (c.name.as_str(), limits(c)));
         let planned = Planned { id: run_id, resolved: &resolved, grants: &grants };
         // The run's cgroup, if it has one, is made (or the slot's limited) and removed by the engine.
-        let result = self.engine.execute(planned, request, sink, cancel, cgroup, claimed).await;
+        let running = self.engine.execute(planned, request, sink, cancel, cgroup, claimed);
+        let result = crate::panics::Caught::new(running).await.unwrap_or_else(|panic| {
+            tracing::error!(run_id, uid = peer.uid, pid = peer.pid, "the run's handling panicked: {panic}");
+            Err(BrokerError::Internal(format!("run {run_id}")))
+        });
         drop((dirs, etc));
         if let (Some((trust, tool)), Ok(RunResult { status: RunStatus::Exited { code: 0 }, .. })) =
             (trial, &result)

@@ -19,7 +19,7 @@ use tokio::time::Sleep;
 /// them open before the run is finished without their end-of-file.
 const DRAIN_GRACE: Duration = Duration::from_millis(200);
 /// Tier B: time between SIGTERM (the helper kills its descendants) and SIGKILL.
-const TERM_GRACE: Duration = Duration::from_millis(500);
+pub(crate) const TERM_GRACE: Duration = Duration::from_millis(500);
 /// A timer that is armed later.
 const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Once a run has ended (deadline, quota, cancel), how long a message to a

@@ -18,6 +18,7 @@ linux_only! {
     mod creds;
     mod error;
     mod exec;
+    mod fault;
     mod fds;
     mod hostids;
     mod landlock;
@@ -71,6 +72,7 @@ fn contain() -> Result<Infallible> {
     // Nothing a caller left open may reach the sandbox (pid 1 never execs).
     fds::close_inherited()?;
     fds::close_on_exec_above_stdio()?;
+    fault::stop_after(Stage::NoNewPrivs);
     let (plan, mut descriptors, entered) = match fds::read_warm_spec()? {
         // A warm pool's sandbox: its namespaces, monitor and pid 1 come
         // before the request, then the plan must be one they fit exactly.
@@ -88,6 +90,7 @@ fn contain() -> Result<Infallible> {
         None => {
             let had_cgroup_dir = fds::cgroup_dir_passed();
             let (plan, descriptors) = receive_plan()?;
+            fault::stop_after(Stage::Plan);
             fds::settle_cgroup_dir(&plan, had_cgroup_dir)?;
             (plan, descriptors, None)
         }
@@ -96,9 +99,11 @@ fn contain() -> Result<Infallible> {
     let death_signal = if plan.namespaces.user { Signal::SIGKILL } else { Signal::SIGTERM };
     if entered.is_none() {
         lifeline::arm_against_caller(plan.parent_pid, death_signal)?;
+        fault::stop_after(Stage::Lifeline);
         if let Some(path) = &plan.cgroup {
             // Before the namespaces: this cgroup becomes the root of the sandbox's cgroup namespace.
             cgroup::join(path)?;
+            fault::stop_after(Stage::Cgroup);
         }
     }
     let tether = if plan.namespaces.user {
@@ -106,12 +111,16 @@ fn contain() -> Result<Infallible> {
             Some(built_ahead) => built_ahead,
             None => enter_cold(&plan, descriptors.as_ref(), death_signal)?,
         };
+        fault::stop_after(Stage::Fork);
         mounts::build_root(&plan, descriptors.take(), entered.captured)?;
+        fault::stop_after(Stage::Mounts);
         if let Some(name) = &plan.hostname {
             uts::set_hostname(name)?;
+            fault::stop_after(Stage::Hostname);
         }
         if let Some(n) = entered.net {
             n.join(plan.loopback, &plan.listeners)?;
+            fault::stop_after(Stage::Loopback);
         }
         drop(entered.to_relay);
         // pid 1 stays as a tiny init; the command runs in its child. Nothing
@@ -129,8 +138,11 @@ fn contain() -> Result<Infallible> {
         prctl::set_dumpable(false).at(Stage::Monitor, || "PR_SET_DUMPABLE(0)".into())?;
         monitor::fork_watched(Role::Reaper, || Ok(()))?
     };
+    fault::stop_after(Stage::Monitor);
     rlimits::apply(&plan.rlimits)?;
+    fault::stop_after(Stage::Rlimits);
     creds::switch_ids_and_drop_capabilities(plan.uid, plan.gid)?;
+    fault::stop_after(Stage::Capabilities);
     // Its watcher (pid 1, or Tier B's reaper) has set itself up before the command goes on.
     lifeline::wait_for_release(&tether)?;
     // The kernel clears the death signal when credentials change.
@@ -139,11 +151,15 @@ fn contain() -> Result<Infallible> {
     // After the mounts (a Landlock-restricted process cannot mount), before
     // seccomp. Tier B's rules are on the broker's descriptors of host paths.
     landlock::restrict_self(&plan.landlock, descriptors.as_ref())?;
+    fault::stop_after(Stage::Landlock);
     let command = exec::prepare(&plan)?;
     session::enter_cwd(&plan.cwd)?;
+    fault::stop_after(Stage::Cwd);
     session::new_session()?;
+    fault::stop_after(Stage::Session);
     // Last before execve, so the filter need not allow anything the helper does.
     seccomp::install(&plan.seccomp)?;
+    fault::stop_after(Stage::Seccomp);
     exec::exec(command)
 }
 
@@ -178,6 +194,7 @@ fn enter_cold(plan: &JailPlan, descriptors: Option<&fds::Descriptors>, death: Si
             let trees = hostids::clone_sources(plan, descriptors, requester, ids)?;
             // Before any namespace: no process of the sandbox is ever host root.
             creds::become_host_ids(ids)?;
+            fault::stop_after(Stage::HostIds);
             // The kernel clears the death signal when credentials change.
             lifeline::arm_against_caller(plan.parent_pid, death)?;
             trees
@@ -199,6 +216,7 @@ fn enter_namespaces(
     warm: bool,
 ) -> Result<Entered> {
     userns::enter(ns, uid, gid)?;
+    fault::stop_after(Stage::Namespaces);
     let net = if ns.net { Some(net::prepare()?) } else { None };
     let to_relay = monitor::fork_watched(Role::Relay, || {
         if warm {

@@ -837,3 +837,87 @@ impl Origin {
         }
     }
 }
+
+/// What a daemon holds, and what its runs left on the host: the figures the
+/// soak, load and fault tests compare before and after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Census {
+    /// Processes descended from the daemon (its idle helpers included).
+    pub processes: usize,
+    /// The daemon's open descriptors.
+    pub descriptors: usize,
+    /// Mounts in the daemon's mount namespace.
+    pub mounts: usize,
+    /// Entries under the run directories' root (`[policy] temp_root`), but
+    /// the daemon's /etc snapshots.
+    pub temp_entries: usize,
+    /// The daemon's resident memory, KiB.
+    pub rss_kib: u64,
+}
+
+impl Census {
+    pub fn of(d: &Daemon, temp_root: &Path) -> Census {
+        let pid = d.child.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let rss_kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        Census {
+            processes: descendants(pid).len(),
+            descriptors: std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count()),
+            mounts: std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+                .map_or(0, |m| m.lines().count()),
+            temp_entries: run_entries(temp_root),
+            rss_kib,
+        }
+    }
+
+    /// None of the figures but memory above `before`'s: nothing a run made
+    /// is left. (Fewer is no leak: a daemon may close what it opened
+    /// lazily before its first run.)
+    pub fn nothing_left_since(&self, before: &Census) -> bool {
+        self.processes <= before.processes
+            && self.descriptors <= before.descriptors
+            && self.mounts <= before.mounts
+            && self.temp_entries <= before.temp_entries
+    }
+}
+
+/// The entries below `temp_root` but the daemon's /etc snapshots (`etc-*`:
+/// kept as long as the daemon runs, see broker/src/etc_view.rs).
+fn run_entries(temp_root: &Path) -> usize {
+    let entries = std::fs::read_dir(temp_root).into_iter().flatten().flatten();
+    let runs = entries.filter(|e| !e.file_name().to_string_lossy().starts_with("etc-"));
+    runs.map(|e| 1 + count_entries(&e.path())).sum()
+}
+
+/// Every entry below `dir`, recursively (0 when it does not exist).
+fn count_entries(dir: &Path) -> usize {
+    std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| 1 + count_entries(&e.path())).sum()
+}
+
+/// The pids descended from `pid` (children of any of its threads, and theirs).
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut parent = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // The fields after the command name (which may hold spaces): state, ppid, ...
+        let ppid = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            parent.insert(p, ppid);
+        }
+    }
+    let descends = |mut p: u32| {
+        while let Some(&up) = parent.get(&p) {
+            if up == pid {
+                return true;
+            }
+            p = up;
+        }
+        false
+    };
+    parent.keys().copied().filter(|&p| descends(p)).collect()
+}

@@ -1,0 +1,32 @@
+//! Fault injection for the test suite (`tests/tests/faults.rs`), compiled
+//! into debug builds only: in a release build every hook here is a no-op
+//! and the variables below are not read.
+//!
+//! - `PALISADE_FAULT_PANIC=TOKEN`: a run whose argv holds `TOKEN` panics in
+//!   the broker once its sandbox is running.
+//! - `PALISADE_HELPER_FAULT=STAGE`: passed on to every helper, which stops at
+//!   that stage of its order (named `fault-STAGE`) until it is killed.
+
+/// The variable the helper reads (see `helper/src/fault.rs`).
+const HELPER_FAULT: &str = "PALISADE_HELPER_FAULT";
+
+/// Panics if this run is the one `PALISADE_FAULT_PANIC` names.
+pub fn panic_if_named(argv: &[String]) {
+    if cfg!(debug_assertions) {
+        if let Some(token) = std::env::var_os("PALISADE_FAULT_PANIC") {
+            if argv.iter().any(|a| std::ffi::OsStr::new(a) == token) {
+                panic!("fault injected (PALISADE_FAULT_PANIC) into a run of {argv:?}");
+            }
+        }
+    }
+}
+
+/// `PALISADE_HELPER_FAULT=STAGE` for the helper's environment, when the
+/// broker has it in its own.
+pub fn helper_env() -> Option<std::ffi::CString> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    let stage = std::env::var(HELPER_FAULT).ok()?;
+    std::ffi::CString::new(format!("{HELPER_FAULT}={stage}")).ok()
+}

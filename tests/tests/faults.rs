@@ -1,0 +1,361 @@
+//! Faults, each injected for real: a panic in one request's handling, the
+//! helper killed at each stage of its order, the broker `kill -9`ed with
+//! runs in flight, the broker out of descriptors. After each, the client
+//! has its answer, nothing of the run is left (processes, descriptors,
+//! mounts, run directories), and the daemon (or the next one) serves.
+//!
+//! The hooks that place a fault (`PALISADE_FAULT_PANIC`,
+//! `PALISADE_HELPER_FAULT`: broker/src/fault.rs, helper/src/fault.rs) exist
+//! in debug builds only, so this file runs against the debug binaries.
+
+use palisade_broker::client::{Client, ClientError};
+use palisade_protocol::Stage;
+use palisade_protocol::wire::{ClientMessage, Encoding, ErrorKind, Hello, RunResult, RunStatus, encode};
+use palisade_tests::*;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn token(tag: &str) -> String {
+    format!("palisade-{tag}-{}-{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "")
+}
+
+/// A daemon with no helper started ahead (so that every process it has
+/// belongs to a run), its run directories under `temp`, and `env`.
+fn daemon(temp: &Path, env: Vec<(String, String)>, prefix: Vec<String>) -> Daemon {
+    daemon_with(temp, ("", ""), env, prefix)
+}
+
+/// [`daemon`], with `defaults` and `broker` added to those tables.
+fn daemon_with(
+    temp: &Path,
+    (defaults, broker): (&str, &str),
+    env: Vec<(String, String)>,
+    prefix: Vec<String>,
+) -> Daemon {
+    assert!(
+        std::env::var_os("PALISADE_TEST_RELEASE_DIR").is_none(),
+        "the fault hooks exist in debug builds only: run this file against them"
+    );
+    let config = format!(
+        "{defaults}[broker]\nprespawn = 0\n{broker}\n[policy]\ntemp_root = {:?}\n",
+        temp.to_string_lossy()
+    );
+    Daemon::start_with(DaemonOptions { config, env, prefix, ..Default::default() })
+}
+
+fn run(socket: &Path, ws: &Path, args: &[&str]) -> Result<RunResult, ClientError> {
+    Client::connect(socket)?.run(request(ws, args), |_| {})
+}
+
+fn expect_echo(socket: &Path, ws: &Path, d: &Daemon) {
+    let r = run(socket, ws, &["echo", "still serving"]).unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    assert_eq!(r.status, RunStatus::Exited { code: 0 }, "{}", d.log());
+}
+
+/// Waits until nothing of the runs since `before` is left.
+fn settles(d: &Daemon, temp: &Path, before: &Census) {
+    let mut now = Census::of(d, temp);
+    let settled = eventually(Duration::from_secs(10), || {
+        now = Census::of(d, temp);
+        now.nothing_left_since(before)
+    });
+    assert!(settled, "left behind: before {before:?}, now {now:?}\n{}", d.log());
+}
+
+#[test]
+fn a_panic_in_one_run_answers_runtime_failure_kills_its_sandbox_and_the_daemon_goes_on() {
+    let tok = token("panic");
+    let temp = TempDir::new("runs");
+    let d = daemon(temp.path(), vec![("PALISADE_FAULT_PANIC".into(), tok.clone())], vec![]);
+    let ws = TempDir::new("ws");
+    expect_echo(&d.socket, ws.path(), &d);
+    let before = Census::of(&d, temp.path());
+    // A run in flight on another connection, which the panic must not touch.
+    let (socket, wsp) = (d.socket.clone(), ws.path().to_path_buf());
+    let other = std::thread::spawn(move || {
+        let mut req = request(&wsp, &["write-sleep", "/tmp/x", "2"]);
+        req.timeout_secs = Some(30);
+        Client::connect(&socket).unwrap().run(req, |_| {})
+    });
+    // The named run panics in the broker after its sandbox started (a
+    // sleeper left behind by `daemonize` shows whether it was killed).
+    match run(&d.socket, ws.path(), &["daemonize", &tok]) {
+        Err(ClientError::Reply(e)) => {
+            assert_eq!(e.kind, ErrorKind::RuntimeFailure, "{}", e.message);
+            assert!(e.message.starts_with("internal error while serving run "), "{}", e.message);
+        }
+        other => panic!("{other:?}\n{}", d.log()),
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || sleeper_with_token(&tok).is_none()),
+        "the panicked run's sandbox survived"
+    );
+    let log = d.log();
+    assert!(log.contains("the run's handling panicked: fault injected"), "{log}");
+    assert!(log.lines().any(|l| l.contains("panicked") && l.contains("run_id=")), "{log}");
+    let other = other.join().unwrap().expect("the other run");
+    assert_eq!(other.status, RunStatus::Exited { code: 0 });
+    expect_echo(&d.socket, ws.path(), &d);
+    settles(&d, temp.path(), &before);
+    // The journal records how the panicked run ended.
+    let journal = std::fs::read_dir(d.journal()).unwrap().flatten().map(|e| e.path());
+    let text: String = journal.map(|p| std::fs::read_to_string(p).unwrap_or_default()).collect();
+    assert!(text.contains("internal error while serving run"), "no run_failed record");
+}
+
+/// The stages of the helper's order a run of the default profile passes
+/// through here, after which the fault hook can stop it.
+fn stages() -> Vec<Stage> {
+    let mut stages = vec![Stage::NoNewPrivs, Stage::Plan, Stage::Lifeline];
+    if is_root() {
+        // A root broker's helper becomes the sandbox's host ids first.
+        stages.push(Stage::HostIds);
+    }
+    stages.extend([
+        Stage::Namespaces,
+        Stage::Fork,
+        Stage::Mounts,
+        Stage::Hostname,
+        Stage::Loopback,
+        Stage::Monitor,
+        Stage::Rlimits,
+        Stage::Capabilities,
+        Stage::Landlock,
+        Stage::Cwd,
+        Stage::Session,
+        Stage::Seccomp,
+    ]);
+    stages
+}
+
+/// The process the helper's hook stopped at `stage`, among `d`'s.
+fn stopped_at(d: &Daemon, stage: Stage) -> Option<u32> {
+    let name = format!("fault-{}", stage.name());
+    // The kernel keeps 15 bytes of a process's name.
+    let name = &name[..name.len().min(15)];
+    descendants(d.child.id())
+        .into_iter()
+        .find(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == name))
+}
+
+#[test]
+fn the_helper_killed_at_each_stage_leaves_nothing_and_the_client_is_answered() {
+    let ws = TempDir::new("ws");
+    for stage in stages() {
+        let temp = TempDir::new("runs");
+        let env = vec![("PALISADE_HELPER_FAULT".into(), stage.name().to_string())];
+        let d = daemon(temp.path(), env, vec![]);
+        let before = Census::of(&d, temp.path());
+        let (socket, wsp) = (d.socket.clone(), ws.path().to_path_buf());
+        let client = std::thread::spawn(move || run(&socket, &wsp, &["echo", "never"]));
+        let mut stopped = None;
+        let found = eventually(Duration::from_secs(10), || {
+            stopped = stopped_at(&d, stage);
+            stopped.is_some()
+        });
+        assert!(found, "no helper stopped at {}\n{}", stage.name(), d.log());
+        let pid = nix::unistd::Pid::from_raw(stopped.unwrap() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+        // Answered, whatever the stage: an error, or (killed after the
+        // command's own process was made) a run that did not exit by itself.
+        match client.join().unwrap() {
+            Err(ClientError::Reply(e)) => assert_eq!(e.kind, ErrorKind::RuntimeFailure, "{}", e.message),
+            Ok(r) => assert!(
+                !matches!(r.status, RunStatus::Exited { code: 0 }),
+                "{}: {:?}",
+                stage.name(),
+                r.status
+            ),
+            Err(e) => panic!("{}: {e}\n{}", stage.name(), d.log()),
+        }
+        settles(&d, temp.path(), &before);
+        // The next run gets its own helper, which stops at the same stage:
+        // the daemon took it (and its answer is not waited for here).
+        drop(d);
+        eprintln!("killed at {}: answered, nothing left", stage.name());
+    }
+}
+
+#[test]
+fn the_broker_killed_with_runs_in_flight_leaves_no_sandbox_and_the_next_one_serves() {
+    let temp = TempDir::new("runs");
+    let mut d = daemon(temp.path(), vec![], vec![]);
+    let ws = TempDir::new("ws");
+    let tokens: Vec<String> = (0..4).map(|i| token(&format!("inflight{i}"))).collect();
+    let clients: Vec<_> = tokens
+        .iter()
+        .map(|tok| {
+            let (socket, wsp, tok) = (d.socket.clone(), ws.path().to_path_buf(), tok.clone());
+            std::thread::spawn(move || run(&socket, &wsp, &["daemonize", &tok]))
+        })
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(10), || tokens.iter().all(|t| sleeper_with_token(t).is_some())),
+        "{}",
+        d.log()
+    );
+    let pid = nix::unistd::Pid::from_raw(d.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = d.child.wait();
+    // Every client sees its connection end, and no sandbox outlives the broker.
+    for c in clients {
+        assert!(c.join().unwrap().is_err());
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || tokens.iter().all(|t| sleeper_with_token(t).is_none())),
+        "a sandbox survived its broker"
+    );
+    // The next broker, on the same socket and journal, cleans up and serves.
+    let config = std::fs::read_to_string(d.dir.join("palisade.toml")).unwrap();
+    let next = next_broker(&d, &config);
+    expect_echo(&next.0, ws.path(), &d);
+    // What the killed broker left under temp_root (its /etc snapshot, as an
+    // unprivileged broker) the next one removed; only its own is there.
+    let left: Vec<String> = std::fs::read_dir(temp.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with(&format!("etc-{}-", next.1.id())))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let mut child = next.1;
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    assert!(child.wait().unwrap().success());
+}
+
+/// A second `palisaded` with `d`'s configuration, socket and journal.
+fn next_broker(d: &Daemon, _config: &str) -> (PathBuf, std::process::Child) {
+    let log = std::fs::File::create(d.dir.join("next.log")).unwrap();
+    let child = std::process::Command::new(bin("palisaded"))
+        .arg("--config")
+        .arg(d.dir.join("palisade.toml"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .env("PALISADE_JOURNAL", d.journal())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let up = eventually(Duration::from_secs(20), || Client::connect(&d.socket).is_ok());
+    assert!(
+        up,
+        "the next broker did not serve: {}",
+        std::fs::read_to_string(d.dir.join("next.log")).unwrap()
+    );
+    (d.socket.clone(), child)
+}
+
+#[test]
+fn out_of_descriptors_runs_are_answered_with_errors_not_panics_and_service_returns() {
+    let temp = TempDir::new("runs");
+    // A descriptor limit the daemon reaches with a few dozen idle connections.
+    let limit = 64;
+    // Hard: the daemon raises its soft limit to the hard one. Sandboxes get
+    // a limit below it (they may not raise theirs above the hard limit).
+    let prefix = vec!["prlimit".into(), format!("--nofile={limit}:{limit}"), "--".into()];
+    let d = daemon_with(temp.path(), ("max_open_files = 32\n", ""), vec![], prefix);
+    let ws = TempDir::new("ws");
+    expect_echo(&d.socket, ws.path(), &d);
+    let before = Census::of(&d, temp.path());
+    let mut held = Vec::new();
+    let mut refused = 0;
+    let mut failed_runs = 0;
+    // Connections until the daemon has none left to give: each one after
+    // that waits in the listen queue (accept fails with EMFILE) or is refused.
+    while held.len() < 2 * limit {
+        let Ok(mut conn) = UnixStream::connect(&d.socket) else { break };
+        match bounded_run(&mut conn, ws.path()) {
+            Some(Ok(())) => held.push(conn),
+            Some(Err(e)) => {
+                let kind = e["error"]["kind"].as_str().unwrap_or_default().to_string();
+                assert!(["RuntimeFailure", "Busy", "JournalUnavailable"].contains(&kind.as_str()), "{e}");
+                failed_runs += 1;
+                held.push(conn);
+            }
+            // The connection closed without a word, or not accepted at
+            // all (out of descriptors): the end of what it takes.
+            None => {
+                refused += 1;
+                break;
+            }
+        }
+    }
+    assert!(failed_runs + refused > 0, "never ran out of descriptors: {} connections", held.len());
+    eprintln!(
+        "{} connections held, {failed_runs} runs answered with an error, then {refused} not served",
+        held.len()
+    );
+    drop(held);
+    // Descriptors come back (once the daemon has seen those clients go),
+    // and so does the service.
+    let served = eventually(Duration::from_secs(10), || {
+        run(&d.socket, ws.path(), &["echo", "back"]).is_ok_and(|r| r.status == RunStatus::Exited { code: 0 })
+    });
+    assert!(served, "{}", d.log());
+    settles(&d, temp.path(), &before);
+    assert!(!d.log().contains("panicked"), "{}", d.log());
+}
+
+/// One run of `echo` on `conn` in the JSON-lines encoding, read with a time
+/// bound: `Ok` for its result, `Err` for an error reply, `None` when the
+/// connection closed or nothing came within the bound.
+fn bounded_run(conn: &mut UnixStream, ws: &Path) -> Option<Result<(), serde_json::Value>> {
+    use std::io::{BufRead, Write};
+    let mut bytes = encode(&ClientMessage::Hello(Hello::new(Encoding::Json)), Encoding::Json).unwrap();
+    bytes.extend(encode(&ClientMessage::Run(request(ws, &["echo", "x"])), Encoding::Json).unwrap());
+    conn.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    conn.write_all(&bytes).ok()?;
+    let mut lines = std::io::BufReader::new(conn.try_clone().ok()?).lines();
+    loop {
+        let m: serde_json::Value = serde_json::from_str(&lines.next()?.ok()?).ok()?;
+        if m.get("finished").is_some() {
+            return Some(Ok(()));
+        }
+        if m.get("error").is_some() {
+            return Some(Err(m));
+        }
+    }
+}
+
+#[test]
+fn sigterm_during_a_burst_kills_every_run_and_answers_every_client() {
+    let temp = TempDir::new("runs");
+    // Four run at once; the others wait in the queue when the signal comes.
+    let mut d = daemon_with(temp.path(), ("", "max_concurrent = 4\n"), vec![], vec![]);
+    let ws = TempDir::new("ws");
+    let tokens: Vec<String> = (0..12).map(|i| token(&format!("burst{i}"))).collect();
+    let clients: Vec<_> = tokens
+        .iter()
+        .map(|tok| {
+            let (socket, wsp, tok) = (d.socket.clone(), ws.path().to_path_buf(), tok.clone());
+            std::thread::spawn(move || run(&socket, &wsp, &["daemonize", &tok]))
+        })
+        .collect();
+    let running = || tokens.iter().filter(|t| sleeper_with_token(t).is_some()).count();
+    assert!(eventually(Duration::from_secs(10), || running() == 4), "{}", d.log());
+    assert_eq!(d.stop().and_then(|s| s.code()), Some(0), "{}", d.log());
+    let (mut cancelled, mut busy) = (0, 0);
+    for c in clients {
+        match c.join().unwrap() {
+            Ok(r) if r.status == RunStatus::Cancelled => cancelled += 1,
+            Err(ClientError::Reply(e)) if e.kind == ErrorKind::Busy => {
+                assert!(e.message.contains("shutting down"), "{}", e.message);
+                busy += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((cancelled, busy), (4, 8));
+    assert!(eventually(Duration::from_secs(10), || running() == 0), "a sandbox survived shutdown");
+}
+
+/// As root, the same file again as the unprivileged test user.
+#[test]
+fn the_fault_suite_passes_as_an_unprivileged_user() {
+    rerun_unprivileged("the_fault_suite_passes_as_an_unprivileged_user");
+}
