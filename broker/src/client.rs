@@ -102,7 +102,11 @@ impl Client {
     /// then costs one round trip instead of two. A refused hello still
     /// fails that request.
     pub fn open(path: &Path) -> Result<Client, ClientError> {
-        let stream = UnixStream::connect(path).map_err(ClientError::Io)?;
+        Client::over(UnixStream::connect(path).map_err(ClientError::Io)?)
+    }
+
+    /// [`Client::open`] on a connected stream (one with a read timeout, say).
+    pub fn over(stream: UnixStream) -> Result<Client, ClientError> {
         let encoding = Encoding::Bincode;
         let hello = encode(&ClientMessage::Hello(Hello::new(encoding)), encoding)
             .map_err(|e| ClientError::Protocol(e.to_string()))?;

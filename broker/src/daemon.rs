@@ -60,7 +60,9 @@ pub fn main(args: Args) -> i32 {
         eprintln!("palisaded: {e}");
         return EXIT_CONFIG;
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all().thread_keep_alive(crate::server::BLOCKING_KEEP_ALIVE);
+    let runtime = match builder.build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("palisaded: cannot start the runtime: {e}");

@@ -6,6 +6,9 @@
 //!   the broker once its sandbox is running.
 //! - `PALISADE_HELPER_FAULT=STAGE`: passed on to every helper, which stops at
 //!   that stage of its order (named `fault-STAGE`) until it is killed.
+//! - `PALISADE_FAULT_SPAWN=ERRNO:N` (`ENOMEM`, `EAGAIN` or `EMFILE`): the
+//!   first `N` helpers fail to start with that error, as when the host is
+//!   out of memory, processes or descriptors.
 
 /// The variable the helper reads (see `helper/src/fault.rs`).
 const HELPER_FAULT: &str = "PALISADE_HELPER_FAULT";
@@ -29,4 +32,24 @@ pub fn helper_env() -> Option<std::ffi::CString> {
     }
     let stage = std::env::var(HELPER_FAULT).ok()?;
     std::ffi::CString::new(format!("{HELPER_FAULT}={stage}")).ok()
+}
+
+/// The error `PALISADE_FAULT_SPAWN` puts in place of this helper's start,
+/// while its count lasts.
+pub fn spawn_error() -> Option<std::io::Error> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static FAILED: AtomicUsize = AtomicUsize::new(0);
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    let asked = std::env::var("PALISADE_FAULT_SPAWN").ok()?;
+    let (name, count) = asked.split_once(':')?;
+    let errno = match name {
+        "ENOMEM" => libc::ENOMEM,
+        "EAGAIN" => libc::EAGAIN,
+        "EMFILE" => libc::EMFILE,
+        _ => return None,
+    };
+    let count: usize = count.parse().ok()?;
+    (FAILED.fetch_add(1, Ordering::Relaxed) < count).then(|| std::io::Error::from_raw_os_error(errno))
 }

@@ -318,6 +318,9 @@ impl Drop for SpawnSetup {
 /// broker's address space is not copied, and no code of ours runs in the
 /// child), an empty environment and descriptors 0-5 as the convention says.
 pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
+    if let Some(e) = crate::fault::spawn_error() {
+        return Err(e);
+    }
     // A socket: the plan's descriptors come with it.
     let (plan_channel, plan) = UnixStream::pair()?;
     if let Some(spec) = &cmd.warm {

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::unix::OwnedReadHalf;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::{JoinError, JoinSet};
 
 /// How long a run's result may wait for a client that does not read.
@@ -30,12 +30,23 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// How long a connection over the limits may take to say hello, to be told
 /// `Busy` in its own encoding.
 const REFUSAL_HELLO_TIMEOUT: Duration = Duration::from_secs(1);
-/// Connections over the limits being told so at once; beyond, one is closed
-/// without a word (descriptors stay bounded whatever the rate of attempts).
-const MAX_REFUSING: usize = 16;
+/// Connections over the limits being told so at once, beyond the
+/// `max_connections` served: with that many accepted and not done, further
+/// ones wait in the socket's listen backlog, and descriptors stay bounded
+/// whatever the rate of attempts. Nobody is closed without a word.
+const REFUSING_ROOM: usize = 256;
 /// After a failed accept (out of descriptors, say), a pause before the next:
 /// the failure would otherwise repeat at once, in a busy loop.
 const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+/// How long a thread of the runtime's blocking pool (decisions, copy-back)
+/// waits for more work before it exits: after a burst, its memory goes back
+/// to the allocator soon, and from there to the system (see below).
+pub const BLOCKING_KEEP_ALIVE: Duration = Duration::from_secs(1);
+/// An idle broker that has served since it last did gives the allocator's
+/// free memory back to the system (see [`release_free_memory`]) once it has
+/// had no connection for two of these: past [`BLOCKING_KEEP_ALIVE`], when
+/// the pool's threads are gone.
+const IDLE_TRIM_EVERY: Duration = Duration::from_secs(1);
 /// What reading a client's first message gave: nothing within
 /// [`HELLO_TIMEOUT`], a bad frame, its end, or a message.
 type HelloRead = Result<Result<Option<ClientMessage>, String>, tokio::time::error::Elapsed>;
@@ -69,7 +80,9 @@ impl Drop for Admitted {
 pub struct Server {
     broker: Arc<Broker>,
     connections: Arc<Mutex<Connections>>,
-    refusing: Arc<Semaphore>,
+    /// One permit per connection accepted and not done (served, or being
+    /// told `Busy`): `max_connections` + [`REFUSING_ROOM`].
+    accepting: Arc<Semaphore>,
     max_connections: usize,
     max_connections_per_uid: usize,
     idle_timeout: Duration,
@@ -88,7 +101,7 @@ impl Server {
             if b.allowed_uids.is_empty() { vec![broker.context.uid] } else { b.allowed_uids.clone() };
         Server {
             connections: Arc::default(),
-            refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
+            accepting: Arc::new(Semaphore::new(b.max_connections + REFUSING_ROOM)),
             max_connections: b.max_connections,
             max_connections_per_uid: b.max_connections_per_uid,
             idle_timeout: Duration::from_secs(b.idle_timeout_secs),
@@ -106,13 +119,21 @@ impl Server {
     /// runs in progress (each client gets its `Cancelled` result) and returns.
     pub async fn serve(self: Arc<Self>, listener: UnixListener, mut shutdown: watch::Receiver<bool>) {
         let mut connections = JoinSet::new();
+        let mut trim = tokio::time::interval(IDLE_TRIM_EVERY);
+        let (mut served_since_trim, mut quiet_ticks) = (false, 0);
+        // A permit first, then a connection to hold it.
+        let mut room: Option<OwnedSemaphorePermit> = None;
         loop {
             tokio::select! {
-                accepted = listener.accept() => match accepted {
+                permit = self.accepting.clone().acquire_owned(), if room.is_none() => room = permit.ok(),
+                accepted = listener.accept(), if room.is_some() => match accepted {
                     Ok((stream, _)) => {
-                        let server = self.clone();
-                        let stop = shutdown.clone();
-                        connections.spawn(async move { server.connection(stream, stop).await });
+                        let (server, stop, permit) = (self.clone(), shutdown.clone(), room.take());
+                        connections.spawn(async move {
+                            server.connection(stream, stop).await;
+                            drop(permit);
+                        });
+                        (served_since_trim, quiet_ticks) = (true, 0);
                     }
                     Err(e) => {
                         tracing::warn!("accept failed: {e}");
@@ -120,6 +141,14 @@ impl Server {
                     }
                 },
                 _ = shutdown.changed() => break,
+                _ = trim.tick(), if served_since_trim => {
+                    quiet_ticks = if connections.is_empty() { quiet_ticks + 1 } else { 0 };
+                    if quiet_ticks == 2 {
+                        served_since_trim = false;
+                        // On this thread: the blocking pool's would be one more to start and keep.
+                        release_free_memory();
+                    }
+                }
                 Some(joined) = connections.join_next(), if !connections.is_empty() => {
                     if let Err(e) = joined.map_err(JoinError::into_panic) {
                         tracing::error!("a connection's task panicked: {}", panics::message(e.as_ref()));
@@ -178,7 +207,6 @@ impl Server {
     /// A connection over the limits: told `Busy` (once it said hello, to
     /// know its encoding), then closed.
     async fn refuse_busy(&self, stream: UnixStream, peer: &Peer, why: BrokerError) {
-        let Ok(_refusing) = self.refusing.clone().try_acquire_owned() else { return };
         tracing::warn!(uid = peer.uid, pid = peer.pid, "connection refused: {why}");
         let (mut reader, writer) = stream.into_split();
         let mut decoder = Decoder::default();
@@ -548,6 +576,18 @@ async fn after_panic(peer: &Peer, what: &str, panic: String, sink: &mut SocketSi
     tracing::error!(uid = peer.uid, pid = peer.pid, "the handling of {what} panicked: {panic}");
     let e = BrokerError::Internal(format!("{what} of uid {}", peer.uid));
     let _ = tokio::time::timeout(RESULT_SEND_TIMEOUT, sink.send(e.into())).await;
+}
+
+/// Gives the allocator's free memory back to the system. After a burst
+/// (a thousand clients at once, say) glibc keeps what the runtime's threads
+/// freed in their arenas, and an idle daemon would hold its peak for good.
+fn release_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free memory of the allocator's own
+    // to the system; it takes no pointer and is safe to call from any thread.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// The outcome of a pending approval as the journal records it.

@@ -1,11 +1,14 @@
 //! Faults, each injected for real: a panic in one request's handling, the
 //! helper killed at each stage of its order, the broker `kill -9`ed with
-//! runs in flight, the broker out of descriptors. After each, the client
+//! runs in flight, the broker out of descriptors, a helper that cannot start
+//! (out of memory or processes), a full disk under the run directories,
+//! `SIGTERM` during a burst. After each, the client
 //! has its answer, nothing of the run is left (processes, descriptors,
 //! mounts, run directories), and the daemon (or the next one) serves.
 //!
 //! The hooks that place a fault (`PALISADE_FAULT_PANIC`,
-//! `PALISADE_HELPER_FAULT`: broker/src/fault.rs, helper/src/fault.rs) exist
+//! `PALISADE_HELPER_FAULT`, `PALISADE_FAULT_SPAWN`: broker/src/fault.rs,
+//! helper/src/fault.rs) exist
 //! in debug builds only, so this file runs against the debug binaries.
 
 use palisade_broker::client::{Client, ClientError};
@@ -23,13 +26,13 @@ fn token(tag: &str) -> String {
 /// A daemon with no helper started ahead (so that every process it has
 /// belongs to a run), its run directories under `temp`, and `env`.
 fn daemon(temp: &Path, env: Vec<(String, String)>, prefix: Vec<String>) -> Daemon {
-    daemon_with(temp, ("", ""), env, prefix)
+    daemon_with(temp, ("", "", ""), env, prefix)
 }
 
-/// [`daemon`], with `defaults` and `broker` added to those tables.
+/// [`daemon`], with `defaults`, `broker` and `policy` added to those tables.
 fn daemon_with(
     temp: &Path,
-    (defaults, broker): (&str, &str),
+    (defaults, broker, policy): (&str, &str, &str),
     env: Vec<(String, String)>,
     prefix: Vec<String>,
 ) -> Daemon {
@@ -38,7 +41,7 @@ fn daemon_with(
         "the fault hooks exist in debug builds only: run this file against them"
     );
     let config = format!(
-        "{defaults}[broker]\nprespawn = 0\n{broker}\n[policy]\ntemp_root = {:?}\n",
+        "{defaults}[broker]\nprespawn = 0\n{broker}\n[policy]\ntemp_root = {:?}\n{policy}",
         temp.to_string_lossy()
     );
     Daemon::start_with(DaemonOptions { config, env, prefix, ..Default::default() })
@@ -258,7 +261,7 @@ fn out_of_descriptors_runs_are_answered_with_errors_not_panics_and_service_retur
     // Hard: the daemon raises its soft limit to the hard one. Sandboxes get
     // a limit below it (they may not raise theirs above the hard limit).
     let prefix = vec!["prlimit".into(), format!("--nofile={limit}:{limit}"), "--".into()];
-    let d = daemon_with(temp.path(), ("max_open_files = 32\n", ""), vec![], prefix);
+    let d = daemon_with(temp.path(), ("max_open_files = 32\n", "", ""), vec![], prefix);
     let ws = TempDir::new("ws");
     expect_echo(&d.socket, ws.path(), &d);
     let before = Census::of(&d, temp.path());
@@ -323,10 +326,39 @@ fn bounded_run(conn: &mut UnixStream, ws: &Path) -> Option<Result<(), serde_json
 }
 
 #[test]
+fn a_helper_that_cannot_start_for_want_of_memory_or_processes_is_an_error_and_service_returns() {
+    let ws = TempDir::new("ws");
+    for (errno, says) in
+        [("ENOMEM", "Cannot allocate memory"), ("EAGAIN", "Resource temporarily unavailable")]
+    {
+        let temp = TempDir::new("runs");
+        let env = vec![("PALISADE_FAULT_SPAWN".into(), format!("{errno}:3"))];
+        let d = daemon(temp.path(), env, vec![]);
+        let before = Census::of(&d, temp.path());
+        for _ in 0..3 {
+            match run(&d.socket, ws.path(), &["echo", "x"]) {
+                Err(ClientError::Reply(e)) => {
+                    assert_eq!(e.kind, ErrorKind::RuntimeFailure, "{}", e.message);
+                    assert!(
+                        e.message.starts_with("cannot start ") && e.message.contains(says),
+                        "{}",
+                        e.message
+                    );
+                }
+                other => panic!("{errno}: {other:?}\n{}", d.log()),
+            }
+        }
+        expect_echo(&d.socket, ws.path(), &d);
+        settles(&d, temp.path(), &before);
+        assert!(!d.log().contains("panicked"), "{}", d.log());
+    }
+}
+
+#[test]
 fn sigterm_during_a_burst_kills_every_run_and_answers_every_client() {
     let temp = TempDir::new("runs");
     // Four run at once; the others wait in the queue when the signal comes.
-    let mut d = daemon_with(temp.path(), ("", "max_concurrent = 4\n"), vec![], vec![]);
+    let mut d = daemon_with(temp.path(), ("", "max_concurrent = 4\n", ""), vec![], vec![]);
     let ws = TempDir::new("ws");
     let tokens: Vec<String> = (0..12).map(|i| token(&format!("burst{i}"))).collect();
     let clients: Vec<_> = tokens
@@ -352,6 +384,57 @@ fn sigterm_during_a_burst_kills_every_run_and_answers_every_client() {
     }
     assert_eq!((cancelled, busy), (4, 8));
     assert!(eventually(Duration::from_secs(10), || running() == 0), "a sandbox survived shutdown");
+}
+
+/// A tmpfs mounted by the test, unmounted whatever happens.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+#[test]
+fn a_full_temp_root_refuses_tier_b_runs_with_the_reason_until_space_returns() {
+    if !is_root() {
+        eprintln!("not root: a tmpfs cannot be mounted here; the run as root covers this");
+        return;
+    }
+    let dir = TempDir::new("fulltemp");
+    let fs = dir.join("fs");
+    std::fs::create_dir(&fs).unwrap();
+    // Few inodes: full once the test has made them all.
+    let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV;
+    nix::mount::mount(Some("tmpfs"), &fs, Some("tmpfs"), flags, Some("size=1m,nr_inodes=64,mode=0711"))
+        .unwrap();
+    let _mounted = Mounted(fs.clone());
+    let temp = fs.join("runs");
+    // Tier B, whose runs have directories of their own under temp_root.
+    let tier_b = ("", "user_namespaces = false\n", "fallback = \"warn_and_execute\"\n");
+    let d = daemon_with(&temp, tier_b, vec![], vec![]);
+    let ws = shared_workspace(&dir, "ws");
+    expect_echo(&d.socket, &ws, &d);
+    let before = Census::of(&d, &temp);
+    let filler = dir.join("fs/filler");
+    std::fs::create_dir(&filler).unwrap();
+    let mut made = 0;
+    while std::fs::write(filler.join(made.to_string()), "").is_ok() {
+        made += 1;
+        assert!(made < 1000, "the tmpfs never filled up");
+    }
+    match run(&d.socket, &ws, &["echo", "full"]) {
+        Err(ClientError::Reply(e)) => {
+            assert_eq!(e.kind, ErrorKind::RuntimeFailure, "{}", e.message);
+            assert!(e.message.contains("cannot create the run's directories"), "{}", e.message);
+            assert!(e.message.contains("No space left on device"), "{}", e.message);
+        }
+        other => panic!("{other:?}\n{}", d.log()),
+    }
+    settles(&d, &temp, &before);
+    std::fs::remove_dir_all(&filler).unwrap();
+    expect_echo(&d.socket, &ws, &d);
+    settles(&d, &temp, &before);
 }
 
 /// As root, the same file again as the unprivileged test user.

@@ -58,6 +58,7 @@ fn cgroup_limits_hold_in_a_pure_cgroup_v2_guest() {
             "200 runs",
             "landlock abi 2",
             "shutdown",
+            "broker killed",
             "plugin-host cgroup",
             "plugin-host memory limit",
         ] {

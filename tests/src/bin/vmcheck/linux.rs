@@ -366,6 +366,44 @@ fn many_runs(g: &Guest, socket: &Path, runs_dir: &Path) -> Check {
     Ok(format!("200 runs (4 clients) in {:.1} s, no cgroup left behind", start.elapsed().as_secs_f64()))
 }
 
+/// A broker `kill -9`ed with runs in flight: no sandbox survives it (the
+/// lifeline, and the run's cgroup), and the next broker removes the run
+/// cgroups the dead one left and serves.
+fn broker_killed(g: &Guest, config: &Path, runs_dir: &Path) -> Check {
+    let (mut d, socket) = g.daemon(config, (!g.root).then_some(runs_dir));
+    let dead = format!("run-{}-", d.id());
+    let tokens: Vec<String> = (0..2).map(|i| format!("vm-killed-{i}-{}", std::process::id())).collect();
+    let mut clients = Vec::new();
+    for token in &tokens {
+        let mut c = Client::connect(&socket).map_err(|e| e.to_string())?;
+        c.send(&palisade_protocol::wire::ClientMessage::Run(g.request(&["daemonize", token])))
+            .map_err(|e| e.to_string())?;
+        clients.push(c);
+    }
+    ensure(
+        eventually(Duration::from_secs(30), || tokens.iter().all(|t| process_with_token(t).is_some())),
+        || "the runs never started".into(),
+    )?;
+    let in_flight = run_cgroups(runs_dir).iter().filter(|n| n.starts_with(&dead)).count();
+    ensure(in_flight >= 2, || format!("{in_flight} run cgroups of the broker's in {}", runs_dir.display()))?;
+    let _ =
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(d.id() as i32), nix::sys::signal::Signal::SIGKILL);
+    let _ = d.wait();
+    ensure(
+        eventually(Duration::from_secs(10), || tokens.iter().all(|t| process_with_token(t).is_none())),
+        || "a sandbox survived its broker".into(),
+    )?;
+    let (mut next, socket) = g.daemon(config, (!g.root).then_some(runs_dir));
+    let left: Vec<String> = run_cgroups(runs_dir).into_iter().filter(|n| n.starts_with(&dead)).collect();
+    let (out, r) = run(&socket, g.request(&["echo", "next"]));
+    stop(&mut next);
+    ensure(left.is_empty(), || format!("the dead broker's cgroups were left: {left:?}"))?;
+    ensure(out == "ok next\n" && r.is_ok(), || format!("the next broker: {out:?} {r:?}"))?;
+    Ok(format!(
+        "kill -9 with 2 runs in flight ({in_flight} run cgroups of its own): no sandbox survived, the next broker removed its cgroups and served"
+    ))
+}
+
 fn landlock_abi2(g: &Guest, socket: &Path) -> Check {
     let (_, r) = run(socket, g.request(&["echo", "x"]));
     let r = r.map_err(|e| format!("{e:?}"))?;
@@ -673,6 +711,7 @@ pub(crate) fn main() {
                 })
                 .map(|_| "palisaded exited 0, no run cgroup or pool slot left".into()),
         ));
+        checks.push(("broker killed", broker_killed(&g, &config, &runs_dir)));
         checks.push(("plugin-host cgroup", plugin_host_cgroup(&g)));
         checks.push(("plugin-host memory limit", plugin_host_memory_limit(&g)));
         if g.root {
