@@ -343,3 +343,9 @@ impl Peak {
         self.sampler.join().unwrap()
     }
 }
+
+/// As root, the same file again as the unprivileged test user.
+#[test]
+fn the_soak_passes_as_an_unprivileged_user() {
+    rerun_unprivileged("the_soak_passes_as_an_unprivileged_user");
+}

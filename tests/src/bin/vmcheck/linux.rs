@@ -367,10 +367,19 @@ fn many_runs(g: &Guest, socket: &Path, runs_dir: &Path) -> Check {
 }
 
 /// A broker `kill -9`ed with runs in flight: no sandbox survives it (the
-/// lifeline, and the run's cgroup), and the next broker removes the run
-/// cgroups the dead one left and serves.
+/// lifeline, and the run's cgroup) and the next broker serves. Root's next
+/// broker, under the same configured cgroup root, removes the run cgroups
+/// the dead one left; a user's runs live in the unit's own cgroup, which
+/// systemd empties and removes when it restarts the unit (here, a fresh
+/// cgroup for each), so there the dead one's must only be empty.
 fn broker_killed(g: &Guest, config: &Path, runs_dir: &Path) -> Check {
-    let (mut d, socket) = g.daemon(config, (!g.root).then_some(runs_dir));
+    let fresh = |name: &str| {
+        let dir = g.delegated.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    };
+    let runs_dir = if g.root { runs_dir.to_path_buf() } else { fresh("killed") };
+    let (mut d, socket) = g.daemon(config, (!g.root).then_some(runs_dir.as_path()));
     let dead = format!("run-{}-", d.id());
     let tokens: Vec<String> = (0..2).map(|i| format!("vm-killed-{i}-{}", std::process::id())).collect();
     let mut clients = Vec::new();
@@ -384,7 +393,9 @@ fn broker_killed(g: &Guest, config: &Path, runs_dir: &Path) -> Check {
         eventually(Duration::from_secs(30), || tokens.iter().all(|t| process_with_token(t).is_some())),
         || "the runs never started".into(),
     )?;
-    let in_flight = run_cgroups(runs_dir).iter().filter(|n| n.starts_with(&dead)).count();
+    let theirs =
+        || -> Vec<String> { run_cgroups(&runs_dir).into_iter().filter(|n| n.starts_with(&dead)).collect() };
+    let in_flight = theirs().len();
     ensure(in_flight >= 2, || format!("{in_flight} run cgroups of the broker's in {}", runs_dir.display()))?;
     let _ =
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(d.id() as i32), nix::sys::signal::Signal::SIGKILL);
@@ -393,14 +404,22 @@ fn broker_killed(g: &Guest, config: &Path, runs_dir: &Path) -> Check {
         eventually(Duration::from_secs(10), || tokens.iter().all(|t| process_with_token(t).is_none())),
         || "a sandbox survived its broker".into(),
     )?;
-    let (mut next, socket) = g.daemon(config, (!g.root).then_some(runs_dir));
-    let left: Vec<String> = run_cgroups(runs_dir).into_iter().filter(|n| n.starts_with(&dead)).collect();
+    let populated: Vec<String> = theirs()
+        .into_iter()
+        .filter(|n| cgroup_file(&runs_dir.join(n), "cgroup.events").contains("populated 1"))
+        .collect();
+    ensure(populated.is_empty(), || format!("processes left in {populated:?}"))?;
+    let next_dir = if g.root { runs_dir.clone() } else { fresh("after-kill") };
+    let (mut next, socket) = g.daemon(config, (!g.root).then_some(next_dir.as_path()));
+    let left = if g.root { theirs() } else { Vec::new() };
     let (out, r) = run(&socket, g.request(&["echo", "next"]));
     stop(&mut next);
     ensure(left.is_empty(), || format!("the dead broker's cgroups were left: {left:?}"))?;
     ensure(out == "ok next\n" && r.is_ok(), || format!("the next broker: {out:?} {r:?}"))?;
+    let cleaned =
+        if g.root { "the next broker removed them" } else { "emptied (the unit's cgroup is systemd's)" };
     Ok(format!(
-        "kill -9 with 2 runs in flight ({in_flight} run cgroups of its own): no sandbox survived, the next broker removed its cgroups and served"
+        "kill -9 with 2 runs in flight ({in_flight} run cgroups): no sandbox survived, their cgroups {cleaned}, the next broker served"
     ))
 }
 
