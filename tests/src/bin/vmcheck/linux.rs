@@ -417,7 +417,7 @@ fn broker_killed(g: &Guest, config: &Path, runs_dir: &Path) -> Check {
     ensure(left.is_empty(), || format!("the dead broker's cgroups were left: {left:?}"))?;
     ensure(out == "ok next\n" && r.is_ok(), || format!("the next broker: {out:?} {r:?}"))?;
     let cleaned =
-        if g.root { "the next broker removed them" } else { "emptied (the unit's cgroup is systemd's)" };
+        if g.root { "removed by the next broker" } else { "emptied (the unit's cgroup is systemd's)" };
     Ok(format!(
         "kill -9 with 2 runs in flight ({in_flight} run cgroups): no sandbox survived, their cgroups {cleaned}, the next broker served"
     ))
