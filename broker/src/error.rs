@@ -55,6 +55,10 @@ pub enum BrokerError {
     /// (a run is never run unrecorded).
     #[error("{0}")]
     JournalUnavailable(String),
+    /// The sandbox's supervisor died before it reported how the command
+    /// ended (killed from outside, say): the helper's end, as `wait` saw it.
+    #[error("the sandbox ended before reporting how its command did: its helper {0}")]
+    SandboxLost(String),
     /// The broker failed (a panic, caught) while serving this request; the
     /// daemon's log has the details under the same run id.
     #[error("internal error while serving {0}: the broker's log has the details")]
@@ -87,6 +91,7 @@ impl BrokerError {
             | BrokerError::Task(_)
             | BrokerError::TrustState { .. }
             | BrokerError::Internal(_)
+            | BrokerError::SandboxLost(_)
             | BrokerError::Io(_) => ErrorKind::RuntimeFailure,
         }
     }

@@ -265,7 +265,10 @@ impl Engine {
         if cg_usage.is_some_and(|u| u.oom_kills > 0) && ended.is_none() {
             ended = Some(RunStatus::MemoryLimitExceeded);
         }
-        let status = ended.unwrap_or_else(|| exit_status(report.exit, &usage));
+        let status = match ended {
+            Some(ended) => ended,
+            None => exit_status(report.exit, &usage)?,
+        };
         tracing::info!(run_id, pid, ?status, wall_ms, "run finished");
         let Timeline { spawned_us, exited_us, closed_us, status_read_us } = timeline;
         tracing::debug!(
@@ -296,17 +299,19 @@ impl Engine {
     }
 }
 
-/// How the command ended by itself: as the helper reported it, else as the
-/// helper's own exit says.
-fn exit_status(exit: Option<ExitReport>, usage: &Usage) -> RunStatus {
+/// How the command ended by itself, as the sandbox's supervisor (pid 1, or
+/// Tier B's reaper) reported it. Without its report the supervisor died
+/// first (killed from outside, say): how the command ended is not known,
+/// and the run is an error rather than a status it may not have had.
+fn exit_status(exit: Option<ExitReport>, usage: &Usage) -> Result<RunStatus, BrokerError> {
     match exit {
-        Some(ExitReport::Code(code)) => RunStatus::Exited { code },
-        Some(ExitReport::Signal(signal)) => RunStatus::Signaled { signal },
-        None => match (usage.code, usage.signal) {
-            (Some(code), _) => RunStatus::Exited { code },
-            (_, Some(signal)) => RunStatus::Signaled { signal },
-            _ => RunStatus::Signaled { signal: libc::SIGKILL },
-        },
+        Some(ExitReport::Code(code)) => Ok(RunStatus::Exited { code }),
+        Some(ExitReport::Signal(signal)) => Ok(RunStatus::Signaled { signal }),
+        None => Err(BrokerError::SandboxLost(match (usage.code, usage.signal) {
+            (Some(code), _) => format!("exited with {code}"),
+            (_, Some(signal)) => format!("was killed by signal {signal}"),
+            _ => "ended".into(),
+        })),
     }
 }
 

@@ -59,6 +59,7 @@ fn cgroup_limits_hold_in_a_pure_cgroup_v2_guest() {
             "landlock abi 2",
             "shutdown",
             "broker killed",
+            "helper killed in its cgroup",
             "plugin-host cgroup",
             "plugin-host memory limit",
         ] {

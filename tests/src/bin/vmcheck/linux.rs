@@ -85,6 +85,16 @@ impl Guest {
     /// Starts palisaded; `cgroup`: the cgroup it starts in (as a systemd
     /// unit's process would), where this program does not live.
     fn daemon(&self, config: &Path, cgroup: Option<&Path>) -> (Child, PathBuf) {
+        self.daemon_with_env(config, cgroup, &[])
+    }
+
+    /// [`Guest::daemon`], with `env` added to the daemon's environment.
+    fn daemon_with_env(
+        &self,
+        config: &Path,
+        cgroup: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> (Child, PathBuf) {
         let socket =
             self.tmp.join(format!("palisade-{}.sock", config.file_name().unwrap().to_string_lossy()));
         let mut cmd = Command::new(bin("palisaded"));
@@ -97,6 +107,7 @@ impl Guest {
                 "PALISADE_JOURNAL",
                 self.tmp.join(format!("journal-{}", config.file_name().unwrap().to_string_lossy())),
             )
+            .envs(env.iter().copied())
             .stdin(Stdio::null());
         if let Some(cg) = cgroup {
             let procs = std::ffi::CString::new(cg.join("cgroup.procs").into_os_string().into_encoded_bytes())
@@ -423,6 +434,53 @@ fn broker_killed(g: &Guest, config: &Path, runs_dir: &Path) -> Check {
     ))
 }
 
+/// The helper killed once it has joined its run's cgroup (a hook of debug
+/// builds, `PALISADE_HELPER_FAULT`, stops it there until then): the client
+/// is answered, the run's cgroup removed, and the broker serves.
+fn helper_killed_in_its_cgroup(g: &Guest, config: &Path, runs_dir: &Path) -> Check {
+    // No helper started ahead: the run's helper joins its cgroup itself.
+    let text = std::fs::read_to_string(config).unwrap();
+    let text = match text.strip_prefix("[broker]\n") {
+        Some(rest) => format!("[broker]\nprespawn = 0\n{rest}"),
+        None => format!("[broker]\nprespawn = 0\n{text}"),
+    };
+    let cold = g.tmp.join("palisade-cold.toml");
+    std::fs::write(&cold, text).unwrap();
+    let runs_dir = if g.root { runs_dir.to_path_buf() } else { g.delegated.join("helper-killed") };
+    std::fs::create_dir_all(&runs_dir).unwrap();
+    let env = [("PALISADE_HELPER_FAULT", "cgroup")];
+    let (mut d, socket) = g.daemon_with_env(&cold, (!g.root).then_some(runs_dir.as_path()), &env);
+    let answer = std::thread::scope(|s| {
+        let client = s.spawn(|| run(&socket, g.request(&["echo", "never"])));
+        let mut stopped = None;
+        let found = eventually(Duration::from_secs(30), || {
+            stopped = palisade_tests::descendants(d.id()).into_iter().find(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim_end() == "fault-cgroup")
+            });
+            stopped.is_some()
+        });
+        if let Some(pid) = stopped {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        (found, client.join().unwrap())
+    });
+    let (found, (_, r)) = answer;
+    let left = eventually(Duration::from_secs(10), || runs_left(&runs_dir).is_empty());
+    let leftover = runs_left(&runs_dir);
+    stop(&mut d);
+    ensure(found, || "no helper stopped after joining its cgroup".into())?;
+    ensure(r.as_ref().map_or(true, |r| r.status != RunStatus::Exited { code: 0 }), || format!("{r:?}"))?;
+    ensure(left, || format!("run cgroups left: {leftover:?}"))?;
+    Ok(format!(
+        "killed in its cgroup: answered {:?}, its cgroup removed",
+        r.map(|r| r.status).map_err(|e| e.0)
+    ))
+}
+
 fn landlock_abi2(g: &Guest, socket: &Path) -> Check {
     let (_, r) = run(socket, g.request(&["echo", "x"]));
     let r = r.map_err(|e| format!("{e:?}"))?;
@@ -731,6 +789,7 @@ pub(crate) fn main() {
                 .map(|_| "palisaded exited 0, no run cgroup or pool slot left".into()),
         ));
         checks.push(("broker killed", broker_killed(&g, &config, &runs_dir)));
+        checks.push(("helper killed in its cgroup", helper_killed_in_its_cgroup(&g, &config, &runs_dir)));
         checks.push(("plugin-host cgroup", plugin_host_cgroup(&g)));
         checks.push(("plugin-host memory limit", plugin_host_memory_limit(&g)));
         if g.root {
