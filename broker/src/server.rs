@@ -5,6 +5,7 @@
 use crate::approvals::{ApproverAction, Ticket};
 use crate::error::BrokerError;
 use crate::journal::Event;
+use crate::memory;
 use crate::panics::{self, Caught};
 use crate::requester::Requester;
 use crate::run::Sink;
@@ -43,7 +44,7 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 /// to the allocator soon, and from there to the system (see below).
 pub const BLOCKING_KEEP_ALIVE: Duration = Duration::from_secs(1);
 /// An idle broker that has served since it last did gives the allocator's
-/// free memory back to the system (see [`release_free_memory`]) once it has
+/// free memory back to the system ([`memory::release_free_memory`]) once it has
 /// had no connection for two of these: past [`BLOCKING_KEEP_ALIVE`], when
 /// the pool's threads are gone.
 const IDLE_TRIM_EVERY: Duration = Duration::from_secs(1);
@@ -146,7 +147,7 @@ impl Server {
                     if quiet_ticks == 2 {
                         served_since_trim = false;
                         // On this thread: the blocking pool's would be one more to start and keep.
-                        release_free_memory();
+                        memory::release_free_memory();
                     }
                 }
                 Some(joined) = connections.join_next(), if !connections.is_empty() => {
@@ -576,18 +577,6 @@ async fn after_panic(peer: &Peer, what: &str, panic: String, sink: &mut SocketSi
     tracing::error!(uid = peer.uid, pid = peer.pid, "the handling of {what} panicked: {panic}");
     let e = BrokerError::Internal(format!("{what} of uid {}", peer.uid));
     let _ = tokio::time::timeout(RESULT_SEND_TIMEOUT, sink.send(e.into())).await;
-}
-
-/// Gives the allocator's free memory back to the system. After a burst
-/// (a thousand clients at once, say) glibc keeps what the runtime's threads
-/// freed in their arenas, and an idle daemon would hold its peak for good.
-fn release_free_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only returns free memory of the allocator's own
-    // to the system; it takes no pointer and is safe to call from any thread.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 /// The outcome of a pending approval as the journal records it.
