@@ -60,8 +60,12 @@ pub enum ParamValue {
     Many(Vec<String>),
 }
 
-/// Run a command. Everything but `argv` is optional.
+/// Run a command. `argv` and `cwd` are required (a request without `cwd` is
+/// refused, rule `request.cwd`); everything else is optional.
+/// Unknown fields are refused (in JSON; a misspelt `timeout_sec` would
+/// otherwise not apply), naming the field.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
 pub struct RunRequest {
     /// The command and its arguments; `argv[0]` is a name looked up in PATH or a path.
     pub argv: Vec<String>,
@@ -97,8 +101,11 @@ pub struct RunRequest {
     pub allow_domains: Option<Vec<String>>,
 }
 
+/// What a client sends. Unknown fields of a message are refused (in JSON),
+/// naming the field; the hello alone takes fields it does not know, so that
+/// a newer client hears which protocol versions this broker speaks.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum ClientMessage {
     Hello(Hello),
     Run(RunRequest),

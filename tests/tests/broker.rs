@@ -390,6 +390,26 @@ fn bad_frames_get_an_error_and_the_broker_keeps_serving() {
     assert_eq!(the_error(&msgs).0, ErrorKind::ProtocolError);
     still_serving();
 
+    // A misspelt field is refused by its name, never ignored (the deadline
+    // it meant would not apply); the hello takes fields it does not know.
+    let mut hello_json = serde_json::to_value(ClientMessage::Hello(Hello::new(Encoding::Json))).unwrap();
+    hello_json["hello"]["from_the_future"] = serde_json::json!(1);
+    for (message, field) in [
+        (r#"{"run": {"argv": ["echo"], "cwd": "/tmp", "timeout_sec": 5}}"#, "timeout_sec"),
+        (r#"{"answer": {"approval": 1, "approved": true, "reasn": "x"}}"#, "reasn"),
+    ] {
+        let mut bytes = serde_json::to_vec(&hello_json).unwrap();
+        bytes.push(b'\n');
+        bytes.extend(message.as_bytes());
+        bytes.push(b'\n');
+        let msgs = exchange(&d.socket, &bytes);
+        assert!(matches!(msgs.first(), Some(ServerMessage::Hello(_))), "{msgs:?}");
+        let (kind, msg) = the_error(&msgs);
+        assert_eq!(kind, ErrorKind::ProtocolError);
+        assert!(msg.contains(&format!("unknown field `{field}`")), "{msg}");
+    }
+    still_serving();
+
     // A well-formed request the policy refuses also leaves the connection usable.
     let mut c = Client::connect(&d.socket).unwrap();
     let bad =
