@@ -564,7 +564,8 @@ impl Server {
                     Answer { approved: false, by_uid, why: "cancelled".into() }
                 }
                 Ok(Some(other)) => refused(format!("the client answered {other:?}")),
-                Ok(None) | Err(_) => refused("the client is gone".into()),
+                Ok(None) => refused("the client is gone".into()),
+                Err(e) => refused(format!("the client's answer is not a message: {e}")),
             };
         }
     }

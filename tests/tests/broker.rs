@@ -1108,3 +1108,24 @@ fn the_sandbox_sees_etc_as_a_snapshot_of_what_others_may_read() {
 fn the_broker_suite_passes_as_an_unprivileged_user() {
     rerun_unprivileged("the_broker_suite_passes_as_an_unprivileged_user");
 }
+
+#[test]
+fn an_approval_answered_with_garbage_is_refused_saying_what_was_wrong() {
+    let d = Daemon::start("[broker]\nuser_namespaces = false\n[policy]\nfallback = \"request_approval\"\n");
+    let dir = TempDir::new("ws");
+    let ws = shared_workspace(&dir, "w");
+    let mut bytes = hello(Encoding::Json);
+    bytes.extend(encode(&ClientMessage::Run(request(&ws, &["echo", "x"])), Encoding::Json).unwrap());
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    s.write_all(&bytes).unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(s.try_clone().unwrap()));
+    let mut next = || -> serde_json::Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
+    assert!(next().get("hello").is_some());
+    assert!(next().get("approval_required").is_some());
+    s.write_all(b"yes please\n").unwrap();
+    let answer = next();
+    assert_eq!(answer["error"]["kind"], "NeedsApproval", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("the client's answer is not a message"), "{message}");
+}
