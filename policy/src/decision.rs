@@ -971,6 +971,10 @@ fn choose_tier(
                 // Decided after every check: only a run that would be allowed is put to a person.
                 approval =
                     Some(format!("{why}; run it in Tier B (Landlock, seccomp, rlimits; no namespaces)?"));
+                // What the run's result says once it is approved.
+                warnings.push(format!(
+                    "{why}: running in Tier B (Landlock, seccomp, rlimits; no namespaces), as approved"
+                ));
                 Tier::B
             }
             FallbackPolicy::WarnAndExecute => {

@@ -500,6 +500,9 @@ fn approvals_asked_and_answered_are_recorded_with_the_run() {
         "{refused:?}"
     );
     let approved = c.run_with_approval(request(&ws_path, &["echo", "yes"]), |_| {}, |_| true).unwrap();
+    // The result says what was approved: Tier B in place of Tier C.
+    let warned = approved.attestation.warnings.iter().any(|w| w.ends_with("no namespaces), as approved"));
+    assert!(warned, "{:?}", approved.attestation.warnings);
     let recs = records(&d.journal());
     let of = |run: u64| -> Vec<&str> {
         recs.iter().filter(|r| r["run_id"] == run).map(|r| r["event"].as_str().unwrap()).collect()
