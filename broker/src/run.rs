@@ -251,7 +251,9 @@ impl Engine {
             Some(e) => Some(e.finish().await),
             None => None,
         };
-        let wall_ms = started.elapsed().as_millis() as u64;
+        // Until its processes were gone; delivering the output that was left
+        // to a slow client is not the command's time.
+        let wall_ms = streamed.exited_at.unwrap_or_else(Instant::now).duration_since(started).as_millis() as u64;
         timeline.closed_us = started.elapsed().as_micros();
         abandon.disarm();
         let usage = reap(pid)?;

@@ -432,6 +432,12 @@ where
                         self.ending.end(RunStatus::Cancelled);
                         grace.as_mut().reset(tokio::time::Instant::now() + SEND_GRACE);
                     }
+                    // Seen while the client holds up a send, the exit's time is the command's own.
+                    _ = self.ending.child.exited(), if !self.ending.exited => {
+                        self.ending.exited = true;
+                        self.exited_at = Some(Instant::now());
+                        self.drain.as_mut().reset(tokio::time::Instant::now() + DRAIN_GRACE);
+                    }
                     _ = &mut grace => break None,
                 }
             }

@@ -1129,3 +1129,36 @@ fn an_approval_answered_with_garbage_is_refused_saying_what_was_wrong() {
     let message = answer["error"]["message"].as_str().unwrap();
     assert!(message.contains("the client's answer is not a message"), "{message}");
 }
+
+#[test]
+fn wall_time_ends_when_the_processes_are_gone_not_when_a_slow_client_has_read() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let mut c = Client::connect(&d.socket).unwrap();
+    let mut req = request(ws.path(), &["flood", "wall"]);
+    req.timeout_secs = Some(1);
+    req.max_output_bytes = Some(u64::MAX);
+    c.send(&ClientMessage::Run(req)).unwrap();
+    // The client reads nothing past the deadline (within the grace the broker
+    // gives a client that does not read: it is not given up).
+    std::thread::sleep(Duration::from_millis(2500));
+    let result = loop {
+        match c.receive().unwrap() {
+            ServerMessage::Finished(r) => break r,
+            ServerMessage::Output { .. } | ServerMessage::Started { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(result.status, RunStatus::TimedOut);
+    // The broker's timeline of the run: the processes gone, then the output delivered.
+    let log = d.log();
+    let line =
+        log.lines().find(|l| l.contains("run timeline") && l.contains(&format!("run_id={} ", result.run_id)));
+    let field = |name: &str| -> u64 {
+        let line = line.unwrap_or_else(|| panic!("no timeline:\n{log}"));
+        let at = line.find(&format!(" {name}=")).unwrap() + name.len() + 2;
+        line[at..].split(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(result.wall_ms, field("exited_us") / 1000, "{line:?}");
+    assert!(field("closed_us") > field("exited_us"), "{line:?}");
+}
