@@ -121,6 +121,8 @@ impl Server {
     pub async fn serve(self: Arc<Self>, listener: UnixListener, mut shutdown: watch::Receiver<bool>) {
         let mut connections = JoinSet::new();
         let mut trim = tokio::time::interval(IDLE_TRIM_EVERY);
+        // Ticks missed while nothing was served are not made up at once.
+        trim.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let (mut served_since_trim, mut quiet_ticks) = (false, 0);
         // A permit first, then a connection to hold it.
         let mut room: Option<OwnedSemaphorePermit> = None;

@@ -921,3 +921,29 @@ pub fn descendants(pid: u32) -> Vec<u32> {
     };
     parent.keys().copied().filter(|&p| descends(p)).collect()
 }
+
+/// A tmpfs the test mounted (as root) at `fs` inside a directory of its
+/// own (nosuid, nodev, noexec), unmounted when dropped, whatever happens.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// `options`: the mount's, e.g. `size=256k,mode=0755`.
+    pub fn mount(dir: &TempDir, options: &str) -> Tmpfs {
+        use nix::mount::MsFlags;
+        let fs = dir.join("fs");
+        std::fs::create_dir(&fs).unwrap();
+        let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        nix::mount::mount(Some("tmpfs"), &fs, Some("tmpfs"), flags, Some(options)).unwrap();
+        Tmpfs(fs)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}

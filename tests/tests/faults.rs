@@ -16,7 +16,7 @@ use palisade_protocol::Stage;
 use palisade_protocol::wire::{ClientMessage, Encoding, ErrorKind, Hello, RunResult, RunStatus, encode};
 use palisade_tests::*;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 fn token(tag: &str) -> String {
@@ -183,19 +183,31 @@ fn the_helper_killed_at_each_stage_leaves_nothing_and_the_client_is_answered() {
     }
 }
 
+/// `count` clients, each on a thread of its own asking for `probe daemonize
+/// TOKEN` (a setsid sleeper left behind), with their tokens.
+fn daemonized(
+    d: &Daemon,
+    ws: &Path,
+    tag: &str,
+    count: usize,
+) -> (Vec<String>, Vec<std::thread::JoinHandle<Result<RunResult, ClientError>>>) {
+    let tokens: Vec<String> = (0..count).map(|i| token(&format!("{tag}{i}"))).collect();
+    let clients = tokens
+        .iter()
+        .map(|tok| {
+            let (socket, ws, tok) = (d.socket.clone(), ws.to_path_buf(), tok.clone());
+            std::thread::spawn(move || run(&socket, &ws, &["daemonize", &tok]))
+        })
+        .collect();
+    (tokens, clients)
+}
+
 #[test]
 fn the_broker_killed_with_runs_in_flight_leaves_no_sandbox_and_the_next_one_serves() {
     let temp = TempDir::new("runs");
     let mut d = daemon(temp.path(), vec![], vec![]);
     let ws = TempDir::new("ws");
-    let tokens: Vec<String> = (0..4).map(|i| token(&format!("inflight{i}"))).collect();
-    let clients: Vec<_> = tokens
-        .iter()
-        .map(|tok| {
-            let (socket, wsp, tok) = (d.socket.clone(), ws.path().to_path_buf(), tok.clone());
-            std::thread::spawn(move || run(&socket, &wsp, &["daemonize", &tok]))
-        })
-        .collect();
+    let (tokens, clients) = daemonized(&d, ws.path(), "inflight", 4);
     assert!(
         eventually(Duration::from_secs(10), || tokens.iter().all(|t| sleeper_with_token(t).is_some())),
         "{}",
@@ -213,28 +225,26 @@ fn the_broker_killed_with_runs_in_flight_leaves_no_sandbox_and_the_next_one_serv
         "a sandbox survived its broker"
     );
     // The next broker, on the same socket and journal, cleans up and serves.
-    let config = std::fs::read_to_string(d.dir.join("palisade.toml")).unwrap();
-    let next = next_broker(&d, &config);
-    expect_echo(&next.0, ws.path(), &d);
+    let mut next = next_broker(&d);
+    expect_echo(&d.socket, ws.path(), &d);
     // What the killed broker left under temp_root (its /etc snapshot, as an
     // unprivileged broker) the next one removed; only its own is there.
     let left: Vec<String> = std::fs::read_dir(temp.path())
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.starts_with(&format!("etc-{}-", next.1.id())))
+        .filter(|n| !n.starts_with(&format!("etc-{}-", next.id())))
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
-    let mut child = next.1;
     let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::unistd::Pid::from_raw(next.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     );
-    assert!(child.wait().unwrap().success());
+    assert!(next.wait().unwrap().success());
 }
 
 /// A second `palisaded` with `d`'s configuration, socket and journal.
-fn next_broker(d: &Daemon, _config: &str) -> (PathBuf, std::process::Child) {
+fn next_broker(d: &Daemon) -> std::process::Child {
     let log = std::fs::File::create(d.dir.join("next.log")).unwrap();
     let child = std::process::Command::new(bin("palisaded"))
         .arg("--config")
@@ -253,7 +263,7 @@ fn next_broker(d: &Daemon, _config: &str) -> (PathBuf, std::process::Child) {
         "the next broker did not serve: {}",
         std::fs::read_to_string(d.dir.join("next.log")).unwrap()
     );
-    (d.socket.clone(), child)
+    child
 }
 
 #[test]
@@ -363,14 +373,7 @@ fn sigterm_during_a_burst_kills_every_run_and_answers_every_client() {
     // Four run at once; the others wait in the queue when the signal comes.
     let mut d = daemon_with(temp.path(), ("", "max_concurrent = 4\n", ""), vec![], vec![]);
     let ws = TempDir::new("ws");
-    let tokens: Vec<String> = (0..12).map(|i| token(&format!("burst{i}"))).collect();
-    let clients: Vec<_> = tokens
-        .iter()
-        .map(|tok| {
-            let (socket, wsp, tok) = (d.socket.clone(), ws.path().to_path_buf(), tok.clone());
-            std::thread::spawn(move || run(&socket, &wsp, &["daemonize", &tok]))
-        })
-        .collect();
+    let (tokens, clients) = daemonized(&d, ws.path(), "burst", 12);
     let running = || tokens.iter().filter(|t| sleeper_with_token(t).is_some()).count();
     assert!(eventually(Duration::from_secs(10), || running() == 4), "{}", d.log());
     assert_eq!(d.stop().and_then(|s| s.code()), Some(0), "{}", d.log());
@@ -389,15 +392,6 @@ fn sigterm_during_a_burst_kills_every_run_and_answers_every_client() {
     assert!(eventually(Duration::from_secs(10), || running() == 0), "a sandbox survived shutdown");
 }
 
-/// A tmpfs mounted by the test, unmounted whatever happens.
-struct Mounted(PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-    }
-}
-
 #[test]
 fn a_full_temp_root_refuses_tier_b_runs_with_the_reason_until_space_returns() {
     if !is_root() {
@@ -405,21 +399,16 @@ fn a_full_temp_root_refuses_tier_b_runs_with_the_reason_until_space_returns() {
         return;
     }
     let dir = TempDir::new("fulltemp");
-    let fs = dir.join("fs");
-    std::fs::create_dir(&fs).unwrap();
     // Few inodes: full once the test has made them all.
-    let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV;
-    nix::mount::mount(Some("tmpfs"), &fs, Some("tmpfs"), flags, Some("size=1m,nr_inodes=64,mode=0711"))
-        .unwrap();
-    let _mounted = Mounted(fs.clone());
-    let temp = fs.join("runs");
+    let fs = Tmpfs::mount(&dir, "size=1m,nr_inodes=64,mode=0711");
+    let temp = fs.path().join("runs");
     // Tier B, whose runs have directories of their own under temp_root.
     let tier_b = ("", "user_namespaces = false\n", "fallback = \"warn_and_execute\"\n");
     let d = daemon_with(&temp, tier_b, vec![], vec![]);
     let ws = shared_workspace(&dir, "ws");
     expect_echo(&d.socket, &ws, &d);
     let before = Census::of(&d, &temp);
-    let filler = dir.join("fs/filler");
+    let filler = fs.path().join("filler");
     std::fs::create_dir(&filler).unwrap();
     let mut made = 0;
     while std::fs::write(filler.join(made.to_string()), "").is_ok() {

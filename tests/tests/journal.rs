@@ -317,15 +317,6 @@ fn a_daemon_and_embedded_brokers_at_once_keep_one_chain() {
     assert_eq!(code, Some(0), "{out}");
 }
 
-/// A tmpfs mounted by the test, unmounted whatever happens.
-struct Mounted(PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-    }
-}
-
 /// Fills the filesystem of `dir` (bounded), in a file `filler`.
 fn fill(dir: &Path) -> PathBuf {
     use std::io::Write;
@@ -347,12 +338,8 @@ fn a_full_filesystem_refuses_runs_as_journal_unavailable_until_space_returns() {
         return;
     }
     let dir = TempDir::new("fulljournal");
-    let fs = dir.join("fs");
-    std::fs::create_dir(&fs).unwrap();
-    let flags =
-        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
-    nix::mount::mount(Some("tmpfs"), &fs, Some("tmpfs"), flags, Some("size=256k,mode=0755")).unwrap();
-    let _mounted = Mounted(fs.clone());
+    let tmpfs = Tmpfs::mount(&dir, "size=256k,mode=0755");
+    let fs = tmpfs.path();
     let journal = fs.join("journal");
     let d = Daemon::start_with(DaemonOptions {
         env: vec![("PALISADE_JOURNAL".into(), journal.to_string_lossy().into_owned())],
@@ -360,7 +347,7 @@ fn a_full_filesystem_refuses_runs_as_journal_unavailable_until_space_returns() {
     });
     let ws = TempDir::new("ws");
     runs(&d, ws.path(), 2, 1);
-    let filler = fill(&fs);
+    let filler = fill(fs);
     let mut client = Client::connect(&d.socket).unwrap();
     let mut refused = 0;
     // What is left of the segment's last page may take a record or two; not more runs.
