@@ -3,7 +3,7 @@
 
 use crate::client::{Client, ClientError, Event};
 use crate::paths;
-pub use crate::run_cli::{EXIT_PALISADE, RunArgs};
+pub use crate::run_cli::{EXIT_PALISADE, RunArgs, SandboxArgs};
 use crate::run_cli::{Render, RenderSink, fail, request};
 use crate::service::{Broker, Peer};
 use clap::{Args as ClapArgs, Parser, Subcommand};
@@ -129,10 +129,8 @@ pub struct ExplainArgs {
     /// A tool parameter, NAME=PATH (repeat NAME for a list).
     #[arg(long = "param", value_name = "NAME=PATH")]
     pub params: Vec<String>,
-    /// Narrow the network to this name, exact or *.suffix (repeatable):
-    /// each must be within the tool's (or default profile's) allow_domains.
-    #[arg(long = "allow-domain", value_name = "NAME")]
-    pub allow_domains: Vec<String>,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -161,7 +159,7 @@ pub fn parse_common_run(args: &[std::ffi::OsString]) -> Option<Cli> {
         no_stdin: false,
         tool: None,
         params: vec![],
-        allow_domains: vec![],
+        sandbox: SandboxArgs::default(),
         command: command.iter().map(|c| c.to_string()).collect(),
     };
     let mut i = 0;
@@ -253,9 +251,15 @@ fn explain(args: ExplainArgs) -> i32 {
         no_stdin: true,
         tool: args.tool,
         params: args.params,
-        allow_domains: args.allow_domains,
+        sandbox: args.sandbox,
         command: args.command,
     };
+    let edited = std::env::current_dir()
+        .map_err(|e| format!("current directory: {e}"))
+        .and_then(|cwd| run_args.sandbox.edit(&mut config, &cwd));
+    if let Err(e) = edited {
+        return fail(ErrorKind::InvalidRequest, e);
+    }
     let request = match request(&run_args, false) {
         Ok(r) => r,
         Err(e) => return fail(ErrorKind::InvalidRequest, e),
@@ -279,10 +283,17 @@ fn run(args: RunArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return refuse(ErrorKind::InvalidRequest, e),
     };
+    // The embedded broker's policy, with the flags' edits.
+    let own_policy = |config: Result<Config, String>| {
+        let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+        let mut config = config?;
+        args.sandbox.edit(&mut config, &cwd)?;
+        Ok::<_, String>(config)
+    };
     if let Some(policy) = &args.policy {
-        return match Config::load(policy) {
+        return match own_policy(Config::load(policy).map_err(|e| e.to_string())) {
             Ok(config) => embedded(config, request, render),
-            Err(e) => refuse(ErrorKind::InvalidRequest, e.to_string()),
+            Err(e) => refuse(ErrorKind::InvalidRequest, e),
         };
     }
     let (socket, explicit) = match (&args.socket, std::env::var_os("PALISADE_SOCKET")) {
@@ -294,7 +305,10 @@ fn run(args: RunArgs) -> i32 {
         Ok(client) => via_socket(client, request, render),
         Err(ClientError::Io(e)) if !explicit => {
             tracing::debug!("no broker at {}: {e}; running an embedded one", socket.display());
-            embedded(Config::default(), request, render)
+            match own_policy(Ok(Config::default())) {
+                Ok(config) => embedded(config, request, render),
+                Err(e) => refuse(ErrorKind::InvalidRequest, e),
+            }
         }
         Err(ClientError::Reply(e)) => render.finish(Err(e)),
         Err(e) => refuse(ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),

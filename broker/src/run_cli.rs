@@ -45,13 +45,123 @@ pub struct RunArgs {
     /// A tool parameter, NAME=PATH (repeat NAME for a list).
     #[arg(long = "param", value_name = "NAME=PATH")]
     pub params: Vec<String>,
-    /// Narrow the network to this name, exact or *.suffix (repeatable):
-    /// each must be within the tool's (or default profile's) allow_domains.
-    #[arg(long = "allow-domain", value_name = "NAME")]
-    pub allow_domains: Vec<String>,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// What the sandbox may do. With an embedded broker, the person running
+/// the CLI owns the policy: these flags edit the profile (`[defaults]`, or
+/// `--profile`'s) before the run. Through a daemon, a request can only
+/// narrow the daemon's policy: a flag that would widen it is refused,
+/// naming the flag and the key an operator would change.
+#[derive(ClapArgs, Debug, Default, Clone)]
+#[command(next_help_heading = "Sandbox (embedded: edits the profile; through a daemon: may only narrow it)")]
+pub struct SandboxArgs {
+    /// Use the profile the configuration declares as [profiles.NAME] instead of [defaults].
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
+    /// Let interpreters run (shells, python3, node, ...).
+    #[arg(long)]
+    pub allow_interpreters: bool,
+    /// Let inline code run (`sh -c`, `python3 -c`, a script on stdin).
+    #[arg(long)]
+    pub allow_inline_code: bool,
+    /// Let the command reach this host name, exact or *.suffix (repeatable):
+    /// through the egress proxy, enforced by the kernel (strict egress).
+    #[arg(long = "allow-domain", value_name = "NAME")]
+    pub allow_domains: Vec<String>,
+    /// Make PATH visible read-only (repeatable).
+    #[arg(long = "read-only", value_name = "PATH")]
+    pub read_only: Vec<PathBuf>,
+    /// Make PATH writable, as the workspace is (repeatable; it must exist).
+    #[arg(long = "read-write", value_name = "PATH")]
+    pub read_write: Vec<PathBuf>,
+    /// Pass variable NAME to the command: its value here, or VALUE (repeatable).
+    #[arg(long = "env", value_name = "NAME[=VALUE]")]
+    pub env: Vec<String>,
+    /// Memory limit in MiB.
+    #[arg(long, value_name = "MB")]
+    pub memory: Option<u64>,
+    /// Limit on the number of processes.
+    #[arg(long, value_name = "N")]
+    pub processes: Option<u64>,
+    /// No new processes: fork and clone are refused.
+    #[arg(long)]
+    pub no_fork: bool,
+}
+
+impl SandboxArgs {
+    /// The request's asks: what the daemon checks against its policy.
+    pub fn ask(&self, req: &mut RunRequest, cwd: &std::path::Path) -> Result<(), String> {
+        let absolute = |paths: &[PathBuf]| -> Vec<String> {
+            paths.iter().map(|p| cwd.join(p).to_string_lossy().into_owned()).collect()
+        };
+        req.profile = self.profile.clone();
+        req.allow_interpreters = self.allow_interpreters;
+        req.allow_inline_code = self.allow_inline_code;
+        req.allow_domains = (!self.allow_domains.is_empty()).then(|| self.allow_domains.clone());
+        req.read_only = absolute(&self.read_only);
+        req.read_write = absolute(&self.read_write);
+        req.max_memory_mb = self.memory;
+        req.max_processes = self.processes;
+        req.no_fork = self.no_fork;
+        for spec in &self.env {
+            let (name, value) = match spec.split_once('=') {
+                Some((n, v)) => (n, Some(v)),
+                None => (spec.as_str(), None),
+            };
+            if name.is_empty() {
+                return Err(format!("--env {spec}: expected NAME or NAME=VALUE"));
+            }
+            match value {
+                Some(v) => {
+                    req.env.insert(name.into(), v.into());
+                }
+                None if !req.env.contains_key(name) => {
+                    return Err(format!("--env {name}: {name} is not set here (give it as {name}=VALUE)"));
+                }
+                None => {}
+            }
+            req.pass_env.push(name.into());
+        }
+        Ok(())
+    }
+
+    /// The embedded broker's policy, edited: the profile grants what the
+    /// flags ask for (the person running the CLI owns it).
+    pub fn edit(&self, config: &mut palisade_policy::Config, cwd: &std::path::Path) -> Result<(), String> {
+        use palisade_policy::capabilities::NetworkCapability;
+        let profile = match &self.profile {
+            None => &mut config.defaults,
+            Some(name) => config
+                .profiles
+                .get_mut(name)
+                .ok_or_else(|| format!("--profile {name}: the policy declares no [profiles.{name}]"))?,
+        };
+        profile.allow_interpreters |= self.allow_interpreters;
+        profile.allow_inline_code |= self.allow_inline_code;
+        if !self.allow_domains.is_empty() {
+            let mut domains = match &profile.network {
+                NetworkCapability::AllowDomains(d) => d.clone(),
+                _ => vec![],
+            };
+            domains.extend(self.allow_domains.iter().cloned());
+            if profile.network != NetworkCapability::AllowAll {
+                profile.network = NetworkCapability::AllowDomains(domains);
+            }
+            profile.egress = palisade_policy::egress::EgressMode::Strict;
+        }
+        profile.read_only.extend(self.read_only.iter().map(|p| cwd.join(p)));
+        profile.read_write.extend(self.read_write.iter().map(|p| cwd.join(p)));
+        profile.pass_env.extend(self.env.iter().map(|e| e.split('=').next().unwrap_or(e).to_string()));
+        profile.max_memory_mb = self.memory.unwrap_or(profile.max_memory_mb);
+        profile.max_processes = self.processes.unwrap_or(profile.max_processes);
+        profile.no_fork |= self.no_fork;
+        Ok(())
+    }
 }
 
 pub fn params(pairs: &[String]) -> Result<std::collections::BTreeMap<String, ParamValue>, String> {
@@ -82,7 +192,7 @@ pub fn request(args: &RunArgs, read_stdin: bool) -> Result<RunRequest, String> {
     if read_stdin && !std::io::stdin().is_terminal() {
         std::io::stdin().read_to_end(&mut stdin).map_err(|e| format!("reading stdin: {e}"))?;
     }
-    Ok(RunRequest {
+    let mut req = RunRequest {
         argv: args.command.clone(),
         env: std::env::vars().collect(),
         cwd: Some(cwd.to_string_lossy().into_owned()),
@@ -92,8 +202,10 @@ pub fn request(args: &RunArgs, read_stdin: bool) -> Result<RunRequest, String> {
         max_output_bytes: args.max_output,
         tool: args.tool.clone(),
         params: params(&args.params)?,
-        allow_domains: (!args.allow_domains.is_empty()).then(|| args.allow_domains.clone()),
-    })
+        ..RunRequest::default()
+    };
+    args.sandbox.ask(&mut req, &cwd)?;
+    Ok(req)
 }
 
 fn write_fd(fd: std::os::fd::RawFd, data: &[u8]) {

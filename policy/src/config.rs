@@ -25,6 +25,10 @@ pub struct Config {
     pub policy: PolicyConfig,
     #[serde(default)]
     pub defaults: DefaultProfile,
+    /// Profiles a request may name instead of `[defaults]` (`[profiles.NAME]`,
+    /// the same keys, each defaulting as in `[defaults]`).
+    #[serde(default)]
+    pub profiles: BTreeMap<String, DefaultProfile>,
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
     #[serde(default)]
@@ -570,6 +574,12 @@ pub struct DefaultProfile {
     pub max_output_bytes: u64,
     /// Extra paths visible read-only (and executable) in the sandbox.
     pub read_only: Vec<PathBuf>,
+    /// Extra paths writable in the sandbox, as the workspace is (each must
+    /// exist; a root broker checks that the requester owns it).
+    pub read_write: Vec<PathBuf>,
+    /// Variables a request may pass to the command beyond those
+    /// `environment` passes (by name, with the client's value).
+    pub pass_env: Vec<String>,
     /// How writes to the workspace are bounded (Tier C): "overlay" holds them
     /// in a tmpfs of `max_disk_mb` and copies them back when the command
     /// exits by itself (a disk-fill ends at the bound, the host's disk
@@ -600,6 +610,8 @@ impl Default for DefaultProfile {
             tmp_size_mb: 256,
             max_output_bytes: 64 << 20,
             read_only: vec![],
+            read_write: vec![],
+            pass_env: vec![],
             disk: DiskMode::Overlay,
             max_disk_mb: 1024,
             allow_interpreters: false,
@@ -708,7 +720,46 @@ fn cedar_lines(path: &Path, errors: &[CedarError]) -> String {
     lines.join("\n")
 }
 
+impl DefaultProfile {
+    /// Deny beats allow: a configured grant of a sensitive path is a
+    /// configuration error; `pass_env` holds variable names.
+    fn check(&self, table: &str, sensitive: &dyn Fn(&str) -> bool) -> Result<(), (usize, String)> {
+        for (key, paths) in [("read_only", &self.read_only), ("read_write", &self.read_write)] {
+            if let Some(p) = paths.iter().find(|p| sensitive(&p.to_string_lossy())) {
+                return Err((0, format!("{table}.{key}: {} is a sensitive path", p.display())));
+            }
+            if let Some(p) = paths.iter().find(|p| !p.is_absolute() && !p.starts_with("${")) {
+                let p = p.display();
+                return Err((0, format!("{table}.{key}: {p} is neither absolute nor a ${{TEMPLATE}}")));
+            }
+        }
+        if let Some(n) = self.pass_env.iter().find(|n| n.is_empty() || n.contains(['=', '\0'])) {
+            return Err((0, format!("{table}.pass_env: {n:?} is not a variable name")));
+        }
+        Ok(())
+    }
+}
+
 impl Config {
+    /// `[defaults]` and each `[profiles.NAME]`, with the table that holds it.
+    pub fn profile_tables(&self) -> impl Iterator<Item = (String, &DefaultProfile)> {
+        std::iter::once(("defaults".to_string(), &self.defaults))
+            .chain(self.profiles.iter().map(|(name, p)| (format!("profiles.{name}"), p)))
+    }
+
+    /// The profile a request names (`None`: `[defaults]`), with its table's
+    /// name; `Err` lists the declared ones.
+    pub fn profile_named(&self, name: Option<&str>) -> Result<(String, &DefaultProfile), String> {
+        let Some(name) = name else { return Ok(("defaults".into(), &self.defaults)) };
+        self.profiles.get(name).map(|p| (format!("profiles.{name}"), p)).ok_or_else(|| {
+            let known: Vec<&str> = self.profiles.keys().map(String::as_str).collect();
+            format!(
+                "no profile {name:?} is declared (declared: {})",
+                if known.is_empty() { "none".into() } else { known.join(", ") }
+            )
+        })
+    }
+
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
@@ -794,13 +845,12 @@ impl Config {
         // is a configuration error (templates are checked at each request).
         let rules = crate::validate::Rules::new(&self.policy);
         let sensitive = |path: &str| !path.contains("${") && rules.sensitive(Path::new(path), None);
-        if let Some(p) = self.defaults.read_only.iter().find(|p| sensitive(&p.to_string_lossy())) {
-            return Err((0, format!("defaults.read_only: {} is a sensitive path", p.display())));
+        for (table, profile) in self.profile_tables() {
+            profile.check(&table, &sensitive)?;
         }
         for exe in self
-            .defaults
-            .allowed_executables
-            .iter()
+            .profile_tables()
+            .flat_map(|(_, p)| &p.allowed_executables)
             .chain(self.tools.values().flat_map(|t| &t.allowed_executables))
         {
             configured_executable(exe.get_ref())
@@ -1018,6 +1068,19 @@ mod tests {
             (
                 "[plugins]\nhost_memory_bytes = 65536\n",
                 "p.toml:1:1: plugins.host_memory_bytes must be at least max_memory_bytes",
+            ),
+            ("[profiles.b]\nallow_interpreter = true\n", "p.toml:2:1: unknown field `allow_interpreter`"),
+            (
+                "[profiles.b]\nread_write = [\"/etc/shadow\"]\n",
+                "p.toml:1:1: profiles.b.read_write: /etc/shadow is a sensitive path",
+            ),
+            (
+                "[defaults]\nread_only = [\"srv\"]\n",
+                "p.toml:1:1: defaults.read_only: srv is neither absolute",
+            ),
+            (
+                "[profiles.b]\npass_env = [\"A=B\"]\n",
+                "p.toml:1:1: profiles.b.pass_env: \"A=B\" is not a variable name",
             ),
         ] {
             let err = parse(text).unwrap_err();

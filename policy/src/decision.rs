@@ -177,6 +177,12 @@ pub struct Policy {
 /// Everything that varies between the default profile and a tool.
 struct Profile {
     tool: Option<String>,
+    /// The configuration table it comes from: `defaults`, `profiles.NAME`, `tools.NAME`.
+    table: String,
+    /// Variables a request may pass beyond those of `environment`.
+    pass_env: Vec<String>,
+    disk: DiskMode,
+    max_disk_mb: u64,
     capabilities: Capabilities,
     egress: EgressMode,
     allowed_executables: Vec<PathBuf>,
@@ -307,9 +313,10 @@ impl Policy {
     ) -> Result<(Resolved, Option<String>), Denial> {
         let (files, uid) = (&*host.files, ctx.requester.uid);
         let mut profile = self.profile(files, req)?;
-        // A request may only narrow its profile's domains.
+        // A request may only narrow its profile: its domains, and its other asks.
         profile.capabilities.network =
             egress_plan::narrow(&profile.capabilities.network, req.allow_domains.as_deref())?;
+        asks::narrow(&mut profile, req)?;
         let trust = profile.tool.clone().zip(ctx.trust);
         if let Some((tool, ToolTrust { stage: TrustStage::Draft, .. })) = &trust {
             return denied(
@@ -327,6 +334,7 @@ impl Policy {
         let TierChoice { tier, warnings, approval } =
             choose_tier(&self.config.policy, &host.capabilities, profile.egress)?;
         let grants = self.grants(&profile, &dirs, ctx, tier)?;
+        asks::check_paths(&profile, req, &dirs, &grants, host)?;
         let mut view = SandboxView::new(req, &dirs, &grants, &profile);
         let egress = self.egress_plan(&profile, tier)?;
 
@@ -422,13 +430,23 @@ impl Policy {
             names.iter().filter_map(|n| validate::resolve_executable(files, n.get_ref()).ok()).collect()
         };
         let Some(name) = &req.tool else {
-            let d = &self.config.defaults;
+            let (table, d) = self
+                .config
+                .profile_named(req.profile.as_deref())
+                .map_err(|e| Denial::new(ErrorKind::InvalidRequest, "profiles.unknown", e))?;
             let mut filesystem = vec![FsCapability::ReadWrite { path: "${WORKSPACE}".into() }];
+            filesystem.extend(
+                d.read_write.iter().map(|p| FsCapability::ReadWrite { path: p.to_string_lossy().into() }),
+            );
             filesystem.extend(
                 d.read_only.iter().map(|p| FsCapability::ReadOnly { path: p.to_string_lossy().into() }),
             );
             return Ok(Profile {
                 tool: None,
+                table,
+                pass_env: d.pass_env.clone(),
+                disk: d.disk,
+                max_disk_mb: d.max_disk_mb,
                 capabilities: Capabilities {
                     filesystem,
                     network: d.network.clone(),
@@ -454,6 +472,10 @@ impl Policy {
                 bindings: BTreeMap::new(),
             });
         };
+        if let Some(p) = &req.profile {
+            let reason = format!("a request names a tool ({name}) or a profile ({p}), not both");
+            return denied(ErrorKind::InvalidRequest, "request.profile_with_tool", reason);
+        }
         let Some(tool) = self.config.tools.get(name) else {
             let known: Vec<&str> = self.config.tools.keys().map(String::as_str).collect();
             return denied(
@@ -473,6 +495,10 @@ impl Policy {
         let d = &self.config.defaults;
         Ok(Profile {
             tool: Some(name.clone()),
+            table: format!("tools.{name}"),
+            pass_env: vec![],
+            disk: d.disk,
+            max_disk_mb: d.max_disk_mb,
             capabilities: tool.overrides.apply(&base),
             egress: tool.egress,
             allowed_executables: resolve_all(&tool.allowed_executables),
@@ -768,8 +794,7 @@ impl Policy {
             req.timeout_secs.map_or(process.max_execution_time, |t| t.min(process.max_execution_time));
         let max_output_bytes =
             req.max_output_bytes.map_or(profile.max_output_bytes, |m| m.min(profile.max_output_bytes));
-        let d = &self.config.defaults;
-        let overlays = match (tier, d.disk) {
+        let overlays = match (tier, profile.disk) {
             (Tier::C, DiskMode::Overlay) => grants.read_write.len() as u64,
             _ => 0,
         };
@@ -777,7 +802,7 @@ impl Policy {
         let tmpfs = TmpfsSizes {
             tmp: mib(profile.tmp_size_mb),
             workspace: u64::from(grants.temp_workspace.is_some() && tier == Tier::C),
-            upper: mib(d.max_disk_mb),
+            upper: mib(profile.max_disk_mb),
             overlays,
             // /dev/shm holds memory like any other: as much as the run may use.
             shm: memory_bytes,
@@ -892,7 +917,7 @@ impl Policy {
             cgroup: cgroup.as_ref(),
             memory_bytes: limits.memory_bytes,
             tmpfs: limits.tmpfs,
-            disk: self.config.defaults.disk,
+            disk: profile.disk,
         };
         let network = labels.network(&profile.capabilities.network, profile.egress, egress.as_ref());
         let disk = labels.disk(grants.temp_workspace.is_some(), !grants.read_write.is_empty());
@@ -1020,6 +1045,14 @@ impl SandboxView {
                 for key in ["USER", "LANG", "TERM"] {
                     if let Some(v) = req.env.get(key) {
                         env.push((key.to_string(), v.clone()));
+                    }
+                }
+                // Asked for by name (checked against the profile's pass_env):
+                // the client's value, over the sandbox's own.
+                for key in &req.pass_env {
+                    if let Some(v) = req.env.get(key) {
+                        env.retain(|(k, _)| k != key);
+                        env.push((key.clone(), v.clone()));
                     }
                 }
                 if grants.tier == Tier::B {
@@ -1435,6 +1468,9 @@ pub fn resolve_program(files: &dyn HostFiles, command: &str, cwd: &Path) -> Resu
             .map_err(|_| not_found(format!("command not found: {command}")))
     }
 }
+
+mod asks;
+pub use asks::WIDENS_RULE;
 
 #[cfg(test)]
 pub(crate) mod table;

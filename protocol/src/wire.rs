@@ -99,6 +99,41 @@ pub struct RunRequest {
     /// `egress.domain_not_granted`). `None`: the profile's list as it is.
     #[serde(default)]
     pub allow_domains: Option<Vec<String>>,
+    /// A profile the configuration declares (`[profiles.NAME]`) instead of
+    /// `[defaults]`; not with `tool`.
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// The asks below can only narrow the profile (or tool): one it does not
+    /// allow is refused (`CapabilityDenied`, rule `request.widens`), naming
+    /// the field and the configuration key an operator would change.
+    /// Interpreters may run (the profile must allow them).
+    #[serde(default)]
+    pub allow_interpreters: bool,
+    /// Inline code (`sh -c`, `python3 -c`) may run (the profile must allow it).
+    #[serde(default)]
+    pub allow_inline_code: bool,
+    /// Paths the command needs to read: each must lie inside what the
+    /// profile grants (a relative path is relative to `cwd`).
+    #[serde(default)]
+    pub read_only: Vec<String>,
+    /// Paths the command needs to write: each must lie inside what the
+    /// profile grants writable.
+    #[serde(default)]
+    pub read_write: Vec<String>,
+    /// Variables of `env` to pass to the command, beyond those the
+    /// profile's `environment` passes: each must be named by the profile's
+    /// `pass_env` (or `environment = "full"`).
+    #[serde(default)]
+    pub pass_env: Vec<String>,
+    /// Lowers the profile's memory limit (MiB).
+    #[serde(default)]
+    pub max_memory_mb: Option<u64>,
+    /// Lowers the profile's process limit.
+    #[serde(default)]
+    pub max_processes: Option<u64>,
+    /// No new processes (`fork`/`clone` refused by seccomp).
+    #[serde(default)]
+    pub no_fork: bool,
 }
 
 /// What a client sends. Unknown fields of a message are refused (in JSON),
@@ -106,6 +141,8 @@ pub struct RunRequest {
 /// a newer client hears which protocol versions this broker speaks.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
+// A connection holds one message at a time: boxing the request saves nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum ClientMessage {
     Hello(Hello),
     Run(RunRequest),

@@ -70,11 +70,18 @@ pub fn palisade(cli: Cli) -> i32 {
         let why = "--socket: palisade run on macOS runs its own broker; a running palisaded is not used yet";
         return fail(ErrorKind::InvalidRequest, why);
     }
-    let (config, request) =
-        match load(args.policy.as_deref()).and_then(|c| Ok((c, request(&args, !args.no_stdin)?))) {
-            Ok(both) => both,
-            Err(e) => return fail(ErrorKind::InvalidRequest, e),
-        };
+    let edited = |mut c: Config| -> Result<Config, String> {
+        let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+        args.sandbox.edit(&mut c, &cwd)?;
+        Ok(c)
+    };
+    let (config, request) = match load(args.policy.as_deref())
+        .and_then(edited)
+        .and_then(|c| Ok((c, request(&args, !args.no_stdin)?)))
+    {
+        Ok(both) => both,
+        Err(e) => return fail(ErrorKind::InvalidRequest, e),
+    };
     let mac = match mac(config) {
         Ok(m) => m,
         Err(e) => return fail(ErrorKind::Unavailable, e),

@@ -243,6 +243,8 @@ fn rows() -> Vec<Row> {
         refused_for_the_request(),
         refused_for_the_program(),
         refused_for_paths_and_hosts(),
+        asks(),
+        asks_refused(),
     ]
     .into_iter()
     .flatten()
@@ -583,6 +585,173 @@ fn allowed_elsewhere() -> Vec<Row> {
     ]
 }
 
+const PROFILES: &str = "[profiles.build]\nallow_interpreters = true\nmax_memory_mb = 2048\n\
+                        pass_env = [\"CARGO_HOME\"]\nread_only = [\"/opt\"]\n";
+fn ask(
+    argv: &'static [&'static str],
+    edit: fn(&mut RunRequest, &Fixture),
+) -> impl Fn(&Fixture) -> RunRequest {
+    move |f: &Fixture| {
+        let mut r = f.request(argv);
+        edit(&mut r, f);
+        r
+    }
+}
+
+/// A request with its own asks: each narrows the profile, or is refused
+/// (rule `request.widens`); a named profile replaces `[defaults]`.
+fn asks() -> Vec<Row> {
+    use On::*;
+    use Want::*;
+    vec![
+        row(
+            "a named profile's interpreters, memory and variables",
+            PROFILES,
+            TierC,
+            ask(&["sh", "build.sh"], |r, _| {
+                r.profile = Some("build".into());
+                r.allow_interpreters = true;
+                r.env.insert("CARGO_HOME".into(), "/c".into());
+                r.pass_env = vec!["CARGO_HOME".into()];
+            }),
+            Allow(|r, _| {
+                assert_eq!(r.capabilities.process.max_memory_mb, 2048);
+                assert!(r.plan.env.contains(&("CARGO_HOME".into(), "/c".into())), "{:?}", r.plan.env);
+            }),
+        ),
+        row(
+            "lower limits and no fork",
+            "",
+            TierC,
+            ask(&["ls"], |r, _| {
+                (r.max_memory_mb, r.max_processes, r.no_fork) = (Some(64), Some(8), true);
+            }),
+            Allow(|r, _| {
+                let p = r.capabilities.process;
+                assert_eq!((p.max_memory_mb, p.max_processes, p.no_fork), (64, 8, true));
+            }),
+        ),
+        row(
+            "paths inside what is granted, and the system's",
+            "",
+            TierC,
+            ask(&["ls"], |r, f| {
+                r.read_only = vec![f.p("ws/src"), "/usr/bin".into()];
+                r.read_write = vec!["src".into()];
+            }),
+            Allow(|_, _| {}),
+        ),
+    ]
+}
+
+/// Asks the profile does not allow, or that name nothing.
+fn asks_refused() -> Vec<Row> {
+    use On::*;
+    use Want::*;
+    vec![
+        row(
+            "an unknown profile",
+            PROFILES,
+            TierC,
+            ask(&["ls"], |r, _| r.profile = Some("x".into())),
+            Deny(INVALID, "profiles.unknown"),
+        ),
+        row(
+            "a profile with a tool",
+            TOOLS,
+            TierC,
+            ask(&["ls"], |r, _| (r.profile, r.tool) = (Some("build".into()), Some("scan".into()))),
+            Deny(INVALID, "request.profile_with_tool"),
+        ),
+        row(
+            "interpreters the profile refuses",
+            "",
+            TierC,
+            ask(&["sh", "build.sh"], |r, _| r.allow_interpreters = true),
+            Deny(CAP, "request.widens"),
+        ),
+        row(
+            "inline code the profile refuses",
+            ALLOW_INTERPRETERS,
+            TierC,
+            ask(&["ls"], |r, _| r.allow_inline_code = true),
+            Deny(CAP, "request.widens"),
+        ),
+        row(
+            "more memory",
+            "",
+            TierC,
+            ask(&["ls"], |r, _| r.max_memory_mb = Some(4096)),
+            Deny(CAP, "request.widens"),
+        ),
+        row(
+            "more processes",
+            "",
+            TierC,
+            ask(&["ls"], |r, _| r.max_processes = Some(100_000)),
+            Deny(CAP, "request.widens"),
+        ),
+        row(
+            "no memory at all",
+            "",
+            TierC,
+            ask(&["ls"], |r, _| r.max_memory_mb = Some(0)),
+            Deny(INVALID, "request.limit"),
+        ),
+        row(
+            "a path outside the grants",
+            "",
+            TierC,
+            ask(&["ls"], |r, f| r.read_only = vec![f.p("outside")]),
+            Deny(CAP, "request.widens"),
+        ),
+        row(
+            "a system path written",
+            "",
+            TierC,
+            ask(&["ls"], |r, _| r.read_write = vec!["/usr".into()]),
+            Deny(CAP, "request.widens"),
+        ),
+        row(
+            "a path that does not exist",
+            "",
+            TierC,
+            ask(&["ls"], |r, _| r.read_only = vec!["nope".into()]),
+            Deny(INVALID, "request.path"),
+        ),
+        row(
+            "a variable the profile does not pass",
+            "",
+            TierC,
+            ask(&["ls"], |r, _| {
+                r.env.insert("TOKEN".into(), "t".into());
+                r.pass_env = vec!["TOKEN".into()];
+            }),
+            Deny(CAP, "request.widens"),
+        ),
+        row(
+            "a variable the request does not hold",
+            PROFILES,
+            TierC,
+            ask(&["ls"], |r, _| {
+                r.profile = Some("build".into());
+                r.pass_env = vec!["CARGO_HOME".into()];
+            }),
+            Deny(INVALID, "request.pass_env"),
+        ),
+        row(
+            "more memory for a tool",
+            TOOLS,
+            TierC,
+            ask(&["ls"], |r, _| {
+                r.tool = Some("scan".into());
+                r.max_memory_mb = Some(1 << 20);
+            }),
+            Deny(CAP, "request.widens"),
+        ),
+    ]
+}
+
 /// Put to a person, or refused for what the request is or names.
 fn refused_for_the_request() -> Vec<Row> {
     use On::*;
@@ -844,6 +1013,48 @@ fn decisions() {
                 assert_eq!((d.kind, d.rule), (kind, rule), "{}: {}", row.what, d.reason)
             }
             (_, other) => panic!("{}: {other:?}", row.what),
+        }
+    }
+}
+
+/// A refused ask names the flag and the key an operator would change.
+#[test]
+fn a_widening_ask_names_its_flag_and_key() {
+    let f = Fixture::new("widens");
+    let host = f.host(On::TierC);
+    let config = Config::parse(TOOLS, Path::new("t.toml")).unwrap();
+    let policy = Policy::new(config, &*host.files);
+    let reason = |edit: fn(&mut RunRequest)| {
+        let mut r = f.request(&["ls"]);
+        edit(&mut r);
+        match policy.decide(&host, &context(On::TierC), &r) {
+            Decision::Deny(d) => d.reason,
+            other => panic!("{other:?}"),
+        }
+    };
+    type Edit = fn(&mut RunRequest);
+    let cases: [(Edit, &[&str]); 4] = [
+        (|r| r.allow_interpreters = true, &["--allow-interpreters", "[defaults] allow_interpreters = true"]),
+        (
+            |r| r.max_memory_mb = Some(4096),
+            &["--memory", "4096 is above the policy's 512", "[defaults] max_memory_mb = 4096"],
+        ),
+        (
+            |r| (r.tool, r.max_processes) = (Some("scan".into()), Some(1 << 20)),
+            &["--processes", "[tools.scan.overrides] process = { max_processes = 1048576 }"],
+        ),
+        (
+            |r| {
+                r.env.insert("TOKEN".into(), "t".into());
+                r.pass_env = vec!["TOKEN".into()];
+            },
+            &["--env", "TOKEN is not passed", "[defaults] pass_env = [\"TOKEN\"]"],
+        ),
+    ];
+    for (edit, wants) in cases {
+        let reason = reason(edit);
+        for want in wants {
+            assert!(reason.contains(want), "{want:?} is not in {reason:?}");
         }
     }
 }

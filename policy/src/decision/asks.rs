@@ -1,0 +1,137 @@
+//! The request's own asks (`allow_interpreters`, `read_only`,
+//! `max_memory_mb`, `pass_env`, ...): each narrows the profile it is made
+//! of, or is refused naming the field and the configuration key an
+//! operator would change to allow it. A request never widens its policy.
+
+use super::{Denial, Grants, Profile, RequestDirs};
+use crate::capabilities::EnvironmentCapability;
+use crate::host::Host;
+use crate::paths;
+use palisade_protocol::wire::{ErrorKind, RunRequest};
+use std::path::PathBuf;
+
+/// Rule of a refused ask.
+pub const WIDENS_RULE: &str = "request.widens";
+
+/// Variables `environment = "restricted"` passes without being asked.
+pub const RESTRICTED_ENV: [&str; 5] = ["PATH", "HOME", "USER", "LANG", "TERM"];
+
+/// The asks that change the profile itself: interpreters, inline code,
+/// the process limits, the environment.
+pub(super) fn narrow(profile: &mut Profile, req: &RunRequest) -> Result<(), Denial> {
+    if req.allow_interpreters && !profile.allow_interpreters {
+        return Err(widens(
+            profile,
+            "allow_interpreters",
+            "interpreters are refused",
+            "allow_interpreters = true",
+        ));
+    }
+    if req.allow_inline_code && !profile.allow_inline_code {
+        return Err(widens(
+            profile,
+            "allow_inline_code",
+            "inline code is refused",
+            "allow_inline_code = true",
+        ));
+    }
+    let current = profile.capabilities.process;
+    for (field, asked, limit) in [
+        ("max_memory_mb", req.max_memory_mb, current.max_memory_mb),
+        ("max_processes", req.max_processes, current.max_processes),
+    ] {
+        match asked {
+            Some(0) => {
+                let reason = format!("{field} must be at least 1");
+                return Err(Denial::new(ErrorKind::InvalidRequest, "request.limit", reason));
+            }
+            Some(a) if a > limit => {
+                let why = format!("{a} is above the policy's {limit}");
+                return Err(widens(profile, field, &why, &format!("{field} = {a}")));
+            }
+            _ => {}
+        }
+    }
+    let process = &mut profile.capabilities.process;
+    process.max_memory_mb = req.max_memory_mb.unwrap_or(process.max_memory_mb);
+    process.max_processes = req.max_processes.unwrap_or(process.max_processes);
+    process.no_fork |= req.no_fork;
+    for name in &req.pass_env {
+        let passes = match profile.capabilities.environment {
+            EnvironmentCapability::Full => true,
+            EnvironmentCapability::None => false,
+            EnvironmentCapability::Restricted => {
+                RESTRICTED_ENV.contains(&name.as_str()) || profile.pass_env.contains(name)
+            }
+        };
+        if !passes {
+            let why = format!("{name} is not passed to the command");
+            return Err(widens(profile, "pass_env", &why, &format!("pass_env = [\"{name}\"]")));
+        }
+        if !req.env.contains_key(name) {
+            let reason = format!("pass_env names {name}, which env does not hold");
+            return Err(Denial::new(ErrorKind::InvalidRequest, "request.pass_env", reason));
+        }
+    }
+    Ok(())
+}
+
+/// The paths the request says the command reads or writes: each lies
+/// inside what the sandbox is granted (writable, for `read_write`) or,
+/// read-only, in the system's directories.
+pub(super) fn check_paths(
+    profile: &Profile,
+    req: &RunRequest,
+    dirs: &RequestDirs,
+    grants: &Grants,
+    host: &Host,
+) -> Result<(), Denial> {
+    let writable: Vec<&PathBuf> = grants.read_write.iter().chain(&grants.temp_workspace).collect();
+    let readable: Vec<&PathBuf> =
+        writable.iter().copied().chain(&grants.read_only).chain(&host.layout.canonical).collect();
+    for (field, asked, roots) in
+        [("read_only", &req.read_only, &readable), ("read_write", &req.read_write, &writable)]
+    {
+        for path in asked {
+            let resolved = paths::resolve(path, &dirs.cwd, dirs.home.as_deref());
+            let Ok(canonical) = resolved.canonicalize() else {
+                let reason = format!("{field} {path}: {} does not exist", resolved.display());
+                return Err(Denial::new(ErrorKind::InvalidRequest, "request.path", reason));
+            };
+            if !roots.iter().any(|r| canonical.starts_with(r)) {
+                let why = format!("{} is not granted", canonical.display());
+                return Err(widens(
+                    profile,
+                    field,
+                    &why,
+                    &format!("{field} = [\"{}\"]", canonical.display()),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The refusal of an ask: the request field, the CLI flag that sets it,
+/// why it widens the policy, and the key an operator would change.
+fn widens(profile: &Profile, field: &str, why: &str, setting: &str) -> Denial {
+    let flag = match field {
+        "pass_env" => "--env".to_string(),
+        "max_memory_mb" => "--memory".to_string(),
+        "max_processes" => "--processes".to_string(),
+        f => format!("--{}", f.replace('_', "-")),
+    };
+    let key = match &profile.tool {
+        None => format!("[{}] {setting}", profile.table),
+        Some(t) => match field {
+            "max_memory_mb" | "max_processes" => format!("[tools.{t}.overrides] process = {{ {setting} }}"),
+            "read_only" | "read_write" => format!("[tools.{t}.overrides] filesystem (a {field} grant)"),
+            "pass_env" => format!("[tools.{t}.overrides] environment = \"full\""),
+            _ => format!("[tools.{t}] {setting}"),
+        },
+    };
+    let reason = format!(
+        "{field} ({flag}) would widen the policy: {why}; a request can only narrow it (an operator would set {key})"
+    );
+    Denial::new(ErrorKind::CapabilityDenied, WIDENS_RULE, reason)
+}

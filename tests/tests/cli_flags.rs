@@ -1,0 +1,155 @@
+//! What `palisade run`'s flags let a run do. With an embedded broker the
+//! flags edit the default profile (the person running the CLI owns the
+//! policy); through a daemon they can only narrow the daemon's policy, and
+//! a flag that would widen it is refused, naming the flag and the key. The
+//! common work of an agent (a shell line, Python, make, Node) runs and
+//! exits with its own status. As root the file runs again as the
+//! unprivileged test user.
+
+use palisade_tests::*;
+
+/// `palisade run <pre> -- <args>` in `ws`, with an embedded broker under
+/// the built-in policy (nothing answers on the socket it would try).
+fn embedded(ws: &TempDir, pre: &[&str], args: &[&str]) -> std::process::Output {
+    let mut argv = vec!["run", "--policy", "/dev/null"];
+    argv.extend_from_slice(pre);
+    palisade_cli(ws.path(), &argv, args, None)
+}
+
+fn status(o: &std::process::Output) -> (Option<i32>, String, String) {
+    (o.status.code(), text(&o.stdout), text(&o.stderr))
+}
+
+/// A workspace with a Python script, a Makefile with a shell recipe and a
+/// Node script, each ending with a status of its own.
+fn project() -> TempDir {
+    let ws = TempDir::new("flags");
+    std::fs::write(ws.join("t.py"), "import sys\nprint('py', sys.argv[1:])\nsys.exit(4)\n").unwrap();
+    std::fs::write(
+        ws.join("Makefile"),
+        "all:\n\t@echo built && test -f t.py\nbad:\n\t@echo failing; exit 5\n",
+    )
+    .unwrap();
+    std::fs::write(ws.join("t.js"), "console.log('node', typeof process.version); process.exit(6)\n")
+        .unwrap();
+    ws
+}
+
+#[test]
+fn interpreters_and_inline_code_run_when_the_flags_allow_them() {
+    let ws = project();
+    // Refused by the default profile, with the reason.
+    let (code, out, err) = status(&embedded(&ws, &[], &["sh", "-c", "echo hi"]));
+    assert_eq!((code, out.as_str()), (Some(125), ""));
+    assert!(err.contains("interpreters are not allowed"), "{err}");
+    let (code, _, err) = status(&embedded(&ws, &["--allow-interpreters"], &["sh", "-c", "echo hi"]));
+    assert_eq!(code, Some(125));
+    assert!(err.contains("inline code is not allowed"), "{err}");
+    let both = ["--allow-interpreters", "--allow-inline-code"];
+    assert_eq!(status(&embedded(&ws, &both, &["sh", "-c", "echo hi; exit 3"])).0, Some(3));
+    assert_eq!(text(&embedded(&ws, &both, &["sh", "-c", "echo hi"]).stdout), "hi\n");
+    let o = embedded(&ws, &both, &["python3", "-c", "import sys; print(2 + 2); sys.exit(7)"]);
+    assert_eq!(status(&o).0, Some(7), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "4\n");
+}
+
+#[test]
+fn common_work_runs_and_exits_with_its_own_status() {
+    let ws = project();
+    let allow = ["--allow-interpreters"];
+    let (code, out, err) = status(&embedded(&ws, &allow, &["python3", "t.py", "a"]));
+    assert_eq!((code, out.as_str()), (Some(4), "py ['a']\n"), "{err}");
+    let (code, out, err) = status(&embedded(&ws, &allow, &["make"]));
+    assert_eq!((code, out.as_str()), (Some(0), "built\n"), "{err}");
+    let (code, out, err) = status(&embedded(&ws, &allow, &["make", "bad"]));
+    assert_eq!((code, out.as_str()), (Some(2), "failing\n"), "{err}");
+    assert!(err.contains("Error 5"), "{err}");
+    // V8 reserves about 768 MiB of address space before it runs: where no
+    // cgroup bounds the run, its memory limit is an address-space limit.
+    let node = ["--allow-interpreters", "--memory", "1024"];
+    let (code, out, err) = status(&embedded(&ws, &node, &["node", "t.js"]));
+    assert_eq!((code, out.as_str()), (Some(6), "node string\n"), "{err}");
+}
+
+#[test]
+fn a_directory_outside_the_workspace_is_reached_only_where_a_flag_grants_it() {
+    let ws = TempDir::new("flags-ws");
+    let cache = TempDir::new("flags-cache");
+    std::fs::write(cache.join("entry"), "cached\n").unwrap();
+    let entry = cache.join("entry").to_string_lossy().into_owned();
+    // Counter-test: outside the sandbox it is there.
+    assert_eq!(std::fs::read_to_string(&entry).unwrap(), "cached\n");
+    let (code, out, err) = status(&embedded(&ws, &[], &["cat", &entry]));
+    assert_eq!((code, out.as_str()), (Some(125), ""));
+    assert!(err.contains("outside the allowed roots"), "{err}");
+    let dir = cache.path().to_str().unwrap();
+    let (code, out, err) = status(&embedded(&ws, &["--read-only", dir], &["cat", &entry]));
+    assert_eq!((code, out.as_str()), (Some(0), "cached\n"), "{err}");
+    let written = cache.join("written").to_string_lossy().into_owned();
+    let o = embedded(&ws, &["--read-only", dir], &["cp", &entry, &written]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(!cache.join("written").exists());
+    let o = embedded(&ws, &["--read-write", dir], &["cp", &entry, &written]);
+    assert_eq!(status(&o).0, Some(0), "{}", text(&o.stderr));
+    assert_eq!(std::fs::read_to_string(&written).unwrap(), "cached\n");
+}
+
+#[test]
+fn variables_limits_and_fork_follow_the_flags() {
+    let ws = TempDir::new("flags-env");
+    assert_eq!(status(&embedded(&ws, &[], &["printenv", "PALISADE_FLAG_TEST"])).0, Some(1));
+    let o = embedded(&ws, &["--env", "PALISADE_FLAG_TEST=given"], &["printenv", "PALISADE_FLAG_TEST"]);
+    assert_eq!(status(&o), (Some(0), "given\n".into(), String::new()));
+    let o = embedded(&ws, &["--env", "PALISADE_FLAG_UNSET"], &["true"]);
+    assert!(text(&o.stderr).contains("PALISADE_FLAG_UNSET is not set here"), "{}", text(&o.stderr));
+    // Forking: allowed by default, refused with --no-fork.
+    let shell = ["--allow-interpreters", "--allow-inline-code"];
+    let o = embedded(&ws, &shell, &["sh", "-c", "/bin/true && echo forked"]);
+    assert_eq!(text(&o.stdout), "forked\n", "{}", text(&o.stderr));
+    let o = embedded(&ws, &[&shell[..], &["--no-fork"]].concat(), &["sh", "-c", "/bin/true && echo forked"]);
+    assert!(o.stdout.is_empty() && text(&o.stderr).contains("fork"), "{}", text(&o.stderr));
+    // The attestation's limits are the flags'.
+    let o = embedded(&ws, &["--json", "--memory", "100", "--processes", "7"], &["true"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rlimits = v["result"]["attestation"]["enforcement"]["rlimits"].as_array().unwrap().clone();
+    let limit = |name: &str| rlimits.iter().find(|r| r["name"] == name).and_then(|r| r["hard"].as_u64());
+    assert_eq!((limit("AS"), limit("NPROC")), (Some(100 << 20), Some(7)), "{rlimits:?}");
+}
+
+#[test]
+fn through_a_daemon_the_flags_only_narrow_its_policy() {
+    let d = Daemon::start("[profiles.py]\nallow_interpreters = true\nmax_memory_mb = 256\n");
+    let ws = project();
+    let via = |pre: &[&str], args: &[&str]| {
+        let mut argv = vec!["run", "--socket", d.socket.to_str().unwrap()];
+        argv.extend_from_slice(pre);
+        status(&palisade_cli(ws.path(), &argv, args, None))
+    };
+    for (flags, named) in [
+        (&["--allow-interpreters"][..], "[defaults] allow_interpreters = true"),
+        (&["--memory", "4096"][..], "[defaults] max_memory_mb = 4096"),
+        (&["--processes", "100000"][..], "[defaults] max_processes = 100000"),
+        (&["--read-only", "/var/lib"][..], "[defaults] read_only = [\"/var/lib\"]"),
+        (&["--env", "TERM_PROGRAM=x"][..], "[defaults] pass_env = [\"TERM_PROGRAM\"]"),
+        (&["--profile", "py", "--memory", "512"][..], "[profiles.py] max_memory_mb = 512"),
+    ] {
+        let (code, out, err) = via(flags, &["python3", "t.py"]);
+        assert_eq!((code, out.as_str()), (Some(125), ""), "{flags:?}");
+        let flag = if flags[0] == "--profile" { flags[2] } else { flags[0] };
+        assert!(err.starts_with("palisade: CapabilityDenied: "), "{flags:?}: {err}");
+        assert!(err.contains(&format!("({flag})")) && err.contains(named), "{flags:?}: {err}");
+    }
+    // What the policy allows, the flags may ask for.
+    let (code, out, err) =
+        via(&["--profile", "py", "--allow-interpreters", "--memory", "200"], &["python3", "t.py"]);
+    assert_eq!((code, out.as_str()), (Some(4), "py []\n"), "{err}");
+    let (code, _, err) = via(&["--profile", "nope"], &["true"]);
+    assert_eq!(code, Some(125));
+    assert!(err.contains("no profile \"nope\" is declared (declared: py)"), "{err}");
+}
+
+/// As root, the same file again as the unprivileged test user.
+#[test]
+fn the_flags_suite_passes_as_an_unprivileged_user() {
+    rerun_unprivileged("the_flags_suite_passes_as_an_unprivileged_user");
+}
