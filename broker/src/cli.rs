@@ -117,7 +117,11 @@ pub enum ToolsCommand {
 
 #[derive(ClapArgs, Debug)]
 pub struct ExplainArgs {
-    /// Policy file [default: the built-in default policy].
+    /// Broker socket to ask [default: $PALISADE_SOCKET, else the default
+    /// socket; the built-in policy decides when no broker answers there].
+    #[arg(long, value_name = "PATH", conflicts_with = "policy")]
+    pub socket: Option<PathBuf>,
+    /// Policy file: decide with it here, instead of asking a running broker.
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
     /// The writable workspace [default: the current directory].
@@ -229,7 +233,29 @@ pub fn main(cli: Cli) -> i32 {
     }
 }
 
+/// Where a broker answers for the CLI: `--socket`, `$PALISADE_SOCKET`, or
+/// the default socket; whether it was named (then it must answer).
+fn broker_socket(flag: Option<&PathBuf>) -> (PathBuf, bool) {
+    match (flag, std::env::var_os("PALISADE_SOCKET")) {
+        (Some(s), _) => (s.clone(), true),
+        (None, Some(s)) => (PathBuf::from(s), false),
+        (None, None) => (paths::default_socket(), false),
+    }
+}
+
 fn explain(args: ExplainArgs) -> i32 {
+    let mut by = "decided here".to_string();
+    if args.policy.is_none() {
+        let (socket, explicit) = broker_socket(args.socket.as_ref());
+        by = format!("no broker answers on {}: decided here", socket.display());
+        match Client::open(&socket) {
+            Ok(client) => return explain_by(client, &socket, args),
+            Err(ClientError::Io(e)) if !explicit => {
+                tracing::debug!("no broker at {}: {e}; the built-in policy decides", socket.display());
+            }
+            Err(e) => return fail(ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),
+        }
+    }
     let mut config = match args.policy.as_deref().map(Config::load).transpose() {
         Ok(c) => c.unwrap_or_default(),
         Err(e) => return fail(ErrorKind::InvalidRequest, e),
@@ -241,19 +267,8 @@ fn explain(args: ExplainArgs) -> i32 {
     // Nothing runs, so nothing is recorded.
     config.journal.enabled = false;
     config.trust.enabled = false;
-    let run_args = RunArgs {
-        socket: None,
-        workspace: args.workspace,
-        policy: None,
-        timeout: None,
-        max_output: None,
-        json: false,
-        no_stdin: true,
-        tool: args.tool,
-        params: args.params,
-        sandbox: args.sandbox,
-        command: args.command,
-    };
+    let run_args =
+        RunArgs { workspace: args.workspace, tool: args.tool, params: args.params, ..explain_run(args.sandbox, args.command) };
     let edited = std::env::current_dir()
         .map_err(|e| format!("current directory: {e}"))
         .and_then(|cwd| run_args.sandbox.edit(&mut config, &cwd));
@@ -269,8 +284,50 @@ fn explain(args: ExplainArgs) -> i32 {
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),
     };
     let decision = broker.policy.decide(&broker.host(&broker.context), &broker.context, &request);
-    print!("{}", palisade_policy::explain::render(&decision));
-    if matches!(decision, palisade_policy::Decision::Allow(_)) { 0 } else { 1 }
+    let source = broker.policy.config.source_name();
+    let explained = palisade_policy::explain::explanation(&decision, source);
+    show_explanation(&explained, &by)
+}
+
+/// `palisade explain` through the broker answering on `socket`: its policy decides.
+fn explain_by(mut client: Client, socket: &std::path::Path, args: ExplainArgs) -> i32 {
+    let run_args = RunArgs { workspace: args.workspace, tool: args.tool, params: args.params, ..explain_run(args.sandbox, args.command) };
+    let request = match request(&run_args, false) {
+        Ok(r) => r,
+        Err(e) => return fail(ErrorKind::InvalidRequest, e),
+    };
+    match client.request(&palisade_protocol::wire::ClientMessage::Explain(request)) {
+        Ok(palisade_protocol::wire::ServerMessage::Explained(e)) => {
+            show_explanation(&e, &format!("the broker on {}", socket.display()))
+        }
+        Ok(other) => fail(ErrorKind::RuntimeFailure, format!("the broker answered {other:?}")),
+        Err(ClientError::Reply(e)) => fail(e.kind, e.message),
+        Err(e) => fail(ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),
+    }
+}
+
+/// The decision, then which policy made it; 0 when the run is allowed.
+fn show_explanation(e: &palisade_protocol::wire::Explanation, by: &str) -> i32 {
+    print!("{}", e.text);
+    println!("policy:   {} ({by})", e.policy);
+    if e.decision == "allow" { 0 } else { 1 }
+}
+
+/// The run `palisade explain` asks about: no stdin, nothing else set.
+fn explain_run(sandbox: SandboxArgs, command: Vec<String>) -> RunArgs {
+    RunArgs {
+        socket: None,
+        workspace: None,
+        policy: None,
+        timeout: None,
+        max_output: None,
+        json: false,
+        no_stdin: true,
+        tool: None,
+        params: vec![],
+        sandbox,
+        command,
+    }
 }
 
 fn run(args: RunArgs) -> i32 {
@@ -296,11 +353,7 @@ fn run(args: RunArgs) -> i32 {
             Err(e) => refuse(ErrorKind::InvalidRequest, e),
         };
     }
-    let (socket, explicit) = match (&args.socket, std::env::var_os("PALISADE_SOCKET")) {
-        (Some(s), _) => (s.clone(), true),
-        (None, Some(s)) => (PathBuf::from(s), false),
-        (None, None) => (paths::default_socket(), false),
-    };
+    let (socket, explicit) = broker_socket(args.socket.as_ref());
     match Client::open(&socket) {
         Ok(client) => via_socket(client, request, render),
         Err(ClientError::Io(e)) if !explicit => {

@@ -444,6 +444,11 @@ impl Server {
                 let info = tokio::task::spawn_blocking(move || broker.approve_tool(&name, uid)).await??;
                 Ok(ServerMessage::Tools(vec![info]))
             }
+            ClientMessage::Explain(request) => {
+                let (broker, peer) = (b.clone(), peer.clone());
+                let explained = tokio::task::spawn_blocking(move || broker.explain(&peer, &request)).await?;
+                Ok(explained.map_or_else(ServerMessage::Error, |e| ServerMessage::Explained(Box::new(e))))
+            }
             ClientMessage::RunPlugin { skill, input, inline_module, timeout_ms } => {
                 let request = crate::plugins::CallRequest { skill, input, inline_module, timeout_ms };
                 Ok(match b.plugins.call(&b.journal, peer, request).await {

@@ -17,7 +17,7 @@ use crate::{host, paths};
 use palisade_policy::trust::EscalationReason;
 use palisade_policy::{Config, Context, Decision, Host, HostCapabilities, Policy, Resolved};
 use palisade_protocol::wire::{
-    ErrorKind, ErrorReply, PendingApproval, RunRequest, RunResult, RunStatus, ToolInfo,
+    ErrorKind, ErrorReply, Explanation, PendingApproval, RunRequest, RunResult, RunStatus, ToolInfo,
 };
 use palisade_protocol::{HostIds, Namespaces, WarmSpec};
 use std::future::Future;
@@ -209,6 +209,26 @@ impl Broker {
             trust,
             next_run: AtomicU64::new(1),
         })
+    }
+
+    /// The policy's decision on `request` and the sandbox it would get,
+    /// decided as the requester (as a run's is), without running anything:
+    /// the plan's paths are not opened (nor, for a root broker, their
+    /// owners checked) and a tool's trust stage is not consulted.
+    pub fn explain(&self, peer: &Peer, request: &RunRequest) -> Result<Explanation, ErrorReply> {
+        let context = Context {
+            requester: HostIds { uid: peer.uid, gid: peer.gid },
+            groups: peer.groups.clone(),
+            trust: None,
+            ..self.context.clone()
+        };
+        let decision = peer
+            .requester()
+            .act(|_| self.policy.decide(&self.host(&context), &context, request))
+            .map_err(|e| {
+                ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot act for uid {}: {e}", peer.uid))
+            })?;
+        Ok(palisade_policy::explain::explanation(&decision, self.policy.config.source_name()))
     }
 
     /// Decides a request: the run it will be, and whether a person must

@@ -39,6 +39,9 @@ pub struct Config {
     pub egress: EgressConfig,
     #[serde(default)]
     pub plugins: PluginsConfig,
+    /// The file it was loaded from (`None`: the built-in default policy).
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
 }
 
 /// WebAssembly skill plugins (Tier A, `[plugins]`): whether they run, the
@@ -741,6 +744,11 @@ impl DefaultProfile {
 }
 
 impl Config {
+    /// Which policy this is, for people: its file, or `built-in`.
+    pub fn source_name(&self) -> String {
+        self.source.as_ref().map_or_else(|| "built-in".into(), |p| p.display().to_string())
+    }
+
     /// `[defaults]` and each `[profiles.NAME]`, with the table that holds it.
     pub fn profile_tables(&self) -> impl Iterator<Item = (String, &DefaultProfile)> {
         std::iter::once(("defaults".to_string(), &self.defaults))
@@ -775,7 +783,9 @@ impl Config {
         let config: Config =
             toml::from_str(text).map_err(|e| at(e.span().map_or(0, |s| s.start), e.message().into()))?;
         config.check().map_err(|(offset, message)| at(offset, message))?;
-        config.load_cedar(path)
+        let mut config = config.load_cedar(path)?;
+        config.source = Some(path.to_path_buf());
+        Ok(config)
     }
 
     /// Reads and validates the Cedar policies `[policy] cedar` names (a

@@ -6,6 +6,7 @@ use crate::decision::{Decision, Resolved};
 use crate::egress_plan::{DNS_ADDRESS, EgressPlan, PROXY_ADDRESS};
 use crate::seccomp;
 use palisade_protocol::attest::exact_size as size;
+use palisade_protocol::wire::Explanation;
 use palisade_protocol::{DEV_NODES, LandlockFeatures, Mount, Rlimit};
 use std::fmt::Write;
 
@@ -15,6 +16,16 @@ fn count(l: Rlimit) -> String {
 
 fn list(items: &[String]) -> String {
     if items.is_empty() { "-".into() } else { items.join(", ") }
+}
+
+/// The decision as the protocol's `Explained` carries it, decided by `policy`.
+pub fn explanation(decision: &Decision, policy: String) -> Explanation {
+    let (word, kind, rule, reason) = match decision {
+        Decision::Allow(_) => ("allow", None, None, None),
+        Decision::NeedsApproval { reason, .. } => ("needs_approval", None, None, Some(reason.clone())),
+        Decision::Deny(d) => ("deny", Some(d.kind), Some(d.rule.to_string()), Some(d.reason.clone())),
+    };
+    Explanation { decision: word.into(), kind, rule, reason, text: render(decision), policy }
 }
 
 pub fn render(decision: &Decision) -> String {

@@ -27,8 +27,9 @@ pub const MAGIC: &str = "palisade";
 /// traffic; 5: WebAssembly skill plugins, `RunPlugin` and `PluginResult`; 6: the
 /// plugin-host's cgroup in a plugin result's attestation; 7: the warm pool,
 /// the attestation's `built`; 8: the `macos-seatbelt` executor and the
-/// attestation's `seatbelt_sha256`).
-pub const PROTOCOL_VERSION: u32 = 8;
+/// attestation's `seatbelt_sha256`; 9: the request's asks and `profile`,
+/// `Explain` and `Explained`).
+pub const PROTOCOL_VERSION: u32 = 9;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
 
@@ -188,6 +189,9 @@ pub enum ClientMessage {
         #[serde(default)]
         timeout_ms: Option<u64>,
     },
+    /// The policy's decision on a run, and the sandbox it would get,
+    /// without running anything (`palisade explain`). Answered `Explained`.
+    Explain(RunRequest),
 }
 
 /// Why a tool's run escalated: it asks for more than its approved range.
@@ -255,6 +259,25 @@ pub struct PendingApproval {
     /// When it was asked and when it expires, in seconds since the epoch.
     pub created_unix: u64,
     pub expires_unix: u64,
+}
+
+/// The policy's decision on a run that was not run (`Explain`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Explanation {
+    /// `"allow"`, `"needs_approval"` or `"deny"`.
+    pub decision: String,
+    /// A refusal's kind.
+    pub kind: Option<ErrorKind>,
+    /// A refusal's rule.
+    pub rule: Option<String>,
+    /// Why: a refusal's reason, or the question an approval would ask.
+    pub reason: Option<String>,
+    /// The decision and the sandbox (mounts, Landlock, limits, seccomp), as
+    /// `palisade explain` prints them.
+    pub text: String,
+    /// The policy that decided: the configuration file the broker loaded,
+    /// or `built-in` (its default policy).
+    pub policy: String,
 }
 
 /// A declared tool as `palisade tools show` prints it.
@@ -496,6 +519,8 @@ pub enum ServerMessage {
         call_us: u64,
         attestation: Box<crate::plugin::PluginAttestation>,
     },
+    /// The answer to `Explain`.
+    Explained(Box<Explanation>),
 }
 
 /// Why bytes could not be decoded.

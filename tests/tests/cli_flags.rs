@@ -148,6 +148,34 @@ fn through_a_daemon_the_flags_only_narrow_its_policy() {
     assert!(err.contains("no profile \"nope\" is declared (declared: py)"), "{err}");
 }
 
+#[test]
+fn explain_asks_the_daemon_and_says_which_policy_decided() {
+    let d = Daemon::start("[profiles.py]\nallow_interpreters = true\n");
+    let ws = project();
+    let socket = d.socket.to_str().unwrap();
+    let explain = |pre: &[&str]| {
+        let mut argv = vec!["explain"];
+        argv.extend_from_slice(pre);
+        status(&palisade_cli(ws.path(), &argv, &["python3", "t.py"], None))
+    };
+    let config = d.dir.join("palisade.toml");
+    let by_daemon = format!("policy:   {} (the broker on {socket})\n", config.display());
+    let (code, out, err) = explain(&["--socket", socket, "--profile", "py", "--allow-interpreters"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.starts_with("decision: allow") && out.ends_with(&by_daemon), "{out}");
+    let (code, out, _) = explain(&["--socket", socket]);
+    assert_eq!(code, Some(1));
+    assert!(out.contains("rule:     interpreters.denied") && out.ends_with(&by_daemon), "{out}");
+    // A widening flag is the daemon's to refuse, as for a run.
+    let (code, out, _) = explain(&["--socket", socket, "--allow-interpreters"]);
+    assert_eq!(code, Some(1));
+    assert!(out.contains("rule:     request.widens"), "{out}");
+    // Here, the flags edit the policy that decides.
+    let (code, out, _) = explain(&["--policy", "/dev/null", "--allow-interpreters"]);
+    assert_eq!(code, Some(0));
+    assert!(out.ends_with("policy:   /dev/null (decided here)\n"), "{out}");
+}
+
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_flags_suite_passes_as_an_unprivileged_user() {
