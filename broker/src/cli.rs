@@ -80,6 +80,15 @@ pub enum Command {
     /// WebAssembly skill plugins (Tier A): install, list, run, secrets.
     #[command(subcommand)]
     Plugin(crate::plugin_cli::PluginCommand),
+    /// Serve palisade's tools to an agent over the Model Context Protocol
+    /// (stdio): run_command, run_tool and explain, forwarded to the running
+    /// broker, or to one embedded in this process when none answers.
+    ///
+    /// The sandbox flags are the person's, as for `palisade run`: with an
+    /// embedded broker they edit its profile; through a daemon each call
+    /// carries them as asks that can only narrow the daemon's policy. See
+    /// docs/agents.md.
+    Mcp(crate::mcp::McpArgs),
 }
 
 /// Where the approval and tool commands find the broker.
@@ -230,12 +239,13 @@ pub fn main(cli: Cli) -> i32 {
         Command::Deny { id, reason, broker } => crate::approve_cli::answer(&broker, id, false, reason),
         Command::Tools(command) => crate::approve_cli::tools(command),
         Command::Plugin(command) => crate::plugin_cli::main(command),
+        Command::Mcp(args) => crate::mcp::main(args),
     }
 }
 
 /// Where a broker answers for the CLI: `--socket`, `$PALISADE_SOCKET`, or
 /// the default socket; whether it was named (then it must answer).
-fn broker_socket(flag: Option<&PathBuf>) -> (PathBuf, bool) {
+pub(crate) fn broker_socket(flag: Option<&PathBuf>) -> (PathBuf, bool) {
     match (flag, std::env::var_os("PALISADE_SOCKET")) {
         (Some(s), _) => (s.clone(), true),
         (None, Some(s)) => (PathBuf::from(s), false),

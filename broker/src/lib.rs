@@ -24,6 +24,7 @@ linux_only! {
     pub mod fault;
     pub mod helper;
     pub mod host;
+    pub mod mcp;
     pub mod memory;
     pub mod overlay;
     pub mod panics;

@@ -1,0 +1,311 @@
+//! A tool call carried out through the broker's socket: its arguments made
+//! into a request, the run, its output cut to what an agent can use, and
+//! the result (or the MCP error carrying palisade's stable kind).
+
+use crate::client::{Ask, Client, ClientError, Event};
+use crate::run_cli::SandboxArgs;
+use palisade_protocol::wire::{
+    ClientMessage, ErrorKind, ErrorReply, Explanation, ParamValue, RunRequest, RunResult, RunStatus, ServerMessage,
+    Stream,
+};
+use rmcp::model::{CallToolResult, ContentBlock, ErrorCode, ErrorData, JsonObject};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+
+/// The MCP error code of every refusal or failure of palisade's: the
+/// error's `data` is palisade's error (`kind`, `message`, `rule`, `helper`).
+pub const PALISADE_ERROR: ErrorCode = ErrorCode(-32050);
+
+/// Characters that make a command line shell syntax rather than words.
+const SHELL_SYNTAX: &[char] =
+    &['|', '&', ';', '<', '>', '(', ')', '$', '`', '*', '?', '[', ']', '{', '}', '~', '!', '#', '\n', '\\'];
+
+/// What every call starts from: the server's own settings.
+pub struct Defaults {
+    /// The workspace when a call names none, and what a relative one is relative to.
+    pub workspace: PathBuf,
+    /// The server's flags: asks every request carries.
+    pub sandbox: SandboxArgs,
+}
+
+/// A call's request, and how much of each stream goes back.
+pub struct Call {
+    pub request: RunRequest,
+    pub output_limit: u64,
+}
+
+/// What a call's arguments may hold.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    RunCommand,
+    RunTool,
+    Explain,
+}
+
+impl Shape {
+    fn allows(self, key: &str) -> bool {
+        match key {
+            "argv" | "command" | "workspace" => true,
+            "stdin" | "timeout_secs" | "output_limit_bytes" => self != Shape::Explain,
+            "tool" | "params" => self != Shape::RunCommand,
+            _ => false,
+        }
+    }
+}
+
+fn invalid(message: String) -> ErrorData {
+    ErrorData::invalid_params(message, None)
+}
+
+/// The request a call's arguments make; a malformed argument is refused, naming it.
+pub fn parse(args: &JsonObject, shape: Shape, defaults: &Defaults) -> Result<Call, ErrorData> {
+    if let Some(key) = args.keys().find(|k| !shape.allows(k)) {
+        return Err(invalid(format!("unknown argument {key:?}")));
+    }
+    let text = |key: &str| -> Result<Option<String>, ErrorData> {
+        match args.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(invalid(format!("{key} must be a string"))),
+        }
+    };
+    let number = |key: &str| -> Result<Option<u64>, ErrorData> {
+        match args.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| invalid(format!("{key} must be a whole number"))),
+        }
+    };
+    let argv = match (args.get("argv"), text("command")?) {
+        (Some(v), None) => strings(v).filter(|a| !a.is_empty()).ok_or_else(|| {
+            invalid("argv must be a non-empty list of strings".into())
+        })?,
+        (None, Some(line)) => argv_of(&line),
+        _ => return Err(invalid("give argv or command (one of them)".into())),
+    };
+    let workspace = match text("workspace")? {
+        Some(w) => defaults.workspace.join(w),
+        None => defaults.workspace.clone(),
+    };
+    let params = match args.get("params") {
+        None | Some(Value::Null) => BTreeMap::new(),
+        Some(Value::Object(p)) => p
+            .iter()
+            .map(|(k, v)| match (v, strings(v)) {
+                (Value::String(s), _) => Ok((k.clone(), ParamValue::One(s.clone()))),
+                (_, Some(list)) => Ok((k.clone(), ParamValue::Many(list))),
+                _ => Err(invalid(format!("params.{k} must be a path or a list of paths"))),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(invalid("params must be an object".into())),
+    };
+    let workspace_text = workspace.to_string_lossy().into_owned();
+    let mut request = RunRequest {
+        argv,
+        env: std::env::vars().collect(),
+        cwd: Some(workspace_text.clone()),
+        workspace: Some(workspace_text),
+        stdin: text("stdin")?.unwrap_or_default().into_bytes(),
+        timeout_secs: number("timeout_secs")?,
+        tool: text("tool")?,
+        params,
+        ..RunRequest::default()
+    };
+    if shape == Shape::RunTool && request.tool.is_none() {
+        return Err(invalid("run_tool needs the tool's name (tool)".into()));
+    }
+    defaults.sandbox.ask(&mut request, &defaults.workspace).map_err(invalid)?;
+    let output_limit = number("output_limit_bytes")?
+        .unwrap_or(super::tools::DEFAULT_OUTPUT_LIMIT)
+        .clamp(256, super::tools::MAX_OUTPUT_LIMIT);
+    Ok(Call { request, output_limit })
+}
+
+fn strings(v: &Value) -> Option<Vec<String>> {
+    v.as_array()?.iter().map(|s| s.as_str().map(String::from)).collect()
+}
+
+/// A command line as argv: its words, split as a shell splits them (quotes
+/// respected), when it has no shell syntax; otherwise `sh -c LINE`.
+pub fn argv_of(line: &str) -> Vec<String> {
+    if !line.contains(SHELL_SYNTAX) {
+        if let Some(words) = shlex::split(line) {
+            // `NAME=value cmd` sets a variable: the shell's to do.
+            if words.first().is_some_and(|w| !w.contains('=')) {
+                return words;
+            }
+        }
+    }
+    vec!["sh".into(), "-c".into(), line.into()]
+}
+
+/// A stream's output as returned to the agent: all of it when it fits
+/// `limit`, else its first and last halves with a marker between.
+pub struct Capped {
+    half: usize,
+    head: Vec<u8>,
+    tail: Vec<u8>,
+    total: u64,
+}
+
+impl Capped {
+    pub fn new(limit: u64) -> Capped {
+        Capped { half: (limit / 2) as usize, head: Vec::new(), tail: Vec::new(), total: 0 }
+    }
+
+    pub fn push(&mut self, mut data: &[u8]) {
+        self.total += data.len() as u64;
+        let room = self.half.saturating_sub(self.head.len());
+        let into_head = room.min(data.len());
+        self.head.extend_from_slice(&data[..into_head]);
+        data = &data[into_head..];
+        self.tail.extend_from_slice(data);
+        // Trimmed now and then, to the last half: what stays is always at least that.
+        if self.tail.len() > 2 * self.half {
+            self.tail.drain(..self.tail.len() - self.half);
+        }
+    }
+
+    /// The text returned, and whether anything was cut.
+    pub fn text(&self) -> (String, bool) {
+        let kept = (self.head.len() + self.tail.len()) as u64;
+        if kept == self.total {
+            return (String::from_utf8_lossy(&[&self.head[..], &self.tail[..]].concat()).into_owned(), false);
+        }
+        let last = &self.tail[self.tail.len() - self.half.min(self.tail.len())..];
+        let cut = self.total - (self.head.len() + last.len()) as u64;
+        let marker = format!("\n[palisade: {cut} bytes cut here, of {} in all]\n", self.total);
+        let text = format!("{}{marker}{}", String::from_utf8_lossy(&self.head), String::from_utf8_lossy(last));
+        (text, true)
+    }
+}
+
+/// A run through the broker: its result or error, and its output.
+pub struct Ran {
+    pub outcome: Result<RunResult, ClientError>,
+    pub stdout: Capped,
+    pub stderr: Capped,
+}
+
+/// Runs `call` over `stream` (connected to the broker), putting an
+/// approval to `ask`.
+pub fn run(stream: UnixStream, call: Call, ask: impl FnMut(Ask<'_>) -> Option<bool>) -> Ran {
+    let (mut stdout, mut stderr) = (Capped::new(call.output_limit), Capped::new(call.output_limit));
+    let outcome = Client::over(stream).and_then(|mut client| {
+        let on = |event: Event<'_>| {
+            if let Event::Output(s, data) = event {
+                match s {
+                    Stream::Stdout => stdout.push(data),
+                    Stream::Stderr => stderr.push(data),
+                }
+            }
+        };
+        client.run_events(call.request, on, ask)
+    });
+    Ran { outcome, stdout, stderr }
+}
+
+/// Asks the broker on `stream` for its decision on `call`.
+pub fn explain(stream: UnixStream, call: Call) -> Result<Explanation, ErrorData> {
+    let reply = Client::over(stream).and_then(|mut c| c.request(&ClientMessage::Explain(call.request)));
+    match reply {
+        Ok(ServerMessage::Explained(e)) => Ok(*e),
+        Ok(other) => Err(failure(format!("the broker answered {other:?}"))),
+        Err(e) => Err(client_error(e)),
+    }
+}
+
+/// The MCP error of palisade's error `reply`.
+pub fn refusal(reply: &ErrorReply) -> ErrorData {
+    let data = serde_json::to_value(reply).ok();
+    ErrorData::new(PALISADE_ERROR, format!("{}: {}", reply.kind, reply.message), data)
+}
+
+/// A failure of palisade's own (not the policy's), as an MCP error.
+pub fn failure(message: String) -> ErrorData {
+    refusal(&ErrorReply::new(ErrorKind::RuntimeFailure, message))
+}
+
+pub fn client_error(e: ClientError) -> ErrorData {
+    match e {
+        ClientError::Reply(reply) => refusal(&reply),
+        other => failure(format!("the broker: {other}")),
+    }
+}
+
+/// The tool's result: the command's output and status, and a summary of
+/// the sandbox it ran in; a refusal is an MCP error.
+pub fn result(ran: Ran, broker: &str) -> Result<CallToolResult, ErrorData> {
+    let r = ran.outcome.map_err(client_error)?;
+    let ((stdout, cut_out), (stderr, cut_err)) = (ran.stdout.text(), ran.stderr.text());
+    let (status, code, signal) = match r.status {
+        RunStatus::Exited { code } => ("exited", Some(code), None),
+        RunStatus::Signaled { signal } => ("signaled", None, Some(signal)),
+        RunStatus::TimedOut => ("timed_out", None, None),
+        RunStatus::QuotaExceeded => ("output_quota_exceeded", None, None),
+        RunStatus::MemoryLimitExceeded => ("memory_limit_exceeded", None, None),
+        RunStatus::DiskLimitExceeded => ("disk_limit_exceeded", None, None),
+        RunStatus::Cancelled => ("cancelled", None, None),
+    };
+    let error_kind = r.status.error_kind();
+    let attestation = serde_json::to_value(&r.attestation).unwrap_or(Value::Null);
+    let enforcement = &attestation["enforcement"];
+    let structured = json!({
+        "status": status,
+        "exit_code": code,
+        "signal": signal,
+        "error_kind": error_kind,
+        "stdout": stdout,
+        "stderr": stderr,
+        "stdout_bytes": r.stdout_bytes,
+        "stderr_bytes": r.stderr_bytes,
+        "output_cut": cut_out || cut_err,
+        "wall_ms": r.wall_ms,
+        "run_id": r.run_id,
+        "sandbox": {
+            "broker": broker,
+            "executor": attestation["executor"],
+            "execution_sha256": attestation["execution_sha256"],
+            "network": enforcement["network"],
+            "limits_by": enforcement["limits_by"],
+            "warnings": attestation["warnings"],
+            "journal": attestation["journal"],
+        },
+    });
+    let mut summary = match (code, signal, error_kind) {
+        (Some(c), _, _) => format!("exit status {c}"),
+        (_, Some(s), _) => format!("killed by signal {s}"),
+        (_, _, Some(kind)) => format!("ended by palisade: {status} ({kind})"),
+        _ => status.to_string(),
+    };
+    summary.push_str(&format!(" ({} ms; {})\n", r.wall_ms, structured["sandbox"]["executor"]));
+    for (name, text) in [("stdout", &stdout), ("stderr", &stderr)] {
+        if !text.is_empty() {
+            summary.push_str(&format!("--- {name} ---\n{text}"));
+            if !text.ends_with('\n') {
+                summary.push('\n');
+            }
+        }
+    }
+    let mut result = CallToolResult::structured(structured);
+    result.content = vec![ContentBlock::text(summary)];
+    result.is_error = Some(error_kind.is_some());
+    Ok(result)
+}
+
+/// The explanation as a tool result (a refusal explained is not an error).
+pub fn explained(e: Explanation, broker: &str) -> CallToolResult {
+    let text = format!("{}policy:   {} ({broker})\n", e.text, e.policy);
+    let mut result = CallToolResult::structured(json!({
+        "decision": e.decision,
+        "kind": e.kind,
+        "rule": e.rule,
+        "reason": e.reason,
+        "policy": e.policy,
+        "broker": broker,
+        "text": e.text,
+    }));
+    result.content = vec![ContentBlock::text(text)];
+    result
+}

@@ -1,0 +1,281 @@
+//! `palisade mcp`: a Model Context Protocol server over stdio (the `rmcp`
+//! crate) whose tools forward to a broker: the one answering on the
+//! socket, or one embedded in this process and served on a private socket
+//! of its own, as `palisade run` embeds one. Every call is a connection
+//! to that broker: its policy decides, its journal records, and a call the
+//! client cancels is a connection closed, which kills the run.
+
+mod call;
+mod tools;
+
+use crate::client::Ask;
+use crate::run_cli::{EXIT_PALISADE, SandboxArgs, fail};
+use crate::server::Server;
+use crate::service::Broker;
+use call::{Defaults, Shape};
+use clap::Args as ClapArgs;
+use palisade_policy::Config;
+use palisade_protocol::wire::ErrorKind;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, ElicitRequestParams, ElicitationAction, ElicitationSchema,
+    Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use std::borrow::Cow;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// How long an approval put to the person through elicitation may wait.
+/// The broker's own `approval_timeout_secs` bounds the run's wait too.
+const ELICITATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Serve palisade's tools to an agent over MCP (stdio).
+#[derive(ClapArgs, Debug)]
+pub struct McpArgs {
+    /// Broker socket [default: $PALISADE_SOCKET, else the default socket; an
+    /// embedded broker serves the calls when none answers there].
+    #[arg(long, value_name = "PATH", conflicts_with = "policy")]
+    pub socket: Option<PathBuf>,
+    /// Policy file: serve the calls with an embedded broker under this policy.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// The workspace of a call that names none, and what a relative one is
+    /// relative to [default: the current directory].
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+}
+
+/// The MCP server: where its broker answers, and what each call starts from.
+#[derive(Clone)]
+struct Palisade {
+    socket: Arc<PathBuf>,
+    /// Which broker serves the calls, for people.
+    broker: Arc<String>,
+    defaults: Arc<Defaults>,
+}
+
+/// `palisade mcp`.
+pub fn main(args: McpArgs) -> i32 {
+    let cwd = match std::env::current_dir() {
+        Ok(c) => c,
+        Err(e) => return fail(ErrorKind::InvalidRequest, format!("current directory: {e}")),
+    };
+    let workspace = cwd.join(args.workspace.clone().unwrap_or_default());
+    let defaults = Defaults { workspace, sandbox: args.sandbox.clone() };
+    let (socket, explicit) = crate::cli::broker_socket(args.socket.as_ref());
+    let embedded = match (&args.policy, UnixStream::connect(&socket)) {
+        (None, Ok(_)) => None,
+        (None, Err(e)) if explicit => return fail(ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),
+        (policy, _) => match embedded_broker(policy.as_deref(), &args.sandbox, &cwd) {
+            Ok(b) => Some(b),
+            Err(e) => return fail(ErrorKind::InvalidRequest, e),
+        },
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => return fail(ErrorKind::RuntimeFailure, format!("cannot start the runtime: {e}")),
+    };
+    let served = runtime.block_on(async move {
+        match embedded {
+            None => {
+                let broker = format!("the broker on {}", socket.display());
+                serve(Palisade { socket: Arc::new(socket), broker: Arc::new(broker), defaults: Arc::new(defaults) })
+                    .await
+            }
+            Some(broker) => serve_embedded(broker, defaults).await,
+        }
+    });
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match served {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("palisade mcp: {e}");
+            EXIT_PALISADE
+        }
+    }
+}
+
+/// The embedded broker, under `policy` (or the built-in one) as the flags edit it.
+fn embedded_broker(
+    policy: Option<&std::path::Path>,
+    sandbox: &SandboxArgs,
+    cwd: &std::path::Path,
+) -> Result<Broker, String> {
+    let mut config = policy.map(Config::load).transpose().map_err(|e| e.to_string())?.unwrap_or_default();
+    sandbox.edit(&mut config, cwd)?;
+    // Before any thread exists: the probe of user namespaces forks.
+    let broker = Broker::assemble(config, None).map_err(|e| e.to_string())?;
+    broker.journal.check_newest().map_err(|e| e.to_string())?;
+    Ok(broker)
+}
+
+/// Serves MCP with `broker` answering on a socket in a private directory
+/// of this process's (mode 0700), removed at the end.
+async fn serve_embedded(broker: Broker, defaults: Defaults) -> Result<(), String> {
+    let dir = private_dir().map_err(|e| format!("a private directory for the embedded broker: {e}"))?;
+    let socket = dir.join("broker.sock");
+    let listener = crate::socket::bind(&socket, 0o600).map_err(|e| format!("{}: {e}", socket.display()))?;
+    let source = broker.policy.config.source_name();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let server = tokio::spawn(Arc::new(Server::new(broker)).serve(listener, stopped));
+    let name = format!("an embedded broker (policy: {source})");
+    let mcp = Palisade { socket: Arc::new(socket), broker: Arc::new(name), defaults: Arc::new(defaults) };
+    // An agent host ends its server with SIGTERM (or SIGINT) as often as by
+    // closing stdin: either way the runs are killed and the directory goes.
+    let served = tokio::select! {
+        served = serve(mcp) => served,
+        () = terminated() => Ok(()),
+    };
+    // The runs still in progress are killed, their clients told.
+    let _ = stop.send(true);
+    let _ = server.await;
+    let _ = std::fs::remove_dir_all(&dir);
+    served
+}
+
+/// SIGTERM or SIGINT (never, where their handlers cannot be installed).
+async fn terminated() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
+/// `$XDG_RUNTIME_DIR/palisade-mcp-broker-PID-N` (or under the temporary
+/// directory), a directory of this process's own that nobody else may enter.
+fn private_dir() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::var_os("XDG_RUNTIME_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let dir = base.join(format!("palisade-mcp-broker-{}-{nanos:x}", std::process::id()));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    Ok(dir)
+}
+
+async fn serve(server: Palisade) -> Result<(), String> {
+    let running = match server.serve(rmcp::transport::stdio()).await {
+        Ok(r) => r,
+        // The client went away before it began: nothing to say.
+        Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => return Ok(()),
+        Err(e) => return Err(format!("MCP: {e}")),
+    };
+    running.waiting().await.map_err(|e| format!("MCP: {e}"))?;
+    Ok(())
+}
+
+impl ServerHandler for Palisade {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("palisade", env!("CARGO_PKG_VERSION")))
+            .with_instructions(format!(
+                "palisade runs commands in a sandbox the kernel enforces, served by {}. Use run_command \
+                 for commands, run_tool for the tools the policy declares, explain to see what a command \
+                 would be allowed before running it. A refusal is an error carrying palisade's stable \
+                 kind and rule: change the command rather than retrying it.",
+                self.broker
+            ))
+    }
+
+    // Elicitation is a request from server to client in the protocol
+    // versions up to 2025-11-25; later ones carry it differently.
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(tools::all()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let shape = match request.name.as_ref() {
+            "run_command" => Shape::RunCommand,
+            "run_tool" => Shape::RunTool,
+            "explain" => Shape::Explain,
+            other => return Err(ErrorData::invalid_params(format!("no tool {other:?}"), None)),
+        };
+        let call = call::parse(&request.arguments.unwrap_or_default(), shape, &self.defaults)?;
+        let stream = UnixStream::connect(&*self.socket)
+            .map_err(|e| call::failure(format!("{} does not answer: {e}", self.broker)))?;
+        // Closing the connection is what cancels: the broker kills the run.
+        let closer = stream.try_clone().map_err(|e| call::failure(format!("the broker's socket: {e}")))?;
+        let broker = self.broker.clone();
+        let work = match shape {
+            Shape::Explain => tokio::task::spawn_blocking(move || {
+                call::explain(stream, call).map(|e| call::explained(e, &broker).into())
+            }),
+            Shape::RunCommand | Shape::RunTool => {
+                let ask = elicit(context.clone());
+                tokio::task::spawn_blocking(move || call::result(call::run(stream, call, ask), &broker).map(Into::into))
+            }
+        };
+        tokio::select! {
+            done = work => done.map_err(|e| call::failure(format!("the call's thread: {e}")))?,
+            () = context.ct.cancelled() => {
+                let _ = closer.shutdown(std::net::Shutdown::Both);
+                Err(call::failure("cancelled by the client".into()))
+            }
+        }
+    }
+}
+
+/// A run held for approval, put to the person through the client's
+/// elicitation (called on the call's blocking thread): `None` waits for an
+/// approver elsewhere when this requester may not answer; a client that
+/// cannot elicit refuses it.
+fn elicit(context: RequestContext<RoleServer>) -> impl FnMut(Ask<'_>) -> Option<bool> + Send + 'static {
+    let runtime = tokio::runtime::Handle::current();
+    move |ask: Ask<'_>| {
+        if !ask.may_answer {
+            tracing::info!("waiting for an approver: {}", ask.reason);
+            return None;
+        }
+        if context.client_capabilities().and_then(|c| c.elicitation).is_none() {
+            tracing::info!("refused: the client cannot ask the person (no elicitation): {}", ask.reason);
+            return Some(false);
+        }
+        let message = format!(
+            "palisade: {}\n{}Approve this run?",
+            ask.reason,
+            crate::approve_cli::describe(ask.approval)
+        );
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {"approve": {"type": "boolean", "title": "Approve the run", "default": false}},
+            "required": ["approve"],
+        });
+        let Some(requested_schema) = schema.as_object().and_then(|s| ElicitationSchema::from_json_schema(s.clone()).ok())
+        else {
+            return Some(false);
+        };
+        let params = ElicitRequestParams::FormElicitationParams { meta: None, message, requested_schema };
+        let answer = runtime.block_on(context.peer.create_elicitation_with_timeout(params, Some(ELICITATION_TIMEOUT)));
+        Some(match answer {
+            Ok(r) if r.action == ElicitationAction::Accept => {
+                r.content.as_ref().and_then(|c| c.get("approve")).and_then(|a| a.as_bool()) == Some(true)
+            }
+            Ok(_) => false,
+            Err(e) => {
+                tracing::warn!("elicitation: {e}");
+                false
+            }
+        })
+    }
+}

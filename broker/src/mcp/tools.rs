@@ -1,0 +1,135 @@
+//! The tools `palisade mcp` offers, with the JSON schemas of their
+//! arguments and descriptions written for a model: what the sandbox
+//! allows, and what a refusal means.
+
+use rmcp::model::{JsonObject, Tool};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// What the returned output of each stream is cut to, unless asked otherwise.
+pub const DEFAULT_OUTPUT_LIMIT: u64 = 32 * 1024;
+/// The most a call may ask to be returned of each stream.
+pub const MAX_OUTPUT_LIMIT: u64 = 1 << 20;
+
+const SANDBOX: &str = "The command runs in palisade's sandbox, enforced by the kernel: it \
+    sees the system's directories read-only, may write only its workspace, has no network \
+    unless the policy grants host names, cannot read secrets (~/.ssh, credentials), and is \
+    bounded in time, memory, processes and output. Interpreters (sh, python3, node) and \
+    inline code (sh -c, python3 -c) run only where the policy allows them.";
+
+const REFUSALS: &str = "A refusal is an error whose data carries palisade's stable `kind` \
+    (PolicyDenied, WorkspaceScopeDenied, CapabilityDenied, InvalidRequest, ...), the \
+    policy `rule` and a `message` naming what was refused: do not retry the same \
+    command; change it (another path, no interpreter) or tell the person what the \
+    policy would need.";
+
+/// The tools, for `tools/list`.
+pub fn all() -> Vec<Tool> {
+    vec![
+        tool(
+            "run_command",
+            &format!(
+                "Run a command in a sandbox and get its stdout, stderr and exit status. {SANDBOX} \
+                 Give `argv` (run as is, no shell) or `command` (a command line: without shell \
+                 syntax it is split into words and run the same way; with pipes, &&, ;, \
+                 redirections, $ or globs it runs as `sh -c`, which the policy must allow). \
+                 Output beyond `output_limit_bytes` per stream is cut in the middle with a \
+                 marker (the beginning and the end are kept). A run palisade ended (timed out, \
+                 over its output or memory quota) is a result with `is_error` and its \
+                 `error_kind`. {REFUSALS}"
+            ),
+            run_schema(false),
+        ),
+        tool(
+            "run_tool",
+            &format!(
+                "Run a tool the policy declares, with its parameters (paths the tool is \
+                 granted), and get its stdout, stderr and exit status. Each declared tool \
+                 has capabilities of its own (`palisade tools show` lists them). {SANDBOX} \
+                 {REFUSALS}"
+            ),
+            run_schema(true),
+        ),
+        tool(
+            "explain",
+            "Say, without running anything, whether the policy would allow a command and the \
+             sandbox it would get (writable and read-only paths, network, limits, seccomp): \
+             `decision` is allow, needs_approval or deny (with `kind`, `rule` and `reason`). \
+             Use it to find out what a refusal would be before running.",
+            explain_schema(),
+        ),
+    ]
+}
+
+fn tool(name: &'static str, description: &str, schema: Value) -> Tool {
+    let Value::Object(schema) = schema else { unreachable!("the schemas are objects") };
+    Tool::new(name, description.to_string(), Arc::new(schema as JsonObject))
+}
+
+/// What every run and explain names: the command and where it runs.
+fn command_properties() -> serde_json::Map<String, Value> {
+    let props = json!({
+        "argv": {
+            "type": "array", "items": {"type": "string"}, "minItems": 1,
+            "description": "The command and its arguments, run as is (no shell). Give this or `command`."
+        },
+        "command": {
+            "type": "string",
+            "description": "A command line: split into words when it has no shell syntax, else run as `sh -c`."
+        },
+        "workspace": {
+            "type": "string",
+            "description": "The directory the command may write and runs in (absolute, or relative to the \
+                            server's directory). Default: the server's workspace."
+        }
+    });
+    match props {
+        Value::Object(m) => m,
+        _ => unreachable!(),
+    }
+}
+
+fn run_schema(declared_tool: bool) -> Value {
+    let mut props = command_properties();
+    props.insert("stdin".into(), json!({"type": "string", "description": "Text given to the command's stdin."}));
+    props.insert(
+        "timeout_secs".into(),
+        json!({"type": "integer", "minimum": 1, "description": "A deadline, in seconds (the policy's is the most)."}),
+    );
+    props.insert(
+        "output_limit_bytes".into(),
+        json!({
+            "type": "integer", "minimum": 256, "maximum": MAX_OUTPUT_LIMIT,
+            "description": format!("The most of stdout, and of stderr, returned (default {DEFAULT_OUTPUT_LIMIT}); \
+                                    the run's own output quota is the policy's.")
+        }),
+    );
+    let mut required = vec![];
+    if declared_tool {
+        props.insert("tool".into(), json!({"type": "string", "description": "The declared tool's name."}));
+        props.insert(
+            "params".into(),
+            json!({
+                "type": "object",
+                "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+                "description": "The tool's parameters: a path, or a list of paths, per name."
+            }),
+        );
+        required.push("tool");
+    }
+    json!({"type": "object", "properties": props, "required": required, "additionalProperties": false})
+}
+
+fn explain_schema() -> Value {
+    let mut props = command_properties();
+    props.insert("tool".into(), json!({"type": "string", "description": "A declared tool, instead of the default profile."}));
+    props.insert(
+        "params".into(),
+        json!({
+            "type": "object",
+            "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "description": "The tool's parameters."
+        }),
+    );
+    json!({"type": "object", "properties": props, "additionalProperties": false})
+}
