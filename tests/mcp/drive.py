@@ -55,7 +55,7 @@ async def basics(s):
     check("initialize names the server", init.server_info.name == "palisade", init.server_info)
     check("the instructions say what palisade is", "sandbox" in (init.instructions or ""))
     tools = {t.name: t for t in (await s.list_tools()).tools}
-    check("three tools", sorted(tools) == ["explain", "run_command", "run_tool"], sorted(tools))
+    check("four tools", sorted(tools) == ["explain", "run_command", "run_plugin", "run_tool"], sorted(tools))
     props = tools["run_command"].input_schema["properties"]
     check("run_command's schema", {"argv", "command", "workspace", "stdin", "timeout_secs", "output_limit_bytes"} <= set(props), props)
     check("a description written for a model", "refusal" in tools["run_command"].description)
@@ -163,11 +163,22 @@ async def approvals(mode):
     await session(None, unasked)
 
 
+async def plugins(s):
+    r = await s.call_tool("run_plugin", {"skill": "echo", "input": {"hello": ["world", 1]}})
+    sc = r.structured_content
+    check("a plugin's JSON output", sc["output"] == {"hello": ["world", 1]} and sc["fuel_used"] > 0, sc)
+    check("its module's hash", len(sc["plugin"]["module_sha256"]) == 64, sc["plugin"])
+    e = await refused(s, "run_plugin", {"skill": "nope", "input": 1})
+    check("an unknown skill refused with its kind", e.code == -32050 and e.data["kind"] == "InvalidRequest", e.data)
+
+
 async def main():
     mode = os.environ.get("DRIVE_MODE", "mcp")
     await session(None, basics)
     await session(None, refusals)
     await session(None, cancellation)
+    if os.environ.get("DRIVE_PLUGINS") == "1":
+        await session(None, plugins)
     if os.environ.get("DRIVE_APPROVALS") == "1":
         await approvals(mode)
 

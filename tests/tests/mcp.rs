@@ -20,13 +20,36 @@ fn python() -> PathBuf {
 }
 
 /// A policy whose tool `lister` runs only with a person's approval each
-/// time (its Trial stage), the stages kept in `dir`.
+/// time (its Trial stage), the stages kept in `dir`, and whose skill
+/// plugins are installed there.
 fn policy(dir: &Path) -> String {
     format!(
         "[trust]\nstate = {:?}\ntrial_runs = 100\n\n[tools.lister]\ndescription = \"lists the workspace\"\n\
-         [tools.lister.overrides]\nfilesystem = [{{ read_only = \"${{WORKSPACE}}\" }}]\n",
-        dir.join("trust.json")
+         [tools.lister.overrides]\nfilesystem = [{{ read_only = \"${{WORKSPACE}}\" }}]\n\n\
+         [plugins]\nenabled = true\nskills_dir = {:?}\nsecrets_dir = {:?}\n",
+        dir.join("trust.json"),
+        dir.join("skills"),
+        dir.join("secrets"),
     )
+}
+
+/// Installs tests/plugins/echo.wat as skill `echo` where `policy_file` says.
+fn install_echo(policy_file: &Path) {
+    let module = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("plugins/echo.wat")).unwrap();
+    let dir = policy_file.parent().unwrap();
+    std::fs::write(dir.join("echo.wat"), &module).unwrap();
+    let sha = palisade_broker::plugins::index::sha256_hex(&module);
+    let manifest = dir.join("echo.toml");
+    std::fs::write(
+        &manifest,
+        format!("name = \"echo\"\nversion = \"1.0.0\"\nmodule = \"echo.wat\"\nsha256 = {sha:?}\n"),
+    )
+    .unwrap();
+    let o = std::process::Command::new(bin("palisade"))
+        .args(["plugin", "install", manifest.to_str().unwrap(), "--policy", policy_file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
 }
 
 /// drive.py against `palisade mcp <options>`, in `ws`; panics with its
@@ -38,12 +61,14 @@ fn drive(ws: &Path, options: &[&str]) -> String {
         .arg(ws)
         .args(options)
         .env("DRIVE_APPROVALS", "1")
+        .env("DRIVE_PLUGINS", "1")
         .env("PALISADE_JOURNAL", ws.join("journal"))
         .output()
         .unwrap();
     let out = format!("{}\n{}", text(&o.stdout), text(&o.stderr));
     assert!(o.status.success(), "drive.py failed:\n{out}");
     for want in [
+        "ok: a plugin's JSON output",
         "ok: a refusal is an MCP error",
         "ok: a cancelled call's run is killed",
         "ok: mcp: an approval answered yes",
@@ -66,6 +91,7 @@ fn the_python_sdk_drives_palisade_mcp_with_an_embedded_broker() {
     let file = ws.join("policy.toml");
     std::fs::write(&file, policy(ws.path())).unwrap();
     approve_tool(&["--policy", file.to_str().unwrap()]);
+    install_echo(&file);
     drive(ws.path(), &["--policy", file.to_str().unwrap()]);
     // The private socket's directory is gone with the server.
     let base = std::env::var_os("XDG_RUNTIME_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
@@ -123,6 +149,9 @@ fn an_embedded_server_ended_by_a_signal_leaves_nothing() {
 fn the_python_sdk_drives_palisade_mcp_through_a_daemon() {
     let state = TempDir::new("mcp-state");
     std::fs::set_permissions(state.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let file = state.join("policy.toml");
+    std::fs::write(&file, policy(state.path())).unwrap();
+    install_echo(&file);
     let d = Daemon::start(&policy(state.path()));
     let socket = d.socket.to_str().unwrap();
     approve_tool(&["--socket", socket]);

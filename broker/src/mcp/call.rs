@@ -206,6 +206,49 @@ pub fn run(stream: UnixStream, call: Call, ask: impl FnMut(Ask<'_>) -> Option<bo
     Ran { outcome, stdout, stderr }
 }
 
+/// A plugin call's message: its skill, its input (JSON text) and deadline.
+pub fn plugin_call(args: &JsonObject) -> Result<ClientMessage, ErrorData> {
+    if let Some(key) = args.keys().find(|k| !["skill", "input", "timeout_ms"].contains(&k.as_str())) {
+        return Err(invalid(format!("unknown argument {key:?}")));
+    }
+    let skill = args.get("skill").and_then(Value::as_str).ok_or_else(|| invalid("skill must be a string".into()))?;
+    let timeout_ms = match args.get("timeout_ms") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v.as_u64().ok_or_else(|| invalid("timeout_ms must be a whole number".into()))?),
+    };
+    let input = args.get("input").cloned().unwrap_or(Value::Null).to_string();
+    Ok(ClientMessage::RunPlugin { skill: skill.into(), input, inline_module: None, timeout_ms })
+}
+
+/// Calls the plugin through the broker on `stream`: its output (JSON when
+/// it is), what the call used, and the grants it ran with.
+pub fn plugin(stream: UnixStream, message: ClientMessage, broker: &str) -> Result<CallToolResult, ErrorData> {
+    let reply = Client::over(stream).and_then(|mut c| c.request(&message)).map_err(client_error)?;
+    let ServerMessage::PluginResult { output, fuel_used, memory_peak_bytes, instantiate_us, call_us, attestation } =
+        reply
+    else {
+        return Err(failure(format!("the broker answered {reply:?}")));
+    };
+    let attestation = serde_json::to_value(&*attestation).unwrap_or(Value::Null);
+    let parsed: Value = serde_json::from_str(&output).unwrap_or_else(|_| Value::String(output.clone()));
+    let mut result = CallToolResult::structured(json!({
+        "output": parsed,
+        "fuel_used": fuel_used,
+        "memory_peak_bytes": memory_peak_bytes,
+        "instantiate_us": instantiate_us,
+        "call_us": call_us,
+        "plugin": {
+            "broker": broker,
+            "module_sha256": attestation["module_sha256"],
+            "grants": attestation["grants"],
+            "limits": attestation["limits"],
+            "journal": attestation["journal"],
+        },
+    }));
+    result.content = vec![ContentBlock::text(output)];
+    Ok(result)
+}
+
 /// Asks the broker on `stream` for its decision on `call`.
 pub fn explain(stream: UnixStream, call: Call) -> Result<Explanation, ErrorData> {
     let reply = Client::over(stream).and_then(|mut c| c.request(&ClientMessage::Explain(call.request)));

@@ -173,6 +173,36 @@ async fn serve(server: Palisade) -> Result<(), String> {
     Ok(())
 }
 
+impl Palisade {
+    /// A connection to the broker, and a handle that closes it: closing
+    /// the connection is what cancels (the broker kills the run).
+    fn connect(&self) -> Result<(UnixStream, UnixStream), ErrorData> {
+        let stream = UnixStream::connect(&*self.socket)
+            .map_err(|e| call::failure(format!("{} does not answer: {e}", self.broker)))?;
+        let closer = stream.try_clone().map_err(|e| call::failure(format!("the broker's socket: {e}")))?;
+        Ok((stream, closer))
+    }
+
+    /// `run_plugin`: one call of an installed skill.
+    async fn plugin(
+        &self,
+        arguments: &rmcp::model::JsonObject,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let message = call::plugin_call(arguments)?;
+        let (stream, closer) = self.connect()?;
+        let broker = self.broker.clone();
+        let work = tokio::task::spawn_blocking(move || call::plugin(stream, message, &broker).map(Into::into));
+        tokio::select! {
+            done = work => done.map_err(|e| call::failure(format!("the call's thread: {e}")))?,
+            () = context.ct.cancelled() => {
+                let _ = closer.shutdown(std::net::Shutdown::Both);
+                Err(call::failure("cancelled by the client".into()))
+            }
+        }
+    }
+}
+
 impl ServerHandler for Palisade {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
@@ -205,17 +235,16 @@ impl ServerHandler for Palisade {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let arguments = request.arguments.unwrap_or_default();
         let shape = match request.name.as_ref() {
+            "run_plugin" => return self.plugin(&arguments, context).await,
             "run_command" => Shape::RunCommand,
             "run_tool" => Shape::RunTool,
             "explain" => Shape::Explain,
             other => return Err(ErrorData::invalid_params(format!("no tool {other:?}"), None)),
         };
-        let call = call::parse(&request.arguments.unwrap_or_default(), shape, &self.defaults)?;
-        let stream = UnixStream::connect(&*self.socket)
-            .map_err(|e| call::failure(format!("{} does not answer: {e}", self.broker)))?;
-        // Closing the connection is what cancels: the broker kills the run.
-        let closer = stream.try_clone().map_err(|e| call::failure(format!("the broker's socket: {e}")))?;
+        let call = call::parse(&arguments, shape, &self.defaults)?;
+        let (stream, closer) = self.connect()?;
         let broker = self.broker.clone();
         let work = match shape {
             Shape::Explain => tokio::task::spawn_blocking(move || {

@@ -51,6 +51,22 @@ pub fn all() -> Vec<Tool> {
             run_schema(true),
         ),
         tool(
+            "run_plugin",
+            &format!(
+                "Call an installed WebAssembly skill plugin with a JSON input and get its JSON                  output. The plugin runs in a WebAssembly runtime inside palisade's own jail,                  bounded by fuel, memory and a deadline, and reaches nothing but what its                  manifest was granted (HTTP hosts, secrets, storage) within the policy. Plugins                  are off unless the policy enables them. {REFUSALS}"
+            ),
+            json!({
+                "type": "object",
+                "properties": {
+                    "skill": {"type": "string", "description": "The installed skill's name (`palisade plugin list`)."},
+                    "input": {"description": "The plugin's input: any JSON value."},
+                    "timeout_ms": {"type": "integer", "minimum": 1, "description": "A deadline (the policy's is the most)."}
+                },
+                "required": ["skill"],
+                "additionalProperties": false
+            }),
+        ),
+        tool(
             "explain",
             "Say, without running anything, whether the policy would allow a command and the \
              sandbox it would get (writable and read-only paths, network, limits, seccomp): \
