@@ -9,6 +9,7 @@ streams its output, and exits with its status (128+N for signal N, 125 when
 palisade refused or failed). With --plugin, calls an installed WebAssembly
 skill with INPUT_JSON (default {}) and prints its output.
 """
+import base64
 import json
 import os
 import socket
@@ -74,7 +75,7 @@ def main(argv):
         message = receive()
         if "output" in message:
             stream = sys.stdout if message["output"]["stream"] == "stdout" else sys.stderr
-            stream.buffer.write(bytes(message["output"]["data"]))
+            stream.buffer.write(base64.b64decode(message["output"]["data"]))
             stream.flush()
         elif "approval_required" in message:
             question = message["approval_required"]

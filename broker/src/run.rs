@@ -61,7 +61,6 @@ pub struct Engine {
 struct Usage {
     user_ms: u64,
     system_ms: u64,
-    max_rss_bytes: u64,
     code: Option<i32>,
     signal: Option<i32>,
 }
@@ -288,7 +287,9 @@ impl Engine {
             wall_ms,
             cpu_user_ms: cg_usage.map_or(usage.user_ms, |u| u.cpu_user_usec / 1000),
             cpu_system_ms: cg_usage.map_or(usage.system_ms, |u| u.cpu_system_usec / 1000),
-            peak_memory_bytes: cg_usage.map_or(usage.max_rss_bytes, |u| u.peak_memory_bytes),
+            // Not the helper's own rusage: its peak counts the broker's
+            // resident set, which the helper inherited when it was forked.
+            peak_memory_bytes: cg_usage.map_or(report.peak_rss_bytes.unwrap_or(0), |u| u.peak_memory_bytes),
             memory_source: match cg_usage {
                 Some(_) => palisade_protocol::wire::MemorySource::Cgroup,
                 None => palisade_protocol::wire::MemorySource::Rusage,
@@ -432,6 +433,8 @@ async fn read_listeners(
 struct Report {
     landlock: Option<LandlockReport>,
     exit: Option<ExitReport>,
+    /// The command tree's peak resident set (bytes), as the helper saw it.
+    peak_rss_bytes: Option<u64>,
     /// The upper layer of each overlay, by its target in the sandbox.
     overlays: Vec<(String, OwnedFd)>,
 }
@@ -446,11 +449,12 @@ impl Report {
         ended: Option<RunStatus>,
     ) -> Result<Report, BrokerError> {
         let mut fds = fds.into_iter();
-        let mut report = Report { landlock: None, exit: None, overlays: Vec::new() };
+        let mut report = Report { landlock: None, exit: None, peak_rss_bytes: None, overlays: Vec::new() };
         for r in records {
             match r {
                 HelperRecord::Landlock(l) => report.landlock = Some(l),
                 HelperRecord::Exit(e) => report.exit = Some(e),
+                HelperRecord::Peak { max_rss_kib } => report.peak_rss_bytes = Some(max_rss_kib.saturating_mul(1024)),
                 HelperRecord::Failed(f) if ended.is_none() => return Err(BrokerError::Helper(f)),
                 HelperRecord::Failed(_) => {}
                 // Read at the start of the run (strict egress), never here.
@@ -663,8 +667,6 @@ fn reap(pid: u32) -> std::io::Result<Usage> {
     Ok(Usage {
         user_ms: ms(ru.ru_utime),
         system_ms: ms(ru.ru_stime),
-        // ru_maxrss counts KiB.
-        max_rss_bytes: ru.ru_maxrss as u64 * 1024,
         code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
         signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
     })

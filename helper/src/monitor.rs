@@ -15,6 +15,7 @@ use crate::error::{self, Context, Result};
 use crate::{creds, fds, lifeline};
 use nix::errno::Errno;
 use nix::sys::prctl;
+use nix::sys::resource::{UsageWho, getrusage};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork, getpid};
@@ -131,6 +132,10 @@ fn reap(child: Pid) -> Option<ExitReport> {
 
 fn finish(report: ExitReport, role: Role) -> ! {
     if role != Role::Relay {
+        // The command tree's peak, as the kernel counted it for the processes reaped.
+        if let Ok(usage) = getrusage(UsageWho::RUSAGE_CHILDREN) {
+            error::send(&HelperRecord::Peak { max_rss_kib: usage.max_rss().max(0) as u64 });
+        }
         error::send(&HelperRecord::Exit(report));
     }
     if role == Role::Reaper {

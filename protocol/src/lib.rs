@@ -8,6 +8,7 @@
 //!   they carry is typed in [`attest`].
 
 pub mod attest;
+pub mod bytes;
 pub mod check;
 pub mod plan;
 pub mod plugin;

@@ -136,6 +136,12 @@ pub enum HelperRecord {
     /// The plan's listeners, opened in the sandbox's network namespace, in
     /// the plan's order; their descriptors travel with this record.
     Listeners(Vec<crate::plan::Listener>),
+    /// Before `Exit`: the largest resident set of a process of the
+    /// command's tree (`RUSAGE_CHILDREN` of the process that waited for
+    /// them), in KiB: the command's own peak, not the broker's.
+    Peak {
+        max_rss_kib: u64,
+    },
 }
 
 fn config() -> impl bincode::config::Config {

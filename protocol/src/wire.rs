@@ -79,8 +79,8 @@ pub struct RunRequest {
     /// The writable workspace (default: `cwd`).
     #[serde(default)]
     pub workspace: Option<String>,
-    /// Bytes fed to the command's stdin (then closed).
-    #[serde(default, with = "serde_bytes")]
+    /// Bytes fed to the command's stdin (then closed): base64 in JSON.
+    #[serde(default, with = "crate::bytes")]
     pub stdin: Vec<u8>,
     /// Lowers the policy's deadline.
     #[serde(default)]
@@ -480,9 +480,9 @@ pub enum ServerMessage {
     },
     Output {
         stream: Stream,
-        // As bytes, not a sequence of u8: the same encoding (a length, then the
-        // bytes; a JSON array of numbers), without a call per byte.
-        #[serde(with = "serde_bytes")]
+        // As bytes, not a sequence of u8: in bincode a length, then the
+        // bytes, without a call per byte; in JSON a base64 string.
+        #[serde(with = "crate::bytes")]
         data: Vec<u8>,
     },
     Finished(Box<RunResult>),
@@ -1027,6 +1027,38 @@ mod tests {
         assert_eq!(got, vec![ClientMessage::Hello(Hello::new(Encoding::Bincode)), run()]);
         assert_eq!(d.encoding(), Some(Encoding::Bincode));
         d.finish().unwrap();
+    }
+
+    /// Bytes travel as base64 in JSON (anything else is refused, saying
+    /// so), as raw bytes in bincode; unit messages are bare strings, or
+    /// objects with a null.
+    #[cfg(feature = "json")]
+    #[test]
+    fn json_carries_bytes_as_base64() {
+        let output = ServerMessage::Output { stream: Stream::Stdout, data: b"total\n\xff".to_vec() };
+        let line = encode(&output, Encoding::Json).unwrap();
+        assert_eq!(line, b"{\"output\":{\"stream\":\"stdout\",\"data\":\"dG90YWwK/w==\"}}\n");
+        let mut d = Decoder::new(Some(Encoding::Json));
+        d.push(&line);
+        assert_eq!(d.next_message::<ServerMessage>().unwrap(), Some(output.clone()));
+        let frame = encode(&output, Encoding::Bincode).unwrap();
+        assert!(frame.ends_with(b"total\n\xff"));
+        let decode = |line: &str| {
+            let mut d = Decoder::new(Some(Encoding::Json));
+            d.push(format!("{line}\n").as_bytes());
+            d.next_message::<ClientMessage>()
+        };
+        let Ok(Some(ClientMessage::Run(r))) = decode(r#"{"run": {"argv": ["cat"], "stdin": "aGk="}}"#) else {
+            panic!("stdin as base64")
+        };
+        assert_eq!(r.stdin, b"hi");
+        let err = decode(r#"{"run": {"argv": ["cat"], "stdin": [104, 105]}}"#).unwrap_err().to_string();
+        assert!(err.contains("invalid type: sequence, expected a string"), "{err}");
+        let err = decode(r#"{"run": {"argv": ["cat"], "stdin": "h!"}}"#).unwrap_err().to_string();
+        assert!(err.contains("not base64"), "{err}");
+        for cancel in [r#""cancel""#, r#"{"cancel": null}"#] {
+            assert_eq!(decode(cancel).unwrap(), Some(ClientMessage::Cancel), "{cancel}");
+        }
     }
 
     #[cfg(feature = "json")]

@@ -78,6 +78,32 @@ fn json_output_carries_the_result_and_its_attestation() {
     assert!(r["wall_ms"].as_u64().is_some() && r["peak_memory_bytes"].as_u64().unwrap() > 0);
 }
 
+/// Without a cgroup, a run's peak memory is its command's own (the
+/// largest resident set of its processes), not the broker's that the
+/// helper inherits when it is forked.
+#[test]
+fn peak_memory_is_the_commands_own() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let peak = |args: &[&str]| {
+        let socket = d.socket.to_str().unwrap();
+        let o = palisade_cli(ws.path(), &["run", "--json", "--socket", socket], args, None);
+        let v: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", stderr(&o)));
+        assert_eq!(v["result"]["memory_source"], "rusage", "{v}");
+        v["result"]["peak_memory_bytes"].as_u64().unwrap()
+    };
+    let small = peak(&[&probe(), "echo", "x"]);
+    let big = peak(&[&probe(), "membomb", "96"]);
+    assert!(small > 0 && small < 16 << 20, "echo's peak: {small}");
+    assert!(big >= 96 << 20 && big < 128 << 20, "a 96 MiB allocation's peak: {big}");
+    // The broker is larger than the echo's peak: that is not what was reported.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
+    let hwm = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap();
+    let broker_kib: u64 = hwm.trim().trim_end_matches(" kB").trim().parse().unwrap();
+    assert!(broker_kib * 1024 > small, "broker {broker_kib} KiB, echo {small} bytes");
+}
+
 #[test]
 fn output_over_the_quota_kills_the_sandbox_and_never_reaches_the_client() {
     let d = Daemon::start("");

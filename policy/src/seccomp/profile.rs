@@ -526,6 +526,7 @@ pub(super) const MONITOR: &[(&str, i64)] = syscalls![
     SYS_restart_syscall,
     SYS_wait4,
     SYS_waitid,
+    SYS_getrusage,
     SYS_kill,
     SYS_getpid,
     SYS_write,
