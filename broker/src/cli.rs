@@ -341,7 +341,7 @@ fn explain_run(sandbox: SandboxArgs, command: Vec<String>) -> RunArgs {
 }
 
 fn run(args: RunArgs) -> i32 {
-    let render = Render::new(args.json);
+    let mut render = Render::new(args.json);
     // Failures before any run are reported like the broker's: one line, or the JSON object.
     let refuse = |kind: ErrorKind, message: String| {
         Render::new(args.json).finish(Err(ErrorReply::new(kind, message)))
@@ -365,7 +365,10 @@ fn run(args: RunArgs) -> i32 {
     }
     let (socket, explicit) = broker_socket(args.socket.as_ref());
     match Client::open(&socket) {
-        Ok(client) => via_socket(client, request, render),
+        Ok(client) => {
+            render.by(format!("the broker on {}", socket.display()));
+            via_socket(client, request, render)
+        }
         Err(ClientError::Io(e)) if !explicit => {
             tracing::debug!("no broker at {}: {e}; running an embedded one", socket.display());
             match own_policy(Ok(Config::default())) {
@@ -459,6 +462,7 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
     // Nor a copy of /etc kept for runs to come: binding the entries is cheaper once.
     config.broker.etc_snapshot = false;
     // Before any thread exists: the probe of user namespaces forks.
+    render.by(format!("embedded (policy: {})", config.source_name()));
     let broker = match Broker::assemble_one_run(config) {
         Ok(b) => b,
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),

@@ -31,8 +31,10 @@ pub struct RunArgs {
     /// Output quota in bytes, stdout and stderr together (can only lower the policy's).
     #[arg(long = "max-output", value_name = "BYTES")]
     pub max_output: Option<u64>,
-    /// Print the result and its attestation as one JSON object (output
-    /// included); a refusal or failure too, as {"error": ...}.
+    /// Print the result and its attestation as one JSON object: "result"
+    /// (or "error" for a refusal or failure), "broker" (which ran it),
+    /// and each stream as "stdout"/"stderr" text when it is UTF-8, else
+    /// its bytes as "stdout_base64"/"stderr_base64".
     #[arg(long)]
     pub json: bool,
     /// Give the command an empty stdin. Without it, palisade's stdin, when it
@@ -222,6 +224,8 @@ pub struct Render {
     json: bool,
     stdout: Vec<u8>,
     stderr: Vec<u8>,
+    /// Which broker ran the command, for the JSON object.
+    broker: Option<String>,
 }
 
 impl Render {
@@ -232,6 +236,33 @@ impl Render {
 
     pub fn json(&self) -> bool {
         self.json
+    }
+
+    /// Names the broker that runs the command (`the broker on PATH`, `embedded`).
+    pub fn by(&mut self, broker: impl Into<String>) {
+        self.broker = Some(broker.into());
+    }
+
+    /// The JSON object: the result or the error, which broker, and each
+    /// stream as text when it is UTF-8, else its bytes in base64
+    /// (`stdout_base64`), never altered.
+    fn json_value(&self, outcome: &Result<RunResult, ErrorReply>) -> serde_json::Value {
+        use base64::Engine;
+        let mut value = match outcome {
+            Ok(r) => serde_json::json!({ "result": r }),
+            Err(e) => serde_json::json!({ "error": e }),
+        };
+        value["broker"] = self.broker.clone().into();
+        for (name, bytes) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+            match std::str::from_utf8(bytes) {
+                Ok(text) => value[name] = text.into(),
+                Err(_) => {
+                    value[format!("{name}_base64")] =
+                        base64::engine::general_purpose::STANDARD.encode(bytes).into()
+                }
+            }
+        }
+        value
     }
 
     pub fn on(&mut self, msg: &ServerMessage) {
@@ -253,16 +284,7 @@ impl Render {
 
     pub fn finish(self, outcome: Result<RunResult, ErrorReply>) -> i32 {
         if self.json {
-            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-            let value = match &outcome {
-                Ok(r) => {
-                    serde_json::json!({ "result": r, "stdout": text(&self.stdout), "stderr": text(&self.stderr) })
-                }
-                Err(e) => {
-                    serde_json::json!({ "error": e, "stdout": text(&self.stdout), "stderr": text(&self.stderr) })
-                }
-            };
-            println!("{value}");
+            println!("{}", self.json_value(&outcome));
         }
         match outcome {
             Ok(r) => match r.status {

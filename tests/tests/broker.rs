@@ -78,6 +78,27 @@ fn json_output_carries_the_result_and_its_attestation() {
     assert!(r["wall_ms"].as_u64().is_some() && r["peak_memory_bytes"].as_u64().unwrap() > 0);
 }
 
+/// `palisade run --json` keeps output that is not UTF-8 as it was (base64)
+/// and says which broker ran the command.
+#[test]
+fn run_json_keeps_the_bytes_and_names_the_broker() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    std::fs::write(ws.join("bytes"), b"a\xffb").unwrap();
+    let socket = d.socket.to_str().unwrap();
+    let o = palisade_cli(ws.path(), &["run", "--json", "--socket", socket], &["cat", "bytes"], None);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (&v["stdout_base64"], &v["stdout"], &v["stderr"]),
+        (&"Yf9i".into(), &serde_json::Value::Null, &"".into())
+    );
+    assert_eq!(v["result"]["stdout_bytes"], 3);
+    assert_eq!(v["broker"], format!("the broker on {socket}"));
+    let o = palisade_cli(ws.path(), &["run", "--json", "--policy", "/dev/null"], &["echo", "x"], None);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((&v["stdout"], &v["broker"]), (&"x\n".into(), &"embedded (policy: /dev/null)".into()));
+}
+
 /// Without a cgroup, a run's peak memory is its command's own (the
 /// largest resident set of its processes), not the broker's that the
 /// helper inherits when it is forked.

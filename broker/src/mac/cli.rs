@@ -82,6 +82,7 @@ pub fn palisade(cli: Cli) -> i32 {
         Ok(both) => both,
         Err(e) => return fail(ErrorKind::InvalidRequest, e),
     };
+    render.by(format!("embedded (policy: {})", config.source_name()));
     let mac = match mac(config) {
         Ok(m) => m,
         Err(e) => return fail(ErrorKind::Unavailable, e),
