@@ -1,0 +1,118 @@
+//! docs/protocol.md is what a client in another language is written from:
+//! every JSON example in it must be a message the protocol reads, with no
+//! field it does not know and none of the wrong type (each is decoded as
+//! the message it shows, encoded again, and must be found whole in what
+//! comes out), and the documented Python client must run against a real
+//! broker, exchanging the document's hello, a run and its messages.
+
+use palisade_protocol::wire::{ClientMessage, Decoder, Encoding, ServerMessage, encode};
+use palisade_tests::*;
+use serde_json::Value;
+use std::path::Path;
+
+/// Each JSON value of the document's ```json blocks, with its line.
+fn examples() -> Vec<(usize, Value)> {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/protocol.md")).unwrap();
+    let mut out = Vec::new();
+    let mut block: Option<(usize, String)> = None;
+    for (n, line) in doc.lines().enumerate() {
+        match (&mut block, line.trim()) {
+            (None, "```json") => block = Some((n + 2, String::new())),
+            (Some((first, text)), "```") => {
+                let values = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+                for v in values {
+                    out.push((
+                        *first,
+                        v.unwrap_or_else(|e| panic!("protocol.md, block at line {first}: {e}")),
+                    ));
+                }
+                block = None;
+            }
+            (Some((_, text)), _) => {
+                text.push_str(line);
+                text.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    out
+}
+
+/// Whether everything in `part` is in `whole`, the same (objects may
+/// have more keys in `whole`: the fields an example leaves out).
+fn within(part: &Value, whole: &Value) -> bool {
+    match (part, whole) {
+        (Value::Object(p), Value::Object(w)) => p.iter().all(|(k, v)| w.get(k).is_some_and(|x| within(v, x))),
+        (Value::Array(p), Value::Array(w)) => {
+            p.len() == w.len() && p.iter().zip(w).all(|(a, b)| within(a, b))
+        }
+        (Value::Object(p), Value::Null) => p.values().all(|v| v.is_null()),
+        _ => part == whole,
+    }
+}
+
+/// The example read as a message of type `M`, and written again.
+fn reread<M: serde::de::DeserializeOwned + serde::Serialize>(example: &Value) -> Result<Value, String> {
+    let mut d = Decoder::new(Some(Encoding::Json));
+    d.push(format!("{example}\n").as_bytes());
+    let message: M = d.next_message().map_err(|e| e.to_string())?.ok_or("incomplete")?;
+    let line = encode(&message, Encoding::Json).map_err(|e| e.to_string())?;
+    serde_json::from_slice(&line).map_err(|e| e.to_string())
+}
+
+#[test]
+fn every_json_example_in_the_protocol_document_is_a_message() {
+    let examples = examples();
+    assert!(
+        examples.len() >= 20,
+        "only {} examples found: is the document's layout changed?",
+        examples.len()
+    );
+    for (line, example) in &examples {
+        let client = reread::<ClientMessage>(example);
+        let server = reread::<ServerMessage>(example);
+        let fits = |r: &Result<Value, String>| r.as_ref().is_ok_and(|v| within(example, v));
+        assert!(
+            fits(&client) || fits(&server),
+            "protocol.md, block at line {line}: {example}\n as a client message: {client:?}\n as a broker message: {server:?}"
+        );
+    }
+}
+
+/// The test above can fail: a misspelt field or a wrong type is caught.
+#[test]
+fn a_wrong_example_would_be_caught() {
+    for bad in [
+        r#"{"run": {"argv": ["ls"], "cwd": "/", "timeout_sec": 3}}"#,
+        r#"{"output": {"stream": "stdout", "data": [104, 105]}}"#,
+        r#"{"finished": {"run_id": 7, "status": {"exited": {"code": 0}}, "wall_time": 4}}"#,
+    ] {
+        let v: Value = serde_json::from_str(bad).unwrap();
+        let client = reread::<ClientMessage>(&v).is_ok_and(|r| within(&v, &r));
+        let server = reread::<ServerMessage>(&v).is_ok_and(|r| within(&v, &r));
+        assert!(!client && !server, "{bad} passed");
+    }
+}
+
+#[test]
+fn the_documented_python_client_runs_against_a_broker() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("doc");
+    std::fs::write(ws.join("bytes"), b"a\xffb\n").unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/palisade_client.py");
+    let o = std::process::Command::new("python3")
+        .arg(&script)
+        .args(["--socket", d.socket.to_str().unwrap(), "--", "cat", "bytes"])
+        .current_dir(ws.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.stdout, b"a\xffb\n", "{}", text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0));
+}
+
+/// As root, the same file again as the unprivileged test user.
+#[test]
+fn the_protocol_document_suite_passes_as_an_unprivileged_user() {
+    rerun_unprivileged("the_protocol_document_suite_passes_as_an_unprivileged_user");
+}
