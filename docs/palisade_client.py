@@ -46,7 +46,7 @@ def main(argv):
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
-    lines = sock.makefile("rb")
+    lines = sock.makefile("rb", buffering=1 << 20)
 
     def send(message):
         sock.sendall(json.dumps(message).encode() + b"\n")
@@ -70,13 +70,22 @@ def main(argv):
             return 0
         print(f"palisade: {message['error']['kind']}: {message['error']['message']}", file=sys.stderr)
         return 125
-    send({"run": {"argv": command, "cwd": os.getcwd(), "env": dict(os.environ)}})
+    # raw_output: each piece of output follows its line as raw bytes.
+    send({"run": {"argv": command, "cwd": os.getcwd(), "env": dict(os.environ), "raw_output": True}})
     while True:
         message = receive()
         if "output" in message:
             stream = sys.stdout if message["output"]["stream"] == "stdout" else sys.stderr
-            stream.buffer.write(base64.b64decode(message["output"]["data"]))
-            stream.flush()
+            output = message["output"]
+            if "bytes" in output:
+                data = lines.read(output["bytes"])
+            elif isinstance(output["data"], str):
+                data = output["data"].encode()  # text
+            else:
+                data = base64.b64decode(output["data"]["base64"])
+            stream.buffer.write(data)
+            if stream.isatty():
+                stream.flush()
         elif "approval_required" in message:
             question = message["approval_required"]
             if question["may_answer"]:

@@ -526,6 +526,57 @@ fn output(opts: &Opts, d: &Daemon, ws: &Path) -> String {
     )
 }
 
+/// A client in Python over JSON lines (the documented one, which decodes
+/// every line and its base64), against the socket read raw by Python for
+/// the same run: what the encoding costs a client in another language.
+fn json_client(opts: &Opts, d: &Daemon, ws: &Path) -> String {
+    let size: u64 = if opts.quick { 16 << 20 } else { 100 << 20 };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let time = |script: &str, command: &[&str], expect: &dyn Fn(&[u8]) -> bool| -> f64 {
+        let t = Instant::now();
+        let o = Command::new("python3")
+            .arg(root.join(script))
+            .args(["--socket", d.socket.to_str().unwrap(), "--"])
+            .args(command)
+            .current_dir(ws)
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap();
+        let elapsed = t.elapsed().as_secs_f64();
+        assert!(o.status.success() && expect(&o.stdout), "{script} {command:?}: {}", o.status);
+        elapsed
+    };
+    let rounds = if opts.quick { 1 } else { 5 };
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mbs = |secs: f64| size as f64 / secs / 1e6;
+    let mut rows = String::new();
+    // Text (lines of a log, say): JSON strings. Bytes that are not text (NULs): base64.
+    let text = format!("yes 'a line of text, as a tool writes it' | head -c {size}");
+    let zeros = format!("head -c {size} /dev/zero");
+    for (what, command) in [("text", text), ("binary (NUL bytes)", zeros)] {
+        let argv = ["sh", "-c", command.as_str()];
+        let (mut raw, mut client) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let whole =
+                |out: &[u8]| String::from_utf8_lossy(out).trim().parse::<u64>().is_ok_and(|n| n > size);
+            raw.push(time("bench/python/raw_read.py", &argv, &whole));
+            client.push(time("docs/palisade_client.py", &argv, &|out| out.len() as u64 == size));
+        }
+        let (raw, client) = (median(&mut raw), median(&mut client));
+        rows.push_str(&format!("| {what} | {:.0} | {:.0} | {:.2} |\n", mbs(raw), mbs(client), raw / client));
+    }
+    format!(
+        "### A Python client over JSON lines ({} MiB of output; median of {rounds})\n\n\
+         Python reading the socket raw (`bench/python/raw_read.py`: nothing decoded), and \
+         `docs/palisade_client.py` (each line parsed, its data decoded, written to a pipe), for the same run.\n\n\
+         | output | raw read, MB/s | documented client, MB/s | client × raw |\n|---|---:|---:|---:|\n{rows}",
+        size >> 20,
+    )
+}
+
 fn memory(d: &Daemon, ws: &Path) -> String {
     let idle = d.rss_kib();
     let peak = AtomicU64::new(0);
@@ -888,7 +939,7 @@ pub(crate) fn main() {
     for n in &notes {
         report.push_str(&format!("Note: {n}\n\n"));
     }
-    // `--only latency,throughput,output,memory,precision,egress,plugins`: some sections only.
+    // `--only latency,throughput,output,json,memory,precision,egress,plugins`: some sections only.
     let only: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--only")
@@ -914,6 +965,9 @@ pub(crate) fn main() {
     }
     if wanted("output") {
         sections.push(output(&opts, &d, &ws));
+    }
+    if wanted("json") {
+        sections.push(json_client(&opts, &d, &ws));
     }
     if wanted("memory") {
         sections.push(memory(&d, &ws));

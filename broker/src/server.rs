@@ -330,6 +330,7 @@ impl Server {
                     continue;
                 }
             };
+            sink.set_raw_output(request.raw_output);
             let serving = self.serve_run(peer, request, sink, reader, decoder, shutdown.clone());
             let msg = match Caught::new(serving).await {
                 Ok(Ok(result)) => ServerMessage::Finished(Box::new(result)),

@@ -69,11 +69,27 @@ pub struct SocketSink {
     /// Messages encoded but not yet written: they go out in front of the
     /// next write (see [`SocketSink::hold`]).
     held: Vec<u8>,
+    /// JSON: output as a header line and the raw bytes (the run's `raw_output`).
+    raw_output: bool,
 }
 
 impl SocketSink {
     pub fn new(writer: OwnedWriteHalf, encoding: Encoding) -> SocketSink {
-        SocketSink { writer, encoding, broken: false, no_splice: false, held: Vec::new() }
+        SocketSink { writer, encoding, broken: false, no_splice: false, held: Vec::new(), raw_output: false }
+    }
+
+    /// Whether the run about to be served asked for its output raw (JSON).
+    pub fn set_raw_output(&mut self, raw: bool) {
+        self.raw_output = raw && self.encoding == Encoding::Json;
+    }
+
+    /// The header of `len` bytes of output sent raw after it: bincode's
+    /// frame header, or JSON's announcing line.
+    fn raw_header(&self, stream: Stream, len: usize) -> Vec<u8> {
+        match self.encoding {
+            Encoding::Bincode => output_frame_header(stream, len),
+            Encoding::Json => palisade_protocol::wire::raw_output_header(stream, len),
+        }
     }
 
     /// `bytes`, behind whatever is held.
@@ -92,6 +108,9 @@ impl Sink for SocketSink {
         if self.broken {
             return false;
         }
+        if let ServerMessage::Output { stream, data } = &msg {
+            return self.send_output(*stream, data).await;
+        }
         match encode(&msg, self.encoding) {
             Ok(bytes) => {
                 let bytes = self.behind_held(bytes);
@@ -108,23 +127,23 @@ impl Sink for SocketSink {
         if self.broken {
             return false;
         }
-        match self.encoding {
-            Encoding::Bincode => {
-                let mut frame = output_frame_header(stream, data.len());
-                frame = self.behind_held(frame);
-                // Small pieces (most output) go in one write; large ones are not copied.
-                if data.len() <= COPY_MAX_BYTES {
-                    frame.extend_from_slice(data);
-                    return self.writer.write_all(&frame).await.is_ok();
-                }
-                self.writer.write_all(&frame).await.is_ok() && self.writer.write_all(data).await.is_ok()
-            }
-            Encoding::Json => self.send(ServerMessage::Output { stream, data: data.to_vec() }).await,
+        if self.encoding == Encoding::Json && !self.raw_output {
+            let line = self.behind_held(palisade_protocol::wire::output_json_line(stream, data));
+            return self.writer.write_all(&line).await.is_ok();
         }
+        let frame = self.raw_header(stream, data.len());
+        let mut frame = self.behind_held(frame);
+        // Small pieces (most output) go in one write; large ones are not copied.
+        if data.len() <= COPY_MAX_BYTES {
+            frame.extend_from_slice(data);
+            return self.writer.write_all(&frame).await.is_ok();
+        }
+        self.writer.write_all(&frame).await.is_ok() && self.writer.write_all(data).await.is_ok()
     }
 
     fn splices(&self) -> bool {
-        cfg!(target_os = "linux") && self.encoding == Encoding::Bincode && !self.broken && !self.no_splice
+        let raw = self.encoding == Encoding::Bincode || self.raw_output;
+        cfg!(target_os = "linux") && raw && !self.broken && !self.no_splice
     }
 
     #[cfg(target_os = "linux")]
@@ -132,7 +151,8 @@ impl Sink for SocketSink {
         if self.broken {
             return false;
         }
-        let header = self.behind_held(output_frame_header(stream, len));
+        let header = self.raw_header(stream, len);
+        let header = self.behind_held(header);
         if self.writer.write_all(&header).await.is_err() {
             return false;
         }

@@ -83,6 +83,10 @@ pub struct PluginsConfig {
 
 /// Palyra's default fuel budget: a few hundred milliseconds of plain code.
 pub const DEFAULT_PLUGIN_FUEL: u64 = 10_000_000;
+/// The largest output chunk: its JSON line (base64, 4/3 of it) fits the
+/// protocol's 8 MiB frame with room to spare.
+pub const MAX_CAPTURE_CHUNK_BYTES: usize = 4 << 20;
+
 /// Palyra's default memory ceiling: room for a JSON document and its parse.
 pub const DEFAULT_PLUGIN_MEMORY_BYTES: u64 = 64 << 20;
 /// Palyra's default: far above what a skill's function tables need.
@@ -815,6 +819,13 @@ impl Config {
                     "broker.sandbox_ids: {} ids from {} do not fit below 4294967294",
                     ids.count, ids.first
                 ),
+            ));
+        }
+        if !(1..=MAX_CAPTURE_CHUNK_BYTES).contains(&self.policy.capture_chunk_bytes) {
+            let max = MAX_CAPTURE_CHUNK_BYTES;
+            return Err((
+                0,
+                format!("policy.capture_chunk_bytes must be from 1 to {max} (a chunk travels in one frame)"),
             ));
         }
         self.egress.check()?;

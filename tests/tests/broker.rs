@@ -78,6 +78,36 @@ fn json_output_carries_the_result_and_its_attestation() {
     assert!(r["wall_ms"].as_u64().is_some() && r["peak_memory_bytes"].as_u64().unwrap() > 0);
 }
 
+/// A hello that never ends is refused after 10 s in the encoding its
+/// first bytes chose: JSON for a JSON client; a bincode frame for a client
+/// that sent nothing at all (its encoding cannot be known).
+#[test]
+fn the_hello_timeout_answers_in_the_clients_encoding() {
+    let d = Daemon::start("");
+    let answer = |sent: &[u8]| {
+        let mut s = UnixStream::connect(&d.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(sent).unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        got
+    };
+    let (json, silent) = std::thread::scope(|t| {
+        let json = t.spawn(|| answer(br#"{"hello": {"magic": "palisade", "version": 9"#));
+        let silent = t.spawn(|| answer(b""));
+        (json.join().unwrap(), silent.join().unwrap())
+    });
+    let line: serde_json::Value = serde_json::from_slice(&json).unwrap_or_else(|e| panic!("{e}: {json:?}"));
+    assert_eq!(line["error"]["kind"], "ProtocolError");
+    assert_eq!(line["error"]["message"], "no hello within 10 s");
+    let mut decoder = Decoder::new(Some(Encoding::Bincode));
+    decoder.push(&silent);
+    match decoder.next_message::<ServerMessage>() {
+        Ok(Some(ServerMessage::Error(e))) => assert_eq!(e.message, "no hello within 10 s"),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// `palisade run --json` keeps output that is not UTF-8 as it was (base64)
 /// and says which broker ran the command.
 #[test]

@@ -3,9 +3,12 @@
 //! field it does not know and none of the wrong type (each is decoded as
 //! the message it shows, encoded again, and must be found whole in what
 //! comes out), and the documented Python client must run against a real
-//! broker, exchanging the document's hello, a run and its messages.
+//! broker, exchanging the document's hello, a run and its messages, its
+//! output raw after each line (`raw_output`).
 
-use palisade_protocol::wire::{ClientMessage, Decoder, Encoding, ServerMessage, encode};
+use palisade_protocol::wire::{
+    ClientMessage, Decoder, Encoding, ServerMessage, Stream, encode, raw_output_header,
+};
 use palisade_tests::*;
 use serde_json::Value;
 use std::path::Path;
@@ -70,6 +73,14 @@ fn every_json_example_in_the_protocol_document_is_a_message() {
         examples.len()
     );
     for (line, example) in &examples {
+        // The line announcing raw output (a run's `raw_output`) is no message of its own.
+        if let Some(n) = example["output"]["bytes"].as_u64() {
+            let stream =
+                if example["output"]["stream"] == "stderr" { Stream::Stderr } else { Stream::Stdout };
+            let header: Value = serde_json::from_slice(&raw_output_header(stream, n as usize)).unwrap();
+            assert_eq!(&header, example, "protocol.md, block at line {line}");
+            continue;
+        }
         let client = reread::<ClientMessage>(example);
         let server = reread::<ServerMessage>(example);
         let fits = |r: &Result<Value, String>| r.as_ref().is_ok_and(|v| within(example, v));
@@ -109,6 +120,16 @@ fn the_documented_python_client_runs_against_a_broker() {
         .unwrap();
     assert_eq!(o.stdout, b"a\xffb\n", "{}", text(&o.stderr));
     assert_eq!(o.status.code(), Some(0));
+    // Large output, raw after its lines (spliced by the broker), every byte in place.
+    let big = pattern(3 << 20, 7);
+    std::fs::write(ws.join("big"), &big).unwrap();
+    let o = std::process::Command::new("python3")
+        .arg(&script)
+        .args(["--socket", d.socket.to_str().unwrap(), "--", "cat", "big", "bytes"])
+        .current_dir(ws.path())
+        .output()
+        .unwrap();
+    assert!(o.stdout.len() == big.len() + 4 && o.stdout.starts_with(&big), "{}", text(&o.stderr));
 }
 
 /// As root, the same file again as the unprivileged test user.
