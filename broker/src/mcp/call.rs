@@ -85,7 +85,7 @@ pub fn parse(args: &JsonObject, shape: Shape, defaults: &Defaults) -> Result<Cal
         _ => return Err(invalid("give argv or command (one of them)".into())),
     };
     let workspace = match text("workspace")? {
-        Some(w) => defaults.workspace.join(w),
+        Some(w) => within_workspace(&defaults.workspace, &w)?,
         None => defaults.workspace.clone(),
     };
     let params = match args.get("params") {
@@ -120,6 +120,26 @@ pub fn parse(args: &JsonObject, shape: Shape, defaults: &Defaults) -> Result<Cal
         .unwrap_or(super::tools::DEFAULT_OUTPUT_LIMIT)
         .clamp(256, super::tools::MAX_OUTPUT_LIMIT);
     Ok(Call { request, output_limit })
+}
+
+/// A call's workspace: inside the server's, which the person chose. A
+/// model cannot move the writable directory elsewhere (its home, say).
+fn within_workspace(base: &std::path::Path, asked: &str) -> Result<PathBuf, ErrorData> {
+    let joined = base.join(asked);
+    let refuse = |why: String| {
+        let message = format!("workspace {asked}: {why}");
+        refusal(&ErrorReply::with_rule(ErrorKind::WorkspaceScopeDenied, message, "mcp.workspace"))
+    };
+    let canonical = joined.canonicalize().map_err(|e| refuse(format!("{}: {e}", joined.display())))?;
+    let root = base.canonicalize().map_err(|e| refuse(format!("the server's workspace {}: {e}", base.display())))?;
+    if !canonical.starts_with(&root) {
+        return Err(refuse(format!(
+            "{} is outside the server's workspace {} (palisade mcp --workspace)",
+            canonical.display(),
+            root.display()
+        )));
+    }
+    Ok(canonical)
 }
 
 fn strings(v: &Value) -> Option<Vec<String>> {

@@ -95,8 +95,8 @@ fn command_properties() -> serde_json::Map<String, Value> {
         },
         "workspace": {
             "type": "string",
-            "description": "The directory the command may write and runs in (absolute, or relative to the \
-                            server's directory). Default: the server's workspace."
+            "description": "The directory the command may write and runs in: the server's workspace \
+                            (the default) or a directory inside it, relative to it or absolute."
         }
     });
     match props {
