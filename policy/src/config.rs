@@ -810,7 +810,9 @@ impl Config {
     }
 
     /// Semantic checks, each failing with the byte offset it is about.
-    fn check(&self) -> Result<(), (usize, String)> {
+    /// Numbers that must fit where they go: the sandbox ids below the
+    /// kernel's reserved ones, an output chunk in one frame.
+    fn check_bounds(&self) -> Result<(), (usize, String)> {
         let ids = self.broker.sandbox_ids;
         if ids.count == 0 || ids.first.checked_add(ids.count - 1).is_none_or(|last| last >= u32::MAX - 1) {
             return Err((
@@ -828,6 +830,11 @@ impl Config {
                 format!("policy.capture_chunk_bytes must be from 1 to {max} (a chunk travels in one frame)"),
             ));
         }
+        Ok(())
+    }
+
+    fn check(&self) -> Result<(), (usize, String)> {
+        self.check_bounds()?;
         self.egress.check()?;
         self.plugins.check()?;
         if self.trust.trial_runs == 0 {

@@ -588,16 +588,23 @@ pub fn encode<T: Serialize>(msg: &T, encoding: Encoding) -> Result<Vec<u8>, Wire
     }
 }
 
+impl Stream {
+    /// Its name on the wire (JSON), as serde writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
 /// The JSON line of `ServerMessage::Output { stream, data }`, written
 /// straight into one buffer: what [`encode`] gives, without the base64
 /// text's copy and escape scan. The tests check it against [`encode`].
 #[cfg(feature = "json")]
 pub fn output_json_line(stream: Stream, data: &[u8]) -> Vec<u8> {
     use base64::Engine;
-    let name = match stream {
-        Stream::Stdout => "stdout",
-        Stream::Stderr => "stderr",
-    };
+    let name = stream.name();
     let mut line = Vec::with_capacity(64 + data.len().div_ceil(3) * 4);
     line.extend_from_slice(b"{\"output\":{\"stream\":\"");
     line.extend_from_slice(name.as_bytes());
@@ -619,10 +626,7 @@ pub fn output_json_line(stream: Stream, data: &[u8]) -> Vec<u8> {
 /// The JSON line that announces `len` raw bytes of `stream`'s output (a
 /// run request's `raw_output`); the bytes follow it.
 pub fn raw_output_header(stream: Stream, len: usize) -> Vec<u8> {
-    let name = match stream {
-        Stream::Stdout => "stdout",
-        Stream::Stderr => "stderr",
-    };
+    let name = stream.name();
     format!("{{\"output\":{{\"stream\":\"{name}\",\"bytes\":{len}}}}}\n").into_bytes()
 }
 

@@ -174,25 +174,19 @@ async fn serve(server: Palisade) -> Result<(), String> {
 }
 
 impl Palisade {
-    /// A connection to the broker, and a handle that closes it: closing
-    /// the connection is what cancels (the broker kills the run).
-    fn connect(&self) -> Result<(UnixStream, UnixStream), ErrorData> {
+    /// `work` on a blocking thread with a connection to the broker, until it
+    /// is done or the client cancels the call: then the connection is
+    /// closed, which cancels (the broker kills the run).
+    async fn on_broker(
+        &self,
+        context: &RequestContext<RoleServer>,
+        work: impl FnOnce(UnixStream, &str) -> Result<CallToolResponse, ErrorData> + Send + 'static,
+    ) -> Result<CallToolResponse, ErrorData> {
         let stream = UnixStream::connect(&*self.socket)
             .map_err(|e| call::failure(format!("{} does not answer: {e}", self.broker)))?;
         let closer = stream.try_clone().map_err(|e| call::failure(format!("the broker's socket: {e}")))?;
-        Ok((stream, closer))
-    }
-
-    /// `run_plugin`: one call of an installed skill.
-    async fn plugin(
-        &self,
-        arguments: &rmcp::model::JsonObject,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, ErrorData> {
-        let message = call::plugin_call(arguments)?;
-        let (stream, closer) = self.connect()?;
         let broker = self.broker.clone();
-        let work = tokio::task::spawn_blocking(move || call::plugin(stream, message, &broker).map(Into::into));
+        let work = tokio::task::spawn_blocking(move || work(stream, &broker));
         tokio::select! {
             done = work => done.map_err(|e| call::failure(format!("the call's thread: {e}")))?,
             () = context.ct.cancelled() => {
@@ -237,29 +231,26 @@ impl ServerHandler for Palisade {
     ) -> Result<CallToolResponse, ErrorData> {
         let arguments = request.arguments.unwrap_or_default();
         let shape = match request.name.as_ref() {
-            "run_plugin" => return self.plugin(&arguments, context).await,
+            "run_plugin" => {
+                let message = call::plugin_call(&arguments)?;
+                let work = |stream, broker: &str| call::plugin(stream, message, broker).map(Into::into);
+                return self.on_broker(&context, work).await;
+            }
             "run_command" => Shape::RunCommand,
             "run_tool" => Shape::RunTool,
             "explain" => Shape::Explain,
             other => return Err(ErrorData::invalid_params(format!("no tool {other:?}"), None)),
         };
         let call = call::parse(&arguments, shape, &self.defaults)?;
-        let (stream, closer) = self.connect()?;
-        let broker = self.broker.clone();
-        let work = match shape {
-            Shape::Explain => tokio::task::spawn_blocking(move || {
-                call::explain(stream, call).map(|e| call::explained(e, &broker).into())
-            }),
+        match shape {
+            Shape::Explain => {
+                let work = |stream, broker: &str| call::explain(stream, call).map(|e| call::explained(e, broker).into());
+                self.on_broker(&context, work).await
+            }
             Shape::RunCommand | Shape::RunTool => {
                 let ask = elicit(context.clone());
-                tokio::task::spawn_blocking(move || call::result(call::run(stream, call, ask), &broker).map(Into::into))
-            }
-        };
-        tokio::select! {
-            done = work => done.map_err(|e| call::failure(format!("the call's thread: {e}")))?,
-            () = context.ct.cancelled() => {
-                let _ = closer.shutdown(std::net::Shutdown::Both);
-                Err(call::failure("cancelled by the client".into()))
+                let work = |stream, broker: &str| call::result(call::run(stream, call, ask), broker).map(Into::into);
+                self.on_broker(&context, work).await
             }
         }
     }

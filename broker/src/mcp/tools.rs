@@ -123,14 +123,7 @@ fn run_schema(declared_tool: bool) -> Value {
     let mut required = vec![];
     if declared_tool {
         props.insert("tool".into(), json!({"type": "string", "description": "The declared tool's name."}));
-        props.insert(
-            "params".into(),
-            json!({
-                "type": "object",
-                "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-                "description": "The tool's parameters: a path, or a list of paths, per name."
-            }),
-        );
+        props.insert("params".into(), params_schema("The tool's parameters: a path, or a list of paths, per name."));
         required.push("tool");
     }
     json!({"type": "object", "properties": props, "required": required, "additionalProperties": false})
@@ -139,13 +132,15 @@ fn run_schema(declared_tool: bool) -> Value {
 fn explain_schema() -> Value {
     let mut props = command_properties();
     props.insert("tool".into(), json!({"type": "string", "description": "A declared tool, instead of the default profile."}));
-    props.insert(
-        "params".into(),
-        json!({
-            "type": "object",
-            "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-            "description": "The tool's parameters."
-        }),
-    );
+    props.insert("params".into(), params_schema("The tool's parameters."));
     json!({"type": "object", "properties": props, "additionalProperties": false})
+}
+
+/// A declared tool's parameters: a path, or a list of paths, per name.
+fn params_schema(description: &str) -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+        "description": description
+    })
 }
