@@ -162,7 +162,7 @@ mod tests {
         assert_eq!(e.seccomp_instructions as usize, resolved.plan.seccomp.len());
         let names: Vec<RlimitName> = e.rlimits.iter().map(|r| r.name).collect();
         use RlimitName::*;
-        assert_eq!(names, [As, Cpu, Nproc, Nofile, Fsize, Core]);
+        assert_eq!(names, [As, Data, Cpu, Nproc, Nofile, Fsize, Core]);
         assert!(e.rlimits.contains(&RlimitEntry::new(Core, Rlimit::both(0))), "{:?}", e.rlimits);
     }
 }

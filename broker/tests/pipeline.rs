@@ -565,14 +565,16 @@ fn cgroup_limits_are_planned_when_there_is_a_root_and_required_ones_refused_when
         ("run-1-1-7", 64 << 20, 32, 25)
     );
     assert_eq!(r.plan.cgroup.as_deref(), Some("/sys/fs/cgroup/palisade/run-1-1-7"));
-    // The cgroup holds memory; RLIMIT_AS stays as a looser floor.
+    // The cgroup holds memory; RLIMIT_DATA and RLIMIT_AS stay as looser floors.
     assert_eq!(r.plan.rlimits.address_space.hard, 4 * (64 << 20));
+    assert_eq!(r.plan.rlimits.data.hard, 4 * (64 << 20));
     assert_eq!(r.plan.rlimits.processes.hard, 64);
     // Without a root and without the requirement: rlimits alone, and the plan says so.
     let q = policy("[defaults]\nmax_memory_mb = 64\n");
     let Decision::Allow(r) = decide(&q, &context(true, 7), &f.request(&["ls"])) else { panic!() };
     assert!(r.cgroup.is_none() && r.plan.cgroup.is_none());
-    assert_eq!(r.plan.rlimits.address_space.hard, 64 << 20);
+    // RLIMIT_DATA holds the limit; the address space has room for reservations.
+    assert_eq!((r.plan.rlimits.data.hard, r.plan.rlimits.address_space.hard), (64 << 20, 4 * (64 << 20)));
 }
 
 const TOOLS: &str = r#"

@@ -19,6 +19,7 @@ pub fn apply(limits: &Rlimits) -> Result<()> {
 fn resource(name: RlimitName) -> Resource {
     match name {
         RlimitName::As => Resource::RLIMIT_AS,
+        RlimitName::Data => Resource::RLIMIT_DATA,
         RlimitName::Cpu => Resource::RLIMIT_CPU,
         RlimitName::Nproc => Resource::RLIMIT_NPROC,
         RlimitName::Nofile => Resource::RLIMIT_NOFILE,

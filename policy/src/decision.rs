@@ -38,9 +38,11 @@ pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 /// Where a temporary workspace appears inside a Tier C sandbox (a tmpfs).
 pub const TEMP_WORKSPACE: &str = "/workspace";
 
-/// With a cgroup holding the memory limit, RLIMIT_AS is this many times the
-/// limit: a looser floor (address space is not memory: runtimes reserve far
-/// more than they use).
+/// RLIMIT_AS is this many times the memory limit, and so is RLIMIT_DATA
+/// where a cgroup holds the memory limit: looser floors. Address space is
+/// not memory: runtimes reserve far more than they use (V8 about 768 MiB
+/// before it runs anything), so without a cgroup RLIMIT_DATA, which counts
+/// only private writable mappings, carries the limit itself.
 const ADDRESS_SPACE_SLACK: u64 = 4;
 /// With a cgroup holding the process count (pids.max), RLIMIT_NPROC is this
 /// many times the limit: a looser floor (it counts every process of the uid).
@@ -813,12 +815,10 @@ impl Policy {
             (false, Tier::C) => tmpfs.fit_within(memory_bytes),
             _ => tmpfs,
         };
+        let address_space_bytes = memory_bytes.saturating_mul(ADDRESS_SPACE_SLACK);
         let rlimits = Limits {
-            memory_bytes: if cgroup {
-                memory_bytes.saturating_mul(ADDRESS_SPACE_SLACK)
-            } else {
-                memory_bytes
-            },
+            memory_bytes: if cgroup { address_space_bytes } else { memory_bytes },
+            address_space_bytes,
             cpu_seconds: timeout_secs,
             processes: if cgroup {
                 process.max_processes.saturating_mul(PROCESSES_SLACK)
@@ -916,6 +916,7 @@ impl Policy {
             host_network: spec.host_network,
             cgroup: cgroup.as_ref(),
             memory_bytes: limits.memory_bytes,
+            address_space_bytes: limits.rlimits.address_space_bytes,
             tmpfs: limits.tmpfs,
             disk: profile.disk,
         };
@@ -1138,6 +1139,7 @@ struct Labels<'a> {
     host_network: bool,
     cgroup: Option<&'a CgroupPlan>,
     memory_bytes: u64,
+    address_space_bytes: u64,
     tmpfs: TmpfsSizes,
     disk: DiskMode,
 }
@@ -1192,10 +1194,11 @@ impl Labels<'_> {
             upper_layers: (t.overlays > 0).then_some(UpperLayers { count: t.overlays, bytes_each: t.upper }),
             shm: t.shm,
         };
+        let (data, address_space) = (self.memory_bytes, self.address_space_bytes);
         match (self.cgroup, self.tier) {
             (Some(c), _) => Memory::Cgroup { v1: c.v1, bytes: self.memory_bytes },
-            (None, Tier::C) => Memory::Rlimit { address_space: self.memory_bytes, tmpfs: Some(budget) },
-            (None, Tier::B) => Memory::Rlimit { address_space: self.memory_bytes, tmpfs: None },
+            (None, Tier::C) => Memory::Rlimit { data, address_space, tmpfs: Some(budget) },
+            (None, Tier::B) => Memory::Rlimit { data, address_space, tmpfs: None },
         }
     }
 }

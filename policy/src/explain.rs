@@ -129,7 +129,8 @@ fn allow(out: &mut String, r: &Resolved) {
     let rl = &p.rlimits;
     let _ = writeln!(
         out,
-        "limits:   address space {}, cpu {} s, processes {}, open files {}, file size {}, core {}",
+        "limits:   data {}, address space {}, cpu {} s, processes {}, open files {}, file size {}, core {}",
+        size(rl.data.hard),
         size(rl.address_space.hard),
         rl.cpu_seconds.soft,
         count(rl.processes),

@@ -58,7 +58,10 @@ const CPU_KILL_GRACE_SECONDS: u64 = 1;
 /// 0 is no limit).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
+    /// RLIMIT_DATA: private writable memory per process.
     pub memory_bytes: u64,
+    /// RLIMIT_AS: address space per process, reservations included.
+    pub address_space_bytes: u64,
     pub cpu_seconds: u64,
     pub processes: u64,
     pub open_files: u64,
@@ -362,7 +365,8 @@ fn tier_b_landlock(spec: &JailSpec, landlock: &mut LandlockPlan) {
 
 fn rlimits(l: &Limits) -> Rlimits {
     Rlimits {
-        address_space: limit(l.memory_bytes),
+        address_space: limit(l.address_space_bytes),
+        data: limit(l.memory_bytes),
         cpu_seconds: Rlimit {
             soft: l.cpu_seconds,
             hard: l.cpu_seconds.saturating_add(CPU_KILL_GRACE_SECONDS),
@@ -449,6 +453,7 @@ mod tests {
             host_network: false,
             limits: Limits {
                 memory_bytes: 1 << 30,
+                address_space_bytes: 4 << 30,
                 cpu_seconds: 10,
                 processes: 64,
                 open_files: 256,

@@ -237,6 +237,7 @@ pub fn plugin_host_plan(jail: &PluginHostJail<'_>) -> Result<JailPlan, BuildErro
         host_network: false,
         limits: Limits {
             memory_bytes: 0,
+            address_space_bytes: 0,
             // Long-lived: its CPU time adds up over every call; each call is
             // bounded by its fuel and deadline instead.
             cpu_seconds: palisade_protocol::RLIM_INFINITY,

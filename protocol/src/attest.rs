@@ -520,9 +520,11 @@ pub enum Memory {
     /// The run's cgroup: `bytes` for the whole run, tmpfs pages included
     /// (`memory.max`, or `memory.limit_in_bytes` under cgroup v1).
     Cgroup { v1: bool, bytes: u64 },
-    /// RLIMIT_AS of `address_space` bytes per process; in Tier C, the tmpfs
-    /// mounts (whose pages no rlimit counts) within a budget together.
-    Rlimit { address_space: u64, tmpfs: Option<TmpfsBudget> },
+    /// RLIMIT_DATA of `data` bytes per process (private writable memory:
+    /// heap and anonymous mappings) under RLIMIT_AS of `address_space`
+    /// (which also holds shared mappings); in Tier C, the tmpfs mounts
+    /// (whose pages no rlimit counts) within a budget together.
+    Rlimit { data: u64, address_space: u64, tmpfs: Option<TmpfsBudget> },
     /// macOS: no kernel limit exists there (RLIMIT_AS is not enforced); the
     /// broker samples the resident memory of the run's processes every
     /// `every_ms` and ends the run above `bytes`.
@@ -559,7 +561,8 @@ impl TmpfsBudget {
     }
 }
 
-const RLIMIT_AS: (&str, &str) = ("RLIMIT_AS ", " per process");
+/// `Memory::Rlimit`: around `DATA and RLIMIT_AS AS per process`.
+const RLIMITS: (&str, &str, &str) = ("RLIMIT_DATA ", " and RLIMIT_AS ", " per process");
 const TMPFS_TOGETHER: (&str, &str) = ("; /tmp, /dev/shm and overlay upper layers ", " together (");
 const UPPER_LAYERS: &str = " upper layer(s) of ";
 /// `Memory::Sampled`: around `SIZE resident, sampled every MS`.
@@ -567,7 +570,7 @@ const SAMPLED: (&str, &str) = ("the run's processes together, ended above ", " m
 
 impl fmt::Display for Memory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (address_space, t) = match self {
+        let (data, address_space, t) = match self {
             Memory::Cgroup { v1, bytes } => {
                 let knob = if *v1 { "memory.limit_in_bytes" } else { "memory.max" };
                 return write!(
@@ -576,13 +579,14 @@ impl fmt::Display for Memory {
                     exact_size(*bytes)
                 );
             }
-            Memory::Rlimit { address_space, tmpfs } => (address_space, tmpfs),
+            Memory::Rlimit { data, address_space, tmpfs } => (data, address_space, tmpfs),
             Memory::Sampled { bytes, every_ms } => {
                 let size = exact_size(*bytes);
                 return write!(f, "{}{size} resident, sampled every {every_ms}{}", SAMPLED.0, SAMPLED.1);
             }
         };
-        write!(f, "{}{}{}", RLIMIT_AS.0, exact_size(*address_space), RLIMIT_AS.1)?;
+        let (data, address_space) = (exact_size(*data), exact_size(*address_space));
+        write!(f, "{}{data}{}{address_space}{}", RLIMITS.0, RLIMITS.1, RLIMITS.2)?;
         let Some(t) = t else { return Ok(()) };
         write!(
             f,
@@ -623,11 +627,13 @@ impl FromStr for Memory {
             let every_ms = every.parse().map_err(|_| err())?;
             return Ok(Memory::Sampled { bytes: parse_size(size).ok_or_else(err)?, every_ms });
         }
-        let rest = s.strip_prefix(RLIMIT_AS.0).ok_or_else(err)?;
-        let (size, tmpfs) = rest.split_once(RLIMIT_AS.1).ok_or_else(err)?;
-        let address_space = parse_size(size).ok_or_else(err)?;
+        let rest = s.strip_prefix(RLIMITS.0).ok_or_else(err)?;
+        let (data, rest) = rest.split_once(RLIMITS.1).ok_or_else(err)?;
+        let (address_space, tmpfs) = rest.split_once(RLIMITS.2).ok_or_else(err)?;
+        let data = parse_size(data).ok_or_else(err)?;
+        let address_space = parse_size(address_space).ok_or_else(err)?;
         if tmpfs.is_empty() {
-            return Ok(Memory::Rlimit { address_space, tmpfs: None });
+            return Ok(Memory::Rlimit { data, address_space, tmpfs: None });
         }
         let tmpfs = tmpfs.strip_prefix(TMPFS_TOGETHER.0).and_then(|r| r.strip_suffix(')'));
         let (total, parts) = tmpfs.and_then(|t| t.split_once(TMPFS_TOGETHER.1)).ok_or_else(err)?;
@@ -635,7 +641,7 @@ impl FromStr for Memory {
         if parse_size(total) != Some(budget.total()) {
             return Err(err());
         }
-        Ok(Memory::Rlimit { address_space, tmpfs: Some(budget) })
+        Ok(Memory::Rlimit { data, address_space, tmpfs: Some(budget) })
     }
 }
 
@@ -761,18 +767,22 @@ mod tests {
                 Memory::Cgroup { v1: true, bytes: 1 << 30 },
                 "cgroup memory.limit_in_bytes: 1 GiB for the whole run, tmpfs pages included",
             ),
-            (Memory::Rlimit { address_space: 512 << 20, tmpfs: None }, "RLIMIT_AS 512 MiB per process"),
             (
-                Memory::Rlimit { address_space: 512 << 20, tmpfs: Some(budget.clone()) },
-                "RLIMIT_AS 512 MiB per process; /tmp, /dev/shm and overlay upper layers 131276 KiB together \
+                Memory::Rlimit { data: 512 << 20, address_space: 2 << 30, tmpfs: None },
+                "RLIMIT_DATA 512 MiB and RLIMIT_AS 2 GiB per process",
+            ),
+            (
+                Memory::Rlimit { data: 512 << 20, address_space: 2 << 30, tmpfs: Some(budget.clone()) },
+                "RLIMIT_DATA 512 MiB and RLIMIT_AS 2 GiB per process; /tmp, /dev/shm and overlay upper layers 131276 KiB together \
                  (/tmp 64 MiB, /workspace 64 MiB, 2 upper layer(s) of 100 KiB, /dev/shm 4 KiB)",
             ),
             (
                 Memory::Rlimit {
+                    data: 0,
                     address_space: 0,
                     tmpfs: Some(TmpfsBudget { workspace: None, upper_layers: None, ..budget }),
                 },
-                "RLIMIT_AS 0 bytes per process; /tmp, /dev/shm and overlay upper layers 65540 KiB together \
+                "RLIMIT_DATA 0 bytes and RLIMIT_AS 0 bytes per process; /tmp, /dev/shm and overlay upper layers 65540 KiB together \
                  (/tmp 64 MiB, /dev/shm 4 KiB)",
             ),
             (
@@ -797,7 +807,7 @@ mod tests {
         assert!("host directories; writable directories: sometimes".parse::<Disk>().is_err());
         // A total that does not add up.
         assert!(
-            "RLIMIT_AS 1 GiB per process; /tmp, /dev/shm and overlay upper layers 1 GiB together (/tmp 1 MiB, /dev/shm 1 MiB)"
+            "RLIMIT_DATA 1 GiB and RLIMIT_AS 4 GiB per process; /tmp, /dev/shm and overlay upper layers 1 GiB together (/tmp 1 MiB, /dev/shm 1 MiB)"
                 .parse::<Memory>()
                 .is_err()
         );
@@ -858,7 +868,7 @@ mod tests {
             network: Network::HostDomains { domains: vec!["example.org".into()], preflight: true },
             egress: EgressMode::Preflight,
             disk: Disk { scratch: Scratch::Tmp { bytes: 1 << 20 }, writable: Some(WritableDirs::Direct) },
-            memory: Memory::Rlimit { address_space: 1 << 30, tmpfs: None },
+            memory: Memory::Rlimit { data: 1 << 30, address_space: 4 << 30, tmpfs: None },
             egress_traffic: None,
             seatbelt_sha256: Some("ab".into()),
         };

@@ -310,6 +310,7 @@ impl Rlimit {
 #[serde(rename_all = "UPPERCASE")]
 pub enum RlimitName {
     As,
+    Data,
     Cpu,
     Nproc,
     Nofile,
@@ -322,6 +323,7 @@ impl RlimitName {
     pub fn name(self) -> &'static str {
         match self {
             RlimitName::As => "AS",
+            RlimitName::Data => "DATA",
             RlimitName::Cpu => "CPU",
             RlimitName::Nproc => "NPROC",
             RlimitName::Nofile => "NOFILE",
@@ -340,8 +342,12 @@ impl fmt::Display for RlimitName {
 /// The rlimits every sandbox gets. Core dumps are always off.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rlimits {
-    /// RLIMIT_AS, bytes of address space per process.
+    /// RLIMIT_AS, bytes of address space per process: a looser floor, as
+    /// runtimes reserve far more than they use.
     pub address_space: Rlimit,
+    /// RLIMIT_DATA, bytes of private writable memory per process (heap and
+    /// anonymous mappings): the memory limit where no cgroup holds it.
+    pub data: Rlimit,
     /// RLIMIT_CPU, seconds of CPU time per process.
     pub cpu_seconds: Rlimit,
     /// RLIMIT_NPROC, processes of the sandbox's uid (in its user namespace).
@@ -357,9 +363,10 @@ pub struct Rlimits {
 impl Rlimits {
     /// Every limit with its resource: what the helper sets, in this order,
     /// and what the attestation lists.
-    pub fn table(&self) -> [(RlimitName, Rlimit); 6] {
+    pub fn table(&self) -> [(RlimitName, Rlimit); 7] {
         [
             (RlimitName::As, self.address_space),
+            (RlimitName::Data, self.data),
             (RlimitName::Cpu, self.cpu_seconds),
             (RlimitName::Nproc, self.processes),
             (RlimitName::Nofile, self.open_files),
@@ -589,7 +596,8 @@ pub(crate) mod tests {
             loopback: true,
             listeners: vec![],
             rlimits: Rlimits {
-                address_space: Rlimit::both(1 << 30),
+                address_space: Rlimit::both(4 << 30),
+                data: Rlimit::both(1 << 30),
                 cpu_seconds: Rlimit { soft: 10, hard: 11 },
                 processes: Rlimit::both(64),
                 open_files: Rlimit::both(256),

@@ -126,7 +126,7 @@ impl Outcome {
 
 /// Outer bounds on the helper process, beyond anything the plan asks: if the
 /// sandbox failed, a fork bomb would stop at `processes` (counted for the whole
-/// uid), memory at `address_space` per process, and so on.
+/// uid), address space at 4 GiB per process, and so on.
 pub fn outer_limits() -> Vec<OuterLimit> {
     vec![
         OuterLimit { resource: libc::RLIMIT_NPROC, value: 4096 },
@@ -148,6 +148,8 @@ pub struct Jail {
 pub fn test_limits() -> Limits {
     Limits {
         memory_bytes: 1 << 30,
+        // The outer bound's: the helper may not raise a hard limit.
+        address_space_bytes: 4 << 30,
         cpu_seconds: 30,
         processes: 64,
         open_files: 256,

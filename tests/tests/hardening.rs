@@ -406,7 +406,8 @@ fn without_a_cgroup_the_tmpfs_mounts_fit_in_the_memory_limit_together() {
     let e = &v["result"]["attestation"]["enforcement"];
     assert_eq!(e["limits_by"], "rlimits", "{e}");
     let memory = e["memory"].as_str().unwrap();
-    let want = "RLIMIT_AS 64 MiB per process; /tmp, /dev/shm and overlay upper layers";
+    let want =
+        "RLIMIT_DATA 64 MiB and RLIMIT_AS 256 MiB per process; /tmp, /dev/shm and overlay upper layers";
     assert!(memory.starts_with(want) && memory.contains("together"), "{memory}");
 }
 

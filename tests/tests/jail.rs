@@ -309,7 +309,7 @@ fn a_fork_bomb_stops_at_the_process_limit() {
 }
 
 #[test]
-fn a_memory_bomb_stops_at_the_address_space_limit() {
+fn a_memory_bomb_stops_at_the_data_limit() {
     for tier in BOTH {
         let mut jail = Jail::new(tier);
         jail.spec.limits.memory_bytes = 256 << 20;
@@ -370,6 +370,7 @@ fn every_rlimit_of_the_plan_holds_inside() {
         let mut jail = Jail::new(tier);
         jail.spec.limits = palisade_policy::Limits {
             memory_bytes: 300 << 20,
+            address_space_bytes: 900 << 20,
             cpu_seconds: 17,
             processes: 33,
             open_files: 77,
@@ -378,7 +379,8 @@ fn every_rlimit_of_the_plan_holds_inside() {
             shm_bytes: 16 << 20,
         };
         let inside = jail.run(&["limits"]).expect_ran().probe().unwrap();
-        let want = format!("nofile=77 core=0 nproc=33 fsize={} as={} cpu=17", 5 << 20, 300 << 20);
+        let (fsize, address_space, data) = (5 << 20, 900 << 20, 300 << 20);
+        let want = format!("nofile=77 core=0 nproc=33 fsize={fsize} as={address_space} data={data} cpu=17");
         assert_eq!(inside, want, "{tier}");
         assert_ne!(outside, want);
     }

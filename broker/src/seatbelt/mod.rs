@@ -49,8 +49,8 @@ pub const SANDBOX_EXEC: &str = "/usr/bin/sandbox-exec";
 /// enough to catch a steady climb, at a few system calls per process.
 pub const MEMORY_SAMPLE_EVERY: Duration = Duration::from_millis(50);
 
-/// The rlimits set on the command: those macOS enforces. RLIMIT_AS is not
-/// enforced there (memory is sampled instead), and RLIMIT_NPROC counts every
+/// The rlimits set on the command: those macOS enforces. RLIMIT_AS and
+/// RLIMIT_DATA are not enforced there (memory is sampled instead), and RLIMIT_NPROC counts every
 /// process of the user, not of the run.
 const RLIMITS_SET: [RlimitName; 4] =
     [RlimitName::Cpu, RlimitName::Nofile, RlimitName::Fsize, RlimitName::Core];
@@ -140,7 +140,7 @@ impl Seatbelt {
             Ok([receiver(spawned.stdout.take())?, receiver(spawned.stderr.take())?])
         })()
         .map_err(ExecError::Setup)?;
-        let memory_bytes = resolved.plan.rlimits.address_space.hard;
+        let memory_bytes = resolved.plan.rlimits.data.hard;
         let (pgid, seen, over) = (group.pgid, Arc::clone(&group.seen), Arc::clone(&group.over_memory));
         group.sampler = Some(tokio::spawn(procs::watch(pgid, memory_bytes, seen, over)));
         let bounds = Bounds {
@@ -256,7 +256,7 @@ fn attestation(request: &RunRequest, resolved: &Resolved, profile: &str) -> Atte
     e.seccomp_instructions = 0;
     e.rlimits = rlimits_set(resolved).into_iter().map(|(n, l)| RlimitEntry::new(n, l)).collect();
     e.memory = Memory::Sampled {
-        bytes: resolved.plan.rlimits.address_space.hard,
+        bytes: resolved.plan.rlimits.data.hard,
         every_ms: MEMORY_SAMPLE_EVERY.as_millis() as u64,
     };
     a

@@ -282,7 +282,8 @@ fn allowed() -> Vec<Row> {
                     |m| matches!(m, Mount::Symlink { target, link } if target == "/bin" && link == "usr/bin")
                 ));
                 assert!(p.namespaces.net && r.cgroup.is_none() && r.warnings.is_empty());
-                assert_eq!((r.timeout.as_secs(), p.rlimits.address_space.hard), (300, 512 << 20));
+                assert_eq!((r.timeout.as_secs(), p.rlimits.data.hard), (300, 512 << 20));
+                assert_eq!(p.rlimits.address_space.hard, 4 * (512 << 20));
                 assert!(p.env.contains(&("HOME".into(), f.p("ws"))), "{:?}", p.env);
             }),
         ),
@@ -554,9 +555,10 @@ fn allowed_elsewhere() -> Vec<Row> {
                 let c = r.cgroup.as_ref().unwrap();
                 assert_eq!((c.name.as_str(), c.memory_bytes, c.processes), ("run-1-1-7", 512 << 20, 256));
                 assert_eq!(r.plan.cgroup.as_deref(), Some("/sys/fs/cgroup/palisade/run-1-1-7"));
+                let l = &r.plan.rlimits;
                 assert_eq!(
-                    (r.plan.rlimits.address_space.hard, r.plan.rlimits.processes.hard),
-                    (4 * (512 << 20), 512)
+                    (l.address_space.hard, l.data.hard, l.processes.hard),
+                    (4 * (512 << 20), 4 * (512 << 20), 512)
                 );
             }),
         ),

@@ -346,12 +346,13 @@ fn limits() -> Outcome {
             .to_string()
     };
     Ok(format!(
-        "nofile={} core={} nproc={} fsize={} as={} cpu={}",
+        "nofile={} core={} nproc={} fsize={} as={} data={} cpu={}",
         soft("Max open files"),
         soft("Max core file size"),
         soft("Max processes"),
         soft("Max file size"),
         soft("Max address space"),
+        soft("Max data size"),
         soft("Max cpu time")
     ))
 }
