@@ -1,6 +1,7 @@
 #[cfg(target_os = "linux")]
 fn main() {
     use clap::Parser;
+    palisade_broker::memory::tune_allocator();
     std::process::exit(palisade_broker::daemon::main(palisade_broker::daemon::Args::parse()));
 }
 
