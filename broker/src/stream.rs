@@ -184,6 +184,10 @@ struct Ending<K, C> {
     /// Why palisade ended the run, once it has.
     ended: Option<RunStatus>,
     exited: bool,
+    /// Tier B: SIGKILL after a SIGTERM that did not end the run, armed by
+    /// `end` and waited for wherever the run waits (a stuck send included).
+    escalate: Pin<Box<Sleep>>,
+    escalation_armed: bool,
 }
 
 impl<K: Child, C> Ending<K, C> {
@@ -192,10 +196,26 @@ impl<K: Child, C> Ending<K, C> {
         self.ended.is_none() && !self.exited
     }
 
-    /// Palisade ends the run: the whole tree is signalled.
+    /// Palisade ends the run: the whole tree is signalled, and after a
+    /// SIGTERM, SIGKILL follows in [`TERM_GRACE`] unless it has exited.
     fn end(&mut self, status: RunStatus) {
         self.ended = Some(status);
         self.child.kill(self.first_signal);
+        if self.first_signal == libc::SIGTERM && !self.exited {
+            self.escalation_armed = true;
+            self.escalate.as_mut().reset(tokio::time::Instant::now() + TERM_GRACE);
+        }
+    }
+
+    /// Whether the SIGKILL after a SIGTERM is due when `escalate` fires.
+    fn escalating(&self) -> bool {
+        self.escalation_armed && !self.exited
+    }
+
+    /// The SIGKILL after a SIGTERM that did not end the run.
+    fn escalate(&mut self) {
+        self.escalation_armed = false;
+        self.child.kill(libc::SIGKILL);
     }
 }
 
@@ -209,9 +229,6 @@ pub(crate) struct Run<'s, S, K, C> {
     ending: Ending<K, C>,
     /// After the exit, how long stray holders of the pipes may keep them open.
     drain: Pin<Box<Sleep>>,
-    /// Tier B: SIGKILL after a SIGTERM that did not end the run.
-    escalate: Pin<Box<Sleep>>,
-    escalation_armed: bool,
     /// `Started` held to go out with the first output, until then.
     release_started: Pin<Box<Sleep>>,
     started_held: bool,
@@ -248,10 +265,10 @@ where
                 first_signal: bounds.first_signal,
                 ended: None,
                 exited: false,
+                escalate: Box::pin(tokio::time::sleep(NEVER)),
+                escalation_armed: false,
             },
             drain: Box::pin(tokio::time::sleep(NEVER)),
-            escalate: Box::pin(tokio::time::sleep(NEVER)),
-            escalation_armed: false,
             release_started: Box::pin(tokio::time::sleep(NEVER)),
             started_held: false,
             max_output_bytes: bounds.max_output_bytes,
@@ -267,7 +284,6 @@ where
     pub(crate) async fn stream(mut self, started: ServerMessage) -> Streamed {
         self.announce(started).await;
         while !(self.ending.exited && !self.pipes[0].open && !self.pipes[1].open) {
-            self.arm_escalation();
             match self.next_event().await {
                 Event::ReleaseStarted => self.release_started().await,
                 Event::Readable(stream) => self.forward(stream).await,
@@ -279,10 +295,7 @@ where
                 }
                 Event::Deadline => self.ending.end(RunStatus::TimedOut),
                 Event::Cancelled => self.ending.end(RunStatus::Cancelled),
-                Event::Escalate => {
-                    self.escalation_armed = false;
-                    self.ending.child.kill(libc::SIGKILL);
-                }
+                Event::Escalate => self.ending.escalate(),
                 Event::Drained => break,
             }
         }
@@ -322,21 +335,8 @@ where
             _ = ending.child.exited(), if !ending.exited => Event::Exited,
             _ = ending.deadline.as_mut(), if live => Event::Deadline,
             _ = ending.cancel.as_mut(), if live => Event::Cancelled,
-            _ = self.escalate.as_mut(), if self.escalation_armed && !ending.exited => Event::Escalate,
+            _ = ending.escalate.as_mut(), if ending.escalating() => Event::Escalate,
             _ = self.drain.as_mut(), if ending.exited => Event::Drained,
-        }
-    }
-
-    /// Tier B: a SIGTERM that ended the run is followed by SIGKILL.
-    fn arm_escalation(&mut self) {
-        let ending = &self.ending;
-        if ending.ended.is_some()
-            && ending.first_signal == libc::SIGTERM
-            && !self.escalation_armed
-            && !ending.exited
-        {
-            self.escalation_armed = true;
-            self.escalate.as_mut().reset(tokio::time::Instant::now() + TERM_GRACE);
         }
     }
 
@@ -432,6 +432,7 @@ where
                         self.ending.end(RunStatus::Cancelled);
                         grace.as_mut().reset(tokio::time::Instant::now() + SEND_GRACE);
                     }
+                    _ = self.ending.escalate.as_mut(), if self.ending.escalating() => self.ending.escalate(),
                     // Seen while the client holds up a send, the exit's time is the command's own.
                     _ = self.ending.child.exited(), if !self.ending.exited => {
                         self.ending.exited = true;
@@ -733,6 +734,25 @@ mod tests {
         assert_eq!((s.ended, p.kills()), (Some(RunStatus::QuotaExceeded), vec![libc::SIGKILL]));
         assert!(sink.abandoned);
         assert_eq!(t0.elapsed(), SEND_GRACE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tier_b_escalates_to_sigkill_while_a_send_is_stuck() {
+        let (child, pipes, p) = process(&[libc::SIGKILL]);
+        p.write(Stream::Stdout, b"nobody reads this");
+        let mut sink = FakeSink::new(Client::StopsReading);
+        let tier_b = Bounds { first_signal: libc::SIGTERM, ..bounds(1 << 20) };
+        let run = stream(&mut sink, child, pipes, tier_b, std::future::pending());
+        let watch = async {
+            tokio::time::sleep(TIMEOUT + TERM_GRACE / 2).await;
+            let before = p.kills();
+            tokio::time::sleep(TERM_GRACE).await;
+            (before, p.kills())
+        };
+        let (s, (before, after)) = tokio::join!(run, watch);
+        // SIGKILL comes TERM_GRACE after SIGTERM, not once the stuck send is given up.
+        assert_eq!((before, after), (vec![libc::SIGTERM], vec![libc::SIGTERM, libc::SIGKILL]));
+        assert_eq!(s.ended, Some(RunStatus::TimedOut));
     }
 
     #[tokio::test(start_paused = true)]
