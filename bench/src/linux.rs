@@ -749,69 +749,63 @@ fn breakdown(ws: &Path, runs: usize) -> String {
     out
 }
 
-pub(crate) fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    if std::env::args().any(|a| a == "--breakdown") {
-        let dir = std::env::temp_dir().join(format!("palisade-bench-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("ws")).unwrap();
-        println!("{}", breakdown(&dir.join("ws").canonicalize().unwrap(), if quick { 5 } else { 100 }));
-        let _ = std::fs::remove_dir_all(&dir);
-        return;
+impl Opts {
+    fn new(quick: bool) -> Opts {
+        if quick {
+            Opts {
+                quick,
+                rounds: 1,
+                runs: 3,
+                warmup: 1,
+                duration: Duration::from_millis(300),
+                output_bytes: 64 << 20,
+            }
+        } else {
+            Opts {
+                quick,
+                rounds: 5,
+                runs: 20,
+                warmup: 3,
+                duration: Duration::from_secs(5),
+                output_bytes: 1 << 30,
+            }
+        }
     }
-    let opts = if quick {
-        Opts {
-            quick,
-            rounds: 1,
-            runs: 3,
-            warmup: 1,
-            duration: Duration::from_millis(300),
-            output_bytes: 64 << 20,
-        }
-    } else {
-        Opts {
-            quick,
-            rounds: 5,
-            runs: 20,
-            warmup: 3,
-            duration: Duration::from_secs(5),
-            output_bytes: 1 << 30,
-        }
-    };
-    let dir = std::env::temp_dir().join(format!("palisade-bench-{}", std::process::id()));
-    let ws = dir.join("ws");
-    std::fs::create_dir_all(&ws).unwrap();
-    let ws = ws.canonicalize().unwrap();
-    let d = Daemon::start(&dir, "bench", true, true);
-    let no_journal = Daemon::start(&dir, "bench-no-journal", false, true);
-    let cold = Daemon::start(&dir, "bench-cold", false, false);
+}
 
-    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-    let bare = Prefix { name: "bare exec".into(), prefix: vec![], cwd: ws.clone(), env: vec![] };
+/// The brokers the launchers go through: with its journal (the default),
+/// without, and without a warm pool (as a root broker's, every sandbox cold).
+struct Brokers {
+    journal: Daemon,
+    no_journal: Daemon,
+    cold: Daemon,
+}
+
+/// The payloads every launcher starts.
+const PAYLOADS: [&[&str]; 2] = [&["/bin/true"], &["/bin/echo", "hello"]];
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+/// The anchors, bare exec, `unshare` and `bwrap`, as the same run measures them.
+fn anchors(ws: &Path) -> [Prefix; 3] {
+    let bare = Prefix { name: "bare exec".into(), prefix: vec![], cwd: ws.to_path_buf(), env: vec![] };
+    let namespaces = ["--user", "--map-root-user", "--pid", "--net", "--mount", "--ipc", "--uts", "--cgroup"];
     let unshare = Prefix {
         name: "unshare".into(),
-        prefix: s(&[
-            "unshare",
-            "--user",
-            "--map-root-user",
-            "--pid",
-            "--net",
-            "--mount",
-            "--ipc",
-            "--uts",
-            "--cgroup",
-            "--fork",
-        ]),
-        cwd: ws.clone(),
+        prefix: [strings(&["unshare"]), strings(&namespaces), strings(&["--fork"])].concat(),
+        cwd: ws.to_path_buf(),
         env: vec![],
     };
     let w = ws.to_string_lossy().into_owned();
-    let mut bwrap_args = s(&["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]);
+    let mut bwrap_args = strings(&["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]);
     for dir in ["/usr", "/lib", "/lib64", "/bin"] {
         if Path::new(dir).exists() {
-            bwrap_args.extend(s(&["--ro-bind", dir, dir]));
+            bwrap_args.extend(strings(&["--ro-bind", dir, dir]));
         }
     }
-    bwrap_args.extend(s(&[
+    let rest = [
         "--proc",
         "/proc",
         "--dev",
@@ -824,170 +818,222 @@ pub(crate) fn main() {
         "--chdir",
         &w,
         "--clearenv",
-    ]));
-    let bwrap = Prefix { name: "bwrap".into(), prefix: bwrap_args, cwd: ws.clone(), env: vec![] };
-    let payloads: [&[&str]; 2] = [&["/bin/true"], &["/bin/echo", "hello"]];
-    let helper = Helper::new(&ws, &payloads);
-    let palisade = Prefix {
-        name: "palisade run".into(),
-        prefix: vec![
-            bin("palisade").to_string_lossy().into_owned(),
-            "run".into(),
-            "--socket".into(),
-            d.socket.to_string_lossy().into_owned(),
-            "--".into(),
-        ],
-        cwd: ws.clone(),
-        env: vec![],
-    };
-    // The README's first command where no broker runs: the built-in default
-    // policy in the CLI's own process, its journal in the bench's directory.
-    let embedded = Prefix {
-        name: "palisade run, embedded".into(),
-        prefix: vec![bin("palisade").to_string_lossy().into_owned(), "run".into(), "--".into()],
-        cwd: ws.clone(),
-        env: vec![
-            ("PALISADE_SOCKET".into(), dir.join("no-broker.sock").to_string_lossy().into_owned()),
-            ("PALISADE_JOURNAL".into(), dir.join("embedded-journal").to_string_lossy().into_owned()),
-        ],
-    };
-    let mut launchers: Vec<&dyn Launch> = vec![&bare];
-    let mut notes = Vec::new();
-    for (tool, l) in [("unshare", &unshare as &dyn Launch), ("bwrap", &bwrap)] {
-        if have(tool) {
-            launchers.push(l);
-        } else {
-            notes.push(format!("{tool} is not installed (bench/run.sh installs it): not measured"));
+    ];
+    bwrap_args.extend(strings(&rest));
+    let bwrap = Prefix { name: "bwrap".into(), prefix: bwrap_args, cwd: ws.to_path_buf(), env: vec![] };
+    [bare, unshare, bwrap]
+}
+
+/// Every launcher the benchmark compares.
+struct Launchers {
+    anchors: [Prefix; 3],
+    helpers: [Helper; 2],
+    cli: [Prefix; 3],
+    sockets: [SocketClient; 3],
+}
+
+impl Launchers {
+    fn new(dir: &Path, ws: &Path, b: &Brokers) -> Launchers {
+        let via = |name: &str, d: &Daemon| Prefix {
+            name: name.into(),
+            prefix: vec![
+                bin("palisade").to_string_lossy().into_owned(),
+                "run".into(),
+                "--socket".into(),
+                d.socket.to_string_lossy().into_owned(),
+                "--".into(),
+            ],
+            cwd: ws.to_path_buf(),
+            env: vec![],
+        };
+        // The README's first command where no broker runs: the built-in default
+        // policy in the CLI's own process, its journal in the bench's directory.
+        let embedded = Prefix {
+            name: "palisade run, embedded".into(),
+            prefix: vec![bin("palisade").to_string_lossy().into_owned(), "run".into(), "--".into()],
+            cwd: ws.to_path_buf(),
+            env: vec![
+                ("PALISADE_SOCKET".into(), dir.join("no-broker.sock").to_string_lossy().into_owned()),
+                ("PALISADE_JOURNAL".into(), dir.join("embedded-journal").to_string_lossy().into_owned()),
+            ],
+        };
+        let socket =
+            |name, d: &Daemon| SocketClient { name, socket: d.socket.clone(), cwd: ws.to_path_buf() };
+        Launchers {
+            anchors: anchors(ws),
+            helpers: [Helper::new(ws, &PAYLOADS), Helper::like_bwrap(ws, &PAYLOADS)],
+            cli: [via("palisade run", &b.journal), via("palisade run, journal off", &b.no_journal), embedded],
+            sockets: [
+                socket("palisade, socket client", &b.journal),
+                socket("palisade, socket client, journal off", &b.no_journal),
+                socket("palisade, socket client, journal off, warm = false", &b.cold),
+            ],
         }
     }
-    let helper_like_bwrap = Helper::like_bwrap(&ws, &payloads);
-    launchers.push(&helper);
-    launchers.push(&helper_like_bwrap);
-    launchers.push(&palisade);
-    let socket_client =
-        SocketClient { name: "palisade, socket client", socket: d.socket.clone(), cwd: ws.clone() };
-    launchers.push(&socket_client);
-    // The same two through a broker whose audit journal is off.
-    let mut palisade_no_journal = palisade.clone();
-    palisade_no_journal.name = "palisade run, journal off".into();
-    palisade_no_journal.prefix[3] = no_journal.socket.to_string_lossy().into_owned();
-    launchers.push(&palisade_no_journal);
-    let socket_client_no_journal = SocketClient {
-        name: "palisade, socket client, journal off",
-        socket: no_journal.socket.clone(),
-        cwd: ws.clone(),
-    };
-    launchers.push(&socket_client_no_journal);
-    // And through one whose pool builds nothing ahead (`warm = false`): as
-    // a root broker's, every sandbox is cold.
-    let socket_client_cold = SocketClient {
-        name: "palisade, socket client, journal off, warm = false",
-        socket: cold.socket.clone(),
-        cwd: ws.clone(),
-    };
-    launchers.push(&socket_client_cold);
-    launchers.push(&embedded);
 
-    // `--loop NAME N`: launch `/bin/true` N times with one launcher and
-    // nothing else, for a profiler to watch (perf record, strace -c -f).
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--loop") {
-        let name = args.get(i + 1).map(String::as_str).unwrap_or("palisade run");
-        let n: usize = args.get(i + 2).and_then(|n| n.parse().ok()).unwrap_or(100);
-        let Some(l) = launchers.iter().find(|l| l.name() == name) else {
-            let names: Vec<&str> = launchers.iter().map(|l| l.name()).collect();
-            eprintln!("--loop: no launcher {name:?}; one of {names:?}");
-            std::process::exit(2);
-        };
-        let clients: usize = args
-            .iter()
-            .position(|a| a == "--clients")
-            .and_then(|i| args.get(i + 1)?.parse().ok())
-            .unwrap_or(1)
-            .max(1);
-        let cpu = cpu_times();
-        let t = Instant::now();
-        std::thread::scope(|s| {
-            for c in 0..clients {
-                s.spawn(move || {
-                    for _ in (c..n).step_by(clients) {
-                        l.once(&["/bin/true"]);
-                    }
-                });
+    /// In the tables' order, and a note for each anchor not installed.
+    fn list(&self) -> (Vec<&dyn Launch>, Vec<String>) {
+        let [bare, unshare, bwrap] = &self.anchors;
+        let [helper, helper_like_bwrap] = &self.helpers;
+        let [cli, cli_no_journal, embedded] = &self.cli;
+        let [socket, socket_no_journal, socket_cold] = &self.sockets;
+        let mut launchers: Vec<&dyn Launch> = vec![bare];
+        let mut notes = Vec::new();
+        for (tool, l) in [("unshare", unshare as &dyn Launch), ("bwrap", bwrap)] {
+            if have(tool) {
+                launchers.push(l);
+            } else {
+                notes.push(format!("{tool} is not installed (bench/run.sh installs it): not measured"));
             }
-        });
-        let (busy, total) = cpu_times().delta(&cpu);
-        println!(
-            "{name}: {n} launches by {clients} client(s), {:.2} ms each; the CPUs {:.0}% busy",
-            t.elapsed().as_secs_f64() * 1e3 / n as f64,
-            busy * 100.0 / total.max(1.0)
-        );
-        drop((d, no_journal));
-        let _ = std::fs::remove_dir_all(&dir);
-        return;
+        }
+        launchers.extend([
+            helper as &dyn Launch,
+            helper_like_bwrap,
+            cli,
+            socket,
+            cli_no_journal,
+            socket_no_journal,
+            socket_cold,
+            embedded,
+        ]);
+        (launchers, notes)
     }
+}
 
-    let mut report = String::new();
+/// The value after `flag` on the command line.
+fn arg_after<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).map(String::as_str)
+}
+
+/// `--loop NAME N [--clients C]`: launches `/bin/true` N times with one
+/// launcher and nothing else, for a profiler to watch (perf record, strace -c -f).
+fn launch_loop(args: &[String], launchers: &[&dyn Launch]) -> Result<(), String> {
+    let i = args.iter().position(|a| a == "--loop").unwrap_or(0);
+    let name = args.get(i + 1).map(String::as_str).unwrap_or("palisade run");
+    let n: usize = args.get(i + 2).and_then(|n| n.parse().ok()).unwrap_or(100);
+    let Some(l) = launchers.iter().find(|l| l.name() == name) else {
+        let names: Vec<&str> = launchers.iter().map(|l| l.name()).collect();
+        return Err(format!("--loop: no launcher {name:?}; one of {names:?}"));
+    };
+    let clients: usize = arg_after(args, "--clients").and_then(|c| c.parse().ok()).unwrap_or(1).max(1);
+    let cpu = cpu_times();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for c in 0..clients {
+            s.spawn(move || {
+                for _ in (c..n).step_by(clients) {
+                    l.once(&["/bin/true"]);
+                }
+            });
+        }
+    });
+    let (busy, total) = cpu_times().delta(&cpu);
+    println!(
+        "{name}: {n} launches by {clients} client(s), {:.2} ms each; the CPUs {:.0}% busy",
+        t.elapsed().as_secs_f64() * 1e3 / n as f64,
+        busy * 100.0 / total.max(1.0)
+    );
+    Ok(())
+}
+
+/// The sections `--only latency,throughput,output,json,memory,egress,plugins,precision`
+/// names (all without it), measured in that order.
+fn sections(
+    opts: &Opts,
+    args: &[String],
+    launchers: &[&dyn Launch],
+    dir: &Path,
+    ws: &Path,
+    d: &Daemon,
+) -> Vec<String> {
+    let only: Option<Vec<&str>> = arg_after(args, "--only").map(|v| v.split(',').collect());
+    let wanted = |name: &str| only.as_ref().is_none_or(|o| o.contains(&name));
+    let (quick, mut out) = (opts.quick, Vec::new());
+    if wanted("latency") {
+        out.push(latency(opts, launchers, &PAYLOADS));
+    }
+    if wanted("throughput") {
+        let compared = |l: &&dyn Launch| {
+            let n = l.name();
+            n == "bare exec"
+                || n == "bwrap"
+                || n.starts_with("palisade run")
+                || n.starts_with("palisade, socket client")
+        };
+        let tput: Vec<&dyn Launch> = launchers.iter().copied().filter(compared).collect();
+        out.push(throughput(opts, &tput));
+    }
+    if wanted("output") {
+        out.push(output(opts, d, ws));
+    }
+    if wanted("json") {
+        out.push(json_client(opts, d, ws));
+    }
+    if wanted("memory") {
+        out.push(memory(d, ws));
+    }
+    if wanted("egress") {
+        let (bytes, rounds) = if quick { (8 << 20, 1) } else { (100 << 20, 5) };
+        out.push(egress::download(dir, ws, bytes, rounds));
+    }
+    if wanted("plugins") {
+        out.push(plugins::calls(dir, ws, d, if quick { 5 } else { 500 }));
+    }
+    if wanted("precision") {
+        out.push(precision(d, ws, if quick { 1 } else { 5 }));
+    }
+    out
+}
+
+/// The report's first lines: the machine, and what was not measured.
+fn header(opts: &Opts, notes: &[String]) -> String {
     let uname =
         nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    report.push_str(&format!(
+    let mut out = format!(
         "Linux {uname}, {cpus} CPUs, running as uid {}{}\n\n",
         nix::unistd::getuid(),
         if opts.quick { " (--quick: too few samples to compare)" } else { "" }
-    ));
-    for n in &notes {
-        report.push_str(&format!("Note: {n}\n\n"));
+    );
+    for n in notes {
+        out.push_str(&format!("Note: {n}\n\n"));
     }
-    // `--only latency,throughput,output,json,memory,precision,egress,plugins`: some sections only.
-    let only: Option<Vec<String>> = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1))
-        .map(|v| v.split(',').map(str::to_string).collect());
-    let wanted = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == name));
-    let mut sections: Vec<String> = Vec::new();
-    if wanted("latency") {
-        sections.push(latency(&opts, &launchers, &payloads));
+    out
+}
+
+pub(crate) fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let dir = std::env::temp_dir().join(format!("palisade-bench-{}", std::process::id()));
+    let ws = dir.join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let ws = ws.canonicalize().unwrap();
+    if args.iter().any(|a| a == "--breakdown") {
+        println!("{}", breakdown(&ws, if quick { 5 } else { 100 }));
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
     }
-    if wanted("throughput") {
-        let tput: Vec<&dyn Launch> = launchers
-            .iter()
-            .copied()
-            .filter(|l| {
-                l.name() == "bare exec"
-                    || l.name() == "bwrap"
-                    || l.name().starts_with("palisade run")
-                    || l.name().starts_with("palisade, socket client")
-            })
-            .collect();
-        sections.push(throughput(&opts, &tput));
+    let opts = Opts::new(quick);
+    let brokers = Brokers {
+        journal: Daemon::start(&dir, "bench", true, true),
+        no_journal: Daemon::start(&dir, "bench-no-journal", false, true),
+        cold: Daemon::start(&dir, "bench-cold", false, false),
+    };
+    let all = Launchers::new(&dir, &ws, &brokers);
+    let (launchers, notes) = all.list();
+    let mut failed = None;
+    if args.iter().any(|a| a == "--loop") {
+        failed = launch_loop(&args, &launchers).err();
+    } else {
+        let report = header(&opts, &notes)
+            + &sections(&opts, &args, &launchers, &dir, &ws, &brokers.journal).join("\n");
+        println!("{report}");
     }
-    if wanted("output") {
-        sections.push(output(&opts, &d, &ws));
-    }
-    if wanted("json") {
-        sections.push(json_client(&opts, &d, &ws));
-    }
-    if wanted("memory") {
-        sections.push(memory(&d, &ws));
-    }
-    if wanted("egress") {
-        sections.push(egress::download(
-            &dir,
-            &ws,
-            if opts.quick { 8 << 20 } else { 100 << 20 },
-            if opts.quick { 1 } else { 5 },
-        ));
-    }
-    if wanted("plugins") {
-        sections.push(plugins::calls(&dir, &ws, &d, if opts.quick { 5 } else { 500 }));
-    }
-    if wanted("precision") {
-        sections.push(precision(&d, &ws, if opts.quick { 1 } else { 5 }));
-    }
-    report.push_str(&sections.join("\n"));
-    println!("{report}");
-    drop((d, no_journal));
+    drop(all);
+    drop(brokers);
     let _ = std::fs::remove_dir_all(&dir);
+    if let Some(e) = failed {
+        eprintln!("palisade-bench: {e}");
+        std::process::exit(2);
+    }
 }
