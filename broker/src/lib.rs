@@ -28,6 +28,7 @@ linux_only! {
     pub mod memory;
     pub mod overlay;
     pub mod panics;
+    pub mod refusals;
     pub mod plugin_cli;
     pub mod plugins;
     pub mod pool;

@@ -7,6 +7,7 @@ use crate::error::BrokerError;
 use crate::journal::Event;
 use crate::memory;
 use crate::panics::{self, Caught};
+use crate::refusals::{Refusals, unlogged_suffix};
 use crate::requester::Requester;
 use crate::run::Sink;
 use crate::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, SocketSink, check_hello, client_gone, read_message};
@@ -18,7 +19,7 @@ use palisade_protocol::wire::{
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::unix::OwnedReadHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -93,6 +94,8 @@ pub struct Server {
     max_concurrent: usize,
     allowed_uids: Vec<u32>,
     allowed_gids: Vec<u32>,
+    /// Refused connections, logged a few at a time.
+    refusals: Refusals,
 }
 
 impl Server {
@@ -112,6 +115,7 @@ impl Server {
             max_concurrent: b.max_concurrent.max(1),
             allowed_gids: b.allowed_gids.clone(),
             allowed_uids,
+            refusals: Refusals::default(),
             broker: Arc::new(broker),
         }
     }
@@ -144,7 +148,10 @@ impl Server {
                     }
                 },
                 _ = shutdown.changed() => break,
-                _ = trim.tick(), if served_since_trim => {
+                _ = trim.tick(), if served_since_trim || self.refusals.pending() => {
+                    if let Some(n) = self.refusals.overdue(Instant::now()) {
+                        tracing::warn!("{n} more connections refused, not logged one by one");
+                    }
                     quiet_ticks = if connections.is_empty() { quiet_ticks + 1 } else { 0 };
                     if quiet_ticks == 2 {
                         served_since_trim = false;
@@ -210,7 +217,10 @@ impl Server {
     /// A connection over the limits: told `Busy` (once it said hello, to
     /// know its encoding), then closed.
     async fn refuse_busy(&self, stream: UnixStream, peer: &Peer, why: BrokerError) {
-        tracing::warn!(uid = peer.uid, pid = peer.pid, "connection refused: {why}");
+        if let Some(unlogged) = self.refusals.note(Instant::now()) {
+            let more = unlogged_suffix(unlogged);
+            tracing::warn!(uid = peer.uid, pid = peer.pid, "connection refused: {why}{more}");
+        }
         let (mut reader, writer) = stream.into_split();
         let mut decoder = Decoder::default();
         decoder.set_limit(HELLO_MAX_BYTES);
@@ -273,7 +283,10 @@ impl Server {
             return Err(e);
         }
         if let Some(message) = self.refusal(peer) {
-            tracing::warn!(uid = peer.uid, gid = peer.gid, pid = peer.pid, "peer not allowed: {message}");
+            if let Some(unlogged) = self.refusals.note(Instant::now()) {
+                let more = unlogged_suffix(unlogged);
+                tracing::warn!(uid = peer.uid, gid = peer.gid, pid = peer.pid, "peer not allowed: {message}{more}");
+            }
             return Err(BrokerError::Unauthorized(message));
         }
         Ok(true)

@@ -322,6 +322,13 @@ fn silent_connections_are_closed_and_connections_are_limited() {
     let _held = greeted_soon(&d.socket);
     let want = "all 1 connections the broker takes (max_connections) are open; try again later";
     assert_eq!(busy(hello(&d.socket).2), want);
+    // Refusals in a loop are each answered, but not each logged: the first
+    // one is, the others are counted (within REFUSAL_LOG_EVERY, 10 s).
+    for _ in 0..20 {
+        assert_eq!(busy(hello(&d.socket).2), want);
+    }
+    let refused = d.log().matches("connection refused").count();
+    assert_eq!(refused, 1, "{}", d.log());
 }
 
 /// The units let palisaded open enough descriptors for its limits.
