@@ -213,19 +213,13 @@ pub fn parse_common_run(args: &[std::ffi::OsString]) -> Option<Cli> {
     Some(Cli { command: Command::Run(run) })
 }
 
-/// `palisade mcp`'s logs unless asked otherwise: warnings, but not the MCP
-/// library's one for every error response (a refusal is an answer the
-/// client gets, not a fault of the server's).
-const MCP_LOG: &str = "warn,rmcp::service=error";
-
 pub fn main(cli: Cli) -> i32 {
     // A run through a broker logs nothing of its own unless asked to: the
     // subscriber's set-up is a good part of a short-lived CLI's start. The
     // embedded broker, explain and doctor set it up (warnings).
     let asked = std::env::var_os("PALISADE_LOG").is_some() || std::env::var_os("RUST_LOG").is_some();
     if asked || !matches!(cli.command, Command::Run(_)) {
-        let mcp = matches!(cli.command, Command::Mcp(_));
-        crate::daemon::init_tracing(if mcp { MCP_LOG } else { "warn" });
+        crate::daemon::init_tracing("warn");
     }
     match cli.command {
         Command::Run(args) => run(args),

@@ -18,18 +18,20 @@ pub fn release_free_memory() {
 
 /// glibc's tunables for a daemon that serves bursts and then idles: one
 /// arena and no per-thread caches, so that what a burst freed lies together
-/// and `malloc_trim` can hand it back. After bursts of 1,000 clients the
-/// idle daemon keeps 0.4 MiB more than before the first, against 2.2 MiB
-/// with one arena alone and 2.8 MiB growing to 4.1 MiB with glibc's
-/// defaults (bench/README.md, "Soak and load").
+/// and `malloc_trim` can hand it back. After bursts of 1,000 clients a
+/// release build's idle daemon keeps 0.4 MiB more than before the first,
+/// where with glibc's defaults it kept 2.8 MiB, and 4.1 MiB by the third
+/// (bench/README.md, "Soak and load", has the other settings tried).
 #[cfg(target_env = "gnu")]
 const DAEMON_TUNABLES: &str = "glibc.malloc.arena_max=1:glibc.malloc.tcache_count=0";
 
 /// Starts the daemon again, once, with `DAEMON_TUNABLES` added to
 /// `GLIBC_TUNABLES`: glibc reads them only when a program starts. Returns,
 /// leaving glibc's defaults, where they are set already, where the person
-/// set either tunable themselves, in a privileged (secure-execution) start,
-/// whose tunables glibc would drop, or where the exec fails. Call it first
+/// set either tunable themselves (or `MALLOC_ARENA_MAX`), in a privileged
+/// (secure-execution) start, whose tunables glibc would drop, where the
+/// program was started through the dynamic loader (`/proc/self/exe` is the
+/// loader then), or where the exec fails. Call it first
 /// in `main`, before any thread exists. Commands never see the variable:
 /// the helper starts with an environment of its own.
 pub fn tune_allocator() {
@@ -42,7 +44,10 @@ pub fn tune_allocator() {
         let current = current.to_string_lossy();
         // SAFETY: getauxval reads the auxiliary vector; it takes no pointer.
         let secure = unsafe { libc::getauxval(libc::AT_SECURE) } != 0;
-        if secure || current.contains("glibc.malloc.arena_max") || current.contains("glibc.malloc.tcache_count") {
+        let chosen = current.contains("glibc.malloc.arena_max")
+            || current.contains("glibc.malloc.tcache_count")
+            || std::env::var_os("MALLOC_ARENA_MAX").is_some();
+        if secure || chosen || through_loader() {
             return;
         }
         let value = if current.is_empty() { DAEMON_TUNABLES.to_string() } else { format!("{current}:{DAEMON_TUNABLES}") };
@@ -58,4 +63,13 @@ pub fn tune_allocator() {
             let _ = nix::unistd::execve(c"/proc/self/exe", &args, &env);
         }
     }
+}
+
+/// Whether this program runs as the dynamic loader's argument (`ld.so
+/// palisaded`), where executing `/proc/self/exe` would start the loader.
+#[cfg(target_env = "gnu")]
+fn through_loader() -> bool {
+    let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
+    let name = exe.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    name.starts_with("ld-linux") || name.starts_with("ld.so") || name.starts_with("ld64.so")
 }

@@ -1,6 +1,7 @@
 //! The log of refused connections, without a line for each: a client that
 //! connects in a loop past its limits, or a user the broker does not serve,
-//! would otherwise fill the log. The first refusal of every
+//! would otherwise fill the log. Each kind of refusal has its own
+//! [`Refusals`], so that one kind never hides another. The first refusal of every
 //! [`REFUSAL_LOG_EVERY`] is logged; the others are counted, and the count
 //! goes out with the next refusal logged, or on its own a period later.
 

@@ -94,8 +94,11 @@ pub struct Server {
     max_concurrent: usize,
     allowed_uids: Vec<u32>,
     allowed_gids: Vec<u32>,
-    /// Refused connections, logged a few at a time.
-    refusals: Refusals,
+    /// Connections refused over the limits, logged a few at a time.
+    busy: Refusals,
+    /// Connections of peers the broker does not serve, logged apart from
+    /// the others (a flood of those never hides one of these).
+    not_allowed: Refusals,
 }
 
 impl Server {
@@ -115,7 +118,8 @@ impl Server {
             max_concurrent: b.max_concurrent.max(1),
             allowed_gids: b.allowed_gids.clone(),
             allowed_uids,
-            refusals: Refusals::default(),
+            busy: Refusals::default(),
+            not_allowed: Refusals::default(),
             broker: Arc::new(broker),
         }
     }
@@ -148,9 +152,12 @@ impl Server {
                     }
                 },
                 _ = shutdown.changed() => break,
-                _ = trim.tick(), if served_since_trim || self.refusals.pending() => {
-                    if let Some(n) = self.refusals.overdue(Instant::now()) {
-                        tracing::warn!("{n} more connections refused, not logged one by one");
+                _ = trim.tick(), if served_since_trim || self.busy.pending() || self.not_allowed.pending() => {
+                    if let Some(n) = self.busy.overdue(Instant::now()) {
+                        tracing::warn!("{n} more connections refused over the limits, not logged one by one");
+                    }
+                    if let Some(n) = self.not_allowed.overdue(Instant::now()) {
+                        tracing::warn!("{n} more connections of peers not allowed, not logged one by one");
                     }
                     quiet_ticks = if connections.is_empty() { quiet_ticks + 1 } else { 0 };
                     if quiet_ticks == 2 {
@@ -217,7 +224,7 @@ impl Server {
     /// A connection over the limits: told `Busy` (once it said hello, to
     /// know its encoding), then closed.
     async fn refuse_busy(&self, stream: UnixStream, peer: &Peer, why: BrokerError) {
-        if let Some(unlogged) = self.refusals.note(Instant::now()) {
+        if let Some(unlogged) = self.busy.note(Instant::now()) {
             let more = unlogged_suffix(unlogged);
             tracing::warn!(uid = peer.uid, pid = peer.pid, "connection refused: {why}{more}");
         }
@@ -283,7 +290,7 @@ impl Server {
             return Err(e);
         }
         if let Some(message) = self.refusal(peer) {
-            if let Some(unlogged) = self.refusals.note(Instant::now()) {
+            if let Some(unlogged) = self.not_allowed.note(Instant::now()) {
                 let more = unlogged_suffix(unlogged);
                 tracing::warn!(uid = peer.uid, gid = peer.gid, pid = peer.pid, "peer not allowed: {message}{more}");
             }

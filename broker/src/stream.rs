@@ -199,9 +199,10 @@ impl<K: Child, C> Ending<K, C> {
     /// Palisade ends the run: the whole tree is signalled, and after a
     /// SIGTERM, SIGKILL follows in [`TERM_GRACE`] unless it has exited.
     fn end(&mut self, status: RunStatus) {
+        let first = self.ended.is_none();
         self.ended = Some(status);
         self.child.kill(self.first_signal);
-        if self.first_signal == libc::SIGTERM && !self.exited {
+        if first && self.first_signal == libc::SIGTERM && !self.exited {
             self.escalation_armed = true;
             self.escalate.as_mut().reset(tokio::time::Instant::now() + TERM_GRACE);
         }

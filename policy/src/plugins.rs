@@ -220,7 +220,7 @@ pub struct PluginHostJail<'a> {
 /// what a plugin reaches outside goes through the broker's host
 /// functions), the system directories, the binary and the module cache
 /// read-only, no workspace, Landlock required, the default seccomp
-/// program, no fork. RLIMIT_AS is unlimited: the pooling allocator
+/// program, no fork. RLIMIT_AS and RLIMIT_DATA are unlimited: the pooling allocator
 /// reserves many GiB of address space (guard regions around each memory
 /// slot) that it never touches; memory is bounded per call by the engine.
 pub fn plugin_host_plan(jail: &PluginHostJail<'_>) -> Result<JailPlan, BuildError> {

@@ -521,8 +521,9 @@ pub enum Memory {
     /// (`memory.max`, or `memory.limit_in_bytes` under cgroup v1).
     Cgroup { v1: bool, bytes: u64 },
     /// RLIMIT_DATA of `data` bytes per process (private writable memory:
-    /// heap and anonymous mappings) under RLIMIT_AS of `address_space`
-    /// (which also holds shared mappings); in Tier C, the tmpfs mounts
+    /// heap and private anonymous mappings) under RLIMIT_AS of
+    /// `address_space` (which alone holds shared memory and the stack); in
+    /// Tier C, the tmpfs mounts
     /// (whose pages no rlimit counts) within a budget together.
     Rlimit { data: u64, address_space: u64, tmpfs: Option<TmpfsBudget> },
     /// macOS: no kernel limit exists there (RLIMIT_AS is not enforced); the

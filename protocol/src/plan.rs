@@ -12,7 +12,7 @@ use std::fmt;
 /// First bytes of every encoded plan.
 pub const PLAN_MAGIC: [u8; 4] = *b"PJP\x01";
 /// Bumped on every incompatible change of [`JailPlan`].
-pub const PLAN_VERSION: u32 = 3;
+pub const PLAN_VERSION: u32 = 4;
 /// Largest encoded plan the helper accepts (seccomp program included).
 pub const PLAN_MAX_BYTES: usize = 1 << 20;
 /// Most descriptors a plan may come with: what one `SCM_RIGHTS` message
@@ -346,7 +346,8 @@ pub struct Rlimits {
     /// runtimes reserve far more than they use.
     pub address_space: Rlimit,
     /// RLIMIT_DATA, bytes of private writable memory per process (heap and
-    /// anonymous mappings): the memory limit where no cgroup holds it.
+    /// private anonymous mappings, not shared memory or the stack): the
+    /// memory limit where no cgroup holds it.
     pub data: Rlimit,
     /// RLIMIT_CPU, seconds of CPU time per process.
     pub cpu_seconds: Rlimit,

@@ -186,8 +186,9 @@ pub struct PluginHostJail {
     pub execution_sha256: String,
     /// The engine's configuration digest (`Ready`).
     pub engine: String,
-    /// RLIMIT_AS is unlimited in this jail: the pooling allocator reserves
-    /// address space it does not use; memory is bounded per call instead.
+    /// RLIMIT_AS (and RLIMIT_DATA) are unlimited in this jail: the pooling
+    /// allocator reserves address space it does not use; memory is bounded
+    /// per call instead.
     pub address_space_unlimited: bool,
     /// The host's own cgroup, where the broker has cgroups.
     pub cgroup: Option<PluginHostCgroup>,

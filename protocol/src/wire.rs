@@ -28,8 +28,9 @@ pub const MAGIC: &str = "palisade";
 /// plugin-host's cgroup in a plugin result's attestation; 7: the warm pool,
 /// the attestation's `built`; 8: the `macos-seatbelt` executor and the
 /// attestation's `seatbelt_sha256`; 9: the request's asks and `profile`,
-/// `Explain` and `Explained`).
-pub const PROTOCOL_VERSION: u32 = 9;
+/// `Explain` and `Explained`; 10: the rlimit `DATA`, and `memory` naming
+/// RLIMIT_DATA and RLIMIT_AS).
+pub const PROTOCOL_VERSION: u32 = 10;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
 
