@@ -415,11 +415,16 @@ fn broker_killed(g: &Guest, config: &Path, runs_dir: &Path) -> Check {
         eventually(Duration::from_secs(10), || tokens.iter().all(|t| process_with_token(t).is_none())),
         || "a sandbox survived its broker".into(),
     )?;
-    let populated: Vec<String> = theirs()
-        .into_iter()
-        .filter(|n| cgroup_file(&runs_dir.join(n), "cgroup.events").contains("populated 1"))
-        .collect();
-    ensure(populated.is_empty(), || format!("processes left in {populated:?}"))?;
+    // The runs' processes are gone; the pool's idle sandboxes end by their
+    // lifeline too, each in its own time.
+    let populated = || -> Vec<String> {
+        theirs()
+            .into_iter()
+            .filter(|n| cgroup_file(&runs_dir.join(n), "cgroup.events").contains("populated 1"))
+            .collect()
+    };
+    let emptied = eventually(Duration::from_secs(10), || populated().is_empty());
+    ensure(emptied, || format!("processes left in {:?}", populated()))?;
     let next_dir = if g.root { runs_dir.clone() } else { fresh("after-kill") };
     let (mut next, socket) = g.daemon(config, (!g.root).then_some(next_dir.as_path()));
     let left = if g.root { theirs() } else { Vec::new() };
