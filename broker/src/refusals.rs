@@ -23,35 +23,45 @@ struct State {
     unlogged: u64,
 }
 
+impl State {
+    /// Whether a period has passed since the last refusal logged.
+    fn due(&self, now: Instant) -> bool {
+        self.logged_at.is_none_or(|at| now.saturating_duration_since(at) >= REFUSAL_LOG_EVERY)
+    }
+
+    /// A line goes out at `now`: the count it carries, from zero again.
+    fn log(&mut self, now: Instant) -> u64 {
+        self.logged_at = Some(now);
+        std::mem::take(&mut self.unlogged)
+    }
+}
+
 impl Refusals {
     /// A refusal at `now`: `Some(n)` when it is to be logged, `n` the
     /// refusals not logged before it; `None` when it is only counted.
     pub fn note(&self, now: Instant) -> Option<u64> {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let due = s.logged_at.is_none_or(|at| now.saturating_duration_since(at) >= REFUSAL_LOG_EVERY);
-        if !due {
+        let mut s = self.lock();
+        if !s.due(now) {
             s.unlogged += 1;
             return None;
         }
-        s.logged_at = Some(now);
-        Some(std::mem::take(&mut s.unlogged))
+        Some(s.log(now))
     }
 
     /// Whether some refusals are counted and not logged yet.
     pub fn pending(&self) -> bool {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).unlogged > 0
+        self.lock().unlogged > 0
     }
 
     /// The refusals not logged, once a period has passed since the last
     /// logged one and no other refusal came to carry their count.
     pub fn overdue(&self, now: Instant) -> Option<u64> {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let due = s.logged_at.is_none_or(|at| now.saturating_duration_since(at) >= REFUSAL_LOG_EVERY);
-        if !due || s.unlogged == 0 {
-            return None;
-        }
-        s.logged_at = Some(now);
-        Some(std::mem::take(&mut s.unlogged))
+        let mut s = self.lock();
+        (s.unlogged > 0 && s.due(now)).then(|| s.log(now))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -523,10 +523,11 @@ pub enum Memory {
     /// RLIMIT_DATA of `data` bytes per process (private writable memory:
     /// heap and private anonymous mappings) under RLIMIT_AS of
     /// `address_space` (which alone holds shared memory and the stack); in
-    /// Tier C, the tmpfs mounts
-    /// (whose pages no rlimit counts) within a budget together.
+    /// Tier C, the tmpfs mounts (whose pages no rlimit counts) within a
+    /// budget together.
     Rlimit { data: u64, address_space: u64, tmpfs: Option<TmpfsBudget> },
-    /// macOS: no kernel limit exists there (RLIMIT_AS is not enforced); the
+    /// macOS: no kernel limit exists there (neither RLIMIT_AS nor
+    /// RLIMIT_DATA is enforced); the
     /// broker samples the resident memory of the run's processes every
     /// `every_ms` and ends the run above `bytes`.
     Sampled { bytes: u64, every_ms: u64 },

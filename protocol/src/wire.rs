@@ -614,10 +614,15 @@ pub fn output_json_line(stream: Stream, data: &[u8]) -> Vec<u8> {
         // Writing into a Vec cannot fail.
         Some(text) => serde_json::to_writer(&mut line, text).unwrap_or(()),
         None => {
-            let mut encoded = String::from("{\"base64\":\"");
-            base64::engine::general_purpose::STANDARD.encode_string(data, &mut encoded);
-            encoded.push_str("\"}");
-            line.extend_from_slice(encoded.as_bytes());
+            // Encoded in place, at the end of the line.
+            line.extend_from_slice(b"{\"base64\":\"");
+            let start = line.len();
+            line.resize(start + data.len().div_ceil(3) * 4, 0);
+            let engine = base64::engine::general_purpose::STANDARD;
+            // The room is exactly the padded encoding's length.
+            let written = engine.encode_slice(data, &mut line[start..]).unwrap_or(0);
+            line.truncate(start + written);
+            line.extend_from_slice(b"\"}");
         }
     }
     line.extend_from_slice(b"}}\n");

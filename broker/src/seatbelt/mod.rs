@@ -50,8 +50,8 @@ pub const SANDBOX_EXEC: &str = "/usr/bin/sandbox-exec";
 pub const MEMORY_SAMPLE_EVERY: Duration = Duration::from_millis(50);
 
 /// The rlimits set on the command: those macOS enforces. RLIMIT_AS and
-/// RLIMIT_DATA are not enforced there (memory is sampled instead), and RLIMIT_NPROC counts every
-/// process of the user, not of the run.
+/// RLIMIT_DATA are not enforced there (memory is sampled instead), and
+/// RLIMIT_NPROC counts every process of the user, not of the run.
 const RLIMITS_SET: [RlimitName; 4] =
     [RlimitName::Cpu, RlimitName::Nofile, RlimitName::Fsize, RlimitName::Core];
 
