@@ -12,7 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=apparmor/palisade-helper
 
-major() { "$@" --version 2>/dev/null | sed -n 's/^AppArmor parser version \([0-9]*\).*/\1/p' | head -1; }
+# The parser's major version; empty where it is not installed (a missing
+# command is not an error here: the fallback below covers it).
+major() { { "$@" --version 2>/dev/null || true; } | sed -n 's/^AppArmor parser version \([0-9]*\).*/\1/p' | head -1; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -23,8 +25,13 @@ if [ "${installed:-0}" -lt 4 ]; then
   echo "apparmor_parser ${installed:+$installed.x}${installed:-missing}: older than 4, using Debian 13's (unpacked in $work)"
   multiarch=$(gcc -print-multiarch)
   mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/parts" "$work/root"
-  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" \
-    > "$work/sources.list"
+  # The machine's own Debian archive, as apt is configured to reach it.
+  mirror=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 2>/dev/null | awk '$2 !~ /-/ {print $1; exit}')
+  if [ -z "$mirror" ]; then
+    echo "no Debian archive is configured for apt (apt-get indextargets names none): cannot fetch AppArmor 4's parser" >&2
+    exit 1
+  fi
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror trixie main" > "$work/sources.list"
   apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=$work/parts"
     -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o Debug::NoLocking=1 -o APT::Sandbox::User=root)
   apt-get "${apt_opts[@]}" -qq update
@@ -34,6 +41,7 @@ if [ "${installed:-0}" -lt 4 ]; then
   parser=("$lib/ld-linux-x86-64.so.2" --library-path "$lib" "$work/root/usr/sbin/apparmor_parser")
   [ "$multiarch" = x86_64-linux-gnu ] || parser=("$lib"/ld-linux-*.so.* --library-path "$lib" "$work/root/usr/sbin/apparmor_parser")
   base="$work/root/etc/apparmor.d"
+  parser+=(--config-file /dev/null)
 fi
 echo "$("${parser[@]}" --version | head -1)"
 
