@@ -190,7 +190,7 @@ impl Helper {
             seatbelt: false,
             cgroup: Err("bench".into()),
         };
-        let host = palisade_broker::host::gather(&capabilities, etc.is_none());
+        let host = palisade_broker::host::gather(&capabilities, etc.is_none(), Vec::new().into());
         let policy = Policy::new(Config::default(), &*host.files);
         let ctx = Context {
             parent_pid: std::process::id(),

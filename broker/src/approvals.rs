@@ -19,6 +19,10 @@ pub struct Answer {
     pub approved: bool,
     /// Who answered.
     pub by_uid: u32,
+    /// Whether they are an approver (a requester answering its own, with
+    /// `self_approval`, is not: its answer runs the run, and counts for
+    /// nothing towards a tool's Verified stage).
+    pub by_approver: bool,
     /// What the requester is told (`approved by uid 0`, `denied by uid 0: ...`).
     pub why: String,
 }
@@ -208,7 +212,8 @@ impl Pending {
             (false, Some(r)) => format!("denied by uid {}: {r}", peer.uid),
             (false, None) => format!("denied by uid {}", peer.uid),
         };
-        sender.send(Answer { approved, by_uid: peer.uid, why }).map_err(|_| no_such(id))
+        let by_approver = approvers.is_approver(peer);
+        sender.send(Answer { approved, by_uid: peer.uid, by_approver, why }).map_err(|_| no_such(id))
     }
 }
 

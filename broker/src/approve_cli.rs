@@ -173,8 +173,9 @@ fn embedded(policy: &Path, approve: Option<&str>) -> Result<Vec<ToolInfo>, i32> 
         let approvers = Approvers::new(config.approvers.clone(), peer.uid);
         approvers.authorize(&peer, ApproverAction::ApproveTool(name)).map_err(refused)?;
     }
-    let store =
-        TrustStore::open(&config, Journal::default()).map_err(|e| fail(ErrorKind::RuntimeFailure, e))?;
+    // A transition is recorded as a daemon's is (no record, no change).
+    let journal = Journal::from_config(&config.journal).map_err(|e| fail(ErrorKind::JournalUnavailable, e))?;
+    let store = TrustStore::open(&config, journal).map_err(|e| fail(ErrorKind::RuntimeFailure, e))?;
     let Some(store) = store else {
         let why = "keeps no trust stages ([trust] enabled = false, or no tool is declared)";
         return Err(fail(ErrorKind::InvalidRequest, format!("{} {why}", policy.display())));

@@ -92,6 +92,7 @@ mod tests {
                 cgroup: Err("none (test)".into()),
             },
             true,
+            Vec::new().into(),
         );
         let policy = Policy::new(Config::default(), &*host.files);
         let ctx = Context {

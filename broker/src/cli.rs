@@ -478,10 +478,12 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
         let cancel = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        let decided = broker.decide(&peer, &request)?;
+        let mut decided = broker.decide(&peer, &request)?;
         if let Some(reason) = &decided.approval {
             let question = broker.pending_approval(&peer, &decided, &request, reason);
             ask_embedded(&broker, &peer, question).await?;
+            // Only an approver answers here.
+            decided.approver_approved = true;
         }
         broker.execute(&peer, decided, &request, &mut RenderSink(&mut render), cancel).await
     });

@@ -74,7 +74,8 @@ pub fn main(args: Args) -> i32 {
     runtime.block_on(async move { tokio::spawn(serve(broker, socket, mode)).await.unwrap_or(EXIT_FAILED) })
 }
 
-async fn serve(broker: Broker, socket: PathBuf, mode: u32) -> i32 {
+async fn serve(mut broker: Broker, socket: PathBuf, mode: u32) -> i32 {
+    keep_socket_out_of_reach(&mut broker, &socket);
     let journal = broker.journal.clone();
     let pid = std::process::id();
     let started =
@@ -137,3 +138,12 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32) -> i32 {
     0
 }
 
+/// The socket, and its directory where that is the broker's own (not a
+/// shared one such as /tmp), are out of every run's reach: a run that could
+/// connect would be a client of its own broker.
+pub fn keep_socket_out_of_reach(broker: &mut Broker, socket: &std::path::Path) {
+    broker.keep_out_of_reach(socket, "the broker's socket");
+    if let Some(dir) = socket.parent().filter(|d| paths::private_to_us(d)) {
+        broker.keep_out_of_reach(dir, "the broker's socket directory");
+    }
+}

@@ -8,11 +8,12 @@ use nix::sched::{CloneFlags, unshare};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, fork};
 use palisade_policy::jail::{ETC_ENTRIES, SYSTEM_DIRS};
+use palisade_policy::host::OwnedPath;
 use palisade_policy::{CgroupRoot, Host, HostCapabilities, Layout};
 use palisade_protocol::DEV_NODES;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 pub use crate::real_files::{RealFiles, files};
 
@@ -93,9 +94,9 @@ pub fn probe(cgroups: &Cgroups, user_namespaces: bool) -> HostCapabilities {
 /// Only what the decision uses is looked up: the /etc entries when no
 /// snapshot of /etc stands for them (`etc_entries`), the devices where Tier
 /// B runs (user namespaces unavailable).
-pub fn gather(capabilities: &HostCapabilities, etc_entries: bool) -> Host {
+pub fn gather(capabilities: &HostCapabilities, etc_entries: bool, owned: Arc<[OwnedPath]>) -> Host {
     let layout = layout(etc_entries, !capabilities.user_namespaces);
-    Host { capabilities: capabilities.clone(), homes: passwd_homes(), layout, files: files() }
+    Host { capabilities: capabilities.clone(), homes: passwd_homes(), layout, files: files(), owned }
 }
 
 /// The host's [`Layout`]. Its system directories are looked up again only

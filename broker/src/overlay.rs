@@ -13,6 +13,8 @@
 //! could not do itself.
 
 use crate::requester::Acting;
+use palisade_policy::host_executed::{Check, HostExecuted};
+use palisade_protocol::wire::{Withheld, WithheldReason};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, openat, readlinkat, renameat};
 use nix::sys::stat::{FileStat, Mode, SFlag, fchmod, fstatat, futimens, mkdirat};
@@ -21,14 +23,31 @@ use nix::unistd::{UnlinkatFlags, symlinkat, unlinkat};
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 
-/// What a commit changed.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// What a commit changed, and what it withheld.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Committed {
     pub files: u64,
     pub bytes: u64,
     pub removed: u64,
+    pub withheld: Vec<Withheld>,
 }
+
+/// What a commit must not apply: what the broker keeps (relative to the
+/// granted directory, whether or not it exists there yet), and the files
+/// the host executes.
+pub struct Guard<'a> {
+    /// The granted directory on the host, for the paths reported.
+    pub root: &'a Path,
+    pub owned: Vec<(PathBuf, String)>,
+    pub host_executed: &'a HostExecuted,
+}
+
+/// The largest git configuration file compared (a repository's is a few
+/// hundred bytes); a larger one is withheld.
+const GIT_CONFIG_MAX_BYTES: u64 = 1 << 20;
 
 fn kind(st: &FileStat) -> SFlag {
     SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())
@@ -95,6 +114,9 @@ struct Target<'a> {
     act: &'a Acting,
     done: &'a mut Committed,
     serial: u64,
+    guard: &'a Guard<'a>,
+    /// The directory being applied, relative to the granted one.
+    rel: PathBuf,
 }
 
 /// What may carry over of a file's mode: never setuid, setgid or sticky.
@@ -142,38 +164,125 @@ impl Target<'_> {
             self.up(|| names(up).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))))?
         {
             let st = self.up(|| stat_at(up, &name))?;
-            match kind(&st) {
-                // A whiteout: the sandbox deleted this name.
-                SFlag::S_IFCHR if st.st_rdev == 0 => remove(dst, &name, self.done)?,
-                SFlag::S_IFDIR => {
-                    let sub_up = self.up(|| open_dir_at(up, &name))?;
-                    let existing = stat_at(dst, &name).ok();
-                    if self.up(|| Ok(opaque(&sub_up)))?
-                        || existing.is_some_and(|e| kind(&e) != SFlag::S_IFDIR)
-                    {
-                        remove(dst, &name, self.done)?;
-                    }
-                    match mkdirat(dst, name.as_c_str(), Mode::from_bits_truncate(0o700)) {
-                        Ok(()) | Err(Errno::EEXIST) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                    let sub_dst = open_dir_at(dst, &name)?;
-                    self.dir(&sub_up, &sub_dst)?;
-                    fchmod(&sub_dst, permissions(&st))?;
-                    times(&sub_dst, &st)?;
-                }
-                SFlag::S_IFREG => self.file(up, dst, &name, &st)?,
-                SFlag::S_IFLNK => {
-                    let link = self.up(|| readlinkat(up, name.as_c_str()))?;
-                    remove(dst, &name, self.done)?;
-                    symlinkat(link.as_os_str(), dst, name.as_c_str())?;
-                    self.done.files += 1;
-                }
-                // FIFOs, sockets and device nodes are not carried over.
-                _ => {}
+            let rel = self.rel.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
+            if let Some((reason, what)) = self.withheld(up, dst, &name, &st, &rel)? {
+                let path = self.guard.root.join(&rel).to_string_lossy().into_owned();
+                tracing::warn!(%path, what, "a change withheld from the copy-back");
+                self.done.withheld.push(Withheld { path, reason, what });
+                continue;
             }
+            self.entry(up, dst, &name, &st, rel)?;
         }
         Ok(())
+    }
+
+    /// Applies one entry of the upper layer.
+    fn entry(&mut self, up: &OwnedFd, dst: &OwnedFd, name: &CStr, st: &FileStat, rel: PathBuf) -> io::Result<()> {
+        match kind(st) {
+            // A whiteout: the sandbox deleted this name.
+            SFlag::S_IFCHR if st.st_rdev == 0 => remove(dst, name, self.done)?,
+            SFlag::S_IFDIR => {
+                let sub_up = self.up(|| open_dir_at(up, name))?;
+                if self.up(|| Ok(opaque(&sub_up)))? || stat_at(dst, name).is_ok_and(|e| kind(&e) != SFlag::S_IFDIR) {
+                    remove(dst, name, self.done)?;
+                }
+                match mkdirat(dst, name, Mode::from_bits_truncate(0o700)) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                let sub_dst = open_dir_at(dst, name)?;
+                let parent = std::mem::replace(&mut self.rel, rel);
+                let applied = self.dir(&sub_up, &sub_dst);
+                self.rel = parent;
+                applied?;
+                fchmod(&sub_dst, permissions(st))?;
+                times(&sub_dst, st)?;
+            }
+            SFlag::S_IFREG => self.file(up, dst, name, st)?,
+            SFlag::S_IFLNK => {
+                let link = self.up(|| readlinkat(up, name))?;
+                remove(dst, name, self.done)?;
+                symlinkat(link.as_os_str(), dst, name)?;
+                self.done.files += 1;
+            }
+            // FIFOs, sockets and device nodes are not carried over.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Why the entry `name` (at `rel`) must not be applied, if it must not:
+    /// it is, or lies inside, what the broker keeps; it would remove or
+    /// replace a directory on the way to that; it is a file the host
+    /// executes (a deletion of one is applied: it runs nothing).
+    fn withheld(
+        &self,
+        up: &OwnedFd,
+        dst: &OwnedFd,
+        name: &CStr,
+        st: &FileStat,
+        rel: &Path,
+    ) -> io::Result<Option<(WithheldReason, String)>> {
+        let whiteout = kind(st) == SFlag::S_IFCHR && st.st_rdev == 0;
+        let is_dir = kind(st) == SFlag::S_IFDIR;
+        for (owned, what) in &self.guard.owned {
+            if rel.starts_with(owned) {
+                return Ok(Some((WithheldReason::BrokerState, what.clone())));
+            }
+            if owned.starts_with(rel) {
+                // Only a directory merged into the host's (or made where
+                // there is none) is gone into; anything else would remove it.
+                let merged = is_dir
+                    && !self.up(|| Ok(opaque(&open_dir_at(up, name)?)))?
+                    && stat_at(dst, name).map_or_else(|e| e == Errno::ENOENT, |e| kind(&e) == SFlag::S_IFDIR);
+                if !merged {
+                    return Ok(Some((WithheldReason::BrokerState, format!("a directory holding {what}"))));
+                }
+            }
+        }
+        if whiteout {
+            return Ok(None);
+        }
+        let head = |dir: &OwnedFd| stat_at(dir, c"HEAD").is_ok();
+        let beside_head = matches!(name.to_bytes(), b"hooks" | b"config" | b"config.worktree")
+            && (self.up(|| Ok(head(up)))? || head(dst));
+        Ok(match self.guard.host_executed.check(rel, is_dir, beside_head) {
+            Check::Apply => None,
+            Check::Withhold(what) => Some((WithheldReason::HostExecuted, what.to_string())),
+            Check::GitConfig if self.git_config_changes_commands(up, dst, name)? => {
+                Some((WithheldReason::HostExecuted, "a git configuration that names other commands".into()))
+            }
+            Check::GitConfig => None,
+        })
+    }
+
+    /// Whether the git configuration the run left at `name` makes git run
+    /// other commands than the host's does (or either cannot be read as one).
+    fn git_config_changes_commands(&self, up: &OwnedFd, dst: &OwnedFd, name: &CStr) -> io::Result<bool> {
+        let read = |dir: &OwnedFd| -> nix::Result<Option<String>> {
+            let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+            let fd = match openat(dir, name, flags, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT) => return Ok(Some(String::new())),
+                Err(e) => return Err(e),
+            };
+            let mut text = String::new();
+            let file = std::fs::File::from(fd);
+            if !file.metadata().is_ok_and(|m| m.is_file() && m.len() <= GIT_CONFIG_MAX_BYTES) {
+                return Ok(None);
+            }
+            match io::Read::read_to_string(&mut io::Read::take(file, GIT_CONFIG_MAX_BYTES), &mut text) {
+                Ok(_) => Ok(Some(text)),
+                Err(_) => Ok(None),
+            }
+        };
+        let theirs = self.up(|| read(up))?;
+        let ours = read(dst).map_err(io::Error::from)?;
+        let commands = |t: Option<String>| t.and_then(|t| palisade_policy::host_executed::git_commands(&t));
+        Ok(match (commands(theirs), commands(ours)) {
+            (Some(run), Some(host)) => run != host,
+            _ => true,
+        })
     }
 }
 
@@ -181,11 +290,11 @@ impl Target<'_> {
 /// broker opened when it decided the run), with the credentials `act` acts
 /// with: the requester's. What is made belongs to the requester as if it had
 /// made it, and nothing it could not write itself is written.
-pub fn commit(upper: &OwnedFd, dest: &OwnedFd, act: &Acting) -> io::Result<Committed> {
+pub fn commit(upper: &OwnedFd, dest: &OwnedFd, act: &Acting, guard: &Guard<'_>) -> io::Result<Committed> {
     let dst = openat(dest, c".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?;
     let mut done = Committed::default();
     let up = upper.try_clone()?;
-    Target { act, done: &mut done, serial: 0 }.dir(&up, &dst)?;
+    Target { act, done: &mut done, serial: 0, guard, rel: PathBuf::new() }.dir(&up, &dst)?;
     Ok(done)
 }
 

@@ -23,17 +23,70 @@ pub fn default_socket() -> PathBuf {
     runtime.join("palisade/palisade.sock")
 }
 
-/// Where per-run host directories go: `/run/palisade/runs` for root
-/// (`/var/run/palisade/runs` on macOS), else
-/// `$XDG_RUNTIME_DIR/palisade/runs` (or a per-uid directory in /tmp).
-pub fn default_temp_root() -> PathBuf {
-    if nix::unistd::geteuid().is_root() {
-        let run = if cfg!(target_os = "macos") { "/var/run" } else { "/run" };
-        return PathBuf::from(format!("{run}/palisade/runs"));
+/// Where per-run host directories go (Tier B's private /tmp and temporary
+/// workspace, the /etc snapshot), made and checked: `temp_root` as
+/// configured, else `/run/palisade/runs` for root (`/var/run/palisade/runs`
+/// on macOS), else `$XDG_RUNTIME_DIR/palisade/runs` (where that can be
+/// made), else a directory of a name nobody can predict in the temporary directory
+/// (`palisade-UID-XXXXXX/runs`, removed with the broker). It must be the
+/// broker's own, that nobody else can write to or swap: anything else (a
+/// directory another user made first, say) is an error naming it.
+pub fn temp_root(configured: Option<&std::path::Path>) -> Result<TempRoot, String> {
+    use std::os::unix::fs::DirBuilderExt;
+    let root = nix::unistd::geteuid().is_root();
+    let (path, ephemeral) = match configured {
+        Some(p) => (p.to_path_buf(), None),
+        None if root => {
+            let run = if cfg!(target_os = "macos") { "/var/run" } else { "/run" };
+            (PathBuf::from(format!("{run}/palisade/runs")), None)
+        }
+        None => {
+            let runtime = std::env::var_os("XDG_RUNTIME_DIR").filter(|r| !r.is_empty());
+            let runtime = runtime.map(|r| PathBuf::from(r).join("palisade/runs"));
+            // A runtime directory that cannot hold it (none, or unusable) is
+            // not the user's to rely on: a private one of its own instead.
+            match runtime.filter(|r| std::fs::DirBuilder::new().recursive(true).mode(0o700).create(r).is_ok())
+            {
+                Some(r) => (r, None),
+                None => {
+                    let template =
+                        std::env::temp_dir().join(format!("palisade-{}-XXXXXX", nix::unistd::geteuid()));
+                    let made = nix::unistd::mkdtemp(&template)
+                        .map_err(|e| format!("cannot make a directory like {}: {e}", template.display()))?;
+                    (made.join("runs"), Some(made))
+                }
+            }
+        }
+    };
+    let made = TempRoot { path: canonical_prefix(&path), ephemeral };
+    // A root broker hands sandboxes other uids, which must reach the /etc
+    // snapshot inside: 0711 (the runs' own directories inside are 0700).
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(if root { 0o711 } else { 0o700 })
+        .create(&made.path)
+        .map_err(|e| format!("temp_root {}: cannot create it: {e}", made.path.display()))?;
+    if root && configured.is_none() {
+        // Whatever the umask (a unit's UMask=0077, say) made of it.
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&made.path, std::fs::Permissions::from_mode(0o711));
     }
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(r) => PathBuf::from(r).join("palisade/runs"),
-        None => std::env::temp_dir().join(format!("palisade-{}/runs", nix::unistd::geteuid())),
+    check_private(&made.path).map_err(|e| format!("temp_root: {e}"))?;
+    Ok(made)
+}
+
+/// The directory per-run host directories go in; one of a name nobody
+/// could predict is removed when the broker is done with it.
+pub struct TempRoot {
+    pub path: PathBuf,
+    ephemeral: Option<PathBuf>,
+}
+
+impl Drop for TempRoot {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.ephemeral {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -133,16 +186,33 @@ pub fn private_to_us(dir: &std::path::Path) -> bool {
 pub struct HostDirs(Vec<PathBuf>);
 
 impl HostDirs {
-    /// Creates them for the sandbox's host ids: a root broker's Tier B
-    /// command runs as the sandbox's uid, which must own them.
+    /// Creates them for the sandbox's host ids (a root broker's Tier B
+    /// command runs as the sandbox's uid, which must own them): each one
+    /// new (an existing one is an error: nobody may have prepared it), in
+    /// `temp_root`, which [`temp_root`] checked is the broker's own, and
+    /// checked through its descriptor once made.
     pub fn create(dirs: &[PathBuf], (uid, gid): (u32, u32)) -> std::io::Result<HostDirs> {
-        use std::os::unix::fs::DirBuilderExt;
-        let made = HostDirs(dirs.to_vec());
-        let chown = uid != nix::unistd::geteuid().as_raw();
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+        let mut made = HostDirs(Vec::new());
+        let me = nix::unistd::geteuid().as_raw();
         for d in dirs {
-            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(d)?;
-            if chown {
-                std::os::unix::fs::chown(d, Some(uid), Some(gid))?;
+            std::fs::DirBuilder::new().mode(0o700).create(d).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("{}: {e} (a run directory must be new)", d.display()))
+            })?;
+            made.0.push(d.clone());
+            let dir = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(d)?;
+            if uid != me {
+                std::os::unix::fs::fchown(&dir, Some(uid), Some(gid))?;
+            }
+            let m = dir.metadata()?;
+            if !m.is_dir() || m.uid() != uid || m.mode() & 0o077 != 0 {
+                return Err(std::io::Error::other(format!(
+                    "{}: not the run directory just made",
+                    d.display()
+                )));
             }
         }
         Ok(made)
@@ -158,6 +228,56 @@ impl Drop for HostDirs {
             }
         }
     }
+}
+
+/// What the broker keeps, by its real location (canonical as far as it
+/// exists): its state directory, the journal, the trust stages and their
+/// lock, the skills and secrets, `temp_root`, its configuration and Cedar
+/// file, and `extra` (the socket's directory, where it serves one). No run
+/// is granted any of it, and inside a granted tree it is hidden.
+pub fn owned(
+    config: &palisade_policy::Config,
+    journal: Option<&std::path::Path>,
+    temp_root: &std::path::Path,
+    extra: &[(PathBuf, &str)],
+) -> Vec<palisade_policy::host::OwnedPath> {
+    let mut found: Vec<(PathBuf, String)> = Vec::new();
+    let mut add = |p: PathBuf, what: &str| found.push((p, what.to_string()));
+    if let Ok(state) = default_state_dir() {
+        add(state, "the broker's state directory");
+    }
+    if let Some(j) = journal {
+        add(j.to_path_buf(), "the audit journal");
+    }
+    if let Some(t) = &config.trust.state {
+        add(t.clone(), "the tools' trust stages");
+        add(crate::trust::lock_path(t), "the lock of the tools' trust stages");
+        add(crate::trust::key_path(t), "the key of the tools' trust stages");
+    }
+    if let Ok((skills, secrets)) = crate::plugins::dirs(&config.plugins) {
+        add(skills, "the skills index");
+        add(secrets, "the plugin secrets");
+    }
+    add(temp_root.to_path_buf(), "the run directories (temp_root)");
+    if let Some(source) = &config.source {
+        add(source.clone(), "the broker's configuration");
+        if let Some(cedar) = &config.policy.cedar {
+            let dir = source.parent().unwrap_or(std::path::Path::new(""));
+            add(dir.join(cedar.get_ref()), "the Cedar policies");
+        }
+    }
+    for (p, what) in extra {
+        add(p.clone(), what);
+    }
+    let mut owned: Vec<palisade_policy::host::OwnedPath> = Vec::new();
+    for (p, what) in found {
+        let path = if p.is_absolute() { p } else { std::env::current_dir().unwrap_or_default().join(p) };
+        let path = canonical_prefix(&path);
+        if !owned.iter().any(|o| o.path == path) {
+            owned.push(palisade_policy::host::OwnedPath { path, what });
+        }
+    }
+    owned
 }
 
 #[cfg(test)]

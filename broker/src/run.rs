@@ -11,14 +11,14 @@ use crate::helper::{HelperChild, HelperCommand, Io, StatusRead, pidfd_kill, send
 use crate::overlay;
 use crate::pool::{Pool, Slot};
 use crate::requester::Requester;
-use crate::service::Grants;
+use crate::service::{Grants, KeepOut};
 use crate::spawn_thread::Spawner;
 use crate::stream::{Bounds, Child, Run};
 pub use crate::stream::Sink;
 use palisade_policy::Resolved;
 use palisade_protocol::attest::Built;
 use palisade_protocol::plan::Listener;
-use palisade_protocol::wire::{RunRequest, RunResult, RunStatus, ServerMessage};
+use palisade_protocol::wire::{Changes, RunRequest, RunResult, RunStatus, ServerMessage};
 use palisade_protocol::{ExitReport, HelperRecord, JailPlan, LandlockReport, Tier, WarmSpec, encode_plan};
 use std::future::Future;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -261,7 +261,7 @@ impl Engine {
         timeline.status_read_us = started.elapsed().as_micros();
         let mut ended = streamed.ended;
         let report = Report::read(records, fds, ended)?;
-        let written_bytes = keep_writes(resolved, grants, report.overlays, &mut ended).await?;
+        let (written_bytes, changes) = keep_writes(resolved, grants, report.overlays, &mut ended).await?;
         let cg_usage = cgroup.map(RunCgroup::usage);
         if cg_usage.is_some_and(|u| u.oom_kills > 0) && ended.is_none() {
             ended = Some(RunStatus::MemoryLimitExceeded);
@@ -297,6 +297,7 @@ impl Engine {
             stdout_bytes: streamed.stdout_bytes,
             stderr_bytes: streamed.stderr_bytes,
             written_bytes,
+            changes,
             attestation: attestation(request, resolved, report.landlock, egress_traffic, Some(built)),
         })
     }
@@ -475,26 +476,28 @@ impl Report {
 
 /// Writes held in overlays: kept when the command ended by itself within
 /// its bound, dropped when it filled it (`ended` becomes
-/// `DiskLimitExceeded`) or palisade ended the run. The bytes kept.
+/// `DiskLimitExceeded`) or palisade ended the run. The bytes kept, and
+/// what was applied and withheld.
 async fn keep_writes(
     resolved: &Resolved,
     grants: &Grants,
     overlays: Vec<(String, OwnedFd)>,
     ended: &mut Option<RunStatus>,
-) -> Result<u64, BrokerError> {
+) -> Result<(u64, Changes), BrokerError> {
+    let none = Ok((0, Changes::default()));
     if overlays.is_empty() || ended.is_some() {
-        return Ok(0);
+        return none;
     }
     if overlays.iter().any(|(_, fd)| overlay::full(fd)) {
         *ended = Some(RunStatus::DiskLimitExceeded);
-        return Ok(0);
+        return none;
     }
     if overlays.iter().all(|(_, fd)| overlay::untouched(fd)) {
-        return Ok(0);
+        return none;
     }
     let targets = copy_back_targets(&resolved.plan, grants, overlays)?;
-    let requester = grants.requester.clone();
-    tokio::task::spawn_blocking(move || commit_all(&requester, targets)).await?
+    let (requester, keep_out) = (grants.requester.clone(), grants.keep_out.clone());
+    tokio::task::spawn_blocking(move || commit_all(&requester, &keep_out, targets)).await?
 }
 
 /// A started helper.
@@ -618,18 +621,31 @@ fn copy_back_targets(
 }
 
 /// Copies every overlay's changes back to its host directory, as the
-/// requester (see [`crate::requester`]).
-fn commit_all(requester: &Requester, targets: Vec<(String, OwnedFd, OwnedFd)>) -> Result<u64, BrokerError> {
+/// requester (see [`crate::requester`]), but for what [`KeepOut`] names.
+fn commit_all(
+    requester: &Requester,
+    keep_out: &KeepOut,
+    targets: Vec<(String, OwnedFd, OwnedFd)>,
+) -> Result<(u64, Changes), BrokerError> {
+    let mut changes = Changes::default();
     let mut bytes = 0;
     for (source, upper, dest) in targets {
+        let root = std::path::Path::new(&source);
+        let owned = (keep_out.owned.iter())
+            .filter_map(|o| o.path.strip_prefix(root).ok().map(|rel| (rel.to_path_buf(), o.what.clone())))
+            .collect();
+        let guard = overlay::Guard { root, owned, host_executed: &keep_out.host_executed };
         let done = requester
-            .act(|act| overlay::commit(&upper, &dest, act))
+            .act(|act| overlay::commit(&upper, &dest, act, &guard))
             .and_then(|r| r)
             .map_err(|e| BrokerError::CopyBack { path: source.clone(), source: e })?;
         tracing::debug!(%source, files = done.files, bytes = done.bytes, removed = done.removed, "writes copied back");
         bytes += done.bytes;
+        changes.files += done.files;
+        changes.removed += done.removed;
+        changes.withheld.extend(done.withheld);
     }
-    Ok(bytes)
+    Ok((bytes, changes))
 }
 
 fn nonblocking(file: &std::fs::File, on: bool) -> std::io::Result<()> {

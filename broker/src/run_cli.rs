@@ -285,6 +285,13 @@ impl Render {
     pub fn finish(self, outcome: Result<RunResult, ErrorReply>) -> i32 {
         if self.json {
             println!("{}", self.json_value(&outcome));
+        } else if let Ok(r) = &outcome {
+            for w in &r.changes.withheld {
+                eprintln!(
+                    "palisade: not applied to the workspace: {} ({}); the run's version was dropped",
+                    w.path, w.what
+                );
+            }
         }
         match outcome {
             Ok(r) => match r.status {

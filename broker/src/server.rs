@@ -395,9 +395,10 @@ impl Server {
     ) -> Result<RunResult, BrokerError> {
         let (decided, request) = self.decide(peer, request).await;
         let decided = decided?;
+        let mut decided = decided;
         if let Some(reason) = &decided.approval {
             let question = self.broker.pending_approval(peer, &decided, &request, reason);
-            self.ask_approval(peer, question, sink, reader, decoder).await?;
+            decided.approver_approved = self.ask_approval(peer, question, sink, reader, decoder).await?;
         }
         // A slot, or a place in the bounded queue, or Busy.
         let permit = match self.slots.clone().try_acquire_owned() {
@@ -493,7 +494,7 @@ impl Server {
         sink: &mut SocketSink,
         reader: &mut OwnedReadHalf,
         decoder: &mut Decoder,
-    ) -> Result<(), BrokerError> {
+    ) -> Result<bool, BrokerError> {
         let reason = question.pending.reason.clone();
         let mut ticket = self.broker.pending.open(question.pending, Some(question.run));
         let (id, run_id) = (ticket.pending.id, ticket.pending.run_id);
@@ -525,7 +526,7 @@ impl Server {
         let answer = if sink.send(asked).await {
             self.await_answer(peer, may_answer, &mut ticket, sink, (reader, decoder)).await
         } else {
-            Answer { approved: false, by_uid: None, why: "the client is gone".into() }
+            Answer { approved: false, by_uid: None, by_approver: false, why: "the client is gone".into() }
         };
         drop(ticket);
         let outcome = if answer.approved { "approved" } else { "not approved" };
@@ -538,7 +539,7 @@ impl Server {
             why: answer.why.clone(),
         };
         self.broker.journal.append(answered).await?;
-        if answer.approved { Ok(()) } else { Err(not_approved(&reason, &answer.why).into()) }
+        if answer.approved { Ok(answer.by_approver) } else { Err(not_approved(&reason, &answer.why).into()) }
     }
 
     /// The first answer to the requester's pending approval, within
@@ -553,11 +554,11 @@ impl Server {
     ) -> Answer {
         let secs = self.broker.policy.config.policy.approval_timeout_secs;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-        let refused = |why: String| Answer { approved: false, by_uid: None, why };
+        let refused = |why: String| Answer { approved: false, by_uid: None, by_approver: false, why };
         loop {
             let message = tokio::select! {
                 a = &mut ticket.answer => return match a {
-                    Ok(a) => Answer { approved: a.approved, by_uid: Some(a.by_uid), why: a.why },
+                    Ok(a) => Answer { approved: a.approved, by_uid: Some(a.by_uid), by_approver: a.by_approver, why: a.why },
                     Err(_) => refused("the approval was withdrawn".into()),
                 },
                 m = read_message(reader, decoder) => m,
@@ -566,10 +567,12 @@ impl Server {
                 }
             };
             let by_uid = Some(peer.uid);
+            let by_approver = self.broker.approvers.is_approver(peer);
             return match message {
                 Ok(Some(ClientMessage::Approve { approved: true })) if may_answer => Answer {
                     approved: true,
                     by_uid,
+                    by_approver,
                     why: format!("approved by uid {} (the requester)", peer.uid),
                 },
                 Ok(Some(ClientMessage::Approve { approved: true })) => {
@@ -586,10 +589,10 @@ impl Server {
                     continue;
                 }
                 Ok(Some(ClientMessage::Approve { approved: false })) => {
-                    Answer { approved: false, by_uid, why: "refused".into() }
+                    Answer { approved: false, by_uid, by_approver, why: "refused".into() }
                 }
                 Ok(Some(ClientMessage::Cancel)) => {
-                    Answer { approved: false, by_uid, why: "cancelled".into() }
+                    Answer { approved: false, by_uid, by_approver, why: "cancelled".into() }
                 }
                 Ok(Some(other)) => refused(format!("the client answered {other:?}")),
                 Ok(None) => refused("the client is gone".into()),
@@ -613,6 +616,8 @@ struct Answer {
     approved: bool,
     /// Who answered; `None` when nobody did (expired, the client gone).
     by_uid: Option<u32>,
+    /// Whether that is an approver (see [`crate::approvals::Answer`]).
+    by_approver: bool,
     why: String,
 }
 

@@ -47,6 +47,13 @@ pub struct Broker {
     pub trust: Option<Arc<TrustStore>>,
     /// Tier A: the skills, their stores, and the plugin-host.
     pub plugins: Arc<crate::plugins::Plugins>,
+    /// What the broker keeps, out of every run's reach (see [`paths::owned`]).
+    owned: Arc<[palisade_policy::host::OwnedPath]>,
+    /// The files the host executes, which no copy-back applies by itself.
+    host_executed: Arc<palisade_policy::host_executed::HostExecuted>,
+    /// Where the runs' host directories go (`context.temp_root`), kept
+    /// while the broker is (one of an unpredictable name goes with it).
+    _temp_root: paths::TempRoot,
     next_run: AtomicU64,
 }
 
@@ -62,6 +69,9 @@ pub struct Decided {
     pub resolved: Box<Resolved>,
     /// Why a person must approve the run first, if one must.
     pub approval: Option<String>,
+    /// The approval was an approver's: only then does a tool's successful
+    /// run count towards its Verified stage.
+    pub approver_approved: bool,
     pub grants: Grants,
     etc: Option<std::sync::Arc<crate::etc_view::Snapshot>>,
     dirs: HostDirs,
@@ -82,6 +92,16 @@ struct Opened {
 pub struct Grants {
     pub requester: Requester,
     pub descriptors: Vec<OwnedFd>,
+    /// What the copy-back must not apply.
+    pub keep_out: KeepOut,
+}
+
+/// What a run's writes never change on the host by themselves: what the
+/// broker keeps, and the files the host executes.
+#[derive(Clone)]
+pub struct KeepOut {
+    pub owned: Arc<[palisade_policy::host::OwnedPath]>,
+    pub host_executed: Arc<palisade_policy::host_executed::HostExecuted>,
 }
 
 /// The refusal of a run that needed approval and did not get it.
@@ -154,15 +174,14 @@ impl Broker {
             engine.start_one();
         }
         let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+        let temp_root = paths::temp_root(config.policy.temp_root.as_deref())?;
         let context = Context {
             parent_pid: std::process::id(),
             uid,
             gid,
             requester: HostIds { uid, gid },
             groups: Requester::me().groups,
-            temp_root: paths::canonical_prefix(
-                &config.policy.temp_root.clone().unwrap_or_else(paths::default_temp_root),
-            ),
+            temp_root: temp_root.path.clone(),
             instance: crate::instance::tag().to_string(),
             run: 0,
             etc_view: None,
@@ -182,6 +201,9 @@ impl Broker {
             context.parent_pid,
             cgroups.clone(),
         )?;
+        let owned = paths::owned(&config, journal.dir(), &context.temp_root, &[]).into();
+        let extra: Vec<String> = config.policy.host_executed.iter().map(|g| g.get_ref().clone()).collect();
+        let host_executed = Arc::new(palisade_policy::host_executed::HostExecuted::new(&extra));
         let user_namespaces = config.broker.user_namespaces;
         // Only the installed interpreters are looked up now: the rest of the
         // host is read at each decision, as the requester.
@@ -207,6 +229,9 @@ impl Broker {
             approvers,
             pending: Pending::default(),
             trust,
+            owned,
+            host_executed,
+            _temp_root: temp_root,
             next_run: AtomicU64::new(1),
         })
     }
@@ -264,7 +289,8 @@ impl Broker {
                 return Err(e);
             }
         };
-        let grants = Grants { requester, descriptors };
+        let keep_out = KeepOut { owned: self.owned.clone(), host_executed: self.host_executed.clone() };
+        let grants = Grants { requester, descriptors, keep_out };
         let mut pending = vec![
             received,
             events::decision(run_id, if approval.is_some() { "needs_approval" } else { "allow" }, None),
@@ -273,7 +299,7 @@ impl Broker {
             // Recorded before anybody is asked.
             self.journal.append_all_blocking(std::mem::take(&mut pending), false).map_err(journal_refusal)?;
         }
-        Ok(Decided { run_id, resolved, approval, grants, etc, dirs, pending })
+        Ok(Decided { run_id, resolved, approval, approver_approved: false, grants, etc, dirs, pending })
     }
 
     /// The requested tool's trust stage, where stages apply.
@@ -388,7 +414,23 @@ impl Broker {
     /// The host as a decision in `context` sees it now, read with the
     /// calling thread's credentials (see [`host::gather`]).
     pub fn host(&self, context: &Context) -> Host {
-        host::gather(&self.capabilities, context.etc_view.is_none())
+        host::gather(&self.capabilities, context.etc_view.is_none(), self.owned.clone())
+    }
+
+    /// Adds `path` (what it is: `what`) to what the broker keeps out of
+    /// every run's reach: the socket's directory, once it serves one.
+    pub fn keep_out_of_reach(&mut self, path: &std::path::Path, what: &str) {
+        let mut owned = self.owned.to_vec();
+        let path = paths::canonical_prefix(path);
+        if !owned.iter().any(|o| o.path == path) {
+            owned.push(palisade_policy::host::OwnedPath { path, what: what.into() });
+        }
+        self.owned = owned.into();
+    }
+
+    /// What the broker keeps out of every run's reach.
+    pub fn owned(&self) -> &[palisade_policy::host::OwnedPath] {
+        &self.owned
     }
 
     /// The policy's decision, then the plan's host paths opened and the
@@ -442,9 +484,13 @@ impl Broker {
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, BrokerError> {
-        let Decided { run_id, mut resolved, approval, grants, etc, dirs, mut pending } = decided;
-        // An approved run of a tool: its success counts towards Verified.
-        let trial = approval.as_ref().and(self.trust.clone()).zip(resolved.tool.clone());
+        let Decided { run_id, mut resolved, approval, approver_approved, grants, etc, dirs, mut pending } = decided;
+        // A run of a tool an approver approved: its success counts towards Verified.
+        let counts = approval.is_some() && approver_approved;
+        let trial = counts.then(|| self.trust.clone()).flatten().zip(resolved.tool.clone());
+        if approval.is_some() && !approver_approved && resolved.tool.is_some() {
+            tracing::info!(run_id, uid = peer.uid, "approved by its requester: it counts for nothing towards Verified");
+        }
         if let Some(reason) = approval {
             tracing::info!(run_id, uid = peer.uid, "approved: {reason}");
         }
@@ -590,27 +636,12 @@ fn sandbox_ids_taken(ids: palisade_policy::config::SandboxIds, what: String) -> 
     )
 }
 
-/// The /etc snapshots' keeper, under `temp_root`. A broker running as root
-/// hands sandboxes another uid, which must reach the snapshot: it creates
-/// `temp_root` 0711 when missing (the runs' own directories inside are 0700).
-/// `None`, with the reason logged, where a sandbox could not reach it.
+/// The /etc snapshots' keeper, under `temp_root` (which [`paths::temp_root`]
+/// made the broker's own). A broker running as root hands sandboxes another
+/// uid, which must reach the snapshot. `None`, with the reason logged, where
+/// a sandbox could not reach it.
 fn etc_view(temp_root: &std::path::Path) -> Option<EtcView> {
-    use std::os::unix::fs::DirBuilderExt;
     let root = nix::unistd::geteuid().is_root();
-    if let Err(e) =
-        std::fs::DirBuilder::new().recursive(true).mode(if root { 0o711 } else { 0o700 }).create(temp_root)
-    {
-        tracing::warn!("no /etc snapshot: cannot create {}: {e}", temp_root.display());
-        return None;
-    }
-    // The copy must be the broker's alone: nobody else may replace what it holds.
-    if !paths::private_to_us(temp_root) {
-        tracing::warn!(
-            "no /etc snapshot: {} is not a directory of the broker's own that only it (or root) can change; /etc entries are bound one by one",
-            temp_root.display()
-        );
-        return None;
-    }
     if root && !crate::etc_view::reachable_by_others(temp_root) {
         tracing::warn!(
             "no /etc snapshot: the sandbox's uid cannot reach {} (a directory on the way is not searchable by others); /etc entries are bound one by one",

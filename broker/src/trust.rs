@@ -7,6 +7,12 @@
 //! daemon and the CLI's embedded broker may share the file), recorded in
 //! the journal first (no record, no change), then written atomically:
 //! a temporary file, fsync, rename, fsync of the directory.
+//!
+//! Each entry carries a MAC (HMAC-SHA256) with a key kept beside the file
+//! (`<state>.key`, 0600, made at the first start), which no run can read
+//! (see [`crate::paths::owned`]): an entry that someone other than the
+//! broker wrote or changed does not verify, and the tool is refused, with
+//! that reason, until an approver approves it again.
 
 use crate::attest::sha256_hex;
 use crate::error::BrokerError;
@@ -24,6 +30,21 @@ use std::path::{Path, PathBuf};
 pub const STATE_FILE: &str = "trust.json";
 /// The largest state file read (a few hundred bytes a tool).
 const MAX_STATE_BYTES: u64 = 4 << 20;
+/// The MAC key's length: HMAC-SHA256's block-sized key is more than its
+/// output needs; 32 random bytes are its full strength.
+const KEY_BYTES: usize = 32;
+/// The rule that refuses a tool whose entry does not verify.
+pub const TAMPERED_RULE: &str = "trust.tampered";
+
+/// The lock beside the state file.
+pub fn lock_path(state: &Path) -> PathBuf {
+    state.with_extension("json.lock")
+}
+
+/// The MAC key beside the state file.
+pub fn key_path(state: &Path) -> PathBuf {
+    state.with_extension("json.key")
+}
 
 /// The state file: each tool's stage, for the declaration it was reached with.
 #[derive(Serialize, Deserialize, Default, Debug)]
@@ -40,6 +61,9 @@ struct Entry {
     capabilities_sha256: String,
     /// Approved Trial runs that exited 0.
     successes: u32,
+    /// HMAC-SHA256 of the tool's name and the fields above, hex (see [`TrustStore::mac`]).
+    #[serde(default)]
+    mac: String,
 }
 
 /// A declared tool as the configuration declares it.
@@ -54,6 +78,7 @@ pub struct TrustStore {
     trial_runs: u32,
     tools: BTreeMap<String, Declared>,
     journal: Journal,
+    key: [u8; KEY_BYTES],
 }
 
 impl TrustStore {
@@ -86,7 +111,8 @@ impl TrustStore {
                 (name.clone(), Declared { declaration, sha256 })
             })
             .collect();
-        let store = TrustStore { path, trial_runs: config.trust.trial_runs, tools, journal };
+        let key = read_or_make_key(&key_path(&path))?;
+        let store = TrustStore { path, trial_runs: config.trust.trial_runs, tools, journal, key };
         store.reconcile().map_err(|e| e.to_string())?;
         Ok(Some(store))
     }
@@ -116,17 +142,48 @@ impl TrustStore {
         })
     }
 
-    /// `tool`'s stage now (Draft for a tool never approved).
+    /// `tool`'s stage now (Draft for a tool never approved); refused when
+    /// its entry was not written by a broker holding the key.
     pub fn stage(&self, tool: &str) -> Result<ToolTrust, BrokerError> {
         let state = self.locked(FlockArg::LockShared)?.0;
+        if state.tools.get(tool).is_some_and(|e| !self.verifies(tool, e)) {
+            tracing::warn!(tool, path = %self.path.display(), "a trust stage the broker did not write");
+            return Err(BrokerError::Reply(palisade_protocol::wire::ErrorReply::with_rule(
+                palisade_protocol::wire::ErrorKind::PolicyDenied,
+                format!(
+                    "tool {tool}: its trust stage in {} was not written by this broker (its MAC does not \
+                     verify): it does not run until an approver approves it again (palisade tools approve {tool})",
+                    self.path.display()
+                ),
+                TAMPERED_RULE,
+            )));
+        }
         Ok(self.trust_of(&state, tool))
     }
 
+    /// The MAC of `tool`'s entry: its name and fields, each ended by a NUL
+    /// (no field holds one), under a label naming the format.
+    fn mac(&self, tool: &str, e: &Entry) -> String {
+        use hmac::{KeyInit, Mac};
+        let Ok(mut m) = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.key) else { return String::new() };
+        for field in ["palisade trust entry v1", tool, &e.stage, &e.capabilities_sha256, &e.successes.to_string()] {
+            m.update(field.as_bytes());
+            m.update(b"\0");
+        }
+        m.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Whether `e` is what a broker holding the key wrote for `tool`
+    /// (compared in constant time).
+    fn verifies(&self, tool: &str, e: &Entry) -> bool {
+        let (want, got) = (self.mac(tool, e), e.mac.as_bytes());
+        want.len() == got.len() && want.bytes().zip(got).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
+
     fn trust_of(&self, state: &State, tool: &str) -> ToolTrust {
-        let current = self
-            .tools
-            .get(tool)
-            .and_then(|d| state.tools.get(tool).filter(|e| e.capabilities_sha256 == d.sha256));
+        let current = self.tools.get(tool).and_then(|d| {
+            state.tools.get(tool).filter(|e| e.capabilities_sha256 == d.sha256 && self.verifies(tool, e))
+        });
         ToolTrust {
             stage: current.and_then(|e| TrustStage::named(&e.stage)).unwrap_or(TrustStage::Draft),
             successes: current.map_or(0, |e| e.successes),
@@ -211,7 +268,7 @@ impl TrustStore {
         let sha = self.tools.get(tool).map_or_else(String::new, |d| d.sha256.clone());
         state
             .tools
-            .insert(tool.into(), Entry { stage: to.name().into(), capabilities_sha256: sha, successes: 0 });
+            .insert(tool.into(), Entry { stage: to.name().into(), capabilities_sha256: sha, successes: 0, mac: String::new() });
         self.change(tool, from.name(), to, why, by_uid)
     }
 
@@ -234,15 +291,24 @@ impl TrustStore {
         change: impl FnOnce(&mut State) -> Result<Vec<Event>, BrokerError>,
     ) -> Result<(), BrokerError> {
         let (mut state, lock) = self.locked(FlockArg::LockExclusive)?;
-        let before = serde_json::to_vec(&state.tools).unwrap_or_default();
+        let before = state.tools.clone();
         let events = change(&mut state)?;
+        // Signed: what verified before, and what this change wrote. An
+        // entry someone else wrote stays unverified, whatever else changes.
+        for (tool, e) in state.tools.iter_mut() {
+            let old = before.get(tool);
+            let changed = old.is_none_or(|o| (&o.stage, &o.capabilities_sha256, o.successes) != (&e.stage, &e.capabilities_sha256, e.successes));
+            if changed || old.is_some_and(|o| self.verifies(tool, o)) {
+                e.mac = self.mac(tool, e);
+            }
+        }
         for event in events {
             tracing::info!(?event, "trust stage changed");
             self.journal
                 .append_blocking(event)
                 .map_err(|e| BrokerError::JournalUnavailable(e.to_string()))?;
         }
-        if serde_json::to_vec(&state.tools).unwrap_or_default() != before {
+        if serde_json::to_vec(&state.tools).unwrap_or_default() != serde_json::to_vec(&before).unwrap_or_default() {
             write_atomically(&self.path, &state)?;
         }
         drop(lock);
@@ -251,7 +317,7 @@ impl TrustStore {
 
     /// The state read under a lock of kind `arg`, held while the lock lives.
     fn locked(&self, arg: FlockArg) -> Result<(State, Flock<std::fs::File>), BrokerError> {
-        let lock_path = self.path.with_extension("json.lock");
+        let lock_path = lock_path(&self.path);
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -263,6 +329,60 @@ impl TrustStore {
         let lock = Flock::lock(file, arg).map_err(|(_, e)| state_error(&lock_path, e.into()))?;
         Ok((read_state(&self.path)?, lock))
     }
+}
+
+/// The MAC key at `path`, made (random, 0600, exclusively) when there is
+/// none. A key that is not a regular file of [`KEY_BYTES`], owned by the
+/// broker and private to it, is refused: the broker does not start on it.
+fn read_or_make_key(path: &Path) -> Result<[u8; KEY_BYTES], String> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let open = || {
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW).open(path)
+    };
+    let file = match open() {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut key = [0u8; KEY_BYTES];
+            std::fs::File::open("/dev/urandom")
+                .and_then(|mut r| r.read_exact(&mut key))
+                .map_err(|e| format!("cannot read /dev/urandom for the trust key: {e}"))?;
+            // Whole before it has its name (a link never replaces a file):
+            // a broker starting at the same moment reads all of it or none.
+            let tmp = path.with_extension(format!("json.key.{}", std::process::id()));
+            let made = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+                .open(&tmp)
+                .and_then(|mut f| f.write_all(&key).and_then(|()| f.sync_all()))
+                .and_then(|()| std::fs::hard_link(&tmp, path));
+            let _ = std::fs::remove_file(&tmp);
+            match made {
+                Ok(()) => return Ok(key),
+                // Another broker of this user made it first: read theirs.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => open().map_err(|e| key_error(path, e))?,
+                Err(e) => return Err(key_error(path, e)),
+            }
+        }
+        Err(e) => return Err(key_error(path, e)),
+    };
+    let meta = file.metadata().map_err(|e| key_error(path, e))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if !meta.is_file() || meta.uid() != me || meta.mode() & 0o077 != 0 || meta.len() != KEY_BYTES as u64 {
+        return Err(format!(
+            "{}: the trust key must be a file of {KEY_BYTES} bytes owned by uid {me} and private to it (mode 0600)",
+            path.display()
+        ));
+    }
+    let mut key = [0u8; KEY_BYTES];
+    (&file).read_exact(&mut key).map_err(|e| key_error(path, e))?;
+    Ok(key)
+}
+
+fn key_error(path: &Path, e: std::io::Error) -> String {
+    format!("the trust key {}: {e}", path.display())
 }
 
 /// The state at `path`; none yet is an empty one.

@@ -79,6 +79,7 @@ fn context(user_namespaces: bool, landlock_abi: u32) -> On {
             cgroup: Err("no delegated cgroup v2 root (test)".into()),
         },
         true,
+        Vec::new().into(),
     );
     let ctx = Context {
         parent_pid: 1,

@@ -301,7 +301,8 @@ fn make_mount_point(rel: &str, dir: bool) -> Result<()> {
     let made = if dir {
         mkdir(rel, Mode::from_bits_truncate(0o755))
     } else {
-        let flags = OFlag::O_CREAT | OFlag::O_WRONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
+        // Exclusive: opening an overlay's file for writing would copy it up.
+        let flags = OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
         open(rel, flags, Mode::from_bits_truncate(0o644)).map(drop)
     };
     match made {

@@ -518,6 +518,11 @@ pub struct PolicyConfig {
     pub blocked_patterns: Vec<Spanned<String>>,
     /// Interpreter names (globs) added to the built-in deny-list.
     pub interpreters: Vec<Spanned<String>>,
+    /// Globs of files the host executes (relative to a granted directory,
+    /// `**/` for any depth), added to the built-in list
+    /// (`host_executed::HOST_EXECUTED`): a run's change to one is withheld
+    /// from the copy-back, never applied by itself.
+    pub host_executed: Vec<Spanned<String>>,
     /// `${PROJECT_ROOT}` in presets; default: the request's workspace.
     pub project_root: Option<PathBuf>,
     /// A file of Cedar policies (see docs/cedar.md), evaluated after the
@@ -545,6 +550,7 @@ impl Default for PolicyConfig {
             sensitive_paths: vec![],
             blocked_patterns: vec![],
             interpreters: vec![],
+            host_executed: vec![],
             project_root: None,
             cedar: None,
             cedar_policies: None,
@@ -865,7 +871,13 @@ impl Config {
             regex::Regex::new(pattern.get_ref())
                 .map_err(|e| (pattern.span().start, format!("blocked_patterns: {e}")))?;
         }
-        for glob in self.policy.sensitive_paths.iter().chain(&self.policy.interpreters) {
+        for glob in self
+            .policy
+            .sensitive_paths
+            .iter()
+            .chain(&self.policy.interpreters)
+            .chain(&self.policy.host_executed)
+        {
             globset::Glob::new(glob.get_ref())
                 .map_err(|e| (glob.span().start, format!("bad glob {:?}: {e}", glob.get_ref())))?;
         }

@@ -20,7 +20,7 @@ use crate::cedar::{self, CedarVerdict, Principal};
 use crate::config::{Config, DiskMode, FallbackPolicy, PolicyConfig};
 use crate::egress::{self, EgressMode};
 use crate::egress_plan::{self, EgressPlan};
-use crate::host::{Host, HostCapabilities, HostFiles};
+use crate::host::{Host, HostCapabilities, HostFiles, OwnedPath};
 use crate::jail::{ETC_ENTRIES, JailSpec, Limits, build_plan};
 use crate::trust::{self, EscalationReason, EscalationTrigger, ToolTrust, TrustStage};
 use crate::validate::{self, HOME_SENSITIVE_NAMES, Rules, SENSITIVE_NAMES};
@@ -335,7 +335,7 @@ impl Policy {
         profile.capabilities.filesystem.extend(bound);
         let TierChoice { tier, warnings, approval } =
             choose_tier(&self.config.policy, &host.capabilities, profile.egress)?;
-        let grants = self.grants(&profile, &dirs, ctx, tier)?;
+        let grants = self.grants(&profile, &dirs, ctx, tier, &host.owned)?;
         asks::check_paths(&profile, req, &dirs, &grants, host)?;
         let mut view = SandboxView::new(req, &dirs, &grants, &profile);
         let egress = self.egress_plan(&profile, tier)?;
@@ -354,7 +354,8 @@ impl Policy {
         check_egress(&req.argv, &profile)?;
         let landlock = required_landlock(&self.config.policy, tier, &host.capabilities)?;
         let cgroup = cgroup_plan(&host.capabilities, &grants.run_name, &profile)?;
-        let hidden = self.hidden(host, &grants, dirs.home.as_deref())?;
+        let mut hidden = self.hidden(host, &grants, dirs.home.as_deref())?;
+        hidden.extend(broker_owned_inside(host, &grants, profile.disk)?);
 
         let draft = Draft { profile, egress, warnings, grants, view, program, landlock, cgroup, hidden };
         let limits = self.limits(req, &draft);
@@ -606,6 +607,7 @@ impl Policy {
         dirs: &RequestDirs,
         ctx: &Context,
         tier: Tier,
+        owned: &[OwnedPath],
     ) -> Result<Grants, Denial> {
         let run_name = format!("run-{}-{}", ctx.instance, ctx.run);
         let run_dir = ctx.temp_root.join(&run_name);
@@ -624,6 +626,8 @@ impl Policy {
                     else {
                         continue;
                     };
+                    // Before nested grants are folded into the ones holding them.
+                    check_not_owned(&p, owned)?;
                     if writable { read_write.push(p) } else { read_only.push(p) }
                 }
                 FsCapability::TempWorkspace => {
@@ -1286,6 +1290,70 @@ impl TmpfsSizes {
         TmpfsSizes { tmp: scale(self.tmp), upper: scale(self.upper), shm: scale(self.shm), ..self }
     }
 }
+
+/// What the broker owns inside the grants (its state, journal, secrets,
+/// socket, configuration, ...), to hide, or the refusal (a grant of one is
+/// refused by [`check_not_owned`]). Inside a grant, one is hidden by an
+/// empty mount (Tier C), which holds where the run's writes go to an overlay
+/// (whatever it does there, the broker applies nothing there: see the
+/// copy-back), but not where it writes in place (Tier B, `disk = "direct"`):
+/// there it could move a directory on the way and put its own in the place
+/// the broker reads, so such a grant is refused, naming what it holds.
+fn broker_owned_inside(host: &Host, grants: &Grants, disk: DiskMode) -> Result<Vec<(PathBuf, bool)>, Denial> {
+    let refuse = |reason: String| denied(ErrorKind::WorkspaceScopeDenied, BROKER_STATE_RULE, reason);
+    let mut hidden = Vec::new();
+    let writable = grants.read_write.iter().map(|g| (g, true));
+    for (grant, writable) in writable.chain(grants.read_only.iter().map(|g| (g, false))) {
+        for owned in host.owned.iter() {
+            if !owned.path.starts_with(grant) {
+                continue;
+            }
+            if writable && (grants.tier == Tier::B || disk == DiskMode::Direct) {
+                let how = if grants.tier == Tier::B { "Tier B" } else { "disk = \"direct\"" };
+                return refuse(format!(
+                    "{} holds {} ({}), which a run writing in place ({how}) could reach: \
+                     choose a workspace that does not hold it",
+                    grant.display(),
+                    owned.what,
+                    owned.path.display()
+                ));
+            }
+            if let Ok(meta) = host.files.lstat(&owned.path) {
+                if grants.tier == Tier::B {
+                    return refuse(format!(
+                        "{} holds {} ({}), which Tier B cannot hide from the sandbox",
+                        grant.display(),
+                        owned.what,
+                        owned.path.display()
+                    ));
+                }
+                if !hidden.iter().any(|(p, _)| *p == owned.path) {
+                    hidden.push((owned.path.clone(), meta.is_dir()));
+                }
+            }
+        }
+    }
+    Ok(hidden)
+}
+
+/// Refuses a grant that is, or lies inside, what the broker keeps.
+fn check_not_owned(grant: &Path, owned: &[OwnedPath]) -> Result<(), Denial> {
+    let Some(owned) = owned.iter().find(|o| grant.starts_with(&o.path)) else { return Ok(()) };
+    let place = if grant == owned.path { "is" } else { "lies inside" };
+    denied(
+        ErrorKind::WorkspaceScopeDenied,
+        BROKER_STATE_RULE,
+        format!(
+            "{} {place} {} ({}): what the broker keeps is nobody's workspace",
+            grant.display(),
+            owned.what,
+            owned.path.display()
+        ),
+    )
+}
+
+/// The rule that refuses a grant of, or around, what the broker owns.
+pub const BROKER_STATE_RULE: &str = "scope.broker_state";
 
 /// The existing sensitive paths that granted directories would expose, each
 /// with its granted directory and whether it is a directory: the sensitive

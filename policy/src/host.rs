@@ -49,6 +49,19 @@ pub struct Host {
     pub layout: Layout,
     /// The reads that depend on the request.
     pub files: Arc<dyn HostFiles>,
+    /// What the broker itself keeps (its state, journal, secrets, socket,
+    /// configuration, ...), by its real location: never granted, hidden
+    /// inside a granted tree (see [`OwnedPath`]).
+    pub owned: Arc<[OwnedPath]>,
+}
+
+/// A path the broker owns, canonical as far as it exists, with what it is
+/// (named in refusals): nobody's workspace, whatever the policy says of
+/// the tree it lies in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedPath {
+    pub path: PathBuf,
+    pub what: String,
 }
 
 impl std::fmt::Debug for Host {
@@ -57,6 +70,7 @@ impl std::fmt::Debug for Host {
             .field("capabilities", &self.capabilities)
             .field("homes", &self.homes)
             .field("layout", &self.layout)
+            .field("owned", &self.owned)
             .finish_non_exhaustive()
     }
 }

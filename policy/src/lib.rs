@@ -11,6 +11,7 @@ pub mod egress;
 pub mod egress_plan;
 pub mod explain;
 pub mod host;
+pub mod host_executed;
 pub mod jail;
 pub mod paths;
 pub mod plugins;

@@ -30,7 +30,7 @@ pub const MAGIC: &str = "palisade";
 /// attestation's `seatbelt_sha256`; 9: the request's asks and `profile`,
 /// `Explain` and `Explained`; 10: the rlimit `DATA`, and `memory` naming
 /// RLIMIT_DATA and RLIMIT_AS).
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
 
@@ -468,7 +468,43 @@ pub struct RunResult {
     /// Bytes of files the run wrote to its workspace and that were kept
     /// (copied back from its overlay).
     pub written_bytes: u64,
+    /// What became of the run's writes: what was applied to the host, and
+    /// what was withheld from it, and why.
+    pub changes: Changes,
     pub attestation: Attestation,
+}
+
+/// What became of the files a run wrote in its overlays (Tier C's default
+/// `disk`): the entries applied to the host, and those withheld from it.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Files and symbolic links written on the host.
+    pub files: u64,
+    /// Entries removed on the host.
+    pub removed: u64,
+    /// Paths the run changed that were not applied, each with why.
+    pub withheld: Vec<Withheld>,
+}
+
+/// A path a run changed that the copy-back did not apply.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Withheld {
+    /// The path on the host.
+    pub path: String,
+    pub reason: WithheldReason,
+    /// What the path is, in words (`git hooks`, `the audit journal`, ...).
+    pub what: String,
+}
+
+/// Why a change was withheld.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum WithheldReason {
+    /// It is, or would replace or remove, what the broker keeps.
+    BrokerState,
+    /// It is a file the host executes (a git hook, a git setting naming a
+    /// command, `.envrc`, an editor's tasks, ...): a person applies it.
+    HostExecuted,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]

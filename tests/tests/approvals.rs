@@ -561,3 +561,29 @@ fn without_a_daemon_the_terminals_user_answers_if_an_approver_and_anyone_else_is
     assert!(text(&o.stdout).starts_with("tool show: verified"), "{}", text(&o.stdout));
     ran(&run(&others).output().unwrap());
 }
+
+#[test]
+fn a_requesters_own_approval_runs_the_run_but_promotes_nobody() {
+    let Some(s) = Setup::start(Knobs { self_approval: true, timeout_secs: LONG, trial_runs: 1 }) else {
+        return;
+    };
+    let user = s.user.clone();
+    s.approve_tool();
+    // The requester (not an approver) approves its own run, from another of
+    // its processes, as self_approval allows: it runs and succeeds, and the
+    // tool stays in Trial for everyone.
+    let (child, _terminal, _) = s.at_terminal(Some(&user));
+    let p = s.next_pending();
+    let o = s.palisade(&["approve", &p.id.to_string()], Some(&user));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    ran(&child.wait_with_output().unwrap());
+    assert_eq!(s.stage(), "trial", "a self-approved run promoted the tool:\n{}", s.d.log());
+    // Counter-test: the same run approved by an approver (root, from its own
+    // process) counts, and with trial_runs = 1 the tool is Verified.
+    let (child, _terminal, _) = s.at_terminal(Some(&user));
+    let p = s.next_pending();
+    let o = s.palisade(&["approve", &p.id.to_string()], None);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    ran(&child.wait_with_output().unwrap());
+    assert_eq!(s.stage(), "verified");
+}

@@ -577,7 +577,9 @@ fn show_and_tail_read_the_journal_for_people_and_tools() {
 fn the_embedded_broker_records_that_nobody_was_there_to_approve() {
     use std::os::unix::process::CommandExt;
     let ws = TempDir::new("ws");
-    let policy = ws.join("p.toml");
+    // Not in the workspace: a Tier B workspace holding the broker's configuration is refused.
+    let etc = TempDir::new("policy");
+    let policy = etc.join("p.toml");
     let config = "[broker]\nuser_namespaces = false\n[policy]\nfallback = \"request_approval\"\n";
     std::fs::write(&policy, format!("{}{config}", base_config())).unwrap();
     let (_journal, journal) = scratch_journal(None);

@@ -62,6 +62,7 @@ pub fn run_finished(r: &RunResult) -> Event {
         stdout_bytes: r.stdout_bytes,
         stderr_bytes: r.stderr_bytes,
         written_bytes: r.written_bytes,
+        withheld: r.changes.withheld.clone(),
         egress: r.attestation.enforcement.egress_traffic.clone(),
     }
 }

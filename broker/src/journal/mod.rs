@@ -98,6 +98,9 @@ pub enum Event {
         stdout_bytes: u64,
         stderr_bytes: u64,
         written_bytes: u64,
+        /// The paths the run changed that the copy-back withheld, and why.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        withheld: Vec<palisade_protocol::wire::Withheld>,
         /// Strict egress: the hosts reached, the attempts refused, the bytes each way.
         #[serde(skip_serializing_if = "Option::is_none")]
         egress: Option<palisade_protocol::attest::EgressTraffic>,

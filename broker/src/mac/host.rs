@@ -35,13 +35,15 @@ pub const DEVICES: [&str; 4] = ["/dev/null", "/dev/zero", "/dev/random", "/dev/u
 pub const LINKS: [(&str, &str); 3] =
     [("/etc", "private/etc"), ("/tmp", "private/tmp"), ("/var", "private/var")];
 
-/// This Mac, read now.
+/// This Mac, read now (what the broker keeps is the broker's to add: see
+/// [`super::Mac::assemble`]).
 pub fn gather(launcher: &Path) -> Host {
     Host {
         capabilities: capabilities(launcher.is_file()),
         homes: homes(),
         layout: layout(&|p| Path::new(p).exists()),
         files: crate::real_files::files(),
+        owned: Vec::new().into(),
     }
 }
 

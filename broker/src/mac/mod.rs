@@ -47,6 +47,8 @@ pub struct Mac {
     context: Context,
     host: Box<dyn Fn() -> Host + Send + Sync>,
     next_run: AtomicU64,
+    /// Where the runs' directories and profiles go (`context.temp_root`).
+    _temp_root: crate::paths::TempRoot,
 }
 
 impl Mac {
@@ -58,14 +60,8 @@ impl Mac {
         host: impl Fn() -> Host + Send + Sync + 'static,
     ) -> Result<Mac, String> {
         unserved(&config)?;
-        let temp_root = config.policy.temp_root.clone().unwrap_or_else(crate::paths::default_temp_root);
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&temp_root)
-            .map_err(|e| format!("cannot create {}: {e}", temp_root.display()))?;
-        let temp_root = crate::paths::canonical_prefix(&temp_root);
-        crate::paths::check_private(&temp_root)?;
+        let kept = crate::paths::temp_root(config.policy.temp_root.as_deref())?;
+        let temp_root = kept.path.clone();
         let seatbelt = Seatbelt::new(launcher, temp_root.join("profiles"))?;
         // What brokers no longer running left: their runs' directories and profiles.
         crate::instance::remove_orphans(&temp_root, "run-");
@@ -84,8 +80,19 @@ impl Mac {
             etc_view: None,
             trust: None,
         };
+        let owned: std::sync::Arc<[_]> =
+            crate::paths::owned(&config, journal.dir(), &context.temp_root, &[]).into();
+        let host = move || Host { owned: owned.clone(), ..host() };
         let policy = Policy::new(config, &*crate::real_files::files());
-        Ok(Mac { policy, seatbelt, journal, context, host: Box::new(host), next_run: AtomicU64::new(1) })
+        Ok(Mac {
+            policy,
+            seatbelt,
+            journal,
+            context,
+            host: Box::new(host),
+            next_run: AtomicU64::new(1),
+            _temp_root: kept,
+        })
     }
 
     pub fn journal(&self) -> &Journal {
@@ -158,8 +165,6 @@ impl Mac {
         Ok(result)
     }
 }
-
-use std::os::unix::fs::DirBuilderExt;
 
 /// This process's supplementary groups.
 fn groups() -> Vec<libc::gid_t> {

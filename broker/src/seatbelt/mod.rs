@@ -172,6 +172,7 @@ impl Seatbelt {
             stdout_bytes: streamed.stdout_bytes,
             stderr_bytes: streamed.stderr_bytes,
             written_bytes: 0,
+            changes: Default::default(),
             attestation: prepared.attestation,
         })
     }

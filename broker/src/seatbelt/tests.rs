@@ -38,7 +38,7 @@ pub(crate) fn seatbelt_host() -> palisade_policy::Host {
         seatbelt: true,
         cgroup: Err("none (test)".into()),
     };
-    crate::host::gather(&capabilities, true)
+    crate::host::gather(&capabilities, true, Vec::new().into())
 }
 
 struct Setup {

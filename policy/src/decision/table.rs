@@ -29,12 +29,15 @@ impl Fixture {
         let base = std::env::temp_dir().canonicalize().unwrap();
         let root = base.join(format!("palisade-decision-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
-        for d in ["ws/src", "ws/.ssh", "outside", "home/.ssh"] {
+        for d in
+            ["ws/src", "ws/.ssh", "outside", "home/.ssh", "home/.local/state/palisade/journal", "home/src"]
+        {
             std::fs::create_dir_all(root.join(d)).unwrap();
         }
         std::fs::write(root.join("ws/src/main.rs"), "fn main() {}").unwrap();
         std::fs::write(root.join("outside/secret"), "s").unwrap();
         std::fs::write(root.join("home/.ssh/id_ed25519"), "key").unwrap();
+        std::fs::write(root.join("home/.local/state/palisade/journal/segment"), "records").unwrap();
         std::os::unix::fs::symlink(root.join("outside"), root.join("ws/link-out")).unwrap();
         // A real file that may be executed, outside every directory a sandbox sees.
         let tool = root.join("outside/tool");
@@ -113,7 +116,17 @@ impl Fixture {
                 devices: ["/dev/null", "/dev/zero", "/dev/urandom"].map(String::from).into(),
             },
             files: Arc::new(files),
+            owned: self.owned().into(),
         }
+    }
+
+    /// What the fixture's broker keeps: its state directory in the home,
+    /// as a per-user broker's is by default.
+    pub(crate) fn owned(&self) -> Vec<crate::host::OwnedPath> {
+        vec![crate::host::OwnedPath {
+            path: self.root.join("home/.local/state/palisade"),
+            what: "the broker's state directory".into(),
+        }]
     }
 }
 
@@ -243,6 +256,7 @@ fn rows() -> Vec<Row> {
         refused_for_the_request(),
         refused_for_the_program(),
         refused_for_paths_and_hosts(),
+        broker_state(),
         asks(),
         asks_refused(),
     ]
@@ -896,6 +910,48 @@ fn refused_for_the_program() -> Vec<Row> {
             TierC,
             args(&["/lib64/ld-linux-x86-64.so.2", "/usr/bin/ls"]),
             Deny(DENY, "interpreters.loader"),
+        ),
+    ]
+}
+
+/// What the broker keeps: hidden in a home used as the workspace, never
+/// granted, refused where the run writes in place.
+fn broker_state() -> Vec<Row> {
+    use On::*;
+    use Want::*;
+    vec![
+        row(
+            "the broker's state hidden in a home used as the workspace",
+            "",
+            TierC,
+            |f: &Fixture| f.request_in("home", &["ls"]),
+            Allow(|r, f| {
+                let hidden = f.p("home/.local/state/palisade");
+                let hides =
+                    |m: &Mount| matches!(m, Mount::Tmpfs { target, mode: 0, .. } if *target == hidden);
+                assert!(r.plan.mounts.iter().any(hides), "{:?}", r.plan.mounts);
+            }),
+        ),
+        row(
+            "a tool's parameter inside the broker's state",
+            TOOLS,
+            TierC,
+            tool("convert", &["cat"], &[("input", "home/.local/state/palisade/journal/segment")]),
+            Deny(SCOPE, super::BROKER_STATE_RULE),
+        ),
+        row(
+            "a home holding the broker's state, written in place",
+            "[defaults]\ndisk = \"direct\"\n",
+            TierC,
+            |f: &Fixture| f.request_in("home", &["ls"]),
+            Deny(SCOPE, super::BROKER_STATE_RULE),
+        ),
+        row(
+            "Tier B cannot hide the broker's state",
+            WARN,
+            NoUserNamespaces,
+            |f: &Fixture| f.request_in("home/.local", &["ls"]),
+            Deny(SCOPE, super::BROKER_STATE_RULE),
         ),
     ]
 }

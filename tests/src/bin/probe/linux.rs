@@ -52,6 +52,14 @@ fn run() -> Result<(), (Errno, String)> {
                     .join(",")
             })
             .map_err(io),
+        "put" => put(&args[1..]),
+        "rename" => std::fs::rename(arg(1), arg(2)).map(|_| String::new()).map_err(io),
+        "truncate" => std::fs::OpenOptions::new()
+            .write(true)
+            .open(arg(1))
+            .and_then(|f| f.set_len(arg(2).parse().unwrap_or(0)))
+            .map(|_| String::new())
+            .map_err(io),
         "link" => std::fs::hard_link(arg(1), arg(2)).map(|_| String::new()).map_err(io),
         "symlink" => std::os::unix::fs::symlink(arg(1), arg(2)).map(|_| String::new()).map_err(io),
         "connect" => connect(&arg(1)),
@@ -623,4 +631,17 @@ impl ExecReplace for std::process::Command {
     fn exec_replace(&mut self) -> std::io::Error {
         std::os::unix::process::CommandExt::exec(self)
     }
+}
+
+/// `put PATH TEXT [PATH TEXT ...]`: each file written with TEXT, its
+/// directories made first; the first failure ends it.
+fn put(pairs: &[String]) -> Result<String, (Errno, String)> {
+    for pair in pairs.chunks(2) {
+        let path = std::path::Path::new(&pair[0]);
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        std::fs::write(path, pair.get(1).map_or("", String::as_str)).map_err(io)?;
+    }
+    Ok(String::new())
 }
