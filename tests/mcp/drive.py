@@ -177,6 +177,15 @@ async def plugins(s):
     check("an unknown skill refused with its kind", e.code == -32050 and e.data["kind"] == "InvalidRequest", e.data)
 
 
+async def parameters(s):
+    # Last: a parameter lister does not declare escalates it back to Draft.
+    e = await refused(s, "run_tool", {"tool": "lister", "argv": ["ls"], "params": {"dir": "../.."}})
+    check("a parameter outside the server's workspace refused", (e.data["kind"], e.data["rule"]) == ("WorkspaceScopeDenied", "mcp.workspace"), e.data)
+    os.makedirs(os.path.join(WORKSPACE, "sub"), exist_ok=True)
+    e = await refused(s, "run_tool", {"tool": "lister", "argv": ["ls"], "params": {"dir": "sub"}})
+    check("a parameter inside it goes on to the policy", e.data["rule"] != "mcp.workspace", e.data)
+
+
 async def main():
     mode = os.environ.get("DRIVE_MODE", "mcp")
     await session(None, basics)
@@ -186,6 +195,7 @@ async def main():
         await session(None, plugins)
     if os.environ.get("DRIVE_APPROVALS") == "1":
         await approvals(mode)
+    await session(None, parameters)
 
 
 anyio.run(main)

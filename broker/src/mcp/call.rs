@@ -28,6 +28,9 @@ pub struct Defaults {
     pub workspace: PathBuf,
     /// The server's flags: asks every request carries.
     pub sandbox: SandboxArgs,
+    /// `--params-outside-workspace`: the person lets a call's parameters
+    /// name paths outside the workspace (the policy still decides them).
+    pub params_anywhere: bool,
 }
 
 /// A call's request, and how much of each stream goes back.
@@ -100,6 +103,11 @@ pub fn parse(args: &JsonObject, shape: Shape, defaults: &Defaults) -> Result<Cal
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(invalid("params must be an object".into())),
     };
+    if !defaults.params_anywhere {
+        for (name, value) in &params {
+            confine_param(&defaults.workspace, &workspace, name, value)?;
+        }
+    }
     let workspace_text = workspace.to_string_lossy().into_owned();
     let mut request = RunRequest {
         argv,
@@ -140,6 +148,31 @@ fn within_workspace(base: &std::path::Path, asked: &str) -> Result<PathBuf, Erro
         )));
     }
     Ok(canonical)
+}
+
+/// A parameter's paths: inside the server's workspace, as the person chose
+/// it (relative ones are relative to the call's workspace, as the policy
+/// reads them). A path that does not exist yet is judged by what it would
+/// be: its longest existing part resolved.
+fn confine_param(base: &std::path::Path, cwd: &std::path::Path, name: &str, value: &ParamValue) -> Result<(), ErrorData> {
+    let values = match value {
+        ParamValue::One(v) => std::slice::from_ref(v),
+        ParamValue::Many(vs) => vs.as_slice(),
+    };
+    let root = base.canonicalize().map_err(|e| failure(format!("the server's workspace {}: {e}", base.display())))?;
+    for v in values {
+        let resolved = crate::paths::canonical_prefix(&cwd.join(v));
+        let outside = !resolved.starts_with(&root) || resolved.components().any(|c| c == std::path::Component::ParentDir);
+        if outside {
+            let message = format!(
+                "params.{name}: {v} is outside the server's workspace {} (palisade mcp --workspace; \
+                 --params-outside-workspace lets parameters name other paths)",
+                root.display()
+            );
+            return Err(refusal(&ErrorReply::with_rule(ErrorKind::WorkspaceScopeDenied, message, "mcp.workspace")));
+        }
+    }
+    Ok(())
 }
 
 fn strings(v: &Value) -> Option<Vec<String>> {
@@ -371,4 +404,52 @@ pub fn explained(e: Explanation, broker: &str) -> CallToolResult {
     }));
     result.content = vec![ContentBlock::text(text)];
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(defaults: &Defaults, params: Value) -> Result<Call, ErrorData> {
+        let args = serde_json::json!({ "tool": "t", "argv": ["cat"], "params": params });
+        parse(args.as_object().unwrap(), Shape::RunTool, defaults)
+    }
+
+    fn rule(e: ErrorData) -> String {
+        e.data.and_then(|d| d["rule"].as_str().map(String::from)).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_calls_parameters_stay_in_the_servers_workspace_unless_the_person_says_otherwise() {
+        let dir = std::env::temp_dir().join(format!("palisade-mcp-params-{}", std::process::id()));
+        let ws = dir.join("ws");
+        std::fs::create_dir_all(ws.join("sub")).unwrap();
+        std::fs::write(ws.join("inside.txt"), "in").unwrap();
+        std::fs::write(dir.join("outside.txt"), "out").unwrap();
+        std::os::unix::fs::symlink(dir.join("outside.txt"), ws.join("link-out")).unwrap();
+        let mut defaults = Defaults { workspace: ws.clone(), sandbox: SandboxArgs::default(), params_anywhere: false };
+        let outside = dir.join("outside.txt").display().to_string();
+        for refused in [
+            serde_json::json!({ "file": "../outside.txt" }),
+            serde_json::json!({ "file": outside }),
+            serde_json::json!({ "file": "link-out" }),
+            serde_json::json!({ "files": ["inside.txt", "sub/../../outside.txt"] }),
+            serde_json::json!({ "file": "sub/../../not-yet/out.txt" }),
+        ] {
+            let e = call(&defaults, refused.clone()).err().unwrap_or_else(|| panic!("{refused} was let through"));
+            assert_eq!(rule(e), "mcp.workspace", "{refused}");
+        }
+        // Counter-tests: inside it (existing or not yet), and anywhere when
+        // the person started the server so.
+        for allowed in [
+            serde_json::json!({ "file": "inside.txt" }),
+            serde_json::json!({ "files": ["inside.txt", "sub/new.txt"] }),
+            serde_json::json!({ "file": ws.join("sub").display().to_string() }),
+        ] {
+            assert!(call(&defaults, allowed.clone()).is_ok(), "{allowed}");
+        }
+        defaults.params_anywhere = true;
+        assert!(call(&defaults, serde_json::json!({ "file": "../outside.txt" })).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -45,6 +45,10 @@ pub struct McpArgs {
     /// relative to [default: the current directory].
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
+    /// Let a call's tool parameters name paths outside the workspace (the
+    /// policy still decides each); by default they must lie inside it.
+    #[arg(long)]
+    pub params_outside_workspace: bool,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
 }
@@ -65,7 +69,8 @@ pub fn main(args: McpArgs) -> i32 {
         Err(e) => return fail(ErrorKind::InvalidRequest, format!("current directory: {e}")),
     };
     let workspace = cwd.join(args.workspace.clone().unwrap_or_default());
-    let defaults = Defaults { workspace, sandbox: args.sandbox.clone() };
+    let defaults =
+        Defaults { workspace, sandbox: args.sandbox.clone(), params_anywhere: args.params_outside_workspace };
     let (socket, explicit) = crate::cli::broker_socket(args.socket.as_ref());
     let embedded = match (&args.policy, UnixStream::connect(&socket)) {
         (None, Ok(_)) => None,
