@@ -550,3 +550,52 @@ fn a_temp_root_that_is_not_the_brokers_own_is_refused_and_the_default_cannot_be_
         assert!(std::fs::read_dir(&tmp).unwrap().next().is_none(), "the run's temp_root was left behind");
     }
 }
+
+#[test]
+fn a_configuration_changed_while_the_daemon_runs_changes_nothing_by_itself() {
+    let d = Daemon::start("");
+    let dir = TempDir::new("config-change");
+    let ws = shared_workspace(&dir, "ws");
+    let shell = ["sh", "-c", "true"];
+    let refused = |o: &Output| o.status.code() == Some(125) && text(&o.stderr).contains("interpreters");
+    assert!(refused(&d.run(&ws, &shell)), "{}", said(&d.run(&ws, &shell)));
+    // The file rewritten to allow interpreters and inline code: the policy
+    // the daemon serves is still the one it read.
+    let config = d.dir.join("palisade.toml");
+    let widened = std::fs::read_to_string(&config).unwrap().replacen(
+        "[defaults]\n",
+        "[defaults]\nallow_interpreters = true\nallow_inline_code = true\n",
+        1,
+    );
+    std::fs::write(&config, &widened).unwrap();
+    let o = d.run(&ws, &shell);
+    assert!(refused(&o), "{}", said(&o));
+    // Counter-test: a broker started on the file now serves what it says.
+    let mut d = d;
+    d.stop();
+    let again = Command::new(bin("palisaded"))
+        .args(["--config", config.to_str().unwrap(), "--socket", d.socket.to_str().unwrap()])
+        .env("PALISADE_JOURNAL", d.journal())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _stop = ChildGuard(again);
+    assert!(eventually(std::time::Duration::from_secs(20), || std::os::unix::net::UnixStream::connect(
+        &d.socket
+    )
+    .is_ok()));
+    let o = d.run(&ws, &shell);
+    assert!(o.status.success(), "{}", said(&o));
+}
+
+/// A child killed when dropped.
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

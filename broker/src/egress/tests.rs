@@ -370,6 +370,7 @@ async fn tcp_query(stream: &mut TcpStream, name: &str, qtype: u16) -> (u8, Vec<I
 }
 
 const NOERROR: u8 = 0;
+const FORMERR: u8 = 1;
 const SERVFAIL: u8 = 2;
 const NXDOMAIN: u8 = 3;
 const REFUSED: u8 = 5;
@@ -500,4 +501,83 @@ async fn a_descriptor_that_is_not_its_listener_is_refused() {
     let connected = OwnedFd::from(std::net::TcpStream::connect(at).unwrap());
     let listeners = vec![(record(ListenerKind::Proxy, at, at.port()), connected)];
     assert!(Egress::start(Arc::new(plan(443)), listeners).is_err());
+}
+
+/// Parser differentials: a NUL byte or another control character in a name
+/// (a CONNECT target, a Host, a TLS server name, a DNS question) is never
+/// read as the allowed name before it, nor after it.
+#[tokio::test]
+async fn control_characters_in_a_name_are_refused_wherever_the_name_comes() {
+    let port = echo_origin().await;
+    let sandbox = start(plan(port), port, &[]);
+    for name in ["allowed.test\0.evil.test", "evil.test\0allowed.test", "allowed.test\x01", "allowed\x7f.test"] {
+        let (s, head) = connect_to(sandbox.proxy, &format!("{name}:{port}")).await;
+        assert!(head.starts_with("HTTP/1.1 400") || head.starts_with("HTTP/1.1 403"), "{name:?}: {head}");
+        drop(s);
+        let request = format!("GET / HTTP/1.1\r\nHost: {name}:{port}\r\n\r\n");
+        let (s, head) = ask(sandbox.proxy, request.as_bytes()).await;
+        assert!(head.starts_with("HTTP/1.1 400") || head.starts_with("HTTP/1.1 403"), "{name:?}: {head}");
+        drop(s);
+    }
+    // A tunnel to the allowed name whose TLS server name hides another behind a NUL.
+    let (mut s, head) = connect_to(sandbox.proxy, &format!("allowed.test:{port}")).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    s.write_all(&sni::client_hello(Some("allowed.test\0evil.test"), 1)).await.unwrap();
+    assert_eq!(rest(s).await, "", "closed without a byte");
+    for name in ["allowed.test\0.evil.test", "allowed\x01.test"] {
+        // Refused as malformed (FORMERR) or unknown (NXDOMAIN), never answered.
+        let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        socket.send_to(&dnswire::query(42, name, TYPE_A), sandbox.dns_udp).await.unwrap();
+        let mut buf = [0u8; 512];
+        let n = timeout(WAIT, socket.recv(&mut buf)).await.unwrap().unwrap();
+        let (rcode, answers) = (buf[3] & 0x0f, u16::from_be_bytes([buf[6], buf[7]]));
+        assert!(n >= 12 && matches!(rcode, FORMERR | NXDOMAIN) && answers == 0, "{name:?}: {:?}", &buf[..n]);
+    }
+    // Counter-tests: the same name, clean, is served everywhere.
+    let (mut s, head) = connect_to(sandbox.proxy, &format!("allowed.test:{port}")).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let hello = sni::client_hello(Some("allowed.test"), 1);
+    s.write_all(&hello).await.unwrap();
+    let mut back = vec![0u8; hello.len()];
+    timeout(WAIT, s.read_exact(&mut back)).await.unwrap().unwrap();
+    drop(s);
+    assert_eq!(udp_query(sandbox.dns_udp, "allowed.test", TYPE_A).await.0, NOERROR);
+    let traffic = sandbox.egress.finish().await;
+    assert!(traffic.reached.iter().all(|h| h.host == "allowed.test"), "{traffic:?}");
+    assert_eq!(traffic.reached[0].connections, 1, "only the clean tunnel reached it: {traffic:?}");
+    let refused = reasons(&traffic);
+    assert_eq!(refused.iter().filter(|r| **r == "malformed_request").count(), 8, "{traffic:?}");
+    assert_eq!(refused.last(), Some(&"sni_mismatch"), "{traffic:?}");
+}
+
+/// A second request pipelined behind a plain-HTTP one, naming another
+/// host, and a CONNECT sent inside an allowed tunnel: bytes to the allowed
+/// origin, counted there, and no connection anywhere else.
+#[tokio::test]
+async fn pipelined_and_nested_requests_stay_at_the_allowed_origin_and_are_counted() {
+    let port = echo_origin().await;
+    let sandbox = start(plan(port), 443, &[]);
+    let first = format!("GET http://allowed.test:{port}/ HTTP/1.1\r\nHost: allowed.test:{port}\r\n\r\n");
+    let second = format!("GET http://evil.test:{port}/ HTTP/1.1\r\nHost: evil.test:{port}\r\n\r\n");
+    let mut s = TcpStream::connect(sandbox.proxy).await.unwrap();
+    s.write_all(format!("{first}{second}").as_bytes()).await.unwrap();
+    s.shutdown().await.unwrap();
+    let echoed = rest(s).await;
+    // The origin got the first, rewritten, and the second as it was sent.
+    assert!(echoed.starts_with("GET / HTTP/1.1\r\nHost: allowed.test:"), "{echoed}");
+    assert!(echoed.ends_with(&second), "{echoed}");
+    let (mut s, head) = connect_to(sandbox.proxy, &format!("allowed.test:{port}")).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let nested = format!("CONNECT evil.test:{port} HTTP/1.1\r\nHost: evil.test:{port}\r\n\r\n");
+    s.write_all(nested.as_bytes()).await.unwrap();
+    let mut back = vec![0u8; nested.len()];
+    timeout(WAIT, s.read_exact(&mut back)).await.unwrap().unwrap();
+    assert_eq!(back, nested.as_bytes(), "the tunnel's bytes reach its origin as they are");
+    drop(s);
+    let traffic = sandbox.egress.finish().await;
+    assert_eq!(traffic.reached.len(), 1, "{traffic:?}");
+    let host = &traffic.reached[0];
+    assert_eq!((host.host.as_str(), host.connections), ("allowed.test", 2));
+    assert_eq!(host.bytes_out, echoed.len() as u64 + nested.len() as u64, "{traffic:?}");
+    assert!(traffic.denied.is_empty(), "{traffic:?}");
 }
