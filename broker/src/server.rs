@@ -42,7 +42,7 @@ const REFUSAL_HELLO_TIMEOUT: Duration = Duration::from_secs(1);
 /// Past that, one is answered at once, in the encoding of what it has sent
 /// so far (bincode if nothing), and closed: descriptors and memory stay
 /// bounded whatever the rate of attempts, and the accept loop never waits.
-const REFUSING_ROOM: usize = 256;
+pub const REFUSING_ROOM: usize = 256;
 /// After a failed accept (out of descriptors, say), a pause before the next:
 /// the failure would otherwise repeat at once, in a busy loop.
 const ACCEPT_RETRY: Duration = Duration::from_millis(50);

@@ -58,8 +58,9 @@ pub enum ReadError {
 }
 
 impl ReadError {
-    /// The kind the client is told: `Busy` for a budget, whose bytes other
-    /// clients hold, and `ProtocolError` for anything of this client's own.
+    /// The kind the client is told: `Busy` for a budget, which other
+    /// connections draw on too, and `ProtocolError` for what this client
+    /// sent.
     pub fn kind(&self) -> ErrorKind {
         match self {
             ReadError::Budget(_) => ErrorKind::Busy,

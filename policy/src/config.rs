@@ -1164,6 +1164,22 @@ mod tests {
         assert!(parse("[plugins]\nskills_dir = \"rel\"\n").unwrap_err().contains("absolute"));
     }
 
+    /// The request budgets and the frame deadline: their defaults, keys and bound.
+    #[test]
+    fn the_request_budgets_have_defaults_and_the_frame_deadline_a_bound() {
+        let c = parse("").unwrap();
+        assert_eq!(c.broker.request_buffer_bytes, 128 << 20);
+        assert_eq!(c.broker.request_buffer_bytes_per_uid, 32 << 20);
+        assert_eq!(c.broker.frame_timeout_secs, 10);
+        let c = parse(
+            "[broker]\nrequest_buffer_bytes = 0\nrequest_buffer_bytes_per_uid = 5\nframe_timeout_secs = 1\n",
+        )
+        .unwrap();
+        assert_eq!((c.broker.request_buffer_bytes, c.broker.request_buffer_bytes_per_uid), (0, 5));
+        let e = parse("[broker]\nframe_timeout_secs = 0\n").unwrap_err();
+        assert!(e.contains("broker.frame_timeout_secs must be at least 1"), "{e}");
+    }
+
     #[test]
     fn the_example_configuration_parses() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../palisade.example.toml");

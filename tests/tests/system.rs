@@ -615,15 +615,16 @@ fn peers_not_allowed_never_take_the_connections_of_those_allowed() {
     owned_dir(&ws, &s.users.victim, 0o755);
     let workspace = ["--workspace", ws.to_str().unwrap()];
     let (started, descriptors_before) = (Instant::now(), descriptors(&s.daemon));
-    // More silent connections than the 256 refusals that wait for a hello
-    // at once, and some that stall in the middle of one.
+    // More silent connections than the refusals that wait for a hello at
+    // once (REFUSING_ROOM, 256), and some that stall in the middle of one.
     let silent = Holder::start(&s.users.attacker, socket, 300, "");
     let stalled = Holder::start(&s.users.attacker, socket, 40, r#"{"hello": {"magic": "palisade""#);
     let o = s.run_as(Some(&s.users.victim), &workspace, &[&probe(), "echo", "served"]);
     assert_eq!(text(&o.stdout), "ok served\n", "{}\n{}", text(&o.stderr), s.daemon.log());
-    // Served, and refusing: at most the 256 of each kind that wait for a hello.
+    // Served, and refusing: at most the room of each kind that waits for a hello.
     let descriptors_now = descriptors(&s.daemon);
-    assert!(descriptors_now <= descriptors_before + 2 * 256, "{descriptors_before} -> {descriptors_now}");
+    let rooms = 2 * palisade_broker::server::REFUSING_ROOM;
+    assert!(descriptors_now <= descriptors_before + rooms, "{descriptors_before} -> {descriptors_now}");
     // Counter-test: the allowed users' own limit still holds: with root's
     // two connections open, the victim is told Busy.
     let held = [greeted(socket), greeted(socket)];
