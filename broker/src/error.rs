@@ -103,6 +103,15 @@ impl From<crate::journal::JournalError> for BrokerError {
     }
 }
 
+impl From<crate::socket::ReadError> for BrokerError {
+    fn from(e: crate::socket::ReadError) -> BrokerError {
+        match e.kind() {
+            ErrorKind::Busy => BrokerError::Busy(e.to_string()),
+            _ => BrokerError::Protocol(e.to_string()),
+        }
+    }
+}
+
 impl From<ErrorReply> for BrokerError {
     fn from(reply: ErrorReply) -> BrokerError {
         BrokerError::Reply(reply)

@@ -46,6 +46,8 @@ pub mod elsewhere;
 #[cfg(unix)]
 pub mod attest;
 #[cfg(unix)]
+pub mod budget;
+#[cfg(unix)]
 pub mod instance;
 #[cfg(unix)]
 pub mod journal;

@@ -1,8 +1,14 @@
 //! palisaded's socket server: peer credentials, the handshake, framing, the
-//! connection limits (overall and per uid) and idle timeout, the concurrency
-//! limit with its bounded queue, and shutdown.
+//! connection limits (overall and per uid) and idle timeout, the request
+//! budgets, the concurrency limit with its bounded queue, and shutdown.
+//!
+//! A peer is sorted out as soon as it is accepted: one the broker does not
+//! serve is answered `Unauthorized` and closed, one over the connection
+//! limits `Busy`, each kind of refusal within a room of its own
+//! ([`REFUSING_ROOM`]); only the others count against the limits.
 
 use crate::approvals::{ApproverAction, Ticket};
+use crate::budget::RequestBudget;
 use crate::error::BrokerError;
 use crate::journal::Event;
 use crate::memory;
@@ -10,33 +16,33 @@ use crate::panics::{self, Caught};
 use crate::refusals::{Refusals, unlogged_suffix};
 use crate::requester::Requester;
 use crate::run::Sink;
-use crate::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, SocketSink, check_hello, client_gone, read_message};
+use crate::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, Inbound, ReadError, SocketSink, check_hello};
 use crate::service::{Broker, Decided, Peer, Question, not_approved};
 use palisade_protocol::wire::{
-    ClientMessage, Decoder, Encoding, MAX_FRAME_BYTES, PROTOCOL_VERSION, RunRequest, RunResult, ServerHello,
-    ServerMessage,
+    ClientMessage, Decoder, Encoding, ErrorReply, PROTOCOL_VERSION, RunRequest, RunResult, ServerHello,
+    ServerMessage, encode,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::net::unix::OwnedReadHalf;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Semaphore, watch};
 use tokio::task::{JoinError, JoinSet};
 
 /// How long a run's result may wait for a client that does not read.
 const RESULT_SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long shutdown waits for killed runs to report.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-/// How long a connection over the limits may take to say hello, to be told
-/// `Busy` in its own encoding.
+/// How long a refused connection (over the limits, or of a peer not
+/// served) may take to say hello, to be told why in its own encoding.
 const REFUSAL_HELLO_TIMEOUT: Duration = Duration::from_secs(1);
-/// Connections over the limits being told so at once, beyond the
-/// `max_connections` served: with that many accepted and not done, further
-/// ones wait in the socket's listen backlog, and descriptors stay bounded
-/// whatever the rate of attempts. Nobody is closed without a word.
-const REFUSING_ROOM: usize = 256;
+/// Refused connections of each kind (over the limits; of peers not served)
+/// waiting for their hello at once, beyond the `max_connections` served.
+/// Past that, one is answered at once, in the encoding of what it has sent
+/// so far (bincode if nothing), and closed: descriptors and memory stay
+/// bounded whatever the rate of attempts, and the accept loop never waits.
+pub const REFUSING_ROOM: usize = 256;
 /// After a failed accept (out of descriptors, say), a pause before the next:
 /// the failure would otherwise repeat at once, in a busy loop.
 const ACCEPT_RETRY: Duration = Duration::from_millis(50);
@@ -51,7 +57,7 @@ pub const BLOCKING_KEEP_ALIVE: Duration = Duration::from_secs(1);
 const IDLE_TRIM_EVERY: Duration = Duration::from_secs(1);
 /// What reading a client's first message gave: nothing within
 /// [`HELLO_TIMEOUT`], a bad frame, its end, or a message.
-type HelloRead = Result<Result<Option<ClientMessage>, String>, tokio::time::error::Elapsed>;
+type HelloRead = Result<Result<Option<ClientMessage>, ReadError>, tokio::time::error::Elapsed>;
 
 /// Open connections, overall and by peer uid.
 #[derive(Default)]
@@ -82,12 +88,16 @@ impl Drop for Admitted {
 pub struct Server {
     broker: Arc<Broker>,
     connections: Arc<Mutex<Connections>>,
-    /// One permit per connection accepted and not done (served, or being
-    /// told `Busy`): `max_connections` + [`REFUSING_ROOM`].
-    accepting: Arc<Semaphore>,
+    /// One permit per connection over the limits waiting for its hello.
+    refusing_busy: Arc<Semaphore>,
+    /// One permit per connection of a peer not served waiting for its hello.
+    refusing_not_allowed: Arc<Semaphore>,
     max_connections: usize,
     max_connections_per_uid: usize,
     idle_timeout: Duration,
+    /// The bytes of requests held for the clients (`request_buffer_bytes`).
+    requests: Arc<RequestBudget>,
+    frame_timeout: Duration,
     slots: Arc<Semaphore>,
     queued: Arc<AtomicUsize>,
     max_queued: usize,
@@ -108,10 +118,13 @@ impl Server {
             if b.allowed_uids.is_empty() { vec![broker.context.uid] } else { b.allowed_uids.clone() };
         Server {
             connections: Arc::default(),
-            accepting: Arc::new(Semaphore::new(b.max_connections + REFUSING_ROOM)),
+            refusing_busy: Arc::new(Semaphore::new(REFUSING_ROOM)),
+            refusing_not_allowed: Arc::new(Semaphore::new(REFUSING_ROOM)),
             max_connections: b.max_connections,
             max_connections_per_uid: b.max_connections_per_uid,
             idle_timeout: Duration::from_secs(b.idle_timeout_secs),
+            requests: RequestBudget::new(b.request_buffer_bytes, b.request_buffer_bytes_per_uid),
+            frame_timeout: Duration::from_secs(b.frame_timeout_secs),
             slots: Arc::new(Semaphore::new(b.max_concurrent.max(1))),
             queued: Arc::new(AtomicUsize::new(0)),
             max_queued: b.max_queued,
@@ -132,18 +145,11 @@ impl Server {
         // Ticks missed while nothing was served are not made up at once.
         trim.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let (mut served_since_trim, mut quiet_ticks) = (false, 0);
-        // A permit first, then a connection to hold it.
-        let mut room: Option<OwnedSemaphorePermit> = None;
         loop {
             tokio::select! {
-                permit = self.accepting.clone().acquire_owned(), if room.is_none() => room = permit.ok(),
-                accepted = listener.accept(), if room.is_some() => match accepted {
+                accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => {
-                        let (server, stop, permit) = (self.clone(), shutdown.clone(), room.take());
-                        connections.spawn(async move {
-                            server.connection(stream, stop).await;
-                            drop(permit);
-                        });
+                        self.arrive(stream, &shutdown, &mut connections);
                         (served_since_trim, quiet_ticks) = (true, 0);
                     }
                     Err(e) => {
@@ -221,35 +227,62 @@ impl Server {
         Ok(Admitted { connections: self.connections.clone(), uid })
     }
 
-    /// A connection over the limits: told `Busy` (once it said hello, to
-    /// know its encoding), then closed.
-    async fn refuse_busy(&self, stream: UnixStream, peer: &Peer, why: BrokerError) {
-        if let Some(unlogged) = self.busy.note(Instant::now()) {
-            let more = unlogged_suffix(unlogged);
-            tracing::warn!(uid = peer.uid, pid = peer.pid, "connection refused: {why}{more}");
+    /// A connection just accepted, sorted out at once by its peer: served
+    /// (counted against the limits), or refused (`Unauthorized`, `Busy`)
+    /// within the room of that kind of refusal, never counted.
+    fn arrive(
+        self: &Arc<Self>,
+        stream: UnixStream,
+        shutdown: &watch::Receiver<bool>,
+        connections: &mut JoinSet<()>,
+    ) {
+        let Some(peer) = peer_of(&stream) else { return };
+        let (refusal, room) = match self.refusal(&peer) {
+            Some(why) => {
+                if let Some(unlogged) = self.not_allowed.note(Instant::now()) {
+                    let more = unlogged_suffix(unlogged);
+                    tracing::warn!(uid = peer.uid, gid = peer.gid, pid = peer.pid, "peer not allowed: {why}{more}");
+                }
+                (BrokerError::Unauthorized(why), &self.refusing_not_allowed)
+            }
+            None => match self.admit(peer.uid) {
+                Ok(admitted) => {
+                    let (server, stop) = (self.clone(), shutdown.clone());
+                    connections.spawn(async move { server.connection(stream, peer, admitted, stop).await });
+                    return;
+                }
+                Err(why) => {
+                    if let Some(unlogged) = self.busy.note(Instant::now()) {
+                        let more = unlogged_suffix(unlogged);
+                        tracing::warn!(uid = peer.uid, pid = peer.pid, "connection refused: {why}{more}");
+                    }
+                    (BrokerError::Busy(format!("{why}; try again later")), &self.refusing_busy)
+                }
+            },
+        };
+        let reply = ErrorReply::from(refusal);
+        match room.clone().try_acquire_owned() {
+            Ok(permit) => {
+                connections.spawn(async move {
+                    refuse(stream, reply).await;
+                    drop(permit);
+                });
+            }
+            Err(_) => refuse_now(stream, reply),
         }
-        let (mut reader, writer) = stream.into_split();
-        let mut decoder = Decoder::default();
-        decoder.set_limit(HELLO_MAX_BYTES);
-        let hello =
-            tokio::time::timeout(REFUSAL_HELLO_TIMEOUT, read_message(&mut reader, &mut decoder)).await;
-        let Some(encoding) = decoder.encoding().filter(|_| matches!(hello, Ok(Ok(Some(_))))) else { return };
-        let mut sink = SocketSink::new(writer, encoding);
-        let e = BrokerError::Busy(format!("{why}; try again later"));
-        let _ = tokio::time::timeout(REFUSAL_HELLO_TIMEOUT, sink.send(e.into())).await;
     }
 
-    async fn connection(&self, stream: UnixStream, shutdown: watch::Receiver<bool>) {
-        let Some(peer) = peer_of(&stream) else { return };
-        let _admitted = match self.admit(peer.uid) {
-            Ok(a) => a,
-            Err(why) => return self.refuse_busy(stream, &peer, why).await,
-        };
-        let (mut reader, writer) = stream.into_split();
-        let mut decoder = Decoder::default();
-        decoder.set_limit(HELLO_MAX_BYTES);
-        let hello = tokio::time::timeout(HELLO_TIMEOUT, read_message(&mut reader, &mut decoder)).await;
-        let encoding = decoder.encoding().unwrap_or(Encoding::Bincode);
+    async fn connection(
+        &self,
+        stream: UnixStream,
+        peer: Peer,
+        _admitted: Admitted,
+        shutdown: watch::Receiver<bool>,
+    ) {
+        let (reader, writer) = stream.into_split();
+        let mut inbound = Inbound::budgeted(reader, self.requests.draw(peer.uid));
+        let hello = tokio::time::timeout(HELLO_TIMEOUT, inbound.next()).await;
+        let encoding = inbound.encoding().unwrap_or(Encoding::Bincode);
         let mut sink = SocketSink::new(writer, encoding);
         match self.greet(&peer, hello, encoding) {
             Ok(true) => {}
@@ -259,7 +292,7 @@ impl Server {
                 return;
             }
         }
-        decoder.set_limit(MAX_FRAME_BYTES);
+        inbound.greeted(self.frame_timeout);
         let hello = ServerHello {
             version: PROTOCOL_VERSION,
             broker: format!("palisaded {}", env!("CARGO_PKG_VERSION")),
@@ -268,19 +301,19 @@ impl Server {
         let hello = ServerMessage::Hello(hello);
         // A client that sent its request behind the hello gets the hello
         // with the first reply to it.
-        let answered = if decoder.has_message() { sink.hold(&hello) } else { sink.send(hello).await };
+        let answered = if inbound.has_message() { sink.hold(&hello) } else { sink.send(hello).await };
         if answered {
-            self.serve_requests(&peer, &mut sink, &mut reader, &mut decoder, shutdown).await;
+            self.serve_requests(&peer, &mut sink, &mut inbound, shutdown).await;
         }
     }
 
     /// Whether a connection goes on after its first message: a hello this
-    /// broker takes, from a peer it serves. `Ok(false)`: the client left
-    /// without a word.
+    /// broker takes (its peer was found to be served when it arrived).
+    /// `Ok(false)`: the client left without a word.
     fn greet(&self, peer: &Peer, hello: HelloRead, encoding: Encoding) -> Result<bool, BrokerError> {
         let checked = match hello {
             Err(_) => Err(BrokerError::Protocol(format!("no hello within {} s", HELLO_TIMEOUT.as_secs()))),
-            Ok(Err(e)) => Err(BrokerError::Protocol(e)),
+            Ok(Err(e)) => Err(e.into()),
             Ok(Ok(None)) => return Ok(false),
             Ok(Ok(Some(ClientMessage::Hello(h)))) => check_hello(&h, encoding).map_err(BrokerError::Protocol),
             Ok(Ok(Some(_))) => Err(BrokerError::Protocol("the first message must be a hello".into())),
@@ -288,13 +321,6 @@ impl Server {
         if let Err(e) = checked {
             tracing::info!(uid = peer.uid, pid = peer.pid, "refused: {e}");
             return Err(e);
-        }
-        if let Some(message) = self.refusal(peer) {
-            if let Some(unlogged) = self.not_allowed.note(Instant::now()) {
-                let more = unlogged_suffix(unlogged);
-                tracing::warn!(uid = peer.uid, gid = peer.gid, pid = peer.pid, "peer not allowed: {message}{more}");
-            }
-            return Err(BrokerError::Unauthorized(message));
         }
         Ok(true)
     }
@@ -305,23 +331,22 @@ impl Server {
         &self,
         peer: &Peer,
         sink: &mut SocketSink,
-        reader: &mut OwnedReadHalf,
-        decoder: &mut Decoder,
+        inbound: &mut Inbound,
         shutdown: watch::Receiver<bool>,
     ) {
         loop {
             // Nothing held while waiting for the client, who may be waiting for it.
-            if !decoder.has_message() && !sink.flush().await {
+            if !inbound.has_message() && !sink.flush().await {
                 return;
             }
-            let next = tokio::time::timeout(self.idle_timeout, read_message(reader, decoder)).await;
+            let next = tokio::time::timeout(self.idle_timeout, inbound.next()).await;
             let message = match next {
                 Err(_) => return self.close_idle(peer, sink).await,
                 Ok(Ok(Some(m))) => m,
                 Ok(Ok(None)) => return,
                 Ok(Err(e)) => {
-                    tracing::info!(uid = peer.uid, "bad frame: {e}");
-                    sink.send(BrokerError::Protocol(e).into()).await;
+                    tracing::info!(uid = peer.uid, pid = peer.pid, "closing the connection: {e}");
+                    sink.send(BrokerError::from(e).into()).await;
                     return;
                 }
             };
@@ -351,8 +376,10 @@ impl Server {
                 }
             };
             sink.set_raw_output(request.raw_output);
-            let serving = self.serve_run(peer, request, sink, reader, decoder, shutdown.clone());
-            let msg = match Caught::new(serving).await {
+            let serving = self.serve_run(peer, request, sink, inbound, shutdown.clone());
+            let served = Caught::new(serving).await;
+            inbound.run_done();
+            let msg = match served {
                 Ok(Ok(result)) => ServerMessage::Finished(Box::new(result)),
                 Ok(Err(e)) => e.into(),
                 Err(panic) => return after_panic(peer, "a run request", panic, sink).await,
@@ -389,16 +416,14 @@ impl Server {
         peer: &Peer,
         request: RunRequest,
         sink: &mut SocketSink,
-        reader: &mut OwnedReadHalf,
-        decoder: &mut Decoder,
+        inbound: &mut Inbound,
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<RunResult, BrokerError> {
         let (decided, request) = self.decide(peer, request).await;
-        let decided = decided?;
-        let mut decided = decided;
+        let mut decided = decided?;
         if let Some(reason) = &decided.approval {
             let question = self.broker.pending_approval(peer, &decided, &request, reason);
-            decided.approver_approved = self.ask_approval(peer, question, sink, reader, decoder).await?;
+            decided.approver_approved = self.ask_approval(peer, question, sink, inbound).await?;
         }
         // A slot, or a place in the bounded queue, or Busy.
         let permit = match self.slots.clone().try_acquire_owned() {
@@ -415,7 +440,7 @@ impl Server {
                 // A client that leaves the queue frees its place at once.
                 let waited = tokio::select! {
                     p = self.slots.clone().acquire_owned() => p.ok(),
-                    _ = client_gone(reader, decoder) => None,
+                    _ = inbound.client_gone() => None,
                     _ = shutdown.wait_for(|stop| *stop) => None,
                 };
                 self.queued.fetch_sub(1, Ordering::SeqCst);
@@ -435,7 +460,7 @@ impl Server {
         // The run ends early if the client goes away, cancels, or the broker stops.
         let cancel = async {
             tokio::select! {
-                _ = client_gone(reader, decoder) => {}
+                _ = inbound.client_gone() => {}
                 _ = shutdown.wait_for(|stop| *stop) => {}
             }
         };
@@ -492,8 +517,7 @@ impl Server {
         peer: &Peer,
         question: Question,
         sink: &mut SocketSink,
-        reader: &mut OwnedReadHalf,
-        decoder: &mut Decoder,
+        inbound: &mut Inbound,
     ) -> Result<bool, BrokerError> {
         let reason = question.pending.reason.clone();
         let mut ticket = self.broker.pending.open(question.pending, Some(question.run));
@@ -524,7 +548,7 @@ impl Server {
             approval: Box::new(ticket.pending.clone()),
         };
         let answer = if sink.send(asked).await {
-            self.await_answer(peer, may_answer, &mut ticket, sink, (reader, decoder)).await
+            self.await_answer(peer, may_answer, &mut ticket, sink, inbound).await
         } else {
             Answer { approved: false, by_uid: None, by_approver: false, why: "the client is gone".into() }
         };
@@ -550,7 +574,7 @@ impl Server {
         may_answer: bool,
         ticket: &mut Ticket,
         sink: &mut SocketSink,
-        (reader, decoder): (&mut OwnedReadHalf, &mut Decoder),
+        inbound: &mut Inbound,
     ) -> Answer {
         let secs = self.broker.policy.config.policy.approval_timeout_secs;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
@@ -561,7 +585,7 @@ impl Server {
                     Ok(a) => Answer { approved: a.approved, by_uid: Some(a.by_uid), by_approver: a.by_approver, why: a.why },
                     Err(_) => refused("the approval was withdrawn".into()),
                 },
-                m = read_message(reader, decoder) => m,
+                m = inbound.next() => m,
                 _ = tokio::time::sleep_until(deadline) => {
                     return refused(format!("the approval expired after {secs} s without an answer"));
                 }
@@ -609,6 +633,38 @@ async fn after_panic(peer: &Peer, what: &str, panic: String, sink: &mut SocketSi
     tracing::error!(uid = peer.uid, pid = peer.pid, "the handling of {what} panicked: {panic}");
     let e = BrokerError::Internal(format!("{what} of uid {}", peer.uid));
     let _ = tokio::time::timeout(RESULT_SEND_TIMEOUT, sink.send(e.into())).await;
+}
+
+/// A refused connection: told why once it said hello (within
+/// [`REFUSAL_HELLO_TIMEOUT`]), in its encoding (bincode if it sent nothing
+/// to know it by), then closed.
+async fn refuse(stream: UnixStream, reply: ErrorReply) {
+    let (reader, writer) = stream.into_split();
+    let mut inbound = Inbound::new(reader);
+    let _ = tokio::time::timeout(REFUSAL_HELLO_TIMEOUT, inbound.next()).await;
+    let mut sink = SocketSink::new(writer, inbound.encoding().unwrap_or(Encoding::Bincode));
+    let _ = tokio::time::timeout(REFUSAL_HELLO_TIMEOUT, sink.send(ServerMessage::Error(reply))).await;
+}
+
+/// A refused connection past [`REFUSING_ROOM`]: told why at once, in the
+/// encoding of what it has sent so far (bincode if nothing), without
+/// waiting for anything, then closed.
+fn refuse_now(stream: UnixStream, reply: ErrorReply) {
+    use std::io::{Read, Write};
+    // Plain non-blocking calls: the runtime has not polled this socket yet.
+    let Ok(mut stream) = stream.into_std() else { return };
+    let mut first = [0u8; HELLO_MAX_BYTES];
+    let mut decoder = Decoder::default();
+    if let Ok(n) = stream.read(&mut first) {
+        decoder.push(&first[..n]);
+        // Only for the encoding its first byte chose.
+        let _ = decoder.next_message::<ClientMessage>();
+    }
+    let encoding = decoder.encoding().unwrap_or(Encoding::Bincode);
+    if let Ok(bytes) = encode(&ServerMessage::Error(reply), encoding) {
+        // A new connection's socket buffer has room for a short reply.
+        let _ = stream.write(&bytes);
+    }
 }
 
 /// The outcome of a pending approval as the journal records it.

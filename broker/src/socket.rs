@@ -1,14 +1,17 @@
 //! A client's connection, as every broker serves it: its messages read
-//! and decoded, its hello checked, and replies written ([`SocketSink`]).
+//! and decoded within their limits ([`Inbound`]), its hello checked, and
+//! replies written ([`SocketSink`]).
 
+use crate::budget::{BudgetError, Draw, UNBUDGETED_BYTES};
 use crate::stream::Sink;
 use palisade_protocol::wire::{
-    ClientMessage, Decoder, Encoding, Hello, MAGIC, PROTOCOL_VERSION, ServerMessage, Stream, encode,
-    output_frame_header,
+    ClientMessage, Decoder, Encoding, ErrorKind, Hello, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION,
+    SMALL_FRAME_BYTES, ServerMessage, Stream, WireError, encode, output_frame_header,
 };
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::time::Instant;
 
 /// How long a new connection may take to say hello.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,28 +37,186 @@ pub fn check_hello(h: &Hello, encoding: Encoding) -> Result<(), String> {
     }
 }
 
-/// Completes when the client disconnects or sends `Cancel` (or anything else:
-/// a run in progress accepts nothing but a cancel). A late `Approve` (a
-/// prompt answered after an approver elsewhere did) is passed over.
-pub async fn client_gone(reader: &mut OwnedReadHalf, decoder: &mut Decoder) {
-    while let Ok(Some(ClientMessage::Approve { .. })) = read_message(reader, decoder).await {}
+/// Why reading a client's next message failed: the connection cannot go
+/// on, and the same error comes again at every later read.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReadError {
+    /// Bytes that are not a message, or a frame over a limit.
+    #[error("{0}")]
+    Wire(#[from] WireError),
+    /// Buffering more of the frame would exceed a request budget.
+    #[error("{0}: closing the connection; try again later")]
+    Budget(#[from] BudgetError),
+    /// A frame begun and not finished within its deadline.
+    #[error(
+        "a frame was not complete within {0} s of its first byte (frame_timeout_secs): closing the connection"
+    )]
+    FrameTimeout(u64),
+    /// The socket failed.
+    #[error("{0}")]
+    Io(String),
 }
 
-/// Reads until one whole message is decoded; `Ok(None)` at a clean end of input.
-pub async fn read_message(
-    reader: &mut OwnedReadHalf,
-    decoder: &mut Decoder,
-) -> Result<Option<ClientMessage>, String> {
-    let mut buf = [0u8; READ_BYTES];
-    loop {
-        if let Some(m) = decoder.next_message::<ClientMessage>().map_err(|e| e.to_string())? {
-            return Ok(Some(m));
+impl ReadError {
+    /// The kind the client is told: `Busy` for a budget, which other
+    /// connections draw on too, and `ProtocolError` for what this client
+    /// sent.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ReadError::Budget(_) => ErrorKind::Busy,
+            _ => ErrorKind::ProtocolError,
         }
-        let n = reader.read(&mut buf).await.map_err(|e| e.to_string())?;
-        if n == 0 {
-            return decoder.finish().map(|_| None).map_err(|e| e.to_string());
+    }
+}
+
+/// The client's side of a connection as the broker reads it: its bytes
+/// decoded into messages, within the frame limits, the request budgets
+/// and the frame deadline.
+pub struct Inbound {
+    reader: OwnedReadHalf,
+    decoder: Decoder,
+    /// Bytes held beyond [`UNBUDGETED_BYTES`], drawn from the budgets; none
+    /// for a connection being refused (its hello's limit bounds it).
+    draw: Option<Draw>,
+    /// `stdin` bytes of the run being served: held until [`Inbound::run_done`].
+    in_use: usize,
+    /// How long a frame may take from its first byte to its last.
+    frame_timeout: Option<Duration>,
+    /// When the frame pending began to arrive.
+    frame_started: Option<Instant>,
+    /// The error that ended reading, given again to every later read.
+    broken: Option<ReadError>,
+}
+
+impl Inbound {
+    /// Reading a hello (at most [`HELLO_MAX_BYTES`]), without budgets:
+    /// a connection being refused.
+    pub fn new(reader: OwnedReadHalf) -> Inbound {
+        let mut decoder = Decoder::default();
+        decoder.set_limit(HELLO_MAX_BYTES);
+        decoder.set_small_limit(SMALL_FRAME_BYTES);
+        Inbound {
+            reader,
+            decoder,
+            draw: None,
+            in_use: 0,
+            frame_timeout: None,
+            frame_started: None,
+            broken: None,
         }
-        decoder.push(&buf[..n]);
+    }
+
+    /// A connection served: its bytes beyond [`UNBUDGETED_BYTES`] come from
+    /// `draw`.
+    pub fn budgeted(reader: OwnedReadHalf, draw: Draw) -> Inbound {
+        Inbound { draw: Some(draw), ..Inbound::new(reader) }
+    }
+
+    /// After the hello (which its own timeout bounds): frames up to
+    /// [`MAX_FRAME_BYTES`] (a run's `stdin`), [`SMALL_FRAME_BYTES`] for any
+    /// other message, each whole within `frame_timeout` of its first byte.
+    pub fn greeted(&mut self, frame_timeout: Duration) {
+        self.decoder.set_limit(MAX_FRAME_BYTES);
+        self.frame_timeout = Some(frame_timeout);
+    }
+
+    /// The encoding the client's first byte chose, once it sent one.
+    pub fn encoding(&self) -> Option<Encoding> {
+        self.decoder.encoding()
+    }
+
+    /// A whole message is here: [`Inbound::next`] will not wait.
+    pub fn has_message(&self) -> bool {
+        self.broken.is_none() && self.decoder.has_message()
+    }
+
+    /// The run served is over: its `stdin` goes back to the budgets.
+    pub fn run_done(&mut self) {
+        self.in_use = 0;
+        // Less is never refused.
+        let _ = self.hold(self.decoder.buffered());
+    }
+
+    /// Reads until one whole message is decoded; `Ok(None)` at a clean end
+    /// of input.
+    pub async fn next(&mut self) -> Result<Option<ClientMessage>, ReadError> {
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
+        }
+        let read = self.read_next().await;
+        if let Err(e) = &read {
+            self.broken = Some(e.clone());
+            // Nothing more of this connection is decoded: its bytes go back.
+            self.decoder = Decoder::new(self.decoder.encoding());
+            self.in_use = 0;
+            let _ = self.hold(0);
+        }
+        read
+    }
+
+    async fn read_next(&mut self) -> Result<Option<ClientMessage>, ReadError> {
+        let mut buf = [0u8; READ_BYTES];
+        loop {
+            if let Some(m) = self.decoded()? {
+                return Ok(Some(m));
+            }
+            let reading = self.reader.read(&mut buf);
+            let read = match self.frame_started.zip(self.frame_timeout) {
+                Some((started, limit)) => tokio::time::timeout_at(started + limit, reading)
+                    .await
+                    .map_err(|_| ReadError::FrameTimeout(limit.as_secs()))?,
+                None => reading.await,
+            };
+            let n = read.map_err(|e| ReadError::Io(e.to_string()))?;
+            if n == 0 {
+                return self.decoder.finish().map(|_| None).map_err(ReadError::from);
+            }
+            // Drawn before it is buffered: over a budget, it never is.
+            self.hold(self.decoder.buffered() + n)?;
+            if self.decoder.buffered() == 0 {
+                self.frame_started = Some(Instant::now());
+            }
+            self.decoder.push(&buf[..n]);
+        }
+    }
+
+    /// The next message of those buffered, checked against the small limit
+    /// now that it is known to be a run or not.
+    fn decoded(&mut self) -> Result<Option<ClientMessage>, ReadError> {
+        let Some(message) = self.decoder.next_message::<ClientMessage>()? else { return Ok(None) };
+        let len = self.decoder.last_len();
+        let stdin = match &message {
+            ClientMessage::Run(r) => Some(r.stdin.len()),
+            _ => None,
+        };
+        if len > SMALL_FRAME_BYTES && stdin.unwrap_or(0) == 0 {
+            return Err(WireError::LargeNotRun { len, max: SMALL_FRAME_BYTES }.into());
+        }
+        let pending = self.decoder.buffered();
+        // What is left is the beginning of the next frame.
+        self.frame_started = (pending > 0).then(Instant::now);
+        self.decoder.release_storage(UNBUDGETED_BYTES);
+        // The run's stdin replaces its frame, which was larger.
+        self.in_use += stdin.unwrap_or(0);
+        self.hold(pending)?;
+        Ok(Some(message))
+    }
+
+    /// Holds `buffered` bytes of frames, with the `stdin` in use, drawing
+    /// what is beyond [`UNBUDGETED_BYTES`] from the budgets.
+    fn hold(&mut self, buffered: usize) -> Result<(), BudgetError> {
+        match &mut self.draw {
+            Some(draw) => draw.set((buffered + self.in_use).saturating_sub(UNBUDGETED_BYTES)),
+            None => Ok(()),
+        }
+    }
+
+    /// Completes when the client disconnects or sends `Cancel` (or anything
+    /// else: a run in progress accepts nothing but a cancel). A late
+    /// `Approve` (a prompt answered after an approver elsewhere did) is
+    /// passed over.
+    pub async fn client_gone(&mut self) {
+        while let Ok(Some(ClientMessage::Approve { .. })) = self.next().await {}
     }
 }
 

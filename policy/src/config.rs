@@ -361,6 +361,16 @@ pub struct BrokerConfig {
     /// How long an open connection may stay silent between requests (after
     /// the hello, and after each result) before the broker closes it.
     pub idle_timeout_secs: u64,
+    /// Bytes of requests the broker holds for all its clients together
+    /// beyond the first 64 KiB of each connection: frames on their way in
+    /// and the `stdin` of runs not finished. A connection that would go
+    /// over is answered `Busy` and closed.
+    pub request_buffer_bytes: usize,
+    /// The same, for the connections of one uid.
+    pub request_buffer_bytes_per_uid: usize,
+    /// How long a frame (or JSON line) may take from its first byte to its
+    /// last before the connection is closed.
+    pub frame_timeout_secs: u64,
     /// The cgroup subtree runs are created under (a cgroup v2 directory, or a
     /// directory in a v1 memory hierarchy). Default: the broker's own cgroup
     /// if systemd delegated it on a pure cgroup v2 host; otherwise none.
@@ -407,6 +417,14 @@ impl Default for JournalConfig {
     }
 }
 
+/// Requests held for all clients: sixteen of the largest frames (8 MiB)
+/// at once, a small part of a host's memory, where without a budget a
+/// thousand stalled connections could hold 8 GiB.
+pub const DEFAULT_REQUEST_BUFFER_BYTES: usize = 128 << 20;
+/// Requests held for one uid: four of the largest frames at once, so that
+/// one user's clients take at most a quarter of the whole.
+pub const DEFAULT_REQUEST_BUFFER_BYTES_PER_UID: usize = 32 << 20;
+
 impl Default for BrokerConfig {
     fn default() -> Self {
         BrokerConfig {
@@ -424,6 +442,9 @@ impl Default for BrokerConfig {
             max_connections: 1024,
             max_connections_per_uid: 256,
             idle_timeout_secs: 60,
+            request_buffer_bytes: DEFAULT_REQUEST_BUFFER_BYTES,
+            request_buffer_bytes_per_uid: DEFAULT_REQUEST_BUFFER_BYTES_PER_UID,
+            frame_timeout_secs: 10,
             cgroup_root: None,
             user_namespaces: true,
         }
@@ -849,6 +870,9 @@ impl Config {
         if self.broker.max_connections == 0 || self.broker.max_connections_per_uid == 0 {
             return Err((0, "broker.max_connections and max_connections_per_uid must be at least 1".into()));
         }
+        if self.broker.frame_timeout_secs == 0 {
+            return Err((0, "broker.frame_timeout_secs must be at least 1".into()));
+        }
         if self.journal.segment_bytes < 4096 || self.journal.keep_segments == Some(0) {
             return Err((
                 0,
@@ -1150,6 +1174,22 @@ mod tests {
         assert!(e.contains(":3:") && e.contains("fuel"), "{e}");
         assert!(parse("[plugins]\ntimeout_ms = 0\n").unwrap_err().contains("timeout_ms"));
         assert!(parse("[plugins]\nskills_dir = \"rel\"\n").unwrap_err().contains("absolute"));
+    }
+
+    /// The request budgets and the frame deadline: their defaults, keys and bound.
+    #[test]
+    fn the_request_budgets_have_defaults_and_the_frame_deadline_a_bound() {
+        let c = parse("").unwrap();
+        assert_eq!(c.broker.request_buffer_bytes, 128 << 20);
+        assert_eq!(c.broker.request_buffer_bytes_per_uid, 32 << 20);
+        assert_eq!(c.broker.frame_timeout_secs, 10);
+        let c = parse(
+            "[broker]\nrequest_buffer_bytes = 0\nrequest_buffer_bytes_per_uid = 5\nframe_timeout_secs = 1\n",
+        )
+        .unwrap();
+        assert_eq!((c.broker.request_buffer_bytes, c.broker.request_buffer_bytes_per_uid), (0, 5));
+        let e = parse("[broker]\nframe_timeout_secs = 0\n").unwrap_err();
+        assert!(e.contains("broker.frame_timeout_secs must be at least 1"), "{e}");
     }
 
     #[test]

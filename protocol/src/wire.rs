@@ -33,6 +33,18 @@ pub const MAGIC: &str = "palisade";
 pub const PROTOCOL_VERSION: u32 = 11;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
+/// Largest frame (or JSON line) of a client message other than a `run`
+/// carrying `stdin`, where the broker asks for it
+/// ([`Decoder::set_small_limit`]): only stdin needs more. A request at the
+/// default limits of its arguments (128 of 4 KiB) fits, with a large
+/// environment beside them.
+pub const SMALL_FRAME_BYTES: usize = 1 << 20;
+/// `ClientMessage::Run`'s variant index, the first byte of its bincode body
+/// (a varint: one byte below 251).
+const RUN_VARIANT: u8 = 1;
+/// How far into a JSON line over [`SMALL_FRAME_BYTES`] its `{"run"` is
+/// looked for (whitespace included): a run's line names it first.
+const JSON_RUN_SCAN: usize = 64;
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -570,9 +582,19 @@ pub enum ServerMessage {
 /// Why bytes could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireError {
-    TooLarge { len: usize, max: usize },
+    TooLarge {
+        len: usize,
+        max: usize,
+    },
+    /// Over [`SMALL_FRAME_BYTES`] (or the limit set), and not a `run` with `stdin`.
+    LargeNotRun {
+        len: usize,
+        max: usize,
+    },
     Malformed(String),
-    Truncated { buffered: usize },
+    Truncated {
+        buffered: usize,
+    },
     Unsupported(&'static str),
 }
 
@@ -582,6 +604,10 @@ impl fmt::Display for WireError {
             WireError::TooLarge { len, max } => {
                 write!(f, "frame of {len} bytes exceeds the {max}-byte limit")
             }
+            WireError::LargeNotRun { len, max } => write!(
+                f,
+                "frame of {len} bytes exceeds the {max}-byte limit of any message but a run with stdin"
+            ),
             WireError::Malformed(e) => write!(f, "malformed message: {e}"),
             WireError::Truncated { buffered } => {
                 write!(f, "connection closed in the middle of a frame ({buffered} bytes buffered)")
@@ -705,6 +731,18 @@ pub fn canonical_bytes<T: Serialize>(value: &T) -> Vec<u8> {
     bincode::serde::encode_to_vec(value, bincode::config::standard()).unwrap_or_default()
 }
 
+/// Whether a JSON line begins `{"run"`, whitespace allowed, within its
+/// first [`JSON_RUN_SCAN`] bytes.
+#[cfg(feature = "json")]
+fn json_begins_as_run(line: &[u8]) -> bool {
+    let head = &line[..line.len().min(JSON_RUN_SCAN)];
+    let after_space = |from: usize| {
+        head[from.min(head.len())..].iter().position(|b| !matches!(b, b' ' | b'\t' | b'\r')).map(|i| from + i)
+    };
+    let Some(open) = after_space(0).filter(|i| head[*i] == b'{') else { return false };
+    after_space(open + 1).is_some_and(|key| head[key..].starts_with(b"\"run\""))
+}
+
 /// Incremental decoder for one connection.
 #[derive(Debug)]
 pub struct Decoder {
@@ -714,6 +752,12 @@ pub struct Decoder {
     start: usize,
     end: usize,
     max: usize,
+    /// Frames over this are refused unless they are a `run` (see
+    /// [`Decoder::set_small_limit`]).
+    small: Option<usize>,
+    /// The body's length of the last frame decoded (a JSON line's, without
+    /// its newline).
+    last_len: usize,
     /// JSON: how many pending bytes are known to hold no newline, so that
     /// each byte of a long line is looked at once, however many reads it
     /// takes to arrive.
@@ -738,6 +782,8 @@ impl Decoder {
             start: 0,
             end: 0,
             max: MAX_FRAME_BYTES,
+            small: None,
+            last_len: 0,
             scanned: std::cell::Cell::new(0),
             #[cfg(test)]
             examined: std::cell::Cell::new(0),
@@ -752,6 +798,34 @@ impl Decoder {
     /// for the hello of a peer not yet authenticated.
     pub fn set_limit(&mut self, max: usize) {
         self.max = max.min(MAX_FRAME_BYTES);
+    }
+
+    /// Frames over `small` bytes are taken only from a `run` (a broker
+    /// reading a client, whose runs alone carry `stdin`): another message
+    /// is refused ([`WireError::LargeNotRun`]) as soon as the first bytes
+    /// of its frame show what it is, before the rest is buffered: in bincode
+    /// the variant after the length, in JSON the line's first key, which
+    /// must be `"run"` as it is (no escape), within the line's first 64
+    /// bytes. Whether the run carries `stdin` is the caller's to check once
+    /// it is decoded ([`Decoder::last_len`]).
+    pub fn set_small_limit(&mut self, small: usize) {
+        self.small = Some(small);
+    }
+
+    /// The length of the last frame decoded: a bincode frame's body, a JSON
+    /// line without its newline.
+    pub fn last_len(&self) -> usize {
+        self.last_len
+    }
+
+    /// Frees storage beyond `keep` bytes that holds at most `keep` pending
+    /// bytes: a connection that received one large frame does not keep its
+    /// size for the rest of its life.
+    pub fn release_storage(&mut self, keep: usize) {
+        if self.buf.len() > keep && self.buffered() <= keep {
+            self.buf = self.pending().to_vec();
+            (self.start, self.end) = (0, self.buf.len());
+        }
     }
 
     pub fn push(&mut self, bytes: &[u8]) {
@@ -890,6 +964,12 @@ impl Decoder {
                 if len > self.max {
                     return Err(WireError::TooLarge { len, max: self.max });
                 }
+                if let Some(small) = self.small.filter(|small| len > *small) {
+                    let Some(&variant) = self.pending().get(4) else { return Ok(None) };
+                    if variant != RUN_VARIANT {
+                        return Err(WireError::LargeNotRun { len, max: small });
+                    }
+                }
                 if self.buffered() < 4 + len {
                     return Ok(None);
                 }
@@ -900,6 +980,7 @@ impl Decoder {
                     return Err(WireError::Malformed(format!("{} trailing bytes in frame", len - used)));
                 }
                 self.consume(4 + len);
+                self.last_len = len;
                 Ok(Some(msg))
             }
             Encoding::Json => self.next_json(),
@@ -912,14 +993,29 @@ impl Decoder {
             if self.buffered() > self.max {
                 return Err(WireError::TooLarge { len: self.buffered(), max: self.max });
             }
+            self.json_within_small(self.buffered())?;
             return Ok(None);
         };
         if end > self.max {
             return Err(WireError::TooLarge { len: end, max: self.max });
         }
+        self.json_within_small(end)?;
         let parsed = serde_json::from_slice(&self.pending()[..end]);
         self.consume(end + 1);
+        self.last_len = end;
         parsed.map(Some).map_err(|e| WireError::Malformed(e.to_string()))
+    }
+
+    /// A JSON line of `len` bytes (so far) is within the small limit, or
+    /// begins as a `run`.
+    #[cfg(feature = "json")]
+    fn json_within_small(&self, len: usize) -> Result<(), WireError> {
+        match self.small {
+            Some(small) if len > small && !json_begins_as_run(self.pending()) => {
+                Err(WireError::LargeNotRun { len, max: small })
+            }
+            _ => Ok(()),
+        }
     }
 
     #[cfg(not(feature = "json"))]
@@ -1386,6 +1482,104 @@ mod tests {
         let mut d = Decoder::default();
         d.push(&(MAX_FRAME_BYTES as u32 + 1).to_be_bytes());
         assert!(matches!(d.next_message::<ClientMessage>(), Err(WireError::TooLarge { .. })));
+    }
+
+    /// A broker reading a client takes frames over the small limit from a
+    /// `run` only, and refuses any other message from its first bytes,
+    /// before the rest of it is buffered; within the limit, anything goes.
+    #[test]
+    fn frames_over_the_small_limit_are_runs_or_refused_from_their_first_bytes() {
+        const SMALL: usize = 1000;
+        let small_decoder = |encoding| {
+            let mut d = Decoder::new(Some(encoding));
+            d.set_small_limit(SMALL);
+            d
+        };
+        assert_eq!(encode(&run(), Encoding::Bincode).unwrap()[4], RUN_VARIANT);
+        // A bincode frame of another message: refused at its fifth byte.
+        let mut d = small_decoder(Encoding::Bincode);
+        d.push(&(SMALL as u32 + 1).to_be_bytes());
+        assert_eq!(d.next_message::<ClientMessage>(), Ok(None));
+        d.push(&[4]);
+        let refused = d.next_message::<ClientMessage>();
+        assert_eq!(refused, Err(WireError::LargeNotRun { len: SMALL + 1, max: SMALL }));
+        assert!(refused.unwrap_err().to_string().contains("limit of any message but a run with stdin"));
+        // A run over it is taken, and its length told; one within it too.
+        let big = ClientMessage::Run(RunRequest { stdin: vec![7; 3 * SMALL], ..RunRequest::default() });
+        let frame = encode(&big, Encoding::Bincode).unwrap();
+        let mut d = small_decoder(Encoding::Bincode);
+        d.push(&frame[..5]);
+        assert_eq!(d.next_message::<ClientMessage>(), Ok(None));
+        d.push(&frame[5..]);
+        assert_eq!(d.next_message::<ClientMessage>(), Ok(Some(big.clone())));
+        assert_eq!(d.last_len(), frame.len() - 4);
+        d.push(&encode(&ClientMessage::ListApprovals, Encoding::Bincode).unwrap());
+        assert_eq!(d.next_message::<ClientMessage>(), Ok(Some(ClientMessage::ListApprovals)));
+        #[cfg(feature = "json")]
+        {
+            // A JSON line that is not a run: refused once it is longer than
+            // the limit, with or without its end.
+            let explain = encode(&ClientMessage::Explain(RunRequest::default()), Encoding::Json).unwrap();
+            let mut padded = explain[..explain.len() - 2].to_vec();
+            padded.extend(vec![b' '; SMALL]);
+            let mut d = small_decoder(Encoding::Json);
+            d.push(&padded[..SMALL]);
+            assert_eq!(d.next_message::<ClientMessage>(), Ok(None));
+            d.push(&padded[SMALL..]);
+            assert!(matches!(d.next_message::<ClientMessage>(), Err(WireError::LargeNotRun { .. })));
+            // A run's line is taken, whitespace before its key or not; a run
+            // whose key is escaped, or comes after 64 bytes, is not.
+            let line = encode(&big, Encoding::Json).unwrap();
+            for prefix in [&b""[..], b"  ", b"\t{ "] {
+                let mut d = small_decoder(Encoding::Json);
+                let whole = [prefix, if prefix.ends_with(b"{ ") { &line[1..] } else { &line }].concat();
+                d.push(&whole[..whole.len() - 1]);
+                assert_eq!(d.next_message::<ClientMessage>(), Ok(None), "{prefix:?}");
+                d.push(b"\n");
+                assert_eq!(d.next_message::<ClientMessage>(), Ok(Some(big.clone())), "{prefix:?}");
+                assert_eq!(d.last_len(), whole.len() - 1);
+            }
+            let escaped = [&b"{\"\\u0072un\""[..], &line[6..]].concat();
+            let spaced = [&b"{"[..], &[b' '; JSON_RUN_SCAN], &line[1..]].concat();
+            for line in [escaped, spaced] {
+                let mut d = small_decoder(Encoding::Json);
+                d.push(&line);
+                assert!(matches!(d.next_message::<ClientMessage>(), Err(WireError::LargeNotRun { .. })));
+            }
+        }
+        // Without the small limit (a client reading a broker), nothing changes.
+        let mut d = Decoder::new(Some(Encoding::Bincode));
+        let list = encode(
+            &ClientMessage::Explain(RunRequest {
+                argv: vec!["a".repeat(2 * SMALL)],
+                ..RunRequest::default()
+            }),
+            Encoding::Bincode,
+        )
+        .unwrap();
+        d.push(&list);
+        assert!(matches!(d.next_message::<ClientMessage>(), Ok(Some(ClientMessage::Explain(_)))));
+    }
+
+    /// Storage grown for a large frame is given back once the frame is
+    /// decoded, keeping what is pending.
+    #[test]
+    fn storage_is_released_after_a_large_frame() {
+        let mut d = Decoder::new(Some(Encoding::Bincode));
+        let big = encode(
+            &ClientMessage::Run(RunRequest { stdin: vec![1; 1 << 20], ..RunRequest::default() }),
+            Encoding::Bincode,
+        )
+        .unwrap();
+        d.push(&big);
+        let cancel = encode(&ClientMessage::Cancel, Encoding::Bincode).unwrap();
+        d.push(&cancel[..3]);
+        assert!(matches!(d.next_message::<ClientMessage>(), Ok(Some(ClientMessage::Run(_)))));
+        assert!(d.buf.len() > 1 << 20);
+        d.release_storage(64 << 10);
+        assert_eq!(d.buf.len(), 3);
+        d.push(&cancel[3..]);
+        assert_eq!(d.next_message::<ClientMessage>(), Ok(Some(ClientMessage::Cancel)));
     }
 
     #[test]

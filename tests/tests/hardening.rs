@@ -3,7 +3,9 @@
 //! shows the attempt works where it is allowed. As root the file runs again
 //! as the unprivileged test user.
 
-use palisade_protocol::wire::{ClientMessage, Decoder, Encoding, ErrorKind, Hello, ServerMessage, encode};
+use palisade_protocol::wire::{
+    ClientMessage, Decoder, Encoding, ErrorKind, Hello, RunRequest, ServerMessage, encode,
+};
 use palisade_tests::*;
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -329,6 +331,182 @@ fn silent_connections_are_closed_and_connections_are_limited() {
     }
     let refused = d.log().matches("connection refused").count();
     assert_eq!(refused, 1, "{}", d.log());
+}
+
+/// A figure of `/proc/PID/status` (`VmRSS`, `VmHWM`), in KiB.
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':')).unwrap();
+    line.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// A client that says hello in `encoding`, sends `part` (the start of a
+/// frame it never finishes; the broker may refuse it midway), says so on
+/// `sent`, and returns the broker's answer, if any, and whether the
+/// connection was closed after it.
+fn stall(
+    socket: &Path,
+    encoding: Encoding,
+    part: &[u8],
+    sent: std::sync::mpsc::Sender<()>,
+) -> (Option<ServerMessage>, bool) {
+    let mut s = UnixStream::connect(socket).unwrap();
+    // Outer bounds: the broker answers within the frame deadline.
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(&encode(&ClientMessage::Hello(Hello::new(encoding)), encoding).unwrap()).unwrap();
+    let mut d = Decoder::default();
+    let greeting = next(&mut s, &mut d);
+    assert!(matches!(greeting, Some(ServerMessage::Hello(_))), "{greeting:?}");
+    // Refused midway, the write fails: the answer is read all the same.
+    let _ = s.write_all(part);
+    sent.send(()).unwrap();
+    let answer = next(&mut s, &mut d);
+    let closed = next(&mut s, &mut d).is_none();
+    (answer, closed)
+}
+
+/// The error of an answer, as kind and message.
+fn error_of(answer: &Option<ServerMessage>) -> (ErrorKind, String) {
+    match answer {
+        Some(ServerMessage::Error(e)) => (e.kind, e.message.clone()),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+/// Finding 9: partial frames held memory: 64 connections each holding an
+/// unfinished 8 MiB line took the broker from 9 to 498 MiB. Now what a
+/// connection buffers beyond 64 KiB is drawn from the request budgets
+/// (`request_buffer_bytes`, per uid too): one that would go over is
+/// answered `Busy` and closed, the broker's memory stays within the budget,
+/// and a frame begun must be whole within `frame_timeout_secs`. Meanwhile
+/// other clients are served, and a run with stdin within the limits runs.
+#[test]
+fn unfinished_large_frames_are_held_within_the_request_budgets() {
+    const BUDGET: usize = 16 << 20;
+    const CLIENTS: usize = 32;
+    // Of each 6 MiB frame, 4 MiB are sent: 128 MiB in all, eight times the budget.
+    const SENT: usize = 4 << 20;
+    // What the broker may hold besides the budget: 64 KiB and a read buffer
+    // per connection, its allocator's slack, the run served meanwhile.
+    const MARGIN_KIB: u64 = 16 << 10;
+    let d = Daemon::start(&format!(
+        "[broker]\nrequest_buffer_bytes = {BUDGET}\nrequest_buffer_bytes_per_uid = {BUDGET}\n\
+         frame_timeout_secs = 3\n"
+    ));
+    let ws = TempDir::new("ws");
+    let pid = d.child.id();
+    let rss_before = status_kib(pid, "VmRSS");
+    // The peak from here on (VmHWM back to the resident set now).
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    let run = ClientMessage::Run(RunRequest { stdin: vec![b'x'; 6 << 20], ..request(ws.path(), &["cat"]) });
+    let frames = [Encoding::Bincode, Encoding::Json].map(|e| (e, encode(&run, e).unwrap()));
+    let (sent, all_sent) = std::sync::mpsc::channel();
+    let answers: Vec<_> = std::thread::scope(|t| {
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|i| {
+                let (encoding, frame) = &frames[i % 2];
+                let (sent, socket) = (sent.clone(), &d.socket);
+                t.spawn(move || stall(socket, *encoding, &frame[..SENT], sent))
+            })
+            .collect();
+        for _ in 0..CLIENTS {
+            all_sent.recv().unwrap();
+        }
+        // Served meanwhile: a request within its connection's 64 KiB draws nothing.
+        let o = d.run(ws.path(), &[&probe(), "echo", "served"]);
+        assert_eq!(text(&o.stdout), "ok served\n", "{}\n{}", text(&o.stderr), d.log());
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let peak = status_kib(pid, "VmHWM");
+    let (mut busy, mut timed_out) = (0, 0);
+    for (answer, closed) in &answers {
+        let (kind, message) = error_of(answer);
+        match kind {
+            ErrorKind::Busy => {
+                busy += 1;
+                assert!(
+                    message.contains("(request_buffer_bytes)") && message.contains("closing the connection"),
+                    "{message}"
+                );
+            }
+            ErrorKind::ProtocolError => {
+                timed_out += 1;
+                let want = "a frame was not complete within 3 s of its first byte (frame_timeout_secs): closing the connection";
+                assert_eq!(message, want);
+            }
+            other => panic!("{other:?}: {message}"),
+        }
+        assert!(closed, "the connection stayed open after {kind:?}");
+    }
+    // Those that got their 4 MiB in fit in the budget together.
+    let drawn = SENT - palisade_broker::budget::UNBUDGETED_BYTES;
+    assert!(timed_out <= BUDGET / drawn, "{timed_out} frames held, {busy} refused");
+    assert!(busy > 0, "none refused");
+    let budget_kib = (BUDGET >> 10) as u64;
+    assert!(
+        peak <= rss_before + budget_kib + MARGIN_KIB,
+        "the broker's resident set went from {rss_before} KiB to {peak} KiB, over a {budget_kib} KiB budget"
+    );
+    eprintln!(
+        "{busy} refused, {timed_out} held until their deadline; resident set {rss_before} KiB, peak {peak} KiB"
+    );
+    // Counter-test: a run with 6 MiB of stdin, within the limits and the
+    // budgets, runs.
+    let mut c = palisade_broker::client::Client::connect(&d.socket).unwrap();
+    let mut out = 0;
+    let r = c
+        .run(RunRequest { stdin: vec![b'y'; 6 << 20], ..request(ws.path(), &["cat"]) }, |m| {
+            if let ServerMessage::Output { data, .. } = m {
+                out += data.len();
+            }
+        })
+        .unwrap();
+    assert_eq!(r.status, palisade_protocol::wire::RunStatus::Exited { code: 0 });
+    // "ok ", the bytes, a newline.
+    assert_eq!((out, r.stdout_bytes), (3 + (6 << 20) + 1, 3 + (6 << 20) + 1));
+}
+
+/// A frame that begins and stalls is closed at its deadline, however
+/// small; a message other than a run with stdin is refused over 1 MiB,
+/// from its first bytes when they show what it is.
+#[test]
+fn a_stalled_frame_is_closed_and_only_a_run_with_stdin_is_large() {
+    let d = Daemon::start("[broker]\nframe_timeout_secs = 1\n");
+    let ws = TempDir::new("ws");
+    let (sent, _all_sent) = std::sync::mpsc::channel();
+    let (answer, closed) = stall(&d.socket, Encoding::Json, br#"{"list_appro"#, sent.clone());
+    let (kind, message) = error_of(&answer);
+    assert_eq!(kind, ErrorKind::ProtocolError);
+    assert!(message.contains("not complete within 1 s of its first byte (frame_timeout_secs)"), "{message}");
+    assert!(closed);
+    // An explain of 2 MiB: refused by its fifth byte, the rest never sent.
+    let explain =
+        ClientMessage::Explain(RunRequest { argv: vec!["e".repeat(2 << 20)], ..request(ws.path(), &[]) });
+    let frame = encode(&explain, Encoding::Bincode).unwrap();
+    let (answer, closed) = stall(&d.socket, Encoding::Bincode, &frame[..5], sent.clone());
+    let (kind, message) = error_of(&answer);
+    assert_eq!(kind, ErrorKind::ProtocolError);
+    assert!(message.ends_with("-byte limit of any message but a run with stdin"), "{message}");
+    assert!(message.contains("1048576"), "{message}");
+    assert!(closed);
+    // A run of 2 MiB without stdin: refused once read, in either encoding.
+    let mut env = std::collections::BTreeMap::new();
+    env.insert("BIG".to_string(), "b".repeat(2 << 20));
+    let bare = RunRequest { env, ..request(ws.path(), &["echo", "x"]) };
+    for encoding in [Encoding::Bincode, Encoding::Json] {
+        let frame = encode(&ClientMessage::Run(bare.clone()), encoding).unwrap();
+        let (answer, closed) = stall(&d.socket, encoding, &frame, sent.clone());
+        let (kind, message) = error_of(&answer);
+        assert_eq!(kind, ErrorKind::ProtocolError, "{encoding:?}");
+        assert!(message.ends_with("limit of any message but a run with stdin"), "{message}");
+        assert!(closed);
+        // Counter-test: the same run with stdin runs.
+        let with_stdin = RunRequest { stdin: b"in".to_vec(), ..bare.clone() };
+        let frame = encode(&ClientMessage::Run(with_stdin), encoding).unwrap();
+        let (answer, _) = stall(&d.socket, encoding, &frame, sent.clone());
+        assert!(matches!(answer, Some(ServerMessage::Started { .. })), "{encoding:?}: {answer:?}");
+    }
 }
 
 /// The units let palisaded open enough descriptors for its limits.

@@ -7,10 +7,12 @@
 //! Only root can make users and run such a broker: as an ordinary user these
 //! tests say so and do nothing (the README's unprivileged half).
 
+use palisade_protocol::wire::{ClientMessage, Decoder, Encoding, Hello, ServerMessage, encode};
 use palisade_tests::*;
+use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The probe's report, run outside any sandbox as `user`: the counter-test.
 fn probe_as(user: &nix::unistd::User, args: &[&str]) -> String {
@@ -521,4 +523,121 @@ fn the_system_units_file_system_serves_other_users() {
     let refused = format!("{}: not allowed (uid {} cannot reach it)", ws.display(), user.uid);
     assert!(text(&o.stderr).contains(&refused), "{}", text(&o.stderr));
     assert!(!ws.join("out").exists());
+}
+
+/// A client of another user that never gets through: the probe's `hold`,
+/// its connections open until [`Holder::finish`].
+struct Holder(std::process::Child);
+
+impl Holder {
+    /// `n` connections to `socket` as `user`, each sent `first`; returns
+    /// once all are open.
+    fn start(user: &nix::unistd::User, socket: &Path, n: usize, first: &str) -> Holder {
+        let mut child = std::process::Command::new("setpriv")
+            .args(&as_user(user)[1..])
+            .arg(probe())
+            .args(["hold", socket.to_str().unwrap(), &n.to_string(), first])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = Vec::new();
+        let out = child.stdout.as_mut().unwrap();
+        let mut byte = [0u8];
+        while line.last() != Some(&b'\n') && out.read(&mut byte).unwrap() == 1 {
+            line.push(byte[0]);
+        }
+        assert_eq!(text(&line), format!("held {n}\n"));
+        Holder(child)
+    }
+
+    /// Closes them, and says how the broker answered each, by kind.
+    fn finish(mut self) -> String {
+        drop(self.0.stdin.take());
+        text(&self.0.wait_with_output().unwrap().stdout)
+    }
+}
+
+/// A connection of this process (root) the broker greeted, once it has one
+/// to spare (those of a test just done may be counted for a moment more).
+fn greeted(socket: &Path) -> std::os::unix::net::UnixStream {
+    let mut greeted = None;
+    let spared = eventually(Duration::from_secs(10), || {
+        let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let hello = encode(&ClientMessage::Hello(Hello::new(Encoding::Bincode)), Encoding::Bincode).unwrap();
+        s.write_all(&hello).unwrap();
+        let (mut d, mut buf) = (Decoder::default(), [0u8; 4096]);
+        let first = loop {
+            if let Some(m) = d.next_message::<ServerMessage>().unwrap() {
+                break Some(m);
+            }
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break None,
+                Ok(n) => d.push(&buf[..n]),
+            }
+        };
+        matches!(first, Some(ServerMessage::Hello(_))).then(|| greeted = Some(s)).is_some()
+    });
+    assert!(spared, "no connection was served");
+    greeted.unwrap()
+}
+
+/// The daemon's open descriptors.
+fn descriptors(d: &Daemon) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", d.child.id())).unwrap().count()
+}
+
+/// Finding 6 of the daemon's review: a peer the broker does not serve was
+/// counted against `max_connections` before its uid was checked, and held
+/// its place until the hello timeout: four such connections kept an allowed
+/// user out (`Busy`). Now it is answered `Unauthorized` (in its encoding
+/// when it says hello within a second) and closed, and never counts: an
+/// allowed user is served while another user's connections, silent or
+/// stalled mid-hello, pour in, more than the broker waits for at once; the
+/// refusals are logged once every 10 s.
+#[test]
+fn peers_not_allowed_never_take_the_connections_of_those_allowed() {
+    let Some(users) = system_users() else {
+        eprintln!("not root: a root broker serving other users cannot be tested as an ordinary user");
+        return;
+    };
+    let base = TempDir::new("system");
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = format!(
+        "[broker]\nallowed_uids = [0, {}]\nsocket_mode = 0o666\nmax_connections = 2\n",
+        users.victim.uid
+    );
+    let daemon = Daemon::start_with(DaemonOptions { config, ..Default::default() });
+    let s = System { users, base, daemon };
+    let socket = &s.daemon.socket;
+    let ws = s.path("victim-ws");
+    owned_dir(&ws, &s.users.victim, 0o755);
+    let workspace = ["--workspace", ws.to_str().unwrap()];
+    let (started, descriptors_before) = (Instant::now(), descriptors(&s.daemon));
+    // More silent connections than the refusals that wait for a hello at
+    // once (REFUSING_ROOM, 256), and some that stall in the middle of one.
+    let silent = Holder::start(&s.users.attacker, socket, 300, "");
+    let stalled = Holder::start(&s.users.attacker, socket, 40, r#"{"hello": {"magic": "palisade""#);
+    let o = s.run_as(Some(&s.users.victim), &workspace, &[&probe(), "echo", "served"]);
+    assert_eq!(text(&o.stdout), "ok served\n", "{}\n{}", text(&o.stderr), s.daemon.log());
+    // Served, and refusing: at most the room of each kind that waits for a hello.
+    let descriptors_now = descriptors(&s.daemon);
+    let rooms = 2 * palisade_broker::server::REFUSING_ROOM;
+    assert!(descriptors_now <= descriptors_before + rooms, "{descriptors_before} -> {descriptors_now}");
+    // Counter-test: the allowed users' own limit still holds: with root's
+    // two connections open, the victim is told Busy.
+    let held = [greeted(socket), greeted(socket)];
+    let o = s.run_as(Some(&s.users.victim), &workspace, &[&probe(), "echo", "over"]);
+    let busy =
+        "palisade: Busy: all 2 connections the broker takes (max_connections) are open; try again later";
+    assert!(text(&o.stderr).starts_with(busy), "{}", text(&o.stderr));
+    drop(held);
+    // Each of the other user's connections was answered, in its encoding.
+    assert_eq!(silent.finish(), "ok Unauthorized=300\n");
+    assert_eq!(stalled.finish(), "ok Unauthorized=40\n");
+    // Logged once every 10 s (REFUSAL_LOG_EVERY), with the count of the others.
+    let lines = s.daemon.log().matches("peer not allowed").count();
+    let periods = started.elapsed().as_secs() as usize / 10 + 1;
+    assert!((1..=periods).contains(&lines), "{lines} lines in {periods} periods of 10 s");
 }

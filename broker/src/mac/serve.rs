@@ -6,11 +6,11 @@
 //! connection goes on.
 
 use super::Mac;
-use crate::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, SocketSink, check_hello, client_gone, read_message};
+use crate::budget::RequestBudget;
+use crate::socket::{HELLO_TIMEOUT, Inbound, SocketSink, check_hello};
 use crate::stream::Sink;
 use palisade_protocol::wire::{
-    ClientMessage, Decoder, Encoding, ErrorKind, ErrorReply, MAX_FRAME_BYTES, PROTOCOL_VERSION, ServerHello,
-    ServerMessage,
+    ClientMessage, Encoding, ErrorKind, ErrorReply, PROTOCOL_VERSION, ServerHello, ServerMessage,
 };
 use std::future::Future;
 use std::sync::Arc;
@@ -25,6 +25,9 @@ pub struct Limits {
     pub max_concurrent: usize,
     pub max_queued: usize,
     pub idle_timeout: Duration,
+    pub request_buffer_bytes: usize,
+    pub request_buffer_bytes_per_uid: usize,
+    pub frame_timeout: Duration,
 }
 
 impl Limits {
@@ -34,6 +37,9 @@ impl Limits {
             max_concurrent: config.max_concurrent,
             max_queued: config.max_queued,
             idle_timeout: Duration::from_secs(config.idle_timeout_secs),
+            request_buffer_bytes: config.request_buffer_bytes,
+            request_buffer_bytes_per_uid: config.request_buffer_bytes_per_uid,
+            frame_timeout: Duration::from_secs(config.frame_timeout_secs),
         }
     }
 }
@@ -49,6 +55,8 @@ struct Shared {
     admitted: Arc<Semaphore>,
     /// Runs running.
     running: Semaphore,
+    /// The bytes of requests held for the clients.
+    requests: Arc<RequestBudget>,
 }
 
 /// Serves `listener` until `shutdown` completes; the connections are then
@@ -62,6 +70,7 @@ pub async fn serve(mac: Mac, limits: Limits, listener: UnixListener, shutdown: i
         connections: Arc::new(Semaphore::new(limits.max_connections)),
         admitted: Arc::new(Semaphore::new(limits.max_concurrent + limits.max_queued)),
         running: Semaphore::new(limits.max_concurrent),
+        requests: RequestBudget::new(limits.request_buffer_bytes, limits.request_buffer_bytes_per_uid),
     });
     let mut tasks = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
@@ -86,15 +95,15 @@ pub async fn serve(mac: Mac, limits: Limits, listener: UnixListener, shutdown: i
 async fn connection(shared: Arc<Shared>, stream: UnixStream) {
     let Ok(cred) = stream.peer_cred() else { return };
     let peer = (cred.uid(), cred.gid(), cred.pid());
-    let (mut reader, writer) = stream.into_split();
-    let mut decoder = Decoder::default();
-    decoder.set_limit(HELLO_MAX_BYTES);
-    let hello = tokio::time::timeout(HELLO_TIMEOUT, read_message(&mut reader, &mut decoder)).await;
-    let encoding = decoder.encoding().unwrap_or(Encoding::Bincode);
+    let (reader, writer) = stream.into_split();
+    let draw = shared.requests.draw(peer.0);
+    let mut inbound = Inbound::budgeted(reader, draw);
+    let hello = tokio::time::timeout(HELLO_TIMEOUT, inbound.next()).await;
+    let encoding = inbound.encoding().unwrap_or(Encoding::Bincode);
     let mut sink = SocketSink::new(writer, encoding);
     let refusal = match hello {
         Err(_) => Some(format!("no hello within {} s", HELLO_TIMEOUT.as_secs())),
-        Ok(Err(e)) => Some(e),
+        Ok(Err(e)) => Some(e.to_string()),
         Ok(Ok(None)) => return,
         Ok(Ok(Some(ClientMessage::Hello(h)))) => check_hello(&h, encoding).err(),
         Ok(Ok(Some(_))) => Some("the first message must be a hello".into()),
@@ -117,23 +126,23 @@ async fn connection(shared: Arc<Shared>, stream: UnixStream) {
         sink.send(ServerMessage::Error(e)).await;
         return;
     }
-    decoder.set_limit(MAX_FRAME_BYTES);
+    inbound.greeted(shared.limits.frame_timeout);
     let broker = format!("palisaded {} (macOS)", env!("CARGO_PKG_VERSION"));
     if !sink.send(ServerMessage::Hello(ServerHello { version: PROTOCOL_VERSION, broker, encoding })).await {
         return;
     }
     loop {
-        let next =
-            tokio::time::timeout(shared.limits.idle_timeout, read_message(&mut reader, &mut decoder)).await;
+        let next = tokio::time::timeout(shared.limits.idle_timeout, inbound.next()).await;
         let reply = match next {
             Err(_) | Ok(Ok(None)) => return,
             Ok(Err(e)) => {
-                sink.send(ServerMessage::Error(ErrorReply::new(ErrorKind::ProtocolError, e))).await;
+                sink.send(ServerMessage::Error(ErrorReply::new(e.kind(), e.to_string()))).await;
                 return;
             }
             Ok(Ok(Some(ClientMessage::Run(request)))) => {
-                let cancel = client_gone(&mut reader, &mut decoder);
-                match run(&shared, peer, &request, &mut sink, cancel).await {
+                let ran = run(&shared, peer, &request, &mut sink, inbound.client_gone()).await;
+                inbound.run_done();
+                match ran {
                     Ok(result) => ServerMessage::Finished(Box::new(result)),
                     Err(e) => ServerMessage::Error(e),
                 }

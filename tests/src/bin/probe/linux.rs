@@ -66,6 +66,7 @@ fn run() -> Result<(), (Errno, String)> {
         "egress" => egress::run(&arg(1)),
         "egress-bind" => egress::bind(&arg(1)),
         "unix" => unix(&arg(1)),
+        "hold" => hold(&arg(1), arg(2).parse().unwrap_or(0), &arg(3)),
         "socketpair" => std::os::unix::net::UnixStream::pair().map(|_| String::new()).map_err(io),
         "limits" => limits(),
         "ifaces" => ifaces(),
@@ -341,6 +342,41 @@ fn unix(addr: &str) -> Outcome {
         None => UnixStream::connect(addr),
     };
     stream.map(|_| String::new()).map_err(io)
+}
+
+/// A client of a broker's socket that never gets through: `n` connections,
+/// each sent `first` (nothing, or the start of a hello), held open until
+/// stdin ends (`held N` on stdout says they are all open). Then the broker's
+/// answer on each, counted by kind (`none`: closed without one).
+fn hold(socket: &str, n: usize, first: &str) -> Outcome {
+    use palisade_protocol::wire::{Decoder, ServerMessage};
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut s = std::os::unix::net::UnixStream::connect(socket).map_err(io)?;
+        // The broker may have answered and closed it already.
+        let _ = s.write_all(first.as_bytes());
+        held.push(s);
+    }
+    println!("held {n}");
+    let _ = std::io::stdout().flush();
+    let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+    let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+    for mut s in held {
+        // An outer bound: the broker answers within seconds.
+        s.set_read_timeout(Some(Duration::from_secs(30))).map_err(io)?;
+        let mut answer = Vec::new();
+        // A reset after the answer (the broker closed with the hello unread) ends it too.
+        let _ = s.read_to_end(&mut answer);
+        let mut d = Decoder::default();
+        d.push(&answer);
+        let kind = match d.next_message::<ServerMessage>() {
+            Ok(Some(ServerMessage::Error(e))) => e.kind.name().to_string(),
+            Ok(Some(other)) => format!("{other:?}"),
+            _ => "none".into(),
+        };
+        *kinds.entry(kind).or_default() += 1;
+    }
+    Ok(kinds.iter().map(|(k, n)| format!("{k}={n}")).collect::<Vec<_>>().join(" "))
 }
 
 /// The soft limits the process runs under, as `/proc/self/limits` gives them.
