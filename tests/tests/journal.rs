@@ -720,6 +720,7 @@ fn a_flood_of_refused_oversized_requests_writes_bounded_records_at_a_rate_and_a_
     // At most two records a refusal within the rate, each within the documented bound.
     let grown = record_bytes(&journal) - before;
     let ceiling = 2 * RECORDED * REFUSAL_RECORD_BYTES;
+    eprintln!("{FLOOD} refused requests wrote {grown} bytes of records (ceiling {ceiling})");
     assert!(grown <= ceiling, "{FLOOD} refusals wrote {grown} bytes (ceiling {ceiling})");
     let recs = records(&journal);
     let refused: Vec<&Value> =
