@@ -85,8 +85,8 @@ pub fn head(s: &str, max: usize) -> String {
 
 /// The line length of a record with `fields` (the writer's fields at their longest).
 fn line_bytes(fields: &Map<String, Value>) -> usize {
-    let mut out = Vec::new();
-    record::canonical(&Value::Object(fields.clone()), &mut out);
+    let mut out = Vec::with_capacity(512);
+    record::canonical_map(fields, &mut out);
     out.len() + CHAIN_FIELDS_BYTES
 }
 
@@ -104,7 +104,7 @@ pub fn bounded(fields: Map<String, Value>, limit: usize) -> Map<String, Value> {
         return fields;
     }
     let mut canonical = Vec::new();
-    record::canonical(&Value::Object(fields.clone()), &mut canonical);
+    record::canonical_map(&fields, &mut canonical);
     let clipped = serde_json::json!({
         "bytes": canonical.len(),
         "sha256": crate::attest::sha256_hex(&canonical),
