@@ -6,10 +6,16 @@ use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Exit status when the journal does not verify.
-const EXIT_BROKEN: i32 = 1;
-/// Exit status when the journal cannot be found or read at all.
-const EXIT_UNREADABLE: i32 = 2;
+/// Exit status when a record does not chain on the one before it.
+pub const EXIT_BROKEN: i32 = 1;
+/// Exit status when the journal cannot be found or read at all, or the
+/// command line is wrong (clap's own status for that, too).
+pub const EXIT_UNREADABLE: i32 = 2;
+/// Exit status when records before the first were removed and no record in
+/// the chain says retention removed them (without `--allow-pruned`).
+pub const EXIT_PRUNED: i32 = 3;
+/// Exit status when the head given with `--head` is not in the journal.
+pub const EXIT_HEAD_MISSING: i32 = 4;
 /// How often `tail -f` looks for new records.
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 /// Fields every record has; a record's line for people shows the others.
@@ -19,11 +25,19 @@ const CHAIN_FIELDS: [&str; 6] = ["seq", "time", "prev", "hash", "event", "broker
 pub enum AuditCommand {
     /// Check every segment: each record's seq, prev and hash. Exits 0 when
     /// the chain is whole, 1 naming the first broken record (seq, file,
-    /// line), 2 when there is no journal to read.
+    /// line), 2 when there is no journal to read, 3 when records before the
+    /// first were removed and no retention record says so, 4 when the head
+    /// given with --head is not in the journal.
     Verify {
-        /// A head kept elsewhere (`palisade audit head`): it must still be in the chain.
+        /// A head kept elsewhere (`palisade audit head`, or the broker's log
+        /// line `journal head SEQ HASH`): it must still be in the chain.
         #[arg(long, value_name = "HASH")]
         head: Option<String>,
+        /// Records before the first may have been removed without a
+        /// retention record saying so (segments removed by hand): say so and
+        /// exit 0 rather than 3.
+        #[arg(long)]
+        allow_pruned: bool,
         #[command(flatten)]
         at: JournalDir,
         /// Print the outcome as one JSON object.
@@ -84,7 +98,9 @@ impl JournalDir {
 
 pub fn main(command: AuditCommand) -> i32 {
     let done = match command {
-        AuditCommand::Verify { head, at, json } => return verify_journal(&at, head.as_deref(), json),
+        AuditCommand::Verify { head, allow_pruned, at, json } => {
+            return verify_journal(&at, head.as_deref(), allow_pruned, json);
+        }
         AuditCommand::Head { at, json } => print_head(&at, json),
         AuditCommand::Show { run_id, at, json } => show(&at, run_id, json),
         AuditCommand::Tail { n, follow, at, json } => tail(&at, n, follow, json),
@@ -98,7 +114,7 @@ pub fn main(command: AuditCommand) -> i32 {
     }
 }
 
-fn verify_journal(at: &JournalDir, head: Option<&str>, json: bool) -> i32 {
+fn verify_journal(at: &JournalDir, head: Option<&str>, allow_pruned: bool, json: bool) -> i32 {
     let dir = match at.dir() {
         Ok(d) => d,
         Err(e) => {
@@ -106,7 +122,12 @@ fn verify_journal(at: &JournalDir, head: Option<&str>, json: bool) -> i32 {
             return EXIT_UNREADABLE;
         }
     };
-    match verify::verify(&dir, head) {
+    let head = head.map(str::to_ascii_lowercase);
+    if let Some(h) = head.as_deref().filter(|h| h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit())) {
+        eprintln!("palisade audit: --head {h:?} is not a record's hash (64 hex digits)");
+        return EXIT_UNREADABLE;
+    }
+    match verify::verify(&dir, head.as_deref(), allow_pruned) {
         Ok(v) if json => {
             println!("{}", serde_json::json!({ "verified": v }));
             0
@@ -115,13 +136,17 @@ fn verify_journal(at: &JournalDir, head: Option<&str>, json: bool) -> i32 {
             print!("{}", describe(&v));
             0
         }
-        Err(b) if json => {
-            println!("{}", serde_json::json!({ "broken": b }));
-            EXIT_BROKEN
-        }
-        Err(b) => {
-            println!("broken: {b}");
-            EXIT_BROKEN
+        Err(failure) => {
+            if json {
+                println!("{}", serde_json::json!(failure));
+            } else {
+                println!("{failure}");
+            }
+            match failure {
+                verify::Failure::Broken(_) => EXIT_BROKEN,
+                verify::Failure::Pruned { .. } => EXIT_PRUNED,
+                verify::Failure::HeadMissing { .. } => EXIT_HEAD_MISSING,
+            }
         }
     }
 }
@@ -134,6 +159,9 @@ fn describe(v: &verify::Verified) -> String {
     }
     if let Some(seq) = v.removed_before {
         text += &format!("records before seq {seq} were removed by retention (a record says so)\n");
+    }
+    if let Some(seq) = v.pruned_before {
+        text += &format!("records before seq {seq} are missing, and no record says why (--allow-pruned)\n");
     }
     if let Some((file, bytes)) = &v.torn_tail {
         text += &format!(

@@ -126,7 +126,7 @@ async fn serve(mut broker: Broker, socket: PathBuf, mode: u32) -> i32 {
     // The warm pool's sandboxes go before the cgroups are swept.
     let _ = tokio::task::spawn_blocking(move || pool.close()).await;
     systemd::notify("STOPPING=1");
-    if let Err(e) = journal.append(Event::BrokerStopped { pid }).await {
+    if let Err(e) = journal.append_last(Event::BrokerStopped { pid }).await {
         tracing::error!("{e}");
     }
     // Runs cut short at shutdown leave no cgroup behind.

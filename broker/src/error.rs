@@ -99,7 +99,11 @@ impl BrokerError {
 
 impl From<crate::journal::JournalError> for BrokerError {
     fn from(e: crate::journal::JournalError) -> BrokerError {
-        BrokerError::JournalUnavailable(e.to_string())
+        match e.rule() {
+            // The refusal names the configuration key that made it (the free-space floor).
+            Some(_) => BrokerError::Reply(crate::journal::events::journal_refusal(e)),
+            None => BrokerError::JournalUnavailable(e.to_string()),
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use crate::approvals::{Approvers, Pending};
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::error::BrokerError;
 use crate::etc_view::EtcView;
-use crate::journal::{Event, Journal, events};
+use crate::journal::{Event, Journal, RefusalRecord, events};
 pub use crate::journal::events::journal_refusal;
 use crate::requester::{self, Acting, Requester};
 use crate::run::{Engine, Planned, Sink};
@@ -279,27 +279,41 @@ impl Broker {
         })?;
         tracing::debug!(run_id, decide_us = deciding.elapsed().as_micros(), "policy decided");
         let decided = self.escalated(request, decided);
-        let received = events::received(run_id, (peer.uid, peer.gid, peer.pid), request);
+        let who = (peer.uid, peer.gid, peer.pid);
         let Opened { resolved, approval, dirs, descriptors } = match decided {
             Ok(opened) => opened,
-            Err(e) => {
-                tracing::info!(run_id, uid = peer.uid, rule = e.rule, "denied: {}", e.message);
-                let decision = events::decision(run_id, "deny", Some(&e));
-                self.journal.append_all_blocking(vec![received, decision], true).map_err(journal_refusal)?;
-                return Err(e);
-            }
+            Err(e) => return Err(self.record_refusal(run_id, peer, request, e)),
         };
         let keep_out = KeepOut { owned: self.owned.clone(), host_executed: self.host_executed.clone() };
         let grants = Grants { requester, descriptors, keep_out };
         let mut pending = vec![
-            received,
+            events::received(run_id, who, request),
             events::decision(run_id, if approval.is_some() { "needs_approval" } else { "allow" }, None),
         ];
         if approval.is_some() {
             // Recorded before anybody is asked.
-            self.journal.append_all_blocking(std::mem::take(&mut pending), false).map_err(journal_refusal)?;
+            self.journal.start_all_blocking(std::mem::take(&mut pending), false).map_err(journal_refusal)?;
         }
         Ok(Decided { run_id, resolved, approval, approver_approved: false, grants, etc, dirs, pending })
+    }
+
+    /// Records the refusal `e` of a request, in bounded form and at its
+    /// uid's rate (see [`Journal::refusal_blocking`]); the refusal to send,
+    /// or `JournalUnavailable` when it cannot be recorded.
+    fn record_refusal(&self, run_id: u64, peer: &Peer, request: &RunRequest, e: ErrorReply) -> ErrorReply {
+        let refused = events::refused(run_id, (peer.uid, peer.gid, peer.pid), request);
+        let decision = events::decision(run_id, "deny", Some(&e));
+        match self.journal.refusal_blocking(peer.uid, vec![refused, decision]) {
+            Err(j) => return journal_refusal(j),
+            Ok(RefusalRecord::Written) => {
+                tracing::info!(run_id, uid = peer.uid, rule = e.rule, "denied: {}", e.message);
+            }
+            // Counted, as the journal counts it: a client refused in a loop is not a line each.
+            Ok(RefusalRecord::Counted) => {
+                tracing::debug!(run_id, uid = peer.uid, rule = e.rule, "denied: {}", e.message);
+            }
+        }
+        e
     }
 
     /// The requested tool's trust stage, where stages apply.
@@ -502,7 +516,7 @@ impl Broker {
         }
         // Written before the sandbox starts: a run that cannot be recorded does not run.
         pending.push(events::run_started(run_id, request, &resolved));
-        if let Err(e) = self.journal.append_all(pending, false).await {
+        if let Err(e) = self.journal.start_all(pending, false).await {
             if let Some(slot) = claimed {
                 let _ = tokio::task::spawn_blocking(move || slot.discard()).await;
             }

@@ -393,17 +393,52 @@ pub struct JournalConfig {
     pub path: Option<PathBuf>,
     /// A segment that reached this size is closed and a new one started.
     pub segment_bytes: u64,
-    /// How many segments to keep when one is closed (the oldest are removed,
-    /// and a record says so); absent: every segment is kept.
-    pub keep_segments: Option<u32>,
+    /// Retention by age: when a segment is closed, the oldest segments whose
+    /// records are all older than this many days are removed (and a record
+    /// says so); absent: every segment is kept. By age, never by volume: a
+    /// requester's flood cannot push anybody's records out (it meets
+    /// `min_free_bytes` instead).
+    pub keep_days: Option<u32>,
+    /// Gone: retention by count let one requester's volume push every other
+    /// record out. Refused with the reason; `keep_days` replaces it.
+    pub keep_segments: Option<Spanned<toml::Value>>,
     /// The group (gid) that may read the journal, e.g. the approvers':
     /// directory 0750 and files 0640 instead of 0700 and 0600.
     pub reader_gid: Option<u32>,
+    /// The free space (bytes) the journal's filesystem keeps: below it, new
+    /// runs (and refusals) are refused `JournalUnavailable` before the disk
+    /// is full, while the records of what is under way are still written.
+    /// 0: no floor.
+    pub min_free_bytes: u64,
+    /// Refusals of one uid recorded one by one in each period; past that,
+    /// they are counted, and a `refusals_summarized` record gives the count
+    /// when the period ends (or the broker stops).
+    pub refusals_recorded: u32,
+    /// The period of `refusals_recorded`, in seconds.
+    pub refusal_period_secs: u64,
 }
 
 /// A segment's default size: large enough that rotation is rare, small
 /// enough that one segment is read in a moment.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
+
+/// The default free-space floor: room for the records of the runs under
+/// way when it is reached (each record is at most 1 MiB, most under 2 KiB)
+/// and for the segment's next reserve (1 MiB), with the rest of the host's
+/// needs well clear of a full disk.
+pub const DEFAULT_MIN_FREE_BYTES: u64 = 64 << 20;
+
+/// Refusals of one uid recorded one by one per period, by default: enough
+/// to see what a client was refused and why; a client refused in a loop is
+/// counted past them.
+pub const DEFAULT_REFUSALS_RECORDED: u32 = 20;
+
+/// The default period of `refusals_recorded`: a minute.
+pub const DEFAULT_REFUSAL_PERIOD_SECS: u64 = 60;
+
+/// The longest `refusal_period_secs`: a day; the counts of a longer period
+/// would wait too long for their record.
+pub const MAX_REFUSAL_PERIOD_SECS: u64 = 86_400;
 
 impl Default for JournalConfig {
     fn default() -> Self {
@@ -411,8 +446,12 @@ impl Default for JournalConfig {
             enabled: true,
             path: None,
             segment_bytes: DEFAULT_SEGMENT_BYTES,
+            keep_days: None,
             keep_segments: None,
             reader_gid: None,
+            min_free_bytes: DEFAULT_MIN_FREE_BYTES,
+            refusals_recorded: DEFAULT_REFUSALS_RECORDED,
+            refusal_period_secs: DEFAULT_REFUSAL_PERIOD_SECS,
         }
     }
 }
@@ -424,6 +463,32 @@ pub const DEFAULT_REQUEST_BUFFER_BYTES: usize = 128 << 20;
 /// Requests held for one uid: four of the largest frames at once, so that
 /// one user's clients take at most a quarter of the whole.
 pub const DEFAULT_REQUEST_BUFFER_BYTES_PER_UID: usize = 32 << 20;
+
+impl JournalConfig {
+    fn check(&self) -> Result<(), (usize, String)> {
+        if let Some(old) = &self.keep_segments {
+            return Err((
+                old.span().start,
+                "journal.keep_segments is gone: retention by count let one requester's volume push \
+                 every other record out; use keep_days (retention by age)"
+                    .into(),
+            ));
+        }
+        if self.segment_bytes < 4096 || self.keep_days == Some(0) {
+            return Err((0, "journal.segment_bytes must be at least 4096 and keep_days at least 1".into()));
+        }
+        if !(1..=MAX_REFUSAL_PERIOD_SECS).contains(&self.refusal_period_secs) {
+            return Err((
+                0,
+                format!("journal.refusal_period_secs must be from 1 to {MAX_REFUSAL_PERIOD_SECS}"),
+            ));
+        }
+        if self.path.as_ref().is_some_and(|p| !p.is_absolute()) {
+            return Err((0, "journal.path must be an absolute path".into()));
+        }
+        Ok(())
+    }
+}
 
 impl Default for BrokerConfig {
     fn default() -> Self {
@@ -873,15 +938,7 @@ impl Config {
         if self.broker.frame_timeout_secs == 0 {
             return Err((0, "broker.frame_timeout_secs must be at least 1".into()));
         }
-        if self.journal.segment_bytes < 4096 || self.journal.keep_segments == Some(0) {
-            return Err((
-                0,
-                "journal.segment_bytes must be at least 4096 and keep_segments at least 1".into(),
-            ));
-        }
-        if self.journal.path.as_ref().is_some_and(|p| !p.is_absolute()) {
-            return Err((0, "journal.path must be an absolute path".into()));
-        }
+        self.journal.check()?;
         for name in &self.policy.require_landlock {
             if !LandlockFeatures::TABLE.iter().any(|(_, _, n)| n == name.get_ref()) {
                 let known: Vec<&str> = LandlockFeatures::TABLE.iter().map(|(_, _, n)| *n).collect();
@@ -1190,6 +1247,27 @@ mod tests {
         assert_eq!((c.broker.request_buffer_bytes, c.broker.request_buffer_bytes_per_uid), (0, 5));
         let e = parse("[broker]\nframe_timeout_secs = 0\n").unwrap_err();
         assert!(e.contains("broker.frame_timeout_secs must be at least 1"), "{e}");
+    }
+
+    #[test]
+    fn the_journal_keeps_by_age_a_floor_and_a_refusal_rate() {
+        let c = parse("").unwrap();
+        assert_eq!(
+            (c.journal.keep_days, c.journal.min_free_bytes, c.journal.refusals_recorded),
+            (None, DEFAULT_MIN_FREE_BYTES, DEFAULT_REFUSALS_RECORDED)
+        );
+        assert_eq!(c.journal.refusal_period_secs, DEFAULT_REFUSAL_PERIOD_SECS);
+        let c = parse("[journal]\nkeep_days = 30\nmin_free_bytes = 0\nrefusals_recorded = 0\n").unwrap();
+        assert_eq!(
+            (c.journal.keep_days, c.journal.min_free_bytes, c.journal.refusals_recorded),
+            (Some(30), 0, 0)
+        );
+        // Retention by count is gone, with the reason and where it was asked for.
+        let e = parse("[journal]\n\nkeep_segments = 2\n").unwrap_err();
+        assert!(e.contains(":3:") && e.contains("keep_days"), "{e}");
+        assert!(parse("[journal]\nkeep_days = 0\n").unwrap_err().contains("keep_days"));
+        assert!(parse("[journal]\nrefusal_period_secs = 0\n").unwrap_err().contains("refusal_period_secs"));
+        assert!(parse("[journal]\nrefusal_period_secs = 86401\n").is_err());
     }
 
     #[test]

@@ -12,6 +12,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// `palisade audit verify`'s exit statuses (docs/journal.md).
+const EXIT_PRUNED: i32 = 3;
+const EXIT_HEAD_MISSING: i32 = 4;
+
 /// `palisade audit ARGS`: its exit status and what it printed (both streams).
 fn audit(args: &[&str]) -> (Option<i32>, String) {
     let o = std::process::Command::new(bin("palisade")).arg("audit").args(args).output().unwrap();
@@ -112,8 +116,11 @@ fn a_thousand_runs_make_one_chain_that_verifies_and_each_result_names_its_record
     let hash = head.split_whitespace().nth(1).unwrap().to_string();
     assert_eq!(verify(&d.journal(), &["--head", &hash]).0, Some(0));
     let (code, out) = verify(&d.journal(), &["--head", &"ab".repeat(32)]);
-    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(code, Some(EXIT_HEAD_MISSING), "{out}");
     assert!(out.contains("is not in the journal"), "{out}");
+    // Something that is no hash is a usage error, not a missing head.
+    let (code, out) = verify(&d.journal(), &["--head", "abc"]);
+    assert_eq!(code, Some(2), "{out}");
 }
 
 /// A copy of `journal`'s segments in `to`, with `change` applied to the
@@ -206,7 +213,7 @@ fn an_edit_a_deletion_a_swap_or_an_insertion_is_named_at_its_record() {
     assert_eq!(verify(&cut, &[]).0, Some(0));
     let hash = head.split_whitespace().nth(1).unwrap();
     let (code, out) = verify(&cut, &["--head", hash]);
-    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(code, Some(EXIT_HEAD_MISSING), "{out}");
 }
 
 #[test]
@@ -341,7 +348,9 @@ fn a_full_filesystem_refuses_runs_as_journal_unavailable_until_space_returns() {
     let tmpfs = Tmpfs::mount(&dir, "size=256k,mode=0755");
     let fs = tmpfs.path();
     let journal = fs.join("journal");
+    // No floor: this is the full disk itself (the floor has a test of its own).
     let d = Daemon::start_with(DaemonOptions {
+        config: "[journal]\nmin_free_bytes = 0\n".into(),
         env: vec![("PALISADE_JOURNAL".into(), journal.to_string_lossy().into_owned())],
         ..Default::default()
     });
@@ -378,8 +387,41 @@ fn a_full_filesystem_refuses_runs_as_journal_unavailable_until_space_returns() {
     drop(d);
 }
 
+/// 32 bytes of a lowercase hex sha256.
+fn unhex(hex: &str) -> Vec<u8> {
+    (0..hex.len() / 2).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()).collect()
+}
+
+/// A journal in `dir` of `segments` segments of `per` records each, all
+/// written on 1 January 2001: one chain, as docs/journal.md describes it,
+/// made without the broker. The hash of its last record.
+fn old_journal(dir: &Path, segments: u64, per: u64) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut prev = "0".repeat(64);
+    for s in 0..segments {
+        let first = s * per + 1;
+        let mut text = String::new();
+        for seq in first..first + per {
+            // Keys sorted, no whitespace: the canonical bytes.
+            let time = format!("2001-01-01T00:00:{:02}.000000Z", seq % 60);
+            let body = |hash: &str| {
+                format!(
+                    r#"{{"broker":"1-1","event":"broker_stopped",{hash}"pid":1,"prev":"{prev}","seq":{seq},"time":"{time}"}}"#
+                )
+            };
+            let canonical = body("");
+            let hash = palisade_broker::attest::sha256_hex(&[unhex(&prev), canonical.into_bytes()].concat());
+            text += &body(&format!(r#""hash":"{hash}","#));
+            text.push('\n');
+            prev = hash;
+        }
+        std::fs::write(dir.join(format!("segment-{first:020}.jsonl")), text).unwrap();
+    }
+    prev
+}
+
 #[test]
-fn segments_rotate_and_retention_leaves_a_record_of_what_it_removed() {
+fn segments_rotate_and_retention_by_age_leaves_a_record_of_what_it_removed() {
     let mut d = Daemon::start("[journal]\nsegment_bytes = 4096\n");
     let ws = TempDir::new("ws");
     let first = runs(&d, ws.path(), 12, 2);
@@ -391,29 +433,54 @@ fn segments_rotate_and_retention_leaves_a_record_of_what_it_removed() {
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains(&format!("in {many} segments")), "{out}");
     assert_receipts(&first, &records(&journal));
-    // With retention, the oldest segments go when one is closed, and a record says so.
+    // Retention by age: segments whose records are all older than keep_days
+    // go when one is closed, and a record says so; the rest stay.
+    let dir = TempDir::new("aged");
+    let aged = dir.join("journal");
+    old_journal(&aged, 3, 5);
+    assert_eq!(verify(&aged, &[]).0, Some(0), "{}", documented_recipe(&aged));
     let kept = Daemon::start_with(DaemonOptions {
-        config: "[journal]\nsegment_bytes = 4096\nkeep_segments = 2\n".into(),
-        env: vec![("PALISADE_JOURNAL".into(), journal.to_string_lossy().into_owned())],
+        config: "[journal]\nsegment_bytes = 4096\nkeep_days = 1\n".into(),
+        env: vec![("PALISADE_JOURNAL".into(), aged.to_string_lossy().into_owned())],
         ..Default::default()
     });
-    let last = runs(&kept, ws.path(), 6, 1);
-    assert_eq!(segments(&journal).len(), 2);
-    let recs = records(&journal);
-    // The latest run's records are among those kept (the earlier ones may be gone).
-    assert_receipts(&last[last.len() - 1..], &recs);
-    let removed = recs.iter().rfind(|r| r["event"] == "segments_removed").expect("a segments_removed record");
-    assert_eq!(removed["last_seq"].as_u64().unwrap() + 1, recs[0]["seq"].as_u64().unwrap());
+    let last = runs(&kept, ws.path(), 12, 1);
+    let left = segments(&aged);
+    let names: Vec<String> = left.iter().map(|p| p.file_name().unwrap().to_string_lossy().into()).collect();
+    // The two old segments went; the third took the broker's first records, and stays.
+    assert_eq!(names[0], format!("segment-{:020}.jsonl", 11), "{names:?}");
+    let recs = records(&aged);
+    assert_receipts(&last, &recs);
+    let removed = recs.iter().find(|r| r["event"] == "segments_removed").expect("a segments_removed record");
+    assert_eq!((removed["first_seq"].as_u64(), removed["last_seq"].as_u64()), (Some(1), Some(10)));
     assert_eq!(removed["last_hash"], recs[0]["prev"]);
-    let (code, out) = verify(&journal, &[]);
+    let (code, out) = verify(&aged, &[]);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("were removed by retention"), "{out}");
-    // A segment removed otherwise is no retention's: the chain is broken.
+    // Counter-test: segments of today are kept whatever their number.
+    assert_eq!(count(&recs, "segments_removed"), 1);
+    assert!(left.len() > 3, "{names:?}");
+    // A segment removed otherwise is no retention's: verify says records
+    // were removed (its own status), unless told that is expected.
     drop(kept);
-    std::fs::remove_file(&segments(&journal)[0]).unwrap();
-    let (code, out) = verify(&journal, &[]);
-    assert_eq!(code, Some(1), "{out}");
-    assert!(out.contains("no retention record"), "{out}");
+    std::fs::remove_file(&segments(&aged)[0]).unwrap();
+    let (code, out) = verify(&aged, &[]);
+    assert_eq!(code, Some(EXIT_PRUNED), "{out}");
+    assert!(out.contains("no record in it says that retention removed"), "{out}");
+    let (code, json) = verify(&aged, &["--json"]);
+    let v: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(code, Some(EXIT_PRUNED));
+    assert!(v["pruned"]["first_seq"].as_u64().is_some_and(|s| s > 11), "{v}");
+    let (code, out) = verify(&aged, &["--allow-pruned"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("are missing, and no record says why"), "{out}");
+    // Counter-test: the journal that starts at its genesis needs no flag.
+    let whole = TempDir::new("whole");
+    old_journal(&whole.join("journal"), 2, 3);
+    assert_eq!(verify(&whole.join("journal"), &[]).0, Some(0));
+    // Its first segment removed: the same status.
+    std::fs::remove_file(&segments(&whole.join("journal"))[0]).unwrap();
+    assert_eq!(verify(&whole.join("journal"), &[]).0, Some(EXIT_PRUNED));
 }
 
 #[test]
@@ -602,4 +669,294 @@ fn the_embedded_broker_records_that_nobody_was_there_to_approve() {
     assert_eq!((answer["approved"].as_bool(), answer["by_uid"].is_null()), (Some(false), true));
     assert_eq!(answer["why"], "no terminal to ask");
     assert_eq!(verify(&journal, &[]).0, Some(0));
+}
+
+/// The bytes of records in a journal (the zeros reserved ahead not counted).
+fn record_bytes(journal: &Path) -> usize {
+    segments(journal).iter().map(|s| content(s).len()).sum()
+}
+
+/// The canonical line of a record (its bytes in the journal, newline included).
+fn line_len(record: &Value) -> usize {
+    serde_json::to_string(record).unwrap().len() + 1
+}
+
+/// A request the policy refuses for its size: one argument of 256 KiB
+/// (the default limit is 4096 bytes), `tag` telling each apart.
+fn oversized(ws: &Path, tag: usize) -> palisade_protocol::wire::RunRequest {
+    let mut r = request(ws, &["echo", &format!("{tag:06}{}", "x".repeat(256 << 10))]);
+    r.env.insert("BIG".into(), "v".repeat(64 << 10));
+    r
+}
+
+/// docs/journal.md: the longest line of a refused request's records and of
+/// a `refusals_summarized`.
+const REFUSAL_RECORD_BYTES: usize = 16 << 10;
+
+#[test]
+fn a_flood_of_refused_oversized_requests_writes_bounded_records_at_a_rate_and_a_summary() {
+    const FLOOD: usize = 200;
+    const RECORDED: usize = 20;
+    // Small segments and retention on: nothing of the requester's earlier records may go.
+    let config = format!(
+        "[journal]\nsegment_bytes = 4096\nkeep_days = 1\nrefusals_recorded = {RECORDED}\n\
+         refusal_period_secs = 86400\n"
+    );
+    let mut d = Daemon::start(&config);
+    let ws = TempDir::new("ws");
+    let earlier = runs(&d, ws.path(), 3, 1);
+    let journal = d.journal();
+    let before = record_bytes(&journal);
+    let mut client = Client::connect(&d.socket).unwrap();
+    for i in 0..FLOOD {
+        match client.run(oversized(ws.path(), i), |_| {}) {
+            Err(ClientError::Reply(e)) => {
+                assert_eq!(
+                    (e.kind, e.rule.as_deref()),
+                    (ErrorKind::InvalidRequest, Some("limits.argument_bytes"))
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // At most two records a refusal within the rate, each within the documented bound.
+    let grown = record_bytes(&journal) - before;
+    let ceiling = 2 * RECORDED * REFUSAL_RECORD_BYTES;
+    eprintln!("{FLOOD} refused requests wrote {grown} bytes of records (ceiling {ceiling})");
+    assert!(grown <= ceiling, "{FLOOD} refusals wrote {grown} bytes (ceiling {ceiling})");
+    let recs = records(&journal);
+    let refused: Vec<&Value> =
+        recs.iter().filter(|r| r["event"] == "request_received" && r["bounded"] == true).collect();
+    assert_eq!(refused.len(), RECORDED);
+    // Counter-test: the first ones within the rate are each recorded, in bounded form.
+    for (i, r) in refused.iter().enumerate() {
+        assert!(line_len(r) <= REFUSAL_RECORD_BYTES, "{}", line_len(r));
+        let argv = oversized(ws.path(), i).argv;
+        assert_eq!(r["argv"]["count"], 3);
+        assert_eq!(r["argv"]["bytes"], argv.iter().map(String::len).sum::<usize>());
+        let sha = palisade_broker::attest::sha256_hex(serde_json::to_string(&argv).unwrap().as_bytes());
+        assert_eq!(r["argv"]["sha256"].as_str(), Some(sha.as_str()));
+        assert_eq!(r["argv"]["heads"][2].as_str(), Some(&argv[2][..64]));
+        assert_eq!(
+            (r["env"]["heads"][0].as_str(), r["env_values_bytes"].as_u64()),
+            (Some("BIG"), Some(64 << 10))
+        );
+        let decision = recs.iter().find(|x| x["event"] == "decision" && x["run_id"] == r["run_id"]).unwrap();
+        assert_eq!(
+            (decision["decision"].as_str(), decision["rule"].as_str()),
+            (Some("deny"), Some("limits.argument_bytes"))
+        );
+    }
+    // The requester's earlier records are all there.
+    assert_receipts(&earlier, &recs);
+    assert_eq!(count(&recs, "refusals_summarized"), 0);
+    // The rest are counted, and recorded as a count when the broker stops.
+    d.stop();
+    let recs = records(&journal);
+    let summaries: Vec<&Value> = recs.iter().filter(|r| r["event"] == "refusals_summarized").collect();
+    assert_eq!(summaries.len(), 1, "{summaries:?}");
+    let s = summaries[0];
+    assert!(line_len(s) <= REFUSAL_RECORD_BYTES);
+    assert_eq!(
+        (s["count"].as_u64(), s["recorded"].as_u64()),
+        (Some((FLOOD - RECORDED) as u64), Some(RECORDED as u64))
+    );
+    assert_eq!(
+        (s["uid"].as_u64(), s["period_secs"].as_u64()),
+        (Some(nix::unistd::getuid().as_raw().into()), Some(86400))
+    );
+    // Written before the broker's last record.
+    assert_eq!(recs.last().unwrap()["event"], "broker_stopped");
+    assert_receipts(&earlier, &recs);
+    let (code, out) = verify(&journal, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!out.contains("removed"), "{out}");
+}
+
+#[test]
+fn refusals_past_the_rate_are_summarized_when_their_period_ends() {
+    const FLOOD: usize = 12;
+    let mut d = Daemon::start("[journal]\nrefusals_recorded = 2\nrefusal_period_secs = 1\n");
+    let ws = TempDir::new("ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    for i in 0..FLOOD {
+        assert!(matches!(client.run(oversized(ws.path(), i), |_| {}), Err(ClientError::Reply(_))));
+    }
+    // A period ends without the broker stopping: its count is recorded then
+    // (bounded: a summary that never comes fails the test, it does not hang it).
+    let journal = d.journal();
+    let summarized = || records(&journal).iter().any(|r| r["event"] == "refusals_summarized");
+    assert!(eventually(Duration::from_secs(30), summarized), "{}", d.log());
+    d.stop();
+    // Every refusal is either recorded one by one or counted in a summary.
+    let recs = records(&journal);
+    let one_by_one = recs.iter().filter(|r| r["bounded"] == true).count();
+    let counted: u64 = recs
+        .iter()
+        .filter(|r| r["event"] == "refusals_summarized")
+        .map(|r| r["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(one_by_one as u64 + counted, FLOOD as u64, "{one_by_one} + {counted}");
+    assert!(one_by_one >= 2);
+    assert_eq!(verify(&journal, &[]).0, Some(0));
+}
+
+#[test]
+fn below_the_free_space_floor_runs_are_refused_before_the_disk_is_full_and_served_above_it() {
+    if !is_root() {
+        eprintln!("not root: a tmpfs cannot be mounted, so the free space cannot be set");
+        return;
+    }
+    const FLOOR: u64 = 4 << 20;
+    let dir = TempDir::new("floorjournal");
+    let tmpfs = Tmpfs::mount(&dir, "size=16m,mode=0755");
+    let fs = tmpfs.path();
+    let journal = fs.join("journal");
+    let d = Daemon::start_with(DaemonOptions {
+        config: format!("[journal]\nmin_free_bytes = {FLOOR}\n"),
+        env: vec![("PALISADE_JOURNAL".into(), journal.to_string_lossy().into_owned())],
+        ..Default::default()
+    });
+    let ws = TempDir::new("ws");
+    // Counter-test: above the floor, runs are served.
+    let mut client = Client::connect(&d.socket).unwrap();
+    let served = client.run(request(ws.path(), &["echo", "above"]), |_| {}).unwrap();
+    assert_receipts(&[served], &records(&journal));
+    // Below it (half of it free), with the disk far from full: refused, naming the floor.
+    let free = || {
+        let s = nix::sys::statvfs::statvfs(fs).unwrap();
+        s.blocks_available() as u64 * s.fragment_size() as u64
+    };
+    let filler = fs.join("filler");
+    std::fs::write(&filler, vec![0u8; (free() - FLOOR / 2) as usize]).unwrap();
+    assert!(free() < FLOOR && free() > FLOOR / 4, "{} bytes free", free());
+    for i in 0..3 {
+        match client.run(request(ws.path(), &["echo", &i.to_string()]), |_| {}) {
+            Err(ClientError::Reply(e)) => {
+                assert_eq!(e.kind, ErrorKind::JournalUnavailable, "{}", e.message);
+                assert_eq!(e.rule.as_deref(), Some("journal.min_free_bytes"));
+                assert!(e.message.contains(&format!("floor of {FLOOR} bytes")), "{}", e.message);
+            }
+            other => panic!("a run below the floor: {other:?}"),
+        }
+    }
+    // A refusal too is not written below it.
+    let refused = client.run(oversized(ws.path(), 0), |_| {});
+    assert!(
+        matches!(refused, Err(ClientError::Reply(ref e)) if e.kind == ErrorKind::JournalUnavailable),
+        "{refused:?}"
+    );
+    let o = d.run(ws.path(), &[&probe(), "echo", "x"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("min_free_bytes"), "{o:?}");
+    assert!(d.log().contains("below the journal's floor"), "{}", d.log());
+    let (code, out) = verify(&journal, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    // Space back: served again.
+    std::fs::remove_file(&filler).unwrap();
+    let after = client.run(request(ws.path(), &["echo", "back"]), |_| {}).unwrap();
+    assert_receipts(&[after], &records(&journal));
+    assert_eq!(verify(&journal, &[]).0, Some(0));
+    drop(d);
+}
+
+/// The heads a daemon's log gives: `journal head SEQ HASH (WHY)`.
+fn logged_heads(log: &str) -> Vec<(u64, String, String)> {
+    log.lines()
+        .filter_map(|l| {
+            let rest = &l[l.find("journal head ")? + "journal head ".len()..];
+            let mut words = rest.splitn(3, ' ');
+            let seq = words.next()?.parse().ok()?;
+            let hash = words.next()?.to_string();
+            Some((seq, hash, words.next()?.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn the_head_is_logged_at_each_segment_close_and_at_shutdown_and_a_journal_cut_before_it_fails() {
+    let mut d = Daemon::start("[journal]\nsegment_bytes = 4096\n");
+    let ws = TempDir::new("ws");
+    runs(&d, ws.path(), 8, 1);
+    d.stop();
+    let journal = d.journal();
+    let recs = records(&journal);
+    let heads = logged_heads(&d.log());
+    let closes: Vec<&(u64, String, String)> = heads.iter().filter(|h| h.2.ends_with("closed)")).collect();
+    // Every segment but the newest was closed, and its last record logged as it was.
+    let all = segments(&journal);
+    assert_eq!(closes.len(), all.len() - 1, "{heads:?}");
+    for ((seq, hash, why), segment) in closes.iter().map(|h| (h.0, &h.1, &h.2)).zip(&all) {
+        let last: Value =
+            serde_json::from_str(String::from_utf8(content(segment)).unwrap().lines().last().unwrap())
+                .unwrap();
+        assert_eq!((last["seq"].as_u64(), last["hash"].as_str()), (Some(seq), Some(hash.as_str())));
+        assert!(why.contains(&*segment.file_name().unwrap().to_string_lossy()), "{why}");
+    }
+    let (seq, hash, why) = heads.last().unwrap().clone();
+    assert_eq!(why, "(the broker stops)");
+    let end = recs.last().unwrap();
+    assert_eq!(
+        (end["event"].as_str(), end["seq"].as_u64(), end["hash"].as_str()),
+        (Some("broker_stopped"), Some(seq), Some(hash.as_str()))
+    );
+    // Counter-test: the untouched journal holds every head the log gave.
+    for (_, h, _) in &heads {
+        let (code, out) = verify(&journal, &["--head", h]);
+        assert_eq!(code, Some(0), "{out}");
+    }
+    // Cut back before the last logged head (its last segment gone, and a
+    // record of the one before): the chain left is whole, the head is not in it.
+    let dir = TempDir::new("cut");
+    let cut = dir.join("journal");
+    std::fs::create_dir(&cut).unwrap();
+    for s in &all[..all.len() - 1] {
+        std::fs::copy(s, cut.join(s.file_name().unwrap())).unwrap();
+    }
+    let before_last = cut.join(all[all.len() - 2].file_name().unwrap());
+    let text = String::from_utf8(content(&before_last)).unwrap();
+    let kept: Vec<&str> = text.lines().collect();
+    std::fs::write(&before_last, kept[..kept.len() - 1].iter().map(|l| format!("{l}\n")).collect::<String>())
+        .unwrap();
+    assert_eq!(verify(&cut, &[]).0, Some(0));
+    let (code, out) = verify(&cut, &["--head", &hash]);
+    assert_eq!(code, Some(EXIT_HEAD_MISSING), "{out}");
+    assert!(out.contains(&format!("the kept head {hash} is not in the journal")), "{out}");
+    let (code, json) = verify(&cut, &["--head", &hash, "--json"]);
+    let v: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!((code, v["head_missing"]["head"].as_str()), (Some(EXIT_HEAD_MISSING), Some(hash.as_str())));
+    // The head logged when that segment closed, cut too, is missing as well.
+    let closed = &closes[closes.len() - 2..];
+    assert_eq!(verify(&cut, &["--head", &closed[1].1]).0, Some(EXIT_HEAD_MISSING));
+    assert_eq!(verify(&cut, &["--head", &closed[0].1]).0, Some(0));
+}
+
+/// docs/journal.md: the longest line of any record.
+const MAX_RECORD_BYTES: usize = 1 << 20;
+
+#[test]
+fn a_runs_record_keeps_its_argv_and_none_is_longer_than_the_documented_bound() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    // Within the default limits (128 arguments of 4096 bytes): a run's argv is recorded whole.
+    let mut plain = request(ws.path(), &["exit", "0"]);
+    plain.argv.extend(std::iter::repeat_n("a".repeat(4096), 8));
+    let whole = client.run(plain.clone(), |_| {}).unwrap();
+    // The same limits, each byte one that JSON writes in six: the record would be 3 MB.
+    let mut escaped = request(ws.path(), &["exit", "0"]);
+    escaped.argv.extend(std::iter::repeat_n("\u{1}".repeat(4096), 126));
+    let clipped = client.run(escaped.clone(), |_| {}).unwrap();
+    let recs = records(&d.journal());
+    let received =
+        |run: u64| recs.iter().find(|r| r["event"] == "request_received" && r["run_id"] == run).unwrap();
+    assert_eq!(received(whole.run_id)["argv"], serde_json::json!(plain.argv));
+    let r = received(clipped.run_id);
+    assert!(line_len(r) <= MAX_RECORD_BYTES, "{}", line_len(r));
+    assert!(r["clipped"]["bytes"].as_u64().unwrap() > 3 * MAX_RECORD_BYTES as u64 / 2, "{}", r["clipped"]);
+    assert_eq!(r["argv"][1], "exit");
+    // Both ran, and every record is within the bound.
+    assert_receipts(&[whole, clipped], &recs);
+    assert!(recs.iter().all(|r| line_len(r) <= MAX_RECORD_BYTES));
+    assert_eq!(verify(&d.journal(), &[]).0, Some(0));
 }

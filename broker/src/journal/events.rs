@@ -1,8 +1,9 @@
 //! The records of a run's way through the broker, as both engines write them.
 
 use super::Event;
+use super::bound::{Text, Texts};
 use palisade_policy::Resolved;
-use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest, RunResult};
+use palisade_protocol::wire::{ErrorKind, ErrorReply, ParamValue, RunRequest, RunResult};
 
 /// The record of a request as it came in.
 pub fn received(run_id: u64, (uid, gid, pid): (u32, u32, Option<i32>), request: &RunRequest) -> Event {
@@ -15,6 +16,65 @@ pub fn received(run_id: u64, (uid, gid, pid): (u32, u32, Option<i32>), request: 
         argv: request.argv.clone(),
         workspace: request.workspace.clone(),
     }
+}
+
+/// What the record of a refused request holds of it: counts, sizes, sha256
+/// and first bytes of its variable-size fields (see [`super::bound`]), never
+/// the fields themselves; of the environment and the parameters, the names
+/// (their values may be secrets) and the size of the values.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RefusedRequest {
+    pub run_id: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: Option<i32>,
+    /// Always true: the record is the bounded form.
+    pub bounded: bool,
+    pub tool: Option<Text>,
+    pub argv: Texts,
+    pub workspace: Option<Text>,
+    pub cwd: Option<Text>,
+    pub profile: Option<Text>,
+    pub env: Texts,
+    pub env_values_bytes: u64,
+    pub params: Texts,
+    pub param_values_bytes: u64,
+    pub read_only: Texts,
+    pub read_write: Texts,
+    pub pass_env: Texts,
+    pub allow_domains: Option<Texts>,
+    pub stdin_bytes: u64,
+}
+
+/// The record of a request that was refused, in bounded form.
+pub fn refused(run_id: u64, (uid, gid, pid): (u32, u32, Option<i32>), request: &RunRequest) -> Event {
+    let text = |s: &Option<String>| s.as_deref().map(Text::of);
+    let names = |keys: Vec<&String>| Texts::of(&keys);
+    let param_values = request.params.values().map(|v| match v {
+        ParamValue::One(s) => s.len() as u64,
+        ParamValue::Many(list) => list.iter().map(|s| s.len() as u64).sum(),
+    });
+    Event::RequestRefused(Box::new(RefusedRequest {
+        run_id,
+        uid,
+        gid,
+        pid,
+        bounded: true,
+        tool: text(&request.tool),
+        argv: Texts::of(&request.argv),
+        workspace: text(&request.workspace),
+        cwd: text(&request.cwd),
+        profile: text(&request.profile),
+        env: names(request.env.keys().collect()),
+        env_values_bytes: request.env.values().map(|v| v.len() as u64).sum(),
+        params: names(request.params.keys().collect()),
+        param_values_bytes: param_values.sum(),
+        read_only: Texts::of(&request.read_only),
+        read_write: Texts::of(&request.read_write),
+        pass_env: Texts::of(&request.pass_env),
+        allow_domains: request.allow_domains.as_deref().map(Texts::of),
+        stdin_bytes: request.stdin.len() as u64,
+    }))
 }
 
 /// The record of a decision; a refusal's kind, rule and reason with it.
@@ -67,7 +127,11 @@ pub fn run_finished(r: &RunResult) -> Event {
     }
 }
 
-/// A request refused because the journal cannot record it.
+/// A request refused because the journal cannot record it (naming the
+/// floor's key when it is the free-space floor that refuses).
 pub fn journal_refusal(e: crate::journal::JournalError) -> ErrorReply {
-    ErrorReply::new(ErrorKind::JournalUnavailable, e.to_string())
+    match e.rule() {
+        Some(rule) => ErrorReply::with_rule(ErrorKind::JournalUnavailable, e.to_string(), rule),
+        None => ErrorReply::new(ErrorKind::JournalUnavailable, e.to_string()),
+    }
 }

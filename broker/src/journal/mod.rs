@@ -2,20 +2,27 @@
 //! (requests, decisions, approvals, runs, the broker's start and stop),
 //! appended by one writer thread that syncs each batch once (group commit),
 //! in segments that several brokers of one user may share under a lock.
-//! `docs/journal.md` describes the format and how to verify it.
+//! Every record has a bounded size, refusals are recorded one by one at a
+//! rate per uid and counted past it, nothing new starts below a free-space
+//! floor, and retention goes by age. `docs/journal.md` describes the format
+//! and how to verify it.
 
+pub mod bound;
 pub mod events;
+mod rate;
 mod record;
 mod retention;
 mod store;
 pub mod verify;
+mod writer;
 
 pub use record::{GENESIS, Record};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc;
-use store::{Entry, Settings, Store};
+use store::{Settings, Store};
+use writer::{Class, Pending, Reply};
 
 /// Where a record landed: its sequence number and its hash (lowercase hex sha256).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +46,20 @@ pub enum JournalError {
     /// The writer thread is gone.
     #[error("the audit journal's writer has stopped")]
     Stopped,
+    /// The journal's filesystem is below its free-space floor: nothing new
+    /// starts until there is space again.
+    #[error(
+        "the audit journal's filesystem ({dir}) has {free} bytes free, below the journal's floor of \
+         {floor} bytes ([journal] min_free_bytes): new runs are refused until there is space again"
+    )]
+    BelowFloor { dir: String, free: u64, floor: u64 },
+}
+
+impl JournalError {
+    /// The rule a refusal for this error names: the floor's configuration key.
+    pub fn rule(&self) -> Option<&'static str> {
+        matches!(self, JournalError::BelowFloor { .. }).then_some("journal.min_free_bytes")
+    }
 }
 
 /// One event; serialized as the record's fields, with `"event": "<snake_case variant name>"`.
@@ -59,6 +80,12 @@ pub enum Event {
         argv: Vec<String>,
         workspace: Option<String>,
     },
+    /// A refused request, in bounded form: what the record of a refusal
+    /// holds of the request is counts, sizes, sha256 and first bytes (see
+    /// [`bound`]), so that a refusal costs the journal little whatever the
+    /// request's size.
+    #[serde(rename = "request_received")]
+    RequestRefused(Box<events::RefusedRequest>),
     /// The policy's decision: `allow`, `deny` (with kind and rule) or `needs_approval`.
     Decision {
         run_id: u64,
@@ -136,6 +163,10 @@ pub enum Event {
     TailSetAside { file: String, bytes: u64, sha256: String },
     /// Retention removed these segments: records `first_seq..=last_seq`, the last hash `last_hash`.
     SegmentsRemoved { files: Vec<String>, first_seq: u64, last_seq: u64, last_hash: String },
+    /// Refusals of `uid` past the rate, not recorded one by one: `count` of
+    /// them in the period that started at `since` (`period_secs` long),
+    /// after the `recorded` ones that were.
+    RefusalsSummarized { uid: u32, count: u64, recorded: u32, since: String, period_secs: u64 },
 }
 
 /// An event's fields as a record carries them.
@@ -152,8 +183,11 @@ fn fields(event: &Event) -> Map<String, Value> {
 pub struct Options {
     pub dir: PathBuf,
     pub segment_bytes: u64,
-    pub keep_segments: Option<u32>,
+    pub keep_days: Option<u32>,
     pub reader_gid: Option<u32>,
+    pub min_free_bytes: u64,
+    pub refusals_recorded: u32,
+    pub refusal_period: std::time::Duration,
 }
 
 impl Options {
@@ -165,8 +199,11 @@ impl Options {
         Ok(Some(Options {
             dir: default_dir(config.path.as_deref())?,
             segment_bytes: config.segment_bytes,
-            keep_segments: config.keep_segments,
+            keep_days: config.keep_days,
             reader_gid: config.reader_gid,
+            min_free_bytes: config.min_free_bytes,
+            refusals_recorded: config.refusals_recorded,
+            refusal_period: std::time::Duration::from_secs(config.refusal_period_secs),
         }))
     }
 }
@@ -185,35 +222,6 @@ pub fn default_dir(configured: Option<&Path>) -> Result<PathBuf, String> {
     Ok(crate::paths::default_state_dir()?.join("journal"))
 }
 
-/// What the writer answers an append with.
-type Outcome = Result<Vec<Receipt>, JournalError>;
-
-/// Appends waiting for the writer, and how to answer each.
-struct Pending {
-    events: Vec<Event>,
-    durable: bool,
-    reply: Reply,
-}
-
-/// Where an append waits: a task, or a thread that may block (even one
-/// that drives a runtime, as the CLI's decision does).
-enum Reply {
-    Task(tokio::sync::oneshot::Sender<Outcome>),
-    Thread(mpsc::SyncSender<Outcome>),
-}
-
-impl Reply {
-    fn send(self, outcome: Outcome) {
-        let _ = match self {
-            Reply::Task(t) => t.send(outcome).map_err(drop),
-            Reply::Thread(t) => t.send(outcome).map_err(drop),
-        };
-    }
-}
-
-/// The most appends one batch takes (each its own events).
-const MAX_BATCH: usize = 256;
-
 /// The broker's audit journal; cheap to clone (an Arc inside).
 #[derive(Clone, Default)]
 pub struct Journal {
@@ -223,6 +231,17 @@ pub struct Journal {
 struct Inner {
     queue: mpsc::Sender<Pending>,
     dir: PathBuf,
+    /// The refusals recorded one by one, per uid (shared with the writer).
+    rate: Arc<rate::RefusalRate>,
+}
+
+/// What became of a refused request's records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalRecord {
+    /// Written and synced (or the journal is off).
+    Written,
+    /// Past its uid's rate: counted, for the period's `refusals_summarized`.
+    Counted,
 }
 
 impl Journal {
@@ -235,16 +254,23 @@ impl Journal {
     pub fn open(options: &Options) -> Result<Journal, JournalError> {
         let settings = Settings {
             segment_bytes: options.segment_bytes,
-            keep_segments: options.keep_segments,
+            keep_days: options.keep_days,
             reader_gid: options.reader_gid,
         };
         let store = Store::open(&options.dir, settings)?;
+        let rate = Arc::new(rate::RefusalRate::new(options.refusals_recorded, options.refusal_period));
         let (queue, pending) = mpsc::channel();
+        let writer = writer::Writer {
+            store,
+            rate: rate.clone(),
+            min_free_bytes: options.min_free_bytes,
+            below_floor: Default::default(),
+        };
         std::thread::Builder::new()
             .name("palisade-journal".into())
-            .spawn(move || write_batches(store, pending))
+            .spawn(move || writer.run(pending))
             .map_err(|e| JournalError::Io(format!("cannot start the writer thread: {e}")))?;
-        Ok(Journal { inner: Some(Arc::new(Inner { queue, dir: options.dir.clone() })) })
+        Ok(Journal { inner: Some(Arc::new(Inner { queue, dir: options.dir.clone(), rate })) })
     }
 
     /// The journal `[journal]` describes: opened, or off.
@@ -289,13 +315,10 @@ impl Journal {
 
     /// Appends `events` together, in order: synced to disk before this
     /// returns when `durable`, else written (in the page cache, kept if the
-    /// broker is killed) and synced with the next durable batch.
+    /// broker is killed) and synced with the next durable batch. Records of
+    /// what is under way: written below the free-space floor too.
     pub async fn append_all(&self, events: Vec<Event>, durable: bool) -> Result<Vec<Receipt>, JournalError> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        match self.send(events, durable, Reply::Task(reply))? {
-            true => answer.await.unwrap_or(Err(JournalError::Stopped)),
-            false => Ok(vec![]),
-        }
+        self.submit(events, durable, Class::Ongoing).await
     }
 
     /// [`Journal::append_all`] for code that may block.
@@ -304,17 +327,90 @@ impl Journal {
         events: Vec<Event>,
         durable: bool,
     ) -> Result<Vec<Receipt>, JournalError> {
+        self.submit_blocking(events, durable, Class::Ongoing)
+    }
+
+    /// Appends the records that start a run (its request, its decision,
+    /// its start): as [`Journal::append_all`], but refused
+    /// ([`JournalError::BelowFloor`]) when the journal's filesystem is below
+    /// `min_free_bytes`, so the runs under way keep the room to end.
+    pub async fn start_all(&self, events: Vec<Event>, durable: bool) -> Result<Vec<Receipt>, JournalError> {
+        self.submit(events, durable, Class::Start).await
+    }
+
+    /// [`Journal::start_all`] for code that may block.
+    pub fn start_all_blocking(
+        &self,
+        events: Vec<Event>,
+        durable: bool,
+    ) -> Result<Vec<Receipt>, JournalError> {
+        self.submit_blocking(events, durable, Class::Start)
+    }
+
+    /// Records a refused request of `uid` (its bounded request and its
+    /// decision), synced before this returns; refused below the floor as a
+    /// run's start is. Past the uid's rate (`refusals_recorded` a period),
+    /// nothing is written: the refusal is counted for the period's
+    /// `refusals_summarized` record.
+    pub fn refusal_blocking(&self, uid: u32, events: Vec<Event>) -> Result<RefusalRecord, JournalError> {
+        let Some(inner) = &self.inner else { return Ok(RefusalRecord::Written) };
+        match inner.rate.note(uid, std::time::Instant::now(), std::time::SystemTime::now()) {
+            rate::Admit::Record => {
+                self.submit_blocking(events, true, Class::Refusal)?;
+                Ok(RefusalRecord::Written)
+            }
+            rate::Admit::Count { first } => {
+                if first {
+                    // The writer learns when this period ends, to write its summary then.
+                    inner.queue.send(Pending::wake()).map_err(|_| JournalError::Stopped)?;
+                }
+                Ok(RefusalRecord::Counted)
+            }
+        }
+    }
+
+    /// Appends the broker's last record (`broker_stopped`), after a
+    /// `refusals_summarized` record of every refusal still counted, and logs
+    /// the journal's head (seq and hash), to be kept where the journal is
+    /// not (see `docs/journal.md`).
+    pub async fn append_last(&self, event: Event) -> Result<Receipt, JournalError> {
+        let receipt = last(self.submit(vec![event], true, Class::Last).await)?;
+        if self.enabled() {
+            tracing::info!("journal head {} {} (the broker stops)", receipt.seq, receipt.hash);
+        }
+        Ok(receipt)
+    }
+
+    async fn submit(
+        &self,
+        events: Vec<Event>,
+        durable: bool,
+        class: Class,
+    ) -> Result<Vec<Receipt>, JournalError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        match self.send(Pending { events, durable, class, reply: Reply::Task(reply) })? {
+            true => answer.await.unwrap_or(Err(JournalError::Stopped)),
+            false => Ok(vec![]),
+        }
+    }
+
+    fn submit_blocking(
+        &self,
+        events: Vec<Event>,
+        durable: bool,
+        class: Class,
+    ) -> Result<Vec<Receipt>, JournalError> {
         let (reply, answer) = mpsc::sync_channel(1);
-        match self.send(events, durable, Reply::Thread(reply))? {
+        match self.send(Pending { events, durable, class, reply: Reply::Thread(reply) })? {
             true => answer.recv().unwrap_or(Err(JournalError::Stopped)),
             false => Ok(vec![]),
         }
     }
 
     /// Queues an append for the writer; `false` with the journal off.
-    fn send(&self, events: Vec<Event>, durable: bool, reply: Reply) -> Result<bool, JournalError> {
+    fn send(&self, pending: Pending) -> Result<bool, JournalError> {
         let Some(inner) = &self.inner else { return Ok(false) };
-        inner.queue.send(Pending { events, durable, reply }).map_err(|_| JournalError::Stopped)?;
+        inner.queue.send(pending).map_err(|_| JournalError::Stopped)?;
         Ok(true)
     }
 }
@@ -322,39 +418,4 @@ impl Journal {
 /// The last receipt of a batch (seq 0 with the journal off).
 fn last(receipts: Result<Vec<Receipt>, JournalError>) -> Result<Receipt, JournalError> {
     Ok(receipts?.pop().unwrap_or(Receipt { seq: 0, hash: String::new() }))
-}
-
-/// The writer thread: takes every append waiting, writes them as one batch,
-/// syncs once, answers each. Ends when every [`Journal`] is dropped.
-fn write_batches(mut store: Store, queue: mpsc::Receiver<Pending>) {
-    while let Ok(first) = queue.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(p) => batch.push(p),
-                Err(_) => break,
-            }
-        }
-        let durable = batch.iter().any(|p| p.durable);
-        let mut counts = Vec::with_capacity(batch.len());
-        let mut entries = Vec::new();
-        for p in &mut batch {
-            counts.push(p.events.len());
-            entries.extend(p.events.drain(..).map(|e| Entry { fields: fields(&e), answered: true }));
-        }
-        let written = store.append(entries, durable);
-        if let Err(e) = &written {
-            tracing::error!("{e}");
-        }
-        let mut receipts = written.as_ref().map(|r| r.iter()).ok();
-        for (p, n) in batch.into_iter().zip(counts) {
-            let answer = match &mut receipts {
-                Some(r) => {
-                    Ok(r.by_ref().take(n).map(|h| Receipt { seq: h.seq, hash: h.hash.clone() }).collect())
-                }
-                None => Err(written.as_ref().err().cloned().unwrap_or(JournalError::Stopped)),
-            };
-            p.reply.send(answer);
-        }
-    }
 }

@@ -36,20 +36,7 @@ impl Record {
 /// ensure_ascii=False)` for the strings and integers records hold).
 pub fn canonical(value: &Value, out: &mut Vec<u8>) {
     match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push(b'{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_scalar(&Value::String(k.clone()), out);
-                out.push(b':');
-                canonical(&map[k], out);
-            }
-            out.push(b'}');
-        }
+        Value::Object(map) => canonical_map(map, out),
         Value::Array(items) => {
             out.push(b'[');
             for (i, v) in items.iter().enumerate() {
@@ -62,6 +49,22 @@ pub fn canonical(value: &Value, out: &mut Vec<u8>) {
         }
         scalar => write_scalar(scalar, out),
     }
+}
+
+/// An object's canonical bytes (see [`canonical`]).
+pub fn canonical_map(map: &Map<String, Value>, out: &mut Vec<u8>) {
+    let mut keys: Vec<&String> = map.keys().collect();
+    keys.sort();
+    out.push(b'{');
+    for (i, k) in keys.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_scalar(&Value::String(k.clone()), out);
+        out.push(b':');
+        canonical(&map[k], out);
+    }
+    out.push(b'}');
 }
 
 fn write_scalar(value: &Value, out: &mut Vec<u8>) {

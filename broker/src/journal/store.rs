@@ -39,8 +39,9 @@ const RESERVE_BYTES: u64 = 1 << 20;
 pub struct Settings {
     /// A segment that reached this size is closed; the next record starts a new one.
     pub segment_bytes: u64,
-    /// Segments kept when one is closed (the oldest go); `None`: all of them.
-    pub keep_segments: Option<u32>,
+    /// Days a segment's records are kept: when one is closed, the oldest
+    /// whose records are all older go; `None`: every segment is kept.
+    pub keep_days: Option<u32>,
     /// The group that may read the journal (directory 0750, files 0640).
     pub reader_gid: Option<u32>,
 }
@@ -191,6 +192,18 @@ impl Store {
         Ok(Store { dir: dir.to_path_buf(), settings, lock: std::sync::Arc::new(lock), head, segment: None })
     }
 
+    /// The journal's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The bytes free on the journal's filesystem for an unprivileged writer
+    /// (what root keeps for itself not counted).
+    pub fn free_bytes(&self) -> std::io::Result<u64> {
+        let fs = nix::sys::statvfs::statvfs(&self.dir).map_err(std::io::Error::from)?;
+        Ok((fs.blocks_available() as u64).saturating_mul(fs.fragment_size() as u64))
+    }
+
     /// Writes `entries` as one batch, synced to disk when `durable`, with
     /// whatever the journal's upkeep adds in front of them; the receipts of
     /// the answered ones, in order.
@@ -287,13 +300,16 @@ impl Store {
             if let Err(e) = closed.file.set_len(closed.len) {
                 tracing::warn!("journal: cannot cut {} to its records: {e}", closed.path.display());
             }
+            // The head, where the journal is not: a journal cut back later is caught against it.
+            let name = closed.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            tracing::info!("journal head {} {} ({name} closed)", self.head.seq, self.head.hash);
         }
         let path = self.dir.join(format!("{SEGMENT_PREFIX}{:020}{SEGMENT_SUFFIX}", self.head.seq + 1));
         let file = open_segment(&path, true, self.settings.reader_gid)?;
         sync_dir(&self.dir).map_err(|e| io_error(&self.dir, "cannot sync", e))?;
         self.segment = Some(Segment { path, file, len: 0, size: 0 });
-        let Some(keep) = self.settings.keep_segments else { return Ok(vec![]) };
-        super::retention::plan(&self.dir, keep, batch)
+        let Some(days) = self.settings.keep_days else { return Ok(vec![]) };
+        super::retention::plan(&self.dir, days, std::time::SystemTime::now(), batch)
     }
 
     /// Seals and writes `batch` at the end of the segment; on any failure
@@ -515,7 +531,7 @@ mod tests {
     }
 
     fn settings(segment_bytes: u64) -> Settings {
-        Settings { segment_bytes, keep_segments: None, reader_gid: None }
+        Settings { segment_bytes, keep_days: None, reader_gid: None }
     }
 
     fn scratch(name: &str) -> PathBuf {
@@ -536,7 +552,7 @@ mod tests {
             seqs.extend(got.iter().map(|h| h.seq));
         }
         assert_eq!(seqs, (1..=80).collect::<Vec<u64>>());
-        let verified = super::super::verify::verify(&dir, None).unwrap();
+        let verified = super::super::verify::verify(&dir, None, false).unwrap();
         assert_eq!(verified.records, 80);
         assert!(verified.segments > 2, "{} segments", verified.segments);
         let _ = std::fs::remove_dir_all(&dir);
@@ -553,7 +569,7 @@ mod tests {
         std::fs::write(dir.join(format!("{SEGMENT_PREFIX}{:020}{SEGMENT_SUFFIX}", 2)), b"").unwrap();
         let mut b = Store::open(&dir, settings(1 << 20)).unwrap();
         assert_eq!(b.append(vec![entry(2)], true).unwrap()[0].seq, 2);
-        assert_eq!(super::super::verify::verify(&dir, None).unwrap().records, 2);
+        assert_eq!(super::super::verify::verify(&dir, None, false).unwrap().records, 2);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -579,7 +595,7 @@ mod tests {
         assert_eq!(std::fs::read(&set_aside_files(&dir)[0]).unwrap(), b"{\"half");
         // The first writer catches up with both.
         assert_eq!(a.append(vec![entry(3)], true).unwrap()[0].seq, 4);
-        assert_eq!(super::super::verify::verify(&dir, None).unwrap().records, 4);
+        assert_eq!(super::super::verify::verify(&dir, None, false).unwrap().records, 4);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -15,6 +15,9 @@ pub struct Verified {
     pub head: Option<(u64, String)>,
     /// Records before this seq were removed by retention (a record says so).
     pub removed_before: Option<u64>,
+    /// Records before this seq are missing and no record says retention
+    /// removed them: accepted only when told that removal is expected.
+    pub pruned_before: Option<u64>,
     /// Torn lines set aside by a writer that found them.
     pub set_aside: Vec<PathBuf>,
     /// A last line not yet whole (a writer killed mid-write; the next one sets it aside).
@@ -38,6 +41,48 @@ impl std::fmt::Display for Broken {
     }
 }
 
+/// Why a journal does not verify (each with its exit status in `palisade audit verify`).
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Failure {
+    /// A record does not chain on the one before it.
+    Broken(Broken),
+    /// The chain starts after seq 1, and no record in it says that
+    /// retention removed what came before: records were removed otherwise.
+    Pruned { first_seq: u64, file: PathBuf },
+    /// The head kept elsewhere is not in the chain: the journal was cut back
+    /// (or rewritten) since it was kept.
+    HeadMissing { head: String, last: Option<(u64, String)> },
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Broken(b) => write!(f, "broken: {b}"),
+            Failure::Pruned { first_seq, file } => write!(
+                f,
+                "pruned: the chain starts at seq {first_seq} ({}), and no record in it says that \
+                 retention removed the records before (--allow-pruned accepts that)",
+                file.display()
+            ),
+            Failure::HeadMissing { head, last } => {
+                let last = last.as_ref().map_or("none".to_string(), |(seq, hash)| format!("{seq} {hash}"));
+                write!(
+                    f,
+                    "head missing: the kept head {head} is not in the journal (its head is {last}): \
+                     it was cut back or rewritten"
+                )
+            }
+        }
+    }
+}
+
+impl From<Broken> for Failure {
+    fn from(b: Broken) -> Failure {
+        Failure::Broken(b)
+    }
+}
+
 /// Where the walk through the chain is.
 #[derive(Default)]
 struct Walk {
@@ -52,8 +97,10 @@ struct Walk {
 }
 
 /// Verifies the journal in `dir`; `head`, a hash kept elsewhere, must be in
-/// the chain (so the journal was not cut back or rewritten before it).
-pub fn verify(dir: &Path, head: Option<&str>) -> Result<Verified, Broken> {
+/// the chain (so the journal was not cut back or rewritten before it). A
+/// chain that starts after seq 1 must follow the end of what a retention
+/// record in it names, unless `allow_pruned`.
+pub fn verify(dir: &Path, head: Option<&str>, allow_pruned: bool) -> Result<Verified, Failure> {
     let broken = |file: &Path, why: String| Broken { seq: None, file: file.to_path_buf(), line: 0, why };
     // Shared with readers, exclusive of writers: no batch is seen half written.
     let lock = std::fs::File::open(dir.join(store::LOCK_FILE));
@@ -64,18 +111,17 @@ pub fn verify(dir: &Path, head: Option<&str>) -> Result<Verified, Broken> {
     for (i, (_, path)) in segments.iter().enumerate() {
         walk.segment(path, i + 1 == count, head)?;
     }
-    if let Some((seq, prev, file, line)) = walk.start.take() {
-        if !walk.removals.iter().any(|(s, h)| *s + 1 == seq && *h == prev) {
-            let why = format!(
-                "records before seq {seq} are missing, and no retention record says they were removed"
-            );
-            return Err(Broken { seq: Some(seq), file, line, why });
-        }
-        walk.verified.removed_before = Some(seq);
-    }
     if let (Some(h), false) = (head, walk.head_seen) {
-        let why = format!("the kept head {h} is not in the journal: it was cut back or rewritten");
-        return Err(broken(dir, why));
+        return Err(Failure::HeadMissing { head: h.to_string(), last: walk.last });
+    }
+    if let Some((seq, prev, file, _)) = walk.start.take() {
+        if walk.removals.iter().any(|(s, h)| *s + 1 == seq && *h == prev) {
+            walk.verified.removed_before = Some(seq);
+        } else if allow_pruned {
+            walk.verified.pruned_before = Some(seq);
+        } else {
+            return Err(Failure::Pruned { first_seq: seq, file });
+        }
     }
     walk.verified.segments = count;
     walk.verified.head = walk.last;

@@ -176,7 +176,7 @@ async fn daemon(mac: Mac, limits: Limits, socket: PathBuf, mode: u32) -> i32 {
         }
     };
     serve(mac, limits, listener, shutdown).await;
-    if let Err(e) = journal.append(Event::BrokerStopped { pid }).await {
+    if let Err(e) = journal.append_last(Event::BrokerStopped { pid }).await {
         tracing::error!("{e}");
     }
     if let Some(p) = owned {

@@ -111,10 +111,13 @@ impl Mac {
     ) -> Result<RunResult, ErrorReply> {
         let run_id = self.next_run.fetch_add(1, Ordering::Relaxed);
         let context = Context { run: run_id, ..self.context.clone() };
-        let received = events::received(run_id, peer, request);
         let refused = |e: ErrorReply| {
             let decision = events::decision(run_id, "deny", Some(&e));
-            match self.journal.append_all_blocking(vec![received.clone(), decision], true) {
+            // In bounded form, at the uid's rate: a refusal costs the journal little.
+            match self
+                .journal
+                .refusal_blocking(peer.0, vec![events::refused(run_id, peer, request), decision])
+            {
                 Ok(_) => e,
                 Err(j) => events::journal_refusal(j),
             }
@@ -145,9 +148,10 @@ impl Mac {
             }
         };
         let started = events::run_started_as(run_id, prepared.attestation.clone());
+        let received = events::received(run_id, peer, request);
         let pending = vec![received, events::decision(run_id, "allow", None), started];
         // Written before the command starts: a run that cannot be recorded does not run.
-        self.journal.append_all(pending, false).await.map_err(events::journal_refusal)?;
+        self.journal.start_all(pending, false).await.map_err(events::journal_refusal)?;
         for w in &resolved.warnings {
             tracing::warn!(run_id, "{w}");
         }
