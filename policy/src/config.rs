@@ -66,7 +66,7 @@ pub struct PluginsConfig {
     pub skills_dir: Option<PathBuf>,
     /// The secret store (a 0600 file per key); default `<state dir>/secrets`.
     pub secrets_dir: Option<PathBuf>,
-    /// Bytes of storage per skill (keys and values together).
+    /// Bytes of storage per requester and skill (keys and values together).
     pub storage_quota_bytes: u64,
     /// palisade-plugin-host; default: next to palisade-helper.
     pub host: Option<PathBuf>,

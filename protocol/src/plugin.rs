@@ -160,6 +160,22 @@ pub struct PluginAttestation {
     /// The call's `plugin_finished` record in the audit journal.
     #[serde(default)]
     pub journal: Option<crate::attest::JournalRecord>,
+    /// The storage `storage_get` and `storage_put` acted on: the
+    /// requester's own, for this skill; `None` when the call was granted no
+    /// storage.
+    #[serde(default)]
+    pub store: Option<PluginStore>,
+}
+
+/// A requester's storage of one skill (each requester has its own, with
+/// its own quota).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct PluginStore {
+    /// The requester's uid.
+    pub uid: u32,
+    pub skill: String,
+    /// Bytes of keys and values it may hold (`[plugins] storage_quota_bytes`).
+    pub quota_bytes: u64,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]

@@ -285,11 +285,104 @@ fn grants_decide_secrets_fetches_and_storage() {
     assert_eq!(origin.accepted(), before, "a refused fetch reached the origin");
     echo_works(&d);
 
-    let (output, _) = call(&d, "storage", r#"{"key":"notes/a","value":"kept"}"#).unwrap();
+    let (output, a) = call(&d, "storage", r#"{"key":"notes/a","value":"kept"}"#).unwrap();
     assert!(output.contains("kept"), "{output}");
+    let me = nix::unistd::getuid().as_raw();
+    let store = a.store.expect("a call granted storage names its store");
+    assert_eq!((store.uid, store.skill.as_str()), (me, "storage"));
+    let (output, _) = call(&d, "storage", r#"{"get":1,"key":"notes/a"}"#).unwrap();
+    assert_eq!(output, r#"{"ok":{"value":"kept"}}"#);
+    // A call granted no storage names none.
+    assert_eq!(call(&d, "echo", "{}").unwrap().1.store, None);
     let outside = call(&d, "storage", r#"{"key":"cache/a","value":"no"}"#);
     assert!(refused(&outside, ErrorKind::CapabilityDenied), "{outside:?}");
     echo_works(&d);
+}
+
+/// `palisade plugin run SKILL --input INPUT --json` through `d` as `user`:
+/// the answer's JSON (`plugin_result` or `error`).
+fn call_as(d: &Daemon, user: &nix::unistd::User, skill: &str, input: &str) -> serde_json::Value {
+    let out = std::process::Command::new("setpriv")
+        .args(&as_user(user)[1..])
+        .arg(bin("palisade"))
+        .args(["plugin", "run", skill, "--input", input, "--json", "--socket"])
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{skill} as {}: {e}: {}{}\n{}", user.name, text(&out.stdout), text(&out.stderr), d.log())
+    })
+}
+
+/// The plugin's output of an answer, and the uid its attestation's store names.
+fn stored(answer: &serde_json::Value) -> (String, u64) {
+    let result = &answer["plugin_result"];
+    let output = result["output"].as_str().unwrap_or_else(|| panic!("{answer}"));
+    (output.to_string(), result["attestation"]["store"]["uid"].as_u64().unwrap_or_else(|| panic!("{answer}")))
+}
+
+/// A root broker serving two users: each has a store of its own for the
+/// same skill. What one writes the other neither reads nor changes, one
+/// filling its quota leaves the other's, and the files of a store are not
+/// readable by the other user; the owner reads its own value back.
+#[test]
+fn storage_is_each_requesters_own() {
+    host_built();
+    let Some(users) = system_users() else {
+        eprintln!("not root: a root broker serving other users cannot be tested as an ordinary user");
+        return;
+    };
+    let (owner, other) = (&users.victim, &users.attacker);
+    let skills = Skills::new();
+    // Everyone may traverse to the stores: their own modes are what keeps them.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(skills.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    skills.install("storage", "storage", "storage_prefixes = [\"notes/\"]");
+    let d = Daemon::start(&skills.policy(&format!(
+        "allow_storage_prefixes = [\"notes/\"]\nstorage_quota_bytes = 64\n\
+         [broker]\nallowed_uids = [0, {}, {}]\nsocket_mode = 0o666\n",
+        owner.uid, other.uid
+    )));
+    let (a, b) = (owner.uid.as_raw() as u64, other.uid.as_raw() as u64);
+    let put = |key: &str, value: &str| serde_json::json!({ "key": key, "value": value }).to_string();
+    let get = |key: &str| serde_json::json!({ "get": 1, "key": key }).to_string();
+
+    let answer = call_as(&d, owner, "storage", &put("notes/k", "owner-value-4711"));
+    assert_eq!(stored(&answer), (r#"{"ok":{"value":"owner-value-4711"}}"#.into(), a));
+    assert_eq!(answer["plugin_result"]["attestation"]["store"]["skill"], "storage");
+    // The other user, same skill, same key: nothing, and its own store named.
+    assert_eq!(
+        stored(&call_as(&d, other, "storage", &get("notes/k"))),
+        (r#"{"ok":{"value":null}}"#.into(), b)
+    );
+    let answer = call_as(&d, other, "storage", &put("notes/k", "other-value"));
+    assert_eq!(stored(&answer), (r#"{"ok":{"value":"other-value"}}"#.into(), b));
+    // Counter-test: the owner reads its own value back, unchanged.
+    let answer = call_as(&d, owner, "storage", &get("notes/k"));
+    assert_eq!(stored(&answer), (r#"{"ok":{"value":"owner-value-4711"}}"#.into(), a));
+
+    // The other user fills its quota (64 bytes: 7 + 11 used, 10 + 36 more)...
+    let answer = call_as(&d, other, "storage", &put("notes/fill", &"x".repeat(36)));
+    assert!(stored(&answer).0.starts_with(r#"{"ok":"#), "{answer}");
+    let answer = call_as(&d, other, "storage", &put("notes/more", "y"));
+    assert!(stored(&answer).0.contains("QuotaExceeded"), "{answer}");
+    // ...and the owner still has all of its own.
+    let answer = call_as(&d, owner, "storage", &put("notes/more", &"z".repeat(30)));
+    assert!(stored(&answer).0.starts_with(r#"{"ok":"#), "{answer}");
+
+    // On disk: the other user cannot read the owner's file; root can.
+    let file = skills.dir.join(&format!("skills/.storage/{a}/storage/{}", hex(b"notes/k")));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "owner-value-4711");
+    let cat = std::process::Command::new("setpriv")
+        .args(&as_user(other)[1..])
+        .args(["cat", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!cat.status.success() && cat.stdout.is_empty(), "{}", text(&cat.stdout));
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The pid of `d`'s plugin-host: a process of that name whose parents lead
