@@ -118,7 +118,7 @@ impl Plugins {
             Ok((done, host_calls, host_calls_refused)) => {
                 Ok(Ran { done, host_calls, host_calls_refused, jail })
             }
-            Err(e @ CallError::BadModule(_)) => Err(failed(ErrorKind::RuntimeFailure, &e)),
+            Err(e @ (CallError::BadModule(_) | CallError::Cache(_))) => Err(failed(ErrorKind::RuntimeFailure, &e)),
             Err(e) => {
                 if let Some(dead) = slot.take() {
                     tracing::warn!(pid = dead.pid, "plugin-host ended: {e}");
@@ -137,8 +137,22 @@ impl Plugins {
     /// The call on the channel: compile if needed, `Call`, then serve its
     /// host functions until `Done`.
     async fn exchange(&self, host: &mut Running, call: &Exchange<'_>) -> Result<(CallDone, u64, u64), CallError> {
+        let artifact = self.artifact(host, call.id, call.prepared).await?;
+        let result = self.converse(host, call, &artifact).await;
+        // An inline module's artifact (or one past the cache's bound) goes
+        // with its call, however it ended (two unlinks: before the answer).
+        self.cache.remove_transient(&artifact);
+        result
+    }
+
+    /// `Call` for the artifact, then its host functions served until `Done`.
+    async fn converse(
+        &self,
+        host: &mut Running,
+        call: &Exchange<'_>,
+        artifact: &Artifact,
+    ) -> Result<(CallDone, u64, u64), CallError> {
         let Exchange { id, prepared, storage, input, limits, deadline } = *call;
-        let artifact = self.artifact(host, id, prepared).await?;
         let egress = egress_plan(&prepared.grants, &self.egress);
         let ctx = CallContext {
             skill: &prepared.skill,
@@ -150,7 +164,7 @@ impl Plugins {
         };
         host.send(&ToHost::Call(PluginCall {
             id,
-            artifact: artifact.to_string_lossy().into_owned(),
+            artifact: artifact.path.to_string_lossy().into_owned(),
             module_sha256: prepared.sha256.clone(),
             entry: prepared.entry.clone(),
             input: input.to_vec(),
