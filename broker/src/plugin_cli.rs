@@ -23,6 +23,13 @@ pub enum PluginCommand {
         #[arg(long, value_name = "FILE")]
         policy: Option<PathBuf>,
     },
+    /// Remove the installed skill NAME: its manifest, its module, its
+    /// compiled module and every requester's storage of it.
+    Remove {
+        name: String,
+        #[arg(long, value_name = "FILE")]
+        policy: Option<PathBuf>,
+    },
     /// List the installed skills: name, version, sha256, capabilities.
     List {
         #[arg(long)]
@@ -77,6 +84,7 @@ fn config(policy: Option<&PathBuf>) -> Result<Config, String> {
 pub fn main(command: PluginCommand) -> i32 {
     match command {
         PluginCommand::Install { manifest, policy } => install(&manifest, policy.as_ref()),
+        PluginCommand::Remove { name, policy } => remove(&name, policy.as_ref()),
         PluginCommand::List { json, policy } => list(json, policy.as_ref()),
         PluginCommand::Run { name, input, timeout_ms, json, broker, policy } => {
             let message = ClientMessage::RunPlugin { skill: name, input, inline_module: None, timeout_ms };
@@ -104,7 +112,10 @@ fn install(manifest: &std::path::Path, policy: Option<&PathBuf>) -> i32 {
         Ok(i) => i,
         Err(e) => return fail(ErrorKind::InvalidRequest, e),
     };
-    match index.install(manifest) {
+    let installed = index.install(manifest);
+    // An older version's compiled module, and anything else no skill names.
+    crate::plugins::sweep_cache(&index, None);
+    match installed {
         Ok(m) => {
             println!(
                 "installed {} {} ({}) in {}",
@@ -113,6 +124,22 @@ fn install(manifest: &std::path::Path, policy: Option<&PathBuf>) -> i32 {
                 m.sha256,
                 index.dir.join(&m.name).display()
             );
+            0
+        }
+        Err(e) => fail(ErrorKind::InvalidRequest, e),
+    }
+}
+
+fn remove(name: &str, policy: Option<&PathBuf>) -> i32 {
+    let index = match index(policy) {
+        Ok(i) => i,
+        Err(e) => return fail(ErrorKind::InvalidRequest, e),
+    };
+    let removed = index.remove(name);
+    crate::plugins::sweep_cache(&index, None);
+    match removed {
+        Ok(()) => {
+            println!("removed {name} from {}", index.dir.display());
             0
         }
         Err(e) => fail(ErrorKind::InvalidRequest, e),

@@ -163,9 +163,10 @@ impl Runtime {
             message: format!("{e:#}"),
         };
         // The artifact is a file of the broker's module cache, written by the
-        // broker from this engine's own `Compiled` answer and mounted
-        // read-only into this process's jail; a file of another engine is
-        // refused by wasmtime's header check.
+        // broker from this engine's own `Compiled` answer under a name of its
+        // own, its MAC (a key this process never sees) checked before the
+        // broker names it here, and mounted read-only into this process's
+        // jail; a file of another engine is refused by wasmtime's header check.
         // SAFETY: relies on that file being this engine's own output, which nothing this process runs can change.
         let module = unsafe { Module::deserialize_file(&self.engine, &call.artifact) }.map_err(failed)?;
         let pre = self.linker.instantiate_pre(&module).map_err(failed)?;

@@ -66,8 +66,11 @@ pub struct PluginsConfig {
     pub skills_dir: Option<PathBuf>,
     /// The secret store (a 0600 file per key); default `<state dir>/secrets`.
     pub secrets_dir: Option<PathBuf>,
-    /// Bytes of storage per skill (keys and values together).
+    /// Bytes of storage per requester and skill (keys and values together).
     pub storage_quota_bytes: u64,
+    /// Bytes the module cache (`skills_dir/.cache`) keeps at most: installed
+    /// skills' compiled modules; past it a module is compiled for its call only.
+    pub cache_max_bytes: u64,
     /// palisade-plugin-host; default: next to palisade-helper.
     pub host: Option<PathBuf>,
     /// The plugin-host's cgroup memory limit, where the broker has cgroups:
@@ -97,6 +100,8 @@ pub const DEFAULT_PLUGIN_INSTANCES: u32 = 1;
 pub const DEFAULT_PLUGIN_TIMEOUT_MS: u64 = 5_000;
 /// Enough for a skill's settings and cache keys, not a data store.
 pub const DEFAULT_PLUGIN_STORAGE_QUOTA: u64 = 1 << 20;
+/// About fifty installed skills' compiled modules (4 to 6 MiB each).
+pub const DEFAULT_PLUGIN_CACHE_BYTES: u64 = 256 << 20;
 /// The host's engine and a call (16 MiB resident when idle, a call's
 /// memory up to its 64 MiB slot) with room for compiling a large module.
 pub const DEFAULT_PLUGIN_HOST_MEMORY: u64 = 512 << 20;
@@ -114,6 +119,7 @@ impl Default for PluginsConfig {
             skills_dir: None,
             secrets_dir: None,
             storage_quota_bytes: DEFAULT_PLUGIN_STORAGE_QUOTA,
+            cache_max_bytes: DEFAULT_PLUGIN_CACHE_BYTES,
             host: None,
             host_memory_bytes: DEFAULT_PLUGIN_HOST_MEMORY,
             allow_http_hosts: vec![],

@@ -10,6 +10,28 @@ use serde::{Deserialize, Serialize};
 /// output, a host function's answer).
 pub const PLUGIN_FRAME_MAX: usize = 16 << 20;
 
+/// Longest engine string a plugin-host may say in `Ready`.
+pub const MAX_ENGINE_BYTES: usize = 64;
+/// What an engine string starts with.
+const ENGINE_PREFIX: &str = "wasmtime-";
+/// Hex digits of the engine's configuration hash, at the end of its string.
+const ENGINE_HASH_HEX: usize = 16;
+
+/// Whether `engine` is an engine string as the plugin-host says it in
+/// `Ready`: `wasmtime-<version>-<16 lowercase hex>`, the version of ASCII
+/// digits and dots, at most [`MAX_ENGINE_BYTES`] in all. Nothing else is
+/// taken: the broker names cache files from it (a digest of it, never the
+/// string itself), and a host that says anything else is not used.
+pub fn engine_name_ok(engine: &str) -> bool {
+    let Some(rest) = engine.strip_prefix(ENGINE_PREFIX) else { return false };
+    let Some((version, hash)) = rest.rsplit_once('-') else { return false };
+    engine.len() <= MAX_ENGINE_BYTES
+        && !version.is_empty()
+        && version.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        && hash.len() == ENGINE_HASH_HEX
+        && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// The broker's messages to the plugin-host.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub enum ToHost {
@@ -56,7 +78,8 @@ pub struct PluginLimits {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub enum FromHost {
     /// Sent once at start: the host's engine configuration, as a digest
-    /// (the module cache's key together with the module's sha256).
+    /// (`wasmtime-<version>-<16 hex>`, see [`engine_name_ok`]: the broker
+    /// keys the module cache with a digest of it and the module's sha256).
     Ready {
         engine: String,
     },
@@ -160,6 +183,22 @@ pub struct PluginAttestation {
     /// The call's `plugin_finished` record in the audit journal.
     #[serde(default)]
     pub journal: Option<crate::attest::JournalRecord>,
+    /// The storage `storage_get` and `storage_put` acted on: the
+    /// requester's own, for this skill; `None` when the call was granted no
+    /// storage.
+    #[serde(default)]
+    pub store: Option<PluginStore>,
+}
+
+/// A requester's storage of one skill (each requester has its own, with
+/// its own quota).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct PluginStore {
+    /// The requester's uid.
+    pub uid: u32,
+    pub skill: String,
+    /// Bytes of keys and values it may hold (`[plugins] storage_quota_bytes`).
+    pub quota_bytes: u64,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
@@ -249,6 +288,26 @@ pub fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl std::io::Read) -> s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engine_strings_are_of_one_strict_form() {
+        assert!(engine_name_ok("wasmtime-48.0.8-0123456789abcdef"));
+        for bad in [
+            "",
+            "wasmtime-48.0.8-0123456789ABCDEF",
+            "wasmtime-48.0.8-0123456789abcde",
+            "wasmtime--0123456789abcdef",
+            "wasmtime-48/../0-0123456789abcdef",
+            "../wasmtime-48.0.8-0123456789abcdef",
+            "wasmtime-48.0.8-0123456789abcdef/x",
+            "wasmtime-48.0.8-0123456789abcdef\0",
+            "cranelift-48.0.8-0123456789abcdef",
+        ] {
+            assert!(!engine_name_ok(bad), "{bad:?}");
+        }
+        let long = format!("wasmtime-{}-0123456789abcdef", "1.".repeat(30));
+        assert!(!engine_name_ok(&long));
+    }
 
     #[test]
     fn frames_round_trip() {

@@ -29,7 +29,8 @@ pub const MAGIC: &str = "palisade";
 /// the attestation's `built`; 8: the `macos-seatbelt` executor and the
 /// attestation's `seatbelt_sha256`; 9: the request's asks and `profile`,
 /// `Explain` and `Explained`; 10: the rlimit `DATA`, and `memory` naming
-/// RLIMIT_DATA and RLIMIT_AS).
+/// RLIMIT_DATA and RLIMIT_AS; 11: the result's `changes`, a plugin
+/// result's `store`).
 pub const PROTOCOL_VERSION: u32 = 11;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
@@ -1349,6 +1350,7 @@ mod tests {
                 host_calls_refused: 0,
                 jail,
                 journal: None,
+                store: Some(crate::plugin::PluginStore { uid: 1000, skill: "echo".into(), quota_bytes: 1 }),
             }),
         };
         let bytes = encode(&result, Encoding::Bincode).unwrap();

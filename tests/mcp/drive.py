@@ -173,6 +173,7 @@ async def plugins(s):
     sc = r.structured_content
     check("a plugin's JSON output", sc["output"] == {"hello": ["world", 1]} and sc["fuel_used"] > 0, sc)
     check("its module's hash", len(sc["plugin"]["module_sha256"]) == 64, sc["plugin"])
+    check("no store for a skill granted none", "store" in sc["plugin"] and sc["plugin"]["store"] is None, sc["plugin"])
     e = await refused(s, "run_plugin", {"skill": "nope", "input": 1})
     check("an unknown skill refused with its kind", e.code == -32050 and e.data["kind"] == "InvalidRequest", e.data)
 

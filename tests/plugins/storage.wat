@@ -1,6 +1,7 @@
 ;; storage: entry `palisade_plugin_main` calls `storage_put` (input
 ;; {"key","value"}) and then `storage_get` with the same input (the value
-;; read back), entry `get` calls `storage_get` (input {"key"}); each
+;; read back), or only `storage_get` when the input starts `{"get"` (input
+;; {"get":1,"key"}); entry `get` calls `storage_get` (input {"key"}); each
 ;; returns {"ok":REPLY} or {"error":{"kind","message"}}.
 (module
   (import "palisade" "storage_put" (func $put (param i32 i32) (result i64)))
@@ -41,9 +42,13 @@
     (memory.copy (i32.add (local.get $out) (local.get $prelen)) (local.get $ptr) (local.get $len))
     (i32.store8 (i32.sub (i32.add (local.get $out) (local.get $total)) (i32.const 1)) (i32.const 125))
     (i64.or (i64.shl (i64.extend_i32_u (local.get $out)) (i64.const 32)) (i64.extend_i32_u (local.get $total))))
-  ;; put, then (when it worked) get with the same input: the value read back.
+  ;; put, then (when it worked) get with the same input: the value read back;
+  ;; only get when the input's third byte is the `g` of `{"get"`.
   (func (export "palisade_plugin_main") (param $ptr i32) (param $len i32) (result i64)
     (local $r i64)
+    (if (i32.and (i32.gt_u (local.get $len) (i32.const 2))
+                 (i32.eq (i32.load8_u (i32.add (local.get $ptr) (i32.const 2))) (i32.const 103)))
+      (then (return (call $wrap (call $get (local.get $ptr) (local.get $len))))))
     (local.set $r (call $put (local.get $ptr) (local.get $len)))
     (if (i64.lt_s (local.get $r) (i64.const 0)) (then (return (call $wrap (local.get $r)))))
     (call $wrap (call $get (local.get $ptr) (local.get $len))))

@@ -285,11 +285,104 @@ fn grants_decide_secrets_fetches_and_storage() {
     assert_eq!(origin.accepted(), before, "a refused fetch reached the origin");
     echo_works(&d);
 
-    let (output, _) = call(&d, "storage", r#"{"key":"notes/a","value":"kept"}"#).unwrap();
+    let (output, a) = call(&d, "storage", r#"{"key":"notes/a","value":"kept"}"#).unwrap();
     assert!(output.contains("kept"), "{output}");
+    let me = nix::unistd::getuid().as_raw();
+    let store = a.store.expect("a call granted storage names its store");
+    assert_eq!((store.uid, store.skill.as_str()), (me, "storage"));
+    let (output, _) = call(&d, "storage", r#"{"get":1,"key":"notes/a"}"#).unwrap();
+    assert_eq!(output, r#"{"ok":{"value":"kept"}}"#);
+    // A call granted no storage names none.
+    assert_eq!(call(&d, "echo", "{}").unwrap().1.store, None);
     let outside = call(&d, "storage", r#"{"key":"cache/a","value":"no"}"#);
     assert!(refused(&outside, ErrorKind::CapabilityDenied), "{outside:?}");
     echo_works(&d);
+}
+
+/// `palisade plugin run SKILL --input INPUT --json` through `d` as `user`:
+/// the answer's JSON (`plugin_result` or `error`).
+fn call_as(d: &Daemon, user: &nix::unistd::User, skill: &str, input: &str) -> serde_json::Value {
+    let out = std::process::Command::new("setpriv")
+        .args(&as_user(user)[1..])
+        .arg(bin("palisade"))
+        .args(["plugin", "run", skill, "--input", input, "--json", "--socket"])
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{skill} as {}: {e}: {}{}\n{}", user.name, text(&out.stdout), text(&out.stderr), d.log())
+    })
+}
+
+/// The plugin's output of an answer, and the uid its attestation's store names.
+fn stored(answer: &serde_json::Value) -> (String, u64) {
+    let result = &answer["plugin_result"];
+    let output = result["output"].as_str().unwrap_or_else(|| panic!("{answer}"));
+    (output.to_string(), result["attestation"]["store"]["uid"].as_u64().unwrap_or_else(|| panic!("{answer}")))
+}
+
+/// A root broker serving two users: each has a store of its own for the
+/// same skill. What one writes the other neither reads nor changes, one
+/// filling its quota leaves the other's, and the files of a store are not
+/// readable by the other user; the owner reads its own value back.
+#[test]
+fn storage_is_each_requesters_own() {
+    host_built();
+    let Some(users) = system_users() else {
+        eprintln!("not root: a root broker serving other users cannot be tested as an ordinary user");
+        return;
+    };
+    let (owner, other) = (&users.victim, &users.attacker);
+    let skills = Skills::new();
+    // Everyone may traverse to the stores: their own modes are what keeps them.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(skills.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    skills.install("storage", "storage", "storage_prefixes = [\"notes/\"]");
+    let d = Daemon::start(&skills.policy(&format!(
+        "allow_storage_prefixes = [\"notes/\"]\nstorage_quota_bytes = 64\n\
+         [broker]\nallowed_uids = [0, {}, {}]\nsocket_mode = 0o666\n",
+        owner.uid, other.uid
+    )));
+    let (a, b) = (owner.uid.as_raw() as u64, other.uid.as_raw() as u64);
+    let put = |key: &str, value: &str| serde_json::json!({ "key": key, "value": value }).to_string();
+    let get = |key: &str| serde_json::json!({ "get": 1, "key": key }).to_string();
+
+    let answer = call_as(&d, owner, "storage", &put("notes/k", "owner-value-4711"));
+    assert_eq!(stored(&answer), (r#"{"ok":{"value":"owner-value-4711"}}"#.into(), a));
+    assert_eq!(answer["plugin_result"]["attestation"]["store"]["skill"], "storage");
+    // The other user, same skill, same key: nothing, and its own store named.
+    assert_eq!(
+        stored(&call_as(&d, other, "storage", &get("notes/k"))),
+        (r#"{"ok":{"value":null}}"#.into(), b)
+    );
+    let answer = call_as(&d, other, "storage", &put("notes/k", "other-value"));
+    assert_eq!(stored(&answer), (r#"{"ok":{"value":"other-value"}}"#.into(), b));
+    // Counter-test: the owner reads its own value back, unchanged.
+    let answer = call_as(&d, owner, "storage", &get("notes/k"));
+    assert_eq!(stored(&answer), (r#"{"ok":{"value":"owner-value-4711"}}"#.into(), a));
+
+    // The other user fills its quota (64 bytes: 7 + 11 used, 10 + 36 more)...
+    let answer = call_as(&d, other, "storage", &put("notes/fill", &"x".repeat(36)));
+    assert!(stored(&answer).0.starts_with(r#"{"ok":"#), "{answer}");
+    let answer = call_as(&d, other, "storage", &put("notes/more", "y"));
+    assert!(stored(&answer).0.contains("QuotaExceeded"), "{answer}");
+    // ...and the owner still has all of its own.
+    let answer = call_as(&d, owner, "storage", &put("notes/more", &"z".repeat(30)));
+    assert!(stored(&answer).0.starts_with(r#"{"ok":"#), "{answer}");
+
+    // On disk: the other user cannot read the owner's file; root can.
+    let file = skills.dir.join(&format!("skills/.storage/{a}/storage/{}", hex(b"notes/k")));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "owner-value-4711");
+    let cat = std::process::Command::new("setpriv")
+        .args(&as_user(other)[1..])
+        .args(["cat", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!cat.status.success() && cat.stdout.is_empty(), "{}", text(&cat.stdout));
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The pid of `d`'s plugin-host: a process of that name whose parents lead
@@ -322,7 +415,7 @@ fn ns(pid: u32, name: &str) -> PathBuf {
 #[test]
 fn the_plugin_host_is_jailed() {
     host_built();
-    let (_skills, d, _origin, _stall) = setup();
+    let (skills, d, _origin, _stall) = setup();
     let (_, a) = call(&d, "echo", "{}").unwrap();
     assert_eq!(a.jail.namespaces.len(), 7, "{:?}", a.jail.namespaces);
     assert!(a.jail.address_space_unlimited);
@@ -335,6 +428,11 @@ fn the_plugin_host_is_jailed() {
     for name in ["user", "mnt", "pid", "net", "ipc", "uts"] {
         assert_ne!(ns(pid, name), ns(daemon, name), "{name} namespace shared with the broker");
     }
+    // The module cache's MAC key is nowhere in the host's root; the cache is.
+    let inside = |path: &Path| Path::new(&format!("/proc/{pid}/root")).join(path.strip_prefix("/").unwrap());
+    let (key, cache) = (skills.dir.join("secrets/.module-cache.key"), skills.dir.join("skills/.cache"));
+    assert!(key.is_file() && inside(&cache).is_dir(), "{}", inside(&cache).display());
+    assert!(!inside(&key).exists() && !inside(key.parent().unwrap()).exists());
 }
 
 #[test]
@@ -360,6 +458,186 @@ fn killing_the_plugin_host_mid_call_fails_that_call_and_the_next_works() {
     assert_eq!(e.kind, ErrorKind::RuntimeFailure, "{e:?}");
     echo_works(&d);
     assert_ne!(plugin_host_pid(&d), Some(first), "the next call has a new plugin-host");
+}
+
+/// A file of the module cache: its name, inode, modification time and its bytes' sha256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Cached {
+    name: String,
+    ino: u64,
+    mtime: (i64, i64),
+    sha256: String,
+}
+
+/// The module cache's files, by name.
+fn cache_files(skills: &Skills) -> Vec<Cached> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = skills.dir.join("skills/.cache");
+    let mut out: Vec<Cached> = std::fs::read_dir(&dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| {
+                    let meta = std::fs::symlink_metadata(e.path()).unwrap();
+                    Cached {
+                        name: e.file_name().to_string_lossy().into_owned(),
+                        ino: meta.ino(),
+                        mtime: (meta.mtime(), meta.mtime_nsec()),
+                        sha256: sha256_hex(&std::fs::read(e.path()).unwrap_or_default()),
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// The cached artifact of the installed skill `name`.
+fn artifact_of(skills: &Skills, name: &str) -> Cached {
+    let module = std::fs::read(skills.dir.join(&format!("skills/{name}/module.wasm"))).unwrap();
+    let sha = sha256_hex(&module);
+    let files = cache_files(skills);
+    let found = files.iter().find(|c| c.name.starts_with(&format!("{sha}-")) && c.name.ends_with(".cwasm"));
+    found.unwrap_or_else(|| panic!("no artifact of {name} ({sha}) in {:?}", names(&files))).clone()
+}
+
+fn names(files: &[Cached]) -> Vec<&str> {
+    files.iter().map(|c| c.name.as_str()).collect()
+}
+
+/// Lines of `d`'s log that say a module was compiled.
+fn compiled(d: &Daemon) -> usize {
+    d.log().matches("module compiled by the plugin-host").count()
+}
+
+/// The module cache authenticates what it holds: an artifact whose bytes
+/// changed, or one put under another module's name, is removed and the
+/// module compiled again (never loaded: the call runs its own module);
+/// an untampered artifact is reused by the next broker, not compiled again.
+#[test]
+fn the_module_cache_loads_only_what_the_broker_wrote() {
+    host_built();
+    let skills = Skills::new();
+    skills.install("echo", "echo", "");
+    skills.install("storage", "storage", "storage_prefixes = [\"notes/\"]");
+    let policy = skills.policy("allow_storage_prefixes = [\"notes/\"]\n");
+    let d = Daemon::start(&policy);
+    echo_works(&d);
+    let put = r#"{"key":"notes/a","value":"kept"}"#;
+    assert_eq!(call(&d, "storage", put).unwrap().0, r#"{"ok":{"value":"kept"}}"#);
+    assert_eq!(compiled(&d), 2, "{}", d.log());
+    drop(d);
+    let echo = artifact_of(&skills, "echo");
+    let key = skills.dir.join("secrets/.module-cache.key");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+
+    // Counter-test: a broker started afresh reuses the untampered artifact.
+    let d = Daemon::start(&policy);
+    echo_works(&d);
+    assert_eq!(compiled(&d), 0, "{}", d.log());
+    assert_eq!(artifact_of(&skills, "echo"), echo, "the artifact was written again");
+    drop(d);
+
+    // Its bytes changed: not loaded, compiled again, and said.
+    let path = skills.dir.join(&format!("skills/.cache/{}", echo.name));
+    let mut tampered = std::fs::read(&path).unwrap();
+    let middle = tampered.len() / 2;
+    tampered[middle] ^= 0xff;
+    std::fs::write(&path, &tampered).unwrap();
+    let d = Daemon::start(&policy);
+    echo_works(&d);
+    assert!(d.log().contains("does not verify against the broker's MAC"), "{}", d.log());
+    assert_eq!(compiled(&d), 1, "{}", d.log());
+    let again = artifact_of(&skills, "echo");
+    assert_ne!(again.sha256, sha256_hex(&tampered), "the tampered artifact stayed");
+    drop(d);
+
+    // Echo's artifact and MAC under storage's names: storage's own code runs.
+    let storage = artifact_of(&skills, "storage");
+    let cache = skills.dir.join("skills/.cache");
+    for ext in ["cwasm", "mac"] {
+        let from = cache.join(&again.name).with_extension(ext);
+        std::fs::copy(from, cache.join(&storage.name).with_extension(ext)).unwrap();
+    }
+    let d = Daemon::start(&policy);
+    let (output, _) = call(&d, "storage", &put.replace("kept", "own code")).unwrap();
+    assert_eq!(output, r#"{"ok":{"value":"own code"}}"#, "another module's artifact ran");
+    assert!(d.log().contains("does not verify against the broker's MAC"), "{}", d.log());
+    assert_eq!(compiled(&d), 1, "{}", d.log());
+}
+
+/// An inline module's artifact goes with its call (it ran or failed), and
+/// the cache keeps only installed skills' modules: what no skill names is
+/// swept at start, after `plugin install` and `plugin remove`; past
+/// `cache_max_bytes` an installed skill's module is compiled for its call
+/// only. Counter-test: an installed skill's artifact is cached and reused.
+#[test]
+fn the_module_cache_keeps_only_installed_skills_within_its_bound() {
+    host_built();
+    let skills = Skills::new();
+    skills.install("echo", "echo", "");
+    let policy = skills.policy("allow_inline_modules = true\n");
+    let d = Daemon::start(&policy);
+    echo_works(&d);
+    let before = cache_files(&skills);
+    let echo = artifact_of(&skills, "echo");
+    let module = |plugin: &str, n: usize| {
+        let text = std::fs::read_to_string(plugins_dir().join(format!("{plugin}.wat"))).unwrap();
+        let start = text.find("(module").unwrap();
+        format!("{}\n;; distinct {n}\n", &text[start..])
+    };
+    for n in 0..4 {
+        let (output, a) = call_with(&d, "inline", "{\"n\":1}", Some(module("echo", n))).unwrap();
+        assert_eq!((output.as_str(), a.store), ("{\"n\":1}", None));
+        let e = call_with(&d, "inline", "{}", Some(module("trap", n))).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::RuntimeFailure, "{e:?}");
+        assert_eq!(cache_files(&skills), before, "inline module {n} left something in the cache");
+    }
+    assert_eq!(compiled(&d), 1 + 8, "{}", d.log());
+    // Counter-test: the installed skill's artifact is reused, not compiled again.
+    echo_works(&d);
+    assert_eq!((artifact_of(&skills, "echo"), compiled(&d)), (echo.clone(), 9));
+    drop(d);
+
+    // Entries no installed skill names: swept when a broker starts.
+    let cache = skills.dir.join("skills/.cache");
+    let digest = echo.name.trim_end_matches(".cwasm").split_once('-').unwrap().1.to_string();
+    let plant = || {
+        let stale = format!("{}-{digest}", sha256_hex(b"no skill has this module"));
+        for name in [
+            format!("{stale}.cwasm"),
+            format!("{stale}.mac"),
+            format!("call-7-{stale}.cwasm"),
+            "planted".into(),
+        ] {
+            std::fs::write(cache.join(name), b"not the broker's").unwrap();
+        }
+        std::fs::create_dir_all(cache.join("a-dir")).unwrap();
+    };
+    plant();
+    let d = Daemon::start(&policy);
+    assert_eq!(names(&cache_files(&skills)), names(&before), "{}", d.log());
+    echo_works(&d);
+    assert_eq!(compiled(&d), 0, "{}", d.log());
+    // After an install (another skill), and after a remove (echo's own artifact goes too).
+    plant();
+    skills.install("log", "log", "log = true");
+    assert_eq!(names(&cache_files(&skills)), names(&before));
+    plant();
+    let out = skills.cli(&["plugin", "remove", "echo"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(cache_files(&skills), vec![]);
+    assert_eq!(call(&d, "echo", "{}").unwrap_err().kind, ErrorKind::InvalidRequest);
+    drop(d);
+
+    // Past the bound: the installed skill's module is compiled for each call, and nothing stays.
+    skills.install("echo", "echo", "");
+    let d = Daemon::start(&skills.policy("cache_max_bytes = 1\n"));
+    echo_works(&d);
+    echo_works(&d);
+    assert_eq!((cache_files(&skills), compiled(&d)), (vec![], 2));
 }
 
 /// As root, the same file again as the unprivileged test user.

@@ -296,6 +296,7 @@ pub fn plugin(stream: UnixStream, message: ClientMessage, broker: &str) -> Resul
             "grants": attestation["grants"],
             "limits": attestation["limits"],
             "journal": attestation["journal"],
+            "store": attestation["store"],
         },
     }));
     result.content = vec![ContentBlock::text(output)];
@@ -367,6 +368,7 @@ pub fn result(ran: Ran, broker: &str) -> Result<CallToolResult, ErrorData> {
             "limits_by": enforcement["limits_by"],
             "warnings": attestation["warnings"],
             "journal": attestation["journal"],
+            "store": attestation["store"],
         },
     });
     let mut summary = match (code, signal, error_kind) {

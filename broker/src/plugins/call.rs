@@ -4,7 +4,8 @@
 use super::*;
 use crate::journal::{Event, Journal};
 use crate::service::{Peer, journal_refusal};
-use palisade_protocol::plugin::{CallDone, PluginHostJail};
+use palisade_protocol::plugin::{CallDone, PluginHostJail, PluginStore};
+use store::STORAGE_DIR;
 
 /// What came back of a call that ran.
 struct Ran {
@@ -49,8 +50,14 @@ impl Plugins {
             .map_err(journal_refusal)?;
         let prepared = prepared?;
         let limits = self.limits(request.timeout_ms);
-        let ran = self.execute(call_id, &prepared, request.input.as_bytes(), limits).await;
-        let result = ran.and_then(|ran| answer(&prepared, limits, ran));
+        let store = self.store(&prepared, peer.uid);
+        let ran = match &store {
+            Ok(store) => {
+                self.execute(call_id, &prepared, store.as_ref(), request.input.as_bytes(), limits).await
+            }
+            Err(e) => Err(e.clone()),
+        };
+        let result = ran.and_then(|ran| answer(&prepared, store.ok().flatten().as_ref(), limits, ran));
         let (outcome, message) = match &result {
             Ok(_) => ("ok".to_string(), None),
             Err(e) => (e.kind.name().to_string(), Some(e.message.clone())),
@@ -78,6 +85,17 @@ impl Plugins {
         Ok(result)
     }
 
+    /// The requester's storage of the call's skill, when the call is granted storage.
+    fn store(&self, prepared: &Prepared, uid: u32) -> Result<Option<Storage>, ErrorReply> {
+        if prepared.grants.storage_prefixes.is_empty() {
+            return Ok(None);
+        }
+        let root = self.index.dir.join(STORAGE_DIR);
+        Storage::new(root, uid, &prepared.skill, self.config.storage_quota_bytes)
+            .map(Some)
+            .map_err(|e| refusal(ErrorKind::InvalidRequest, e.to_string(), "plugins.storage"))
+    }
+
     /// Runs the call in the plugin-host (started if it is not running); a
     /// host that died or broke the channel is killed and its call failed,
     /// and the next call starts a new one.
@@ -85,6 +103,7 @@ impl Plugins {
         &self,
         id: u64,
         prepared: &Prepared,
+        storage: Option<&Storage>,
         input: &[u8],
         limits: PluginLimits,
     ) -> Result<Ran, ErrorReply> {
@@ -92,13 +111,14 @@ impl Plugins {
         let mut slot = self.host.lock().await;
         let host = self.running(&mut slot).await?;
         let jail = host.jail.clone();
-        let exchanged = self.exchange(host, id, prepared, input, limits, deadline).await;
+        let call = Exchange { id, prepared, storage, input, limits, deadline };
+        let exchanged = self.exchange(host, &call).await;
         let failed = |kind, e: &CallError| refusal(kind, e.to_string(), "plugins.runtime");
         match exchanged {
             Ok((done, host_calls, host_calls_refused)) => {
                 Ok(Ran { done, host_calls, host_calls_refused, jail })
             }
-            Err(e @ CallError::BadModule(_)) => Err(failed(ErrorKind::RuntimeFailure, &e)),
+            Err(e @ (CallError::BadModule(_) | CallError::Cache(_))) => Err(failed(ErrorKind::RuntimeFailure, &e)),
             Err(e) => {
                 if let Some(dead) = slot.take() {
                     tracing::warn!(pid = dead.pid, "plugin-host ended: {e}");
@@ -116,37 +136,35 @@ impl Plugins {
 
     /// The call on the channel: compile if needed, `Call`, then serve its
     /// host functions until `Done`.
-    async fn exchange(
+    async fn exchange(&self, host: &mut Running, call: &Exchange<'_>) -> Result<(CallDone, u64, u64), CallError> {
+        let artifact = self.artifact(host, call.id, call.prepared).await?;
+        let result = self.converse(host, call, &artifact).await;
+        // An inline module's artifact (or one past the cache's bound) goes
+        // with its call, however it ended (two unlinks: before the answer).
+        self.cache.remove_transient(&artifact);
+        result
+    }
+
+    /// `Call` for the artifact, then its host functions served until `Done`.
+    async fn converse(
         &self,
         host: &mut Running,
-        id: u64,
-        prepared: &Prepared,
-        input: &[u8],
-        limits: PluginLimits,
-        deadline: Instant,
+        call: &Exchange<'_>,
+        artifact: &Artifact,
     ) -> Result<(CallDone, u64, u64), CallError> {
-        let artifact = self.artifact(host, id, prepared).await?;
-        let storage_name = if palisade_policy::plugins::key_name(&prepared.skill) {
-            prepared.skill.as_str()
-        } else {
-            ".inline"
-        };
-        let storage = Storage {
-            dir: self.index.dir.join(storage_name).join("storage"),
-            quota: self.config.storage_quota_bytes,
-        };
+        let Exchange { id, prepared, storage, input, limits, deadline } = *call;
         let egress = egress_plan(&prepared.grants, &self.egress);
         let ctx = CallContext {
             skill: &prepared.skill,
             grants: &prepared.grants,
             secrets: &self.secrets,
-            storage: &storage,
+            storage,
             egress: &egress,
             deadline,
         };
         host.send(&ToHost::Call(PluginCall {
             id,
-            artifact: artifact.to_string_lossy().into_owned(),
+            artifact: artifact.path.to_string_lossy().into_owned(),
             module_sha256: prepared.sha256.clone(),
             entry: prepared.entry.clone(),
             input: input.to_vec(),
@@ -182,8 +200,24 @@ impl Plugins {
     }
 }
 
+/// One call's part on the channel.
+#[derive(Clone, Copy)]
+struct Exchange<'a> {
+    id: u64,
+    prepared: &'a Prepared,
+    storage: Option<&'a Storage>,
+    input: &'a [u8],
+    limits: PluginLimits,
+    deadline: Instant,
+}
+
 /// The client's answer: the output, or the outcome's error kind.
-fn answer(prepared: &Prepared, limits: PluginLimits, ran: Ran) -> Result<CallResult, ErrorReply> {
+fn answer(
+    prepared: &Prepared,
+    store: Option<&Storage>,
+    limits: PluginLimits,
+    ran: Ran,
+) -> Result<CallResult, ErrorReply> {
     let Ran { done, host_calls, host_calls_refused, jail } = ran;
     let output = match done.outcome {
         CallOutcome::Output(bytes) => String::from_utf8(bytes).map_err(|_| {
@@ -215,6 +249,11 @@ fn answer(prepared: &Prepared, limits: PluginLimits, ran: Ran) -> Result<CallRes
             host_calls_refused,
             jail,
             journal: None,
+            store: store.map(|s| PluginStore {
+                uid: s.uid(),
+                skill: s.skill().to_string(),
+                quota_bytes: s.quota(),
+            }),
         },
     })
 }

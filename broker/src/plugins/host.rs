@@ -147,7 +147,16 @@ pub async fn start(
         return Err(HostError::Start(format!("handing over the plan: {e}")));
     }
     match tokio::time::timeout(READY_TIMEOUT, running.receive()).await {
-        Ok(Ok(FromHost::Ready { engine })) => running.engine = engine,
+        Ok(Ok(FromHost::Ready { engine })) if palisade_protocol::plugin::engine_name_ok(&engine) => {
+            running.engine = engine
+        }
+        Ok(Ok(FromHost::Ready { engine })) => {
+            running.kill();
+            return Err(HostError::Protocol(format!(
+                "its engine string {:?} is not of the form wasmtime-<version>-<16 hex>",
+                engine.chars().take(palisade_protocol::plugin::MAX_ENGINE_BYTES * 2).collect::<String>()
+            )));
+        }
         Ok(Ok(other)) => {
             running.kill();
             return Err(HostError::Protocol(format!("{other:?} before Ready")));

@@ -20,7 +20,8 @@ pub struct CallContext<'a> {
     pub skill: &'a str,
     pub grants: &'a PluginGrants,
     pub secrets: &'a Secrets,
-    pub storage: &'a Storage,
+    /// The requester's storage of this skill, when the call is granted storage.
+    pub storage: Option<&'a Storage>,
     /// The checks `http_fetch` passes, as strict egress's: the granted
     /// hosts, `[egress] ports`, `hosts` and `allow_addresses`.
     pub egress: &'a EgressPlan,
@@ -104,18 +105,21 @@ async fn dispatch(ctx: &CallContext<'_>, function: HostFn, args: &Value) -> Resu
 
 fn storage(ctx: &CallContext<'_>, function: HostFn, args: &Value) -> Result<Value, HostFnError> {
     let key = field(args, "key")?;
-    if !ctx.grants.storage_key(key) {
-        return Err(denied(format!(
-            "storage key {key:?} is not under a prefix granted to skill {} ({:?})",
-            ctx.skill, ctx.grants.storage_prefixes
-        )));
-    }
+    let store = match ctx.storage {
+        Some(store) if ctx.grants.storage_key(key) => store,
+        _ => {
+            return Err(denied(format!(
+                "storage key {key:?} is not under a prefix granted to skill {} ({:?})",
+                ctx.skill, ctx.grants.storage_prefixes
+            )));
+        }
+    };
     if function == HostFn::StorageGet {
-        let value = ctx.storage.get(key).map_err(store_error)?;
+        let value = store.get(key).map_err(store_error)?;
         return Ok(json!({ "value": value.map(|v| String::from_utf8_lossy(&v).into_owned()) }));
     }
     let value = field(args, "value")?;
-    ctx.storage.put(key, value.as_bytes()).map_err(store_error)?;
+    store.put(key, value.as_bytes()).map_err(store_error)?;
     Ok(json!({}))
 }
 
@@ -156,7 +160,7 @@ mod tests {
         let secrets = Secrets { dir: dir.join("secrets") };
         secrets.set("granted", b"yes").unwrap();
         secrets.set("other", b"no").unwrap();
-        let storage = Storage { dir: dir.join("storage"), quota: 64 };
+        let storage = Storage::new(dir.join("storage"), 1000, "t", 64).unwrap();
         let grants = PluginGrants {
             http_hosts: vec!["granted.test".into(), "127.0.0.1".into()],
             secrets: vec!["granted".into()],
@@ -168,7 +172,7 @@ mod tests {
             skill: "t",
             grants: &grants,
             secrets: &secrets,
-            storage: &storage,
+            storage: Some(&storage),
             egress: &egress,
             deadline,
         };

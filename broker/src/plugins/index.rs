@@ -1,6 +1,7 @@
 //! The skills index: `skills_dir/<name>/` holds an installed skill's
 //! `skill.toml` and `module.wasm`; `skills_dir/.cache/` the modules
-//! precompiled by the plugin-host.
+//! precompiled by the plugin-host (`cache.rs`); `skills_dir/.storage/` each
+//! requester's storage (`store.rs`).
 
 use palisade_policy::plugins::{Manifest, ManifestError};
 use sha2::{Digest, Sha256};
@@ -115,6 +116,31 @@ impl Index {
         Ok(Skill { manifest, module })
     }
 
+    /// Removes the installed skill `name`: its manifest, its module, and
+    /// every requester's storage of it (a skill installed later under the
+    /// name starts with none).
+    pub fn remove(&self, name: &str) -> Result<(), IndexError> {
+        if !palisade_policy::plugins::key_name(name) || !self.dir.join(name).join(MANIFEST_FILE).is_file() {
+            return Err(IndexError::Unknown(name.into()));
+        }
+        let stores = self.dir.join(super::store::STORAGE_DIR);
+        if let Ok(requesters) = std::fs::read_dir(&stores) {
+            for requester in requesters {
+                let store = requester.map_err(io_at(&stores))?.path().join(name);
+                if std::fs::symlink_metadata(&store).is_ok() {
+                    std::fs::remove_dir_all(&store).map_err(io_at(&store))?;
+                }
+            }
+        }
+        let dir = self.dir.join(name);
+        std::fs::remove_dir_all(&dir).map_err(io_at(&dir))
+    }
+
+    /// The sha256 of every installed skill's module: what the module cache keeps.
+    pub fn modules(&self) -> Result<std::collections::HashSet<String>, IndexError> {
+        Ok(self.list()?.into_iter().map(|m| m.sha256).collect())
+    }
+
     /// Every installed skill's manifest, by name.
     pub fn list(&self) -> Result<Vec<Manifest>, IndexError> {
         let entries = match std::fs::read_dir(&self.dir) {
@@ -157,8 +183,16 @@ mod tests {
         assert_eq!(index.list().unwrap()[0].name, "echo");
         assert_eq!(index.load("echo").unwrap().module, b"(module)");
         assert!(matches!(index.load("other"), Err(IndexError::Unknown(_))));
+        assert_eq!(index.modules().unwrap(), [sha.clone()].into());
         std::fs::write(index.dir.join("echo").join(MODULE_FILE), b"(module )").unwrap();
         assert!(matches!(index.load("echo"), Err(IndexError::Mismatch { .. })));
+        let store = index.dir.join(super::super::store::STORAGE_DIR).join("1000");
+        std::fs::create_dir_all(store.join("echo")).unwrap();
+        std::fs::create_dir_all(store.join("other")).unwrap();
+        assert!(matches!(index.remove("../skills"), Err(IndexError::Unknown(_))));
+        index.remove("echo").unwrap();
+        assert!(index.list().unwrap().is_empty() && !store.join("echo").exists() && store.join("other").exists());
+        assert!(matches!(index.remove("echo"), Err(IndexError::Unknown(_))));
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

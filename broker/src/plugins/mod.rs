@@ -1,8 +1,10 @@
 //! Tier A: WebAssembly skill plugins. The broker keeps the skills index,
-//! the secret store and each skill's storage, decides a call's grants and
-//! limits, serves its host functions, and runs it in the plugin-host (a
-//! process of its own in a Tier C jail; wasmtime never enters the broker).
+//! the module cache, the secret store and each requester's storage of each
+//! skill, decides a call's grants and limits, serves its host functions,
+//! and runs it in the plugin-host (a process of its own in a Tier C jail;
+//! wasmtime never enters the broker).
 
+pub mod cache;
 pub mod host;
 pub mod hostfn;
 pub mod http;
@@ -11,6 +13,7 @@ pub mod store;
 
 use crate::cgroup::{CgroupLimits, Cgroups, RunCgroup};
 use crate::spawn_thread::Spawner;
+use cache::{Artifact, CacheError, ModuleCache};
 use host::{HostError, Running};
 use hostfn::CallContext;
 use index::{Index, IndexError, sha256_hex};
@@ -26,6 +29,7 @@ use palisade_protocol::plugin::{
 use palisade_protocol::wire::{ErrorKind, ErrorReply};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use store::{Secrets, Storage};
@@ -82,12 +86,16 @@ struct Prepared {
     sha256: String,
     entry: String,
     grants: PluginGrants,
+    /// An installed skill's (its artifact is cached), not the request's own module.
+    installed: bool,
 }
 
 pub struct Plugins {
     pub config: PluginsConfig,
     pub index: Index,
     pub secrets: Secrets,
+    /// The compiled modules, authenticated (`cache.rs`).
+    cache: Arc<ModuleCache>,
     egress: EgressConfig,
     host_program: PathBuf,
     helper: PathBuf,
@@ -145,10 +153,21 @@ impl Plugins {
             true => Some(config.broker.sandbox_ids.for_requester(0)?),
             false => None,
         };
+        let index = Index { dir: skills };
+        let cache = match ModuleCache::new(index.cache_dir(), &secrets, config.plugins.cache_max_bytes) {
+            Ok(c) => c,
+            Err(e) if config.plugins.enabled => return Err(format!("[plugins]: {e}")),
+            // Disabled: never used.
+            Err(_) => ModuleCache::new(index.cache_dir(), Path::new("/nonexistent/secrets"), 0)?,
+        };
+        if config.plugins.enabled {
+            sweep_cache(&index, None);
+        }
         Ok(Plugins {
             config: config.plugins.clone(),
-            index: Index { dir: skills },
+            index,
             secrets: Secrets { dir: secrets },
+            cache: Arc::new(cache),
             egress: config.egress.clone(),
             host_program: host_program(&config.plugins, helper),
             helper: helper.to_path_buf(),
@@ -191,6 +210,7 @@ impl Plugins {
                 sha256,
                 entry: DEFAULT_ENTRY.into(),
                 grants,
+                installed: false,
             });
         }
         let skill = self.index.load(&request.skill).map_err(|e| match e {
@@ -209,6 +229,7 @@ impl Plugins {
             module: skill.module,
             entry: skill.manifest.entry,
             grants,
+            installed: true,
         })
     }
 
@@ -252,8 +273,7 @@ impl Plugins {
         &self,
         cgroup: Option<&RunCgroup>,
     ) -> Result<(palisade_protocol::JailPlan, Vec<OwnedFd>), String> {
-        let cache = self.index.cache_dir();
-        std::fs::create_dir_all(&cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+        let cache = self.cache.ensure_dir().map_err(|e| e.to_string())?;
         let program =
             self.host_program.canonicalize().map_err(|e| format!("{}: {e}", self.host_program.display()))?;
         let cache = cache.canonicalize().map_err(|e| format!("{}: {e}", cache.display()))?;
@@ -290,17 +310,24 @@ impl Plugins {
                 .await
                 .map_err(|e| failed(e.to_string()))?;
             tracing::info!(pid = running.pid, engine = %running.engine, "plugin-host started");
+            // Its engine known: the entries of any other engine go too.
+            sweep_cache(&self.index, Some(&running.engine));
             *slot = Some(running);
         }
         Ok(slot.as_mut().expect("started above"))
     }
 
-    /// The precompiled module's path in the cache, compiled by the host first if it is not there.
-    async fn artifact(&self, host: &mut Running, id: u64, prepared: &Prepared) -> Result<PathBuf, CallError> {
-        let path = self.index.cache_dir().canonicalize().unwrap_or_else(|_| self.index.cache_dir());
-        let path = path.join(format!("{}-{}.cwasm", prepared.sha256, host.engine));
-        if path.is_file() {
-            return Ok(path);
+    /// The call's precompiled module: an installed skill's from the cache
+    /// when its MAC verifies, else compiled by the host and written (cached
+    /// when it is an installed skill's and fits the bound, else for this
+    /// call only).
+    async fn artifact(&self, host: &mut Running, id: u64, prepared: &Prepared) -> Result<Artifact, CallError> {
+        let (cache, sha256, engine) = (self.cache.clone(), prepared.sha256.clone(), host.engine.clone());
+        if prepared.installed {
+            let found = blocking(move || cache.lookup(&sha256, &engine)).await?;
+            if let Some(path) = found {
+                return Ok(Artifact { path, transient: false });
+            }
         }
         host.send(&ToHost::Compile { id, module: prepared.module.clone() }).await?;
         let artifact = match tokio::time::timeout(COMPILE_TIMEOUT, host.receive()).await {
@@ -315,11 +342,15 @@ impl Plugins {
                 }
             },
         };
-        let tmp = path.with_extension(format!("tmp{id}"));
-        std::fs::write(&tmp, &artifact)
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| CallError::Host(HostError::Start(format!("writing {}: {e}", path.display()))))?;
-        Ok(path)
+        let (cache, sha256, engine) = (self.cache.clone(), prepared.sha256.clone(), host.engine.clone());
+        let (installed, index) = (prepared.installed, Index { dir: self.index.dir.clone() });
+        let written = blocking(move || {
+            let keep = installed && fits(&cache, &index, &engine, artifact.len() as u64)?;
+            cache.store(id, &sha256, &engine, &artifact, keep)
+        })
+        .await?;
+        tracing::info!(module = %prepared.sha256, cached = !written.transient, "module compiled by the plugin-host");
+        Ok(written)
     }
 }
 
@@ -332,6 +363,45 @@ pub(crate) enum CallError {
     BadModule(String),
     #[error("the call ran {0:?} past its deadline and the plugin-host did not end it: restarted")]
     Stuck(Duration),
+    #[error("the module cache: {0}")]
+    Cache(#[from] CacheError),
+}
+
+/// The cache's file work (reading and authenticating an artifact of
+/// megabytes, writing one), off the runtime's threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, CacheError> + Send + 'static,
+) -> Result<T, CallError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| CallError::Host(HostError::Protocol(format!("the module cache's task: {e}"))))?
+        .map_err(CallError::Cache)
+}
+
+/// Whether an artifact of `len` bytes fits the cache's bound, after a sweep
+/// of what no installed skill names when it does not at first.
+fn fits(cache: &ModuleCache, index: &Index, engine: &str, len: u64) -> Result<bool, CacheError> {
+    if cache.fits(len)? {
+        return Ok(true);
+    }
+    sweep_cache(index, Some(engine));
+    let fits = cache.fits(len)?;
+    if !fits {
+        tracing::info!(cache = %cache.dir().display(), "module cache: full ([plugins] cache_max_bytes): this module is compiled for its call only");
+    }
+    Ok(fits)
+}
+
+/// Sweeps the cache of what no installed skill names (for `engine`, when
+/// it is known); a failure is logged, and the cache is left as it is.
+pub fn sweep_cache(index: &Index, engine: Option<&str>) {
+    let swept = index
+        .modules()
+        .map_err(|e| e.to_string())
+        .and_then(|modules| cache::sweep(&index.cache_dir(), &modules, engine).map_err(|e| e.to_string()));
+    if let Err(e) = swept {
+        tracing::warn!(cache = %index.cache_dir().display(), "module cache: not swept: {e}");
+    }
 }
 
 /// An inline module: WAT text as it is, else base64 of a binary module.
