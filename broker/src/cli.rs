@@ -74,6 +74,11 @@ pub enum Command {
     /// The declared tools' trust stages (Draft, Trial, Verified) and declarations.
     #[command(subcommand)]
     Tools(ToolsCommand),
+    /// Change sets: a run's writes held for review (a run palisade ended,
+    /// --hold-changes, paths someone else changed meanwhile, files the host
+    /// executes): list, show with a diff, apply, discard.
+    #[command(subcommand)]
+    Changes(crate::changes_cli::ChangesCommand),
     /// Read and check the audit journal (see docs/journal.md).
     #[command(subcommand)]
     Audit(crate::audit::AuditCommand),
@@ -238,6 +243,7 @@ pub fn main(cli: Cli) -> i32 {
         Command::Approve { id, broker } => crate::approve_cli::answer(&broker, id, true, None),
         Command::Deny { id, reason, broker } => crate::approve_cli::answer(&broker, id, false, reason),
         Command::Tools(command) => crate::approve_cli::tools(command),
+        Command::Changes(command) => crate::changes_cli::main(command),
         Command::Plugin(command) => crate::plugin_cli::main(command),
         Command::Mcp(args) => crate::mcp::main(args),
     }

@@ -9,6 +9,9 @@
 //! - `PALISADE_FAULT_SPAWN=ERRNO:N` (`ENOMEM`, `EAGAIN` or `EMFILE`): the
 //!   first `N` helpers fail to start with that error, as when the host is
 //!   out of memory, processes or descriptors.
+//! - `PALISADE_FAULT_APPLY=N`: the broker dies (SIGKILL to itself) after
+//!   applying `N` entries of a change set, as a broker that crashes in the
+//!   middle of an apply.
 
 /// The variable the helper reads (see `helper/src/fault.rs`).
 const HELPER_FAULT: &str = "PALISADE_HELPER_FAULT";
@@ -52,4 +55,19 @@ pub fn spawn_error() -> Option<std::io::Error> {
     };
     let count: usize = count.parse().ok()?;
     (FAILED.fetch_add(1, Ordering::Relaxed) < count).then(|| std::io::Error::from_raw_os_error(errno))
+}
+
+/// Kills this process, as a crash would, once `PALISADE_FAULT_APPLY`
+/// entries of a change set have been applied.
+pub fn die_after_applying(applied: usize) {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    let Some(n) = std::env::var("PALISADE_FAULT_APPLY").ok().and_then(|n| n.parse::<usize>().ok()) else {
+        return;
+    };
+    if applied >= n {
+        // SAFETY: kill with this process's own pid; nothing is passed in memory.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
 }

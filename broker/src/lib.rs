@@ -11,6 +11,8 @@ macro_rules! linux_only {
 linux_only! {
     pub mod approvals;
     pub mod approve_cli;
+    pub mod changes;
+    pub mod changes_cli;
     pub mod arena;
     pub mod audit;
     pub mod cgroup;
@@ -26,7 +28,6 @@ linux_only! {
     pub mod host;
     pub mod mcp;
     pub mod memory;
-    pub mod overlay;
     pub mod panics;
     pub mod refusals;
     pub mod plugin_cli;

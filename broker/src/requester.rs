@@ -101,6 +101,12 @@ pub struct Acting {
 }
 
 impl Acting {
+    /// Whether this is the broker acting as itself (it is the requester, or
+    /// can do no more than it): what it makes is its own either way.
+    pub fn is_broker(&self) -> bool {
+        self.switched.is_none()
+    }
+
     /// Runs `f` with the broker's own filesystem credentials, then acts for
     /// the requester again: for what the broker itself must read (a run's
     /// overlay layer, written by the sandbox's uid).

@@ -8,17 +8,15 @@ use crate::cgroup::{CgroupLimits, Cgroups, RunCgroup};
 use crate::egress::Egress;
 use crate::error::BrokerError;
 use crate::helper::{HelperChild, HelperCommand, Io, StatusRead, pidfd_kill, send_plan};
-use crate::overlay;
 use crate::pool::{Pool, Slot};
-use crate::requester::Requester;
-use crate::service::{Grants, KeepOut};
+use crate::service::Grants;
 use crate::spawn_thread::Spawner;
 use crate::stream::{Bounds, Child, Run};
 pub use crate::stream::Sink;
 use palisade_policy::Resolved;
 use palisade_protocol::attest::Built;
 use palisade_protocol::plan::Listener;
-use palisade_protocol::wire::{Changes, RunRequest, RunResult, RunStatus, ServerMessage};
+use palisade_protocol::wire::{Changes, ChangesOutcome, RunRequest, RunResult, RunStatus, ServerMessage};
 use palisade_protocol::{ExitReport, HelperRecord, JailPlan, LandlockReport, Tier, WarmSpec, encode_plan};
 use std::future::Future;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -48,6 +46,9 @@ struct Launched<'a> {
     helper: HelperChild,
     cgroup: Option<&'a RunCgroup>,
     started: Instant,
+    /// The coarse real-time clock before the sandbox was made (ns): what
+    /// the host changes from then on is someone else's change.
+    since: i128,
 }
 
 pub struct Engine {
@@ -198,9 +199,10 @@ impl Engine {
         claimed: Option<Slot>,
     ) -> Result<RunResult, BrokerError> {
         let started = Instant::now();
+        let since = crate::changes::coarse_now_ns();
         let (helper, cgroup) =
             self.launch(planned.resolved, planned.grants, request, cgroup, claimed).await?;
-        let launched = Launched { helper, cgroup: cgroup.as_ref(), started };
+        let launched = Launched { helper, cgroup: cgroup.as_ref(), started, since };
         let result = self.finish(planned, request, sink, cancel, launched).await;
         if let Some(c) = cgroup {
             let _ = tokio::task::spawn_blocking(move || c.remove()).await;
@@ -218,7 +220,7 @@ impl Engine {
         launched: Launched<'_>,
     ) -> Result<RunResult, BrokerError> {
         let Planned { id: run_id, resolved, grants } = planned;
-        let Launched { helper, cgroup, started } = launched;
+        let Launched { helper, cgroup, started, since } = launched;
         let tier = resolved.plan.tier();
         let built = if helper.warm.is_some() { Built::Warm } else { Built::Cold };
         let HelperChild { pid, pidfd, status, stdin, stdout, stderr, .. } = helper;
@@ -261,11 +263,11 @@ impl Engine {
         timeline.status_read_us = started.elapsed().as_micros();
         let mut ended = streamed.ended;
         let report = Report::read(records, fds, ended)?;
-        let (written_bytes, changes) = keep_writes(resolved, grants, report.overlays, &mut ended).await?;
         let cg_usage = cgroup.map(RunCgroup::usage);
         if cg_usage.is_some_and(|u| u.oom_kills > 0) && ended.is_none() {
             ended = Some(RunStatus::MemoryLimitExceeded);
         }
+        let (written_bytes, changes) = keep_writes(resolved, grants, report.overlays, &mut ended, (run_id, since)).await?;
         let status = match ended {
             Some(ended) => ended,
             None => exit_status(report.exit, &usage)?,
@@ -474,30 +476,41 @@ impl Report {
     }
 }
 
-/// Writes held in overlays: kept when the command ended by itself within
-/// its bound, dropped when it filled it (`ended` becomes
-/// `DiskLimitExceeded`) or palisade ended the run. The bytes kept, and
-/// what was applied and withheld.
+/// What becomes of the writes held in overlays (see [`crate::changes`]):
+/// applied, held or discarded as the run's policy says, with what palisade
+/// ended the run for (a run that filled its bound is ended so, and its
+/// writes are held like any ended run's). The bytes written on the host,
+/// and what became of the rest.
 async fn keep_writes(
     resolved: &Resolved,
     grants: &Grants,
     overlays: Vec<(String, OwnedFd)>,
     ended: &mut Option<RunStatus>,
+    (run_id, since): (u64, i128),
 ) -> Result<(u64, Changes), BrokerError> {
-    let none = Ok((0, Changes::default()));
-    if overlays.is_empty() || ended.is_some() {
-        return none;
+    if resolved.in_place {
+        return Ok((0, Changes { outcome: ChangesOutcome::InPlace, ..Changes::default() }));
     }
-    if overlays.iter().any(|(_, fd)| overlay::full(fd)) {
+    if overlays.iter().any(|(_, fd)| crate::changes::fs_full(fd)) && ended.is_none() {
         *ended = Some(RunStatus::DiskLimitExceeded);
-        return none;
     }
-    if overlays.iter().all(|(_, fd)| overlay::untouched(fd)) {
-        return none;
+    // Nothing written: not one call more than that check.
+    if overlays.iter().all(|(_, fd)| crate::changes::untouched(fd)) {
+        return Ok((0, Changes::default()));
     }
     let targets = copy_back_targets(&resolved.plan, grants, overlays)?;
     let (requester, keep_out) = (grants.requester.clone(), grants.keep_out.clone());
-    tokio::task::spawn_blocking(move || commit_all(&requester, &keep_out, targets)).await?
+    let (keep, on_conflict, ended) = (resolved.keep_changes, resolved.on_conflict, *ended);
+    let settled = tokio::task::spawn_blocking(move || {
+        let s = crate::changes::Settle { run_id, requester: &requester, keep_out: &keep_out, since, keep, on_conflict, ended };
+        let settled = crate::changes::settle(&s, targets)?;
+        if let Err(e) = keep_out.journal.append_all_blocking(settled.events, true) {
+            tracing::error!(run_id, "what became of the run's writes is not recorded: {e}");
+        }
+        Ok::<_, BrokerError>(settled.changes)
+    })
+    .await??;
+    Ok((settled.bytes, settled))
 }
 
 /// A started helper.
@@ -618,34 +631,6 @@ fn copy_back_targets(
         out.push((source.clone(), upper, dest));
     }
     Ok(out)
-}
-
-/// Copies every overlay's changes back to its host directory, as the
-/// requester (see [`crate::requester`]), but for what [`KeepOut`] names.
-fn commit_all(
-    requester: &Requester,
-    keep_out: &KeepOut,
-    targets: Vec<(String, OwnedFd, OwnedFd)>,
-) -> Result<(u64, Changes), BrokerError> {
-    let mut changes = Changes::default();
-    let mut bytes = 0;
-    for (source, upper, dest) in targets {
-        let root = std::path::Path::new(&source);
-        let owned = (keep_out.owned.iter())
-            .filter_map(|o| o.path.strip_prefix(root).ok().map(|rel| (rel.to_path_buf(), o.what.clone())))
-            .collect();
-        let guard = overlay::Guard { root, owned, host_executed: &keep_out.host_executed };
-        let done = requester
-            .act(|act| overlay::commit(&upper, &dest, act, &guard))
-            .and_then(|r| r)
-            .map_err(|e| BrokerError::CopyBack { path: source.clone(), source: e })?;
-        tracing::debug!(%source, files = done.files, bytes = done.bytes, removed = done.removed, "writes copied back");
-        bytes += done.bytes;
-        changes.files += done.files;
-        changes.removed += done.removed;
-        changes.withheld.extend(done.withheld);
-    }
-    Ok((bytes, changes))
 }
 
 fn nonblocking(file: &std::fs::File, on: bool) -> std::io::Result<()> {

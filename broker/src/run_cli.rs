@@ -5,7 +5,8 @@
 use crate::stream::Sink;
 use clap::Args as ClapArgs;
 use palisade_protocol::wire::{
-    ErrorKind, ErrorReply, ParamValue, RunRequest, RunResult, RunStatus, ServerMessage, Stream,
+    ErrorKind, ErrorReply, KeepChanges, OnConflict, ParamValue, RunRequest, RunResult, RunStatus,
+    ServerMessage, Stream,
 };
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
@@ -93,6 +94,28 @@ pub struct SandboxArgs {
     /// No new processes: fork and clone are refused.
     #[arg(long)]
     pub no_fork: bool,
+    /// Hold the run's writes as a change set for review instead of applying
+    /// them (palisade changes show ID, apply ID, discard ID).
+    #[arg(long)]
+    pub hold_changes: bool,
+    /// A path someone else changed in the workspace while the run ran:
+    /// keep_host (the default: the run's version is held), hold (apply
+    /// nothing), overwrite (the run's version wins).
+    #[arg(long, value_name = "WHAT", value_parser = on_conflict)]
+    pub on_conflict: Option<OnConflict>,
+    /// Write the workspace in place, live (no change set: nothing to review,
+    /// no conflict found); the profile must allow it (allow_direct).
+    #[arg(long)]
+    pub direct: bool,
+}
+
+fn on_conflict(s: &str) -> Result<OnConflict, String> {
+    match s {
+        "keep_host" => Ok(OnConflict::KeepHost),
+        "hold" => Ok(OnConflict::Hold),
+        "overwrite" => Ok(OnConflict::Overwrite),
+        other => Err(format!("{other:?}: one of keep_host, hold, overwrite")),
+    }
 }
 
 impl SandboxArgs {
@@ -110,6 +133,9 @@ impl SandboxArgs {
         req.max_memory_mb = self.memory;
         req.max_processes = self.processes;
         req.no_fork = self.no_fork;
+        req.keep_changes = self.hold_changes.then_some(KeepChanges::AlwaysHold);
+        req.on_conflict = self.on_conflict;
+        req.direct = self.direct;
         for spec in &self.env {
             let (name, value) = match spec.split_once('=') {
                 Some((n, v)) => (n, Some(v)),
@@ -162,6 +188,13 @@ impl SandboxArgs {
         profile.max_memory_mb = self.memory.unwrap_or(profile.max_memory_mb);
         profile.max_processes = self.processes.unwrap_or(profile.max_processes);
         profile.no_fork |= self.no_fork;
+        if self.hold_changes {
+            profile.keep_changes = KeepChanges::AlwaysHold;
+        }
+        profile.on_conflict = self.on_conflict.unwrap_or(profile.on_conflict);
+        if self.direct {
+            profile.disk = palisade_policy::config::DiskMode::Direct;
+        }
         Ok(())
     }
 }
@@ -285,13 +318,10 @@ impl Render {
     pub fn finish(self, outcome: Result<RunResult, ErrorReply>) -> i32 {
         if self.json {
             println!("{}", self.json_value(&outcome));
-        } else if let Ok(r) = &outcome {
-            for w in &r.changes.withheld {
-                eprintln!(
-                    "palisade: not applied to the workspace: {} ({}); the run's version was dropped",
-                    w.path, w.what
-                );
-            }
+        } else if let Some(line) =
+            outcome.as_ref().ok().and_then(|r| crate::changes_cli::summary(&r.changes, true))
+        {
+            eprintln!("palisade: {line}");
         }
         match outcome {
             Ok(r) => match r.status {

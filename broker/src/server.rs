@@ -496,6 +496,16 @@ impl Server {
                 let explained = tokio::task::spawn_blocking(move || broker.explain(&peer, &request)).await?;
                 Ok(explained.map_or_else(ServerMessage::Error, |e| ServerMessage::Explained(Box::new(e))))
             }
+            m @ (ClientMessage::ListChanges
+            | ClientMessage::ShowChanges { .. }
+            | ClientMessage::ApplyChanges { .. }
+            | ClientMessage::DiscardChanges { .. }) => {
+                let (broker, requester) = (b.clone(), peer.requester());
+                let serve = move || {
+                    crate::changes::review::serve(&broker.changes, &broker.journal, &requester, m)
+                };
+                Ok(tokio::task::spawn_blocking(serve).await?)
+            }
             ClientMessage::RunPlugin { skill, input, inline_module, timeout_ms } => {
                 let request = crate::plugins::CallRequest { skill, input, inline_module, timeout_ms };
                 Ok(match b.plugins.call(&b.journal, peer, request).await {

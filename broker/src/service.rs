@@ -51,6 +51,8 @@ pub struct Broker {
     owned: Arc<[palisade_policy::host::OwnedPath]>,
     /// The files the host executes, which no copy-back applies by itself.
     host_executed: Arc<palisade_policy::host_executed::HostExecuted>,
+    /// The change sets held for review.
+    pub changes: Arc<crate::changes::Store>,
     /// Where the runs' host directories go (`context.temp_root`), kept
     /// while the broker is (one of an unpredictable name goes with it).
     _temp_root: paths::TempRoot,
@@ -96,12 +98,15 @@ pub struct Grants {
     pub keep_out: KeepOut,
 }
 
-/// What a run's writes never change on the host by themselves: what the
-/// broker keeps, and the files the host executes.
+/// What settles a run's writes: what they never change on the host by
+/// themselves (what the broker keeps, the files the host executes), where
+/// the change sets are kept, and the journal that records what became of them.
 #[derive(Clone)]
 pub struct KeepOut {
     pub owned: Arc<[palisade_policy::host::OwnedPath]>,
     pub host_executed: Arc<palisade_policy::host_executed::HostExecuted>,
+    pub store: Arc<crate::changes::Store>,
+    pub journal: Journal,
 }
 
 /// The refusal of a run that needed approval and did not get it.
@@ -201,7 +206,9 @@ impl Broker {
             context.parent_pid,
             cgroups.clone(),
         )?;
-        let owned = paths::owned(&config, journal.dir(), &context.temp_root, &[]).into();
+        let changes = Arc::new(changes_store(&config)?);
+        sweep_changes(&changes, &journal);
+        let owned = paths::owned(&config, journal.dir(), &context.temp_root, &[(changes.root().to_path_buf(), "the held change sets")]).into();
         let extra: Vec<String> = config.policy.host_executed.iter().map(|g| g.get_ref().clone()).collect();
         let host_executed = Arc::new(palisade_policy::host_executed::HostExecuted::new(&extra));
         let user_namespaces = config.broker.user_namespaces;
@@ -231,6 +238,7 @@ impl Broker {
             trust,
             owned,
             host_executed,
+            changes,
             _temp_root: temp_root,
             next_run: AtomicU64::new(1),
         })
@@ -284,7 +292,12 @@ impl Broker {
             Ok(opened) => opened,
             Err(e) => return Err(self.record_refusal(run_id, peer, request, e)),
         };
-        let keep_out = KeepOut { owned: self.owned.clone(), host_executed: self.host_executed.clone() };
+        let keep_out = KeepOut {
+            owned: self.owned.clone(),
+            host_executed: self.host_executed.clone(),
+            store: self.changes.clone(),
+            journal: self.journal.clone(),
+        };
         let grants = Grants { requester, descriptors, keep_out };
         let mut pending = vec![
             events::received(run_id, who, request),
@@ -648,6 +661,43 @@ fn sandbox_ids_taken(ids: palisade_policy::config::SandboxIds, what: String) -> 
         "[broker] sandbox_ids ({} ids from {}) overlaps {what}: sandboxes must not share ids with anything on the host; choose another block",
         ids.count, ids.first
     )
+}
+
+/// The store of held change sets: `[changes] dir`, else `changes` in the
+/// broker's state directory.
+pub(crate) fn changes_store(config: &Config) -> Result<crate::changes::Store, String> {
+    let c = &config.changes;
+    let dir = match &c.dir {
+        Some(d) => d.clone(),
+        None => paths::default_state_dir().map_err(|e| format!("[changes] dir: {e}"))?.join("changes"),
+    };
+    let limits = crate::changes::Limits {
+        max_bytes: c.max_bytes,
+        max_sets: c.max_sets,
+        max_age_secs: c.max_age_days.saturating_mul(86_400),
+    };
+    Ok(crate::changes::Store::new(dir, limits))
+}
+
+/// Removes the change sets past their age (each a journal record) and
+/// what a broker that stopped left half made.
+fn sweep_changes(store: &crate::changes::Store, journal: &Journal) {
+    for (uid, id) in store.sweep(crate::changes::now_secs()) {
+        tracing::info!(uid, id, "a held change set past [changes] max_age_days removed");
+        let event = Event::Changes {
+            run_id: 0,
+            id: Some(id),
+            outcome: "discarded".into(),
+            reason: Some(format!("held by uid {uid} past [changes] max_age_days")),
+            paths: vec![],
+            paths_total: 0,
+            conflicts: vec![],
+            sha256: String::new(),
+        };
+        if let Err(e) = journal.append_blocking(event) {
+            tracing::error!("the removal of an expired change set is not recorded: {e}");
+        }
+    }
 }
 
 /// The /etc snapshots' keeper, under `temp_root` (which [`paths::temp_root`]

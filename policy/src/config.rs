@@ -8,6 +8,7 @@ use crate::capabilities::{
 use crate::cedar::{CedarError, CedarPolicies};
 use crate::egress::EgressMode;
 use palisade_protocol::LandlockFeatures;
+use palisade_protocol::wire::{KeepChanges, OnConflict};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -39,6 +40,8 @@ pub struct Config {
     pub egress: EgressConfig,
     #[serde(default)]
     pub plugins: PluginsConfig,
+    #[serde(default)]
+    pub changes: ChangesConfig,
     /// The file it was loaded from (`None`: the built-in default policy).
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -297,6 +300,29 @@ pub struct ApproversConfig {
     pub gids: Vec<u32>,
     /// Whether a client that is not an approver may answer its own request.
     pub self_approval: bool,
+}
+
+/// Where the change sets held for review are kept, and how much of them
+/// (`[changes]`): each requester's within these bounds.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChangesConfig {
+    /// Default: `changes` in the broker's state directory.
+    pub dir: Option<PathBuf>,
+    /// Bytes of files held for one requester, all its change sets together.
+    pub max_bytes: u64,
+    /// Change sets held for one requester.
+    pub max_sets: usize,
+    /// Days a held change set is kept before it is removed (a journal record says so).
+    pub max_age_days: u64,
+}
+
+impl Default for ChangesConfig {
+    fn default() -> Self {
+        // A few large runs' writes, or thousands of small ones, per person;
+        // two weeks to look at them.
+        ChangesConfig { dir: None, max_bytes: 4 << 30, max_sets: 200, max_age_days: 14 }
+    }
 }
 
 /// Trust stages of declared tools: Draft (not executable until an approver
@@ -697,6 +723,17 @@ pub struct DefaultProfile {
     pub allowed_executables: Vec<Spanned<String>>,
     /// Programs in the workspace may be executed (builds run what they build).
     pub exec_in_workspace: bool,
+    /// What becomes of a run's writes (the overlay's change set):
+    /// "apply_unless_ended" (applied when the command exits by itself,
+    /// held when palisade ends the run), "always_hold", "discard_when_ended".
+    pub keep_changes: KeepChanges,
+    /// A path someone else changed on the host while the run ran:
+    /// "keep_host" (the run's version held, the rest applied), "hold"
+    /// (nothing applied), "overwrite" (the run's version applied).
+    pub on_conflict: OnConflict,
+    /// A request may ask to write in place (`direct`, `palisade run
+    /// --direct`) though `disk` is "overlay".
+    pub allow_direct: bool,
 }
 
 impl Default for DefaultProfile {
@@ -723,6 +760,9 @@ impl Default for DefaultProfile {
             allow_inline_code: false,
             allowed_executables: vec![],
             exec_in_workspace: true,
+            keep_changes: KeepChanges::default(),
+            on_conflict: OnConflict::default(),
+            allow_direct: false,
         }
     }
 }
@@ -945,6 +985,12 @@ impl Config {
             return Err((0, "broker.frame_timeout_secs must be at least 1".into()));
         }
         self.journal.check()?;
+        if self.changes.max_sets == 0 || self.changes.max_age_days == 0 {
+            return Err((0, "changes.max_sets and changes.max_age_days must be at least 1".into()));
+        }
+        if self.changes.dir.as_ref().is_some_and(|p| !p.is_absolute()) {
+            return Err((0, "changes.dir must be an absolute path".into()));
+        }
         for name in &self.policy.require_landlock {
             if !LandlockFeatures::TABLE.iter().any(|(_, _, n)| n == name.get_ref()) {
                 let known: Vec<&str> = LandlockFeatures::TABLE.iter().map(|(_, _, n)| *n).collect();

@@ -26,7 +26,7 @@ use crate::trust::{self, EscalationReason, EscalationTrigger, ToolTrust, TrustSt
 use crate::validate::{self, HOME_SENSITIVE_NAMES, Rules, SENSITIVE_NAMES};
 use crate::{Preset, paths};
 use palisade_protocol::attest::{Disk, Memory, Network, Scratch, TmpfsBudget, UpperLayers, WritableDirs};
-use palisade_protocol::wire::{ErrorKind, ParamValue, RunRequest};
+use palisade_protocol::wire::{ErrorKind, KeepChanges, OnConflict, ParamValue, RunRequest};
 use palisade_protocol::{HostIds, JailPlan, LandlockFeatures, Tier};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -155,6 +155,13 @@ pub struct Resolved {
     pub requester: HostIds,
     /// What the Cedar policies decided (`None`: none are configured).
     pub cedar: Option<CedarVerdict>,
+    /// What becomes of the run's writes, and of a path someone else
+    /// changed meanwhile (the profile's, as the request narrowed them).
+    pub keep_changes: KeepChanges,
+    pub on_conflict: OnConflict,
+    /// The run writes its workspace in place (Tier B, `disk = "direct"`):
+    /// there is no change set.
+    pub in_place: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -185,6 +192,9 @@ struct Profile {
     pass_env: Vec<String>,
     disk: DiskMode,
     max_disk_mb: u64,
+    keep_changes: KeepChanges,
+    on_conflict: OnConflict,
+    allow_direct: bool,
     capabilities: Capabilities,
     egress: EgressMode,
     allowed_executables: Vec<PathBuf>,
@@ -450,6 +460,9 @@ impl Policy {
                 pass_env: d.pass_env.clone(),
                 disk: d.disk,
                 max_disk_mb: d.max_disk_mb,
+                keep_changes: d.keep_changes,
+                on_conflict: d.on_conflict,
+                allow_direct: d.allow_direct,
                 capabilities: Capabilities {
                     filesystem,
                     network: d.network.clone(),
@@ -502,6 +515,9 @@ impl Policy {
             pass_env: vec![],
             disk: d.disk,
             max_disk_mb: d.max_disk_mb,
+            keep_changes: d.keep_changes,
+            on_conflict: d.on_conflict,
+            allow_direct: d.allow_direct,
             capabilities: tool.overrides.apply(&base),
             egress: tool.egress,
             allowed_executables: resolve_all(&tool.allowed_executables),
@@ -950,6 +966,9 @@ impl Policy {
             workspace: dirs.workspace.clone(),
             requester: ctx.requester,
             cedar: None,
+            keep_changes: profile.keep_changes,
+            on_conflict: profile.on_conflict,
+            in_place: grants.tier == Tier::B || profile.disk == DiskMode::Direct,
         })
     }
 }

@@ -156,6 +156,18 @@ pub struct RunRequest {
     /// already, and this changes nothing there).
     #[serde(default)]
     pub raw_output: bool,
+    /// What to do with the run's writes (default: the profile's
+    /// `keep_changes`); `always_hold` is `palisade run --hold-changes`.
+    #[serde(default)]
+    pub keep_changes: Option<KeepChanges>,
+    /// What to do with a path someone else changed on the host while the
+    /// run ran (default: the profile's `on_conflict`).
+    #[serde(default)]
+    pub on_conflict: Option<OnConflict>,
+    /// Write the workspace in place (`disk = "direct"`): live writes, no
+    /// change set. The profile must allow it (`allow_direct`), or be direct.
+    #[serde(default)]
+    pub direct: bool,
 }
 
 /// What a client sends. Unknown fields of a message are refused (in JSON),
@@ -213,6 +225,25 @@ pub enum ClientMessage {
     /// The policy's decision on a run, and the sandbox it would get,
     /// without running anything (`palisade explain`). Answered `Explained`.
     Explain(RunRequest),
+    /// The client's held change sets. Answered `ChangeSets`.
+    ListChanges,
+    /// One of them, with its paths and a diff. Answered `ChangeSet`.
+    ShowChanges {
+        id: String,
+    },
+    /// Applies one of them (`overwrite`: conflicts too; `host_executed`:
+    /// files the host executes too). Answered `ChangesApplied`.
+    ApplyChanges {
+        id: String,
+        #[serde(default)]
+        overwrite: bool,
+        #[serde(default)]
+        host_executed: bool,
+    },
+    /// Drops one of them. Answered `ChangesDiscarded`.
+    DiscardChanges {
+        id: String,
+    },
 }
 
 /// Why a tool's run escalated: it asks for more than its approved range.
@@ -487,16 +518,117 @@ pub struct RunResult {
     pub attestation: Attestation,
 }
 
-/// What became of the files a run wrote in its overlays (Tier C's default
-/// `disk`): the entries applied to the host, and those withheld from it.
+/// What became of the files a run wrote (its change set, see
+/// docs/protocol.md, "Change sets").
 #[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
 pub struct Changes {
+    pub outcome: ChangesOutcome,
+    /// The change set held: the whole run's (`held`), or what was kept of
+    /// it (`applied` with conflicts or files the host executes).
+    pub id: Option<String>,
     /// Files and symbolic links written on the host.
     pub files: u64,
     /// Entries removed on the host.
     pub removed: u64,
-    /// Paths the run changed that were not applied, each with why.
+    /// Bytes of the files written on the host.
+    pub bytes: u64,
+    /// The paths someone else changed on the host while the run ran: the
+    /// host's version is kept, the run's is in change set `id`.
+    pub conflicts: Vec<String>,
+    /// Why the change set was held or discarded.
+    pub reason: Option<String>,
+    /// Paths the run changed that were not applied (what the broker keeps:
+    /// dropped; files the host executes: held in change set `id`).
     pub withheld: Vec<Withheld>,
+}
+
+/// What became of a run's writes.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangesOutcome {
+    /// The run wrote nothing that is kept (or nothing at all).
+    #[default]
+    None,
+    /// Applied to the host (what conflicted, or the host executes, is held).
+    Applied,
+    /// Held whole, for `changes apply` or `changes discard`.
+    Held,
+    /// Not kept (the run was ended and `keep_changes = "discard_when_ended"`,
+    /// or the requester's held change sets are at their bound).
+    Discarded,
+    /// Written in place (`disk = "direct"`): nothing to apply or hold.
+    InPlace,
+}
+
+/// What to do with a path someone else changed on the host while the run ran.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OnConflict {
+    /// Keep the host's version; the run's goes to a held change set, and
+    /// the rest is applied.
+    #[default]
+    KeepHost,
+    /// Apply nothing; hold the whole change set.
+    Hold,
+    /// Apply the run's version over the host's.
+    Overwrite,
+}
+
+/// What to do with a run's writes.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KeepChanges {
+    /// Applied when the command exits by itself (whatever its status); held
+    /// when palisade ends the run (deadline, cancel, a quota, shutdown).
+    #[default]
+    ApplyUnlessEnded,
+    /// Always held for review.
+    AlwaysHold,
+    /// Applied when the command exits by itself; discarded when palisade ends it.
+    DiscardWhenEnded,
+}
+
+/// A held change set, as listed.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ChangeSetInfo {
+    pub id: String,
+    pub run_id: u64,
+    /// Seconds since the epoch.
+    pub created: u64,
+    /// `held`, or `partly_applied` (an apply that stopped: applying it again finishes it).
+    pub status: String,
+    pub reason: String,
+    /// The granted directories its paths are in.
+    pub roots: Vec<String>,
+    /// Entries: files, links, directories and removals.
+    pub entries: u64,
+    pub bytes: u64,
+    pub conflicts: u64,
+    /// Entries that are files the host executes.
+    pub host_executed: u64,
+}
+
+/// A held change set, shown.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ChangeSetDetail {
+    pub info: ChangeSetInfo,
+    pub entries: Vec<ChangeEntry>,
+    /// A unified diff of each text file against the host's (bounded; see
+    /// docs/protocol.md).
+    pub diff: String,
+}
+
+/// One path of a change set.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ChangeEntry {
+    /// The host path.
+    pub path: String,
+    /// `file`, `symlink`, `dir` or `delete`.
+    pub kind: String,
+    pub size: u64,
+    pub conflict: bool,
+    /// What it is, when it is a file the host executes.
+    pub host_executed: Option<String>,
 }
 
 /// A path a run changed that the copy-back did not apply.
@@ -578,6 +710,16 @@ pub enum ServerMessage {
     },
     /// The answer to `Explain`.
     Explained(Box<Explanation>),
+    /// The answer to `ListChanges`: the client's held change sets, oldest first.
+    ChangeSets(Vec<ChangeSetInfo>),
+    /// The answer to `ShowChanges`.
+    ChangeSet(Box<ChangeSetDetail>),
+    /// The answer to `ApplyChanges`: what was applied, and what is still held.
+    ChangesApplied(Box<Changes>),
+    /// The answer to `DiscardChanges`.
+    ChangesDiscarded {
+        id: String,
+    },
 }
 
 /// Why bytes could not be decoded.

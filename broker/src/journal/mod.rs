@@ -132,6 +132,20 @@ pub enum Event {
         #[serde(skip_serializing_if = "Option::is_none")]
         egress: Option<palisade_protocol::attest::EgressTraffic>,
     },
+    /// What became of a run's writes, or of a held change set: `outcome`
+    /// `applied`, `held` or `discarded`; its paths (the first 256, and how
+    /// many in all), those that conflicted with the host's, and the sha256
+    /// of its entries (each file's sha256 among them).
+    Changes {
+        run_id: u64,
+        id: Option<String>,
+        outcome: String,
+        reason: Option<String>,
+        paths: Vec<String>,
+        paths_total: u64,
+        conflicts: Vec<String>,
+        sha256: String,
+    },
     /// The run could not be carried out (its error as the client gets it).
     RunFailed { run_id: u64, kind: String, message: String },
     /// A plugin call came in and was decided (`decision`: `allow`, or

@@ -370,6 +370,7 @@ pub fn result(ran: Ran, broker: &str) -> Result<CallToolResult, ErrorData> {
             "journal": attestation["journal"],
             "store": attestation["store"],
         },
+        "changes": serde_json::to_value(&r.changes).unwrap_or(Value::Null),
     });
     let mut summary = match (code, signal, error_kind) {
         (Some(c), _, _) => format!("exit status {c}"),
@@ -378,6 +379,9 @@ pub fn result(ran: Ran, broker: &str) -> Result<CallToolResult, ErrorData> {
         _ => status.to_string(),
     };
     summary.push_str(&format!(" ({} ms; {})\n", r.wall_ms, structured["sandbox"]["executor"]));
+    if let Some(line) = crate::changes_cli::summary(&r.changes, false) {
+        summary.push_str(&format!("{line}\n"));
+    }
     for (name, text) in [("stdout", &stdout), ("stderr", &stderr)] {
         if !text.is_empty() {
             summary.push_str(&format!("--- {name} ---\n{text}"));
@@ -389,6 +393,57 @@ pub fn result(ran: Ran, broker: &str) -> Result<CallToolResult, ErrorData> {
     let mut result = CallToolResult::structured(structured);
     result.content = vec![ContentBlock::text(summary)];
     result.is_error = Some(error_kind.is_some());
+    Ok(result)
+}
+
+/// A change set call's message: `list_changes`, `show_changes`,
+/// `apply_changes` (never a file the host executes: a person applies
+/// those, with `palisade changes apply --host-executed`) or `discard_changes`.
+pub fn changes_call(name: &str, args: &JsonObject) -> Result<ClientMessage, ErrorData> {
+    let allowed: &[&str] = match name {
+        "list_changes" => &[],
+        "apply_changes" => &["id", "overwrite"],
+        _ => &["id"],
+    };
+    if let Some(key) = args.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(invalid(format!("unknown argument {key:?}")));
+    }
+    let id = || -> Result<String, ErrorData> {
+        args.get("id").and_then(Value::as_str).map(String::from).ok_or_else(|| invalid("id must be a string".into()))
+    };
+    Ok(match name {
+        "list_changes" => ClientMessage::ListChanges,
+        "show_changes" => ClientMessage::ShowChanges { id: id()? },
+        "apply_changes" => {
+            let overwrite = match args.get("overwrite") {
+                None | Some(Value::Null) => false,
+                Some(v) => v.as_bool().ok_or_else(|| invalid("overwrite must be true or false".into()))?,
+            };
+            ClientMessage::ApplyChanges { id: id()?, overwrite, host_executed: false }
+        }
+        _ => ClientMessage::DiscardChanges { id: id()? },
+    })
+}
+
+/// A change set call through the broker on `stream`, as a tool result.
+pub fn changes(stream: UnixStream, message: ClientMessage) -> Result<CallToolResult, ErrorData> {
+    let reply = Client::over(stream).and_then(|mut c| c.request(&message)).map_err(client_error)?;
+    let (value, text) = match &reply {
+        ServerMessage::ChangeSets(sets) => {
+            let lines: Vec<String> = sets.iter().map(|s| format!("{} ({}): {}", s.id, s.status, s.reason)).collect();
+            (json!({ "change_sets": sets }), if lines.is_empty() { "no change set is held".into() } else { lines.join("\n") })
+        }
+        ServerMessage::ChangeSet(d) => (serde_json::to_value(&**d).unwrap_or(Value::Null), d.diff.clone()),
+        ServerMessage::ChangesApplied(c) => (
+            serde_json::to_value(&**c).unwrap_or(Value::Null),
+            crate::changes_cli::summary(c, false).unwrap_or_else(|| "nothing was left to apply".into()),
+        ),
+        ServerMessage::ChangesDiscarded { id } => (json!({ "discarded": id }), format!("change set {id}: discarded")),
+        ServerMessage::Error(e) => return Err(refusal(e)),
+        other => return Err(failure(format!("the broker answered {other:?}"))),
+    };
+    let mut result = CallToolResult::structured(value);
+    result.content = vec![ContentBlock::text(text)];
     Ok(result)
 }
 

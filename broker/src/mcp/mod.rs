@@ -136,10 +136,12 @@ async fn serve_embedded(mut broker: Broker, defaults: Defaults) -> Result<(), St
         served = serve(mcp) => served,
         () = terminated() => Ok(()),
     };
+    // The directory first (the listener holds its socket open): a host
+    // that kills the server soon after it asked it to stop leaves nothing.
+    let _ = std::fs::remove_dir_all(&dir);
     // The runs still in progress are killed, their clients told.
     let _ = stop.send(true);
     let _ = server.await;
-    let _ = std::fs::remove_dir_all(&dir);
     served
 }
 
@@ -240,6 +242,11 @@ impl ServerHandler for Palisade {
             "run_plugin" => {
                 let message = call::plugin_call(&arguments)?;
                 let work = |stream, broker: &str| call::plugin(stream, message, broker).map(Into::into);
+                return self.on_broker(&context, work).await;
+            }
+            name @ ("list_changes" | "show_changes" | "apply_changes" | "discard_changes") => {
+                let message = call::changes_call(name, &arguments)?;
+                let work = |stream, _: &str| call::changes(stream, message).map(Into::into);
                 return self.on_broker(&context, work).await;
             }
             "run_command" => Shape::RunCommand,

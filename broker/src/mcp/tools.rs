@@ -74,7 +74,44 @@ pub fn all() -> Vec<Tool> {
              Use it to find out what a refusal would be before running.",
             explain_schema(),
         ),
+        tool(
+            "list_changes",
+            "List your change sets held for review: a run's writes that were not applied to the \
+             workspace (the run was ended, was run holding its changes, or changed paths someone \
+             else changed meanwhile, or files the host executes such as git hooks).",
+            json!({ "type": "object", "properties": {} }),
+        ),
+        tool(
+            "show_changes",
+            "Show a held change set: its paths (file, symlink, dir, delete), which conflict with \
+             the workspace's and which are files the host executes, and a unified diff of its \
+             text files against the workspace's.",
+            id_schema(false),
+        ),
+        tool(
+            "apply_changes",
+            "Apply a held change set to the workspace, each file whole or not at all. A path \
+             someone else changed since stays as it is unless `overwrite`; files the host \
+             executes (git hooks, .envrc, ...) are never applied here: a person applies those.",
+            id_schema(true),
+        ),
+        tool(
+            "discard_changes",
+            "Drop a held change set: its writes are not applied.",
+            id_schema(false),
+        ),
     ]
+}
+
+fn id_schema(overwrite: bool) -> Value {
+    let mut props = json!({ "id": { "type": "string", "description": "The change set's id (list_changes)." } });
+    if overwrite {
+        props["overwrite"] = json!({
+            "type": "boolean",
+            "description": "Apply the run's version over paths someone else changed since (default false)."
+        });
+    }
+    json!({ "type": "object", "properties": props, "required": ["id"] })
 }
 
 fn tool(name: &'static str, description: &str, schema: Value) -> Tool {

@@ -52,6 +52,16 @@ pub(super) fn narrow(profile: &mut Profile, req: &RunRequest) -> Result<(), Deni
             _ => {}
         }
     }
+    if req.direct && profile.disk != crate::config::DiskMode::Direct {
+        if !profile.allow_direct {
+            let why = "the workspace is an overlay whose writes are applied as a change set";
+            return Err(widens(profile, "direct", why, "allow_direct = true"));
+        }
+        profile.disk = crate::config::DiskMode::Direct;
+    }
+    // The requester's own files: its choice of what becomes of its writes.
+    profile.keep_changes = req.keep_changes.unwrap_or(profile.keep_changes);
+    profile.on_conflict = req.on_conflict.unwrap_or(profile.on_conflict);
     let process = &mut profile.capabilities.process;
     process.max_memory_mb = req.max_memory_mb.unwrap_or(process.max_memory_mb);
     process.max_processes = req.max_processes.unwrap_or(process.max_processes);
@@ -127,6 +137,7 @@ fn widens(profile: &Profile, field: &str, why: &str, setting: &str) -> Denial {
             "max_memory_mb" | "max_processes" => format!("[tools.{t}.overrides] process = {{ {setting} }}"),
             "read_only" | "read_write" => format!("[tools.{t}.overrides] filesystem (a {field} grant)"),
             "pass_env" => format!("[tools.{t}.overrides] environment = \"full\""),
+            "direct" => format!("[defaults] {setting}"),
             _ => format!("[tools.{t}] {setting}"),
         },
     };

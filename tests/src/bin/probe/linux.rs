@@ -53,6 +53,7 @@ fn run() -> Result<(), (Errno, String)> {
             })
             .map_err(io),
         "put" => put(&args[1..]),
+        "ops" => ops(&args[1..]),
         "rename" => std::fs::rename(arg(1), arg(2)).map(|_| String::new()).map_err(io),
         "truncate" => std::fs::OpenOptions::new()
             .write(true)
@@ -678,6 +679,44 @@ fn put(pairs: &[String]) -> Result<String, (Errno, String)> {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
         std::fs::write(path, pair.get(1).map_or("", String::as_str)).map_err(io)?;
+    }
+    Ok(String::new())
+}
+
+/// `ops OP ARGS... [OP ARGS...]`, in order, the first failure ending them:
+/// `put PATH TEXT`, `rm PATH` (a file, link or tree), `mv FROM TO`, `ln
+/// TARGET LINK` (symbolic), `chmod OCTAL PATH`, `mkdir PATH`, `sleep SECS`.
+fn ops(args: &[String]) -> Result<String, (Errno, String)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut i = 0;
+    let arg = |k: usize| args.get(k).cloned().unwrap_or_default();
+    while i < args.len() {
+        let (op, a, b) = (args[i].as_str(), arg(i + 1), arg(i + 2));
+        let taken = match op {
+            "put" => put(&[a.clone(), b]).map(drop),
+            "rm" => match std::fs::symlink_metadata(&a) {
+                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&a).map_err(io),
+                _ => std::fs::remove_file(&a).map_err(io),
+            }
+            .map(drop),
+            "mv" => std::fs::rename(&a, &b).map_err(io),
+            "ln" => std::os::unix::fs::symlink(&a, &b).map_err(io),
+            "chmod" => {
+                let mode = u32::from_str_radix(&a, 8).unwrap_or(0o644);
+                std::fs::set_permissions(&b, std::fs::Permissions::from_mode(mode)).map_err(io)
+            }
+            "mkdir" => std::fs::create_dir_all(&a).map_err(io),
+            "sleep" => {
+                std::thread::sleep(Duration::from_secs(a.parse().unwrap_or(1)));
+                Ok(())
+            }
+            _ => return Err((Errno::EINVAL, format!("unknown op {op}"))),
+        };
+        taken.map_err(|(e, m)| (e, format!("{op} {a}: {m}")))?;
+        i += match op {
+            "put" | "mv" | "ln" | "chmod" => 3,
+            _ => 2,
+        };
     }
     Ok(String::new())
 }

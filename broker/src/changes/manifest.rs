@@ -1,0 +1,113 @@
+//! A change set as it is kept: the entries of a run's writes, in the order
+//! they apply (a directory before what it holds), and where the contents
+//! of its files are.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The largest manifest read (an entry is a few hundred bytes).
+pub const MANIFEST_MAX_BYTES: u64 = 64 << 20;
+
+/// What a change set is now.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Kept for a person's review (or `palisade changes apply`).
+    Held,
+    /// Being applied, or left part-way by a broker that stopped: applying
+    /// it again finishes it.
+    Applying,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub id: String,
+    pub run_id: u64,
+    pub uid: u32,
+    pub gid: u32,
+    /// Seconds since the epoch.
+    pub created: u64,
+    pub status: Status,
+    /// Why it is held, in words.
+    pub reason: String,
+    /// The granted directories (host paths) the entries are relative to.
+    pub roots: Vec<String>,
+    pub entries: Vec<Entry>,
+}
+
+/// One change: a path (relative to its root) and what becomes of it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    pub root: usize,
+    /// The path's bytes (a name need not be UTF-8).
+    pub path: Vec<u8>,
+    pub kind: Kind,
+    /// The host's entry when the change was taken (`None`: there was none):
+    /// what the change applies over. Another one there means someone else
+    /// changed it since.
+    pub base: Option<Base>,
+    /// The host's entry had changed since the run started: applying the
+    /// run's would replace someone else's work.
+    pub conflict: bool,
+    /// A file the host executes (a git hook, ...): applied only by a
+    /// person who asks for it.
+    pub host_executed: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// A regular file whose contents are blob `blob` of the change set.
+    File { blob: u32, size: u64, sha256: String, mode: u32, mtime_ns: i128 },
+    Symlink { target: Vec<u8> },
+    /// A directory: made where missing; `opaque`: it replaces the host's
+    /// (the run removed that one and made its own).
+    Dir { mode: u32, opaque: bool },
+    /// The run removed the path.
+    Delete,
+}
+
+/// What identifies a host entry's state.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Base {
+    /// `st_mode & S_IFMT`.
+    pub kind: u32,
+    pub dev: u64,
+    pub ino: u64,
+    pub size: i64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+}
+
+impl Base {
+    pub fn of(st: &nix::sys::stat::FileStat) -> Base {
+        Base {
+            kind: st.st_mode & libc::S_IFMT,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: st.st_size,
+            mtime_ns: super::fs::ns(st.st_mtime, st.st_mtime_nsec),
+            ctime_ns: super::fs::ns(st.st_ctime, st.st_ctime_nsec),
+        }
+    }
+}
+
+impl Entry {
+    pub fn rel(&self) -> PathBuf {
+        PathBuf::from(std::ffi::OsStr::from_bytes(&self.path))
+    }
+
+    /// The entry's host path.
+    pub fn host_path(&self, roots: &[String]) -> String {
+        let root = roots.get(self.root).map_or("", String::as_str);
+        Path::new(root).join(self.rel()).to_string_lossy().into_owned()
+    }
+
+    pub fn is_dir(&self) -> bool {
+        matches!(self.kind, Kind::Dir { .. })
+    }
+}
+
+use std::os::unix::ffi::OsStrExt;

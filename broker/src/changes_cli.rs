@@ -1,0 +1,210 @@
+//! `palisade changes`: a run's writes held for review, listed, shown with a
+//! diff, applied or discarded, through the running broker, or in the
+//! embedded broker's own store where none answers (or with `--policy`).
+
+use crate::cli::{BrokerArgs, EXIT_PALISADE};
+use crate::client::{Client, ClientError};
+use crate::requester::Requester;
+use clap::Subcommand;
+use palisade_policy::Config;
+use palisade_protocol::wire::{ChangeSetInfo, Changes, ClientMessage, ErrorKind, ServerMessage};
+use std::path::PathBuf;
+
+#[derive(Subcommand, Debug)]
+pub enum ChangesCommand {
+    /// Your held change sets: id, run, why it is held, its size.
+    List {
+        #[command(flatten)]
+        at: At,
+    },
+    /// A change set's paths (each file, link, directory and removal, and
+    /// which conflict or are files the host executes) and a unified diff of
+    /// its text files against the workspace's.
+    Show {
+        id: String,
+        #[command(flatten)]
+        at: At,
+    },
+    /// Apply a change set to the workspace: each file through a temporary
+    /// name and a rename. A path someone else changed since stays as it is
+    /// (the change set keeps the run's version) unless --overwrite; a file
+    /// the host executes (a git hook, ...) stays unless --host-executed.
+    /// Applying a change set a stopped apply left finishes it.
+    Apply {
+        id: String,
+        /// Apply the run's version over paths someone else changed since.
+        #[arg(long)]
+        overwrite: bool,
+        /// Apply files the host executes too (a git hook, .envrc, ...):
+        /// look at `palisade changes show` first.
+        #[arg(long)]
+        host_executed: bool,
+        #[command(flatten)]
+        at: At,
+    },
+    /// Drop a change set: its writes are not applied.
+    Discard {
+        id: String,
+        #[command(flatten)]
+        at: At,
+    },
+}
+
+/// Where the change sets are, and how to print them.
+#[derive(clap::Args, Debug)]
+pub struct At {
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    /// The embedded broker's change sets under this policy file, instead of a running broker's.
+    #[arg(long, value_name = "FILE", conflicts_with = "socket")]
+    pub policy: Option<PathBuf>,
+    /// Print the reply as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn fail(kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
+    eprintln!("palisade: {kind}: {message}");
+    EXIT_PALISADE
+}
+
+/// `palisade changes`.
+pub fn main(command: ChangesCommand) -> i32 {
+    let (message, at) = match command {
+        ChangesCommand::List { at } => (ClientMessage::ListChanges, at),
+        ChangesCommand::Show { id, at } => (ClientMessage::ShowChanges { id }, at),
+        ChangesCommand::Apply { id, overwrite, host_executed, at } => {
+            (ClientMessage::ApplyChanges { id, overwrite, host_executed }, at)
+        }
+        ChangesCommand::Discard { id, at } => (ClientMessage::DiscardChanges { id }, at),
+    };
+    let reply = match ask(&at, message) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    if at.json {
+        return match reply {
+            ServerMessage::Error(e) => fail(e.kind, e.message),
+            other => {
+                println!("{}", serde_json::to_string(&reply_value(&other)).unwrap_or_default());
+                0
+            }
+        };
+    }
+    print(reply)
+}
+
+/// The reply's body, as JSON.
+fn reply_value(reply: &ServerMessage) -> serde_json::Value {
+    let value = serde_json::to_value(reply).unwrap_or_default();
+    value.as_object().and_then(|o| o.values().next().cloned()).unwrap_or(value)
+}
+
+/// The reply of the running broker; else of the embedded broker's store.
+fn ask(at: &At, message: ClientMessage) -> Result<ServerMessage, i32> {
+    if at.policy.is_none() {
+        let (socket, explicit) = crate::cli::broker_socket(at.broker.socket.as_ref());
+        match Client::open(&socket).and_then(|mut c| c.request(&message)) {
+            Ok(r) => return Ok(r),
+            Err(ClientError::Reply(e)) => return Ok(ServerMessage::Error(e)),
+            Err(e) if explicit => {
+                return Err(fail(ErrorKind::Unavailable, format!("no broker at {}: {e}", socket.display())));
+            }
+            Err(_) => {}
+        }
+    }
+    let config = match at.policy.as_deref().map(Config::load).transpose() {
+        Ok(c) => c.unwrap_or_default(),
+        Err(e) => return Err(fail(ErrorKind::InvalidRequest, e)),
+    };
+    let store = crate::service::changes_store(&config).map_err(|e| fail(ErrorKind::RuntimeFailure, e))?;
+    let journal =
+        crate::journal::Journal::from_config(&config.journal).map_err(|e| fail(ErrorKind::JournalUnavailable, e))?;
+    Ok(crate::changes::review::serve(&store, &journal, &Requester::me(), message))
+}
+
+fn print(reply: ServerMessage) -> i32 {
+    match reply {
+        ServerMessage::ChangeSets(sets) if sets.is_empty() => println!("no change set is held"),
+        ServerMessage::ChangeSets(sets) => sets.iter().for_each(|s| println!("{}", line(s))),
+        ServerMessage::ChangeSet(d) => {
+            println!("{}", line(&d.info));
+            for e in &d.entries {
+                let mut notes = Vec::new();
+                if e.conflict {
+                    notes.push("conflict: changed on the host since".to_string());
+                }
+                notes.extend(e.host_executed.iter().map(|w| format!("the host executes it: {w}")));
+                let notes = if notes.is_empty() { String::new() } else { format!("  ({})", notes.join("; ")) };
+                println!("  {:<7} {}{notes}", e.kind, e.path);
+            }
+            print!("{}", d.diff);
+        }
+        ServerMessage::ChangesApplied(c) => {
+            println!("{}", summary(&c, false).unwrap_or_else(|| "nothing was left to apply".into()))
+        }
+        ServerMessage::ChangesDiscarded { id } => println!("change set {id}: discarded"),
+        ServerMessage::Error(e) => return fail(e.kind, e.message),
+        other => return fail(ErrorKind::ProtocolError, format!("unexpected reply {other:?}")),
+    }
+    0
+}
+
+fn line(s: &ChangeSetInfo) -> String {
+    let mut flags = Vec::new();
+    if s.conflicts > 0 {
+        flags.push(format!("{} conflict(s)", s.conflicts));
+    }
+    if s.host_executed > 0 {
+        flags.push(format!("{} the host executes", s.host_executed));
+    }
+    let flags = if flags.is_empty() { String::new() } else { format!(", {}", flags.join(", ")) };
+    format!(
+        "{} run {} {}: {} entries, {} bytes{flags} ({}) in {}",
+        s.id,
+        s.run_id,
+        s.status,
+        s.entries,
+        s.bytes,
+        s.reason,
+        s.roots.join(", ")
+    )
+}
+
+/// The one line about a run's writes: `quiet` says nothing of writes
+/// simply applied (what `palisade run` does), only of what was held,
+/// discarded, conflicted or withheld.
+pub fn summary(c: &Changes, quiet: bool) -> Option<String> {
+    use palisade_protocol::wire::ChangesOutcome as O;
+    let id = c.id.as_deref().unwrap_or("-");
+    let plain = c.conflicts.is_empty() && c.id.is_none() && c.withheld.is_empty();
+    let mut line = match c.outcome {
+        O::None | O::InPlace => return withheld_line(c),
+        O::Applied if plain && quiet => return None,
+        O::Applied if plain => format!("changes applied: {} file(s), {} removed", c.files, c.removed),
+        O::Applied => format!(
+            "changes applied: {} file(s), {} removed; change set {id} holds the rest: {}",
+            c.files,
+            c.removed,
+            c.reason.as_deref().unwrap_or("")
+        ),
+        O::Held => format!("changes held as {id}: {} (palisade changes show {id})", c.reason.as_deref().unwrap_or("")),
+        O::Discarded => format!("changes discarded: {}", c.reason.as_deref().unwrap_or("")),
+    };
+    if !c.conflicts.is_empty() {
+        line.push_str(&format!("; the host's version kept (changed meanwhile): {}", c.conflicts.join(", ")));
+    }
+    if let Some(w) = withheld_line(c) {
+        line.push_str("; ");
+        line.push_str(&w);
+    }
+    Some(line)
+}
+
+fn withheld_line(c: &Changes) -> Option<String> {
+    if c.withheld.is_empty() {
+        return None;
+    }
+    let each: Vec<String> = c.withheld.iter().map(|w| format!("{} ({})", w.path, w.what)).collect();
+    Some(format!("not applied: {}", each.join(", ")))
+}

@@ -1,0 +1,455 @@
+//! A run's writes as a change set: a path someone else changed on the host
+//! during the run is a conflict (the host's version kept, the run's held),
+//! the writes of a run palisade ended are held rather than lost, a change
+//! set is reviewed (a diff), applied or discarded by its requester only,
+//! an apply that stopped part-way is finished by `changes apply`, and every
+//! kind of entry is applied exactly. As root the file runs again as the
+//! unprivileged test user.
+
+use palisade_tests::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+struct Setup {
+    _dir: TempDir,
+    ws: PathBuf,
+    policy: PathBuf,
+    journal: PathBuf,
+}
+
+impl Setup {
+    fn new(tag: &str, extra: &str) -> Setup {
+        let dir = TempDir::new(tag);
+        let ws = shared_workspace(&dir, "ws");
+        let policy = dir.join("policy.toml");
+        let changes = dir.join("changes");
+        let (defaults, rest) =
+            extra.split_once("\n[").map_or((extra, String::new()), |(d, r)| (d, format!("[{r}")));
+        std::fs::write(&policy, format!("{}{defaults}\n[changes]\ndir = {changes:?}\n{rest}", base_config()))
+            .unwrap();
+        let journal = dir.join("journal");
+        Setup { _dir: dir, ws, policy, journal }
+    }
+
+    fn palisade(&self, args: &[&str]) -> Output {
+        Command::new(bin("palisade"))
+            .args(args)
+            .current_dir(&self.ws)
+            .env("PALISADE_JOURNAL", &self.journal)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// `palisade run --json --policy P [pre] -- probe ops ...`: the result.
+    fn run(&self, pre: &[&str], ops: &[&str]) -> (Value, Output) {
+        let policy = self.policy.to_str().unwrap();
+        let probe = probe();
+        let mut args = vec!["run", "--json", "--policy", policy];
+        args.extend(pre);
+        args.extend(["--", &probe, "ops"]);
+        args.extend(ops);
+        let o = self.palisade(&args);
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", said(&o)));
+        (v, o)
+    }
+
+    /// `palisade changes ARGS --policy P --json`: the reply.
+    fn changes(&self, args: &[&str]) -> (Value, Output) {
+        let mut all = vec!["changes"];
+        all.extend(args);
+        all.extend(["--policy", self.policy.to_str().unwrap(), "--json"]);
+        let o = self.palisade(&all);
+        let v = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+        (v, o)
+    }
+
+    fn read(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.ws.join(rel)).unwrap_or_else(|e| format!("<{e}>"))
+    }
+
+    /// The journal's `changes` records.
+    fn records(&self) -> Vec<Value> {
+        let o = Command::new(bin("palisade"))
+            .args(["audit", "tail", "-n", "100", "--json"])
+            .env("PALISADE_JOURNAL", &self.journal)
+            .output()
+            .unwrap();
+        text(&o.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|r| r["event"] == "changes")
+            .collect()
+    }
+}
+
+fn said(o: &Output) -> String {
+    format!("status {:?}\nstdout: {}\nstderr: {}", o.status.code(), text(&o.stdout), text(&o.stderr))
+}
+
+fn changes(v: &Value) -> &Value {
+    &v["result"]["changes"]
+}
+
+#[test]
+fn a_host_edit_during_a_run_is_kept_and_the_runs_version_is_held_for_review() {
+    let s = Setup::new("changes-conflict", "");
+    std::fs::write(s.ws.join("shared.txt"), "original\n").unwrap();
+    let (policy, probe, ws) = (s.policy.clone(), probe(), s.ws.clone());
+    let journal = s.journal.clone();
+    let run = std::thread::spawn(move || {
+        Command::new(bin("palisade"))
+            .args(["run", "--json", "--policy", policy.to_str().unwrap(), "--", &probe, "ops"])
+            .args(["put", "shared.txt", "from-run\n", "put", "other.txt", "the run's\n", "sleep", "3"])
+            .current_dir(&ws)
+            .env("PALISADE_JOURNAL", journal)
+            .output()
+            .unwrap()
+    });
+    // A person edits the file while the run is under way.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    std::fs::write(s.ws.join("shared.txt"), "host-edit\n").unwrap();
+    let o = run.join().unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", said(&o)));
+    let c = changes(&v);
+    // The host's edit stands; the rest of the run's writes are applied.
+    assert_eq!(s.read("shared.txt"), "host-edit\n", "{v}");
+    assert_eq!(s.read("other.txt"), "the run's\n");
+    assert_eq!(c["outcome"], "applied", "{v}");
+    assert_eq!(c["conflicts"][0], s.ws.join("shared.txt").display().to_string(), "{v}");
+    let id = c["id"].as_str().unwrap().to_string();
+    // The run's version is in the change set, and shown as a diff.
+    let (shown, o) = s.changes(&["show", &id]);
+    assert!(o.status.success(), "{}", said(&o));
+    let diff = shown["diff"].as_str().unwrap();
+    assert!(diff.contains("-host-edit") && diff.contains("+from-run"), "{diff}");
+    assert_eq!(shown["entries"][0]["conflict"], true, "{shown}");
+    // Applying it keeps the host's version still, unless told to overwrite.
+    let (applied, _) = s.changes(&["apply", &id]);
+    assert_eq!(s.read("shared.txt"), "host-edit\n", "{applied}");
+    assert_eq!(applied["id"], id.as_str(), "still held: {applied}");
+    let (applied, o) = s.changes(&["apply", &id, "--overwrite"]);
+    assert!(o.status.success(), "{}", said(&o));
+    assert_eq!(s.read("shared.txt"), "from-run\n", "{applied}");
+    assert_eq!(s.changes(&["list"]).0, Value::Array(vec![]));
+    // The journal says which run wrote which file, and what conflicted.
+    let records = s.records();
+    let first = records.iter().find(|r| r["outcome"] == "held").unwrap();
+    assert_eq!(
+        (first["run_id"].clone(), first["id"].as_str()),
+        (v["result"]["run_id"].clone(), Some(id.as_str()))
+    );
+    assert!(first["conflicts"][0].as_str().unwrap().ends_with("shared.txt"), "{first}");
+    let applied: Vec<&Value> = records.iter().filter(|r| r["outcome"] == "applied").collect();
+    assert!(
+        applied[0]["paths"].as_array().unwrap().iter().any(|p| p.as_str().unwrap().ends_with("other.txt"))
+    );
+    assert_eq!(applied[0]["sha256"].as_str().map(str::len), Some(64));
+}
+
+#[test]
+fn without_a_conflict_the_writes_are_applied_as_before() {
+    let s = Setup::new("changes-plain", "");
+    std::fs::write(s.ws.join("shared.txt"), "original\n").unwrap();
+    let (v, o) = s.run(&[], &["put", "shared.txt", "from-run\n"]);
+    assert!(o.status.success() && text(&o.stderr).is_empty(), "{}", said(&o));
+    assert_eq!(s.read("shared.txt"), "from-run\n");
+    let c = changes(&v);
+    assert_eq!(
+        (c["outcome"].as_str(), c["files"].as_u64(), c["id"].is_null()),
+        (Some("applied"), Some(1), true)
+    );
+    assert!(c["conflicts"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn a_timed_out_run_holds_its_writes_and_they_are_applied_later() {
+    let s = Setup::new("changes-timeout", "");
+    let (v, o) = s.run(&["--timeout", "2"], &["put", "built.txt", "half a build\n", "sleep", "30"]);
+    assert_eq!(o.status.code(), Some(125), "{}", said(&o));
+    assert!(text(&o.stderr).is_empty(), "--json says it all: {}", said(&o));
+    let c = changes(&v);
+    assert_eq!(c["outcome"], "held", "{v}");
+    assert!(c["reason"].as_str().unwrap().contains("TimedOut"), "{v}");
+    assert!(!s.ws.join("built.txt").exists());
+    let id = c["id"].as_str().unwrap();
+    let (listed, _) = s.changes(&["list"]);
+    assert_eq!(listed[0]["id"], id, "{listed}");
+    let (applied, o) = s.changes(&["apply", id]);
+    assert!(o.status.success(), "{}", said(&o));
+    assert_eq!(applied["files"], 1, "{applied}");
+    assert_eq!(s.read("built.txt"), "half a build\n");
+    // Counter-test: with keep_changes = "discard_when_ended", they are not
+    // kept, and the result says so.
+    let s = Setup::new("changes-discard", "keep_changes = \"discard_when_ended\"\n");
+    let (v, _) = s.run(&["--timeout", "2"], &["put", "built.txt", "x", "sleep", "30"]);
+    assert_eq!(changes(&v)["outcome"], "discarded", "{v}");
+    assert!(!s.ws.join("built.txt").exists());
+    assert_eq!(s.changes(&["list"]).0, Value::Array(vec![]));
+}
+
+#[test]
+fn hold_changes_shows_a_diff_and_is_applied_or_discarded() {
+    let s = Setup::new("changes-hold", "");
+    std::fs::write(s.ws.join("notes.txt"), "one\ntwo\nthree\n").unwrap();
+    let (v, o) =
+        s.run(&["--hold-changes"], &["put", "notes.txt", "one\n2\nthree\n", "put", "new.txt", "new\n"]);
+    assert!(text(&o.stderr).is_empty(), "{}", said(&o));
+    let id = changes(&v)["id"].as_str().unwrap().to_string();
+    assert_eq!(s.read("notes.txt"), "one\ntwo\nthree\n");
+    let (shown, _) = s.changes(&["show", &id]);
+    let diff = shown["diff"].as_str().unwrap();
+    assert!(diff.contains("-two\n+2\n") && diff.contains("+new"), "{diff}");
+    s.changes(&["apply", &id]);
+    assert_eq!((s.read("notes.txt"), s.read("new.txt")), ("one\n2\nthree\n".into(), "new\n".into()));
+    // The CLI says one line of a held change set.
+    let probe = probe();
+    let policy = s.policy.to_str().unwrap();
+    let o = s.palisade(&[
+        "run",
+        "--hold-changes",
+        "--policy",
+        policy,
+        "--",
+        &probe,
+        "ops",
+        "put",
+        "notes.txt",
+        "dropped\n",
+    ]);
+    let line = text(&o.stderr);
+    assert!(line.starts_with("palisade: changes held as ") && line.lines().count() == 1, "{line}");
+    let id = line.split_whitespace().nth(4).unwrap().trim_end_matches(':').to_string();
+    let (discarded, _) = s.changes(&["discard", &id]);
+    assert_eq!(discarded["id"], id.as_str(), "{discarded}");
+    assert_eq!(s.read("notes.txt"), "one\n2\nthree\n");
+    let (v, _) = s.changes(&["show", &id]);
+    assert!(v.is_null());
+}
+
+#[test]
+fn on_conflict_hold_applies_nothing_and_overwrite_applies_everything() {
+    for (choice, expected_shared, expected_other) in
+        [("hold", "host-edit\n", "<"), ("overwrite", "from-run\n", "the run's\n")]
+    {
+        let s = Setup::new("changes-on-conflict", "");
+        std::fs::write(s.ws.join("shared.txt"), "original\n").unwrap();
+        let (policy, probe, ws, journal) = (s.policy.clone(), probe(), s.ws.clone(), s.journal.clone());
+        let run = std::thread::spawn(move || {
+            Command::new(bin("palisade"))
+                .args(["run", "--json", "--on-conflict", choice, "--policy", policy.to_str().unwrap(), "--"])
+                .args([
+                    &probe,
+                    "ops",
+                    "put",
+                    "shared.txt",
+                    "from-run\n",
+                    "put",
+                    "other.txt",
+                    "the run's\n",
+                    "sleep",
+                    "3",
+                ])
+                .current_dir(&ws)
+                .env("PALISADE_JOURNAL", journal)
+                .output()
+                .unwrap()
+        });
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        std::fs::write(s.ws.join("shared.txt"), "host-edit\n").unwrap();
+        let o = run.join().unwrap();
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", said(&o)));
+        assert_eq!(s.read("shared.txt"), expected_shared, "{choice}: {v}");
+        assert!(s.read("other.txt").starts_with(expected_other), "{choice}: {v}");
+        let outcome = if choice == "hold" { "held" } else { "applied" };
+        assert_eq!(changes(&v)["outcome"], outcome, "{v}");
+    }
+}
+
+#[test]
+fn every_kind_of_entry_is_applied_exactly() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Setup::new("changes-kinds", "");
+    let ws = &s.ws;
+    std::fs::write(ws.join("gone.txt"), "x").unwrap();
+    std::fs::write(ws.join("old-name.txt"), "moved\n").unwrap();
+    std::fs::write(ws.join("script.sh"), "#!/bin/sh\n").unwrap();
+    std::fs::create_dir_all(ws.join("tree/deep")).unwrap();
+    std::fs::write(ws.join("tree/deep/f"), "f").unwrap();
+    std::fs::create_dir_all(ws.join("replaced")).unwrap();
+    std::fs::write(ws.join("replaced/stale"), "stale").unwrap();
+    let (v, o) = s.run(
+        &["--hold-changes"],
+        &[
+            "rm",
+            "gone.txt",
+            "mv",
+            "old-name.txt",
+            "new-name.txt",
+            "chmod",
+            "755",
+            "script.sh",
+            "ln",
+            "new-name.txt",
+            "link",
+            "rm",
+            "tree",
+            "mkdir",
+            "made/a/b",
+            "put",
+            "made/a/b/c.txt",
+            "c\n",
+            "rm",
+            "replaced",
+            "mkdir",
+            "replaced",
+            "put",
+            "replaced/fresh",
+            "fresh",
+            "chmod",
+            "4755",
+            "made/a/b/c.txt",
+        ],
+    );
+    assert!(o.status.success(), "{}", said(&o));
+    let id = changes(&v)["id"].as_str().unwrap().to_string();
+    // A stop part-way: the broker dies after three entries are applied.
+    let o = Command::new(bin("palisade"))
+        .args(["changes", "apply", &id, "--policy", s.policy.to_str().unwrap()])
+        .current_dir(ws)
+        .env("PALISADE_JOURNAL", &s.journal)
+        .env("PALISADE_FAULT_APPLY", "3")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.signal_or_code(), Err(9), "{}", said(&o));
+    let (listed, _) = s.changes(&["list"]);
+    assert_eq!(
+        (listed[0]["id"].as_str(), listed[0]["status"].as_str()),
+        (Some(id.as_str()), Some("partly_applied")),
+        "{listed}"
+    );
+    // Applied again: finished.
+    let (applied, o) = s.changes(&["apply", &id]);
+    assert!(o.status.success(), "{}", said(&o));
+    assert!(applied["id"].is_null(), "nothing left held: {applied}");
+    assert!(!ws.join("gone.txt").exists() && !ws.join("old-name.txt").exists());
+    assert_eq!(s.read("new-name.txt"), "moved\n");
+    let mode = |p: &str| std::fs::symlink_metadata(ws.join(p)).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode("script.sh"), 0o755);
+    assert_eq!(std::fs::read_link(ws.join("link")).unwrap(), Path::new("new-name.txt"));
+    assert!(!ws.join("tree").exists());
+    assert_eq!(s.read("made/a/b/c.txt"), "c\n");
+    assert_eq!(mode("made/a/b/c.txt"), 0o755, "never setuid");
+    assert!(!ws.join("replaced/stale").exists(), "the run's directory replaces the host's whole");
+    assert_eq!(s.read("replaced/fresh"), "fresh");
+    assert!(s.changes(&["list"]).0.as_array().unwrap().is_empty());
+}
+
+/// An exit status, or the signal that ended the process.
+trait Ended {
+    fn signal_or_code(&self) -> Result<i32, i32>;
+}
+
+impl Ended for std::process::ExitStatus {
+    fn signal_or_code(&self) -> Result<i32, i32> {
+        use std::os::unix::process::ExitStatusExt;
+        match self.signal() {
+            Some(s) => Err(s),
+            None => Ok(self.code().unwrap_or(-1)),
+        }
+    }
+}
+
+#[test]
+fn direct_writes_in_place_only_where_the_policy_allows() {
+    // Through a daemon whose profile does not allow it: refused, naming the key.
+    let d = Daemon::start("");
+    let dir = TempDir::new("changes-direct");
+    let ws = shared_workspace(&dir, "ws");
+    let socket = d.socket.to_str().unwrap();
+    let o = palisade_cli(
+        &ws,
+        &["run", "--socket", socket, "--direct"],
+        &[&probe(), "ops", "put", "x", "y"],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(125), "{}", said(&o));
+    assert!(text(&o.stderr).contains("allow_direct"), "{}", said(&o));
+    // Allowed: the run writes in place, and the result says so.
+    let s = Setup::new("changes-direct-ok", "allow_direct = true\n");
+    let (v, o) = s.run(&["--direct"], &["put", "live.txt", "live\n"]);
+    assert!(o.status.success(), "{}", said(&o));
+    assert_eq!(changes(&v)["outcome"], "in_place", "{v}");
+    assert_eq!(s.read("live.txt"), "live\n");
+}
+
+#[test]
+fn a_change_set_is_its_requesters_alone() {
+    let Some(users) = system_users() else {
+        eprintln!("not root: a root broker serving two users cannot be started");
+        return;
+    };
+    let (victim, attacker) = (&users.victim, &users.attacker);
+    let changes_dir = TempDir::new("changes-store");
+    let config = format!(
+        "[broker]\nallowed_uids = [{}, {}]\nsocket_mode = 0o666\n[changes]\ndir = {:?}\n",
+        victim.uid,
+        attacker.uid,
+        changes_dir.path()
+    );
+    let d = Daemon::start(&config);
+    let dir = TempDir::new("changes-owner");
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let ws = dir.join("victim-ws");
+    owned_dir(&ws, victim, 0o700);
+    owned_file(&ws.join("notes.txt"), victim, 0o600, "mine\n");
+    let socket = d.socket.to_str().unwrap();
+    let as_user = |user: &nix::unistd::User, args: &[&str]| {
+        let mut argv = palisade_tests::as_user(user);
+        argv.push(bin("palisade").to_string_lossy().into_owned());
+        argv.extend(args.iter().map(|a| a.to_string()));
+        Command::new(&argv[0]).args(&argv[1..]).current_dir("/").output().unwrap()
+    };
+    let o = Command::new("setpriv")
+        .args(palisade_tests::as_user(victim)[1..].iter())
+        .arg(bin("palisade"))
+        .args([
+            "run",
+            "--json",
+            "--hold-changes",
+            "--socket",
+            socket,
+            "--",
+            &probe(),
+            "ops",
+            "put",
+            "notes.txt",
+            "changed\n",
+        ])
+        .current_dir(&ws)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", said(&o)));
+    let id = changes(&v)["id"].as_str().unwrap().to_string();
+    // The attacker lists none, and cannot show, apply or discard it.
+    let o = as_user(attacker, &["changes", "list", "--socket", socket, "--json"]);
+    assert_eq!(text(&o.stdout).trim(), "[]", "{}", said(&o));
+    for verb in ["show", "apply", "discard"] {
+        let o = as_user(attacker, &["changes", verb, &id, "--socket", socket]);
+        assert_eq!(o.status.code(), Some(125), "{verb}: {}", said(&o));
+        assert!(text(&o.stderr).contains("holds no change set"), "{verb}: {}", said(&o));
+    }
+    assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "mine\n");
+    // Counter-test: its requester applies it, as itself.
+    let o = as_user(victim, &["changes", "apply", &id, "--socket", socket]);
+    assert!(o.status.success(), "{}", said(&o));
+    let notes = ws.join("notes.txt");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "changed\n");
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&notes).unwrap()), victim.uid.as_raw());
+}
+
+#[test]
+fn the_changes_suite_passes_as_an_unprivileged_user() {
+    rerun_unprivileged("the_changes_suite_passes_as_an_unprivileged_user");
+}
