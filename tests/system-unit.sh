@@ -56,7 +56,7 @@ if touch /usr/.palisade-unit-check 2>/dev/null; then
 fi
 
 umask "$um"
-PALISADE_JOURNAL=/tmp/journal setpriv --no-new-privs --bounding-set "-all,$caps" -- \
+PALISADE_JOURNAL=/tmp/journal PALISADE_STATE=/tmp/state setpriv --no-new-privs --bounding-set "-all,$caps" -- \
   "$bin/palisaded" --config "$config" --socket /tmp/palisade.sock 2> "/tmp/palisaded.log" &
 daemon=$!
 trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null || true' EXIT

@@ -936,7 +936,7 @@ fn launch_loop(args: &[String], launchers: &[&dyn Launch]) -> Result<(), String>
     Ok(())
 }
 
-/// The sections `--only latency,throughput,output,json,memory,egress,plugins,precision`
+/// The sections `--only latency,throughput,output,json,memory,egress,plugins,precision,copyback`
 /// names (all without it), measured in that order.
 fn sections(
     opts: &Opts,
@@ -981,6 +981,9 @@ fn sections(
     }
     if wanted("precision") {
         out.push(precision(d, ws, if quick { 1 } else { 5 }));
+    }
+    if wanted("copyback") {
+        out.push(crate::copyback::copyback(dir, if quick { 1 } else { 5 }));
     }
     out
 }

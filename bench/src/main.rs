@@ -22,7 +22,7 @@
 //!   without a sandbox.
 //! - plugins: a call to a trivial plugin through the socket, and its part
 //!   inside the plugin-host, against a Tier C launch of `/bin/true`.
-//! - `--only latency,throughput,output,memory,precision,egress,plugins`: some sections only;
+//! - `--only latency,throughput,output,memory,precision,egress,plugins,copyback`: some sections only;
 //! - `--breakdown`: where the helper's time goes, by removing one mechanism
 //!   at a time from its plan;
 //! - `--loop LAUNCHER N [--clients K]`: N launches of `/bin/true` (by K
@@ -32,6 +32,8 @@
 //! Build as an installation would (`scripts/build-release.sh`, which
 //! `bench/run.sh` does): a dynamically linked helper and CLI start slower.
 
+#[cfg(target_os = "linux")]
+mod copyback;
 #[cfg(target_os = "linux")]
 mod egress;
 #[cfg(target_os = "linux")]

@@ -52,10 +52,17 @@ pub enum AuditCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Print the records of one run (every broker's run with that id).
+    /// Print the records of one run (every broker's run with that id), or
+    /// with --path the records of the writes that touched a file: which
+    /// run wrote it, and what became of it (applied, held, discarded).
     Show {
         /// The run's id (the result's `run_id`).
-        run_id: u64,
+        #[arg(required_unless_present = "path")]
+        run_id: Option<u64>,
+        /// A file (or directory) of a workspace: the `changes` records that
+        /// name it, with each run's own records.
+        #[arg(long, value_name = "PATH", conflicts_with = "run_id")]
+        path: Option<std::path::PathBuf>,
         #[command(flatten)]
         at: JournalDir,
         /// One JSON record a line, as the journal has them.
@@ -102,7 +109,9 @@ pub fn main(command: AuditCommand) -> i32 {
             return verify_journal(&at, head.as_deref(), allow_pruned, json);
         }
         AuditCommand::Head { at, json } => print_head(&at, json),
-        AuditCommand::Show { run_id, at, json } => show(&at, run_id, json),
+        AuditCommand::Show { run_id: Some(run_id), at, json, .. } => show(&at, run_id, json),
+        AuditCommand::Show { path: Some(path), at, json, .. } => show_path(&at, &path, json),
+        AuditCommand::Show { .. } => Err("a run's id or --path PATH".into()),
         AuditCommand::Tail { n, follow, at, json } => tail(&at, n, follow, json),
     };
     match done {
@@ -192,6 +201,28 @@ fn show(at: &JournalDir, run_id: u64, json: bool) -> Result<(), String> {
         return Err(format!("no record of run {run_id}"));
     }
     found.into_iter().for_each(|r| print_record(r, json));
+    Ok(())
+}
+
+/// The runs whose writes named `path` (a `changes` record lists it), with
+/// every record of each: which run wrote a file.
+fn show_path(at: &JournalDir, path: &std::path::Path, json: bool) -> Result<(), String> {
+    let wanted = crate::paths::canonical_prefix(&std::env::current_dir().map_err(|e| e.to_string())?.join(path));
+    let wanted = wanted.to_string_lossy().into_owned();
+    let records = verify::records(&at.dir()?)?;
+    let names = |r: &Record| {
+        let paths = r.fields.get("paths").and_then(serde_json::Value::as_array);
+        paths.is_some_and(|p| p.iter().any(|v| v.as_str().is_some_and(|s| s == wanted || wanted.starts_with(&format!("{s}/")))))
+    };
+    // A run is its broker's: run ids start again with each broker.
+    let run_of = |r: &Record| (r.fields.get("broker").cloned(), r.run_id());
+    let runs: Vec<_> =
+        records.iter().map(|(_, r)| r).filter(|r| r.event() == "changes" && names(r)).map(run_of).collect();
+    if runs.is_empty() {
+        return Err(format!("no record of a run's writes names {wanted}"));
+    }
+    let mine = records.iter().map(|(_, r)| r).filter(|r| r.run_id().is_some() && runs.contains(&run_of(r)));
+    mine.for_each(|r| print_record(r, json));
     Ok(())
 }
 

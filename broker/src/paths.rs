@@ -90,12 +90,20 @@ impl Drop for TempRoot {
     }
 }
 
+/// The variable that names the broker's state directory instead of the default.
+pub const STATE_ENV: &str = "PALISADE_STATE";
+
 /// Where the broker keeps what must outlive it (the audit journal, the
-/// tools' trust stages): `/var/lib/palisade` for root (a system install),
-/// else `$XDG_STATE_HOME/palisade` (default `~/.local/state/palisade`).
+/// tools' trust stages, the held change sets, the skills and secrets):
+/// `$PALISADE_STATE` (absolute), else `/var/lib/palisade` for root (a
+/// system install), else `$XDG_STATE_HOME/palisade` (default
+/// `~/.local/state/palisade`).
 /// Never a temporary directory: with neither variable set (nor absolute),
 /// the caller must be given a path.
 pub fn default_state_dir() -> Result<PathBuf, String> {
+    if let Some(state) = std::env::var_os(STATE_ENV).map(PathBuf::from).filter(|p| p.is_absolute()) {
+        return Ok(state);
+    }
     if nix::unistd::geteuid().is_root() {
         return Ok(PathBuf::from("/var/lib/palisade"));
     }

@@ -318,10 +318,12 @@ impl Render {
     pub fn finish(self, outcome: Result<RunResult, ErrorReply>) -> i32 {
         if self.json {
             println!("{}", self.json_value(&outcome));
-        } else if let Some(line) =
-            outcome.as_ref().ok().and_then(|r| crate::changes_cli::summary(&r.changes, true))
-        {
-            eprintln!("palisade: {line}");
+        } else if let Ok(r) = &outcome {
+            // A run that filled its bound says it kept nothing in its own line.
+            let said = r.status == RunStatus::DiskLimitExceeded;
+            if let Some(line) = crate::changes_cli::summary(&r.changes, true).filter(|_| !said) {
+                eprintln!("palisade: {line}");
+            }
         }
         match outcome {
             Ok(r) => match r.status {

@@ -207,7 +207,10 @@ impl Broker {
             cgroups.clone(),
         )?;
         let changes = Arc::new(changes_store(&config)?);
-        sweep_changes(&changes, &journal);
+        // A daemon's start sweeps; a run of the CLI pays nothing for it.
+        if !one_run {
+            sweep_changes(&changes, &journal);
+        }
         let owned = paths::owned(&config, journal.dir(), &context.temp_root, &[(changes.root().to_path_buf(), "the held change sets")]).into();
         let extra: Vec<String> = config.policy.host_executed.iter().map(|g| g.get_ref().clone()).collect();
         let host_executed = Arc::new(palisade_policy::host_executed::HostExecuted::new(&extra));

@@ -465,8 +465,10 @@ pub enum WritableDirs {
 
 const WRITABLE: &str = "; writable directories: ";
 const DIRECT: &str = "direct, bounded by RLIMIT_FSIZE per file only";
-const OVERLAY: (&str, &str) =
-    ("overlay, writes held in a ", " tmpfs and copied back when the command exits by itself");
+const OVERLAY: (&str, &str) = (
+    "overlay, writes held in a ",
+    " tmpfs, applied as a change set when the run is over (held when palisade ends it)",
+);
 
 impl fmt::Display for Disk {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -739,8 +741,8 @@ mod tests {
                     scratch: Scratch::Tmp { bytes: 256 << 20 },
                     writable: Some(WritableDirs::Overlay { upper_bytes: 1 << 30 }),
                 },
-                "tmpfs /tmp of 256 MiB; writable directories: overlay, writes held in a 1 GiB tmpfs and \
-                 copied back when the command exits by itself",
+                "tmpfs /tmp of 256 MiB; writable directories: overlay, writes held in a 1 GiB tmpfs, applied \
+                 as a change set when the run is over (held when palisade ends it)",
             ),
             (
                 Disk {

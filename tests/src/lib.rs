@@ -532,6 +532,8 @@ impl Daemon {
         cmd.env("PALISADE_LOG", "palisade_broker=debug,info");
         // A journal of its own, never the host's.
         cmd.env("PALISADE_JOURNAL", dir.join("journal"));
+        // Its state (trust stages, change sets, ...) too: never the host's.
+        cmd.env("PALISADE_STATE", dir.join("state"));
         for (k, v) in &opts.env {
             cmd.env(k, v);
         }
@@ -597,6 +599,12 @@ pub fn pattern(len: usize, salt: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_right(13 + salt as u32) as u8).collect()
 }
 
+/// The state directory beside a test's journal (`PALISADE_STATE`): a
+/// broker's trust stages, change sets and skills, never the host's.
+pub fn state_beside(journal: impl AsRef<Path>) -> PathBuf {
+    journal.as_ref().with_file_name("state")
+}
+
 /// A directory of its own for the audit journal of a CLI (or broker) run
 /// as `user` (root when `None`): no test writes to the host's journal. The
 /// journal is `path`, inside the returned directory (removed when dropped).
@@ -628,6 +636,7 @@ pub fn palisade_cli(
         .args(&argv[1..])
         .current_dir(cwd)
         .stdin(Stdio::null())
+        .env("PALISADE_STATE", state_beside(&path))
         .env("PALISADE_JOURNAL", path)
         .output()
         .expect("run palisade")

@@ -501,6 +501,7 @@ fn without_a_daemon_the_terminals_user_answers_if_an_approver_and_anyone_else_is
         cmd.args(&argv[1..])
             .current_dir(&ws)
             .env("PALISADE_JOURNAL", &journal)
+            .env("PALISADE_STATE", state_beside(&journal))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

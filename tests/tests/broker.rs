@@ -566,7 +566,7 @@ fn the_cli_finds_the_broker_at_the_default_socket_or_palisade_socket() {
         let mut cmd = std::process::Command::new(&argv[0]);
         cmd.args(&argv[1..]).current_dir(&ws_path).stdin(std::process::Stdio::null());
         cmd.env_remove("PALISADE_SOCKET").env("XDG_RUNTIME_DIR", "/nonexistent");
-        cmd.env("PALISADE_JOURNAL", &journal);
+        cmd.env("PALISADE_JOURNAL", &journal).env("PALISADE_STATE", state_beside(&journal));
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -763,6 +763,7 @@ fn readiness_is_notified_and_a_socket_passed_by_systemd_is_used() {
     ])
     .arg(&cfg)
     .env("PALISADE_JOURNAL", dir.join("journal"))
+    .env("PALISADE_STATE", state_beside(dir.join("journal")))
     .stderr(std::process::Stdio::null());
     // SAFETY: dup2 and fcntl are async-signal-safe.
     unsafe {
@@ -1003,6 +1004,7 @@ fn without_a_broker_the_cli_runs_an_embedded_one() {
         .args(["run", "--", "/usr/bin/echo", "embedded"])
         .env("PALISADE_SOCKET", &nowhere)
         .env("PALISADE_JOURNAL", &journal)
+        .env("PALISADE_STATE", state_beside(&journal))
         .current_dir(ws.path())
         .output()
         .unwrap();

@@ -146,6 +146,22 @@ fn a_host_edit_during_a_run_is_kept_and_the_runs_version_is_held_for_review() {
         applied[0]["paths"].as_array().unwrap().iter().any(|p| p.as_str().unwrap().ends_with("other.txt"))
     );
     assert_eq!(applied[0]["sha256"].as_str().map(str::len), Some(64));
+    // Which run wrote other.txt: its records, from the file's name.
+    let other = s.ws.join("other.txt");
+    let o = Command::new(bin("palisade"))
+        .args(["audit", "show", "--json", "--path", other.to_str().unwrap()])
+        .env("PALISADE_JOURNAL", &s.journal)
+        .output()
+        .unwrap();
+    let events: Vec<Value> = text(&o.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    assert!(events.iter().any(|r| r["event"] == "run_finished"), "{}", said(&o));
+    assert!(events.iter().all(|r| r["run_id"] == v["result"]["run_id"]), "{}", said(&o));
+    let o = Command::new(bin("palisade"))
+        .args(["audit", "show", "--path", s.ws.join("never-written").to_str().unwrap()])
+        .env("PALISADE_JOURNAL", &s.journal)
+        .output()
+        .unwrap();
+    assert!(!o.status.success() && text(&o.stderr).contains("no record"), "{}", said(&o));
 }
 
 #[test]

@@ -134,7 +134,7 @@ fn writes_are_copied_back_when_the_command_exits_by_itself() {
 }
 
 #[test]
-fn writes_are_dropped_when_palisade_ends_the_run() {
+fn writes_are_held_not_applied_when_palisade_ends_the_run() {
     let ws = TempDir::new("dropped");
     let toml = "allow_interpreters = true\nallow_inline_code = true\n";
     let dir = TempDir::new("p");
@@ -147,8 +147,10 @@ fn writes_are_dropped_when_palisade_ends_the_run() {
         None,
     );
     assert_eq!(o.status.code(), Some(125));
-    assert!(text(&o.stderr).starts_with("palisade: TimedOut"), "{}", text(&o.stderr));
-    assert!(!ws.join("written").exists(), "the writes of a killed run were kept");
+    let err = text(&o.stderr);
+    assert!(err.contains("palisade: TimedOut"), "{err}");
+    assert!(err.starts_with("palisade: changes held as "), "the writes of a killed run are held: {err}");
+    assert!(!ws.join("written").exists(), "the writes of a killed run were applied");
 }
 
 #[test]

@@ -35,6 +35,7 @@ fn egress(d: &Daemon, pre: &[&str], line: &str) -> (String, serde_json::Value) {
         .args(["--", &probe(), "egress", "-"])
         .current_dir(ws.path())
         .env("PALISADE_JOURNAL", ws.join("journal"))
+        .env("PALISADE_STATE", state_beside(ws.join("journal")))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -252,6 +252,7 @@ fn next_broker(d: &Daemon) -> std::process::Child {
         .arg("--socket")
         .arg(&d.socket)
         .env("PALISADE_JOURNAL", d.journal())
+        .env("PALISADE_STATE", state_beside(d.journal()))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log)

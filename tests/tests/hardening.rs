@@ -147,7 +147,9 @@ fn cli_with_fd_9(cwd: &Path, file: &Path, args: &[&str]) -> std::process::Comman
     let mut all = vec!["run", "--policy", policy.to_str().unwrap(), "--"];
     all.extend_from_slice(args);
     let mut cmd = with_fd_9(&bin("palisade"), file, &all);
-    cmd.current_dir(cwd).env("PALISADE_JOURNAL", cwd.join("../journal"));
+    cmd.current_dir(cwd)
+        .env("PALISADE_JOURNAL", cwd.join("../journal"))
+        .env("PALISADE_STATE", state_beside(cwd.join("../journal")));
     cmd
 }
 

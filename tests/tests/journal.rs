@@ -204,6 +204,7 @@ fn an_edit_a_deletion_a_swap_or_an_insertion_is_named_at_its_record() {
     let o = std::process::Command::new(bin("palisaded"))
         .args(["--config", config.to_str().unwrap(), "--socket", dir.join("s.sock").to_str().unwrap()])
         .env("PALISADE_JOURNAL", &edited)
+        .env("PALISADE_STATE", state_beside(&edited))
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
@@ -307,6 +308,7 @@ fn a_daemon_and_embedded_brokers_at_once_keep_one_chain() {
                         .args(["run", "-n", "--", "/usr/bin/echo", "embedded"])
                         .env("PALISADE_SOCKET", &nowhere)
                         .env("PALISADE_JOURNAL", &journal)
+                        .env("PALISADE_STATE", state_beside(&journal))
                         .current_dir(ws.path())
                         .output()
                         .unwrap();
@@ -503,6 +505,7 @@ fn the_journal_is_private_and_a_directory_others_may_write_is_refused() {
     let o = std::process::Command::new(bin("palisaded"))
         .args(["--config", config.to_str().unwrap(), "--socket", dir.join("s.sock").to_str().unwrap()])
         .env("PALISADE_JOURNAL", &open)
+        .env("PALISADE_STATE", state_beside(&open))
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
@@ -653,6 +656,7 @@ fn the_embedded_broker_records_that_nobody_was_there_to_approve() {
     let mut cmd = std::process::Command::new(bin("palisade"));
     cmd.args(["run", "-n", "--policy", policy.to_str().unwrap(), "--", &probe(), "echo", "x"])
         .env("PALISADE_JOURNAL", &journal)
+        .env("PALISADE_STATE", state_beside(&journal))
         .current_dir(ws.path());
     // SAFETY: setsid is async-signal-safe.
     unsafe {

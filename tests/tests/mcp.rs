@@ -63,6 +63,7 @@ fn drive(ws: &Path, options: &[&str]) -> String {
         .env("DRIVE_APPROVALS", "1")
         .env("DRIVE_PLUGINS", "1")
         .env("PALISADE_JOURNAL", ws.join("journal"))
+        .env("PALISADE_STATE", state_beside(ws.join("journal")))
         .output()
         .unwrap();
     let out = format!("{}\n{}", text(&o.stdout), text(&o.stderr));
@@ -127,6 +128,7 @@ fn an_embedded_server_ended_by_a_signal_leaves_nothing() {
             .args(["mcp", "--policy", "/dev/null"])
             .current_dir(ws.path())
             .env("PALISADE_JOURNAL", ws.join("journal"))
+            .env("PALISADE_STATE", state_beside(ws.join("journal")))
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
             .spawn()

@@ -81,7 +81,8 @@ impl Skills {
         let policy = self.policy_file("");
         let mut cmd = std::process::Command::new(bin("palisade"));
         cmd.args(args).args(["--policy", policy.to_str().unwrap()]);
-        cmd.env("PALISADE_JOURNAL", self.dir.join("journal"));
+        cmd.env("PALISADE_JOURNAL", self.dir.join("journal"))
+            .env("PALISADE_STATE", state_beside(self.dir.join("journal")));
         cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
         cmd.stderr(std::process::Stdio::piped());
         let mut child = cmd.spawn().unwrap();

@@ -121,7 +121,7 @@ fn copy_back_never_leaves_a_root_owned_or_setuid_file() {
     assert_eq!(std::fs::metadata(&mine).unwrap().mode() & 0o7777, 0o4755);
 }
 
-/// Renames every `.palisade-commit-*` file that appears in `dir` to
+/// Renames every `.palisade-apply-*` file that appears in `dir` to
 /// `stolen-N`, until `stop`; how many it renamed.
 fn steal_temporary_files(dir: &Path, stop: &std::sync::atomic::AtomicBool) -> usize {
     use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
@@ -139,7 +139,7 @@ fn steal_temporary_files(dir: &Path, stop: &std::sync::atomic::AtomicBool) -> us
         };
         for event in events {
             let Some(name) = event.name else { continue };
-            if name.to_string_lossy().starts_with(".palisade-commit-")
+            if name.to_string_lossy().starts_with(".palisade-apply-")
                 && std::fs::rename(dir.join(&name), dir.join(format!("stolen-{stolen}"))).is_ok()
             {
                 stolen += 1;

@@ -57,7 +57,9 @@ pub fn settle(s: &Settle<'_>, targets: Vec<Target>) -> Result<Settled, BrokerErr
     let roots: Vec<String> = targets.iter().map(|(source, _, _)| source.clone()).collect();
     let joined = roots.join(", ");
     let copy_back = |e: std::io::Error| BrokerError::CopyBack { path: joined.clone(), source: e };
-    if s.ended.is_some() && s.keep == KeepChanges::DiscardWhenEnded {
+    // A run that filled its bound: what it wrote is what it was stopped for.
+    let filled = s.ended == Some(RunStatus::DiskLimitExceeded);
+    if filled || s.ended.is_some() && s.keep == KeepChanges::DiscardWhenEnded {
         return discard_ended(s, &targets).map_err(copy_back);
     }
     let store = &s.keep_out.store;
@@ -142,7 +144,8 @@ fn take(
 }
 
 /// The writes of a run palisade ended, with `keep_changes =
-/// "discard_when_ended"`: counted, said, and not kept.
+/// "discard_when_ended"`, or of one that filled its bound: counted, said,
+/// and not kept.
 fn discard_ended(s: &Settle<'_>, targets: &[Target]) -> std::io::Result<Settled> {
     let (entries, withheld, _) = take(s, targets, None)?;
     let mut changes = Changes { withheld, ..Changes::default() };
@@ -150,7 +153,10 @@ fn discard_ended(s: &Settle<'_>, targets: &[Target]) -> std::io::Result<Settled>
         return Ok(Settled { changes, events: vec![] });
     }
     let roots: Vec<String> = targets.iter().map(|(r, _, _)| r.clone()).collect();
-    let reason = "the run was ended and keep_changes = discard_when_ended".to_string();
+    let reason = match s.ended {
+        Some(RunStatus::DiskLimitExceeded) => "the run's writes filled their bound (max_disk_mb)".to_string(),
+        _ => "the run was ended and keep_changes = discard_when_ended".to_string(),
+    };
     changes.outcome = ChangesOutcome::Discarded;
     changes.reason = Some(reason.clone());
     let event = record(s.run_id, None, "discarded", &reason, &entries, &roots);
