@@ -78,6 +78,14 @@ async def basics(s):
     check("the full size still counted", sc["stdout_bytes"] == 588895, sc["stdout_bytes"])
     r = await s.call_tool("run_command", {"argv": ["sleep", "5"], "timeout_secs": 1})
     check("a deadline is a result palisade ended", r.is_error and r.structured_content["error_kind"] == "TimedOut", r.structured_content)
+    r = await s.call_tool("run_command", {"argv": ["touch", "made-by-a-run"]})
+    check("a run's writes: applied, said", r.structured_content["changes"]["outcome"] == "applied" and os.path.exists(os.path.join(WORKSPACE, "made-by-a-run")), r.structured_content)
+    r = await s.call_tool("list_changes", {})
+    check("list_changes answers", isinstance(r.structured_content["change_sets"], list), r.structured_content)
+    e = await refused(s, "apply_changes", {"id": "000000000000", "host_executed": True})
+    check("apply_changes never takes host_executed", e.code == -32602, (e.code, e.message))
+    e = await refused(s, "show_changes", {"id": "000000000000"})
+    check("an unknown change set refused with its rule", e.data["rule"] == "changes.unknown", e.data)
 
 
 async def refusals(s):
