@@ -211,7 +211,10 @@ impl Broker {
         if !one_run {
             sweep_changes(&changes, &journal);
         }
-        let owned = paths::owned(&config, journal.dir(), &context.temp_root, &[(changes.root().to_path_buf(), "the held change sets")]).into();
+        // The change sets are in the state directory unless the configuration puts them elsewhere.
+        let elsewhere: Vec<(PathBuf, &str)> =
+            config.changes.dir.iter().map(|d| (d.clone(), "the held change sets")).collect();
+        let owned = paths::owned(&config, journal.dir(), &context.temp_root, &elsewhere).into();
         let extra: Vec<String> = config.policy.host_executed.iter().map(|g| g.get_ref().clone()).collect();
         let host_executed = Arc::new(palisade_policy::host_executed::HostExecuted::new(&extra));
         let user_namespaces = config.broker.user_namespaces;
