@@ -74,6 +74,12 @@ pub fn main(command: ChangesCommand) -> i32 {
         ChangesCommand::List { at } => (ClientMessage::ListChanges, at),
         ChangesCommand::Show { id, at } => (ClientMessage::ShowChanges { id }, at),
         ChangesCommand::Apply { id, overwrite, host_executed, at } => {
+            if host_executed && !person_confirms(&id) {
+                return fail(
+                    ErrorKind::NeedsApproval,
+                    "files the host executes are applied by a person at a terminal: look at `palisade changes show` and answer yes",
+                );
+            }
             (ClientMessage::ApplyChanges { id, overwrite, host_executed }, at)
         }
         ChangesCommand::Discard { id, at } => (ClientMessage::DiscardChanges { id }, at),
@@ -92,6 +98,16 @@ pub fn main(command: ChangesCommand) -> i32 {
         };
     }
     print(reply)
+}
+
+/// A person at this process's terminal says yes to applying what the host
+/// executes (no terminal: nobody does).
+fn person_confirms(id: &str) -> bool {
+    use std::io::{BufRead, Write};
+    let Ok(mut tty) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") else { return false };
+    let asked = write!(tty, "Apply the files of change set {id} that the host executes (git hooks, ...)? [y/N] ");
+    let mut answer = String::new();
+    asked.is_ok() && std::io::BufReader::new(tty).read_line(&mut answer).is_ok() && matches!(answer.trim(), "y" | "yes")
 }
 
 /// The reply's body, as JSON.
@@ -120,7 +136,8 @@ fn ask(at: &At, message: ClientMessage) -> Result<ServerMessage, i32> {
     let store = crate::service::changes_store(&config).map_err(|e| fail(ErrorKind::RuntimeFailure, e))?;
     let journal =
         crate::journal::Journal::from_config(&config.journal).map_err(|e| fail(ErrorKind::JournalUnavailable, e))?;
-    Ok(crate::changes::review::serve(&store, &journal, &Requester::me(), message))
+    // The embedded broker's user is the person at this terminal.
+    Ok(crate::changes::review::serve(&store, &journal, &Requester::me(), true, message))
 }
 
 fn print(reply: ServerMessage) -> i32 {

@@ -247,10 +247,10 @@ pub fn owned(
     config: &palisade_policy::Config,
     journal: Option<&std::path::Path>,
     temp_root: &std::path::Path,
-    extra: &[(PathBuf, &str)],
+    extra: &[(PathBuf, &str, bool)],
 ) -> Vec<palisade_policy::host::OwnedPath> {
-    let mut found: Vec<(PathBuf, String)> = Vec::new();
-    let mut add = |p: PathBuf, what: &str| found.push((p, what.to_string()));
+    let mut found: Vec<(PathBuf, String, bool)> = Vec::new();
+    let mut add = |p: PathBuf, what: &str| found.push((p, what.to_string(), true));
     if let Ok(state) = default_state_dir() {
         add(state, "the broker's state directory");
     }
@@ -274,15 +274,15 @@ pub fn owned(
             add(dir.join(cedar.get_ref()), "the Cedar policies");
         }
     }
-    for (p, what) in extra {
-        add(p.clone(), what);
+    for (p, what, hidden) in extra {
+        found.push((p.clone(), what.to_string(), *hidden));
     }
     let mut owned: Vec<palisade_policy::host::OwnedPath> = Vec::new();
-    for (p, what) in found {
+    for (p, what, hidden) in found {
         let path = if p.is_absolute() { p } else { std::env::current_dir().unwrap_or_default().join(p) };
         let path = canonical_prefix(&path);
         if !owned.iter().any(|o| o.path == path) {
-            owned.push(palisade_policy::host::OwnedPath { path, what });
+            owned.push(palisade_policy::host::OwnedPath { path, what, hidden });
         }
     }
     owned
@@ -299,9 +299,14 @@ mod tests {
         let run = base.join("run-1");
         let dirs = [run.clone(), run.join("tmp"), run.join("workspace")];
         let me = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+        // temp_root exists (paths::temp_root made it); the run's directories are new in it.
+        std::fs::create_dir_all(&base).unwrap();
         let made = HostDirs::create(&dirs, me).unwrap();
         std::fs::write(run.join("workspace/left"), "x").unwrap();
         assert_eq!(std::fs::metadata(&run).unwrap().permissions().mode() & 0o777, 0o700);
+        // One that exists already (made by anyone) is never used.
+        let again = HostDirs::create(&dirs, me).err().expect("an existing run directory refused");
+        assert!(again.to_string().contains("must be new"), "{again}");
         drop(made);
         assert!(!run.exists(), "the run's directory outlived the run");
         let _ = std::fs::remove_dir_all(&base);

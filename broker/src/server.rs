@@ -501,8 +501,9 @@ impl Server {
             | ClientMessage::ApplyChanges { .. }
             | ClientMessage::DiscardChanges { .. }) => {
                 let (broker, requester) = (b.clone(), peer.requester());
+                let approver = b.approvers.is_approver(peer);
                 let serve = move || {
-                    crate::changes::review::serve(&broker.changes, &broker.journal, &requester, m)
+                    crate::changes::review::serve(&broker.changes, &broker.journal, &requester, approver, m)
                 };
                 Ok(tokio::task::spawn_blocking(serve).await?)
             }

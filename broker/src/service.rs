@@ -211,9 +211,14 @@ impl Broker {
         if !one_run {
             sweep_changes(&changes, &journal);
         }
-        // The change sets are in the state directory unless the configuration puts them elsewhere.
-        let elsewhere: Vec<(PathBuf, &str)> =
-            config.changes.dir.iter().map(|d| (d.clone(), "the held change sets")).collect();
+        // The change sets are in the state directory unless the configuration
+        // puts them elsewhere; the programs the broker runs before any sandbox
+        // are its own too (a per-user install in a home used as a workspace).
+        let mut elsewhere: Vec<(PathBuf, &str, bool)> =
+            config.changes.dir.iter().map(|d| (d.clone(), "the held change sets", true)).collect();
+        elsewhere.push((helper.clone(), "the sandbox helper", false));
+        elsewhere.push((crate::plugins::host_program(&config.plugins, &helper), "the plugin host", false));
+        elsewhere.extend(std::env::current_exe().ok().map(|exe| (exe, "the broker's program", false)));
         let owned = paths::owned(&config, journal.dir(), &context.temp_root, &elsewhere).into();
         let extra: Vec<String> = config.policy.host_executed.iter().map(|g| g.get_ref().clone()).collect();
         let host_executed = Arc::new(palisade_policy::host_executed::HostExecuted::new(&extra));
@@ -456,7 +461,7 @@ impl Broker {
         let mut owned = self.owned.to_vec();
         let path = paths::canonical_prefix(path);
         if !owned.iter().any(|o| o.path == path) {
-            owned.push(palisade_policy::host::OwnedPath { path, what: what.into() });
+            owned.push(palisade_policy::host::OwnedPath { path, what: what.into(), hidden: true });
         }
         self.owned = owned.into();
     }

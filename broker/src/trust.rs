@@ -350,6 +350,7 @@ fn read_or_make_key(path: &Path) -> Result<[u8; KEY_BYTES], String> {
             // Whole before it has its name (a link never replaces a file):
             // a broker starting at the same moment reads all of it or none.
             let tmp = path.with_extension(format!("json.key.{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
             let made = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -404,9 +405,10 @@ fn write_atomically(path: &Path, state: &State) -> Result<(), BrokerError> {
     let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
     let text = serde_json::to_vec_pretty(state).map_err(|e| state_error(path, std::io::Error::other(e)))?;
     let written = (|| {
+        // A new file: one planted under this name is removed, never written through.
+        let _ = std::fs::remove_file(&tmp);
         let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .write(true)
             .mode(0o600)
             .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)

@@ -1324,7 +1324,8 @@ fn broker_owned_inside(host: &Host, grants: &Grants, disk: DiskMode) -> Result<V
     let writable = grants.read_write.iter().map(|g| (g, true));
     for (grant, writable) in writable.chain(grants.read_only.iter().map(|g| (g, false))) {
         for owned in host.owned.iter() {
-            if !owned.path.starts_with(grant) {
+            // A program of the broker's is no secret: only writing it matters.
+            if !owned.path.starts_with(grant) || !owned.hidden && !writable {
                 continue;
             }
             if writable && (grants.tier == Tier::B || disk == DiskMode::Direct) {
@@ -1336,6 +1337,10 @@ fn broker_owned_inside(host: &Host, grants: &Grants, disk: DiskMode) -> Result<V
                     owned.what,
                     owned.path.display()
                 ));
+            }
+            if !owned.hidden {
+                // Under an overlay the copy-back never writes it.
+                continue;
             }
             if let Ok(meta) = host.files.lstat(&owned.path) {
                 if grants.tier == Tier::B {

@@ -62,6 +62,10 @@ pub struct Host {
 pub struct OwnedPath {
     pub path: PathBuf,
     pub what: String,
+    /// Hidden from a run that may read it (state, secrets, configuration);
+    /// `false`: a program of the broker's, which a run may see but never
+    /// write (only a writable grant around it matters).
+    pub hidden: bool,
 }
 
 impl std::fmt::Debug for Host {

@@ -187,6 +187,16 @@ pub const SENSITIVE_NAMES: &[&str] = &[
 /// settings, a user's holds tokens.
 pub const HOME_SENSITIVE_NAMES: &[&str] = &[".npmrc", ".azure", ".azd", ".gcloud"];
 
+/// Whether `path` leads to or through one of [`SENSITIVE_NAMES`] (one
+/// component, or several such as `.config/gh`), wherever it is.
+pub fn names_a_credential(path: &Path) -> bool {
+    let path: Vec<_> = path.components().collect();
+    SENSITIVE_NAMES.iter().any(|name| {
+        let name: Vec<_> = Path::new(name).components().collect();
+        path.windows(name.len()).any(|w| w == name.as_slice())
+    })
+}
+
 /// Absolute sensitive paths (globs).
 pub const SENSITIVE_PATHS: &[&str] = &[
     "/etc/shadow",

@@ -648,8 +648,12 @@ pub enum WithheldReason {
     /// It is, or would replace or remove, what the broker keeps.
     BrokerState,
     /// It is a file the host executes (a git hook, a git setting naming a
-    /// command, `.envrc`, an editor's tasks, ...): a person applies it.
+    /// command, `.envrc`, an editor's tasks, ...) or a place of credentials:
+    /// held for a person to apply.
     HostExecuted,
+    /// The host has another filesystem mounted there, which the run never
+    /// saw (the overlay shows none): its change is dropped, never applied.
+    OtherFilesystem,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]

@@ -948,6 +948,14 @@ impl Tmpfs {
         Tmpfs(fs)
     }
 
+    /// A tmpfs mounted on `dir` itself (root only).
+    pub fn mount_at(dir: &Path, options: &str) -> Tmpfs {
+        use nix::mount::MsFlags;
+        let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        nix::mount::mount(Some("tmpfs"), dir, Some("tmpfs"), flags, Some(options)).unwrap();
+        Tmpfs(dir.to_path_buf())
+    }
+
     pub fn path(&self) -> &Path {
         &self.0
     }

@@ -423,6 +423,7 @@ fn a_run_cannot_plant_a_git_hook_or_fsmonitor_that_the_host_runs_later() {
             "notes.txt",
             "beside",
         ])
+        .args([".git/commondir", "elsewhere"])
         .current_dir(&repo)
         .env("PALISADE_JOURNAL", &journal)
         .output()
@@ -438,13 +439,15 @@ fn a_run_cannot_plant_a_git_hook_or_fsmonitor_that_the_host_runs_later() {
             w["path"].as_str().unwrap().to_string()
         })
         .collect();
-    let expected = [repo.join(".git/hooks"), repo.join(".git/config")].map(|p| p.display().to_string());
+    let expected =
+        [".git/hooks", ".git/config", ".git/commondir"].map(|p| repo.join(p).display().to_string());
     let mut withheld = withheld;
     withheld.sort();
     let mut expected = expected.to_vec();
     expected.sort();
     assert_eq!(withheld, expected, "{result}");
     assert!(!repo.join(".git/hooks/pre-commit").exists());
+    assert!(!repo.join(".git/commondir").exists());
     assert_eq!(bytes_of(&repo.join(".git/config")), config);
     // The journal's record of the run names them.
     let shown = Command::new(bin("palisade"))

@@ -466,6 +466,85 @@ fn a_change_set_is_its_requesters_alone() {
 }
 
 #[test]
+fn writes_larger_than_what_the_overlay_holds_are_not_taken() {
+    // Sparse files: each takes nothing in the upper layer and its size in a copy.
+    let s = Setup::new("changes-sparse", "max_disk_mb = 16\n");
+    let (v, o) =
+        s.run(&[], &["sparse", "a", "536870912", "sparse", "b", "536870912", "put", "small.txt", "s"]);
+    assert!(o.status.success(), "{}", said(&o));
+    let c = changes(&v);
+    assert_eq!(c["outcome"], "discarded", "{v}");
+    assert!(c["reason"].as_str().unwrap().contains("sparse"), "{v}");
+    assert!(!s.ws.join("a").exists() && !s.ws.join("small.txt").exists());
+    // Counter-test: a sparse file whose size fits is taken and applied.
+    let (v, _) = s.run(&[], &["sparse", "fits", "4096", "put", "small.txt", "s"]);
+    assert_eq!(changes(&v)["outcome"], "applied", "{v}");
+    assert_eq!(std::fs::metadata(s.ws.join("fits")).unwrap().len(), 4096);
+}
+
+#[test]
+fn a_directory_removed_by_a_held_run_and_edited_since_is_a_conflict_when_applied() {
+    let s = Setup::new("changes-held-tree", "");
+    std::fs::create_dir_all(s.ws.join("src/a")).unwrap();
+    std::fs::write(s.ws.join("src/a/b.rs"), "original\n").unwrap();
+    let (v, _) = s.run(&["--hold-changes"], &["rm", "src"]);
+    let id = changes(&v)["id"].as_str().unwrap().to_string();
+    // The person edits a file deep in it (the directory's own status does not change).
+    std::fs::write(s.ws.join("src/a/b.rs"), "the person's edit\n").unwrap();
+    let (applied, _) = s.changes(&["apply", &id]);
+    assert_eq!(s.read("src/a/b.rs"), "the person's edit\n", "{applied}");
+    assert!(applied["conflicts"][0].as_str().unwrap().ends_with("/src"), "{applied}");
+    // Counter-test: told to, it removes the tree.
+    s.changes(&["apply", &id, "--overwrite"]);
+    assert!(!s.ws.join("src").exists());
+}
+
+#[test]
+fn a_mount_inside_the_workspace_is_never_touched_by_a_copy_back() {
+    if !is_root() {
+        eprintln!("not root: a filesystem cannot be mounted inside the workspace");
+        return;
+    }
+    let s = Setup::new("changes-mount", "");
+    let nas = s.ws.join("nas");
+    std::fs::create_dir(&nas).unwrap();
+    let _mounted = Tmpfs::mount_at(&nas, "size=1m");
+    std::fs::write(nas.join("precious"), "on another filesystem").unwrap();
+    std::fs::write(s.ws.join("plain.txt"), "x").unwrap();
+    // The overlay shows an empty nas/: the run removes it and writes into it.
+    let (v, o) = s.run(&[], &["rm", "nas", "mkdir", "nas", "put", "nas/new", "n", "rm", "plain.txt"]);
+    assert!(o.status.success(), "{}", said(&o));
+    assert_eq!(std::fs::read_to_string(nas.join("precious")).unwrap(), "on another filesystem", "{v}");
+    assert!(!nas.join("new").exists(), "{v}");
+    assert_eq!(changes(&v)["withheld"][0]["reason"], "other_filesystem", "{v}");
+    // Counter-test: the removal beside it is applied.
+    assert!(!s.ws.join("plain.txt").exists());
+}
+
+#[test]
+fn through_a_daemon_a_request_may_only_hold_more_never_overwrite() {
+    let d = Daemon::start("");
+    let dir = TempDir::new("changes-asks");
+    let ws = shared_workspace(&dir, "ws");
+    let socket = d.socket.to_str().unwrap();
+    let o = palisade_cli(
+        &ws,
+        &["run", "--socket", socket, "--on-conflict", "overwrite"],
+        &[&probe(), "echo", "x"],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(125), "{}", said(&o));
+    assert!(text(&o.stderr).contains("on_conflict (--on-conflict) would widen"), "{}", said(&o));
+    // Counter-tests: holding more is always allowed.
+    for pre in [&["--on-conflict", "hold"][..], &["--hold-changes"][..]] {
+        let mut args = vec!["run", "--socket", socket];
+        args.extend(pre);
+        let o = palisade_cli(&ws, &args, &[&probe(), "echo", "x"], None);
+        assert!(o.status.success(), "{pre:?}: {}", said(&o));
+    }
+}
+
+#[test]
 fn the_changes_suite_passes_as_an_unprivileged_user() {
     rerun_unprivileged("the_changes_suite_passes_as_an_unprivileged_user");
 }

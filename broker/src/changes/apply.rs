@@ -67,7 +67,14 @@ struct Apply<'a> {
 /// Applies `entries` with blobs in `blobs` onto the directories `roots`
 /// (the broker's descriptors of the granted directories), acting as the
 /// requester; the blobs are read as the broker.
-pub fn apply(entries: &[Entry], roots: &[OwnedFd], blobs: &OwnedFd, act: &Acting, choice: Choice) -> io::Result<Applied> {
+pub fn apply(
+    entries: &[Entry],
+    roots: &[OwnedFd],
+    blobs: &OwnedFd,
+    act: &Acting,
+    choice: Choice,
+    since: i128,
+) -> io::Result<Applied> {
     let may_move = act.is_broker();
     let mut a = Apply { act, roots, blobs, may_move, serial: 0, done: Applied::default(), dirs: Vec::new() };
     let mut kept: Vec<(usize, PathBuf)> = Vec::new();
@@ -88,9 +95,12 @@ pub fn apply(entries: &[Entry], roots: &[OwnedFd], blobs: &OwnedFd, act: &Acting
         let dir = a.parent(&mut at, e.root, parent)?;
         let now = stat_at(dir, &name).ok();
         if a.already(dir, &name, e, now.as_ref())? {
+            if let Kind::Dir { mode, .. } = e.kind {
+                a.dirs.push((e.root, rel.clone(), mode));
+            }
             continue;
         }
-        let moved = now.as_ref().map(Base::of) != e.base;
+        let moved = now.as_ref().map(Base::of) != e.base || a.removes_changed(dir, &name, e, now.as_ref(), since)?;
         if (e.conflict || moved) && !choice.overwrite {
             a.keep(i, e, &mut kept, true);
             continue;
@@ -140,6 +150,21 @@ impl Apply<'_> {
             path.open.push((rel, sub));
         }
         Ok(&path.open.last().expect("the root stays").1)
+    }
+
+    /// Whether applying `e` removes a directory in which something changed
+    /// since the change set was taken: its own status says nothing of its
+    /// files' contents.
+    fn removes_changed(&self, dir: &OwnedFd, name: &CStr, e: &Entry, now: Option<&FileStat>, since: i128) -> io::Result<bool> {
+        let removes = match e.kind {
+            Kind::Delete | Kind::Dir { opaque: true, .. } => true,
+            _ => now.is_some_and(|st| kind(st) == SFlag::S_IFDIR) && !e.is_dir(),
+        };
+        if !removes {
+            return Ok(false);
+        }
+        let mut budget = super::capture::CONFLICT_SCAN_ENTRIES;
+        super::fs::changed_since(dir, name, since, &mut budget)
     }
 
     /// Whether the host already has what `e` makes (an apply that stopped
@@ -200,7 +225,7 @@ impl Apply<'_> {
     /// sticky) and times set on the descriptor, then renamed over `name`.
     fn file(&mut self, dir: &OwnedFd, name: &CStr, blob: u32, (mode, mtime_ns): (u32, i128), is_dir: bool) -> io::Result<()> {
         let mode = Mode::from_bits_truncate(mode & 0o777);
-        let at = TimeSpec::new((mtime_ns / 1_000_000_000) as i64, (mtime_ns % 1_000_000_000) as i64);
+        let at = TimeSpec::new(mtime_ns.div_euclid(1_000_000_000) as i64, mtime_ns.rem_euclid(1_000_000_000) as i64);
         let blob_name = blob_name(blob);
         if self.may_move {
             let src = open_file_at(self.blobs, &blob_name)?;

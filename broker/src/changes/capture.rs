@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 const GIT_CONFIG_MAX_BYTES: u64 = 1 << 20;
 /// Entries of a directory the run removed or replaced that are looked at
 /// for a change since the run started; past it, one is assumed.
-const CONFLICT_SCAN_ENTRIES: u32 = 100_000;
+pub(crate) const CONFLICT_SCAN_ENTRIES: u32 = 100_000;
 
 /// What a capture must not take, and what it flags.
 pub struct Guard<'a> {
@@ -35,7 +35,28 @@ pub struct Guard<'a> {
     /// What the broker keeps, relative to `root`, whether or not it exists there yet.
     pub owned: Vec<(PathBuf, String)>,
     pub host_executed: &'a HostExecuted,
+    /// The host's own hooks directories (`core.hooksPath`), relative to `root`.
+    pub hooks: Vec<PathBuf>,
 }
+
+/// The most a change set may hold: entries, bytes of their paths, and
+/// directories deep. Past them it is not taken (`TooLarge`): its manifest
+/// would take the broker's memory, or a recursion its stack.
+pub const MAX_ENTRIES: usize = 200_000;
+pub const MAX_PATH_BYTES: usize = 16 << 20;
+pub const MAX_DEPTH: usize = 256;
+
+/// A change set that may not be taken, and why.
+#[derive(Debug)]
+pub struct TooLarge(pub String);
+
+impl std::fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TooLarge {}
 
 /// What one overlay held.
 #[derive(Default)]
@@ -52,6 +73,14 @@ pub struct Blobs<'a> {
     pub next: &'a mut u32,
 }
 
+/// What the overlay's upper layer holds for real (its tmpfs's used bytes):
+/// more than that taken means sparse files or hard links counted again.
+pub fn used_bytes(upper: &OwnedFd) -> u64 {
+    use std::os::fd::AsFd;
+    nix::sys::statvfs::fstatvfs(upper.as_fd())
+        .map_or(u64::MAX, |s| (s.blocks() - s.blocks_free()).saturating_mul(s.fragment_size()))
+}
+
 struct Walk<'a, 'b> {
     act: &'a Acting,
     guard: &'a Guard<'a>,
@@ -61,6 +90,12 @@ struct Walk<'a, 'b> {
     since: i128,
     blobs: Option<Blobs<'b>>,
     out: Captured,
+    /// The host directory's filesystem: an entry on another (a mount inside
+    /// the granted directory, which the overlay does not show) is not touched.
+    dev: u64,
+    /// The most bytes the contents may take: what the upper layer really holds.
+    max_bytes: u64,
+    path_bytes: usize,
 }
 
 /// Takes what the upper layer `upper` holds over the host directory `dest`
@@ -76,8 +111,13 @@ pub fn capture(
     blobs: Option<Blobs<'_>>,
 ) -> io::Result<Captured> {
     let host = openat(dest, c".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?;
+    let dev = nix::sys::stat::fstat(&host)?.st_dev;
+    let since = since - clock_margin(&host);
     let up = upper.try_clone()?;
-    let mut walk = Walk { act, guard, root, since, blobs, out: Captured::default() };
+    // A page of slack per file would be generous; a mebibyte covers rounding.
+    let max_bytes = act.as_broker(|| Ok(used_bytes(upper)))?.saturating_add(1 << 20);
+    let out = Captured::default();
+    let mut walk = Walk { act, guard, root, since, blobs, out, dev, max_bytes, path_bytes: 0 };
     walk.dir(&up, Some(&host), PathBuf::new(), None)?;
     Ok(walk.out)
 }
@@ -89,15 +129,25 @@ impl Walk<'_, '_> {
     }
 
     fn dir(&mut self, up: &OwnedFd, host: Option<&OwnedFd>, rel: PathBuf, inherited: Option<String>) -> io::Result<()> {
+        if rel.components().count() > MAX_DEPTH {
+            return Err(too_large(format!("directories deeper than {MAX_DEPTH}")));
+        }
         let listed = self.up(|| names(up).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))))?;
         for name in listed {
             let st = self.up(|| stat_at(up, &name))?;
             let rel = rel.join(OsStr::from_bytes(name.as_bytes()));
+            self.path_bytes += rel.as_os_str().len();
+            if self.out.entries.len() >= MAX_ENTRIES || self.path_bytes > MAX_PATH_BYTES {
+                return Err(too_large(format!(
+                    "more than {MAX_ENTRIES} entries or {MAX_PATH_BYTES} bytes of their paths"
+                )));
+            }
             let host_st = host.and_then(|h| stat_at(h, &name).ok());
-            if let Some(what) = self.owned(up, &name, &st, host_st.as_ref(), &rel)? {
+            let elsewhere = host_st.as_ref().is_some_and(|h| h.st_dev != self.dev);
+            if let Some((reason, what)) = self.not_taken(up, &name, &st, host_st.as_ref(), &rel, elsewhere)? {
                 let path = self.guard.root.join(&rel).to_string_lossy().into_owned();
-                tracing::warn!(%path, what, "a change withheld: what the broker keeps");
-                self.out.withheld.push(Withheld { path, reason: WithheldReason::BrokerState, what });
+                tracing::warn!(%path, what, "a change withheld");
+                self.out.withheld.push(Withheld { path, reason, what });
                 continue;
             }
             let host_executed = match &inherited {
@@ -148,10 +198,10 @@ impl Walk<'_, '_> {
                 };
                 return self.dir(&sub_up, sub_host.as_ref(), rel, children);
             }
-            SFlag::S_IFREG => (self.file(up, name, st)?, self.replaces(host, name, &host_st, up)?),
+            SFlag::S_IFREG => (self.file(up, name, st)?, self.replaces(host, name, &host_st, up, &rel)?),
             SFlag::S_IFLNK => {
                 let target = self.up(|| readlinkat(up, name))?.as_bytes().to_vec();
-                (Kind::Symlink { target }, self.replaces(host, name, &host_st, up)?)
+                (Kind::Symlink { target }, self.replaces(host, name, &host_st, up, &rel)?)
             }
             // FIFOs, sockets and device nodes are not carried over.
             _ => return Ok(()),
@@ -167,19 +217,32 @@ impl Walk<'_, '_> {
 
     /// Whether the run's file or link at `name` would replace someone
     /// else's change: the host's entry changed since the run started, or
-    /// the run changed an entry (copied up from the host) that the host
-    /// has removed since: its directory on the host changed since too (a
-    /// rename in the sandbox leaves the host's directory as it was).
-    fn replaces(&self, host: Option<&OwnedFd>, name: &CStr, host_st: &Option<FileStat>, up: &OwnedFd) -> io::Result<bool> {
+    /// there is none and its directory on the host changed since (the host
+    /// may have removed what the run changed; a rename in the sandbox leaves
+    /// the host's directory as it was).
+    fn replaces(
+        &self,
+        host: Option<&OwnedFd>,
+        name: &CStr,
+        host_st: &Option<FileStat>,
+        up: &OwnedFd,
+        rel: &Path,
+    ) -> io::Result<bool> {
         let mut budget = CONFLICT_SCAN_ENTRIES;
+        // A directory on the way to what the broker keeps changes when the
+        // broker writes there (its change sets): only a copied-up entry says
+        // the host had it.
+        let broker_writes_here = rel.parent().is_some_and(|p| self.guard.owned.iter().any(|(o, _)| o.starts_with(p)));
         match (host, host_st) {
             (Some(h), Some(st)) if kind(st) == SFlag::S_IFDIR => changed_since(h, name, self.since, &mut budget),
             (Some(_), Some(st)) => Ok(ns(st.st_ctime, st.st_ctime_nsec) >= self.since),
-            (Some(h), None) => {
+            // None there: someone removed it meanwhile if its directory
+            // changed since (a spurious conflict only holds the run's version).
+            (Some(h), None) if !broker_writes_here => {
                 let dir = nix::sys::stat::fstat(h)?;
-                Ok(ns(dir.st_ctime, dir.st_ctime_nsec) >= self.since && self.up(|| Ok(origin_at(up, name)))?)
+                Ok(ns(dir.st_ctime, dir.st_ctime_nsec) >= self.since)
             }
-            (None, _) => self.up(|| Ok(origin_at(up, name))),
+            _ => self.up(|| Ok(origin_at(up, name))),
         }
     }
 
@@ -196,6 +259,12 @@ impl Walk<'_, '_> {
         let blob = *blobs.next;
         *blobs.next += 1;
         let dir = blobs.dir;
+        if self.out.bytes.saturating_add(st.st_size as u64) > self.max_bytes {
+            return Err(too_large(format!(
+                "its files take more than its upper layer holds ({} bytes): sparse files or hard links",
+                self.max_bytes
+            )));
+        }
         let src = self.act.as_broker(|| open_file_at(up, name).map_err(io::Error::from))?;
         let (size, sha256) = self.act.as_broker(|| {
             let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
@@ -204,6 +273,24 @@ impl Walk<'_, '_> {
         })?;
         self.out.bytes += size;
         Ok(Kind::File { blob, size, sha256, mode, mtime_ns })
+    }
+
+    /// Why the entry at `rel` is not taken at all: it is, or leads to, what
+    /// the broker keeps; or the host has another filesystem mounted there.
+    fn not_taken(
+        &self,
+        up: &OwnedFd,
+        name: &CStr,
+        st: &FileStat,
+        host_st: Option<&FileStat>,
+        rel: &Path,
+        elsewhere: bool,
+    ) -> io::Result<Option<(WithheldReason, String)>> {
+        if elsewhere {
+            let what = "another filesystem mounted in the granted directory (the run saw none of it)";
+            return Ok(Some((WithheldReason::OtherFilesystem, what.into())));
+        }
+        Ok(self.owned(up, name, st, host_st, rel)?.map(|what| (WithheldReason::BrokerState, what)))
     }
 
     /// What the broker keeps that `rel` is, lies inside, or would remove or
@@ -250,11 +337,12 @@ impl Walk<'_, '_> {
         let head = |dir: &OwnedFd| stat_at(dir, c"HEAD").is_ok();
         let beside_head = matches!(name.to_bytes(), b"hooks" | b"config" | b"config.worktree")
             && (self.up(|| Ok(head(up)))? || host.is_some_and(head));
-        Ok(match self.guard.host_executed.check(rel, kind(st) == SFlag::S_IFDIR, beside_head) {
+        let (root, hooks) = (self.guard.root, &self.guard.hooks);
+        Ok(match self.guard.host_executed.check(root, rel, kind(st) == SFlag::S_IFDIR, beside_head, hooks) {
             Check::Apply => None,
             Check::Withhold(what) => Some(what.to_string()),
             Check::GitConfig if self.git_config_changes_commands(up, host, name)? => {
-                Some("a git configuration that names other commands".into())
+                Some("a git configuration that changes keys that run commands".into())
             }
             Check::GitConfig => None,
         })
@@ -281,9 +369,8 @@ impl Walk<'_, '_> {
             Some(h) => read(h),
             None => Some(String::new()),
         };
-        let commands = |t: Option<String>| t.and_then(|t| palisade_policy::host_executed::git_commands(&t));
-        Ok(match (commands(theirs), commands(ours)) {
-            (Some(run), Some(host)) => run != host,
+        Ok(match (theirs, ours) {
+            (Some(run), Some(host)) => palisade_policy::host_executed::config_changes_commands(&run, &host),
             _ => true,
         })
     }
@@ -301,6 +388,24 @@ fn origin_at(dir: &OwnedFd, name: &CStr) -> bool {
         libc::lgetxattr(path.as_ptr(), c"user.overlay.origin".as_ptr(), buf.as_mut_ptr().cast(), buf.len())
     };
     n >= 0 || Errno::last() == Errno::ERANGE
+}
+
+/// How far before the run's start a change still counts as during it: none
+/// where the filesystem keeps the broker's clock to the nanosecond (ext4,
+/// xfs, btrfs, tmpfs, ...); two seconds elsewhere (a network filesystem
+/// keeps its server's clock; FAT keeps two-second times): a spurious
+/// conflict only holds the run's version, a missed one would overwrite.
+fn clock_margin(dir: &OwnedFd) -> i128 {
+    use nix::sys::statfs::{BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, FsType, TMPFS_MAGIC, XFS_SUPER_MAGIC, fstatfs};
+    const F2FS_SUPER_MAGIC: FsType = FsType(0xF2F5_2010);
+    const ZFS_SUPER_MAGIC: FsType = FsType(0x2FC1_2FC1);
+    let nanosecond = [EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC, BTRFS_SUPER_MAGIC, TMPFS_MAGIC, F2FS_SUPER_MAGIC, ZFS_SUPER_MAGIC];
+    let local = fstatfs(dir).is_ok_and(|s| nanosecond.contains(&s.filesystem_type()));
+    if local { 0 } else { 2_000_000_000 }
+}
+
+fn too_large(why: String) -> io::Error {
+    io::Error::other(TooLarge(why))
 }
 
 /// Copies `from` into `to`, hashing what passes: the bytes and their sha256 (hex).

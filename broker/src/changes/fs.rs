@@ -73,13 +73,17 @@ pub fn copied_up(fd: &OwnedFd) -> bool {
     xattr(fd, c"user.overlay.origin").is_some()
 }
 
-/// Removes `name` (recursively for a directory) if it exists; the entries removed.
+/// Removes `name` (recursively for a directory) if it exists; the entries
+/// removed. Never into another filesystem mounted below it (`EXDEV`).
 pub fn remove(dir: &OwnedFd, name: &CStr) -> io::Result<u64> {
     let st = match stat_at(dir, name) {
         Ok(st) => st,
         Err(Errno::ENOENT) => return Ok(0),
         Err(e) => return Err(e.into()),
     };
+    if st.st_dev != nix::sys::stat::fstat(dir)?.st_dev {
+        return Err(Errno::EXDEV.into());
+    }
     let mut removed = 1;
     if kind(&st) == SFlag::S_IFDIR {
         let sub = open_dir_at(dir, name)?;

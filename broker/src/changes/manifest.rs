@@ -33,6 +33,9 @@ pub struct Manifest {
     pub reason: String,
     /// The granted directories (host paths) the entries are relative to.
     pub roots: Vec<String>,
+    /// When the change set was taken (ns, the clock a file's status change
+    /// time is kept in): what changed on the host since is someone else's.
+    pub taken_ns: i128,
     pub entries: Vec<Entry>,
 }
 
@@ -41,7 +44,8 @@ pub struct Manifest {
 #[serde(deny_unknown_fields)]
 pub struct Entry {
     pub root: usize,
-    /// The path's bytes (a name need not be UTF-8).
+    /// The path's bytes (a name need not be UTF-8), in base64 in the manifest.
+    #[serde(with = "b64")]
     pub path: Vec<u8>,
     pub kind: Kind,
     /// The host's entry when the change was taken (`None`: there was none):
@@ -61,7 +65,10 @@ pub struct Entry {
 pub enum Kind {
     /// A regular file whose contents are blob `blob` of the change set.
     File { blob: u32, size: u64, sha256: String, mode: u32, mtime_ns: i128 },
-    Symlink { target: Vec<u8> },
+    Symlink {
+        #[serde(with = "b64")]
+        target: Vec<u8>,
+    },
     /// A directory: made where missing; `opaque`: it replaces the host's
     /// (the run removed that one and made its own).
     Dir { mode: u32, opaque: bool },
@@ -111,3 +118,19 @@ impl Entry {
 }
 
 use std::os::unix::ffi::OsStrExt;
+
+/// Bytes as base64 text: a third more than the bytes (a JSON array of
+/// numbers would be three and a half times them).
+mod b64 {
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD.decode(text).map_err(serde::de::Error::custom)
+    }
+}

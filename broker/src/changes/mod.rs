@@ -65,11 +65,16 @@ pub fn settle(s: &Settle<'_>, targets: Vec<Target>) -> Result<Settled, BrokerErr
     let store = &s.keep_out.store;
     let _lock = store.lock(s.requester.uid).map_err(copy_back)?;
     let draft = store.draft(s.requester.uid).map_err(copy_back)?;
+    let taken_ns = coarse_now_ns();
     let taken = take(s, &targets, Some(&draft));
     let (entries, withheld, bytes) = match taken {
         Ok(t) => t,
         Err(e) => {
             let _ = store.remove(&draft.dir);
+            // Too large to take: not kept, and said (the host is untouched).
+            if let Some(why) = e.get_ref().and_then(|e| e.downcast_ref::<capture::TooLarge>()) {
+                return Ok(too_large(s, &targets, why));
+            }
             return Err(copy_back(e));
         }
     };
@@ -87,6 +92,7 @@ pub fn settle(s: &Settle<'_>, targets: Vec<Target>) -> Result<Settled, BrokerErr
         status: Status::Held,
         reason: String::new(),
         roots,
+        taken_ns,
         entries,
     };
     changes.conflicts = m.entries.iter().filter(|e| e.conflict).map(|e| e.host_path(&m.roots)).collect();
@@ -100,6 +106,19 @@ pub fn settle(s: &Settle<'_>, targets: Vec<Target>) -> Result<Settled, BrokerErr
     let dests: Vec<OwnedFd> = targets.into_iter().map(|(_, _, dest)| dest).collect();
     let choice = apply::Choice { overwrite: s.on_conflict == OnConflict::Overwrite, host_executed: false };
     apply_and_keep(store, &dir, m, &dests, s.requester, choice, changes).map_err(copy_back)
+}
+
+/// A change set too large to take (see [`capture::MAX_ENTRIES`]): discarded, saying why.
+fn too_large(s: &Settle<'_>, targets: &[Target], why: &capture::TooLarge) -> Settled {
+    let roots: Vec<String> = targets.iter().map(|(r, _, _)| r.clone()).collect();
+    let reason = format!("the run's writes are too large to take as a change set: {why}");
+    let changes = Changes {
+        outcome: ChangesOutcome::Discarded,
+        reason: Some(reason.clone()),
+        ..Changes::default()
+    };
+    tracing::warn!(run_id = s.run_id, "{reason}");
+    Settled { changes, events: vec![record(s.run_id, None, "discarded", &reason, &[], &roots)] }
 }
 
 /// Whether the whole change set is held rather than applied, and why.
@@ -130,7 +149,8 @@ fn take(
         let owned = (s.keep_out.owned.iter())
             .filter_map(|o| o.path.strip_prefix(path).ok().map(|rel| (rel.to_path_buf(), o.what.clone())))
             .collect();
-        let guard = capture::Guard { root: path, owned, host_executed: &s.keep_out.host_executed };
+        let hooks = s.requester.act(|_| hooks_path(dest)).unwrap_or_default();
+        let guard = capture::Guard { root: path, owned, host_executed: &s.keep_out.host_executed, hooks };
         let blobs = draft.map(|d| capture::Blobs { dir: &d.blobs, next: &mut next });
         let taken = s
             .requester
@@ -141,6 +161,27 @@ fn take(
         bytes += taken.bytes;
     }
     Ok((entries, withheld, bytes))
+}
+
+/// The host's own hooks directory, where the granted directory is a
+/// repository whose configuration names one (`core.hooksPath`, relative
+/// to the repository, as husky and others set it): what the host runs
+/// from there is held like `.git/hooks`.
+fn hooks_path(dest: &OwnedFd) -> Vec<std::path::PathBuf> {
+    let Ok(git) = fs::open_dir_at(dest, c".git") else { return vec![] };
+    let Ok(fd) = fs::open_file_at(&git, c"config") else { return vec![] };
+    let mut text = String::new();
+    let read = std::io::Read::read_to_string(&mut std::io::Read::take(std::fs::File::from(fd), 1 << 20), &mut text);
+    if read.is_err() {
+        return vec![];
+    }
+    let settings = palisade_policy::host_executed::parse_git_config(&text).unwrap_or_default();
+    settings
+        .into_iter()
+        .filter(|(k, _)| k == "core.hookspath")
+        .map(|(_, v)| std::path::PathBuf::from(v))
+        .filter(|p| p.is_relative())
+        .collect()
 }
 
 /// The writes of a run palisade ended, with `keep_changes =
@@ -201,7 +242,8 @@ pub(crate) fn apply_and_keep(
     mut changes: Changes,
 ) -> std::io::Result<Settled> {
     let blobs = store.blobs(dir)?;
-    let done = requester.act(|act| apply::apply(&m.entries, dests, &blobs, act, choice)).and_then(|r| r)?;
+    let since = m.taken_ns;
+    let done = requester.act(|act| apply::apply(&m.entries, dests, &blobs, act, choice, since)).and_then(|r| r)?;
     let applied: Vec<Entry> =
         (m.entries.iter().enumerate()).filter(|(i, _)| !done.kept.contains(i)).map(|(_, e)| e.clone()).collect();
     changes.outcome = ChangesOutcome::Applied;
@@ -229,6 +271,7 @@ pub(crate) fn apply_and_keep(
         }
     }
     let kept = with_ancestors(&m.entries, &done.kept);
+    let kept_bytes: u64 = kept.iter().map(|e| if let Kind::File { size, .. } = e.kind { size } else { 0 }).sum();
     m.entries = kept;
     m.status = Status::Held;
     m.reason = if done.conflicts.is_empty() {
@@ -236,8 +279,20 @@ pub(crate) fn apply_and_keep(
     } else {
         "someone else changed these paths meanwhile: the host's versions were kept".into()
     };
-    drop_unused_blobs(&blobs, &m.entries);
+    // What is kept counts against the requester's bound like any hold (the
+    // ones past their age go first).
+    for id in store.sweep_uid(m.uid, now_secs()) {
+        events.push(record(0, Some(&id), "discarded", "held past [changes] max_age_days", &[], &[]));
+    }
+    if let Err(why) = store.room_for_more(m.uid, &m.id, kept_bytes) {
+        store.remove(dir)?;
+        let reason = format!("{}; it could not be held: {why}", m.reason);
+        changes.reason = Some(reason.clone());
+        events.push(record(m.run_id, None, "discarded", &reason, &m.entries, &m.roots));
+        return Ok(Settled { changes, events });
+    }
     store.save(dir, &m)?;
+    drop_unused_blobs(&blobs, &m.entries);
     changes.id = Some(m.id.clone());
     changes.reason = Some(m.reason.clone());
     events.push(record(m.run_id, Some(&m.id), "held", &m.reason, &m.entries, &m.roots));

@@ -85,18 +85,20 @@ pub fn show(store: &Store, requester: &Requester, id: &str) -> Result<ChangeSetD
             host_executed: e.host_executed.clone(),
         })
         .collect();
-    let diff = requester.act(|_| diff(&m, &blobs)).map_err(|e| failed("acting for the requester", e))?;
+    let diff = requester.act(|act| diff(&m, &blobs, act)).map_err(|e| failed("acting for the requester", e))?;
     Ok(ChangeSetDetail { info: info(&m, bytes), entries, diff })
 }
 
 /// A unified diff of the change set's text files against the host's, as
 /// far as [`DIFF_MAX_BYTES`].
-fn diff(m: &Manifest, blobs: &OwnedFd) -> String {
+fn diff(m: &Manifest, blobs: &OwnedFd, act: &requester::Acting) -> String {
     let mut out = String::new();
     for e in &m.entries {
         let path = e.host_path(&m.roots);
+        // The change set's files are the broker's to read; the host's, the requester's.
+        let theirs = |blob| act.as_broker(|| Ok(read_text(blobs, &apply::blob_name(blob)))).ok().flatten();
         let (new, old) = match &e.kind {
-            Kind::File { blob, .. } => (read_text(blobs, &apply::blob_name(*blob)), host_text(&path)),
+            Kind::File { blob, .. } => (theirs(*blob), host_text(&path)),
             Kind::Delete => (Some(String::new()), host_text(&path)),
             _ => continue,
         };
@@ -201,18 +203,26 @@ fn open_roots(roots: &[String], act: &requester::Acting, uid: u32) -> Result<Vec
 pub fn discard(store: &Store, uid: u32, id: &str) -> Result<crate::journal::Event, ErrorReply> {
     let _lock = store.lock(uid).map_err(|e| failed("the change sets' lock", e))?;
     let dir = store.dir(uid, id).ok_or_else(|| unknown(id, uid))?;
-    let m = store.load(&dir).map_err(|e| failed("the change set's manifest", e))?;
+    // One whose manifest cannot be read goes too, recorded by its id alone.
+    let m = store.load(&dir).ok();
     store.remove(&dir).map_err(|e| failed("removing the change set", e))?;
-    Ok(super::record(m.run_id, Some(&m.id), "discarded", "discarded by its requester", &m.entries, &m.roots))
+    let why = "discarded by its requester";
+    Ok(match m {
+        Some(m) => super::record(m.run_id, Some(&m.id), "discarded", why, &m.entries, &m.roots),
+        None => super::record(0, Some(id), "discarded", why, &[], &[]),
+    })
 }
 
 /// Answers a change set message of `requester`'s (`ListChanges`,
 /// `ShowChanges`, `ApplyChanges`, `DiscardChanges`), recording what
 /// changed in `journal`. Call where blocking is allowed.
+/// `approver`: the peer is an approver, who alone may apply the files the
+/// host executes (an agent speaking for its requester is not a person).
 pub fn serve(
     store: &Store,
     journal: &crate::journal::Journal,
     requester: &Requester,
+    approver: bool,
     message: palisade_protocol::wire::ClientMessage,
 ) -> palisade_protocol::wire::ServerMessage {
     use palisade_protocol::wire::{ClientMessage as C, ServerMessage as S};
@@ -224,6 +234,11 @@ pub fn serve(
     let reply = match message {
         C::ListChanges => Ok(S::ChangeSets(list(store, requester.uid))),
         C::ShowChanges { id } => show(store, requester, &id).map(|d| S::ChangeSet(Box::new(d))),
+        C::ApplyChanges { host_executed: true, .. } if !approver => Err(ErrorReply::with_rule(
+            ErrorKind::Unauthorized,
+            format!("uid {} is not an approver: files the host executes are applied by one", requester.uid),
+            "changes.host_executed",
+        )),
         C::ApplyChanges { id, overwrite, host_executed } => {
             let choice = apply::Choice { overwrite, host_executed };
             apply_held(store, requester, &id, choice).map(|settled| {

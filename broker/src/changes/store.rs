@@ -125,8 +125,20 @@ impl Store {
 
     /// Whether `uid` may hold `bytes` more in one more change set.
     pub fn room_for(&self, uid: u32, bytes: u64) -> Result<(), String> {
-        let held = self.list(uid);
-        let total: u64 = held.iter().map(|(_, b, _)| b).sum();
+        self.room_for_more(uid, "", bytes)
+    }
+
+    /// Whether `uid` may hold change set `id` (already in the store, not
+    /// counted) with `bytes` of files. Every change set counts, one whose
+    /// manifest cannot be read too (by its blobs' bytes).
+    pub fn room_for_more(&self, uid: u32, id: &str, bytes: u64) -> Result<(), String> {
+        let Ok(entries) = std::fs::read_dir(self.root.join(uid.to_string())) else { return Ok(()) };
+        let held: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.') && e.file_name() != id)
+            .map(|e| e.path())
+            .collect();
+        let total: u64 = held.iter().map(|d| bytes_in(&d.join(BLOBS))).sum();
         if held.len() >= self.limits.max_sets {
             return Err(format!("uid {uid} holds {} change sets already ([changes] max_sets)", held.len()));
         }
@@ -138,6 +150,20 @@ impl Store {
             ));
         }
         Ok(())
+    }
+
+    /// [`Store::sweep`] of one requester's change sets: the ids removed for their age.
+    pub fn sweep_uid(&self, uid: u32, now: u64) -> Vec<String> {
+        let Ok(sets) = std::fs::read_dir(self.root.join(uid.to_string())) else { return vec![] };
+        let mut expired = Vec::new();
+        for s in sets.flatten() {
+            let Ok(m) = read_manifest(&s.path()) else { continue };
+            let old = m.status == Status::Held && now.saturating_sub(m.created) > self.limits.max_age_secs;
+            if old && std::fs::remove_dir_all(s.path()).is_ok() {
+                expired.push(m.id);
+            }
+        }
+        expired
     }
 
     /// Removes what a broker left half made (drafts) and the change sets
@@ -193,17 +219,25 @@ fn read_manifest(dir: &Path) -> io::Result<Manifest> {
     serde_json::from_slice(&text).map_err(io::Error::other)
 }
 
-/// Written whole or not at all: a temporary file, then a rename.
+/// Written whole or not at all: a temporary file, then a rename. The
+/// temporary file is a new one (not truncated: on ext4 closing a truncated
+/// file starts its writeback, milliseconds for every run).
 fn write_manifest(dir: &Path, m: &Manifest) -> io::Result<()> {
-    let tmp = dir.join(format!("{MANIFEST}.tmp"));
+    let tmp = dir.join(format!("{MANIFEST}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .write(true)
         .mode(0o600)
         .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
         .open(&tmp)?;
-    f.write_all(&serde_json::to_vec(m).map_err(io::Error::other)?)?;
+    let text = serde_json::to_vec(m).map_err(io::Error::other)?;
+    // Never one that could not be read back.
+    if text.len() as u64 > MANIFEST_MAX_BYTES {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io::Error::other(format!("a manifest of {} bytes, over {MANIFEST_MAX_BYTES}", text.len())));
+    }
+    f.write_all(&text)?;
     drop(f);
     std::fs::rename(tmp, dir.join(MANIFEST))
 }

@@ -74,7 +74,7 @@ impl Served {
     fn hello_as(&self, uid: u32) -> serde_json::Value {
         let script = "import socket,sys\n\
             s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n\
-            s.sendall(b'{\"hello\": {\"magic\": \"palisade\", \"version\": 10, \"encoding\": \"json\"}}\\n')\n\
+            s.sendall(b'{\"hello\": {\"magic\": \"palisade\", \"version\": 11, \"encoding\": \"json\"}}\\n')\n\
             print(s.makefile().readline())";
         let out = std::process::Command::new("/usr/bin/python3")
             .args(["-c", script])

@@ -397,12 +397,13 @@ pub fn result(ran: Ran, broker: &str) -> Result<CallToolResult, ErrorData> {
 }
 
 /// A change set call's message: `list_changes`, `show_changes`,
-/// `apply_changes` (never a file the host executes: a person applies
-/// those, with `palisade changes apply --host-executed`) or `discard_changes`.
+/// `apply_changes` (never over a change someone else made meanwhile, never
+/// a file the host executes: a person applies those, with `palisade
+/// changes apply --overwrite` or `--host-executed`) or `discard_changes`.
 pub fn changes_call(name: &str, args: &JsonObject) -> Result<ClientMessage, ErrorData> {
     let allowed: &[&str] = match name {
         "list_changes" => &[],
-        "apply_changes" => &["id", "overwrite"],
+        "apply_changes" => &["id"],
         _ => &["id"],
     };
     if let Some(key) = args.keys().find(|k| !allowed.contains(&k.as_str())) {
@@ -414,13 +415,8 @@ pub fn changes_call(name: &str, args: &JsonObject) -> Result<ClientMessage, Erro
     Ok(match name {
         "list_changes" => ClientMessage::ListChanges,
         "show_changes" => ClientMessage::ShowChanges { id: id()? },
-        "apply_changes" => {
-            let overwrite = match args.get("overwrite") {
-                None | Some(Value::Null) => false,
-                Some(v) => v.as_bool().ok_or_else(|| invalid("overwrite must be true or false".into()))?,
-            };
-            ClientMessage::ApplyChanges { id: id()?, overwrite, host_executed: false }
-        }
+        // Never over someone else's change, never what the host executes: a person decides those.
+        "apply_changes" => ClientMessage::ApplyChanges { id: id()?, overwrite: false, host_executed: false },
         _ => ClientMessage::DiscardChanges { id: id()? },
     })
 }

@@ -86,32 +86,29 @@ pub fn all() -> Vec<Tool> {
             "Show a held change set: its paths (file, symlink, dir, delete), which conflict with \
              the workspace's and which are files the host executes, and a unified diff of its \
              text files against the workspace's.",
-            id_schema(false),
+            id_schema(),
         ),
         tool(
             "apply_changes",
             "Apply a held change set to the workspace, each file whole or not at all. A path \
-             someone else changed since stays as it is unless `overwrite`; files the host \
-             executes (git hooks, .envrc, ...) are never applied here: a person applies those.",
-            id_schema(true),
+             someone else changed stays as the person left it, and files the host executes (git \
+             hooks, .envrc, ...) are never applied here: the person applies those.",
+            id_schema(),
         ),
         tool(
             "discard_changes",
             "Drop a held change set: its writes are not applied.",
-            id_schema(false),
+            id_schema(),
         ),
     ]
 }
 
-fn id_schema(overwrite: bool) -> Value {
-    let mut props = json!({ "id": { "type": "string", "description": "The change set's id (list_changes)." } });
-    if overwrite {
-        props["overwrite"] = json!({
-            "type": "boolean",
-            "description": "Apply the run's version over paths someone else changed since (default false)."
-        });
-    }
-    json!({ "type": "object", "properties": props, "required": ["id"] })
+fn id_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": { "id": { "type": "string", "description": "The change set's id (list_changes)." } },
+        "required": ["id"]
+    })
 }
 
 fn tool(name: &'static str, description: &str, schema: Value) -> Tool {

@@ -59,9 +59,7 @@ pub(super) fn narrow(profile: &mut Profile, req: &RunRequest) -> Result<(), Deni
         }
         profile.disk = crate::config::DiskMode::Direct;
     }
-    // The requester's own files: its choice of what becomes of its writes.
-    profile.keep_changes = req.keep_changes.unwrap_or(profile.keep_changes);
-    profile.on_conflict = req.on_conflict.unwrap_or(profile.on_conflict);
+    narrow_changes(profile, req)?;
     let process = &mut profile.capabilities.process;
     process.max_memory_mb = req.max_memory_mb.unwrap_or(process.max_memory_mb);
     process.max_processes = req.max_processes.unwrap_or(process.max_processes);
@@ -82,6 +80,33 @@ pub(super) fn narrow(profile: &mut Profile, req: &RunRequest) -> Result<(), Deni
             let reason = format!("pass_env names {name}, which env does not hold");
             return Err(Denial::new(ErrorKind::InvalidRequest, "request.pass_env", reason));
         }
+    }
+    Ok(())
+}
+
+/// What becomes of the run's writes, as the request asks: only ever what
+/// touches the host less than the profile's (holding rather than applying;
+/// keeping the host's version rather than overwriting it).
+fn narrow_changes(profile: &mut Profile, req: &RunRequest) -> Result<(), Denial> {
+    use palisade_protocol::wire::{KeepChanges, OnConflict};
+    if let Some(keep) = req.keep_changes {
+        if profile.keep_changes == KeepChanges::AlwaysHold && keep != KeepChanges::AlwaysHold {
+            let why = "the profile holds every run's writes for review";
+            return Err(widens(profile, "keep_changes", why, "keep_changes = \"apply_unless_ended\""));
+        }
+        profile.keep_changes = keep;
+    }
+    if let Some(asked) = req.on_conflict {
+        let rank = |c: OnConflict| match c {
+            OnConflict::Hold => 2,
+            OnConflict::KeepHost => 1,
+            OnConflict::Overwrite => 0,
+        };
+        if rank(asked) < rank(profile.on_conflict) {
+            let why = "the run's version would replace a change someone else made meanwhile";
+            return Err(widens(profile, "on_conflict", why, "on_conflict = \"overwrite\""));
+        }
+        profile.on_conflict = asked;
     }
     Ok(())
 }
@@ -137,7 +162,7 @@ fn widens(profile: &Profile, field: &str, why: &str, setting: &str) -> Denial {
             "max_memory_mb" | "max_processes" => format!("[tools.{t}.overrides] process = {{ {setting} }}"),
             "read_only" | "read_write" => format!("[tools.{t}.overrides] filesystem (a {field} grant)"),
             "pass_env" => format!("[tools.{t}.overrides] environment = \"full\""),
-            "direct" => format!("[defaults] {setting}"),
+            "direct" | "keep_changes" | "on_conflict" => format!("[defaults] {setting}"),
             _ => format!("[tools.{t}] {setting}"),
         },
     };

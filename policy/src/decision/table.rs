@@ -126,6 +126,7 @@ impl Fixture {
         vec![crate::host::OwnedPath {
             path: self.root.join("home/.local/state/palisade"),
             what: "the broker's state directory".into(),
+            hidden: true,
         }]
     }
 }

@@ -685,7 +685,8 @@ fn put(pairs: &[String]) -> Result<String, (Errno, String)> {
 
 /// `ops OP ARGS... [OP ARGS...]`, in order, the first failure ending them:
 /// `put PATH TEXT`, `rm PATH` (a file, link or tree), `mv FROM TO`, `ln
-/// TARGET LINK` (symbolic), `chmod OCTAL PATH`, `mkdir PATH`, `sleep SECS`.
+/// TARGET LINK` (symbolic), `chmod OCTAL PATH`, `mkdir PATH`, `sparse PATH
+/// BYTES` (a file of that size that takes no block), `sleep SECS`.
 fn ops(args: &[String]) -> Result<String, (Errno, String)> {
     use std::os::unix::fs::PermissionsExt;
     let mut i = 0;
@@ -706,6 +707,8 @@ fn ops(args: &[String]) -> Result<String, (Errno, String)> {
                 std::fs::set_permissions(&b, std::fs::Permissions::from_mode(mode)).map_err(io)
             }
             "mkdir" => std::fs::create_dir_all(&a).map_err(io),
+            // A file of B bytes that takes none (a hole).
+            "sparse" => std::fs::File::create(&a).and_then(|f| f.set_len(b.parse().unwrap_or(0))).map_err(io),
             "sleep" => {
                 std::thread::sleep(Duration::from_secs(a.parse().unwrap_or(1)));
                 Ok(())
@@ -714,7 +717,7 @@ fn ops(args: &[String]) -> Result<String, (Errno, String)> {
         };
         taken.map_err(|(e, m)| (e, format!("{op} {a}: {m}")))?;
         i += match op {
-            "put" | "mv" | "ln" | "chmod" => 3,
+            "put" | "mv" | "ln" | "chmod" | "sparse" => 3,
             _ => 2,
         };
     }
