@@ -1578,6 +1578,36 @@ mod tests {
         assert!(json.starts_with(r#"{"plugin_result":{"output":"{}","fuel_used":1,"#), "{json}");
     }
 
+    /// `status`, appended last: every other message keeps its bincode
+    /// index, a small frame (not a run), and the JSON docs/protocol.md shows.
+    #[cfg(feature = "json")]
+    #[test]
+    fn status_comes_last_and_reads_as_documented() {
+        let bincode_index = |m: &ClientMessage| encode(m, Encoding::Bincode).unwrap()[4];
+        assert_eq!(bincode_index(&ClientMessage::ListChanges), 10);
+        assert_eq!(bincode_index(&ClientMessage::DiscardChanges { id: "x".into() }), 13);
+        assert_eq!(bincode_index(&ClientMessage::Status), 14);
+        let server_index = |m: &ServerMessage| encode(m, Encoding::Bincode).unwrap()[4];
+        assert_eq!(server_index(&ServerMessage::ChangesDiscarded { id: "x".into() }), 14);
+        assert_eq!(server_index(&ServerMessage::Status(Box::default())), 15);
+        let mut d = Decoder::new(Some(Encoding::Json));
+        d.push(b"\"status\"\n");
+        assert_eq!(d.next_message::<ClientMessage>().unwrap(), Some(ClientMessage::Status));
+        let status = BrokerStatus { journal: None, ..Default::default() };
+        let json = String::from_utf8(
+            encode(&ServerMessage::Status(Box::new(status.clone())), Encoding::Json).unwrap(),
+        )
+        .unwrap();
+        assert!(
+            json.starts_with(r#"{"status":{"version":"","protocol":0,"#)
+                && json.contains(r#""journal":null"#),
+            "{json}"
+        );
+        let mut d = Decoder::new(Some(Encoding::Json));
+        d.push(json.as_bytes());
+        assert_eq!(d.next_message::<ServerMessage>().unwrap(), Some(ServerMessage::Status(Box::new(status))));
+    }
+
     /// The approval messages, appended in version 3: their bincode indexes
     /// follow the older ones (which did not move), and their JSON is the
     /// one docs/protocol.md shows.
