@@ -5,9 +5,10 @@
 #   and a failure here);
 # - `systemd-analyze security --offline=true` scores the system service no
 #   higher than MAX_EXPOSURE (lower it when the unit gets stricter).
-# The units name installed paths (/usr/bin/palisaded, ~/.local/bin), so they
-# are verified inside a scratch root holding the built palisaded there and
-# the host's own units (the targets they refer to).
+# The units name installed paths (/usr/bin/palisaded, ~/.local/bin, and
+# /bin/kill for ExecReload), so they are verified inside a scratch root
+# holding the built palisaded there, the host's kill, and the host's own
+# units (the targets they refer to).
 # Usage: scripts/check-units.sh [DIR with palisaded, default target/debug]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,11 +19,12 @@ command -v systemd-analyze >/dev/null || { echo "systemd-analyze is missing (Deb
 
 root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT
-mkdir -p "$root/usr/bin" "$root/usr/lib/systemd/system" "$root/usr/lib/systemd/user" \
+mkdir -p "$root/usr/bin" "$root/bin" "$root/usr/lib/systemd/system" "$root/usr/lib/systemd/user" \
   "$root/home/ci/.local/bin" "$root/runtime"
 chmod 700 "$root/runtime"
 cp -a /usr/lib/systemd/system/. "$root/usr/lib/systemd/system/"
 cp "$bin_dir/palisaded" "$root/usr/bin/palisaded"
+cp "$(readlink -f /bin/kill)" "$root/bin/kill"
 cp "$bin_dir/palisaded" "$root/home/ci/.local/bin/palisaded"
 cp systemd/palisade.service systemd/palisade.socket "$root/usr/lib/systemd/system/"
 cp systemd/user/palisade.service systemd/user/palisade.socket "$root/usr/lib/systemd/user/"

@@ -6,7 +6,6 @@ use crate::error::BrokerError;
 use crate::service::Peer;
 use palisade_policy::Resolved;
 use palisade_policy::cedar::{CedarPolicies, Principal};
-use palisade_policy::config::ApproversConfig;
 use palisade_protocol::wire::PendingApproval;
 use palisade_protocol::wire::{ErrorKind, ErrorReply};
 use std::collections::BTreeMap;
@@ -42,7 +41,12 @@ pub enum ApproverAction<'a> {
 /// Who the approvers are.
 #[derive(Debug, Clone)]
 pub struct Approvers {
-    config: ApproversConfig,
+    /// `[approvers] uids`, as numbers.
+    uids: Vec<u32>,
+    /// `[approvers] gids`, as numbers.
+    gids: Vec<u32>,
+    /// `[approvers] self_approval`.
+    self_approval: bool,
     /// The broker's own uid: the approver (with root) when none are configured.
     broker_uid: u32,
     /// The policy's Cedar file, which must also permit `approve` when there is one.
@@ -50,26 +54,37 @@ pub struct Approvers {
 }
 
 impl Approvers {
-    pub fn new(config: ApproversConfig, broker_uid: u32) -> Approvers {
-        Approvers { config, broker_uid, cedar: None }
+    /// The approvers `config` names (its names resolved into `ids`).
+    pub fn new(
+        config: &palisade_policy::Config,
+        ids: &palisade_policy::ids::ResolvedIds,
+        broker_uid: u32,
+    ) -> Approvers {
+        Approvers {
+            uids: ids.approver_uids.clone(),
+            gids: ids.approver_gids.clone(),
+            self_approval: config.approvers.self_approval,
+            broker_uid,
+            cedar: config.policy.cedar_policies.clone(),
+        }
     }
 
-    /// The same, with the Cedar policies an answer must also satisfy.
-    pub fn with_cedar(self, cedar: Option<Arc<CedarPolicies>>) -> Approvers {
-        Approvers { cedar, ..self }
+    /// Approvers by number (the unit tests'), with no Cedar policies.
+    #[cfg(test)]
+    fn listed(uids: &[u32], gids: &[u32], self_approval: bool, broker_uid: u32) -> Approvers {
+        Approvers { uids: uids.to_vec(), gids: gids.to_vec(), self_approval, broker_uid, cedar: None }
     }
 
     /// Whether `peer` holds the approver role: its uid, primary or
     /// supplementary group is configured; with neither list set, it is the
     /// broker's own uid or root.
     pub fn is_approver(&self, peer: &Peer) -> bool {
-        let c = &self.config;
-        if c.uids.is_empty() && c.gids.is_empty() {
+        if self.uids.is_empty() && self.gids.is_empty() {
             return peer.uid == self.broker_uid || peer.uid == 0;
         }
-        c.uids.contains(&peer.uid)
-            || c.gids.contains(&peer.gid)
-            || peer.groups.iter().any(|g| c.gids.contains(g))
+        self.uids.contains(&peer.uid)
+            || self.gids.contains(&peer.gid)
+            || peer.groups.iter().any(|g| self.gids.contains(g))
     }
 
     /// Whether `peer` may do `action`: the one place an approver's answer
@@ -105,7 +120,7 @@ impl Approvers {
                 peer.uid, p.id
             )));
         }
-        if self.config.self_approval {
+        if self.self_approval {
             return Ok(());
         }
         Err(BrokerError::Unauthorized(format!(
@@ -183,6 +198,11 @@ impl Pending {
         Ticket { pending, run, answer: rx, registry: self.registry.clone() }
     }
 
+    /// How many wait for an answer now.
+    pub fn count(&self) -> usize {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner()).waiting.len()
+    }
+
     /// What `peer` may see: everything for an approver, its own otherwise.
     pub fn list(&self, approvers: &Approvers, peer: &Peer) -> Vec<PendingApproval> {
         let all = approvers.is_approver(peer);
@@ -238,15 +258,14 @@ mod tests {
 
     #[test]
     fn without_lists_the_brokers_uid_and_root_approve_and_nobody_else() {
-        let a = Approvers::new(ApproversConfig::default(), 1000);
+        let a = Approvers::listed(&[], &[], false, 1000);
         assert!(a.is_approver(&peer(1000, 1000, &[])) && a.is_approver(&peer(0, 0, &[])));
         assert!(!a.is_approver(&peer(1001, 1000, &[1000])));
     }
 
     #[test]
     fn configured_uids_and_groups_approve_and_the_broker_alone_no_longer_does() {
-        let config = ApproversConfig { uids: vec![1001], gids: vec![50], self_approval: false };
-        let a = Approvers::new(config, 1000);
+        let a = Approvers::listed(&[1001], &[50], false, 1000);
         assert!(a.is_approver(&peer(1001, 1, &[])));
         assert!(a.is_approver(&peer(1002, 50, &[])));
         assert!(a.is_approver(&peer(1003, 1, &[7, 50])));
@@ -255,13 +274,11 @@ mod tests {
 
     #[test]
     fn a_non_approver_answers_its_own_request_only_with_self_approval() {
-        let mut config = ApproversConfig { uids: vec![0], ..Default::default() };
         let own = asked_by(1001);
-        let a = Approvers::new(config.clone(), 0);
+        let a = Approvers::listed(&[0], &[], false, 0);
         let e = a.authorize(&peer(1001, 1001, &[]), ApproverAction::Approve(&own, None)).unwrap_err();
         assert!(e.to_string().contains("self_approval is off"), "{e}");
-        config.self_approval = true;
-        let a = Approvers::new(config, 0);
+        let a = Approvers::listed(&[0], &[], true, 0);
         assert!(a.authorize(&peer(1001, 1001, &[]), ApproverAction::Approve(&own, None)).is_ok());
         // Another's request, or a tool: never.
         assert!(a.authorize(&peer(1002, 1002, &[]), ApproverAction::Approve(&own, None)).is_err());
@@ -270,7 +287,7 @@ mod tests {
 
     #[test]
     fn the_first_answer_reaches_the_waiting_run_and_a_refused_one_changes_nothing() {
-        let a = Approvers::new(ApproversConfig { uids: vec![0], ..Default::default() }, 0);
+        let a = Approvers::listed(&[0], &[], false, 0);
         let pending = Pending::default();
         let mut ticket = pending.open(asked_by(1001), None);
         let id = ticket.pending.id;

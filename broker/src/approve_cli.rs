@@ -68,7 +68,7 @@ fn shell_words(argv: &[String]) -> String {
     argv.iter().map(quote).collect::<Vec<_>>().join(" ")
 }
 
-fn fail(kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
+pub(crate) fn fail(kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
     eprintln!("palisade: {kind}: {message}");
     EXIT_PALISADE
 }
@@ -81,7 +81,7 @@ fn socket(args: &BrokerArgs) -> PathBuf {
 }
 
 /// One request to the running broker; its reply, or the exit status of a failure.
-fn ask_broker(args: &BrokerArgs, msg: &ClientMessage) -> Result<ServerMessage, i32> {
+pub(crate) fn ask_broker(args: &BrokerArgs, msg: &ClientMessage) -> Result<ServerMessage, i32> {
     let socket = socket(args);
     let reply = Client::open(&socket).and_then(|mut c| c.request(msg));
     reply.map_err(|e| match e {
@@ -170,7 +170,8 @@ fn embedded(policy: &Path, approve: Option<&str>) -> Result<Vec<ToolInfo>, i32> 
     let peer = Peer { uid: me.uid, gid: me.gid, pid: Some(std::process::id() as i32), groups: me.groups };
     if let Some(name) = approve {
         // Authorized before anything is read or written.
-        let approvers = Approvers::new(config.approvers.clone(), peer.uid);
+        let ids = config.resolve_ids(&crate::host::Accounts).map_err(|e| fail(ErrorKind::InvalidRequest, e))?;
+        let approvers = Approvers::new(&config, &ids, peer.uid);
         approvers.authorize(&peer, ApproverAction::ApproveTool(name)).map_err(refused)?;
     }
     // A transition is recorded as a daemon's is (no record, no change).

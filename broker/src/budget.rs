@@ -8,6 +8,7 @@
 //! each connection, however many clients send large frames and stall.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// What each connection holds without drawing on the budgets: the hello
@@ -19,8 +20,9 @@ pub const UNBUDGETED_BYTES: usize = 64 << 10;
 
 /// The budgets, and what is drawn from them, in all and by uid.
 pub struct RequestBudget {
-    all: usize,
-    per_uid: usize,
+    /// The budgets' sizes; a reload may change them (what is held stays held).
+    all: AtomicUsize,
+    per_uid: AtomicUsize,
     held: Mutex<Held>,
 }
 
@@ -44,7 +46,17 @@ pub enum BudgetError {
 
 impl RequestBudget {
     pub fn new(all: usize, per_uid: usize) -> Arc<RequestBudget> {
-        Arc::new(RequestBudget { all, per_uid, held: Mutex::default() })
+        Arc::new(RequestBudget {
+            all: AtomicUsize::new(all),
+            per_uid: AtomicUsize::new(per_uid),
+            held: Mutex::default(),
+        })
+    }
+
+    /// New sizes for the budgets: draws from now on are checked against them.
+    pub fn set_limits(&self, all: usize, per_uid: usize) {
+        self.all.store(all, Ordering::Relaxed);
+        self.per_uid.store(per_uid, Ordering::Relaxed);
     }
 
     /// An empty draw for a connection of `uid`.
@@ -78,11 +90,12 @@ impl Draw {
         let of_uid = held.by_uid.get(&self.uid).copied().unwrap_or(0);
         if bytes > self.bytes {
             let more = bytes - self.bytes;
-            if held.total + more > b.all {
-                return Err(BudgetError::All(b.all));
+            let (all, per_uid) = (b.all.load(Ordering::Relaxed), b.per_uid.load(Ordering::Relaxed));
+            if held.total + more > all {
+                return Err(BudgetError::All(all));
             }
-            if of_uid + more > b.per_uid {
-                return Err(BudgetError::PerUid { uid: self.uid, max: b.per_uid });
+            if of_uid + more > per_uid {
+                return Err(BudgetError::PerUid { uid: self.uid, max: per_uid });
             }
         }
         held.total = held.total - self.bytes + bytes;
@@ -133,6 +146,11 @@ mod tests {
         drop((a, b, d));
         assert_eq!(budget.total(), 0);
         assert!(budget.lock().by_uid.is_empty());
+        // New sizes apply to the next draw.
+        let mut e = budget.draw(3);
+        budget.set_limits(10, 10);
+        assert_eq!(e.set(11), Err(BudgetError::All(10)));
+        e.set(10).unwrap();
         let messages =
             [BudgetError::All(100).to_string(), BudgetError::PerUid { uid: 1, max: 60 }.to_string()];
         assert!(messages[0].contains("all 100 bytes") && messages[0].contains("request_buffer_bytes"));

@@ -346,6 +346,15 @@ impl Cgroups {
         matches!(self.backend, Ok(Backend::V1 { .. }))
     }
 
+    /// `v2`, `v1`, or `none` (without cgroups for runs).
+    pub fn mode(&self) -> &'static str {
+        match self.backend {
+            Ok(Backend::V2 { .. }) => "v2",
+            Ok(Backend::V1 { .. }) => "v1",
+            Err(_) => "none",
+        }
+    }
+
     /// The path of run `name`'s cgroup (for the plan and the attestation).
     pub fn path_of(&self, name: &str) -> Option<PathBuf> {
         match &self.backend {

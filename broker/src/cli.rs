@@ -71,6 +71,18 @@ pub enum Command {
         #[command(flatten)]
         broker: BrokerArgs,
     },
+    /// Print the running broker's state: its version, uptime, runs in
+    /// flight and queued, the warm pool, the journal's head, its cgroups,
+    /// and the configuration in force with when it was (re)loaded. Any user
+    /// the broker serves may ask. Exits 0, or 125 when the broker cannot be
+    /// asked.
+    Status {
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// Print it as one JSON object (docs/protocol.md, "Status").
+        #[arg(long)]
+        json: bool,
+    },
     /// The declared tools' trust stages (Draft, Trial, Verified) and declarations.
     #[command(subcommand)]
     Tools(ToolsCommand),
@@ -243,6 +255,7 @@ pub fn main(cli: Cli) -> i32 {
         Command::Approve { id, broker } => crate::approve_cli::answer(&broker, id, true, None),
         Command::Deny { id, reason, broker } => crate::approve_cli::answer(&broker, id, false, reason),
         Command::Tools(command) => crate::approve_cli::tools(command),
+        Command::Status { broker, json } => crate::status_cli::status(&broker, json),
         Command::Changes(command) => crate::changes_cli::main(command),
         Command::Plugin(command) => crate::plugin_cli::main(command),
         Command::Mcp(args) => crate::mcp::main(args),
@@ -299,8 +312,9 @@ fn explain(args: ExplainArgs) -> i32 {
         Ok(b) => b,
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),
     };
-    let decision = broker.policy.decide(&broker.host(&broker.context), &broker.context, &request);
-    let source = broker.policy.config.source_name();
+    let settings = broker.settings();
+    let decision = settings.policy.decide(&broker.host(&broker.context), &broker.context, &request);
+    let source = settings.config().source_name();
     let explained = palisade_policy::explain::explanation(&decision, source);
     show_explanation(&explained, &by)
 }
@@ -510,7 +524,8 @@ async fn ask_embedded(
     let (reason, run_id) = (question.pending.reason.clone(), question.pending.run_id);
     let ticket = broker.pending.open(question.pending, Some(question.run));
     let approval = ticket.pending.id;
-    if !broker.approvers.is_approver(peer) {
+    let approvers = broker.settings().approvers.clone();
+    if !approvers.is_approver(peer) {
         let why = format!(
             "uid {} is not an approver of this policy and nobody else can answer here: \
              a running broker (palisaded) with approvers is needed",
@@ -520,7 +535,7 @@ async fn ask_embedded(
     }
     // An approver still answers only where the Cedar policies' `approve` permits it.
     let run = ticket.run.as_deref();
-    broker.approvers.authorize(peer, crate::approvals::ApproverAction::Approve(&ticket.pending, run))?;
+    approvers.authorize(peer, crate::approvals::ApproverAction::Approve(&ticket.pending, run))?;
     let tool = ticket.pending.tool.clone();
     let asked = Event::ApprovalAsked { approval, run_id, uid: peer.uid, tool, reason: reason.clone() };
     broker.journal.append(asked).await?;

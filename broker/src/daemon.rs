@@ -10,6 +10,7 @@ use clap::Parser;
 use palisade_policy::Config;
 use std::path::PathBuf;
 use std::sync::Arc;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// Exit status when the configuration or the broker's set-up is refused.
 const EXIT_CONFIG: i32 = 2;
@@ -30,9 +31,18 @@ pub struct Args {
     /// palisade-helper to spawn [default: next to this binary].
     #[arg(long, value_name = "PATH")]
     pub helper: Option<PathBuf>,
+    /// Check FILE as a start would (its syntax and values, the users and
+    /// groups it names, its Cedar policies, the sandbox ids and the helper),
+    /// print `FILE: ok` or the error, and exit 0, or 2 when it would be
+    /// refused. Nothing is started, written or changed.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["config", "socket"])]
+    pub check_config: Option<PathBuf>,
 }
 
 pub fn main(args: Args) -> i32 {
+    if let Some(file) = &args.check_config {
+        return check_config(file, args.helper.clone());
+    }
     init_tracing("info");
     let config = match &args.config {
         Some(path) => match Config::load(path) {
@@ -71,11 +81,55 @@ pub fn main(args: Args) -> i32 {
     };
     // Served from a worker rather than this thread: each connection's task
     // then starts on the worker that accepted it, with no thread to wake.
-    runtime.block_on(async move { tokio::spawn(serve(broker, socket, mode)).await.unwrap_or(EXIT_FAILED) })
+    let config = args.config.clone();
+    runtime.block_on(async move {
+        tokio::spawn(serve(broker, socket, mode, config)).await.unwrap_or(EXIT_FAILED)
+    })
 }
 
-async fn serve(mut broker: Broker, socket: PathBuf, mode: u32) -> i32 {
-    keep_socket_out_of_reach(&mut broker, &socket);
+/// `palisaded --check-config FILE`: the file checked as a start checks it
+/// (see [`crate::service::check_config`]), nothing made; `FILE: ok` and 0,
+/// or the error and [`EXIT_CONFIG`].
+fn check_config(file: &std::path::Path, helper: Option<PathBuf>) -> i32 {
+    let checked = Config::load(file)
+        .map_err(|e| e.to_string())
+        .and_then(|config| crate::service::check_config(&config, helper));
+    match checked {
+        Ok(_) => {
+            println!("{}: ok", file.display());
+            0
+        }
+        Err(e) => {
+            eprintln!("palisaded: {e}");
+            EXIT_CONFIG
+        }
+    }
+}
+
+/// Until shutdown: each `SIGHUP` reloads the configuration file (`None`:
+/// the built-in one, which has nothing to read again).
+async fn reload_on_hangup(server: Arc<Server>, mut hangup: Signal, config: Option<PathBuf>) {
+    while hangup.recv().await.is_some() {
+        match &config {
+            Some(path) => {
+                tracing::info!(config = %path.display(), "SIGHUP: reloading the configuration");
+                server.reload(path).await;
+            }
+            None => tracing::warn!("SIGHUP: no configuration file (--config) to reload; the built-in one stays"),
+        }
+    }
+}
+
+async fn serve(broker: Broker, socket: PathBuf, mode: u32, config: Option<PathBuf>) -> i32 {
+    // Taken from the start: SIGHUP's default would end the broker.
+    let hangup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("palisaded: cannot handle SIGHUP: {e}");
+            return EXIT_FAILED;
+        }
+    };
+    keep_socket_out_of_reach(&broker, &socket);
     let journal = broker.journal.clone();
     let pid = std::process::id();
     let started =
@@ -100,7 +154,6 @@ async fn serve(mut broker: Broker, socket: PathBuf, mode: u32) -> i32 {
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
         let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
         else {
             tracing::error!("cannot install signal handlers");
@@ -122,7 +175,10 @@ async fn serve(mut broker: Broker, socket: PathBuf, mode: u32) -> i32 {
     systemd::notify("READY=1");
     let cgroups = broker.cgroups.clone();
     let pool = broker.engine.pool();
-    Arc::new(Server::new(broker)).serve(listener, stopped).await;
+    let server = Arc::new(Server::new(broker));
+    let reloads = tokio::spawn(reload_on_hangup(server.clone(), hangup, config));
+    server.serve(listener, stopped).await;
+    reloads.abort();
     // The warm pool's sandboxes go before the cgroups are swept.
     let _ = tokio::task::spawn_blocking(move || pool.close()).await;
     systemd::notify("STOPPING=1");
@@ -141,7 +197,7 @@ async fn serve(mut broker: Broker, socket: PathBuf, mode: u32) -> i32 {
 /// The socket, and its directory where that is the broker's own (not a
 /// shared one such as /tmp), are out of every run's reach: a run that could
 /// connect would be a client of its own broker.
-pub fn keep_socket_out_of_reach(broker: &mut Broker, socket: &std::path::Path) {
+pub fn keep_socket_out_of_reach(broker: &Broker, socket: &std::path::Path) {
     broker.keep_out_of_reach(socket, "the broker's socket");
     if let Some(dir) = socket.parent().filter(|d| paths::private_to_us(d)) {
         broker.keep_out_of_reach(dir, "the broker's socket directory");

@@ -37,6 +37,8 @@ linux_only! {
     pub mod run;
     pub mod server;
     pub mod service;
+    pub mod settings;
+    pub mod status_cli;
     pub mod spawn_thread;
     pub mod systemd;
     pub mod trust;

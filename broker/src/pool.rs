@@ -101,6 +101,21 @@ impl Pool {
         })
     }
 
+    /// Slots idle now, waiting for a run.
+    pub fn idle(&self) -> usize {
+        self.idle.lock().map_or(0, |idle| idle.len())
+    }
+
+    /// How many slots it keeps (`prespawn`).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Whether its slots build their sandbox ahead of a plan.
+    pub fn warm(&self) -> bool {
+        self.warm.lock().is_ok_and(|w| w.is_some())
+    }
+
     /// Helpers started from now on build nothing ahead of their plan (the
     /// host turned out to have no user namespaces for the broker).
     pub fn stop_warming(&self) {

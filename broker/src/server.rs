@@ -19,9 +19,10 @@ use crate::run::Sink;
 use crate::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, Inbound, ReadError, SocketSink, check_hello};
 use crate::service::{Broker, Decided, Peer, Question, not_approved};
 use palisade_protocol::wire::{
-    ClientMessage, Decoder, Encoding, ErrorReply, PROTOCOL_VERSION, RunRequest, RunResult, ServerHello,
-    ServerMessage, encode,
+    BrokerStatus, CgroupStatus, ClientMessage, ConfigStatus, Decoder, Encoding, ErrorReply, JournalHead,
+    PROTOCOL_VERSION, PoolStatus, RunRequest, RunResult, ServerHello, ServerMessage, encode,
 };
+use std::path::Path;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -85,6 +86,11 @@ impl Drop for Admitted {
     }
 }
 
+/// The connection and run limits (`[broker]`) are read from the broker's
+/// settings where each applies, so that a reload changes them for what
+/// comes next: a connection's idle and frame timeouts at its next request,
+/// the connection limits at the next connection, the run slots and the
+/// request budgets at once ([`Server::reload`]).
 pub struct Server {
     broker: Arc<Broker>,
     connections: Arc<Mutex<Connections>>,
@@ -92,18 +98,20 @@ pub struct Server {
     refusing_busy: Arc<Semaphore>,
     /// One permit per connection of a peer not served waiting for its hello.
     refusing_not_allowed: Arc<Semaphore>,
-    max_connections: usize,
-    max_connections_per_uid: usize,
-    idle_timeout: Duration,
     /// The bytes of requests held for the clients (`request_buffer_bytes`).
     requests: Arc<RequestBudget>,
-    frame_timeout: Duration,
+    /// The run slots: `max_concurrent` permits.
     slots: Arc<Semaphore>,
+    /// How many slots there are (`max_concurrent` as last applied).
+    slot_count: Mutex<usize>,
+    /// Slots to take back as the runs holding them end: a reload lowered
+    /// `max_concurrent` below the runs in progress.
+    slots_owed: AtomicUsize,
+    /// Runs holding a slot now.
+    running: AtomicUsize,
     queued: Arc<AtomicUsize>,
-    max_queued: usize,
-    max_concurrent: usize,
-    allowed_uids: Vec<u32>,
-    allowed_gids: Vec<u32>,
+    /// When the server started serving.
+    started: std::time::SystemTime,
     /// Connections refused over the limits, logged a few at a time.
     busy: Refusals,
     /// Connections of peers the broker does not serve, logged apart from
@@ -113,24 +121,19 @@ pub struct Server {
 
 impl Server {
     pub fn new(broker: Broker) -> Server {
-        let b = &broker.policy.config.broker;
-        let allowed_uids =
-            if b.allowed_uids.is_empty() { vec![broker.context.uid] } else { b.allowed_uids.clone() };
+        let settings = broker.settings();
+        let b = &settings.config().broker;
         Server {
             connections: Arc::default(),
             refusing_busy: Arc::new(Semaphore::new(REFUSING_ROOM)),
             refusing_not_allowed: Arc::new(Semaphore::new(REFUSING_ROOM)),
-            max_connections: b.max_connections,
-            max_connections_per_uid: b.max_connections_per_uid,
-            idle_timeout: Duration::from_secs(b.idle_timeout_secs),
             requests: RequestBudget::new(b.request_buffer_bytes, b.request_buffer_bytes_per_uid),
-            frame_timeout: Duration::from_secs(b.frame_timeout_secs),
             slots: Arc::new(Semaphore::new(b.max_concurrent.max(1))),
+            slot_count: Mutex::new(b.max_concurrent.max(1)),
+            slots_owed: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
             queued: Arc::new(AtomicUsize::new(0)),
-            max_queued: b.max_queued,
-            max_concurrent: b.max_concurrent.max(1),
-            allowed_gids: b.allowed_gids.clone(),
-            allowed_uids,
+            started: std::time::SystemTime::now(),
             busy: Refusals::default(),
             not_allowed: Refusals::default(),
             broker: Arc::new(broker),
@@ -194,8 +197,11 @@ impl Server {
     /// its own uid and root, whatever `allowed_uids` says.
     fn refusal(&self, peer: &Peer) -> Option<String> {
         let me = self.broker.context.uid;
-        if !(self.allowed_uids.contains(&peer.uid) || self.allowed_gids.contains(&peer.gid)) {
-            Some(format!("uid {} (gid {}) is not allowed to use this broker", peer.uid, peer.gid))
+        if !self.broker.settings().allows(me, peer.uid, peer.gid, &peer.groups) {
+            Some(format!(
+                "uid {} (gid {}, groups {:?}) is not allowed to use this broker",
+                peer.uid, peer.gid, peer.groups
+            ))
         } else if me != 0 && peer.uid != me && peer.uid != 0 {
             Some(format!(
                 "this broker runs as uid {me} and can act only as itself, not for uid {}: \
@@ -209,15 +215,16 @@ impl Server {
 
     /// Counts a new connection of `uid` in, or says which limit it is over.
     fn admit(&self, uid: u32) -> Result<Admitted, BrokerError> {
+        let settings = self.broker.settings();
+        let (max, per_uid) = (settings.config().broker.max_connections, settings.config().broker.max_connections_per_uid);
         let mut c = self.connections.lock().unwrap_or_else(|e| e.into_inner());
         let of_uid = c.by_uid.get(&uid).copied().unwrap_or(0);
-        if c.total >= self.max_connections {
-            let max = self.max_connections;
+        if c.total >= max {
             return Err(BrokerError::Busy(format!(
                 "all {max} connections the broker takes (max_connections) are open"
             )));
         }
-        if of_uid >= self.max_connections_per_uid {
+        if of_uid >= per_uid {
             return Err(BrokerError::Busy(format!(
                 "uid {uid} has all {of_uid} connections it may open (max_connections_per_uid)"
             )));
@@ -292,7 +299,7 @@ impl Server {
                 return;
             }
         }
-        inbound.greeted(self.frame_timeout);
+        inbound.greeted(Duration::from_secs(self.broker.settings().config().broker.frame_timeout_secs));
         let hello = ServerHello {
             version: PROTOCOL_VERSION,
             broker: format!("palisaded {}", env!("CARGO_PKG_VERSION")),
@@ -339,9 +346,10 @@ impl Server {
             if !inbound.has_message() && !sink.flush().await {
                 return;
             }
-            let next = tokio::time::timeout(self.idle_timeout, inbound.next()).await;
+            let idle = Duration::from_secs(self.broker.settings().config().broker.idle_timeout_secs);
+            let next = tokio::time::timeout(idle, inbound.next()).await;
             let message = match next {
-                Err(_) => return self.close_idle(peer, sink).await,
+                Err(_) => return self.close_idle(peer, idle, sink).await,
                 Ok(Ok(Some(m))) => m,
                 Ok(Ok(None)) => return,
                 Ok(Err(e)) => {
@@ -392,8 +400,8 @@ impl Server {
     }
 
     /// A connection silent for `idle_timeout`: told why, then closed.
-    async fn close_idle(&self, peer: &Peer, sink: &mut SocketSink) {
-        let secs = self.idle_timeout.as_secs();
+    async fn close_idle(&self, peer: &Peer, idle: Duration, sink: &mut SocketSink) {
+        let secs = idle.as_secs();
         tracing::info!(uid = peer.uid, pid = peer.pid, "idle for {secs} s: closing the connection");
         let message = format!("no request within {secs} s (idle_timeout_secs): closing the connection");
         sink.send(BrokerError::Protocol(message).into()).await;
@@ -429,11 +437,12 @@ impl Server {
         let permit = match self.slots.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
-                if self.queued.fetch_add(1, Ordering::SeqCst) >= self.max_queued {
+                let max_queued = decided.settings.config().broker.max_queued;
+                if self.queued.fetch_add(1, Ordering::SeqCst) >= max_queued {
                     self.queued.fetch_sub(1, Ordering::SeqCst);
+                    let slots = *self.slot_count.lock().unwrap_or_else(|e| e.into_inner());
                     return Err(BrokerError::Busy(format!(
-                        "all {} run slots are in use and {} requests are already waiting; try again later",
-                        self.max_concurrent, self.max_queued
+                        "all {slots} run slots are in use and {max_queued} requests are already waiting; try again later"
                     )));
                 }
                 tracing::debug!(uid = peer.uid, pid = peer.pid, "waiting in the queue for a run slot");
@@ -464,8 +473,9 @@ impl Server {
                 _ = shutdown.wait_for(|stop| *stop) => {}
             }
         };
+        let slot = RunSlot::hold(self, permit);
         let result = self.broker.execute(peer, decided, &request, sink, cancel).await;
-        drop(permit);
+        drop(slot);
         result
     }
 
@@ -474,9 +484,11 @@ impl Server {
     async fn control(&self, peer: &Peer, message: ClientMessage) -> Result<ServerMessage, BrokerError> {
         let b = &self.broker;
         match message {
-            ClientMessage::ListApprovals => Ok(ServerMessage::Approvals(b.pending.list(&b.approvers, peer))),
+            ClientMessage::ListApprovals => {
+                Ok(ServerMessage::Approvals(b.pending.list(&b.settings().approvers, peer)))
+            }
             ClientMessage::Answer { approval, approved, reason } => {
-                b.pending.answer(&b.approvers, peer, approval, approved, reason)?;
+                b.pending.answer(&b.settings().approvers, peer, approval, approved, reason)?;
                 tracing::info!(uid = peer.uid, approval, approved, "answered an approval");
                 Ok(ServerMessage::Answered { approval, approved })
             }
@@ -486,7 +498,7 @@ impl Server {
                 Ok(ServerMessage::Tools(tools))
             }
             ClientMessage::ApproveTool { name } => {
-                b.approvers.authorize(peer, ApproverAction::ApproveTool(&name))?;
+                b.settings().approvers.authorize(peer, ApproverAction::ApproveTool(&name))?;
                 let (broker, uid) = (b.clone(), peer.uid);
                 let info = tokio::task::spawn_blocking(move || broker.approve_tool(&name, uid)).await??;
                 Ok(ServerMessage::Tools(vec![info]))
@@ -496,12 +508,13 @@ impl Server {
                 let explained = tokio::task::spawn_blocking(move || broker.explain(&peer, &request)).await?;
                 Ok(explained.map_or_else(ServerMessage::Error, |e| ServerMessage::Explained(Box::new(e))))
             }
+            ClientMessage::Status => Ok(ServerMessage::Status(Box::new(self.status()))),
             m @ (ClientMessage::ListChanges
             | ClientMessage::ShowChanges { .. }
             | ClientMessage::ApplyChanges { .. }
             | ClientMessage::DiscardChanges { .. }) => {
                 let (broker, requester) = (b.clone(), peer.requester());
-                let approver = b.approvers.is_approver(peer);
+                let approver = b.settings().approvers.is_approver(peer);
                 let serve = move || {
                     crate::changes::review::serve(&broker.changes, &broker.journal, &requester, approver, m)
                 };
@@ -531,10 +544,12 @@ impl Server {
         inbound: &mut Inbound,
     ) -> Result<bool, BrokerError> {
         let reason = question.pending.reason.clone();
+        let timeout = Duration::from_secs(question.timeout_secs);
         let mut ticket = self.broker.pending.open(question.pending, Some(question.run));
         let (id, run_id) = (ticket.pending.id, ticket.pending.run_id);
         let may_answer = self
             .broker
+            .settings()
             .approvers
             .authorize(peer, ApproverAction::Approve(&ticket.pending, ticket.run.as_deref()))
             .is_ok();
@@ -559,7 +574,7 @@ impl Server {
             approval: Box::new(ticket.pending.clone()),
         };
         let answer = if sink.send(asked).await {
-            self.await_answer(peer, may_answer, &mut ticket, sink, inbound).await
+            self.await_answer(peer, may_answer, timeout, &mut ticket, sink, inbound).await
         } else {
             Answer { approved: false, by_uid: None, by_approver: false, why: "the client is gone".into() }
         };
@@ -583,12 +598,13 @@ impl Server {
         &self,
         peer: &Peer,
         may_answer: bool,
+        timeout: Duration,
         ticket: &mut Ticket,
         sink: &mut SocketSink,
         inbound: &mut Inbound,
     ) -> Answer {
-        let secs = self.broker.policy.config.policy.approval_timeout_secs;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        let secs = timeout.as_secs();
+        let deadline = tokio::time::Instant::now() + timeout;
         let refused = |why: String| Answer { approved: false, by_uid: None, by_approver: false, why };
         loop {
             let message = tokio::select! {
@@ -602,7 +618,7 @@ impl Server {
                 }
             };
             let by_uid = Some(peer.uid);
-            let by_approver = self.broker.approvers.is_approver(peer);
+            let by_approver = self.broker.settings().approvers.is_approver(peer);
             return match message {
                 Ok(Some(ClientMessage::Approve { approved: true })) if may_answer => Answer {
                     approved: true,
@@ -614,6 +630,7 @@ impl Server {
                     // Told so, and still waiting for an approver.
                     let e = self
                         .broker
+                        .settings()
                         .approvers
                         .authorize(peer, ApproverAction::Approve(&ticket.pending, ticket.run.as_deref()));
                     if let Err(e) = e {
@@ -633,6 +650,110 @@ impl Server {
                 Ok(None) => refused("the client is gone".into()),
                 Err(e) => refused(format!("the client's answer is not a message: {e}")),
             };
+        }
+    }
+}
+
+impl Server {
+    /// Reads the configuration file `path` again ([`Broker::reload`]) and
+    /// applies its run slots and request budgets; logs what became of it.
+    /// A file that does not load changes nothing: the running
+    /// configuration stays, and the log says why, in the file's own words.
+    pub async fn reload(&self, path: &Path) {
+        let (broker, file) = (self.broker.clone(), path.to_path_buf());
+        let reloaded = tokio::task::spawn_blocking(move || broker.reload(&file)).await;
+        match reloaded.map_err(|e| e.to_string()).and_then(|r| r) {
+            Ok(needs_restart) => {
+                for key in needs_restart {
+                    tracing::warn!("{key} changed in {}: it needs a restart; the running value stays", path.display());
+                }
+                let settings = self.broker.settings();
+                let b = &settings.config().broker;
+                self.requests.set_limits(b.request_buffer_bytes, b.request_buffer_bytes_per_uid);
+                self.resize_slots(b.max_concurrent.max(1));
+                tracing::info!(config = %path.display(), "configuration reloaded: new requests are decided with it");
+            }
+            Err(e) => tracing::error!(
+                config = %path.display(),
+                "configuration not reloaded; the running one stays in force: {e}"
+            ),
+        }
+    }
+
+    /// Makes `want` run slots: more are free at once; fewer are taken back
+    /// from the free ones now and from runs in progress as they end.
+    fn resize_slots(&self, want: usize) {
+        let mut count = self.slot_count.lock().unwrap_or_else(|e| e.into_inner());
+        if want > *count {
+            let more = want - *count;
+            // Slots still owed by runs in progress are simply not taken back.
+            let owed = self.slots_owed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| Some(o - o.min(more)));
+            self.slots.add_permits(more - owed.unwrap_or(0).min(more));
+        } else if want < *count {
+            let fewer = *count - want;
+            let taken = self.slots.forget_permits(fewer);
+            self.slots_owed.fetch_add(fewer - taken, Ordering::SeqCst);
+        }
+        *count = want;
+    }
+
+    /// The broker's state, for `palisade status`: any peer it serves may ask.
+    fn status(&self) -> BrokerStatus {
+        let b = &self.broker;
+        let settings = b.settings();
+        let unix = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let pool = b.engine.pool();
+        let connections = self.connections.lock().unwrap_or_else(|e| e.into_inner()).total;
+        BrokerStatus {
+            version: env!("CARGO_PKG_VERSION").into(),
+            protocol: PROTOCOL_VERSION,
+            pid: std::process::id(),
+            uid: b.context.uid,
+            started_unix: unix(self.started),
+            uptime_secs: self.started.elapsed().map_or(0, |d| d.as_secs()),
+            runs_in_flight: self.running.load(Ordering::SeqCst) as u64,
+            runs_queued: self.queued.load(Ordering::SeqCst) as u64,
+            max_concurrent: *self.slot_count.lock().unwrap_or_else(|e| e.into_inner()) as u64,
+            max_queued: settings.config().broker.max_queued as u64,
+            connections: connections as u64,
+            approvals_pending: b.pending.count() as u64,
+            pool: PoolStatus { idle: pool.idle() as u64, size: pool.size() as u64, warm: pool.warm() },
+            journal: b.journal.dir().map(|dir| JournalHead {
+                dir: dir.display().to_string(),
+                seq: b.journal.head().map_or(0, |h| h.seq),
+                hash: b.journal.head().map_or_else(String::new, |h| h.hash),
+            }),
+            cgroup: CgroupStatus { mode: b.cgroups.mode().into(), description: b.cgroups.description.clone() },
+            config: ConfigStatus {
+                file: settings.config().source.as_ref().map(|p| p.display().to_string()),
+                loaded_unix: unix(settings.loaded),
+                reloads: b.reloads(),
+            },
+        }
+    }
+}
+
+/// A run slot held: the run counts as in flight until it is dropped; then
+/// the slot is free again, unless a reload lowered `max_concurrent` below
+/// the runs in progress and this one is to be taken back.
+struct RunSlot<'a> {
+    server: &'a Server,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl RunSlot<'_> {
+    fn hold(server: &Server, permit: tokio::sync::OwnedSemaphorePermit) -> RunSlot<'_> {
+        server.running.fetch_add(1, Ordering::SeqCst);
+        RunSlot { server, permit: Some(permit) }
+    }
+}
+
+impl Drop for RunSlot<'_> {
+    fn drop(&mut self) {
+        self.server.running.fetch_sub(1, Ordering::SeqCst);
+        let owed = self.server.slots_owed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| o.checked_sub(1));
+        if let (Some(permit), Ok(_)) = (self.permit.take(), owed) {
+            permit.forget();
         }
     }
 }

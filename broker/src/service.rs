@@ -2,7 +2,7 @@
 //! peer's request decided by policy as the peer, its host directories
 //! prepared, and its run executed.
 
-use crate::approvals::{Approvers, Pending};
+use crate::approvals::Pending;
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::error::BrokerError;
 use crate::etc_view::EtcView;
@@ -11,25 +11,29 @@ pub use crate::journal::events::journal_refusal;
 use crate::requester::{self, Acting, Requester};
 use crate::run::{Engine, Planned, Sink};
 use crate::spawn_thread::Spawner;
-use crate::trust::TrustStore;
 use crate::paths::HostDirs;
+use crate::settings::Settings;
 use crate::{host, paths};
 use palisade_policy::trust::EscalationReason;
-use palisade_policy::{Config, Context, Decision, Host, HostCapabilities, Policy, Resolved};
+use palisade_policy::host::OwnedPath;
+use palisade_policy::{Config, ConfigError, Context, Decision, Host, HostCapabilities, Resolved};
 use palisade_protocol::wire::{
     ErrorKind, ErrorReply, Explanation, PendingApproval, RunRequest, RunResult, RunStatus, ToolInfo,
 };
 use palisade_protocol::{HostIds, Namespaces, WarmSpec};
 use std::future::Future;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 pub struct Broker {
     pub engine: Engine,
     pub cgroups: Cgroups,
-    pub policy: Policy,
+    /// What decides each request; replaced whole by a reload (see [`crate::settings`]).
+    settings: RwLock<Arc<Settings>>,
+    /// Reloads that took effect since the broker started.
+    reloads: AtomicU64,
     /// What the host can enforce, probed at start-up.
     pub capabilities: HostCapabilities,
     /// The context every decision starts from; `run` is set per request.
@@ -39,18 +43,13 @@ pub struct Broker {
     /// The audit journal every request, decision, approval, trust
     /// transition and run is recorded in.
     pub journal: Journal,
-    /// Who may answer a run held for approval.
-    pub approvers: Approvers,
     /// The runs held for approval now.
     pub pending: Pending,
-    /// The declared tools' trust stages; `None` where they are off (or no tool is declared).
-    pub trust: Option<Arc<TrustStore>>,
     /// Tier A: the skills, their stores, and the plugin-host.
     pub plugins: Arc<crate::plugins::Plugins>,
-    /// What the broker keeps, out of every run's reach (see [`paths::owned`]).
-    owned: Arc<[palisade_policy::host::OwnedPath]>,
-    /// The files the host executes, which no copy-back applies by itself.
-    host_executed: Arc<palisade_policy::host_executed::HostExecuted>,
+    /// What the broker keeps, out of every run's reach (see [`paths::owned`]);
+    /// a reload may add to it, never take away.
+    owned: RwLock<Arc<[OwnedPath]>>,
     /// The change sets held for review.
     pub changes: Arc<crate::changes::Store>,
     /// Where the runs' host directories go (`context.temp_root`), kept
@@ -63,6 +62,9 @@ pub struct Broker {
 pub struct Question {
     pub pending: PendingApproval,
     pub run: Arc<Resolved>,
+    /// How long it waits for an answer (`approval_timeout_secs` of the
+    /// settings the run was decided with).
+    pub timeout_secs: u64,
 }
 
 /// A decided request, ready to run.
@@ -75,6 +77,8 @@ pub struct Decided {
     /// run count towards its Verified stage.
     pub approver_approved: bool,
     pub grants: Grants,
+    /// The settings it was decided with, which its run keeps whatever a reload does.
+    pub settings: Arc<Settings>,
     etc: Option<std::sync::Arc<crate::etc_view::Snapshot>>,
     dirs: HostDirs,
     /// The request's and the decision's records, written with the run's start.
@@ -103,7 +107,7 @@ pub struct Grants {
 /// the change sets are kept, and the journal that records what became of them.
 #[derive(Clone)]
 pub struct KeepOut {
-    pub owned: Arc<[palisade_policy::host::OwnedPath]>,
+    pub owned: Arc<[OwnedPath]>,
     pub host_executed: Arc<palisade_policy::host_executed::HostExecuted>,
     pub store: Arc<crate::changes::Store>,
     pub journal: Journal,
@@ -164,13 +168,9 @@ impl Broker {
     fn assemble_with(config: Config, helper: Option<PathBuf>, one_run: bool) -> Result<Broker, String> {
         // Its child tries the namespaces while the broker is put together.
         let userns = host::UserNsProbe::start();
+        let (ids, helper) = check_config(&config, helper)?;
         let cgroups = Cgroups::discover(config.broker.cgroup_root.as_deref(), true);
         tracing::info!(cgroups = %cgroups.description, "cgroups");
-        if nix::unistd::geteuid().is_root() {
-            check_sandbox_ids(config.broker.sandbox_ids)?;
-        }
-        let helper = helper.or_else(|| config.broker.helper.clone()).unwrap_or_else(paths::default_helper);
-        paths::check_helper(&helper)?;
         let spawner = Spawner::start().map_err(|e| format!("cannot start the spawner thread: {e}"))?;
         let warm = warm_spec(&config, &cgroups);
         let engine =
@@ -194,10 +194,6 @@ impl Broker {
         };
         crate::instance::remove_orphans(&context.temp_root, "run-");
         let journal = Journal::from_config(&config.journal)?;
-        // After the journal: a declaration changed since the last start is a transition it records.
-        let trust = TrustStore::open(&config, journal.clone())?.map(Arc::new);
-        let approvers =
-            Approvers::new(config.approvers.clone(), uid).with_cedar(config.policy.cedar_policies.clone());
         let etc = config.broker.etc_snapshot.then(|| etc_view(&context.temp_root)).flatten();
         let plugins = crate::plugins::Plugins::new(
             &config,
@@ -211,21 +207,10 @@ impl Broker {
         if !one_run {
             sweep_changes(&changes, &journal);
         }
-        // The change sets are in the state directory unless the configuration
-        // puts them elsewhere; the programs the broker runs before any sandbox
-        // are its own too (a per-user install in a home used as a workspace).
-        let mut elsewhere: Vec<(PathBuf, &str, bool)> =
-            config.changes.dir.iter().map(|d| (d.clone(), "the held change sets", true)).collect();
-        elsewhere.push((helper.clone(), "the sandbox helper", false));
-        elsewhere.push((crate::plugins::host_program(&config.plugins, &helper), "the plugin host", false));
-        elsewhere.extend(std::env::current_exe().ok().map(|exe| (exe, "the broker's program", false)));
-        let owned = paths::owned(&config, journal.dir(), &context.temp_root, &elsewhere).into();
-        let extra: Vec<String> = config.policy.host_executed.iter().map(|g| g.get_ref().clone()).collect();
-        let host_executed = Arc::new(palisade_policy::host_executed::HostExecuted::new(&extra));
+        let owned = owned_by(&config, &journal, &context.temp_root, &changes, &helper).into();
         let user_namespaces = config.broker.user_namespaces;
-        // Only the installed interpreters are looked up now: the rest of the
-        // host is read at each decision, as the requester.
-        let policy = Policy::new(config, &*host::files());
+        // After the journal: a declaration changed since the last start is a transition it records.
+        let settings = Settings::new(config, ids, uid, &journal)?;
         let capabilities = host::probe(&cgroups, userns.passed() && user_namespaces);
         if !capabilities.user_namespaces {
             engine.stop_warming();
@@ -240,15 +225,13 @@ impl Broker {
             engine,
             etc,
             cgroups,
-            policy,
+            settings: RwLock::new(Arc::new(settings)),
+            reloads: AtomicU64::new(0),
             capabilities,
             context,
             journal,
-            approvers,
             pending: Pending::default(),
-            trust,
-            owned,
-            host_executed,
+            owned: RwLock::new(owned),
             changes,
             _temp_root: temp_root,
             next_run: AtomicU64::new(1),
@@ -266,13 +249,14 @@ impl Broker {
             trust: None,
             ..self.context.clone()
         };
+        let settings = self.settings();
         let decision = peer
             .requester()
-            .act(|_| self.policy.decide(&self.host(&context), &context, request))
+            .act(|_| settings.policy.decide(&self.host(&context), &context, request))
             .map_err(|e| {
                 ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot act for uid {}: {e}", peer.uid))
             })?;
-        Ok(palisade_policy::explain::explanation(&decision, self.policy.config.source_name()))
+        Ok(palisade_policy::explain::explanation(&decision, settings.config().source_name()))
     }
 
     /// Decides a request: the run it will be, and whether a person must
@@ -281,6 +265,8 @@ impl Broker {
     /// call it where blocking is allowed.
     pub fn decide(&self, peer: &Peer, request: &RunRequest) -> Result<Decided, ErrorReply> {
         let run_id = self.next_run.fetch_add(1, Ordering::Relaxed);
+        // Taken once: the run keeps these whatever a reload does meanwhile.
+        let settings = self.settings();
         // Held until the run is over: the snapshot stays on disk meanwhile.
         let etc = self.etc.as_ref().and_then(etc_snapshot);
         let context = Context {
@@ -288,24 +274,24 @@ impl Broker {
             requester: HostIds { uid: peer.uid, gid: peer.gid },
             groups: peer.groups.clone(),
             etc_view: etc.as_ref().map(|e| e.dir().to_path_buf()),
-            trust: self.tool_trust(request)?,
+            trust: tool_trust(&settings, request)?,
             ..self.context.clone()
         };
         let requester = peer.requester();
         let deciding = std::time::Instant::now();
-        let decided = requester.act(|act| self.decide_as(act, peer, &context, request)).map_err(|e| {
+        let decided = requester.act(|act| self.decide_as(act, &settings, peer, &context, request)).map_err(|e| {
             ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot act for uid {}: {e}", peer.uid))
         })?;
         tracing::debug!(run_id, decide_us = deciding.elapsed().as_micros(), "policy decided");
-        let decided = self.escalated(request, decided);
+        let decided = escalated(&settings, request, decided);
         let who = (peer.uid, peer.gid, peer.pid);
         let Opened { resolved, approval, dirs, descriptors } = match decided {
             Ok(opened) => opened,
             Err(e) => return Err(self.record_refusal(run_id, peer, request, e)),
         };
         let keep_out = KeepOut {
-            owned: self.owned.clone(),
-            host_executed: self.host_executed.clone(),
+            owned: self.owned(),
+            host_executed: settings.host_executed.clone(),
             store: self.changes.clone(),
             journal: self.journal.clone(),
         };
@@ -318,7 +304,7 @@ impl Broker {
             // Recorded before anybody is asked.
             self.journal.start_all_blocking(std::mem::take(&mut pending), false).map_err(journal_refusal)?;
         }
-        Ok(Decided { run_id, resolved, approval, approver_approved: false, grants, etc, dirs, pending })
+        Ok(Decided { run_id, resolved, approval, approver_approved: false, grants, settings, etc, dirs, pending })
     }
 
     /// Records the refusal `e` of a request, in bounded form and at its
@@ -340,37 +326,6 @@ impl Broker {
         e
     }
 
-    /// The requested tool's trust stage, where stages apply.
-    fn tool_trust(&self, request: &RunRequest) -> Result<Option<palisade_policy::ToolTrust>, ErrorReply> {
-        let (Some(trust), Some(tool)) = (&self.trust, &request.tool) else { return Ok(None) };
-        trust.stage(tool).map(Some).map_err(ErrorReply::from)
-    }
-
-    /// A decision on a tool's run that escalated puts the tool back to
-    /// Draft before anything else happens (the first run of a Trial tool
-    /// does not: it is what Trial is for). The change must be recorded, or
-    /// the run is refused.
-    fn escalated(
-        &self,
-        request: &RunRequest,
-        decided: Result<Opened, ErrorReply>,
-    ) -> Result<Opened, ErrorReply> {
-        let (Some(trust), Some(tool)) = (&self.trust, &request.tool) else { return decided };
-        let why = match &decided {
-            Err(e) if e.rule.as_deref() == Some(palisade_policy::trust::SENSITIVE_RULE) => {
-                format!("escalation SensitiveDirectory: {}", e.message)
-            }
-            Ok(o) => match &o.resolved.escalation {
-                Some(t) if t.reason != EscalationReason::FirstExecution => {
-                    format!("escalation {}: {}", t.reason.name(), t.requested_path.as_deref().unwrap_or("-"))
-                }
-                _ => return decided,
-            },
-            Err(_) => return decided,
-        };
-        trust.escalate(tool, &why).map_err(ErrorReply::from)?;
-        decided
-    }
 
     /// What a run held for approval shows its requester and the approvers,
     /// and the run itself (for Cedar's `approve`).
@@ -382,6 +337,7 @@ impl Broker {
         reason: &str,
     ) -> Question {
         let r = &decided.resolved;
+        let timeout_secs = decided.settings.config().policy.approval_timeout_secs;
         let now =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let shown = |p: &PathBuf| p.to_string_lossy().into_owned();
@@ -409,19 +365,20 @@ impl Broker {
             limits,
             trigger: r.escalation.clone(),
             created_unix: now,
-            expires_unix: now + self.policy.config.policy.approval_timeout_secs,
+            expires_unix: now + timeout_secs,
         };
-        Question { pending, run: Arc::new((**r).clone()) }
+        Question { pending, run: Arc::new((**r).clone()), timeout_secs }
     }
 
     /// The declared tools with their stage and declaration (`untracked`
     /// where trust stages are off).
     pub fn tools(&self) -> Result<Vec<ToolInfo>, BrokerError> {
-        if let Some(trust) = &self.trust {
+        let settings = self.settings();
+        if let Some(trust) = &settings.trust {
             return trust.list();
         }
-        let tools = &self.policy.config.tools;
-        let trial_runs = self.policy.config.trust.trial_runs;
+        let tools = &settings.config().tools;
+        let trial_runs = settings.config().trust.trial_runs;
         Ok(tools
             .iter()
             .map(|(name, t)| {
@@ -440,7 +397,7 @@ impl Broker {
 
     /// Approves `tool`'s declaration for `by_uid` (authorized by the caller): Draft → Trial.
     pub fn approve_tool(&self, tool: &str, by_uid: u32) -> Result<ToolInfo, BrokerError> {
-        match &self.trust {
+        match &self.settings().trust {
             Some(trust) => trust.approve(tool, by_uid),
             None => Err(ErrorReply::new(
                 ErrorKind::InvalidRequest,
@@ -452,23 +409,60 @@ impl Broker {
     /// The host as a decision in `context` sees it now, read with the
     /// calling thread's credentials (see [`host::gather`]).
     pub fn host(&self, context: &Context) -> Host {
-        host::gather(&self.capabilities, context.etc_view.is_none(), self.owned.clone())
+        host::gather(&self.capabilities, context.etc_view.is_none(), self.owned())
     }
 
     /// Adds `path` (what it is: `what`) to what the broker keeps out of
     /// every run's reach: the socket's directory, once it serves one.
-    pub fn keep_out_of_reach(&mut self, path: &std::path::Path, what: &str) {
-        let mut owned = self.owned.to_vec();
+    pub fn keep_out_of_reach(&self, path: &std::path::Path, what: &str) {
         let path = paths::canonical_prefix(path);
-        if !owned.iter().any(|o| o.path == path) {
-            owned.push(palisade_policy::host::OwnedPath { path, what: what.into(), hidden: true });
-        }
-        self.owned = owned.into();
+        let mut owned = self.owned.write().unwrap_or_else(|e| e.into_inner());
+        *owned = crate::settings::with_owned(&owned, vec![OwnedPath { path, what: what.into(), hidden: true }]);
     }
 
-    /// What the broker keeps out of every run's reach.
-    pub fn owned(&self) -> &[palisade_policy::host::OwnedPath] {
-        &self.owned
+    /// What the broker keeps out of every run's reach now.
+    pub fn owned(&self) -> Arc<[OwnedPath]> {
+        self.owned.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The settings that decide a request now (see [`crate::settings`]).
+    pub fn settings(&self) -> Arc<Settings> {
+        self.settings.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// How many reloads took effect since the broker started.
+    pub fn reloads(&self) -> u64 {
+        self.reloads.load(Ordering::Relaxed)
+    }
+
+    /// Reads the configuration file `path` again, checked as a start checks
+    /// it, and makes it decide every request from now on; runs decided
+    /// before keep what they were decided with. The keys that need a
+    /// restart keep their running values (the result names those that
+    /// differed). Recorded in the journal before it takes effect: an error
+    /// (the file's, or the journal's) changes nothing.
+    pub fn reload(&self, path: &Path) -> Result<Vec<&'static str>, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source }.to_string())?;
+        let mut config = Config::parse(&text, path).map_err(|e| e.to_string())?;
+        let ids = config.resolve_ids(&host::Accounts).map_err(|e| e.to_string())?;
+        let running = self.settings();
+        let needs_restart = crate::settings::keep_restart_only(running.config(), &mut config);
+        let more = owned_by(&config, &self.journal, &self.context.temp_root, &self.changes, self.engine.helper());
+        let settings = Settings::new(config, ids, self.context.uid, &self.journal)?;
+        let event = Event::ConfigReloaded {
+            path: path.display().to_string(),
+            sha256: crate::attest::sha256_hex(text.as_bytes()),
+            needs_restart: needs_restart.iter().map(|k| k.to_string()).collect(),
+        };
+        self.journal.append_blocking(event).map_err(|e| e.to_string())?;
+        {
+            let mut owned = self.owned.write().unwrap_or_else(|e| e.into_inner());
+            *owned = crate::settings::with_owned(&owned, more);
+        }
+        *self.settings.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(settings);
+        self.reloads.fetch_add(1, Ordering::Relaxed);
+        Ok(needs_restart)
     }
 
     /// The policy's decision, then the plan's host paths opened and the
@@ -476,11 +470,12 @@ impl Broker {
     fn decide_as(
         &self,
         act: &Acting,
+        settings: &Settings,
         peer: &Peer,
         context: &Context,
         request: &RunRequest,
     ) -> Result<Opened, ErrorReply> {
-        let (resolved, approval) = match self.policy.decide(&self.host(context), context, request) {
+        let (resolved, approval) = match settings.policy.decide(&self.host(context), context, request) {
             Decision::Allow(r) => (r, None),
             Decision::NeedsApproval { reason, resolved } => (resolved, Some(reason)),
             Decision::Deny(d) => {
@@ -522,10 +517,11 @@ impl Broker {
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, BrokerError> {
-        let Decided { run_id, mut resolved, approval, approver_approved, grants, etc, dirs, mut pending } = decided;
+        let Decided { run_id, mut resolved, approval, approver_approved, grants, settings, etc, dirs, mut pending } =
+            decided;
         // A run of a tool an approver approved: its success counts towards Verified.
         let counts = approval.is_some() && approver_approved;
-        let trial = counts.then(|| self.trust.clone()).flatten().zip(resolved.tool.clone());
+        let trial = counts.then(|| settings.trust.clone()).flatten().zip(resolved.tool.clone());
         if approval.is_some() && !approver_approved && resolved.tool.is_some() {
             tracing::info!(run_id, uid = peer.uid, "approved by its requester: it counts for nothing towards Verified");
         }
@@ -627,6 +623,38 @@ impl Broker {
     }
 }
 
+/// The requested tool's trust stage, where stages apply.
+fn tool_trust(settings: &Settings, request: &RunRequest) -> Result<Option<palisade_policy::ToolTrust>, ErrorReply> {
+    let (Some(trust), Some(tool)) = (&settings.trust, &request.tool) else { return Ok(None) };
+    trust.stage(tool).map(Some).map_err(ErrorReply::from)
+}
+
+/// A decision on a tool's run that escalated puts the tool back to
+/// Draft before anything else happens (the first run of a Trial tool
+/// does not: it is what Trial is for). The change must be recorded, or
+/// the run is refused.
+fn escalated(
+    settings: &Settings,
+    request: &RunRequest,
+    decided: Result<Opened, ErrorReply>,
+) -> Result<Opened, ErrorReply> {
+    let (Some(trust), Some(tool)) = (&settings.trust, &request.tool) else { return decided };
+    let why = match &decided {
+        Err(e) if e.rule.as_deref() == Some(palisade_policy::trust::SENSITIVE_RULE) => {
+            format!("escalation SensitiveDirectory: {}", e.message)
+        }
+        Ok(o) => match &o.resolved.escalation {
+            Some(t) if t.reason != EscalationReason::FirstExecution => {
+                format!("escalation {}: {}", t.reason.name(), t.requested_path.as_deref().unwrap_or("-"))
+            }
+            _ => return decided,
+        },
+        Err(_) => return decided,
+    };
+    trust.escalate(tool, &why).map_err(ErrorReply::from)?;
+    decided
+}
+
 /// Makes a warm slot's cgroup the run's (cgroup v2 cannot rename one
 /// with processes in it): its name and path, in the plan too.
 fn take_cgroup(resolved: &mut Resolved, cgroup: &crate::cgroup::RunCgroup) {
@@ -635,6 +663,43 @@ fn take_cgroup(resolved: &mut Resolved, cgroup: &crate::cgroup::RunCgroup) {
         planned.path = PathBuf::from(cgroup.display());
         resolved.plan.cgroup = Some(cgroup.display());
     }
+}
+
+/// Checks `config` as a start does, before anything is made: its users and
+/// groups resolved, and, for a broker running as root, its sandbox ids
+/// clear of the host's; and the helper (`helper`, else the configured one,
+/// else the one beside this binary). Gives the ids and the helper's path.
+pub fn check_config(config: &Config, helper: Option<PathBuf>) -> Result<(palisade_policy::ids::ResolvedIds, PathBuf), String> {
+    let ids = config.resolve_ids(&host::Accounts).map_err(|e| e.to_string())?;
+    if nix::unistd::geteuid().is_root() {
+        check_sandbox_ids(config.broker.sandbox_ids)?;
+    }
+    let helper = helper.or_else(|| config.broker.helper.clone()).unwrap_or_else(paths::default_helper);
+    paths::check_helper(&helper)?;
+    Ok((ids, helper))
+}
+
+/// What `config` makes the broker keep out of every run's reach (see [`paths::owned`]).
+/// What the broker keeps out of every run's reach (see [`paths::owned`]):
+/// the change sets where the configuration puts them outside the state
+/// directory, and the programs the broker runs before any sandbox (a
+/// per-user install in a home used as a workspace), which a run may see
+/// but never write.
+fn owned_by(
+    config: &Config,
+    journal: &Journal,
+    temp_root: &Path,
+    changes: &crate::changes::Store,
+    helper: &Path,
+) -> Vec<OwnedPath> {
+    let mut elsewhere: Vec<(PathBuf, &str, bool)> = Vec::new();
+    if config.changes.dir.is_some() {
+        elsewhere.push((changes.root().to_path_buf(), "the held change sets", true));
+    }
+    elsewhere.push((helper.to_path_buf(), "the sandbox helper", false));
+    elsewhere.push((crate::plugins::host_program(&config.plugins, helper), "the plugin host", false));
+    elsewhere.extend(std::env::current_exe().ok().map(|exe| (exe, "the broker's program", false)));
+    paths::owned(config, journal.dir(), temp_root, &elsewhere)
 }
 
 /// Refuses a block of sandbox ids that holds an id the host already uses: a

@@ -7,6 +7,7 @@ use crate::capabilities::{
 };
 use crate::cedar::{CedarError, CedarPolicies};
 use crate::egress::EgressMode;
+pub use crate::ids::{IdList, IdOrName};
 use palisade_protocol::LandlockFeatures;
 use palisade_protocol::wire::{KeepChanges, OnConflict};
 use serde::Deserialize;
@@ -45,12 +46,26 @@ pub struct Config {
     /// The file it was loaded from (`None`: the built-in default policy).
     #[serde(skip)]
     pub source: Option<PathBuf>,
+    /// The file's text, for the position of what is checked after it is
+    /// read (a user or group name, see [`Config::resolve_ids`]).
+    #[serde(skip)]
+    text: SourceText,
+}
+
+/// A configuration file's text (its length alone is shown in `Debug`).
+#[derive(Clone, Default)]
+struct SourceText(Arc<str>);
+
+impl std::fmt::Debug for SourceText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{} bytes>", self.0.len())
+    }
 }
 
 /// WebAssembly skill plugins (Tier A, `[plugins]`): whether they run, the
 /// limits of each call, where skills are installed, and the most any
 /// skill's manifest may be granted (see `docs/plugins.md`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PluginsConfig {
     pub enabled: bool,
@@ -295,16 +310,18 @@ pub fn host_name(name: &str) -> String {
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct ApproversConfig {
-    pub uids: Vec<u32>,
-    /// A peer whose primary or supplementary group is one of these.
-    pub gids: Vec<u32>,
+    /// By uid or user name.
+    pub uids: IdList,
+    /// A peer whose primary or supplementary group is one of these (by gid
+    /// or group name).
+    pub gids: IdList,
     /// Whether a client that is not an approver may answer its own request.
     pub self_approval: bool,
 }
 
 /// Where the change sets held for review are kept, and how much of them
 /// (`[changes]`): each requester's within these bounds.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ChangesConfig {
     /// Default: `changes` in the broker's state directory.
@@ -353,10 +370,12 @@ pub struct BrokerConfig {
     pub socket: Option<PathBuf>,
     /// Permission bits of the socket.
     pub socket_mode: u32,
-    /// Peers allowed to connect, by uid; empty: the broker's own uid only.
-    pub allowed_uids: Vec<u32>,
-    /// Peers allowed to connect, by primary gid.
-    pub allowed_gids: Vec<u32>,
+    /// Peers allowed to connect, by uid or user name; empty: the broker's own uid only.
+    pub allowed_uids: IdList,
+    /// Peers allowed to connect, by a group they are in (primary or
+    /// supplementary, as the peer's credentials give them when it
+    /// connects): by gid or group name.
+    pub allowed_gids: IdList,
     /// Runs at once; further runs wait in the queue.
     pub max_concurrent: usize,
     /// Runs waiting for a slot; beyond this, requests get `Busy`.
@@ -415,7 +434,7 @@ pub struct BrokerConfig {
 
 /// The audit journal (`[journal]`): where the broker records every request,
 /// decision, approval and run, hash-chained (see `docs/journal.md`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct JournalConfig {
     /// Record events; off, results say so (no `journal` in their attestation).
@@ -886,6 +905,11 @@ impl DefaultProfile {
 }
 
 impl Config {
+    /// The text the configuration was read from (empty: the built-in one).
+    pub(crate) fn text(&self) -> &str {
+        &self.text.0
+    }
+
     /// Which policy this is, for people: its file, or `built-in`.
     pub fn source_name(&self) -> String {
         self.source.as_ref().map_or_else(|| "built-in".into(), |p| p.display().to_string())
@@ -927,6 +951,7 @@ impl Config {
         config.check().map_err(|(offset, message)| at(offset, message))?;
         let mut config = config.load_cedar(path)?;
         config.source = Some(path.to_path_buf());
+        config.text = SourceText(text.into());
         Ok(config)
     }
 

@@ -12,6 +12,7 @@ pub mod egress_plan;
 pub mod explain;
 pub mod host;
 pub mod host_executed;
+pub mod ids;
 pub mod jail;
 pub mod paths;
 pub mod plugins;

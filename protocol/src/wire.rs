@@ -30,7 +30,7 @@ pub const MAGIC: &str = "palisade";
 /// attestation's `seatbelt_sha256`; 9: the request's asks and `profile`,
 /// `Explain` and `Explained`; 10: the rlimit `DATA`, and `memory` naming
 /// RLIMIT_DATA and RLIMIT_AS; 11: the result's `changes`, a plugin
-/// result's `store`).
+/// result's `store`, `Status`).
 pub const PROTOCOL_VERSION: u32 = 11;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
@@ -244,6 +244,10 @@ pub enum ClientMessage {
     DiscardChanges {
         id: String,
     },
+    /// The broker's state (version, uptime, runs, pool, journal head,
+    /// cgroups, configuration), for operators. Answered `Status`.
+    /// Last: the bincode index of every variant above stays what it was.
+    Status,
 }
 
 /// Why a tool's run escalated: it asks for more than its approved range.
@@ -724,6 +728,79 @@ pub enum ServerMessage {
     ChangesDiscarded {
         id: String,
     },
+    /// The answer to `Status`.
+    Status(Box<BrokerStatus>),
+}
+
+/// The broker's state, as `palisade status` shows it (docs/protocol.md,
+/// "Status").
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct BrokerStatus {
+    /// palisaded's version.
+    pub version: String,
+    /// The protocol version it speaks.
+    pub protocol: u32,
+    pub pid: u32,
+    /// The uid it runs as.
+    pub uid: u32,
+    /// When it started serving, in seconds since the epoch, and how long ago.
+    pub started_unix: u64,
+    pub uptime_secs: u64,
+    /// Runs holding a run slot now, and requests waiting for one.
+    pub runs_in_flight: u64,
+    pub runs_queued: u64,
+    /// `[broker] max_concurrent` and `max_queued` in force.
+    pub max_concurrent: u64,
+    pub max_queued: u64,
+    /// Connections open now (those refused not counted).
+    pub connections: u64,
+    /// Runs waiting for an approval's answer.
+    pub approvals_pending: u64,
+    pub pool: PoolStatus,
+    /// The audit journal; `None` when it is off.
+    pub journal: Option<JournalHead>,
+    pub cgroup: CgroupStatus,
+    pub config: ConfigStatus,
+}
+
+/// The warm pool.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct PoolStatus {
+    /// Helpers started ahead of requests, waiting for a run now.
+    pub idle: u64,
+    /// How many it keeps (`[broker] prespawn`).
+    pub size: u64,
+    /// Whether they build their sandbox ahead (a warm pool), or only wait.
+    pub warm: bool,
+}
+
+/// The journal's head: its newest record the broker appended.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct JournalHead {
+    pub dir: String,
+    /// The record's seq and hash (lowercase hex sha256).
+    pub seq: u64,
+    pub hash: String,
+}
+
+/// The cgroups runs get.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct CgroupStatus {
+    /// `v2`, `v1` or `none`.
+    pub mode: String,
+    /// Where, or why there are none.
+    pub description: String,
+}
+
+/// The configuration in force.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConfigStatus {
+    /// Its file; `None`: the built-in one.
+    pub file: Option<String>,
+    /// When it was read (at start, or by the last reload), seconds since the epoch.
+    pub loaded_unix: u64,
+    /// Reloads that took effect since the start.
+    pub reloads: u64,
 }
 
 /// Why bytes could not be decoded.
@@ -1503,6 +1580,36 @@ mod tests {
         assert_eq!(bytes[4], 9);
         let json = String::from_utf8(encode(&result, Encoding::Json).unwrap()).unwrap();
         assert!(json.starts_with(r#"{"plugin_result":{"output":"{}","fuel_used":1,"#), "{json}");
+    }
+
+    /// `status`, appended last: every other message keeps its bincode
+    /// index, a small frame (not a run), and the JSON docs/protocol.md shows.
+    #[cfg(feature = "json")]
+    #[test]
+    fn status_comes_last_and_reads_as_documented() {
+        let bincode_index = |m: &ClientMessage| encode(m, Encoding::Bincode).unwrap()[4];
+        assert_eq!(bincode_index(&ClientMessage::ListChanges), 10);
+        assert_eq!(bincode_index(&ClientMessage::DiscardChanges { id: "x".into() }), 13);
+        assert_eq!(bincode_index(&ClientMessage::Status), 14);
+        let server_index = |m: &ServerMessage| encode(m, Encoding::Bincode).unwrap()[4];
+        assert_eq!(server_index(&ServerMessage::ChangesDiscarded { id: "x".into() }), 14);
+        assert_eq!(server_index(&ServerMessage::Status(Box::default())), 15);
+        let mut d = Decoder::new(Some(Encoding::Json));
+        d.push(b"\"status\"\n");
+        assert_eq!(d.next_message::<ClientMessage>().unwrap(), Some(ClientMessage::Status));
+        let status = BrokerStatus { journal: None, ..Default::default() };
+        let json = String::from_utf8(
+            encode(&ServerMessage::Status(Box::new(status.clone())), Encoding::Json).unwrap(),
+        )
+        .unwrap();
+        assert!(
+            json.starts_with(r#"{"status":{"version":"","protocol":0,"#)
+                && json.contains(r#""journal":null"#),
+            "{json}"
+        );
+        let mut d = Decoder::new(Some(Encoding::Json));
+        d.push(json.as_bytes());
+        assert_eq!(d.next_message::<ServerMessage>().unwrap(), Some(ServerMessage::Status(Box::new(status))));
     }
 
     /// The approval messages, appended in version 3: their bincode indexes

@@ -966,3 +966,75 @@ impl Drop for Tmpfs {
         let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
     }
 }
+
+/// A group of `name` on this host, made (`groupadd --system`) the first
+/// time a test needs it; `None` unless the suite runs as root.
+pub fn system_group(name: &str) -> Option<nix::unistd::Group> {
+    static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    if !is_root() {
+        return None;
+    }
+    let _one_at_a_time = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(g) = nix::unistd::Group::from_name(name).unwrap() {
+        return Some(g);
+    }
+    let out = std::process::Command::new("groupadd").args(["--system", name]).output().expect("run groupadd");
+    assert!(out.status.success(), "groupadd {name}: {}", String::from_utf8_lossy(&out.stderr));
+    Some(nix::unistd::Group::from_name(name).unwrap().expect("the group just made"))
+}
+
+/// `setpriv` arguments that run a command as `user` with exactly the
+/// supplementary groups `groups` (none: as [`as_user`]).
+pub fn as_user_in(user: &nix::unistd::User, groups: &[nix::unistd::Gid]) -> Vec<String> {
+    let mut argv = as_user(user);
+    if !groups.is_empty() {
+        let list: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
+        let at = argv.iter().position(|a| a == "--clear-groups").unwrap();
+        argv[at] = "--groups".into();
+        argv.insert(at + 1, list.join(","));
+    }
+    argv
+}
+
+/// A named pipe a sandboxed `probe read GATE` blocks on until the test
+/// opens it: a run that stays in progress exactly as long as the test
+/// wants, with no timing involved.
+pub struct Gate {
+    pub dir: PathBuf,
+    pub path: PathBuf,
+}
+
+impl Gate {
+    /// A gate in a directory of its own under `base` (mode 0755), readable
+    /// by `owner` (root when `None`), who owns it.
+    pub fn new(base: &Path, owner: Option<&nix::unistd::User>) -> Gate {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = base.join("gate");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.join("fifo");
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        if let Some(u) = owner {
+            nix::unistd::chown(&path, Some(u.uid), Some(u.gid)).unwrap();
+        }
+        Gate { dir, path }
+    }
+
+    /// Lets the run that waits on the gate go on: writes `go` once it has
+    /// opened the gate (waiting for that at most `limit`); false if it
+    /// never did.
+    pub fn open(&self, limit: Duration) -> bool {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut writer = None;
+        // Opening a pipe for writing without blocking fails until a reader has it open.
+        eventually(limit, || {
+            writer =
+                std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&self.path).ok();
+            writer.is_some()
+        });
+        match writer {
+            Some(mut w) => std::io::Write::write_all(&mut w, b"go").is_ok(),
+            None => false,
+        }
+    }
+}

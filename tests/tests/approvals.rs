@@ -588,3 +588,79 @@ fn a_requesters_own_approval_runs_the_run_but_promotes_nobody() {
     ran(&child.wait_with_output().unwrap());
     assert_eq!(s.stage(), "verified");
 }
+
+/// `palisade ARGS --socket S` as `user` with exactly the supplementary groups `groups`.
+fn palisade_in_groups(
+    s: &Setup,
+    user: &nix::unistd::User,
+    groups: &[nix::unistd::Gid],
+    args: &[&str],
+) -> Output {
+    let mut argv = as_user_in(user, groups);
+    argv.push(bin("palisade").to_string_lossy().into_owned());
+    argv.extend(args.iter().map(|a| a.to_string()));
+    argv.extend(["--socket".into(), s.d.socket.to_string_lossy().into_owned()]);
+    std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .current_dir(&s.ws)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// Approvers named by a group's name (`[approvers] gids = ["NAME"]`): a
+/// user in it as a supplementary group approves the tool and answers a
+/// held run; the same user without the group may do neither.
+#[test]
+fn an_approver_by_a_supplementary_groups_name_answers_and_without_it_cannot() {
+    let (Some(users), Some(group)) = (system_users(), system_group("palisade-approvers")) else {
+        eprintln!("not root: a root broker serving other users cannot be started");
+        return;
+    };
+    let approver = users.victim.clone();
+    let user = test_user();
+    let dir = TempDir::new("approvers-group");
+    let ws = shared_workspace(&dir, "w");
+    std::fs::write(ws.join("in.txt"), "hello").unwrap();
+    let knobs = Knobs { self_approval: false, timeout_secs: LONG, trial_runs: 100 };
+    let config = tool_config(&user, &dir.join("state/trust.json"), knobs, "")
+        .replace("[approvers]\nuids = [0]\n", "[approvers]\ngids = [\"palisade-approvers\"]\n")
+        .replace(
+            &format!("allowed_uids = [0, {}]", user.uid),
+            &format!("allowed_uids = [0, {}, {}]", user.uid, approver.uid),
+        );
+    assert!(config.contains("gids = [\"palisade-approvers\"]") && config.contains(&approver.uid.to_string()));
+    let d = Daemon::start(&config);
+    let s = Setup { d, ws, user, config, _dir: dir };
+    let (with, without) = ([group.gid], []);
+    let refused = |o: &Output| o.status.code() == Some(125) && text(&o.stderr).contains("Unauthorized");
+
+    let o = palisade_in_groups(&s, &approver, &without, &["tools", "approve", "show"]);
+    assert!(refused(&o), "{}", text(&o.stderr));
+    let o = palisade_in_groups(&s, &approver, &with, &["tools", "approve", "show"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).starts_with("tool show: trial"), "{}", text(&o.stdout));
+
+    let child = s.spawn_show(&["file=in.txt"], "in.txt");
+    let mut held = Vec::new();
+    let listed = eventually(PENDING_WAIT, || {
+        let o = palisade_in_groups(&s, &approver, &with, &["approvals", "--json"]);
+        held = serde_json::from_slice::<Vec<PendingApproval>>(&o.stdout).unwrap_or_default();
+        !held.is_empty()
+    });
+    assert!(listed, "no run was held for approval:\n{}", s.d.log());
+    let id = held[0].id.to_string();
+    // Without the group it sees none of the others' runs, and may not answer.
+    let o = palisade_in_groups(&s, &approver, &without, &["approvals", "--json"]);
+    assert_eq!(text(&o.stdout).trim(), "[]", "{}", text(&o.stderr));
+    let o = palisade_in_groups(&s, &approver, &without, &["approve", &id]);
+    assert!(refused(&o), "{}", text(&o.stderr));
+    let o = palisade_in_groups(&s, &approver, &with, &["approve", &id]);
+    assert_eq!(
+        (o.status.code(), text(&o.stdout)),
+        (Some(0), format!("approval {id}: approved\n")),
+        "{}",
+        text(&o.stderr)
+    );
+    ran(&child.wait_with_output().unwrap());
+}

@@ -235,8 +235,9 @@ fn the_configmaps_palisade_toml_is_accepted_by_the_broker() {
     let config = config(&docs);
     // A root broker serves the uids it is told to, and root in another pod is not one.
     assert!(!config.broker.allowed_uids.is_empty() || !config.broker.allowed_gids.is_empty());
-    assert!(!config.broker.allowed_uids.contains(&0), "uid 0 in allowed_uids");
-    assert!(!config.broker.allowed_gids.contains(&0), "gid 0 in allowed_gids");
+    let ids = config.resolve_ids(&palisade_broker::host::Accounts).unwrap();
+    assert!(!ids.allowed_uids.contains(&0), "uid 0 in allowed_uids");
+    assert!(!ids.allowed_gids.contains(&0), "gid 0 in allowed_gids");
     // The parse is the broker's: a misspelt key fails it, as it fails the pod.
     let typo = config_text(&docs).replacen("allowed_uids", "allowed_uid", 1);
     let e = Config::parse(&typo, Path::new("palisade.toml")).expect_err("a misspelt key");

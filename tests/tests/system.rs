@@ -641,3 +641,69 @@ fn peers_not_allowed_never_take_the_connections_of_those_allowed() {
     let periods = started.elapsed().as_secs() as usize / 10 + 1;
     assert!((1..=periods).contains(&lines), "{lines} lines in {periods} periods of 10 s");
 }
+
+/// `palisade run --socket S --workspace WS -- probe echo WORD` as `user`
+/// with exactly the supplementary groups `groups`.
+fn echo_in_groups(
+    socket: &Path,
+    ws: &Path,
+    user: &nix::unistd::User,
+    groups: &[nix::unistd::Gid],
+    word: &str,
+) -> std::process::Output {
+    let mut argv = as_user_in(user, groups);
+    argv.push(bin("palisade").to_string_lossy().into_owned());
+    argv.extend(
+        ["run", "--socket", socket.to_str().unwrap(), "--workspace", ws.to_str().unwrap(), "--"]
+            .map(String::from),
+    );
+    argv.extend([probe(), "echo".into(), word.into()]);
+    let (_journal, path) = scratch_journal(Some(user));
+    std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .current_dir(ws)
+        .stdin(std::process::Stdio::null())
+        .env("PALISADE_STATE", state_beside(&path))
+        .env("PALISADE_JOURNAL", path)
+        .output()
+        .unwrap()
+}
+
+/// The socket's group is how a system install lets users in: a user whose
+/// supplementary group `allowed_gids` names (by name: its gid differs from
+/// one machine to the next) is served; the same user without that group, and
+/// so with none of its groups allowed, is refused `Unauthorized`.
+#[test]
+fn a_supplementary_group_named_in_allowed_gids_lets_its_members_in() {
+    let (Some(users), Some(devs)) = (system_users(), system_group("palisade-devs")) else {
+        eprintln!("not root: a root broker serving other users cannot be tested as an ordinary user");
+        return;
+    };
+    let member = &users.attacker;
+    assert_ne!(member.gid, devs.gid, "the group must be a supplementary one");
+    let base = TempDir::new("groups");
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ws = base.join("ws");
+    owned_dir(&ws, member, 0o755);
+    // No uid listed but the broker's own (root's): the group alone lets the member in.
+    let d = Daemon::start("[broker]\nallowed_gids = [\"palisade-devs\"]\nsocket_mode = 0o666\n");
+    let o = echo_in_groups(&d.socket, &ws, member, &[devs.gid], "in");
+    assert_eq!(
+        (o.status.code(), text(&o.stdout)),
+        (Some(0), "ok in\n".into()),
+        "{}\n{}",
+        text(&o.stderr),
+        d.log()
+    );
+    // Counter-test: the same user, without the group.
+    let o = echo_in_groups(&d.socket, &ws, member, &[], "out");
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o.stdout));
+    assert!(
+        text(&o.stderr).contains("Unauthorized") && text(&o.stderr).contains("is not allowed"),
+        "{}",
+        text(&o.stderr)
+    );
+    // Another group is no better.
+    let o = echo_in_groups(&d.socket, &ws, member, &[users.victim.gid], "other");
+    assert!(text(&o.stderr).contains("Unauthorized"), "{}", text(&o.stderr));
+}

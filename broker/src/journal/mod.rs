@@ -181,6 +181,10 @@ pub enum Event {
     /// them in the period that started at `since` (`period_secs` long),
     /// after the `recorded` ones that were.
     RefusalsSummarized { uid: u32, count: u64, recorded: u32, since: String, period_secs: u64 },
+    /// palisaded read its configuration again (`SIGHUP`) and decides every
+    /// request from now on with it: the file, the sha256 of what was read,
+    /// and the keys it changed that keep their running value until a restart.
+    ConfigReloaded { path: String, sha256: String, needs_restart: Vec<String> },
 }
 
 /// An event's fields as a record carries them.
@@ -247,6 +251,8 @@ struct Inner {
     dir: PathBuf,
     /// The refusals recorded one by one, per uid (shared with the writer).
     rate: Arc<rate::RefusalRate>,
+    /// The newest record this broker wrote (`palisade status`).
+    head: std::sync::Mutex<Option<Receipt>>,
 }
 
 /// What became of a refused request's records.
@@ -284,7 +290,8 @@ impl Journal {
             .name("palisade-journal".into())
             .spawn(move || writer.run(pending))
             .map_err(|e| JournalError::Io(format!("cannot start the writer thread: {e}")))?;
-        Ok(Journal { inner: Some(Arc::new(Inner { queue, dir: options.dir.clone(), rate })) })
+        let head = std::sync::Mutex::new(None);
+        Ok(Journal { inner: Some(Arc::new(Inner { queue, dir: options.dir.clone(), rate, head })) })
     }
 
     /// The journal `[journal]` describes: opened, or off.
@@ -302,6 +309,22 @@ impl Journal {
         verify::verify_newest(dir).map_err(|broken| {
             format!("the audit journal {} is broken at {broken}; see `palisade audit verify`", dir.display())
         })
+    }
+
+    /// The newest record this broker wrote (its seq and hash); `None` with
+    /// the journal off, or before the first record.
+    pub fn head(&self) -> Option<Receipt> {
+        self.inner.as_ref().and_then(|i| i.head.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    /// Keeps the newest of `receipts` as the head, if it is newer.
+    fn note_head(&self, receipts: &Result<Vec<Receipt>, JournalError>) {
+        let (Some(inner), Ok(receipts)) = (&self.inner, receipts) else { return };
+        let Some(newest) = receipts.iter().max_by_key(|r| r.seq) else { return };
+        let mut head = inner.head.lock().unwrap_or_else(|e| e.into_inner());
+        if head.as_ref().is_none_or(|h| h.seq < newest.seq) {
+            *head = Some(newest.clone());
+        }
     }
 
     /// Whether events are recorded.
@@ -402,10 +425,12 @@ impl Journal {
         class: Class,
     ) -> Result<Vec<Receipt>, JournalError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        match self.send(Pending { events, durable, class, reply: Reply::Task(reply) })? {
+        let receipts = match self.send(Pending { events, durable, class, reply: Reply::Task(reply) })? {
             true => answer.await.unwrap_or(Err(JournalError::Stopped)),
             false => Ok(vec![]),
-        }
+        };
+        self.note_head(&receipts);
+        receipts
     }
 
     fn submit_blocking(
@@ -415,10 +440,12 @@ impl Journal {
         class: Class,
     ) -> Result<Vec<Receipt>, JournalError> {
         let (reply, answer) = mpsc::sync_channel(1);
-        match self.send(Pending { events, durable, class, reply: Reply::Thread(reply) })? {
+        let receipts = match self.send(Pending { events, durable, class, reply: Reply::Thread(reply) })? {
             true => answer.recv().unwrap_or(Err(JournalError::Stopped)),
             false => Ok(vec![]),
-        }
+        };
+        self.note_head(&receipts);
+        receipts
     }
 
     /// Queues an append for the writer; `false` with the journal off.

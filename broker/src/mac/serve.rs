@@ -192,6 +192,7 @@ fn unserved(message: &ClientMessage) -> ErrorReply {
         ClientMessage::ListTools | ClientMessage::ApproveTool { .. } => {
             "tools' trust stages are not served by palisade on macOS yet"
         }
+        ClientMessage::Status => "status is not served by palisade on macOS yet",
         _ => "approvals are not served by palisade on macOS yet",
     };
     let kind = if matches!(message, ClientMessage::Approve { .. }) {

@@ -120,12 +120,12 @@ fn embedded_broker(
 
 /// Serves MCP with `broker` answering on a socket in a private directory
 /// of this process's (mode 0700), removed at the end.
-async fn serve_embedded(mut broker: Broker, defaults: Defaults) -> Result<(), String> {
+async fn serve_embedded(broker: Broker, defaults: Defaults) -> Result<(), String> {
     let dir = private_dir().map_err(|e| format!("a private directory for the embedded broker: {e}"))?;
     let socket = dir.join("broker.sock");
-    crate::daemon::keep_socket_out_of_reach(&mut broker, &socket);
+    crate::daemon::keep_socket_out_of_reach(&broker, &socket);
     let listener = crate::socket::bind(&socket, 0o600).map_err(|e| format!("{}: {e}", socket.display()))?;
-    let source = broker.policy.config.source_name();
+    let source = broker.settings().config().source_name();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(Arc::new(Server::new(broker)).serve(listener, stopped));
     let name = format!("an embedded broker (policy: {source})");

@@ -1,0 +1,356 @@
+//! Operating a running palisaded: `SIGHUP` reads its configuration again
+//! without touching the runs in progress, and keeps the running one when the
+//! file does not load; `palisaded --check-config` says whether a start would
+//! take a file, and touches nothing; `palisade status` reports the broker's
+//! state. As root, a reload serves a user it adds to `allowed_uids` (by
+//! name) while another user's run goes on; the rest runs again as the
+//! unprivileged test user.
+
+use palisade_protocol::wire::BrokerStatus;
+use palisade_tests::*;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+/// An outer bound on what a test waits for (a reload, a run reaching its
+/// gate): each takes well under a second.
+const WAIT: Duration = Duration::from_secs(30);
+
+fn said(o: &Output) -> String {
+    format!("exit {:?}\nstdout: {}\nstderr: {}", o.status.code(), text(&o.stdout), text(&o.stderr))
+}
+
+/// Sends the daemon `SIGHUP` and waits until its log has said what became
+/// of it: one more `configuration reloaded` or `configuration not reloaded`.
+fn reload(d: &Daemon) {
+    let count =
+        |log: &str| log.matches("configuration reloaded").count() + log.matches("not reloaded").count();
+    let before = count(&d.log());
+    let pid = nix::unistd::Pid::from_raw(d.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    assert!(eventually(WAIT, || count(&d.log()) > before), "no word of the reload:\n{}", d.log());
+}
+
+/// The daemon's configuration file, rewritten as [`test_config`] makes `toml`.
+fn rewrite(d: &Daemon, toml: &str) {
+    std::fs::write(d.dir.join("palisade.toml"), test_config(toml)).unwrap();
+}
+
+/// `palisade status --json` against `d`, as `user` (root when `None`).
+fn status_as(d: &Daemon, user: Option<&nix::unistd::User>) -> Result<BrokerStatus, String> {
+    let o = status_command(d, user, &["--json"]).output().unwrap();
+    if !o.status.success() {
+        return Err(said(&o));
+    }
+    serde_json::from_slice(&o.stdout).map_err(|e| format!("{e}: {}", said(&o)))
+}
+
+fn status(d: &Daemon) -> BrokerStatus {
+    status_as(d, None).unwrap()
+}
+
+fn status_command(d: &Daemon, user: Option<&nix::unistd::User>, extra: &[&str]) -> Command {
+    let mut argv = user.map(as_user).unwrap_or_default();
+    argv.push(bin("palisade").to_string_lossy().into_owned());
+    argv.extend(["status".into(), "--socket".into(), d.socket.to_string_lossy().into_owned()]);
+    argv.extend(extra.iter().map(|a| a.to_string()));
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]).stdin(Stdio::null());
+    cmd
+}
+
+/// A profile `gated` that may read the gate's directory (and the probe).
+fn gated_profile(gate: &Gate) -> String {
+    let probe_dir = bin("probe").parent().unwrap().to_string_lossy().into_owned();
+    format!("[profiles.gated]\nread_only = [{probe_dir:?}, {:?}]\n", gate.dir.to_string_lossy())
+}
+
+/// `palisade run --profile gated -- probe read GATE` against `d` as `user`,
+/// in `ws`, in the background: a run in progress until the gate opens.
+fn gated_run(
+    d: &Daemon,
+    ws: &Path,
+    gate: &Gate,
+    user: Option<&nix::unistd::User>,
+) -> std::thread::JoinHandle<Output> {
+    let (socket, ws, gate) = (d.socket.clone(), ws.to_path_buf(), gate.path.clone());
+    let user = user.cloned();
+    std::thread::spawn(move || {
+        let pre = [
+            "run",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--profile",
+            "gated",
+        ];
+        palisade_cli(&ws, &pre, &[&probe(), "read", gate.to_str().unwrap()], user.as_ref())
+    })
+}
+
+/// `palisade run --socket S --workspace WS -- probe echo WORD` as `user`.
+fn echo(d: &Daemon, ws: &Path, user: Option<&nix::unistd::User>, word: &str) -> Output {
+    let pre = ["run", "--socket", d.socket.to_str().unwrap(), "--workspace", ws.to_str().unwrap()];
+    palisade_cli(ws, &pre, &[&probe(), "echo", word], user)
+}
+
+fn echoed(o: &Output, word: &str) -> bool {
+    o.status.success() && text(&o.stdout) == format!("ok {word}\n")
+}
+
+/// Waits until `d` has `n` runs in flight.
+fn in_flight(d: &Daemon, n: u64) {
+    assert!(
+        eventually(WAIT, || status(d).runs_in_flight == n),
+        "not {n} runs in flight: {:?}\n{}",
+        status(d),
+        d.log()
+    );
+}
+
+/// The journal's `config_reloaded` records.
+fn reload_records(d: &Daemon) -> Vec<serde_json::Value> {
+    journal_records(&d.journal()).into_iter().filter(|r| r["event"] == "config_reloaded").collect()
+}
+
+/// Every record of the journal in `dir`, oldest first.
+fn journal_records(dir: &Path) -> Vec<serde_json::Value> {
+    let mut segments: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    segments.sort();
+    segments
+        .iter()
+        .flat_map(|s| std::fs::read_to_string(s).unwrap().lines().map(str::to_string).collect::<Vec<_>>())
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(&l).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_reload_leaves_runs_in_progress_alone_and_decides_what_comes_next() {
+    let dir = TempDir::new("reload");
+    let ws = shared_workspace(&dir, "ws");
+    let gate = Gate::new(dir.path(), None);
+    let slots = "[broker]\nmax_concurrent = 1\nmax_queued = 0\n";
+    let d = Daemon::start(&format!("{slots}{}", gated_profile(&gate)));
+    let first = gated_run(&d, &ws, &gate, None);
+    in_flight(&d, 1);
+    // Its one slot is taken and nothing may wait: another run is refused.
+    let o = echo(&d, &ws, None, "busy");
+    assert!(o.status.code() == Some(125) && text(&o.stderr).contains("Busy"), "{}", said(&o));
+
+    // Two slots now, and no profile `gated`.
+    rewrite(&d, "[broker]\nmax_concurrent = 2\nmax_queued = 0\n");
+    reload(&d);
+    assert!(d.log().contains("configuration reloaded"), "{}", d.log());
+    let s = status(&d);
+    assert_eq!((s.runs_in_flight, s.max_concurrent, s.config.reloads), (1, 2, 1), "{s:?}");
+    // What comes next is decided by the new file: a second slot, no profile `gated`.
+    assert!(echoed(&echo(&d, &ws, None, "second"), "second"));
+    let o = gated_run(&d, &ws, &gate, None).join().unwrap();
+    assert_eq!(o.status.code(), Some(125), "{}", said(&o));
+    assert!(text(&o.stderr).contains("no profile \"gated\""), "{}", said(&o));
+    // The run in progress keeps what it was decided with, and ends as it would have.
+    assert!(gate.open(WAIT), "the first run never reached its gate:\n{}", d.log());
+    let o = first.join().unwrap();
+    assert_eq!((o.status.code(), text(&o.stdout)), (Some(0), "ok 2 bytes: go\n".into()), "{}", said(&o));
+    in_flight(&d, 0);
+
+    // One slot again: the free one is taken back at once.
+    rewrite(&d, &format!("{slots}{}", gated_profile(&gate)));
+    reload(&d);
+    assert_eq!(status(&d).max_concurrent, 1);
+    let held = gated_run(&d, &ws, &gate, None);
+    in_flight(&d, 1);
+    let o = echo(&d, &ws, None, "busy");
+    assert!(o.status.code() == Some(125) && text(&o.stderr).contains("Busy"), "{}", said(&o));
+    assert!(gate.open(WAIT), "the run never reached its gate:\n{}", d.log());
+    assert!(held.join().unwrap().status.success());
+    assert!(echoed(&echo(&d, &ws, None, "after"), "after"));
+    assert_eq!(reload_records(&d).len(), 2);
+}
+
+#[test]
+fn a_file_that_does_not_load_changes_nothing_and_the_log_says_why() {
+    let d = Daemon::start("");
+    let dir = TempDir::new("bad-reload");
+    let ws = shared_workspace(&dir, "ws");
+    let shell = ["sh", "-c", "echo shell"];
+    let refused = |o: &Output| o.status.code() == Some(125) && text(&o.stderr).contains("interpreters");
+    assert!(refused(&d.run(&ws, &shell)), "{}", said(&d.run(&ws, &shell)));
+    let config = d.dir.join("palisade.toml");
+    let loaded = status(&d).config;
+    assert_eq!(loaded.file.as_deref(), Some(config.to_str().unwrap()));
+
+    // A typo (line 4 of the file), and a group of nobody: neither reloads.
+    rewrite(&d, "allow_interpreters = true\nallow_inline_cod = true\n");
+    reload(&d);
+    let typo = format!("{}:4:1: unknown field `allow_inline_cod`", config.display());
+    assert!(d.log().contains(&typo), "{typo} not in:\n{}", d.log());
+    rewrite(
+        &d,
+        "allow_interpreters = true\nallow_inline_code = true\n[broker]\nallowed_gids = [\"palisade-no-such-group\"]\n",
+    );
+    reload(&d);
+    assert!(d.log().contains("no group named \"palisade-no-such-group\" on this host"), "{}", d.log());
+    assert_eq!(d.log().matches("configuration not reloaded; the running one stays in force").count(), 2);
+    // The running policy stays: interpreters are still refused, nothing was recorded.
+    let o = d.run(&ws, &shell);
+    assert!(refused(&o), "{}", said(&o));
+    assert_eq!(status(&d).config, loaded);
+    assert!(reload_records(&d).is_empty());
+
+    // Counter-test: the same change without the typo takes effect.
+    rewrite(&d, "allow_interpreters = true\nallow_inline_code = true\n");
+    reload(&d);
+    let o = d.run(&ws, &shell);
+    assert_eq!((o.status.code(), text(&o.stdout)), (Some(0), "shell\n".into()), "{}", said(&o));
+    assert_eq!(status(&d).config.reloads, 1);
+    let records = reload_records(&d);
+    let text = std::fs::read(&config).unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["sha256"], palisade_broker::attest::sha256_hex(&text));
+    assert_eq!(records[0]["path"], config.to_str().unwrap());
+
+    // A key that needs a restart keeps its running value, and the log says so.
+    rewrite(&d, "allow_interpreters = true\nallow_inline_code = true\n[broker]\nprespawn = 5\n");
+    reload(&d);
+    assert!(d.log().contains("broker.prespawn changed in"), "{}", d.log());
+    assert_eq!(status(&d).pool.size, 2);
+    assert_eq!(reload_records(&d).last().unwrap()["needs_restart"], serde_json::json!(["broker.prespawn"]));
+}
+
+#[test]
+fn check_config_says_ok_or_names_the_error_and_touches_nothing() {
+    let dir = TempDir::new("check-config");
+    let check = |toml: &str| {
+        let file = dir.join("p.toml");
+        std::fs::write(&file, toml).unwrap();
+        let o = Command::new(bin("palisaded"))
+            .args(["--check-config", file.to_str().unwrap()])
+            .env("PALISADE_JOURNAL", dir.join("journal"))
+            .env("PALISADE_STATE", dir.join("state"))
+            .env("XDG_RUNTIME_DIR", dir.join("runtime"))
+            .output()
+            .unwrap();
+        (o.status.code(), text(&o.stdout), text(&o.stderr), file.display().to_string())
+    };
+    let (code, out, err, file) = check(&test_config("[broker]\nallowed_uids = [\"root\", 0]\n"));
+    assert_eq!((code, out), (Some(0), format!("{file}: ok\n")), "{err}");
+    for (toml, want) in [
+        ("[broker]\nmax_concurent = 4\n".to_string(), ":2:1: unknown field `max_concurent`"),
+        (
+            "[broker]\nallowed_gids = [\"palisade-no-such-group\"]\n".into(),
+            ":2:17: broker.allowed_gids: no group named",
+        ),
+        ("[approvers]\nuids = [\"palisade-no-such-user\"]\n".into(), ":2:9: approvers.uids: no user named"),
+        ("[policy]\ncedar = \"p.cedar\"\n".into(), "[policy] cedar: cannot read"),
+        (format!("[broker]\nhelper = {:?}\n", dir.join("no-helper").to_string_lossy()), "no-helper"),
+    ] {
+        let (code, out, err, file) = check(&toml);
+        assert_eq!((code, out.as_str()), (Some(2), ""), "{toml}: {err}");
+        assert!(err.starts_with("palisaded: ") && err.contains(want), "{toml}: {err} (file {file})");
+    }
+    // A broken Cedar file is named with its line; a good one is ok.
+    std::fs::write(dir.join("p.cedar"), "permit(principal, action, resource) when { nonsense };\n").unwrap();
+    let (code, _, err, _) = check("[policy]\ncedar = \"p.cedar\"\n");
+    assert!(code == Some(2) && err.contains("p.cedar:1:"), "{err}");
+    std::fs::write(dir.join("p.cedar"), "permit(principal, action, resource);\n").unwrap();
+    assert_eq!(check("[policy]\ncedar = \"p.cedar\"\n").0, Some(0));
+    // Nothing was made: no journal, no state, no socket.
+    for made in ["journal", "state", "runtime"] {
+        assert!(!dir.join(made).exists(), "--check-config made {made}");
+    }
+}
+
+#[test]
+fn status_reports_the_runs_the_pool_the_journal_and_the_configuration() {
+    let dir = TempDir::new("status");
+    let ws = shared_workspace(&dir, "ws");
+    let gate = Gate::new(dir.path(), None);
+    let d = Daemon::start(&gated_profile(&gate));
+    let s = status(&d);
+    assert_eq!((s.version.as_str(), s.protocol), (env!("CARGO_PKG_VERSION"), 11));
+    assert_eq!((s.pid, s.uid), (d.child.id(), nix::unistd::geteuid().as_raw()));
+    assert_eq!((s.runs_in_flight, s.runs_queued, s.max_concurrent, s.max_queued), (0, 0, 16, 128));
+    assert!(
+        ["v2", "v1", "none"].contains(&s.cgroup.mode.as_str()) && !s.cgroup.description.is_empty(),
+        "{s:?}"
+    );
+    assert_eq!(s.config.file.as_deref(), Some(d.dir.join("palisade.toml").to_str().unwrap()));
+    assert_eq!(s.config.reloads, 0);
+    // The warm pool fills up to its size.
+    assert!(eventually(WAIT, || status(&d).pool.idle == 2), "{:?}", status(&d));
+    assert_eq!(status(&d).pool.size, 2);
+
+    // A run in progress is counted, and no longer once it is over.
+    let run = gated_run(&d, &ws, &gate, None);
+    in_flight(&d, 1);
+    let shown = text(&status_command(&d, None, &[]).output().unwrap().stdout);
+    assert!(shown.contains("runs:        1 in flight (of 16), 0 queued (of 128)"), "{shown}");
+    assert!(shown.contains(&format!("config:      {}", d.dir.join("palisade.toml").display())), "{shown}");
+    assert!(gate.open(WAIT));
+    assert!(run.join().unwrap().status.success());
+    in_flight(&d, 0);
+    // The journal's head is its newest record, the run's end.
+    let head = status(&d).journal.expect("the journal is on");
+    let records = journal_records(&d.journal());
+    assert!(records.iter().any(|r| r["event"] == "run_finished"));
+    let newest = records.last().unwrap();
+    assert_eq!(
+        (serde_json::json!(head.seq), serde_json::json!(head.hash)),
+        (newest["seq"].clone(), newest["hash"].clone())
+    );
+    assert_eq!(Path::new(&head.dir), d.journal());
+    let shown = text(&status_command(&d, None, &[]).output().unwrap().stdout);
+    assert!(shown.contains(&format!("journal:     head {} {}", head.seq, head.hash)), "{shown}");
+}
+
+/// As root: a reload adds a user, by name, while another user's run is in
+/// progress; that run ends normally and the added user is served from then
+/// on (and may ask for the status), where before it was refused.
+#[test]
+fn a_reload_adds_a_user_while_another_users_run_goes_on() {
+    let Some(users) = system_users() else {
+        eprintln!("not root: a broker serving other users takes root");
+        return;
+    };
+    let (attacker, victim) = (&users.attacker, &users.victim);
+    let dir = TempDir::new("reload-uid");
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (ws_a, ws_v) = (dir.join("a"), dir.join("v"));
+    owned_dir(&ws_a, attacker, 0o755);
+    owned_dir(&ws_v, victim, 0o755);
+    let gate = Gate::new(dir.path(), Some(victim));
+    let config = |uids: &str| {
+        format!("[broker]\nallowed_uids = [{uids}]\nsocket_mode = 0o666\n{}", gated_profile(&gate))
+    };
+    let d = Daemon::start(&config(&format!("0, {}", victim.uid)));
+    let run = gated_run(&d, &ws_v, &gate, Some(victim));
+    in_flight(&d, 1);
+    let o = echo(&d, &ws_a, Some(attacker), "a");
+    assert!(o.status.code() == Some(125) && text(&o.stderr).contains("Unauthorized"), "{}", said(&o));
+    assert!(status_as(&d, Some(attacker)).unwrap_err().contains("Unauthorized"));
+
+    rewrite(&d, &config(&format!("0, {}, {:?}", victim.uid, attacker.name)));
+    reload(&d);
+    assert!(d.log().contains("configuration reloaded"), "{}", d.log());
+    let o = echo(&d, &ws_a, Some(attacker), "a");
+    assert!(echoed(&o, "a"), "{}", said(&o));
+    let s = status_as(&d, Some(attacker)).unwrap();
+    assert_eq!((s.runs_in_flight, s.config.reloads), (1, 1));
+    assert!(gate.open(WAIT), "the victim's run never reached its gate:\n{}", d.log());
+    let o = run.join().unwrap();
+    assert_eq!((o.status.code(), text(&o.stdout)), (Some(0), "ok 2 bytes: go\n".into()), "{}", said(&o));
+}
+
+/// As root, the same file again as the unprivileged test user.
+#[test]
+fn the_operations_suite_passes_as_an_unprivileged_user() {
+    rerun_unprivileged("the_operations_suite_passes_as_an_unprivileged_user");
+}
