@@ -77,6 +77,15 @@ status_is() { [ "$(status)" = "$1" ]; }
 has_group() { in_root getent group palisade >/dev/null; }
 mode_is() { [ "$(in_root stat -c '%F %a %U:%G' "$1")" = "$2" ]; }
 man_finds() { [ "$(in_root man -w "$@" 2>/dev/null)" = "/usr/share/man/man$1/$2.$1.gz" ]; }
+# Every installed page renders, and groff has nothing to say about it.
+pages_render() {
+    local page warnings ok=0
+    for page in "$r"/usr/share/man/man[18]/palisade*; do
+        warnings=$(in_root env MANWIDTH=80 man --warnings -E UTF-8 -l "${page#"$r"}" 2>&1 >/dev/null) || warnings+=" (failed)"
+        [ -z "$warnings" ] || { echo "    ${page#"$r"}: $warnings" >&2; ok=1; }
+    done
+    return $ok
+}
 
 # The relative links of the installed Markdown files that lead nowhere, as
 # paths, one a line; those in SOURCE_ONLY are printed to fd 3.
@@ -131,6 +140,7 @@ check "the annotated example is in $DOC/examples" \
 check "man finds palisade(1)" man_finds 1 palisade
 check "man finds palisade-run(1)" man_finds 1 palisade-run
 check "man finds palisaded(8)" man_finds 8 palisaded
+check "the manual pages render without a warning" pages_render
 check "the link check finds a dead link" link_check_fails
 check "the installed documentation's relative links resolve" links_resolve
 check "each SOURCE_ONLY link is still made" source_only_used

@@ -7,15 +7,16 @@
 # - `lintian --fail-on error` passes (warnings are printed, not failures);
 # - as root: installed, removed and purged with dpkg in a scratch root
 #   (scripts/check-deb-install.sh: an overlay of this host's root, in a
-#   mount namespace of its own, so the host is not changed), it leaves what README.md ("A Debian package") says:
-#   installed, the group palisade, /var/lib/palisade (0700), the minimal
-#   configuration, the manual pages (man finds palisade(1), palisade-run(1)
-#   and palisaded(8)), and every relative link of the installed
-#   documentation resolves but those to source files (SOURCE_ONLY below);
-#   removed, the configuration (with the administrator's change) and the
-#   state are kept, the programs and documentation gone; purged, the
-#   configuration is gone too, and the state (a journal's record) and the
-#   group are kept. Not root: says that this part was not tried.
+#   mount namespace of its own, so the host is not changed), it leaves what
+#   README.md ("A Debian package") says: installed, the group palisade,
+#   /var/lib/palisade (0700), the minimal configuration, the manual pages
+#   (man finds palisade(1), palisade-run(1) and palisaded(8)), and every
+#   relative link of the installed documentation resolves but those to
+#   source files (SOURCE_ONLY below); removed, the configuration (with the
+#   administrator's change) and the state are kept, the programs and
+#   documentation gone; purged, the configuration is gone too, and the
+#   state (a journal's record) and the group are kept. Not root: says that
+#   this part was not tried.
 # Exits non-zero, saying what is wrong, on any failure.
 # Usage: scripts/check-deb.sh [DEB, default the one target/debian/palisade_*.deb]
 set -euo pipefail
