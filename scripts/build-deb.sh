@@ -24,6 +24,11 @@
 #       stripped copies (the broker finds the helper next to itself, and the
 #       plugin-host next to the helper; the AppArmor profile attaches to
 #       /usr/bin/palisade-helper)
+#   /usr/share/man/man1/palisade.1.gz, palisade-<subcommand>.1.gz and
+#   /usr/share/man/man8/palisaded.8.gz
+#       generated from the CLI's definitions by broker/examples/man.rs (an
+#       example, so that the generator is linked into no binary; this runs it
+#       with cargo), dated like everything else, gzip -9n
 #   /usr/lib/systemd/system/palisade.{service,socket}  from systemd/
 #   /usr/lib/systemd/user/palisade.{service,socket}    from systemd/user/, the
 #       service's ExecStart= pointed at /usr/bin/palisaded (the file in the
@@ -34,13 +39,24 @@
 #       owned by, such a user.
 #   /usr/lib/tmpfiles.d/palisade.conf   /var/lib/palisade, root 0700: the
 #       system broker's state directory (the audit journal, trust stages,
-#       skills and secrets), as the service's StateDirectory= makes it. With
-#       a journal reader_gid the readers need it 0711 (docs/journal.md):
-#       change both, with a drop-in and a tmpfiles override in /etc.
-#   /etc/palisade/palisade.toml         palisade.example.toml; a conffile
+#       change sets, skills and secrets), as the service's StateDirectory=
+#       makes it. With a journal reader_gid the readers need it 0711
+#       (docs/journal.md).
+#   /etc/palisade/palisade.toml         deploy/debian/palisade.toml, a conffile:
+#       the keys an administrator must look at (who is served: the group
+#       palisade; the journal's readers), nothing else
 #   /etc/apparmor.d/palisade-helper     apparmor/palisade-helper; a conffile
-#   /usr/share/doc/palisade/{copyright,changelog.gz,README.md}  (README.md
-#       is what the service's Documentation= names)
+#   /usr/share/doc/palisade/            copyright, changelog.gz, and the
+#       documentation where README.md's relative links expect it: README.md
+#       (what the service's Documentation= names), ARCHITECTURE.md, docs/,
+#       bench/README.md, fuzz/README.md, deploy/kubernetes/, and
+#       examples/palisade.example.toml (every key, annotated) with
+#       palisade.example.toml a link to it; systemd/ and apparmor/ hold links
+#       to the installed units and profile. Left uncompressed (Debian Policy
+#       12.3 says "should" for large ones) so that those links, and
+#       Documentation=, find them. README.md's links to source files (launchd/,
+#       tests/vm/, fuzz/'s targets) have nothing installed behind them:
+#       scripts/check-deb.sh lists them.
 #   /usr/share/lintian/overrides/palisade  (see below)
 #
 # Maintainer scripts (sh, no debhelper):
@@ -56,14 +72,22 @@
 #             its own version.
 #             It never enables or starts anything: a system broker serves
 #             the users in allowed_uids and allowed_gids, which the operator
-#             sets in /etc/palisade/palisade.toml first, then
+#             checks in /etc/palisade/palisade.toml first, then
 #             `systemctl enable --now palisade.socket`.
 #   prerm     on removal stops palisade.socket and palisade.service and
 #             unloads the AppArmor profile.
 #   postrm    `systemctl daemon-reload`; on purge, removes the profile's
-#             compiled cache. The state directory (the audit journal) and the
-#             group are kept, as Debian keeps system groups; remove them by
-#             hand.
+#             compiled cache and the runtime directory /run/palisade (the
+#             socket's, and the runs' directories), and says what it keeps.
+#             dpkg itself removes the conffiles (/etc/palisade/palisade.toml,
+#             the profile) on purge, and keeps them on removal.
+#             Kept, even on purge: the state directory /var/lib/palisade
+#             (the audit journal is the administrator's record of what ran,
+#             and held change sets are users' work not yet applied), and the
+#             group palisade (as Debian keeps system groups: files may still
+#             carry its gid). README.md ("A Debian package") says how to
+#             remove them by hand; scripts/check-deb.sh installs, removes
+#             and purges the package in a scratch root to show all this.
 #
 # Depends: only what dpkg-shlibdeps finds for the binaries that are linked
 # dynamically (after build-release.sh, palisade-plugin-host alone: libc6,
@@ -79,9 +103,6 @@
 # shared-library-lacks-prerequisites for a static-pie, a warning; only those
 # it would report), and that palisade-helper and palisade-plugin-host, which
 # palisaded spawns, need no manual page. What remains:
-#   W no-manual-page [usr/bin/palisade], [usr/bin/palisaded]: their pages
-#     are to be generated from the CLI's definitions (clap), not written here;
-#     `--help` documents them meanwhile.
 #   I package-supports-alternative-init-but-no-init.d-script: systemd units
 #     only; elsewhere run palisaded by hand.
 #   I hardening-no-fortify-functions [usr/bin/palisade-plugin-host]: Rust
@@ -111,7 +132,7 @@ release_dir=$(realpath -m -- "$release_dir")
 out_dir=$(realpath -m -- "$out_dir")
 cd "$(dirname "$0")/.."
 
-for tool in dpkg-deb dpkg readelf strip gzip; do
+for tool in dpkg-deb dpkg readelf strip gzip cargo; do
     command -v "$tool" >/dev/null || die "$tool is missing"
 done
 
@@ -148,8 +169,13 @@ for b in "${binaries[@]}"; do
     [ -f "$release_dir/$b" ] && [ -x "$release_dir/$b" ] ||
         die "no $b in $release_dir: build it first (bash scripts/build-release.sh)"
 done
+# The documentation, where README.md's relative links expect it (under
+# /usr/share/doc/palisade).
+docs=(README.md ARCHITECTURE.md docs/*.md docs/palisade_client.py docs/palisade.cedarschema bench/README.md
+    fuzz/README.md deploy/kubernetes/README.md deploy/kubernetes/daemonset.yaml)
 for f in systemd/palisade.service systemd/palisade.socket systemd/user/palisade.service \
-    systemd/user/palisade.socket apparmor/palisade-helper palisade.example.toml README.md; do
+    systemd/user/palisade.socket apparmor/palisade-helper palisade.example.toml deploy/debian/palisade.toml \
+    "${docs[@]}"; do
     [ -f "$f" ] || die "$f is missing"
 done
 
@@ -160,7 +186,8 @@ umask 022
 chmod 0755 "$root"
 doc=$root/usr/share/doc/palisade
 install -d "$root/DEBIAN" "$root/usr/bin" "$root/usr/lib/systemd/system" "$root/usr/lib/systemd/user" \
-    "$root/usr/lib/sysusers.d" "$root/usr/lib/tmpfiles.d" "$root/etc/palisade" "$root/etc/apparmor.d" "$doc"
+    "$root/usr/lib/sysusers.d" "$root/usr/lib/tmpfiles.d" "$root/etc/palisade" "$root/etc/apparmor.d" "$doc" \
+    "$root/usr/share/man/man1" "$root/usr/share/man/man8"
 
 # Binaries: stripped (as dh_strip does) when they still have a symbol table.
 shlib_bins=()
@@ -224,10 +251,36 @@ d /var/lib/palisade 0700 root root -
 EOF
 chmod 0644 "$root/usr/lib/sysusers.d/palisade.conf" "$root/usr/lib/tmpfiles.d/palisade.conf"
 
-install -m 0644 palisade.example.toml "$root/etc/palisade/palisade.toml"
+install -m 0644 deploy/debian/palisade.toml "$root/etc/palisade/palisade.toml"
 install -m 0644 apparmor/palisade-helper "$root/etc/apparmor.d/palisade-helper"
 
-install -m 0644 README.md "$doc/README.md"
+# The manual pages, from the CLI's definitions (this tree's, whatever binaries
+# --release-dir names), dated as the rest of the package.
+pages=$root/man.tmp
+cargo run --locked --quiet -p palisade-broker --example man -- "$pages" \
+    --date "$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%d)" >/dev/null || die "broker/examples/man.rs failed"
+for page in "$pages"/*.[18]; do
+    section=${page##*.}
+    gzip -9n <"$page" >"$root/usr/share/man/man$section/${page##*/}.gz"
+    chmod 0644 "$root/usr/share/man/man$section/${page##*/}.gz"
+done
+rm -r "$pages"
+[ -f "$root/usr/share/man/man1/palisade.1.gz" ] && [ -f "$root/usr/share/man/man8/palisaded.8.gz" ] ||
+    die "broker/examples/man.rs wrote no palisade.1 or palisaded.8"
+
+for f in "${docs[@]}"; do
+    install -D -m 0644 "$f" "$doc/$f"
+done
+install -D -m 0644 palisade.example.toml "$doc/examples/palisade.example.toml"
+# What README.md's links name, where the package has it: the example, the
+# units and the profile as installed.
+ln -s examples/palisade.example.toml "$doc/palisade.example.toml"
+install -d "$doc/systemd/user" "$doc/apparmor"
+for unit in palisade.service palisade.socket; do
+    ln -s "../../../../lib/systemd/system/$unit" "$doc/systemd/$unit"
+    ln -s "../../../../../lib/systemd/user/$unit" "$doc/systemd/user/$unit"
+done
+ln -s /etc/apparmor.d/palisade-helper "$doc/apparmor/palisade-helper"
 cat >"$doc/copyright" <<EOF
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: palisade
@@ -286,8 +339,9 @@ apparmor_enabled='apparmor_enabled() {
 }'
 cat >"$root/DEBIAN/postinst" <<EOF
 #!/bin/sh
-# Nothing is enabled or started: set allowed_uids (and allowed_gids) in
-# /etc/palisade/palisade.toml, then \`systemctl enable --now palisade.socket\`.
+# Nothing is enabled or started: check who is served (allowed_uids,
+# allowed_gids) in /etc/palisade/palisade.toml, then
+# \`systemctl enable --now palisade.socket\`.
 set -e
 
 $apparmor_enabled
@@ -336,8 +390,9 @@ exit 0
 EOF
 cat >"$root/DEBIAN/postrm" <<'EOF'
 #!/bin/sh
-# The state directory (/var/lib/palisade: the audit journal) and the group
-# palisade are kept on purge.
+# Kept on purge: the state directory /var/lib/palisade (the audit journal,
+# the administrator's record of what ran; change sets, users' work not yet
+# applied) and the group palisade. dpkg removes the conffiles itself.
 set -e
 
 case "$1" in
@@ -349,6 +404,11 @@ remove | purge)
 esac
 if [ "$1" = purge ]; then
     rm -f /var/cache/apparmor/*/palisade-helper /etc/apparmor.d/cache/palisade-helper
+    # The socket's directory and the runs' (the units keep it across restarts).
+    rm -rf --one-file-system /run/palisade
+    if [ -d /var/lib/palisade ]; then
+        echo "palisade: /var/lib/palisade is kept (the audit journal, held change sets): remove it by hand once archived" >&2
+    fi
 fi
 
 exit 0
@@ -390,7 +450,8 @@ Description: sandbox broker for AI-agent tool execution
  WebAssembly plugin host (palisade-plugin-host), systemd units for a system
  broker and a per-user one, and an AppArmor profile for hosts that restrict
  unprivileged user namespaces. The system broker is not enabled on
- installation: set allowed_uids in /etc/palisade/palisade.toml first.
+ installation: check who it serves (by default the members of the group
+ palisade) in /etc/palisade/palisade.toml first.
 EOF
 } >"$root/DEBIAN/control"
 

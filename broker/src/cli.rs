@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 /// Run commands in a kernel-enforced sandbox.
 #[derive(Parser, Debug)]
-#[command(name = "palisade", version, about, long_about = None)]
+#[command(name = "palisade", version, long_about = None)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -19,7 +19,7 @@ const EXIT_FAILED: i32 = 1;
 
 /// palisade's broker: serves sandboxed runs on a Unix socket.
 #[derive(Parser, Debug)]
-#[command(name = "palisaded", version, about, long_about = None)]
+#[command(name = "palisaded", version, long_about = None)]
 pub struct Args {
     /// Configuration file (TOML); see palisade.example.toml.
     #[arg(long, value_name = "FILE")]

@@ -1,7 +1,9 @@
-//! deploy/kubernetes: the manifest parses, has the shape its guide describes
+//! deploy/: the Kubernetes manifest parses, has the shape its guide describes
 //! (a Namespace, the ConfigMap holding palisade.toml, a DaemonSet running
 //! palisaded with the socket on a hostPath), carries the security settings
-//! the guide explains, and a configuration the broker itself accepts.
+//! the guide explains, and a configuration the broker itself accepts; the
+//! Debian package's minimal configuration sets who is served and nothing
+//! else.
 
 use palisade_policy::Config;
 use std::path::{Path, PathBuf};
@@ -251,4 +253,48 @@ fn the_readmes_point_to_the_deployment() {
     for needle in ["daemonset.yaml", "palisade doctor", "hostUsers", "privileged", "procMount", "AppArmor"] {
         assert!(guide.contains(needle), "deploy/kubernetes/README.md does not mention {needle}");
     }
+}
+
+/// A setting of a systemd unit of systemd/.
+fn unit_setting(unit: &str, key: &str) -> String {
+    let prefix = format!("{key}=");
+    read(&format!("systemd/{unit}"))
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+        .unwrap_or_else(|| panic!("no {key}= in systemd/{unit}"))
+}
+
+/// deploy/debian/palisade.toml, the /etc/palisade/palisade.toml the Debian
+/// package installs: only who is served, nothing more (every other key
+/// keeps its default), each key one palisade.example.toml shows in the same
+/// table, and the group it serves is the one the package makes and the
+/// socket admits.
+#[test]
+fn the_debian_configuration_is_minimal_and_serves_the_sockets_group() {
+    let table = |relative: &str| -> toml::Table {
+        read(relative).parse().unwrap_or_else(|e| panic!("{relative}: {e}"))
+    };
+    let minimal = table("deploy/debian/palisade.toml");
+    let example = table("palisade.example.toml");
+    let mut keys = Vec::new();
+    for (name, section) in &minimal {
+        let section = section.as_table().unwrap_or_else(|| panic!("{name} is not a table"));
+        for key in section.keys() {
+            let shown = example.get(name).and_then(|t| t.as_table()).is_some_and(|t| t.contains_key(key));
+            assert!(shown, "[{name}] {key} is not in palisade.example.toml");
+            keys.push(format!("{name}.{key}"));
+        }
+    }
+    keys.sort_unstable();
+    assert_eq!(keys, ["broker.allowed_gids", "broker.allowed_uids"], "what the minimal configuration sets");
+    let group = unit_setting("palisade.socket", "SocketGroup");
+    assert_eq!(minimal["broker"]["allowed_gids"], toml::Value::Array(vec![group.clone().into()]));
+    // The group the package makes (its sysusers.d line) is the socket's.
+    assert!(
+        read("scripts/build-deb.sh").contains(&format!("\ng {group} -\n")),
+        "build-deb.sh makes no group {group}"
+    );
+    // The unit reads the file the package installs.
+    let exec = unit_setting("palisade.service", "ExecStart");
+    assert!(exec.ends_with(" --config /etc/palisade/palisade.toml"), "{exec}");
 }

@@ -51,6 +51,8 @@ impl System {
             Some(i) => config.split_at(i),
             None => (config, ""),
         };
+        // Keys of [broker] the test gives go with those.
+        let rest = rest.strip_prefix("[broker]\n").unwrap_or(rest);
         let config = format!("{defaults}[broker]\nallowed_uids = [0, {a}, {v}]\nsocket_mode = 0o666\n{rest}");
         let daemon = Daemon::start_with(DaemonOptions { config, prefix, ..Default::default() });
         Some(System { users, base, daemon })
@@ -418,20 +420,145 @@ fn serve_another_user(s: &System) -> Result<(), String> {
     }
 }
 
+/// What a root broker does for another user that needs one of the unit's
+/// capabilities.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Service {
+    /// A run in Tier C that writes in its workspace, copied back as the user.
+    Write,
+    /// A run killed at its deadline.
+    Deadline,
+    /// A run in Tier B (no user namespaces, `fallback = "warn_and_execute"`),
+    /// whose private /tmp is a host directory of the sandbox's uid.
+    TierB,
+}
+
+/// Each capability of the system unit, the service that needs it, and what
+/// fails without it (README, "The system service's privilege", says why).
+const NEEDED: [(&str, Service, &str); 6] = [
+    // setfsuid: the broker opens and writes the requester's files as it.
+    ("CAP_SETUID", Service::Write, "cannot act as"),
+    // setgroups and setfsgid, likewise.
+    ("CAP_SETGID", Service::Write, "cannot act for uid"),
+    // open_tree: the helper clones the host's mounts (the /etc snapshot,
+    // every bind) and idmaps the requester's directories for the sandbox.
+    ("CAP_SYS_ADMIN", Service::Write, "(mount, EPERM)"),
+    // The run's writes (its overlay's upper layer, the sandbox's uid's) are
+    // read back by the broker.
+    ("CAP_DAC_OVERRIDE", Service::Write, "copying the run's writes back"),
+    // The helper and the command run as the sandbox's host ids.
+    ("CAP_KILL", Service::Deadline, "cannot signal the helper: Operation not permitted"),
+    // Tier B's run directories are made for the sandbox's host ids.
+    ("CAP_CHOWN", Service::TierB, "cannot create the run's directories: Operation not permitted"),
+];
+
+/// A root broker started as the unit starts it (its bounding set `caps`),
+/// configured for `service`.
+fn start_for(service: Service, caps: &[String]) -> Option<System> {
+    let config = match service {
+        Service::TierB => "[broker]\nuser_namespaces = false\n[policy]\nfallback = \"warn_and_execute\"\n",
+        Service::Write | Service::Deadline => "",
+    };
+    System::start_under(config, as_the_unit(caps))
+}
+
+/// `service` for another user; the reason when it fails.
+fn serve(s: &System, service: Service) -> Result<(), String> {
+    match service {
+        Service::Write => serve_another_user(s),
+        Service::TierB => {
+            let ws = s.path("tier-b-ws");
+            owned_dir(&ws, &s.users.attacker, 0o755);
+            let o = s.run_as(
+                Some(&s.users.attacker),
+                &["--workspace", ws.to_str().unwrap()],
+                &[&probe(), "echo", "served"],
+            );
+            if text(&o.stdout) == "ok served\n" {
+                Ok(())
+            } else {
+                Err(format!("{}{}", text(&o.stdout), text(&o.stderr)))
+            }
+        }
+        Service::Deadline => {
+            let attacker = &s.users.attacker;
+            let ws = s.path("deadline-ws");
+            owned_dir(&ws, attacker, 0o755);
+            let pre = ["--timeout", "1", "--workspace", ws.to_str().unwrap()];
+            std::thread::scope(|scope| {
+                let client = scope.spawn(|| s.run_as(Some(attacker), &pre, &[&probe(), "sleep"]));
+                let refused = helper_the_broker_cannot_signal(s, &client);
+                let o = client.join().unwrap();
+                match refused {
+                    Some(line) => Err(line),
+                    None if text(&o.stderr).contains("TimedOut: killed at the deadline") => Ok(()),
+                    None => Err(text(&o.stderr)),
+                }
+            })
+        }
+    }
+}
+
+/// How often, and at most how many times, the test looks for the end of a
+/// run that may never end: two minutes, far beyond its one-second deadline.
+const POLL: Duration = Duration::from_millis(100);
+const MAX_POLLS: u32 = 1200;
+
+/// Watches a run whose client is `client` until it ends, or the broker logs
+/// that it cannot signal its helper (which runs as the sandbox's host ids):
+/// that line, after the test (root) killed the helper so that the run ends.
+fn helper_the_broker_cannot_signal<T>(
+    s: &System,
+    client: &std::thread::ScopedJoinHandle<'_, T>,
+) -> Option<String> {
+    for _ in 0..MAX_POLLS {
+        if client.is_finished() {
+            return None;
+        }
+        let log = s.daemon.log();
+        if let Some(line) = log.lines().find(|l| l.contains("cannot signal the helper")) {
+            let pid =
+                line.rsplit("pid=").next().and_then(|p| p.trim().parse().ok()).expect("the helper's pid");
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+                .unwrap();
+            return Some(line.to_string());
+        }
+        std::thread::sleep(POLL);
+    }
+    panic!("the run neither ended nor was refused a signal:\n{}", s.daemon.log());
+}
+
 /// The system unit's CapabilityBoundingSet and UMask leave a root broker
-/// able to serve other users (and the set is not larger than that needs:
-/// without CAP_SYS_ADMIN, the idmapped mount of the user's workspace fails).
+/// able to serve other users, and each capability of the set is needed: one
+/// fewer, and a service named in [`NEEDED`] fails with the reason given
+/// there. The set is exactly those capabilities.
 #[test]
-fn the_system_units_capabilities_serve_other_users() {
+fn each_of_the_system_units_capabilities_is_needed_to_serve_other_users() {
     let caps = unit_caps();
-    assert!(!caps.is_empty());
-    let Some(s) = System::start_under("", as_the_unit(&caps)) else { return };
-    serve_another_user(&s).unwrap();
-    drop(s);
-    // Counter-test: one capability fewer, and the same run fails.
-    let fewer: Vec<String> = caps.iter().filter(|c| *c != "CAP_SYS_ADMIN").cloned().collect();
-    let s = System::start_under("", as_the_unit(&fewer)).unwrap();
-    assert!(serve_another_user(&s).is_err(), "a run served without CAP_SYS_ADMIN");
+    let mut needed: Vec<&str> = NEEDED.iter().map(|(c, ..)| *c).collect();
+    let mut unit = caps.iter().map(String::as_str).collect::<Vec<_>>();
+    needed.sort_unstable();
+    unit.sort_unstable();
+    assert_eq!(
+        unit, needed,
+        "the unit's CapabilityBoundingSet is not the set each of whose members is shown needed"
+    );
+    if system_users().is_none() {
+        return;
+    }
+    for service in [Service::Write, Service::Deadline, Service::TierB] {
+        let s = start_for(service, &caps).unwrap();
+        serve(&s, service)
+            .unwrap_or_else(|e| panic!("{service:?} with the unit's capabilities: {e}\n{}", s.daemon.log()));
+    }
+    for (cap, service, reason) in NEEDED {
+        let fewer: Vec<String> = caps.iter().filter(|c| *c != cap).cloned().collect();
+        let s = start_for(service, &fewer).unwrap();
+        match serve(&s, service) {
+            Ok(()) => panic!("{service:?} served without {cap}"),
+            Err(e) => assert!(e.contains(reason), "{service:?} without {cap}: {e}\n{}", s.daemon.log()),
+        }
+    }
 }
 
 /// Why the unit sets no ProtectKernelLogs, ProtectKernelTunables or

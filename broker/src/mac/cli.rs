@@ -23,7 +23,7 @@ const EXIT_FAILED: i32 = 1;
 
 /// palisade's broker: serves sandboxed runs on a Unix socket (macOS: Seatbelt).
 #[derive(Parser, Debug)]
-#[command(name = "palisaded", version, about, long_about = None)]
+#[command(name = "palisaded", version, long_about = None)]
 pub struct DaemonArgs {
     /// Configuration file (TOML); see palisade.example.toml.
     #[arg(long, value_name = "FILE")]
@@ -37,7 +37,7 @@ pub struct DaemonArgs {
 
 /// Run commands in a kernel-enforced sandbox (macOS: Seatbelt).
 #[derive(Parser, Debug)]
-#[command(name = "palisade", version, about, long_about = None)]
+#[command(name = "palisade", version, long_about = None)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
