@@ -914,6 +914,7 @@ impl Policy {
                 Some(_) => vec![(RESOLV_CONF.to_string(), EgressPlan::resolv_conf())],
                 None => vec![],
             },
+            umask: req.umask,
         })
     }
 

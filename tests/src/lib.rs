@@ -212,6 +212,7 @@ impl Jail {
             listeners: vec![],
             tcp_connect: None,
             files: vec![],
+            umask: None,
         };
         Jail { spec, timeout: Duration::from_secs(60), stdin: None, dir }
     }
@@ -454,6 +455,13 @@ pub fn as_user(user: &nix::unistd::User) -> Vec<String> {
         "--clear-groups".into(),
         "--".into(),
     ]
+}
+
+/// A prefix (for [`DaemonOptions::prefix`], or any command) that runs the
+/// rest under `umask` (octal, as the shell takes it): what a unit's `UMask=`
+/// does to the service it starts.
+pub fn under_umask(umask: &str) -> Vec<String> {
+    ["sh", "-c", &format!("umask {umask} && exec \"$@\""), "sh"].iter().map(|s| s.to_string()).collect()
 }
 
 /// The configuration every broker test starts from: the probe is visible.

@@ -69,8 +69,12 @@ pub fn main(args: McpArgs) -> i32 {
         Err(e) => return fail(ErrorKind::InvalidRequest, format!("current directory: {e}")),
     };
     let workspace = cwd.join(args.workspace.clone().unwrap_or_default());
-    let defaults =
-        Defaults { workspace, sandbox: args.sandbox.clone(), params_anywhere: args.params_outside_workspace };
+    let defaults = Defaults {
+        workspace,
+        sandbox: args.sandbox.clone(),
+        params_anywhere: args.params_outside_workspace,
+        umask: crate::run_cli::own_umask(),
+    };
     let (socket, explicit) = crate::cli::broker_socket(args.socket.as_ref());
     let embedded = match (&args.policy, UnixStream::connect(&socket)) {
         (None, Ok(_)) => None,
