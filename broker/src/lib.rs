@@ -19,6 +19,7 @@ linux_only! {
     pub mod cli;
     pub mod client;
     pub mod daemon;
+    pub mod discovery;
     pub mod doctor;
     pub mod egress;
     pub mod error;

@@ -15,7 +15,7 @@ pub fn default_socket() -> PathBuf {
         };
     }
     if nix::unistd::geteuid().is_root() {
-        return PathBuf::from("/run/palisade/palisade.sock");
+        return PathBuf::from(palisade_policy::config::SYSTEM_SOCKET);
     }
     let runtime = std::env::var_os("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
