@@ -99,7 +99,8 @@ pub enum Command {
 /// Where the approval and tool commands find the broker.
 #[derive(ClapArgs, Debug)]
 pub struct BrokerArgs {
-    /// Broker socket [default: $PALISADE_SOCKET, else the default socket].
+    /// Broker socket [default: $PALISADE_SOCKET, else your broker's, else the
+    /// system broker's].
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
 }
@@ -131,8 +132,9 @@ pub enum ToolsCommand {
 
 #[derive(ClapArgs, Debug)]
 pub struct ExplainArgs {
-    /// Broker socket to ask [default: $PALISADE_SOCKET, else the default
-    /// socket; the built-in policy decides when no broker answers there].
+    /// Broker socket to ask [default: $PALISADE_SOCKET, else your broker's,
+    /// else the system broker's; the built-in policy decides when none
+    /// answers, unless the system configuration requires the system broker].
     #[arg(long, value_name = "PATH", conflicts_with = "policy")]
     pub socket: Option<PathBuf>,
     /// Policy file: decide with it here, instead of asking a running broker.

@@ -43,6 +43,11 @@ impl SystemConfig {
         let path = std::env::var_os(SYSTEM_CONFIG_ENV)
             .filter(|p| !p.is_empty())
             .map_or_else(|| PathBuf::from(SYSTEM_CONFIG), PathBuf::from);
+        SystemConfig::load_from(path)
+    }
+
+    /// [`SystemConfig::load`] from `path`.
+    pub fn load_from(path: PathBuf) -> Result<SystemConfig, DiscoveryError> {
         let bad = |why: String| DiscoveryError::SystemConfig { path: path.clone(), why };
         let mut config = SystemConfig { path: path.clone(), clients: ClientsConfig::default(), journal: None };
         let text = match std::fs::read_to_string(&config.path) {
@@ -258,4 +263,46 @@ fn refused(socket: &Path, which: Which, e: std::io::Error) -> DiscoveryError {
     let uid = nix::unistd::getuid().as_raw();
     let why = format!("its socket does not let this user connect ({e})");
     DiscoveryError::Refused { socket: socket.to_path_buf(), which, uid, why, kind: ErrorKind::Unauthorized }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str, text: Option<&str>) -> PathBuf {
+        let path = std::env::temp_dir().join(format!("palisade-system-config-{tag}-{}.toml", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        if let Some(text) = text {
+            std::fs::write(&path, text).unwrap();
+        }
+        path
+    }
+
+    /// The CLI reads `[clients]` and `[journal] path`, ignores the broker's
+    /// other tables, and refuses what it cannot take; no file is the defaults.
+    #[test]
+    fn the_cli_reads_clients_and_the_journal_path_of_the_system_configuration() {
+        let none = SystemConfig::load_from(scratch("none", None)).unwrap();
+        assert_eq!(none.clients, ClientsConfig::default());
+        assert_eq!((none.clients.require_system_broker, none.journal_dir()), (false, PathBuf::from(SYSTEM_JOURNAL)));
+        let text = "[broker]\nallowed_uids = [0]\n[clients]\nsystem_socket = \"/s.sock\"\n\
+                    require_system_broker = true\n[journal]\npath = \"/srv/j\"\nreader_gid = 5\n";
+        let path = scratch("full", Some(text));
+        let read = SystemConfig::load_from(path.clone()).unwrap();
+        assert_eq!(read.clients, ClientsConfig { system_socket: "/s.sock".into(), require_system_broker: true });
+        assert_eq!(read.journal_dir(), PathBuf::from("/srv/j"));
+        for (tag, bad, why) in [
+            ("typo", "[clients]\nrequire_system_brokers = true\n", "[clients]: unknown field"),
+            ("type", "[clients]\nrequire_system_broker = \"yes\"\n", "[clients]: invalid type"),
+            ("relative", "[journal]\npath = \"journal\"\n", "[journal] path: not an absolute path"),
+            ("syntax", "[clients\n", "unclosed table"),
+        ] {
+            let path = scratch(tag, Some(bad));
+            let e = SystemConfig::load_from(path.clone()).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("the system configuration {}: ", path.display())), "{e}");
+            assert!(e.contains(why), "{tag}: {e}");
+            let _ = std::fs::remove_file(path);
+        }
+        let _ = std::fs::remove_file(path);
+    }
 }

@@ -16,8 +16,9 @@ pub const EXIT_PALISADE: i32 = 125;
 
 #[derive(ClapArgs, Debug)]
 pub struct RunArgs {
-    /// Broker socket [default: $PALISADE_SOCKET, else the default socket; an
-    /// embedded broker runs when none answers there].
+    /// Broker socket [default: $PALISADE_SOCKET, else your broker's, else
+    /// the system broker's; an embedded broker runs when none answers,
+    /// unless the system configuration requires the system broker].
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// The writable workspace [default: the current directory].

@@ -1530,7 +1530,13 @@ fn not_allowed(path: &str, uid: u32) -> Denial {
 /// file system than its client (a system service's own /tmp and /var/tmp).
 pub const NOT_VISIBLE_RULE: &str = "request.not_visible";
 
-fn absolute_dir(files: &dyn HostFiles, path: &str, what: &str, uid: u32, root: bool) -> Result<PathBuf, Denial> {
+fn absolute_dir(
+    files: &dyn HostFiles,
+    path: &str,
+    what: &str,
+    uid: u32,
+    root: bool,
+) -> Result<PathBuf, Denial> {
     if !path.starts_with('/') {
         return denied(ErrorKind::InvalidRequest, "request.path", format!("{what} {path:?} is not absolute"));
     }

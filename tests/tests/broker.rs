@@ -1198,7 +1198,8 @@ fn what_a_run_creates_gets_the_requesters_umask_not_the_brokers() {
         argv.extend(["run", "-n", "--socket", d.socket.to_str().unwrap(), "--"].map(String::from));
         argv.extend([probe(), "ops".into(), "mkdir".into(), dir.to_string_lossy().into_owned()]);
         argv.extend(["put".into(), file.to_string_lossy().into_owned(), "made".into()]);
-        let o = std::process::Command::new(&argv[0]).args(&argv[1..]).current_dir(ws.path()).output().unwrap();
+        let o =
+            std::process::Command::new(&argv[0]).args(&argv[1..]).current_dir(ws.path()).output().unwrap();
         assert_eq!(o.status.code(), Some(0), "{}\n{}", stderr(&o), d.log());
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         (mode(&dir), mode(&file))

@@ -63,7 +63,14 @@ impl Machine {
     /// `palisade PRE -- CMD` as `user` in a workspace of its own, as its
     /// shell runs it: no socket named, its runtime directory `runtime`, the
     /// system configuration `config`.
-    fn palisade(&self, user: &nix::unistd::User, runtime: &Path, config: &Path, pre: &[&str], cmd: &[&str]) -> Output {
+    fn palisade(
+        &self,
+        user: &nix::unistd::User,
+        runtime: &Path,
+        config: &Path,
+        pre: &[&str],
+        cmd: &[&str],
+    ) -> Output {
         self.palisade_with(user, runtime, config, pre, cmd, &[])
     }
 
@@ -95,7 +102,8 @@ impl Machine {
 }
 
 fn json(o: &Output) -> serde_json::Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}\n{}", text(&o.stdout), text(&o.stderr)))
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}", text(&o.stdout), text(&o.stderr)))
 }
 
 /// A user without a broker of its own reaches the system broker, and is
@@ -111,7 +119,10 @@ fn without_a_broker_of_its_own_a_user_reaches_the_system_broker_and_is_told_so()
     let runtime = m.runtime(user, "runtime");
     let o = m.palisade(user, &runtime, &config, &["run"], &[&probe(), "echo", "served"]);
     assert_eq!(text(&o.stdout), "ok served\n", "{}\n{}", text(&o.stderr), system.log());
-    assert_eq!(text(&o.stderr), format!("palisade: run by the system broker on {}\n", system.socket.display()));
+    assert_eq!(
+        text(&o.stderr),
+        format!("palisade: run by the system broker on {}\n", system.socket.display())
+    );
     let o = m.palisade(user, &runtime, &config, &["run", "--json"], &[&probe(), "echo", "served"]);
     assert_eq!(json(&o)["broker"], format!("the system broker on {}", system.socket.display()));
     assert_eq!(text(&o.stderr), "");
@@ -164,12 +175,17 @@ fn a_system_broker_that_refuses_is_an_error_never_an_embedded_run() {
     );
     assert_eq!((o.status.code(), text(&o.stdout).as_str(), text(&o.stderr)), (Some(125), "", refused));
     // The same socket named by $PALISADE_SOCKET: refused, not replaced either.
-    let o = m.palisade_with(user, &runtime, &config, &["run"], &["/usr/bin/echo", "x"], &[(
-        "PALISADE_SOCKET",
-        &closed.socket,
-    )]);
+    let o = m.palisade_with(
+        user,
+        &runtime,
+        &config,
+        &["run"],
+        &["/usr/bin/echo", "x"],
+        &[("PALISADE_SOCKET", &closed.socket)],
+    );
     assert_eq!((o.status.code(), text(&o.stdout).as_str()), (Some(125), ""));
-    let named = format!("palisade: Unauthorized: the broker on {} refuses uid {}", closed.socket.display(), user.uid);
+    let named =
+        format!("palisade: Unauthorized: the broker on {} refuses uid {}", closed.socket.display(), user.uid);
     assert!(text(&o.stderr).starts_with(&named), "{}", text(&o.stderr));
     // It answers Unauthorized: the user is not among its allowed_uids.
     let strict = m.system_broker(&format!("allowed_uids = [0, {}]", other.uid));
@@ -177,9 +193,17 @@ fn a_system_broker_that_refuses_is_an_error_never_an_embedded_run() {
     let o = m.palisade(user, &runtime, &config, &["run"], &["/usr/bin/echo", "embedded"]);
     assert_eq!((o.status.code(), text(&o.stdout).as_str()), (Some(125), ""));
     let said = text(&o.stderr);
-    let refuses = format!("palisade: Unauthorized: the system broker on {} refuses uid {}: uid {} ", strict.socket.display(), user.uid, user.uid);
+    let refuses = format!(
+        "palisade: Unauthorized: the system broker on {} refuses uid {}: uid {} ",
+        strict.socket.display(),
+        user.uid,
+        user.uid
+    );
     assert!(said.starts_with(&refuses), "{said}");
-    assert!(said.contains("is not allowed to use this broker") && said.contains("no embedded broker runs"), "{said}");
+    assert!(
+        said.contains("is not allowed to use this broker") && said.contains("no embedded broker runs"),
+        "{said}"
+    );
     // Counter-test: the user it serves runs through it.
     let other_runtime = m.runtime(other, "other-runtime");
     let o = m.palisade(other, &other_runtime, &config, &["run"], &[&probe(), "echo", "served"]);
@@ -197,7 +221,8 @@ fn an_admin_may_require_the_system_broker_for_every_run() {
     let user = &m.users.attacker;
     let runtime = m.runtime(user, "runtime");
     let none = m.dir.join("none.sock");
-    let required = m.system_config("required.toml", &format!("system_socket = {none:?}\nrequire_system_broker = true"));
+    let required =
+        m.system_config("required.toml", &format!("system_socket = {none:?}\nrequire_system_broker = true"));
     let o = m.palisade(user, &runtime, &required, &["run"], &["/usr/bin/echo", "embedded"]);
     let refused = format!(
         "palisade: Unavailable: this machine requires the system broker ([clients] require_system_broker in {}): \
@@ -209,16 +234,33 @@ fn an_admin_may_require_the_system_broker_for_every_run() {
     assert_eq!((o.status.code(), text(&o.stdout).as_str(), text(&o.stderr)), (Some(125), "", refused));
     let policy = m.dir.join("policy.toml");
     std::fs::write(&policy, base_config()).unwrap();
-    let o = m.palisade(user, &runtime, &required, &["run", "--policy", policy.to_str().unwrap()], &["/usr/bin/echo", "x"]);
+    let o = m.palisade(
+        user,
+        &runtime,
+        &required,
+        &["run", "--policy", policy.to_str().unwrap()],
+        &["/usr/bin/echo", "x"],
+    );
     assert_eq!((o.status.code(), text(&o.stdout).as_str()), (Some(125), ""));
-    assert!(text(&o.stderr).contains("): --policy runs an embedded broker, which it does not allow"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("): --policy runs an embedded broker, which it does not allow"),
+        "{}",
+        text(&o.stderr)
+    );
     let o = m.palisade(user, &runtime, &required, &["explain"], &["/usr/bin/echo", "x"]);
     assert_eq!(o.status.code(), Some(125), "{}", text(&o.stdout));
-    assert!(text(&o.stderr).starts_with("palisade: Unavailable: this machine requires the system broker"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).starts_with("palisade: Unavailable: this machine requires the system broker"),
+        "{}",
+        text(&o.stderr)
+    );
 
     // Counter-test: required, and answering: it runs there.
     let system = m.system_broker("");
-    let there = m.system_config("there.toml", &format!("system_socket = {:?}\nrequire_system_broker = true", system.socket));
+    let there = m.system_config(
+        "there.toml",
+        &format!("system_socket = {:?}\nrequire_system_broker = true", system.socket),
+    );
     let o = m.palisade(user, &runtime, &there, &["run"], &[&probe(), "echo", "served"]);
     assert_eq!(text(&o.stdout), "ok served\n", "{}\n{}", text(&o.stderr), system.log());
     // Counter-test: not required: the same missing broker, and an embedded one runs.

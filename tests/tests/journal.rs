@@ -535,7 +535,12 @@ fn the_journal_is_private_and_a_directory_others_may_write_is_refused() {
 
 /// `palisade audit ARGS` as `user`, with `env` (and no journal of its own:
 /// `HOME` is `home`, nothing names another).
-fn audit_as(user: &nix::unistd::User, home: &Path, args: &[&str], env: &[(&str, &Path)]) -> (Option<i32>, String) {
+fn audit_as(
+    user: &nix::unistd::User,
+    home: &Path,
+    args: &[&str],
+    env: &[(&str, &Path)],
+) -> (Option<i32>, String) {
     let o = std::process::Command::new("setpriv")
         .args(&as_user(user)[1..])
         .arg(bin("palisade"))
@@ -564,7 +569,9 @@ fn audit_as(user: &nix::unistd::User, home: &Path, args: &[&str], env: &[(&str, 
 fn the_journals_readers_verify_it_under_the_units_umask_and_others_cannot_read_it() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let Some(users) = system_users() else {
-        eprintln!("not root: a root broker's journal read by other users cannot be tested as an ordinary user");
+        eprintln!(
+            "not root: a root broker's journal read by other users cannot be tested as an ordinary user"
+        );
         return;
     };
     let (reader, other) = (&users.victim, &users.attacker);
@@ -606,14 +613,24 @@ fn the_journals_readers_verify_it_under_the_units_umask_and_others_cannot_read_i
     let env = [(SYSTEM_CONFIG_ENV, system.as_path())];
     let (code, out) = audit_as(reader, home.path(), &["verify"], &env);
     let own = home.join(".local/state/palisade/journal");
-    let said = format!("palisade audit: no journal of yours at {}: the system broker's, {}", own.display(), journal.display());
+    let said = format!(
+        "palisade audit: no journal of yours at {}: the system broker's, {}",
+        own.display(),
+        journal.display()
+    );
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("verified: ") && out.contains(&said), "{out}");
     assert_eq!(audit_as(reader, home.path(), &["verify", "--system"], &env).0, Some(0));
     // Another user: it cannot read the journal, which is not broken.
     let (code, out) = audit_as(other, home.path(), &at, &[]);
     assert_eq!(code, Some(5), "{out}");
-    let refused = format!("cannot read: {}: Permission denied (os error 13): uid {} (groups {}) may not search {} (mode 0710, owner uid 0, group gid {group})", journal.display(), other.uid, other.gid, state.display());
+    let refused = format!(
+        "cannot read: {}: Permission denied (os error 13): uid {} (groups {}) may not search {} (mode 0710, owner uid 0, group gid {group})",
+        journal.display(),
+        other.uid,
+        other.gid,
+        state.display()
+    );
     assert!(out.contains(&refused) && out.contains("reader_gid"), "{out}");
     let (code, out) = audit_as(other, home.path(), &["verify"], &env);
     assert_eq!(code, Some(5), "{out}");

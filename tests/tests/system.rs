@@ -460,7 +460,11 @@ fn under_the_units_umask_the_etc_snapshot_serves_other_users() {
         let ws = s.path("attacker-ws");
         owned_dir(&ws, &s.users.attacker, 0o755);
         let args = [probe(), "read".into(), "/etc/passwd".into()];
-        let o = s.run_as(Some(&s.users.attacker), &["--workspace", ws.to_str().unwrap()], &args.each_ref().map(|a| a.as_str()));
+        let o = s.run_as(
+            Some(&s.users.attacker),
+            &["--workspace", ws.to_str().unwrap()],
+            &args.each_ref().map(|a| a.as_str()),
+        );
         assert_eq!(text(&o.stdout), format!("ok {} bytes: {passwd}\n", passwd.len()), "{}", text(&o.stderr));
     };
     read_passwd(&s);

@@ -195,7 +195,8 @@ impl Store {
             for (_, path) in segments(dir).map_err(|e| io_error(dir, "cannot list", e))? {
                 let flags = libc::O_NOFOLLOW | libc::O_CLOEXEC;
                 let file = File::options().read(true).custom_flags(flags).open(&path);
-                file.and_then(|f| give_readers(&f, gid)).map_err(|e| io_error(&path, "cannot give the readers", e))?;
+                file.and_then(|f| give_readers(&f, gid))
+                    .map_err(|e| io_error(&path, "cannot give the readers", e))?;
             }
         }
         let head = Head { seq: 0, hash: GENESIS.into() };

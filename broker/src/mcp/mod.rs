@@ -35,8 +35,9 @@ const ELICITATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// Serve palisade's tools to an agent over MCP (stdio).
 #[derive(ClapArgs, Debug)]
 pub struct McpArgs {
-    /// Broker socket [default: $PALISADE_SOCKET, else the default socket; an
-    /// embedded broker serves the calls when none answers there].
+    /// Broker socket [default: $PALISADE_SOCKET, else your broker's, else
+    /// the system broker's; an embedded broker serves the calls when none
+    /// answers, unless the system configuration requires the system broker].
     #[arg(long, value_name = "PATH", conflicts_with = "policy")]
     pub socket: Option<PathBuf>,
     /// Policy file: serve the calls with an embedded broker under this policy.
@@ -89,7 +90,7 @@ pub fn main(args: McpArgs) -> i32 {
             Serving::Socket(found.socket.clone(), found.name())
         }
         Ok(Route::Embedded { .. }) => match embedded_broker(args.policy.as_deref(), &args.sandbox, &cwd) {
-            Ok(b) => Serving::Embedded(b),
+            Ok(b) => Serving::Embedded(Box::new(b)),
             Err(e) => return fail(ErrorKind::InvalidRequest, e),
         },
         Err(e) => return fail(e.kind(), e),
@@ -100,7 +101,7 @@ pub fn main(args: McpArgs) -> i32 {
     };
     let served = runtime.block_on(async move {
         match serving {
-            Serving::Embedded(broker) => serve_embedded(broker, defaults).await,
+            Serving::Embedded(broker) => serve_embedded(*broker, defaults).await,
             Serving::Socket(socket, broker) => {
                 serve(Palisade { socket: Arc::new(socket), broker: Arc::new(broker), defaults: Arc::new(defaults) })
                     .await
@@ -120,7 +121,7 @@ pub fn main(args: McpArgs) -> i32 {
 /// What serves the calls: a broker embedded in this process, or the one on
 /// a socket (with its name, for people).
 enum Serving {
-    Embedded(Broker),
+    Embedded(Box<Broker>),
     Socket(PathBuf, String),
 }
 
