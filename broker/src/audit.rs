@@ -166,7 +166,8 @@ impl JournalDir {
                 Err(NoJournal::Missing(format!("no journal at {}", dir.display())))
             }
             Err(e) => {
-                Err(NoJournal::CannotRead(format!("cannot read: {}: {}", dir.display(), verify::why_unreadable(&dir, &e))))
+                let why = verify::why_unreadable(&dir, &e);
+                Err(NoJournal::CannotRead(format!("cannot read: {}: {why}", dir.display())))
             }
         }
     }

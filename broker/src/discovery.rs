@@ -117,11 +117,14 @@ pub enum Route {
 pub enum DiscoveryError {
     /// A broker is there and refuses this user.
     #[error(
-        "{} refuses uid {uid}: {why}. Ask its administrator to let you use it (the palisade \
-         group, named in [broker] allowed_gids); no embedded broker runs in its place",
-        name(*.which, .socket)
+        "{} refuses uid {uid}: {why}. {}; no embedded broker runs in its place",
+        name(*.which, .socket),
+        advice(*.which)
     )]
     Refused { socket: PathBuf, which: Which, uid: u32, why: String, kind: ErrorKind },
+    /// The system broker answered the hello with another error (`Busy`, say).
+    #[error("{}: {message}", name(Which::System, .socket))]
+    Answered { socket: PathBuf, kind: ErrorKind, message: String },
     /// The socket named with `--socket` does not answer.
     #[error("{}: {source}", .socket.display())]
     Named { socket: PathBuf, source: std::io::Error },
@@ -139,11 +142,23 @@ pub enum DiscoveryError {
     Broken { socket: PathBuf, why: String },
 }
 
+/// What a user refused by a broker can do about it.
+fn advice(which: Which) -> &'static str {
+    match which {
+        Which::System => {
+            "Ask its administrator to let you use it (the palisade group, named in [broker] allowed_gids)"
+        }
+        Which::Named | Which::Own => {
+            "Whoever runs it lets other users in with its socket's mode and [broker] allowed_uids or allowed_gids"
+        }
+    }
+}
+
 impl DiscoveryError {
     /// The kind a client sees.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            DiscoveryError::Refused { kind, .. } => *kind,
+            DiscoveryError::Refused { kind, .. } | DiscoveryError::Answered { kind, .. } => *kind,
             DiscoveryError::Named { .. } | DiscoveryError::Broken { .. } => ErrorKind::RuntimeFailure,
             DiscoveryError::Required { .. } => ErrorKind::Unavailable,
             DiscoveryError::SystemConfig { .. } => ErrorKind::InvalidRequest,
@@ -158,7 +173,7 @@ impl DiscoveryError {
 pub fn find(flag: Option<&Path>, runs: bool) -> Result<Route, DiscoveryError> {
     if let Some(socket) = flag {
         return match UnixStream::connect(socket) {
-            Ok(stream) => found(socket, Which::Named, stream),
+            Ok(stream) => found(socket, Which::Named, stream).map(Route::Broker),
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(refused(socket, Which::Named, e)),
             Err(source) => Err(DiscoveryError::Named { socket: socket.to_path_buf(), source }),
         };
@@ -204,7 +219,8 @@ pub fn find(flag: Option<&Path>, runs: bool) -> Result<Route, DiscoveryError> {
 
 /// Why `--policy` is refused where the system broker is required.
 pub const POLICY_EMBEDS: &str =
-    "--policy runs an embedded broker, which it does not allow: run without --policy (the system broker's policy decides)";
+    "--policy runs an embedded broker, which it does not allow: run without --policy \
+     (the system broker's policy decides)";
 
 /// Refuses with the reason when the system configuration requires the
 /// system broker: `what` is about to run an embedded broker.
@@ -219,10 +235,7 @@ pub fn may_embed(what: &str) -> Result<(), DiscoveryError> {
 /// The broker at `socket`, connected; `None` when nothing is there.
 fn answering(socket: &Path, which: Which) -> Result<Option<Found>, DiscoveryError> {
     match UnixStream::connect(socket) {
-        Ok(stream) => found(socket, which, stream).map(|r| match r {
-            Route::Broker(f) => Some(f),
-            Route::Embedded { .. } => None,
-        }),
+        Ok(stream) => found(socket, which, stream).map(Some),
         Err(e) if nothing_there(&e) => {
             tracing::debug!("no broker at {}: {e}", socket.display());
             Ok(None)
@@ -241,21 +254,24 @@ fn nothing_there(e: &std::io::Error) -> bool {
 /// A connected broker. The system broker's hello is awaited here (a round
 /// trip more), so that its `Unauthorized` is told with what to do; the
 /// others' goes with the first request.
-fn found(socket: &Path, which: Which, stream: UnixStream) -> Result<Route, DiscoveryError> {
+fn found(socket: &Path, which: Which, stream: UnixStream) -> Result<Found, DiscoveryError> {
     let broken = |why: String| DiscoveryError::Broken { socket: socket.to_path_buf(), why };
     let mut client = Client::over(stream).map_err(|e| broken(e.to_string()))?;
     if which == Which::System {
+        let socket = socket.to_path_buf();
         match client.greet() {
             Ok(()) => {}
             Err(ClientError::Reply(e)) if e.kind == ErrorKind::Unauthorized => {
                 let uid = nix::unistd::getuid().as_raw();
-                let socket = socket.to_path_buf();
                 return Err(DiscoveryError::Refused { socket, which, uid, why: e.message, kind: e.kind });
+            }
+            Err(ClientError::Reply(e)) => {
+                return Err(DiscoveryError::Answered { socket, kind: e.kind, message: e.message });
             }
             Err(e) => return Err(broken(e.to_string())),
         }
     }
-    Ok(Route::Broker(Found { socket: socket.to_path_buf(), which, client }))
+    Ok(Found { socket: socket.to_path_buf(), which, client })
 }
 
 /// The refusal of a socket this user may not connect to.

@@ -88,10 +88,10 @@ pub fn main(command: PluginCommand) -> i32 {
         PluginCommand::Run { name, input, timeout_ms, json, broker, policy } => {
             let message = ClientMessage::RunPlugin { skill: name, input, inline_module: None, timeout_ms };
             let reply = match policy {
-                Some(p) => match Config::load(&p) {
-                    Ok(c) => embedded(c, message),
-                    Err(e) => Err(ErrorReply::new(ErrorKind::InvalidRequest, e.to_string())),
-                },
+                Some(p) => crate::discovery::may_embed(crate::discovery::POLICY_EMBEDS)
+                    .map_err(|e| ErrorReply::new(e.kind(), e.to_string()))
+                    .and_then(|()| Config::load(&p).map_err(|e| ErrorReply::new(ErrorKind::InvalidRequest, e.to_string())))
+                    .and_then(|c| embedded(c, message)),
                 None => through_broker(&broker, message),
             };
             render(reply, json)

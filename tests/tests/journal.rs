@@ -625,7 +625,8 @@ fn the_journals_readers_verify_it_under_the_units_umask_and_others_cannot_read_i
     let (code, out) = audit_as(other, home.path(), &at, &[]);
     assert_eq!(code, Some(5), "{out}");
     let refused = format!(
-        "cannot read: {}: Permission denied (os error 13): uid {} (groups {}) may not search {} (mode 0710, owner uid 0, group gid {group})",
+        "cannot read: {}: Permission denied (os error 13): uid {} (groups {}) may not search {} \
+         (mode 0710, owner uid 0, group gid {group})",
         journal.display(),
         other.uid,
         other.gid,
