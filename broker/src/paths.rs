@@ -313,6 +313,8 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let base = std::env::temp_dir().join(format!("palisade-hostdirs-{}", std::process::id()));
         let run = base.join("run-1");
+        // temp_root, where a run's directories go: it is there before them.
+        std::fs::create_dir_all(&base).unwrap();
         let dirs = [run.clone(), run.join("tmp"), run.join("workspace")];
         let me = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
         let made = HostDirs::create(&dirs, me).unwrap();
