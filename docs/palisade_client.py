@@ -70,8 +70,12 @@ def main(argv):
             return 0
         print(f"palisade: {message['error']['kind']}: {message['error']['message']}", file=sys.stderr)
         return 125
+    # This process's umask, for what the command creates (read by setting it back).
+    umask = os.umask(0o022)
+    os.umask(umask)
     # raw_output: each piece of output follows its line as raw bytes.
-    send({"run": {"argv": command, "cwd": os.getcwd(), "env": dict(os.environ), "raw_output": True}})
+    run = {"argv": command, "cwd": os.getcwd(), "env": dict(os.environ), "raw_output": True, "umask": umask}
+    send({"run": run})
     while True:
         message = receive()
         if "output" in message:

@@ -4,15 +4,15 @@
 
 use crate::approvals::{ApproverAction, Approvers};
 use crate::cli::{BrokerArgs, EXIT_PALISADE, ToolsCommand};
-use crate::client::{Client, ClientError};
+use crate::client::ClientError;
+use crate::discovery::Route;
 use crate::journal::Journal;
-use crate::paths;
 use crate::service::Peer;
 use crate::trust::TrustStore;
 use palisade_policy::Config;
 use palisade_protocol::wire::{ClientMessage, ErrorKind, PendingApproval, ServerMessage, ToolInfo};
 use std::fmt::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// What a run held for approval is about to do, one item a line.
 pub fn describe(p: &PendingApproval) -> String {
@@ -73,20 +73,19 @@ pub(crate) fn fail(kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
     EXIT_PALISADE
 }
 
-fn socket(args: &BrokerArgs) -> PathBuf {
-    args.socket
-        .clone()
-        .or_else(|| std::env::var_os("PALISADE_SOCKET").map(PathBuf::from))
-        .unwrap_or_else(paths::default_socket)
-}
-
-/// One request to the running broker; its reply, or the exit status of a failure.
+/// One request to the running broker (the user's own, else the system
+/// broker: see `discovery`); its reply, or the exit status of a failure.
 pub(crate) fn ask_broker(args: &BrokerArgs, msg: &ClientMessage) -> Result<ServerMessage, i32> {
-    let socket = socket(args);
-    let reply = Client::open(&socket).and_then(|mut c| c.request(msg));
-    reply.map_err(|e| match e {
+    let mut found = match crate::discovery::find(args.socket.as_deref(), false) {
+        Ok(Route::Broker(found)) => found,
+        Ok(Route::Embedded { tried }) => {
+            return Err(fail(ErrorKind::Unavailable, format!("no broker answers on {tried}")));
+        }
+        Err(e) => return Err(fail(e.kind(), e)),
+    };
+    found.client.request(msg).map_err(|e| match e {
         ClientError::Reply(e) => fail(e.kind, e.message),
-        ClientError::Io(e) => fail(ErrorKind::Unavailable, format!("no broker at {}: {e}", socket.display())),
+        ClientError::Io(e) => fail(ErrorKind::Unavailable, format!("{}: {e}", found.name())),
         e => fail(ErrorKind::ProtocolError, e),
     })
 }
@@ -175,7 +174,7 @@ fn embedded(policy: &Path, approve: Option<&str>) -> Result<Vec<ToolInfo>, i32> 
         approvers.authorize(&peer, ApproverAction::ApproveTool(name)).map_err(refused)?;
     }
     // A transition is recorded as a daemon's is (no record, no change).
-    let journal = Journal::from_config(&config.journal).map_err(|e| fail(ErrorKind::JournalUnavailable, e))?;
+    let journal = Journal::from_config(&config).map_err(|e| fail(ErrorKind::JournalUnavailable, e))?;
     let store = TrustStore::open(&config, journal).map_err(|e| fail(ErrorKind::RuntimeFailure, e))?;
     let Some(store) = store else {
         let why = "keeps no trust stages ([trust] enabled = false, or no tool is declared)";

@@ -8,14 +8,18 @@ use std::time::Duration;
 
 /// Exit status when a record does not chain on the one before it.
 pub const EXIT_BROKEN: i32 = 1;
-/// Exit status when the journal cannot be found or read at all, or the
-/// command line is wrong (clap's own status for that, too).
+/// Exit status when there is no journal, or the command line is wrong
+/// (clap's own status for that, too).
 pub const EXIT_UNREADABLE: i32 = 2;
 /// Exit status when records before the first were removed and no record in
 /// the chain says retention removed them (without `--allow-pruned`).
 pub const EXIT_PRUNED: i32 = 3;
 /// Exit status when the head given with `--head` is not in the journal.
 pub const EXIT_HEAD_MISSING: i32 = 4;
+/// Exit status when the journal, or a segment of it, is there but this
+/// user may not read it (the message names the permission that refuses
+/// it): nothing is known of its chain, which is not "broken".
+pub const EXIT_CANNOT_READ: i32 = 5;
 /// How often `tail -f` looks for new records.
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 /// Fields every record has; a record's line for people shows the others.
@@ -25,9 +29,10 @@ const CHAIN_FIELDS: [&str; 6] = ["seq", "time", "prev", "hash", "event", "broker
 pub enum AuditCommand {
     /// Check every segment: each record's seq, prev and hash. Exits 0 when
     /// the chain is whole, 1 naming the first broken record (seq, file,
-    /// line), 2 when there is no journal to read, 3 when records before the
-    /// first were removed and no retention record says so, 4 when the head
-    /// given with --head is not in the journal.
+    /// line), 2 when there is no journal, 3 when records before the first
+    /// were removed and no retention record says so, 4 when the head given
+    /// with --head is not in the journal, 5 when the journal is there but
+    /// this user may not read it (naming the permission that refuses it).
     Verify {
         /// A head kept elsewhere (`palisade audit head`, or the broker's log
         /// line `journal head SEQ HASH`): it must still be in the chain.
@@ -87,19 +92,84 @@ pub enum AuditCommand {
 
 #[derive(Args, Debug)]
 pub struct JournalDir {
-    /// The journal's directory [default: $PALISADE_JOURNAL, else
-    /// /var/lib/palisade/journal for root, $XDG_STATE_HOME/palisade/journal for a user].
+    /// The journal's directory [default: $PALISADE_JOURNAL, else yours
+    /// ($XDG_STATE_HOME/palisade/journal; /var/lib/palisade/journal for
+    /// root), else, when you have none, the system broker's].
     #[arg(long, value_name = "DIR")]
     journal: Option<PathBuf>,
+    /// The system broker's journal: [journal] path of the system
+    /// configuration (/etc/palisade/palisade.toml, or
+    /// $PALISADE_SYSTEM_CONFIG), else /var/lib/palisade/journal.
+    #[arg(long, conflicts_with = "journal")]
+    system: bool,
+}
+
+/// Why there is no journal to read: none there (exit 2), or one this user
+/// may not read (exit 5).
+enum NoJournal {
+    Missing(String),
+    CannotRead(String),
+}
+
+impl NoJournal {
+    fn status(&self) -> i32 {
+        match self {
+            NoJournal::Missing(_) => EXIT_UNREADABLE,
+            NoJournal::CannotRead(_) => EXIT_CANNOT_READ,
+        }
+    }
+
+    fn message(self) -> String {
+        match self {
+            NoJournal::Missing(m) | NoJournal::CannotRead(m) => m,
+        }
+    }
 }
 
 impl JournalDir {
     fn dir(&self) -> Result<PathBuf, String> {
-        let dir = journal::default_dir(self.journal.as_deref())?;
-        if !dir.is_dir() {
-            return Err(format!("no journal at {}", dir.display()));
+        self.find().map_err(NoJournal::message)
+    }
+
+    /// The journal to read: as named, else the user's own, else (when the
+    /// user has none, and said on stderr) the system broker's.
+    fn find(&self) -> Result<PathBuf, NoJournal> {
+        let system = || {
+            crate::discovery::SystemConfig::load()
+                .map(|c| c.journal_dir())
+                .map_err(|e| NoJournal::Missing(e.to_string()))
+        };
+        let dir = match (&self.journal, self.system) {
+            (Some(d), _) => d.clone(),
+            (None, true) => system()?,
+            (None, false) => {
+                let own = journal::default_dir(None).map_err(NoJournal::Missing)?;
+                let named = std::env::var_os(journal::JOURNAL_ENV).is_some_and(|v| !v.is_empty());
+                match std::fs::metadata(&own) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => {
+                        let dir = system()?;
+                        eprintln!(
+                            "palisade audit: no journal of yours at {}: the system broker's, {}",
+                            own.display(),
+                            dir.display()
+                        );
+                        dir
+                    }
+                    _ => own,
+                }
+            }
+        };
+        match std::fs::metadata(&dir) {
+            Ok(m) if m.is_dir() => Ok(dir),
+            Ok(_) => Err(NoJournal::Missing(format!("{} is not a directory", dir.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(NoJournal::Missing(format!("no journal at {}", dir.display())))
+            }
+            Err(e) => {
+                let why = verify::why_unreadable(&dir, &e);
+                Err(NoJournal::CannotRead(format!("cannot read: {}: {why}", dir.display())))
+            }
         }
-        Ok(dir)
     }
 }
 
@@ -124,11 +194,12 @@ pub fn main(command: AuditCommand) -> i32 {
 }
 
 fn verify_journal(at: &JournalDir, head: Option<&str>, allow_pruned: bool, json: bool) -> i32 {
-    let dir = match at.dir() {
+    let dir = match at.find() {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("palisade audit: {e}");
-            return EXIT_UNREADABLE;
+            let status = e.status();
+            eprintln!("palisade audit: {}", e.message());
+            return status;
         }
     };
     let head = head.map(str::to_ascii_lowercase);
@@ -155,6 +226,7 @@ fn verify_journal(at: &JournalDir, head: Option<&str>, allow_pruned: bool, json:
                 verify::Failure::Broken(_) => EXIT_BROKEN,
                 verify::Failure::Pruned { .. } => EXIT_PRUNED,
                 verify::Failure::HeadMissing { .. } => EXIT_HEAD_MISSING,
+                verify::Failure::Unreadable { .. } => EXIT_CANNOT_READ,
             }
         }
     }

@@ -3,7 +3,8 @@
 //! embedded broker's own store where none answers (or with `--policy`).
 
 use crate::cli::{BrokerArgs, EXIT_PALISADE};
-use crate::client::{Client, ClientError};
+use crate::client::ClientError;
+use crate::discovery::Route;
 use crate::requester::Requester;
 use clap::Subcommand;
 use palisade_policy::Config;
@@ -119,14 +120,18 @@ fn reply_value(reply: &ServerMessage) -> serde_json::Value {
 /// The reply of the running broker; else of the embedded broker's store.
 fn ask(at: &At, message: ClientMessage) -> Result<ServerMessage, i32> {
     if at.policy.is_none() {
-        let (socket, explicit) = crate::cli::broker_socket(at.broker.socket.as_ref());
-        match Client::open(&socket).and_then(|mut c| c.request(&message)) {
-            Ok(r) => return Ok(r),
-            Err(ClientError::Reply(e)) => return Ok(ServerMessage::Error(e)),
-            Err(e) if explicit => {
-                return Err(fail(ErrorKind::Unavailable, format!("no broker at {}: {e}", socket.display())));
+        // Only the user's own change sets are read here without a broker:
+        // nothing runs, so a required system broker does not stop it.
+        match crate::discovery::find(at.broker.socket.as_deref(), false) {
+            Ok(Route::Broker(mut found)) => {
+                return match found.client.request(&message) {
+                    Ok(r) => Ok(r),
+                    Err(ClientError::Reply(e)) => Ok(ServerMessage::Error(e)),
+                    Err(e) => Err(fail(ErrorKind::Unavailable, format!("{}: {e}", found.name()))),
+                };
             }
-            Err(_) => {}
+            Ok(Route::Embedded { .. }) => {}
+            Err(e) => return Err(fail(e.kind(), e)),
         }
     }
     let config = match at.policy.as_deref().map(Config::load).transpose() {
@@ -135,7 +140,7 @@ fn ask(at: &At, message: ClientMessage) -> Result<ServerMessage, i32> {
     };
     let store = crate::service::changes_store(&config).map_err(|e| fail(ErrorKind::RuntimeFailure, e))?;
     let journal =
-        crate::journal::Journal::from_config(&config.journal).map_err(|e| fail(ErrorKind::JournalUnavailable, e))?;
+        crate::journal::Journal::from_config(&config).map_err(|e| fail(ErrorKind::JournalUnavailable, e))?;
     // The embedded broker's user is the person at this terminal.
     Ok(crate::changes::review::serve(&store, &journal, &Requester::me(), true, message))
 }

@@ -2,7 +2,7 @@
 //! or an embedded one with the built-in default policy when none answers.
 
 use crate::client::{Client, ClientError, Event};
-use crate::paths;
+use crate::discovery::{self, Found, Route, Which};
 pub use crate::run_cli::{EXIT_PALISADE, RunArgs, SandboxArgs};
 use crate::run_cli::{Render, RenderSink, fail, request};
 use crate::service::{Broker, Peer};
@@ -111,7 +111,8 @@ pub enum Command {
 /// Where the approval and tool commands find the broker.
 #[derive(ClapArgs, Debug)]
 pub struct BrokerArgs {
-    /// Broker socket [default: $PALISADE_SOCKET, else the default socket].
+    /// Broker socket [default: $PALISADE_SOCKET, else your broker's, else the
+    /// system broker's].
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
 }
@@ -143,8 +144,9 @@ pub enum ToolsCommand {
 
 #[derive(ClapArgs, Debug)]
 pub struct ExplainArgs {
-    /// Broker socket to ask [default: $PALISADE_SOCKET, else the default
-    /// socket; the built-in policy decides when no broker answers there].
+    /// Broker socket to ask [default: $PALISADE_SOCKET, else your broker's,
+    /// else the system broker's; the built-in policy decides when none
+    /// answers, unless the system configuration requires the system broker].
     #[arg(long, value_name = "PATH", conflicts_with = "policy")]
     pub socket: Option<PathBuf>,
     /// Policy file: decide with it here, instead of asking a running broker.
@@ -262,27 +264,13 @@ pub fn main(cli: Cli) -> i32 {
     }
 }
 
-/// Where a broker answers for the CLI: `--socket`, `$PALISADE_SOCKET`, or
-/// the default socket; whether it was named (then it must answer).
-pub(crate) fn broker_socket(flag: Option<&PathBuf>) -> (PathBuf, bool) {
-    match (flag, std::env::var_os("PALISADE_SOCKET")) {
-        (Some(s), _) => (s.clone(), true),
-        (None, Some(s)) => (PathBuf::from(s), false),
-        (None, None) => (paths::default_socket(), false),
-    }
-}
-
 fn explain(args: ExplainArgs) -> i32 {
     let mut by = "decided here".to_string();
     if args.policy.is_none() {
-        let (socket, explicit) = broker_socket(args.socket.as_ref());
-        by = format!("no broker answers on {}: decided here", socket.display());
-        match Client::open(&socket) {
-            Ok(client) => return explain_by(client, &socket, args),
-            Err(ClientError::Io(e)) if !explicit => {
-                tracing::debug!("no broker at {}: {e}; the built-in policy decides", socket.display());
-            }
-            Err(e) => return fail(ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),
+        match discovery::find(args.socket.as_deref(), true) {
+            Ok(Route::Broker(found)) => return explain_by(found, args),
+            Ok(Route::Embedded { tried }) => by = format!("no broker answers on {tried}: decided here"),
+            Err(e) => return fail(e.kind(), e),
         }
     }
     let mut config = match args.policy.as_deref().map(Config::load).transpose() {
@@ -319,17 +307,17 @@ fn explain(args: ExplainArgs) -> i32 {
     show_explanation(&explained, &by)
 }
 
-/// `palisade explain` through the broker answering on `socket`: its policy decides.
-fn explain_by(mut client: Client, socket: &std::path::Path, args: ExplainArgs) -> i32 {
+/// `palisade explain` through the broker `found`: its policy decides.
+fn explain_by(found: Found, args: ExplainArgs) -> i32 {
+    let name = found.name();
+    let (mut client, socket) = (found.client, found.socket);
     let run_args = RunArgs { workspace: args.workspace, tool: args.tool, params: args.params, ..explain_run(args.sandbox, args.command) };
     let request = match request(&run_args, false) {
         Ok(r) => r,
         Err(e) => return fail(ErrorKind::InvalidRequest, e),
     };
     match client.request(&palisade_protocol::wire::ClientMessage::Explain(request)) {
-        Ok(palisade_protocol::wire::ServerMessage::Explained(e)) => {
-            show_explanation(&e, &format!("the broker on {}", socket.display()))
-        }
+        Ok(palisade_protocol::wire::ServerMessage::Explained(e)) => show_explanation(&e, &name),
         Ok(other) => fail(ErrorKind::RuntimeFailure, format!("the broker answered {other:?}")),
         Err(ClientError::Reply(e)) => fail(e.kind, e.message),
         Err(e) => fail(ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),
@@ -378,26 +366,32 @@ fn run(args: RunArgs) -> i32 {
         Ok::<_, String>(config)
     };
     if let Some(policy) = &args.policy {
+        if let Err(e) = discovery::may_embed(discovery::POLICY_EMBEDS) {
+            return refuse(e.kind(), e.to_string());
+        }
         return match own_policy(Config::load(policy).map_err(|e| e.to_string())) {
             Ok(config) => embedded(config, request, render),
             Err(e) => refuse(ErrorKind::InvalidRequest, e),
         };
     }
-    let (socket, explicit) = broker_socket(args.socket.as_ref());
-    match Client::open(&socket) {
-        Ok(client) => {
-            render.by(format!("the broker on {}", socket.display()));
-            via_socket(client, request, render)
+    match discovery::find(args.socket.as_deref(), true) {
+        Ok(Route::Broker(found)) => {
+            // Said once, and only of a broker that is not the user's own
+            // (with --json, the object's `broker` says it).
+            if found.which == Which::System && !args.json {
+                eprintln!("palisade: run by {}", found.name());
+            }
+            render.by(found.name());
+            via_socket(found.client, request, render)
         }
-        Err(ClientError::Io(e)) if !explicit => {
-            tracing::debug!("no broker at {}: {e}; running an embedded one", socket.display());
+        Ok(Route::Embedded { tried }) => {
+            tracing::debug!("no broker answers on {tried}: running an embedded one");
             match own_policy(Ok(Config::default())) {
                 Ok(config) => embedded(config, request, render),
                 Err(e) => refuse(ErrorKind::InvalidRequest, e),
             }
         }
-        Err(ClientError::Reply(e)) => render.finish(Err(e)),
-        Err(e) => refuse(ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),
+        Err(e) => refuse(e.kind(), e.to_string()),
     }
 }
 

@@ -141,6 +141,12 @@ impl Client {
         is_pipe
     }
 
+    /// Waits for the broker's answer to the hello (sent now if it was
+    /// waiting for the first request): an `Unauthorized`, say.
+    pub fn greet(&mut self) -> Result<(), ClientError> {
+        self.finish_hello()
+    }
+
     fn finish_hello(&mut self) -> Result<(), ClientError> {
         if !std::mem::take(&mut self.hello_pending) {
             return Ok(());

@@ -349,6 +349,8 @@ fn take(entries: &[PathBuf], dir: &Path) -> io::Result<Snapshot> {
     fs::DirBuilder::new().mode(0o755).create(dir)?;
     // From here on the directory is this snapshot's, removed when it drops.
     let snapshot = Snapshot { dir: dir.to_path_buf() };
+    // Whatever the umask (a unit's UMask=0077): the sandbox's uid reads it.
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;
     let mut budget = Budget { entries: MAX_ENTRIES, bytes: MAX_BYTES };
     for entry in entries {
         let Some(name) = entry.file_name() else { continue };
@@ -472,7 +474,19 @@ fn remove_tree(dir: &Path) {
 /// way searchable by others. A broker running as root hands the sandbox an
 /// unprivileged uid, which must be able to reach the snapshot.
 pub fn reachable_by_others(dir: &Path) -> bool {
-    dir.ancestors().all(|a| fs::metadata(a).is_ok_and(|m| m.mode() & OTHERS_SEARCH != 0))
+    unreachable_on_the_way(dir).is_none()
+}
+
+/// The first directory on the way to `dir` (from `/`) that others cannot
+/// search, with its mode (`None`: it could not be looked at).
+pub fn unreachable_on_the_way(dir: &Path) -> Option<(PathBuf, Option<u32>)> {
+    let mut on_the_way: Vec<&Path> = dir.ancestors().collect();
+    on_the_way.reverse();
+    on_the_way.into_iter().find_map(|a| match fs::metadata(a) {
+        Ok(m) if m.mode() & OTHERS_SEARCH != 0 => None,
+        Ok(m) => Some((a.to_path_buf(), Some(m.mode() & 0o7777))),
+        Err(_) => Some((a.to_path_buf(), None)),
+    })
 }
 
 #[cfg(test)]

@@ -168,19 +168,4 @@ fn passwd_homes() -> Vec<PathBuf> {
     homes
 }
 
-/// The host's users and groups by name (`/etc/passwd`, `/etc/group` and
-/// whatever else NSS is set up to ask), for the names a configuration
-/// gives where ids go (see [`palisade_policy::ids`]).
-pub struct Accounts;
-
-impl palisade_policy::ids::Accounts for Accounts {
-    fn uid(&self, name: &str) -> Result<Option<u32>, String> {
-        let user = nix::unistd::User::from_name(name).map_err(|e| e.to_string())?;
-        Ok(user.map(|u| u.uid.as_raw()))
-    }
-
-    fn gid(&self, name: &str) -> Result<Option<u32>, String> {
-        let group = nix::unistd::Group::from_name(name).map_err(|e| e.to_string())?;
-        Ok(group.map(|g| g.gid.as_raw()))
-    }
-}
+pub use crate::accounts::Accounts;

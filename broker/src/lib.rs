@@ -19,6 +19,7 @@ linux_only! {
     pub mod cli;
     pub mod client;
     pub mod daemon;
+    pub mod discovery;
     pub mod doctor;
     pub mod egress;
     pub mod error;
@@ -46,6 +47,8 @@ linux_only! {
 
 pub mod elsewhere;
 
+#[cfg(unix)]
+pub mod accounts;
 #[cfg(unix)]
 pub mod attest;
 #[cfg(unix)]

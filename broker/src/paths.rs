@@ -15,7 +15,7 @@ pub fn default_socket() -> PathBuf {
         };
     }
     if nix::unistd::geteuid().is_root() {
-        return PathBuf::from("/run/palisade/palisade.sock");
+        return PathBuf::from(palisade_policy::config::SYSTEM_SOCKET);
     }
     let runtime = std::env::var_os("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
@@ -61,18 +61,34 @@ pub fn temp_root(configured: Option<&std::path::Path>) -> Result<TempRoot, Strin
     let made = TempRoot { path: canonical_prefix(&path), ephemeral };
     // A root broker hands sandboxes other uids, which must reach the /etc
     // snapshot inside: 0711 (the runs' own directories inside are 0700).
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(if root { 0o711 } else { 0o700 })
-        .create(&made.path)
+    let mode = if root { 0o711 } else { 0o700 };
+    create_dirs(&made.path, mode)
         .map_err(|e| format!("temp_root {}: cannot create it: {e}", made.path.display()))?;
     if root && configured.is_none() {
-        // Whatever the umask (a unit's UMask=0077, say) made of it.
+        // The default one is the broker's whatever it was before.
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&made.path, std::fs::Permissions::from_mode(0o711));
     }
     check_private(&made.path).map_err(|e| format!("temp_root: {e}"))?;
     Ok(made)
+}
+
+/// Creates `dir` and each missing directory on the way with `mode`, set
+/// explicitly (`chmod`): what a umask takes from a mode at creation (a
+/// unit's `UMask=0077` takes everything from others) is not what the
+/// directory must be. Directories that exist keep their mode.
+pub fn create_dirs(dir: &std::path::Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let missing: Vec<&std::path::Path> = dir.ancestors().take_while(|a| !a.exists()).collect();
+    for d in missing.into_iter().rev() {
+        match std::fs::DirBuilder::new().mode(mode).create(d) {
+            Ok(()) => std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))?,
+            // Made meanwhile by another (a second broker starting): its mode is its maker's.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// The directory per-run host directories go in; one of a name nobody
@@ -297,6 +313,8 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let base = std::env::temp_dir().join(format!("palisade-hostdirs-{}", std::process::id()));
         let run = base.join("run-1");
+        // temp_root, where a run's directories go: it is there before them.
+        std::fs::create_dir_all(&base).unwrap();
         let dirs = [run.clone(), run.join("tmp"), run.join("workspace")];
         let me = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
         // temp_root exists (paths::temp_root made it); the run's directories are new in it.

@@ -2,8 +2,7 @@
 //! running broker or an embedded one), set a secret.
 
 use crate::cli::{BrokerArgs, EXIT_PALISADE};
-use crate::client::{Client, ClientError};
-use crate::paths;
+use crate::client::ClientError;
 use crate::plugins::index::Index;
 use crate::plugins::store::Secrets;
 use crate::service::{Broker, Peer};
@@ -89,10 +88,10 @@ pub fn main(command: PluginCommand) -> i32 {
         PluginCommand::Run { name, input, timeout_ms, json, broker, policy } => {
             let message = ClientMessage::RunPlugin { skill: name, input, inline_module: None, timeout_ms };
             let reply = match policy {
-                Some(p) => match Config::load(&p) {
-                    Ok(c) => embedded(c, message),
-                    Err(e) => Err(ErrorReply::new(ErrorKind::InvalidRequest, e.to_string())),
-                },
+                Some(p) => crate::discovery::may_embed(crate::discovery::POLICY_EMBEDS)
+                    .map_err(|e| ErrorReply::new(e.kind(), e.to_string()))
+                    .and_then(|()| Config::load(&p).map_err(|e| ErrorReply::new(ErrorKind::InvalidRequest, e.to_string())))
+                    .and_then(|c| embedded(c, message)),
                 None => through_broker(&broker, message),
             };
             render(reply, json)
@@ -185,20 +184,18 @@ fn secret_set(key: &str, policy: Option<&PathBuf>) -> i32 {
 }
 
 fn through_broker(args: &BrokerArgs, message: ClientMessage) -> Result<ServerMessage, ErrorReply> {
-    let (socket, explicit) = match (&args.socket, std::env::var_os("PALISADE_SOCKET")) {
-        (Some(s), _) => (s.clone(), true),
-        (None, Some(s)) => (PathBuf::from(s), false),
-        (None, None) => (paths::default_socket(), false),
-    };
-    let reply = Client::open(&socket).and_then(|mut c| c.request(&message));
-    match reply {
-        Ok(r) => Ok(r),
-        Err(ClientError::Io(e)) if !explicit => {
-            tracing::debug!("no broker at {}: {e}; calling in an embedded one", socket.display());
-            embedded(Config::default(), message)
+    let mut found = match crate::discovery::find(args.socket.as_deref(), true) {
+        Ok(crate::discovery::Route::Broker(found)) => found,
+        Ok(crate::discovery::Route::Embedded { tried }) => {
+            tracing::debug!("no broker answers on {tried}: calling in an embedded one");
+            return embedded(Config::default(), message);
         }
+        Err(e) => return Err(ErrorReply::new(e.kind(), e.to_string())),
+    };
+    match found.client.request(&message) {
+        Ok(r) => Ok(r),
         Err(ClientError::Reply(e)) => Err(e),
-        Err(e) => Err(ErrorReply::new(ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display()))),
+        Err(e) => Err(ErrorReply::new(ErrorKind::RuntimeFailure, format!("{}: {e}", found.name()))),
     }
 }
 

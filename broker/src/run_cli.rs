@@ -16,8 +16,9 @@ pub const EXIT_PALISADE: i32 = 125;
 
 #[derive(ClapArgs, Debug)]
 pub struct RunArgs {
-    /// Broker socket [default: $PALISADE_SOCKET, else the default socket; an
-    /// embedded broker runs when none answers there].
+    /// Broker socket [default: $PALISADE_SOCKET, else your broker's, else
+    /// the system broker's; an embedded broker runs when none answers,
+    /// unless the system configuration requires the system broker].
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// The writable workspace [default: the current directory].
@@ -237,10 +238,22 @@ pub fn request(args: &RunArgs, read_stdin: bool) -> Result<RunRequest, String> {
         max_output_bytes: args.max_output,
         tool: args.tool.clone(),
         params: params(&args.params)?,
+        umask: own_umask(),
         ..RunRequest::default()
     };
     args.sandbox.ask(&mut req, &cwd)?;
     Ok(req)
+}
+
+/// This process's umask, which a request carries so that what the command
+/// creates gets the modes it would get here: read from `/proc/self/status`
+/// (Linux 4.7 and later), which changes nothing (setting it to read it
+/// back would change it for every thread meanwhile). `None` where it cannot
+/// be read: the broker's own umask applies.
+pub fn own_umask() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+    u32::from_str_radix(field.trim(), 8).ok()
 }
 
 fn write_fd(fd: std::os::fd::RawFd, data: &[u8]) {

@@ -193,7 +193,7 @@ impl Broker {
             trust: None,
         };
         crate::instance::remove_orphans(&context.temp_root, "run-");
-        let journal = Journal::from_config(&config.journal)?;
+        let journal = Journal::from_config(&config)?;
         let etc = config.broker.etc_snapshot.then(|| etc_view(&context.temp_root)).flatten();
         let plugins = crate::plugins::Plugins::new(
             &config,
@@ -782,10 +782,13 @@ fn sweep_changes(store: &crate::changes::Store, journal: &Journal) {
 /// a sandbox could not reach it.
 fn etc_view(temp_root: &std::path::Path) -> Option<EtcView> {
     let root = nix::unistd::geteuid().is_root();
-    if root && !crate::etc_view::reachable_by_others(temp_root) {
+    if let Some((dir, mode)) = crate::etc_view::unreachable_on_the_way(temp_root).filter(|_| root) {
+        let mode = mode.map_or("cannot be looked at".to_string(), |m| format!("is mode {m:04o}"));
         tracing::warn!(
-            "no /etc snapshot: the sandbox's uid cannot reach {} (a directory on the way is not searchable by others); /etc entries are bound one by one",
-            temp_root.display()
+            "no /etc snapshot: the sandboxes' uids cannot reach {}: {} {mode}, not searchable by others \
+             (chmod o+x it, or set [policy] temp_root elsewhere); /etc entries are bound one by one",
+            temp_root.display(),
+            dir.display()
         );
         return None;
     }

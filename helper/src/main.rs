@@ -157,6 +157,10 @@ fn contain() -> Result<Infallible> {
     fault::stop_after(Stage::Cwd);
     session::new_session()?;
     fault::stop_after(Stage::Session);
+    // The requester's umask, not the broker's (a unit's UMask=0077): what the command creates.
+    if let Some(mask) = plan.umask {
+        nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(mask));
+    }
     // Last before execve, so the filter need not allow anything the helper does.
     seccomp::install(&plan.seccomp)?;
     fault::stop_after(Stage::Seccomp);

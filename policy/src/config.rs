@@ -43,6 +43,10 @@ pub struct Config {
     pub plugins: PluginsConfig,
     #[serde(default)]
     pub changes: ChangesConfig,
+    /// What every user's `palisade` reads of the system configuration; the
+    /// broker itself does not use it.
+    #[serde(default)]
+    pub clients: ClientsConfig,
     /// The file it was loaded from (`None`: the built-in default policy).
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -59,6 +63,33 @@ struct SourceText(Arc<str>);
 impl std::fmt::Debug for SourceText {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "<{} bytes>", self.0.len())
+    }
+}
+
+/// `[clients]` of the system configuration (`/etc/palisade/palisade.toml`):
+/// what the CLI (`palisade`) of every user of the machine reads there, and
+/// only there, when no broker of the user's own answers. The broker ignores
+/// it; it is in the broker's file because that is the file an admin edits.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientsConfig {
+    /// Where the system broker answers: set it when `[broker] socket`
+    /// names another socket than the default.
+    pub system_socket: PathBuf,
+    /// No embedded broker: a run that no broker of the user's own (nor one
+    /// named with `--socket` or `PALISADE_SOCKET`) takes goes to the system
+    /// broker, or is refused with the reason; so is `--policy`.
+    pub require_system_broker: bool,
+}
+
+/// The system broker's socket, where `[clients] system_socket` does not
+/// name another: a root broker's default.
+pub const SYSTEM_SOCKET: &str =
+    if cfg!(target_os = "macos") { "/var/run/palisade/palisade.sock" } else { "/run/palisade/palisade.sock" };
+
+impl Default for ClientsConfig {
+    fn default() -> Self {
+        ClientsConfig { system_socket: PathBuf::from(SYSTEM_SOCKET), require_system_broker: false }
     }
 }
 
@@ -453,9 +484,9 @@ pub struct JournalConfig {
     /// Gone: retention by count let one requester's volume push every other
     /// record out. Refused with the reason; `keep_days` replaces it.
     pub keep_segments: Option<Spanned<toml::Value>>,
-    /// The group (gid) that may read the journal, e.g. the approvers':
-    /// directory 0750 and files 0640 instead of 0700 and 0600.
-    pub reader_gid: Option<u32>,
+    /// The group that may read the journal (a gid or a group's name), e.g.
+    /// the approvers': directory 0750 and files 0640 instead of 0700 and 0600.
+    pub reader_gid: Option<Spanned<IdOrName>>,
     /// The free space (bytes) the journal's filesystem keeps: below it, new
     /// runs (and refusals) are refused `JournalUnavailable` before the disk
     /// is full, while the records of what is under way are still written.

@@ -340,7 +340,7 @@ impl Policy {
                 ),
             );
         }
-        let dirs = RequestDirs::of(files, req, uid)?;
+        let dirs = RequestDirs::of(files, req, uid, ctx.uid == 0)?;
         let (bound, escalation) = self.bound_grants(files, req, &profile, &dirs, uid, trust.is_some())?;
         profile.capabilities.filesystem.extend(bound);
         let TierChoice { tier, warnings, approval } =
@@ -914,6 +914,7 @@ impl Policy {
                 Some(_) => vec![(RESOLV_CONF.to_string(), EgressPlan::resolv_conf())],
                 None => vec![],
             },
+            umask: req.umask,
         })
     }
 
@@ -975,8 +976,9 @@ impl Policy {
 
 impl RequestDirs {
     /// The request's cwd (required) and workspace (the cwd by default),
-    /// each an absolute directory, canonical.
-    fn of(files: &dyn HostFiles, req: &RunRequest, uid: u32) -> Result<RequestDirs, Denial> {
+    /// each an absolute directory, canonical. `root`: the broker runs as
+    /// root (a system service, which may see another file system).
+    fn of(files: &dyn HostFiles, req: &RunRequest, uid: u32, root: bool) -> Result<RequestDirs, Denial> {
         let Some(cwd) = &req.cwd else {
             return denied(
                 ErrorKind::InvalidRequest,
@@ -984,9 +986,9 @@ impl RequestDirs {
                 "the request names no cwd (an absolute directory)",
             );
         };
-        let cwd = absolute_dir(files, cwd, "cwd", uid)?;
+        let cwd = absolute_dir(files, cwd, "cwd", uid, root)?;
         let workspace = match &req.workspace {
-            Some(w) => absolute_dir(files, &cwd.join(w).to_string_lossy(), "workspace", uid)?,
+            Some(w) => absolute_dir(files, &cwd.join(w).to_string_lossy(), "workspace", uid, root)?,
             None => cwd.clone(),
         };
         Ok(RequestDirs { cwd, workspace, home: req.env.get("HOME").map(PathBuf::from) })
@@ -1529,12 +1531,32 @@ fn not_allowed(path: &str, uid: u32) -> Denial {
     )
 }
 
-fn absolute_dir(files: &dyn HostFiles, path: &str, what: &str, uid: u32) -> Result<PathBuf, Denial> {
+/// Rule of a cwd or workspace a root broker does not find: it sees another
+/// file system than its client (a system service's own /tmp and /var/tmp).
+pub const NOT_VISIBLE_RULE: &str = "request.not_visible";
+
+fn absolute_dir(
+    files: &dyn HostFiles,
+    path: &str,
+    what: &str,
+    uid: u32,
+    root: bool,
+) -> Result<PathBuf, Denial> {
     if !path.starts_with('/') {
         return denied(ErrorKind::InvalidRequest, "request.path", format!("{what} {path:?} is not absolute"));
     }
     let p = Path::new(path).canonicalize().map_err(|e| match e.kind() {
         std::io::ErrorKind::PermissionDenied => not_allowed(&format!("{what} {path}"), uid),
+        std::io::ErrorKind::NotFound if root => Denial::new(
+            ErrorKind::InvalidRequest,
+            NOT_VISIBLE_RULE,
+            format!(
+                "{what} {path}: the broker does not find it; if it is there for you, the broker \
+                 sees another file system: the system service (palisade.service) has a /tmp and \
+                 /var/tmp of its own and serves no workspace there; use one under /home or /srv, \
+                 or a directory added to the service's ReadWritePaths (systemctl edit palisade.service)"
+            ),
+        ),
         _ => Denial::new(ErrorKind::InvalidRequest, "request.path", format!("{what} {path}: {e}")),
     })?;
     if !files.stat(&p).is_ok_and(|m| m.is_dir()) {

@@ -79,6 +79,8 @@ pub struct ResolvedIds {
     pub approver_uids: Vec<u32>,
     /// `[approvers] gids`.
     pub approver_gids: Vec<u32>,
+    /// `[journal] reader_gid`.
+    pub journal_reader_gid: Option<u32>,
 }
 
 impl Config {
@@ -93,14 +95,23 @@ impl Config {
             allowed_gids: self.resolve("broker.allowed_gids", "group", &self.broker.allowed_gids, &group)?,
             approver_uids: self.resolve("approvers.uids", "user", &self.approvers.uids, &user)?,
             approver_gids: self.resolve("approvers.gids", "group", &self.approvers.gids, &group)?,
+            journal_reader_gid: self.journal_reader_gid(accounts)?,
         })
+    }
+
+    /// `[journal] reader_gid` as a number (a name looked up in `accounts`).
+    pub fn journal_reader_gid(&self, accounts: &dyn Accounts) -> Result<Option<u32>, ConfigError> {
+        let Some(gid) = &self.journal.reader_gid else { return Ok(None) };
+        let group = |n: &str| accounts.gid(n);
+        let one = self.resolve("journal.reader_gid", "group", std::slice::from_ref(gid), &group)?;
+        Ok(one.first().copied())
     }
 
     fn resolve(
         &self,
         key: &str,
         kind: &str,
-        list: &IdList,
+        list: &[Spanned<IdOrName>],
         lookup: &dyn Fn(&str) -> Result<Option<u32>, String>,
     ) -> Result<Vec<u32>, ConfigError> {
         let at = |offset: usize, message: String| {
@@ -176,9 +187,21 @@ mod tests {
                 allowed_gids: vec![990, 5],
                 approver_uids: vec![1002],
                 approver_gids: vec![990],
+                journal_reader_gid: None,
             }
         );
         assert_eq!(parse("").unwrap().resolve_ids(&Host).unwrap(), ResolvedIds::default());
+    }
+
+    #[test]
+    fn the_journals_reader_group_is_named_or_numbered() {
+        let c = parse("[journal]\nreader_gid = \"palisade\"\n").unwrap();
+        assert_eq!(c.resolve_ids(&Host).unwrap().journal_reader_gid, Some(990));
+        let c = parse("[journal]\nreader_gid = 7\n").unwrap();
+        assert_eq!(c.journal_reader_gid(&Host).unwrap(), Some(7));
+        let c = parse("[journal]\n\nreader_gid = \"auditors\"\n").unwrap();
+        let e = c.resolve_ids(&Host).unwrap_err().to_string();
+        assert_eq!(e, "p.toml:3:14: journal.reader_gid: no group named \"auditors\" on this host");
     }
 
     #[test]

@@ -132,6 +132,8 @@ pub struct JailSpec {
     /// Tier C: files of the plan's own, path and contents, bound read-only
     /// over what the host has there (see [`Mount::File`]).
     pub files: Vec<(String, String)>,
+    /// The command's umask (see [`JailPlan::umask`]).
+    pub umask: Option<u32>,
 }
 
 fn s(p: &Path) -> String {
@@ -255,6 +257,7 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, BuildError> {
         monitor_seccomp: seccomp::monitor_program()?.to_vec(),
         cgroup: spec.cgroup.clone(),
         parent_pid: spec.parent_pid,
+        umask: spec.umask,
     };
     plan.check()?;
     Ok(plan)
@@ -481,6 +484,7 @@ mod tests {
             listeners: vec![],
             tcp_connect: None,
             files: vec![],
+            umask: None,
         }
     }
 

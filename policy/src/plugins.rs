@@ -266,6 +266,8 @@ pub fn plugin_host_plan(jail: &PluginHostJail<'_>) -> Result<JailPlan, BuildErro
         listeners: vec![],
         tcp_connect: None,
         files: vec![],
+        // Writes nothing that outlives it.
+        umask: None,
     };
     build_plan(&spec)
 }

@@ -63,6 +63,8 @@ pub enum PlanInvariant {
     DuplicateListener(Ipv4Addr, u16),
     #[error("a file of {1} bytes at {0} (at most {PLAN_MAX_FILE_BYTES})")]
     FileTooLarge(String, usize),
+    #[error("a umask of {0:#o} (at most 0o777)")]
+    Umask(u32),
 }
 
 impl JailPlan {
@@ -87,6 +89,7 @@ impl JailPlan {
             (!self.cwd.starts_with('/'), RelativeCwd),
             (!not_handled.is_empty(), RequiredNotHandled(not_handled)),
             (self.descriptors.len() > PLAN_MAX_DESCRIPTORS, TooManyDescriptors(self.descriptors.len())),
+            (self.umask.is_some_and(|m| m > crate::wire::MAX_UMASK), Umask(self.umask.unwrap_or(0))),
         ];
         if let Some((_, broken)) = rules.into_iter().find(|(broken, _)| *broken) {
             return Err(broken);
@@ -172,7 +175,7 @@ mod tests {
     #[test]
     fn each_broken_rule_is_named() {
         type Break = fn(&mut JailPlan);
-        let cases: [(Break, PlanInvariant); 12] = [
+        let cases: [(Break, PlanInvariant); 13] = [
             (|p| p.namespaces.user = false, PlanInvariant::NamespacesWithoutUser),
             (|p| p.namespaces.pid = false, PlanInvariant::UserWithoutMountAndPid),
             (|p| p.acting_for = None, PlanInvariant::HostIdsWithoutRequester),
@@ -191,6 +194,7 @@ mod tests {
                 |p| p.mounts.push(Mount::Proc { target: "/bin/proc".into() }),
                 PlanInvariant::MountTarget("/bin/proc".into()),
             ),
+            (|p| p.umask = Some(0o1022), PlanInvariant::Umask(0o1022)),
         ];
         for (i, (break_it, broken)) in cases.into_iter().enumerate() {
             let mut plan = sample();

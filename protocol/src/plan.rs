@@ -12,7 +12,7 @@ use std::fmt;
 /// First bytes of every encoded plan.
 pub const PLAN_MAGIC: [u8; 4] = *b"PJP\x01";
 /// Bumped on every incompatible change of [`JailPlan`].
-pub const PLAN_VERSION: u32 = 4;
+pub const PLAN_VERSION: u32 = 5;
 /// Largest encoded plan the helper accepts (seccomp program included).
 pub const PLAN_MAX_BYTES: usize = 1 << 20;
 /// Most descriptors a plan may come with: what one `SCM_RIGHTS` message
@@ -84,6 +84,9 @@ pub struct JailPlan {
     pub cgroup: Option<String>,
     /// Pid of the process that must stay alive for the sandbox to live (the broker).
     pub parent_pid: u32,
+    /// The command's umask (the requester's, at most 0o777), set just
+    /// before exec; `None`: the helper's own (the broker's).
+    pub umask: Option<u32>,
 }
 
 impl JailPlan {
@@ -619,6 +622,7 @@ pub(crate) mod tests {
             monitor_seccomp: vec![BpfInstruction { code: 6, jt: 0, jf: 0, k: 0x8000_0000 }],
             cgroup: None,
             parent_pid: 1,
+            umask: Some(0o022),
         }
     }
 

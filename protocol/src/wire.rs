@@ -168,7 +168,16 @@ pub struct RunRequest {
     /// change set. The profile must allow it (`allow_direct`), or be direct.
     #[serde(default)]
     pub direct: bool,
+    /// The requester's umask (its permission bits, at most [`MAX_UMASK`]):
+    /// the command runs with it, so what it creates has the modes it would
+    /// have outside (a system broker's own umask is its unit's). `None`:
+    /// the broker's own umask.
+    #[serde(default)]
+    pub umask: Option<u32>,
 }
+
+/// The largest umask a request may carry: permission bits only.
+pub const MAX_UMASK: u32 = 0o777;
 
 /// What a client sends. Unknown fields of a message are refused (in JSON),
 /// naming the field; the hello alone takes fields it does not know, so that

@@ -32,12 +32,31 @@ pub fn bin(name: &str) -> PathBuf {
         dir = std::path::Path::new(&release).canonicalize().expect("PALISADE_TEST_RELEASE_DIR");
     }
     let path = dir.join(name);
+    if name == "palisade" {
+        // What the CLI reads past the user's own broker is the tests', never the host's.
+        let config = std::env::var_os(SYSTEM_CONFIG_ENV).map(PathBuf::from);
+        assert!(
+            config.is_some_and(|c| c.is_absolute()),
+            "{SYSTEM_CONFIG_ENV} is not set: run the tests with cargo (.cargo/config.toml sets it)"
+        );
+    }
     assert!(
         path.exists(),
         "{} is missing: build the workspace first (cargo test --workspace builds it)",
         path.display()
     );
     path
+}
+
+/// The variable naming the system configuration the CLI reads
+/// (`/etc/palisade/palisade.toml` otherwise): `.cargo/config.toml` names
+/// tests/no-system-broker.toml, and every test's CLI inherits it.
+pub const SYSTEM_CONFIG_ENV: &str = "PALISADE_SYSTEM_CONFIG";
+
+/// The tests' system configuration ([`SYSTEM_CONFIG_ENV`]), for a command
+/// started with a cleared environment.
+pub fn test_system_config() -> std::ffi::OsString {
+    std::env::var_os(SYSTEM_CONFIG_ENV).expect("PALISADE_SYSTEM_CONFIG (set by .cargo/config.toml)")
 }
 
 /// The host uid and gid sandboxes started by root run as (the broker's default `sandbox_uid`).
@@ -212,6 +231,7 @@ impl Jail {
             listeners: vec![],
             tcp_connect: None,
             files: vec![],
+            umask: None,
         };
         Jail { spec, timeout: Duration::from_secs(60), stdin: None, dir }
     }
@@ -436,6 +456,7 @@ pub fn rerun_unprivileged(skip: &str) {
         .env("HOME", "/tmp")
         .env("TMPDIR", "/tmp")
         .envs(std::env::var_os("PALISADE_TEST_RELEASE_DIR").map(|d| ("PALISADE_TEST_RELEASE_DIR", d)))
+        .env(SYSTEM_CONFIG_ENV, test_system_config())
         .output()
         .unwrap();
     let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -454,6 +475,13 @@ pub fn as_user(user: &nix::unistd::User) -> Vec<String> {
         "--clear-groups".into(),
         "--".into(),
     ]
+}
+
+/// A prefix (for [`DaemonOptions::prefix`], or any command) that runs the
+/// rest under `umask` (octal, as the shell takes it): what a unit's `UMask=`
+/// does to the service it starts.
+pub fn under_umask(umask: &str) -> Vec<String> {
+    ["sh", "-c", &format!("umask {umask} && exec \"$@\""), "sh"].iter().map(|s| s.to_string()).collect()
 }
 
 /// The configuration every broker test starts from: the probe is visible.

@@ -1182,6 +1182,33 @@ fn the_sandbox_sees_etc_as_a_snapshot_of_what_others_may_read() {
     assert_eq!(snapshots(), 0, "the snapshot outlived the broker");
 }
 
+/// What a run creates gets the requester's umask, which the CLI sends, not
+/// the broker's: a daemon under the system unit's `UMask=0077` serving a
+/// client whose umask is 022 gives it a 0755 directory and a 0644 file on
+/// the host after copy-back, as the client would make them itself.
+#[test]
+fn what_a_run_creates_gets_the_requesters_umask_not_the_brokers() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Daemon::start_with(DaemonOptions { prefix: under_umask("0077"), ..Default::default() });
+    let ws = TempDir::new("ws");
+    let made = |umask: &str, name: &str| {
+        let (dir, file) = (ws.join(name), ws.join(name).join("file"));
+        let mut argv = under_umask(umask);
+        argv.push(bin("palisade").to_string_lossy().into_owned());
+        argv.extend(["run", "-n", "--socket", d.socket.to_str().unwrap(), "--"].map(String::from));
+        argv.extend([probe(), "ops".into(), "mkdir".into(), dir.to_string_lossy().into_owned()]);
+        argv.extend(["put".into(), file.to_string_lossy().into_owned(), "made".into()]);
+        let o =
+            std::process::Command::new(&argv[0]).args(&argv[1..]).current_dir(ws.path()).output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}\n{}", stderr(&o), d.log());
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        (mode(&dir), mode(&file))
+    };
+    assert_eq!(made("022", "shared"), (0o755, 0o644));
+    // Counter-test: a client whose umask is 077 gets what nobody else reads, as it would outside.
+    assert_eq!(made("077", "private"), (0o700, 0o600));
+}
+
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_broker_suite_passes_as_an_unprivileged_user() {

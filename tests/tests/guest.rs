@@ -27,6 +27,10 @@ fn boot(extra: &[&str], args: &[&str]) -> (bool, String) {
     for b in ["palisaded", "palisade", "palisade-helper", "palisade-plugin-host", "probe"] {
         cmd.arg("--add").arg(format!("{}:/vmtest/{b}", stripped(b).display()));
     }
+    // The suite's system configuration (no system broker), as on the host.
+    let system = repo.join("tests/no-system-broker.toml");
+    cmd.arg("--add").arg(format!("{}:/vmtest/no-system-broker.toml", system.display()));
+    cmd.args(["--env", "PALISADE_SYSTEM_CONFIG=/vmtest/no-system-broker.toml"]);
     cmd.arg(stripped("vmcheck")).args(args).env("VMCACHE", &cache);
     let out = cmd.output().expect("run-in-vm.sh");
     let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

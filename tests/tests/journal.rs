@@ -533,6 +533,124 @@ fn the_journal_is_private_and_a_directory_others_may_write_is_refused() {
     assert_eq!((mode(&dir.join("state")), mode(&deeper)), (0o711, 0o750));
 }
 
+/// `palisade audit ARGS` as `user`, with `env` (and no journal of its own:
+/// `HOME` is `home`, nothing names another).
+fn audit_as(
+    user: &nix::unistd::User,
+    home: &Path,
+    args: &[&str],
+    env: &[(&str, &Path)],
+) -> (Option<i32>, String) {
+    let o = std::process::Command::new("setpriv")
+        .args(&as_user(user)[1..])
+        .arg(bin("palisade"))
+        .arg("audit")
+        .args(args)
+        .env_remove("PALISADE_JOURNAL")
+        .env_remove("PALISADE_STATE")
+        .env_remove("XDG_STATE_HOME")
+        .env("HOME", home)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (o.status.code(), format!("{}{}", text(&o.stdout), text(&o.stderr)))
+}
+
+/// A root broker with `[journal] reader_gid`, under the system unit's umask
+/// (0077), its journal inside a state directory made 0700 as the unit's
+/// `StateDirectory=` is: the journal and its segments are the group's to
+/// read whatever the umask, and the state directory lets the group through
+/// (search only). A member of the group verifies the journal (exit 0), and
+/// finds it by default when it has none of its own (`--system` says so
+/// explicitly); a user outside the group is told it cannot read it (exit 5,
+/// naming the directory that refuses it), not that it is broken (exit 1),
+/// and so is the member for a segment root made private.
+#[test]
+fn the_journals_readers_verify_it_under_the_units_umask_and_others_cannot_read_it() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let Some(users) = system_users() else {
+        eprintln!(
+            "not root: a root broker's journal read by other users cannot be tested as an ordinary user"
+        );
+        return;
+    };
+    let (reader, other) = (&users.victim, &users.attacker);
+    let base = TempDir::new("system-state");
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (state, journal) = (base.join("state"), base.join("state/journal"));
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let d = Daemon::start_with(DaemonOptions {
+        config: format!("[journal]\nreader_gid = {}\n", reader.gid),
+        env: vec![
+            ("PALISADE_STATE".into(), state.to_string_lossy().into_owned()),
+            ("PALISADE_JOURNAL".into(), journal.to_string_lossy().into_owned()),
+        ],
+        prefix: under_umask("0077"),
+        ..Default::default()
+    });
+    let ws = TempDir::new("ws");
+    runs(&d, ws.path(), 3, 1);
+    let meta = |p: &Path| {
+        let m = std::fs::metadata(p).unwrap();
+        (m.mode() & 0o7777, m.gid())
+    };
+    let group = reader.gid.as_raw();
+    assert_eq!(meta(&state), (0o710, group));
+    assert_eq!(meta(&journal), (0o750, group));
+    assert_eq!(meta(&journal.join("lock")), (0o640, group));
+    assert!(segments(&journal).iter().all(|s| meta(s) == (0o640, group)));
+    let home = TempDir::new("reader-home");
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let at = ["verify", "--journal", journal.to_str().unwrap()];
+    let (code, out) = audit_as(reader, home.path(), &at, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("verified: "), "{out}");
+    // By default, with no journal of its own: the system broker's, as the
+    // system configuration names it, and said so; --system explicitly.
+    let system = base.join("system.toml");
+    std::fs::write(&system, format!("[journal]\npath = {journal:?}\n")).unwrap();
+    let env = [(SYSTEM_CONFIG_ENV, system.as_path())];
+    let (code, out) = audit_as(reader, home.path(), &["verify"], &env);
+    let own = home.join(".local/state/palisade/journal");
+    let said = format!(
+        "palisade audit: no journal of yours at {}: the system broker's, {}",
+        own.display(),
+        journal.display()
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("verified: ") && out.contains(&said), "{out}");
+    assert_eq!(audit_as(reader, home.path(), &["verify", "--system"], &env).0, Some(0));
+    // Another user: it cannot read the journal, which is not broken.
+    let (code, out) = audit_as(other, home.path(), &at, &[]);
+    assert_eq!(code, Some(5), "{out}");
+    let refused = format!(
+        "cannot read: {}: Permission denied (os error 13): uid {} (groups {}) may not search {} \
+         (mode 0710, owner uid 0, group gid {group})",
+        journal.display(),
+        other.uid,
+        other.gid,
+        state.display()
+    );
+    assert!(out.contains(&refused) && out.contains("reader_gid"), "{out}");
+    let (code, out) = audit_as(other, home.path(), &["verify"], &env);
+    assert_eq!(code, Some(5), "{out}");
+    // A segment the reader may not read: cannot read (naming it), not broken.
+    let first = segments(&journal)[0].clone();
+    std::fs::set_permissions(&first, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, out) = audit_as(reader, home.path(), &at, &[]);
+    assert_eq!(code, Some(5), "{out}");
+    assert!(out.contains(&format!("may not read {} (mode 0600", first.display())), "{out}");
+    // Counter-test: a segment it may read but whose record was changed is broken.
+    std::fs::set_permissions(&first, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let tampered = String::from_utf8(content(&first)).unwrap().replacen("\"echo\"", "\"ohce\"", 1);
+    assert!(tampered.contains("ohce"), "no record to change in {}", first.display());
+    std::fs::write(&first, tampered).unwrap();
+    let (code, out) = audit_as(reader, home.path(), &at, &[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("broken: "), "{out}");
+}
+
 #[test]
 fn with_the_journal_off_nothing_is_written_and_results_say_so() {
     let d = Daemon::start("[journal]\nenabled = false\n");

@@ -561,6 +561,57 @@ fn each_of_the_system_units_capabilities_is_needed_to_serve_other_users() {
     }
 }
 
+/// Under the system unit's umask (0077) and capabilities, a root broker
+/// still makes the /etc snapshot and another user's sandbox reads it: the
+/// snapshot's directory, temp_root and the directory made on the way to it
+/// get their modes explicitly, whatever the umask takes.
+#[test]
+fn under_the_units_umask_the_etc_snapshot_serves_other_users() {
+    let base = TempDir::new("runs");
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let temp_root = base.join("made/runs");
+    let config = format!("[policy]\ntemp_root = {temp_root:?}\n");
+    let Some(s) = System::start_under(&config, as_the_unit(&unit_caps())) else { return };
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+    assert_eq!((mode(&base.join("made")), mode(&temp_root)), (0o711, 0o711));
+    let snapshots: Vec<PathBuf> = std::fs::read_dir(&temp_root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("etc-"))
+        .collect();
+    assert_eq!(snapshots.len(), 1, "no /etc snapshot:\n{}", s.daemon.log());
+    assert_eq!(mode(&snapshots[0]), 0o755);
+    assert!(!s.daemon.log().contains("no /etc snapshot"), "{}", s.daemon.log());
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    let read_passwd = |s: &System| {
+        let ws = s.path("attacker-ws");
+        owned_dir(&ws, &s.users.attacker, 0o755);
+        let args = [probe(), "read".into(), "/etc/passwd".into()];
+        let o = s.run_as(
+            Some(&s.users.attacker),
+            &["--workspace", ws.to_str().unwrap()],
+            &args.each_ref().map(|a| a.as_str()),
+        );
+        assert_eq!(text(&o.stdout), format!("ok {} bytes: {passwd}\n", passwd.len()), "{}", text(&o.stderr));
+    };
+    read_passwd(&s);
+    drop(s);
+    // Counter-test: a temp_root others cannot search (an admin made it
+    // 0700) holds no snapshot: the broker says why, and binds the entries.
+    let private = base.join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let config = format!("[policy]\ntemp_root = {:?}\n", private.join("runs"));
+    let s = System::start_under(&config, as_the_unit(&unit_caps())).unwrap();
+    let why = format!(
+        "{}: {} is mode 0700, not searchable by others",
+        private.join("runs").display(),
+        private.display()
+    );
+    assert!(s.daemon.log().contains(&why), "{}", s.daemon.log());
+    read_passwd(&s);
+}
+
 /// Why the unit sets no ProtectKernelLogs, ProtectKernelTunables or
 /// ProtectHostname: the first two cover parts of /proc with mounts, and the
 /// kernel then refuses the sandbox's own /proc (a procfs mounted in a user
@@ -600,22 +651,33 @@ fn a_covered_proc_keeps_sandboxes_from_starting_so_the_unit_covers_none() {
     assert_eq!(text(&open.stdout), "started\n", "{}", text(&open.stderr));
 }
 
+/// The unit's ReadWritePaths, as paths (a leading `-`: "if it exists").
+fn unit_read_write_paths() -> Vec<String> {
+    let paths = unit_setting("ReadWritePaths");
+    paths.split_whitespace().map(|p| p.trim_start_matches('-').to_string()).collect()
+}
+
 /// The system unit's file system settings (ProtectSystem=strict with its
 /// ReadWritePaths, PrivateTmp, PrivateDevices), capabilities and umask,
-/// made by tests/system-unit.sh in a mount namespace of its own, leave a
-/// root broker able to serve another user's run in a workspace under
-/// /var/tmp; the same workspace without the ReadWritePaths entry is read-only
-/// and the run is refused.
+/// made by tests/system-unit.sh in a mount namespace of the service's own,
+/// leave a root broker able to serve another user's run in a workspace
+/// under /home (one of the roots the README names), its output the user's
+/// with the user's umask; the same workspace without the ReadWritePaths is
+/// read-only and the run is refused; a workspace in the host's /var/tmp,
+/// which the service does not share (PrivateTmp), is refused saying so.
 #[test]
 fn the_system_units_file_system_serves_other_users() {
     let Some(users) = system_users() else { return };
     let user = &users.attacker;
     let caps = setpriv_caps(&unit_caps());
-    assert!(unit_setting("ReadWritePaths").split_whitespace().any(|p| p == "-/var/tmp"));
-    let dir = TempDir::new_in(Path::new("/var/tmp"), "unit");
+    let roots = unit_read_write_paths();
+    assert_eq!(roots, ["/home", "/srv"]);
+    assert_eq!(unit_setting("PrivateTmp"), "yes");
+    // WORK in the user's home: under /home, and not under /tmp or /var/tmp.
+    let dir = TempDir::new_in(&user.dir, "unit");
     let work = dir.path().to_path_buf();
-    let ws = work.join("ws");
     std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ws = work.join("ws");
     owned_dir(&ws, user, 0o755);
     let config = work.join("palisade.toml");
     // The script runs copies of the binaries from WORK/bin (see there).
@@ -627,29 +689,44 @@ fn the_system_units_file_system_serves_other_users() {
     );
     std::fs::write(&config, toml).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("system-unit.sh");
-    let run = |read_write: &str| {
+    let run = |ws: &Path, read_write: &[String]| {
         let bin_dir = bin("palisaded").parent().unwrap().to_path_buf();
-        std::process::Command::new("unshare")
-            .args(["-m", "--propagation", "private", "sh"])
+        std::process::Command::new("sh")
             .arg(&script)
             .args([bin_dir.as_os_str(), probe().as_ref(), work.as_os_str(), user.name.as_ref()])
             .arg(&caps)
-            .args([unit_setting("UMask").as_str(), config.to_str().unwrap(), read_write])
+            .args([unit_setting("UMask").as_str(), config.to_str().unwrap(), ws.to_str().unwrap()])
+            .args(read_write)
             .output()
             .unwrap()
     };
-    let o = run("/var/tmp");
+    let o = run(&ws, &roots);
     assert!(o.status.success(), "{}{}", text(&o.stdout), text(&o.stderr));
     let out = std::fs::metadata(ws.join("out")).unwrap();
-    assert_eq!(out.uid(), user.uid.as_raw());
+    // The user's, with the user's umask (022), not the unit's (0077).
+    assert_eq!((out.uid(), out.mode() & 0o777), (user.uid.as_raw(), 0o644));
     std::fs::remove_file(ws.join("out")).unwrap();
-    // Counter-test: /var/tmp read-only like the rest of the host, and the
+    // Counter-test: /home read-only like the rest of the host, and the
     // workspace is refused (the requester cannot write it there either).
-    let o = run("");
+    let o = run(&ws, &[]);
     assert!(!o.status.success(), "a run wrote a workspace on a read-only host");
     let refused = format!("{}: not allowed (uid {} cannot reach it)", ws.display(), user.uid);
     assert!(text(&o.stderr).contains(&refused), "{}", text(&o.stderr));
     assert!(!ws.join("out").exists());
+    // The host's /var/tmp is not the service's: a workspace there is
+    // refused, saying why and what to do, and nothing is written.
+    let var_tmp = TempDir::new_in(Path::new("/var/tmp"), "unit-ws");
+    owned_dir(var_tmp.path(), user, 0o755);
+    let o = run(var_tmp.path(), &roots);
+    assert!(!o.status.success(), "a run was served in /var/tmp");
+    let refused = format!(
+        "palisade: InvalidRequest: cwd {}: the broker does not find it; if it is there for you, the broker \
+         sees another file system: the system service (palisade.service) has a /tmp and /var/tmp of its own",
+        var_tmp.path().display()
+    );
+    assert!(text(&o.stderr).contains(&refused), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("systemctl edit palisade.service"), "{}", text(&o.stderr));
+    assert!(!var_tmp.join("out").exists());
 }
 
 /// A client of another user that never gets through: the probe's `hold`,

@@ -210,7 +210,8 @@ pub struct Options {
 
 impl Options {
     /// From the `[journal]` table: `None` when the journal is off.
-    pub fn from_config(config: &palisade_policy::config::JournalConfig) -> Result<Option<Options>, String> {
+    pub fn from_config(whole: &palisade_policy::config::Config) -> Result<Option<Options>, String> {
+        let config = &whole.journal;
         if !config.enabled {
             return Ok(None);
         }
@@ -218,7 +219,7 @@ impl Options {
             dir: default_dir(config.path.as_deref())?,
             segment_bytes: config.segment_bytes,
             keep_days: config.keep_days,
-            reader_gid: config.reader_gid,
+            reader_gid: whole.journal_reader_gid(&crate::accounts::Accounts).map_err(|e| e.to_string())?,
             min_free_bytes: config.min_free_bytes,
             refusals_recorded: config.refusals_recorded,
             refusal_period: std::time::Duration::from_secs(config.refusal_period_secs),
@@ -295,7 +296,7 @@ impl Journal {
     }
 
     /// The journal `[journal]` describes: opened, or off.
-    pub fn from_config(config: &palisade_policy::config::JournalConfig) -> Result<Journal, String> {
+    pub fn from_config(config: &palisade_policy::config::Config) -> Result<Journal, String> {
         match Options::from_config(config)? {
             Some(options) => Journal::open(&options).map_err(|e| format!("{e} ({})", options.dir.display())),
             None => Ok(Journal::off()),

@@ -188,6 +188,17 @@ impl Store {
             .mode(file_mode(settings.reader_gid))
             .open(&lock_path)
             .map_err(|e| io_error(&lock_path, "cannot open", e))?;
+        if let Some(gid) = settings.reader_gid {
+            // The readers take the lock too (shared), and read every segment,
+            // those made before reader_gid was set or under another umask included.
+            give_readers(&lock, gid).map_err(|e| io_error(&lock_path, "cannot give the readers", e))?;
+            for (_, path) in segments(dir).map_err(|e| io_error(dir, "cannot list", e))? {
+                let flags = libc::O_NOFOLLOW | libc::O_CLOEXEC;
+                let file = File::options().read(true).custom_flags(flags).open(&path);
+                file.and_then(|f| give_readers(&f, gid))
+                    .map_err(|e| io_error(&path, "cannot give the readers", e))?;
+            }
+        }
         let head = Head { seq: 0, hash: GENESIS.into() };
         Ok(Store { dir: dir.to_path_buf(), settings, lock: std::sync::Arc::new(lock), head, segment: None })
     }
@@ -441,14 +452,28 @@ fn open_segment(path: &Path, create: bool, reader_gid: Option<u32>) -> Result<Fi
         .open(path)
         .map_err(|e| io_error(path, "cannot open", e))?;
     if let (true, Some(gid)) = (create, reader_gid) {
-        std::os::unix::fs::fchown(&file, None, Some(gid))
-            .map_err(|e| io_error(path, "cannot give the group", e))?;
+        give_readers(&file, gid).map_err(|e| io_error(path, "cannot give the readers", e))?;
     }
     Ok(file)
 }
 
 fn file_mode(reader_gid: Option<u32>) -> u32 {
     if reader_gid.is_some() { 0o640 } else { 0o600 }
+}
+
+/// Makes `file` readable by the readers' group `gid` (0640, its group
+/// `gid`), set explicitly: a umask (the unit's `UMask=0077`) takes the
+/// group's read from the mode it was created with.
+fn give_readers(file: &File, gid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = file.metadata()?;
+    if meta.gid() != gid {
+        std::os::unix::fs::fchown(file, None, Some(gid))?;
+    }
+    if meta.mode() & 0o7777 != 0o640 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o640))?;
+    }
+    Ok(())
 }
 
 /// Creates the journal's directory (0700, or 0750 for its readers' group)
@@ -460,11 +485,7 @@ fn make_dir(dir: &Path, reader_gid: Option<u32>) -> Result<(), JournalError> {
     // some (not listable), else the broker's alone.
     let ancestors = if reader_gid.is_some() { 0o711 } else { 0o700 };
     if let Some(parent) = dir.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(ancestors)
-            .create(parent)
-            .map_err(|e| io_error(parent, "cannot create", e))?;
+        crate::paths::create_dirs(parent, ancestors).map_err(|e| io_error(parent, "cannot create", e))?;
     }
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -480,6 +501,39 @@ fn make_dir(dir: &Path, reader_gid: Option<u32>) -> Result<(), JournalError> {
     if meta.mode() & 0o777 != mode {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
             .map_err(|e| io_error(dir, "cannot chmod", e))?;
+    }
+    match reader_gid {
+        Some(gid) => let_readers_through(dir, gid),
+        None => Ok(()),
+    }
+}
+
+/// The broker's state directory the journal lies in (the system unit's
+/// `StateDirectory=`, made 0700), and those between it and the journal:
+/// searchable by the readers' group `gid`. One others may search is left
+/// as it is; another becomes the group's, with search only (no listing:
+/// the trust stages, change sets and secrets beside the journal keep their
+/// own modes, 0600 and 0700). Only the broker's own directories change.
+fn let_readers_through(dir: &Path, gid: u32) -> Result<(), JournalError> {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(state) = crate::paths::default_state_dir() else { return Ok(()) };
+    let (state, dir) = (crate::paths::canonical_prefix(&state), crate::paths::canonical_prefix(dir));
+    let me = nix::unistd::geteuid().as_raw();
+    for on_the_way in dir.ancestors().skip(1).take_while(|a| a.starts_with(&state)) {
+        let meta = std::fs::metadata(on_the_way).map_err(|e| io_error(on_the_way, "cannot stat", e))?;
+        let searchable = meta.mode() & 0o001 != 0 || (meta.gid() == gid && meta.mode() & 0o010 != 0);
+        if searchable || meta.uid() != me {
+            continue;
+        }
+        // Another group's bits are not carried over to the readers'.
+        let mut mode = meta.mode() & 0o7777 | 0o010;
+        if meta.gid() != gid {
+            std::os::unix::fs::chown(on_the_way, None, Some(gid))
+                .map_err(|e| io_error(on_the_way, "cannot give the readers", e))?;
+            mode = mode & !0o070 | 0o010;
+        }
+        std::fs::set_permissions(on_the_way, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| io_error(on_the_way, "cannot chmod", e))?;
     }
     Ok(())
 }

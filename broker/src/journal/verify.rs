@@ -53,6 +53,10 @@ pub enum Failure {
     /// The head kept elsewhere is not in the chain: the journal was cut back
     /// (or rewritten) since it was kept.
     HeadMissing { head: String, last: Option<(u64, String)> },
+    /// The journal, or a segment, is there but cannot be read (by this user:
+    /// `why` names the permission that refuses it): nothing is known of
+    /// its chain.
+    Unreadable { path: PathBuf, why: String },
 }
 
 impl std::fmt::Display for Failure {
@@ -73,6 +77,7 @@ impl std::fmt::Display for Failure {
                      it was cut back or rewritten"
                 )
             }
+            Failure::Unreadable { path, why } => write!(f, "cannot read: {}: {why}", path.display()),
         }
     }
 }
@@ -101,15 +106,19 @@ struct Walk {
 /// chain that starts after seq 1 must follow the end of what a retention
 /// record in it names, unless `allow_pruned`.
 pub fn verify(dir: &Path, head: Option<&str>, allow_pruned: bool) -> Result<Verified, Failure> {
-    let broken = |file: &Path, why: String| Broken { seq: None, file: file.to_path_buf(), line: 0, why };
+    let unreadable = |path: &Path, e: std::io::Error| Failure::Unreadable {
+        path: path.to_path_buf(),
+        why: why_unreadable(path, &e),
+    };
     // Shared with readers, exclusive of writers: no batch is seen half written.
     let lock = std::fs::File::open(dir.join(store::LOCK_FILE));
     let _locked = lock.as_ref().ok().and_then(|f| Locked::shared(f).ok());
-    let segments = store::segments(dir).map_err(|e| broken(dir, format!("cannot list: {e}")))?;
+    let segments = store::segments(dir).map_err(|e| unreadable(dir, e))?;
     let mut walk = Walk::default();
     let count = segments.len();
     for (i, (_, path)) in segments.iter().enumerate() {
-        walk.segment(path, i + 1 == count, head)?;
+        let data = std::fs::read(path).map_err(|e| unreadable(path, e))?;
+        walk.segment(path, &data, i + 1 == count, head)?;
     }
     if let (Some(h), false) = (head, walk.head_seen) {
         return Err(Failure::HeadMissing { head: h.to_string(), last: walk.last });
@@ -140,19 +149,63 @@ pub fn verify_newest(dir: &Path) -> Result<(), Broken> {
         line: 0,
         why: format!("cannot list: {e}"),
     })?;
-    match segments.last() {
-        Some((_, newest)) => Walk::default().segment(newest, true, None),
-        None => Ok(()),
+    let Some((_, newest)) = segments.last() else { return Ok(()) };
+    let data = std::fs::read(newest).map_err(|e| Broken {
+        seq: None,
+        file: newest.clone(),
+        line: 0,
+        why: format!("cannot read: {e}"),
+    })?;
+    Walk::default().segment(newest, &data, true, None)
+}
+
+/// This process's groups: its effective gid, then its supplementary groups
+/// (Linux; macOS has no list to ask for).
+fn own_groups() -> Vec<u32> {
+    let mut groups = vec![nix::unistd::getegid().as_raw()];
+    #[cfg(target_os = "linux")]
+    groups.extend(nix::unistd::getgroups().unwrap_or_default().iter().map(|g| g.as_raw()));
+    let mut seen = std::collections::HashSet::new();
+    groups.retain(|g| seen.insert(*g));
+    groups
+}
+
+/// Why `path` cannot be read, for people. A permission refused names the
+/// directory on the way (or the file) that refuses this user, with its
+/// mode, owner and group, and who may read the journal.
+pub fn why_unreadable(path: &Path, e: &std::io::Error) -> String {
+    use nix::unistd::{AccessFlags, access};
+    use std::os::unix::fs::MetadataExt;
+    if e.kind() != std::io::ErrorKind::PermissionDenied {
+        return e.to_string();
     }
+    let mut on_the_way: Vec<&Path> = path.ancestors().skip(1).collect();
+    on_the_way.reverse();
+    let searched = on_the_way.into_iter().find(|d| access(*d, AccessFlags::X_OK).is_err());
+    let (refuses, what) = match searched {
+        Some(d) => (d, "search"),
+        None => (path, if path.is_dir() { "list" } else { "read" }),
+    };
+    let held = match std::fs::metadata(refuses) {
+        Ok(m) => format!(" (mode {:04o}, owner uid {}, group gid {})", m.mode() & 0o7777, m.uid(), m.gid()),
+        Err(_) => String::new(),
+    };
+    let groups: Vec<String> = own_groups().iter().map(u32::to_string).collect();
+    format!(
+        "{e}: uid {} (groups {}) may not {what} {}{held}; the journal's readers are the members of the \
+         group [journal] reader_gid names: ask its administrator to add you to it",
+        nix::unistd::geteuid(),
+        groups.join(", "),
+        refuses.display()
+    )
 }
 
 impl Walk {
     /// Checks one segment's records in turn: they end at its first zero
     /// byte, and only zeros (the space reserved ahead) may follow.
-    fn segment(&mut self, path: &Path, newest: bool, head: Option<&str>) -> Result<(), Broken> {
+    fn segment(&mut self, path: &Path, data: &[u8], newest: bool, head: Option<&str>) -> Result<(), Broken> {
         let at =
             |seq: Option<u64>, line: u64, why: String| Broken { seq, file: path.to_path_buf(), line, why };
-        let data = std::fs::read(path).map_err(|e| at(None, 0, format!("cannot read: {e}")))?;
         let content = data.iter().position(|b| *b == 0).unwrap_or(data.len());
         let whole = data[..content].iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
         let lines =

@@ -66,7 +66,7 @@ impl Mac {
         // What brokers no longer running left: their runs' directories and profiles.
         crate::instance::remove_orphans(&temp_root, "run-");
         crate::instance::remove_orphans(&temp_root.join("profiles"), "");
-        let journal = Journal::from_config(&config.journal)?;
+        let journal = Journal::from_config(&config)?;
         let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
         let context = Context {
             parent_pid: std::process::id(),

@@ -72,12 +72,15 @@ impl Served {
 
     /// A JSON hello from `uid`, and the broker's first line back.
     fn hello_as(&self, uid: u32) -> serde_json::Value {
-        let script = "import socket,sys\n\
+        let version = palisade_protocol::wire::PROTOCOL_VERSION;
+        let script = format!(
+            "import socket,sys\n\
             s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n\
-            s.sendall(b'{\"hello\": {\"magic\": \"palisade\", \"version\": 11, \"encoding\": \"json\"}}\\n')\n\
-            print(s.makefile().readline())";
+            s.sendall(b'{{\"hello\": {{\"magic\": \"palisade\", \"version\": {version}, \"encoding\": \"json\"}}}}\\n')\n\
+            print(s.makefile().readline())"
+        );
         let out = std::process::Command::new("/usr/bin/python3")
-            .args(["-c", script])
+            .args(["-c", &script])
             .arg(&self.socket)
             .uid(uid)
             .gid(uid)

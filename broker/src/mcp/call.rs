@@ -31,6 +31,8 @@ pub struct Defaults {
     /// `--params-outside-workspace`: the person lets a call's parameters
     /// name paths outside the workspace (the policy still decides them).
     pub params_anywhere: bool,
+    /// The server's umask, which every request carries (`RunRequest::umask`).
+    pub umask: Option<u32>,
 }
 
 /// A call's request, and how much of each stream goes back.
@@ -118,6 +120,7 @@ pub fn parse(args: &JsonObject, shape: Shape, defaults: &Defaults) -> Result<Cal
         timeout_secs: number("timeout_secs")?,
         tool: text("tool")?,
         params,
+        umask: defaults.umask,
         ..RunRequest::default()
     };
     if shape == Shape::RunTool && request.tool.is_none() {
@@ -480,7 +483,7 @@ mod tests {
         std::fs::write(ws.join("inside.txt"), "in").unwrap();
         std::fs::write(dir.join("outside.txt"), "out").unwrap();
         std::os::unix::fs::symlink(dir.join("outside.txt"), ws.join("link-out")).unwrap();
-        let mut defaults = Defaults { workspace: ws.clone(), sandbox: SandboxArgs::default(), params_anywhere: false };
+        let mut defaults = Defaults { workspace: ws.clone(), sandbox: SandboxArgs::default(), params_anywhere: false, umask: None };
         let outside = dir.join("outside.txt").display().to_string();
         for refused in [
             serde_json::json!({ "file": "../outside.txt" }),

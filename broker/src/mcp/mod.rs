@@ -9,6 +9,7 @@ mod call;
 mod tools;
 
 use crate::client::Ask;
+use crate::discovery::{Route, Which};
 use crate::run_cli::{EXIT_PALISADE, SandboxArgs, fail};
 use crate::server::Server;
 use crate::service::Broker;
@@ -34,8 +35,9 @@ const ELICITATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// Serve palisade's tools to an agent over MCP (stdio).
 #[derive(ClapArgs, Debug)]
 pub struct McpArgs {
-    /// Broker socket [default: $PALISADE_SOCKET, else the default socket; an
-    /// embedded broker serves the calls when none answers there].
+    /// Broker socket [default: $PALISADE_SOCKET, else your broker's, else
+    /// the system broker's; an embedded broker serves the calls when none
+    /// answers, unless the system configuration requires the system broker].
     #[arg(long, value_name = "PATH", conflicts_with = "policy")]
     pub socket: Option<PathBuf>,
     /// Policy file: serve the calls with an embedded broker under this policy.
@@ -69,29 +71,41 @@ pub fn main(args: McpArgs) -> i32 {
         Err(e) => return fail(ErrorKind::InvalidRequest, format!("current directory: {e}")),
     };
     let workspace = cwd.join(args.workspace.clone().unwrap_or_default());
-    let defaults =
-        Defaults { workspace, sandbox: args.sandbox.clone(), params_anywhere: args.params_outside_workspace };
-    let (socket, explicit) = crate::cli::broker_socket(args.socket.as_ref());
-    let embedded = match (&args.policy, UnixStream::connect(&socket)) {
-        (None, Ok(_)) => None,
-        (None, Err(e)) if explicit => return fail(ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),
-        (policy, _) => match embedded_broker(policy.as_deref(), &args.sandbox, &cwd) {
-            Ok(b) => Some(b),
+    let defaults = Defaults {
+        workspace,
+        sandbox: args.sandbox.clone(),
+        params_anywhere: args.params_outside_workspace,
+        umask: crate::run_cli::own_umask(),
+    };
+    let route = match &args.policy {
+        Some(_) => crate::discovery::may_embed(crate::discovery::POLICY_EMBEDS)
+            .map(|()| Route::Embedded { tried: String::new() }),
+        None => crate::discovery::find(args.socket.as_deref(), true),
+    };
+    let serving = match route {
+        Ok(Route::Broker(found)) => {
+            if found.which == Which::System {
+                eprintln!("palisade mcp: calls go to {}", found.name());
+            }
+            Serving::Socket(found.socket.clone(), found.name())
+        }
+        Ok(Route::Embedded { .. }) => match embedded_broker(args.policy.as_deref(), &args.sandbox, &cwd) {
+            Ok(b) => Serving::Embedded(Box::new(b)),
             Err(e) => return fail(ErrorKind::InvalidRequest, e),
         },
+        Err(e) => return fail(e.kind(), e),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => return fail(ErrorKind::RuntimeFailure, format!("cannot start the runtime: {e}")),
     };
     let served = runtime.block_on(async move {
-        match embedded {
-            None => {
-                let broker = format!("the broker on {}", socket.display());
+        match serving {
+            Serving::Embedded(broker) => serve_embedded(*broker, defaults).await,
+            Serving::Socket(socket, broker) => {
                 serve(Palisade { socket: Arc::new(socket), broker: Arc::new(broker), defaults: Arc::new(defaults) })
                     .await
             }
-            Some(broker) => serve_embedded(broker, defaults).await,
         }
     });
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
@@ -102,6 +116,13 @@ pub fn main(args: McpArgs) -> i32 {
             EXIT_PALISADE
         }
     }
+}
+
+/// What serves the calls: a broker embedded in this process, or the one on
+/// a socket (with its name, for people).
+enum Serving {
+    Embedded(Box<Broker>),
+    Socket(PathBuf, String),
 }
 
 /// The embedded broker, under `policy` (or the built-in one) as the flags edit it.

@@ -195,9 +195,10 @@ impl Seatbelt {
             .stderr(Stdio::piped())
             .process_group(0);
         let limits = limits_set(resolved);
+        let umask = plan.umask;
         // SAFETY: the closure runs in the child between fork and exec and
-        // calls only setrlimit, which is async-signal-safe; `limits` is a
-        // copy it owns, read without allocating.
+        // calls only setrlimit and umask, which are async-signal-safe;
+        // `limits` is a copy it owns, read without allocating.
         unsafe {
             command.pre_exec(move || {
                 for &(resource, limit) in &limits {
@@ -205,6 +206,10 @@ impl Seatbelt {
                     if libc::setrlimit(resource, &rl) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
+                }
+                // The requester's, as the helper sets it on Linux.
+                if let Some(mask) = umask {
+                    libc::umask(mask as libc::mode_t);
                 }
                 Ok(())
             })

@@ -35,6 +35,10 @@ pub(super) fn narrow(profile: &mut Profile, req: &RunRequest) -> Result<(), Deni
             "allow_inline_code = true",
         ));
     }
+    if let Some(umask) = req.umask.filter(|m| *m > palisade_protocol::wire::MAX_UMASK) {
+        let reason = format!("umask {umask:#o} is not a umask: at most 0o777 (permission bits only)");
+        return Err(Denial::new(ErrorKind::InvalidRequest, "request.umask", reason));
+    }
     let current = profile.capabilities.process;
     for (field, asked, limit) in [
         ("max_memory_mb", req.max_memory_mb, current.max_memory_mb),

@@ -716,6 +716,13 @@ fn asks_refused() -> Vec<Row> {
             Deny(INVALID, "request.limit"),
         ),
         row(
+            "a umask beyond the permission bits",
+            "",
+            TierC,
+            ask(&["ls"], |r, _| r.umask = Some(0o4022)),
+            Deny(INVALID, "request.umask"),
+        ),
+        row(
             "a path outside the grants",
             "",
             TierC,
