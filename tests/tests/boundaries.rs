@@ -53,9 +53,10 @@ impl Home {
         }
         let state = self.state();
         format!(
-            "state = {:?}\n[journal]\npath = {:?}\n[plugins]\nskills_dir = {:?}\nsecrets_dir = {:?}\n",
+            "state = {:?}\n[journal]\npath = {:?}\n[changes]\ndir = {:?}\n[plugins]\nskills_dir = {:?}\nsecrets_dir = {:?}\n",
             state.join("trust.json"),
             state.join("journal"),
+            state.join("changes"),
             state.join("skills"),
             state.join("secrets"),
         )
@@ -331,9 +332,14 @@ fn writes_where_the_broker_keeps_its_state_are_withheld_from_the_copy_back() {
     let home = dir.join("home");
     std::fs::create_dir(&home).unwrap();
     let (_j, journal) = scratch_journal(None);
-    // Root's state is elsewhere: its trust stages are named here instead.
+    // Root's state is elsewhere: its trust stages and change sets are named here instead.
     let trust = if is_root() {
-        format!("[trust]\nstate = {:?}\n", home.join(".local/state/palisade/trust.json"))
+        let state = home.join(".local/state/palisade");
+        format!(
+            "[trust]\nstate = {:?}\n[changes]\ndir = {:?}\n",
+            state.join("trust.json"),
+            state.join("changes")
+        )
     } else {
         String::new()
     };
@@ -430,6 +436,7 @@ fn a_run_cannot_plant_a_git_hook_or_fsmonitor_that_the_host_runs_later() {
         .args([".git/commondir", "elsewhere"])
         .current_dir(&repo)
         .env("PALISADE_JOURNAL", &journal)
+        .env("PALISADE_STATE", state_beside(&journal))
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", said(&o));
@@ -457,6 +464,7 @@ fn a_run_cannot_plant_a_git_hook_or_fsmonitor_that_the_host_runs_later() {
     let shown = Command::new(bin("palisade"))
         .args(["audit", "tail", "-n", "1"])
         .env("PALISADE_JOURNAL", &journal)
+        .env("PALISADE_STATE", state_beside(&journal))
         .output()
         .unwrap();
     assert!(text(&shown.stdout).contains(".git/hooks"), "{}", said(&shown));
@@ -482,6 +490,7 @@ fn a_run_cannot_plant_a_git_hook_or_fsmonitor_that_the_host_runs_later() {
         ])
         .current_dir(&repo)
         .env("PALISADE_JOURNAL", &journal)
+        .env("PALISADE_STATE", state_beside(&journal))
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", said(&o));
@@ -523,6 +532,7 @@ fn a_temp_root_that_is_not_the_brokers_own_is_refused_and_the_default_cannot_be_
             .current_dir(&ws)
             .env_remove("XDG_RUNTIME_DIR")
             .env("PALISADE_JOURNAL", &journal)
+            .env("PALISADE_STATE", state_beside(&journal))
             .envs(envs.iter().copied())
             .output()
             .unwrap()
@@ -583,6 +593,7 @@ fn a_configuration_changed_while_the_daemon_runs_changes_nothing_by_itself() {
     let again = Command::new(bin("palisaded"))
         .args(["--config", config.to_str().unwrap(), "--socket", d.socket.to_str().unwrap()])
         .env("PALISADE_JOURNAL", d.journal())
+        .env("PALISADE_STATE", state_beside(d.journal()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -79,10 +79,16 @@ fn drive(ws: &Path, options: &[&str]) -> String {
     out
 }
 
-fn approve_tool(pre: &[&str]) {
+/// `palisade tools approve lister PRE`; an embedded broker's journal and state in `ws`.
+fn approve_tool(ws: &Path, pre: &[&str]) {
     let mut argv = vec!["tools", "approve", "lister"];
     argv.extend_from_slice(pre);
-    let o = std::process::Command::new(bin("palisade")).args(&argv).output().unwrap();
+    let o = std::process::Command::new(bin("palisade"))
+        .args(&argv)
+        .env("PALISADE_JOURNAL", ws.join("journal"))
+        .env("PALISADE_STATE", state_beside(ws.join("journal")))
+        .output()
+        .unwrap();
     assert!(text(&o.stdout).starts_with("tool lister: trial"), "{}{}", text(&o.stdout), text(&o.stderr));
 }
 
@@ -91,7 +97,7 @@ fn the_python_sdk_drives_palisade_mcp_with_an_embedded_broker() {
     let ws = TempDir::new("agent");
     let file = ws.join("policy.toml");
     std::fs::write(&file, policy(ws.path())).unwrap();
-    approve_tool(&["--policy", file.to_str().unwrap()]);
+    approve_tool(ws.path(), &["--policy", file.to_str().unwrap()]);
     install_echo(&file);
     drive(ws.path(), &["--policy", file.to_str().unwrap()]);
     // The private socket's directory is gone with the server.
@@ -156,7 +162,7 @@ fn the_python_sdk_drives_palisade_mcp_through_a_daemon() {
     install_echo(&file);
     let d = Daemon::start(&policy(state.path()));
     let socket = d.socket.to_str().unwrap();
-    approve_tool(&["--socket", socket]);
+    approve_tool(state.path(), &["--socket", socket]);
     let ws = TempDir::new("mcp-ws");
     std::fs::write(ws.join("policy.toml"), "listed\n").unwrap();
     drive(ws.path(), &["--socket", socket]);
