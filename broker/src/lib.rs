@@ -30,7 +30,6 @@ linux_only! {
     pub mod mcp;
     pub mod memory;
     pub mod panics;
-    pub mod refusals;
     pub mod plugin_cli;
     pub mod plugins;
     pub mod pool;
@@ -65,6 +64,8 @@ pub mod mac;
 pub mod paths;
 #[cfg(unix)]
 pub mod real_files;
+#[cfg(unix)]
+pub mod refusals;
 #[cfg(unix)]
 pub mod run_cli;
 #[cfg(unix)]

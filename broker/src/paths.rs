@@ -273,11 +273,14 @@ pub fn owned(
     if let Some(j) = journal {
         add(j.to_path_buf(), "the audit journal");
     }
+    // Trust stages and plugins are Linux's alone: the macOS broker has neither.
+    #[cfg(target_os = "linux")]
     if let Some(t) = &config.trust.state {
         add(t.clone(), "the tools' trust stages");
         add(crate::trust::lock_path(t), "the lock of the tools' trust stages");
         add(crate::trust::key_path(t), "the key of the tools' trust stages");
     }
+    #[cfg(target_os = "linux")]
     if let Ok((skills, secrets)) = crate::plugins::dirs(&config.plugins) {
         add(skills, "the skills index");
         add(secrets, "the plugin secrets");

@@ -332,11 +332,7 @@ impl Render {
         if self.json {
             println!("{}", self.json_value(&outcome));
         } else if let Ok(r) = &outcome {
-            // A run that filled its bound says it kept nothing in its own line.
-            let said = r.status == RunStatus::DiskLimitExceeded;
-            if let Some(line) = crate::changes_cli::summary(&r.changes, true).filter(|_| !said) {
-                eprintln!("palisade: {line}");
-            }
+            say_changes(r);
         }
         match outcome {
             Ok(r) => match r.status {
@@ -407,3 +403,17 @@ impl Sink for RenderSink<'_> {
         true
     }
 }
+
+/// The change set's line under a run's output. A run that filled its bound
+/// says it kept nothing in its own line.
+#[cfg(target_os = "linux")]
+fn say_changes(r: &RunResult) {
+    let summary = crate::changes_cli::summary(&r.changes, true);
+    if let Some(line) = summary.filter(|_| r.status != RunStatus::DiskLimitExceeded) {
+        eprintln!("palisade: {line}");
+    }
+}
+
+/// Change sets are Linux's: a macOS run writes in place.
+#[cfg(not(target_os = "linux"))]
+fn say_changes(_: &RunResult) {}
