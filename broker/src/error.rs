@@ -69,6 +69,14 @@ pub enum BrokerError {
 }
 
 impl BrokerError {
+    /// The helper's failing step, when this is the helper's failure.
+    pub fn helper_failure(&self) -> Option<&HelperFailure> {
+        match self {
+            BrokerError::Helper(f) => Some(f),
+            _ => None,
+        }
+    }
+
     /// The kind the client branches on.
     pub fn kind(&self) -> ErrorKind {
         match self {

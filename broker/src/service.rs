@@ -583,7 +583,7 @@ impl Broker {
     ) -> Result<RunResult, BrokerError> {
         let event = match &result {
             Ok(r) => events::run_finished(r),
-            Err(e) => Event::RunFailed { run_id, kind: e.kind().name().into(), message: e.to_string() },
+            Err(e) => events::run_failed(run_id, e.kind(), e.to_string(), e.helper_failure()),
         };
         let receipt = self.journal.append(event).await?;
         let mut result = result?;

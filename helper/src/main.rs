@@ -65,32 +65,21 @@ fn main() {
 }
 
 #[cfg(target_os = "linux")]
+/// The helper's order, one step after another; see [`step`].
 fn contain() -> Result<Infallible> {
-    // Never gain privileges through exec, from here on.
-    prctl::set_no_new_privs().at(Stage::NoNewPrivs, || "PR_SET_NO_NEW_PRIVS".into())?;
-    fds::check_conventions()?;
-    // Nothing a caller left open may reach the sandbox (pid 1 never execs).
-    fds::close_inherited()?;
-    fds::close_on_exec_above_stdio()?;
-    fault::stop_after(Stage::NoNewPrivs);
+    step(Stage::NoNewPrivs, || {
+        // Never gain privileges through exec, from here on.
+        prctl::set_no_new_privs().at(Stage::NoNewPrivs, || "PR_SET_NO_NEW_PRIVS".into())?;
+        fds::check_conventions()?;
+        // Nothing a caller left open may reach the sandbox (pid 1 never execs).
+        fds::close_inherited()?;
+        fds::close_on_exec_above_stdio()
+    })?;
     let (plan, mut descriptors, entered) = match fds::read_warm_spec()? {
-        // A warm pool's sandbox: its namespaces, monitor and pid 1 come
-        // before the request, then the plan must be one they fit exactly.
-        Some(spec) => {
-            lifeline::arm_against_caller(spec.parent_pid, Signal::SIGKILL)?;
-            if spec.cgroup {
-                // The pool slot's cgroup, the run's once a plan claims it.
-                cgroup::join("the pooled sandbox's cgroup")?;
-            }
-            let entered = enter_namespaces(&spec.namespaces, spec.uid, spec.gid, Vec::new(), true)?;
-            let (plan, descriptors) = receive_plan()?;
-            spec.admits(&plan).map_err(|e| fail(Stage::Plan, Errno::EINVAL, e))?;
-            (plan, descriptors, Some(entered))
-        }
+        Some(spec) => enter_warm(spec)?,
         None => {
             let had_cgroup_dir = fds::cgroup_dir_passed();
-            let (plan, descriptors) = receive_plan()?;
-            fault::stop_after(Stage::Plan);
+            let (plan, descriptors) = step(Stage::Plan, receive_plan)?;
             fds::settle_cgroup_dir(&plan, had_cgroup_dir)?;
             (plan, descriptors, None)
         }
@@ -98,51 +87,27 @@ fn contain() -> Result<Infallible> {
     // Tier B's helper cleans up after the command when its caller dies: see lifeline.rs.
     let death_signal = if plan.namespaces.user { Signal::SIGKILL } else { Signal::SIGTERM };
     if entered.is_none() {
-        lifeline::arm_against_caller(plan.parent_pid, death_signal)?;
-        fault::stop_after(Stage::Lifeline);
+        step(Stage::Lifeline, || lifeline::arm_against_caller(plan.parent_pid, death_signal))?;
         if let Some(path) = &plan.cgroup {
             // Before the namespaces: this cgroup becomes the root of the sandbox's cgroup namespace.
-            cgroup::join(path)?;
-            fault::stop_after(Stage::Cgroup);
+            step(Stage::Cgroup, || cgroup::join(path))?;
         }
     }
     let tether = if plan.namespaces.user {
-        let entered = match entered {
-            Some(built_ahead) => built_ahead,
-            None => enter_cold(&plan, descriptors.as_ref(), death_signal)?,
-        };
-        fault::stop_after(Stage::Fork);
-        mounts::build_root(&plan, descriptors.take(), entered.captured)?;
-        fault::stop_after(Stage::Mounts);
-        if let Some(name) = &plan.hostname {
-            uts::set_hostname(name)?;
-            fault::stop_after(Stage::Hostname);
-        }
-        if let Some(n) = entered.net {
-            n.join(plan.loopback, &plan.listeners)?;
-            fault::stop_after(Stage::Loopback);
-        }
-        drop(entered.to_relay);
-        // pid 1 stays as a tiny init; the command runs in its child. Nothing
-        // of pid 1 may be reached from the command through /proc/1: it holds
-        // no descriptor but stdio and the status channel, and it is not
-        // dumpable (no ptrace, no /proc/1/mem or /proc/1/fd).
-        fds::keep_only_stdio_and_status()?;
-        prctl::set_dumpable(false).at(Stage::Monitor, || "PR_SET_DUMPABLE(0)".into())?;
-        // pid 1's own filter (the command's comes later, in the child).
-        monitor::fork_watched(Role::Init, || seccomp::install(&plan.monitor_seccomp))?
+        let entered = step(Stage::Fork, || match entered {
+            Some(built_ahead) => Ok(built_ahead),
+            None => enter_cold(&plan, descriptors.as_ref(), death_signal),
+        })?;
+        become_pid1(&plan, descriptors.take(), entered)?
     } else {
         // A root caller's groups would otherwise follow the command to its new uid.
         creds::drop_supplementary_groups()?;
         // The reaper stays beside the command, outside its Landlock domain.
         prctl::set_dumpable(false).at(Stage::Monitor, || "PR_SET_DUMPABLE(0)".into())?;
-        monitor::fork_watched(Role::Reaper, || Ok(()))?
+        step(Stage::Monitor, || monitor::fork_watched(Role::Reaper, || Ok(())))?
     };
-    fault::stop_after(Stage::Monitor);
-    rlimits::apply(&plan.rlimits)?;
-    fault::stop_after(Stage::Rlimits);
-    creds::switch_ids_and_drop_capabilities(plan.uid, plan.gid)?;
-    fault::stop_after(Stage::Capabilities);
+    step(Stage::Rlimits, || rlimits::apply(&plan.rlimits))?;
+    step(Stage::Capabilities, || creds::switch_ids_and_drop_capabilities(plan.uid, plan.gid))?;
     // Its watcher (pid 1, or Tier B's reaper) has set itself up before the command goes on.
     lifeline::wait_for_release(&tether)?;
     // The kernel clears the death signal when credentials change.
@@ -150,21 +115,65 @@ fn contain() -> Result<Infallible> {
     drop(tether);
     // After the mounts (a Landlock-restricted process cannot mount), before
     // seccomp. Tier B's rules are on the broker's descriptors of host paths.
-    landlock::restrict_self(&plan.landlock, descriptors.as_ref())?;
-    fault::stop_after(Stage::Landlock);
+    step(Stage::Landlock, || landlock::restrict_self(&plan.landlock, descriptors.as_ref()))?;
     let command = exec::prepare(&plan)?;
-    session::enter_cwd(&plan.cwd)?;
-    fault::stop_after(Stage::Cwd);
-    session::new_session()?;
-    fault::stop_after(Stage::Session);
+    step(Stage::Cwd, || session::enter_cwd(&plan.cwd))?;
+    step(Stage::Session, session::new_session)?;
     // The requester's umask, not the broker's (a unit's UMask=0077): what the command creates.
     if let Some(mask) = plan.umask {
         nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(mask));
     }
     // Last before execve, so the filter need not allow anything the helper does.
-    seccomp::install(&plan.seccomp)?;
-    fault::stop_after(Stage::Seccomp);
+    step(Stage::Seccomp, || seccomp::install(&plan.seccomp))?;
     exec::exec(command)
+}
+
+#[cfg(target_os = "linux")]
+/// One step of the order: `f`, which reports its own failure as `(stage,
+/// errno)`, then the fault hook of `stage` (nothing in a release build).
+fn step<T>(stage: Stage, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let done = f()?;
+    fault::stop_after(stage);
+    Ok(done)
+}
+
+#[cfg(target_os = "linux")]
+/// A warm pool's sandbox: its namespaces, monitor and pid 1 come before the
+/// request, then the plan must be one they fit exactly.
+fn enter_warm(
+    spec: palisade_protocol::WarmSpec,
+) -> Result<(JailPlan, Option<fds::Descriptors>, Option<Entered>)> {
+    lifeline::arm_against_caller(spec.parent_pid, Signal::SIGKILL)?;
+    if spec.cgroup {
+        // The pool slot's cgroup, the run's once a plan claims it.
+        cgroup::join("the pooled sandbox's cgroup")?;
+    }
+    let entered = enter_namespaces(&spec.namespaces, spec.uid, spec.gid, Vec::new(), true)?;
+    let (plan, descriptors) = receive_plan()?;
+    spec.admits(&plan).map_err(|e| fail(Stage::Plan, Errno::EINVAL, e))?;
+    Ok((plan, descriptors, Some(entered)))
+}
+
+#[cfg(target_os = "linux")]
+/// Tier C from its namespaces to pid 1's watch: the root, the hostname, the
+/// loopback, then pid 1 forks the command's process and stays as its init.
+fn become_pid1(plan: &JailPlan, descriptors: Option<fds::Descriptors>, entered: Entered) -> Result<OwnedFd> {
+    step(Stage::Mounts, || mounts::build_root(plan, descriptors, entered.captured))?;
+    if let Some(name) = &plan.hostname {
+        step(Stage::Hostname, || uts::set_hostname(name))?;
+    }
+    if let Some(n) = entered.net {
+        step(Stage::Loopback, || n.join(plan.loopback, &plan.listeners))?;
+    }
+    drop(entered.to_relay);
+    // pid 1 stays as a tiny init; the command runs in its child. Nothing
+    // of pid 1 may be reached from the command through /proc/1: it holds
+    // no descriptor but stdio and the status channel, and it is not
+    // dumpable (no ptrace, no /proc/1/mem or /proc/1/fd).
+    fds::keep_only_stdio_and_status()?;
+    prctl::set_dumpable(false).at(Stage::Monitor, || "PR_SET_DUMPABLE(0)".into())?;
+    // pid 1's own filter (the command's comes later, in the child).
+    step(Stage::Monitor, || monitor::fork_watched(Role::Init, || seccomp::install(&plan.monitor_seccomp)))
 }
 
 #[cfg(target_os = "linux")]

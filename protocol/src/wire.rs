@@ -45,6 +45,7 @@ pub const SMALL_FRAME_BYTES: usize = 1 << 20;
 const RUN_VARIANT: u8 = 1;
 /// How far into a JSON line over [`SMALL_FRAME_BYTES`] its `{"run"` is
 /// looked for (whitespace included): a run's line names it first.
+#[cfg(feature = "json")]
 const JSON_RUN_SCAN: usize = 64;
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]

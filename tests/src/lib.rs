@@ -1066,3 +1066,20 @@ impl Gate {
         }
     }
 }
+
+/// Every record of the journal in `dir`, oldest first.
+pub fn journal_records(dir: &Path) -> Vec<serde_json::Value> {
+    let mut segments: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    segments.sort();
+    segments
+        .iter()
+        .flat_map(|s| std::fs::read_to_string(s).unwrap().lines().map(str::to_string).collect::<Vec<_>>())
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(&l).unwrap())
+        .collect()
+}

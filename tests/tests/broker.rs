@@ -679,6 +679,16 @@ fn a_helper_failure_reaches_the_client_as_stage_and_errno() {
         (&"rlimits".into(), &1.into())
     );
     assert!(!marker.exists());
+    // The journal's record of each failed run names the step too.
+    let failed: Vec<_> =
+        journal_records(&d.journal()).into_iter().filter(|r| r["event"] == "run_failed").collect();
+    assert_eq!(failed.len(), 4, "{failed:?}");
+    for r in &failed {
+        assert_eq!(
+            (&r["kind"], &r["stage"], &r["errno"]),
+            (&"RuntimeFailure".into(), &"rlimits".into(), &1.into())
+        );
+    }
     // Counter-test: within the hard limit the same run works.
     let d = Daemon::start_with(DaemonOptions {
         config: "max_open_files = 4096\n".into(),

@@ -114,23 +114,6 @@ fn reload_records(d: &Daemon) -> Vec<serde_json::Value> {
     journal_records(&d.journal()).into_iter().filter(|r| r["event"] == "config_reloaded").collect()
 }
 
-/// Every record of the journal in `dir`, oldest first.
-fn journal_records(dir: &Path) -> Vec<serde_json::Value> {
-    let mut segments: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-        .collect();
-    segments.sort();
-    segments
-        .iter()
-        .flat_map(|s| std::fs::read_to_string(s).unwrap().lines().map(str::to_string).collect::<Vec<_>>())
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(&l).unwrap())
-        .collect()
-}
-
 #[test]
 fn a_reload_leaves_runs_in_progress_alone_and_decides_what_comes_next() {
     let dir = TempDir::new("reload");

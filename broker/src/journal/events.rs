@@ -3,6 +3,7 @@
 use super::Event;
 use super::bound::{Text, Texts};
 use palisade_policy::Resolved;
+use palisade_protocol::HelperFailure;
 use palisade_protocol::wire::{ErrorKind, ErrorReply, ParamValue, RunRequest, RunResult};
 
 /// The record of a request as it came in.
@@ -101,6 +102,18 @@ pub fn run_started_as(run_id: u64, planned: palisade_protocol::wire::Attestation
         execution_sha256: planned.execution_sha256,
         tier: planned.executor.to_string(),
         enforcement: Box::new(planned.enforcement),
+    }
+}
+
+/// The record of a run that could not be carried out: the error the client
+/// gets, and the helper's failing step when the helper reported one.
+pub fn run_failed(run_id: u64, kind: ErrorKind, message: String, helper: Option<&HelperFailure>) -> Event {
+    Event::RunFailed {
+        run_id,
+        kind: kind.name().into(),
+        message,
+        stage: helper.map(|f| f.stage.name().to_string()),
+        errno: helper.map(|f| f.errno),
     }
 }
 

@@ -146,8 +146,9 @@ pub enum Event {
         conflicts: Vec<String>,
         sha256: String,
     },
-    /// The run could not be carried out (its error as the client gets it).
-    RunFailed { run_id: u64, kind: String, message: String },
+    /// The run could not be carried out (its error as the client gets it);
+    /// `stage` and `errno` name the helper's failing step when it was one.
+    RunFailed { run_id: u64, kind: String, message: String, stage: Option<String>, errno: Option<i32> },
     /// A plugin call came in and was decided (`decision`: `allow`, or
     /// `deny` with the refusal's kind): before the plugin runs.
     PluginCalled {

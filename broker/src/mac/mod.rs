@@ -24,7 +24,7 @@ pub mod serve;
 #[cfg(all(test, target_os = "linux"))]
 mod tests;
 
-use crate::journal::{Event, Journal, events};
+use crate::journal::{Journal, events};
 use crate::seatbelt::Seatbelt;
 use crate::stream::Sink;
 use palisade_policy::{Config, Context, Decision, Host, Policy};
@@ -158,7 +158,7 @@ impl Mac {
         let result = self.seatbelt.execute(run_id, &resolved, request, prepared, sink, cancel).await;
         let event = match &result {
             Ok(r) => events::run_finished(r),
-            Err(e) => Event::RunFailed { run_id, kind: e.kind().name().into(), message: e.to_string() },
+            Err(e) => events::run_failed(run_id, e.kind(), e.to_string(), None),
         };
         let receipt = self.journal.append(event).await.map_err(events::journal_refusal)?;
         let mut result =
