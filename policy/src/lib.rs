@@ -3,6 +3,9 @@
 //! configuration and canonicalizing the paths a request names: what it knows
 //! of the host, the broker gathers and passes in ([`Host`]).
 
+// Data and decisions only: nothing here needs `unsafe`, and nothing may.
+#![forbid(unsafe_code)]
+
 pub mod capabilities;
 pub mod cedar;
 pub mod config;

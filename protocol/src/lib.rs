@@ -7,6 +7,9 @@
 //! - [`wire`]: client ⇄ broker messages (the Unix socket); the attestation
 //!   they carry is typed in [`attest`].
 
+// Data and decisions only: nothing here needs `unsafe`, and nothing may.
+#![forbid(unsafe_code)]
+
 pub mod attest;
 pub mod bytes;
 pub mod check;
