@@ -47,9 +47,15 @@ const MAC_CONTEXT: &[u8] = b"palisade module cache 1\0";
 /// Largest artifact the broker reads back: what a `Compiled` frame can carry.
 const MAX_ARTIFACT_BYTES: u64 = palisade_protocol::plugin::PLUGIN_FRAME_MAX as u64;
 /// Directories and files of the cache: the broker's own (the plugin-host
-/// reads them through its jail's bind, as the broker's ids).
+/// reads them through its jail's bind, idmapped to the broker's ids where
+/// the filesystem can idmap).
 const PRIVATE_DIR: u32 = 0o700;
 const PRIVATE_FILE: u32 = 0o600;
+/// With a reader group (a root broker's plugin-host runs as host ids of
+/// its own): that group reads, nobody but the broker writes. A bind that
+/// cannot be idmapped (tmpfs before Linux 6.3) reads through it.
+const SHARED_DIR: u32 = 0o750;
+const SHARED_FILE: u32 = 0o640;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -147,6 +153,8 @@ pub struct ModuleCache {
     key: Mutex<Option<[u8; KEY_BYTES]>>,
     /// Entries whose MAC verified, as they were then: not read again while unchanged.
     verified: Mutex<HashMap<String, Stamp>>,
+    /// The plugin-host's gid when it is not the broker's: it reads the cache as that group.
+    reader_gid: Option<u32>,
 }
 
 impl ModuleCache {
@@ -163,7 +171,28 @@ impl ModuleCache {
             ));
         }
         let (key, verified) = (Mutex::new(None), Mutex::new(HashMap::new()));
-        Ok(ModuleCache { dir, key_path, max_bytes, key, verified })
+        Ok(ModuleCache { dir, key_path, max_bytes, key, verified, reader_gid: None })
+    }
+
+    /// The plugin-host reads the cache as group `gid` (a root broker's host ids), or as the broker.
+    pub fn read_by(self, gid: Option<u32>) -> ModuleCache {
+        ModuleCache { reader_gid: gid, ..self }
+    }
+
+    /// `fd` (the cache's directory or an artifact) readable by the reader group, when there is one.
+    /// Whether it changed anything.
+    fn share(&self, fd: &OwnedFd, path: &Path, dir: bool) -> Result<bool, CacheError> {
+        let Some(gid) = self.reader_gid else { return Ok(false) };
+        let stat = fstat(fd).map_err(errno_at(path))?;
+        let mode = if dir { SHARED_DIR } else { SHARED_FILE };
+        let (regroup, remode) = (stat.st_gid != gid, stat.st_mode & 0o7777 != mode);
+        if regroup {
+            nix::unistd::fchown(fd, None, Some(nix::unistd::Gid::from_raw(gid))).map_err(errno_at(path))?;
+        }
+        if remode {
+            nix::sys::stat::fchmod(fd, Mode::from_bits_truncate(mode)).map_err(errno_at(path))?;
+        }
+        Ok(regroup || remode)
     }
 
     pub fn dir(&self) -> &Path {
@@ -190,7 +219,9 @@ impl ModuleCache {
             .create(&self.dir)
             .map_err(io_at(&self.dir))?;
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        nix::fcntl::open(&self.dir, flags, Mode::empty()).map_err(errno_at(&self.dir))
+        let dir = nix::fcntl::open(&self.dir, flags, Mode::empty()).map_err(errno_at(&self.dir))?;
+        self.share(&dir, &self.dir, true)?;
+        Ok(dir)
     }
 
     /// The MAC key: read from its file, or made there (32 random bytes, 0600) at first use.
@@ -237,6 +268,11 @@ impl ModuleCache {
         if stat.st_mode & libc::S_IFMT != libc::S_IFREG || stat.st_uid != nix::unistd::geteuid().as_raw() {
             return self.refuse(&dir, &name, "is not a plain file of the broker's");
         }
+        // An entry written before there was a reader group becomes readable by it too.
+        let stat = match self.share(&fd, &path, false)? {
+            true => fstat(&fd).map_err(errno_at(&path))?,
+            false => stat,
+        };
         let stamp = Stamp::from(&stat);
         if self.verified.lock().unwrap_or_else(|e| e.into_inner()).get(&name) == Some(&stamp) {
             return Ok(Some(path));
@@ -294,8 +330,9 @@ impl ModuleCache {
         let tag = self.mac(sha256, engine, artifact)?.finalize().into_bytes();
         let dir = self.open_dir()?;
         let file = format!("{name}{ARTIFACT_EXT}");
-        write_exclusive(&dir, &self.dir, &format!("{name}{MAC_EXT}"), &tag)?;
-        if let Err(e) = write_exclusive(&dir, &self.dir, &file, artifact) {
+        write_exclusive(&dir, &self.dir, &format!("{name}{MAC_EXT}"), &tag, |_| Ok(()))?;
+        let shared = |fd: &OwnedFd| self.share(fd, &self.dir.join(&file), false).map(drop);
+        if let Err(e) = write_exclusive(&dir, &self.dir, &file, artifact, shared) {
             let _ = unlinkat(&dir, format!("{name}{MAC_EXT}").as_str(), UnlinkatFlags::NoRemoveDir);
             return Err(e);
         }
@@ -332,12 +369,22 @@ impl ModuleCache {
 /// Writes `bytes` as `dir/name`, which must not exist: a new file
 /// (`O_EXCL`, never through a symlink), synced, then linked under its name
 /// (a link never replaces a file).
-fn write_exclusive(dir: &OwnedFd, at: &Path, name: &str, bytes: &[u8]) -> Result<(), CacheError> {
+fn write_exclusive(
+    dir: &OwnedFd,
+    at: &Path,
+    name: &str,
+    bytes: &[u8],
+    share: impl FnOnce(&OwnedFd) -> Result<(), CacheError>,
+) -> Result<(), CacheError> {
     let tmp = format!(".tmp-{}-{name}", std::process::id());
     let path = at.join(name);
     let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let fd = openat(dir, tmp.as_str(), flags, Mode::from_bits_truncate(PRIVATE_FILE))
         .map_err(errno_at(&at.join(&tmp)))?;
+    if let Err(e) = share(&fd) {
+        let _ = unlinkat(dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+        return Err(e);
+    }
     let mut f = std::fs::File::from(fd);
     let linked = f
         .write_all(bytes)
@@ -487,6 +534,34 @@ mod tests {
         assert!(matches!(entry_name(&sha(1), "wasmtime-1-../../x"), Err(CacheError::BadEngine(_))));
         assert!(matches!(entry_name("../x", ENGINE), Err(CacheError::BadModule(_))));
         assert!(matches!(entry_name(&sha(1).to_uppercase(), ENGINE), Err(CacheError::BadModule(_))));
+    }
+
+    #[test]
+    fn a_reader_group_reads_the_cache_and_only_the_broker_writes_it() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let root = scratch("reader");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        // Without a reader group (an unprivileged broker): the broker's alone.
+        let cache = ModuleCache::new(root.join("cache"), &root.join("secrets"), 1 << 20).unwrap();
+        let kept = cache.store(1, &sha(1), ENGINE, b"artifact one", true).unwrap();
+        assert_eq!((mode(&root.join("cache")), mode(&kept.path)), (PRIVATE_DIR, PRIVATE_FILE));
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped the reader group's half: only root may give a file to another group");
+            return;
+        }
+        let gid = 4242;
+        let cache = ModuleCache::new(root.join("cache"), &root.join("secrets"), 1 << 20).unwrap().read_by(Some(gid));
+        // An entry written before: shared when it is next looked up, and still verified.
+        assert_eq!(cache.lookup(&sha(1), ENGINE).unwrap(), Some(kept.path.clone()));
+        let transient = cache.store(2, &sha(2), ENGINE, b"artifact two", false).unwrap();
+        for (path, want) in [(root.join("cache"), SHARED_DIR), (kept.path.clone(), SHARED_FILE), (transient.path, SHARED_FILE)]
+        {
+            let meta = std::fs::metadata(&path).unwrap();
+            assert_eq!((mode(&path), meta.gid(), meta.uid()), (want, gid, 0), "{}", path.display());
+        }
+        // The MAC stays the broker's alone.
+        assert_eq!(mode(&kept.path.with_extension("mac")), PRIVATE_FILE);
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

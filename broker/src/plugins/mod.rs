@@ -155,7 +155,7 @@ impl Plugins {
         };
         let index = Index { dir: skills };
         let cache = match ModuleCache::new(index.cache_dir(), &secrets, config.plugins.cache_max_bytes) {
-            Ok(c) => c,
+            Ok(c) => c.read_by(host_ids.map(|h| h.gid)),
             Err(e) if config.plugins.enabled => return Err(format!("[plugins]: {e}")),
             // Disabled: never used.
             Err(_) => ModuleCache::new(index.cache_dir(), Path::new("/nonexistent/secrets"), 0)?,
