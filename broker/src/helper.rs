@@ -5,6 +5,10 @@
 
 use palisade_protocol::status::decode_records;
 use palisade_protocol::{HelperRecord, WarmSpec};
+use nix::fcntl::OFlag;
+use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags, posix_spawn};
+use nix::sys::signal::SigSet;
+use nix::sys::stat::Mode;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Write};
@@ -253,64 +257,30 @@ fn pipe() -> io::Result<(File, File)> {
     Ok((File::from(r), File::from(w)))
 }
 
-/// posix_spawn's file actions and attributes, freed on drop.
+/// posix_spawn's file actions and attributes.
 struct SpawnSetup {
-    actions: libc::posix_spawn_file_actions_t,
-    attr: libc::posix_spawnattr_t,
-}
-
-fn check(rc: libc::c_int) -> io::Result<()> {
-    if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) }
+    actions: PosixSpawnFileActions,
+    attr: PosixSpawnAttr,
 }
 
 impl SpawnSetup {
     /// Empty signal mask and default dispositions for every signal in the
     /// child (the broker ignores SIGPIPE; the sandbox must not inherit that).
-    fn new() -> io::Result<Box<SpawnSetup>> {
-        // SAFETY: both structures are plain data that the init calls below fill in.
-        let mut s: Box<SpawnSetup> = Box::new(unsafe { std::mem::zeroed() });
-        // SAFETY: init on zeroed storage owned by `s`.
-        check(unsafe { libc::posix_spawn_file_actions_init(&mut s.actions) })?;
-        // SAFETY: as above.
-        check(unsafe { libc::posix_spawnattr_init(&mut s.attr) })?;
-        // SAFETY: sigset_t is plain data; the sig*set calls initialize it.
-        let (mut empty, mut all): (libc::sigset_t, libc::sigset_t) = unsafe { std::mem::zeroed() };
-        // SAFETY: valid pointers to local sigsets.
-        unsafe {
-            libc::sigemptyset(&mut empty);
-            libc::sigfillset(&mut all);
-        }
-        let flags = libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
-        // SAFETY: the attribute object was initialized above; the sigsets outlive the calls.
-        unsafe {
-            check(libc::posix_spawnattr_setflags(&mut s.attr, flags as libc::c_short))?;
-            check(libc::posix_spawnattr_setsigmask(&mut s.attr, &empty))?;
-            check(libc::posix_spawnattr_setsigdefault(&mut s.attr, &all))?;
-        }
-        Ok(s)
+    fn new() -> io::Result<SpawnSetup> {
+        let mut attr = PosixSpawnAttr::init()?;
+        attr.set_flags(PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF)?;
+        attr.set_sigmask(&SigSet::empty())?;
+        attr.set_sigdefault(&SigSet::all())?;
+        Ok(SpawnSetup { actions: PosixSpawnFileActions::init()?, attr })
     }
 
     fn dup2(&mut self, from: RawFd, to: RawFd) -> io::Result<()> {
-        // SAFETY: the file-actions object was initialized in `new`.
-        check(unsafe { libc::posix_spawn_file_actions_adddup2(&mut self.actions, from, to) })
+        Ok(self.actions.add_dup2(from, to)?)
     }
 
     fn open_null(&mut self, to: RawFd) -> io::Result<()> {
-        let flags = if to == 0 { libc::O_RDONLY } else { libc::O_WRONLY };
-        // SAFETY: the path is a NUL-terminated literal, copied by the call.
-        check(unsafe {
-            libc::posix_spawn_file_actions_addopen(&mut self.actions, to, c"/dev/null".as_ptr(), flags, 0)
-        })
-    }
-}
-
-impl Drop for SpawnSetup {
-    fn drop(&mut self) {
-        // SAFETY: both objects were initialized in `new` and are destroyed once.
-        unsafe {
-            libc::posix_spawn_file_actions_destroy(&mut self.actions);
-            libc::posix_spawnattr_destroy(&mut self.attr);
-        }
+        let flags = if to == 0 { OFlag::O_RDONLY } else { OFlag::O_WRONLY };
+        Ok(self.actions.add_open(to, c"/dev/null", flags, Mode::empty())?)
     }
 }
 
@@ -365,34 +335,19 @@ pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
     }
     let path = CString::new(cmd.helper.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in the helper's path"))?;
-    let argv = [path.as_ptr(), std::ptr::null()];
     // Empty, but for a test hook of debug builds (see crate::fault).
-    let fault = crate::fault::helper_env();
-    let envp = [fault.as_ref().map_or(std::ptr::null(), |v| v.as_ptr()), std::ptr::null()];
-    let mut pid: libc::pid_t = 0;
-    // SAFETY: every pointer is valid for the call: the path, argv and envp
-    // (NUL-terminated, null-ended), and the initialized actions and attributes.
-    check(unsafe {
-        libc::posix_spawn(
-            &mut pid,
-            path.as_ptr(),
-            &setup.actions,
-            &setup.attr,
-            argv.as_ptr() as *const *mut libc::c_char,
-            envp.as_ptr() as *const *mut libc::c_char,
-        )
-    })?;
+    let env: Vec<CString> = crate::fault::helper_env().into_iter().collect();
+    let pid = posix_spawn(path.as_c_str(), &setup.actions, &setup.attr, &[&path], &env)?;
     drop((keep, convention, status_write, plan));
     // Until the child is handed over, a failure kills and reaps it (it has
     // not read its plan yet, so it has done nothing).
     let abandon = |e: io::Error| {
-        // SAFETY: kill and waitpid on our own unreaped child; no memory is passed.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-            libc::waitpid(pid, std::ptr::null_mut(), 0);
-        }
+        // Our own child, not reaped yet: the pid is still its.
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(pid, None);
         e
     };
+    let pid = pid.as_raw();
     let pidfd = pidfd_open(pid as u32).map_err(abandon)?;
     for limit in &cmd.outer_limits {
         let value = libc::rlimit { rlim_cur: limit.value, rlim_max: limit.value };
