@@ -4,7 +4,8 @@
 //! the message it shows, encoded again, and must be found whole in what
 //! comes out), and the documented Python client must run against a real
 //! broker, exchanging the document's hello, a run and its messages, its
-//! output raw after each line (`raw_output`).
+//! output raw after each line (`raw_output`). ARCHITECTURE.md, what a
+//! newcomer reads first, names only files and items that exist.
 
 use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, ServerMessage, Stream, encode, raw_output_header,
@@ -136,4 +137,87 @@ fn the_documented_python_client_runs_against_a_broker() {
 #[test]
 fn the_protocol_document_suite_passes_as_an_unprivileged_user() {
     rerun_unprivileged("the_protocol_document_suite_passes_as_an_unprivileged_user");
+}
+
+/// Every file of the project, relative to its root (no `target/`, no `.git`).
+fn project_files(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name == "target" || name.starts_with('.') && name != ".ci" {
+                continue;
+            }
+            let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            if path.is_dir() {
+                out.push(format!("{rel}/"));
+                dirs.push(path);
+            } else {
+                out.push(rel);
+            }
+        }
+    }
+    out
+}
+
+/// The `code spans` of a Markdown text.
+fn code_spans(text: &str) -> Vec<&str> {
+    text.split('`').skip(1).step_by(2).filter(|s| !s.is_empty() && !s.contains('\n')).collect()
+}
+
+/// Whether some Rust source defines `name` (a function, type, trait, module, constant or variant).
+fn defined(sources: &[String], name: &str) -> bool {
+    let kinds = ["fn ", "struct ", "enum ", "trait ", "mod ", "type ", "const ", "static "];
+    sources.iter().any(|s| {
+        kinds.iter().any(|k| s.contains(&format!("{k}{name}")))
+            || s.lines().any(|l| {
+                let l = l.trim_start();
+                l.starts_with(name) && l[name.len()..].starts_with([' ', ',', '(', '{'])
+            })
+    })
+}
+
+/// ARCHITECTURE.md names only what exists: each file or folder it names
+/// (whole, or relative to a folder it describes) is in the project, and
+/// each `module::Item` or `Type::item` is defined in its Rust sources.
+fn architecture_misses(doc: &str, files: &[String], sources: &[String]) -> Vec<String> {
+    let mut missing = Vec::new();
+    for span in code_spans(doc) {
+        let is_path = span.ends_with('/') || [".rs", ".md", ".sh", ".toml"].iter().any(|e| span.ends_with(e));
+        let pattern = span.contains([' ', '*', '<']);
+        if is_path && !span.starts_with('/') && !pattern {
+            let found = files.iter().any(|f| f == span || f.ends_with(&format!("/{span}")));
+            if !found {
+                missing.push(span.to_string());
+            }
+        } else if let Some((owner, item)) = span.split_once("::") {
+            let ident = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if ident(owner) && ident(item) && !(defined(sources, owner) && defined(sources, item)) {
+                missing.push(span.to_string());
+            }
+        }
+    }
+    missing
+}
+
+#[test]
+fn the_architecture_document_names_only_files_and_items_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let files = project_files(&root);
+    let sources: Vec<String> = files
+        .iter()
+        .filter(|f| f.ends_with(".rs"))
+        .map(|f| std::fs::read_to_string(root.join(f)).unwrap())
+        .collect();
+    let missing = architecture_misses(&doc, &files, &sources);
+    assert!(missing.is_empty(), "ARCHITECTURE.md names what is not in the project: {missing:?}");
+    // The check could fail: a renamed file and a removed item are caught.
+    let stale = "`broker/src/no_such_room.rs` holds `Broker::no_such_step`";
+    assert_eq!(
+        architecture_misses(stale, &files, &sources),
+        ["broker/src/no_such_room.rs", "Broker::no_such_step"]
+    );
 }
