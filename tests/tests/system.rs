@@ -574,13 +574,14 @@ fn under_the_units_umask_the_etc_snapshot_serves_other_users() {
     let Some(s) = System::start_under(&config, as_the_unit(&unit_caps())) else { return };
     let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
     assert_eq!((mode(&base.join("made")), mode(&temp_root)), (0o711, 0o711));
-    let snapshots: Vec<PathBuf> = std::fs::read_dir(&temp_root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("etc-"))
-        .collect();
-    assert_eq!(snapshots.len(), 1, "no /etc snapshot:\n{}", s.daemon.log());
-    assert_eq!(mode(&snapshots[0]), 0o755);
+    let snapshots = || -> Vec<PathBuf> {
+        let entries = std::fs::read_dir(&temp_root).into_iter().flatten().flatten().map(|e| e.path());
+        entries.filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("etc-")).collect()
+    };
+    // Another test's useradd changes /etc meanwhile: the broker then takes a
+    // new snapshot and removes the old one (made 0700 on its way out).
+    let settled = || matches!(&snapshots()[..], [one] if std::fs::metadata(one).is_ok_and(|m| m.mode() & 0o7777 == 0o755));
+    assert!(eventually(Duration::from_secs(10), settled), "{:?}\n{}", snapshots(), s.daemon.log());
     assert!(!s.daemon.log().contains("no /etc snapshot"), "{}", s.daemon.log());
     let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
     let read_passwd = |s: &System| {
