@@ -95,8 +95,10 @@ impl Guest {
         cgroup: Option<&Path>,
         env: &[(&str, &str)],
     ) -> (Child, PathBuf) {
-        let socket =
-            self.tmp.join(format!("palisade-{}.sock", config.file_name().unwrap().to_string_lossy()));
+        // A directory of its own: the socket's directory is the broker's, nobody's workspace.
+        let sockets = self.tmp.join("sockets");
+        std::fs::create_dir_all(&sockets).unwrap();
+        let socket = sockets.join(format!("palisade-{}.sock", config.file_name().unwrap().to_string_lossy()));
         let mut cmd = Command::new(bin("palisaded"));
         cmd.arg("--config")
             .arg(config)
