@@ -99,19 +99,27 @@ fn the_python_sdk_drives_palisade_mcp_with_an_embedded_broker() {
     std::fs::write(&file, policy(ws.path())).unwrap();
     approve_tool(ws.path(), &["--policy", file.to_str().unwrap()]);
     install_echo(&file);
-    drive(ws.path(), &["--policy", file.to_str().unwrap()]);
-    // The private socket's directory is gone with the server.
+    // Private sockets' directories of this uid's (another process's may be there already).
     let base = std::env::var_os("XDG_RUNTIME_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
-    let left = || {
+    let dirs = || -> std::collections::BTreeSet<String> {
         let mine = |e: &std::fs::DirEntry| {
             let uid = std::fs::metadata(e.path()).map(|m| std::os::unix::fs::MetadataExt::uid(&m));
             e.file_name().to_string_lossy().starts_with("palisade-mcp-broker-")
                 && uid.ok() == Some(nix::unistd::geteuid().as_raw())
         };
-        std::fs::read_dir(&base).unwrap().flatten().filter(mine).count()
+        std::fs::read_dir(&base)
+            .unwrap()
+            .flatten()
+            .filter(mine)
+            .map(|e| e.file_name().to_string_lossy().into())
+            .collect()
     };
-    let gone = eventually(std::time::Duration::from_secs(10), || left() == 0);
-    assert!(gone, "an embedded broker's directory was left behind");
+    let before = dirs();
+    drive(ws.path(), &["--policy", file.to_str().unwrap()]);
+    // The private socket's directory is gone with the server.
+    let left = || dirs().difference(&before).cloned().collect::<Vec<_>>();
+    let gone = eventually(std::time::Duration::from_secs(10), || left().is_empty());
+    assert!(gone, "an embedded broker's directory was left behind: {:?}", left());
 }
 
 /// The embedded broker's private directory (mode 0700) of `palisade mcp` process `pid`.

@@ -142,6 +142,8 @@ fn embedded_broker(
 /// Serves MCP with `broker` answering on a socket in a private directory
 /// of this process's (mode 0700), removed at the end.
 async fn serve_embedded(broker: Broker, defaults: Defaults) -> Result<(), String> {
+    // Before the directory: a signal from here on ends the server the same way.
+    let signals = termination_signals();
     let dir = private_dir().map_err(|e| format!("a private directory for the embedded broker: {e}"))?;
     let socket = dir.join("broker.sock");
     crate::daemon::keep_socket_out_of_reach(&broker, &socket);
@@ -155,7 +157,7 @@ async fn serve_embedded(broker: Broker, defaults: Defaults) -> Result<(), String
     // closing stdin: either way the runs are killed and the directory goes.
     let served = tokio::select! {
         served = serve(mcp) => served,
-        () = terminated() => Ok(()),
+        () = terminated(signals) => Ok(()),
     };
     // The directory first (the listener holds its socket open): a host
     // that kills the server soon after it asked it to stop leaves nothing.
@@ -166,17 +168,24 @@ async fn serve_embedded(broker: Broker, defaults: Defaults) -> Result<(), String
     served
 }
 
-/// SIGTERM or SIGINT (never, where their handlers cannot be installed).
-async fn terminated() {
+type Signals = Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>;
+
+/// SIGTERM's and SIGINT's handlers, installed now (None where they cannot be).
+fn termination_signals() -> Signals {
     use tokio::signal::unix::{SignalKind, signal};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-        (Ok(mut term), Ok(mut int)) => {
+    signal(SignalKind::terminate()).ok().zip(signal(SignalKind::interrupt()).ok())
+}
+
+/// SIGTERM or SIGINT (never, where their handlers could not be installed).
+async fn terminated(signals: Signals) {
+    match signals {
+        Some((mut term, mut int)) => {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
         }
-        _ => std::future::pending().await,
+        None => std::future::pending().await,
     }
 }
 
