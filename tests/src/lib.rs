@@ -1083,3 +1083,44 @@ pub fn journal_records(dir: &Path) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(&l).unwrap())
         .collect()
 }
+
+/// The system unit, systemd/palisade.service.
+pub fn unit() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd/palisade.service"))
+        .unwrap()
+}
+
+/// A setting of the system unit.
+pub fn unit_setting(key: &str) -> String {
+    let prefix = format!("{key}=");
+    unit()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {key}= in the unit"))
+        .into()
+}
+
+/// Capabilities (`CAP_SYS_ADMIN` ...) as setpriv's `--bounding-set` adds them.
+pub fn setpriv_caps(capabilities: &[String]) -> String {
+    capabilities
+        .iter()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The unit's capability bounding set.
+pub fn unit_caps() -> Vec<String> {
+    unit_setting("CapabilityBoundingSet").split_whitespace().map(String::from).collect()
+}
+
+/// A root palisaded started as the system unit starts it, as far as the
+/// process goes: its capability bounding set, umask and no_new_privs.
+pub fn as_the_unit(capabilities: &[String]) -> Vec<String> {
+    let start = format!("umask {} && exec \"$@\"", unit_setting("UMask"));
+    let bounding = format!("-all,{}", setpriv_caps(capabilities));
+    ["sh", "-c", &start, "sh", "setpriv", "--no-new-privs", "--bounding-set", &bounding, "--"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}

@@ -8,7 +8,8 @@
 
 use palisade_protocol::wire::BrokerStatus;
 use palisade_tests::*;
-use std::path::Path;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
@@ -336,4 +337,194 @@ fn a_reload_adds_a_user_while_another_users_run_goes_on() {
 #[test]
 fn the_operations_suite_passes_as_an_unprivileged_user() {
     rerun_unprivileged("the_operations_suite_passes_as_an_unprivileged_user");
+}
+
+/// `palisade ARGS` as `user` with exactly the supplementary `groups`, umask
+/// 022 as a login shell has, in `cwd`, with `env` (no socket named unless
+/// ARGS names one), and a scratch journal of the user's for a broker the
+/// CLI would embed.
+fn cli_in_groups(
+    user: &nix::unistd::User,
+    groups: &[nix::unistd::Gid],
+    cwd: &Path,
+    args: &[&str],
+    env: &[(&str, &Path)],
+) -> Output {
+    let mut argv: Vec<String> = ["sh", "-c", "umask 022 && exec \"$@\"", "sh"].map(String::from).into();
+    argv.extend(as_user_in(user, groups));
+    argv.push(bin("palisade").to_string_lossy().into_owned());
+    argv.extend(args.iter().map(|a| a.to_string()));
+    let (_journal, path) = scratch_journal(Some(user));
+    Command::new(&argv[0])
+        .args(&argv[1..])
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .env_remove("PALISADE_SOCKET")
+        .env("PALISADE_STATE", state_beside(&path))
+        .env("PALISADE_JOURNAL", &path)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+/// A directory under `root` for `user`'s workspace, removed (with `root`
+/// itself when the test made it) when dropped.
+struct Workspace {
+    path: PathBuf,
+    made_root: Option<PathBuf>,
+}
+
+impl Workspace {
+    fn under(root: &Path, user: &nix::unistd::User) -> Workspace {
+        let made_root = (!root.exists()).then(|| root.to_path_buf());
+        std::fs::create_dir_all(root).unwrap();
+        let path = root.join(format!("palisade-admin-{}-{}", std::process::id(), user.name));
+        owned_dir(&path, user, 0o755);
+        Workspace { path, made_root }
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+        if let Some(root) = &self.made_root {
+            let _ = std::fs::remove_dir(root);
+        }
+    }
+}
+
+/// The system install as an administrator runs it from the README: the
+/// package's configuration as shipped (`allowed_gids = ["palisade"]`) with
+/// the journal's reader group enabled as its comment says, the socket the
+/// socket unit makes (root:palisade 0660), and the broker started as the
+/// unit starts it (its capability bounding set, umask 0077, no_new_privs).
+/// Two developers in the group are served with no socket named, in a
+/// workspace in each root the unit lets the service write (/home, /srv),
+/// their outputs theirs under their own umask; a third is added by group
+/// with no restart, and by uid with a reload while a run is in flight; a
+/// file with a typo changes nothing; the reader group verifies the journal
+/// and nobody else can. (The unit's mount namespace is
+/// `the_system_units_file_system_serves_other_users`'s, in system.rs.)
+#[test]
+fn an_admin_serves_developers_from_the_system_broker_as_the_readme_says() {
+    let groups = (system_users(), system_group("palisade"), system_group("palisade-audit"));
+    let (Some(users), Some(devs), Some(auditors)) = groups else {
+        eprintln!("skipped: not root, and a system broker serving other users needs root");
+        return;
+    };
+    let (dev1, dev2, dev3) = (&users.attacker, &users.victim, &test_user());
+    let base = TempDir::new("admin");
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let gate = Gate::new(base.path(), Some(dev1));
+    // The package's file, and what the README has the admin change in it.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let shipped = std::fs::read_to_string(root.join("deploy/debian/palisade.toml")).unwrap();
+    let config = shipped.replace("# reader_gid = \"palisade-audit\"", "reader_gid = \"palisade-audit\"");
+    assert_ne!(config, shipped, "the shipped configuration no longer offers reader_gid");
+    let d = Daemon::start_with(DaemonOptions {
+        config: format!("{config}\n{}", gated_profile(&gate)),
+        prefix: as_the_unit(&unit_caps()),
+        ..Default::default()
+    });
+    // The socket unit's SocketGroup=palisade and SocketMode=0660.
+    nix::unistd::chown(&d.socket, None, Some(devs.gid)).unwrap();
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o660)).unwrap();
+    // Users find the system broker as /etc/palisade names it (a file of the
+    // test's here), with no broker of their own (an empty runtime directory).
+    let system = base.join("system.toml");
+    let journal = d.journal();
+    let text_of = format!("[clients]\nsystem_socket = {:?}\n[journal]\npath = {journal:?}\n", d.socket);
+    std::fs::write(&system, text_of).unwrap();
+    let runtime = base.join("runtime");
+    std::fs::create_dir(&runtime).unwrap();
+    std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let env = [(SYSTEM_CONFIG_ENV, system.as_path()), ("XDG_RUNTIME_DIR", runtime.as_path())];
+    let ran_here = format!("palisade: run by the system broker on {}\n", d.socket.display());
+    let write = |user: &nix::unistd::User, groups: &[nix::unistd::Gid], ws: &Path| {
+        let out = ws.join("out");
+        let args =
+            ["run", "--workspace", ws.to_str().unwrap(), "--", &probe(), "write", out.to_str().unwrap()];
+        (cli_in_groups(user, groups, ws, &args, &env), out)
+    };
+
+    // Two developers, members of the group, each in a documented root.
+    let homes = [Workspace::under(&dev1.dir, dev1), Workspace::under(Path::new("/srv"), dev2)];
+    for (dev, ws) in [(dev1, &homes[0]), (dev2, &homes[1])] {
+        let (o, out) = write(dev, &[devs.gid], &ws.path);
+        assert!(o.status.success(), "{} in {}: {}\n{}", dev.name, ws.path.display(), said(&o), d.log());
+        assert!(text(&o.stderr).contains(&ran_here), "{}", said(&o));
+        let meta = std::fs::metadata(&out).unwrap();
+        assert_eq!((meta.uid(), meta.mode() & 0o777), (dev.uid.as_raw(), 0o644), "{}", out.display());
+    }
+    // Counter-test: out of the group, refused by the system broker, and no
+    // broker of the CLI's own runs it instead.
+    let (o, out) = write(dev3, &[], &Workspace::under(&base.join("dev3"), dev3).path);
+    assert_eq!(o.status.code(), Some(125), "{}", said(&o));
+    assert!(text(&o.stderr).contains("Unauthorized: the system broker on"), "{}", said(&o));
+    assert!(!out.exists());
+
+    // A third developer, added to the group: served, the broker untouched.
+    let pid = d.child.id();
+    let ws3 = Workspace::under(&base.join("dev3-in"), dev3);
+    let (o, _) = write(dev3, &[devs.gid], &ws3.path);
+    assert!(o.status.success(), "{}\n{}", said(&o), d.log());
+    assert_eq!(d.child.id(), pid);
+
+    // Or by uid, with a reload while dev1's run is in flight.
+    let (socket, ws1) = (d.socket.clone(), homes[0].path.clone());
+    let (fifo, dev1_run, devs_gid) = (gate.path.clone(), dev1.clone(), devs.gid);
+    let first = std::thread::spawn(move || {
+        let probe = probe();
+        let args = [
+            "run",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--workspace",
+            ws1.to_str().unwrap(),
+            "--profile",
+            "gated",
+            "--",
+            &probe,
+            "read",
+            fifo.to_str().unwrap(),
+        ];
+        cli_in_groups(&dev1_run, &[devs_gid], &ws1, &args, &[])
+    });
+    in_flight(&d, 1);
+    // A uid outside the group connects only where the socket lets it: the
+    // admin widens the socket unit's SocketMode (systemctl edit
+    // palisade.socket), and the broker's own list still refuses it.
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (o, _) = write(dev3, &[], &ws3.path);
+    assert_eq!(o.status.code(), Some(125), "{}", said(&o));
+    assert!(text(&o.stderr).contains(&format!("refuses uid {}", dev3.uid)), "{}", said(&o));
+    let by_uid = config.replace("allowed_uids = []", &format!("allowed_uids = [{}]", dev3.uid));
+    assert_ne!(by_uid, config, "the shipped configuration no longer has allowed_uids = []");
+    rewrite(&d, &format!("{by_uid}\n{}", gated_profile(&gate)));
+    reload(&d);
+    assert!(d.log().contains("configuration reloaded"), "{}", d.log());
+    let (o, _) = write(dev3, &[], &ws3.path);
+    assert!(o.status.success(), "{}\n{}", said(&o), d.log());
+    assert!(gate.open(WAIT), "dev1's run never reached its gate:\n{}", d.log());
+    let o = first.join().unwrap();
+    assert_eq!((o.status.code(), text(&o.stdout)), (Some(0), "ok 2 bytes: go\n".into()), "{}", said(&o));
+
+    // A typo: the file in force stays, and the log says why.
+    rewrite(&d, &by_uid.replace("allowed_gids", "allowed_gid"));
+    reload(&d);
+    assert!(d.log().contains("unknown field `allowed_gid`"), "{}", d.log());
+    let (o, _) = write(dev3, &[], &ws3.path);
+    assert!(o.status.success(), "{}\n{}", said(&o), d.log());
+    assert_eq!(reload_records(&d).len(), 1);
+
+    // The reader group verifies the journal; anybody else cannot read it.
+    let verify = |user: &nix::unistd::User, groups: &[nix::unistd::Gid]| {
+        let o = cli_in_groups(user, groups, base.path(), &["audit", "verify", "--system"], &env);
+        (o.status.code(), said(&o))
+    };
+    let (code, out) = verify(dev2, &[auditors.gid]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("verified: "), "{out}");
+    let (code, out) = verify(dev1, &[devs.gid]);
+    assert_eq!(code, Some(5), "{out}");
 }

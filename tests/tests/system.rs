@@ -358,46 +358,6 @@ fn paths_the_requester_cannot_reach_are_not_allowed_whether_or_not_they_exist() 
 }
 
 /// The system unit (systemd/palisade.service).
-fn unit() -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd/palisade.service"))
-        .unwrap()
-}
-
-/// A setting of the system unit.
-fn unit_setting(key: &str) -> String {
-    let prefix = format!("{key}=");
-    unit()
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .unwrap_or_else(|| panic!("no {key}= in the unit"))
-        .into()
-}
-
-/// Capabilities (`CAP_SYS_ADMIN` ...) as setpriv's `--bounding-set` adds them.
-fn setpriv_caps(capabilities: &[String]) -> String {
-    capabilities
-        .iter()
-        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// The unit's capability bounding set.
-fn unit_caps() -> Vec<String> {
-    unit_setting("CapabilityBoundingSet").split_whitespace().map(String::from).collect()
-}
-
-/// A root palisaded started as the system unit starts it, as far as the
-/// process goes: its capability bounding set, umask and no_new_privs.
-fn as_the_unit(capabilities: &[String]) -> Vec<String> {
-    let start = format!("umask {} && exec \"$@\"", unit_setting("UMask"));
-    let bounding = format!("-all,{}", setpriv_caps(capabilities));
-    ["sh", "-c", &start, "sh", "setpriv", "--no-new-privs", "--bounding-set", &bounding, "--"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-}
-
 /// What another user does through a root broker: a run that writes in its
 /// workspace, copied back as the user.
 fn serve_another_user(s: &System) -> Result<(), String> {
