@@ -396,7 +396,9 @@ fn origin_at(dir: &OwnedFd, name: &CStr) -> bool {
 /// keeps its server's clock; FAT keeps two-second times): a spurious
 /// conflict only holds the run's version, a missed one would overwrite.
 fn clock_margin(dir: &OwnedFd) -> i128 {
-    use nix::sys::statfs::{BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, FsType, TMPFS_MAGIC, XFS_SUPER_MAGIC, fstatfs};
+    use nix::sys::statfs::{BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, FsType, TMPFS_MAGIC, fstatfs};
+    // Named here: nix has no XFS constant against musl, which the release binaries are built for.
+    const XFS_SUPER_MAGIC: FsType = FsType(0x5846_5342);
     const F2FS_SUPER_MAGIC: FsType = FsType(0xF2F5_2010);
     const ZFS_SUPER_MAGIC: FsType = FsType(0x2FC1_2FC1);
     let nanosecond = [EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC, BTRFS_SUPER_MAGIC, TMPFS_MAGIC, F2FS_SUPER_MAGIC, ZFS_SUPER_MAGIC];
