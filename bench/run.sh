@@ -35,10 +35,12 @@ case " $* " in *" --quick "*) exit 0 ;; esac
 # The second opinion: hyperfine, no shell, the same commands.
 work=$(mktemp -d)
 trap 'kill "$daemon" 2>/dev/null || true; rm -rf "$work"' EXIT
-mkdir "$work/ws"
-target/release/palisaded --socket "$work/palisade.sock" 2>"$work/palisaded.log" &
+# The socket in a directory of its own: the workspace may not lie in the broker's.
+mkdir "$work/ws" "$work/run"
+PALISADE_STATE="$work/state" PALISADE_JOURNAL="$work/journal" \
+    target/release/palisaded --socket "$work/run/palisade.sock" 2>"$work/palisaded.log" &
 daemon=$!
-for _ in $(seq 100); do [ -S "$work/palisade.sock" ] && break; sleep 0.1; done
+for _ in $(seq 100); do [ -S "$work/run/palisade.sock" ] && break; sleep 0.1; done
 bwrap=(bwrap --unshare-all --die-with-parent --new-session)
 for d in /usr /lib /lib64 /bin; do [ -e "$d" ] && bwrap+=(--ro-bind "$d" "$d"); done
 bwrap+=(--proc /proc --dev /dev --tmpfs /tmp --bind "$work/ws" "$work/ws" --chdir "$work/ws" --clearenv)
@@ -48,7 +50,7 @@ echo
 hyperfine -N --warmup 20 --runs 300 --style none --export-json "$work/hyperfine.json" \
     -n "bare exec" "/bin/true" \
     -n "bwrap" "${bwrap[*]} /bin/true" \
-    -n "palisade run" "$OLDPWD/target/release/palisade run --socket $work/palisade.sock -- /bin/true" \
+    -n "palisade run" "$OLDPWD/target/release/palisade run --socket $work/run/palisade.sock -- /bin/true" \
     >/dev/null 2>&1
 python3 - "$work/hyperfine.json" <<'PY'
 import json, sys

@@ -307,13 +307,19 @@ impl Daemon {
             format!("[broker]\nmax_concurrent = 64\nmax_queued = 256\nwarm = {warm}\n{journal}[defaults]\nmax_output_bytes = 17179869184\nallow_interpreters = true\nallow_inline_code = true\n{defaults}{tables}"),
         )
         .unwrap();
-        let socket = dir.join(format!("{name}.sock"));
+        // A directory of their own: a broker's socket directory is nobody's
+        // workspace, and the workspace is in `dir`.
+        let sockets = dir.join("sockets");
+        std::fs::create_dir_all(&sockets).unwrap();
+        let socket = sockets.join(format!("{name}.sock"));
         let mut cmd = Command::new(bin("palisaded"));
         cmd.arg("--config")
             .arg(&config)
             .arg("--socket")
             .arg(&socket)
             .env("PALISADE_LOG", "warn")
+            // Its state (change sets, trust stages) in the benchmark's directory, never the host's.
+            .env("PALISADE_STATE", dir.join(format!("{name}-state")))
             .stdin(Stdio::null());
         // SAFETY: prctl is async-signal-safe. The daemon goes when the benchmark
         // does, even if it is killed (it is spawned from the main thread).
@@ -855,6 +861,7 @@ impl Launchers {
             env: vec![
                 ("PALISADE_SOCKET".into(), dir.join("no-broker.sock").to_string_lossy().into_owned()),
                 ("PALISADE_JOURNAL".into(), dir.join("embedded-journal").to_string_lossy().into_owned()),
+                ("PALISADE_STATE".into(), dir.join("embedded-state").to_string_lossy().into_owned()),
             ],
         };
         let socket =
