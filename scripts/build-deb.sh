@@ -196,10 +196,10 @@ built_using=
 for b in "${binaries[@]}"; do
     dest=$root/usr/bin/$b
     install -m 0755 "$release_dir/$b" "$dest"
-    if readelf -S --wide "$dest" | grep -q ' \.symtab '; then
+    if readelf -S --wide "$dest" | grep ' \.symtab ' >/dev/null; then
         strip --remove-section=.comment --remove-section=.note "$dest"
     fi
-    if readelf -d "$dest" 2>/dev/null | grep -q '(NEEDED)'; then
+    if readelf -d "$dest" 2>/dev/null | grep '(NEEDED)' >/dev/null; then
         shlib_bins+=("$dest")
         continue
     fi
@@ -215,7 +215,7 @@ for b in "${binaries[@]}"; do
     fi
     # Static against glibc (its crt1.o brings the ABI note; musl has none):
     # glibc's source is part of the package (Debian Policy 7.8).
-    if [ -z "$built_using" ] && readelf -n "$dest" | grep -q 'NT_GNU_ABI_TAG'; then
+    if [ -z "$built_using" ] && readelf -n "$dest" | grep 'NT_GNU_ABI_TAG' >/dev/null; then
         built_using=$(dpkg-query -W -f='${source:Package} (= ${source:Version})' libc6-dev 2>/dev/null || true)
     fi
 done

@@ -29,7 +29,7 @@ cargo rustc --release --locked --quiet -p palisade-broker --bin palisaded -- "${
 musl=x86_64-unknown-linux-musl
 libc=${PALISADE_LIBC:-musl}
 if [ "$libc" = musl ] && [ "$(uname -m)" = x86_64 ]; then
-    if ! rustup target list --installed 2>/dev/null | grep -qx "$musl"; then
+    if ! rustup target list --installed 2>/dev/null | grep -x "$musl" >/dev/null; then
         timeout 300 rustup target add "$musl" >/dev/null 2>&1 || {
             echo "build-release: the $musl target is not available; the helper and the CLI link glibc statically" >&2
             libc=glibc

@@ -97,7 +97,7 @@ dead_links() {
             case $target in '' | *://* | mailto:* | /*) continue ;; esac
             path=$(realpath -m -s -- "$dir/$target")
             [[ $target == */ ]] && path+=/
-            if printf '%s\n' "${source_only[@]/#/$DOC/}" | grep -qxF -- "$path"; then
+            if printf '%s\n' "${source_only[@]/#/$DOC/}" | grep -xF -- "$path" >/dev/null; then
                 echo "$path" >&3
             elif ! in_root test -e "$path"; then
                 echo "$path (${file#"$r"})"

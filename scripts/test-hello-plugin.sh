@@ -4,7 +4,7 @@
 # plugins crate's test that compiles and calls it through palisade-plugin-host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
+if ! rustup target list --installed | grep -x wasm32-unknown-unknown >/dev/null; then
   rustup target add wasm32-unknown-unknown
 fi
 cargo build --release --target wasm32-unknown-unknown --manifest-path examples/hello-plugin/Cargo.toml

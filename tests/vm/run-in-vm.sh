@@ -87,7 +87,7 @@ QEMU=$(command -v qemu-system-x86_64) || die "qemu-system-x86_64 missing: apt-ge
 for t in cpio readelf gcc sha256sum; do command -v $t >/dev/null || die "$t missing"; done
 BUSYBOX=""
 for b in /bin/busybox /usr/bin/busybox; do
-  if [ -x "$b" ] && ! readelf -l "$b" 2>/dev/null | grep -q 'program interpreter'; then BUSYBOX=$b; break; fi
+  if [ -x "$b" ] && ! readelf -l "$b" 2>/dev/null | grep 'program interpreter' >/dev/null; then BUSYBOX=$b; break; fi
 done
 [ -n "$BUSYBOX" ] || die "no static busybox: apt-get install -y busybox-static"
 T0=$(date +%s.%N)
@@ -133,7 +133,7 @@ if [ ! -s "$VMLINUX" ] && [ ! -e "$VMLINUX.nopvh" ]; then
     command -v "$name" >/dev/null || continue
     for off in $(LC_ALL=C grep -obUaP "$magic" "$KERNEL" 2>/dev/null | cut -d: -f1 | head -n3); do
       if tail -c +$((off + 1)) "$KERNEL" | $cmd > "$tmpk" 2>/dev/null || [ -s "$tmpk" ]; then
-        if readelf -n "$tmpk" 2>/dev/null | grep -q 'note type: (0x00000012)'; then ok=1; break 2; fi
+        if readelf -n "$tmpk" 2>/dev/null | grep 'note type: (0x00000012)' >/dev/null; then ok=1; break 2; fi
       fi
     done
   done
@@ -279,7 +279,7 @@ done
 declare -A LIBS=()
 while IFS= read -r -d '' f; do
   readelf -h "$f" >/dev/null 2>&1 || continue
-  readelf -d "$f" 2>/dev/null | grep -q '(NEEDED)' || continue
+  readelf -d "$f" 2>/dev/null | grep '(NEEDED)' >/dev/null || continue
   out=$(ldd "$f" 2>&1) || { log "warning: ldd $f failed: $out"; continue; }
   if grep -q 'not found' <<<"$out"; then die "$f: missing libraries: $(grep 'not found' <<<"$out" | tr -s ' \t' ' ')"; fi
   while read -r l; do [ -n "$l" ] && LIBS["$l"]=1; done < <(awk '$2=="=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' <<<"$out")
