@@ -1067,21 +1067,37 @@ impl Gate {
     }
 }
 
-/// Every record of the journal in `dir`, oldest first.
-pub fn journal_records(dir: &Path) -> Vec<serde_json::Value> {
-    let mut segments: Vec<_> = std::fs::read_dir(dir)
+/// The segments of the journal in `dir`, oldest first.
+pub fn journal_segments(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
         .collect();
-    segments.sort();
-    segments
-        .iter()
-        .flat_map(|s| std::fs::read_to_string(s).unwrap().lines().map(str::to_string).collect::<Vec<_>>())
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(&l).unwrap())
-        .collect()
+    found.sort();
+    found
+}
+
+/// A segment's bytes up to its zero-filled tail.
+pub fn segment_content(segment: &Path) -> Vec<u8> {
+    let mut bytes = std::fs::read(segment).unwrap();
+    bytes.truncate(bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len()));
+    bytes
+}
+
+/// Every whole record of the journal in `dir`, oldest first.
+pub fn journal_records(dir: &Path) -> Vec<serde_json::Value> {
+    let mut all = Vec::new();
+    for s in journal_segments(dir) {
+        let text = String::from_utf8(segment_content(&s)).unwrap();
+        all.extend(
+            text.split_inclusive('\n')
+                .filter(|l| l.ends_with('\n'))
+                .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: {e}: {l}", s.display()))),
+        );
+    }
+    all
 }
 
 /// The system unit, systemd/palisade.service.

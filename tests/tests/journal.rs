@@ -29,37 +29,6 @@ fn verify(journal: &Path, more: &[&str]) -> (Option<i32>, String) {
     audit(&args)
 }
 
-/// The segments of a journal, oldest first.
-fn segments(journal: &Path) -> Vec<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir(journal)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-        .collect();
-    found.sort();
-    found
-}
-
-/// A segment's records: its bytes up to the zeros reserved ahead.
-fn content(segment: &Path) -> Vec<u8> {
-    let mut bytes = std::fs::read(segment).unwrap();
-    bytes.truncate(bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len()));
-    bytes
-}
-
-/// Every whole record of a journal, in order.
-fn records(journal: &Path) -> Vec<Value> {
-    let mut all = Vec::new();
-    for s in segments(journal) {
-        let text = String::from_utf8(content(&s)).unwrap();
-        all.extend(text.split_inclusive('\n').filter(|l| l.ends_with('\n')).map(|l| {
-            serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{}: {e}: {l}", s.display()))
-        }));
-    }
-    all
-}
-
 fn count(records: &[Value], event: &str) -> usize {
     records.iter().filter(|r| r["event"] == event).count()
 }
@@ -101,7 +70,7 @@ fn a_thousand_runs_make_one_chain_that_verifies_and_each_result_names_its_record
     let ws = TempDir::new("ws");
     let results = runs(&d, ws.path(), 1000, 4);
     assert_eq!(results.len(), 1000);
-    let recs = records(&d.journal());
+    let recs = journal_records(&d.journal());
     assert_receipts(&results, &recs);
     for event in ["request_received", "decision", "run_started", "run_finished"] {
         assert_eq!(count(&recs, event), 1000, "{event}");
@@ -127,9 +96,9 @@ fn a_thousand_runs_make_one_chain_that_verifies_and_each_result_names_its_record
 /// lines of its (only) segment.
 fn tampered(journal: &Path, to: &Path, change: impl FnOnce(&mut Vec<String>)) -> PathBuf {
     std::fs::create_dir_all(to).unwrap();
-    let segment = &segments(journal)[0];
+    let segment = &journal_segments(journal)[0];
     let mut lines: Vec<String> =
-        String::from_utf8(content(segment)).unwrap().lines().map(String::from).collect();
+        String::from_utf8(segment_content(segment)).unwrap().lines().map(String::from).collect();
     change(&mut lines);
     let copy = to.join(segment.file_name().unwrap());
     std::fs::write(&copy, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
@@ -159,7 +128,7 @@ fn an_edit_a_deletion_a_swap_or_an_insertion_is_named_at_its_record() {
     let (_, head) = audit(&["head", "--journal", journal.to_str().unwrap()]);
     assert_eq!(documented_recipe(&journal), format!("ok {}", head.trim()));
     let dir = TempDir::new("tampered");
-    let name = segments(&journal)[0].file_name().unwrap().to_string_lossy().into_owned();
+    let name = journal_segments(&journal)[0].file_name().unwrap().to_string_lossy().into_owned();
     // One digit of line 7's time changed.
     let edited = tampered(&journal, &dir.join("edit"), |l| {
         let at = l[6].find("\"time\":\"").unwrap() + 8 + 21;
@@ -193,7 +162,8 @@ fn an_edit_a_deletion_a_swap_or_an_insertion_is_named_at_its_record() {
     let hidden = dir.join("hidden");
     std::fs::create_dir(&hidden).unwrap();
     let zeros = [0u8; 64];
-    let bytes = [&content(&segments(&journal)[0])[..], &zeros[..], &b"{\"seq\":99}\n"[..]].concat();
+    let bytes =
+        [&segment_content(&journal_segments(&journal)[0])[..], &zeros[..], &b"{\"seq\":99}\n"[..]].concat();
     std::fs::write(hidden.join(&name), bytes).unwrap();
     let (code, out) = verify(&hidden, &[]);
     assert_eq!(code, Some(1), "{out}");
@@ -245,14 +215,14 @@ fn a_broker_killed_mid_burst_leaves_a_chain_that_verifies_and_goes_on() {
     let (code, out) = verify(&journal, &[]);
     assert_eq!(code, Some(0), "{out}");
     // Every result a client got is in the chain, as its attestation says.
-    assert_receipts(&received, &records(&journal));
+    assert_receipts(&received, &journal_records(&journal));
     // A broker started again chains on the last whole record.
     let again = Daemon::start_with(DaemonOptions {
         env: vec![("PALISADE_JOURNAL".into(), journal.to_string_lossy().into_owned())],
         ..Default::default()
     });
     let after = runs(&again, ws.path(), 3, 1);
-    let recs = records(&journal);
+    let recs = journal_records(&journal);
     assert_receipts(&received, &recs);
     assert_receipts(&after, &recs);
     let (code, out) = verify(&journal, &[]);
@@ -266,8 +236,8 @@ fn a_torn_last_line_is_set_aside_recorded_and_the_chain_goes_on() {
     runs(&d, ws.path(), 3, 1);
     d.stop();
     let journal = d.journal();
-    let segment = segments(&journal)[0].clone();
-    let before = content(&segment);
+    let segment = journal_segments(&journal)[0].clone();
+    let before = segment_content(&segment);
     let torn = br#"{"argv":["/usr/bin/echo","half"],"broker":"1-2","ev"#;
     std::fs::write(&segment, [&before[..], &torn[..]].concat()).unwrap();
     let (code, out) = verify(&journal, &[]);
@@ -280,9 +250,9 @@ fn a_torn_last_line_is_set_aside_recorded_and_the_chain_goes_on() {
     assert!(again.log().contains("was set aside"), "{}", again.log());
     runs(&again, ws.path(), 2, 1);
     // Earlier records untouched; the torn bytes kept in a file of their own, and recorded.
-    let now = content(&segment);
+    let now = segment_content(&segment);
     assert_eq!(&now[..before.len()], &before[..]);
-    let recs = records(&journal);
+    let recs = journal_records(&journal);
     let aside = recs.iter().find(|r| r["event"] == "tail_set_aside").expect("a tail_set_aside record");
     let file = journal.join(aside["file"].as_str().unwrap());
     assert_eq!(std::fs::read(&file).unwrap(), torn);
@@ -317,7 +287,7 @@ fn a_daemon_and_embedded_brokers_at_once_keep_one_chain() {
             });
         }
     });
-    let recs = records(&journal);
+    let recs = journal_records(&journal);
     assert_eq!(count(&recs, "run_finished"), 42);
     let brokers: std::collections::BTreeSet<&str> =
         recs.iter().filter_map(|r| r["broker"].as_str()).collect();
@@ -383,7 +353,7 @@ fn a_full_filesystem_refuses_runs_as_journal_unavailable_until_space_returns() {
     assert_eq!(code, Some(0), "{out}");
     std::fs::remove_file(&filler).unwrap();
     let after = client.run(request(ws.path(), &["echo", "back"]), |_| {}).unwrap();
-    assert_receipts(&[after], &records(&journal));
+    assert_receipts(&[after], &journal_records(&journal));
     let (code, out) = verify(&journal, &[]);
     assert_eq!(code, Some(0), "{out}");
     drop(d);
@@ -429,12 +399,12 @@ fn segments_rotate_and_retention_by_age_leaves_a_record_of_what_it_removed() {
     let first = runs(&d, ws.path(), 12, 2);
     d.stop();
     let journal = d.journal();
-    let many = segments(&journal).len();
+    let many = journal_segments(&journal).len();
     assert!(many >= 4, "{many} segments");
     let (code, out) = verify(&journal, &[]);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains(&format!("in {many} segments")), "{out}");
-    assert_receipts(&first, &records(&journal));
+    assert_receipts(&first, &journal_records(&journal));
     // Retention by age: segments whose records are all older than keep_days
     // go when one is closed, and a record says so; the rest stay.
     let dir = TempDir::new("aged");
@@ -447,11 +417,11 @@ fn segments_rotate_and_retention_by_age_leaves_a_record_of_what_it_removed() {
         ..Default::default()
     });
     let last = runs(&kept, ws.path(), 12, 1);
-    let left = segments(&aged);
+    let left = journal_segments(&aged);
     let names: Vec<String> = left.iter().map(|p| p.file_name().unwrap().to_string_lossy().into()).collect();
     // The two old segments went; the third took the broker's first records, and stays.
     assert_eq!(names[0], format!("segment-{:020}.jsonl", 11), "{names:?}");
-    let recs = records(&aged);
+    let recs = journal_records(&aged);
     assert_receipts(&last, &recs);
     let removed = recs.iter().find(|r| r["event"] == "segments_removed").expect("a segments_removed record");
     assert_eq!((removed["first_seq"].as_u64(), removed["last_seq"].as_u64()), (Some(1), Some(10)));
@@ -465,7 +435,7 @@ fn segments_rotate_and_retention_by_age_leaves_a_record_of_what_it_removed() {
     // A segment removed otherwise is no retention's: verify says records
     // were removed (its own status), unless told that is expected.
     drop(kept);
-    std::fs::remove_file(&segments(&aged)[0]).unwrap();
+    std::fs::remove_file(&journal_segments(&aged)[0]).unwrap();
     let (code, out) = verify(&aged, &[]);
     assert_eq!(code, Some(EXIT_PRUNED), "{out}");
     assert!(out.contains("no record in it says that retention removed"), "{out}");
@@ -481,7 +451,7 @@ fn segments_rotate_and_retention_by_age_leaves_a_record_of_what_it_removed() {
     old_journal(&whole.join("journal"), 2, 3);
     assert_eq!(verify(&whole.join("journal"), &[]).0, Some(0));
     // Its first segment removed: the same status.
-    std::fs::remove_file(&segments(&whole.join("journal"))[0]).unwrap();
+    std::fs::remove_file(&journal_segments(&whole.join("journal"))[0]).unwrap();
     assert_eq!(verify(&whole.join("journal"), &[]).0, Some(EXIT_PRUNED));
 }
 
@@ -493,7 +463,7 @@ fn the_journal_is_private_and_a_directory_others_may_write_is_refused() {
     runs(&d, ws.path(), 1, 1);
     let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
     assert_eq!(mode(&d.journal()), 0o700);
-    assert_eq!(mode(&segments(&d.journal())[0]), 0o600);
+    assert_eq!(mode(&journal_segments(&d.journal())[0]), 0o600);
     // A directory others may write to could be swapped or filled by them: refused.
     let dir = TempDir::new("open");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -521,8 +491,8 @@ fn the_journal_is_private_and_a_directory_others_may_write_is_refused() {
     });
     runs(&grouped, ws.path(), 1, 1);
     assert_eq!(mode(&open), 0o750);
-    assert_eq!(mode(&segments(&open)[0]), 0o640);
-    assert_eq!(std::fs::metadata(segments(&open)[0].clone()).unwrap().gid(), gid);
+    assert_eq!(mode(&journal_segments(&open)[0]), 0o640);
+    assert_eq!(std::fs::metadata(journal_segments(&open)[0].clone()).unwrap().gid(), gid);
     // A directory made on the way lets the readers through, and shows them nothing.
     let deeper = dir.join("state/journal");
     let _made = Daemon::start_with(DaemonOptions {
@@ -599,7 +569,7 @@ fn the_journals_readers_verify_it_under_the_units_umask_and_others_cannot_read_i
     assert_eq!(meta(&state), (0o710, group));
     assert_eq!(meta(&journal), (0o750, group));
     assert_eq!(meta(&journal.join("lock")), (0o640, group));
-    assert!(segments(&journal).iter().all(|s| meta(s) == (0o640, group)));
+    assert!(journal_segments(&journal).iter().all(|s| meta(s) == (0o640, group)));
     let home = TempDir::new("reader-home");
     std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let at = ["verify", "--journal", journal.to_str().unwrap()];
@@ -636,14 +606,14 @@ fn the_journals_readers_verify_it_under_the_units_umask_and_others_cannot_read_i
     let (code, out) = audit_as(other, home.path(), &["verify"], &env);
     assert_eq!(code, Some(5), "{out}");
     // A segment the reader may not read: cannot read (naming it), not broken.
-    let first = segments(&journal)[0].clone();
+    let first = journal_segments(&journal)[0].clone();
     std::fs::set_permissions(&first, std::fs::Permissions::from_mode(0o600)).unwrap();
     let (code, out) = audit_as(reader, home.path(), &at, &[]);
     assert_eq!(code, Some(5), "{out}");
     assert!(out.contains(&format!("may not read {} (mode 0600", first.display())), "{out}");
     // Counter-test: a segment it may read but whose record was changed is broken.
     std::fs::set_permissions(&first, std::fs::Permissions::from_mode(0o640)).unwrap();
-    let tampered = String::from_utf8(content(&first)).unwrap().replacen("\"echo\"", "\"ohce\"", 1);
+    let tampered = String::from_utf8(segment_content(&first)).unwrap().replacen("\"echo\"", "\"ohce\"", 1);
     assert!(tampered.contains("ohce"), "no record to change in {}", first.display());
     std::fs::write(&first, tampered).unwrap();
     let (code, out) = audit_as(reader, home.path(), &at, &[]);
@@ -678,7 +648,7 @@ fn approvals_asked_and_answered_are_recorded_with_the_run() {
     // The result says what was approved: Tier B in place of Tier C.
     let warned = approved.attestation.warnings.iter().any(|w| w.ends_with("no namespaces), as approved"));
     assert!(warned, "{:?}", approved.attestation.warnings);
-    let recs = records(&d.journal());
+    let recs = journal_records(&d.journal());
     let of = |run: u64| -> Vec<&str> {
         recs.iter().filter(|r| r["run_id"] == run).map(|r| r["event"].as_str().unwrap()).collect()
     };
@@ -784,7 +754,7 @@ fn the_embedded_broker_records_that_nobody_was_there_to_approve() {
     let o = cmd.output().unwrap();
     assert_eq!(o.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&o.stderr).contains("NeedsApproval"), "{o:?}");
-    let recs = records(&journal);
+    let recs = journal_records(&journal);
     let events: Vec<&str> = recs.iter().map(|r| r["event"].as_str().unwrap()).collect();
     assert_eq!(events, ["request_received", "decision", "approval_asked", "approval_answered"]);
     let answer = &recs[3];
@@ -795,7 +765,7 @@ fn the_embedded_broker_records_that_nobody_was_there_to_approve() {
 
 /// The bytes of records in a journal (the zeros reserved ahead not counted).
 fn record_bytes(journal: &Path) -> usize {
-    segments(journal).iter().map(|s| content(s).len()).sum()
+    journal_segments(journal).iter().map(|s| segment_content(s).len()).sum()
 }
 
 /// The canonical line of a record (its bytes in the journal, newline included).
@@ -846,7 +816,7 @@ fn a_flood_of_refused_oversized_requests_writes_bounded_records_at_a_rate_and_a_
     let ceiling = 2 * RECORDED * REFUSAL_RECORD_BYTES;
     eprintln!("{FLOOD} refused requests wrote {grown} bytes of records (ceiling {ceiling})");
     assert!(grown <= ceiling, "{FLOOD} refusals wrote {grown} bytes (ceiling {ceiling})");
-    let recs = records(&journal);
+    let recs = journal_records(&journal);
     let refused: Vec<&Value> =
         recs.iter().filter(|r| r["event"] == "request_received" && r["bounded"] == true).collect();
     assert_eq!(refused.len(), RECORDED);
@@ -874,7 +844,7 @@ fn a_flood_of_refused_oversized_requests_writes_bounded_records_at_a_rate_and_a_
     assert_eq!(count(&recs, "refusals_summarized"), 0);
     // The rest are counted, and recorded as a count when the broker stops.
     d.stop();
-    let recs = records(&journal);
+    let recs = journal_records(&journal);
     let summaries: Vec<&Value> = recs.iter().filter(|r| r["event"] == "refusals_summarized").collect();
     assert_eq!(summaries.len(), 1, "{summaries:?}");
     let s = summaries[0];
@@ -907,11 +877,11 @@ fn refusals_past_the_rate_are_summarized_when_their_period_ends() {
     // A period ends without the broker stopping: its count is recorded then
     // (bounded: a summary that never comes fails the test, it does not hang it).
     let journal = d.journal();
-    let summarized = || records(&journal).iter().any(|r| r["event"] == "refusals_summarized");
+    let summarized = || journal_records(&journal).iter().any(|r| r["event"] == "refusals_summarized");
     assert!(eventually(Duration::from_secs(30), summarized), "{}", d.log());
     d.stop();
     // Every refusal is either recorded one by one or counted in a summary.
-    let recs = records(&journal);
+    let recs = journal_records(&journal);
     let one_by_one = recs.iter().filter(|r| r["bounded"] == true).count();
     let counted: u64 = recs
         .iter()
@@ -943,7 +913,7 @@ fn below_the_free_space_floor_runs_are_refused_before_the_disk_is_full_and_serve
     // Counter-test: above the floor, runs are served.
     let mut client = Client::connect(&d.socket).unwrap();
     let served = client.run(request(ws.path(), &["echo", "above"]), |_| {}).unwrap();
-    assert_receipts(&[served], &records(&journal));
+    assert_receipts(&[served], &journal_records(&journal));
     // Below it (half of it free), with the disk far from full: refused, naming the floor.
     let free = || {
         let s = nix::sys::statvfs::statvfs(fs).unwrap();
@@ -977,7 +947,7 @@ fn below_the_free_space_floor_runs_are_refused_before_the_disk_is_full_and_serve
     // Space back: served again.
     std::fs::remove_file(&filler).unwrap();
     let after = client.run(request(ws.path(), &["echo", "back"]), |_| {}).unwrap();
-    assert_receipts(&[after], &records(&journal));
+    assert_receipts(&[after], &journal_records(&journal));
     assert_eq!(verify(&journal, &[]).0, Some(0));
     drop(d);
 }
@@ -1002,16 +972,17 @@ fn the_head_is_logged_at_each_segment_close_and_at_shutdown_and_a_journal_cut_be
     runs(&d, ws.path(), 8, 1);
     d.stop();
     let journal = d.journal();
-    let recs = records(&journal);
+    let recs = journal_records(&journal);
     let heads = logged_heads(&d.log());
     let closes: Vec<&(u64, String, String)> = heads.iter().filter(|h| h.2.ends_with("closed)")).collect();
     // Every segment but the newest was closed, and its last record logged as it was.
-    let all = segments(&journal);
+    let all = journal_segments(&journal);
     assert_eq!(closes.len(), all.len() - 1, "{heads:?}");
     for ((seq, hash, why), segment) in closes.iter().map(|h| (h.0, &h.1, &h.2)).zip(&all) {
-        let last: Value =
-            serde_json::from_str(String::from_utf8(content(segment)).unwrap().lines().last().unwrap())
-                .unwrap();
+        let last: Value = serde_json::from_str(
+            String::from_utf8(segment_content(segment)).unwrap().lines().last().unwrap(),
+        )
+        .unwrap();
         assert_eq!((last["seq"].as_u64(), last["hash"].as_str()), (Some(seq), Some(hash.as_str())));
         assert!(why.contains(&*segment.file_name().unwrap().to_string_lossy()), "{why}");
     }
@@ -1036,7 +1007,7 @@ fn the_head_is_logged_at_each_segment_close_and_at_shutdown_and_a_journal_cut_be
         std::fs::copy(s, cut.join(s.file_name().unwrap())).unwrap();
     }
     let before_last = cut.join(all[all.len() - 2].file_name().unwrap());
-    let text = String::from_utf8(content(&before_last)).unwrap();
+    let text = String::from_utf8(segment_content(&before_last)).unwrap();
     let kept: Vec<&str> = text.lines().collect();
     std::fs::write(&before_last, kept[..kept.len() - 1].iter().map(|l| format!("{l}\n")).collect::<String>())
         .unwrap();
@@ -1069,7 +1040,7 @@ fn a_runs_record_keeps_its_argv_and_none_is_longer_than_the_documented_bound() {
     let mut escaped = request(ws.path(), &["exit", "0"]);
     escaped.argv.extend(std::iter::repeat_n("\u{1}".repeat(4096), 126));
     let clipped = client.run(escaped.clone(), |_| {}).unwrap();
-    let recs = records(&d.journal());
+    let recs = journal_records(&d.journal());
     let received =
         |run: u64| recs.iter().find(|r| r["event"] == "request_received" && r["run_id"] == run).unwrap();
     assert_eq!(received(whole.run_id)["argv"], serde_json::json!(plain.argv));
