@@ -670,6 +670,34 @@ pub fn palisade_cli(
         .expect("run palisade")
 }
 
+/// `palisade ARGS` as `user` with exactly the supplementary `groups`, umask
+/// 022 as a login shell has, in `cwd`, with `env` (no socket named unless
+/// ARGS names one), and a scratch journal of the user's for a broker the
+/// CLI would embed.
+pub fn palisade_in_groups(
+    user: &nix::unistd::User,
+    groups: &[nix::unistd::Gid],
+    cwd: &Path,
+    args: &[&str],
+    env: &[(&str, &Path)],
+) -> std::process::Output {
+    let mut argv: Vec<String> = ["sh", "-c", "umask 022 && exec \"$@\"", "sh"].map(String::from).into();
+    argv.extend(as_user_in(user, groups));
+    argv.push(bin("palisade").to_string_lossy().into_owned());
+    argv.extend(args.iter().map(|a| a.to_string()));
+    let (_journal, path) = scratch_journal(Some(user));
+    std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .env_remove("PALISADE_SOCKET")
+        .env("PALISADE_STATE", state_beside(&path))
+        .env("PALISADE_JOURNAL", &path)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
 /// A directory the test user can use as a workspace (mode 0777 under a 0755 parent).
 pub fn shared_workspace(dir: &TempDir, name: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;

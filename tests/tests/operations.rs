@@ -339,34 +339,6 @@ fn the_operations_suite_passes_as_an_unprivileged_user() {
     rerun_unprivileged("the_operations_suite_passes_as_an_unprivileged_user");
 }
 
-/// `palisade ARGS` as `user` with exactly the supplementary `groups`, umask
-/// 022 as a login shell has, in `cwd`, with `env` (no socket named unless
-/// ARGS names one), and a scratch journal of the user's for a broker the
-/// CLI would embed.
-fn cli_in_groups(
-    user: &nix::unistd::User,
-    groups: &[nix::unistd::Gid],
-    cwd: &Path,
-    args: &[&str],
-    env: &[(&str, &Path)],
-) -> Output {
-    let mut argv: Vec<String> = ["sh", "-c", "umask 022 && exec \"$@\"", "sh"].map(String::from).into();
-    argv.extend(as_user_in(user, groups));
-    argv.push(bin("palisade").to_string_lossy().into_owned());
-    argv.extend(args.iter().map(|a| a.to_string()));
-    let (_journal, path) = scratch_journal(Some(user));
-    Command::new(&argv[0])
-        .args(&argv[1..])
-        .current_dir(cwd)
-        .stdin(Stdio::null())
-        .env_remove("PALISADE_SOCKET")
-        .env("PALISADE_STATE", state_beside(&path))
-        .env("PALISADE_JOURNAL", &path)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap()
-}
-
 /// A directory under `root` for `user`'s workspace, removed (with `root`
 /// itself when the test made it) when dropped.
 struct Workspace {
@@ -444,7 +416,7 @@ fn an_admin_serves_developers_from_the_system_broker_as_the_readme_says() {
         let out = ws.join("out");
         let args =
             ["run", "--workspace", ws.to_str().unwrap(), "--", &probe(), "write", out.to_str().unwrap()];
-        (cli_in_groups(user, groups, ws, &args, &env), out)
+        (palisade_in_groups(user, groups, ws, &args, &env), out)
     };
 
     // Two developers, members of the group, each in a documented root.
@@ -488,7 +460,7 @@ fn an_admin_serves_developers_from_the_system_broker_as_the_readme_says() {
             "read",
             fifo.to_str().unwrap(),
         ];
-        cli_in_groups(&dev1_run, &[devs_gid], &ws1, &args, &[])
+        palisade_in_groups(&dev1_run, &[devs_gid], &ws1, &args, &[])
     });
     in_flight(&d, 1);
     // A uid outside the group connects only where the socket lets it: the
@@ -519,7 +491,7 @@ fn an_admin_serves_developers_from_the_system_broker_as_the_readme_says() {
 
     // The reader group verifies the journal; anybody else cannot read it.
     let verify = |user: &nix::unistd::User, groups: &[nix::unistd::Gid]| {
-        let o = cli_in_groups(user, groups, base.path(), &["audit", "verify", "--system"], &env);
+        let o = palisade_in_groups(user, groups, base.path(), &["audit", "verify", "--system"], &env);
         (o.status.code(), said(&o))
     };
     let (code, out) = verify(dev2, &[auditors.gid]);

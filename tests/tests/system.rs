@@ -816,22 +816,9 @@ fn echo_in_groups(
     groups: &[nix::unistd::Gid],
     word: &str,
 ) -> std::process::Output {
-    let mut argv = as_user_in(user, groups);
-    argv.push(bin("palisade").to_string_lossy().into_owned());
-    argv.extend(
-        ["run", "--socket", socket.to_str().unwrap(), "--workspace", ws.to_str().unwrap(), "--"]
-            .map(String::from),
-    );
-    argv.extend([probe(), "echo".into(), word.into()]);
-    let (_journal, path) = scratch_journal(Some(user));
-    std::process::Command::new(&argv[0])
-        .args(&argv[1..])
-        .current_dir(ws)
-        .stdin(std::process::Stdio::null())
-        .env("PALISADE_STATE", state_beside(&path))
-        .env("PALISADE_JOURNAL", path)
-        .output()
-        .unwrap()
+    let (socket, ws_arg, probe) = (socket.to_str().unwrap(), ws.to_str().unwrap(), probe());
+    let args = ["run", "--socket", socket, "--workspace", ws_arg, "--", &probe, "echo", word];
+    palisade_in_groups(user, groups, ws, &args, &[])
 }
 
 /// The socket's group is how a system install lets users in: a user whose
