@@ -60,7 +60,7 @@
 #   /usr/share/lintian/overrides/palisade  (see below)
 #
 # Maintainer scripts (sh, no debhelper):
-#   postinst  creates the group (systemd-sysusers) and the state directory
+#   postinst  creates the user and group (systemd-sysusers) and the state directory
 #             (systemd-tmpfiles) where those tools exist, loads the AppArmor
 #             profile where AppArmor is enabled (a parser too old for its
 #             `abi <abi/4.0>`, Debian 12's, says so in one line: only hosts
@@ -243,11 +243,14 @@ cat >"$root/usr/lib/sysusers.d/palisade.conf" <<'EOF'
 # The group whose members may connect to the system broker's socket
 # (palisade.socket: SocketGroup=palisade); add them to allowed_gids too.
 g palisade -
+# The system broker's own user (palisade.service: User=palisade), in that
+# group; it holds the unit's capabilities, and no login.
+u palisade - "palisade sandbox broker" /var/lib/palisade /usr/sbin/nologin
 EOF
 cat >"$root/usr/lib/tmpfiles.d/palisade.conf" <<'EOF'
 # The system broker's state: the audit journal, trust stages, skills and
 # secrets (palisade.service: StateDirectory=palisade, StateDirectoryMode=0700).
-d /var/lib/palisade 0700 root root -
+d /var/lib/palisade 0700 palisade palisade -
 EOF
 chmod 0644 "$root/usr/lib/sysusers.d/palisade.conf" "$root/usr/lib/tmpfiles.d/palisade.conf"
 
@@ -392,7 +395,7 @@ cat >"$root/DEBIAN/postrm" <<'EOF'
 #!/bin/sh
 # Kept on purge: the state directory /var/lib/palisade (the audit journal,
 # the administrator's record of what ran; change sets, users' work not yet
-# applied) and the group palisade. dpkg removes the conffiles itself.
+# applied) and the user and group palisade. dpkg removes the conffiles itself.
 set -e
 
 case "$1" in

@@ -75,6 +75,8 @@ absent() { [ ! -e "$r$1" ] && [ ! -L "$r$1" ]; }
 status() { in_root dpkg-query -W -f='${db:Status-Status}' palisade 2>/dev/null || echo not-installed; }
 status_is() { [ "$(status)" = "$1" ]; }
 has_group() { in_root getent group palisade >/dev/null; }
+# The broker's user, in the group palisade, with no login.
+has_user() { [ "$(in_root getent passwd palisade | cut -d: -f4,7)" = "$(in_root getent group palisade | cut -d: -f3):/usr/sbin/nologin" ]; }
 mode_is() { [ "$(in_root stat -c '%F %a %U:%G' "$1")" = "$2" ]; }
 man_finds() { [ "$(in_root man -w "$@" 2>/dev/null)" = "/usr/share/man/man$1/$2.$1.gz" ]; }
 # Every installed page renders, and groff has nothing to say about it.
@@ -132,7 +134,8 @@ echo "dpkg -i"
 in_root dpkg -i /tmp/palisade.deb >"$scratch/dpkg.log" 2>&1 || { cat "$scratch/dpkg.log" >&2; exit 1; }
 check "installed" status_is installed
 check "the group palisade exists" has_group
-check "/var/lib/palisade is root's, 0700" mode_is /var/lib/palisade "directory 700 root:root"
+check "the user palisade exists, in the group palisade, with no login" has_user
+check "/var/lib/palisade is the broker's, 0700" mode_is /var/lib/palisade "directory 700 palisade:palisade"
 check "/etc/palisade/palisade.toml is deploy/debian/palisade.toml" \
     cmp -s "$r/etc/palisade/palisade.toml" "$repo/deploy/debian/palisade.toml"
 check "the annotated example is in $DOC/examples" \
@@ -161,6 +164,7 @@ check "the documentation is gone" absent "$DOC"
 check "the changed configuration is kept" grep -qx "# changed by the administrator" "$r/etc/palisade/palisade.toml"
 check "the journal is kept" test -s "$r/var/lib/palisade/journal/segment-00000000000000000000.jsonl"
 check "the group is kept" has_group
+check "the user is kept" has_user
 
 echo "dpkg --purge"
 in_root dpkg --purge palisade >"$scratch/dpkg.log" 2>&1 || { cat "$scratch/dpkg.log" >&2; exit 1; }
@@ -170,6 +174,7 @@ check "the configuration is gone" absent /etc/palisade
 check "the runtime directory is gone" absent /run/palisade
 check "the journal is kept" test -s "$r/var/lib/palisade/journal/segment-00000000000000000000.jsonl"
 check "the group is kept" has_group
+check "the user is kept" has_user
 
 [ "$failures" = 0 ] || { echo "check-deb-install: $failures check(s) failed" >&2; exit 1; }
 echo "check-deb-install: installed, removed and purged as documented"

@@ -1,14 +1,15 @@
 #!/bin/sh
-# Runs a root palisaded in a mount namespace shaped as the system unit shapes
+# Runs a palisaded in a mount namespace shaped as the system unit shapes
 # its own (systemd/palisade.service): the host read-only but for its
 # ReadWritePaths (ProtectSystem=strict), a /tmp and /var/tmp of its own
 # (PrivateTmp), a /dev of the basic nodes only (PrivateDevices), its runtime
-# directory writable (RuntimeDirectory); and under the unit's capability
-# bounding set, umask and no_new_privs. A user's client, outside that
+# directory writable (RuntimeDirectory, SERVICE_USER's); and as the unit's
+# user SERVICE_USER with its capabilities (ambient and the bounding set),
+# umask and no_new_privs. A user's client, outside that
 # namespace as a user's shell is, runs a command that writes in the
 # workspace WS, which must come back to the user.
 # Usage (as root):
-#   system-unit.sh BIN_DIR PROBE WORK USER CAPS UMASK CONFIG WS [READ_WRITE_PATH...]
+#   system-unit.sh BIN_DIR PROBE WORK USER SERVICE_USER CAPS UMASK CONFIG WS [READ_WRITE_PATH...]
 # BIN_DIR holds palisaded, palisade and palisade-helper; PROBE is the test
 # probe, run in the sandbox. They are run from copies in WORK/bin, which
 # CONFIG grants read-only; the socket is WORK/run/palisade.sock (the unit's
@@ -23,8 +24,8 @@ set -eu
 
 if [ "${1:-}" = service ]; then
   # The service's side, in its own mount namespace (unshare -m).
-  work=$2 caps=$3 um=$4 config=$5
-  shift 5
+  work=$2 service_user=$3 caps=$4 um=$5 config=$6
+  shift 6
   # PrivateDevices: the old /dev kept aside, a tmpfs with the basic nodes.
   mkdir -p "$work/olddev"
   mount --bind /dev "$work/olddev"
@@ -58,22 +59,24 @@ if [ "${1:-}" = service ]; then
   umask "$um"
   PALISADE_JOURNAL=/tmp/journal PALISADE_STATE=/tmp/state
   export PALISADE_JOURNAL PALISADE_STATE
-  exec setpriv --no-new-privs --bounding-set "-all,$caps" -- \
+  exec setpriv --reuid "$(id -u "$service_user")" --regid "$(id -g "$service_user")" --clear-groups \
+    --no-new-privs --inh-caps "-all,$caps" --ambient-caps "-all,$caps" --bounding-set "-all,$caps" -- \
     "$work/bin/palisaded" --config "$config" --socket "$work/run/palisade.sock"
 fi
 
-bin=$1 probe=$2 work=$3 user=$4 caps=$5 um=$6 config=$7 ws=$8
-shift 8
+bin=$1 probe=$2 work=$3 user=$4 service_user=$5 caps=$6 um=$7 config=$8 ws=$9
+shift 9
 
 # The binaries, copied where the service's private /tmp cannot hide them
 # (a checkout may live under /tmp); the broker finds the helper beside itself.
 mkdir -p "$work/bin" "$work/run"
 chmod 0755 "$work/run"
+chown "$service_user:" "$work/run"
 cp "$bin/palisaded" "$bin/palisade" "$bin/palisade-helper" "$probe" "$work/bin/"
 bin=$work/bin
 probe=$work/bin/$(basename "$probe")
 
-unshare -m --propagation private sh "$0" service "$work" "$caps" "$um" "$config" "$@" \
+unshare -m --propagation private sh "$0" service "$work" "$service_user" "$caps" "$um" "$config" "$@" \
   2> "$work/palisaded.log" &
 daemon=$!
 trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null || true' EXIT

@@ -196,6 +196,7 @@ impl Helper {
             parent_pid: std::process::id(),
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
+            serves_others: nix::unistd::getuid().is_root(),
             requester: palisade_protocol::HostIds {
                 uid: nix::unistd::getuid().as_raw(),
                 gid: nix::unistd::getgid().as_raw(),

@@ -99,6 +99,7 @@ mod tests {
             parent_pid: 1,
             uid: 1000,
             gid: 1000,
+            serves_others: false,
             requester: palisade_protocol::HostIds { uid: 1000, gid: 1000 },
             groups: vec![],
             temp_root: PathBuf::from("/run/palisade-test"),

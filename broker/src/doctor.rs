@@ -157,8 +157,8 @@ fn warm_pool(config: &Config, cgroups: &Cgroups, tier_c: bool) -> String {
     if !config.broker.warm {
         return plain("warm = false");
     }
-    if nix::unistd::geteuid().is_root() {
-        return plain("a root broker's sandboxes run as each requester's own host ids");
+    if crate::privilege::serves_others() {
+        return plain("a system broker's sandboxes run as each requester's own host ids");
     }
     if !tier_c {
         return plain("no Tier C here");

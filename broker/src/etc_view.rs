@@ -376,7 +376,7 @@ fn copy(src: &Path, dst: &Path, top: bool, budget: &mut Budget) -> io::Result<()
     };
     // A top-level entry followed to a place the sandbox's uid could not
     // reach (a broker running as root reads everywhere) is left out.
-    if top && nix::unistd::geteuid().is_root() {
+    if top && crate::privilege::serves_others() {
         let reachable = fs::canonicalize(src).ok().and_then(|t| t.parent().map(reachable_by_others));
         if reachable != Some(true) {
             return Ok(());

@@ -63,6 +63,8 @@ pub mod mac;
 #[cfg(unix)]
 pub mod paths;
 #[cfg(unix)]
+pub mod privilege;
+#[cfg(unix)]
 pub mod real_files;
 #[cfg(unix)]
 pub mod refusals;

@@ -6,8 +6,9 @@
 //! decision time, with no symlink allowed on the way; the broker keeps the
 //! descriptors and the helper builds the sandbox from them, never from the
 //! names. What a run wrote is copied back as the requester too, relative to
-//! the same descriptors. A broker that is not root can act only as itself: it
-//! serves its own uid and root (see `Server::allowed`).
+//! the same descriptors. A broker that does not serve other users
+//! ([`crate::privilege`]) can act only as itself: it serves its own uid and
+//! root (see `Server::allowed`).
 
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
@@ -69,10 +70,11 @@ impl Requester {
         }
     }
 
-    /// Acting for this requester means changing credentials: a broker running
-    /// as root, acting for anyone but root.
+    /// Acting for this requester means changing credentials: a broker that
+    /// serves other users ([`crate::privilege`]), acting for anyone but
+    /// itself (a root broker for root acts as itself).
     fn switches(&self) -> bool {
-        nix::unistd::geteuid().is_root() && self.uid != 0
+        crate::privilege::serves_others() && self.uid != nix::unistd::geteuid().as_raw()
     }
 
     /// Runs `f` with this requester's filesystem credentials: on a thread of
@@ -112,16 +114,23 @@ impl Acting {
     /// overlay layer, written by the sandbox's uid).
     pub fn as_broker<T>(&self, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
         let Some((uid, gid)) = self.switched else { return f() };
-        set_fs_ids(0, 0)?;
+        let me = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+        set_fs_ids(me.0, me.1, true)?;
         let result = f();
-        set_fs_ids(uid, gid)?;
+        set_fs_ids(uid, gid, uid == 0)?;
         result
     }
 }
 
 /// Sets the calling thread's filesystem ids, checked (the system calls
-/// return the previous id, not an error).
-fn set_fs_ids(uid: u32, gid: u32) -> io::Result<()> {
+/// return the previous id, not an error), and its filesystem capabilities
+/// (DAC override, chown, ...): effective when `fs_caps` (the broker as
+/// itself, or acting as root), else none, so that permission checks are the
+/// requester's. The kernel does the same when the filesystem uid leaves or
+/// becomes 0, which is all a root broker needs; a broker running as a
+/// dedicated user with ambient capabilities changes from one uid that is
+/// not 0 to another, and the kernel leaves its capabilities as they were.
+fn set_fs_ids(uid: u32, gid: u32, fs_caps: bool) -> io::Result<()> {
     // SAFETY: setfsgid and setfsuid take an id and change only this thread's
     // credentials; with -1 (an invalid id) they change nothing and return the
     // current one.
@@ -136,19 +145,50 @@ fn set_fs_ids(uid: u32, gid: u32) -> io::Result<()> {
             now.0, now.1
         )));
     }
+    set_fs_caps(fs_caps)
+}
+
+/// Raises (as far as the permitted set allows) or drops every filesystem
+/// capability in the calling thread's effective set, checked.
+fn set_fs_caps(raise: bool) -> io::Result<()> {
+    use caps::{CapSet, Capability::*};
+    let fs = [
+        CAP_CHOWN,
+        CAP_DAC_OVERRIDE,
+        CAP_DAC_READ_SEARCH,
+        CAP_FOWNER,
+        CAP_FSETID,
+        CAP_LINUX_IMMUTABLE,
+        CAP_MAC_OVERRIDE,
+        CAP_MKNOD,
+    ];
+    let failed = |e: caps::errors::CapsError| io::Error::other(format!("cannot set the thread's capabilities: {e}"));
+    let permitted = caps::read(None, CapSet::Permitted).map_err(failed)?;
+    let mut effective = caps::read(None, CapSet::Effective).map_err(failed)?;
+    for cap in fs {
+        match raise && permitted.contains(&cap) {
+            true => effective.insert(cap),
+            false => effective.remove(&cap),
+        };
+    }
+    caps::set(None, CapSet::Effective, &effective).map_err(failed)?;
+    let now = caps::read(None, CapSet::Effective).map_err(failed)?;
+    if now != effective {
+        return Err(io::Error::other(format!("the thread's capabilities are {now:?}, not {effective:?}")));
+    }
     Ok(())
 }
 
 /// Gives the calling thread (and only it: the raw system calls, not libc's,
 /// which change every thread of the process) the requester's groups and
-/// filesystem ids. Leaving fsuid 0 drops the thread's filesystem
-/// capabilities (DAC override, ...), so permission checks are the requester's.
+/// filesystem ids, and none of the broker's filesystem capabilities (but for
+/// root), so permission checks are the requester's.
 fn switch_thread(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
     // SAFETY: `groups` is valid for its length; setgroups reads it and changes
     // only this thread's credentials.
     let rc = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
     Errno::result(rc)?;
-    set_fs_ids(uid, gid)
+    set_fs_ids(uid, gid, uid == 0)
 }
 
 fn refusal(rule: &str, message: String) -> ErrorReply {

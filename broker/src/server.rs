@@ -192,8 +192,8 @@ impl Server {
         connections.abort_all();
     }
 
-    /// Why `peer` may not use this broker, if it may not. A broker that is
-    /// not root can act only as itself (see [`crate::requester`]): it serves
+    /// Why `peer` may not use this broker, if it may not. A broker that does
+    /// not serve other users ([`crate::privilege`]) can act only as itself (see [`crate::requester`]): it serves
     /// its own uid and root, whatever `allowed_uids` says.
     fn refusal(&self, peer: &Peer) -> Option<String> {
         let me = self.broker.context.uid;
@@ -202,10 +202,11 @@ impl Server {
                 "uid {} (gid {}, groups {:?}) is not allowed to use this broker",
                 peer.uid, peer.gid, peer.groups
             ))
-        } else if me != 0 && peer.uid != me && peer.uid != 0 {
+        } else if !crate::privilege::serves_others() && peer.uid != me && peer.uid != 0 {
             Some(format!(
                 "this broker runs as uid {me} and can act only as itself, not for uid {}: \
-                 serving other users takes a broker running as root",
+                 serving other users takes a system broker (root, or a dedicated user holding \
+                 CAP_SETUID and the unit's other capabilities)",
                 peer.uid
             ))
         } else {

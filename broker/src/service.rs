@@ -146,7 +146,7 @@ impl Peer {
 /// v1, where the broker places a run's helper itself after its start.
 pub(crate) fn warm_spec(config: &Config, cgroups: &Cgroups) -> Option<WarmSpec> {
     let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
-    let usable = config.broker.warm && config.broker.user_namespaces && !nix::unistd::geteuid().is_root();
+    let usable = config.broker.warm && config.broker.user_namespaces && !crate::privilege::serves_others();
     let cgroup = cgroups.available().is_ok();
     let spec = WarmSpec { uid, gid, namespaces: Namespaces::ALL, parent_pid: std::process::id(), cgroup };
     (usable && !(cgroup && cgroups.is_v1())).then_some(spec)
@@ -184,7 +184,8 @@ impl Broker {
             parent_pid: std::process::id(),
             uid,
             gid,
-            requester: HostIds { uid, gid },
+                        serves_others: crate::privilege::serves_others(),
+requester: HostIds { uid, gid },
             groups: Requester::me().groups,
             temp_root: temp_root.path.clone(),
             instance: crate::instance::tag().to_string(),
@@ -671,7 +672,7 @@ fn take_cgroup(resolved: &mut Resolved, cgroup: &crate::cgroup::RunCgroup) {
 /// else the one beside this binary). Gives the ids and the helper's path.
 pub fn check_config(config: &Config, helper: Option<PathBuf>) -> Result<(palisade_policy::ids::ResolvedIds, PathBuf), String> {
     let ids = config.resolve_ids(&host::Accounts).map_err(|e| e.to_string())?;
-    if nix::unistd::geteuid().is_root() {
+    if crate::privilege::serves_others() {
         check_sandbox_ids(config.broker.sandbox_ids)?;
     }
     let helper = helper.or_else(|| config.broker.helper.clone()).unwrap_or_else(paths::default_helper);
@@ -781,7 +782,7 @@ fn sweep_changes(store: &crate::changes::Store, journal: &Journal) {
 /// uid, which must reach the snapshot. `None`, with the reason logged, where
 /// a sandbox could not reach it.
 fn etc_view(temp_root: &std::path::Path) -> Option<EtcView> {
-    let root = nix::unistd::geteuid().is_root();
+    let root = crate::privilege::serves_others();
     if let Some((dir, mode)) = crate::etc_view::unreachable_on_the_way(temp_root).filter(|_| root) {
         let mode = mode.map_or("cannot be looked at".to_string(), |m| format!("is mode {m:04o}"));
         tracing::warn!(

@@ -61,10 +61,14 @@ impl Settings {
         &self.policy.config
     }
 
-    /// The uids that may connect: `allowed_uids`, or the broker's own
-    /// (`broker_uid`) when none is listed.
+    /// The uids that may connect: `allowed_uids`, or, when none is listed,
+    /// the broker's own (`broker_uid`) and, for a system broker that is not
+    /// root (the unit's own user), root: the administrator it serves.
     pub fn allowed_uids(&self, broker_uid: u32) -> std::borrow::Cow<'_, [u32]> {
         match self.ids.allowed_uids.is_empty() {
+            true if broker_uid != 0 && crate::privilege::serves_others() => {
+                std::borrow::Cow::Owned(vec![broker_uid, 0])
+            }
             true => std::borrow::Cow::Owned(vec![broker_uid]),
             false => std::borrow::Cow::Borrowed(&self.ids.allowed_uids),
         }

@@ -85,6 +85,7 @@ fn context(user_namespaces: bool, landlock_abi: u32) -> On {
         parent_pid: 1,
         uid: 1000,
         gid: 1000,
+        serves_others: false,
         requester: palisade_protocol::HostIds { uid: 1000, gid: 1000 },
         groups: vec![],
         temp_root: PathBuf::from("/run/palisade-test"),

@@ -19,23 +19,38 @@ pub fn switch_ids_and_drop_capabilities(uid: u32, gid: u32) -> Result<()> {
     clear_sets()
 }
 
-/// A helper started by root becomes the plan's unprivileged host ids, its
-/// supplementary groups dropped: no process of the sandbox is ever host root.
+/// A helper started by a system broker becomes the plan's unprivileged host
+/// ids, its supplementary groups dropped and with no capability left: no
+/// process of the sandbox is ever host root or holds the broker's power.
+/// Leaving uid 0 clears every capability; a helper started by a dedicated
+/// user with ambient capabilities keeps them across `setresuid`, so they are
+/// cleared here explicitly, and checked, either way.
 pub fn become_host_ids(ids: HostIds) -> Result<()> {
     let (uid, gid) = (Uid::from_raw(ids.uid), Gid::from_raw(ids.gid));
     setgroups(&[]).at(Stage::HostIds, || "drop supplementary groups".into())?;
     setresgid(gid, gid, gid).at(Stage::HostIds, || format!("setresgid {gid}"))?;
     setresuid(uid, uid, uid).at(Stage::HostIds, || format!("setresuid {uid}"))?;
-    // Leaving root made us non-dumpable, which leaves /proc/self owned by root
-    // and our own uid and gid maps unwritable to us.
+    clear_sets()?;
+    // Changing ids made us non-dumpable, which leaves /proc/self owned by
+    // root and our own uid and gid maps unwritable to us.
     nix::sys::prctl::set_dumpable(true).at(Stage::HostIds, || "PR_SET_DUMPABLE".into())
 }
 
-/// Leaves every supplementary group, where the helper may (it runs as root, in
-/// Tier B): the command's new uid must not keep root's groups. An ordinary
-/// user cannot drop theirs (README: supplementary groups).
+/// Whether the effective set holds `cap` (one of the first 32).
+pub fn holds(cap: u32) -> Result<bool> {
+    Ok(capget()?[0] & (1 << cap) != 0)
+}
+
+pub const CAP_SETGID: u32 = 6;
+pub const CAP_SETUID: u32 = 7;
+pub const CAP_SYS_ADMIN: u32 = 21;
+
+/// Leaves every supplementary group, where the helper may (it runs as root,
+/// or holds CAP_SETGID, in Tier B): the command's new uid must not keep the
+/// broker's groups. An ordinary user cannot drop theirs (README:
+/// supplementary groups).
 pub fn drop_supplementary_groups() -> Result<()> {
-    if !geteuid().is_root() {
+    if !geteuid().is_root() && !holds(CAP_SETGID)? {
         return Ok(());
     }
     setgroups(&[]).at(Stage::Ids, || "drop supplementary groups".into())?;

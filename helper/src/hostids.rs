@@ -1,15 +1,17 @@
-//! A helper started by root prepares, while it is still root and in the
-//! host's mount namespace, what needs both: clones of every bind and overlay
+//! A helper started by a system broker prepares, while it still holds the
+//! broker's capabilities and is in the host's mount namespace, what needs
+//! both: clones of every bind and overlay
 //! source, the granted ones idmapped for the requester. It then becomes the
 //! plan's unprivileged host ids (`creds::become_host_ids`) before creating
 //! any namespace.
 
+use crate::creds;
 use crate::error::{Context, Result, fail};
 use crate::fds::Descriptors;
 use crate::mounts;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::{Pid, getuid};
+use nix::unistd::Pid;
 use palisade_protocol::{HostIds, JailPlan, Mount, Stage};
 use std::os::fd::OwnedFd;
 
@@ -26,11 +28,12 @@ pub fn clone_sources(
     ids: HostIds,
 ) -> Result<Vec<Option<OwnedFd>>> {
     let descriptors = descriptors.ok_or_else(|| fail(Stage::Plan, Errno::EINVAL, "no descriptors"))?;
-    if !getuid().is_root() {
+    if !(creds::holds(creds::CAP_SYS_ADMIN)? && creds::holds(creds::CAP_SETUID)?) {
         return Err(fail(
             Stage::HostIds,
             Errno::EINVAL,
-            "the plan names host ids but the helper is not running as root",
+            "the plan names host ids but the helper does not hold both CAP_SYS_ADMIN and CAP_SETUID \
+             (a system broker runs it as root or as a user with them)",
         ));
     }
     let mut trees: Vec<Option<OwnedFd>> = plan.mounts.iter().map(|_| None).collect();
@@ -71,7 +74,7 @@ pub fn clone_sources(
 /// A user namespace mapping the requester's ids to the sandbox's host ids,
 /// for idmapping. A short-lived child is created in it (`clone` with
 /// `CLONE_NEWUSER`: the namespace exists when the call returns, nothing to
-/// wait for); we (root) write its maps, keep the namespace by a descriptor
+/// wait for); we (holding CAP_SETUID) write its maps, keep the namespace by a descriptor
 /// and kill the child. It is reaped with the command's monitor's other
 /// children: nothing here waits for it.
 fn idmap_userns(requester: HostIds, ids: HostIds) -> Result<OwnedFd> {

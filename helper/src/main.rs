@@ -191,7 +191,7 @@ fn receive_plan() -> Result<(JailPlan, Option<fds::Descriptors>)> {
 /// A Tier C sandbox up to its mounts: in a new user namespace and the
 /// others, the outer helper left behind as monitor, this process pid 1.
 struct Entered {
-    /// Mount trees a helper started by root cloned on the host.
+    /// Mount trees a helper started by a system broker cloned on the host.
     captured: Vec<Option<OwnedFd>>,
     net: Option<net::Pending>,
     to_relay: OwnedFd,
@@ -203,7 +203,7 @@ fn enter_cold(plan: &JailPlan, descriptors: Option<&fds::Descriptors>, death: Si
     // The plan names host ids and the requester they act for together, or neither.
     let captured = match (plan.host_ids, plan.acting_for) {
         (Some(ids), Some(requester)) => {
-            // As root, in the host's mount namespace: the kernel clones only its own mounts.
+            // With the broker's capabilities, in the host's mount namespace: the kernel clones only its own mounts.
             let trees = hostids::clone_sources(plan, descriptors, requester, ids)?;
             // Before any namespace: no process of the sandbox is ever host root.
             creds::become_host_ids(ids)?;

@@ -80,6 +80,11 @@ pub struct Context {
     /// The broker's own ids.
     pub uid: u32,
     pub gid: u32,
+    /// The broker serves other users (root, or a user holding the system
+    /// unit's capabilities): it acts as the requester, its sandboxes run as
+    /// the requester's own block of host ids, and it may see another file
+    /// system than the requester's (a system service's private /tmp).
+    pub serves_others: bool,
     /// Who asks: the peer's uid and gid (the broker's own for the CLI's
     /// embedded broker). A broker running as root acts on its behalf: the
     /// sandbox gets its access and its own block of host ids.
@@ -340,7 +345,7 @@ impl Policy {
                 ),
             );
         }
-        let dirs = RequestDirs::of(files, req, uid, ctx.uid == 0)?;
+        let dirs = RequestDirs::of(files, req, uid, ctx.serves_others)?;
         let (bound, escalation) = self.bound_grants(files, req, &profile, &dirs, uid, trust.is_some())?;
         profile.capabilities.filesystem.extend(bound);
         let TierChoice { tier, warnings, approval } =
@@ -868,8 +873,9 @@ impl Policy {
         if draft.profile.exec_in_writable {
             exec_dirs.extend(grants.read_write.iter().cloned());
         }
-        // A root broker's sandboxes run as the requester's own block of host ids.
-        let sandbox_ids = (ctx.uid == 0)
+        // A system broker's sandboxes run as the requester's own block of host ids.
+        let sandbox_ids = ctx
+            .serves_others
             .then(|| self.config.broker.sandbox_ids.for_requester(ctx.requester.uid))
             .transpose()
             .map_err(|e| Denial::new(ErrorKind::Unauthorized, "broker.sandbox_ids", e))?;
@@ -976,8 +982,8 @@ impl Policy {
 
 impl RequestDirs {
     /// The request's cwd (required) and workspace (the cwd by default),
-    /// each an absolute directory, canonical. `root`: the broker runs as
-    /// root (a system service, which may see another file system).
+    /// each an absolute directory, canonical. `root`: the broker serves
+    /// other users (a system service, which may see another file system).
     fn of(files: &dyn HostFiles, req: &RunRequest, uid: u32, root: bool) -> Result<RequestDirs, Denial> {
         let Some(cwd) = &req.cwd else {
             return denied(

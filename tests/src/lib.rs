@@ -530,6 +530,10 @@ pub struct DaemonOptions {
     /// Start without `--socket`: the daemon picks its default socket, which
     /// must appear at this path.
     pub default_socket: Option<PathBuf>,
+    /// The daemon's directory (its state, journal and socket) is this
+    /// user's, as systemd makes a unit's state and runtime directories its
+    /// `User=`'s; the prefix runs the daemon as that user ([`as_the_unit`]).
+    pub owner: Option<nix::unistd::User>,
 }
 
 impl Daemon {
@@ -541,7 +545,7 @@ impl Daemon {
         use std::os::unix::fs::PermissionsExt;
         let dir = TempDir::new("daemon");
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        if let Some(u) = &opts.user {
+        if let Some(u) = opts.user.as_ref().or(opts.owner.as_ref()) {
             nix::unistd::chown(dir.path(), Some(u.uid), Some(u.gid)).unwrap();
         }
         let socket = opts.default_socket.clone().unwrap_or_else(|| dir.join("palisade.sock"));
@@ -1158,13 +1162,60 @@ pub fn unit_caps() -> Vec<String> {
     unit_setting("CapabilityBoundingSet").split_whitespace().map(String::from).collect()
 }
 
-/// A root palisaded started as the system unit starts it, as far as the
-/// process goes: its capability bounding set, umask and no_new_privs.
-pub fn as_the_unit(capabilities: &[String]) -> Vec<String> {
+/// `config` with `[policy] temp_root` set to `dir`: where a broker run as
+/// the unit's user keeps its runs' host directories, as the unit's runtime
+/// directory is that user's (the host's `/run/palisade/runs` is root's, and
+/// other tests' root brokers use it).
+pub fn with_temp_root(config: &str, dir: &Path) -> String {
+    let line = format!("temp_root = {:?}\n", dir.to_string_lossy());
+    match config.find("[policy]\n") {
+        Some(i) => format!("{}[policy]\n{line}{}", &config[..i], &config[i + "[policy]\n".len()..]),
+        None => format!("{config}\n[policy]\n{line}"),
+    }
+}
+
+/// The runs' directory of a broker run as the unit's `user`, under `base`:
+/// `base/run/runs`, in a directory that is `user`'s (0755), as systemd makes
+/// the unit's runtime directory; the broker makes the rest.
+pub fn unit_runs_dir(base: &Path, user: &nix::unistd::User) -> PathBuf {
+    owned_dir(&base.join("run"), user, 0o755);
+    base.join("run/runs")
+}
+
+/// The system unit's `User=`, made on this host (`useradd --system`, in the
+/// group of its name where there is one, as systemd-sysusers makes it) the
+/// first time a test needs it; `None` unless the suite runs as root.
+pub fn unit_user() -> Option<nix::unistd::User> {
+    static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    if !is_root() {
+        return None;
+    }
+    let name = unit_setting("User");
+    let _one_at_a_time = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(u) = nix::unistd::User::from_name(&name).unwrap() {
+        return Some(u);
+    }
+    let mut args = vec!["--system", "--no-create-home", "--shell", "/usr/sbin/nologin"];
+    match nix::unistd::Group::from_name(&name).unwrap() {
+        Some(_) => args.extend(["-g", &name]),
+        None => args.push("--user-group"),
+    }
+    args.push(&name);
+    let out = std::process::Command::new("useradd").args(&args).output().expect("run useradd");
+    assert!(out.status.success(), "useradd {name}: {}", String::from_utf8_lossy(&out.stderr));
+    Some(nix::unistd::User::from_name(&name).unwrap().expect("the user just made"))
+}
+
+/// A palisaded started as the system unit starts it, as far as the process
+/// goes: as the unit's `user` with `capabilities` ambient and as its bounding
+/// set, no supplementary groups, its umask and no_new_privs. (Its state
+/// directories must be that user's: [`DaemonOptions::owner`].)
+pub fn as_the_unit(capabilities: &[String], user: &nix::unistd::User) -> Vec<String> {
     let start = format!("umask {} && exec \"$@\"", unit_setting("UMask"));
-    let bounding = format!("-all,{}", setpriv_caps(capabilities));
-    ["sh", "-c", &start, "sh", "setpriv", "--no-new-privs", "--bounding-set", &bounding, "--"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    let caps = format!("-all,{}", setpriv_caps(capabilities));
+    let (uid, gid) = (user.uid.to_string(), user.gid.to_string());
+    let setpriv = ["setpriv", "--reuid", &uid, "--regid", &gid, "--clear-groups", "--no-new-privs"];
+    let sets = ["--inh-caps", &caps, "--ambient-caps", &caps, "--bounding-set", &caps, "--"];
+    let shell = ["sh", "-c", &start, "sh"];
+    shell.iter().chain(&setpriv).chain(&sets).map(|s| s.to_string()).collect()
 }

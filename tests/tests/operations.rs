@@ -369,7 +369,7 @@ impl Drop for Workspace {
 /// package's configuration as shipped (`allowed_gids = ["palisade"]`) with
 /// the journal's reader group enabled as its comment says, the socket the
 /// socket unit makes (root:palisade 0660), and the broker started as the
-/// unit starts it (its capability bounding set, umask 0077, no_new_privs).
+/// unit starts it (its user, capabilities, umask 0077, no_new_privs).
 /// Two developers in the group are served with no socket named, in a
 /// workspace in each root the unit lets the service write (/home, /srv),
 /// their outputs theirs under their own umask; a third is added by group
@@ -380,7 +380,9 @@ impl Drop for Workspace {
 #[test]
 fn an_admin_serves_developers_from_the_system_broker_as_the_readme_says() {
     let groups = (system_users(), system_group("palisade"), system_group("palisade-audit"));
-    let (Some(users), Some(devs), Some(auditors)) = groups else {
+    let (Some(users), Some(devs), Some(auditors), Some(service)) =
+        (groups.0, groups.1, groups.2, unit_user())
+    else {
         eprintln!("skipped: not root, and a system broker serving other users needs root");
         return;
     };
@@ -393,9 +395,12 @@ fn an_admin_serves_developers_from_the_system_broker_as_the_readme_says() {
     let shipped = std::fs::read_to_string(root.join("deploy/debian/palisade.toml")).unwrap();
     let config = shipped.replace("# reader_gid = \"palisade-audit\"", "reader_gid = \"palisade-audit\"");
     assert_ne!(config, shipped, "the shipped configuration no longer offers reader_gid");
+    // The runs' directories in the service's own runtime directory.
+    let config = with_temp_root(&config, &unit_runs_dir(base.path(), &service));
     let d = Daemon::start_with(DaemonOptions {
         config: format!("{config}\n{}", gated_profile(&gate)),
-        prefix: as_the_unit(&unit_caps()),
+        prefix: as_the_unit(&unit_caps(), &service),
+        owner: Some(service.clone()),
         ..Default::default()
     });
     // The socket unit's SocketGroup=palisade and SocketMode=0660.

@@ -1,4 +1,5 @@
-//! A system install: palisaded as root, serving other users. Each test is a
+//! A system install: palisaded as root, or as the unit runs it (a dedicated
+//! user with ambient capabilities), serving other users. Each test is a
 //! finding of a review of that setup, reproduced through the real binaries
 //! with an attacking and a victim user the suite makes: what the attacker
 //! tries must fail, and the same thing done by one who may (the victim on
@@ -35,11 +36,25 @@ struct System {
 
 impl System {
     fn start(config: &str) -> Option<System> {
-        System::start_under(config, vec![])
+        System::start_under(config, vec![], None)
     }
 
-    /// Started under `prefix` (a command that execs the rest).
-    fn start_under(config: &str, prefix: Vec<String>) -> Option<System> {
+    /// Started as the system unit starts it: as its `User=` with `caps`
+    /// ambient and as its bounding set, its umask and no_new_privs.
+    fn start_as_unit(config: &str, caps: &[String]) -> Option<System> {
+        let user = unit_user()?;
+        System::start_under(config, as_the_unit(caps, &user), Some(user))
+    }
+
+    /// The same test's brokers: one run by root, one as the unit runs it.
+    fn root_and_unit(config: &str) -> Vec<System> {
+        let unit = System::start_as_unit(config, &unit_caps());
+        System::start(config).into_iter().chain(unit).collect()
+    }
+
+    /// Started under `prefix` (a command that execs the rest), its
+    /// directories `owner`'s.
+    fn start_under(config: &str, prefix: Vec<String>, owner: Option<nix::unistd::User>) -> Option<System> {
         let Some(users) = system_users() else {
             eprintln!("not root: a root broker serving other users cannot be tested as an ordinary user");
             return None;
@@ -54,7 +69,13 @@ impl System {
         // Keys of [broker] the test gives go with those.
         let rest = rest.strip_prefix("[broker]\n").unwrap_or(rest);
         let config = format!("{defaults}[broker]\nallowed_uids = [0, {a}, {v}]\nsocket_mode = 0o666\n{rest}");
-        let daemon = Daemon::start_with(DaemonOptions { config, prefix, ..Default::default() });
+        let config = match &owner {
+            Some(user) if !config.contains("temp_root") => {
+                with_temp_root(&config, &unit_runs_dir(base.path(), user))
+            }
+            _ => config,
+        };
+        let daemon = Daemon::start_with(DaemonOptions { config, prefix, owner, ..Default::default() });
         Some(System { users, base, daemon })
     }
 
@@ -230,9 +251,17 @@ mapping = "single"
 /// another user's 0600 files and root's were readable through a tool's
 /// workspace or parameter. Now the requester must be able to read a grant
 /// itself, and the sandbox acts as the requester on it, never as its owner.
+/// Both for a root broker and for one run as the unit runs it (its user's
+/// ambient capabilities, which the thread acting as the requester drops).
 #[test]
 fn a_read_grant_gives_only_what_the_requester_may_read() {
-    let Some(s) = System::start(&read_tools()) else { return };
+    for s in System::root_and_unit(&read_tools()) {
+        read_grants_as_the_requester(&s);
+    }
+}
+
+/// The requester may not read another's grant; its owner and root may.
+fn read_grants_as_the_requester(s: &System) {
     let (attacker, victim) = (&s.users.attacker, &s.users.victim);
     let home = s.path("victim-home");
     owned_dir(&home, victim, 0o700);
@@ -330,10 +359,17 @@ fn each_requesting_uid_gets_its_own_sandbox_ids() {
 /// Finding 15: a root broker said "No such file" or "is not a directory"
 /// for paths inside directories the requester cannot read: an oracle of
 /// their contents. Now it decides as the requester, and says "not allowed"
-/// alike for what exists and what does not.
+/// alike for what exists and what does not. Both for a root broker and for
+/// one run as the unit runs it.
 #[test]
 fn paths_the_requester_cannot_reach_are_not_allowed_whether_or_not_they_exist() {
-    let Some(s) = System::start("") else { return };
+    for s in System::root_and_unit("") {
+        unreachable_paths_alike(&s);
+    }
+}
+
+/// Unreachable paths refused alike, whatever is there; root is told.
+fn unreachable_paths_alike(s: &System) {
     let attacker = &s.users.attacker;
     let root_only = s.path("root-only");
     std::fs::create_dir_all(root_only.join("dir")).unwrap();
@@ -396,13 +432,14 @@ enum Service {
 /// Each capability of the system unit, the service that needs it, and what
 /// fails without it (README, "The system service's privilege", says why).
 const NEEDED: [(&str, Service, &str); 6] = [
-    // setfsuid: the broker opens and writes the requester's files as it.
-    ("CAP_SETUID", Service::Write, "cannot act as"),
+    // setfsuid: the broker opens and writes the requester's files as it;
+    // without it the broker serves its own uid only, and says so.
+    ("CAP_SETUID", Service::Write, "can act only as itself"),
     // setgroups and setfsgid, likewise.
     ("CAP_SETGID", Service::Write, "cannot act for uid"),
     // open_tree: the helper clones the host's mounts (the /etc snapshot,
     // every bind) and idmaps the requester's directories for the sandbox.
-    ("CAP_SYS_ADMIN", Service::Write, "(mount, EPERM)"),
+    ("CAP_SYS_ADMIN", Service::Write, "does not hold both CAP_SYS_ADMIN and CAP_SETUID"),
     // The run's writes (its overlay's upper layer, the sandbox's uid's) are
     // read back by the broker.
     ("CAP_DAC_OVERRIDE", Service::Write, "copying the run's writes back"),
@@ -419,7 +456,7 @@ fn start_for(service: Service, caps: &[String]) -> Option<System> {
         Service::TierB => "[broker]\nuser_namespaces = false\n[policy]\nfallback = \"warn_and_execute\"\n",
         Service::Write | Service::Deadline => "",
     };
-    System::start_under(config, as_the_unit(caps))
+    System::start_as_unit(config, caps)
 }
 
 /// `service` for another user; the reason when it fails.
@@ -531,7 +568,7 @@ fn under_the_units_umask_the_etc_snapshot_serves_other_users() {
     std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let temp_root = base.join("made/runs");
     let config = format!("[policy]\ntemp_root = {temp_root:?}\n");
-    let Some(s) = System::start_under(&config, as_the_unit(&unit_caps())) else { return };
+    let Some(s) = System::start_as_unit(&config, &unit_caps()) else { return };
     let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
     assert_eq!((mode(&base.join("made")), mode(&temp_root)), (0o711, 0o711));
     let snapshots = || -> Vec<PathBuf> {
@@ -563,7 +600,7 @@ fn under_the_units_umask_the_etc_snapshot_serves_other_users() {
     std::fs::create_dir(&private).unwrap();
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
     let config = format!("[policy]\ntemp_root = {:?}\n", private.join("runs"));
-    let s = System::start_under(&config, as_the_unit(&unit_caps())).unwrap();
+    let s = System::start_as_unit(&config, &unit_caps()).unwrap();
     let why = format!(
         "{}: {} is mode 0700, not searchable by others",
         private.join("runs").display(),
@@ -621,14 +658,14 @@ fn unit_read_write_paths() -> Vec<String> {
 /// The system unit's file system settings (ProtectSystem=strict with its
 /// ReadWritePaths, PrivateTmp, PrivateDevices), capabilities and umask,
 /// made by tests/system-unit.sh in a mount namespace of the service's own,
-/// leave a root broker able to serve another user's run in a workspace
+/// leave the broker (as the unit's user) able to serve another user's run in a workspace
 /// under /home (one of the roots the README names), its output the user's
 /// with the user's umask; the same workspace without the ReadWritePaths is
 /// read-only and the run is refused; a workspace in the host's /var/tmp,
 /// which the service does not share (PrivateTmp), is refused saying so.
 #[test]
 fn the_system_units_file_system_serves_other_users() {
-    let Some(users) = system_users() else { return };
+    let (Some(users), Some(service_user)) = (system_users(), unit_user()) else { return };
     let user = &users.attacker;
     let caps = setpriv_caps(&unit_caps());
     let roots = unit_read_write_paths();
@@ -655,7 +692,7 @@ fn the_system_units_file_system_serves_other_users() {
         std::process::Command::new("sh")
             .arg(&script)
             .args([bin_dir.as_os_str(), probe().as_ref(), work.as_os_str(), user.name.as_ref()])
-            .arg(&caps)
+            .args([&service_user.name, &caps])
             .args([unit_setting("UMask").as_str(), config.to_str().unwrap(), ws.to_str().unwrap()])
             .args(read_write)
             .output()

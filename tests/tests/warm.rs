@@ -160,6 +160,6 @@ fn doctor_says_what_the_pool_builds_ahead() {
     assert!(line.contains("2 sandboxes built ahead (namespaces, monitor, pid 1)"), "{line}");
     if is_root() {
         let line = doctor(None);
-        assert!(line.contains("nothing built: a root broker's sandboxes run as"), "{line}");
+        assert!(line.contains("nothing built: a system broker's sandboxes run as"), "{line}");
     }
 }

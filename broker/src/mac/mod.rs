@@ -72,6 +72,7 @@ impl Mac {
             parent_pid: std::process::id(),
             uid,
             gid,
+            serves_others: uid == 0,
             requester: HostIds { uid, gid },
             groups: groups(),
             temp_root,

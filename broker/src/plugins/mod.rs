@@ -149,7 +149,7 @@ impl Plugins {
             Err(_) => (PathBuf::from("/nonexistent/skills"), PathBuf::from("/nonexistent/secrets")),
         };
         let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
-        let host_ids = match nix::unistd::geteuid().is_root() {
+        let host_ids = match crate::privilege::serves_others() {
             true => Some(config.broker.sandbox_ids.for_requester(0)?),
             false => None,
         };

@@ -42,6 +42,7 @@ impl Mac {
             parent_pid: std::process::id(),
             uid,
             gid,
+            serves_others: uid == 0,
             requester: palisade_protocol::HostIds { uid, gid },
             groups: vec![],
             temp_root: self.dir.join("runs"),

@@ -75,6 +75,7 @@ impl Setup {
             parent_pid: std::process::id(),
             uid: 0,
             gid: 0,
+            serves_others: true,
             requester: palisade_protocol::HostIds { uid: 0, gid: 0 },
             groups: vec![],
             temp_root: self.dir.join("runs"),

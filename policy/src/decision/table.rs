@@ -161,6 +161,7 @@ pub(crate) fn context(on: On) -> Context {
         parent_pid: 1,
         uid,
         gid: uid,
+        serves_others: uid == 0,
         requester: HostIds { uid: requester, gid: requester },
         groups: vec![],
         temp_root: PathBuf::from("/run/palisade-test"),
