@@ -85,7 +85,7 @@ const READ_BYTES: usize = 64 * 1024;
 /// What the first read takes.
 const FIRST_READ_BYTES: usize = 4096;
 /// What a pipe taking spliced output is grown to (the default is 64 KiB).
-const OUTPUT_PIPE_BYTES: i32 = 256 * 1024;
+const OUTPUT_PIPE_BYTES: usize = 256 * 1024;
 /// Output frames with at least this much data still to come are spliced.
 const SPLICE_MIN_BYTES: usize = 16 * 1024;
 
@@ -131,11 +131,8 @@ impl Client {
         if is_pipe {
             self.splice_to[stream as usize] = Some(pipe.as_raw_fd());
             // A larger pipe: fewer waits for its reader. Best effort, and never smaller.
-            // SAFETY: fcntl on an open descriptor; no memory is passed.
-            let size = unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_GETPIPE_SZ) };
-            if (0..OUTPUT_PIPE_BYTES).contains(&size) {
-                // SAFETY: as above.
-                unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_SETPIPE_SZ, OUTPUT_PIPE_BYTES) };
+            if rustix::pipe::fcntl_getpipe_size(pipe).is_ok_and(|size| size < OUTPUT_PIPE_BYTES) {
+                let _ = rustix::pipe::fcntl_setpipe_size(pipe, OUTPUT_PIPE_BYTES);
             }
         }
         is_pipe

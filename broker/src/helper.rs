@@ -12,18 +12,15 @@ use nix::sys::stat::Mode;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::ExitStatus;
 
-/// An rlimit resource number: glibc's `__rlimit_resource_t`, musl's int.
-#[cfg(target_env = "gnu")]
-pub type Resource = libc::__rlimit_resource_t;
-#[cfg(not(target_env = "gnu"))]
-pub type Resource = libc::c_int;
+/// An rlimit resource.
+pub use rustix::process::Resource;
 
 /// An outer resource limit set on the helper process itself (hard and soft),
 /// before it reads its plan: a bound the sandbox cannot lift, used by tests.
@@ -242,14 +239,8 @@ const FIRST_PIECE_BYTES: usize = 64 * 1024;
 
 /// A descriptor duplicated to 10 or above (close-on-exec), so that placing
 /// the helper's descriptors 0-5 can never overwrite a source before it is used.
-fn high(fd: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: fcntl on a descriptor number; no memory is passed.
-    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
-    if new < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+fn high(fd: impl AsFd) -> io::Result<OwnedFd> {
+    Ok(rustix::io::fcntl_dupfd_cloexec(fd, 10)?)
 }
 
 fn pipe() -> io::Result<(File, File)> {
@@ -315,20 +306,20 @@ pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
                 setup.open_null(target as RawFd)?;
                 continue;
             }
-            Io::Fd(fd) => high(fd.as_raw_fd())?,
+            Io::Fd(fd) => high(fd)?,
             Io::Piped => {
                 let (r, w) = pipe()?;
                 let (theirs, mine) = if target == 0 { (r, w) } else { (w, r) };
                 ours[target] = Some(mine);
-                high(theirs.as_raw_fd())?
+                high(&theirs)?
             }
         };
         setup.dup2(source.as_raw_fd(), target as RawFd)?;
         keep.push(source);
     }
-    let mut convention = vec![high(plan.as_raw_fd())?, high(status_write.as_raw_fd())?];
+    let mut convention = vec![high(&plan)?, high(&status_write)?];
     if let Some(dir) = &cmd.cgroup_dir {
-        convention.push(high(dir.as_raw_fd())?);
+        convention.push(high(dir)?);
     }
     for (i, fd) in convention.iter().enumerate() {
         setup.dup2(fd.as_raw_fd(), 3 + i as RawFd)?;
@@ -350,11 +341,9 @@ pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
     let pid = pid.as_raw();
     let pidfd = pidfd_open(pid as u32).map_err(abandon)?;
     for limit in &cmd.outer_limits {
-        let value = libc::rlimit { rlim_cur: limit.value, rlim_max: limit.value };
-        // SAFETY: `value` is a valid rlimit that outlives the call; no old value is asked for.
-        if unsafe { libc::prlimit(pid, limit.resource, &value, std::ptr::null_mut()) } < 0 {
-            return Err(abandon(io::Error::last_os_error()));
-        }
+        let value = rustix::process::Rlimit { current: Some(limit.value), maximum: Some(limit.value) };
+        let target = rustix::process::Pid::from_raw(pid);
+        rustix::process::prlimit(target, limit.resource, value).map_err(|e| abandon(e.into()))?;
     }
     let pid = pid as u32;
     let [stdin, stdout, stderr] = ours;
@@ -364,24 +353,15 @@ pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
 }
 
 fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags; no memory is passed.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pidfd_open returned a new descriptor that nothing else owns.
-    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as RawFd) })
+    let pid = rustix::process::Pid::from_raw(pid as i32).ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+    Ok(rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?)
 }
 
 /// Sends `signal` through a pidfd. ESRCH (already exited) is not an error.
 pub fn pidfd_kill(pidfd: &OwnedFd, signal: i32) -> io::Result<()> {
-    // SAFETY: pidfd_send_signal with a null siginfo; no memory is passed.
-    let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal, 0usize, 0u32) };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ESRCH) {
-            return Err(e);
-        }
+    let signal = rustix::process::Signal::from_named_raw(signal).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    match rustix::process::pidfd_send_signal(pidfd, signal) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+        Err(e) => Err(e.into()),
     }
-    Ok(())
 }

@@ -184,10 +184,8 @@ fn set_fs_caps(raise: bool) -> io::Result<()> {
 /// filesystem ids, and none of the broker's filesystem capabilities (but for
 /// root), so permission checks are the requester's.
 fn switch_thread(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
-    // SAFETY: `groups` is valid for its length; setgroups reads it and changes
-    // only this thread's credentials.
-    let rc = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
-    Errno::result(rc)?;
+    let groups: Vec<rustix::process::Gid> = groups.iter().map(|g| rustix::process::Gid::from_raw(*g)).collect();
+    rustix::thread::set_thread_groups(&groups)?;
     set_fs_ids(uid, gid, uid == 0)
 }
 

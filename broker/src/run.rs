@@ -645,12 +645,12 @@ fn nonblocking(file: &std::fs::File, on: bool) -> std::io::Result<()> {
 /// Pipe capacity asked for the command's stdout and stderr: fewer wake-ups
 /// per byte than the default 64 KiB. Best effort (the kernel may refuse
 /// past the user's pipe-buffer allowance; the default then stays).
-const PIPE_BYTES: i32 = 256 * 1024;
+const PIPE_BYTES: usize = 256 * 1024;
 
 fn pipe_reader<T: Into<OwnedFd>>(end: Option<T>) -> std::io::Result<pipe::Receiver> {
     let fd: OwnedFd = end.ok_or_else(|| std::io::Error::other("missing pipe"))?.into();
-    // SAFETY: fcntl on a descriptor this function owns; no memory is passed.
-    unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::F_SETPIPE_SZ, PIPE_BYTES) };
+    // Best effort: a smaller pipe only means more wake-ups.
+    let _ = rustix::pipe::fcntl_setpipe_size(&fd, PIPE_BYTES);
     pipe::Receiver::from_owned_fd(fd)
 }
 

@@ -4,7 +4,7 @@
 //! cannot hurt the machine.
 #![cfg(target_os = "linux")]
 
-use palisade_broker::helper::{HelperCommand, Io, OuterLimit, send_plan, spawn};
+use palisade_broker::helper::{HelperCommand, Io, OuterLimit, Resource, send_plan, spawn};
 use palisade_broker::requester::{self, Requester};
 use palisade_policy::{JailSpec, Limits, build_plan};
 use palisade_protocol::{
@@ -148,10 +148,10 @@ impl Outcome {
 /// uid), address space at 4 GiB per process, and so on.
 pub fn outer_limits() -> Vec<OuterLimit> {
     vec![
-        OuterLimit { resource: libc::RLIMIT_NPROC, value: 4096 },
-        OuterLimit { resource: libc::RLIMIT_AS, value: 4 << 30 },
-        OuterLimit { resource: libc::RLIMIT_CPU, value: 120 },
-        OuterLimit { resource: libc::RLIMIT_FSIZE, value: 256 << 20 },
+        OuterLimit { resource: Resource::Nproc, value: 4096 },
+        OuterLimit { resource: Resource::As, value: 4 << 30 },
+        OuterLimit { resource: Resource::Cpu, value: 120 },
+        OuterLimit { resource: Resource::Fsize, value: 256 << 20 },
     ]
 }
 
