@@ -66,6 +66,30 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
+/// Says that the calling test skips what follows, and why (once per reason
+/// and test), where `cargo test` shows it whatever the test's outcome:
+/// `SKIPPED <test>: <reason>` written to the process's stderr itself, which
+/// the test harness does not capture (it captures `eprintln!`). A test that
+/// cannot run as this user passes without having tested that part, and
+/// says so.
+pub fn skipped(reason: &str) {
+    use std::io::Write;
+    thread_local!(static SAID: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) });
+    let first = SAID.with(|said| {
+        let mut said = said.borrow_mut();
+        let new = !said.iter().any(|r| r == reason);
+        if new {
+            said.push(reason.to_string());
+        }
+        new
+    });
+    if first {
+        let thread = std::thread::current();
+        let test = thread.name().unwrap_or("a test");
+        let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {reason}");
+    }
+}
+
 /// A directory removed (recursively) when dropped.
 pub struct TempDir(PathBuf);
 
@@ -462,6 +486,12 @@ pub fn rerun_unprivileged(skip: &str) {
     let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "as {}:\n{text}", user.name);
     assert!(text.contains("test result: ok"), "{text}");
+    // What that half skipped, shown as this half shows its own (see `skipped`).
+    use std::io::Write;
+    let mut stderr = std::io::stderr().lock();
+    for line in text.lines().filter(|l| l.starts_with("SKIPPED ")) {
+        let _ = writeln!(stderr, "{line} (as {})", user.name);
+    }
 }
 
 /// `setpriv` arguments that run a command as `user` with no supplementary groups.
@@ -725,6 +755,7 @@ pub struct SystemUsers {
 pub fn system_users() -> Option<SystemUsers> {
     static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     if !is_root() {
+        skipped("not root: only root makes the users and groups of a system broker's tests");
         return None;
     }
     let _one_at_a_time = MADE.lock().unwrap_or_else(|e| e.into_inner());
@@ -1032,6 +1063,7 @@ impl Drop for Tmpfs {
 pub fn system_group(name: &str) -> Option<nix::unistd::Group> {
     static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     if !is_root() {
+        skipped("not root: only root makes the users and groups of a system broker's tests");
         return None;
     }
     let _one_at_a_time = MADE.lock().unwrap_or_else(|e| e.into_inner());
@@ -1188,6 +1220,7 @@ pub fn unit_runs_dir(base: &Path, user: &nix::unistd::User) -> PathBuf {
 pub fn unit_user() -> Option<nix::unistd::User> {
     static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     if !is_root() {
+        skipped("not root: only root makes the users and groups of a system broker's tests");
         return None;
     }
     let name = unit_setting("User");

@@ -74,7 +74,7 @@ impl Setup {
     /// `None` when not root: serving another user takes a root broker.
     fn start(knobs: Knobs) -> Option<Setup> {
         if !is_root() {
-            eprintln!("not root: a root broker serving the test user cannot be started");
+            skipped("not root: a root broker serving the test user cannot be started");
             return None;
         }
         let user = test_user();
@@ -468,7 +468,7 @@ fn each_escalation_puts_the_tool_back_to_draft_and_a_sensitive_path_is_never_gra
 #[test]
 fn without_a_daemon_the_terminals_user_answers_if_an_approver_and_anyone_else_is_refused() {
     if !is_root() {
-        eprintln!("not root: the stages' file of this test is root's");
+        skipped("not root: the stages' file of this test is root's");
         return;
     }
     use std::io::Write;
@@ -614,7 +614,7 @@ fn palisade_in_groups(
 #[test]
 fn an_approver_by_a_supplementary_groups_name_answers_and_without_it_cannot() {
     let (Some(users), Some(group)) = (system_users(), system_group("palisade-approvers")) else {
-        eprintln!("not root: a root broker serving other users cannot be started");
+        skipped("not root: a root broker serving other users cannot be started");
         return;
     };
     let approver = users.victim.clone();

@@ -384,7 +384,7 @@ fn repository(dir: &TempDir) -> Option<PathBuf> {
             .output()
     };
     let Ok(o) = git(&["init", "-q"]) else {
-        eprintln!("git is not installed: skipped (.ci/run installs it)");
+        skipped("git is not installed (.ci/run installs it)");
         return None;
     };
     assert!(o.status.success());

@@ -403,7 +403,7 @@ fn direct_writes_in_place_only_where_the_policy_allows() {
 #[test]
 fn a_change_set_is_its_requesters_alone() {
     let Some(users) = system_users() else {
-        eprintln!("not root: a root broker serving two users cannot be started");
+        skipped("not root: a root broker serving two users cannot be started");
         return;
     };
     let (victim, attacker) = (&users.victim, &users.attacker);
@@ -502,7 +502,7 @@ fn a_directory_removed_by_a_held_run_and_edited_since_is_a_conflict_when_applied
 #[test]
 fn a_mount_inside_the_workspace_is_never_touched_by_a_copy_back() {
     if !is_root() {
-        eprintln!("not root: a filesystem cannot be mounted inside the workspace");
+        skipped("not root: a filesystem cannot be mounted inside the workspace");
         return;
     }
     let s = Setup::new("changes-mount", "");

@@ -25,7 +25,7 @@ impl Machine {
     fn new() -> Option<Machine> {
         use std::os::unix::fs::PermissionsExt;
         let Some(users) = system_users() else {
-            eprintln!("not root: a system broker serving other users cannot be tested as an ordinary user");
+            skipped("not root: a system broker serving other users cannot be tested as an ordinary user");
             return None;
         };
         let dir = TempDir::new("discovery");

@@ -170,7 +170,7 @@ fn an_allowed_name_that_resolves_to_a_refused_address_is_not_connected() {
 #[test]
 fn a_tls_tunnel_must_name_its_host_in_the_client_hello() {
     if !is_root() {
-        eprintln!("an origin on port 443 needs root: this case runs in the root half of the suite only");
+        skipped("an origin on port 443 needs root: this case runs in the root half of the suite only");
         return;
     }
     let origin = Origin::start("127.0.0.2", 443).expect("127.0.0.2:443 free for the test");

@@ -396,7 +396,7 @@ fn sigterm_during_a_burst_kills_every_run_and_answers_every_client() {
 #[test]
 fn a_full_temp_root_refuses_tier_b_runs_with_the_reason_until_space_returns() {
     if !is_root() {
-        eprintln!("not root: a tmpfs cannot be mounted here; the run as root covers this");
+        skipped("not root: a tmpfs cannot be mounted here; the run as root covers this");
         return;
     }
     let dir = TempDir::new("fulltemp");

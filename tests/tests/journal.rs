@@ -313,7 +313,7 @@ fn fill(dir: &Path) -> PathBuf {
 #[test]
 fn a_full_filesystem_refuses_runs_as_journal_unavailable_until_space_returns() {
     if !is_root() {
-        eprintln!("not root: a tmpfs cannot be mounted, so a full filesystem cannot be made");
+        skipped("not root: a tmpfs cannot be mounted, so a full filesystem cannot be made");
         return;
     }
     let dir = TempDir::new("fulljournal");
@@ -896,7 +896,7 @@ fn refusals_past_the_rate_are_summarized_when_their_period_ends() {
 #[test]
 fn below_the_free_space_floor_runs_are_refused_before_the_disk_is_full_and_served_above_it() {
     if !is_root() {
-        eprintln!("not root: a tmpfs cannot be mounted, so the free space cannot be set");
+        skipped("not root: a tmpfs cannot be mounted, so the free space cannot be set");
         return;
     }
     const FLOOR: u64 = 4 << 20;

@@ -301,7 +301,7 @@ fn status_reports_the_runs_the_pool_the_journal_and_the_configuration() {
 #[test]
 fn a_reload_adds_a_user_while_another_users_run_goes_on() {
     let Some(users) = system_users() else {
-        eprintln!("not root: a broker serving other users takes root");
+        skipped("not root: a broker serving other users takes root");
         return;
     };
     let (attacker, victim) = (&users.attacker, &users.victim);
@@ -383,7 +383,7 @@ fn an_admin_serves_developers_from_the_system_broker_as_the_readme_says() {
     let (Some(users), Some(devs), Some(auditors), Some(service)) =
         (groups.0, groups.1, groups.2, unit_user())
     else {
-        eprintln!("skipped: not root, and a system broker serving other users needs root");
+        skipped("not root: a system broker serving other users needs root");
         return;
     };
     let (dev1, dev2, dev3) = (&users.attacker, &users.victim, &test_user());

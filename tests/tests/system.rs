@@ -56,7 +56,7 @@ impl System {
     /// directories `owner`'s.
     fn start_under(config: &str, prefix: Vec<String>, owner: Option<nix::unistd::User>) -> Option<System> {
         let Some(users) = system_users() else {
-            eprintln!("not root: a root broker serving other users cannot be tested as an ordinary user");
+            skipped("not root: a root broker serving other users cannot be tested as an ordinary user");
             return None;
         };
         let base = TempDir::new("system");
@@ -801,7 +801,7 @@ fn descriptors(d: &Daemon) -> usize {
 #[test]
 fn peers_not_allowed_never_take_the_connections_of_those_allowed() {
     let Some(users) = system_users() else {
-        eprintln!("not root: a root broker serving other users cannot be tested as an ordinary user");
+        skipped("not root: a root broker serving other users cannot be tested as an ordinary user");
         return;
     };
     let base = TempDir::new("system");
@@ -865,7 +865,7 @@ fn echo_in_groups(
 #[test]
 fn a_supplementary_group_named_in_allowed_gids_lets_its_members_in() {
     let (Some(users), Some(devs)) = (system_users(), system_group("palisade-devs")) else {
-        eprintln!("not root: a root broker serving other users cannot be tested as an ordinary user");
+        skipped("not root: a root broker serving other users cannot be tested as an ordinary user");
         return;
     };
     let member = &users.attacker;
