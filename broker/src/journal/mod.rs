@@ -12,6 +12,7 @@ pub mod events;
 mod rate;
 mod record;
 mod retention;
+mod segment;
 mod store;
 pub mod verify;
 mod writer;

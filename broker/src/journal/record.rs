@@ -145,6 +145,12 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
+/// A record to write: the event's fields, and whether its caller gets a receipt.
+pub struct Entry {
+    pub fields: Map<String, Value>,
+    pub answered: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,8 +5,9 @@
 //! volume: however much one requester makes the broker write, it cannot
 //! push a record out before its time (it meets the free-space floor).
 
+use super::record::Entry;
 use super::record::{self, Record};
-use super::store::{Entry, content_len, last_line, segments, whole_len};
+use super::segment::{content_len, last_line, segments, whole_len};
 use super::{Event, JournalError};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};

@@ -3,6 +3,7 @@
 //! `palisade audit verify` and the broker's check at start-up.
 
 use super::record::{self, GENESIS, Record};
+use super::segment;
 use super::store::{self, Locked};
 use std::path::{Path, PathBuf};
 
@@ -113,7 +114,7 @@ pub fn verify(dir: &Path, head: Option<&str>, allow_pruned: bool) -> Result<Veri
     // Shared with readers, exclusive of writers: no batch is seen half written.
     let lock = std::fs::File::open(dir.join(store::LOCK_FILE));
     let _locked = lock.as_ref().ok().and_then(|f| Locked::shared(f).ok());
-    let segments = store::segments(dir).map_err(|e| unreadable(dir, e))?;
+    let segments = segment::segments(dir).map_err(|e| unreadable(dir, e))?;
     let mut walk = Walk::default();
     let count = segments.len();
     for (i, (_, path)) in segments.iter().enumerate() {
@@ -134,7 +135,7 @@ pub fn verify(dir: &Path, head: Option<&str>, allow_pruned: bool) -> Result<Veri
     }
     walk.verified.segments = count;
     walk.verified.head = walk.last;
-    walk.verified.set_aside = store::set_aside_files(dir);
+    walk.verified.set_aside = segment::set_aside_files(dir);
     Ok(walk.verified)
 }
 
@@ -143,7 +144,7 @@ pub fn verify(dir: &Path, head: Option<&str>, allow_pruned: bool) -> Result<Veri
 pub fn verify_newest(dir: &Path) -> Result<(), Broken> {
     let lock = std::fs::File::open(dir.join(store::LOCK_FILE));
     let _locked = lock.as_ref().ok().and_then(|f| Locked::shared(f).ok());
-    let segments = store::segments(dir).map_err(|e| Broken {
+    let segments = segment::segments(dir).map_err(|e| Broken {
         seq: None,
         file: dir.to_path_buf(),
         line: 0,
@@ -273,14 +274,14 @@ impl Walk {
 
 /// The journal's last whole record (none when it is empty).
 pub fn head(dir: &Path) -> Result<Option<Record>, String> {
-    let segments = store::segments(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+    let segments = segment::segments(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
     for (_, path) in segments.iter().rev() {
         let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let len = file.metadata().map_err(|e| format!("{}: {e}", path.display()))?.len();
-        let content = store::content_len(&file, len).map_err(|e| format!("{}: {e}", path.display()))?;
-        let whole = store::whole_len(&mut file, content).map_err(|e| format!("{}: {e}", path.display()))?;
+        let content = segment::content_len(&file, len).map_err(|e| format!("{}: {e}", path.display()))?;
+        let whole = segment::whole_len(&mut file, content).map_err(|e| format!("{}: {e}", path.display()))?;
         if let Some(line) =
-            store::last_line(&mut file, whole).map_err(|e| format!("{}: {e}", path.display()))?
+            segment::last_line(&mut file, whole).map_err(|e| format!("{}: {e}", path.display()))?
         {
             return record::parse(&line)
                 .map(Some)
@@ -293,7 +294,7 @@ pub fn head(dir: &Path) -> Result<Option<Record>, String> {
 /// Every record of the journal in order (whole lines that parse), for
 /// `audit show` and `audit tail`.
 pub fn records(dir: &Path) -> Result<Vec<(PathBuf, Record)>, String> {
-    let segments = store::segments(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+    let segments = segment::segments(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
     let mut all = Vec::new();
     for (_, path) in segments {
         let mut text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -6,7 +6,8 @@
 //! the summaries still held.
 
 use super::rate::RefusalRate;
-use super::store::{Entry, Store};
+use super::record::Entry;
+use super::store::Store;
 use super::{Event, JournalError, Receipt, bound, fields};
 use std::sync::Arc;
 use std::sync::mpsc;
