@@ -61,6 +61,8 @@ pub mod logs;
 #[cfg(unix)]
 pub mod mac;
 #[cfg(unix)]
+pub mod owned;
+#[cfg(unix)]
 pub mod paths;
 #[cfg(unix)]
 pub mod privilege;

@@ -254,59 +254,6 @@ impl Drop for HostDirs {
     }
 }
 
-/// What the broker keeps, by its real location (canonical as far as it
-/// exists): its state directory, the journal, the trust stages and their
-/// lock, the skills and secrets, `temp_root`, its configuration and Cedar
-/// file, and `extra` (the socket's directory, where it serves one). No run
-/// is granted any of it, and inside a granted tree it is hidden.
-pub fn owned(
-    config: &palisade_policy::Config,
-    journal: Option<&std::path::Path>,
-    temp_root: &std::path::Path,
-    extra: &[(PathBuf, &str, bool)],
-) -> Vec<palisade_policy::host::OwnedPath> {
-    let mut found: Vec<(PathBuf, String, bool)> = Vec::new();
-    let mut add = |p: PathBuf, what: &str| found.push((p, what.to_string(), true));
-    if let Ok(state) = default_state_dir() {
-        add(state, "the broker's state directory");
-    }
-    if let Some(j) = journal {
-        add(j.to_path_buf(), "the audit journal");
-    }
-    // Trust stages and plugins are Linux's alone: the macOS broker has neither.
-    #[cfg(target_os = "linux")]
-    if let Some(t) = &config.trust.state {
-        add(t.clone(), "the tools' trust stages");
-        add(crate::trust::lock_path(t), "the lock of the tools' trust stages");
-        add(crate::trust::key_path(t), "the key of the tools' trust stages");
-    }
-    #[cfg(target_os = "linux")]
-    if let Ok((skills, secrets)) = crate::plugins::dirs(&config.plugins) {
-        add(skills, "the skills index");
-        add(secrets, "the plugin secrets");
-    }
-    add(temp_root.to_path_buf(), "the run directories (temp_root)");
-    if let Some(source) = &config.source {
-        add(source.clone(), "the broker's configuration");
-        if let Some(cedar) = &config.policy.cedar {
-            let dir = source.parent().unwrap_or(std::path::Path::new(""));
-            add(dir.join(cedar.get_ref()), "the Cedar policies");
-        }
-    }
-    for (p, what, hidden) in extra {
-        found.push((p.clone(), what.to_string(), *hidden));
-    }
-    let mut owned: Vec<palisade_policy::host::OwnedPath> = Vec::new();
-    for (p, what, hidden) in found {
-        let path = if p.is_absolute() { p } else { std::env::current_dir().unwrap_or_default().join(p) };
-        let path = canonical_prefix(&path);
-        if !owned.iter().any(|o| o.path == path) {
-            owned.push(palisade_policy::host::OwnedPath { path, what, hidden });
-        }
-    }
-    owned
-}
-
 #[cfg(test)]
 mod tests {
     use super::HostDirs;

@@ -47,7 +47,7 @@ pub struct Broker {
     pub pending: Pending,
     /// Tier A: the skills, their stores, and the plugin-host.
     pub plugins: Arc<crate::plugins::Plugins>,
-    /// What the broker keeps, out of every run's reach (see [`paths::owned`]);
+    /// What the broker keeps, out of every run's reach (see [`crate::owned::owned`]);
     /// a reload may add to it, never take away.
     owned: RwLock<Arc<[OwnedPath]>>,
     /// The change sets held for review.
@@ -680,8 +680,8 @@ pub fn check_config(config: &Config, helper: Option<PathBuf>) -> Result<(palisad
     Ok((ids, helper))
 }
 
-/// What `config` makes the broker keep out of every run's reach (see [`paths::owned`]).
-/// What the broker keeps out of every run's reach (see [`paths::owned`]):
+/// What `config` makes the broker keep out of every run's reach (see [`crate::owned::owned`]).
+/// What the broker keeps out of every run's reach (see [`crate::owned::owned`]):
 /// the change sets where the configuration puts them outside the state
 /// directory, and the programs the broker runs before any sandbox (a
 /// per-user install in a home used as a workspace), which a run may see
@@ -700,7 +700,7 @@ fn owned_by(
     elsewhere.push((helper.to_path_buf(), "the sandbox helper", false));
     elsewhere.push((crate::plugins::host_program(&config.plugins, helper), "the plugin host", false));
     elsewhere.extend(std::env::current_exe().ok().map(|exe| (exe, "the broker's program", false)));
-    paths::owned(config, journal.dir(), temp_root, &elsewhere)
+    crate::owned::owned(config, journal.dir(), temp_root, &elsewhere)
 }
 
 /// Refuses a block of sandbox ids that holds an id the host already uses: a

@@ -10,7 +10,7 @@
 //!
 //! Each entry carries a MAC (HMAC-SHA256) with a key kept beside the file
 //! (`<state>.key`, 0600, made at the first start), which no run can read
-//! (see [`crate::paths::owned`]): an entry that someone other than the
+//! (see [`crate::owned::owned`]): an entry that someone other than the
 //! broker wrote or changed does not verify, and the tool is refused, with
 //! that reason, until an approver approves it again.
 

@@ -82,7 +82,7 @@ impl Mac {
             trust: None,
         };
         let owned: std::sync::Arc<[_]> =
-            crate::paths::owned(&config, journal.dir(), &context.temp_root, &[]).into();
+            crate::owned::owned(&config, journal.dir(), &context.temp_root, &[]).into();
         let host = move || Host { owned: owned.clone(), ..host() };
         let policy = Policy::new(config, &*crate::real_files::files());
         Ok(Mac {
