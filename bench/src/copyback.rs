@@ -7,10 +7,10 @@
 //! run on the same trees: 1, 1,000 and 10,000 files of 4 KiB.
 
 use crate::percentile;
+use palisade_broker::changes::KeepOut;
 use palisade_broker::changes::{self, Limits, Settle, Store};
 use palisade_broker::journal::Journal;
 use palisade_broker::requester::Requester;
-use palisade_broker::service::KeepOut;
 use palisade_protocol::wire::{KeepChanges, OnConflict};
 use std::os::fd::OwnedFd;
 use std::path::Path;

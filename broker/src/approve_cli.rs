@@ -3,16 +3,43 @@
 //! tool commands also on the embedded broker's own state, with `--policy`).
 
 use crate::approvals::{ApproverAction, Approvers};
-use crate::cli::{BrokerArgs, EXIT_PALISADE, ToolsCommand};
+use crate::discovery::BrokerArgs;
+use crate::run_cli::EXIT_PALISADE;
 use crate::client::ClientError;
 use crate::discovery::Route;
 use crate::journal::Journal;
-use crate::service::Peer;
+use crate::requester::Peer;
 use crate::trust::TrustStore;
 use palisade_policy::Config;
 use palisade_protocol::wire::{ClientMessage, ErrorKind, PendingApproval, ServerMessage, ToolInfo};
 use std::fmt::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// `palisade tools`.
+#[derive(clap::Subcommand, Debug)]
+pub enum ToolsCommand {
+    /// Print each declared tool (or NAME alone): its stage and its capability
+    /// declaration, as an approver reviews it.
+    Show {
+        name: Option<String>,
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// The embedded broker's tools under this policy file, instead of a running broker's.
+        #[arg(long, value_name = "FILE", conflicts_with = "socket")]
+        policy: Option<PathBuf>,
+    },
+    /// Approve tool NAME's declaration (an approver only): Draft → Trial,
+    /// where each run is held for an approval until `trial_runs` of them
+    /// succeed.
+    Approve {
+        name: String,
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// The embedded broker's tools under this policy file, instead of a running broker's.
+        #[arg(long, value_name = "FILE", conflicts_with = "socket")]
+        policy: Option<PathBuf>,
+    },
+}
 
 /// What a run held for approval is about to do, one item a line.
 pub fn describe(p: &PendingApproval) -> String {

@@ -2,13 +2,14 @@
 //! diff, applied or discarded, through the running broker, or in the
 //! embedded broker's own store where none answers (or with `--policy`).
 
-use crate::cli::{BrokerArgs, EXIT_PALISADE};
+use crate::discovery::BrokerArgs;
+use crate::run_cli::EXIT_PALISADE;
 use crate::client::ClientError;
 use crate::discovery::Route;
 use crate::requester::Requester;
 use clap::Subcommand;
 use palisade_policy::Config;
-use palisade_protocol::wire::{ChangeSetInfo, Changes, ClientMessage, ErrorKind, ServerMessage};
+use palisade_protocol::wire::{ChangeSetInfo, ClientMessage, ErrorKind, ServerMessage};
 use std::path::PathBuf;
 
 #[derive(Subcommand, Debug)]
@@ -163,7 +164,7 @@ fn print(reply: ServerMessage) -> i32 {
             print!("{}", d.diff);
         }
         ServerMessage::ChangesApplied(c) => {
-            println!("{}", summary(&c, false).unwrap_or_else(|| "nothing was left to apply".into()))
+            println!("{}", crate::run_cli::summary(&c, false).unwrap_or_else(|| "nothing was left to apply".into()))
         }
         ServerMessage::ChangesDiscarded { id } => println!("change set {id}: discarded"),
         ServerMessage::Error(e) => return fail(e.kind, e.message),
@@ -193,40 +194,3 @@ fn line(s: &ChangeSetInfo) -> String {
     )
 }
 
-/// The one line about a run's writes: `quiet` says nothing of writes
-/// simply applied (what `palisade run` does), only of what was held,
-/// discarded, conflicted or withheld.
-pub fn summary(c: &Changes, quiet: bool) -> Option<String> {
-    use palisade_protocol::wire::ChangesOutcome as O;
-    let id = c.id.as_deref().unwrap_or("-");
-    let plain = c.conflicts.is_empty() && c.id.is_none() && c.withheld.is_empty();
-    let mut line = match c.outcome {
-        O::None | O::InPlace => return withheld_line(c),
-        O::Applied if plain && quiet => return None,
-        O::Applied if plain => format!("changes applied: {} file(s), {} removed", c.files, c.removed),
-        O::Applied => format!(
-            "changes applied: {} file(s), {} removed; change set {id} holds the rest: {}",
-            c.files,
-            c.removed,
-            c.reason.as_deref().unwrap_or("")
-        ),
-        O::Held => format!("changes held as {id}: {} (palisade changes show {id})", c.reason.as_deref().unwrap_or("")),
-        O::Discarded => format!("changes discarded: {}", c.reason.as_deref().unwrap_or("")),
-    };
-    if !c.conflicts.is_empty() {
-        line.push_str(&format!("; the host's version kept (changed meanwhile): {}", c.conflicts.join(", ")));
-    }
-    if let Some(w) = withheld_line(c) {
-        line.push_str("; ");
-        line.push_str(&w);
-    }
-    Some(line)
-}
-
-fn withheld_line(c: &Changes) -> Option<String> {
-    if c.withheld.is_empty() {
-        return None;
-    }
-    let each: Vec<String> = c.withheld.iter().map(|w| format!("{} ({})", w.path, w.what)).collect();
-    Some(format!("not applied: {}", each.join(", ")))
-}

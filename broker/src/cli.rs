@@ -2,10 +2,12 @@
 //! or an embedded one with the built-in default policy when none answers.
 
 use crate::client::{Client, ClientError, Event};
-use crate::discovery::{self, Found, Route, Which};
+use crate::approve_cli::ToolsCommand;
+use crate::discovery::{self, BrokerArgs, Found, Route, Which};
 pub use crate::run_cli::{EXIT_PALISADE, RunArgs, SandboxArgs};
 use crate::run_cli::{Render, RenderSink, fail, request};
-use crate::service::{Broker, Peer};
+use crate::requester::Peer;
+use crate::service::Broker;
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use palisade_policy::Config;
 use palisade_protocol::wire::{
@@ -106,40 +108,6 @@ pub enum Command {
     /// carries them as asks that can only narrow the daemon's policy. See
     /// docs/agents.md.
     Mcp(crate::mcp::McpArgs),
-}
-
-/// Where the approval and tool commands find the broker.
-#[derive(ClapArgs, Debug)]
-pub struct BrokerArgs {
-    /// Broker socket [default: $PALISADE_SOCKET, else your broker's, else the
-    /// system broker's].
-    #[arg(long, value_name = "PATH")]
-    pub socket: Option<PathBuf>,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum ToolsCommand {
-    /// Print each declared tool (or NAME alone): its stage and its capability
-    /// declaration, as an approver reviews it.
-    Show {
-        name: Option<String>,
-        #[command(flatten)]
-        broker: BrokerArgs,
-        /// The embedded broker's tools under this policy file, instead of a running broker's.
-        #[arg(long, value_name = "FILE", conflicts_with = "socket")]
-        policy: Option<PathBuf>,
-    },
-    /// Approve tool NAME's declaration (an approver only): Draft → Trial,
-    /// where each run is held for an approval until `trial_runs` of them
-    /// succeed.
-    Approve {
-        name: String,
-        #[command(flatten)]
-        broker: BrokerArgs,
-        /// The embedded broker's tools under this policy file, instead of a running broker's.
-        #[arg(long, value_name = "FILE", conflicts_with = "socket")]
-        policy: Option<PathBuf>,
-    },
 }
 
 #[derive(ClapArgs, Debug)]

@@ -18,6 +18,15 @@ use palisade_protocol::wire::ErrorKind;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
+/// Where the approval and tool commands find the broker.
+#[derive(clap::Args, Debug)]
+pub struct BrokerArgs {
+    /// Broker socket [default: $PALISADE_SOCKET, else your broker's, else the
+    /// system broker's].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
 /// The variable that names the system configuration instead of [`SYSTEM_CONFIG`].
 pub const SYSTEM_CONFIG_ENV: &str = "PALISADE_SYSTEM_CONFIG";
 /// The system broker's configuration, as the system unit starts it.

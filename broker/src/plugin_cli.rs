@@ -1,11 +1,13 @@
 //! `palisade plugin`: install and list skills, call one (through the
 //! running broker or an embedded one), set a secret.
 
-use crate::cli::{BrokerArgs, EXIT_PALISADE};
+use crate::discovery::BrokerArgs;
+use crate::run_cli::EXIT_PALISADE;
 use crate::client::ClientError;
 use crate::plugins::index::Index;
 use crate::plugins::store::Secrets;
-use crate::service::{Broker, Peer};
+use crate::requester::Peer;
+use crate::service::Broker;
 use clap::Subcommand;
 use palisade_policy::Config;
 use palisade_protocol::wire::{ClientMessage, ErrorKind, ErrorReply, ServerMessage};

@@ -97,6 +97,22 @@ impl Requester {
     }
 }
 
+/// Who is asking: the peer's credentials from SO_PEERCRED and its groups
+/// from SO_PEERGROUPS (or the CLI's own).
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: Option<i32>,
+    pub groups: Vec<u32>,
+}
+
+impl Peer {
+    pub fn requester(&self) -> Requester {
+        Requester { uid: self.uid, gid: self.gid, groups: self.groups.clone() }
+    }
+}
+
 /// The credentials a thread acts with, inside [`Requester::act`].
 pub struct Acting {
     switched: Option<(u32, u32)>,

@@ -9,7 +9,6 @@ use crate::egress::Egress;
 use crate::error::BrokerError;
 use crate::helper::{HelperChild, HelperCommand, Io, StatusRead, pidfd_kill, send_plan};
 use crate::pool::{Pool, Slot};
-use crate::service::Grants;
 use crate::spawn_thread::Spawner;
 use crate::stream::{Bounds, Child, Run};
 pub use crate::stream::Sink;
@@ -27,6 +26,15 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
+
+/// What a run is given of the host: the requester it acts for, and the
+/// plan's host paths, opened at decision time (in the plan's order).
+pub struct Grants {
+    pub requester: crate::requester::Requester,
+    pub descriptors: Vec<OwnedFd>,
+    /// What the copy-back must not apply.
+    pub keep_out: crate::changes::KeepOut,
+}
 
 /// A plan up to this size is sent from the runtime's thread: an empty Unix
 /// stream socket takes it whole at once (its default buffer is larger).

@@ -408,7 +408,7 @@ impl Sink for RenderSink<'_> {
 /// says it kept nothing in its own line.
 #[cfg(target_os = "linux")]
 fn say_changes(r: &RunResult) {
-    let summary = crate::changes_cli::summary(&r.changes, true);
+    let summary = summary(&r.changes, true);
     if let Some(line) = summary.filter(|_| r.status != RunStatus::DiskLimitExceeded) {
         eprintln!("palisade: {line}");
     }
@@ -417,3 +417,44 @@ fn say_changes(r: &RunResult) {
 /// Change sets are Linux's: a macOS run writes in place.
 #[cfg(not(target_os = "linux"))]
 fn say_changes(_: &RunResult) {}
+
+/// The one line about a run's writes: `quiet` says nothing of writes
+/// simply applied (what `palisade run` does), only of what was held,
+/// discarded, conflicted or withheld.
+pub fn summary(c: &palisade_protocol::wire::Changes, quiet: bool) -> Option<String> {
+    use palisade_protocol::wire::ChangesOutcome as O;
+    let id = c.id.as_deref().unwrap_or("-");
+    let plain = c.conflicts.is_empty() && c.id.is_none() && c.withheld.is_empty();
+    let mut line = match c.outcome {
+        O::None | O::InPlace => return withheld_line(c),
+        O::Applied if plain && quiet => return None,
+        O::Applied if plain => format!("changes applied: {} file(s), {} removed", c.files, c.removed),
+        O::Applied => format!(
+            "changes applied: {} file(s), {} removed; change set {id} holds the rest: {}",
+            c.files,
+            c.removed,
+            c.reason.as_deref().unwrap_or("")
+        ),
+        O::Held => format!(
+            "changes held as {id}: {} (palisade changes show {id})",
+            c.reason.as_deref().unwrap_or("")
+        ),
+        O::Discarded => format!("changes discarded: {}", c.reason.as_deref().unwrap_or("")),
+    };
+    if !c.conflicts.is_empty() {
+        line.push_str(&format!("; the host's version kept (changed meanwhile): {}", c.conflicts.join(", ")));
+    }
+    if let Some(w) = withheld_line(c) {
+        line.push_str("; ");
+        line.push_str(&w);
+    }
+    Some(line)
+}
+
+fn withheld_line(c: &palisade_protocol::wire::Changes) -> Option<String> {
+    if c.withheld.is_empty() {
+        return None;
+    }
+    let each: Vec<String> = c.withheld.iter().map(|w| format!("{} ({})", w.path, w.what)).collect();
+    Some(format!("not applied: {}", each.join(", ")))
+}

@@ -17,7 +17,8 @@ use crate::refusals::{Refusals, unlogged_suffix};
 use crate::requester::Requester;
 use crate::run::Sink;
 use crate::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, Inbound, ReadError, SocketSink, check_hello};
-use crate::service::{Broker, Decided, Peer, Question, not_approved};
+use crate::requester::Peer;
+use crate::service::{Broker, Decided, Question, not_approved};
 use palisade_protocol::wire::{
     BrokerStatus, CgroupStatus, ClientMessage, ConfigStatus, Decoder, Encoding, ErrorReply, JournalHead,
     PROTOCOL_VERSION, PoolStatus, RunRequest, RunResult, ServerHello, ServerMessage, encode,

@@ -8,8 +8,9 @@ use crate::error::BrokerError;
 use crate::etc_view::EtcView;
 use crate::journal::{Event, Journal, RefusalRecord, events};
 pub use crate::journal::events::journal_refusal;
-use crate::requester::{self, Acting, Requester};
-use crate::run::{Engine, Planned, Sink};
+use crate::changes::KeepOut;
+use crate::requester::{self, Acting, Peer, Requester};
+use crate::run::{Engine, Grants, Planned, Sink};
 use crate::spawn_thread::Spawner;
 use crate::paths::HostDirs;
 use crate::settings::Settings;
@@ -93,26 +94,6 @@ struct Opened {
     descriptors: Vec<OwnedFd>,
 }
 
-/// What a run is given of the host: the requester it acts for, and the
-/// plan's host paths, opened at decision time (in the plan's order).
-pub struct Grants {
-    pub requester: Requester,
-    pub descriptors: Vec<OwnedFd>,
-    /// What the copy-back must not apply.
-    pub keep_out: KeepOut,
-}
-
-/// What settles a run's writes: what they never change on the host by
-/// themselves (what the broker keeps, the files the host executes), where
-/// the change sets are kept, and the journal that records what became of them.
-#[derive(Clone)]
-pub struct KeepOut {
-    pub owned: Arc<[OwnedPath]>,
-    pub host_executed: Arc<palisade_policy::host_executed::HostExecuted>,
-    pub store: Arc<crate::changes::Store>,
-    pub journal: Journal,
-}
-
 /// The refusal of a run that needed approval and did not get it.
 pub fn not_approved(reason: &str, why: &str) -> ErrorReply {
     ErrorReply::with_rule(
@@ -120,22 +101,6 @@ pub fn not_approved(reason: &str, why: &str) -> ErrorReply {
         format!("{reason} Not approved: {why}."),
         "fallback.request_approval",
     )
-}
-
-/// Who is asking: the peer's credentials from SO_PEERCRED and its groups
-/// from SO_PEERGROUPS (or the CLI's own).
-#[derive(Debug, Clone)]
-pub struct Peer {
-    pub uid: u32,
-    pub gid: u32,
-    pub pid: Option<i32>,
-    pub groups: Vec<u32>,
-}
-
-impl Peer {
-    pub fn requester(&self) -> Requester {
-        Requester { uid: self.uid, gid: self.gid, groups: self.groups.clone() }
-    }
 }
 
 /// What the warm pool's sandboxes are built with: the default plan's shape

@@ -17,12 +17,22 @@ pub mod store;
 use crate::error::BrokerError;
 use crate::journal::Event;
 use crate::requester::Requester;
-use crate::service::KeepOut;
 use manifest::{Entry, Kind, Manifest, Status};
 use palisade_protocol::wire::{Changes, ChangesOutcome, KeepChanges, OnConflict, RunStatus};
 use std::os::fd::OwnedFd;
 use std::path::Path;
 pub use store::{Limits, Store};
+
+/// What settles a run's writes: what they never change on the host by
+/// themselves (what the broker keeps, the files the host executes), where
+/// the change sets are kept, and the journal that records what became of them.
+#[derive(Clone)]
+pub struct KeepOut {
+    pub owned: std::sync::Arc<[palisade_policy::host::OwnedPath]>,
+    pub host_executed: std::sync::Arc<palisade_policy::host_executed::HostExecuted>,
+    pub store: std::sync::Arc<Store>,
+    pub journal: crate::journal::Journal,
+}
 
 /// Paths a journal record names at most (the rest counted): a change set
 /// of 10,000 files is recorded by its hash, its count and its first paths.

@@ -382,7 +382,7 @@ pub fn result(ran: Ran, broker: &str) -> Result<CallToolResult, ErrorData> {
         _ => status.to_string(),
     };
     summary.push_str(&format!(" ({} ms; {})\n", r.wall_ms, structured["sandbox"]["executor"]));
-    if let Some(line) = crate::changes_cli::summary(&r.changes, false) {
+    if let Some(line) = crate::run_cli::summary(&r.changes, false) {
         summary.push_str(&format!("{line}\n"));
     }
     for (name, text) in [("stdout", &stdout), ("stderr", &stderr)] {
@@ -435,7 +435,7 @@ pub fn changes(stream: UnixStream, message: ClientMessage) -> Result<CallToolRes
         ServerMessage::ChangeSet(d) => (serde_json::to_value(&**d).unwrap_or(Value::Null), d.diff.clone()),
         ServerMessage::ChangesApplied(c) => (
             serde_json::to_value(&**c).unwrap_or(Value::Null),
-            crate::changes_cli::summary(c, false).unwrap_or_else(|| "nothing was left to apply".into()),
+            crate::run_cli::summary(c, false).unwrap_or_else(|| "nothing was left to apply".into()),
         ),
         ServerMessage::ChangesDiscarded { id } => (json!({ "discarded": id }), format!("change set {id}: discarded")),
         ServerMessage::Error(e) => return Err(refusal(e)),

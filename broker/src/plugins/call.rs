@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::journal::{Event, Journal};
-use crate::service::{Peer, journal_refusal};
+use crate::journal::events::journal_refusal;
+use crate::requester::Peer;
 use palisade_protocol::plugin::{CallDone, PluginHostJail, PluginStore};
 use store::STORAGE_DIR;
 
