@@ -1,9 +1,8 @@
 //! A helper started by a system broker prepares, while it still holds the
 //! broker's capabilities and is in the host's mount namespace, what needs
-//! both: clones of every bind and overlay
-//! source, the granted ones idmapped for the requester. It then becomes the
-//! plan's unprivileged host ids (`creds::become_host_ids`) before creating
-//! any namespace.
+//! both: clones of every bind and overlay source, the granted ones idmapped
+//! for the requester. It then becomes the plan's unprivileged host ids
+//! (`creds::become_host_ids`) before creating any namespace.
 
 use crate::creds;
 use crate::error::{Context, Result, fail};
@@ -74,8 +73,8 @@ pub fn clone_sources(
 /// A user namespace mapping the requester's ids to the sandbox's host ids,
 /// for idmapping. A short-lived child is created in it (`clone` with
 /// `CLONE_NEWUSER`: the namespace exists when the call returns, nothing to
-/// wait for); we (holding CAP_SETUID) write its maps, keep the namespace by a descriptor
-/// and kill the child. It is reaped with the command's monitor's other
+/// wait for); we (holding CAP_SETUID) write its maps, keep the namespace by
+/// a descriptor and kill the child. It is reaped with the command's monitor's other
 /// children: nothing here waits for it.
 fn idmap_userns(requester: HostIds, ids: HostIds) -> Result<OwnedFd> {
     let HostIds { uid: disk_uid, gid: disk_gid } = requester;

@@ -753,24 +753,32 @@ pub struct SystemUsers {
 /// `None` unless the suite runs as root (only root can make users, and only
 /// a root broker serves other users).
 pub fn system_users() -> Option<SystemUsers> {
+    let user = |name: &str| {
+        let add = ["useradd", "--system", "--create-home", "--shell", "/usr/sbin/nologin", name];
+        made_once(|| nix::unistd::User::from_name(name).unwrap(), || add.map(String::from).into())
+    };
+    Some(SystemUsers { attacker: user("palisade-attacker")?, victim: user("palisade-victim")? })
+}
+
+/// An account of this host, as `find` finds it, made the first time by the
+/// command `make` gives (its arguments decided once the others are done):
+/// one at a time across every fixture here, which all write /etc/passwd and
+/// /etc/group. `None`, and the test says it skips, unless the suite runs as
+/// root.
+fn made_once<T>(find: impl Fn() -> Option<T>, make: impl FnOnce() -> Vec<String>) -> Option<T> {
     static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     if !is_root() {
         skipped("not root: only root makes the users and groups of a system broker's tests");
         return None;
     }
     let _one_at_a_time = MADE.lock().unwrap_or_else(|e| e.into_inner());
-    let user = |name: &str| {
-        if let Some(u) = nix::unistd::User::from_name(name).unwrap() {
-            return u;
-        }
-        let out = std::process::Command::new("useradd")
-            .args(["--system", "--create-home", "--shell", "/usr/sbin/nologin", name])
-            .output()
-            .expect("run useradd");
-        assert!(out.status.success(), "useradd {name}: {}", String::from_utf8_lossy(&out.stderr));
-        nix::unistd::User::from_name(name).unwrap().expect("the user just made")
-    };
-    Some(SystemUsers { attacker: user("palisade-attacker"), victim: user("palisade-victim") })
+    if let Some(found) = find() {
+        return Some(found);
+    }
+    let argv = make();
+    let out = std::process::Command::new(&argv[0]).args(&argv[1..]).output().expect("run the command");
+    assert!(out.status.success(), "{argv:?}: {}", String::from_utf8_lossy(&out.stderr));
+    Some(find().unwrap_or_else(|| panic!("{argv:?} made nothing")))
 }
 
 /// A directory owned by `user` with `mode`, made by root.
@@ -1061,18 +1069,10 @@ impl Drop for Tmpfs {
 /// A group of `name` on this host, made (`groupadd --system`) the first
 /// time a test needs it; `None` unless the suite runs as root.
 pub fn system_group(name: &str) -> Option<nix::unistd::Group> {
-    static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    if !is_root() {
-        skipped("not root: only root makes the users and groups of a system broker's tests");
-        return None;
-    }
-    let _one_at_a_time = MADE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(g) = nix::unistd::Group::from_name(name).unwrap() {
-        return Some(g);
-    }
-    let out = std::process::Command::new("groupadd").args(["--system", name]).output().expect("run groupadd");
-    assert!(out.status.success(), "groupadd {name}: {}", String::from_utf8_lossy(&out.stderr));
-    Some(nix::unistd::Group::from_name(name).unwrap().expect("the group just made"))
+    made_once(
+        || nix::unistd::Group::from_name(name).unwrap(),
+        || ["groupadd", "--system", name].map(String::from).into(),
+    )
 }
 
 /// `setpriv` arguments that run a command as `user` with exactly the
@@ -1218,25 +1218,17 @@ pub fn unit_runs_dir(base: &Path, user: &nix::unistd::User) -> PathBuf {
 /// group of its name where there is one, as systemd-sysusers makes it) the
 /// first time a test needs it; `None` unless the suite runs as root.
 pub fn unit_user() -> Option<nix::unistd::User> {
-    static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    if !is_root() {
-        skipped("not root: only root makes the users and groups of a system broker's tests");
-        return None;
-    }
     let name = unit_setting("User");
-    let _one_at_a_time = MADE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(u) = nix::unistd::User::from_name(&name).unwrap() {
-        return Some(u);
-    }
-    let mut args = vec!["--system", "--no-create-home", "--shell", "/usr/sbin/nologin"];
-    match nix::unistd::Group::from_name(&name).unwrap() {
-        Some(_) => args.extend(["-g", &name]),
-        None => args.push("--user-group"),
-    }
-    args.push(&name);
-    let out = std::process::Command::new("useradd").args(&args).output().expect("run useradd");
-    assert!(out.status.success(), "useradd {name}: {}", String::from_utf8_lossy(&out.stderr));
-    Some(nix::unistd::User::from_name(&name).unwrap().expect("the user just made"))
+    let make = || {
+        let mut add = vec!["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin"];
+        match nix::unistd::Group::from_name(&name).unwrap() {
+            Some(_) => add.extend(["-g", &name]),
+            None => add.push("--user-group"),
+        }
+        add.push(&name);
+        add.into_iter().map(String::from).collect()
+    };
+    made_once(|| nix::unistd::User::from_name(&name).unwrap(), make)
 }
 
 /// A palisaded started as the system unit starts it, as far as the process
