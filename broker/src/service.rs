@@ -131,11 +131,14 @@ impl Broker {
     }
 
     fn assemble_with(config: Config, helper: Option<PathBuf>, one_run: bool) -> Result<Broker, String> {
-        // Its child tries the namespaces while the broker is put together.
-        let userns = host::UserNsProbe::start();
         let (ids, helper) = check_config(&config, helper)?;
+        // Before any child: a broker living in its delegated cgroup moves to a
+        // leaf and enables the controllers, which the kernel refuses (EBUSY)
+        // while another process (the probe's child) is still in that cgroup.
         let cgroups = Cgroups::discover(config.broker.cgroup_root.as_deref(), true);
         tracing::info!(cgroups = %cgroups.description, "cgroups");
+        // Its child tries the namespaces while the broker is put together.
+        let userns = host::UserNsProbe::start();
         let spawner = Spawner::start().map_err(|e| format!("cannot start the spawner thread: {e}"))?;
         let warm = warm_spec(&config, &cgroups);
         let engine =
@@ -149,8 +152,8 @@ impl Broker {
             parent_pid: std::process::id(),
             uid,
             gid,
-                        serves_others: crate::privilege::serves_others(),
-requester: HostIds { uid, gid },
+            serves_others: crate::privilege::serves_others(),
+            requester: HostIds { uid, gid },
             groups: Requester::me().groups,
             temp_root: temp_root.path.clone(),
             instance: crate::instance::tag().to_string(),
