@@ -3,12 +3,12 @@
 //! tool commands also on the embedded broker's own state, with `--policy`).
 
 use crate::approvals::{ApproverAction, Approvers};
-use crate::discovery::BrokerArgs;
-use crate::run_cli::EXIT_PALISADE;
 use crate::client::ClientError;
+use crate::discovery::BrokerArgs;
 use crate::discovery::Route;
 use crate::journal::Journal;
 use crate::requester::Peer;
+use crate::run_cli::EXIT_PALISADE;
 use crate::trust::TrustStore;
 use palisade_policy::Config;
 use palisade_protocol::wire::{ClientMessage, ErrorKind, PendingApproval, ServerMessage, ToolInfo};
@@ -196,7 +196,8 @@ fn embedded(policy: &Path, approve: Option<&str>) -> Result<Vec<ToolInfo>, i32> 
     let peer = Peer { uid: me.uid, gid: me.gid, pid: Some(std::process::id() as i32), groups: me.groups };
     if let Some(name) = approve {
         // Authorized before anything is read or written.
-        let ids = config.resolve_ids(&crate::host::Accounts).map_err(|e| fail(ErrorKind::InvalidRequest, e))?;
+        let ids =
+            config.resolve_ids(&crate::host::Accounts).map_err(|e| fail(ErrorKind::InvalidRequest, e))?;
         let approvers = Approvers::new(&config, &ids, peer.uid);
         approvers.authorize(&peer, ApproverAction::ApproveTool(name)).map_err(refused)?;
     }

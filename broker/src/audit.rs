@@ -279,12 +279,15 @@ fn show(at: &JournalDir, run_id: u64, json: bool) -> Result<(), String> {
 /// The runs whose writes named `path` (a `changes` record lists it), with
 /// every record of each: which run wrote a file.
 fn show_path(at: &JournalDir, path: &std::path::Path, json: bool) -> Result<(), String> {
-    let wanted = crate::paths::canonical_prefix(&std::env::current_dir().map_err(|e| e.to_string())?.join(path));
+    let wanted =
+        crate::paths::canonical_prefix(&std::env::current_dir().map_err(|e| e.to_string())?.join(path));
     let wanted = wanted.to_string_lossy().into_owned();
     let records = verify::records(&at.dir()?)?;
     let names = |r: &Record| {
         let paths = r.fields.get("paths").and_then(serde_json::Value::as_array);
-        paths.is_some_and(|p| p.iter().any(|v| v.as_str().is_some_and(|s| s == wanted || wanted.starts_with(&format!("{s}/")))))
+        paths.is_some_and(|p| {
+            p.iter().any(|v| v.as_str().is_some_and(|s| s == wanted || wanted.starts_with(&format!("{s}/"))))
+        })
     };
     // A run is its broker's: run ids start again with each broker.
     let run_of = |r: &Record| (r.fields.get("broker").cloned(), r.run_id());

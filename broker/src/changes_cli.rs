@@ -2,11 +2,11 @@
 //! diff, applied or discarded, through the running broker, or in the
 //! embedded broker's own store where none answers (or with `--policy`).
 
-use crate::discovery::BrokerArgs;
-use crate::run_cli::EXIT_PALISADE;
 use crate::client::ClientError;
+use crate::discovery::BrokerArgs;
 use crate::discovery::Route;
 use crate::requester::Requester;
+use crate::run_cli::EXIT_PALISADE;
 use clap::Subcommand;
 use palisade_policy::Config;
 use palisade_protocol::wire::{ChangeSetInfo, ClientMessage, ErrorKind, ServerMessage};
@@ -106,10 +106,15 @@ pub fn main(command: ChangesCommand) -> i32 {
 /// executes (no terminal: nobody does).
 fn person_confirms(id: &str) -> bool {
     use std::io::{BufRead, Write};
-    let Ok(mut tty) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") else { return false };
-    let asked = write!(tty, "Apply the files of change set {id} that the host executes (git hooks, ...)? [y/N] ");
+    let Ok(mut tty) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") else {
+        return false;
+    };
+    let asked =
+        write!(tty, "Apply the files of change set {id} that the host executes (git hooks, ...)? [y/N] ");
     let mut answer = String::new();
-    asked.is_ok() && std::io::BufReader::new(tty).read_line(&mut answer).is_ok() && matches!(answer.trim(), "y" | "yes")
+    asked.is_ok()
+        && std::io::BufReader::new(tty).read_line(&mut answer).is_ok()
+        && matches!(answer.trim(), "y" | "yes")
 }
 
 /// The reply's body, as JSON.
@@ -158,13 +163,17 @@ fn print(reply: ServerMessage) -> i32 {
                     notes.push("conflict: changed on the host since".to_string());
                 }
                 notes.extend(e.host_executed.iter().map(|w| format!("the host executes it: {w}")));
-                let notes = if notes.is_empty() { String::new() } else { format!("  ({})", notes.join("; ")) };
+                let notes =
+                    if notes.is_empty() { String::new() } else { format!("  ({})", notes.join("; ")) };
                 println!("  {:<7} {}{notes}", e.kind, e.path);
             }
             print!("{}", d.diff);
         }
         ServerMessage::ChangesApplied(c) => {
-            println!("{}", crate::run_cli::summary(&c, false).unwrap_or_else(|| "nothing was left to apply".into()))
+            println!(
+                "{}",
+                crate::run_cli::summary(&c, false).unwrap_or_else(|| "nothing was left to apply".into())
+            )
         }
         ServerMessage::ChangesDiscarded { id } => println!("change set {id}: discarded"),
         ServerMessage::Error(e) => return fail(e.kind, e.message),
@@ -193,4 +202,3 @@ fn line(s: &ChangeSetInfo) -> String {
         s.roots.join(", ")
     )
 }
-

@@ -1,18 +1,16 @@
 //! palisade: the command-line client. `palisade run` uses a running broker,
 //! or an embedded one with the built-in default policy when none answers.
 
-use crate::client::{Client, ClientError, Event};
 use crate::approve_cli::ToolsCommand;
+use crate::client::{Client, ClientError, Event};
 use crate::discovery::{self, BrokerArgs, Found, Route, Which};
+use crate::requester::Peer;
 pub use crate::run_cli::{EXIT_PALISADE, RunArgs, SandboxArgs};
 use crate::run_cli::{Render, RenderSink, fail, request};
-use crate::requester::Peer;
 use crate::service::Broker;
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use palisade_policy::Config;
-use palisade_protocol::wire::{
-    ErrorKind, ErrorReply, RunRequest, Stream,
-};
+use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest, Stream};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -252,8 +250,12 @@ fn explain(args: ExplainArgs) -> i32 {
     // Nothing runs, so nothing is recorded.
     config.journal.enabled = false;
     config.trust.enabled = false;
-    let run_args =
-        RunArgs { workspace: args.workspace, tool: args.tool, params: args.params, ..explain_run(args.sandbox, args.command) };
+    let run_args = RunArgs {
+        workspace: args.workspace,
+        tool: args.tool,
+        params: args.params,
+        ..explain_run(args.sandbox, args.command)
+    };
     let edited = std::env::current_dir()
         .map_err(|e| format!("current directory: {e}"))
         .and_then(|cwd| run_args.sandbox.edit(&mut config, &cwd));
@@ -279,7 +281,12 @@ fn explain(args: ExplainArgs) -> i32 {
 fn explain_by(found: Found, args: ExplainArgs) -> i32 {
     let name = found.name();
     let (mut client, socket) = (found.client, found.socket);
-    let run_args = RunArgs { workspace: args.workspace, tool: args.tool, params: args.params, ..explain_run(args.sandbox, args.command) };
+    let run_args = RunArgs {
+        workspace: args.workspace,
+        tool: args.tool,
+        params: args.params,
+        ..explain_run(args.sandbox, args.command)
+    };
     let request = match request(&run_args, false) {
         Ok(r) => r,
         Err(e) => return fail(ErrorKind::InvalidRequest, e),
@@ -319,9 +326,8 @@ fn explain_run(sandbox: SandboxArgs, command: Vec<String>) -> RunArgs {
 fn run(args: RunArgs) -> i32 {
     let mut render = Render::new(args.json);
     // Failures before any run are reported like the broker's: one line, or the JSON object.
-    let refuse = |kind: ErrorKind, message: String| {
-        Render::new(args.json).finish(Err(ErrorReply::new(kind, message)))
-    };
+    let refuse =
+        |kind: ErrorKind, message: String| Render::new(args.json).finish(Err(ErrorReply::new(kind, message)));
     let request = match request(&args, !args.no_stdin) {
         Ok(r) => r,
         Err(e) => return refuse(ErrorKind::InvalidRequest, e),

@@ -1,9 +1,9 @@
 //! palisaded: the long-running broker.
 
 use crate::journal::Event;
+pub use crate::logs::init_tracing;
 use crate::server::Server;
 use crate::service::Broker;
-pub use crate::logs::init_tracing;
 use crate::socket::{bind, raise_open_file_limit};
 use crate::{paths, systemd};
 use clap::Parser;
@@ -82,9 +82,9 @@ pub fn main(args: Args) -> i32 {
     // Served from a worker rather than this thread: each connection's task
     // then starts on the worker that accepted it, with no thread to wake.
     let config = args.config.clone();
-    runtime.block_on(async move {
-        tokio::spawn(serve(broker, socket, mode, config)).await.unwrap_or(EXIT_FAILED)
-    })
+    runtime.block_on(
+        async move { tokio::spawn(serve(broker, socket, mode, config)).await.unwrap_or(EXIT_FAILED) },
+    )
 }
 
 /// `palisaded --check-config FILE`: the file checked as a start checks it
@@ -115,7 +115,9 @@ async fn reload_on_hangup(server: Arc<Server>, mut hangup: Signal, config: Optio
                 tracing::info!(config = %path.display(), "SIGHUP: reloading the configuration");
                 server.reload(path).await;
             }
-            None => tracing::warn!("SIGHUP: no configuration file (--config) to reload; the built-in one stays"),
+            None => {
+                tracing::warn!("SIGHUP: no configuration file (--config) to reload; the built-in one stays")
+            }
         }
     }
 }

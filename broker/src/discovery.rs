@@ -58,7 +58,8 @@ impl SystemConfig {
     /// [`SystemConfig::load`] from `path`.
     pub fn load_from(path: PathBuf) -> Result<SystemConfig, DiscoveryError> {
         let bad = |why: String| DiscoveryError::SystemConfig { path: path.clone(), why };
-        let mut config = SystemConfig { path: path.clone(), clients: ClientsConfig::default(), journal: None };
+        let mut config =
+            SystemConfig { path: path.clone(), clients: ClientsConfig::default(), journal: None };
         let text = match std::fs::read_to_string(&config.path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(config),
@@ -119,7 +120,9 @@ pub enum Route {
     Broker(Found),
     /// No broker answers, and an embedded one may run; `tried` says where
     /// none answered.
-    Embedded { tried: String },
+    Embedded {
+        tried: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -183,7 +186,9 @@ pub fn find(flag: Option<&Path>, runs: bool) -> Result<Route, DiscoveryError> {
     if let Some(socket) = flag {
         return match UnixStream::connect(socket) {
             Ok(stream) => found(socket, Which::Named, stream).map(Route::Broker),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(refused(socket, Which::Named, e)),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                Err(refused(socket, Which::Named, e))
+            }
             Err(source) => Err(DiscoveryError::Named { socket: socket.to_path_buf(), source }),
         };
     }
@@ -227,8 +232,7 @@ pub fn find(flag: Option<&Path>, runs: bool) -> Result<Route, DiscoveryError> {
 }
 
 /// Why `--policy` is refused where the system broker is required.
-pub const POLICY_EMBEDS: &str =
-    "--policy runs an embedded broker, which it does not allow: run without --policy \
+pub const POLICY_EMBEDS: &str = "--policy runs an embedded broker, which it does not allow: run without --policy \
      (the system broker's policy decides)";
 
 /// Refuses with the reason when the system configuration requires the
@@ -295,7 +299,8 @@ mod tests {
     use super::*;
 
     fn scratch(tag: &str, text: Option<&str>) -> PathBuf {
-        let path = std::env::temp_dir().join(format!("palisade-system-config-{tag}-{}.toml", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("palisade-system-config-{tag}-{}.toml", std::process::id()));
         let _ = std::fs::remove_file(&path);
         if let Some(text) = text {
             std::fs::write(&path, text).unwrap();
@@ -309,12 +314,18 @@ mod tests {
     fn the_cli_reads_clients_and_the_journal_path_of_the_system_configuration() {
         let none = SystemConfig::load_from(scratch("none", None)).unwrap();
         assert_eq!(none.clients, ClientsConfig::default());
-        assert_eq!((none.clients.require_system_broker, none.journal_dir()), (false, PathBuf::from(SYSTEM_JOURNAL)));
+        assert_eq!(
+            (none.clients.require_system_broker, none.journal_dir()),
+            (false, PathBuf::from(SYSTEM_JOURNAL))
+        );
         let text = "[broker]\nallowed_uids = [0]\n[clients]\nsystem_socket = \"/s.sock\"\n\
                     require_system_broker = true\n[journal]\npath = \"/srv/j\"\nreader_gid = 5\n";
         let path = scratch("full", Some(text));
         let read = SystemConfig::load_from(path.clone()).unwrap();
-        assert_eq!(read.clients, ClientsConfig { system_socket: "/s.sock".into(), require_system_broker: true });
+        assert_eq!(
+            read.clients,
+            ClientsConfig { system_socket: "/s.sock".into(), require_system_broker: true }
+        );
         assert_eq!(read.journal_dir(), PathBuf::from("/srv/j"));
         for (tag, bad, why) in [
             ("typo", "[clients]\nrequire_system_brokers = true\n", "[clients]: unknown field"),

@@ -194,7 +194,8 @@ mod tests {
         // A profile whose name only starts the same is not the helper's.
         let lookalike = apparmor_userns(Some("1"), Some("palisade-helper-old (enforce)\n"), helper);
         assert!(lookalike.contains("no palisade-helper AppArmor profile is loaded"), "{lookalike}");
-        let elsewhere = apparmor_userns(Some("1"), Some(&loaded), Path::new("/home/u/.local/bin/palisade-helper"));
+        let elsewhere =
+            apparmor_userns(Some("1"), Some(&loaded), Path::new("/home/u/.local/bin/palisade-helper"));
         assert!(elsewhere.contains("not to this helper (/home/u/.local/bin/palisade-helper)"), "{elsewhere}");
         let unreadable = apparmor_userns(Some("1"), None, helper);
         assert!(unreadable.contains("unknown") && unreadable.contains("apparmor_parser -r"), "{unreadable}");

@@ -3,12 +3,12 @@
 //! names come with it), the status channel on fd 4, and the run's cgroup
 //! directory on fd 5 when there is one. The environment is empty.
 
-use palisade_protocol::status::decode_records;
-use palisade_protocol::{HelperRecord, WarmSpec};
 use nix::fcntl::OFlag;
 use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags, posix_spawn};
 use nix::sys::signal::SigSet;
 use nix::sys::stat::Mode;
+use palisade_protocol::status::decode_records;
+use palisade_protocol::{HelperRecord, WarmSpec};
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Write};
@@ -353,13 +353,15 @@ pub fn spawn(cmd: HelperCommand) -> io::Result<HelperChild> {
 }
 
 fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    let pid = rustix::process::Pid::from_raw(pid as i32).ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+    let pid = rustix::process::Pid::from_raw(pid as i32)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
     Ok(rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?)
 }
 
 /// Sends `signal` through a pidfd. ESRCH (already exited) is not an error.
 pub fn pidfd_kill(pidfd: &OwnedFd, signal: i32) -> io::Result<()> {
-    let signal = rustix::process::Signal::from_named_raw(signal).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let signal = rustix::process::Signal::from_named_raw(signal)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
     match rustix::process::pidfd_send_signal(pidfd, signal) {
         Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
         Err(e) => Err(e.into()),

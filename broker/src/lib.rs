@@ -2,47 +2,74 @@
 //! its embedded broker), and what they share: policy decisions turned into
 //! runs of palisade-helper, streamed, bounded and attested.
 
-/// The broker drives palisade-helper's Linux jail: on other systems only
-/// [`elsewhere`] is built, and the binaries refuse with its reason.
-macro_rules! linux_only {
-    ($($item:item)*) => { $(#[cfg(target_os = "linux")] $item)* };
-}
-
-linux_only! {
-    pub mod approvals;
-    pub mod approve_cli;
-    pub mod changes;
-    pub mod changes_cli;
-    pub mod arena;
-    pub mod audit;
-    pub mod cgroup;
-    pub mod cli;
-    pub mod client;
-    pub mod daemon;
-    pub mod discovery;
-    pub mod doctor;
-    pub mod egress;
-    pub mod error;
-    pub mod etc_view;
-    pub mod fault;
-    pub mod helper;
-    pub mod host;
-    pub mod mcp;
-    pub mod memory;
-    pub mod panics;
-    pub mod plugin_cli;
-    pub mod plugins;
-    pub mod pool;
-    pub mod requester;
-    pub mod run;
-    pub mod server;
-    pub mod service;
-    pub mod settings;
-    pub mod status_cli;
-    pub mod spawn_thread;
-    pub mod systemd;
-    pub mod trust;
-}
+// The broker drives palisade-helper's Linux jail: on other systems only
+// `elsewhere` is built, and the binaries refuse with its reason.
+#[cfg(target_os = "linux")]
+pub mod approvals;
+#[cfg(target_os = "linux")]
+pub mod approve_cli;
+#[cfg(target_os = "linux")]
+pub mod arena;
+#[cfg(target_os = "linux")]
+pub mod audit;
+#[cfg(target_os = "linux")]
+pub mod cgroup;
+#[cfg(target_os = "linux")]
+pub mod changes;
+#[cfg(target_os = "linux")]
+pub mod changes_cli;
+#[cfg(target_os = "linux")]
+pub mod cli;
+#[cfg(target_os = "linux")]
+pub mod client;
+#[cfg(target_os = "linux")]
+pub mod daemon;
+#[cfg(target_os = "linux")]
+pub mod discovery;
+#[cfg(target_os = "linux")]
+pub mod doctor;
+#[cfg(target_os = "linux")]
+pub mod egress;
+#[cfg(target_os = "linux")]
+pub mod error;
+#[cfg(target_os = "linux")]
+pub mod etc_view;
+#[cfg(target_os = "linux")]
+pub mod fault;
+#[cfg(target_os = "linux")]
+pub mod helper;
+#[cfg(target_os = "linux")]
+pub mod host;
+#[cfg(target_os = "linux")]
+pub mod mcp;
+#[cfg(target_os = "linux")]
+pub mod memory;
+#[cfg(target_os = "linux")]
+pub mod panics;
+#[cfg(target_os = "linux")]
+pub mod plugin_cli;
+#[cfg(target_os = "linux")]
+pub mod plugins;
+#[cfg(target_os = "linux")]
+pub mod pool;
+#[cfg(target_os = "linux")]
+pub mod requester;
+#[cfg(target_os = "linux")]
+pub mod run;
+#[cfg(target_os = "linux")]
+pub mod server;
+#[cfg(target_os = "linux")]
+pub mod service;
+#[cfg(target_os = "linux")]
+pub mod settings;
+#[cfg(target_os = "linux")]
+pub mod spawn_thread;
+#[cfg(target_os = "linux")]
+pub mod status_cli;
+#[cfg(target_os = "linux")]
+pub mod systemd;
+#[cfg(target_os = "linux")]
+pub mod trust;
 
 pub mod elsewhere;
 

@@ -50,7 +50,11 @@ pub fn tune_allocator() {
         if secure || chosen || through_loader() {
             return;
         }
-        let value = if current.is_empty() { DAEMON_TUNABLES.to_string() } else { format!("{current}:{DAEMON_TUNABLES}") };
+        let value = if current.is_empty() {
+            DAEMON_TUNABLES.to_string()
+        } else {
+            format!("{current}:{DAEMON_TUNABLES}")
+        };
         let pair = |k: &[u8], v: &[u8]| CString::new([k, b"=", v].concat());
         let env: Result<Vec<CString>, _> = std::env::vars_os()
             .filter(|(k, _)| k != NAME)

@@ -1,12 +1,12 @@
 //! `palisade plugin`: install and list skills, call one (through the
 //! running broker or an embedded one), set a secret.
 
-use crate::discovery::BrokerArgs;
-use crate::run_cli::EXIT_PALISADE;
 use crate::client::ClientError;
+use crate::discovery::BrokerArgs;
 use crate::plugins::index::Index;
 use crate::plugins::store::Secrets;
 use crate::requester::Peer;
+use crate::run_cli::EXIT_PALISADE;
 use crate::service::Broker;
 use clap::Subcommand;
 use palisade_policy::Config;
@@ -92,7 +92,10 @@ pub fn main(command: PluginCommand) -> i32 {
             let reply = match policy {
                 Some(p) => crate::discovery::may_embed(crate::discovery::POLICY_EMBEDS)
                     .map_err(|e| ErrorReply::new(e.kind(), e.to_string()))
-                    .and_then(|()| Config::load(&p).map_err(|e| ErrorReply::new(ErrorKind::InvalidRequest, e.to_string())))
+                    .and_then(|()| {
+                        Config::load(&p)
+                            .map_err(|e| ErrorReply::new(ErrorKind::InvalidRequest, e.to_string()))
+                    })
                     .and_then(|c| embedded(c, message)),
                 None => through_broker(&broker, message),
             };

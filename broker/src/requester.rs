@@ -178,7 +178,8 @@ fn set_fs_caps(raise: bool) -> io::Result<()> {
         CAP_MAC_OVERRIDE,
         CAP_MKNOD,
     ];
-    let failed = |e: caps::errors::CapsError| io::Error::other(format!("cannot set the thread's capabilities: {e}"));
+    let failed =
+        |e: caps::errors::CapsError| io::Error::other(format!("cannot set the thread's capabilities: {e}"));
     let permitted = caps::read(None, CapSet::Permitted).map_err(failed)?;
     let mut effective = caps::read(None, CapSet::Effective).map_err(failed)?;
     for cap in fs {
@@ -200,7 +201,8 @@ fn set_fs_caps(raise: bool) -> io::Result<()> {
 /// filesystem ids, and none of the broker's filesystem capabilities (but for
 /// root), so permission checks are the requester's.
 fn switch_thread(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
-    let groups: Vec<rustix::process::Gid> = groups.iter().map(|g| rustix::process::Gid::from_raw(*g)).collect();
+    let groups: Vec<rustix::process::Gid> =
+        groups.iter().map(|g| rustix::process::Gid::from_raw(*g)).collect();
     rustix::thread::set_thread_groups(&groups)?;
     set_fs_ids(uid, gid, uid == 0)
 }

@@ -10,8 +10,8 @@ use crate::error::BrokerError;
 use crate::helper::{HelperChild, HelperCommand, Io, StatusRead, pidfd_kill, send_plan};
 use crate::pool::{Pool, Slot};
 use crate::spawn_thread::Spawner;
-use crate::stream::{Bounds, Child, Run};
 pub use crate::stream::Sink;
+use crate::stream::{Bounds, Child, Run};
 use palisade_policy::Resolved;
 use palisade_protocol::attest::Built;
 use palisade_protocol::plan::Listener;
@@ -262,7 +262,8 @@ impl Engine {
         };
         // Until its processes were gone; delivering the output that was left
         // to a slow client is not the command's time.
-        let wall_ms = streamed.exited_at.unwrap_or_else(Instant::now).duration_since(started).as_millis() as u64;
+        let wall_ms =
+            streamed.exited_at.unwrap_or_else(Instant::now).duration_since(started).as_millis() as u64;
         timeline.closed_us = started.elapsed().as_micros();
         abandon.disarm();
         let usage = reap(pid)?;
@@ -275,7 +276,8 @@ impl Engine {
         if cg_usage.is_some_and(|u| u.oom_kills > 0) && ended.is_none() {
             ended = Some(RunStatus::MemoryLimitExceeded);
         }
-        let (written_bytes, changes) = keep_writes(resolved, grants, report.overlays, &mut ended, (run_id, since)).await?;
+        let (written_bytes, changes) =
+            keep_writes(resolved, grants, report.overlays, &mut ended, (run_id, since)).await?;
         let status = match ended {
             Some(ended) => ended,
             None => exit_status(report.exit, &usage)?,
@@ -465,7 +467,9 @@ impl Report {
             match r {
                 HelperRecord::Landlock(l) => report.landlock = Some(l),
                 HelperRecord::Exit(e) => report.exit = Some(e),
-                HelperRecord::Peak { max_rss_kib } => report.peak_rss_bytes = Some(max_rss_kib.saturating_mul(1024)),
+                HelperRecord::Peak { max_rss_kib } => {
+                    report.peak_rss_bytes = Some(max_rss_kib.saturating_mul(1024))
+                }
                 HelperRecord::Failed(f) if ended.is_none() => return Err(BrokerError::Helper(f)),
                 HelperRecord::Failed(_) => {}
                 // Read at the start of the run (strict egress), never here.
@@ -510,7 +514,15 @@ async fn keep_writes(
     let (requester, keep_out) = (grants.requester.clone(), grants.keep_out.clone());
     let (keep, on_conflict, ended) = (resolved.keep_changes, resolved.on_conflict, *ended);
     let settled = tokio::task::spawn_blocking(move || {
-        let s = crate::changes::Settle { run_id, requester: &requester, keep_out: &keep_out, since, keep, on_conflict, ended };
+        let s = crate::changes::Settle {
+            run_id,
+            requester: &requester,
+            keep_out: &keep_out,
+            since,
+            keep,
+            on_conflict,
+            ended,
+        };
         let settled = crate::changes::settle(&s, targets)?;
         if let Err(e) = keep_out.journal.append_all_blocking(settled.events, true) {
             tracing::error!(run_id, "what became of the run's writes is not recorded: {e}");

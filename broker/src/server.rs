@@ -14,17 +14,17 @@ use crate::journal::Event;
 use crate::memory;
 use crate::panics::{self, Caught};
 use crate::refusals::{Refusals, unlogged_suffix};
+use crate::requester::Peer;
 use crate::requester::Requester;
 use crate::run::Sink;
-use crate::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, Inbound, ReadError, SocketSink, check_hello};
-use crate::requester::Peer;
 use crate::service::{Broker, Decided, Question, not_approved};
+use crate::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, Inbound, ReadError, SocketSink, check_hello};
 use palisade_protocol::wire::{
     BrokerStatus, CgroupStatus, ClientMessage, ConfigStatus, Decoder, Encoding, ErrorReply, JournalHead,
     PROTOCOL_VERSION, PoolStatus, RunRequest, RunResult, ServerHello, ServerMessage, encode,
 };
-use std::path::Path;
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -218,7 +218,8 @@ impl Server {
     /// Counts a new connection of `uid` in, or says which limit it is over.
     fn admit(&self, uid: u32) -> Result<Admitted, BrokerError> {
         let settings = self.broker.settings();
-        let (max, per_uid) = (settings.config().broker.max_connections, settings.config().broker.max_connections_per_uid);
+        let (max, per_uid) =
+            (settings.config().broker.max_connections, settings.config().broker.max_connections_per_uid);
         let mut c = self.connections.lock().unwrap_or_else(|e| e.into_inner());
         let of_uid = c.by_uid.get(&uid).copied().unwrap_or(0);
         if c.total >= max {
@@ -250,7 +251,12 @@ impl Server {
             Some(why) => {
                 if let Some(unlogged) = self.not_allowed.note(Instant::now()) {
                     let more = unlogged_suffix(unlogged);
-                    tracing::warn!(uid = peer.uid, gid = peer.gid, pid = peer.pid, "peer not allowed: {why}{more}");
+                    tracing::warn!(
+                        uid = peer.uid,
+                        gid = peer.gid,
+                        pid = peer.pid,
+                        "peer not allowed: {why}{more}"
+                    );
                 }
                 (BrokerError::Unauthorized(why), &self.refusing_not_allowed)
             }
@@ -667,7 +673,10 @@ impl Server {
         match reloaded.map_err(|e| e.to_string()).and_then(|r| r) {
             Ok(needs_restart) => {
                 for key in needs_restart {
-                    tracing::warn!("{key} changed in {}: it needs a restart; the running value stays", path.display());
+                    tracing::warn!(
+                        "{key} changed in {}: it needs a restart; the running value stays",
+                        path.display()
+                    );
                 }
                 let settings = self.broker.settings();
                 let b = &settings.config().broker;
@@ -689,7 +698,8 @@ impl Server {
         if want > *count {
             let more = want - *count;
             // Slots still owed by runs in progress are simply not taken back.
-            let owed = self.slots_owed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| Some(o - o.min(more)));
+            let owed =
+                self.slots_owed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| Some(o - o.min(more)));
             self.slots.add_permits(more - owed.unwrap_or(0).min(more));
         } else if want < *count {
             let fewer = *count - want;
@@ -703,7 +713,8 @@ impl Server {
     fn status(&self) -> BrokerStatus {
         let b = &self.broker;
         let settings = b.settings();
-        let unix = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let unix =
+            |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let pool = b.engine.pool();
         let connections = self.connections.lock().unwrap_or_else(|e| e.into_inner()).total;
         BrokerStatus {
@@ -725,7 +736,10 @@ impl Server {
                 seq: b.journal.head().map_or(0, |h| h.seq),
                 hash: b.journal.head().map_or_else(String::new, |h| h.hash),
             }),
-            cgroup: CgroupStatus { mode: b.cgroups.mode().into(), description: b.cgroups.description.clone() },
+            cgroup: CgroupStatus {
+                mode: b.cgroups.mode().into(),
+                description: b.cgroups.description.clone(),
+            },
             config: ConfigStatus {
                 file: settings.config().source.as_ref().map(|p| p.display().to_string()),
                 loaded_unix: unix(settings.loaded),
@@ -753,7 +767,8 @@ impl RunSlot<'_> {
 impl Drop for RunSlot<'_> {
     fn drop(&mut self) {
         self.server.running.fetch_sub(1, Ordering::SeqCst);
-        let owed = self.server.slots_owed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| o.checked_sub(1));
+        let owed =
+            self.server.slots_owed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| o.checked_sub(1));
         if let (Some(permit), Ok(_)) = (self.permit.take(), owed) {
             permit.forget();
         }
@@ -820,4 +835,3 @@ fn peer_of(stream: &UnixStream) -> Option<Peer> {
         .groups;
     Some(Peer { uid: c.uid(), gid: c.gid(), pid: c.pid(), groups })
 }
-

@@ -4,19 +4,19 @@
 
 use crate::approvals::Pending;
 use crate::cgroup::{CgroupLimits, Cgroups};
+use crate::changes::KeepOut;
 use crate::error::BrokerError;
 use crate::etc_view::EtcView;
-use crate::journal::{Event, Journal, RefusalRecord, events};
 pub use crate::journal::events::journal_refusal;
-use crate::changes::KeepOut;
+use crate::journal::{Event, Journal, RefusalRecord, events};
+use crate::paths::HostDirs;
 use crate::requester::{self, Acting, Peer, Requester};
 use crate::run::{Engine, Grants, Planned, Sink};
-use crate::spawn_thread::Spawner;
-use crate::paths::HostDirs;
 use crate::settings::Settings;
+use crate::spawn_thread::Spawner;
 use crate::{host, paths};
-use palisade_policy::trust::EscalationReason;
 use palisade_policy::host::OwnedPath;
+use palisade_policy::trust::EscalationReason;
 use palisade_policy::{Config, ConfigError, Context, Decision, Host, HostCapabilities, Resolved};
 use palisade_protocol::wire::{
     ErrorKind, ErrorReply, Explanation, PendingApproval, RunRequest, RunResult, RunStatus, ToolInfo,
@@ -248,9 +248,10 @@ impl Broker {
         };
         let requester = peer.requester();
         let deciding = std::time::Instant::now();
-        let decided = requester.act(|act| self.decide_as(act, &settings, peer, &context, request)).map_err(|e| {
-            ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot act for uid {}: {e}", peer.uid))
-        })?;
+        let decided =
+            requester.act(|act| self.decide_as(act, &settings, peer, &context, request)).map_err(|e| {
+                ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot act for uid {}: {e}", peer.uid))
+            })?;
         tracing::debug!(run_id, decide_us = deciding.elapsed().as_micros(), "policy decided");
         let decided = escalated(&settings, request, decided);
         let who = (peer.uid, peer.gid, peer.pid);
@@ -273,7 +274,17 @@ impl Broker {
             // Recorded before anybody is asked.
             self.journal.start_all_blocking(std::mem::take(&mut pending), false).map_err(journal_refusal)?;
         }
-        Ok(Decided { run_id, resolved, approval, approver_approved: false, grants, settings, etc, dirs, pending })
+        Ok(Decided {
+            run_id,
+            resolved,
+            approval,
+            approver_approved: false,
+            grants,
+            settings,
+            etc,
+            dirs,
+            pending,
+        })
     }
 
     /// Records the refusal `e` of a request, in bounded form and at its
@@ -294,7 +305,6 @@ impl Broker {
         }
         e
     }
-
 
     /// What a run held for approval shows its requester and the approvers,
     /// and the run itself (for Cedar's `approve`).
@@ -386,7 +396,8 @@ impl Broker {
     pub fn keep_out_of_reach(&self, path: &std::path::Path, what: &str) {
         let path = paths::canonical_prefix(path);
         let mut owned = self.owned.write().unwrap_or_else(|e| e.into_inner());
-        *owned = crate::settings::with_owned(&owned, vec![OwnedPath { path, what: what.into(), hidden: true }]);
+        *owned =
+            crate::settings::with_owned(&owned, vec![OwnedPath { path, what: what.into(), hidden: true }]);
     }
 
     /// What the broker keeps out of every run's reach now.
@@ -417,7 +428,8 @@ impl Broker {
         let ids = config.resolve_ids(&host::Accounts).map_err(|e| e.to_string())?;
         let running = self.settings();
         let needs_restart = crate::settings::keep_restart_only(running.config(), &mut config);
-        let more = owned_by(&config, &self.journal, &self.context.temp_root, &self.changes, self.engine.helper());
+        let more =
+            owned_by(&config, &self.journal, &self.context.temp_root, &self.changes, self.engine.helper());
         let settings = Settings::new(config, ids, self.context.uid, &self.journal)?;
         let event = Event::ConfigReloaded {
             path: path.display().to_string(),
@@ -486,13 +498,26 @@ impl Broker {
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, BrokerError> {
-        let Decided { run_id, mut resolved, approval, approver_approved, grants, settings, etc, dirs, mut pending } =
-            decided;
+        let Decided {
+            run_id,
+            mut resolved,
+            approval,
+            approver_approved,
+            grants,
+            settings,
+            etc,
+            dirs,
+            mut pending,
+        } = decided;
         // A run of a tool an approver approved: its success counts towards Verified.
         let counts = approval.is_some() && approver_approved;
         let trial = counts.then(|| settings.trust.clone()).flatten().zip(resolved.tool.clone());
         if approval.is_some() && !approver_approved && resolved.tool.is_some() {
-            tracing::info!(run_id, uid = peer.uid, "approved by its requester: it counts for nothing towards Verified");
+            tracing::info!(
+                run_id,
+                uid = peer.uid,
+                "approved by its requester: it counts for nothing towards Verified"
+            );
         }
         if let Some(reason) = approval {
             tracing::info!(run_id, uid = peer.uid, "approved: {reason}");
@@ -593,7 +618,10 @@ impl Broker {
 }
 
 /// The requested tool's trust stage, where stages apply.
-fn tool_trust(settings: &Settings, request: &RunRequest) -> Result<Option<palisade_policy::ToolTrust>, ErrorReply> {
+fn tool_trust(
+    settings: &Settings,
+    request: &RunRequest,
+) -> Result<Option<palisade_policy::ToolTrust>, ErrorReply> {
     let (Some(trust), Some(tool)) = (&settings.trust, &request.tool) else { return Ok(None) };
     trust.stage(tool).map(Some).map_err(ErrorReply::from)
 }
@@ -638,7 +666,10 @@ fn take_cgroup(resolved: &mut Resolved, cgroup: &crate::cgroup::RunCgroup) {
 /// groups resolved, and, for a broker running as root, its sandbox ids
 /// clear of the host's; and the helper (`helper`, else the configured one,
 /// else the one beside this binary). Gives the ids and the helper's path.
-pub fn check_config(config: &Config, helper: Option<PathBuf>) -> Result<(palisade_policy::ids::ResolvedIds, PathBuf), String> {
+pub fn check_config(
+    config: &Config,
+    helper: Option<PathBuf>,
+) -> Result<(palisade_policy::ids::ResolvedIds, PathBuf), String> {
     let ids = config.resolve_ids(&host::Accounts).map_err(|e| e.to_string())?;
     if crate::privilege::serves_others() {
         check_sandbox_ids(config.broker.sandbox_ids)?;

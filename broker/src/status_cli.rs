@@ -28,14 +28,19 @@ fn now_unix() -> u64 {
 /// unit first, the zero ones left out.
 fn duration(secs: u64) -> String {
     let parts = [(secs / 86_400, "d"), (secs / 3600 % 24, "h"), (secs / 60 % 60, "m"), (secs % 60, "s")];
-    let shown: Vec<String> = parts.iter().filter(|(n, _)| *n > 0).map(|(n, unit)| format!("{n}{unit}")).collect();
+    let shown: Vec<String> =
+        parts.iter().filter(|(n, _)| *n > 0).map(|(n, unit)| format!("{n}{unit}")).collect();
     if shown.is_empty() { "0s".into() } else { shown.join(" ") }
 }
 
 /// The status, one item a line (`now`: seconds since the epoch, for "ago").
 fn render(s: &BrokerStatus, now: u64) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "broker:      palisaded {} (protocol {}), pid {}, uid {}", s.version, s.protocol, s.pid, s.uid);
+    let _ = writeln!(
+        out,
+        "broker:      palisaded {} (protocol {}), pid {}, uid {}",
+        s.version, s.protocol, s.pid, s.uid
+    );
     let _ = writeln!(out, "uptime:      {}", duration(s.uptime_secs));
     let _ = writeln!(
         out,

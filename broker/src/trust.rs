@@ -166,7 +166,9 @@ impl TrustStore {
     fn mac(&self, tool: &str, e: &Entry) -> String {
         use hmac::{KeyInit, Mac};
         let Ok(mut m) = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.key) else { return String::new() };
-        for field in ["palisade trust entry v1", tool, &e.stage, &e.capabilities_sha256, &e.successes.to_string()] {
+        for field in
+            ["palisade trust entry v1", tool, &e.stage, &e.capabilities_sha256, &e.successes.to_string()]
+        {
             m.update(field.as_bytes());
             m.update(b"\0");
         }
@@ -266,9 +268,10 @@ impl TrustStore {
     fn set(&self, state: &mut State, tool: &str, to: TrustStage, why: &str, by_uid: Option<u32>) -> Event {
         let from = self.trust_of(state, tool).stage;
         let sha = self.tools.get(tool).map_or_else(String::new, |d| d.sha256.clone());
-        state
-            .tools
-            .insert(tool.into(), Entry { stage: to.name().into(), capabilities_sha256: sha, successes: 0, mac: String::new() });
+        state.tools.insert(
+            tool.into(),
+            Entry { stage: to.name().into(), capabilities_sha256: sha, successes: 0, mac: String::new() },
+        );
         self.change(tool, from.name(), to, why, by_uid)
     }
 
@@ -297,7 +300,10 @@ impl TrustStore {
         // entry someone else wrote stays unverified, whatever else changes.
         for (tool, e) in state.tools.iter_mut() {
             let old = before.get(tool);
-            let changed = old.is_none_or(|o| (&o.stage, &o.capabilities_sha256, o.successes) != (&e.stage, &e.capabilities_sha256, e.successes));
+            let changed = old.is_none_or(|o| {
+                (&o.stage, &o.capabilities_sha256, o.successes)
+                    != (&e.stage, &e.capabilities_sha256, e.successes)
+            });
             if changed || old.is_some_and(|o| self.verifies(tool, o)) {
                 e.mac = self.mac(tool, e);
             }
@@ -308,7 +314,9 @@ impl TrustStore {
                 .append_blocking(event)
                 .map_err(|e| BrokerError::JournalUnavailable(e.to_string()))?;
         }
-        if serde_json::to_vec(&state.tools).unwrap_or_default() != serde_json::to_vec(&before).unwrap_or_default() {
+        if serde_json::to_vec(&state.tools).unwrap_or_default()
+            != serde_json::to_vec(&before).unwrap_or_default()
+        {
             write_atomically(&self.path, &state)?;
         }
         drop(lock);
@@ -337,9 +345,8 @@ impl TrustStore {
 fn read_or_make_key(path: &Path) -> Result<[u8; KEY_BYTES], String> {
     use std::io::Read;
     use std::os::unix::fs::MetadataExt;
-    let open = || {
-        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW).open(path)
-    };
+    let open =
+        || std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW).open(path);
     let file = match open() {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -363,7 +370,9 @@ fn read_or_make_key(path: &Path) -> Result<[u8; KEY_BYTES], String> {
             match made {
                 Ok(()) => return Ok(key),
                 // Another broker of this user made it first: read theirs.
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => open().map_err(|e| key_error(path, e))?,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    open().map_err(|e| key_error(path, e))?
+                }
                 Err(e) => return Err(key_error(path, e)),
             }
         }

@@ -8,7 +8,8 @@
 use palisade_protocol::Stage;
 
 pub fn stop_after(stage: Stage) {
-    if !cfg!(debug_assertions) || std::env::var("PALISADE_HELPER_FAULT").ok().as_deref() != Some(stage.name()) {
+    let asked = std::env::var("PALISADE_HELPER_FAULT").ok();
+    if !cfg!(debug_assertions) || asked.as_deref() != Some(stage.name()) {
         return;
     }
     if let Ok(name) = std::ffi::CString::new(format!("fault-{}", stage.name())) {

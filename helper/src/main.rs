@@ -8,39 +8,53 @@
 //! either succeeds or reports `(stage, errno)` on fd 4, and the helper exits
 //! without exec. Nothing after a failed step runs.
 
-/// The helper's work exists on Linux only: elsewhere it is a binary that refuses.
-macro_rules! linux_only {
-    ($($item:item)*) => { $(#[cfg(target_os = "linux")] $item)* };
-}
+// The helper's work exists on Linux only: elsewhere it is a binary that refuses.
+#[cfg(target_os = "linux")]
+mod cgroup;
+#[cfg(target_os = "linux")]
+mod creds;
+#[cfg(target_os = "linux")]
+mod error;
+#[cfg(target_os = "linux")]
+mod exec;
+#[cfg(target_os = "linux")]
+mod fault;
+#[cfg(target_os = "linux")]
+mod fds;
+#[cfg(target_os = "linux")]
+mod hostids;
+#[cfg(target_os = "linux")]
+mod landlock;
+#[cfg(target_os = "linux")]
+mod lifeline;
+#[cfg(target_os = "linux")]
+mod monitor;
+#[cfg(target_os = "linux")]
+mod mounts;
+#[cfg(target_os = "linux")]
+mod net;
+#[cfg(target_os = "linux")]
+mod rlimits;
+#[cfg(target_os = "linux")]
+mod seccomp;
+#[cfg(target_os = "linux")]
+mod session;
+#[cfg(target_os = "linux")]
+mod userns;
+#[cfg(target_os = "linux")]
+mod uts;
 
-linux_only! {
-    mod cgroup;
-    mod creds;
-    mod error;
-    mod exec;
-    mod fault;
-    mod fds;
-    mod hostids;
-    mod landlock;
-    mod lifeline;
-    mod monitor;
-    mod mounts;
-    mod net;
-    mod rlimits;
-    mod seccomp;
-    mod session;
-    mod userns;
-    mod uts;
-
-    use error::{Context, Result, fail};
-    use monitor::Role;
-    use nix::errno::Errno;
-    use nix::sys::prctl;
-    use nix::sys::signal::Signal;
-    use palisade_protocol::{JailPlan, Namespaces, Stage};
-    use std::convert::Infallible;
-    use std::os::fd::OwnedFd;
-}
+#[cfg(target_os = "linux")]
+use {
+    error::{Context, Result, fail},
+    monitor::Role,
+    nix::errno::Errno,
+    nix::sys::prctl,
+    nix::sys::signal::Signal,
+    palisade_protocol::{JailPlan, Namespaces, Stage},
+    std::convert::Infallible,
+    std::os::fd::OwnedFd,
+};
 
 #[cfg(not(target_os = "linux"))]
 fn main() {

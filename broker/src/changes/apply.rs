@@ -100,7 +100,8 @@ pub fn apply(
             }
             continue;
         }
-        let moved = now.as_ref().map(Base::of) != e.base || a.removes_changed(dir, &name, e, now.as_ref(), since)?;
+        let moved =
+            now.as_ref().map(Base::of) != e.base || a.removes_changed(dir, &name, e, now.as_ref(), since)?;
         if (e.conflict || moved) && !choice.overwrite {
             a.keep(i, e, &mut kept, true);
             continue;
@@ -127,11 +128,20 @@ impl Apply<'_> {
 
     /// The directory `parent` (relative to root `root`), opened one
     /// component at a time from the nearest one already open.
-    fn parent<'p>(&self, at: &'p mut Option<OpenPath>, root: usize, parent: &Path) -> io::Result<&'p OwnedFd> {
+    fn parent<'p>(
+        &self,
+        at: &'p mut Option<OpenPath>,
+        root: usize,
+        parent: &Path,
+    ) -> io::Result<&'p OwnedFd> {
         if at.as_ref().is_none_or(|p| p.root != root) {
-            let fd = self.roots.get(root).ok_or_else(|| io::Error::other("an entry of no granted directory"))?;
+            let fd =
+                self.roots.get(root).ok_or_else(|| io::Error::other("an entry of no granted directory"))?;
             let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-            *at = Some(OpenPath { root, open: vec![(PathBuf::new(), openat(fd, c".", flags, Mode::empty())?)] });
+            *at = Some(OpenPath {
+                root,
+                open: vec![(PathBuf::new(), openat(fd, c".", flags, Mode::empty())?)],
+            });
         }
         let path = at.as_mut().expect("set above");
         while !parent.starts_with(&path.open.last().expect("the root stays").0) {
@@ -155,7 +165,14 @@ impl Apply<'_> {
     /// Whether applying `e` removes a directory in which something changed
     /// since the change set was taken: its own status says nothing of its
     /// files' contents.
-    fn removes_changed(&self, dir: &OwnedFd, name: &CStr, e: &Entry, now: Option<&FileStat>, since: i128) -> io::Result<bool> {
+    fn removes_changed(
+        &self,
+        dir: &OwnedFd,
+        name: &CStr,
+        e: &Entry,
+        now: Option<&FileStat>,
+        since: i128,
+    ) -> io::Result<bool> {
         let removes = match e.kind {
             Kind::Delete | Kind::Dir { opaque: true, .. } => true,
             _ => now.is_some_and(|st| kind(st) == SFlag::S_IFDIR) && !e.is_dir(),
@@ -190,7 +207,14 @@ impl Apply<'_> {
         })
     }
 
-    fn entry(&mut self, dir: &OwnedFd, name: &CStr, e: &Entry, now: Option<&FileStat>, rel: &Path) -> io::Result<()> {
+    fn entry(
+        &mut self,
+        dir: &OwnedFd,
+        name: &CStr,
+        e: &Entry,
+        now: Option<&FileStat>,
+        rel: &Path,
+    ) -> io::Result<()> {
         let is_dir = now.is_some_and(|st| kind(st) == SFlag::S_IFDIR);
         match &e.kind {
             Kind::Delete => self.done.removed += remove(dir, name)?,
@@ -223,9 +247,19 @@ impl Apply<'_> {
     /// acts as itself on one filesystem, else copied to a temporary name
     /// as the requester; its permission bits (never setuid, setgid or
     /// sticky) and times set on the descriptor, then renamed over `name`.
-    fn file(&mut self, dir: &OwnedFd, name: &CStr, blob: u32, (mode, mtime_ns): (u32, i128), is_dir: bool) -> io::Result<()> {
+    fn file(
+        &mut self,
+        dir: &OwnedFd,
+        name: &CStr,
+        blob: u32,
+        (mode, mtime_ns): (u32, i128),
+        is_dir: bool,
+    ) -> io::Result<()> {
         let mode = Mode::from_bits_truncate(mode & 0o777);
-        let at = TimeSpec::new(mtime_ns.div_euclid(1_000_000_000) as i64, mtime_ns.rem_euclid(1_000_000_000) as i64);
+        let at = TimeSpec::new(
+            mtime_ns.div_euclid(1_000_000_000) as i64,
+            mtime_ns.rem_euclid(1_000_000_000) as i64,
+        );
         let blob_name = blob_name(blob);
         if self.may_move {
             let src = open_file_at(self.blobs, &blob_name)?;
@@ -245,9 +279,9 @@ impl Apply<'_> {
         let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let out = openat(dir, tmp.as_c_str(), flags, Mode::from_bits_truncate(0o600))?;
         let copied = io::copy(&mut std::fs::File::from(src), &mut std::fs::File::from(out.try_clone()?));
-        let set = copied.and_then(|_| fchmod(&out, mode).map_err(io::Error::from)).and_then(|()| {
-            futimens(&out, &at, &at).map_err(io::Error::from)
-        });
+        let set = copied
+            .and_then(|_| fchmod(&out, mode).map_err(io::Error::from))
+            .and_then(|()| futimens(&out, &at, &at).map_err(io::Error::from));
         if let Err(e) = set {
             let _ = nix::unistd::unlinkat(dir, tmp.as_c_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
             return Err(e);
@@ -266,7 +300,8 @@ impl Apply<'_> {
 
     fn temp_name(&mut self) -> io::Result<CString> {
         self.serial += 1;
-        CString::new(format!(".palisade-apply-{}-{}", std::process::id(), self.serial)).map_err(io::Error::other)
+        CString::new(format!(".palisade-apply-{}-{}", std::process::id(), self.serial))
+            .map_err(io::Error::other)
     }
 
     /// The directories' permission bits, deepest first, once what they hold is in place.
@@ -287,7 +322,12 @@ impl Apply<'_> {
         Ok(())
     }
 
-    fn parent_of<'p>(at: &'p mut Option<OpenPath>, roots: &[OwnedFd], root: usize, parent: &Path) -> io::Result<&'p OwnedFd> {
+    fn parent_of<'p>(
+        at: &'p mut Option<OpenPath>,
+        roots: &[OwnedFd],
+        root: usize,
+        parent: &Path,
+    ) -> io::Result<&'p OwnedFd> {
         let fd = roots.get(root).ok_or_else(|| io::Error::other("an entry of no granted directory"))?;
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
         let mut here = openat(fd, c".", flags, Mode::empty())?;

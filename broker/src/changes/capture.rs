@@ -6,7 +6,7 @@
 //! needs the sandbox's tmpfs. What the broker keeps is not taken at all:
 //! it is withheld, and said.
 
-use super::fs::{changed_since, kind, names, ns, open_dir_at, open_file_at, opaque, stat_at};
+use super::fs::{changed_since, kind, names, ns, opaque, open_dir_at, open_file_at, stat_at};
 use super::manifest::{Base, Entry, Kind};
 use crate::requester::Acting;
 use nix::errno::Errno;
@@ -128,11 +128,18 @@ impl Walk<'_, '_> {
         self.act.as_broker(|| f().map_err(io::Error::from))
     }
 
-    fn dir(&mut self, up: &OwnedFd, host: Option<&OwnedFd>, rel: PathBuf, inherited: Option<String>) -> io::Result<()> {
+    fn dir(
+        &mut self,
+        up: &OwnedFd,
+        host: Option<&OwnedFd>,
+        rel: PathBuf,
+        inherited: Option<String>,
+    ) -> io::Result<()> {
         if rel.components().count() > MAX_DEPTH {
             return Err(too_large(format!("directories deeper than {MAX_DEPTH}")));
         }
-        let listed = self.up(|| names(up).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))))?;
+        let listed =
+            self.up(|| names(up).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))))?;
         for name in listed {
             let st = self.up(|| stat_at(up, &name))?;
             let rel = rel.join(OsStr::from_bytes(name.as_bytes()));
@@ -184,7 +191,9 @@ impl Walk<'_, '_> {
                 let opaque = self.up(|| Ok(opaque(&sub_up)))?;
                 let host_dir = host_st.as_ref().is_some_and(|h| kind(h) == SFlag::S_IFDIR);
                 let conflict = match (host, &host_st) {
-                    (Some(h), Some(_)) if opaque && host_dir => changed_since(h, name, self.since, &mut budget)?,
+                    (Some(h), Some(_)) if opaque && host_dir => {
+                        changed_since(h, name, self.since, &mut budget)?
+                    }
                     (Some(_), Some(hs)) if !host_dir => newer(hs),
                     _ => false,
                 };
@@ -210,7 +219,14 @@ impl Walk<'_, '_> {
         Ok(())
     }
 
-    fn push(&mut self, rel: PathBuf, kind: Kind, base: Option<Base>, conflict: bool, host_executed: Option<String>) {
+    fn push(
+        &mut self,
+        rel: PathBuf,
+        kind: Kind,
+        base: Option<Base>,
+        conflict: bool,
+        host_executed: Option<String>,
+    ) {
         let path = rel.as_os_str().as_bytes().to_vec();
         self.out.entries.push(Entry { root: self.root, path, kind, base, conflict, host_executed });
     }
@@ -232,9 +248,12 @@ impl Walk<'_, '_> {
         // A directory on the way to what the broker keeps changes when the
         // broker writes there (its change sets): only a copied-up entry says
         // the host had it.
-        let broker_writes_here = rel.parent().is_some_and(|p| self.guard.owned.iter().any(|(o, _)| o.starts_with(p)));
+        let broker_writes_here =
+            rel.parent().is_some_and(|p| self.guard.owned.iter().any(|(o, _)| o.starts_with(p)));
         match (host, host_st) {
-            (Some(h), Some(st)) if kind(st) == SFlag::S_IFDIR => changed_since(h, name, self.since, &mut budget),
+            (Some(h), Some(st)) if kind(st) == SFlag::S_IFDIR => {
+                changed_since(h, name, self.since, &mut budget)
+            }
             (Some(_), Some(st)) => Ok(ns(st.st_ctime, st.st_ctime_nsec) >= self.since),
             // None there: someone removed it meanwhile if its directory
             // changed since (a spurious conflict only holds the run's version).
@@ -267,7 +286,8 @@ impl Walk<'_, '_> {
         }
         let src = self.act.as_broker(|| open_file_at(up, name).map_err(io::Error::from))?;
         let (size, sha256) = self.act.as_broker(|| {
-            let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            let flags =
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
             let out = openat(dir, blob.to_string().as_str(), flags, Mode::from_bits_truncate(0o600))?;
             copy_hashing(std::fs::File::from(src), std::fs::File::from(out)).map_err(io::Error::from)
         })?;
@@ -350,7 +370,12 @@ impl Walk<'_, '_> {
 
     /// Whether the git configuration the run left at `name` makes git run
     /// other commands than the host's does (or either cannot be read as one).
-    fn git_config_changes_commands(&self, up: &OwnedFd, host: Option<&OwnedFd>, name: &CStr) -> io::Result<bool> {
+    fn git_config_changes_commands(
+        &self,
+        up: &OwnedFd,
+        host: Option<&OwnedFd>,
+        name: &CStr,
+    ) -> io::Result<bool> {
         let read = |dir: &OwnedFd| -> Option<String> {
             let fd = match open_file_at(dir, name) {
                 Ok(fd) => fd,
@@ -401,7 +426,14 @@ fn clock_margin(dir: &OwnedFd) -> i128 {
     const XFS_SUPER_MAGIC: FsType = FsType(0x5846_5342);
     const F2FS_SUPER_MAGIC: FsType = FsType(0xF2F5_2010);
     const ZFS_SUPER_MAGIC: FsType = FsType(0x2FC1_2FC1);
-    let nanosecond = [EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC, BTRFS_SUPER_MAGIC, TMPFS_MAGIC, F2FS_SUPER_MAGIC, ZFS_SUPER_MAGIC];
+    let nanosecond = [
+        EXT4_SUPER_MAGIC,
+        XFS_SUPER_MAGIC,
+        BTRFS_SUPER_MAGIC,
+        TMPFS_MAGIC,
+        F2FS_SUPER_MAGIC,
+        ZFS_SUPER_MAGIC,
+    ];
     let local = fstatfs(dir).is_ok_and(|s| nanosecond.contains(&s.filesystem_type()));
     if local { 0 } else { 2_000_000_000 }
 }

@@ -18,7 +18,12 @@ pub fn stat_at(dir: &OwnedFd, name: &CStr) -> nix::Result<FileStat> {
 }
 
 pub fn open_dir_at(dir: &OwnedFd, name: &CStr) -> nix::Result<OwnedFd> {
-    openat(dir, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+    openat(
+        dir,
+        name,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
 }
 
 /// A regular file at `name`, for reading: never a FIFO swapped in (no

@@ -122,11 +122,8 @@ pub fn settle(s: &Settle<'_>, targets: Vec<Target>) -> Result<Settled, BrokerErr
 fn too_large(s: &Settle<'_>, targets: &[Target], why: &capture::TooLarge) -> Settled {
     let roots: Vec<String> = targets.iter().map(|(r, _, _)| r.clone()).collect();
     let reason = format!("the run's writes are too large to take as a change set: {why}");
-    let changes = Changes {
-        outcome: ChangesOutcome::Discarded,
-        reason: Some(reason.clone()),
-        ..Changes::default()
-    };
+    let changes =
+        Changes { outcome: ChangesOutcome::Discarded, reason: Some(reason.clone()), ..Changes::default() };
     tracing::warn!(run_id = s.run_id, "{reason}");
     Settled { changes, events: vec![record(s.run_id, None, "discarded", &reason, &[], &roots)] }
 }
@@ -181,7 +178,8 @@ fn hooks_path(dest: &OwnedFd) -> Vec<std::path::PathBuf> {
     let Ok(git) = fs::open_dir_at(dest, c".git") else { return vec![] };
     let Ok(fd) = fs::open_file_at(&git, c"config") else { return vec![] };
     let mut text = String::new();
-    let read = std::io::Read::read_to_string(&mut std::io::Read::take(std::fs::File::from(fd), 1 << 20), &mut text);
+    let read =
+        std::io::Read::read_to_string(&mut std::io::Read::take(std::fs::File::from(fd), 1 << 20), &mut text);
     if read.is_err() {
         return vec![];
     }
@@ -253,9 +251,12 @@ pub(crate) fn apply_and_keep(
 ) -> std::io::Result<Settled> {
     let blobs = store.blobs(dir)?;
     let since = m.taken_ns;
-    let done = requester.act(|act| apply::apply(&m.entries, dests, &blobs, act, choice, since)).and_then(|r| r)?;
-    let applied: Vec<Entry> =
-        (m.entries.iter().enumerate()).filter(|(i, _)| !done.kept.contains(i)).map(|(_, e)| e.clone()).collect();
+    let done =
+        requester.act(|act| apply::apply(&m.entries, dests, &blobs, act, choice, since)).and_then(|r| r)?;
+    let applied: Vec<Entry> = (m.entries.iter().enumerate())
+        .filter(|(i, _)| !done.kept.contains(i))
+        .map(|(_, e)| e.clone())
+        .collect();
     changes.outcome = ChangesOutcome::Applied;
     (changes.files, changes.removed, changes.bytes) = (done.files, done.removed, done.bytes);
     changes.conflicts = done.conflicts.iter().map(|i| m.entries[*i].host_path(&m.roots)).collect();
@@ -281,7 +282,8 @@ pub(crate) fn apply_and_keep(
         }
     }
     let kept = with_ancestors(&m.entries, &done.kept);
-    let kept_bytes: u64 = kept.iter().map(|e| if let Kind::File { size, .. } = e.kind { size } else { 0 }).sum();
+    let kept_bytes: u64 =
+        kept.iter().map(|e| if let Kind::File { size, .. } = e.kind { size } else { 0 }).sum();
     m.entries = kept;
     m.status = Status::Held;
     m.reason = if done.conflicts.is_empty() {
@@ -312,7 +314,8 @@ pub(crate) fn apply_and_keep(
 /// The entries at `kept`, with the directories on their way (which an
 /// apply later makes again where they are gone), in their order.
 fn with_ancestors(entries: &[Entry], kept: &[usize]) -> Vec<Entry> {
-    let wanted: Vec<(usize, std::path::PathBuf)> = kept.iter().map(|i| (entries[*i].root, entries[*i].rel())).collect();
+    let wanted: Vec<(usize, std::path::PathBuf)> =
+        kept.iter().map(|i| (entries[*i].root, entries[*i].rel())).collect();
     (entries.iter().enumerate())
         .filter(|(i, e)| {
             kept.contains(i)
@@ -344,7 +347,14 @@ fn drop_unused_blobs(blobs: &OwnedFd, entries: &[Entry]) {
 /// first [`RECORDED_PATHS`], and how many in all) and a hash of its
 /// entries, contents included (each file's sha256), so that `palisade
 /// audit` answers which run wrote a file.
-pub fn record(run_id: u64, id: Option<&str>, what: &str, reason: &str, entries: &[Entry], roots: &[String]) -> Event {
+pub fn record(
+    run_id: u64,
+    id: Option<&str>,
+    what: &str,
+    reason: &str,
+    entries: &[Entry],
+    roots: &[String],
+) -> Event {
     use sha2::Digest;
     let hash = sha2::Sha256::digest(serde_json::to_vec(entries).unwrap_or_default());
     Event::Changes {
@@ -354,7 +364,12 @@ pub fn record(run_id: u64, id: Option<&str>, what: &str, reason: &str, entries: 
         reason: (!reason.is_empty()).then(|| reason.to_string()),
         paths: entries.iter().take(RECORDED_PATHS).map(|e| e.host_path(roots)).collect(),
         paths_total: entries.len() as u64,
-        conflicts: entries.iter().filter(|e| e.conflict).map(|e| e.host_path(roots)).take(RECORDED_PATHS).collect(),
+        conflicts: entries
+            .iter()
+            .filter(|e| e.conflict)
+            .map(|e| e.host_path(roots))
+            .take(RECORDED_PATHS)
+            .collect(),
         sha256: hash.iter().map(|b| format!("{b:02x}")).collect(),
     }
 }

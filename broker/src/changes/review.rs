@@ -8,9 +8,7 @@ use super::manifest::{Kind, Manifest, Status};
 use super::{Settled, Store, apply, fs};
 use crate::requester::{self, Requester};
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
-use palisade_protocol::wire::{
-    ChangeEntry, ChangeSetDetail, ChangeSetInfo, Changes, ErrorKind, ErrorReply,
-};
+use palisade_protocol::wire::{ChangeEntry, ChangeSetDetail, ChangeSetInfo, Changes, ErrorKind, ErrorReply};
 use std::ffi::CString;
 use std::io::Read;
 use std::os::fd::OwnedFd;
@@ -85,7 +83,8 @@ pub fn show(store: &Store, requester: &Requester, id: &str) -> Result<ChangeSetD
             host_executed: e.host_executed.clone(),
         })
         .collect();
-    let diff = requester.act(|act| diff(&m, &blobs, act)).map_err(|e| failed("acting for the requester", e))?;
+    let diff =
+        requester.act(|act| diff(&m, &blobs, act)).map_err(|e| failed("acting for the requester", e))?;
     Ok(ChangeSetDetail { info: info(&m, bytes), entries, diff })
 }
 
@@ -107,7 +106,9 @@ fn diff(m: &Manifest, blobs: &OwnedFd, act: &requester::Acting) -> String {
                 let d = similar::TextDiff::from_lines(&old, &new);
                 out.push_str(&d.unified_diff().context_radius(3).header(&path, &path).to_string());
             }
-            _ => out.push_str(&format!("Binary files (or larger than {DIFF_FILE_MAX_BYTES} bytes) {path} differ\n")),
+            _ => out.push_str(&format!(
+                "Binary files (or larger than {DIFF_FILE_MAX_BYTES} bytes) {path} differ\n"
+            )),
         }
         if out.len() > DIFF_MAX_BYTES {
             let mut cut = DIFF_MAX_BYTES;
@@ -126,11 +127,17 @@ fn diff(m: &Manifest, blobs: &OwnedFd, act: &requester::Acting) -> String {
 fn host_text(path: &str) -> Option<String> {
     let p = Path::new(path);
     let (Some(parent), Some(name)) = (p.parent(), p.file_name()) else { return None };
-    let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC).resolve(
-        ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS,
-    );
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
     let Ok(dir) = openat2(nix::fcntl::AT_FDCWD, parent, how) else { return Some(String::new()) };
-    let dir = nix::fcntl::openat(&dir, c".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty()).ok()?;
+    let dir = nix::fcntl::openat(
+        &dir,
+        c".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok()?;
     let name = CString::new(name.as_bytes()).ok()?;
     match fs::stat_at(&dir, &name) {
         Err(nix::errno::Errno::ENOENT) => Some(String::new()),
@@ -178,9 +185,9 @@ fn open_roots(roots: &[String], act: &requester::Acting, uid: u32) -> Result<Vec
     let _ = act;
     let mut out = Vec::new();
     for root in roots {
-        let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC).resolve(
-            ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS,
-        );
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
         let fd = openat2(nix::fcntl::AT_FDCWD, root.as_str(), how).map_err(|e| match e {
             nix::errno::Errno::EACCES | nix::errno::Errno::EPERM => requester::not_allowed(root, uid),
             e => ErrorReply::with_rule(
@@ -189,7 +196,8 @@ fn open_roots(roots: &[String], act: &requester::Acting, uid: u32) -> Result<Vec
                 "scope.changed",
             ),
         })?;
-        let owner = std::fs::File::from(fd.try_clone().map_err(|e| failed(root, e))?).metadata().map(|m| m.uid());
+        let owner =
+            std::fs::File::from(fd.try_clone().map_err(|e| failed(root, e))?).metadata().map(|m| m.uid());
         let writable = requester::may(&fd, true).unwrap_or(false);
         if !writable || owner.ok() != Some(uid) && uid != 0 {
             return Err(requester::not_allowed(root, uid));
@@ -242,7 +250,12 @@ pub fn serve(
         C::ApplyChanges { id, overwrite, host_executed } => {
             let choice = apply::Choice { overwrite, host_executed };
             apply_held(store, requester, &id, choice).map(|settled| {
-                tracing::info!(uid = requester.uid, id, files = settled.changes.files, "a held change set applied");
+                tracing::info!(
+                    uid = requester.uid,
+                    id,
+                    files = settled.changes.files,
+                    "a held change set applied"
+                );
                 record(settled.events);
                 S::ChangesApplied(Box::new(settled.changes))
             })
@@ -252,7 +265,9 @@ pub fn serve(
             record(vec![event]);
             S::ChangesDiscarded { id }
         }),
-        other => Err(ErrorReply::new(ErrorKind::ProtocolError, format!("not a change set message: {other:?}"))),
+        other => {
+            Err(ErrorReply::new(ErrorKind::ProtocolError, format!("not a change set message: {other:?}")))
+        }
     };
     reply.unwrap_or_else(S::Error)
 }

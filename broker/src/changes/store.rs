@@ -185,7 +185,8 @@ impl Store {
                     continue;
                 }
                 let Ok(m) = read_manifest(&s.path()) else { continue };
-                let old = m.status == Status::Held && now.saturating_sub(m.created) > self.limits.max_age_secs;
+                let old =
+                    m.status == Status::Held && now.saturating_sub(m.created) > self.limits.max_age_secs;
                 if old && std::fs::remove_dir_all(s.path()).is_ok() {
                     expired.push((uid, m.id));
                 }
@@ -235,7 +236,10 @@ fn write_manifest(dir: &Path, m: &Manifest) -> io::Result<()> {
     // Never one that could not be read back.
     if text.len() as u64 > MANIFEST_MAX_BYTES {
         let _ = std::fs::remove_file(&tmp);
-        return Err(io::Error::other(format!("a manifest of {} bytes, over {MANIFEST_MAX_BYTES}", text.len())));
+        return Err(io::Error::other(format!(
+            "a manifest of {} bytes, over {MANIFEST_MAX_BYTES}",
+            text.len()
+        )));
     }
     f.write_all(&text)?;
     drop(f);

@@ -510,7 +510,9 @@ async fn a_descriptor_that_is_not_its_listener_is_refused() {
 async fn control_characters_in_a_name_are_refused_wherever_the_name_comes() {
     let port = echo_origin().await;
     let sandbox = start(plan(port), port, &[]);
-    for name in ["allowed.test\0.evil.test", "evil.test\0allowed.test", "allowed.test\x01", "allowed\x7f.test"] {
+    for name in
+        ["allowed.test\0.evil.test", "evil.test\0allowed.test", "allowed.test\x01", "allowed\x7f.test"]
+    {
         let (s, head) = connect_to(sandbox.proxy, &format!("{name}:{port}")).await;
         assert!(head.starts_with("HTTP/1.1 400") || head.starts_with("HTTP/1.1 403"), "{name:?}: {head}");
         drop(s);

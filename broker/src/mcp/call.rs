@@ -5,8 +5,8 @@
 use crate::client::{Ask, Client, ClientError, Event};
 use crate::run_cli::SandboxArgs;
 use palisade_protocol::wire::{
-    ClientMessage, ErrorKind, ErrorReply, Explanation, ParamValue, RunRequest, RunResult, RunStatus, ServerMessage,
-    Stream,
+    ClientMessage, ErrorKind, ErrorReply, Explanation, ParamValue, RunRequest, RunResult, RunStatus,
+    ServerMessage, Stream,
 };
 use rmcp::model::{CallToolResult, ContentBlock, ErrorCode, ErrorData, JsonObject};
 use serde_json::{Value, json};
@@ -83,9 +83,9 @@ pub fn parse(args: &JsonObject, shape: Shape, defaults: &Defaults) -> Result<Cal
         }
     };
     let argv = match (args.get("argv"), text("command")?) {
-        (Some(v), None) => strings(v).filter(|a| !a.is_empty()).ok_or_else(|| {
-            invalid("argv must be a non-empty list of strings".into())
-        })?,
+        (Some(v), None) => strings(v)
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| invalid("argv must be a non-empty list of strings".into()))?,
         (None, Some(line)) => argv_of(&line),
         _ => return Err(invalid("give argv or command (one of them)".into())),
     };
@@ -142,7 +142,8 @@ fn within_workspace(base: &std::path::Path, asked: &str) -> Result<PathBuf, Erro
         refusal(&ErrorReply::with_rule(ErrorKind::WorkspaceScopeDenied, message, "mcp.workspace"))
     };
     let canonical = joined.canonicalize().map_err(|e| refuse(format!("{}: {e}", joined.display())))?;
-    let root = base.canonicalize().map_err(|e| refuse(format!("the server's workspace {}: {e}", base.display())))?;
+    let root =
+        base.canonicalize().map_err(|e| refuse(format!("the server's workspace {}: {e}", base.display())))?;
     if !canonical.starts_with(&root) {
         return Err(refuse(format!(
             "{} is outside the server's workspace {} (palisade mcp --workspace)",
@@ -157,22 +158,34 @@ fn within_workspace(base: &std::path::Path, asked: &str) -> Result<PathBuf, Erro
 /// it (relative ones are relative to the call's workspace, as the policy
 /// reads them). A path that does not exist yet is judged by what it would
 /// be: its longest existing part resolved.
-fn confine_param(base: &std::path::Path, cwd: &std::path::Path, name: &str, value: &ParamValue) -> Result<(), ErrorData> {
+fn confine_param(
+    base: &std::path::Path,
+    cwd: &std::path::Path,
+    name: &str,
+    value: &ParamValue,
+) -> Result<(), ErrorData> {
     let values = match value {
         ParamValue::One(v) => std::slice::from_ref(v),
         ParamValue::Many(vs) => vs.as_slice(),
     };
-    let root = base.canonicalize().map_err(|e| failure(format!("the server's workspace {}: {e}", base.display())))?;
+    let root = base
+        .canonicalize()
+        .map_err(|e| failure(format!("the server's workspace {}: {e}", base.display())))?;
     for v in values {
         let resolved = crate::paths::canonical_prefix(&cwd.join(v));
-        let outside = !resolved.starts_with(&root) || resolved.components().any(|c| c == std::path::Component::ParentDir);
+        let outside = !resolved.starts_with(&root)
+            || resolved.components().any(|c| c == std::path::Component::ParentDir);
         if outside {
             let message = format!(
                 "params.{name}: {v} is outside the server's workspace {} (palisade mcp --workspace; \
                  --params-outside-workspace lets parameters name other paths)",
                 root.display()
             );
-            return Err(refusal(&ErrorReply::with_rule(ErrorKind::WorkspaceScopeDenied, message, "mcp.workspace")));
+            return Err(refusal(&ErrorReply::with_rule(
+                ErrorKind::WorkspaceScopeDenied,
+                message,
+                "mcp.workspace",
+            )));
         }
     }
     Ok(())
@@ -232,7 +245,8 @@ impl Capped {
         let last = &self.tail[self.tail.len() - self.half.min(self.tail.len())..];
         let cut = self.total - (self.head.len() + last.len()) as u64;
         let marker = format!("\n[palisade: {cut} bytes cut here, of {} in all]\n", self.total);
-        let text = format!("{}{marker}{}", String::from_utf8_lossy(&self.head), String::from_utf8_lossy(last));
+        let text =
+            format!("{}{marker}{}", String::from_utf8_lossy(&self.head), String::from_utf8_lossy(last));
         (text, true)
     }
 }
@@ -267,7 +281,8 @@ pub fn plugin_call(args: &JsonObject) -> Result<ClientMessage, ErrorData> {
     if let Some(key) = args.keys().find(|k| !["skill", "input", "timeout_ms"].contains(&k.as_str())) {
         return Err(invalid(format!("unknown argument {key:?}")));
     }
-    let skill = args.get("skill").and_then(Value::as_str).ok_or_else(|| invalid("skill must be a string".into()))?;
+    let skill =
+        args.get("skill").and_then(Value::as_str).ok_or_else(|| invalid("skill must be a string".into()))?;
     let timeout_ms = match args.get("timeout_ms") {
         None | Some(Value::Null) => None,
         Some(v) => Some(v.as_u64().ok_or_else(|| invalid("timeout_ms must be a whole number".into()))?),
@@ -280,8 +295,14 @@ pub fn plugin_call(args: &JsonObject) -> Result<ClientMessage, ErrorData> {
 /// it is), what the call used, and the grants it ran with.
 pub fn plugin(stream: UnixStream, message: ClientMessage, broker: &str) -> Result<CallToolResult, ErrorData> {
     let reply = Client::over(stream).and_then(|mut c| c.request(&message)).map_err(client_error)?;
-    let ServerMessage::PluginResult { output, fuel_used, memory_peak_bytes, instantiate_us, call_us, attestation } =
-        reply
+    let ServerMessage::PluginResult {
+        output,
+        fuel_used,
+        memory_peak_bytes,
+        instantiate_us,
+        call_us,
+        attestation,
+    } = reply
     else {
         return Err(failure(format!("the broker answered {reply:?}")));
     };
@@ -413,7 +434,10 @@ pub fn changes_call(name: &str, args: &JsonObject) -> Result<ClientMessage, Erro
         return Err(invalid(format!("unknown argument {key:?}")));
     }
     let id = || -> Result<String, ErrorData> {
-        args.get("id").and_then(Value::as_str).map(String::from).ok_or_else(|| invalid("id must be a string".into()))
+        args.get("id")
+            .and_then(Value::as_str)
+            .map(String::from)
+            .ok_or_else(|| invalid("id must be a string".into()))
     };
     Ok(match name {
         "list_changes" => ClientMessage::ListChanges,
@@ -429,15 +453,21 @@ pub fn changes(stream: UnixStream, message: ClientMessage) -> Result<CallToolRes
     let reply = Client::over(stream).and_then(|mut c| c.request(&message)).map_err(client_error)?;
     let (value, text) = match &reply {
         ServerMessage::ChangeSets(sets) => {
-            let lines: Vec<String> = sets.iter().map(|s| format!("{} ({}): {}", s.id, s.status, s.reason)).collect();
-            (json!({ "change_sets": sets }), if lines.is_empty() { "no change set is held".into() } else { lines.join("\n") })
+            let lines: Vec<String> =
+                sets.iter().map(|s| format!("{} ({}): {}", s.id, s.status, s.reason)).collect();
+            (
+                json!({ "change_sets": sets }),
+                if lines.is_empty() { "no change set is held".into() } else { lines.join("\n") },
+            )
         }
         ServerMessage::ChangeSet(d) => (serde_json::to_value(&**d).unwrap_or(Value::Null), d.diff.clone()),
         ServerMessage::ChangesApplied(c) => (
             serde_json::to_value(&**c).unwrap_or(Value::Null),
             crate::run_cli::summary(c, false).unwrap_or_else(|| "nothing was left to apply".into()),
         ),
-        ServerMessage::ChangesDiscarded { id } => (json!({ "discarded": id }), format!("change set {id}: discarded")),
+        ServerMessage::ChangesDiscarded { id } => {
+            (json!({ "discarded": id }), format!("change set {id}: discarded"))
+        }
         ServerMessage::Error(e) => return Err(refusal(e)),
         other => return Err(failure(format!("the broker answered {other:?}"))),
     };
@@ -483,7 +513,12 @@ mod tests {
         std::fs::write(ws.join("inside.txt"), "in").unwrap();
         std::fs::write(dir.join("outside.txt"), "out").unwrap();
         std::os::unix::fs::symlink(dir.join("outside.txt"), ws.join("link-out")).unwrap();
-        let mut defaults = Defaults { workspace: ws.clone(), sandbox: SandboxArgs::default(), params_anywhere: false, umask: None };
+        let mut defaults = Defaults {
+            workspace: ws.clone(),
+            sandbox: SandboxArgs::default(),
+            params_anywhere: false,
+            umask: None,
+        };
         let outside = dir.join("outside.txt").display().to_string();
         for refused in [
             serde_json::json!({ "file": "../outside.txt" }),
@@ -492,7 +527,8 @@ mod tests {
             serde_json::json!({ "files": ["inside.txt", "sub/../../outside.txt"] }),
             serde_json::json!({ "file": "sub/../../not-yet/out.txt" }),
         ] {
-            let e = call(&defaults, refused.clone()).err().unwrap_or_else(|| panic!("{refused} was let through"));
+            let e =
+                call(&defaults, refused.clone()).err().unwrap_or_else(|| panic!("{refused} was let through"));
             assert_eq!(rule(e), "mcp.workspace", "{refused}");
         }
         // Counter-tests: inside it (existing or not yet), and anywhere when

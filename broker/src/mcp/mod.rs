@@ -19,7 +19,8 @@ use palisade_policy::Config;
 use palisade_protocol::wire::ErrorKind;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ElicitRequestParams, ElicitationAction, ElicitationSchema,
-    Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+    Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
+    ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
@@ -103,8 +104,12 @@ pub fn main(args: McpArgs) -> i32 {
         match serving {
             Serving::Embedded(broker) => serve_embedded(*broker, defaults).await,
             Serving::Socket(socket, broker) => {
-                serve(Palisade { socket: Arc::new(socket), broker: Arc::new(broker), defaults: Arc::new(defaults) })
-                    .await
+                serve(Palisade {
+                    socket: Arc::new(socket),
+                    broker: Arc::new(broker),
+                    defaults: Arc::new(defaults),
+                })
+                .await
             }
         }
     });
@@ -194,7 +199,8 @@ async fn terminated(signals: Signals) {
 fn private_dir() -> std::io::Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
     let base = std::env::var_os("XDG_RUNTIME_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let dir = base.join(format!("palisade-mcp-broker-{}-{nanos:x}", std::process::id()));
     std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
     Ok(dir)
@@ -287,12 +293,15 @@ impl ServerHandler for Palisade {
         let call = call::parse(&arguments, shape, &self.defaults)?;
         match shape {
             Shape::Explain => {
-                let work = |stream, broker: &str| call::explain(stream, call).map(|e| call::explained(e, broker).into());
+                let work = |stream, broker: &str| {
+                    call::explain(stream, call).map(|e| call::explained(e, broker).into())
+                };
                 self.on_broker(&context, work).await
             }
             Shape::RunCommand | Shape::RunTool => {
                 let ask = elicit(context.clone());
-                let work = |stream, broker: &str| call::result(call::run(stream, call, ask), broker).map(Into::into);
+                let work =
+                    |stream, broker: &str| call::result(call::run(stream, call, ask), broker).map(Into::into);
                 self.on_broker(&context, work).await
             }
         }
@@ -324,12 +333,14 @@ fn elicit(context: RequestContext<RoleServer>) -> impl FnMut(Ask<'_>) -> Option<
             "properties": {"approve": {"type": "boolean", "title": "Approve the run", "default": false}},
             "required": ["approve"],
         });
-        let Some(requested_schema) = schema.as_object().and_then(|s| ElicitationSchema::from_json_schema(s.clone()).ok())
+        let Some(requested_schema) =
+            schema.as_object().and_then(|s| ElicitationSchema::from_json_schema(s.clone()).ok())
         else {
             return Some(false);
         };
         let params = ElicitRequestParams::FormElicitationParams { meta: None, message, requested_schema };
-        let answer = runtime.block_on(context.peer.create_elicitation_with_timeout(params, Some(ELICITATION_TIMEOUT)));
+        let answer =
+            runtime.block_on(context.peer.create_elicitation_with_timeout(params, Some(ELICITATION_TIMEOUT)));
         Some(match answer {
             Ok(r) if r.action == ElicitationAction::Accept => {
                 r.content.as_ref().and_then(|c| c.get("approve")).and_then(|a| a.as_bool()) == Some(true)

@@ -95,11 +95,7 @@ pub fn all() -> Vec<Tool> {
              hooks, .envrc, ...) are never applied here: the person applies those.",
             id_schema(),
         ),
-        tool(
-            "discard_changes",
-            "Drop a held change set: its writes are not applied.",
-            id_schema(),
-        ),
+        tool("discard_changes", "Drop a held change set: its writes are not applied.", id_schema()),
     ]
 }
 
@@ -141,7 +137,10 @@ fn command_properties() -> serde_json::Map<String, Value> {
 
 fn run_schema(declared_tool: bool) -> Value {
     let mut props = command_properties();
-    props.insert("stdin".into(), json!({"type": "string", "description": "Text given to the command's stdin."}));
+    props.insert(
+        "stdin".into(),
+        json!({"type": "string", "description": "Text given to the command's stdin."}),
+    );
     props.insert(
         "timeout_secs".into(),
         json!({"type": "integer", "minimum": 1, "description": "A deadline, in seconds (the policy's is the most)."}),
@@ -157,7 +156,10 @@ fn run_schema(declared_tool: bool) -> Value {
     let mut required = vec![];
     if declared_tool {
         props.insert("tool".into(), json!({"type": "string", "description": "The declared tool's name."}));
-        props.insert("params".into(), params_schema("The tool's parameters: a path, or a list of paths, per name."));
+        props.insert(
+            "params".into(),
+            params_schema("The tool's parameters: a path, or a list of paths, per name."),
+        );
         required.push("tool");
     }
     json!({"type": "object", "properties": props, "required": required, "additionalProperties": false})
@@ -165,7 +167,10 @@ fn run_schema(declared_tool: bool) -> Value {
 
 fn explain_schema() -> Value {
     let mut props = command_properties();
-    props.insert("tool".into(), json!({"type": "string", "description": "A declared tool, instead of the default profile."}));
+    props.insert(
+        "tool".into(),
+        json!({"type": "string", "description": "A declared tool, instead of the default profile."}),
+    );
     props.insert("params".into(), params_schema("The tool's parameters."));
     json!({"type": "object", "properties": props, "additionalProperties": false})
 }

@@ -278,7 +278,10 @@ impl ModuleCache {
             return Ok(Some(path));
         }
         let mut artifact = Vec::new();
-        std::fs::File::from(fd).take(MAX_ARTIFACT_BYTES + 1).read_to_end(&mut artifact).map_err(io_at(&path))?;
+        std::fs::File::from(fd)
+            .take(MAX_ARTIFACT_BYTES + 1)
+            .read_to_end(&mut artifact)
+            .map_err(io_at(&path))?;
         let tag = read_small(&dir, &format!("{name}{MAC_EXT}"));
         let verified = match tag {
             Some(tag) if artifact.len() as u64 <= MAX_ARTIFACT_BYTES => {
@@ -417,7 +420,8 @@ fn read_or_make_key(path: &Path) -> Result<[u8; KEY_BYTES], CacheError> {
         Err(Errno::ENOENT) => {
             let mut key = [0u8; KEY_BYTES];
             getrandom::fill(&mut key).map_err(|e| refuse(format!("no random bytes: {e}")))?;
-            let create = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            let create =
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
             match openat(AT_FDCWD, path, create, Mode::from_bits_truncate(PRIVATE_FILE)) {
                 Ok(fd) => {
                     let mut f = std::fs::File::from(fd);
@@ -426,7 +430,9 @@ fn read_or_make_key(path: &Path) -> Result<[u8; KEY_BYTES], CacheError> {
                     return Ok(key);
                 }
                 // Made by another process meanwhile: read it.
-                Err(Errno::EEXIST) => openat(AT_FDCWD, path, for_reading(), Mode::empty()).map_err(errno_at(path))?,
+                Err(Errno::EEXIST) => {
+                    openat(AT_FDCWD, path, for_reading(), Mode::empty()).map_err(errno_at(path))?
+                }
                 Err(e) => return Err(errno_at(path)(e)),
             }
         }
@@ -438,7 +444,10 @@ fn read_or_make_key(path: &Path) -> Result<[u8; KEY_BYTES], CacheError> {
         || stat.st_uid != nix::unistd::geteuid().as_raw()
         || mode & 0o077 != 0
     {
-        return Err(refuse(format!("mode {mode:o}, owner {}: it must be a 0600 file of the broker's", stat.st_uid)));
+        return Err(refuse(format!(
+            "mode {mode:o}, owner {}: it must be a 0600 file of the broker's",
+            stat.st_uid
+        )));
     }
     let mut key = Vec::new();
     std::fs::File::from(fd).take(KEY_BYTES as u64 + 1).read_to_end(&mut key).map_err(io_at(path))?;
@@ -552,12 +561,16 @@ mod tests {
             return;
         }
         let gid = 4242;
-        let cache = ModuleCache::new(root.join("cache"), &root.join("secrets"), 1 << 20).unwrap().read_by(Some(gid));
+        let cache =
+            ModuleCache::new(root.join("cache"), &root.join("secrets"), 1 << 20).unwrap().read_by(Some(gid));
         // An entry written before: shared when it is next looked up, and still verified.
         assert_eq!(cache.lookup(&sha(1), ENGINE).unwrap(), Some(kept.path.clone()));
         let transient = cache.store(2, &sha(2), ENGINE, b"artifact two", false).unwrap();
-        for (path, want) in [(root.join("cache"), SHARED_DIR), (kept.path.clone(), SHARED_FILE), (transient.path, SHARED_FILE)]
-        {
+        for (path, want) in [
+            (root.join("cache"), SHARED_DIR),
+            (kept.path.clone(), SHARED_FILE),
+            (transient.path, SHARED_FILE),
+        ] {
             let meta = std::fs::metadata(&path).unwrap();
             assert_eq!((mode(&path), meta.gid(), meta.uid()), (want, gid, 0), "{}", path.display());
         }
@@ -622,7 +635,8 @@ mod tests {
         assert!(call.transient && call.path.exists());
         cache.remove_transient(&call);
         assert!(!call.path.exists() && !call.path.with_extension("mac").exists());
-        let names: Vec<_> = std::fs::read_dir(root.join("cache")).unwrap().flatten().map(|e| e.file_name()).collect();
+        let names: Vec<_> =
+            std::fs::read_dir(root.join("cache")).unwrap().flatten().map(|e| e.file_name()).collect();
         assert_eq!(names.len(), 2, "{names:?}");
         assert!(cache.fits(1 << 19).unwrap() && !cache.fits(1 << 20).unwrap());
         std::fs::remove_dir_all(&root).unwrap();

@@ -2,8 +2,8 @@
 //! functions served, recorded again, attested.
 
 use super::*;
-use crate::journal::{Event, Journal};
 use crate::journal::events::journal_refusal;
+use crate::journal::{Event, Journal};
 use crate::requester::Peer;
 use palisade_protocol::plugin::{CallDone, PluginHostJail, PluginStore};
 use store::STORAGE_DIR;
@@ -119,7 +119,9 @@ impl Plugins {
             Ok((done, host_calls, host_calls_refused)) => {
                 Ok(Ran { done, host_calls, host_calls_refused, jail })
             }
-            Err(e @ (CallError::BadModule(_) | CallError::Cache(_))) => Err(failed(ErrorKind::RuntimeFailure, &e)),
+            Err(e @ (CallError::BadModule(_) | CallError::Cache(_))) => {
+                Err(failed(ErrorKind::RuntimeFailure, &e))
+            }
             Err(e) => {
                 if let Some(dead) = slot.take() {
                     tracing::warn!(pid = dead.pid, "plugin-host ended: {e}");
@@ -137,7 +139,11 @@ impl Plugins {
 
     /// The call on the channel: compile if needed, `Call`, then serve its
     /// host functions until `Done`.
-    async fn exchange(&self, host: &mut Running, call: &Exchange<'_>) -> Result<(CallDone, u64, u64), CallError> {
+    async fn exchange(
+        &self,
+        host: &mut Running,
+        call: &Exchange<'_>,
+    ) -> Result<(CallDone, u64, u64), CallError> {
         let artifact = self.artifact(host, call.id, call.prepared).await?;
         let result = self.converse(host, call, &artifact).await;
         // An inline module's artifact (or one past the cache's bound) goes

@@ -191,7 +191,9 @@ mod tests {
         std::fs::create_dir_all(store.join("other")).unwrap();
         assert!(matches!(index.remove("../skills"), Err(IndexError::Unknown(_))));
         index.remove("echo").unwrap();
-        assert!(index.list().unwrap().is_empty() && !store.join("echo").exists() && store.join("other").exists());
+        assert!(
+            index.list().unwrap().is_empty() && !store.join("echo").exists() && store.join("other").exists()
+        );
         assert!(matches!(index.remove("echo"), Err(IndexError::Unknown(_))));
         std::fs::remove_dir_all(&root).unwrap();
     }

@@ -321,7 +321,12 @@ impl Plugins {
     /// when its MAC verifies, else compiled by the host and written (cached
     /// when it is an installed skill's and fits the bound, else for this
     /// call only).
-    async fn artifact(&self, host: &mut Running, id: u64, prepared: &Prepared) -> Result<Artifact, CallError> {
+    async fn artifact(
+        &self,
+        host: &mut Running,
+        id: u64,
+        prepared: &Prepared,
+    ) -> Result<Artifact, CallError> {
         let (cache, sha256, engine) = (self.cache.clone(), prepared.sha256.clone(), host.engine.clone());
         if prepared.installed {
             let found = blocking(move || cache.lookup(&sha256, &engine)).await?;
