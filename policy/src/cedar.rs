@@ -13,14 +13,12 @@
 //! `approve` is asked the same way for a person answering a waiting run
 //! ([`crate::Policy::authorize_approval`]).
 
-use crate::capabilities::FsCapability;
-use crate::decision::{Denial, Resolved};
+use crate::denial::Denial;
 use cedar_policy::{
     Authorizer, Context, Entities, Entity, EntityId, EntityTypeName, EntityUid, PolicyId, PolicySet, Request,
     RestrictedExpression, Schema, ValidationMode, Validator,
 };
 use miette::Diagnostic;
-use palisade_protocol::attest::Network;
 use palisade_protocol::wire::ErrorKind;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -95,9 +93,21 @@ impl Action {
     }
 
     /// The action a run is: `run_tool` for a declared tool, else `run`.
-    pub fn of(resolved: &Resolved) -> Action {
-        if resolved.tool.is_some() { Action::RunTool } else { Action::Run }
+    pub fn of(run: &dyn CedarRun) -> Action {
+        if run.is_tool() { Action::RunTool } else { Action::Run }
     }
+}
+
+/// A run as Cedar is asked about it: the resource it is (its tool, or its
+/// program, with the entity that holds its attributes) and the request's
+/// context (the schema's `Run`). The decision's resolved run is one
+/// (`decision/cedar_run.rs`).
+pub trait CedarRun {
+    /// Whether the run is a declared tool's.
+    fn is_tool(&self) -> bool;
+    fn resource(&self) -> Result<(EntityUid, Entity), String>;
+    /// `needs_approval`: the built-in checks put the run to a person first.
+    fn context(&self, needs_approval: bool) -> Vec<(String, RestrictedExpression)>;
 }
 
 /// What Cedar decided for a run it allowed: the request it was asked, and
@@ -118,7 +128,7 @@ impl CedarPolicies {
 
     fn parse_here(text: &str, path: &Path) -> Result<CedarPolicies, Vec<CedarError>> {
         let at = |offset: usize, message: String| {
-            let (line, column) = crate::config::line_column(text, offset);
+            let (line, column) = crate::spans::line_column(text, offset);
             CedarError { line, column, message }
         };
         let policies = PolicySet::from_str(text)
@@ -146,30 +156,30 @@ impl CedarPolicies {
         self.len() == 0
     }
 
-    /// Cedar's decision on `principal` doing `action` to the run `resolved`
+    /// Cedar's decision on `principal` doing `action` to `run`
     /// (`needs_approval`: the built-in checks put it to a person first).
     pub fn authorize(
         &self,
         principal: &Principal,
         action: Action,
-        resolved: &Resolved,
+        run: &dyn CedarRun,
         needs_approval: bool,
     ) -> Result<CedarVerdict, Denial> {
-        on_cedar_stack(|| self.authorize_here(principal, action, resolved, needs_approval))
+        on_cedar_stack(|| self.authorize_here(principal, action, run, needs_approval))
     }
 
     fn authorize_here(
         &self,
         principal: &Principal,
         action: Action,
-        resolved: &Resolved,
+        run: &dyn CedarRun,
         needs_approval: bool,
     ) -> Result<CedarVerdict, Denial> {
-        let (resource, resource_entity) = resource(resolved).map_err(|e| error(&e))?;
+        let (resource, resource_entity) = run.resource().map_err(|e| error(&e))?;
         let (user, mut entities) = principal_entities(principal)?;
         entities.push(resource_entity);
         let entities = Entities::from_entities(entities, Some(&self.schema)).map_err(|e| error(&e))?;
-        let context = Context::from_pairs(run_context(resolved, needs_approval)).map_err(|e| error(&e))?;
+        let context = Context::from_pairs(run.context(needs_approval)).map_err(|e| error(&e))?;
         let action_uid = uid("Action", action.name())?;
         let described = format!("the request ({user}, {action_uid}, {resource})");
         let request =
@@ -302,83 +312,9 @@ fn uid(type_name: &str, id: &str) -> Result<EntityUid, Denial> {
     Ok(EntityUid::from_type_name_and_id(name, EntityId::new(id)))
 }
 
-/// The run's resource: its tool, or its program; with the entity that
-/// holds its attributes.
-fn resource(resolved: &Resolved) -> Result<(EntityUid, Entity), String> {
-    let program = resolved.plan.program.clone();
-    let (type_name, id, attrs) = match &resolved.tool {
-        Some(tool) => (
-            "Tool",
-            tool.clone(),
-            HashMap::from([
-                ("name".to_string(), RestrictedExpression::new_string(tool.clone())),
-                ("executable".to_string(), RestrictedExpression::new_string(program)),
-            ]),
-        ),
-        None => (
-            "Executable",
-            program.clone(),
-            HashMap::from([("path".to_string(), RestrictedExpression::new_string(program))]),
-        ),
-    };
-    let name = EntityTypeName::from_str(type_name).map_err(|e| e.to_string())?;
-    let uid = EntityUid::from_type_name_and_id(name, EntityId::new(id));
-    let entity = Entity::new(uid.clone(), attrs, HashSet::new()).map_err(|e| e.to_string())?;
-    Ok((uid, entity))
-}
-
 /// A count as a Cedar Long (64-bit signed): larger ones are its largest.
-fn long(v: u64) -> RestrictedExpression {
+pub(crate) fn long(v: u64) -> RestrictedExpression {
     RestrictedExpression::new_long(i64::try_from(v).unwrap_or(i64::MAX))
-}
-
-fn strings<'a>(items: impl IntoIterator<Item = &'a str>) -> RestrictedExpression {
-    RestrictedExpression::new_set(items.into_iter().map(|s| RestrictedExpression::new_string(s.to_string())))
-}
-
-/// The request's context (the schema's `Run`): what the resolved run will
-/// get, not what the request asked for.
-fn run_context(r: &Resolved, needs_approval: bool) -> Vec<(String, RestrictedExpression)> {
-    let p = &r.plan;
-    let path = |p: &PathBuf| p.to_string_lossy().into_owned();
-    let read_write: Vec<String> = r.writable.iter().map(path).collect();
-    let read_only: Vec<String> = r.granted.iter().filter(|g| !r.writable.contains(g)).map(path).collect();
-    let (network, domains): (bool, &[String]) = match &r.network {
-        Network::LoopbackOnly | Network::NoSockets => (false, &[]),
-        Network::Host => (true, &[]),
-        // Strict egress reaches the allowed domains, through the broker.
-        Network::HostDomains { domains, .. } | Network::StrictDomains { domains, .. } => (true, domains),
-    };
-    let process = &r.capabilities.process;
-    let tier = match p.tier() {
-        palisade_protocol::Tier::B => "B",
-        palisade_protocol::Tier::C => "C",
-    };
-    let temp_workspace = r.capabilities.filesystem.contains(&FsCapability::TempWorkspace);
-    [
-        ("command", RestrictedExpression::new_string(p.argv.first().cloned().unwrap_or_default())),
-        ("program", RestrictedExpression::new_string(p.program.clone())),
-        ("argv", strings(p.argv.iter().map(String::as_str))),
-        ("tier", RestrictedExpression::new_string(tier.into())),
-        ("needs_approval", RestrictedExpression::new_bool(needs_approval)),
-        ("network", RestrictedExpression::new_bool(network)),
-        ("egress", RestrictedExpression::new_string(r.egress.to_string())),
-        ("allow_domains", strings(domains.iter().map(String::as_str))),
-        ("workspace", RestrictedExpression::new_string(path(&r.workspace))),
-        ("cwd", RestrictedExpression::new_string(p.cwd.clone())),
-        ("read_only", strings(read_only.iter().map(String::as_str))),
-        ("read_write", strings(read_write.iter().map(String::as_str))),
-        ("temp_workspace", RestrictedExpression::new_bool(temp_workspace)),
-        ("timeout_secs", long(r.timeout.as_secs())),
-        ("memory_mb", long(process.max_memory_mb)),
-        ("processes", long(process.max_processes)),
-        ("output_bytes", long(r.max_output_bytes)),
-        ("no_fork", RestrictedExpression::new_bool(process.no_fork)),
-        ("requester_uid", long(u64::from(r.requester.uid))),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect()
 }
 
 #[cfg(test)]

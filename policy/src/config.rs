@@ -7,7 +7,10 @@ use crate::capabilities::{
 };
 use crate::cedar::{CedarError, CedarPolicies};
 use crate::egress::EgressMode;
-pub use crate::ids::{IdList, IdOrName};
+pub mod ids;
+
+pub(crate) use crate::spans::line_column;
+pub use ids::{IdList, IdOrName};
 use palisade_protocol::LandlockFeatures;
 use palisade_protocol::wire::{KeepChanges, OnConflict};
 use serde::Deserialize;
@@ -1072,8 +1075,9 @@ impl Config {
         }
         // Deny beats allow, here too: a configured grant of a sensitive path
         // is a configuration error (templates are checked at each request).
-        let rules = crate::validate::Rules::new(&self.policy);
-        let sensitive = |path: &str| !path.contains("${") && rules.sensitive(Path::new(path), None);
+        let configured = self.policy.sensitive_paths.iter().map(|s| s.get_ref().clone());
+        let rules = crate::sensitive::Sensitive::new(configured);
+        let sensitive = |path: &str| !path.contains("${") && rules.matches(Path::new(path), None);
         for (table, profile) in self.profile_tables() {
             profile.check(&table, &sensitive)?;
         }
@@ -1150,7 +1154,7 @@ impl Config {
 /// through [`crate::HostFiles`]).
 fn configured_executable(name: &str) -> Result<PathBuf, String> {
     let is_executable = |p: &Path| p.metadata().is_ok_and(|m| m.is_file() && has_execute_bits(&m));
-    crate::validate::find_executable(name, &is_executable, &|p| p.canonicalize())
+    crate::paths::find_executable(name, &is_executable, &|p| p.canonicalize())
 }
 
 #[cfg(unix)]
@@ -1164,15 +1168,6 @@ fn has_execute_bits(m: &std::fs::Metadata) -> bool {
 #[cfg(not(unix))]
 fn has_execute_bits(_: &std::fs::Metadata) -> bool {
     true
-}
-
-/// 1-based line and column of a byte offset (inside a character: of that character).
-pub(crate) fn line_column(text: &str, offset: usize) -> (usize, usize) {
-    let offset = (0..=offset.min(text.len())).rev().find(|o| text.is_char_boundary(*o)).unwrap_or(0);
-    let before = &text[..offset];
-    let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, column)
 }
 
 #[cfg(test)]

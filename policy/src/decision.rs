@@ -32,8 +32,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// PATH inside the sandbox, also used to resolve a bare command name.
-pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub use crate::denial::Denial;
+pub use crate::paths::SANDBOX_PATH;
 
 /// Where a temporary workspace appears inside a Tier C sandbox (a tmpfs).
 pub const TEMP_WORKSPACE: &str = "/workspace";
@@ -105,20 +105,6 @@ pub struct Context {
     /// The requested tool's trust stage; `None` where stages do not apply
     /// (they are off, the request names no tool, or `palisade explain`).
     pub trust: Option<ToolTrust>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Denial {
-    pub kind: ErrorKind,
-    /// A stable name for the rule that refused (`scope.outside_roots`).
-    pub rule: &'static str,
-    pub reason: String,
-}
-
-impl Denial {
-    pub fn new(kind: ErrorKind, rule: &'static str, reason: impl Into<String>) -> Denial {
-        Denial { kind, rule, reason: reason.into() }
-    }
 }
 
 /// An allowed run, ready for the helper.
@@ -1593,6 +1579,8 @@ pub fn resolve_program(files: &dyn HostFiles, command: &str, cwd: &Path) -> Resu
 }
 
 mod asks;
+mod cedar_run;
+pub mod explain;
 pub use asks::WIDENS_RULE;
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 
 use crate::capabilities::NetworkCapability;
 use crate::config::{EgressConfig, host_name};
-use crate::decision::Denial;
+use crate::denial::Denial;
 use palisade_protocol::wire::ErrorKind;
 use palisade_protocol::{Listener, ListenerKind, PLAN_MAX_LISTENERS};
 use std::collections::BTreeMap;

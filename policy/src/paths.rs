@@ -3,6 +3,9 @@
 use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
 
+/// PATH inside the sandbox, also used to resolve a bare command name.
+pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// How many symlinks one resolution may follow (the kernel's ELOOP bound).
 const MAX_LINKS: usize = 40;
 
@@ -74,6 +77,29 @@ pub fn resolve_lexically(path: &str, cwd: &Path, home: Option<&Path>) -> PathBuf
 /// Whether `path` is `root` or lies beneath it.
 pub fn within(path: &Path, root: &Path) -> bool {
     path.starts_with(root)
+}
+
+/// An executable by name, as [`crate::validate::resolve_executable`] looks
+/// it up, with the host's answers given: whether a path is
+/// an executable file, and where it leads.
+pub(crate) fn find_executable(
+    name: &str,
+    is_executable: &dyn Fn(&Path) -> bool,
+    canonicalize: &dyn Fn(&Path) -> std::io::Result<PathBuf>,
+) -> Result<PathBuf, String> {
+    let found = if name.starts_with('/') {
+        Some(PathBuf::from(name))
+    } else if name.contains('/') {
+        return Err(format!("{name}: a relative path; name a program or give an absolute path"));
+    } else {
+        SANDBOX_PATH.split(':').map(|d| Path::new(d).join(name)).find(|p| is_executable(p))
+    };
+    let path = found.ok_or_else(|| format!("{name}: not found in {SANDBOX_PATH}"))?;
+    let canonical = canonicalize(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !is_executable(&canonical) {
+        return Err(format!("{} is not an executable file", canonical.display()));
+    }
+    Ok(canonical)
 }
 
 #[cfg(test)]

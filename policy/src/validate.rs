@@ -7,14 +7,19 @@
 //! namespace, Landlock, seccomp) hold regardless.
 
 use crate::config::PolicyConfig;
-use crate::decision::{Denial, SANDBOX_PATH};
+use crate::denial::Denial;
 use crate::host::{FileStat, HostFiles};
 use crate::paths;
-use globset::{Glob, GlobSet, GlobSetBuilder};
+use crate::paths::{SANDBOX_PATH, find_executable};
+use crate::sensitive::globset;
+pub use crate::sensitive::{
+    HOME_SENSITIVE_NAMES, SENSITIVE_NAMES, SENSITIVE_PATHS, Sensitive, names_a_credential,
+};
+use globset::GlobSet;
 use palisade_protocol::wire::ErrorKind;
 use regex::Regex;
 use std::collections::HashMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 /// How much of a script is read for its `#!` line (Linux reads 256 bytes of it).
@@ -130,101 +135,6 @@ const LAUNCHERS: &[(&str, &str, usize)] = &[
     ("unbuffer", "", 0),
 ];
 
-/// Credentials and keys, by name: refused wherever a path leads to one (a
-/// home directory or a project alike), and hidden when a granted directory,
-/// or a home directory inside one, holds it. The union of what the
-/// sandboxes and secret scanners palisade is compared with protect (firejail,
-/// nono, Codex, agent-safehouse, shhgit), less what ordinary builds need
-/// (`~/.cargo`, `~/.npm`, `~/.m2` stay; their credential files do not).
-pub const SENSITIVE_NAMES: &[&str] = &[
-    // Keys and keyrings.
-    ".ssh",
-    ".gnupg",
-    ".password-store",
-    ".pki",
-    ".local/share/keyrings",
-    ".local/share/kwalletd",
-    ".gnome2/keyrings",
-    ".1password",
-    ".config/op",
-    ".minisign",
-    // Cloud and cluster credentials.
-    ".aws",
-    ".kube",
-    ".config/gcloud",
-    ".docker",
-    ".dockercfg",
-    ".tsh",
-    ".boto",
-    ".s3cfg",
-    ".passwd-s3fs",
-    ".config/doctl",
-    ".config/rclone",
-    ".terraform.d/credentials.tfrc.json",
-    ".vault-token",
-    // Forges, registries and package indexes.
-    ".git-credentials",
-    ".git-credential-cache",
-    ".config/gh",
-    ".config/hub",
-    ".config/glab-cli",
-    ".cargo/credentials",
-    ".cargo/credentials.toml",
-    ".gem/credentials",
-    ".pypirc",
-    // Passwords for services.
-    ".netrc",
-    ".pgpass",
-    ".my.cnf",
-    ".smbcredentials",
-    ".davfs2/secrets",
-    ".msmtprc",
-    ".fetchmailrc",
-];
-
-/// Credentials by name only in a home directory (the request's `HOME` and the
-/// homes of /etc/passwd): a project's own `.npmrc` or `.azure` holds its
-/// settings, a user's holds tokens.
-pub const HOME_SENSITIVE_NAMES: &[&str] = &[".npmrc", ".azure", ".azd", ".gcloud"];
-
-/// Whether `path` leads to or through one of [`SENSITIVE_NAMES`] (one
-/// component, or several such as `.config/gh`), wherever it is.
-pub fn names_a_credential(path: &Path) -> bool {
-    let path: Vec<_> = path.components().collect();
-    SENSITIVE_NAMES.iter().any(|name| {
-        let name: Vec<_> = Path::new(name).components().collect();
-        path.windows(name.len()).any(|w| w == name.as_slice())
-    })
-}
-
-/// Absolute sensitive paths (globs).
-pub const SENSITIVE_PATHS: &[&str] = &[
-    "/etc/shadow",
-    "/etc/shadow-",
-    "/etc/shadow+",
-    "/etc/gshadow",
-    "/etc/gshadow-",
-    "/etc/gshadow+",
-    "/etc/sudoers",
-    "/etc/sudoers.d",
-    "/etc/sudoers.d/**",
-    "/etc/doas.conf",
-    "/etc/ssh/ssh_host_*_key",
-    "/etc/security/opasswd",
-    "/etc/credstore",
-    "/etc/credstore/**",
-    "/etc/credstore.encrypted",
-    "/etc/credstore.encrypted/**",
-    "/run/credentials",
-    "/run/credentials/**",
-    "/var/backups",
-    "/var/backups/**",
-    "/run/docker.sock",
-    "/var/run/docker.sock",
-    "/proc/kcore",
-    "/dev/mem",
-];
-
 /// Command lines refused outright (matched against the arguments joined by
 /// spaces), each with words of which every match contains one: a pattern is
 /// compiled only for a command line that holds one of its words (compiling
@@ -272,11 +182,7 @@ impl Blocked {
 pub struct Rules {
     interpreters: GlobSet,
     installed: Installed,
-    /// [`SENSITIVE_PATHS`] (the names are compared component by component).
-    sensitive_absolute: GlobSet,
-    /// [`SENSITIVE_NAMES`], each split into its components.
-    sensitive_names: Vec<Vec<Component<'static>>>,
-    sensitive_extra: Vec<String>,
+    sensitive: Sensitive,
     blocked: Vec<Blocked>,
 }
 
@@ -297,16 +203,6 @@ impl Installed {
             list.push(p);
         }
     }
-}
-
-fn globset(patterns: impl IntoIterator<Item = String>) -> GlobSet {
-    let mut b = GlobSetBuilder::new();
-    for p in patterns {
-        if let Ok(g) = Glob::new(&p) {
-            b.add(g);
-        }
-    }
-    b.build().unwrap_or_else(|_| GlobSet::empty())
 }
 
 fn basename(p: &str) -> &str {
@@ -336,9 +232,7 @@ impl Rules {
         Rules {
             interpreters,
             installed: Installed::default(),
-            sensitive_absolute: globset(SENSITIVE_PATHS.iter().map(|s| s.to_string())),
-            sensitive_names: SENSITIVE_NAMES.iter().map(|n| Path::new(n).components().collect()).collect(),
-            sensitive_extra: policy.sensitive_paths.iter().map(|s| s.get_ref().clone()).collect(),
+            sensitive: Sensitive::new(policy.sensitive_paths.iter().map(|s| s.get_ref().clone())),
             blocked,
         }
     }
@@ -402,7 +296,7 @@ impl Rules {
     /// The absolute sensitive patterns, built-in and configured (`~/` taken
     /// from `home`): what a granted directory must not expose.
     pub fn absolute_sensitive(&self, home: Option<&Path>) -> Vec<String> {
-        let extra = self.sensitive_extra.iter().filter_map(|p| match (p.strip_prefix("~/"), home) {
+        let extra = self.sensitive.extra.iter().filter_map(|p| match (p.strip_prefix("~/"), home) {
             (Some(rest), Some(h)) => Some(h.join(rest).to_string_lossy().into_owned()),
             (Some(_), None) => None,
             _ => Some(p.clone()),
@@ -415,33 +309,10 @@ impl Rules {
             .collect()
     }
 
-    /// Whether `path` leads to or through one of [`SENSITIVE_NAMES`] (one
-    /// component, or several such as `.config/gh`): as the globs `**/NAME`
-    /// and `**/NAME/**` would match, without building them (half a
-    /// millisecond at every start).
-    fn holds_sensitive_name(&self, path: &Path) -> bool {
-        let path: Vec<_> = path.components().collect();
-        self.sensitive_names.iter().any(|name| path.windows(name.len()).any(|w| w == name.as_slice()))
-    }
-
     /// Whether a resolved path is sensitive. `home` expands `~/` in the
     /// configured patterns.
     pub fn sensitive(&self, path: &Path, home: Option<&Path>) -> bool {
-        if self.holds_sensitive_name(path) || self.sensitive_absolute.is_match(path) {
-            return true;
-        }
-        // The home as given, or as it resolves; resolved only for a path that
-        // names one of these at all (this runs for every argument).
-        let in_home = |h: &Path| HOME_SENSITIVE_NAMES.iter().any(|n| path.starts_with(h.join(n)));
-        let names_one = || path.iter().any(|c| HOME_SENSITIVE_NAMES.iter().any(|n| c == *n));
-        if home.is_some_and(|h| in_home(h) || names_one() && h.canonicalize().is_ok_and(|c| in_home(&c))) {
-            return true;
-        }
-        let extra = self.sensitive_extra.iter().map(|p| match (p.strip_prefix("~/"), home) {
-            (Some(rest), Some(h)) => h.join(rest).to_string_lossy().into_owned(),
-            _ => p.clone(),
-        });
-        globset(extra).is_match(path)
+        self.sensitive.matches(path, home)
     }
 }
 
@@ -581,28 +452,6 @@ pub fn check_shape(policy: &PolicyConfig, argv: &[String], env: &[(String, Strin
 pub fn resolve_executable(files: &dyn HostFiles, name: &str) -> Result<PathBuf, String> {
     let is_executable = |p: &Path| files.stat(p).is_ok_and(|m| m.is_executable());
     find_executable(name, &is_executable, &|p| files.canonicalize(p))
-}
-
-/// [`resolve_executable`], with the host's answers given: whether a path is
-/// an executable file, and where it leads.
-pub(crate) fn find_executable(
-    name: &str,
-    is_executable: &dyn Fn(&Path) -> bool,
-    canonicalize: &dyn Fn(&Path) -> std::io::Result<PathBuf>,
-) -> Result<PathBuf, String> {
-    let found = if name.starts_with('/') {
-        Some(PathBuf::from(name))
-    } else if name.contains('/') {
-        return Err(format!("{name}: a relative path; name a program or give an absolute path"));
-    } else {
-        SANDBOX_PATH.split(':').map(|d| Path::new(d).join(name)).find(|p| is_executable(p))
-    };
-    let path = found.ok_or_else(|| format!("{name}: not found in {SANDBOX_PATH}"))?;
-    let canonical = canonicalize(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if !is_executable(&canonical) {
-        return Err(format!("{} is not an executable file", canonical.display()));
-    }
-    Ok(canonical)
 }
 
 /// The executable allow-list, when the profile has one.
@@ -1078,7 +927,7 @@ mod tests {
                 format!("/{}", n.rsplit('/').next().unwrap_or(n)),
             ] {
                 let path = Path::new(&p);
-                let by_component = rules.holds_sensitive_name(path);
+                let by_component = rules.sensitive.holds_name(path);
                 assert_eq!(by_component, globs.is_match(path), "{p}");
             }
         }

@@ -829,6 +829,10 @@ mod tests {
         assert_eq!(json(Executor::LinuxTierC), "linux-tier-c");
         assert_eq!(json(Executor::LinuxTierB), "linux-tier-b");
         assert_eq!(json(Executor::MacosSeatbelt), "macos-seatbelt");
+        // A tier prints as its executor.
+        for tier in [Tier::B, Tier::C] {
+            assert_eq!(tier.to_string(), Executor::from(tier).name());
+        }
         assert_eq!(json(LimitsBy::CgroupV2), "cgroup v2 + rlimits");
         assert_eq!(json(LimitsBy::CgroupV1), "cgroup v1 + rlimits");
         assert_eq!(json(LimitsBy::Rlimits), "rlimits");

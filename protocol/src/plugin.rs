@@ -159,7 +159,7 @@ pub struct HostFnError {
     /// A stable kind: `CapabilityDenied` (not on the grant), `QuotaExceeded`
     /// (storage quota, response size), `TimedOut` (the call's deadline),
     /// `RuntimeFailure` (anything else).
-    pub kind: crate::wire::ErrorKind,
+    pub kind: crate::kind::ErrorKind,
     pub message: String,
 }
 

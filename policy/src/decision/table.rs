@@ -431,7 +431,7 @@ fn strict_egress() -> Vec<Row> {
                         && text.contains("[443, 80]"),
                     "{text}"
                 );
-                let explained = crate::explain::render(&Decision::Allow(Box::new(r.clone())));
+                let explained = crate::decision::explain::render(&Decision::Allow(Box::new(r.clone())));
                 assert!(
                     explained.contains("127.77.0.2 github.com") && explained.contains("127.0.0.1:3128"),
                     "{explained}"

@@ -4,7 +4,7 @@
 //! loads the file, through [`Accounts`]: this crate reads nothing of the
 //! host's users and groups itself.
 
-use crate::config::{Config, ConfigError, line_column};
+use super::{Config, ConfigError, line_column};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 use std::fmt;

@@ -1,0 +1,20 @@
+//! Where a decided run is run on Linux: the helper started (cold or from the
+//! warm pool) with its plan, its cgroup, its `/etc` view, and its output
+//! streamed back to whoever asked.
+
+#[cfg(target_os = "linux")]
+pub mod run;
+#[cfg(target_os = "linux")]
+pub mod pool;
+#[cfg(target_os = "linux")]
+pub mod helper;
+#[cfg(target_os = "linux")]
+pub mod spawn_thread;
+#[cfg(target_os = "linux")]
+pub mod cgroup;
+#[cfg(target_os = "linux")]
+pub mod etc_view;
+#[cfg(target_os = "linux")]
+pub mod fault;
+#[cfg(unix)]
+pub mod stream;
