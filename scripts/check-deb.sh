@@ -121,7 +121,7 @@ fi
 
 # The installed documentation's relative links that name source files, which
 # the package does not install (macOS's units, the test guest's script, code).
-SOURCE_ONLY=(launchd/ tests/vm/run-in-vm.sh tests/no-system-broker.toml broker/src/cgroup.rs)
+SOURCE_ONLY=(launchd/ tests/vm/run-in-vm.sh tests/no-system-broker.toml broker/src/engine/cgroup.rs)
 
 installed=not
 if [ "$(id -u)" != 0 ]; then

@@ -9,8 +9,8 @@
 use crate::percentile;
 use palisade_broker::changes::KeepOut;
 use palisade_broker::changes::{self, Limits, Settle, Store};
+use palisade_broker::host::requester::Requester;
 use palisade_broker::journal::Journal;
-use palisade_broker::requester::Requester;
 use palisade_protocol::wire::{KeepChanges, OnConflict};
 use std::os::fd::OwnedFd;
 use std::path::Path;

@@ -1,10 +1,10 @@
 //! The benchmark itself: Linux launchers only (see `main.rs`).
 
 use crate::{egress, plugins};
-use palisade_broker::client::Client;
-use palisade_broker::etc_view::{EtcView, Snapshot};
-use palisade_broker::helper::{HelperCommand, Io, send_plan, spawn};
-use palisade_broker::requester::{self, Requester};
+use palisade_broker::cli::client::Client;
+use palisade_broker::engine::etc_view::{EtcView, Snapshot};
+use palisade_broker::engine::helper::{HelperCommand, Io, send_plan, spawn};
+use palisade_broker::host::requester::{self, Requester};
 use palisade_policy::{Config, Context, Decision, HostCapabilities, Policy};
 use palisade_protocol::wire::{RunRequest, RunStatus, ServerMessage};
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! the plugin-host (instantiating and running it), as the host reports it.
 
 use crate::{Daemon, bin, percentile};
-use palisade_broker::client::Client;
+use palisade_broker::cli::client::Client;
 use palisade_protocol::wire::{ClientMessage, RunRequest, RunStatus, ServerMessage};
 use std::path::Path;
 use std::process::Command;

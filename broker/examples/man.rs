@@ -82,7 +82,7 @@ mod pages {
         cli.build();
         let mut written = 0;
         write_tree(&cli, None, &options, &mut written)?;
-        let mut daemon = palisade_broker::daemon::Args::command();
+        let mut daemon = palisade_broker::serve::daemon::Args::command();
         daemon.build();
         let sections = [files(), environment(), see_also(&["palisade(1)"])];
         write_page(&daemon, "8", &sections, &options)?;

@@ -2,7 +2,6 @@
 //! ([`ErrorKind`]); [`ErrorReply::from`] turns one into what goes on the
 //! wire, with a failed helper step as fields of its own.
 
-use crate::cgroup::CgroupError;
 use palisade_protocol::HelperFailure;
 use palisade_protocol::wire::{ErrorKind, ErrorReply, HelperFailureReply, ServerMessage};
 use std::io;
@@ -105,25 +104,6 @@ impl BrokerError {
     }
 }
 
-impl From<crate::journal::JournalError> for BrokerError {
-    fn from(e: crate::journal::JournalError) -> BrokerError {
-        match e.rule() {
-            // The refusal names the configuration key that made it (the free-space floor).
-            Some(_) => BrokerError::Reply(crate::journal::events::journal_refusal(e)),
-            None => BrokerError::JournalUnavailable(e.to_string()),
-        }
-    }
-}
-
-impl From<crate::socket::ReadError> for BrokerError {
-    fn from(e: crate::socket::ReadError) -> BrokerError {
-        match e.kind() {
-            ErrorKind::Busy => BrokerError::Busy(e.to_string()),
-            _ => BrokerError::Protocol(e.to_string()),
-        }
-    }
-}
-
 impl From<ErrorReply> for BrokerError {
     fn from(reply: ErrorReply) -> BrokerError {
         BrokerError::Reply(reply)
@@ -145,6 +125,56 @@ impl From<BrokerError> for ServerMessage {
     fn from(e: BrokerError) -> ServerMessage {
         ServerMessage::Error(e.into())
     }
+}
+
+/// What can go wrong with the broker's cgroups: finding its subtree,
+/// creating a run's cgroup and setting its limits, placing the helper.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cgroup_root {} is not in a cgroup filesystem", .0.display())]
+    NotCgroupFs(PathBuf),
+    #[error("cgroup_root {} does not exist", .0.display())]
+    Missing(PathBuf),
+    #[error(
+        "/sys/fs/cgroup is not a pure cgroup v2 mount (a v1 or hybrid host), and no cgroup_root is configured"
+    )]
+    NotPureV2,
+    #[error("this process has no cgroup v2 path in /proc/self/cgroup")]
+    NoOwnCgroup,
+    #[error("{}: {source}", .path.display())]
+    Stat { path: PathBuf, source: std::io::Error },
+    #[error("{} is not delegated to uid {uid} (owned by {owner})", .dir.display())]
+    NotDelegated { dir: PathBuf, uid: u32, owner: u32 },
+    #[error(
+        "{} carries no trusted.delegate mark: a root broker uses a cgroup only when systemd delegated it \
+         (Delegate=yes) or the configuration names cgroup_root",
+        .0.display()
+    )]
+    NoDelegateMark(PathBuf),
+    #[error("{} lacks the {} controller(s) (available: {available})", .root.display(), .missing.join(", "))]
+    MissingControllers { root: PathBuf, missing: Vec<&'static str>, available: String },
+    #[error("mkdir {}: {source}", .path.display())]
+    Mkdir { path: PathBuf, source: std::io::Error },
+    #[error("write {value:?} to {}: {source}", .path.display())]
+    Write { path: PathBuf, value: String, source: std::io::Error },
+    /// Enabling the controllers failed: another process lives in the root.
+    #[error("{source} (does another process live in {}?)", .root.display())]
+    Enable { root: PathBuf, source: Box<CgroupError> },
+    #[error("no cgroup v1 {0} hierarchy is mounted")]
+    NoV1Hierarchy(&'static str),
+    #[error("cgroup_root {} is not in the v1 memory hierarchy ({})", .root.display(), .memory.display())]
+    NotInV1Memory { root: PathBuf, memory: PathBuf },
+    /// The broker has no cgroups to create runs in (why, as discovery said).
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("create cgroup {name}: {source}")]
+    Create { name: String, source: cgroups_rs::fs::error::Error },
+    #[error("no {0} controller")]
+    NoController(&'static str),
+    #[error("set {what}: {source}")]
+    Limit { what: &'static str, source: cgroups_rs::fs::error::Error },
+    #[error("place pid {pid}: {source}")]
+    Place { pid: u32, source: cgroups_rs::fs::error::Error },
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let decoded: Vec<ClientMessage> = messages(encoding, bytes);
     if let Some(ClientMessage::Hello(h)) = decoded.first() {
-        let _ = palisade_broker::socket::check_hello(h, encoding.unwrap_or(Encoding::Bincode));
+        let _ = palisade_broker::serve::socket::check_hello(h, encoding.unwrap_or(Encoding::Bincode));
     }
     for m in &decoded {
         round_trips(m);

@@ -4,8 +4,8 @@
 //! cannot hurt the machine.
 #![cfg(target_os = "linux")]
 
-use palisade_broker::helper::{HelperCommand, Io, OuterLimit, Resource, send_plan, spawn};
-use palisade_broker::requester::{self, Requester};
+use palisade_broker::engine::helper::{HelperCommand, Io, OuterLimit, Resource, send_plan, spawn};
+use palisade_broker::host::requester::{self, Requester};
 use palisade_policy::{JailSpec, Limits, build_plan};
 use palisade_protocol::{
     ExitReport, HelperFailure, HelperRecord, JailPlan, LandlockReport, Tier, encode_plan,
@@ -996,7 +996,7 @@ impl Census {
 }
 
 /// The entries below `temp_root` but the daemon's /etc snapshots (`etc-*`:
-/// kept as long as the daemon runs, see broker/src/etc_view.rs).
+/// kept as long as the daemon runs, see broker/src/engine/etc_view.rs).
 fn run_entries(temp_root: &Path) -> usize {
     let entries = std::fs::read_dir(temp_root).into_iter().flatten().flatten();
     let runs = entries.filter(|e| !e.file_name().to_string_lossy().starts_with("etc-"));

@@ -2,7 +2,7 @@
 //! socket: output, quotas, deadlines, disconnects, bad input, peers,
 //! concurrency, shutdown, systemd integration, and a broker run unprivileged.
 
-use palisade_broker::client::{Client, ClientError};
+use palisade_broker::cli::client::{Client, ClientError};
 use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, ErrorKind, Hello, MAX_FRAME_BYTES, RunRequest, RunStatus,
     ServerMessage, Stream, encode,

@@ -4,7 +4,7 @@
 //! `palisade explain` naming the policies, and files with errors refused
 //! at start with their positions.
 
-use palisade_broker::client::{Client, ClientError};
+use palisade_broker::cli::client::{Client, ClientError};
 use palisade_protocol::wire::{ErrorKind, RunRequest, RunStatus, ServerMessage};
 use palisade_tests::*;
 use std::path::{Path, PathBuf};

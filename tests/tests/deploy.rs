@@ -143,7 +143,8 @@ fn the_commands_parse_as_the_binaries_parse_them() {
     let docs = manifest();
     let (_, container) = pod_and_container(&docs);
     let command = strings(&container["command"]);
-    palisade_broker::daemon::Args::try_parse_from(&command).unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    palisade_broker::serve::daemon::Args::try_parse_from(&command)
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
     let mut probes = 0;
     for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
         let exec = strings(&container[probe]["exec"]["command"]);

@@ -162,7 +162,7 @@ fn a_temporary_workspace_is_a_tmpfs_of_the_configured_size() {
         probe()
     );
     let d = Daemon::start(&toml);
-    let mut c = palisade_broker::client::Client::connect(&d.socket).unwrap();
+    let mut c = palisade_broker::cli::client::Client::connect(&d.socket).unwrap();
     let req = palisade_protocol::wire::RunRequest {
         argv: vec![probe(), "bigfile".into(), "/workspace/fill".into(), "64".into()],
         cwd: Some(ws.path().to_string_lossy().into_owned()),

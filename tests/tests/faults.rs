@@ -11,7 +11,7 @@
 //! helper/src/fault.rs) exist
 //! in debug builds only, so this file runs against the debug binaries.
 
-use palisade_broker::client::{Client, ClientError};
+use palisade_broker::cli::client::{Client, ClientError};
 use palisade_protocol::Stage;
 use palisade_protocol::wire::{ClientMessage, Encoding, ErrorKind, Hello, RunResult, RunStatus, encode};
 use palisade_tests::*;

@@ -442,7 +442,7 @@ fn unfinished_large_frames_are_held_within_the_request_budgets() {
         assert!(closed, "the connection stayed open after {kind:?}");
     }
     // Those that got their 4 MiB in fit in the budget together.
-    let drawn = SENT - palisade_broker::budget::UNBUDGETED_BYTES;
+    let drawn = SENT - palisade_broker::serve::budget::UNBUDGETED_BYTES;
     assert!(timed_out <= BUDGET / drawn, "{timed_out} frames held, {busy} refused");
     assert!(busy > 0, "none refused");
     let budget_kib = (BUDGET >> 10) as u64;
@@ -455,7 +455,7 @@ fn unfinished_large_frames_are_held_within_the_request_budgets() {
     );
     // Counter-test: a run with 6 MiB of stdin, within the limits and the
     // budgets, runs.
-    let mut c = palisade_broker::client::Client::connect(&d.socket).unwrap();
+    let mut c = palisade_broker::cli::client::Client::connect(&d.socket).unwrap();
     let mut out = 0;
     let r = c
         .run(RunRequest { stdin: vec![b'y'; 6 << 20], ..request(ws.path(), &["cat"]) }, |m| {

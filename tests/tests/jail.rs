@@ -6,7 +6,7 @@
 //! this whole file as an ordinary user (`palisade-test`, created by .ci/run).
 
 use nix::errno::Errno;
-use palisade_broker::helper::Io;
+use palisade_broker::engine::helper::Io;
 use palisade_protocol::{ExitReport, LandlockFeatures, Stage, Tier};
 use palisade_tests::*;
 use std::io::{Read, Write};
@@ -511,7 +511,7 @@ fn a_corrupt_plan_is_refused_before_anything_happens() {
     let jail = Jail::new(Tier::C);
     let mut bytes = palisade_protocol::encode_plan(&jail.plan(&["echo", "x"])).unwrap();
     bytes[7] = 99; // version
-    let mut child = palisade_broker::helper::spawn(palisade_broker::helper::HelperCommand {
+    let mut child = palisade_broker::engine::helper::spawn(palisade_broker::engine::helper::HelperCommand {
         warm: None,
         helper: bin("palisade-helper"),
         cgroup_dir: None,
@@ -521,7 +521,7 @@ fn a_corrupt_plan_is_refused_before_anything_happens() {
         outer_limits: vec![],
     })
     .unwrap();
-    palisade_broker::helper::send_plan(child.plan_channel.take().unwrap(), &bytes, &[]).unwrap();
+    palisade_broker::engine::helper::send_plan(child.plan_channel.take().unwrap(), &bytes, &[]).unwrap();
     let out = child.wait_with_output_ref();
     let records = child.read_status().unwrap();
     assert!(out.is_empty(), "{out}");
@@ -538,7 +538,7 @@ trait WaitOutput {
     fn wait_with_output_ref(&mut self) -> String;
 }
 
-impl WaitOutput for palisade_broker::helper::HelperChild {
+impl WaitOutput for palisade_broker::engine::helper::HelperChild {
     fn wait_with_output_ref(&mut self) -> String {
         let mut s = String::new();
         self.stdout.take().unwrap().read_to_string(&mut s).unwrap();

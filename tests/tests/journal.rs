@@ -4,7 +4,7 @@
 //! several writers, rotation and retention, and the recipe of
 //! docs/journal.md checked against a real journal.
 
-use palisade_broker::client::{Client, ClientError};
+use palisade_broker::cli::client::{Client, ClientError};
 use palisade_protocol::wire::{ErrorKind, RunResult};
 use palisade_tests::*;
 use serde_json::Value;
@@ -257,7 +257,7 @@ fn a_torn_last_line_is_set_aside_recorded_and_the_chain_goes_on() {
     let file = journal.join(aside["file"].as_str().unwrap());
     assert_eq!(std::fs::read(&file).unwrap(), torn);
     assert_eq!(aside["bytes"], torn.len());
-    assert_eq!(aside["sha256"].as_str(), Some(palisade_broker::attest::sha256_hex(torn).as_str()));
+    assert_eq!(aside["sha256"].as_str(), Some(palisade_broker::journal::attest::sha256_hex(torn).as_str()));
     let (code, out) = verify(&journal, &[]);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains(&format!("set aside: {}", file.display())) && !out.contains("torn tail"), "{out}");
@@ -382,7 +382,9 @@ fn old_journal(dir: &Path, segments: u64, per: u64) -> String {
                 )
             };
             let canonical = body("");
-            let hash = palisade_broker::attest::sha256_hex(&[unhex(&prev), canonical.into_bytes()].concat());
+            let hash = palisade_broker::journal::attest::sha256_hex(
+                &[unhex(&prev), canonical.into_bytes()].concat(),
+            );
             text += &body(&format!(r#""hash":"{hash}","#));
             text.push('\n');
             prev = hash;
@@ -826,7 +828,8 @@ fn a_flood_of_refused_oversized_requests_writes_bounded_records_at_a_rate_and_a_
         let argv = oversized(ws.path(), i).argv;
         assert_eq!(r["argv"]["count"], 3);
         assert_eq!(r["argv"]["bytes"], argv.iter().map(String::len).sum::<usize>());
-        let sha = palisade_broker::attest::sha256_hex(serde_json::to_string(&argv).unwrap().as_bytes());
+        let sha =
+            palisade_broker::journal::attest::sha256_hex(serde_json::to_string(&argv).unwrap().as_bytes());
         assert_eq!(r["argv"]["sha256"].as_str(), Some(sha.as_str()));
         assert_eq!(r["argv"]["heads"][2].as_str(), Some(&argv[2][..64]));
         assert_eq!(

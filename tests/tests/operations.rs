@@ -198,7 +198,7 @@ fn a_file_that_does_not_load_changes_nothing_and_the_log_says_why() {
     let records = reload_records(&d);
     let text = std::fs::read(&config).unwrap();
     assert_eq!(records.len(), 1);
-    assert_eq!(records[0]["sha256"], palisade_broker::attest::sha256_hex(&text));
+    assert_eq!(records[0]["sha256"], palisade_broker::journal::attest::sha256_hex(&text));
     assert_eq!(records[0]["path"], config.to_str().unwrap());
 
     // A key that needs a restart keeps its running value, and the log says so.

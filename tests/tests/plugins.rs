@@ -5,7 +5,7 @@
 //! the host need it not). As root the file runs again as the unprivileged
 //! test user.
 
-use palisade_broker::client::{Client, ClientError};
+use palisade_broker::cli::client::{Client, ClientError};
 use palisade_broker::plugins::index::sha256_hex;
 use palisade_protocol::plugin::PluginAttestation;
 use palisade_protocol::wire::{ClientMessage, ErrorKind, ErrorReply, ServerMessage};

@@ -3,7 +3,7 @@
 //! workspaces, no_fork, hidden sensitive entries, environment and network
 //! capabilities, each checked from inside the sandbox.
 
-use palisade_broker::client::{Client, ClientError};
+use palisade_broker::cli::client::{Client, ClientError};
 use palisade_protocol::wire::{
     ClientMessage, ErrorKind, Executor, ParamValue, RunRequest, RunStatus, ServerMessage,
 };

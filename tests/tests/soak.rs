@@ -14,7 +14,7 @@
 //! Timings are printed, never asserted. Cgroups are not counted here (this
 //! host's are not palisade's to write): the guest's tests cover them.
 
-use palisade_broker::client::{Client, ClientError};
+use palisade_broker::cli::client::{Client, ClientError};
 use palisade_protocol::wire::{ClientMessage, ErrorKind, RunRequest, RunResult, RunStatus, ServerMessage};
 use palisade_tests::*;
 use std::path::Path;
@@ -129,7 +129,7 @@ fn runs(socket: &Path, ws: &Path, count: usize) {
 /// [`MAX_RSS_GROWTH_KIB`] above, or the last taken.
 fn settled(d: &Daemon, temp: &Path, like: &Census) -> Census {
     // The daemon gives its free memory back after 2 s without a connection
-    // (broker/src/server.rs, IDLE_TRIM_EVERY): measured after that.
+    // (broker/src/serve/server.rs, IDLE_TRIM_EVERY): measured after that.
     std::thread::sleep(Duration::from_secs(3));
     let mut now = Census::of(d, temp);
     eventually(Duration::from_secs(20), || {

@@ -825,7 +825,7 @@ fn peers_not_allowed_never_take_the_connections_of_those_allowed() {
     assert_eq!(text(&o.stdout), "ok served\n", "{}\n{}", text(&o.stderr), s.daemon.log());
     // Served, and refusing: at most the room of each kind that waits for a hello.
     let descriptors_now = descriptors(&s.daemon);
-    let rooms = 2 * palisade_broker::server::REFUSING_ROOM;
+    let rooms = 2 * palisade_broker::serve::server::REFUSING_ROOM;
     assert!(descriptors_now <= descriptors_before + rooms, "{descriptors_before} -> {descriptors_now}");
     // Counter-test: the allowed users' own limit still holds: with root's
     // two connections open, the victim is told Busy.

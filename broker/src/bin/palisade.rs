@@ -3,7 +3,7 @@ use clap::Parser;
 
 #[cfg(target_os = "linux")]
 #[global_allocator]
-static ALLOCATOR: palisade_broker::arena::Arena = palisade_broker::arena::Arena::new();
+static ALLOCATOR: palisade_broker::cli::arena::Arena = palisade_broker::cli::arena::Arena::new();
 
 #[cfg(target_os = "linux")]
 fn main() {
@@ -33,7 +33,7 @@ fn main() {
         Err(e) if !e.use_stderr() => e.exit(),
         Err(e) => {
             let _ = e.print();
-            std::process::exit(palisade_broker::run_cli::EXIT_PALISADE);
+            std::process::exit(palisade_broker::cli::run::EXIT_PALISADE);
         }
     };
     std::process::exit(palisade_broker::mac::cli::palisade(cli));

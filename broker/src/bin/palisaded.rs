@@ -1,8 +1,8 @@
 #[cfg(target_os = "linux")]
 fn main() {
     use clap::Parser;
-    palisade_broker::memory::tune_allocator();
-    std::process::exit(palisade_broker::daemon::main(palisade_broker::daemon::Args::parse()));
+    palisade_broker::serve::memory::tune_allocator();
+    std::process::exit(palisade_broker::serve::daemon::main(palisade_broker::serve::daemon::Args::parse()));
 }
 
 /// macOS: the broker runs commands under Seatbelt.

@@ -8,7 +8,7 @@
 
 use super::fs::{kind, names, open_dir_at, open_file_at, remove, stat_at};
 use super::manifest::{Base, Entry, Kind};
-use crate::requester::Acting;
+use crate::host::requester::Acting;
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, openat, readlinkat, renameat};
 use nix::sys::stat::{FileStat, Mode, SFlag, fchmod, futimens, mkdirat};

@@ -8,7 +8,7 @@
 
 use super::fs::{changed_since, kind, names, ns, opaque, open_dir_at, open_file_at, stat_at};
 use super::manifest::{Base, Entry, Kind};
-use crate::requester::Acting;
+use crate::host::requester::Acting;
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, openat, readlinkat};
 use nix::sys::stat::{FileStat, Mode, SFlag};

@@ -15,8 +15,8 @@ pub mod review;
 pub mod store;
 
 use crate::error::BrokerError;
+use crate::host::requester::Requester;
 use crate::journal::Event;
-use crate::requester::Requester;
 use manifest::{Entry, Kind, Manifest, Status};
 use palisade_protocol::wire::{Changes, ChangesOutcome, KeepChanges, OnConflict, RunStatus};
 use std::os::fd::OwnedFd;

@@ -6,7 +6,7 @@
 
 use super::manifest::{Kind, Manifest, Status};
 use super::{Settled, Store, apply, fs};
-use crate::requester::{self, Requester};
+use crate::host::requester::{self, Requester};
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 use palisade_protocol::wire::{ChangeEntry, ChangeSetDetail, ChangeSetInfo, Changes, ErrorKind, ErrorReply};
 use std::ffi::CString;

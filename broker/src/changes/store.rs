@@ -69,7 +69,7 @@ impl Store {
     /// A new change set's directory, with its blobs' directory open.
     pub fn draft(&self, uid: u32) -> io::Result<Draft> {
         let id = new_id()?;
-        let dir = self.uid_dir(uid)?.join(format!("{DRAFT_PREFIX}{}-{id}", crate::instance::tag()));
+        let dir = self.uid_dir(uid)?.join(format!("{DRAFT_PREFIX}{}-{id}", crate::host::instance::tag()));
         std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
         std::fs::DirBuilder::new().mode(0o700).create(dir.join(BLOBS))?;
         let blobs = open_dir(&dir.join(BLOBS))?;
@@ -179,7 +179,7 @@ impl Store {
                 let name = s.file_name().to_string_lossy().into_owned();
                 if let Some(instance) = name.strip_prefix(DRAFT_PREFIX) {
                     // One a live broker is making is its own.
-                    if !crate::instance::alive(instance) {
+                    if !crate::host::instance::alive(instance) {
                         let _ = std::fs::remove_dir_all(s.path());
                     }
                     continue;

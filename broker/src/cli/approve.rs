@@ -2,14 +2,14 @@
 //! `deny`, `tools show` and `tools approve`, through a running broker (the
 //! tool commands also on the embedded broker's own state, with `--policy`).
 
-use crate::approvals::{ApproverAction, Approvers};
-use crate::client::ClientError;
-use crate::discovery::BrokerArgs;
-use crate::discovery::Route;
+use crate::cli::client::ClientError;
+use crate::cli::discovery::BrokerArgs;
+use crate::cli::discovery::Route;
+use crate::cli::run::EXIT_PALISADE;
+use crate::decide::approvals::{ApproverAction, Approvers};
+use crate::decide::trust::TrustStore;
+use crate::host::requester::Peer;
 use crate::journal::Journal;
-use crate::requester::Peer;
-use crate::run_cli::EXIT_PALISADE;
-use crate::trust::TrustStore;
 use palisade_policy::Config;
 use palisade_protocol::wire::{ClientMessage, ErrorKind, PendingApproval, ServerMessage, ToolInfo};
 use std::fmt::Write;
@@ -103,7 +103,7 @@ pub(crate) fn fail(kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
 /// One request to the running broker (the user's own, else the system
 /// broker: see `discovery`); its reply, or the exit status of a failure.
 pub(crate) fn ask_broker(args: &BrokerArgs, msg: &ClientMessage) -> Result<ServerMessage, i32> {
-    let mut found = match crate::discovery::find(args.socket.as_deref(), false) {
+    let mut found = match crate::cli::discovery::find(args.socket.as_deref(), false) {
         Ok(Route::Broker(found)) => found,
         Ok(Route::Embedded { tried }) => {
             return Err(fail(ErrorKind::Unavailable, format!("no broker answers on {tried}")));
@@ -192,7 +192,7 @@ fn show_remote(broker: &BrokerArgs) -> Result<Vec<ToolInfo>, i32> {
 fn embedded(policy: &Path, approve: Option<&str>) -> Result<Vec<ToolInfo>, i32> {
     let config = Config::load(policy).map_err(|e| fail(ErrorKind::InvalidRequest, e))?;
     let refused = |e: crate::error::BrokerError| fail(e.kind(), e);
-    let me = crate::requester::Requester::me();
+    let me = crate::host::requester::Requester::me();
     let peer = Peer { uid: me.uid, gid: me.gid, pid: Some(std::process::id() as i32), groups: me.groups };
     if let Some(name) = approve {
         // Authorized before anything is read or written.

@@ -135,7 +135,7 @@ impl JournalDir {
     /// user has none, and said on stderr) the system broker's.
     fn find(&self) -> Result<PathBuf, NoJournal> {
         let system = || {
-            crate::discovery::SystemConfig::load()
+            crate::cli::discovery::SystemConfig::load()
                 .map(|c| c.journal_dir())
                 .map_err(|e| NoJournal::Missing(e.to_string()))
         };
@@ -280,7 +280,7 @@ fn show(at: &JournalDir, run_id: u64, json: bool) -> Result<(), String> {
 /// every record of each: which run wrote a file.
 fn show_path(at: &JournalDir, path: &std::path::Path, json: bool) -> Result<(), String> {
     let wanted =
-        crate::paths::canonical_prefix(&std::env::current_dir().map_err(|e| e.to_string())?.join(path));
+        crate::host::paths::canonical_prefix(&std::env::current_dir().map_err(|e| e.to_string())?.join(path));
     let wanted = wanted.to_string_lossy().into_owned();
     let records = verify::records(&at.dir()?)?;
     let names = |r: &Record| {

@@ -2,11 +2,11 @@
 //! diff, applied or discarded, through the running broker, or in the
 //! embedded broker's own store where none answers (or with `--policy`).
 
-use crate::client::ClientError;
-use crate::discovery::BrokerArgs;
-use crate::discovery::Route;
-use crate::requester::Requester;
-use crate::run_cli::EXIT_PALISADE;
+use crate::cli::client::ClientError;
+use crate::cli::discovery::BrokerArgs;
+use crate::cli::discovery::Route;
+use crate::cli::run::EXIT_PALISADE;
+use crate::host::requester::Requester;
 use clap::Subcommand;
 use palisade_policy::Config;
 use palisade_protocol::wire::{ChangeSetInfo, ClientMessage, ErrorKind, ServerMessage};
@@ -128,7 +128,7 @@ fn ask(at: &At, message: ClientMessage) -> Result<ServerMessage, i32> {
     if at.policy.is_none() {
         // Only the user's own change sets are read here without a broker:
         // nothing runs, so a required system broker does not stop it.
-        match crate::discovery::find(at.broker.socket.as_deref(), false) {
+        match crate::cli::discovery::find(at.broker.socket.as_deref(), false) {
             Ok(Route::Broker(mut found)) => {
                 return match found.client.request(&message) {
                     Ok(r) => Ok(r),
@@ -144,7 +144,8 @@ fn ask(at: &At, message: ClientMessage) -> Result<ServerMessage, i32> {
         Ok(c) => c.unwrap_or_default(),
         Err(e) => return Err(fail(ErrorKind::InvalidRequest, e)),
     };
-    let store = crate::service::changes_store(&config).map_err(|e| fail(ErrorKind::RuntimeFailure, e))?;
+    let store =
+        crate::decide::service::changes_store(&config).map_err(|e| fail(ErrorKind::RuntimeFailure, e))?;
     let journal =
         crate::journal::Journal::from_config(&config).map_err(|e| fail(ErrorKind::JournalUnavailable, e))?;
     // The embedded broker's user is the person at this terminal.
@@ -172,7 +173,7 @@ fn print(reply: ServerMessage) -> i32 {
         ServerMessage::ChangesApplied(c) => {
             println!(
                 "{}",
-                crate::run_cli::summary(&c, false).unwrap_or_else(|| "nothing was left to apply".into())
+                crate::cli::run::summary(&c, false).unwrap_or_else(|| "nothing was left to apply".into())
             )
         }
         ServerMessage::ChangesDiscarded { id } => println!("change set {id}: discarded"),

@@ -1,13 +1,13 @@
 //! palisade: the command-line client. `palisade run` uses a running broker,
 //! or an embedded one with the built-in default policy when none answers.
 
-use crate::approve_cli::ToolsCommand;
-use crate::client::{Client, ClientError, Event};
-use crate::discovery::{self, BrokerArgs, Found, Route, Which};
-use crate::requester::Peer;
-pub use crate::run_cli::{EXIT_PALISADE, RunArgs, SandboxArgs};
-use crate::run_cli::{Render, RenderSink, fail, request};
-use crate::service::Broker;
+use crate::cli::approve::ToolsCommand;
+use crate::cli::client::{Client, ClientError, Event};
+use crate::cli::discovery::{self, BrokerArgs, Found, Route, Which};
+pub use crate::cli::run::{EXIT_PALISADE, RunArgs, SandboxArgs};
+use crate::cli::run::{Render, RenderSink, fail, request};
+use crate::decide::service::Broker;
+use crate::host::requester::Peer;
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use palisade_policy::Config;
 use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest, Stream};
@@ -90,13 +90,13 @@ pub enum Command {
     /// --hold-changes, paths someone else changed meanwhile, files the host
     /// executes): list, show with a diff, apply, discard.
     #[command(subcommand)]
-    Changes(crate::changes_cli::ChangesCommand),
+    Changes(crate::cli::changes::ChangesCommand),
     /// Read and check the audit journal (see docs/journal.md).
     #[command(subcommand)]
-    Audit(crate::audit::AuditCommand),
+    Audit(crate::cli::audit::AuditCommand),
     /// WebAssembly skill plugins (Tier A): install, list, run, secrets.
     #[command(subcommand)]
-    Plugin(crate::plugin_cli::PluginCommand),
+    Plugin(crate::cli::plugin::PluginCommand),
     /// Serve palisade's tools to an agent over the Model Context Protocol
     /// (stdio): run_command, run_tool, run_plugin and explain, forwarded to the running
     /// broker, or to one embedded in this process when none answers.
@@ -105,7 +105,7 @@ pub enum Command {
     /// embedded broker they edit its profile; through a daemon each call
     /// carries them as asks that can only narrow the daemon's policy. See
     /// docs/agents.md.
-    Mcp(crate::mcp::McpArgs),
+    Mcp(crate::cli::mcp::McpArgs),
 }
 
 #[derive(ClapArgs, Debug)]
@@ -204,29 +204,29 @@ pub fn main(cli: Cli) -> i32 {
     // embedded broker, explain and doctor set it up (warnings).
     let asked = std::env::var_os("PALISADE_LOG").is_some() || std::env::var_os("RUST_LOG").is_some();
     if asked || !matches!(cli.command, Command::Run(_)) {
-        crate::daemon::init_tracing("warn");
+        crate::serve::daemon::init_tracing("warn");
     }
     match cli.command {
         Command::Run(args) => run(args),
         Command::Explain(args) => explain(args),
-        Command::Audit(command) => crate::audit::main(command),
+        Command::Audit(command) => crate::cli::audit::main(command),
         Command::Doctor { policy } => {
             let config = match policy.as_deref().map(Config::load).transpose() {
                 Ok(c) => c.unwrap_or_default(),
                 Err(e) => return fail(ErrorKind::InvalidRequest, e),
             };
-            let (text, complete) = crate::doctor::report(&config);
+            let (text, complete) = crate::cli::doctor::report(&config);
             print!("{text}");
             if complete { 0 } else { 1 }
         }
-        Command::Approvals { broker, json } => crate::approve_cli::list(&broker, json),
-        Command::Approve { id, broker } => crate::approve_cli::answer(&broker, id, true, None),
-        Command::Deny { id, reason, broker } => crate::approve_cli::answer(&broker, id, false, reason),
-        Command::Tools(command) => crate::approve_cli::tools(command),
-        Command::Status { broker, json } => crate::status_cli::status(&broker, json),
-        Command::Changes(command) => crate::changes_cli::main(command),
-        Command::Plugin(command) => crate::plugin_cli::main(command),
-        Command::Mcp(args) => crate::mcp::main(args),
+        Command::Approvals { broker, json } => crate::cli::approve::list(&broker, json),
+        Command::Approve { id, broker } => crate::cli::approve::answer(&broker, id, true, None),
+        Command::Deny { id, reason, broker } => crate::cli::approve::answer(&broker, id, false, reason),
+        Command::Tools(command) => crate::cli::approve::tools(command),
+        Command::Status { broker, json } => crate::cli::status::status(&broker, json),
+        Command::Changes(command) => crate::cli::changes::main(command),
+        Command::Plugin(command) => crate::cli::plugin::main(command),
+        Command::Mcp(args) => crate::cli::mcp::main(args),
     }
 }
 
@@ -395,8 +395,8 @@ fn prompt(mut tty: std::fs::File, question: &str) -> bool {
 /// A run held for approval, put to the requester: at its terminal when it
 /// may answer, while an approver elsewhere may answer first (no terminal:
 /// refused, as nobody here can answer); otherwise it says who can, and waits.
-fn ask_requester(ask: crate::client::Ask<'_>) -> Option<bool> {
-    let details = crate::approve_cli::describe(ask.approval);
+fn ask_requester(ask: crate::cli::client::Ask<'_>) -> Option<bool> {
+    let details = crate::cli::approve::describe(ask.approval);
     let id = ask.approval.id;
     if !ask.may_answer {
         eprintln!(
@@ -444,7 +444,7 @@ fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -> i3
 
 /// A broker inside this process, under `config`.
 fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 {
-    crate::daemon::init_tracing("warn");
+    crate::serve::daemon::init_tracing("warn");
     // One run: its helper is started while the broker decides, and no other.
     config.broker.prespawn = 0;
     // Nor a copy of /etc kept for runs to come: binding the entries is cheaper once.
@@ -460,7 +460,7 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
         Ok(r) => r,
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),
     };
-    let groups = crate::requester::Requester::me().groups;
+    let groups = crate::host::requester::Requester::me().groups;
     let peer = Peer { uid, gid, pid: Some(std::process::id() as i32), groups };
     let outcome = runtime.block_on(async {
         let cancel = async {
@@ -486,7 +486,7 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
 async fn ask_embedded(
     broker: &Broker,
     peer: &Peer,
-    question: crate::service::Question,
+    question: crate::decide::service::Question,
 ) -> Result<(), crate::error::BrokerError> {
     use crate::journal::Event;
     let (reason, run_id) = (question.pending.reason.clone(), question.pending.run_id);
@@ -499,15 +499,15 @@ async fn ask_embedded(
              a running broker (palisaded) with approvers is needed",
             peer.uid
         );
-        return Err(crate::service::not_approved(&reason, &why).into());
+        return Err(crate::decide::service::not_approved(&reason, &why).into());
     }
     // An approver still answers only where the Cedar policies' `approve` permits it.
     let run = ticket.run.as_deref();
-    approvers.authorize(peer, crate::approvals::ApproverAction::Approve(&ticket.pending, run))?;
+    approvers.authorize(peer, crate::decide::approvals::ApproverAction::Approve(&ticket.pending, run))?;
     let tool = ticket.pending.tool.clone();
     let asked = Event::ApprovalAsked { approval, run_id, uid: peer.uid, tool, reason: reason.clone() };
     broker.journal.append(asked).await?;
-    let question = format!("{reason}\n{}Run it?", crate::approve_cli::describe(&ticket.pending));
+    let question = format!("{reason}\n{}Run it?", crate::cli::approve::describe(&ticket.pending));
     let answer = tokio::task::spawn_blocking(move || terminal_answer(&question)).await.unwrap_or(None);
     let approved = answer == Some(true);
     let why = match answer {
@@ -518,7 +518,7 @@ async fn ask_embedded(
     let by_uid = answer.map(|_| peer.uid);
     let answered = Event::ApprovalAnswered { approval, run_id, by_uid, approved, why: why.into() };
     broker.journal.append(answered).await?;
-    if approved { Ok(()) } else { Err(crate::service::not_approved(&reason, why).into()) }
+    if approved { Ok(()) } else { Err(crate::decide::service::not_approved(&reason, why).into()) }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //! `$PALISADE_SYSTEM_CONFIG`), and only when it looks past the user's own
 //! broker or journal: its `[clients]` table and `[journal] path`.
 
-use crate::client::{Client, ClientError};
+use crate::cli::client::{Client, ClientError};
 use palisade_policy::config::ClientsConfig;
 use palisade_protocol::wire::ErrorKind;
 use std::os::unix::net::UnixStream;
@@ -205,7 +205,7 @@ pub fn find(flag: Option<&Path>, runs: bool) -> Result<Route, DiscoveryError> {
         }
         return Ok(Route::Embedded { tried: socket.display().to_string() });
     }
-    let own = crate::paths::default_socket();
+    let own = crate::host::paths::default_socket();
     if let Some(f) = answering(&own, Which::Own)? {
         return Ok(Route::Broker(f));
     }

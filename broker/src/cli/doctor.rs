@@ -1,7 +1,7 @@
 //! `palisade doctor`: what this host can enforce, and the tier palisade will
 //! use. Reads only; changes nothing.
 
-use crate::cgroup::Cgroups;
+use crate::engine::cgroup::Cgroups;
 use crate::host;
 use palisade_policy::{Config, FallbackPolicy};
 use palisade_protocol::LandlockFeatures;
@@ -69,7 +69,7 @@ pub fn report(config: &Config) -> (String, bool) {
     why.push(apparmor_userns(
         sysctl("kernel.apparmor_restrict_unprivileged_userns").as_deref(),
         profiles.as_deref(),
-        &crate::paths::default_helper(),
+        &crate::host::paths::default_helper(),
     ));
     if !config.broker.user_namespaces {
         why.push("not used: [broker] user_namespaces = false".into());
@@ -157,13 +157,13 @@ fn warm_pool(config: &Config, cgroups: &Cgroups, tier_c: bool) -> String {
     if !config.broker.warm {
         return plain("warm = false");
     }
-    if crate::privilege::serves_others() {
+    if crate::host::privilege::serves_others() {
         return plain("a system broker's sandboxes run as each requester's own host ids");
     }
     if !tier_c {
         return plain("no Tier C here");
     }
-    match crate::service::warm_spec(config, cgroups) {
+    match crate::decide::service::warm_spec(config, cgroups) {
         Some(spec) if spec.cgroup => {
             format!("{n} sandboxes built ahead (namespaces, monitor, pid 1), each in a cgroup of its own")
         }

@@ -1,13 +1,13 @@
 //! `palisade plugin`: install and list skills, call one (through the
 //! running broker or an embedded one), set a secret.
 
-use crate::client::ClientError;
-use crate::discovery::BrokerArgs;
+use crate::cli::client::ClientError;
+use crate::cli::discovery::BrokerArgs;
+use crate::cli::run::EXIT_PALISADE;
+use crate::decide::service::Broker;
+use crate::host::requester::Peer;
 use crate::plugins::index::Index;
 use crate::plugins::store::Secrets;
-use crate::requester::Peer;
-use crate::run_cli::EXIT_PALISADE;
-use crate::service::Broker;
 use clap::Subcommand;
 use palisade_policy::Config;
 use palisade_protocol::wire::{ClientMessage, ErrorKind, ErrorReply, ServerMessage};
@@ -90,7 +90,7 @@ pub fn main(command: PluginCommand) -> i32 {
         PluginCommand::Run { name, input, timeout_ms, json, broker, policy } => {
             let message = ClientMessage::RunPlugin { skill: name, input, inline_module: None, timeout_ms };
             let reply = match policy {
-                Some(p) => crate::discovery::may_embed(crate::discovery::POLICY_EMBEDS)
+                Some(p) => crate::cli::discovery::may_embed(crate::cli::discovery::POLICY_EMBEDS)
                     .map_err(|e| ErrorReply::new(e.kind(), e.to_string()))
                     .and_then(|()| {
                         Config::load(&p)
@@ -189,9 +189,9 @@ fn secret_set(key: &str, policy: Option<&PathBuf>) -> i32 {
 }
 
 fn through_broker(args: &BrokerArgs, message: ClientMessage) -> Result<ServerMessage, ErrorReply> {
-    let mut found = match crate::discovery::find(args.socket.as_deref(), true) {
-        Ok(crate::discovery::Route::Broker(found)) => found,
-        Ok(crate::discovery::Route::Embedded { tried }) => {
+    let mut found = match crate::cli::discovery::find(args.socket.as_deref(), true) {
+        Ok(crate::cli::discovery::Route::Broker(found)) => found,
+        Ok(crate::cli::discovery::Route::Embedded { tried }) => {
             tracing::debug!("no broker answers on {tried}: calling in an embedded one");
             return embedded(Config::default(), message);
         }
@@ -206,7 +206,7 @@ fn through_broker(args: &BrokerArgs, message: ClientMessage) -> Result<ServerMes
 
 /// One call in a broker of this process's own.
 fn embedded(mut config: Config, message: ClientMessage) -> Result<ServerMessage, ErrorReply> {
-    crate::daemon::init_tracing("warn");
+    crate::serve::daemon::init_tracing("warn");
     config.broker.prespawn = 0;
     config.broker.etc_snapshot = false;
     let ClientMessage::RunPlugin { skill, input, inline_module, timeout_ms } = message else {
@@ -218,7 +218,7 @@ fn embedded(mut config: Config, message: ClientMessage) -> Result<ServerMessage,
         .build()
         .map_err(|e| ErrorReply::new(ErrorKind::RuntimeFailure, e.to_string()))?;
     let (uid, gid) = (broker.context.uid, broker.context.gid);
-    let groups = crate::requester::Requester::me().groups;
+    let groups = crate::host::requester::Requester::me().groups;
     let peer = Peer { uid, gid, pid: Some(std::process::id() as i32), groups };
     let request = crate::plugins::CallRequest { skill, input, inline_module, timeout_ms };
     let result = runtime.block_on(broker.plugins.call(&broker.journal, &peer, request));

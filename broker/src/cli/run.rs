@@ -2,7 +2,7 @@
 //! request they make, and how a run's messages are shown and its end
 //! becomes the exit status.
 
-use crate::stream::Sink;
+use crate::engine::stream::Sink;
 use clap::Args as ClapArgs;
 use palisade_protocol::wire::{
     ErrorKind, ErrorReply, KeepChanges, OnConflict, ParamValue, RunRequest, RunResult, RunStatus,

@@ -1,7 +1,7 @@
 //! `palisade status`: the running broker's state, as its `Status` answer gives it.
 
-use crate::approve_cli::{ask_broker, fail};
-use crate::discovery::BrokerArgs;
+use crate::cli::approve::{ask_broker, fail};
+use crate::cli::discovery::BrokerArgs;
 use palisade_protocol::wire::{BrokerStatus, ClientMessage, ErrorKind, ServerMessage};
 use std::fmt::Write;
 

@@ -3,12 +3,14 @@
 //! that accepts a request and the engine that runs it.
 
 #[cfg(target_os = "linux")]
-pub mod service;
-#[cfg(target_os = "linux")]
-pub mod settings;
+pub mod approvals;
 #[cfg(unix)]
 pub mod owned;
 #[cfg(target_os = "linux")]
-pub mod approvals;
+pub mod panics;
+#[cfg(target_os = "linux")]
+pub mod service;
+#[cfg(target_os = "linux")]
+pub mod settings;
 #[cfg(target_os = "linux")]
 pub mod trust;

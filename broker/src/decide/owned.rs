@@ -18,7 +18,7 @@ pub fn owned(
 ) -> Vec<palisade_policy::host::OwnedPath> {
     let mut found: Vec<(PathBuf, String, bool)> = Vec::new();
     let mut add = |p: PathBuf, what: &str| found.push((p, what.to_string(), true));
-    if let Ok(state) = crate::paths::default_state_dir() {
+    if let Ok(state) = crate::host::paths::default_state_dir() {
         add(state, "the broker's state directory");
     }
     if let Some(j) = journal {
@@ -28,8 +28,8 @@ pub fn owned(
     #[cfg(target_os = "linux")]
     if let Some(t) = &config.trust.state {
         add(t.clone(), "the tools' trust stages");
-        add(crate::trust::lock_path(t), "the lock of the tools' trust stages");
-        add(crate::trust::key_path(t), "the key of the tools' trust stages");
+        add(crate::decide::trust::lock_path(t), "the lock of the tools' trust stages");
+        add(crate::decide::trust::key_path(t), "the key of the tools' trust stages");
     }
     #[cfg(target_os = "linux")]
     if let Ok((skills, secrets)) = crate::plugins::dirs(&config.plugins) {
@@ -50,7 +50,7 @@ pub fn owned(
     let mut owned: Vec<palisade_policy::host::OwnedPath> = Vec::new();
     for (p, what, hidden) in found {
         let path = if p.is_absolute() { p } else { std::env::current_dir().unwrap_or_default().join(p) };
-        let path = crate::paths::canonical_prefix(&path);
+        let path = crate::host::paths::canonical_prefix(&path);
         if !owned.iter().any(|o| o.path == path) {
             owned.push(palisade_policy::host::OwnedPath { path, what, hidden });
         }

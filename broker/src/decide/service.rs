@@ -2,19 +2,19 @@
 //! peer's request decided by policy as the peer, its host directories
 //! prepared, and its run executed.
 
-use crate::approvals::Pending;
-use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::changes::KeepOut;
+use crate::decide::approvals::Pending;
+use crate::decide::settings::Settings;
+use crate::engine::cgroup::{CgroupLimits, Cgroups};
+use crate::engine::etc_view::EtcView;
+use crate::engine::run::{Engine, Grants, Planned, Sink};
+use crate::engine::spawn_thread::Spawner;
 use crate::error::BrokerError;
-use crate::etc_view::EtcView;
+use crate::host::paths::HostDirs;
+use crate::host::requester::{self, Acting, Peer, Requester};
+use crate::host::{self, paths};
 pub use crate::journal::events::journal_refusal;
 use crate::journal::{Event, Journal, RefusalRecord, events};
-use crate::paths::HostDirs;
-use crate::requester::{self, Acting, Peer, Requester};
-use crate::run::{Engine, Grants, Planned, Sink};
-use crate::settings::Settings;
-use crate::spawn_thread::Spawner;
-use crate::{host, paths};
 use palisade_policy::host::OwnedPath;
 use palisade_policy::trust::EscalationReason;
 use palisade_policy::{Config, ConfigError, Context, Decision, Host, HostCapabilities, Resolved};
@@ -31,7 +31,7 @@ use std::sync::{Arc, RwLock};
 pub struct Broker {
     pub engine: Engine,
     pub cgroups: Cgroups,
-    /// What decides each request; replaced whole by a reload (see [`crate::settings`]).
+    /// What decides each request; replaced whole by a reload (see [`crate::decide::settings`]).
     settings: RwLock<Arc<Settings>>,
     /// Reloads that took effect since the broker started.
     reloads: AtomicU64,
@@ -48,7 +48,7 @@ pub struct Broker {
     pub pending: Pending,
     /// Tier A: the skills, their stores, and the plugin-host.
     pub plugins: Arc<crate::plugins::Plugins>,
-    /// What the broker keeps, out of every run's reach (see [`crate::owned::owned`]);
+    /// What the broker keeps, out of every run's reach (see [`crate::decide::owned::owned`]);
     /// a reload may add to it, never take away.
     owned: RwLock<Arc<[OwnedPath]>>,
     /// The change sets held for review.
@@ -80,7 +80,7 @@ pub struct Decided {
     pub grants: Grants,
     /// The settings it was decided with, which its run keeps whatever a reload does.
     pub settings: Arc<Settings>,
-    etc: Option<std::sync::Arc<crate::etc_view::Snapshot>>,
+    etc: Option<std::sync::Arc<crate::engine::etc_view::Snapshot>>,
     dirs: HostDirs,
     /// The request's and the decision's records, written with the run's start.
     pending: Vec<Event>,
@@ -111,7 +111,8 @@ pub fn not_approved(reason: &str, why: &str) -> ErrorReply {
 /// v1, where the broker places a run's helper itself after its start.
 pub(crate) fn warm_spec(config: &Config, cgroups: &Cgroups) -> Option<WarmSpec> {
     let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
-    let usable = config.broker.warm && config.broker.user_namespaces && !crate::privilege::serves_others();
+    let usable =
+        config.broker.warm && config.broker.user_namespaces && !crate::host::privilege::serves_others();
     let cgroup = cgroups.available().is_ok();
     let spec = WarmSpec { uid, gid, namespaces: Namespaces::ALL, parent_pid: std::process::id(), cgroup };
     (usable && !(cgroup && cgroups.is_v1())).then_some(spec)
@@ -152,16 +153,16 @@ impl Broker {
             parent_pid: std::process::id(),
             uid,
             gid,
-            serves_others: crate::privilege::serves_others(),
+            serves_others: crate::host::privilege::serves_others(),
             requester: HostIds { uid, gid },
             groups: Requester::me().groups,
             temp_root: temp_root.path.clone(),
-            instance: crate::instance::tag().to_string(),
+            instance: crate::host::instance::tag().to_string(),
             run: 0,
             etc_view: None,
             trust: None,
         };
-        crate::instance::remove_orphans(&context.temp_root, "run-");
+        crate::host::instance::remove_orphans(&context.temp_root, "run-");
         let journal = Journal::from_config(&config)?;
         let etc = config.broker.etc_snapshot.then(|| etc_view(&context.temp_root)).flatten();
         let plugins = crate::plugins::Plugins::new(
@@ -180,7 +181,7 @@ impl Broker {
         let user_namespaces = config.broker.user_namespaces;
         // After the journal: a declaration changed since the last start is a transition it records.
         let settings = Settings::new(config, ids, uid, &journal)?;
-        let capabilities = host::probe(&cgroups, userns.passed() && user_namespaces);
+        let capabilities = host::probe(cgroups.for_policy(), userns.passed() && user_namespaces);
         if !capabilities.user_namespaces {
             engine.stop_warming();
         }
@@ -367,7 +368,7 @@ impl Broker {
                     stage: "untracked".into(),
                     trial_successes: 0,
                     trial_runs,
-                    capabilities_sha256: crate::attest::sha256_hex(declaration.as_bytes()),
+                    capabilities_sha256: crate::journal::attest::sha256_hex(declaration.as_bytes()),
                     declaration,
                 }
             })
@@ -396,8 +397,10 @@ impl Broker {
     pub fn keep_out_of_reach(&self, path: &std::path::Path, what: &str) {
         let path = paths::canonical_prefix(path);
         let mut owned = self.owned.write().unwrap_or_else(|e| e.into_inner());
-        *owned =
-            crate::settings::with_owned(&owned, vec![OwnedPath { path, what: what.into(), hidden: true }]);
+        *owned = crate::decide::settings::with_owned(
+            &owned,
+            vec![OwnedPath { path, what: what.into(), hidden: true }],
+        );
     }
 
     /// What the broker keeps out of every run's reach now.
@@ -405,7 +408,7 @@ impl Broker {
         self.owned.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// The settings that decide a request now (see [`crate::settings`]).
+    /// The settings that decide a request now (see [`crate::decide::settings`]).
     pub fn settings(&self) -> Arc<Settings> {
         self.settings.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -427,19 +430,19 @@ impl Broker {
         let mut config = Config::parse(&text, path).map_err(|e| e.to_string())?;
         let ids = config.resolve_ids(&host::Accounts).map_err(|e| e.to_string())?;
         let running = self.settings();
-        let needs_restart = crate::settings::keep_restart_only(running.config(), &mut config);
+        let needs_restart = crate::decide::settings::keep_restart_only(running.config(), &mut config);
         let more =
             owned_by(&config, &self.journal, &self.context.temp_root, &self.changes, self.engine.helper());
         let settings = Settings::new(config, ids, self.context.uid, &self.journal)?;
         let event = Event::ConfigReloaded {
             path: path.display().to_string(),
-            sha256: crate::attest::sha256_hex(text.as_bytes()),
+            sha256: crate::journal::attest::sha256_hex(text.as_bytes()),
             needs_restart: needs_restart.iter().map(|k| k.to_string()).collect(),
         };
         self.journal.append_blocking(event).map_err(|e| e.to_string())?;
         {
             let mut owned = self.owned.write().unwrap_or_else(|e| e.into_inner());
-            *owned = crate::settings::with_owned(&owned, more);
+            *owned = crate::decide::settings::with_owned(&owned, more);
         }
         *self.settings.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(settings);
         self.reloads.fetch_add(1, Ordering::Relaxed);
@@ -548,7 +551,7 @@ impl Broker {
         let planned = Planned { id: run_id, resolved: &resolved, grants: &grants };
         // The run's cgroup, if it has one, is made (or the slot's limited) and removed by the engine.
         let running = self.engine.execute(planned, request, sink, cancel, cgroup, claimed);
-        let result = crate::panics::Caught::new(running).await.unwrap_or_else(|panic| {
+        let result = crate::decide::panics::Caught::new(running).await.unwrap_or_else(|panic| {
             tracing::error!(run_id, uid = peer.uid, pid = peer.pid, "the run's handling panicked: {panic}");
             Err(BrokerError::Internal(format!("run {run_id}")))
         });
@@ -654,7 +657,7 @@ fn escalated(
 
 /// Makes a warm slot's cgroup the run's (cgroup v2 cannot rename one
 /// with processes in it): its name and path, in the plan too.
-fn take_cgroup(resolved: &mut Resolved, cgroup: &crate::cgroup::RunCgroup) {
+fn take_cgroup(resolved: &mut Resolved, cgroup: &crate::engine::cgroup::RunCgroup) {
     if let Some(planned) = resolved.cgroup.as_mut() {
         planned.name = cgroup.name().to_string();
         planned.path = PathBuf::from(cgroup.display());
@@ -671,7 +674,7 @@ pub fn check_config(
     helper: Option<PathBuf>,
 ) -> Result<(palisade_policy::ids::ResolvedIds, PathBuf), String> {
     let ids = config.resolve_ids(&host::Accounts).map_err(|e| e.to_string())?;
-    if crate::privilege::serves_others() {
+    if crate::host::privilege::serves_others() {
         check_sandbox_ids(config.broker.sandbox_ids)?;
     }
     let helper = helper.or_else(|| config.broker.helper.clone()).unwrap_or_else(paths::default_helper);
@@ -679,8 +682,8 @@ pub fn check_config(
     Ok((ids, helper))
 }
 
-/// What `config` makes the broker keep out of every run's reach (see [`crate::owned::owned`]).
-/// What the broker keeps out of every run's reach (see [`crate::owned::owned`]):
+/// What `config` makes the broker keep out of every run's reach (see [`crate::decide::owned::owned`]).
+/// What the broker keeps out of every run's reach (see [`crate::decide::owned::owned`]):
 /// the change sets where the configuration puts them outside the state
 /// directory, and the programs the broker runs before any sandbox (a
 /// per-user install in a home used as a workspace), which a run may see
@@ -699,7 +702,7 @@ fn owned_by(
     elsewhere.push((helper.to_path_buf(), "the sandbox helper", false));
     elsewhere.push((crate::plugins::host_program(&config.plugins, helper), "the plugin host", false));
     elsewhere.extend(std::env::current_exe().ok().map(|exe| (exe, "the broker's program", false)));
-    crate::owned::owned(config, journal.dir(), temp_root, &elsewhere)
+    crate::decide::owned::owned(config, journal.dir(), temp_root, &elsewhere)
 }
 
 /// Refuses a block of sandbox ids that holds an id the host already uses: a
@@ -781,8 +784,8 @@ fn sweep_changes(store: &crate::changes::Store, journal: &Journal) {
 /// uid, which must reach the snapshot. `None`, with the reason logged, where
 /// a sandbox could not reach it.
 fn etc_view(temp_root: &std::path::Path) -> Option<EtcView> {
-    let root = crate::privilege::serves_others();
-    if let Some((dir, mode)) = crate::etc_view::unreachable_on_the_way(temp_root).filter(|_| root) {
+    let root = crate::host::privilege::serves_others();
+    if let Some((dir, mode)) = crate::engine::etc_view::unreachable_on_the_way(temp_root).filter(|_| root) {
         let mode = mode.map_or("cannot be looked at".to_string(), |m| format!("is mode {m:04o}"));
         tracing::warn!(
             "no /etc snapshot: the sandboxes' uids cannot reach {}: {} {mode}, not searchable by others \
@@ -798,8 +801,8 @@ fn etc_view(temp_root: &std::path::Path) -> Option<EtcView> {
 
 /// The run's /etc snapshot. Taking a new one copies files: on a runtime with
 /// worker threads to spare, the others go on serving meanwhile.
-fn etc_snapshot(etc: &EtcView) -> Option<std::sync::Arc<crate::etc_view::Snapshot>> {
-    use crate::etc_view::Lookup;
+fn etc_snapshot(etc: &EtcView) -> Option<std::sync::Arc<crate::engine::etc_view::Snapshot>> {
+    use crate::engine::etc_view::Lookup;
     use tokio::runtime::{Handle, RuntimeFlavor};
     match etc.lookup() {
         Lookup::Fresh(s) => s,

@@ -10,8 +10,8 @@
 //! broker built its running parts from at start ([`keep_restart_only`]) keep
 //! their running values, and the reload names them.
 
-use crate::approvals::Approvers;
-use crate::trust::TrustStore;
+use crate::decide::approvals::Approvers;
+use crate::decide::trust::TrustStore;
 use palisade_policy::Config;
 use palisade_policy::Policy;
 use palisade_policy::host::OwnedPath;
@@ -66,7 +66,7 @@ impl Settings {
     /// root (the unit's own user), root: the administrator it serves.
     pub fn allowed_uids(&self, broker_uid: u32) -> std::borrow::Cow<'_, [u32]> {
         match self.ids.allowed_uids.is_empty() {
-            true if broker_uid != 0 && crate::privilege::serves_others() => {
+            true if broker_uid != 0 && crate::host::privilege::serves_others() => {
                 std::borrow::Cow::Owned(vec![broker_uid, 0])
             }
             true => std::borrow::Cow::Owned(vec![broker_uid]),

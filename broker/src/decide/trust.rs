@@ -10,12 +10,12 @@
 //!
 //! Each entry carries a MAC (HMAC-SHA256) with a key kept beside the file
 //! (`<state>.key`, 0600, made at the first start), which no run can read
-//! (see [`crate::owned::owned`]): an entry that someone other than the
+//! (see [`crate::decide::owned::owned`]): an entry that someone other than the
 //! broker wrote or changed does not verify, and the tool is refused, with
 //! that reason, until an approver approves it again.
 
-use crate::attest::sha256_hex;
 use crate::error::BrokerError;
+use crate::journal::attest::sha256_hex;
 use crate::journal::{Event, Journal};
 use nix::fcntl::{Flock, FlockArg};
 use palisade_policy::{Config, ToolTrust, TrustStage};
@@ -91,9 +91,9 @@ impl TrustStore {
         }
         let path = match &config.trust.state {
             Some(p) => p.clone(),
-            None => {
-                crate::paths::default_state_dir().map_err(|e| format!("[trust] state: {e}"))?.join(STATE_FILE)
-            }
+            None => crate::host::paths::default_state_dir()
+                .map_err(|e| format!("[trust] state: {e}"))?
+                .join(STATE_FILE),
         };
         if let Some(dir) = path.parent() {
             std::fs::DirBuilder::new()

@@ -49,55 +49,7 @@ const EMPTY_POLL: Duration = Duration::from_millis(2);
 /// Between two attempts to remove an emptied cgroup.
 const REMOVE_POLL: Duration = Duration::from_millis(5);
 
-/// What can go wrong with the broker's cgroups: finding its subtree,
-/// creating a run's cgroup and setting its limits, placing the helper.
-#[derive(Debug, thiserror::Error)]
-pub enum CgroupError {
-    #[error("cgroup_root {} is not in a cgroup filesystem", .0.display())]
-    NotCgroupFs(PathBuf),
-    #[error("cgroup_root {} does not exist", .0.display())]
-    Missing(PathBuf),
-    #[error(
-        "/sys/fs/cgroup is not a pure cgroup v2 mount (a v1 or hybrid host), and no cgroup_root is configured"
-    )]
-    NotPureV2,
-    #[error("this process has no cgroup v2 path in /proc/self/cgroup")]
-    NoOwnCgroup,
-    #[error("{}: {source}", .path.display())]
-    Stat { path: PathBuf, source: std::io::Error },
-    #[error("{} is not delegated to uid {uid} (owned by {owner})", .dir.display())]
-    NotDelegated { dir: PathBuf, uid: u32, owner: u32 },
-    #[error(
-        "{} carries no trusted.delegate mark: a root broker uses a cgroup only when systemd delegated it \
-         (Delegate=yes) or the configuration names cgroup_root",
-        .0.display()
-    )]
-    NoDelegateMark(PathBuf),
-    #[error("{} lacks the {} controller(s) (available: {available})", .root.display(), .missing.join(", "))]
-    MissingControllers { root: PathBuf, missing: Vec<&'static str>, available: String },
-    #[error("mkdir {}: {source}", .path.display())]
-    Mkdir { path: PathBuf, source: std::io::Error },
-    #[error("write {value:?} to {}: {source}", .path.display())]
-    Write { path: PathBuf, value: String, source: std::io::Error },
-    /// Enabling the controllers failed: another process lives in the root.
-    #[error("{source} (does another process live in {}?)", .root.display())]
-    Enable { root: PathBuf, source: Box<CgroupError> },
-    #[error("no cgroup v1 {0} hierarchy is mounted")]
-    NoV1Hierarchy(&'static str),
-    #[error("cgroup_root {} is not in the v1 memory hierarchy ({})", .root.display(), .memory.display())]
-    NotInV1Memory { root: PathBuf, memory: PathBuf },
-    /// The broker has no cgroups to create runs in (why, as discovery said).
-    #[error("{0}")]
-    Unavailable(String),
-    #[error("create cgroup {name}: {source}")]
-    Create { name: String, source: cgroups_rs::fs::error::Error },
-    #[error("no {0} controller")]
-    NoController(&'static str),
-    #[error("set {what}: {source}")]
-    Limit { what: &'static str, source: cgroups_rs::fs::error::Error },
-    #[error("place pid {pid}: {source}")]
-    Place { pid: u32, source: cgroups_rs::fs::error::Error },
-}
+pub use crate::error::CgroupError;
 
 /// A cgroup v2 hierarchy rooted at the broker's subtree (cgroups-rs's own
 /// `V2` is rooted at /sys/fs/cgroup, which the broker must not touch).
@@ -321,6 +273,12 @@ impl Cgroups {
         Ok(c)
     }
 
+    /// The subtree as the policy sees it, or why the broker has none.
+    pub fn for_policy(&self) -> Result<palisade_policy::CgroupRoot, String> {
+        self.available().map_err(|why| why.to_string())?;
+        Ok(palisade_policy::CgroupRoot { path: self.path_of("").unwrap_or_default(), v1: self.is_v1() })
+    }
+
     /// How this host mounts cgroups, for `palisade doctor`.
     pub fn host_layout() -> String {
         match statfs_magic(Path::new("/sys/fs/cgroup")) {
@@ -416,12 +374,12 @@ impl Cgroups {
     /// (killing what is in them); those of live brokers sharing the subtree
     /// stay. Their names say whose they are (`run-<pid>-<start>-<n>`).
     pub fn sweep(&self) {
-        self.remove_runs(|instance| !crate::instance::alive(instance));
+        self.remove_runs(|instance| !crate::host::instance::alive(instance));
     }
 
     /// Removes this broker's own run cgroups (at shutdown: runs cut short).
     pub fn remove_own(&self) {
-        let mine = format!("{}-", crate::instance::tag());
+        let mine = format!("{}-", crate::host::instance::tag());
         self.remove_runs(|instance| instance.starts_with(&mine));
     }
 

@@ -18,7 +18,7 @@
 //! [`MAX_ENTRIES`] entries or [`MAX_BYTES`] bytes is not made, and the plan
 //! binds the entries one by one instead.
 
-use crate::instance;
+use crate::host::instance;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -376,7 +376,7 @@ fn copy(src: &Path, dst: &Path, top: bool, budget: &mut Budget) -> io::Result<()
     };
     // A top-level entry followed to a place the sandbox's uid could not
     // reach (a broker running as root reads everywhere) is left out.
-    if top && crate::privilege::serves_others() {
+    if top && crate::host::privilege::serves_others() {
         let reachable = fs::canonicalize(src).ok().and_then(|t| t.parent().map(reachable_by_others));
         if reachable != Some(true) {
             return Ok(());

@@ -3,18 +3,16 @@
 //! streamed back to whoever asked.
 
 #[cfg(target_os = "linux")]
-pub mod run;
-#[cfg(target_os = "linux")]
-pub mod pool;
-#[cfg(target_os = "linux")]
-pub mod helper;
-#[cfg(target_os = "linux")]
-pub mod spawn_thread;
-#[cfg(target_os = "linux")]
 pub mod cgroup;
 #[cfg(target_os = "linux")]
 pub mod etc_view;
 #[cfg(target_os = "linux")]
-pub mod fault;
+pub mod helper;
+#[cfg(target_os = "linux")]
+pub mod pool;
+#[cfg(target_os = "linux")]
+pub mod run;
+#[cfg(target_os = "linux")]
+pub mod spawn_thread;
 #[cfg(unix)]
 pub mod stream;

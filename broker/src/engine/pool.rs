@@ -16,9 +16,9 @@
 //! a warm one only a run whose plan its spec admits. Any other run gets a
 //! cold helper. A dead one is skipped.
 
-use crate::cgroup::{Cgroups, RunCgroup};
-use crate::helper::{HelperChild, HelperCommand, Io};
-use crate::spawn_thread::Spawner;
+use crate::engine::cgroup::{Cgroups, RunCgroup};
+use crate::engine::helper::{HelperChild, HelperCommand, Io};
+use crate::engine::spawn_thread::Spawner;
 use palisade_protocol::{JailPlan, WarmSpec};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -131,7 +131,7 @@ impl Pool {
         let cgroup = match warm {
             Some(spec) if spec.cgroup => {
                 let n = self.slots_made.fetch_add(1, Ordering::Relaxed) + 1;
-                let name = format!("run-{}-pool-{n}", crate::instance::tag());
+                let name = format!("run-{}-pool-{n}", crate::host::instance::tag());
                 Some(self.cgroups.create_unlimited(&name).map_err(std::io::Error::other)?)
             }
             _ => None,

@@ -1,17 +1,17 @@
 //! One run on Linux: spawn the helper, feed stdin, stream stdout and stderr
-//! as they come ([`crate::stream`]: the output quota, the deadline, the
+//! as they come ([`crate::engine::stream`]: the output quota, the deadline, the
 //! whole tree killed when needed), then collect usage and build the result
 //! and its attestation.
 
-use crate::attest::attestation;
-use crate::cgroup::{CgroupLimits, Cgroups, RunCgroup};
 use crate::egress::Egress;
+use crate::engine::cgroup::{CgroupLimits, Cgroups, RunCgroup};
+use crate::engine::helper::{HelperChild, HelperCommand, Io, StatusRead, pidfd_kill, send_plan};
+use crate::engine::pool::{Pool, Slot};
+use crate::engine::spawn_thread::Spawner;
+pub use crate::engine::stream::Sink;
+use crate::engine::stream::{Bounds, Child, Run};
 use crate::error::BrokerError;
-use crate::helper::{HelperChild, HelperCommand, Io, StatusRead, pidfd_kill, send_plan};
-use crate::pool::{Pool, Slot};
-use crate::spawn_thread::Spawner;
-pub use crate::stream::Sink;
-use crate::stream::{Bounds, Child, Run};
+use crate::journal::attest::attestation;
 use palisade_policy::Resolved;
 use palisade_protocol::attest::Built;
 use palisade_protocol::plan::Listener;
@@ -30,7 +30,7 @@ use tokio::net::unix::pipe;
 /// What a run is given of the host: the requester it acts for, and the
 /// plan's host paths, opened at decision time (in the plan's order).
 pub struct Grants {
-    pub requester: crate::requester::Requester,
+    pub requester: crate::host::requester::Requester,
     pub descriptors: Vec<OwnedFd>,
     /// What the copy-back must not apply.
     pub keep_out: crate::changes::KeepOut,
@@ -596,7 +596,7 @@ impl Drop for Abandon {
         // Waiting (the grace of SIGTERM, then the reaping) is not for this thread.
         std::thread::spawn(move || {
             let _ = pidfd_kill(&pidfd, first);
-            if first != libc::SIGKILL && !exits_within(&pidfd, crate::stream::TERM_GRACE) {
+            if first != libc::SIGKILL && !exits_within(&pidfd, crate::engine::stream::TERM_GRACE) {
                 let _ = pidfd_kill(&pidfd, libc::SIGKILL);
             }
             if let Err(e) = reap(pid) {

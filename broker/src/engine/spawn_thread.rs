@@ -2,7 +2,7 @@
 //! tied to the *thread* that forked it, and runtime worker threads come and
 //! go; a thread that lives as long as the broker keeps the lifeline honest.
 
-use crate::helper::{HelperChild, HelperCommand, spawn};
+use crate::engine::helper::{HelperChild, HelperCommand, spawn};
 use std::io;
 use std::sync::mpsc;
 use tokio::sync::oneshot;

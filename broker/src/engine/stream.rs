@@ -4,7 +4,7 @@
 //!
 //! The streaming is a state machine, [`Run`], over two seams: the client's
 //! [`Sink`] and the process's [`Child`]; its tests drive it with neither a
-//! kernel sandbox nor a client socket. Linux's engine ([`crate::run`]) and
+//! kernel sandbox nor a client socket. Linux's engine ([`crate::engine::run`]) and
 //! macOS's ([`crate::seatbelt`]) each give it their process.
 
 use palisade_protocol::wire::{RunStatus, ServerMessage, Stream};

@@ -3,7 +3,6 @@
 //! policy reads of it at each decision ([`gather`]), from the real
 //! filesystem, with the credentials of the thread that decides.
 
-use crate::cgroup::Cgroups;
 use nix::sched::{CloneFlags, unshare};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, fork};
@@ -15,7 +14,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-pub use crate::real_files::{RealFiles, files};
+pub use crate::host::files::{RealFiles, files};
 
 /// Whether this process may create a user namespace and, owned by it, every
 /// other namespace Tier C uses (mount, pid, network, ipc, uts, cgroup), tried
@@ -74,17 +73,10 @@ pub fn landlock_abi() -> u32 {
 }
 
 /// What the host can enforce; `user_namespaces` as [`UserNsProbe`] found
-/// (and the configuration allows).
-pub fn probe(cgroups: &Cgroups, user_namespaces: bool) -> HostCapabilities {
-    HostCapabilities {
-        user_namespaces,
-        landlock_abi: landlock_abi(),
-        seatbelt: false,
-        cgroup: match cgroups.available() {
-            Ok(()) => Ok(CgroupRoot { path: cgroups.path_of("").unwrap_or_default(), v1: cgroups.is_v1() }),
-            Err(why) => Err(why.to_string()),
-        },
-    }
+/// (and the configuration allows), `cgroup` as the broker's cgroups were
+/// found (or why there are none).
+pub fn probe(cgroup: Result<CgroupRoot, String>, user_namespaces: bool) -> HostCapabilities {
+    HostCapabilities { user_namespaces, landlock_abi: landlock_abi(), seatbelt: false, cgroup }
 }
 
 /// The host a decision is made on, now: `capabilities` as probed, the homes
@@ -168,4 +160,4 @@ fn passwd_homes() -> Vec<PathBuf> {
     homes
 }
 
-pub use crate::accounts::Accounts;
+pub use crate::host::accounts::Accounts;

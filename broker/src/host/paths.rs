@@ -14,7 +14,7 @@ pub fn default_socket() -> PathBuf {
             false => std::env::temp_dir().join("palisade/palisade.sock"),
         };
     }
-    if crate::privilege::serves_others() {
+    if crate::host::privilege::serves_others() {
         return PathBuf::from(palisade_policy::config::SYSTEM_SOCKET);
     }
     let runtime = std::env::var_os("XDG_RUNTIME_DIR")
@@ -33,7 +33,7 @@ pub fn default_socket() -> PathBuf {
 /// directory another user made first, say) is an error naming it.
 pub fn temp_root(configured: Option<&std::path::Path>) -> Result<TempRoot, String> {
     use std::os::unix::fs::DirBuilderExt;
-    let root = crate::privilege::serves_others();
+    let root = crate::host::privilege::serves_others();
     let (path, ephemeral) = match configured {
         Some(p) => (p.to_path_buf(), None),
         None if root => {
@@ -120,7 +120,7 @@ pub fn default_state_dir() -> Result<PathBuf, String> {
     if let Some(state) = std::env::var_os(STATE_ENV).map(PathBuf::from).filter(|p| p.is_absolute()) {
         return Ok(state);
     }
-    if crate::privilege::serves_others() {
+    if crate::host::privilege::serves_others() {
         return Ok(PathBuf::from("/var/lib/palisade"));
     }
     let absolute = |var: &str| std::env::var_os(var).map(PathBuf::from).filter(|p| p.is_absolute());

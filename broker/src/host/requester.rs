@@ -7,7 +7,7 @@
 //! descriptors and the helper builds the sandbox from them, never from the
 //! names. What a run wrote is copied back as the requester too, relative to
 //! the same descriptors. A broker that does not serve other users
-//! ([`crate::privilege`]) can act only as itself: it serves its own uid and
+//! ([`crate::host::privilege`]) can act only as itself: it serves its own uid and
 //! root (see `Server::allowed`).
 
 use nix::errno::Errno;
@@ -71,10 +71,10 @@ impl Requester {
     }
 
     /// Acting for this requester means changing credentials: a broker that
-    /// serves other users ([`crate::privilege`]), acting for anyone but
+    /// serves other users ([`crate::host::privilege`]), acting for anyone but
     /// itself (a root broker for root acts as itself).
     fn switches(&self) -> bool {
-        crate::privilege::serves_others() && self.uid != nix::unistd::geteuid().as_raw()
+        crate::host::privilege::serves_others() && self.uid != nix::unistd::geteuid().as_raw()
     }
 
     /// Runs `f` with this requester's filesystem credentials: on a thread of

@@ -54,7 +54,7 @@ impl Text {
     pub fn of(s: &str) -> Text {
         Text {
             bytes: s.len() as u64,
-            sha256: crate::attest::sha256_hex(s.as_bytes()),
+            sha256: crate::journal::attest::sha256_hex(s.as_bytes()),
             head: head(s, HEAD_BYTES),
         }
     }
@@ -68,7 +68,7 @@ impl Texts {
         Texts {
             count: items.len() as u64,
             bytes: items.iter().map(|s| s.as_ref().len() as u64).sum(),
-            sha256: crate::attest::sha256_hex(&canonical),
+            sha256: crate::journal::attest::sha256_hex(&canonical),
             heads: items.iter().take(LISTED).map(|s| head(s.as_ref(), HEAD_BYTES)).collect(),
         }
     }
@@ -107,7 +107,7 @@ pub fn bounded(fields: Map<String, Value>, limit: usize) -> Map<String, Value> {
     record::canonical_map(&fields, &mut canonical);
     let clipped = serde_json::json!({
         "bytes": canonical.len(),
-        "sha256": crate::attest::sha256_hex(&canonical),
+        "sha256": crate::journal::attest::sha256_hex(&canonical),
     });
     for (text, items) in CLIPS {
         let mut short: Map<String, Value> =
@@ -182,7 +182,7 @@ mod tests {
             let mut canonical = Vec::new();
             record::canonical(&Value::Object(whole.clone()), &mut canonical);
             assert_eq!(short["clipped"]["bytes"], canonical.len());
-            assert_eq!(short["clipped"]["sha256"], crate::attest::sha256_hex(&canonical));
+            assert_eq!(short["clipped"]["sha256"], crate::journal::attest::sha256_hex(&canonical));
         }
         // A refusal's bound keeps the first bytes of the first arguments.
         let short = bounded(whole.clone(), REFUSAL_RECORD_BYTES);
@@ -247,7 +247,7 @@ mod tests {
         assert_eq!((t.count, t.bytes), (2, 3));
         // python3 -c 'import hashlib,json;print(hashlib.sha256(json.dumps(["a","é"],
         //   separators=(",",":"),ensure_ascii=False).encode()).hexdigest())'
-        assert_eq!(t.sha256, crate::attest::sha256_hex("[\"a\",\"é\"]".as_bytes()));
+        assert_eq!(t.sha256, crate::journal::attest::sha256_hex("[\"a\",\"é\"]".as_bytes()));
         let long: Vec<String> = (0..100).map(|i| format!("{i}{}", "x".repeat(100))).collect();
         let t = Texts::of(&long);
         assert_eq!(t.heads.len(), LISTED);

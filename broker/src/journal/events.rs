@@ -91,7 +91,7 @@ pub fn decision(run_id: u64, decision: &str, refusal: Option<&ErrorReply>) -> Ev
 
 /// The record of a run about to start: what its attestation will pin.
 pub fn run_started(run_id: u64, request: &RunRequest, resolved: &Resolved) -> Event {
-    run_started_as(run_id, crate::attest::attestation(request, resolved, None, None, None))
+    run_started_as(run_id, crate::journal::attest::attestation(request, resolved, None, None, None))
 }
 
 /// The record of a run about to start, from the attestation its executor

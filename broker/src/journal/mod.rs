@@ -7,6 +7,7 @@
 //! floor, and retention goes by age. `docs/journal.md` describes the format
 //! and how to verify it.
 
+pub mod attest;
 pub mod bound;
 pub mod events;
 mod rate;
@@ -221,7 +222,9 @@ impl Options {
             dir: default_dir(config.path.as_deref())?,
             segment_bytes: config.segment_bytes,
             keep_days: config.keep_days,
-            reader_gid: whole.journal_reader_gid(&crate::accounts::Accounts).map_err(|e| e.to_string())?,
+            reader_gid: whole
+                .journal_reader_gid(&crate::host::accounts::Accounts)
+                .map_err(|e| e.to_string())?,
             min_free_bytes: config.min_free_bytes,
             refusals_recorded: config.refusals_recorded,
             refusal_period: std::time::Duration::from_secs(config.refusal_period_secs),
@@ -240,7 +243,7 @@ pub fn default_dir(configured: Option<&Path>) -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os(JOURNAL_ENV).filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
-    Ok(crate::paths::default_state_dir()?.join("journal"))
+    Ok(crate::host::paths::default_state_dir()?.join("journal"))
 }
 
 /// The broker's audit journal; cheap to clone (an Arc inside).
@@ -462,4 +465,17 @@ impl Journal {
 /// The last receipt of a batch (seq 0 with the journal off).
 fn last(receipts: Result<Vec<Receipt>, JournalError>) -> Result<Receipt, JournalError> {
     Ok(receipts?.pop().unwrap_or(Receipt { seq: 0, hash: String::new() }))
+}
+
+/// A journal that cannot take a run refuses it: by the rule that refused
+/// (the free-space floor), or as unavailable.
+#[cfg(target_os = "linux")]
+impl From<JournalError> for crate::error::BrokerError {
+    fn from(e: JournalError) -> Self {
+        match e.rule() {
+            // The refusal names the configuration key that made it (the free-space floor).
+            Some(_) => Self::Reply(events::journal_refusal(e)),
+            None => Self::JournalUnavailable(e.to_string()),
+        }
+    }
 }

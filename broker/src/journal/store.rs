@@ -85,7 +85,7 @@ fn zero(file: &File, from: u64, to: u64) -> std::io::Result<()> {
 
 impl Store {
     /// Opens (creating) the journal in `dir`; its directory must be the
-    /// broker's own (see `crate::paths::check_private`).
+    /// broker's own (see `crate::host::paths::check_private`).
     pub fn open(dir: &Path, settings: Settings) -> Result<Store, JournalError> {
         make_dir(dir, settings.reader_gid)?;
         let lock_path = dir.join(LOCK_FILE);
@@ -249,7 +249,7 @@ impl Store {
             fields.insert("seq".into(), Value::from(head.seq + 1));
             fields.insert("time".into(), Value::from(time.clone()));
             fields.insert("prev".into(), Value::from(head.hash.clone()));
-            fields.insert("broker".into(), Value::from(crate::instance::tag()));
+            fields.insert("broker".into(), Value::from(crate::host::instance::tag()));
             let (line, hash) =
                 record::seal(fields).ok_or_else(|| JournalError::Damaged("bad head".into()))?;
             bytes.extend_from_slice(&line);
@@ -339,7 +339,7 @@ fn set_aside(file: &mut File, path: &Path, whole: u64, len: u64) -> Result<Entry
     zero(file, whole, len)
         .and_then(|()| file.sync_data())
         .map_err(|e| io_error(path, "cannot cut back", e))?;
-    let sha256 = crate::attest::sha256_hex(&torn);
+    let sha256 = crate::journal::attest::sha256_hex(&torn);
     let file_name = aside.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     tracing::warn!(
         "journal: a torn last line of {} ({} bytes) was set aside in {file_name}",
@@ -394,14 +394,15 @@ fn make_dir(dir: &Path, reader_gid: Option<u32>) -> Result<(), JournalError> {
     // some (not listable), else the broker's alone.
     let ancestors = if reader_gid.is_some() { 0o711 } else { 0o700 };
     if let Some(parent) = dir.parent() {
-        crate::paths::create_dirs(parent, ancestors).map_err(|e| io_error(parent, "cannot create", e))?;
+        crate::host::paths::create_dirs(parent, ancestors)
+            .map_err(|e| io_error(parent, "cannot create", e))?;
     }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
         .map_err(|e| io_error(dir, "cannot create", e))?;
-    crate::paths::check_private(dir).map_err(JournalError::Setup)?;
+    crate::host::paths::check_private(dir).map_err(JournalError::Setup)?;
     let meta = std::fs::metadata(dir).map_err(|e| io_error(dir, "cannot stat", e))?;
     if let Some(gid) = reader_gid.filter(|g| *g != meta.gid()) {
         std::os::unix::fs::chown(dir, None, Some(gid))
@@ -425,8 +426,9 @@ fn make_dir(dir: &Path, reader_gid: Option<u32>) -> Result<(), JournalError> {
 /// own modes, 0600 and 0700). Only the broker's own directories change.
 fn let_readers_through(dir: &Path, gid: u32) -> Result<(), JournalError> {
     use std::os::unix::fs::PermissionsExt;
-    let Ok(state) = crate::paths::default_state_dir() else { return Ok(()) };
-    let (state, dir) = (crate::paths::canonical_prefix(&state), crate::paths::canonical_prefix(dir));
+    let Ok(state) = crate::host::paths::default_state_dir() else { return Ok(()) };
+    let (state, dir) =
+        (crate::host::paths::canonical_prefix(&state), crate::host::paths::canonical_prefix(dir));
     let me = nix::unistd::geteuid().as_raw();
     for on_the_way in dir.ancestors().skip(1).take_while(|a| a.starts_with(&state)) {
         let meta = std::fs::metadata(on_the_way).map_err(|e| io_error(on_the_way, "cannot stat", e))?;

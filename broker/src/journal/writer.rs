@@ -87,7 +87,7 @@ pub(super) struct Writer {
     /// `[journal] min_free_bytes`; 0: no floor.
     pub min_free_bytes: u64,
     /// Refusals below the floor, logged a few at a time.
-    pub below_floor: crate::refusals::Refusals,
+    pub below_floor: crate::logs::refusals::Refusals,
 }
 
 impl Writer {
@@ -187,7 +187,7 @@ impl Writer {
             floor: self.min_free_bytes,
         };
         if let Some(unlogged) = self.below_floor.note(Instant::now()) {
-            tracing::warn!("{error}{}", crate::refusals::unlogged_suffix(unlogged));
+            tracing::warn!("{error}{}", crate::logs::refusals::unlogged_suffix(unlogged));
         }
         held.into_iter().for_each(|p| p.reply.send(Err(error.clone())));
         kept

@@ -1,5 +1,8 @@
 //! Where the broker's and the CLI's logs go: stderr, filtered by
-//! `PALISADE_LOG` (or `RUST_LOG`), else at the level the caller names.
+//! `PALISADE_LOG` (or `RUST_LOG`), else at the level the caller names; and
+//! how a flood of like warnings is counted instead of logged line by line.
+
+pub mod refusals;
 
 /// Installs the log subscriber; a second call changes nothing.
 pub fn init_tracing(default: &str) {

@@ -5,9 +5,9 @@
 
 use super::Mac;
 use super::serve::{Limits, serve};
+use crate::cli::run::{Render, RenderSink, RunArgs, fail, request};
 use crate::journal::Event;
 use crate::logs::init_tracing;
-use crate::run_cli::{Render, RenderSink, RunArgs, fail, request};
 use crate::seatbelt::SANDBOX_EXEC;
 use clap::{Parser, Subcommand};
 use palisade_policy::Config;
@@ -121,10 +121,12 @@ pub fn palisaded(args: DaemonArgs) -> i32 {
             return EXIT_CONFIG;
         }
     };
-    let socket =
-        args.socket.or_else(|| config.broker.socket.clone()).unwrap_or_else(crate::paths::default_socket);
+    let socket = args
+        .socket
+        .or_else(|| config.broker.socket.clone())
+        .unwrap_or_else(crate::host::paths::default_socket);
     let (mode, limits) = (config.broker.socket_mode, Limits::of(&config.broker));
-    crate::socket::raise_open_file_limit();
+    crate::serve::socket::raise_open_file_limit();
     let mac = match mac(config) {
         Ok(m) => m,
         Err(e) => {
@@ -196,7 +198,7 @@ fn listener(path: &Path, mode: u32) -> std::io::Result<(tokio::net::UnixListener
         listener.set_nonblocking(true)?;
         return Ok((tokio::net::UnixListener::from_std(listener)?, None));
     }
-    let listener = crate::socket::bind(path, mode)?;
+    let listener = crate::serve::socket::bind(path, mode)?;
     tracing::info!(socket = %path.display(), "listening");
     Ok((listener, Some(path.to_path_buf())))
 }

@@ -42,7 +42,7 @@ pub fn gather(launcher: &Path) -> Host {
         capabilities: capabilities(launcher.is_file()),
         homes: homes(),
         layout: layout(&|p| Path::new(p).exists()),
-        files: crate::real_files::files(),
+        files: crate::host::files::files(),
         owned: Vec::new().into(),
     }
 }

@@ -5,10 +5,13 @@
 //! named on the command line: the policy's scope check would refuse the
 //! run before Seatbelt is reached.
 
-use super::*;
+use crate::engine::stream::Sink;
+use crate::seatbelt::*;
 use palisade_policy::{Config, Context, Decision, Policy};
 use palisade_protocol::wire::Stream;
+use palisade_protocol::wire::{RunRequest, RunResult, RunStatus, ServerMessage};
 use std::io::Read;
+use std::path::{Path, PathBuf};
 
 struct Mac {
     dir: PathBuf,
@@ -31,7 +34,7 @@ impl Mac {
     fn run(&self, script: &str, extra: &str) -> (RunResult, String) {
         let toml = format!("[defaults]\nallow_interpreters = true\nallow_inline_code = true\n{extra}");
         let config = Config::parse(&toml, Path::new("macos.toml")).unwrap();
-        let host = crate::mac::host::gather(Path::new(SANDBOX_EXEC));
+        let host = super::host::gather(Path::new(SANDBOX_EXEC));
         let request = RunRequest {
             argv: ["/bin/sh", "-c", script].map(String::from).into(),
             cwd: Some(self.dir.join("ws").to_string_lossy().into_owned()),

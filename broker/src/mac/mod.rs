@@ -20,13 +20,15 @@ pub mod cli;
 pub mod host;
 #[cfg(target_os = "macos")]
 pub mod launchd;
+#[cfg(all(test, target_os = "macos"))]
+mod macos_tests;
 pub mod serve;
 #[cfg(all(test, target_os = "linux"))]
 mod tests;
 
+use crate::engine::stream::Sink;
 use crate::journal::{Journal, events};
 use crate::seatbelt::Seatbelt;
-use crate::stream::Sink;
 use palisade_policy::{Config, Context, Decision, Host, Policy};
 use palisade_protocol::HostIds;
 use palisade_protocol::attest::JournalRecord;
@@ -48,7 +50,7 @@ pub struct Mac {
     host: Box<dyn Fn() -> Host + Send + Sync>,
     next_run: AtomicU64,
     /// Where the runs' directories and profiles go (`context.temp_root`).
-    _temp_root: crate::paths::TempRoot,
+    _temp_root: crate::host::paths::TempRoot,
 }
 
 impl Mac {
@@ -60,12 +62,12 @@ impl Mac {
         host: impl Fn() -> Host + Send + Sync + 'static,
     ) -> Result<Mac, String> {
         unserved(&config)?;
-        let kept = crate::paths::temp_root(config.policy.temp_root.as_deref())?;
+        let kept = crate::host::paths::temp_root(config.policy.temp_root.as_deref())?;
         let temp_root = kept.path.clone();
         let seatbelt = Seatbelt::new(launcher, temp_root.join("profiles"))?;
         // What brokers no longer running left: their runs' directories and profiles.
-        crate::instance::remove_orphans(&temp_root, "run-");
-        crate::instance::remove_orphans(&temp_root.join("profiles"), "");
+        crate::host::instance::remove_orphans(&temp_root, "run-");
+        crate::host::instance::remove_orphans(&temp_root.join("profiles"), "");
         let journal = Journal::from_config(&config)?;
         let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
         let context = Context {
@@ -76,15 +78,15 @@ impl Mac {
             requester: HostIds { uid, gid },
             groups: groups(),
             temp_root,
-            instance: crate::instance::tag().to_string(),
+            instance: crate::host::instance::tag().to_string(),
             run: 0,
             etc_view: None,
             trust: None,
         };
         let owned: std::sync::Arc<[_]> =
-            crate::owned::owned(&config, journal.dir(), &context.temp_root, &[]).into();
+            crate::decide::owned::owned(&config, journal.dir(), &context.temp_root, &[]).into();
         let host = move || Host { owned: owned.clone(), ..host() };
-        let policy = Policy::new(config, &*crate::real_files::files());
+        let policy = Policy::new(config, &*crate::host::files::files());
         Ok(Mac {
             policy,
             seatbelt,

@@ -6,9 +6,9 @@
 //! connection goes on.
 
 use super::Mac;
-use crate::budget::RequestBudget;
-use crate::socket::{HELLO_TIMEOUT, Inbound, SocketSink, check_hello};
-use crate::stream::Sink;
+use crate::engine::stream::Sink;
+use crate::serve::budget::RequestBudget;
+use crate::serve::socket::{HELLO_TIMEOUT, Inbound, SocketSink, check_hello};
 use palisade_protocol::wire::{
     ClientMessage, Encoding, ErrorKind, ErrorReply, PROTOCOL_VERSION, ServerHello, ServerMessage,
 };

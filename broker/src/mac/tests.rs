@@ -5,7 +5,7 @@
 
 use super::serve::{Limits, serve};
 use super::*;
-use crate::client::{Client, ClientError};
+use crate::cli::client::{Client, ClientError};
 use crate::seatbelt::tests::{seatbelt_host, stand_in};
 use palisade_protocol::attest::Executor;
 use palisade_protocol::wire::{ClientMessage, RunStatus, ServerMessage};
@@ -48,7 +48,7 @@ impl Served {
         let runtime =
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let listener = runtime.block_on(async { crate::socket::bind(&socket, 0o666) }).unwrap();
+        let listener = runtime.block_on(async { crate::serve::socket::bind(&socket, 0o666) }).unwrap();
         runtime.spawn(serve(mac, limits, listener, async {
             let _ = stopped.await;
         }));

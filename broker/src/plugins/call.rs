@@ -2,9 +2,9 @@
 //! functions served, recorded again, attested.
 
 use super::*;
+use crate::host::requester::Peer;
 use crate::journal::events::journal_refusal;
 use crate::journal::{Event, Journal};
-use crate::requester::Peer;
 use palisade_protocol::plugin::{CallDone, PluginHostJail, PluginStore};
 use store::STORAGE_DIR;
 

@@ -3,9 +3,9 @@
 //! channel (`palisade_protocol::plugin`). Long-lived, started at the first
 //! call, restarted after it dies; one call at a time.
 
-use crate::cgroup::RunCgroup;
-use crate::helper::{HelperCommand, Io, pidfd_kill};
-use crate::spawn_thread::Spawner;
+use crate::engine::cgroup::RunCgroup;
+use crate::engine::helper::{HelperCommand, Io, pidfd_kill};
+use crate::engine::spawn_thread::Spawner;
 use palisade_protocol::plugin::{
     FromHost, PLUGIN_FRAME_MAX, PluginHostCgroup, PluginHostJail, ToHost, decode_body, encode_frame,
 };
@@ -140,8 +140,8 @@ pub async fn start(
     };
     // cgroup v1: placed by the broker before the helper has its plan.
     let placed = running.cgroup.as_ref().map_or(Ok(()), |c| c.place(pid)).map_err(|e| e.to_string());
-    if let Err(e) =
-        placed.and_then(|()| crate::helper::send_plan(channel, &encoded, &fds).map_err(|e| e.to_string()))
+    if let Err(e) = placed
+        .and_then(|()| crate::engine::helper::send_plan(channel, &encoded, &fds).map_err(|e| e.to_string()))
     {
         running.kill();
         return Err(HostError::Start(format!("handing over the plan: {e}")));
@@ -204,9 +204,9 @@ fn jail_of(plan: &JailPlan, pid: u32, cgroup: Option<PluginHostCgroup>) -> Plugi
         executor: plan.tier().into(),
         pid,
         namespaces: plan.namespaces.names().iter().map(|s| s.to_string()).collect(),
-        seccomp_sha256: crate::attest::seccomp_sha256(plan),
+        seccomp_sha256: crate::journal::attest::seccomp_sha256(plan),
         landlock: None,
-        execution_sha256: crate::attest::sha256_hex(&palisade_protocol::wire::canonical_bytes(plan)),
+        execution_sha256: crate::journal::attest::sha256_hex(&palisade_protocol::wire::canonical_bytes(plan)),
         engine: String::new(),
         address_space_unlimited: plan.rlimits.address_space.soft == palisade_protocol::RLIM_INFINITY,
         cgroup,
@@ -220,17 +220,17 @@ fn landlock_reached(
     plan: &JailPlan,
 ) -> Option<palisade_protocol::wire::LandlockEnforcement> {
     nix::fcntl::fcntl(status, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK)).ok()?;
-    let mut read = crate::helper::StatusRead::default();
+    let mut read = crate::engine::helper::StatusRead::default();
     let _ = read.receive(status);
     read.records.into_iter().find_map(|r| match r {
-        HelperRecord::Landlock(l) => Some(crate::attest::landlock_enforcement(l, plan)),
+        HelperRecord::Landlock(l) => Some(crate::journal::attest::landlock_enforcement(l, plan)),
         _ => None,
     })
 }
 
 /// The helper's own words when the plugin-host never started.
 async fn helper_failure(status: std::fs::File) -> String {
-    let read = tokio::task::spawn_blocking(move || crate::helper::read_status(&status)).await;
+    let read = tokio::task::spawn_blocking(move || crate::engine::helper::read_status(&status)).await;
     match read {
         Ok(Ok((records, _))) => records
             .into_iter()

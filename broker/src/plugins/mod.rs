@@ -11,8 +11,8 @@ pub mod http;
 pub mod index;
 pub mod store;
 
-use crate::cgroup::{CgroupLimits, Cgroups, RunCgroup};
-use crate::spawn_thread::Spawner;
+use crate::engine::cgroup::{CgroupLimits, Cgroups, RunCgroup};
+use crate::engine::spawn_thread::Spawner;
 use cache::{Artifact, CacheError, ModuleCache};
 use host::{HostError, Running};
 use hostfn::CallContext;
@@ -113,7 +113,7 @@ pub struct Plugins {
 
 /// The state directory's skills index and secret store (`[plugins] skills_dir` first).
 pub fn dirs(config: &PluginsConfig) -> Result<(PathBuf, PathBuf), String> {
-    let state = crate::paths::default_state_dir();
+    let state = crate::host::paths::default_state_dir();
     let skills = match &config.skills_dir {
         Some(d) => d.clone(),
         None => state.clone()?.join(SKILLS_DIR),
@@ -149,7 +149,7 @@ impl Plugins {
             Err(_) => (PathBuf::from("/nonexistent/skills"), PathBuf::from("/nonexistent/secrets")),
         };
         let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
-        let host_ids = match crate::privilege::serves_others() {
+        let host_ids = match crate::host::privilege::serves_others() {
             true => Some(config.broker.sandbox_ids.for_requester(0)?),
             false => None,
         };
@@ -252,7 +252,7 @@ impl Plugins {
             return Ok(None);
         }
         let n = self.next_host.fetch_add(1, Ordering::Relaxed);
-        let name = format!("run-{}-plugin-host-{n}", crate::instance::tag());
+        let name = format!("run-{}-plugin-host-{n}", crate::host::instance::tag());
         let limits = CgroupLimits {
             memory_bytes: self.config.host_memory_bytes,
             processes: PLUGIN_HOST_PROCESSES,

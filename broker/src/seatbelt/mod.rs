@@ -5,7 +5,7 @@
 //! `sandbox-exec -f FILE PROGRAM ARGS...` runs the command under it, in a
 //! process group of its own, with the plan's environment, working directory
 //! and the rlimits macOS enforces. Its output streams as on Linux
-//! ([`crate::stream`]: the output quota, the deadline, the client's pace);
+//! ([`crate::engine::stream`]: the output quota, the deadline, the client's pace);
 //! when palisade ends the run, or the command exits, every process of the
 //! run is killed ([`procs`]); the resident memory of the run's processes is
 //! sampled and the run ended above the plan's limit, macOS having no kernel
@@ -14,16 +14,14 @@
 //!
 //! Built on every Unix: on Linux its supervision is tested with a stand-in
 //! launcher (`tests.rs`); what Seatbelt enforces is tested on macOS only
-//! (`macos_tests.rs`).
+//! (`mac/macos_tests.rs`).
 
-#[cfg(all(test, target_os = "macos"))]
-mod macos_tests;
 mod procs;
 #[cfg(all(test, target_os = "linux"))]
 pub(crate) mod tests;
 
-use crate::paths::HostDirs;
-use crate::stream::{Bounds, Child, Run, Sink};
+use crate::engine::stream::{Bounds, Child, Run, Sink};
+use crate::host::paths::HostDirs;
 use palisade_policy::Resolved;
 use palisade_policy::seatbelt::SeatbeltError;
 use palisade_protocol::attest::{Executor, Memory, MemorySource, RlimitEntry};
@@ -102,7 +100,7 @@ impl Seatbelt {
             .mode(0o700)
             .create(&profiles)
             .map_err(|e| format!("cannot create {}: {e}", profiles.display()))?;
-        crate::paths::check_private(&profiles)?;
+        crate::host::paths::check_private(&profiles)?;
         Ok(Seatbelt { launcher, profiles })
     }
 
@@ -126,7 +124,7 @@ impl Seatbelt {
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, ExecError> {
-        let name = format!("{}-{run_id}.sb", crate::instance::tag());
+        let name = format!("{}-{run_id}.sb", crate::host::instance::tag());
         // Declared before the run: dropped after it, once its processes are dead.
         let files = RunFiles::create(resolved, &self.profiles.join(name), &prepared.profile)?;
         let started = Instant::now();
@@ -254,11 +252,11 @@ type RlimitResource = libc::c_int;
 
 /// What the run had in force; its executor `macos-seatbelt`.
 fn attestation(request: &RunRequest, resolved: &Resolved, profile: &str) -> Attestation {
-    let mut a = crate::attest::attestation(request, resolved, None, None, None);
+    let mut a = crate::journal::attest::attestation(request, resolved, None, None, None);
     a.executor = Executor::MacosSeatbelt;
     let e = &mut a.enforcement;
-    e.seatbelt_sha256 = Some(crate::attest::sha256_hex(profile.as_bytes()));
-    e.seccomp_sha256 = crate::attest::sha256_hex(b"");
+    e.seatbelt_sha256 = Some(crate::journal::attest::sha256_hex(profile.as_bytes()));
+    e.seccomp_sha256 = crate::journal::attest::sha256_hex(b"");
     e.seccomp_instructions = 0;
     e.rlimits = rlimits_set(resolved).into_iter().map(|(n, l)| RlimitEntry::new(n, l)).collect();
     e.memory = Memory::Sampled {

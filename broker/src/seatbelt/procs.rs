@@ -53,7 +53,7 @@ impl Seen {
     fn record(&self, pids: &[libc::pid_t]) {
         let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
         for &pid in pids {
-            if let Some(start) = crate::instance::start_time(pid as u32) {
+            if let Some(start) = crate::host::instance::start_time(pid as u32) {
                 seen.entry(pid).or_insert(start);
             }
         }
@@ -64,7 +64,7 @@ impl Seen {
     pub fn kill(&self) {
         let seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
         for (&pid, &start) in seen.iter() {
-            if crate::instance::start_time(pid as u32) == Some(start) {
+            if crate::host::instance::start_time(pid as u32) == Some(start) {
                 signal_one(pid, libc::SIGKILL);
             }
         }

@@ -162,7 +162,7 @@ fn a_run_goes_through_the_launcher_with_its_profile_which_is_removed_after() {
     assert_eq!(a.executor, Executor::MacosSeatbelt);
     assert_eq!(
         a.enforcement.seatbelt_sha256.as_deref(),
-        Some(crate::attest::sha256_hex(text.as_bytes()).as_str())
+        Some(crate::journal::attest::sha256_hex(text.as_bytes()).as_str())
     );
     assert!(matches!(a.enforcement.memory, Memory::Sampled { bytes, .. } if bytes == 512 << 20));
     let set: Vec<RlimitName> = a.enforcement.rlimits.iter().map(|r| r.name).collect();

@@ -1,11 +1,12 @@
 //! palisaded: the long-running broker.
 
+use crate::decide::service::Broker;
+use crate::host::paths;
 use crate::journal::Event;
 pub use crate::logs::init_tracing;
-use crate::server::Server;
-use crate::service::Broker;
-use crate::socket::{bind, raise_open_file_limit};
-use crate::{paths, systemd};
+use crate::serve::server::Server;
+use crate::serve::socket::{bind, raise_open_file_limit};
+use crate::serve::systemd;
 use clap::Parser;
 use palisade_policy::Config;
 use std::path::PathBuf;
@@ -71,7 +72,7 @@ pub fn main(args: Args) -> i32 {
         return EXIT_CONFIG;
     }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all().thread_keep_alive(crate::server::BLOCKING_KEEP_ALIVE);
+    builder.enable_all().thread_keep_alive(crate::serve::server::BLOCKING_KEEP_ALIVE);
     let runtime = match builder.build() {
         Ok(r) => r,
         Err(e) => {
@@ -88,12 +89,12 @@ pub fn main(args: Args) -> i32 {
 }
 
 /// `palisaded --check-config FILE`: the file checked as a start checks it
-/// (see [`crate::service::check_config`]), nothing made; `FILE: ok` and 0,
+/// (see [`crate::decide::service::check_config`]), nothing made; `FILE: ok` and 0,
 /// or the error and [`EXIT_CONFIG`].
 fn check_config(file: &std::path::Path, helper: Option<PathBuf>) -> i32 {
     let checked = Config::load(file)
         .map_err(|e| e.to_string())
-        .and_then(|config| crate::service::check_config(&config, helper));
+        .and_then(|config| crate::decide::service::check_config(&config, helper));
     match checked {
         Ok(_) => {
             println!("{}: ok", file.display());

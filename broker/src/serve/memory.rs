@@ -6,7 +6,7 @@
 //! both are no-ops.
 
 /// Gives the allocator's free pages back to the system (an idle daemon
-/// after a burst: see `crate::server`).
+/// after a burst: see `crate::serve::server`).
 pub fn release_free_memory() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only returns free memory of the allocator's own

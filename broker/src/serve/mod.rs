@@ -3,19 +3,15 @@
 //! memory, refused connections, a panic in one request), and systemd's
 //! socket activation and readiness.
 
+#[cfg(unix)]
+pub mod budget;
 #[cfg(target_os = "linux")]
 pub mod daemon;
+#[cfg(target_os = "linux")]
+pub mod memory;
 #[cfg(target_os = "linux")]
 pub mod server;
 #[cfg(unix)]
 pub mod socket;
-#[cfg(unix)]
-pub mod budget;
-#[cfg(unix)]
-pub mod refusals;
-#[cfg(target_os = "linux")]
-pub mod panics;
-#[cfg(target_os = "linux")]
-pub mod memory;
 #[cfg(target_os = "linux")]
 pub mod systemd;

@@ -7,18 +7,18 @@
 //! limits `Busy`, each kind of refusal within a room of its own
 //! ([`REFUSING_ROOM`]); only the others count against the limits.
 
-use crate::approvals::{ApproverAction, Ticket};
-use crate::budget::RequestBudget;
+use crate::decide::approvals::{ApproverAction, Ticket};
+use crate::decide::panics::{self, Caught};
+use crate::decide::service::{Broker, Decided, Question, not_approved};
+use crate::engine::run::Sink;
 use crate::error::BrokerError;
+use crate::host::requester::Peer;
+use crate::host::requester::Requester;
 use crate::journal::Event;
-use crate::memory;
-use crate::panics::{self, Caught};
-use crate::refusals::{Refusals, unlogged_suffix};
-use crate::requester::Peer;
-use crate::requester::Requester;
-use crate::run::Sink;
-use crate::service::{Broker, Decided, Question, not_approved};
-use crate::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, Inbound, ReadError, SocketSink, check_hello};
+use crate::logs::refusals::{Refusals, unlogged_suffix};
+use crate::serve::budget::RequestBudget;
+use crate::serve::memory;
+use crate::serve::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, Inbound, ReadError, SocketSink, check_hello};
 use palisade_protocol::wire::{
     BrokerStatus, CgroupStatus, ClientMessage, ConfigStatus, Decoder, Encoding, ErrorReply, JournalHead,
     PROTOCOL_VERSION, PoolStatus, RunRequest, RunResult, ServerHello, ServerMessage, encode,
@@ -194,7 +194,7 @@ impl Server {
     }
 
     /// Why `peer` may not use this broker, if it may not. A broker that does
-    /// not serve other users ([`crate::privilege`]) can act only as itself (see [`crate::requester`]): it serves
+    /// not serve other users ([`crate::host::privilege`]) can act only as itself (see [`crate::host::requester`]): it serves
     /// its own uid and root, whatever `allowed_uids` says.
     fn refusal(&self, peer: &Peer) -> Option<String> {
         let me = self.broker.context.uid;
@@ -203,7 +203,7 @@ impl Server {
                 "uid {} (gid {}, groups {:?}) is not allowed to use this broker",
                 peer.uid, peer.gid, peer.groups
             ))
-        } else if !crate::privilege::serves_others() && peer.uid != me && peer.uid != 0 {
+        } else if !crate::host::privilege::serves_others() && peer.uid != me && peer.uid != 0 {
             Some(format!(
                 "this broker runs as uid {me} and can act only as itself, not for uid {}: \
                  serving other users takes a system broker (root, or a dedicated user holding \
@@ -821,7 +821,7 @@ struct Answer {
     approved: bool,
     /// Who answered; `None` when nobody did (expired, the client gone).
     by_uid: Option<u32>,
-    /// Whether that is an approver (see [`crate::approvals::Answer`]).
+    /// Whether that is an approver (see [`crate::decide::approvals::Answer`]).
     by_approver: bool,
     why: String,
 }

@@ -2,8 +2,8 @@
 //! and decoded within their limits ([`Inbound`]), its hello checked, and
 //! replies written ([`SocketSink`]).
 
-use crate::budget::{BudgetError, Draw, UNBUDGETED_BYTES};
-use crate::stream::Sink;
+use crate::engine::stream::Sink;
+use crate::serve::budget::{BudgetError, Draw, UNBUDGETED_BYTES};
 use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, ErrorKind, Hello, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION,
     SMALL_FRAME_BYTES, ServerMessage, Stream, WireError, encode, output_frame_header,
@@ -350,7 +350,7 @@ impl Sink for SocketSink {
                     tracing::debug!("splice into the client's socket: {e}; copying instead");
                     self.no_splice = true;
                     let mut data = vec![0u8; left];
-                    return match crate::stream::read_exact_now(pipe, &mut data) {
+                    return match crate::engine::stream::read_exact_now(pipe, &mut data) {
                         Ok(()) => self.writer.write_all(&data).await.is_ok(),
                         Err(_) => false,
                     };
@@ -430,4 +430,15 @@ pub fn bind(path: &std::path::Path, mode: u32) -> std::io::Result<tokio::net::Un
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     listener.set_nonblocking(true)?;
     tokio::net::UnixListener::from_std(listener)
+}
+
+/// A message that could not be read, in the broker's terms.
+#[cfg(target_os = "linux")]
+impl From<ReadError> for crate::error::BrokerError {
+    fn from(e: ReadError) -> Self {
+        match e.kind() {
+            palisade_protocol::wire::ErrorKind::Busy => Self::Busy(e.to_string()),
+            _ => Self::Protocol(e.to_string()),
+        }
+    }
 }

@@ -2,8 +2,8 @@
 //! into a request, the run, its output cut to what an agent can use, and
 //! the result (or the MCP error carrying palisade's stable kind).
 
-use crate::client::{Ask, Client, ClientError, Event};
-use crate::run_cli::SandboxArgs;
+use crate::cli::client::{Ask, Client, ClientError, Event};
+use crate::cli::run::SandboxArgs;
 use palisade_protocol::wire::{
     ClientMessage, ErrorKind, ErrorReply, Explanation, ParamValue, RunRequest, RunResult, RunStatus,
     ServerMessage, Stream,
@@ -172,7 +172,7 @@ fn confine_param(
         .canonicalize()
         .map_err(|e| failure(format!("the server's workspace {}: {e}", base.display())))?;
     for v in values {
-        let resolved = crate::paths::canonical_prefix(&cwd.join(v));
+        let resolved = crate::host::paths::canonical_prefix(&cwd.join(v));
         let outside = !resolved.starts_with(&root)
             || resolved.components().any(|c| c == std::path::Component::ParentDir);
         if outside {
@@ -403,7 +403,7 @@ pub fn result(ran: Ran, broker: &str) -> Result<CallToolResult, ErrorData> {
         _ => status.to_string(),
     };
     summary.push_str(&format!(" ({} ms; {})\n", r.wall_ms, structured["sandbox"]["executor"]));
-    if let Some(line) = crate::run_cli::summary(&r.changes, false) {
+    if let Some(line) = crate::cli::run::summary(&r.changes, false) {
         summary.push_str(&format!("{line}\n"));
     }
     for (name, text) in [("stdout", &stdout), ("stderr", &stderr)] {
@@ -463,7 +463,7 @@ pub fn changes(stream: UnixStream, message: ClientMessage) -> Result<CallToolRes
         ServerMessage::ChangeSet(d) => (serde_json::to_value(&**d).unwrap_or(Value::Null), d.diff.clone()),
         ServerMessage::ChangesApplied(c) => (
             serde_json::to_value(&**c).unwrap_or(Value::Null),
-            crate::run_cli::summary(c, false).unwrap_or_else(|| "nothing was left to apply".into()),
+            crate::cli::run::summary(c, false).unwrap_or_else(|| "nothing was left to apply".into()),
         ),
         ServerMessage::ChangesDiscarded { id } => {
             (json!({ "discarded": id }), format!("change set {id}: discarded"))

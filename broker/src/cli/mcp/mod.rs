@@ -8,11 +8,11 @@
 mod call;
 mod tools;
 
-use crate::client::Ask;
-use crate::discovery::{Route, Which};
-use crate::run_cli::{EXIT_PALISADE, SandboxArgs, fail};
-use crate::server::Server;
-use crate::service::Broker;
+use crate::cli::client::Ask;
+use crate::cli::discovery::{Route, Which};
+use crate::cli::run::{EXIT_PALISADE, SandboxArgs, fail};
+use crate::decide::service::Broker;
+use crate::serve::server::Server;
 use call::{Defaults, Shape};
 use clap::Args as ClapArgs;
 use palisade_policy::Config;
@@ -76,12 +76,12 @@ pub fn main(args: McpArgs) -> i32 {
         workspace,
         sandbox: args.sandbox.clone(),
         params_anywhere: args.params_outside_workspace,
-        umask: crate::run_cli::own_umask(),
+        umask: crate::cli::run::own_umask(),
     };
     let route = match &args.policy {
-        Some(_) => crate::discovery::may_embed(crate::discovery::POLICY_EMBEDS)
+        Some(_) => crate::cli::discovery::may_embed(crate::cli::discovery::POLICY_EMBEDS)
             .map(|()| Route::Embedded { tried: String::new() }),
-        None => crate::discovery::find(args.socket.as_deref(), true),
+        None => crate::cli::discovery::find(args.socket.as_deref(), true),
     };
     let serving = match route {
         Ok(Route::Broker(found)) => {
@@ -151,8 +151,9 @@ async fn serve_embedded(broker: Broker, defaults: Defaults) -> Result<(), String
     let signals = termination_signals();
     let dir = private_dir().map_err(|e| format!("a private directory for the embedded broker: {e}"))?;
     let socket = dir.join("broker.sock");
-    crate::daemon::keep_socket_out_of_reach(&broker, &socket);
-    let listener = crate::socket::bind(&socket, 0o600).map_err(|e| format!("{}: {e}", socket.display()))?;
+    crate::serve::daemon::keep_socket_out_of_reach(&broker, &socket);
+    let listener =
+        crate::serve::socket::bind(&socket, 0o600).map_err(|e| format!("{}: {e}", socket.display()))?;
     let source = broker.settings().config().source_name();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(Arc::new(Server::new(broker)).serve(listener, stopped));
@@ -326,7 +327,7 @@ fn elicit(context: RequestContext<RoleServer>) -> impl FnMut(Ask<'_>) -> Option<
         let message = format!(
             "palisade: {}\n{}Approve this run?",
             ask.reason,
-            crate::approve_cli::describe(ask.approval)
+            crate::cli::approve::describe(ask.approval)
         );
         let schema = serde_json::json!({
             "type": "object",

@@ -307,20 +307,20 @@ fn caller(helper: &str) -> Outcome {
     let mut plan = palisade_protocol::decode_plan(&bytes).map_err(|e| (Errno::EINVAL, e.to_string()))?;
     plan.parent_pid = std::process::id();
     let encoded = palisade_protocol::encode_plan(&plan).map_err(|e| (Errno::EINVAL, e.to_string()))?;
-    let mut child = palisade_broker::helper::spawn(palisade_broker::helper::HelperCommand {
+    let mut child = palisade_broker::engine::helper::spawn(palisade_broker::engine::helper::HelperCommand {
         warm: None,
         helper: helper.into(),
         cgroup_dir: None,
-        stdin: palisade_broker::helper::Io::Null,
-        stdout: palisade_broker::helper::Io::Inherit,
-        stderr: palisade_broker::helper::Io::Inherit,
+        stdin: palisade_broker::engine::helper::Io::Null,
+        stdout: palisade_broker::engine::helper::Io::Inherit,
+        stderr: palisade_broker::engine::helper::Io::Inherit,
         outer_limits: vec![],
     })
     .map_err(io)?;
     let fds = palisade_tests::open_descriptors(&plan);
     let fds: Vec<_> = fds.iter().map(std::os::fd::AsFd::as_fd).collect();
     let channel = child.plan_channel.take().ok_or((Errno::EBADF, "no plan channel".to_string()))?;
-    palisade_broker::helper::send_plan(channel, &encoded, &fds).map_err(io)?;
+    palisade_broker::engine::helper::send_plan(channel, &encoded, &fds).map_err(io)?;
     let status = child.wait().map_err(io)?;
     Ok(format!("helper exited: {status}"))
 }

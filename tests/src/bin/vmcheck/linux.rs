@@ -1,6 +1,6 @@
 //! The checks themselves (see `main.rs`).
 
-use palisade_broker::client::{Client, ClientError};
+use palisade_broker::cli::client::{Client, ClientError};
 use palisade_protocol::RulesetState;
 use palisade_protocol::attest::{Built, LimitsBy};
 use palisade_protocol::plugin::PluginAttestation;
