@@ -5,7 +5,8 @@
 //! comes out), and the documented Python client must run against a real
 //! broker, exchanging the document's hello, a run and its messages, its
 //! output raw after each line (`raw_output`). ARCHITECTURE.md, what a
-//! newcomer reads first, names only files and items that exist.
+//! newcomer reads first, names only files and items that exist, and the
+//! floors it draws hold: no crate imports in a circle.
 
 use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, ServerMessage, Stream, encode, raw_output_header,
@@ -220,4 +221,154 @@ fn the_architecture_document_names_only_files_and_items_that_exist() {
         architecture_misses(stale, &files, &sources),
         ["broker/src/no_such_room.rs", "Broker::no_such_step"]
     );
+}
+
+/// A crate's modules as paths of names (`["engine", "run"]`), each with its
+/// source, less what only tests compile: files declared under a `cfg(test)`
+/// and each file's `#[cfg(test)] mod tests { ... }` at its end.
+fn modules(src: &Path) -> Vec<(Vec<String>, String)> {
+    let mut files = Vec::new();
+    let mut dirs = vec![src.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() && entry.file_name() != "bin" {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    let mut test_only = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let mut name: Vec<String> = file
+            .strip_prefix(src)
+            .unwrap()
+            .with_extension("")
+            .iter()
+            .map(|c| c.to_string_lossy().into())
+            .collect();
+        if ["mod", "lib", "main"].contains(&name.last().unwrap().as_str()) {
+            name.pop();
+        }
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        for pair in lines.windows(2) {
+            let declared = pair[1].strip_prefix("pub ").unwrap_or(pair[1]);
+            let declared = declared.strip_prefix("pub(crate) ").unwrap_or(declared);
+            if let Some(m) = declared.strip_prefix("mod ").and_then(|m| m.strip_suffix(';')) {
+                if pair[0].starts_with("#[cfg(") && pair[0].contains("test") {
+                    test_only.insert([name.clone(), vec![m.to_string()]].concat());
+                }
+            }
+        }
+        let code = text.split("#[cfg(test)]\nmod tests {").next().unwrap();
+        let code: String =
+            code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+        out.push((name, code));
+    }
+    out.retain(|(name, _)| !(1..=name.len()).any(|n| test_only.contains(&name[..n].to_vec())));
+    out
+}
+
+/// The imports between a crate's modules, `depth` names deep (1: its
+/// top-level modules and folders; 2: the modules in those): `crate::a::b`,
+/// `crate::{a, b}`, and `super::x` of a module in a folder.
+fn imports(modules: &[(Vec<String>, String)], depth: usize) -> Vec<(String, String)> {
+    let ident =
+        |s: &str| s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect::<String>();
+    let mut edges = Vec::new();
+    for (name, code) in modules {
+        if name.is_empty() {
+            continue;
+        }
+        let me = name[..depth.min(name.len())].join("/");
+        let mut targets: Vec<Vec<String>> = Vec::new();
+        for (i, _) in code.match_indices("crate::") {
+            let rest = &code[i + "crate::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let group = &group[..group.find('}').unwrap_or(group.len())];
+                targets.extend(group.split(',').map(|g| vec![ident(g.trim())]));
+            } else {
+                targets.push(rest.split("::").take(depth).map(ident).collect());
+            }
+        }
+        if name.len() > 1 {
+            for (i, _) in code.match_indices("super::") {
+                let parent = &name[..name.len() - 1];
+                targets.push([parent.to_vec(), vec![ident(&code[i + "super::".len()..])]].concat());
+            }
+        }
+        for t in targets {
+            let t: Vec<String> = t.into_iter().take(depth).filter(|s| !s.is_empty()).collect();
+            let t = t.join("/");
+            if !t.is_empty()
+                && t != me
+                && !me.starts_with(&format!("{t}/"))
+                && !t.starts_with(&format!("{me}/"))
+            {
+                edges.push((me.clone(), t));
+            }
+        }
+    }
+    edges.sort();
+    edges.dedup();
+    edges
+}
+
+/// A cycle among the edges, as the path around it, if there is one.
+fn a_cycle(edges: &[(String, String)]) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        edges: &[(String, String)],
+        path: &mut Vec<String>,
+        done: &mut std::collections::HashSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            return Some([&path[at..], &[node.to_string()]].concat());
+        }
+        if !done.insert(node.to_string()) {
+            return None;
+        }
+        path.push(node.to_string());
+        for (_, to) in edges.iter().filter(|(from, _)| from == node) {
+            if let Some(cycle) = visit(to, edges, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = std::collections::HashSet::new();
+    edges.iter().find_map(|(from, _)| visit(from, edges, &mut Vec::new(), &mut done))
+}
+
+/// No crate imports in a circle: not its top-level modules and folders (the
+/// broker's rooms, on the floors ARCHITECTURE.md draws), nor the modules in
+/// them.
+#[test]
+fn no_crate_has_an_import_cycle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for krate in ["protocol", "policy", "helper", "broker", "plugins"] {
+        let modules = modules(&root.join(krate).join("src"));
+        assert!(modules.len() > 3, "{krate}: {} modules", modules.len());
+        for depth in [1, 2] {
+            let edges = imports(&modules, depth);
+            assert!(!edges.is_empty(), "{krate}: no imports found");
+            let cycle = a_cycle(&edges);
+            assert!(cycle.is_none(), "{krate} imports in a circle: {}", cycle.unwrap().join(" -> "));
+        }
+    }
+    // The check could fail: a room that imports from a room above it is caught.
+    let rooms = |edge: (&str, &str)| {
+        vec![
+            (vec!["serve".to_string(), "server".into()], "use crate::decide::service::Broker;".to_string()),
+            (vec!["decide".into(), "service".into()], "use crate::engine::run::Engine;".into()),
+            (vec![edge.0.into()], edge.1.into()),
+        ]
+    };
+    assert_eq!(a_cycle(&imports(&rooms(("host", "use crate::{error, journal};")), 1)), None);
+    let cycle = a_cycle(&imports(&rooms(("engine", "use crate::serve::socket::Frame;")), 1));
+    assert_eq!(cycle.map(|c| c.join(" -> ")).as_deref(), Some("decide -> engine -> serve -> decide"));
 }
