@@ -268,7 +268,7 @@ fn modules(src: &Path) -> Vec<(Vec<String>, String)> {
             code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
         out.push((name, code));
     }
-    out.retain(|(name, _)| !(1..=name.len()).any(|n| test_only.contains(&name[..n].to_vec())));
+    out.retain(|(name, _)| !(1..=name.len()).any(|n| test_only.contains(&name[..n])));
     out
 }
 
