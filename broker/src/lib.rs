@@ -8,7 +8,7 @@
 #[cfg(unix)]
 pub mod cli;
 #[cfg(unix)]
-pub mod decide;
+pub(crate) mod decide;
 #[cfg(unix)]
 pub mod engine;
 #[cfg(unix)]
@@ -21,18 +21,18 @@ pub mod changes;
 #[cfg(target_os = "linux")]
 pub mod egress;
 #[cfg(target_os = "linux")]
-pub mod error;
+pub(crate) mod error;
 #[cfg(target_os = "linux")]
-pub mod fault;
+pub(crate) mod fault;
 #[cfg(unix)]
 pub mod journal;
 #[cfg(unix)]
-pub mod logs;
+pub(crate) mod logs;
 #[cfg(unix)]
 pub mod mac;
 #[cfg(target_os = "linux")]
 pub mod plugins;
 #[cfg(unix)]
-pub mod seatbelt;
+pub(crate) mod seatbelt;
 
 pub mod elsewhere;

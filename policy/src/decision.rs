@@ -1581,7 +1581,6 @@ pub fn resolve_program(files: &dyn HostFiles, command: &str, cwd: &Path) -> Resu
 mod asks;
 mod cedar_run;
 pub mod explain;
-pub use asks::WIDENS_RULE;
 
 #[cfg(test)]
 pub(crate) mod table;

@@ -9,10 +9,10 @@
 pub mod capabilities;
 pub mod cedar;
 pub mod config;
-pub mod decision;
-pub mod denial;
+pub(crate) mod decision;
+pub(crate) mod denial;
 pub mod egress;
-pub mod egress_plan;
+pub(crate) mod egress_plan;
 pub mod host;
 pub mod host_executed;
 pub mod jail;
@@ -20,10 +20,10 @@ pub mod paths;
 pub mod plugins;
 pub mod seatbelt;
 pub mod seccomp;
-pub mod sensitive;
-pub mod spans;
+pub(crate) mod sensitive;
+pub(crate) mod spans;
 pub mod trust;
-pub mod validate;
+pub(crate) mod validate;
 
 pub use capabilities::{Capabilities, Preset};
 pub use cedar::{CedarPolicies, CedarVerdict, Principal};

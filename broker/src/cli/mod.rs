@@ -3,29 +3,29 @@
 //! when none runs.
 
 #[cfg(target_os = "linux")]
-pub mod approve;
+pub(crate) mod approve;
 #[cfg(target_os = "linux")]
 pub mod arena;
 #[cfg(target_os = "linux")]
-pub mod audit;
+pub(crate) mod audit;
 #[cfg(target_os = "linux")]
-pub mod changes;
+pub(crate) mod changes;
 #[cfg(target_os = "linux")]
 pub mod client;
 #[cfg(target_os = "linux")]
-pub mod commands;
+pub(crate) mod commands;
 #[cfg(target_os = "linux")]
-pub mod discovery;
+pub(crate) mod discovery;
 #[cfg(target_os = "linux")]
-pub mod doctor;
+pub(crate) mod doctor;
 #[cfg(target_os = "linux")]
-pub mod mcp;
+pub(crate) mod mcp;
 #[cfg(target_os = "linux")]
-pub mod plugin;
+pub(crate) mod plugin;
 #[cfg(unix)]
 pub mod run;
 #[cfg(target_os = "linux")]
-pub mod status;
+pub(crate) mod status;
 
 #[cfg(target_os = "linux")]
 pub use commands::*;

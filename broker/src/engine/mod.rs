@@ -3,16 +3,16 @@
 //! streamed back to whoever asked.
 
 #[cfg(target_os = "linux")]
-pub mod cgroup;
+pub(crate) mod cgroup;
 #[cfg(target_os = "linux")]
 pub mod etc_view;
 #[cfg(target_os = "linux")]
 pub mod helper;
 #[cfg(target_os = "linux")]
-pub mod pool;
+pub(crate) mod pool;
 #[cfg(target_os = "linux")]
-pub mod run;
+pub(crate) mod run;
 #[cfg(target_os = "linux")]
-pub mod spawn_thread;
+pub(crate) mod spawn_thread;
 #[cfg(unix)]
-pub mod stream;
+pub(crate) mod stream;

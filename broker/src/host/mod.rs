@@ -3,17 +3,17 @@
 //! broker among others, and the places it keeps.
 
 #[cfg(unix)]
-pub mod accounts;
+pub(crate) mod accounts;
 #[cfg(unix)]
-pub mod files;
+pub(crate) mod files;
 #[cfg(unix)]
-pub mod instance;
+pub(crate) mod instance;
 #[cfg(target_os = "linux")]
-pub mod linux;
+pub(crate) mod linux;
 #[cfg(unix)]
-pub mod paths;
+pub(crate) mod paths;
 #[cfg(unix)]
-pub mod privilege;
+pub(crate) mod privilege;
 #[cfg(target_os = "linux")]
 pub mod requester;
 

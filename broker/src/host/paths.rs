@@ -133,6 +133,7 @@ pub fn default_state_dir() -> Result<PathBuf, String> {
 }
 
 /// The helper installed next to the running binary.
+#[cfg(target_os = "linux")]
 pub fn default_helper() -> PathBuf {
     std::env::current_exe()
         .ok()
@@ -142,6 +143,7 @@ pub fn default_helper() -> PathBuf {
 
 /// Refuses a helper that is missing, not executable, or setuid/setgid:
 /// palisade-helper must never carry privilege of its own.
+#[cfg(target_os = "linux")]
 pub fn check_helper(path: &std::path::Path) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::metadata(path).map_err(|e| {

@@ -14,4 +14,4 @@ pub mod server;
 #[cfg(unix)]
 pub mod socket;
 #[cfg(target_os = "linux")]
-pub mod systemd;
+pub(crate) mod systemd;
