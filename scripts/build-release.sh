@@ -13,7 +13,8 @@
 #                               static-pie (its base randomized); the CLI is
 #                               position-dependent: nothing to relocate at start
 #                               (half the page faults), and it reads input from
-#                               the broker only.
+#                               the broker only. It links no broker: without
+#                               one it hands its process over to palisaded.
 #   palisaded                   static-pie against glibc: it starts once, and
 #                               glibc's allocator serves its runtime better.
 #
@@ -39,21 +40,15 @@ else
     libc=glibc
 fi
 if [ "$libc" = musl ]; then
-    # cedar-policy's stack check (the psm crate) assembles a few lines with
-    # the target's C compiler; without a musl cross compiler, the host's gcc
-    # assembles them (assembly: no libc involved).
-    if [ -z "${CC_x86_64_unknown_linux_musl:-}" ] && ! command -v x86_64-linux-musl-gcc >/dev/null; then
-        export CC_x86_64_unknown_linux_musl=gcc
-    fi
     cargo build --release --locked --quiet --target "$musl" -p palisade-helper --bin palisade-helper
-    cargo rustc --release --locked --quiet --target "$musl" -p palisade-broker --bin palisade -- -C relocation-model=static
+    cargo rustc --release --locked --quiet --target "$musl" -p palisade-cli --bin palisade -- -C relocation-model=static
     for b in palisade-helper palisade; do
         cp "target/$musl/release/$b" "target/release/$b.new"
         mv -f "target/release/$b.new" "target/release/$b"
     done
 else
     cargo rustc --release --locked --quiet -p palisade-helper --bin palisade-helper -- "${static[@]}"
-    cargo rustc --release --locked --quiet -p palisade-broker --bin palisade -- "${static[@]}" -C relocation-model=static
+    cargo rustc --release --locked --quiet -p palisade-cli --bin palisade -- "${static[@]}" -C relocation-model=static
 fi
 for b in palisade-helper palisade palisaded; do
     linkage=$(ldd "target/release/$b" 2>&1 || true)

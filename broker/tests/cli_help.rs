@@ -1,4 +1,4 @@
-//! Both binaries document themselves. (End-to-end tests of the broker live in
+//! palisaded documents itself, and reads the command line palisade hands over. (End-to-end tests of the broker live in
 //! the workspace's `tests` crate.)
 #![cfg(target_os = "linux")]
 
@@ -18,19 +18,21 @@ fn palisaded_has_help() {
     }
 }
 
+/// `palisaded cli` reads `palisade`'s command line: its help, and its
+/// usage errors, exit 125 like any failure of palisade.
 #[test]
-fn palisade_has_help_for_run() {
-    assert!(help(env!("CARGO_BIN_EXE_palisade"), &["--help"]).contains("run"));
-    let text = help(env!("CARGO_BIN_EXE_palisade"), &["run", "--help"]);
+fn palisaded_cli_reads_the_command_line_of_palisade() {
+    let text = help(env!("CARGO_BIN_EXE_palisaded"), &["cli", "run", "--help"]);
+    assert!(text.starts_with("Run a command in a sandbox"), "{text}");
     for flag in ["--socket", "--workspace", "--policy", "--timeout", "--max-output", "--json"] {
         assert!(text.contains(flag), "{flag} missing from:\n{text}");
     }
-}
-
-#[test]
-fn a_usage_error_exits_125_like_any_failure_of_palisade() {
-    for args in [&["run"][..], &["run", "--timeout", "soon", "--", "true"], &["frobnicate"]] {
-        let o = Command::new(env!("CARGO_BIN_EXE_palisade")).args(args).output().unwrap();
+    let text = help(env!("CARGO_BIN_EXE_palisaded"), &["cli", "doctor", "--help"]);
+    assert!(text.contains("Usage: palisade doctor [OPTIONS]") && text.contains("--policy"), "{text}");
+    for args in
+        [&["cli", "run"][..], &["cli", "run", "--timeout", "soon", "--", "true"], &["cli", "frobnicate"]]
+    {
+        let o = Command::new(env!("CARGO_BIN_EXE_palisaded")).args(args).output().unwrap();
         assert_eq!(o.status.code(), Some(125), "{args:?}: {o:?}");
         assert!(String::from_utf8_lossy(&o.stderr).contains("error:"), "{args:?}: {o:?}");
     }

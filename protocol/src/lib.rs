@@ -13,6 +13,7 @@
 pub mod attest;
 pub mod bytes;
 pub mod check;
+pub mod clients;
 pub mod kind;
 pub mod plan;
 pub mod plugin;

@@ -1,17 +1,19 @@
-//! palisade: the command-line client. `palisade run` uses a running broker,
-//! or an embedded one with the built-in default policy when none answers.
+//! `palisaded cli`: the whole command line of `palisade`, served with the
+//! broker's code. `palisade run` uses a running broker, or an embedded one
+//! with the built-in default policy when none answers. (Its help and manual
+//! pages are these definitions'; the CLI's own are checked against them.)
 
 use crate::cli::approve::ToolsCommand;
-use crate::cli::client::{Client, ClientError, Event};
-use crate::cli::discovery::{self, BrokerArgs, Found, Route, Which};
+use crate::cli::discovery::{self, BrokerArgs, Route, Which};
 pub use crate::cli::run::{EXIT_PALISADE, RunArgs, SandboxArgs};
 use crate::cli::run::{Render, RenderSink, fail, request};
 use crate::decide::service::Broker;
 use crate::host::requester::Peer;
-use clap::{Args as ClapArgs, Parser, Subcommand};
+use clap::{Parser, Subcommand};
+use palisade_cli::args::{ExplainArgs, explain_run};
+use palisade_cli::run::{explain_by, show_explanation, terminal_answer, via_socket};
 use palisade_policy::Config;
-use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest, Stream};
-use std::io::Write;
+use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest};
 use std::path::PathBuf;
 
 /// Run commands in a kernel-enforced sandbox.
@@ -108,94 +110,20 @@ pub enum Command {
     Mcp(crate::cli::mcp::McpArgs),
 }
 
-#[derive(ClapArgs, Debug)]
-pub struct ExplainArgs {
-    /// Broker socket to ask [default: $PALISADE_SOCKET, else your broker's,
-    /// else the system broker's; the built-in policy decides when none
-    /// answers, unless the system configuration requires the system broker].
-    #[arg(long, value_name = "PATH", conflicts_with = "policy")]
-    pub socket: Option<PathBuf>,
-    /// Policy file: decide with it here, instead of asking a running broker.
-    #[arg(long, value_name = "FILE")]
-    pub policy: Option<PathBuf>,
-    /// The writable workspace [default: the current directory].
-    #[arg(long, value_name = "DIR")]
-    pub workspace: Option<PathBuf>,
-    /// A tool declared in the policy.
-    #[arg(long, value_name = "NAME")]
-    pub tool: Option<String>,
-    /// A tool parameter, NAME=PATH (repeat NAME for a list).
-    #[arg(long = "param", value_name = "NAME=PATH")]
-    pub params: Vec<String>,
-    #[command(flatten)]
-    pub sandbox: SandboxArgs,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
-    pub command: Vec<String>,
-}
-
-/// `palisade run` in its common forms, read without clap: building clap's
-/// parser is a good part of a short run's start (its code and allocations
-/// fault in pages that nothing else touches). Anything else, a help request,
-/// a repeated or unknown option, a malformed value, is `None`: clap parses
-/// it, and explains what is wrong. Gives what clap would.
-pub fn parse_common_run(args: &[std::ffi::OsString]) -> Option<Cli> {
-    let args: Vec<&str> = args.iter().map(|a| a.to_str()).collect::<Option<_>>()?;
-    let (&"run", rest) = args.get(1..)?.split_first()? else { return None };
-    let split = rest.iter().position(|a| *a == "--")?;
-    let (options, command) = (&rest[..split], &rest[split + 1..]);
-    if command.is_empty() {
-        return None;
-    }
-    let mut run = RunArgs {
-        socket: None,
-        workspace: None,
-        policy: None,
-        timeout: None,
-        max_output: None,
-        json: false,
-        no_stdin: false,
-        tool: None,
-        params: vec![],
-        sandbox: SandboxArgs::default(),
-        command: command.iter().map(|c| c.to_string()).collect(),
-    };
-    let mut i = 0;
-    while i < options.len() {
-        let (name, inline) = match options[i].split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n, Some(v)),
-            _ => (options[i], None),
-        };
-        let flag = |set: &mut bool| (!std::mem::replace(set, true) && inline.is_none()).then_some(());
-        match name {
-            "-n" | "--no-stdin" => flag(&mut run.no_stdin)?,
-            "--json" => flag(&mut run.json)?,
-            "--socket" | "--workspace" | "--timeout" | "--max-output" => {
-                let value = match inline {
-                    Some(v) => v,
-                    None => {
-                        i += 1;
-                        options.get(i).copied()?
-                    }
-                };
-                // A value that looks like an option is clap's to judge.
-                if value.is_empty() || value.starts_with('-') {
-                    return None;
-                }
-                let path = Some(PathBuf::from(value));
-                match name {
-                    "--socket" if run.socket.is_none() => run.socket = path,
-                    "--workspace" if run.workspace.is_none() => run.workspace = path,
-                    "--timeout" if run.timeout.is_none() => run.timeout = Some(value.parse().ok()?),
-                    "--max-output" if run.max_output.is_none() => run.max_output = Some(value.parse().ok()?),
-                    _ => return None,
-                }
-            }
-            _ => return None,
+/// `palisaded cli ARGS...`: the command line `palisade` handed over
+/// (`palisade_cli::hand_over`), read as `palisade ARGS...`; the exit status.
+pub fn handed_over(args: impl Iterator<Item = std::ffi::OsString>) -> i32 {
+    let argv = std::iter::once("palisade".into()).chain(args);
+    let cli = match Cli::try_parse_from(argv) {
+        Ok(cli) => cli,
+        // --help and --version exit 0; a usage error is palisade failing, not the command.
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let _ = e.print();
+            return EXIT_PALISADE;
         }
-        i += 1;
-    }
-    Some(Cli { command: Command::Run(run) })
+    };
+    main(cli)
 }
 
 pub fn main(cli: Cli) -> i32 {
@@ -219,11 +147,11 @@ pub fn main(cli: Cli) -> i32 {
             print!("{text}");
             if complete { 0 } else { 1 }
         }
-        Command::Approvals { broker, json } => crate::cli::approve::list(&broker, json),
-        Command::Approve { id, broker } => crate::cli::approve::answer(&broker, id, true, None),
-        Command::Deny { id, reason, broker } => crate::cli::approve::answer(&broker, id, false, reason),
+        Command::Approvals { broker, json } => palisade_cli::approve::list(&broker, json),
+        Command::Approve { id, broker } => palisade_cli::approve::answer(&broker, id, true, None),
+        Command::Deny { id, reason, broker } => palisade_cli::approve::answer(&broker, id, false, reason),
         Command::Tools(command) => crate::cli::approve::tools(command),
-        Command::Status { broker, json } => crate::cli::status::status(&broker, json),
+        Command::Status { broker, json } => palisade_cli::status::status(&broker, json),
         Command::Changes(command) => crate::cli::changes::main(command),
         Command::Plugin(command) => crate::cli::plugin::main(command),
         Command::Mcp(args) => crate::cli::mcp::main(args),
@@ -258,7 +186,7 @@ fn explain(args: ExplainArgs) -> i32 {
     };
     let edited = std::env::current_dir()
         .map_err(|e| format!("current directory: {e}"))
-        .and_then(|cwd| run_args.sandbox.edit(&mut config, &cwd));
+        .and_then(|cwd| crate::cli::run::edit(&run_args.sandbox, &mut config, &cwd));
     if let Err(e) = edited {
         return fail(ErrorKind::InvalidRequest, e);
     }
@@ -277,52 +205,6 @@ fn explain(args: ExplainArgs) -> i32 {
     show_explanation(&explained, &by)
 }
 
-/// `palisade explain` through the broker `found`: its policy decides.
-fn explain_by(found: Found, args: ExplainArgs) -> i32 {
-    let name = found.name();
-    let (mut client, socket) = (found.client, found.socket);
-    let run_args = RunArgs {
-        workspace: args.workspace,
-        tool: args.tool,
-        params: args.params,
-        ..explain_run(args.sandbox, args.command)
-    };
-    let request = match request(&run_args, false) {
-        Ok(r) => r,
-        Err(e) => return fail(ErrorKind::InvalidRequest, e),
-    };
-    match client.request(&palisade_protocol::wire::ClientMessage::Explain(request)) {
-        Ok(palisade_protocol::wire::ServerMessage::Explained(e)) => show_explanation(&e, &name),
-        Ok(other) => fail(ErrorKind::RuntimeFailure, format!("the broker answered {other:?}")),
-        Err(ClientError::Reply(e)) => fail(e.kind, e.message),
-        Err(e) => fail(ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),
-    }
-}
-
-/// The decision, then which policy made it; 0 when the run is allowed.
-fn show_explanation(e: &palisade_protocol::wire::Explanation, by: &str) -> i32 {
-    print!("{}", e.text);
-    println!("policy:   {} ({by})", e.policy);
-    if e.decision == "allow" { 0 } else { 1 }
-}
-
-/// The run `palisade explain` asks about: no stdin, nothing else set.
-fn explain_run(sandbox: SandboxArgs, command: Vec<String>) -> RunArgs {
-    RunArgs {
-        socket: None,
-        workspace: None,
-        policy: None,
-        timeout: None,
-        max_output: None,
-        json: false,
-        no_stdin: true,
-        tool: None,
-        params: vec![],
-        sandbox,
-        command,
-    }
-}
-
 fn run(args: RunArgs) -> i32 {
     let mut render = Render::new(args.json);
     // Failures before any run are reported like the broker's: one line, or the JSON object.
@@ -336,7 +218,7 @@ fn run(args: RunArgs) -> i32 {
     let own_policy = |config: Result<Config, String>| {
         let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
         let mut config = config?;
-        args.sandbox.edit(&mut config, &cwd)?;
+        crate::cli::run::edit(&args.sandbox, &mut config, &cwd)?;
         Ok::<_, String>(config)
     };
     if let Some(policy) = &args.policy {
@@ -366,79 +248,6 @@ fn run(args: RunArgs) -> i32 {
             }
         }
         Err(e) => refuse(e.kind(), e.to_string()),
-    }
-}
-
-/// The answer of the person at this process's terminal; `None` when there
-/// is no terminal to ask (nobody answered).
-fn terminal_answer(question: &str) -> Option<bool> {
-    match std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") {
-        Ok(tty) => Some(prompt(tty, question)),
-        Err(_) => {
-            eprintln!("palisade: the run needs approval and there is no terminal to ask: {question}");
-            None
-        }
-    }
-}
-
-/// Puts `question` at the terminal `tty`; "y" or "yes" approves.
-fn prompt(mut tty: std::fs::File, question: &str) -> bool {
-    if write!(tty, "palisade: {question} [y/N] ").and_then(|()| tty.flush()).is_err() {
-        return false;
-    }
-    let mut answer = String::new();
-    let mut reader = std::io::BufReader::new(tty);
-    std::io::BufRead::read_line(&mut reader, &mut answer).is_ok()
-        && matches!(answer.trim(), "y" | "Y" | "yes" | "Yes" | "YES")
-}
-
-/// A run held for approval, put to the requester: at its terminal when it
-/// may answer, while an approver elsewhere may answer first (no terminal:
-/// refused, as nobody here can answer); otherwise it says who can, and waits.
-fn ask_requester(ask: crate::cli::client::Ask<'_>) -> Option<bool> {
-    let details = crate::cli::approve::describe(ask.approval);
-    let id = ask.approval.id;
-    if !ask.may_answer {
-        eprintln!(
-            "palisade: {}\n{details}palisade: waiting for an approver: palisade approve {id} (or palisade deny {id})",
-            ask.reason
-        );
-        return None;
-    }
-    let Ok(tty) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") else {
-        eprintln!("palisade: the run needs approval and there is no terminal to ask: {}", ask.reason);
-        return Some(false);
-    };
-    let question = format!("{}\n{details}Run it? (or elsewhere: palisade approve {id})", ask.reason);
-    let answerer = ask.answerer;
-    // The prompt waits on its own thread: an answer from elsewhere ends the
-    // wait, and the process, without it.
-    std::thread::spawn(move || {
-        let approved = prompt(tty, &question);
-        let _ = answerer.send(approved);
-    });
-    None
-}
-
-fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -> i32 {
-    if !render.json() {
-        // Large output into a pipe (`palisade run ... | next`) is spliced:
-        // the CLI does not copy it through its own memory.
-        for (stream, fd) in [(Stream::Stdout, libc::STDOUT_FILENO), (Stream::Stderr, libc::STDERR_FILENO)] {
-            // SAFETY: the standard streams stay open for the process's whole life.
-            client.splice_output_to(stream, unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) });
-        }
-    }
-    let on = |event: Event<'_>| {
-        if let Event::Output(stream, data) = event {
-            render.output(stream, data);
-        }
-    };
-    let outcome = client.run_events(request, on, ask_requester);
-    match outcome {
-        Ok(r) => render.finish(Ok(r)),
-        Err(ClientError::Reply(e)) => render.finish(Err(e)),
-        Err(e) => render.finish(Err(ErrorReply::new(ErrorKind::RuntimeFailure, e.to_string()))),
     }
 }
 
@@ -507,7 +316,7 @@ async fn ask_embedded(
     let tool = ticket.pending.tool.clone();
     let asked = Event::ApprovalAsked { approval, run_id, uid: peer.uid, tool, reason: reason.clone() };
     broker.journal.append(asked).await?;
-    let question = format!("{reason}\n{}Run it?", crate::cli::approve::describe(&ticket.pending));
+    let question = format!("{reason}\n{}Run it?", palisade_cli::approve::describe(&ticket.pending));
     let answer = tokio::task::spawn_blocking(move || terminal_answer(&question)).await.unwrap_or(None);
     let approved = answer == Some(true);
     let why = match answer {
@@ -523,80 +332,22 @@ async fn ask_embedded(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use clap::CommandFactory;
 
-    fn argv(words: &[&str]) -> Vec<std::ffi::OsString> {
-        std::iter::once("palisade").chain(words.iter().copied()).map(Into::into).collect()
-    }
-
-    /// Every sequence of up to four of these words before `-- cmd`: whenever
-    /// the common form is recognized, clap reads the same; common forms are.
+    /// `palisade --help` is the CLI's, which hands most commands over here:
+    /// it names every command of this command line, in the same order,
+    /// with the same summary.
     #[test]
-    fn the_common_run_forms_read_as_clap_reads_them() {
-        let words = [
-            "-n",
-            "--no-stdin",
-            "--json",
-            "--json=1",
-            "--socket",
-            "/s",
-            "--socket=/s",
-            "--socket=",
-            "--workspace",
-            "w",
-            "--timeout",
-            "5",
-            "--timeout=x",
-            "--max-output",
-            "-1",
-            "10",
-            "-h",
-            "--tool",
-            "t",
-            "run",
-            "--",
-        ];
-        let mut sequences: Vec<Vec<&str>> = vec![vec![]];
-        for _ in 0..4 {
-            let longer: Vec<Vec<&str>> = sequences
-                .iter()
-                .filter(|s| s.len() == sequences.last().map_or(0, Vec::len))
-                .flat_map(|s| words.iter().map(move |w| [s.clone(), vec![*w]].concat()))
-                .collect();
-            sequences.extend(longer);
-        }
-        let mut recognized = 0;
-        for options in &sequences {
-            for command in [&["cmd", "--json"][..], &[][..]] {
-                let line: Vec<&str> =
-                    ["run"].iter().chain(options).chain(&["--"]).chain(command).copied().collect();
-                let args = argv(&line);
-                if let Some(fast) = parse_common_run(&args) {
-                    recognized += 1;
-                    let clap =
-                        Cli::try_parse_from(&args).map(|c| format!("{c:?}")).map_err(|e| e.to_string());
-                    assert_eq!(Ok(format!("{fast:?}")), clap, "{line:?}");
-                }
-            }
-        }
-        assert!(recognized > 1000, "only {recognized} forms recognized");
-        for common in [
-            &["run", "--", "true"][..],
-            &["run", "-n", "--socket", "/run/p.sock", "--", "ls", "-la"],
-            &["run", "--json", "--timeout=30", "--max-output", "1000", "--workspace", "ws", "--", "make"],
-        ] {
-            assert!(parse_common_run(&argv(common)).is_some(), "{common:?}");
-        }
-        for other in [
-            &["run", "--help"][..],
-            &["run", "--policy", "p.toml", "--", "true"],
-            &["run", "--tool", "t", "--", "true"],
-            &["run", "true"],
-            &["run", "--"],
-            &["explain", "--", "true"],
-            &["--version"],
-        ] {
-            assert!(parse_common_run(&argv(other)).is_none(), "{other:?}");
-        }
+    fn the_cli_lists_the_commands_served_here_as_they_are_described_here() {
+        let summaries = |c: clap::Command| -> Vec<(String, String)> {
+            c.get_subcommands()
+                .map(|s| (s.get_name().to_string(), s.get_about().map(|a| a.to_string()).unwrap_or_default()))
+                .collect()
+        };
+        let (cli, here) = (summaries(palisade_cli::Cli::command()), summaries(super::Cli::command()));
+        assert_eq!(cli, here);
+        assert!(here.len() >= 12, "{here:?}");
+        let (cli, here) = (palisade_cli::Cli::command(), super::Cli::command());
+        assert_eq!((cli.get_name(), cli.get_version()), (here.get_name(), here.get_version()));
     }
 }

@@ -1,21 +1,16 @@
-//! `palisade`, the command-line client: its commands, the client of the
-//! broker's socket, the choice of broker, and the embedded broker it starts
-//! when none runs.
+//! The broker's side of `palisade`, served by `palisaded cli` (the CLI
+//! hands its process over, `palisade_cli::hand_over`): a run and an
+//! explanation with an embedded broker, and the commands on the broker's
+//! own state (doctor, tools, changes, audit, plugin, mcp).
 
 #[cfg(target_os = "linux")]
 pub(crate) mod approve;
-#[cfg(target_os = "linux")]
-pub mod arena;
 #[cfg(target_os = "linux")]
 pub(crate) mod audit;
 #[cfg(target_os = "linux")]
 pub(crate) mod changes;
 #[cfg(target_os = "linux")]
-pub mod client;
-#[cfg(target_os = "linux")]
 pub(crate) mod commands;
-#[cfg(target_os = "linux")]
-pub(crate) mod discovery;
 #[cfg(target_os = "linux")]
 pub(crate) mod doctor;
 #[cfg(target_os = "linux")]
@@ -24,8 +19,8 @@ pub(crate) mod mcp;
 pub(crate) mod plugin;
 #[cfg(unix)]
 pub mod run;
-#[cfg(target_os = "linux")]
-pub(crate) mod status;
 
 #[cfg(target_os = "linux")]
 pub use commands::*;
+#[cfg(target_os = "linux")]
+pub use palisade_cli::{client, discovery};

@@ -701,7 +701,12 @@ fn owned_by(
     }
     elsewhere.push((helper.to_path_buf(), "the sandbox helper", false));
     elsewhere.push((crate::plugins::host_program(&config.plugins, helper), "the plugin host", false));
-    elsewhere.extend(std::env::current_exe().ok().map(|exe| (exe, "the broker's program", false)));
+    if let Ok(exe) = std::env::current_exe() {
+        // The CLI beside it hands its process over to this program: neither
+        // is a run's to replace.
+        elsewhere.push((exe.with_file_name("palisade"), "the CLI's program", false));
+        elsewhere.push((exe, "the broker's program", false));
+    }
     crate::decide::owned::owned(config, journal.dir(), temp_root, &elsewhere)
 }
 

@@ -72,7 +72,7 @@ pub fn palisade(cli: Cli) -> i32 {
     }
     let edited = |mut c: Config| -> Result<Config, String> {
         let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-        args.sandbox.edit(&mut c, &cwd)?;
+        crate::cli::run::edit(&args.sandbox, &mut c, &cwd)?;
         Ok(c)
     };
     let (config, request) = match load(args.policy.as_deref())

@@ -137,7 +137,7 @@ fn embedded_broker(
     cwd: &std::path::Path,
 ) -> Result<Broker, String> {
     let mut config = policy.map(Config::load).transpose().map_err(|e| e.to_string())?.unwrap_or_default();
-    sandbox.edit(&mut config, cwd)?;
+    crate::cli::run::edit(sandbox, &mut config, cwd)?;
     // Before any thread exists: the probe of user namespaces forks.
     let broker = Broker::assemble(config, None).map_err(|e| e.to_string())?;
     broker.journal.check_newest().map_err(|e| e.to_string())?;
@@ -327,7 +327,7 @@ fn elicit(context: RequestContext<RoleServer>) -> impl FnMut(Ask<'_>) -> Option<
         let message = format!(
             "palisade: {}\n{}Approve this run?",
             ask.reason,
-            crate::cli::approve::describe(ask.approval)
+            palisade_cli::approve::describe(ask.approval)
         );
         let schema = serde_json::json!({
             "type": "object",

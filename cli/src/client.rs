@@ -323,7 +323,6 @@ impl Client {
                     }
                     // The pipe's reader is gone, or it cannot take a splice:
                     // what remains is read and handed to `on` like any output.
-                    tracing::debug!("splice into the output pipe: {e}; reading instead");
                     self.splice_to = [None, None];
                     let mut buf = vec![0u8; rest.min(READ_BYTES)];
                     while rest > 0 {

@@ -1,7 +1,8 @@
 //! `palisade status`: the running broker's state, as its `Status` answer gives it.
 
-use crate::cli::approve::{ask_broker, fail};
-use crate::cli::discovery::BrokerArgs;
+use crate::approve::ask_broker;
+use crate::discovery::BrokerArgs;
+use crate::render::fail;
 use palisade_protocol::wire::{BrokerStatus, ClientMessage, ErrorKind, ServerMessage};
 use std::fmt::Write;
 

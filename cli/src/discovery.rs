@@ -12,20 +12,13 @@
 //! `$PALISADE_SYSTEM_CONFIG`), and only when it looks past the user's own
 //! broker or journal: its `[clients]` table and `[journal] path`.
 
-use crate::cli::client::{Client, ClientError};
-use palisade_policy::config::ClientsConfig;
+use crate::client::{Client, ClientError};
+use palisade_protocol::clients::ClientsConfig;
 use palisade_protocol::wire::ErrorKind;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
-/// Where the approval and tool commands find the broker.
-#[derive(clap::Args, Debug)]
-pub struct BrokerArgs {
-    /// Broker socket [default: $PALISADE_SOCKET, else your broker's, else the
-    /// system broker's].
-    #[arg(long, value_name = "PATH")]
-    pub socket: Option<PathBuf>,
-}
+pub use crate::args::BrokerArgs;
 
 /// The variable that names the system configuration instead of [`SYSTEM_CONFIG`].
 pub const SYSTEM_CONFIG_ENV: &str = "PALISADE_SYSTEM_CONFIG";
@@ -113,6 +106,38 @@ fn name(which: Which, socket: &Path) -> String {
         Which::System => format!("the system broker on {}", socket.display()),
         Which::Named | Which::Own => format!("the broker on {}", socket.display()),
     }
+}
+
+/// The socket of the user's own broker: the one `palisaded` serves by
+/// default when this user starts it. A process that serves other users
+/// (root, or holding `CAP_SETUID`) owns the system broker's socket.
+pub fn own_socket() -> PathBuf {
+    let euid = nix::unistd::geteuid();
+    if cfg!(target_os = "macos") {
+        // macOS: /var/run for root, else the user's private temporary directory.
+        return match euid.is_root() {
+            true => PathBuf::from("/var/run/palisade/palisade.sock"),
+            false => std::env::temp_dir().join("palisade/palisade.sock"),
+        };
+    }
+    if euid.is_root() || holds_setuid() {
+        return PathBuf::from(palisade_protocol::clients::SYSTEM_SOCKET);
+    }
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(format!("/run/user/{euid}")));
+    runtime.join("palisade/palisade.sock")
+}
+
+/// Whether `CAP_SETUID` (7) is in this process's effective set, as
+/// `/proc/self/status` says (Linux); false where it cannot be read.
+fn holds_setuid() -> bool {
+    const CAP_SETUID: u32 = 7;
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return false };
+    let effective = status.lines().find_map(|l| l.strip_prefix("CapEff:"));
+    effective
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|set| set >> CAP_SETUID & 1 == 1)
 }
 
 /// Where a command goes.
@@ -205,7 +230,7 @@ pub fn find(flag: Option<&Path>, runs: bool) -> Result<Route, DiscoveryError> {
         }
         return Ok(Route::Embedded { tried: socket.display().to_string() });
     }
-    let own = crate::host::paths::default_socket();
+    let own = own_socket();
     if let Some(f) = answering(&own, Which::Own)? {
         return Ok(Route::Broker(f));
     }
@@ -249,10 +274,7 @@ pub fn may_embed(what: &str) -> Result<(), DiscoveryError> {
 fn answering(socket: &Path, which: Which) -> Result<Option<Found>, DiscoveryError> {
     match UnixStream::connect(socket) {
         Ok(stream) => found(socket, which, stream).map(Some),
-        Err(e) if nothing_there(&e) => {
-            tracing::debug!("no broker at {}: {e}", socket.display());
-            Ok(None)
-        }
+        Err(e) if nothing_there(&e) => Ok(None),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(refused(socket, which, e)),
         Err(e) => Err(DiscoveryError::Broken { socket: socket.to_path_buf(), why: e.to_string() }),
     }

@@ -1,0 +1,257 @@
+//! The arguments of `palisade run` and `palisade explain`, and the request
+//! they make: what the CLI and the broker's side of it (`palisaded cli`)
+//! both read.
+
+use clap::Args as ClapArgs;
+use palisade_protocol::wire::{KeepChanges, OnConflict, ParamValue, RunRequest};
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
+
+#[derive(ClapArgs, Debug)]
+pub struct RunArgs {
+    /// Broker socket [default: $PALISADE_SOCKET, else your broker's, else
+    /// the system broker's; an embedded broker runs when none answers,
+    /// unless the system configuration requires the system broker].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// The writable workspace [default: the current directory].
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// Policy file: run with an embedded broker under this policy.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// Deadline in seconds (can only lower the policy's).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<u64>,
+    /// Output quota in bytes, stdout and stderr together (can only lower the policy's).
+    #[arg(long = "max-output", value_name = "BYTES")]
+    pub max_output: Option<u64>,
+    /// Print the result and its attestation as one JSON object: "result"
+    /// (or "error" for a refusal or failure), "broker" (which ran it),
+    /// and each stream as "stdout"/"stderr" text when it is UTF-8, else
+    /// its bytes as "stdout_base64"/"stderr_base64".
+    #[arg(long)]
+    pub json: bool,
+    /// Give the command an empty stdin. Without it, palisade's stdin, when it
+    /// is not a terminal, is read to its end and passed to the command.
+    #[arg(short = 'n', long = "no-stdin")]
+    pub no_stdin: bool,
+    /// Run as a tool declared in the policy.
+    #[arg(long, value_name = "NAME")]
+    pub tool: Option<String>,
+    /// A tool parameter, NAME=PATH (repeat NAME for a list).
+    #[arg(long = "param", value_name = "NAME=PATH")]
+    pub params: Vec<String>,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// What the sandbox may do. With an embedded broker, the person running
+/// the CLI owns the policy: these flags edit the profile (`[defaults]`, or
+/// `--profile`'s) before the run. Through a daemon, a request can only
+/// narrow the daemon's policy: a flag that would widen it is refused,
+/// naming the flag and the key an operator would change.
+#[derive(ClapArgs, Debug, Default, Clone)]
+#[command(next_help_heading = "Sandbox (embedded: edits the profile; through a daemon: may only narrow it)")]
+pub struct SandboxArgs {
+    /// Use the profile the configuration declares as [profiles.NAME] instead of [defaults].
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
+    /// Let interpreters run (shells, python3, node, ...).
+    #[arg(long)]
+    pub allow_interpreters: bool,
+    /// Let inline code run (`sh -c`, `python3 -c`, a script on stdin).
+    #[arg(long)]
+    pub allow_inline_code: bool,
+    /// Let the command reach this host name, exact or *.suffix (repeatable):
+    /// through the egress proxy, enforced by the kernel (strict egress).
+    #[arg(long = "allow-domain", value_name = "NAME")]
+    pub allow_domains: Vec<String>,
+    /// Make PATH visible read-only (repeatable).
+    #[arg(long = "read-only", value_name = "PATH")]
+    pub read_only: Vec<PathBuf>,
+    /// Make PATH writable, as the workspace is (repeatable; it must exist).
+    #[arg(long = "read-write", value_name = "PATH")]
+    pub read_write: Vec<PathBuf>,
+    /// Pass variable NAME to the command: its value here, or VALUE (repeatable).
+    #[arg(long = "env", value_name = "NAME[=VALUE]")]
+    pub env: Vec<String>,
+    /// Memory limit in MiB.
+    #[arg(long, value_name = "MB")]
+    pub memory: Option<u64>,
+    /// Limit on the number of processes.
+    #[arg(long, value_name = "N")]
+    pub processes: Option<u64>,
+    /// No new processes: fork and clone are refused.
+    #[arg(long)]
+    pub no_fork: bool,
+    /// Hold the run's writes as a change set for review instead of applying
+    /// them (palisade changes show ID, apply ID, discard ID).
+    #[arg(long)]
+    pub hold_changes: bool,
+    /// A path someone else changed in the workspace while the run ran:
+    /// keep_host (the default: the run's version is held), hold (apply
+    /// nothing), overwrite (the run's version wins).
+    #[arg(long, value_name = "WHAT", value_parser = on_conflict)]
+    pub on_conflict: Option<OnConflict>,
+    /// Write the workspace in place, live (no change set: nothing to review,
+    /// no conflict found); the profile must allow it (allow_direct).
+    #[arg(long)]
+    pub direct: bool,
+}
+
+fn on_conflict(s: &str) -> Result<OnConflict, String> {
+    match s {
+        "keep_host" => Ok(OnConflict::KeepHost),
+        "hold" => Ok(OnConflict::Hold),
+        "overwrite" => Ok(OnConflict::Overwrite),
+        other => Err(format!("{other:?}: one of keep_host, hold, overwrite")),
+    }
+}
+
+impl SandboxArgs {
+    /// The request's asks: what the daemon checks against its policy.
+    pub fn ask(&self, req: &mut RunRequest, cwd: &std::path::Path) -> Result<(), String> {
+        let absolute = |paths: &[PathBuf]| -> Vec<String> {
+            paths.iter().map(|p| cwd.join(p).to_string_lossy().into_owned()).collect()
+        };
+        req.profile = self.profile.clone();
+        req.allow_interpreters = self.allow_interpreters;
+        req.allow_inline_code = self.allow_inline_code;
+        req.allow_domains = (!self.allow_domains.is_empty()).then(|| self.allow_domains.clone());
+        req.read_only = absolute(&self.read_only);
+        req.read_write = absolute(&self.read_write);
+        req.max_memory_mb = self.memory;
+        req.max_processes = self.processes;
+        req.no_fork = self.no_fork;
+        req.keep_changes = self.hold_changes.then_some(KeepChanges::AlwaysHold);
+        req.on_conflict = self.on_conflict;
+        req.direct = self.direct;
+        for spec in &self.env {
+            let (name, value) = match spec.split_once('=') {
+                Some((n, v)) => (n, Some(v)),
+                None => (spec.as_str(), None),
+            };
+            if name.is_empty() {
+                return Err(format!("--env {spec}: expected NAME or NAME=VALUE"));
+            }
+            match value {
+                Some(v) => {
+                    req.env.insert(name.into(), v.into());
+                }
+                None if !req.env.contains_key(name) => {
+                    return Err(format!("--env {name}: {name} is not set here (give it as {name}=VALUE)"));
+                }
+                None => {}
+            }
+            req.pass_env.push(name.into());
+        }
+        Ok(())
+    }
+}
+
+pub fn params(pairs: &[String]) -> Result<std::collections::BTreeMap<String, ParamValue>, String> {
+    let mut out: std::collections::BTreeMap<String, ParamValue> = Default::default();
+    for p in pairs {
+        let (k, v) = p.split_once('=').ok_or_else(|| format!("--param {p}: expected NAME=PATH"))?;
+        let value = match out.remove(k) {
+            None => ParamValue::One(v.into()),
+            Some(ParamValue::One(first)) => ParamValue::Many(vec![first, v.into()]),
+            Some(ParamValue::Many(mut all)) => {
+                all.push(v.into());
+                ParamValue::Many(all)
+            }
+        };
+        out.insert(k.into(), value);
+    }
+    Ok(out)
+}
+
+pub fn request(args: &RunArgs, read_stdin: bool) -> Result<RunRequest, String> {
+    let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let mut stdin = Vec::new();
+    if read_stdin && !std::io::stdin().is_terminal() {
+        std::io::stdin().read_to_end(&mut stdin).map_err(|e| format!("reading stdin: {e}"))?;
+    }
+    let mut req = RunRequest {
+        argv: args.command.clone(),
+        env: std::env::vars().collect(),
+        cwd: Some(cwd.to_string_lossy().into_owned()),
+        workspace: args.workspace.as_ref().map(|w| cwd.join(w).to_string_lossy().into_owned()),
+        stdin,
+        timeout_secs: args.timeout,
+        max_output_bytes: args.max_output,
+        tool: args.tool.clone(),
+        params: params(&args.params)?,
+        umask: own_umask(),
+        ..RunRequest::default()
+    };
+    args.sandbox.ask(&mut req, &cwd)?;
+    Ok(req)
+}
+
+/// This process's umask, which a request carries so that what the command
+/// creates gets the modes it would get here: read from `/proc/self/status`
+/// (Linux 4.7 and later), which changes nothing (setting it to read it
+/// back would change it for every thread meanwhile). `None` where it cannot
+/// be read: the broker's own umask applies.
+pub fn own_umask() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+    u32::from_str_radix(field.trim(), 8).ok()
+}
+
+#[derive(ClapArgs, Debug)]
+pub struct ExplainArgs {
+    /// Broker socket to ask [default: $PALISADE_SOCKET, else your broker's,
+    /// else the system broker's; the built-in policy decides when none
+    /// answers, unless the system configuration requires the system broker].
+    #[arg(long, value_name = "PATH", conflicts_with = "policy")]
+    pub socket: Option<PathBuf>,
+    /// Policy file: decide with it here, instead of asking a running broker.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// The writable workspace [default: the current directory].
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// A tool declared in the policy.
+    #[arg(long, value_name = "NAME")]
+    pub tool: Option<String>,
+    /// A tool parameter, NAME=PATH (repeat NAME for a list).
+    #[arg(long = "param", value_name = "NAME=PATH")]
+    pub params: Vec<String>,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// The run `palisade explain` asks about: no stdin, nothing else set.
+pub fn explain_run(sandbox: SandboxArgs, command: Vec<String>) -> RunArgs {
+    RunArgs {
+        socket: None,
+        workspace: None,
+        policy: None,
+        timeout: None,
+        max_output: None,
+        json: false,
+        no_stdin: true,
+        tool: None,
+        params: vec![],
+        sandbox,
+        command,
+    }
+}
+
+/// Where the approval and tool commands find the broker.
+#[derive(ClapArgs, Debug)]
+pub struct BrokerArgs {
+    /// Broker socket [default: $PALISADE_SOCKET, else your broker's, else the
+    /// system broker's].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}

@@ -1,0 +1,173 @@
+//! How a run's messages are shown and its end becomes the exit status:
+//! the same through a broker's socket and with an embedded one.
+
+use palisade_protocol::wire::{ErrorKind, ErrorReply, RunResult, RunStatus, ServerMessage, Stream};
+use std::io::Write;
+
+pub use crate::{EXIT_PALISADE, fail};
+
+fn write_fd(fd: std::os::fd::RawFd, data: &[u8]) {
+    // SAFETY: the descriptor is one of the process's standard streams, open for
+    // its whole life; ManuallyDrop keeps this File from closing it.
+    let mut file =
+        std::mem::ManuallyDrop::new(unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    let _ = file.write_all(data);
+}
+
+/// Shows a run's messages: output streamed as it comes, or gathered for --json.
+#[derive(Default)]
+pub struct Render {
+    json: bool,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    /// Which broker ran the command, for the JSON object.
+    broker: Option<String>,
+}
+
+impl Render {
+    /// Output streamed as it comes, or gathered for one JSON object (`json`).
+    pub fn new(json: bool) -> Render {
+        Render { json, ..Render::default() }
+    }
+
+    pub fn json(&self) -> bool {
+        self.json
+    }
+
+    /// Names the broker that runs the command (`the broker on PATH`, `embedded`).
+    pub fn by(&mut self, broker: impl Into<String>) {
+        self.broker = Some(broker.into());
+    }
+
+    /// The JSON object: the result or the error, which broker, and each
+    /// stream as text when it is UTF-8, else its bytes in base64
+    /// (`stdout_base64`), never altered.
+    fn json_value(&self, outcome: &Result<RunResult, ErrorReply>) -> serde_json::Value {
+        use base64::Engine;
+        let mut value = match outcome {
+            Ok(r) => serde_json::json!({ "result": r }),
+            Err(e) => serde_json::json!({ "error": e }),
+        };
+        value["broker"] = self.broker.clone().into();
+        for (name, bytes) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+            match std::str::from_utf8(bytes) {
+                Ok(text) => value[name] = text.into(),
+                Err(_) => {
+                    value[format!("{name}_base64")] =
+                        base64::engine::general_purpose::STANDARD.encode(bytes).into()
+                }
+            }
+        }
+        value
+    }
+
+    pub fn on(&mut self, msg: &ServerMessage) {
+        if let ServerMessage::Output { stream, data } = msg {
+            self.output(*stream, data);
+        }
+    }
+
+    pub fn output(&mut self, stream: Stream, data: &[u8]) {
+        match (self.json, stream) {
+            (true, Stream::Stdout) => self.stdout.extend_from_slice(data),
+            (true, Stream::Stderr) => self.stderr.extend_from_slice(data),
+            // Straight to the descriptors: no line buffering to scan
+            // output for newlines, and nothing held back.
+            (false, Stream::Stdout) => write_fd(libc::STDOUT_FILENO, data),
+            (false, Stream::Stderr) => write_fd(libc::STDERR_FILENO, data),
+        }
+    }
+
+    pub fn finish(self, outcome: Result<RunResult, ErrorReply>) -> i32 {
+        if self.json {
+            println!("{}", self.json_value(&outcome));
+        } else if let Ok(r) = &outcome {
+            say_changes(r);
+        }
+        match outcome {
+            Ok(r) => match r.status {
+                RunStatus::Exited { code } => code,
+                // As a shell reports a command killed by a signal.
+                RunStatus::Signaled { signal } => 128 + signal,
+                ended => {
+                    let kind = ended.error_kind().unwrap_or(ErrorKind::RuntimeFailure);
+                    quiet_fail(self.json, kind, ended_by_palisade(ended))
+                }
+            },
+            Err(e) => quiet_fail(self.json, e.kind, e.message),
+        }
+    }
+}
+
+/// What the CLI says of a run palisade ended (its kind is
+/// [`RunStatus::error_kind`]'s).
+pub fn ended_by_palisade(status: RunStatus) -> &'static str {
+    match status {
+        RunStatus::TimedOut => "killed at the deadline",
+        RunStatus::QuotaExceeded => "output exceeded its quota; killed",
+        RunStatus::MemoryLimitExceeded => "killed by the memory limit",
+        RunStatus::DiskLimitExceeded => "the run's writes filled their bound; none was kept",
+        RunStatus::Cancelled => "the run was cancelled",
+        RunStatus::Exited { .. } | RunStatus::Signaled { .. } => "the command ended by itself",
+    }
+}
+
+/// With --json the error is in the object; otherwise it gets its line.
+pub fn quiet_fail(json: bool, kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
+    if json { EXIT_PALISADE } else { fail(kind, message) }
+}
+
+/// The change set's line under a run's output. A run that filled its bound
+/// says it kept nothing in its own line.
+#[cfg(target_os = "linux")]
+fn say_changes(r: &RunResult) {
+    let summary = summary(&r.changes, true);
+    if let Some(line) = summary.filter(|_| r.status != RunStatus::DiskLimitExceeded) {
+        eprintln!("palisade: {line}");
+    }
+}
+
+/// Change sets are Linux's: a macOS run writes in place.
+#[cfg(not(target_os = "linux"))]
+fn say_changes(_: &RunResult) {}
+
+/// The one line about a run's writes: `quiet` says nothing of writes
+/// simply applied (what `palisade run` does), only of what was held,
+/// discarded, conflicted or withheld.
+pub fn summary(c: &palisade_protocol::wire::Changes, quiet: bool) -> Option<String> {
+    use palisade_protocol::wire::ChangesOutcome as O;
+    let id = c.id.as_deref().unwrap_or("-");
+    let plain = c.conflicts.is_empty() && c.id.is_none() && c.withheld.is_empty();
+    let mut line = match c.outcome {
+        O::None | O::InPlace => return withheld_line(c),
+        O::Applied if plain && quiet => return None,
+        O::Applied if plain => format!("changes applied: {} file(s), {} removed", c.files, c.removed),
+        O::Applied => format!(
+            "changes applied: {} file(s), {} removed; change set {id} holds the rest: {}",
+            c.files,
+            c.removed,
+            c.reason.as_deref().unwrap_or("")
+        ),
+        O::Held => format!(
+            "changes held as {id}: {} (palisade changes show {id})",
+            c.reason.as_deref().unwrap_or("")
+        ),
+        O::Discarded => format!("changes discarded: {}", c.reason.as_deref().unwrap_or("")),
+    };
+    if !c.conflicts.is_empty() {
+        line.push_str(&format!("; the host's version kept (changed meanwhile): {}", c.conflicts.join(", ")));
+    }
+    if let Some(w) = withheld_line(c) {
+        line.push_str("; ");
+        line.push_str(&w);
+    }
+    Some(line)
+}
+
+fn withheld_line(c: &palisade_protocol::wire::Changes) -> Option<String> {
+    if c.withheld.is_empty() {
+        return None;
+    }
+    let each: Vec<String> = c.withheld.iter().map(|w| format!("{} ({})", w.path, w.what)).collect();
+    Some(format!("not applied: {}", each.join(", ")))
+}

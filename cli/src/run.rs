@@ -1,0 +1,155 @@
+//! The commands the CLI serves itself, through a running broker: a run,
+//! an explanation. Without one, `palisaded cli` takes over the process
+//! (`crate::hand_over`) and runs an embedded broker.
+
+use crate::args::{ExplainArgs, RunArgs, explain_run, request};
+use crate::client::{Client, ClientError, Event};
+use crate::discovery::{self, Found, Route, Which};
+use crate::render::{Render, fail};
+use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest, Stream};
+use std::ffi::OsString;
+use std::io::Write;
+
+/// `palisade run`: through the broker discovery finds; with none, or with
+/// `--policy`, the embedded broker of `palisaded cli` runs it (`argv`, this
+/// process's own arguments, are handed over untouched, stdin unread).
+pub fn run(args: RunArgs, argv: &[OsString]) -> i32 {
+    // Failures before any run are reported like the broker's: one line, or the JSON object.
+    let refuse =
+        |kind: ErrorKind, message: String| Render::new(args.json).finish(Err(ErrorReply::new(kind, message)));
+    if args.policy.is_some() {
+        return crate::hand_over(argv);
+    }
+    let found = match discovery::find(args.socket.as_deref(), true) {
+        Ok(Route::Broker(found)) => found,
+        Ok(Route::Embedded { .. }) => return crate::hand_over(argv),
+        Err(e) => return refuse(e.kind(), e.to_string()),
+    };
+    let request = match request(&args, !args.no_stdin) {
+        Ok(r) => r,
+        Err(e) => return refuse(ErrorKind::InvalidRequest, e),
+    };
+    // Said once, and only of a broker that is not the user's own
+    // (with --json, the object's `broker` says it).
+    if found.which == Which::System && !args.json {
+        eprintln!("palisade: run by {}", found.name());
+    }
+    let mut render = Render::new(args.json);
+    render.by(found.name());
+    via_socket(found.client, request, render)
+}
+
+/// `palisade explain`: the running broker's policy decides; with none, or
+/// with `--policy`, `palisaded cli` decides with the policy here.
+pub fn explain(args: ExplainArgs, argv: &[OsString]) -> i32 {
+    if args.policy.is_some() {
+        return crate::hand_over(argv);
+    }
+    match discovery::find(args.socket.as_deref(), true) {
+        Ok(Route::Broker(found)) => explain_by(found, args),
+        Ok(Route::Embedded { .. }) => crate::hand_over(argv),
+        Err(e) => fail(e.kind(), e),
+    }
+}
+
+/// `palisade explain` through the broker `found`: its policy decides.
+pub fn explain_by(found: Found, args: ExplainArgs) -> i32 {
+    let name = found.name();
+    let (mut client, socket) = (found.client, found.socket);
+    let run_args = RunArgs {
+        workspace: args.workspace,
+        tool: args.tool,
+        params: args.params,
+        ..explain_run(args.sandbox, args.command)
+    };
+    let request = match request(&run_args, false) {
+        Ok(r) => r,
+        Err(e) => return fail(ErrorKind::InvalidRequest, e),
+    };
+    match client.request(&palisade_protocol::wire::ClientMessage::Explain(request)) {
+        Ok(palisade_protocol::wire::ServerMessage::Explained(e)) => show_explanation(&e, &name),
+        Ok(other) => fail(ErrorKind::RuntimeFailure, format!("the broker answered {other:?}")),
+        Err(ClientError::Reply(e)) => fail(e.kind, e.message),
+        Err(e) => fail(ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),
+    }
+}
+
+/// The decision, then which policy made it; 0 when the run is allowed.
+pub fn show_explanation(e: &palisade_protocol::wire::Explanation, by: &str) -> i32 {
+    print!("{}", e.text);
+    println!("policy:   {} ({by})", e.policy);
+    if e.decision == "allow" { 0 } else { 1 }
+}
+
+/// The answer of the person at this process's terminal; `None` when there
+/// is no terminal to ask (nobody answered).
+pub fn terminal_answer(question: &str) -> Option<bool> {
+    match std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") {
+        Ok(tty) => Some(prompt(tty, question)),
+        Err(_) => {
+            eprintln!("palisade: the run needs approval and there is no terminal to ask: {question}");
+            None
+        }
+    }
+}
+
+/// Puts `question` at the terminal `tty`; "y" or "yes" approves.
+fn prompt(mut tty: std::fs::File, question: &str) -> bool {
+    if write!(tty, "palisade: {question} [y/N] ").and_then(|()| tty.flush()).is_err() {
+        return false;
+    }
+    let mut answer = String::new();
+    let mut reader = std::io::BufReader::new(tty);
+    std::io::BufRead::read_line(&mut reader, &mut answer).is_ok()
+        && matches!(answer.trim(), "y" | "Y" | "yes" | "Yes" | "YES")
+}
+
+/// A run held for approval, put to the requester: at its terminal when it
+/// may answer, while an approver elsewhere may answer first (no terminal:
+/// refused, as nobody here can answer); otherwise it says who can, and waits.
+fn ask_requester(ask: crate::client::Ask<'_>) -> Option<bool> {
+    let details = crate::approve::describe(ask.approval);
+    let id = ask.approval.id;
+    if !ask.may_answer {
+        eprintln!(
+            "palisade: {}\n{details}palisade: waiting for an approver: palisade approve {id} (or palisade deny {id})",
+            ask.reason
+        );
+        return None;
+    }
+    let Ok(tty) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") else {
+        eprintln!("palisade: the run needs approval and there is no terminal to ask: {}", ask.reason);
+        return Some(false);
+    };
+    let question = format!("{}\n{details}Run it? (or elsewhere: palisade approve {id})", ask.reason);
+    let answerer = ask.answerer;
+    // The prompt waits on its own thread: an answer from elsewhere ends the
+    // wait, and the process, without it.
+    std::thread::spawn(move || {
+        let approved = prompt(tty, &question);
+        let _ = answerer.send(approved);
+    });
+    None
+}
+
+pub fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -> i32 {
+    if !render.json() {
+        // Large output into a pipe (`palisade run ... | next`) is spliced:
+        // the CLI does not copy it through its own memory.
+        for (stream, fd) in [(Stream::Stdout, libc::STDOUT_FILENO), (Stream::Stderr, libc::STDERR_FILENO)] {
+            // SAFETY: the standard streams stay open for the process's whole life.
+            client.splice_output_to(stream, unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) });
+        }
+    }
+    let on = |event: Event<'_>| {
+        if let Event::Output(stream, data) = event {
+            render.output(stream, data);
+        }
+    };
+    let outcome = client.run_events(request, on, ask_requester);
+    match outcome {
+        Ok(r) => render.finish(Ok(r)),
+        Err(ClientError::Reply(e)) => render.finish(Err(e)),
+        Err(e) => render.finish(Err(ErrorReply::new(ErrorKind::RuntimeFailure, e.to_string()))),
+    }
+}
