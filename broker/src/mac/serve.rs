@@ -140,7 +140,7 @@ async fn connection(shared: Arc<Shared>, stream: UnixStream) {
                 return;
             }
             Ok(Ok(Some(ClientMessage::Run(request)))) => {
-                let ran = run(&shared, peer, &request, &mut sink, inbound.client_gone()).await;
+                let ran = run(&shared, peer, &request, &mut sink, &mut inbound).await;
                 inbound.run_done();
                 match ran {
                     Ok(result) => ServerMessage::Finished(Box::new(result)),
@@ -164,13 +164,15 @@ async fn connection(shared: Arc<Shared>, stream: UnixStream) {
     }
 }
 
-/// One run, admitted within `max_concurrent` running and `max_queued` waiting.
+/// One run, admitted within `max_concurrent` running and `max_queued`
+/// waiting. A client that leaves while it waits frees its place at once,
+/// and one that leaves while it runs ends the run.
 async fn run(
     shared: &Shared,
     peer: super::Peer,
     request: &palisade_protocol::wire::RunRequest,
     sink: &mut SocketSink,
-    cancel: impl Future<Output = ()> + Send,
+    inbound: &mut Inbound,
 ) -> Result<palisade_protocol::wire::RunResult, ErrorReply> {
     let Ok(_admitted) = Arc::clone(&shared.admitted).try_acquire_owned() else {
         let why = format!(
@@ -179,9 +181,14 @@ async fn run(
         );
         return Err(ErrorReply::new(ErrorKind::Busy, why));
     };
-    let _running =
-        shared.running.acquire().await.map_err(|_| ErrorReply::new(ErrorKind::Busy, "shutting down"))?;
-    shared.mac.run(peer, request, sink, cancel).await
+    let _running = tokio::select! {
+        running = shared.running.acquire() => running.map_err(|_| ErrorReply::new(ErrorKind::Busy, "shutting down"))?,
+        _ = inbound.client_gone() => {
+            tracing::debug!(uid = peer.0, "a client left the queue");
+            return Err(ErrorReply::new(ErrorKind::Busy, "the client left the queue"));
+        }
+    };
+    shared.mac.run(peer, request, sink, inbound.client_gone()).await
 }
 
 /// The answer to a request the Linux broker serves and this one does not.

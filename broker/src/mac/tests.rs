@@ -179,3 +179,48 @@ fn a_configuration_asking_for_what_is_not_served_is_refused() {
         }
     }
 }
+
+/// A client waiting for a run slot that leaves frees its place at once: a
+/// third client then waits instead of being told `Busy`, and runs once the
+/// first is gone.
+#[test]
+fn a_client_that_leaves_the_queue_frees_its_place() {
+    let s = Served::start("queue", "max_concurrent = 1\nmax_queued = 1\n");
+    let mut first = Client::connect(&s.socket).unwrap();
+    first.send(&ClientMessage::Run(s.request("sleep 60"))).unwrap();
+    assert!(matches!(first.receive().unwrap(), ServerMessage::Started { .. }));
+    let mut second = Client::connect(&s.socket).unwrap();
+    second.send(&ClientMessage::Run(s.request("echo second"))).unwrap();
+    // Its request read before the probe's (connections are served concurrently);
+    // queued once a probe is told Busy (one running, one waiting: all places taken).
+    std::thread::sleep(Duration::from_millis(300));
+    let busy = |r: &Result<RunResult, ClientError>| matches!(r, Err(ClientError::Reply(e)) if e.kind == ErrorKind::Busy);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !busy(&s.run(s.request("true")).0) {
+        assert!(std::time::Instant::now() < deadline, "the second client was never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(second);
+    // A third client is queued (no answer at once) instead of told Busy.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let third = loop {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (socket, request) = (s.socket.clone(), s.request("echo third"));
+        let waiting = std::thread::spawn(move || {
+            let result = Client::connect(&socket).unwrap().run(request, |_| {});
+            let _ = tx.send(());
+            result
+        });
+        match rx.recv_timeout(Duration::from_millis(500)) {
+            Err(_) => break waiting,
+            Ok(()) => {
+                let refused = waiting.join().unwrap();
+                assert!(busy(&refused), "{refused:?}");
+                assert!(std::time::Instant::now() < deadline, "the second client's place was never freed");
+            }
+        }
+    };
+    drop(first);
+    let third = third.join().unwrap();
+    assert_eq!(third.map(|r| r.status).ok(), Some(RunStatus::Exited { code: 0 }));
+}
