@@ -854,7 +854,7 @@ impl Launchers {
             env: vec![],
         };
         // The README's first command where no broker runs: the built-in default
-        // policy in the CLI's own process, its journal in the bench's directory.
+        // policy in palisaded, which the CLI becomes, its journal in the bench's directory.
         let embedded = Prefix {
             name: "palisade run, embedded".into(),
             prefix: vec![bin("palisade").to_string_lossy().into_owned(), "run".into(), "--".into()],

@@ -7,9 +7,13 @@
 
 #[cfg(target_os = "linux")]
 pub mod approve;
+#[cfg(target_os = "linux")]
+pub mod arena;
 pub mod args;
 #[cfg(target_os = "linux")]
 pub mod client;
+#[cfg(target_os = "linux")]
+pub mod common;
 #[cfg(target_os = "linux")]
 pub mod discovery;
 #[cfg(unix)]

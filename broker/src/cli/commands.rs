@@ -113,7 +113,13 @@ pub enum Command {
 /// `palisaded cli ARGS...`: the command line `palisade` handed over
 /// (`palisade_cli::hand_over`), read as `palisade ARGS...`; the exit status.
 pub fn handed_over(args: impl Iterator<Item = std::ffi::OsString>) -> i32 {
-    let argv = std::iter::once("palisade".into()).chain(args);
+    let argv: Vec<std::ffi::OsString> = std::iter::once("palisade".into()).chain(args).collect();
+    // An embedded run in its common forms skips clap here too.
+    if let Some(palisade_cli::Cli { command: palisade_cli::Command::Run(run) }) =
+        palisade_cli::common::parse_common_run(&argv)
+    {
+        return main(Cli { command: Command::Run(run) });
+    }
     let cli = match Cli::try_parse_from(argv) {
         Ok(cli) => cli,
         // --help and --version exit 0; a usage error is palisade failing, not the command.
