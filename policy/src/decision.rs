@@ -336,6 +336,7 @@ impl Policy {
         profile.capabilities.filesystem.extend(bound);
         let TierChoice { tier, warnings, approval } =
             choose_tier(&self.config.policy, &host.capabilities, profile.egress)?;
+        seatbelt_network(&host.capabilities, &profile.capabilities.network)?;
         let grants = self.grants(&profile, &dirs, ctx, tier, &host.owned)?;
         asks::check_paths(&profile, req, &dirs, &grants, host)?;
         let mut view = SandboxView::new(req, &dirs, &grants, &profile);
@@ -1036,6 +1037,25 @@ fn choose_tier(
         );
     }
     Ok(TierChoice { tier, warnings, approval })
+}
+
+/// Under Seatbelt (macOS) allowed domains are refused: its profile could
+/// only open the host's whole network, every address the Mac's own local
+/// services included, with the names checked on the command line alone.
+/// Refused until strict egress's proxy serves macOS, never loosened.
+fn seatbelt_network(host: &HostCapabilities, network: &NetworkCapability) -> Result<(), Denial> {
+    if !host.seatbelt || !matches!(network, NetworkCapability::AllowDomains(_)) {
+        return Ok(());
+    }
+    denied(
+        ErrorKind::Unavailable,
+        "egress.domains_unenforced",
+        "network = { allow_domains = [...] } cannot be enforced on macOS: Seatbelt would open the \
+         host's whole network (any address, the Mac's own local services included) and only the names \
+         on the command line would be checked; palisade refuses it there until its egress proxy \
+         serves macOS. Use network = \"deny\", or network = \"allow_all\" knowing it is the whole \
+         network",
+    )
 }
 
 impl SandboxView {

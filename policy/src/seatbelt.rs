@@ -170,10 +170,11 @@ fn quoted(path: &str) -> Result<String, SeatbeltError> {
     Ok(format!("\"{path}\""))
 }
 
-/// The network as the decision gave it: none, or the host's. The host's is
-/// IP sockets and the system's resolver (`getaddrinfo` asks mDNSResponder
-/// over this Unix socket), not any other Unix socket. Nothing of the request
-/// is written here (its domains were checked before).
+/// The network as the decision gave it: none, or the host's whole network
+/// (`allow_all`). The host's is IP sockets and the system's resolver
+/// (`getaddrinfo` asks mDNSResponder over this Unix socket), not any other
+/// Unix socket. Allowed domains are refused (the decision refuses them
+/// first): a profile can only open every address, which would not enforce them.
 fn network(network: &Network, out: &mut String) -> Result<(), SeatbeltError> {
     let what = match network {
         Network::NoSockets => {
@@ -181,11 +182,7 @@ fn network(network: &Network, out: &mut String) -> Result<(), SeatbeltError> {
             return Ok(());
         }
         Network::Host => "the host's, every address (allow_all)",
-        Network::HostDomains { .. } => {
-            "the host's: the hosts named on the command line were checked against the\n\
-             ; allowed domains; nothing here stops a connection to any other address"
-        }
-        Network::LoopbackOnly | Network::StrictDomains { .. } => {
+        Network::HostDomains { .. } | Network::LoopbackOnly | Network::StrictDomains { .. } => {
             return Err(SeatbeltError::Network(network.clone()));
         }
     };

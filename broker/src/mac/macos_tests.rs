@@ -32,6 +32,21 @@ impl Mac {
 
     /// `sh -c SCRIPT` in the workspace, under `extra` policy settings.
     fn run(&self, script: &str, extra: &str) -> (RunResult, String) {
+        let (resolved, request) = match self.decide(script, extra) {
+            (Decision::Allow(r), request) => (r, request),
+            (other, _) => panic!("{other:?}"),
+        };
+        let prepared = Seatbelt::prepare(&resolved, &request).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mut sink = Text::default();
+        let cancel = std::future::pending();
+        let result =
+            rt.block_on(self.seatbelt.execute(1, &resolved, &request, prepared, &mut sink, cancel)).unwrap();
+        (result, sink.0)
+    }
+
+    /// The decision on `sh -c SCRIPT`, on this Mac, under `extra` policy settings.
+    fn decide(&self, script: &str, extra: &str) -> (Decision, RunRequest) {
         let toml = format!("[defaults]\nallow_interpreters = true\nallow_inline_code = true\n{extra}");
         let config = Config::parse(&toml, Path::new("macos.toml")).unwrap();
         let host = super::host::gather(Path::new(SANDBOX_EXEC));
@@ -54,17 +69,7 @@ impl Mac {
             etc_view: None,
             trust: None,
         };
-        let resolved = match Policy::new(config, &*host.files).decide(&host, &ctx, &request) {
-            Decision::Allow(r) => r,
-            other => panic!("{other:?}"),
-        };
-        let prepared = Seatbelt::prepare(&resolved, &request).unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let mut sink = Text::default();
-        let cancel = std::future::pending();
-        let result =
-            rt.block_on(self.seatbelt.execute(1, &resolved, &request, prepared, &mut sink, cancel)).unwrap();
-        (result, sink.0)
+        (Policy::new(config, &*host.files).decide(&host, &ctx, &request), request)
     }
 
     /// Writes `path` into the workspace's file `name`, for a script to read.
@@ -151,4 +156,24 @@ fn the_network_is_closed_unless_the_policy_opens_it() {
         let _ = s.read(&mut [0u8; 1]);
     }
     assert!(accepted.is_ok());
+}
+
+/// Allowed domains cannot be enforced by a profile (it could only open every
+/// address, the Mac's own local services included): such a run is refused,
+/// never run with the host's network. The local service it would reach is
+/// there: the test itself connects to it.
+#[test]
+fn allowed_domains_are_refused_rather_than_opening_the_hosts_network() {
+    let m = Mac::new("domains");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = format!("/usr/bin/nc -z -w 2 127.0.0.1 {port} && echo connected");
+    for egress in ["none", "preflight"] {
+        let extra = format!("egress = \"{egress}\"\nnetwork = {{ allow_domains = [\"example.org\"] }}\n");
+        match m.decide(&script, &extra).0 {
+            Decision::Deny(d) => assert_eq!(d.rule, "egress.domains_unenforced", "{}", d.reason),
+            other => panic!("{egress}: {other:?}"),
+        }
+    }
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
 }

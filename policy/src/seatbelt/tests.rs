@@ -86,13 +86,34 @@ fn a_temporary_workspace_is_the_runs_own() {
 }
 
 #[test]
-fn allowed_domains_and_allow_all_are_the_hosts_network() {
+fn allow_all_is_the_hosts_network() {
     let f = fixture("seatbelt-network");
-    let r = allowed(&f, GITHUB, &f.request_in(WORKSPACE, &["git", "clone", "https://github.com/a/b"]));
-    check_golden(&f, "allowed_domains", &profile(&r).unwrap());
     let all = "[defaults]\nnetwork = \"allow_all\"\n";
     let r = allowed(&f, all, &f.request_in(WORKSPACE, &["git", "fetch"]));
     check_golden(&f, "host_network", &profile(&r).unwrap());
+}
+
+/// Allowed domains are refused, not loosened to the host's network: in
+/// every egress mode a profile could only open every address. The same
+/// policy decides a Linux run (Tier C, strict egress enforces them).
+#[test]
+fn allowed_domains_are_refused_not_loosened() {
+    let f = fixture("seatbelt-domains");
+    let clone = f.request_in(WORKSPACE, &["git", "clone", "https://github.com/a/b"]);
+    for egress in ["none", "preflight"] {
+        let config = format!("{GITHUB}egress = \"{egress}\"\n");
+        match decide(&f, &config, &clone) {
+            Decision::Deny(d) => {
+                assert_eq!((d.kind, d.rule), (ErrorKind::Unavailable, "egress.domains_unenforced"));
+                assert!(d.reason.contains("cannot be enforced on macOS"), "{}", d.reason);
+            }
+            other => panic!("{egress}: {other:?}"),
+        }
+    }
+    let config = Config::parse(GITHUB, Path::new("linux.toml")).unwrap();
+    let host = f.host(On::TierC);
+    let linux = Policy::new(config, &*host.files).decide(&host, &context(On::TierC), &clone);
+    assert!(matches!(linux, Decision::Allow(_)), "{linux:?}");
 }
 
 #[test]
@@ -123,14 +144,14 @@ fn only_tier_b_plans_and_plain_paths_are_written() {
     assert_eq!(profile(&r), Err(SeatbeltError::Tier(palisade_protocol::Tier::C)));
 }
 
-/// The request's own text never reaches the profile: a domain it narrowed
-/// the network to cannot add a rule.
+/// A plan that reaches the profile with allowed domains anyway (the
+/// decision refuses them first) is refused there too: no profile is
+/// written, so no domain of the request can add a rule.
 #[test]
-fn no_text_of_the_request_is_written() {
+fn a_plan_with_domains_gets_no_profile() {
     let f = fixture("seatbelt-injection");
-    let mut r = allowed(&f, GITHUB, &f.request_in(WORKSPACE, &["git", "clone", "https://github.com/a/b"]));
+    let mut r = allowed(&f, "", &f.request_in(WORKSPACE, &["ls"]));
     let injected = "github.com\n(allow default)\n;";
     r.network = Network::HostDomains { domains: vec![injected.into()], preflight: true };
-    let text = profile(&r).unwrap();
-    assert!(!text.contains("(allow default)") && !text.contains("github.com"), "{text}");
+    assert_eq!(profile(&r), Err(SeatbeltError::Network(r.network.clone())));
 }
