@@ -129,7 +129,6 @@ impl Seatbelt {
         let files = RunFiles::create(resolved, &self.profiles.join(name), &prepared.profile)?;
         let started = Instant::now();
         let mut command = self.command(resolved, &files.profile, request.stdin.is_empty());
-        procs::cloexec_inherited();
         let mut spawned =
             command.spawn().map_err(|source| ExecError::Spawn { launcher: self.launcher.clone(), source })?;
         let mut group = Group::watch(spawned.id());
@@ -195,10 +194,11 @@ impl Seatbelt {
         let limits = limits_set(resolved);
         let umask = plan.umask;
         // SAFETY: the closure runs in the child between fork and exec and
-        // calls only setrlimit and umask, which are async-signal-safe;
-        // `limits` is a copy it owns, read without allocating.
+        // calls only setrlimit, umask and what `cloexec_from_3` calls, which
+        // are async-signal-safe; `limits` is a copy it owns, read without allocating.
         unsafe {
             command.pre_exec(move || {
+                procs::cloexec_from_3();
                 for &(resource, limit) in &limits {
                     let rl = libc::rlimit { rlim_cur: native(limit.soft), rlim_max: native(limit.hard) };
                     if libc::setrlimit(resource, &rl) != 0 {

@@ -89,24 +89,34 @@ pub async fn watch(pgid: libc::pid_t, limit: u64, seen: Arc<Seen>, over: Arc<Ato
     }
 }
 
-/// Marks every descriptor this process holds from 3 up close-on-exec, so
-/// that none reaches a command: one inherited without the flag (from
-/// whoever started `palisade run`, or launchd) would otherwise pass into
-/// the sandbox, where Seatbelt checks paths at open, not descriptors
-/// already open. palisade's own are opened close-on-exec.
-pub fn cloexec_inherited() {
-    let dir = if cfg!(target_os = "macos") { "/dev/fd" } else { "/proc/self/fd" };
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    let fds: Vec<i32> = entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
-    for fd in fds.into_iter().filter(|&fd| fd > 2) {
-        // SAFETY: fcntl on a descriptor number takes no memory; one closed
-        // meanwhile (the directory's own) fails with EBADF, which is fine.
-        unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFD);
-            if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
-                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
-            }
-        }
+/// In the child, between fork and exec: every descriptor from 3 up marked
+/// close-on-exec, so that none reaches the command. One inherited without
+/// the flag (from whoever started `palisade run`, or launchd), or made by
+/// another thread of the broker in the moment between its creation and its
+/// flag (`pipe` then `fcntl`, `accept` then `fcntl`, as macOS has no
+/// `pipe2`), would otherwise pass into the sandbox, where Seatbelt checks
+/// paths at open, not descriptors already open. Done in the child, it
+/// changes nothing of the broker's own descriptors. Async-signal-safe: it
+/// allocates nothing and makes only `close_range` (Linux), `getrlimit` and
+/// `fcntl` calls.
+pub fn cloexec_from_3() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: close_range takes no memory; with CLOSE_RANGE_CLOEXEC it only
+    // sets a flag. Where the kernel lacks it (before 5.11), the loop below does.
+    if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) } == 0 {
+        return;
+    }
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the one struct it is given.
+    let open = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } {
+        // No descriptor is numbered at or past the soft limit; macOS keeps
+        // it under kern.maxfilesperproc, far below this bound.
+        0 => limit.rlim_cur.min(1 << 20) as libc::c_int,
+        _ => 1 << 16,
+    };
+    for fd in 3..open {
+        // SAFETY: fcntl on a descriptor number takes no memory; one not open fails with EBADF.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
 }
 
