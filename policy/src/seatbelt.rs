@@ -74,6 +74,9 @@ pub enum SeatbeltError {
     Path(String),
     #[error("Seatbelt has no rule for listing a directory without reading its files: {0:?}")]
     ListOnly(Vec<String>),
+    /// What sandbox-exec would refuse to read (palisade's own fault).
+    #[error("the profile written does not read as one (sbpl): {0}")]
+    Malformed(String),
 }
 
 /// The profile for `resolved`'s run.
@@ -90,6 +93,7 @@ pub fn profile(resolved: &Resolved) -> Result<String, SeatbeltError> {
     }
     files(plan, &mut out)?;
     network(&resolved.network, &mut out)?;
+    sbpl::check(&out).map_err(SeatbeltError::Malformed)?;
     Ok(out)
 }
 
@@ -199,5 +203,6 @@ const HOST_NETWORK: &str = r#"(allow system-socket)
 (allow network-bind (local ip "*:*"))
 "#;
 
+pub mod sbpl;
 #[cfg(test)]
 mod tests;

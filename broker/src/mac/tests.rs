@@ -224,3 +224,64 @@ fn a_client_that_leaves_the_queue_frees_its_place() {
     let third = third.join().unwrap();
     assert_eq!(third.map(|r| r.status).ok(), Some(RunStatus::Exited { code: 0 }));
 }
+
+/// The profile as a Mac gets it: decided on a Mac's layout (`host::layout`,
+/// every system directory of it present) rather than this Linux host's,
+/// checked line by line against `golden/mac.sb` (`$ROOT`: the test's
+/// directory; `PALISADE_BLESS=1` rewrites it after a change that is meant),
+/// and read as sandbox-exec would read it (`sbpl`).
+#[test]
+fn the_profile_a_mac_gets_is_golden_and_reads() {
+    let base = std::env::temp_dir().canonicalize().unwrap();
+    let dir = base.join(format!("palisade-mac-layout-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("ws")).unwrap();
+    let mac = palisade_policy::Host {
+        capabilities: host::capabilities(true),
+        homes: vec![],
+        layout: host::layout(&|_| true),
+        files: crate::host::files::files(),
+        owned: Vec::new().into(),
+    };
+    // A Mac's first user (staff), never root: its workspace is its own.
+    let (uid, gid) = (501, 20);
+    std::os::unix::fs::chown(dir.join("ws"), Some(uid), Some(gid)).unwrap();
+    let context = Context {
+        parent_pid: 1,
+        uid,
+        gid,
+        serves_others: false,
+        requester: HostIds { uid, gid },
+        groups: vec![],
+        temp_root: PathBuf::from("/private/var/folders/xy/palisade/runs"),
+        instance: "1-1".into(),
+        run: 7,
+        etc_view: None,
+        trust: None,
+    };
+    let request = RunRequest {
+        argv: ["/bin/ls", "-la"].map(String::from).into(),
+        cwd: Some(dir.join("ws").to_string_lossy().into_owned()),
+        ..Default::default()
+    };
+    let resolved = match Policy::new(Config::default(), &*mac.files).decide(&mac, &context, &request) {
+        Decision::Allow(r) => r,
+        other => panic!("{other:?}"),
+    };
+    let text = palisade_policy::seatbelt::profile(&resolved).unwrap();
+    assert_eq!(palisade_policy::seatbelt::sbpl::check(&text), Ok(()));
+    let text = text.replace(&dir.to_string_lossy().into_owned(), "$ROOT");
+    for system in host::SYSTEM_DIRS {
+        assert!(text.contains(&format!("(subpath \"{system}\")")), "{system} missing:\n{text}");
+    }
+    for entry in host::ETC_ENTRIES {
+        assert!(text.contains(&format!("\"{entry}\"")), "{entry} missing:\n{text}");
+    }
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/mac/golden/mac.sb");
+    if std::env::var_os("PALISADE_BLESS").is_some() {
+        std::fs::write(&path, &text).unwrap();
+    }
+    let golden = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(text, golden, "the profile differs from {}", path.display());
+}
