@@ -243,8 +243,11 @@ fn the_profile_a_mac_gets_is_golden_and_reads() {
         files: crate::host::files::files(),
         owned: Vec::new().into(),
     };
-    // A Mac's first user (staff), never root: its workspace is its own.
-    let (uid, gid) = (501, 20);
+    // Never root (a Mac's first user, staff, when the test is root): the workspace is its own.
+    let (uid, gid) = match nix::unistd::geteuid().is_root() {
+        true => (501, 20),
+        false => (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw()),
+    };
     std::os::unix::fs::chown(dir.join("ws"), Some(uid), Some(gid)).unwrap();
     let context = Context {
         parent_pid: 1,
