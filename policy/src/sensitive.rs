@@ -57,6 +57,34 @@ pub const SENSITIVE_NAMES: &[&str] = &[
     ".davfs2/secrets",
     ".msmtprc",
     ".fetchmailrc",
+    // macOS keychains and what Apple's own applications keep.
+    "Library/Keychains",
+    "Library/Cookies",
+    "Library/Safari",
+    "Library/Mail",
+    "Library/Messages",
+    // Browser profiles: cookies, saved passwords, session tokens.
+    "Library/Application Support/Google/Chrome",
+    "Library/Application Support/Chromium",
+    "Library/Application Support/Firefox",
+    "Library/Application Support/BraveSoftware",
+    "Library/Application Support/Microsoft Edge",
+    ".mozilla",
+    ".config/google-chrome",
+    ".config/chromium",
+    ".config/BraveSoftware",
+    ".config/microsoft-edge",
+    // Shell and interpreter histories: commands typed with their secrets.
+    ".bash_history",
+    ".zsh_history",
+    ".zhistory",
+    ".sh_history",
+    ".local/share/fish/fish_history",
+    ".python_history",
+    ".node_repl_history",
+    ".psql_history",
+    ".mysql_history",
+    ".sqlite_history",
 ];
 
 /// Credentials by name only in a home directory (the request's `HOME` and the

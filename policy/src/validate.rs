@@ -1104,6 +1104,15 @@ mod tests {
             ".vault-token",
             ".config/op",
             ".ssh/id_ed25519",
+            "Library/Keychains/login.keychain-db",
+            "Library/Cookies/Cookies.binarycookies",
+            "Library/Application Support/Google/Chrome/Default/Cookies",
+            ".mozilla/firefox/x.default/logins.json",
+            ".config/google-chrome/Default/Login Data",
+            ".bash_history",
+            ".zsh_history",
+            ".local/share/fish/fish_history",
+            ".python_history",
         ] {
             assert!(rules.sensitive(&home.join(name), Some(home)), "~/{name}");
         }
