@@ -174,8 +174,8 @@ impl Seatbelt {
         })
     }
 
-    /// `sandbox-exec -f PROFILE PROGRAM ARGS...`, in a process group of its
-    /// own, with the plan's environment, directory and rlimits.
+    /// `sandbox-exec -f PROFILE PROGRAM ARGS...`, in a session (and process
+    /// group) of its own, with the plan's environment, directory and rlimits.
     fn command(&self, resolved: &Resolved, profile: &Path, no_stdin: bool) -> std::process::Command {
         let plan = &resolved.plan;
         let mut command = std::process::Command::new(&self.launcher);
@@ -189,15 +189,21 @@ impl Seatbelt {
             .current_dir(&plan.cwd)
             .stdin(if no_stdin { Stdio::null() } else { Stdio::piped() })
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
+            .stderr(Stdio::piped());
         let limits = limits_set(resolved);
         let umask = plan.umask;
         // SAFETY: the closure runs in the child between fork and exec and
-        // calls only setrlimit, umask and what `cloexec_from_3` calls, which
-        // are async-signal-safe; `limits` is a copy it owns, read without allocating.
+        // calls only setsid, setrlimit, umask and what `cloexec_from_3`
+        // calls, which are async-signal-safe; `limits` is a copy it owns,
+        // read without allocating.
         unsafe {
             command.pre_exec(move || {
+                // A session of its own, and so a group: no process of the run
+                // can join a group of the broker's session (another run's,
+                // say), which `setpgid` allows within a session.
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 procs::cloexec_from_3();
                 for &(resource, limit) in &limits {
                     let rl = libc::rlimit { rlim_cur: native(limit.soft), rlim_max: native(limit.hard) };

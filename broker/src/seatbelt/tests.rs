@@ -298,3 +298,21 @@ fn a_descriptor_palisade_inherited_does_not_reach_the_command() {
         libc::close(write);
     }
 }
+
+/// A run leads a session of its own: it cannot join a process group of the
+/// broker's session (another run's), which it could from the same session.
+#[test]
+fn a_run_cannot_join_a_process_group_outside_its_session() {
+    let s = Setup::new("session");
+    let mut group = std::process::Command::new("sleep").arg("1000").process_group(0).spawn().unwrap();
+    let pgid = group.id();
+    let join = format!("/usr/bin/python3 -c 'import os; os.setpgid(0, {pgid}); print(\"joined\")'");
+    // A deadline: a run that joined the group would leave its own empty and be waited for.
+    let (_, stdout, _) = s.run(&join, "max_execution_time = 10\n");
+    assert!(!String::from_utf8_lossy(&stdout).contains("joined"), "{}", String::from_utf8_lossy(&stdout));
+    // From this process's session, the same command joins it: the check above could fail.
+    let outside = std::process::Command::new("/bin/sh").args(["-c", &join]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&outside.stdout), "joined\n", "{outside:?}");
+    group.kill().unwrap();
+    group.wait().unwrap();
+}
