@@ -192,10 +192,9 @@ impl Seatbelt {
             .stderr(Stdio::piped());
         let limits = limits_set(resolved);
         let umask = plan.umask;
-        // SAFETY: the closure runs in the child between fork and exec and
-        // calls only setsid, setrlimit, umask and what `cloexec_from_3`
-        // calls, which are async-signal-safe; `limits` is a copy it owns,
-        // read without allocating.
+        // `limits` is a copy the closure owns, read without allocating.
+        // SAFETY: the closure runs between fork and exec and calls only setsid, setrlimit,
+        // umask and what `cloexec_from_3` calls: all async-signal-safe, none allocates.
         unsafe {
             command.pre_exec(move || {
                 // A session of its own, and so a group: no process of the run
