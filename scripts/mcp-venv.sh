@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes target/mcp-venv: a Python virtual environment with the official MCP
-# SDK (tests/mcp/requirements.txt), which tests/tests/mcp.rs drives
+# SDK (tests/mcp/requirements.txt), which tests/tests/all/mcp.rs drives
 # `palisade mcp` with. The system's python3 is preferred: the suite runs it
 # as the unprivileged test user too, who may not reach a per-user Python.
 set -euo pipefail

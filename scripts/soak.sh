@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The soak and the load (tests/tests/soak.rs) at full size, against a
+# The soak and the load (tests/tests/all/soak.rs) at full size, against a
 # release build, with their figures printed:
 #
 #   soak   10,000 runs through one daemon, every kind in turn (short, with
@@ -20,4 +20,4 @@ export PALISADE_SOAK_RUNS=${1:-10000} PALISADE_LOAD_CLIENTS=${2:-1000} PALISADE_
 # The daemon, helper and probe the test drives, built first (a test of one
 # package builds no other package's binaries).
 cargo build --release --locked --workspace --bins
-cargo test --release --locked -p palisade-tests --features slow --test soak -- --nocapture --test-threads 1
+cargo test --release --locked -p palisade-tests --features slow --test all -- soak:: --nocapture --test-threads 1

@@ -1,4 +1,4 @@
-//! Fault injection for the test suite (`tests/tests/faults.rs`), compiled
+//! Fault injection for the test suite (`tests/tests/all/faults.rs`), compiled
 //! into debug builds only: in a release build every hook here is a no-op
 //! and the variables below are not read.
 //!

@@ -1,5 +1,5 @@
 """Drives `palisade mcp` with the official Python MCP SDK, as an agent host
-does, and checks what it answers. Run by tests/tests/mcp.rs:
+does, and checks what it answers. Run by tests/tests/all/mcp.rs:
 
     python drive.py PALISADE_BIN WORKSPACE [palisade mcp's options...]
 

@@ -461,10 +461,11 @@ pub fn test_user() -> nix::unistd::User {
     })
 }
 
-/// When the suite runs as root, runs this test binary again, but `skip`, as
-/// the unprivileged test user, and fails unless all of it passes: palisade's
-/// users are unprivileged. As an ordinary user, this run is that half.
-pub fn rerun_unprivileged(skip: &str) {
+/// When the suite runs as root, runs the tests of `module` (the caller's
+/// `module_path!()`) again, all but `skip`, as the unprivileged test user,
+/// and fails unless all of them pass: palisade's users are unprivileged. As
+/// an ordinary user, this run is that half.
+pub fn rerun_unprivileged(module: &str, skip: &str) {
     if !is_root() {
         assert!(!nix::unistd::geteuid().is_root());
         eprintln!("running as uid {}: this run is the unprivileged one", nix::unistd::geteuid());
@@ -474,7 +475,8 @@ pub fn rerun_unprivileged(skip: &str) {
     let out = std::process::Command::new("setpriv")
         .args(["--reuid", &user.uid.to_string(), "--regid", &user.gid.to_string(), "--clear-groups", "--"])
         .arg(std::env::current_exe().unwrap())
-        .args(["--test-threads", "4", "--skip", skip])
+        .arg(format!("{}::", test_prefix(module)))
+        .args(["--test-threads", "4", "--skip", &format!("{}::{skip}", test_prefix(module))])
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("HOME", "/tmp")
@@ -492,6 +494,12 @@ pub fn rerun_unprivileged(skip: &str) {
     for line in text.lines().filter(|l| l.starts_with("SKIPPED ")) {
         let _ = writeln!(stderr, "{line} (as {})", user.name);
     }
+}
+
+/// The name the test harness gives `module`'s tests before their own: its
+/// path without the crate's name (`all::jail` gives `jail`).
+fn test_prefix(module: &str) -> &str {
+    module.split_once("::").map_or(module, |(_, rest)| rest)
 }
 
 /// `setpriv` arguments that run a command as `user` with no supplementary groups.

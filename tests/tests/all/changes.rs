@@ -546,5 +546,5 @@ fn through_a_daemon_a_request_may_only_hold_more_never_overwrite() {
 
 #[test]
 fn the_changes_suite_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_changes_suite_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_changes_suite_passes_as_an_unprivileged_user");
 }

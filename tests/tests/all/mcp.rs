@@ -188,5 +188,5 @@ fn the_python_sdk_drives_palisade_mcp_through_a_daemon() {
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_mcp_suite_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_mcp_suite_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_mcp_suite_passes_as_an_unprivileged_user");
 }

@@ -509,7 +509,7 @@ fn a_run_cannot_plant_a_git_hook_or_fsmonitor_that_the_host_runs_later() {
 
 #[test]
 fn the_boundaries_hold_as_an_unprivileged_user() {
-    rerun_unprivileged("the_boundaries_hold_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_boundaries_hold_as_an_unprivileged_user");
 }
 
 /// A Tier B configuration (as on a host without user namespaces), with `policy` in its `[policy]`.

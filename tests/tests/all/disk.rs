@@ -190,5 +190,5 @@ fn a_temporary_workspace_is_a_tmpfs_of_the_configured_size() {
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_disk_suite_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_disk_suite_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_disk_suite_passes_as_an_unprivileged_user");
 }

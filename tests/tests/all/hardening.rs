@@ -646,5 +646,5 @@ fn preflight_refuses_options_that_connect_elsewhere_and_says_what_it_checks() {
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_hardening_suite_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_hardening_suite_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_hardening_suite_passes_as_an_unprivileged_user");
 }

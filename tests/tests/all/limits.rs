@@ -103,5 +103,5 @@ fn doctor_the_attestation_and_require_cgroup_agree_about_this_host() {
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_limits_suite_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_limits_suite_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_limits_suite_passes_as_an_unprivileged_user");
 }

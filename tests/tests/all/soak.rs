@@ -344,5 +344,5 @@ impl Peak {
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_soak_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_soak_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_soak_passes_as_an_unprivileged_user");
 }

@@ -137,7 +137,7 @@ fn the_documented_python_client_runs_against_a_broker() {
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_protocol_document_suite_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_protocol_document_suite_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_protocol_document_suite_passes_as_an_unprivileged_user");
 }
 
 /// Every file of the project, relative to its root (no `target/`, no `.git`).

@@ -264,7 +264,7 @@ fn a_cedar_file_with_errors_stops_the_daemon_naming_each_position() {
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_cedar_suite_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_cedar_suite_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_cedar_suite_passes_as_an_unprivileged_user");
 }
 
 /// Cedar's `approve`: an approver's yes to a waiting run must be permitted

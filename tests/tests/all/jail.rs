@@ -627,5 +627,5 @@ fn a_warm_helper_runs_only_a_plan_its_spec_admits() {
 /// broker's users are unprivileged, so everything above must hold for them.
 #[test]
 fn the_same_suite_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_same_suite_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_same_suite_passes_as_an_unprivileged_user");
 }

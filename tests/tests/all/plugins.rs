@@ -644,5 +644,5 @@ fn the_module_cache_keeps_only_installed_skills_within_its_bound() {
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_plugin_suite_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_plugin_suite_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_plugin_suite_passes_as_an_unprivileged_user");
 }

@@ -566,5 +566,5 @@ fn common_credentials_are_refused_when_named_and_hidden_when_granted() {
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_policy_suite_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_policy_suite_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_policy_suite_passes_as_an_unprivileged_user");
 }

@@ -1222,7 +1222,7 @@ fn what_a_run_creates_gets_the_requesters_umask_not_the_brokers() {
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_broker_suite_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_broker_suite_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_broker_suite_passes_as_an_unprivileged_user");
 }
 
 #[test]

@@ -433,5 +433,5 @@ fn a_full_temp_root_refuses_tier_b_runs_with_the_reason_until_space_returns() {
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_fault_suite_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_fault_suite_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_fault_suite_passes_as_an_unprivileged_user");
 }

@@ -179,5 +179,5 @@ fn explain_asks_the_daemon_and_says_which_policy_decided() {
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_flags_suite_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_flags_suite_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_flags_suite_passes_as_an_unprivileged_user");
 }

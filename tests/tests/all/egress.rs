@@ -281,5 +281,5 @@ fn explain_shows_the_egress_plan() {
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_egress_suite_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_egress_suite_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_egress_suite_passes_as_an_unprivileged_user");
 }

@@ -336,7 +336,7 @@ fn a_reload_adds_a_user_while_another_users_run_goes_on() {
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_operations_suite_passes_as_an_unprivileged_user() {
-    rerun_unprivileged("the_operations_suite_passes_as_an_unprivileged_user");
+    rerun_unprivileged(module_path!(), "the_operations_suite_passes_as_an_unprivileged_user");
 }
 
 /// A directory under `root` for `user`'s workspace, removed (with `root`

@@ -1,0 +1,39 @@
+//! palisade's integration tests, one binary with a module per subject (one
+//! link, shared fixtures in `palisade_tests`). A module's tests are named
+//! after it: `cargo test -p palisade-tests --test all -- jail::` runs the
+//! jail's. When the suite runs as root, each module that drives sandboxes
+//! runs again as the unprivileged test user (`rerun_unprivileged`).
+//!
+//! The slow tier (feature `slow`, what `.ci/run` adds) brings the QEMU
+//! guests, the soak and load tests, and the official MCP SDK's client.
+
+mod approvals;
+mod boundaries;
+mod broker;
+mod cedar;
+mod changes;
+mod cli_flags;
+mod deploy;
+mod discovery;
+mod disk;
+mod egress;
+mod faults;
+mod hardening;
+mod helper_audit;
+mod jail;
+mod journal;
+mod launchd;
+mod limits;
+mod operations;
+mod plugins;
+mod policy;
+mod protocol_doc;
+mod system;
+mod warm;
+
+#[cfg(feature = "slow")]
+mod guest;
+#[cfg(feature = "slow")]
+mod mcp;
+#[cfg(feature = "slow")]
+mod soak;
