@@ -5,11 +5,18 @@ use palisade_policy::{Host, HostCapabilities, Layout};
 use std::path::{Path, PathBuf};
 
 /// The system directories a command may read and execute from, where they
-/// exist: the base system (`/System` holds the frameworks and the dyld
-/// shared cache), the command line tools `git` and `cc` run from, and the
-/// time zone data `localtime` reads.
-pub const SYSTEM_DIRS: [&str; 7] = [
-    "/usr",
+/// exist: the base system (`/System` holds the frameworks, without the
+/// other volumes mounted in `/System/Volumes`; the dyld shared cache is in
+/// the OS cryptex since macOS 13), `/usr` without `/usr/local` (Homebrew's
+/// and palisade's own files), the command line tools `git` and `cc` run
+/// from, and the time zone data `localtime` reads.
+pub const SYSTEM_DIRS: [&str; 12] = [
+    "/usr/bin",
+    "/usr/sbin",
+    "/usr/lib",
+    "/usr/libexec",
+    "/usr/share",
+    "/System/Volumes/Preboot/Cryptexes/OS",
     "/bin",
     "/sbin",
     "/System",
@@ -89,10 +96,10 @@ mod tests {
 
     #[test]
     fn the_layout_holds_what_exists_and_nothing_else() {
-        let present = ["/usr", "/bin", "/System", "/private/etc/passwd", "/dev/null", "/dev/urandom"];
+        let present = ["/usr/bin", "/bin", "/System", "/private/etc/passwd", "/dev/null", "/dev/urandom"];
         let l = layout(&|p| present.contains(&p));
-        assert_eq!(l.real, ["/usr", "/bin", "/System"]);
-        assert_eq!(l.canonical, [PathBuf::from("/usr"), PathBuf::from("/bin"), PathBuf::from("/System")]);
+        assert_eq!(l.real, ["/usr/bin", "/bin", "/System"]);
+        assert_eq!(l.canonical, [PathBuf::from("/usr/bin"), PathBuf::from("/bin"), PathBuf::from("/System")]);
         assert_eq!(
             (l.etc.as_slice(), l.devices.as_slice()),
             (

@@ -36,7 +36,7 @@ impl Mac {
             (Decision::Allow(r), request) => (r, request),
             (other, _) => panic!("{other:?}"),
         };
-        let prepared = Seatbelt::prepare(&resolved, &request).unwrap();
+        let prepared = Seatbelt::prepare(&resolved, &request, &[]).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let mut sink = Text::default();
         let cancel = std::future::pending();
@@ -106,11 +106,61 @@ fn exited(r: &RunResult) -> Option<i32> {
 #[test]
 fn the_basic_utilities_run_and_the_workspace_is_writable() {
     let m = Mac::new("basics");
-    let (r, out) =
-        m.run("echo hello > note; ls -la; cat note; git --version; git init -q repo && echo ok", "");
+    let (r, out) = m.run("echo hello > note; ls -la; cat note; git --version && echo ok", "");
     assert_eq!(exited(&r), Some(0), "{out}");
     assert!(out.contains("hello") && out.contains("git version") && out.ends_with("ok\n"), "{out}");
     assert!(m.dir.join("ws/note").exists());
+}
+
+/// What the host runs later outside any sandbox (git's hooks and
+/// configuration, direnv's `.envrc`, an editor's tasks) cannot be written
+/// from a run, in any case of its name; the test itself writes them.
+#[test]
+fn files_the_host_runs_cannot_be_written() {
+    let m = Mac::new("host-executed");
+    let attempts = [
+        "mkdir -p .git/hooks && echo planted > .git/hooks/pre-commit",
+        "echo '[core] fsmonitor = planted' > .git/config",
+        "echo planted > .ENVRC",
+        "mkdir -p .vscode && echo planted > .vscode/tasks.json",
+        "git init -q repo",
+    ];
+    for attempt in attempts {
+        let (r, out) = m.run(attempt, "");
+        assert_ne!(exited(&r), Some(0), "{attempt}: {out}");
+    }
+    for planted in
+        [".git/hooks/pre-commit", ".git/config", ".ENVRC", ".vscode/tasks.json", "repo/.git/config"]
+    {
+        let path = m.dir.join("ws").join(planted);
+        assert!(!path.exists() || std::fs::read_to_string(&path).is_ok_and(|t| !t.contains("planted")));
+    }
+    let (r, out) = m.run("mkdir -p .git/objects && echo data > .git/objects/x && echo ok > plain", "");
+    assert_eq!(exited(&r), Some(0), "{out}");
+    std::fs::create_dir_all(m.dir.join("ws/.git/hooks")).unwrap();
+    std::fs::write(m.dir.join("ws/.git/hooks/pre-commit"), "by the test").unwrap();
+}
+
+/// The other volumes are not read through `/System/Volumes` (the data
+/// volume holds every home), nor Homebrew's `/usr/local`; the system's own
+/// directories are.
+#[test]
+fn the_data_volume_and_usr_local_are_not_read() {
+    let m = Mac::new("volumes");
+    let secret = m.dir.join("outside/secret");
+    std::fs::write(&secret, "SECRET-VALUE").unwrap();
+    let through_data = PathBuf::from(format!("/System/Volumes/Data{}", secret.display()));
+    assert_eq!(std::fs::read_to_string(&through_data).unwrap(), "SECRET-VALUE");
+    m.name("target", &through_data);
+    let (r, out) = m.run("cat \"$(cat target)\"", "");
+    assert_ne!(exited(&r), Some(0));
+    assert!(!out.contains("SECRET-VALUE"), "{out}");
+    if Path::new("/usr/local").exists() {
+        let (r, out) = m.run("ls /usr/local", "");
+        assert_ne!(exited(&r), Some(0), "{out}");
+    }
+    let (r, out) = m.run("ls /usr/bin/true /System/Library >/dev/null && echo ok", "");
+    assert_eq!(exited(&r), Some(0), "{out}");
 }
 
 #[test]

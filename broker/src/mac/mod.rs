@@ -49,6 +49,8 @@ pub struct Mac {
     context: Context,
     host: Box<dyn Fn() -> Host + Send + Sync>,
     next_run: AtomicU64,
+    /// `[policy] host_executed`: what no run may write, beside the built-in list.
+    host_executed: Vec<String>,
     /// Where the runs' directories and profiles go (`context.temp_root`).
     _temp_root: crate::host::paths::TempRoot,
 }
@@ -86,6 +88,10 @@ impl Mac {
         let owned: std::sync::Arc<[_]> =
             crate::decide::owned::owned(&config, journal.dir(), &context.temp_root, &[]).into();
         let host = move || Host { owned: owned.clone(), ..host() };
+        let host_executed: Vec<String> =
+            config.policy.host_executed.iter().map(|g| g.get_ref().clone()).collect();
+        // A glob the profile cannot hold is refused now, not at every run.
+        palisade_policy::seatbelt::held_writes(&[], &host_executed).map_err(|e| e.to_string())?;
         let policy = Policy::new(config, &*crate::host::files::files());
         Ok(Mac {
             policy,
@@ -94,6 +100,7 @@ impl Mac {
             context,
             host: Box::new(host),
             next_run: AtomicU64::new(1),
+            host_executed,
             _temp_root: kept,
         })
     }
@@ -144,7 +151,7 @@ impl Mac {
                 )));
             }
         };
-        let prepared = match Seatbelt::prepare(&resolved, request) {
+        let prepared = match Seatbelt::prepare(&resolved, request, &self.host_executed) {
             Ok(p) => p,
             Err(e) => {
                 return Err(refused(ErrorReply::with_rule(e.kind(), e.to_string(), "seatbelt.profile")));

@@ -271,7 +271,7 @@ fn the_profile_a_mac_gets_is_golden_and_reads() {
         Decision::Allow(r) => r,
         other => panic!("{other:?}"),
     };
-    let text = palisade_policy::seatbelt::profile(&resolved).unwrap();
+    let text = palisade_policy::seatbelt::profile(&resolved, &[]).unwrap();
     assert_eq!(palisade_policy::seatbelt::sbpl::check(&text), Ok(()));
     let text = text.replace(&dir.to_string_lossy().into_owned(), "$ROOT");
     for system in host::SYSTEM_DIRS {

@@ -105,9 +105,15 @@ impl Seatbelt {
     }
 
     /// The profile `resolved` runs under, and the attestation its run will
-    /// have (what the journal records before the run starts).
-    pub fn prepare(resolved: &Resolved, request: &RunRequest) -> Result<Prepared, ExecError> {
-        let profile = palisade_policy::seatbelt::profile(resolved)?;
+    /// have (what the journal records before the run starts);
+    /// `host_executed`: `[policy] host_executed`, the globs a run may not
+    /// write beside the built-in ones.
+    pub fn prepare(
+        resolved: &Resolved,
+        request: &RunRequest,
+        host_executed: &[String],
+    ) -> Result<Prepared, ExecError> {
+        let profile = palisade_policy::seatbelt::profile(resolved, host_executed)?;
         let attestation = attestation(request, resolved, &profile);
         Ok(Prepared { profile, attestation })
     }

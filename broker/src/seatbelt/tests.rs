@@ -101,7 +101,7 @@ impl Setup {
         cancel: impl Future<Output = ()> + Send,
     ) -> (RunResult, Vec<u8>, Resolved) {
         let (request, resolved) = self.resolve(script, limits);
-        let prepared = Seatbelt::prepare(&resolved, &request).unwrap();
+        let prepared = Seatbelt::prepare(&resolved, &request, &[]).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let mut sink = Collect::default();
         let result =
@@ -157,7 +157,7 @@ fn a_run_goes_through_the_launcher_with_its_profile_which_is_removed_after() {
     let (result, stdout, resolved) = s.run("echo hello; exit 3", "");
     assert_eq!((result.status, stdout.as_slice()), (RunStatus::Exited { code: 3 }, &b"hello\n"[..]));
     let (path, text) = s.last_profile();
-    assert_eq!(text, palisade_policy::seatbelt::profile(&resolved).unwrap());
+    assert_eq!(text, palisade_policy::seatbelt::profile(&resolved, &[]).unwrap());
     let a = &result.attestation;
     assert_eq!(a.executor, Executor::MacosSeatbelt);
     assert_eq!(
@@ -262,7 +262,7 @@ fn a_process_that_left_the_group_dies_with_a_run_that_ended_by_itself() {
 fn a_dropped_run_is_killed() {
     let s = Setup::new("dropped");
     let (request, resolved) = s.resolve("echo $$ > pid; sleep 1000", "");
-    let prepared = Seatbelt::prepare(&resolved, &request).unwrap();
+    let prepared = Seatbelt::prepare(&resolved, &request, &[]).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut sink = Collect::default();
     let run = s.seatbelt.execute(1, &resolved, &request, prepared, &mut sink, std::future::pending());

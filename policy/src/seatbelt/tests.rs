@@ -4,7 +4,7 @@
 //! is written `$ROOT`. `PALISADE_BLESS=1` rewrites the files after a change
 //! that is meant (then review the diff).
 
-use super::{SeatbeltError, profile};
+use super::{SeatbeltError, held_writes, profile};
 use crate::config::Config;
 use crate::decision::table::{Fixture, GITHUB, On, TOOLS, context};
 use crate::decision::{Decision, Policy, Resolved};
@@ -58,12 +58,75 @@ fn check_golden(f: &Fixture, name: &str, text: &str) {
 fn the_default_profile_has_no_network() {
     let f = fixture("seatbelt-default");
     let r = allowed(&f, "", &f.request_in(WORKSPACE, &["ls", "-la", "src"]));
-    let text = profile(&r).unwrap();
+    let text = profile(&r, &[]).unwrap();
     check_golden(&f, "default", &text);
     assert!(text.contains("(deny default)") && !text.contains("(allow network"));
     // The workspace is the one writable directory of the request's.
     assert!(text.contains(&format!("(subpath \"{}\")", f.p(WORKSPACE))));
     assert!(!text.contains(&f.p("outside")) && !text.contains(&f.p("home")));
+    // Denied by name before anything is allowed; allowed back only with a filter.
+    let denied = text.find("(deny process-info* iokit-get-properties nvram* file-map-executable)").unwrap();
+    assert!(denied < text.find("(allow").unwrap());
+    assert!(!text.contains("(allow iokit") && !text.contains("(allow nvram"));
+    assert!(text.contains("(allow process-info* (target same-sandbox))"));
+}
+
+/// What a profile refuses to write, read as the regular expressions they
+/// are (POSIX's extended ones, which Seatbelt reads, and Rust's agree on
+/// what these use): git's hooks and configuration and the files the host
+/// runs, in any case of their names; ordinary files, git's data and a
+/// branch named `config` stay writable.
+#[test]
+fn host_executed_writes_are_refused_in_any_case() {
+    let root = "/Users/a/proj".to_string();
+    let held = held_writes(&[&root], &["tools/run-on-open.sh".into()]).unwrap();
+    let regexes: Vec<regex::Regex> = held.iter().map(|r| regex::Regex::new(r).unwrap()).collect();
+    let refused = |p: &str| regexes.iter().any(|r| r.is_match(&format!("{root}/{p}")));
+    let held = [
+        ".git/hooks/pre-commit",
+        ".git/hooks",
+        ".git/config",
+        ".GIT/Hooks/post-checkout",
+        ".git/Config",
+        ".git/config.worktree",
+        ".git/modules/sub/hooks/x",
+        ".git/modules/a/modules/b/config",
+        ".git/worktrees/w/config.worktree",
+        "sub/.git/hooks/x",
+        ".envrc",
+        "deep/dir/.ENVRC",
+        ".vscode/tasks.json",
+        ".vscode",
+        "app.code-workspace",
+        ".bashrc",
+        ".config/git/config",
+        ".claude/settings.json",
+        ".mcp.json",
+        "tools/run-on-open.sh",
+        ".cargo/bin/cargo",
+    ];
+    for p in held {
+        assert!(refused(p), "{p} must be refused");
+    }
+    let ordinary = [
+        "src/main.rs",
+        ".git/objects/ab/cdef",
+        ".git/refs/heads/config",
+        ".git/HEAD",
+        ".git/index",
+        "sub/.bashrc",
+        "notes/.vscode-notes",
+        "envrc",
+        ".github/workflows/ci.yml",
+        "tools/other.sh",
+    ];
+    for p in ordinary {
+        assert!(!refused(p), "{p} must stay writable");
+    }
+    // A configured glob the profile cannot say is refused, not left out.
+    for bad in ["{a,b}.sh", "x/[ab]", "a**"] {
+        assert_eq!(held_writes(&[], &[bad.into()]), Err(SeatbeltError::HostExecuted(bad.into())));
+    }
 }
 
 #[test]
@@ -71,7 +134,7 @@ fn a_tool_preset_reads_its_workspace_only() {
     let f = fixture("seatbelt-preset");
     let r = allowed(&f, TOOLS, &tool(&f, "scan", &["grep", "-r", "x", "src"], &[]));
     assert!(r.writable.is_empty());
-    check_golden(&f, "tool_preset", &profile(&r).unwrap());
+    check_golden(&f, "tool_preset", &profile(&r, &[]).unwrap());
 }
 
 #[test]
@@ -79,7 +142,7 @@ fn a_temporary_workspace_is_the_runs_own() {
     let f = fixture("seatbelt-temporary");
     let request = tool(&f, "convert", &["cp", "in", "out"], &[("input", "proj/src/main.rs")]);
     let r = allowed(&f, TOOLS, &request);
-    let text = profile(&r).unwrap();
+    let text = profile(&r, &[]).unwrap();
     check_golden(&f, "temporary_workspace", &text);
     // A preset without fork: the profile does not allow it either.
     assert!(r.capabilities.process.no_fork && !text.contains("process-fork"));
@@ -90,7 +153,7 @@ fn allow_all_is_the_hosts_network() {
     let f = fixture("seatbelt-network");
     let all = "[defaults]\nnetwork = \"allow_all\"\n";
     let r = allowed(&f, all, &f.request_in(WORKSPACE, &["git", "fetch"]));
-    check_golden(&f, "host_network", &profile(&r).unwrap());
+    check_golden(&f, "host_network", &profile(&r, &[]).unwrap());
 }
 
 /// Allowed domains are refused, not loosened to the host's network: in
@@ -135,13 +198,13 @@ fn only_tier_b_plans_and_plain_paths_are_written() {
     for bad in ["relative", "/a\"b", "/a\\b", "/a\nb"] {
         let mut r = r.clone();
         r.plan.landlock.read.push(bad.into());
-        assert_eq!(profile(&r), Err(SeatbeltError::Path(bad.into())));
+        assert_eq!(profile(&r, &[]), Err(SeatbeltError::Path(bad.into())));
     }
     let mut listed = r.clone();
     listed.plan.landlock.list.push("/srv".into());
-    assert_eq!(profile(&listed), Err(SeatbeltError::ListOnly(vec!["/srv".into()])));
+    assert_eq!(profile(&listed, &[]), Err(SeatbeltError::ListOnly(vec!["/srv".into()])));
     r.plan.namespaces.user = true;
-    assert_eq!(profile(&r), Err(SeatbeltError::Tier(palisade_protocol::Tier::C)));
+    assert_eq!(profile(&r, &[]), Err(SeatbeltError::Tier(palisade_protocol::Tier::C)));
 }
 
 /// A plan that reaches the profile with allowed domains anyway (the
@@ -153,5 +216,5 @@ fn a_plan_with_domains_gets_no_profile() {
     let mut r = allowed(&f, "", &f.request_in(WORKSPACE, &["ls"]));
     let injected = "github.com\n(allow default)\n;";
     r.network = Network::HostDomains { domains: vec![injected.into()], preflight: true };
-    assert_eq!(profile(&r), Err(SeatbeltError::Network(r.network.clone())));
+    assert_eq!(profile(&r, &[]), Err(SeatbeltError::Network(r.network.clone())));
 }
