@@ -227,3 +227,21 @@ fn allowed_domains_are_refused_rather_than_opening_the_hosts_network() {
     }
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
 }
+
+/// A run forks at most `max_processes` more processes than its user had as
+/// it started (RLIMIT_NPROC counts every process of the user): a loop
+/// starting far more gets `fork` refused past them; the test itself starts
+/// as many.
+#[test]
+fn a_run_cannot_fork_past_its_process_limit() {
+    let m = Mac::new("processes");
+    let script = "n=0; while [ $n -lt 40 ]; do sleep 5 & n=$((n+1)); done 2>/dev/null; echo started $n; kill $(jobs -p) 2>/dev/null; wait";
+    let (_, out) = m.run(script, "max_processes = 8\n");
+    assert!(!out.contains("started 40"), "{out}");
+    let mut outside: Vec<_> =
+        (0..40).map(|_| std::process::Command::new("/bin/sleep").arg("5").spawn().unwrap()).collect();
+    for child in &mut outside {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}

@@ -47,9 +47,10 @@ pub const SANDBOX_EXEC: &str = "/usr/bin/sandbox-exec";
 /// enough to catch a steady climb, at a few system calls per process.
 pub const MEMORY_SAMPLE_EVERY: Duration = Duration::from_millis(50);
 
-/// The rlimits set on the command: those macOS enforces. RLIMIT_AS and
-/// RLIMIT_DATA are not enforced there (memory is sampled instead), and
-/// RLIMIT_NPROC counts every process of the user, not of the run.
+/// The rlimits of the plan set on the command as they are: those macOS
+/// enforces. RLIMIT_AS and RLIMIT_DATA are not enforced there (memory is
+/// sampled instead); RLIMIT_NPROC counts every process of the user, so it
+/// is set to the user's processes plus the plan's (see [`processes_limit`]).
 const RLIMITS_SET: [RlimitName; 4] =
     [RlimitName::Cpu, RlimitName::Nofile, RlimitName::Fsize, RlimitName::Core];
 
@@ -85,9 +86,11 @@ pub struct Seatbelt {
     profiles: PathBuf,
 }
 
-/// A run's profile and the attestation it will have.
+/// A run's profile, its process limit and the attestation it will have.
 pub struct Prepared {
     pub profile: String,
+    /// RLIMIT_NPROC for the run ([`processes_limit`]); `None`: unlimited.
+    pub processes: Option<Rlimit>,
     pub attestation: Attestation,
 }
 
@@ -114,8 +117,9 @@ impl Seatbelt {
         host_executed: &[String],
     ) -> Result<Prepared, ExecError> {
         let profile = palisade_policy::seatbelt::profile(resolved, host_executed)?;
-        let attestation = attestation(request, resolved, &profile);
-        Ok(Prepared { profile, attestation })
+        let processes = processes_limit(resolved);
+        let attestation = attestation(request, resolved, &profile, processes);
+        Ok(Prepared { profile, processes, attestation })
     }
 
     /// Runs `resolved` (decided for `request`, [`Seatbelt::prepare`]d) to
@@ -134,7 +138,8 @@ impl Seatbelt {
         // Declared before the run: dropped after it, once its processes are dead.
         let files = RunFiles::create(resolved, &self.profiles.join(name), &prepared.profile)?;
         let started = Instant::now();
-        let mut command = self.command(resolved, &files.profile, request.stdin.is_empty());
+        let mut command =
+            self.command(resolved, &files.profile, request.stdin.is_empty(), prepared.processes);
         let mut spawned =
             command.spawn().map_err(|source| ExecError::Spawn { launcher: self.launcher.clone(), source })?;
         let mut group = Group::watch(spawned.id());
@@ -182,7 +187,13 @@ impl Seatbelt {
 
     /// `sandbox-exec -f PROFILE PROGRAM ARGS...`, in a session (and process
     /// group) of its own, with the plan's environment, directory and rlimits.
-    fn command(&self, resolved: &Resolved, profile: &Path, no_stdin: bool) -> std::process::Command {
+    fn command(
+        &self,
+        resolved: &Resolved,
+        profile: &Path,
+        no_stdin: bool,
+        processes: Option<Rlimit>,
+    ) -> std::process::Command {
         let plan = &resolved.plan;
         let mut command = std::process::Command::new(&self.launcher);
         command
@@ -196,7 +207,8 @@ impl Seatbelt {
             .stdin(if no_stdin { Stdio::null() } else { Stdio::piped() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let limits = limits_set(resolved);
+        let mut limits = limits_set(resolved);
+        limits.extend(processes.map(|l| (libc::RLIMIT_NPROC as RlimitResource, l)));
         let umask = plan.umask;
         // `limits` is a copy the closure owns, read without allocating.
         // SAFETY: the closure runs between fork and exec and calls only setsid, setrlimit,
@@ -255,6 +267,25 @@ fn limits_set(resolved: &Resolved) -> Vec<(RlimitResource, Rlimit)> {
     rlimits_set(resolved).into_iter().map(|(n, l)| (number(n) as RlimitResource, l)).collect()
 }
 
+/// RLIMIT_NPROC for a run of `resolved`: macOS counts every process of
+/// the user against it, so the run may start the plan's `max_processes`
+/// more than the user has now (counted just before the run; what the user
+/// starts meanwhile takes from that room), within the user's own hard
+/// limit. `None` where the plan sets no limit.
+fn processes_limit(resolved: &Resolved) -> Option<Rlimit> {
+    let wanted = resolved.plan.rlimits.processes.hard;
+    if wanted == palisade_protocol::RLIM_INFINITY {
+        return None;
+    }
+    let now = procs::of_uid(nix::unistd::getuid().as_raw()) as u64;
+    let mut own = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `own` is valid for writing one rlimit; nix has no RLIMIT_NPROC on macOS.
+    let read = unsafe { libc::getrlimit(libc::RLIMIT_NPROC as RlimitResource, &mut own) };
+    let hard = if read == 0 && own.rlim_max != libc::RLIM_INFINITY { own.rlim_max } else { u64::MAX };
+    let limit = now.saturating_add(wanted).min(hard);
+    Some(Rlimit { soft: limit, hard: limit })
+}
+
 /// What `setrlimit` takes for a resource: glibc names its own type.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 type RlimitResource = libc::__rlimit_resource_t;
@@ -262,7 +293,12 @@ type RlimitResource = libc::__rlimit_resource_t;
 type RlimitResource = libc::c_int;
 
 /// What the run had in force; its executor `macos-seatbelt`.
-fn attestation(request: &RunRequest, resolved: &Resolved, profile: &str) -> Attestation {
+fn attestation(
+    request: &RunRequest,
+    resolved: &Resolved,
+    profile: &str,
+    processes: Option<Rlimit>,
+) -> Attestation {
     let mut a = crate::journal::attest::attestation(request, resolved, None, None, None);
     a.executor = Executor::MacosSeatbelt;
     let e = &mut a.enforcement;
@@ -270,6 +306,9 @@ fn attestation(request: &RunRequest, resolved: &Resolved, profile: &str) -> Atte
     e.seccomp_sha256 = crate::journal::attest::sha256_hex(b"");
     e.seccomp_instructions = 0;
     e.rlimits = rlimits_set(resolved).into_iter().map(|(n, l)| RlimitEntry::new(n, l)).collect();
+    e.rlimits.extend(processes.map(|l| RlimitEntry::new(RlimitName::Nproc, l)));
+    // In the protocol's order (docs/protocol.md): the enum's.
+    e.rlimits.sort_by_key(|r| r.name as u8);
     e.memory = Memory::Sampled {
         bytes: resolved.plan.rlimits.data.hard,
         every_ms: MEMORY_SAMPLE_EVERY.as_millis() as u64,

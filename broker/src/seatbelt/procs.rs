@@ -170,6 +170,22 @@ mod os {
         buf
     }
 
+    /// `proc_listpids`'s selector for one user's processes.
+    const PROC_UID_ONLY: u32 = 4;
+    /// The most processes of one user a listing counts: past any user's
+    /// limit (`kern.maxprocperuid`).
+    const MAX_OF_UID: usize = 1 << 16;
+
+    pub fn of_uid(uid: libc::uid_t) -> usize {
+        let mut buf = vec![0 as libc::pid_t; MAX_OF_UID];
+        let size = (buf.len() * std::mem::size_of::<libc::pid_t>()) as libc::c_int;
+        // SAFETY: `buf` is valid for writing `size` bytes; the call returns
+        // the bytes it wrote (pids), or -1.
+        let bytes = unsafe { libc::proc_listpids(PROC_UID_ONLY, uid, buf.as_mut_ptr().cast(), size) };
+        buf.truncate(bytes.max(0) as usize / std::mem::size_of::<libc::pid_t>());
+        buf.iter().filter(|&&p| p > 0).count()
+    }
+
     pub fn resident_bytes(pid: libc::pid_t) -> Option<u64> {
         // SAFETY: proc_taskinfo is plain old data; all-zero is valid.
         let mut info: libc::proc_taskinfo = unsafe { std::mem::zeroed() };
@@ -206,6 +222,21 @@ mod os {
         table().into_iter().filter(|&(_, parent, _)| parent == pid).map(|(p, _, _)| p).collect()
     }
 
+    /// The threads of the processes `/proc` shows owned by `uid`: what
+    /// Linux's RLIMIT_NPROC counts (macOS's counts processes).
+    pub fn of_uid(uid: libc::uid_t) -> usize {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+        let process =
+            |e: &std::fs::DirEntry| e.file_name().to_str().is_some_and(|n| n.parse::<u32>().is_ok());
+        let threads =
+            |e: &std::fs::DirEntry| std::fs::read_dir(e.path().join("task")).map_or(0, Iterator::count);
+        dir.flatten()
+            .filter(|e| process(e) && e.metadata().is_ok_and(|m| m.uid() == uid))
+            .map(|e| threads(&e))
+            .sum()
+    }
+
     pub fn resident_bytes(pid: libc::pid_t) -> Option<u64> {
         let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
         let pages: u64 = statm.split(' ').nth(1)?.parse().ok()?;
@@ -215,4 +246,5 @@ mod os {
     }
 }
 
+pub use os::of_uid;
 use os::{children, group, resident_bytes};

@@ -166,11 +166,36 @@ fn a_run_goes_through_the_launcher_with_its_profile_which_is_removed_after() {
     );
     assert!(matches!(a.enforcement.memory, Memory::Sampled { bytes, .. } if bytes == 512 << 20));
     let set: Vec<RlimitName> = a.enforcement.rlimits.iter().map(|r| r.name).collect();
-    assert_eq!(set, RLIMITS_SET);
+    let (cpu, nproc) = (RlimitName::Cpu, RlimitName::Nproc);
+    assert_eq!(set, [cpu, nproc, RlimitName::Nofile, RlimitName::Fsize, RlimitName::Core]);
+    assert_eq!(RLIMITS_SET, [cpu, RlimitName::Nofile, RlimitName::Fsize, RlimitName::Core]);
     // The profile and the run's directories are gone; the directory holding them is private.
     assert!(path.starts_with(s.dir.join("profiles")) && !path.exists());
     assert!(resolved.host_dirs.iter().all(|d| !d.exists()), "{:?}", resolved.host_dirs);
     assert_eq!(std::fs::metadata(s.dir.join("profiles")).unwrap().permissions().mode() & 0o777, 0o700);
+}
+
+/// RLIMIT_NPROC counts every process of the user: a run gets the room of
+/// `max_processes` more than the user has as it starts, as its attestation
+/// says and as the command finds it set.
+#[test]
+fn the_process_limit_is_the_users_processes_and_the_plans() {
+    let s = Setup::new("processes");
+    let before = procs::of_uid(nix::unistd::getuid().as_raw()) as u64;
+    let (result, stdout, _) = s.run("grep 'Max processes' /proc/self/limits", "max_processes = 20\n");
+    let after = procs::of_uid(nix::unistd::getuid().as_raw()) as u64;
+    assert_eq!(result.status, RunStatus::Exited { code: 0 });
+    let set = result.attestation.enforcement.rlimits.iter().find(|r| r.name == RlimitName::Nproc);
+    let limit = set.and_then(|r| r.soft.zip(r.hard)).unwrap();
+    assert_eq!(limit.0, limit.1);
+    // Other processes of the user come and go meanwhile: within what they were.
+    assert!((before.min(after) + 20..=before.max(after) + 20).contains(&limit.0), "{limit:?}");
+    let seen = String::from_utf8(stdout).unwrap();
+    let fields: Vec<&str> = seen.split_whitespace().collect();
+    assert_eq!(fields[2..4], [limit.0.to_string(), limit.1.to_string()], "{seen}");
+    // The broker's own limit is not it: the run's was set for the run.
+    let own = std::fs::read_to_string("/proc/self/limits").unwrap();
+    assert!(!own.lines().any(|l| l.starts_with("Max processes") && l.contains(&format!(" {} ", limit.0))));
 }
 
 #[test]
