@@ -36,7 +36,7 @@ impl Mac {
             (Decision::Allow(r), request) => (r, request),
             (other, _) => panic!("{other:?}"),
         };
-        let prepared = Seatbelt::prepare(&resolved, &request, &[]).unwrap();
+        let prepared = self.seatbelt.prepare(1, &resolved, &request, &[]).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let mut sink = Text::default();
         let cancel = std::future::pending();
@@ -244,4 +244,29 @@ fn a_run_cannot_fork_past_its_process_limit() {
         child.kill().unwrap();
         child.wait().unwrap();
     }
+}
+
+/// A double fork into a session of its own, with the command exiting at
+/// once, does not outlive the run: its sandbox marks it (`sandbox_check`
+/// on the run's mark). Outside a run the same double fork lives on.
+#[test]
+fn a_process_that_escaped_the_group_dies_with_the_run() {
+    let m = Mac::new("escaped");
+    let pid_of =
+        |file: &Path| -> libc::pid_t { std::fs::read_to_string(file).unwrap().trim().parse().unwrap() };
+    // SAFETY: kill with signal 0 only asks whether the process exists.
+    let alive = |pid: libc::pid_t| unsafe { libc::kill(pid, 0) } == 0;
+    // macOS has no setsid(1): perl's fork, then setsid in the child, whose parent exits.
+    let script = "/usr/bin/perl -MPOSIX -e 'if (my $p = fork) { open F, \">escaped\"; print F $p; exit } \
+                  POSIX::setsid(); exec \"/bin/sleep\", \"1000\"'; exit 0";
+    let (r, out) = m.run(script, "");
+    assert_eq!(exited(&r), Some(0), "{out}");
+    let escaped = pid_of(&m.dir.join("ws/escaped"));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(!alive(escaped), "a process that left the run's group outlived the run");
+    let outside = std::process::Command::new("sh").args(["-c", "(sleep 1000 & echo $!) &"]).output().unwrap();
+    let leftover: libc::pid_t = String::from_utf8_lossy(&outside.stdout).trim().parse().unwrap();
+    assert!(alive(leftover));
+    // SAFETY: kill takes plain integers.
+    unsafe { libc::kill(leftover, libc::SIGKILL) };
 }

@@ -67,7 +67,8 @@ impl Mac {
         let kept = crate::host::paths::temp_root(config.policy.temp_root.as_deref())?;
         let temp_root = kept.path.clone();
         let seatbelt = Seatbelt::new(launcher, temp_root.join("profiles"))?;
-        // What brokers no longer running left: their runs' directories and profiles.
+        // What brokers no longer running left: their runs' processes, directories and profiles.
+        seatbelt.kill_leftovers();
         crate::host::instance::remove_orphans(&temp_root, "run-");
         crate::host::instance::remove_orphans(&temp_root.join("profiles"), "");
         let journal = Journal::from_config(&config)?;
@@ -151,7 +152,7 @@ impl Mac {
                 )));
             }
         };
-        let prepared = match Seatbelt::prepare(&resolved, request, &self.host_executed) {
+        let prepared = match self.seatbelt.prepare(run_id, &resolved, request, &self.host_executed) {
             Ok(p) => p,
             Err(e) => {
                 return Err(refused(ErrorReply::with_rule(e.kind(), e.to_string(), "seatbelt.profile")));

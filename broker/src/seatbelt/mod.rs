@@ -89,6 +89,8 @@ pub struct Seatbelt {
 /// A run's profile, its process limit and the attestation it will have.
 pub struct Prepared {
     pub profile: String,
+    /// What marks the run's processes (see [`procs::Marks`]).
+    pub marks: procs::Marks,
     /// RLIMIT_NPROC for the run ([`processes_limit`]); `None`: unlimited.
     pub processes: Option<Rlimit>,
     pub attestation: Attestation,
@@ -104,22 +106,54 @@ impl Seatbelt {
             .create(&profiles)
             .map_err(|e| format!("cannot create {}: {e}", profiles.display()))?;
         crate::host::paths::check_private(&profiles)?;
+        let profiles = profiles.canonicalize().map_err(|e| format!("{}: {e}", profiles.display()))?;
         Ok(Seatbelt { launcher, profiles })
     }
 
-    /// The profile `resolved` runs under, and the attestation its run will
-    /// have (what the journal records before the run starts);
-    /// `host_executed`: `[policy] host_executed`, the globs a run may not
-    /// write beside the built-in ones.
+    /// Kills what runs of brokers no longer running left (a broker that
+    /// died uncleanly could not): every process marked as one of theirs,
+    /// found by the profiles they left in this broker's directory. Call
+    /// before those profiles are removed.
+    pub fn kill_leftovers(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.profiles) else { return };
+        let mut dead = std::collections::BTreeSet::new();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let mut parts = name.splitn(3, '-');
+            if let (Some(pid), Some(started)) = (parts.next(), parts.next()) {
+                let instance = format!("{pid}-{started}");
+                if name.ends_with(".sb") && !crate::host::instance::alive(&instance) {
+                    dead.insert(instance);
+                }
+            }
+        }
+        for instance in dead {
+            let killed = procs::Marks::of_instance(&self.profiles, &instance).kill();
+            if killed > 0 {
+                tracing::warn!(instance, killed, "killed the processes a dead broker's runs left running");
+            }
+        }
+    }
+
+    /// The profile run `run_id` of `resolved` runs under, and the
+    /// attestation its run will have (what the journal records before the
+    /// run starts); `host_executed`: `[policy] host_executed`, the globs a
+    /// run may not write beside the built-in ones.
     pub fn prepare(
+        &self,
+        run_id: u64,
         resolved: &Resolved,
         request: &RunRequest,
         host_executed: &[String],
     ) -> Result<Prepared, ExecError> {
-        let profile = palisade_policy::seatbelt::profile(resolved, host_executed)?;
+        let marks = procs::Marks::of_run(&self.profiles, crate::host::instance::tag(), run_id);
+        let mut profile = palisade_policy::seatbelt::profile(resolved, host_executed)?;
+        marks.allow_in(&mut profile)?;
+        palisade_policy::seatbelt::sbpl::check(&profile)
+            .map_err(|e| ExecError::Profile(palisade_policy::seatbelt::SeatbeltError::Malformed(e)))?;
         let processes = processes_limit(resolved);
         let attestation = attestation(request, resolved, &profile, processes);
-        Ok(Prepared { profile, processes, attestation })
+        Ok(Prepared { profile, marks, processes, attestation })
     }
 
     /// Runs `resolved` (decided for `request`, [`Seatbelt::prepare`]d) to
@@ -140,9 +174,12 @@ impl Seatbelt {
         let started = Instant::now();
         let mut command =
             self.command(resolved, &files.profile, request.stdin.is_empty(), prepared.processes);
+        // Linux, under test: the stand-in's command is found by what it carries.
+        #[cfg(not(target_os = "macos"))]
+        command.env(procs::MARKS_ENV, prepared.marks.environment());
         let mut spawned =
             command.spawn().map_err(|source| ExecError::Spawn { launcher: self.launcher.clone(), source })?;
-        let mut group = Group::watch(spawned.id());
+        let mut group = Group::watch(spawned.id(), prepared.marks.clone());
         let pipes = (|| -> std::io::Result<[pipe::Receiver; 2]> {
             feed_stdin(spawned.stdin.take(), &request.stdin)?;
             Ok([receiver(spawned.stdout.take())?, receiver(spawned.stderr.take())?])
@@ -384,12 +421,14 @@ struct Group {
     seen: Arc<procs::Seen>,
     /// Set by the sampler when it ended the run.
     over_memory: Arc<AtomicBool>,
+    /// What marks every process of the run, wherever it went.
+    marks: procs::Marks,
     sampler: Option<tokio::task::JoinHandle<()>>,
     reaped: bool,
 }
 
 impl Group {
-    fn watch(pid: u32) -> Group {
+    fn watch(pid: u32, marks: procs::Marks) -> Group {
         let (exited_tx, exited) = watch::channel(false);
         let pid = pid as libc::pid_t;
         std::thread::spawn(move || {
@@ -404,6 +443,7 @@ impl Group {
             exited,
             seen: Arc::default(),
             over_memory: Arc::new(AtomicBool::new(false)),
+            marks,
             sampler: None,
             reaped: false,
         }
@@ -425,6 +465,7 @@ impl Group {
     fn kill_all(&self) {
         procs::kill_all(self.pgid, libc::SIGKILL);
         self.seen.kill();
+        self.marks.kill();
     }
 }
 
@@ -451,6 +492,7 @@ impl Child for &Group {
         procs::kill_all(self.pgid, signal);
         if signal == libc::SIGKILL {
             self.seen.kill();
+            self.marks.kill();
         }
     }
 }

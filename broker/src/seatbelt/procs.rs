@@ -3,11 +3,13 @@
 //! found while its parent lives), to kill them all and to sum their memory.
 //! A sampler walks them every [`super::MEMORY_SAMPLE_EVERY`] and remembers
 //! each it saw (pid and start time), so that one that left the group and
-//! then lost its parent is still killed at the end. A process that leaves
-//! the group and loses its parent between two samples is out of reach:
-//! macOS has no cgroup, pid namespace or subreaper to hold it.
+//! then lost its parent is still killed at the end. One that leaves the
+//! group and loses its parent between two samples is found by its sandbox
+//! ([`Marks`]): macOS has no cgroup, pid namespace or subreaper to hold it,
+//! but a process never leaves its Seatbelt sandbox.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -43,6 +45,89 @@ fn signal_group(pgid: libc::pid_t, signal: i32) {
 fn signal_one(pid: libc::pid_t, signal: i32) {
     // SAFETY: kill takes plain integers; a process that is gone is ESRCH.
     unsafe { libc::kill(pid, signal) };
+}
+
+/// What marks a run's processes in a way they cannot shed: paths that its
+/// profile alone lets read (the run's mark and its broker's), asked of the
+/// kernel for any process of the user (`sandbox_check`), beside a path no
+/// profile lets read (which tells apart a process in another sandbox that
+/// lets read anything there). A process keeps its sandbox for life and
+/// passes it on to its children: whatever group or session it moves to,
+/// whoever its parent, it is found. The paths need not exist: they are in
+/// the broker's private directory, which no run is granted.
+#[derive(Clone, Debug)]
+pub struct Marks {
+    /// What is looked for: the run's mark, or a broker's (every run of it).
+    mark: PathBuf,
+    /// The broker's mark, which its runs' profiles also let read.
+    instance: PathBuf,
+    /// What no profile lets read.
+    none: PathBuf,
+}
+
+/// How many times [`Marks::kill`] looks again for processes that a marked
+/// one started while the previous ones were being killed.
+const KILL_ROUNDS: usize = 64;
+
+impl Marks {
+    /// Run `run`'s of broker `instance`, whose profiles are in `profiles`.
+    pub fn of_run(profiles: &Path, instance: &str, run: u64) -> Marks {
+        let dir = profiles.join("marks");
+        Marks {
+            mark: dir.join(format!("{instance}-{run}")),
+            instance: dir.join(instance),
+            none: dir.join("none"),
+        }
+    }
+
+    /// Every run's of broker `instance`.
+    pub fn of_instance(profiles: &Path, instance: &str) -> Marks {
+        let dir = profiles.join("marks");
+        Marks { mark: dir.join(instance), instance: dir.join(instance), none: dir.join("none") }
+    }
+
+    /// Adds to `profile` the rule that lets the run's processes read its marks.
+    pub fn allow_in(&self, profile: &mut String) -> Result<(), palisade_policy::seatbelt::SeatbeltError> {
+        let quoted = |p: &Path| {
+            let text = p.to_string_lossy();
+            let bad = |c: char| c == '"' || c == '\\' || c.is_control();
+            match text.starts_with('/') && !text.chars().any(bad) {
+                true => Ok(format!("\"{text}\"")),
+                false => Err(palisade_policy::seatbelt::SeatbeltError::Path(text.into_owned())),
+            }
+        };
+        let (mark, instance) = (quoted(&self.mark)?, quoted(&self.instance)?);
+        profile.push_str(&format!(
+            "\n; Marks: paths only this run's processes may read (they need not exist),\n\
+             ; by which the broker finds every one of them, wherever it went.\n\
+             (allow file-read-data (literal {mark}) (literal {instance}))\n"
+        ));
+        Ok(())
+    }
+
+    /// What a stand-in's command is given to be found by (Linux, under test).
+    #[cfg(not(target_os = "macos"))]
+    pub fn environment(&self) -> String {
+        format!("{}:{}", self.mark.display(), self.instance.display())
+    }
+
+    /// SIGKILL to every process of this user marked so, again for those it
+    /// started meanwhile; how many were killed.
+    pub fn kill(&self) -> usize {
+        let mut killed = BTreeSet::new();
+        for _ in 0..KILL_ROUNDS {
+            let found: Vec<libc::pid_t> =
+                os::marked(&self.mark, &self.none).into_iter().filter(|p| !killed.contains(p)).collect();
+            if found.is_empty() {
+                break;
+            }
+            for &pid in &found {
+                signal_one(pid, libc::SIGKILL);
+            }
+            killed.extend(found);
+        }
+        killed.len()
+    }
 }
 
 /// The processes of a run seen so far, by pid, with their start time.
@@ -175,15 +260,61 @@ mod os {
     /// The most processes of one user a listing counts: past any user's
     /// limit (`kern.maxprocperuid`).
     const MAX_OF_UID: usize = 1 << 16;
+    /// `sandbox_check`'s filter for a path (`<sandbox.h>`).
+    const SANDBOX_FILTER_PATH: libc::c_int = 1;
 
-    pub fn of_uid(uid: libc::uid_t) -> usize {
+    unsafe extern "C" {
+        /// 0: `pid`'s sandbox allows `operation` (or it has none); 1: it
+        /// denies it; -1: no answer. libSystem's, as Chromium uses it.
+        fn sandbox_check(
+            pid: libc::pid_t,
+            operation: *const libc::c_char,
+            filter: libc::c_int,
+            ...
+        ) -> libc::c_int;
+        /// A flag of the filter: the check itself is not logged.
+        static SANDBOX_CHECK_NO_REPORT: libc::c_int;
+    }
+
+    fn of_uid_pids(uid: libc::uid_t) -> Vec<libc::pid_t> {
         let mut buf = vec![0 as libc::pid_t; MAX_OF_UID];
         let size = (buf.len() * std::mem::size_of::<libc::pid_t>()) as libc::c_int;
         // SAFETY: `buf` is valid for writing `size` bytes; the call returns
         // the bytes it wrote (pids), or -1.
         let bytes = unsafe { libc::proc_listpids(PROC_UID_ONLY, uid, buf.as_mut_ptr().cast(), size) };
         buf.truncate(bytes.max(0) as usize / std::mem::size_of::<libc::pid_t>());
-        buf.iter().filter(|&&p| p > 0).count()
+        buf.retain(|&p| p > 0);
+        buf
+    }
+
+    pub fn of_uid(uid: libc::uid_t) -> usize {
+        of_uid_pids(uid).len()
+    }
+
+    /// Whether `pid`'s sandbox lets read `path`: `None` where the kernel does not say.
+    fn reads(pid: libc::pid_t, path: &std::ffi::CStr) -> Option<bool> {
+        // SAFETY: a constant of libSystem's, read as the integer it is.
+        let flags = SANDBOX_FILTER_PATH | unsafe { SANDBOX_CHECK_NO_REPORT };
+        // SAFETY: both strings are NUL-terminated and outlive the call; the
+        // path filter takes one `const char *` after the filter.
+        let r = unsafe { sandbox_check(pid, c"file-read-data".as_ptr(), flags, path.as_ptr()) };
+        match r {
+            0 => Some(true),
+            1 => Some(false),
+            _ => None,
+        }
+    }
+
+    /// The user's processes whose sandbox lets read `mark` and not `none`.
+    pub fn marked(mark: &std::path::Path, none: &std::path::Path) -> Vec<libc::pid_t> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &std::path::Path| std::ffi::CString::new(p.as_os_str().as_bytes()).ok();
+        let (Some(mark), Some(none)) = (c(mark), c(none)) else { return vec![] };
+        let me = std::process::id() as libc::pid_t;
+        let pids = of_uid_pids(nix::unistd::getuid().as_raw());
+        pids.into_iter()
+            .filter(|&p| p != me && reads(p, &mark) == Some(true) && reads(p, &none) == Some(false))
+            .collect()
     }
 
     pub fn resident_bytes(pid: libc::pid_t) -> Option<u64> {
@@ -222,6 +353,29 @@ mod os {
         table().into_iter().filter(|&(_, parent, _)| parent == pid).map(|(p, _, _)| p).collect()
     }
 
+    /// The processes of this user whose environment carries `mark` in
+    /// [`super::MARKS_ENV`] (what the executor gives a stand-in's command on
+    /// Linux, where no sandbox holds it: a stand-in for the kernel's answer).
+    pub fn marked(mark: &std::path::Path, _none: &std::path::Path) -> Vec<libc::pid_t> {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(dir) = std::fs::read_dir("/proc") else { return vec![] };
+        let (uid, me) = (nix::unistd::getuid().as_raw(), std::process::id() as libc::pid_t);
+        let wanted = mark.to_string_lossy();
+        let carries = |pid: libc::pid_t| {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let prefix = format!("{}=", super::MARKS_ENV);
+            environ.split(|&b| b == 0).any(|var| {
+                let var = String::from_utf8_lossy(var);
+                var.strip_prefix(&prefix).is_some_and(|v| v.split(':').any(|m| m == wanted))
+            })
+        };
+        dir.flatten()
+            .filter(|e| e.metadata().is_ok_and(|m| m.uid() == uid))
+            .filter_map(|e| e.file_name().to_str()?.parse::<libc::pid_t>().ok())
+            .filter(|&pid| pid != me && carries(pid))
+            .collect()
+    }
+
     /// The threads of the processes `/proc` shows owned by `uid`: what
     /// Linux's RLIMIT_NPROC counts (macOS's counts processes).
     pub fn of_uid(uid: libc::uid_t) -> usize {
@@ -247,4 +401,8 @@ mod os {
 }
 
 pub use os::of_uid;
+
+/// The variable carrying a run's marks to a stand-in's command (Linux, under test).
+#[cfg(not(target_os = "macos"))]
+pub const MARKS_ENV: &str = "PALISADE_SEATBELT_MARKS";
 use os::{children, group, resident_bytes};

@@ -101,7 +101,7 @@ impl Setup {
         cancel: impl Future<Output = ()> + Send,
     ) -> (RunResult, Vec<u8>, Resolved) {
         let (request, resolved) = self.resolve(script, limits);
-        let prepared = Seatbelt::prepare(&resolved, &request, &[]).unwrap();
+        let prepared = self.seatbelt.prepare(1, &resolved, &request, &[]).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let mut sink = Collect::default();
         let result =
@@ -157,7 +157,14 @@ fn a_run_goes_through_the_launcher_with_its_profile_which_is_removed_after() {
     let (result, stdout, resolved) = s.run("echo hello; exit 3", "");
     assert_eq!((result.status, stdout.as_slice()), (RunStatus::Exited { code: 3 }, &b"hello\n"[..]));
     let (path, text) = s.last_profile();
-    assert_eq!(text, palisade_policy::seatbelt::profile(&resolved, &[]).unwrap());
+    // The policy's profile, and the rule of the run's marks (in the broker's private directory).
+    let policys = palisade_policy::seatbelt::profile(&resolved, &[]).unwrap();
+    let marks = text.strip_prefix(&policys).unwrap();
+    let dir = s.dir.join("profiles").canonicalize().unwrap().join("marks");
+    let tag = crate::host::instance::tag();
+    let rule =
+        format!("(allow file-read-data (literal \"{0}/{tag}-1\") (literal \"{0}/{tag}\"))", dir.display());
+    assert!(marks.contains(&rule), "{marks}");
     let a = &result.attestation;
     assert_eq!(a.executor, Executor::MacosSeatbelt);
     assert_eq!(
@@ -287,7 +294,7 @@ fn a_process_that_left_the_group_dies_with_a_run_that_ended_by_itself() {
 fn a_dropped_run_is_killed() {
     let s = Setup::new("dropped");
     let (request, resolved) = s.resolve("echo $$ > pid; sleep 1000", "");
-    let prepared = Seatbelt::prepare(&resolved, &request, &[]).unwrap();
+    let prepared = s.seatbelt.prepare(1, &resolved, &request, &[]).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut sink = Collect::default();
     let run = s.seatbelt.execute(1, &resolved, &request, prepared, &mut sink, std::future::pending());
@@ -340,4 +347,54 @@ fn a_run_cannot_join_a_process_group_outside_its_session() {
     assert_eq!(String::from_utf8_lossy(&outside.stdout), "joined\n", "{outside:?}");
     group.kill().unwrap();
     group.wait().unwrap();
+}
+
+/// A double fork into a session of its own, faster than any sample, with
+/// the command exiting at once: nothing of the run's group or its
+/// descendants holds the process then, only its marks (on a Mac, its
+/// sandbox; here, what the stand-in's command carries). Outside a run the
+/// same double fork lives on.
+#[test]
+fn a_process_that_escaped_before_any_sample_dies_with_the_run() {
+    let s = Setup::new("escaped");
+    let pid = s.dir.join("ws/escaped");
+    let script =
+        format!("setsid sh -c 'sleep 1000 & echo $! > {0}.tmp; mv {0}.tmp {0}'; exit 0", pid.display());
+    let (result, _, _) = s.run(&script, "");
+    assert_eq!(result.status, RunStatus::Exited { code: 0 });
+    assert!(std::fs::metadata(&pid).is_ok_and(|m| m.len() > 0), "the double fork did not happen");
+    assert!(gone(&pid), "a process that escaped before any sample outlived the run");
+    // Outside a run, the same double fork lives on: the check above could fail.
+    let outside = s.dir.join("outside-escaped");
+    let script = format!("setsid sh -c 'sleep 1000 & echo $! > {0}.tmp; mv {0}.tmp {0}'", outside.display());
+    assert!(std::process::Command::new("sh").args(["-c", &script]).status().unwrap().success());
+    assert!(alive(&outside));
+    let leftover: libc::pid_t = std::fs::read_to_string(&outside).unwrap().trim().parse().unwrap();
+    // SAFETY: kill takes plain integers.
+    unsafe { libc::kill(leftover, libc::SIGKILL) };
+}
+
+/// At start, a broker kills what the runs of a dead broker left running
+/// (found by the profiles it left), and nothing of a broker still running.
+#[test]
+fn a_start_kills_what_a_dead_brokers_runs_left() {
+    let s = Setup::new("leftovers");
+    let profiles = s.dir.join("profiles").canonicalize().unwrap();
+    let dead = "999999999-1";
+    std::fs::write(profiles.join(format!("{dead}-3.sb")), "(version 1)").unwrap();
+    let marked = |instance: &str, run: u64| {
+        let marks = procs::Marks::of_run(&profiles, instance, run);
+        std::process::Command::new("sleep")
+            .arg("1000")
+            .env(procs::MARKS_ENV, marks.environment())
+            .spawn()
+            .unwrap()
+    };
+    let (mut left, mut live) = (marked(dead, 3), marked(crate::host::instance::tag(), 4));
+    s.seatbelt.kill_leftovers();
+    let waited = left.wait().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&waited), Some(libc::SIGKILL));
+    assert!(live.try_wait().unwrap().is_none(), "a live broker's run was killed");
+    live.kill().unwrap();
+    live.wait().unwrap();
 }
