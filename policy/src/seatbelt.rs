@@ -344,8 +344,9 @@ fn network(network: &Network, out: &mut String) -> Result<(), SeatbeltError> {
     Ok(())
 }
 
-/// The host's network: IP sockets, and the system's resolver.
-const HOST_NETWORK: &str = r#"(allow system-socket)
+/// The host's network: IP sockets, and the system's resolver (a Unix
+/// socket); no other kind of socket (kernel control, routing, ...).
+const HOST_NETWORK: &str = r#"(allow system-socket (socket-domain AF_INET) (socket-domain AF_INET6) (socket-domain AF_UNIX))
 (allow network-outbound
   (remote ip "*:*")
   (remote unix-socket (path-literal "/private/var/run/mDNSResponder")))

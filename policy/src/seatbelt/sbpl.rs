@@ -58,6 +58,8 @@ const OPERATIONS: &[&str] = &[
 const PATH_FILTERS: &[&str] = &["literal", "subpath", "path-literal", "prefix"];
 /// The filters that take one name, in a string.
 const NAME_FILTERS: &[&str] = &["global-name", "sysctl-name", "sysctl-name-prefix"];
+/// What `(socket-domain ...)` may name.
+const SOCKET_DOMAINS: &[&str] = &["AF_INET", "AF_INET6", "AF_UNIX", "AF_SYSTEM", "AF_ROUTE"];
 /// What `(target ...)` may name.
 const TARGETS: &[&str] = &["same-sandbox", "self", "children", "pgrp"];
 
@@ -119,6 +121,7 @@ fn filter(e: &Expr) -> Result<(), String> {
     match (head, args) {
         ("regex", [Expr::Regex(_)]) => Ok(()),
         ("target", [Expr::Symbol(t)]) if TARGETS.contains(&t.as_str()) => Ok(()),
+        ("socket-domain", [Expr::Symbol(d)]) if SOCKET_DOMAINS.contains(&d.as_str()) => Ok(()),
         ("remote" | "local", [Expr::Symbol(kind), Expr::Text(address)]) if is_ip(kind) => address
             .rsplit_once(':')
             .map(|_| ())
@@ -257,6 +260,7 @@ mod tests {
             ("(version 1)\n(allow file-read* (subpath \"/usr))\n", "a line break inside a string"),
             ("(version 1)\n(allow file-read* (subpath \"/usr\" \"/bin\"))\n", "takes one string"),
             ("(version 1)\n(allow signal (target everyone))\n", "unknown filter"),
+            ("(version 1)\n(allow system-socket (socket-domain AF_INTERNET))\n", "unknown filter"),
             ("(version 1)\n(allow network-outbound (remote ip \"localhost\"))\n", "no port"),
             ("(version 1)\n(permit file-read*)\n", "begins with allow or deny"),
             ("(version 1)\n(allow (subpath \"/usr\"))\n", "at least one operation"),

@@ -153,7 +153,13 @@ fn allow_all_is_the_hosts_network() {
     let f = fixture("seatbelt-network");
     let all = "[defaults]\nnetwork = \"allow_all\"\n";
     let r = allowed(&f, all, &f.request_in(WORKSPACE, &["git", "fetch"]));
-    check_golden(&f, "host_network", &profile(&r, &[]).unwrap());
+    let text = profile(&r, &[]).unwrap();
+    check_golden(&f, "host_network", &text);
+    // IP sockets and the resolver's Unix socket; no kernel-control or routing socket.
+    assert!(text.contains(
+        "(allow system-socket (socket-domain AF_INET) (socket-domain AF_INET6) (socket-domain AF_UNIX))"
+    ));
+    assert!(!text.contains("(allow system-socket)"));
 }
 
 /// Allowed domains are refused, not loosened to the host's network: in
