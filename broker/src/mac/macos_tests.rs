@@ -270,3 +270,25 @@ fn a_process_that_escaped_the_group_dies_with_the_run() {
     // SAFETY: kill takes plain integers.
     unsafe { libc::kill(leftover, libc::SIGKILL) };
 }
+
+/// launchd is outside the sandbox: a run that could set its environment or
+/// submit a job there would run code outside it later. Both are refused;
+/// the test itself can do both (and undoes them).
+#[test]
+fn launchctl_cannot_reach_outside_the_run() {
+    let m = Mac::new("launchctl");
+    let label = format!("dev.palisade.planted.{}", std::process::id());
+    let script = format!(
+        "launchctl setenv PALISADE_PLANTED 1; launchctl submit -l {label} -- /usr/bin/true; echo tried"
+    );
+    let (_, out) = m.run(&script, "");
+    assert!(out.contains("tried"), "{out}");
+    let launchctl = |args: &[&str]| std::process::Command::new("launchctl").args(args).output().unwrap();
+    let planted = launchctl(&["getenv", "PALISADE_PLANTED"]);
+    assert!(String::from_utf8_lossy(&planted.stdout).trim().is_empty(), "launchctl setenv reached launchd");
+    assert!(!launchctl(&["list", &label]).status.success(), "launchctl submit reached launchd");
+    // The test itself reaches launchd: the checks above could fail.
+    assert!(launchctl(&["setenv", "PALISADE_PLANTED", "1"]).status.success());
+    assert_eq!(String::from_utf8_lossy(&launchctl(&["getenv", "PALISADE_PLANTED"]).stdout).trim(), "1");
+    assert!(launchctl(&["unsetenv", "PALISADE_PLANTED"]).status.success());
+}
