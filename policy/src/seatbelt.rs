@@ -178,21 +178,34 @@ fn writes(
 }
 
 /// git's hooks and configuration, in any repository and submodule (and a
-/// worktree's own configuration), as a regular expression of the path.
-const GIT_HELD: &str = "/[.]git/((modules|worktrees)/[^/]+/)*(hooks(/|$)|config([.]worktree)?$)";
+/// worktree's own configuration), as a regular expression of the path:
+/// also `.git` itself (made, replaced or renamed, as a directory, a file
+/// pointing elsewhere or a link), `modules` and `worktrees` and their
+/// entries, and the files that point git elsewhere (`commondir`,
+/// `gitdir`), so that none can be written under another name and moved in.
+const GIT_HELD: &str = "/[.]git(/((modules|worktrees)/[^/]+/)*((modules|worktrees)(/[^/]+)?|hooks(/.*)?|config([.]worktree)?|commondir|gitdir))?$";
 
 /// The regular expressions of the paths a run may not write: git's
 /// ([`GIT_HELD`]) and those of [`HOST_EXECUTED`] and `extra`, each letter
 /// in either case (APFS usually ignores case). A glob of `**/NAME` holds at
 /// any depth, any other under each of `roots` (the writable grants).
 pub fn held_writes(roots: &[&String], extra: &[String]) -> Result<Vec<String>, SeatbeltError> {
-    let (mut anywhere, mut rooted) = (Vec::new(), Vec::new());
+    let (mut anywhere, mut rooted, mut parents) = (Vec::new(), Vec::new(), BTreeSet::new());
     for glob in HOST_EXECUTED.iter().copied().chain(extra.iter().map(String::as_str)) {
         match glob.strip_prefix("**/") {
             Some(rest) => anywhere.push(glob_regex(glob, rest)?),
-            None => rooted.push(glob_regex(glob, glob)?),
+            None => {
+                rooted.push(glob_regex(glob, glob)?);
+                // `.config/git/**`: `.config` itself too, or it could be
+                // renamed away, written under its new name, and moved back.
+                let parts: Vec<&str> = glob.strip_suffix("/**").unwrap_or(glob).split('/').collect();
+                for end in 1..parts.len() {
+                    parents.insert(glob_regex(glob, &parts[..end].join("/"))?);
+                }
+            }
         }
     }
+    let parents: Vec<String> = parents.into_iter().collect();
     let mut held = vec![any_case(GIT_HELD)];
     if !anywhere.is_empty() {
         held.push(format!("/({})(/|$)", anywhere.join("|")));
@@ -202,6 +215,9 @@ pub fn held_writes(roots: &[&String], extra: &[String]) -> Result<Vec<String>, S
             return Err(SeatbeltError::Path(root.to_string()));
         };
         held.push(format!("^{root}/({})(/|$)", rooted.join("|")));
+        if !parents.is_empty() {
+            held.push(format!("^{root}/({})$", parents.join("|")));
+        }
     }
     Ok(held)
 }
@@ -233,6 +249,8 @@ fn glob_regex(glob: &str, rest: &str) -> Result<String, SeatbeltError> {
 /// a bracket cannot say that way (`[`, `]`, `{`, `}`, `^`, `\`, a quote).
 fn literal(c: char) -> Option<String> {
     match c {
+        // A character past ASCII is no operator, and a bracket may hold one byte of it only.
+        c if !c.is_ascii() && !c.is_control() => Some(c.to_string()),
         c if c.is_alphanumeric() || matches!(c, '/' | '-' | '_' | ' ' | ',' | '=' | '@' | '%' | ':') => {
             Some(c.to_string())
         }

@@ -202,6 +202,14 @@ fn unserved(config: &Config) -> Result<(), String> {
             "run one palisaded per user (launchd/: the LaunchAgent)",
         );
     }
+    // Root's processes are not held by RLIMIT_NPROC (a run's process
+    // limit) and a root broker would serve other users.
+    if cfg!(target_os = "macos") && nix::unistd::getuid().is_root() {
+        return not_yet(
+            "a broker running as root",
+            "run palisaded as the user it serves (launchd/: the LaunchAgent, or the LaunchDaemon's account)",
+        );
+    }
     if config.trust.enabled && !config.tools.is_empty() {
         return not_yet(
             "tools' trust stages ([trust])",

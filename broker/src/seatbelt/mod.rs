@@ -127,6 +127,8 @@ impl Seatbelt {
                 }
             }
         }
+        // An instance whose start time could not be read (`<pid>-0`) is never taken for dead.
+        dead.retain(|instance| !instance.ends_with("-0"));
         for instance in dead {
             let killed = procs::Marks::of_instance(&self.profiles, &instance).kill();
             if killed > 0 {

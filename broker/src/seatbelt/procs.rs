@@ -66,8 +66,9 @@ pub struct Marks {
 }
 
 /// How many times [`Marks::kill`] looks again for processes that a marked
-/// one started while the previous ones were being killed.
-const KILL_ROUNDS: usize = 64;
+/// one started before it was stopped: far past what a run's process limit
+/// lets it start.
+const KILL_ROUNDS: usize = 4096;
 
 impl Marks {
     /// Run `run`'s of broker `instance`, whose profiles are in `profiles`.
@@ -111,22 +112,30 @@ impl Marks {
         format!("{}:{}", self.mark.display(), self.instance.display())
     }
 
-    /// SIGKILL to every process of this user marked so, again for those it
-    /// started meanwhile; how many were killed.
+    /// Every process of this user marked so: stopped (so that none forks
+    /// past the walk), looked for again until no new one appears, then
+    /// killed; how many.
     pub fn kill(&self) -> usize {
-        let mut killed = BTreeSet::new();
-        for _ in 0..KILL_ROUNDS {
+        let mut stopped = BTreeSet::new();
+        for round in 0.. {
             let found: Vec<libc::pid_t> =
-                os::marked(&self.mark, &self.none).into_iter().filter(|p| !killed.contains(p)).collect();
+                os::marked(&self.mark, &self.none).into_iter().filter(|p| !stopped.contains(p)).collect();
             if found.is_empty() {
                 break;
             }
-            for &pid in &found {
-                signal_one(pid, libc::SIGKILL);
+            if round == KILL_ROUNDS {
+                tracing::error!(mark = %self.mark.display(), "a run's processes keep appearing: killing those found");
+                break;
             }
-            killed.extend(found);
+            for &pid in &found {
+                signal_one(pid, libc::SIGSTOP);
+            }
+            stopped.extend(found);
         }
-        killed.len()
+        for &pid in &stopped {
+            signal_one(pid, libc::SIGKILL);
+        }
+        stopped.len()
     }
 }
 
@@ -255,8 +264,9 @@ mod os {
         buf
     }
 
-    /// `proc_listpids`'s selector for one user's processes.
-    const PROC_UID_ONLY: u32 = 4;
+    /// `proc_listpids`'s selector for the processes of one real uid (what
+    /// RLIMIT_NPROC counts; a setuid program a run starts keeps it).
+    const PROC_RUID_ONLY: u32 = 5;
     /// The most processes of one user a listing counts: past any user's
     /// limit (`kern.maxprocperuid`).
     const MAX_OF_UID: usize = 1 << 16;
@@ -281,7 +291,7 @@ mod os {
         let size = (buf.len() * std::mem::size_of::<libc::pid_t>()) as libc::c_int;
         // SAFETY: `buf` is valid for writing `size` bytes; the call returns
         // the bytes it wrote (pids), or -1.
-        let bytes = unsafe { libc::proc_listpids(PROC_UID_ONLY, uid, buf.as_mut_ptr().cast(), size) };
+        let bytes = unsafe { libc::proc_listpids(PROC_RUID_ONLY, uid, buf.as_mut_ptr().cast(), size) };
         buf.truncate(bytes.max(0) as usize / std::mem::size_of::<libc::pid_t>());
         buf.retain(|&p| p > 0);
         buf

@@ -127,9 +127,8 @@ fn filter(e: &Expr) -> Result<(), String> {
             .map(|_| ())
             .ok_or_else(|| format!("({head} {kind} {address:?}): no port")),
         ("remote" | "local", [Expr::Symbol(kind), inner]) if kind == "unix-socket" => filter(inner),
-        ("require-any" | "require-all" | "require-not", inner) if !inner.is_empty() => {
-            inner.iter().try_for_each(filter)
-        }
+        ("require-any" | "require-all", inner) if !inner.is_empty() => inner.iter().try_for_each(filter),
+        ("require-not", [inner]) => filter(inner),
         _ => Err(format!("unknown filter or arguments: ({head} ...)")),
     }
 }
@@ -261,6 +260,10 @@ mod tests {
             ("(version 1)\n(allow file-read* (subpath \"/usr\" \"/bin\"))\n", "takes one string"),
             ("(version 1)\n(allow signal (target everyone))\n", "unknown filter"),
             ("(version 1)\n(allow system-socket (socket-domain AF_INTERNET))\n", "unknown filter"),
+            (
+                "(version 1)\n(allow file-read* (require-not (subpath \"/a\") (subpath \"/b\")))\n",
+                "unknown filter",
+            ),
             ("(version 1)\n(allow network-outbound (remote ip \"localhost\"))\n", "no port"),
             ("(version 1)\n(permit file-read*)\n", "begins with allow or deny"),
             ("(version 1)\n(allow (subpath \"/usr\"))\n", "at least one operation"),

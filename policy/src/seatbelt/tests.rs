@@ -104,6 +104,19 @@ fn host_executed_writes_are_refused_in_any_case() {
         ".mcp.json",
         "tools/run-on-open.sh",
         ".cargo/bin/cargo",
+        // What could be written under another name and moved in.
+        ".git",
+        "sub/.Git",
+        ".git/modules",
+        ".git/modules/m",
+        ".git/worktrees/w",
+        ".git/commondir",
+        ".git/gitdir",
+        ".git/hooks/deep/x",
+        ".config",
+        ".config/systemd",
+        ".cargo",
+        "tools",
     ];
     for p in held {
         assert!(refused(p), "{p} must be refused");
@@ -119,6 +132,13 @@ fn host_executed_writes_are_refused_in_any_case() {
         "envrc",
         ".github/workflows/ci.yml",
         "tools/other.sh",
+        ".git/modules/m/objects/x",
+        ".git/objects/pack/config",
+        ".gitignore",
+        ".config/other/x",
+        "sub/.config",
+        ".configure",
+        "git",
     ];
     for p in ordinary {
         assert!(!refused(p), "{p} must stay writable");
