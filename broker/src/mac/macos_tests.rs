@@ -303,3 +303,24 @@ fn launchctl_cannot_reach_outside_the_run() {
     assert_eq!(String::from_utf8_lossy(&launchctl(&["getenv", "PALISADE_PLANTED"]).stdout).trim(), "1");
     assert!(launchctl(&["unsetenv", "PALISADE_PLANTED"]).status.success());
 }
+
+/// What `(deny default)` may leave open is denied by name: another
+/// process's details (`ps` of the test's own process), the hardware's
+/// serial number (`ioreg`) and the firmware's variables (`nvram`). The test
+/// itself reads all three.
+#[test]
+fn other_processes_the_hardware_and_the_firmware_are_not_read() {
+    let m = Mac::new("process-info");
+    let me = std::process::id();
+    let attempts = [
+        format!("/bin/ps -o comm= -p {me}"),
+        "/usr/sbin/ioreg -c IOPlatformExpertDevice -d 2 | grep IOPlatformSerialNumber".to_string(),
+        "/usr/sbin/nvram -p | head -n 3".to_string(),
+    ];
+    for attempt in &attempts {
+        let (_, out) = m.run(&format!("{attempt} > seen 2>/dev/null; wc -c < seen"), "");
+        assert_eq!(out.trim(), "0", "{attempt}: something was read");
+        let outside = std::process::Command::new("sh").args(["-c", attempt]).output().unwrap();
+        assert!(!outside.stdout.is_empty(), "{attempt}: nothing read outside a run either");
+    }
+}
