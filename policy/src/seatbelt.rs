@@ -334,7 +334,7 @@ fn ancestors<'a>(paths: impl Iterator<Item = &'a String>) -> BTreeSet<String> {
 /// `path` as an SBPL string: absolute, without a quote, a backslash or a
 /// control character (none of which a canonical path the policy accepted
 /// needs; refused rather than escaped, so no path can end the string early).
-fn quoted(path: &str) -> Result<String, SeatbeltError> {
+pub fn quoted(path: &str) -> Result<String, SeatbeltError> {
     let bad = |c: char| c == '"' || c == '\\' || c.is_control();
     if !path.starts_with('/') || path.chars().any(bad) {
         return Err(SeatbeltError::Path(path.to_string()));

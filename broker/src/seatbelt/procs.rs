@@ -89,14 +89,7 @@ impl Marks {
 
     /// Adds to `profile` the rule that lets the run's processes read its marks.
     pub fn allow_in(&self, profile: &mut String) -> Result<(), palisade_policy::seatbelt::SeatbeltError> {
-        let quoted = |p: &Path| {
-            let text = p.to_string_lossy();
-            let bad = |c: char| c == '"' || c == '\\' || c.is_control();
-            match text.starts_with('/') && !text.chars().any(bad) {
-                true => Ok(format!("\"{text}\"")),
-                false => Err(palisade_policy::seatbelt::SeatbeltError::Path(text.into_owned())),
-            }
-        };
+        let quoted = |p: &Path| palisade_policy::seatbelt::quoted(&p.to_string_lossy());
         let (mark, instance) = (quoted(&self.mark)?, quoted(&self.instance)?);
         profile.push_str(&format!(
             "\n; Marks: paths only this run's processes may read (they need not exist),\n\
@@ -367,9 +360,7 @@ mod os {
     /// [`super::MARKS_ENV`] (what the executor gives a stand-in's command on
     /// Linux, where no sandbox holds it: a stand-in for the kernel's answer).
     pub fn marked(mark: &std::path::Path, _none: &std::path::Path) -> Vec<libc::pid_t> {
-        use std::os::unix::fs::MetadataExt;
-        let Ok(dir) = std::fs::read_dir("/proc") else { return vec![] };
-        let (uid, me) = (nix::unistd::getuid().as_raw(), std::process::id() as libc::pid_t);
+        let me = std::process::id() as libc::pid_t;
         let wanted = mark.to_string_lossy();
         let carries = |pid: libc::pid_t| {
             let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
@@ -379,26 +370,28 @@ mod os {
                 var.strip_prefix(&prefix).is_some_and(|v| v.split(':').any(|m| m == wanted))
             })
         };
+        of_uid_pids(nix::unistd::getuid().as_raw())
+            .into_iter()
+            .filter(|&pid| pid != me && carries(pid))
+            .collect()
+    }
+
+    /// The processes `/proc` shows owned by `uid`.
+    fn of_uid_pids(uid: libc::uid_t) -> Vec<libc::pid_t> {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(dir) = std::fs::read_dir("/proc") else { return vec![] };
         dir.flatten()
             .filter(|e| e.metadata().is_ok_and(|m| m.uid() == uid))
             .filter_map(|e| e.file_name().to_str()?.parse::<libc::pid_t>().ok())
-            .filter(|&pid| pid != me && carries(pid))
             .collect()
     }
 
     /// The threads of the processes `/proc` shows owned by `uid`: what
     /// Linux's RLIMIT_NPROC counts (macOS's counts processes).
     pub fn of_uid(uid: libc::uid_t) -> usize {
-        use std::os::unix::fs::MetadataExt;
-        let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
-        let process =
-            |e: &std::fs::DirEntry| e.file_name().to_str().is_some_and(|n| n.parse::<u32>().is_ok());
         let threads =
-            |e: &std::fs::DirEntry| std::fs::read_dir(e.path().join("task")).map_or(0, Iterator::count);
-        dir.flatten()
-            .filter(|e| process(e) && e.metadata().is_ok_and(|m| m.uid() == uid))
-            .map(|e| threads(&e))
-            .sum()
+            |pid: libc::pid_t| std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count);
+        of_uid_pids(uid).into_iter().map(threads).sum()
     }
 
     pub fn resident_bytes(pid: libc::pid_t) -> Option<u64> {
