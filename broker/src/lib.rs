@@ -20,7 +20,7 @@ pub mod serve;
 pub mod changes;
 #[cfg(target_os = "linux")]
 pub mod egress;
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 pub(crate) mod error;
 #[cfg(target_os = "linux")]
 pub(crate) mod fault;

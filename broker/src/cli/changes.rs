@@ -145,7 +145,7 @@ fn ask(at: &At, message: ClientMessage) -> Result<ServerMessage, i32> {
         Err(e) => return Err(fail(ErrorKind::InvalidRequest, e)),
     };
     let store =
-        crate::decide::service::changes_store(&config).map_err(|e| fail(ErrorKind::RuntimeFailure, e))?;
+        crate::engine::linux::changes_store(&config).map_err(|e| fail(ErrorKind::RuntimeFailure, e))?;
     let journal =
         crate::journal::Journal::from_config(&config).map_err(|e| fail(ErrorKind::JournalUnavailable, e))?;
     // The embedded broker's user is the person at this terminal.

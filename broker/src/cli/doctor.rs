@@ -163,7 +163,7 @@ fn warm_pool(config: &Config, cgroups: &Cgroups, tier_c: bool) -> String {
     if !tier_c {
         return plain("no Tier C here");
     }
-    match crate::decide::service::warm_spec(config, cgroups) {
+    match crate::engine::linux::warm_spec(config, cgroups) {
         Some(spec) if spec.cgroup => {
             format!("{n} sandboxes built ahead (namespaces, monitor, pid 1), each in a cgroup of its own")
         }

@@ -221,7 +221,10 @@ fn embedded(mut config: Config, message: ClientMessage) -> Result<ServerMessage,
     let groups = crate::host::requester::Requester::me().groups;
     let peer = Peer { uid, gid, pid: Some(std::process::id() as i32), groups };
     let request = crate::plugins::CallRequest { skill, input, inline_module, timeout_ms };
-    let result = runtime.block_on(broker.plugins.call(&broker.journal, &peer, request));
+    let Some(plugins) = &broker.plugins else {
+        return Err(ErrorReply::new(ErrorKind::Unavailable, "this broker serves no plugins"));
+    };
+    let result = runtime.block_on(plugins.call(&broker.journal, &peer, request));
     runtime.shutdown_background();
     result.map(ServerMessage::from)
 }

@@ -3,7 +3,7 @@
 //! allows), and the answer handed to the connection that waits for it.
 
 use crate::error::BrokerError;
-use crate::host::requester::Peer;
+use crate::host::peer::Peer;
 use palisade_policy::Resolved;
 use palisade_policy::cedar::{CedarPolicies, Principal};
 use palisade_protocol::wire::PendingApproval;

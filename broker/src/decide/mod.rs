@@ -2,15 +2,15 @@
 //! trust stages, what stays out of every run's reach) between the server
 //! that accepts a request and the engine that runs it.
 
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 pub mod approvals;
 #[cfg(unix)]
 pub mod owned;
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 pub mod panics;
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 pub mod service;
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 pub mod settings;
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 pub mod trust;

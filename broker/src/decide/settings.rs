@@ -52,7 +52,7 @@ impl Settings {
         let host_executed = Arc::new(HostExecuted::new(&extra));
         // Only the installed interpreters are looked up now: the rest of the
         // host is read at each decision, as the requester.
-        let policy = Policy::new(config, &*crate::host::files());
+        let policy = Policy::new(config, &*crate::host::files::files());
         Ok(Settings { policy, ids, approvers, trust, host_executed, loaded: SystemTime::now() })
     }
 

@@ -6,8 +6,12 @@
 pub(crate) mod cgroup;
 #[cfg(target_os = "linux")]
 pub mod etc_view;
+#[cfg(unix)]
+pub mod executor;
 #[cfg(target_os = "linux")]
 pub mod helper;
+#[cfg(target_os = "linux")]
+pub mod linux;
 #[cfg(target_os = "linux")]
 pub(crate) mod pool;
 #[cfg(target_os = "linux")]

@@ -97,6 +97,11 @@ impl Engine {
         Engine { spawner, helper, pool, cgroups }
     }
 
+    /// The thread that starts helpers (and the plugin-host).
+    pub fn spawner(&self) -> &Spawner {
+        &self.spawner
+    }
+
     /// Starts the helpers kept ahead of requests; call inside the runtime.
     pub fn warm_up(&self) {
         self.pool.refill();

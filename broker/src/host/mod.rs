@@ -13,6 +13,8 @@ pub(crate) mod linux;
 #[cfg(unix)]
 pub(crate) mod paths;
 #[cfg(unix)]
+pub mod peer;
+#[cfg(unix)]
 pub(crate) mod privilege;
 #[cfg(target_os = "linux")]
 pub mod requester;

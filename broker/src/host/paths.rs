@@ -141,6 +141,12 @@ pub fn default_helper() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("palisade-helper"))
 }
 
+/// The plugin-host's path: `[plugins] host`, else next to the helper.
+#[cfg(target_os = "linux")]
+pub fn plugin_host(config: &palisade_policy::config::PluginsConfig, helper: &std::path::Path) -> PathBuf {
+    config.host.clone().unwrap_or_else(|| helper.with_file_name(palisade_policy::plugins::PLUGIN_HOST_NAME))
+}
+
 /// Refuses a helper that is missing, not executable, or setuid/setgid:
 /// palisade-helper must never carry privilege of its own.
 #[cfg(target_os = "linux")]

@@ -97,15 +97,7 @@ impl Requester {
     }
 }
 
-/// Who is asking: the peer's credentials from SO_PEERCRED and its groups
-/// from SO_PEERGROUPS (or the CLI's own).
-#[derive(Debug, Clone)]
-pub struct Peer {
-    pub uid: u32,
-    pub gid: u32,
-    pub pid: Option<i32>,
-    pub groups: Vec<u32>,
-}
+pub use crate::host::peer::Peer;
 
 impl Peer {
     pub fn requester(&self) -> Requester {

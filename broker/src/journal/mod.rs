@@ -469,7 +469,6 @@ fn last(receipts: Result<Vec<Receipt>, JournalError>) -> Result<Receipt, Journal
 
 /// A journal that cannot take a run refuses it: by the rule that refused
 /// (the free-space floor), or as unavailable.
-#[cfg(target_os = "linux")]
 impl From<JournalError> for crate::error::BrokerError {
     fn from(e: JournalError) -> Self {
         match e.rule() {

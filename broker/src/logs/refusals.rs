@@ -49,14 +49,12 @@ impl Refusals {
     }
 
     /// Whether some refusals are counted and not logged yet.
-    #[cfg(any(test, target_os = "linux"))]
     pub fn pending(&self) -> bool {
         self.lock().unlogged > 0
     }
 
     /// The refusals not logged, once a period has passed since the last
     /// logged one and no other refusal came to carry their count.
-    #[cfg(any(test, target_os = "linux"))]
     pub fn overdue(&self, now: Instant) -> Option<u64> {
         let mut s = self.lock();
         (s.unlogged > 0 && s.due(now)).then(|| s.log(now))

@@ -1,14 +1,17 @@
-//! The binaries on macOS. `palisaded`: [`Mac`] served on the socket launchd
+//! The binaries on macOS. `palisaded`: the broker with the [`Macos`]
+//! executor, served by the one server ([`Server`]) on the socket launchd
 //! hands it (its plist's `Sockets` entry `Listeners`, see `launchd/`), or on
-//! one it binds. `palisade run`: a command run by a [`Mac`] embedded in the
-//! CLI, under the policy `--policy` names (the built-in default without).
+//! one it binds. `palisade run`: a command run by that broker embedded in
+//! the CLI, under the policy `--policy` names (the built-in default without).
 
-use super::Mac;
-use super::serve::{Limits, serve};
 use crate::cli::run::{Render, RenderSink, RunArgs, fail, request};
+use crate::decide::service::Broker;
+use crate::host::peer::Peer;
 use crate::journal::Event;
 use crate::logs::init_tracing;
 use crate::seatbelt::SANDBOX_EXEC;
+use crate::seatbelt::executor::Macos;
+use crate::serve::server::Server;
 use clap::{Parser, Subcommand};
 use palisade_policy::Config;
 use palisade_protocol::wire::ErrorKind;
@@ -53,8 +56,8 @@ pub enum Command {
 }
 
 /// This Mac, as the policy sees it.
-fn mac(config: Config) -> Result<Mac, String> {
-    Mac::assemble(config, PathBuf::from(SANDBOX_EXEC), || super::host::gather(Path::new(SANDBOX_EXEC)))
+fn broker(config: Config) -> Result<Broker<Macos>, String> {
+    crate::mac::broker(config, PathBuf::from(SANDBOX_EXEC), || super::host::gather(Path::new(SANDBOX_EXEC)))
 }
 
 fn load(path: Option<&Path>) -> Result<Config, String> {
@@ -83,16 +86,16 @@ pub fn palisade(cli: Cli) -> i32 {
         Err(e) => return fail(ErrorKind::InvalidRequest, e),
     };
     render.by(format!("embedded (policy: {})", config.source_name()));
-    let mac = match mac(config) {
-        Ok(m) => m,
+    let broker = match broker(config) {
+        Ok(b) => b,
         Err(e) => return fail(ErrorKind::Unavailable, e),
     };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => return fail(ErrorKind::RuntimeFailure, format!("cannot start the runtime: {e}")),
     };
-    let me =
-        (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw(), Some(std::process::id() as i32));
+    let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+    let me = Peer { uid, gid, pid: Some(std::process::id() as i32), groups: Vec::new() };
     let outcome = runtime.block_on(async {
         use tokio::signal::unix::{SignalKind, signal};
         // Interrupted (^C), terminated or hung up: the run is killed, and so
@@ -106,7 +109,8 @@ pub fn palisade(cli: Cli) -> i32 {
         let cancel = async move {
             tokio::select! { _ = a.recv() => {}, _ = b.recv() => {}, _ = c.recv() => {} }
         };
-        mac.run(me, &request, &mut RenderSink(&mut render), cancel).await
+        let ran = broker.run(&me, &request, &mut RenderSink(&mut render), cancel).await;
+        ran.map_err(palisade_protocol::wire::ErrorReply::from)
     });
     render.finish(outcome)
 }
@@ -125,16 +129,16 @@ pub fn palisaded(args: DaemonArgs) -> i32 {
         .socket
         .or_else(|| config.broker.socket.clone())
         .unwrap_or_else(crate::host::paths::default_socket);
-    let (mode, limits) = (config.broker.socket_mode, Limits::of(&config.broker));
+    let mode = config.broker.socket_mode;
     crate::serve::socket::raise_open_file_limit();
-    let mac = match mac(config) {
-        Ok(m) => m,
+    let broker = match broker(config) {
+        Ok(b) => b,
         Err(e) => {
             eprintln!("palisaded: {e}");
             return EXIT_CONFIG;
         }
     };
-    if let Err(e) = mac.journal().check_newest() {
+    if let Err(e) = broker.journal.check_newest() {
         eprintln!("palisaded: {e}");
         return EXIT_CONFIG;
     }
@@ -145,11 +149,11 @@ pub fn palisaded(args: DaemonArgs) -> i32 {
             return EXIT_FAILED;
         }
     };
-    runtime.block_on(daemon(mac, limits, socket, mode))
+    runtime.block_on(daemon(broker, socket, mode))
 }
 
-async fn daemon(mac: Mac, limits: Limits, socket: PathBuf, mode: u32) -> i32 {
-    let journal = mac.journal().clone();
+async fn daemon(broker: Broker<Macos>, socket: PathBuf, mode: u32) -> i32 {
+    let journal = broker.journal.clone();
     let pid = std::process::id();
     let uid = nix::unistd::getuid().as_raw();
     if let Err(e) =
@@ -165,19 +169,25 @@ async fn daemon(mac: Mac, limits: Limits, socket: PathBuf, mode: u32) -> i32 {
             return EXIT_FAILED;
         }
     };
-    let shutdown = async {
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
         use tokio::signal::unix::{SignalKind, signal};
         let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
         else {
             tracing::error!("cannot install signal handlers");
+            // Served on, with `stop` held: it is not dropped, which would stop the server.
             return std::future::pending().await;
         };
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM"),
             _ = int.recv() => tracing::info!("SIGINT"),
         }
-    };
-    serve(mac, limits, listener, shutdown).await;
+        let _ = stop.send(true);
+    });
+    if let Some(socket) = &owned {
+        crate::serve::socket::keep_socket_out_of_reach(&broker, socket);
+    }
+    std::sync::Arc::new(Server::new(broker)).serve(listener, stopping).await;
     if let Err(e) = journal.append_last(Event::BrokerStopped { pid }).await {
         tracing::error!("{e}");
     }

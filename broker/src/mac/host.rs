@@ -43,7 +43,7 @@ pub const LINKS: [(&str, &str); 3] =
     [("/etc", "private/etc"), ("/tmp", "private/tmp"), ("/var", "private/var")];
 
 /// This Mac, read now (what the broker keeps is the broker's to add: see
-/// [`super::Mac::assemble`]).
+/// [`crate::seatbelt::executor::Macos`]'s `host`).
 pub fn gather(launcher: &Path) -> Host {
     Host {
         capabilities: capabilities(launcher.is_file()),

@@ -3,12 +3,14 @@
 //! stand-in for `sandbox-exec` (see `seatbelt::tests`). What is tested is
 //! the broker's side: the protocol, who is served, the journal, refusals.
 
-use super::serve::{Limits, serve};
 use super::*;
 use crate::cli::client::{Client, ClientError};
 use crate::seatbelt::tests::{seatbelt_host, stand_in};
+use crate::serve::server::Server;
+use palisade_policy::{Context, Decision, Policy};
+use palisade_protocol::HostIds;
 use palisade_protocol::attest::Executor;
-use palisade_protocol::wire::{ClientMessage, RunStatus, ServerMessage};
+use palisade_protocol::wire::{ClientMessage, ErrorKind, RunRequest, RunResult, RunStatus, ServerMessage};
 use std::path::Path;
 use std::time::Duration;
 
@@ -21,7 +23,7 @@ struct Served {
     socket: PathBuf,
     /// Serves until the test ends.
     _runtime: tokio::runtime::Runtime,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    stop: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Served {
@@ -42,16 +44,13 @@ impl Served {
             dir.display()
         );
         let config = Config::parse(&toml, Path::new("mac.toml")).unwrap();
-        let limits = Limits::of(&config.broker);
-        let mac = Mac::assemble(config, stand_in(&dir.join("bin")), seatbelt_host).unwrap();
+        let broker = crate::mac::broker(config, stand_in(&dir.join("bin")), seatbelt_host).unwrap();
         let socket = dir.join("palisade.sock");
         let runtime =
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (stop, stopping) = tokio::sync::watch::channel(false);
         let listener = runtime.block_on(async { crate::serve::socket::bind(&socket, 0o666) }).unwrap();
-        runtime.spawn(serve(mac, limits, listener, async {
-            let _ = stopped.await;
-        }));
+        runtime.spawn(std::sync::Arc::new(Server::new(broker)).serve(listener, stopping));
         Served { dir, socket, _runtime: runtime, stop: Some(stop) }
     }
 
@@ -96,7 +95,7 @@ use std::os::unix::process::CommandExt;
 impl Drop for Served {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+            let _ = stop.send(true);
         }
         std::thread::sleep(Duration::from_millis(50));
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -149,8 +148,29 @@ fn a_refusal_is_a_reply_and_the_connection_serves_on() {
         other => panic!("{other:?}"),
     }
     // What the Linux broker serves and this one does not: answered, and the connection goes on.
-    match client.request(&ClientMessage::ListTools) {
-        Err(ClientError::Reply(e)) => assert_eq!(e.kind, ErrorKind::Unavailable, "{}", e.message),
+    for unserved in [
+        ClientMessage::ListChanges,
+        ClientMessage::RunPlugin {
+            skill: "echo".into(),
+            input: "{}".into(),
+            inline_module: None,
+            timeout_ms: None,
+        },
+    ] {
+        match client.request(&unserved) {
+            Err(ClientError::Reply(e)) => {
+                assert_eq!(e.kind, ErrorKind::Unavailable, "{}", e.message);
+                assert!(e.message.contains("not served by palisade on"), "{}", e.message);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // What the one server serves on every system: status, with this executor's figures.
+    match client.request(&ClientMessage::Status) {
+        Ok(ServerMessage::Status(status)) => {
+            assert_eq!(status.cgroup.mode, "none");
+            assert_eq!((status.pool.size, status.pool.warm), (0, false));
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(client.run(s.request("true"), |_| {}).unwrap().status, RunStatus::Exited { code: 0 });
@@ -173,7 +193,7 @@ fn a_configuration_asking_for_what_is_not_served_is_refused() {
     ] {
         let config = Config::parse(extra, Path::new("mac.toml")).unwrap();
         let dir = std::env::temp_dir().join(format!("palisade-mac-refused-{}", std::process::id()));
-        match Mac::assemble(config, dir.join("sandbox-exec"), seatbelt_host) {
+        match crate::mac::broker(config, dir.join("sandbox-exec"), seatbelt_host) {
             Err(e) => assert!(e.contains(what) && e.contains("not served by palisade on macOS"), "{e}"),
             Ok(_) => panic!("{extra}: assembled"),
         }

@@ -18,9 +18,7 @@ use host::{HostError, Running};
 use hostfn::CallContext;
 use index::{Index, IndexError, sha256_hex};
 use palisade_policy::config::{Config, EgressConfig, PluginsConfig};
-use palisade_policy::plugins::{
-    DEFAULT_ENTRY, PLUGIN_HOST_NAME, PLUGIN_HOST_PROCESSES, PluginHostJail, Requested,
-};
+use palisade_policy::plugins::{DEFAULT_ENTRY, PLUGIN_HOST_PROCESSES, PluginHostJail, Requested};
 use palisade_policy::{EgressPlan, PluginGrants, plugin_host_plan};
 use palisade_protocol::plugin::{
     CallOutcome, FromHost, PluginAttestation, PluginCall, PluginGrantsInForce, PluginHostCgroup,
@@ -125,10 +123,7 @@ pub fn dirs(config: &PluginsConfig) -> Result<(PathBuf, PathBuf), String> {
     Ok((skills, secrets))
 }
 
-/// The plugin-host's path: `[plugins] host`, else next to the helper.
-pub fn host_program(config: &PluginsConfig, helper: &Path) -> PathBuf {
-    config.host.clone().unwrap_or_else(|| helper.with_file_name(PLUGIN_HOST_NAME))
-}
+pub use crate::host::paths::plugin_host as host_program;
 
 fn refusal(kind: ErrorKind, message: impl Into<String>, rule: &str) -> ErrorReply {
     ErrorReply::with_rule(kind, message, rule)

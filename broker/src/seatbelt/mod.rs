@@ -14,8 +14,10 @@
 //!
 //! Built on every Unix: on Linux its supervision is tested with a stand-in
 //! launcher (`tests.rs`); what Seatbelt enforces is tested on macOS only
-//! (`mac/macos_tests.rs`).
+//! (`mac/macos_tests.rs`). [`executor::Macos`] is this module behind the
+//! broker's executor seam.
 
+pub mod executor;
 mod procs;
 #[cfg(all(test, target_os = "linux"))]
 pub(crate) mod tests;

@@ -89,12 +89,12 @@ pub fn main(args: Args) -> i32 {
 }
 
 /// `palisaded --check-config FILE`: the file checked as a start checks it
-/// (see [`crate::decide::service::check_config`]), nothing made; `FILE: ok` and 0,
+/// (see [`crate::engine::linux::check_config`]), nothing made; `FILE: ok` and 0,
 /// or the error and [`EXIT_CONFIG`].
 fn check_config(file: &std::path::Path, helper: Option<PathBuf>) -> i32 {
     let checked = Config::load(file)
         .map_err(|e| e.to_string())
-        .and_then(|config| crate::decide::service::check_config(&config, helper));
+        .and_then(|config| crate::engine::linux::check_config(&config, helper));
     match checked {
         Ok(_) => {
             println!("{}: ok", file.display());
@@ -172,12 +172,12 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32, config: Option<PathBu
         Some(p) => tracing::info!(socket = %p.display(), "listening"),
         None => tracing::info!("listening on the socket passed by systemd"),
     }
-    broker.engine.warm_up();
+    broker.executor.engine.warm_up();
     // The first /etc snapshot, before the first request rather than during it.
-    drop(broker.etc.as_ref().and_then(|e| e.current()));
+    drop(broker.executor.etc.as_ref().and_then(|e| e.current()));
     systemd::notify("READY=1");
-    let cgroups = broker.cgroups.clone();
-    let pool = broker.engine.pool();
+    let cgroups = broker.executor.cgroups.clone();
+    let pool = broker.executor.engine.pool();
     let server = Arc::new(Server::new(broker));
     let reloads = tokio::spawn(reload_on_hangup(server.clone(), hangup, config));
     server.serve(listener, stopped).await;
@@ -197,12 +197,4 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32, config: Option<PathBu
     0
 }
 
-/// The socket, and its directory where that is the broker's own (not a
-/// shared one such as /tmp), are out of every run's reach: a run that could
-/// connect would be a client of its own broker.
-pub fn keep_socket_out_of_reach(broker: &Broker, socket: &std::path::Path) {
-    broker.keep_out_of_reach(socket, "the broker's socket");
-    if let Some(dir) = socket.parent().filter(|d| paths::private_to_us(d)) {
-        broker.keep_out_of_reach(dir, "the broker's socket directory");
-    }
-}
+pub use crate::serve::socket::keep_socket_out_of_reach;

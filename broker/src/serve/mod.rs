@@ -7,9 +7,9 @@
 pub mod budget;
 #[cfg(target_os = "linux")]
 pub mod daemon;
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 pub mod memory;
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 pub mod server;
 #[cfg(unix)]
 pub mod socket;

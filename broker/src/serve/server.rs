@@ -9,19 +9,19 @@
 
 use crate::decide::approvals::{ApproverAction, Ticket};
 use crate::decide::panics::{self, Caught};
-use crate::decide::service::{Broker, Decided, Question, not_approved};
-use crate::engine::run::Sink;
+use crate::decide::service::{Broker, Decided, Native, Question, not_approved};
+use crate::engine::executor::Executor;
+use crate::engine::stream::Sink;
 use crate::error::BrokerError;
-use crate::host::requester::Peer;
-use crate::host::requester::Requester;
+use crate::host::peer::Peer;
 use crate::journal::Event;
 use crate::logs::refusals::{Refusals, unlogged_suffix};
 use crate::serve::budget::RequestBudget;
 use crate::serve::memory;
 use crate::serve::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, Inbound, ReadError, SocketSink, check_hello};
 use palisade_protocol::wire::{
-    BrokerStatus, CgroupStatus, ClientMessage, ConfigStatus, Decoder, Encoding, ErrorReply, JournalHead,
-    PROTOCOL_VERSION, PoolStatus, RunRequest, RunResult, ServerHello, ServerMessage, encode,
+    BrokerStatus, ClientMessage, ConfigStatus, Decoder, Encoding, ErrorReply, JournalHead, PROTOCOL_VERSION,
+    RunRequest, RunResult, ServerHello, ServerMessage, encode,
 };
 use std::collections::HashMap;
 use std::path::Path;
@@ -92,8 +92,8 @@ impl Drop for Admitted {
 /// comes next: a connection's idle and frame timeouts at its next request,
 /// the connection limits at the next connection, the run slots and the
 /// request budgets at once ([`Server::reload`]).
-pub struct Server {
-    broker: Arc<Broker>,
+pub struct Server<E: Executor = Native> {
+    broker: Arc<Broker<E>>,
     connections: Arc<Mutex<Connections>>,
     /// One permit per connection over the limits waiting for its hello.
     refusing_busy: Arc<Semaphore>,
@@ -120,8 +120,8 @@ pub struct Server {
     not_allowed: Refusals,
 }
 
-impl Server {
-    pub fn new(broker: Broker) -> Server {
+impl<E: Executor> Server<E> {
+    pub fn new(broker: Broker<E>) -> Server<E> {
         let settings = broker.settings();
         let b = &settings.config().broker;
         Server {
@@ -203,15 +203,8 @@ impl Server {
                 "uid {} (gid {}, groups {:?}) is not allowed to use this broker",
                 peer.uid, peer.gid, peer.groups
             ))
-        } else if !crate::host::privilege::serves_others() && peer.uid != me && peer.uid != 0 {
-            Some(format!(
-                "this broker runs as uid {me} and can act only as itself, not for uid {}: \
-                 serving other users takes a system broker (root, or a dedicated user holding \
-                 CAP_SETUID and the unit's other capabilities)",
-                peer.uid
-            ))
         } else {
-            None
+            self.broker.executor.refusal(me, peer)
         }
     }
 
@@ -308,11 +301,8 @@ impl Server {
             }
         }
         inbound.greeted(Duration::from_secs(self.broker.settings().config().broker.frame_timeout_secs));
-        let hello = ServerHello {
-            version: PROTOCOL_VERSION,
-            broker: format!("palisaded {}", env!("CARGO_PKG_VERSION")),
-            encoding,
-        };
+        let hello =
+            ServerHello { version: PROTOCOL_VERSION, broker: self.broker.executor.broker_name(), encoding };
         let hello = ServerMessage::Hello(hello);
         // A client that sent its request behind the hello gets the hello
         // with the first reply to it.
@@ -418,7 +408,11 @@ impl Server {
     /// Decides off the runtime's threads: the decision reads the host as the
     /// requester, and a read that blocks (a file on a stuck network
     /// filesystem, say) must hold up no other client.
-    async fn decide(&self, peer: &Peer, request: RunRequest) -> (Result<Decided, BrokerError>, RunRequest) {
+    async fn decide(
+        &self,
+        peer: &Peer,
+        request: RunRequest,
+    ) -> (Result<Decided<E::Held>, BrokerError>, RunRequest) {
         let (broker, who) = (self.broker.clone(), peer.clone());
         let task = tokio::task::spawn_blocking(move || (broker.decide(&who, &request), request));
         match task.await {
@@ -520,23 +514,35 @@ impl Server {
             m @ (ClientMessage::ListChanges
             | ClientMessage::ShowChanges { .. }
             | ClientMessage::ApplyChanges { .. }
-            | ClientMessage::DiscardChanges { .. }) => {
-                let (broker, requester) = (b.clone(), peer.requester());
-                let approver = b.settings().approvers.is_approver(peer);
-                let serve = move || {
-                    crate::changes::review::serve(&broker.changes, &broker.journal, &requester, approver, m)
-                };
-                Ok(tokio::task::spawn_blocking(serve).await?)
-            }
+            | ClientMessage::DiscardChanges { .. }) => self.changes(peer, m).await,
             ClientMessage::RunPlugin { skill, input, inline_module, timeout_ms } => {
-                let request = crate::plugins::CallRequest { skill, input, inline_module, timeout_ms };
-                Ok(match b.plugins.call(&b.journal, peer, request).await {
-                    Ok(r) => r.into(),
-                    Err(e) => ServerMessage::Error(e),
-                })
+                #[cfg(target_os = "linux")]
+                if let Some(plugins) = &b.plugins {
+                    let request = crate::plugins::CallRequest { skill, input, inline_module, timeout_ms };
+                    return Ok(match plugins.call(&b.journal, peer, request).await {
+                        Ok(r) => r.into(),
+                        Err(e) => ServerMessage::Error(e),
+                    });
+                }
+                let _ = (skill, input, inline_module, timeout_ms);
+                Err(unavailable("plugins (Tier A) are"))
             }
             other => Err(BrokerError::Protocol(format!("unexpected message {other:?}"))),
         }
+    }
+
+    /// The held change sets: listed, shown, applied or discarded.
+    async fn changes(&self, peer: &Peer, message: ClientMessage) -> Result<ServerMessage, BrokerError> {
+        #[cfg(target_os = "linux")]
+        if let Some(store) = self.broker.executor.changes() {
+            let (broker, store, requester) = (self.broker.clone(), store.clone(), peer.requester());
+            let approver = broker.settings().approvers.is_approver(peer);
+            let serve =
+                move || crate::changes::review::serve(&store, &broker.journal, &requester, approver, message);
+            return Ok(tokio::task::spawn_blocking(serve).await?);
+        }
+        let _ = (peer, message);
+        Err(unavailable("held change sets are"))
     }
 
     /// Puts the run to the requester and the approvers, and waits (bounded)
@@ -662,7 +668,7 @@ impl Server {
     }
 }
 
-impl Server {
+impl<E: Executor> Server<E> {
     /// Reads the configuration file `path` again ([`Broker::reload`]) and
     /// applies its run slots and request budgets; logs what became of it.
     /// A file that does not load changes nothing: the running
@@ -715,7 +721,7 @@ impl Server {
         let settings = b.settings();
         let unix =
             |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let pool = b.engine.pool();
+        let (pool, cgroup) = b.executor.status();
         let connections = self.connections.lock().unwrap_or_else(|e| e.into_inner()).total;
         BrokerStatus {
             version: env!("CARGO_PKG_VERSION").into(),
@@ -730,16 +736,13 @@ impl Server {
             max_queued: settings.config().broker.max_queued as u64,
             connections: connections as u64,
             approvals_pending: b.pending.count() as u64,
-            pool: PoolStatus { idle: pool.idle() as u64, size: pool.size() as u64, warm: pool.warm() },
+            pool,
             journal: b.journal.dir().map(|dir| JournalHead {
                 dir: dir.display().to_string(),
                 seq: b.journal.head().map_or(0, |h| h.seq),
                 hash: b.journal.head().map_or_else(String::new, |h| h.hash),
             }),
-            cgroup: CgroupStatus {
-                mode: b.cgroups.mode().into(),
-                description: b.cgroups.description.clone(),
-            },
+            cgroup,
             config: ConfigStatus {
                 file: settings.config().source.as_ref().map(|p| p.display().to_string()),
                 loaded_unix: unix(settings.loaded),
@@ -752,19 +755,19 @@ impl Server {
 /// A run slot held: the run counts as in flight until it is dropped; then
 /// the slot is free again, unless a reload lowered `max_concurrent` below
 /// the runs in progress and this one is to be taken back.
-struct RunSlot<'a> {
-    server: &'a Server,
+struct RunSlot<'a, E: Executor> {
+    server: &'a Server<E>,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
-impl RunSlot<'_> {
-    fn hold(server: &Server, permit: tokio::sync::OwnedSemaphorePermit) -> RunSlot<'_> {
+impl<E: Executor> RunSlot<'_, E> {
+    fn hold(server: &Server<E>, permit: tokio::sync::OwnedSemaphorePermit) -> RunSlot<'_, E> {
         server.running.fetch_add(1, Ordering::SeqCst);
         RunSlot { server, permit: Some(permit) }
     }
 }
 
-impl Drop for RunSlot<'_> {
+impl<E: Executor> Drop for RunSlot<'_, E> {
     fn drop(&mut self) {
         self.server.running.fetch_sub(1, Ordering::SeqCst);
         let owed =
@@ -826,12 +829,23 @@ struct Answer {
     why: String,
 }
 
-/// Who is at the other end: SO_PEERCRED's ids and SO_PEERGROUPS's groups.
+/// Who is at the other end: SO_PEERCRED's ids and SO_PEERGROUPS's groups
+/// (on macOS, getpeereid's ids and no groups: its broker serves its own
+/// uid only).
 fn peer_of(stream: &UnixStream) -> Option<Peer> {
     let c = stream.peer_cred().map_err(|e| tracing::warn!("no peer credentials: {e}")).ok()?;
-    let groups = Requester::of_peer(stream, c.uid(), c.gid())
+    #[cfg(target_os = "linux")]
+    let groups = crate::host::requester::Requester::of_peer(stream, c.uid(), c.gid())
         .map_err(|e| tracing::warn!(uid = c.uid(), "no peer groups: {e}"))
         .ok()?
         .groups;
+    #[cfg(not(target_os = "linux"))]
+    let groups = Vec::new();
     Some(Peer { uid: c.uid(), gid: c.gid(), pid: c.pid(), groups })
+}
+
+/// The answer to a request for what this broker's executor does not do.
+fn unavailable(what: &str) -> BrokerError {
+    let why = format!("{what} not served by palisade on {} yet", std::env::consts::OS);
+    BrokerError::Reply(ErrorReply::new(palisade_protocol::wire::ErrorKind::Unavailable, why))
 }

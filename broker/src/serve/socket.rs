@@ -432,8 +432,20 @@ pub fn bind(path: &std::path::Path, mode: u32) -> std::io::Result<tokio::net::Un
     tokio::net::UnixListener::from_std(listener)
 }
 
+/// The socket, and its directory where that is the broker's own (not a
+/// shared one such as /tmp), are out of every run's reach: a run that could
+/// connect would be a client of its own broker.
+pub fn keep_socket_out_of_reach<E: crate::engine::executor::Executor>(
+    broker: &crate::decide::service::Broker<E>,
+    socket: &std::path::Path,
+) {
+    broker.keep_out_of_reach(socket, "the broker's socket");
+    if let Some(dir) = socket.parent().filter(|d| crate::host::paths::private_to_us(d)) {
+        broker.keep_out_of_reach(dir, "the broker's socket directory");
+    }
+}
+
 /// A message that could not be read, in the broker's terms.
-#[cfg(target_os = "linux")]
 impl From<ReadError> for crate::error::BrokerError {
     fn from(e: ReadError) -> Self {
         match e.kind() {

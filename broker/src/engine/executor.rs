@@ -1,0 +1,147 @@
+//! The seam between deciding a run and running it.
+//!
+//! The broker ([`crate::decide::service::Broker`]) decides every request the
+//! same way on every system, records it, asks for approval, applies the
+//! queue, and is served by one server ([`crate::serve::server`]). What it
+//! takes of the host and how a decided run is run belong to an
+//! [`Executor`]: Linux's (`engine/linux.rs`'s `Linux`: the helper's
+//! namespaces, Landlock and seccomp, cgroups, the warm pool, change sets)
+//! and macOS's (`seatbelt/executor.rs`'s `Macos`: Seatbelt). One request, one
+//! implementation per system.
+
+use crate::engine::stream::Sink;
+use crate::error::BrokerError;
+use crate::host::paths::TempRoot;
+use crate::host::peer::Peer;
+use crate::journal::{Event, Journal};
+use palisade_policy::host::OwnedPath;
+use palisade_policy::host_executed::HostExecuted;
+use palisade_policy::ids::ResolvedIds;
+use palisade_policy::{Config, Context, Host, Policy, Resolved};
+use palisade_protocol::wire::{CgroupStatus, ErrorReply, PoolStatus, RunRequest, RunResult};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What a decision is made with, besides the request.
+pub struct Deciding<'a> {
+    pub peer: &'a Peer,
+    /// The decision's context, its run number set.
+    pub context: &'a Context,
+    /// The policy the run is decided with, and keeps.
+    pub policy: &'a Policy,
+    /// The files the host executes, which no run's writes may reach.
+    pub host_executed: Arc<HostExecuted>,
+    /// What the broker keeps out of every run's reach now.
+    pub owned: Arc<[OwnedPath]>,
+    pub journal: &'a Journal,
+}
+
+/// An allowed run, with what it holds of the host until it ends.
+pub struct Opened<H> {
+    pub resolved: Box<Resolved>,
+    /// Why a person must approve the run first, if one must.
+    pub approval: Option<String>,
+    pub held: H,
+}
+
+/// A run prepared to start: what the executor took for it, and the record
+/// of its start (written before it starts).
+pub struct Prepared<P> {
+    pub taken: P,
+    pub started: Event,
+}
+
+/// What an executor's assembly gives the broker: the configuration's names
+/// resolved, the context every decision starts from, the runs' directory
+/// and the journal.
+pub struct Parts {
+    pub ids: ResolvedIds,
+    pub context: Context,
+    pub temp_root: TempRoot,
+    pub journal: Journal,
+}
+
+/// Where decided runs run: one implementation per system.
+pub trait Executor: Send + Sync + Sized + 'static {
+    /// What a decided run holds of the host until it ends (the paths
+    /// opened for it, its own directories).
+    type Held: Send + Sync;
+    /// What preparing a run took (a warm sandbox, a profile).
+    type Taken: Send;
+
+    /// The broker, as its hello and `status` name it.
+    fn broker_name(&self) -> String;
+
+    /// Why `peer` may not use a broker running as uid `me` with this
+    /// executor, beyond what `[broker]` allows; `None` if it may.
+    fn refusal(&self, me: u32, peer: &Peer) -> Option<String>;
+
+    /// The host as a decision in `context` sees it now, read with the
+    /// calling thread's credentials.
+    fn host(&self, context: &Context, owned: Arc<[OwnedPath]>) -> Host;
+
+    /// `f`, with the credentials of `peer` where this broker acts for it.
+    fn as_requester<T: Send>(&self, peer: &Peer, f: impl FnOnce() -> T + Send) -> Result<T, ErrorReply>;
+
+    /// The policy's decision on `request`, made as the requester, and what
+    /// the run will use opened. Blocks: call it where blocking is allowed.
+    fn decide(&self, deciding: Deciding<'_>, request: &RunRequest) -> Result<Opened<Self::Held>, ErrorReply>;
+
+    /// Takes what run `run_id` needs before it is recorded as started (the
+    /// record is the result's): `resolved` may change (a warm sandbox's
+    /// cgroup becomes the run's).
+    fn prepare(
+        &self,
+        run_id: u64,
+        resolved: &mut Resolved,
+        request: &RunRequest,
+        config: &Config,
+    ) -> impl Future<Output = Result<Prepared<Self::Taken>, BrokerError>> + Send;
+
+    /// Gives back what [`Executor::prepare`] took, for a run that does not start.
+    fn discard(&self, taken: Self::Taken) -> impl Future<Output = ()> + Send;
+
+    /// Runs run `run_id` to its result; `cancel` completing (the client
+    /// gone, a shutdown) kills it, and so does dropping the future.
+    #[allow(clippy::too_many_arguments)]
+    fn execute<S: Sink + Send>(
+        &self,
+        run_id: u64,
+        resolved: &Resolved,
+        held: &Self::Held,
+        taken: Self::Taken,
+        request: &RunRequest,
+        sink: &mut S,
+        cancel: impl Future<Output = ()> + Send,
+    ) -> impl Future<Output = Result<RunResult, BrokerError>> + Send;
+
+    /// The warm pool and the cgroups, for `status`.
+    fn status(&self) -> (PoolStatus, CgroupStatus);
+
+    /// What the broker keeps out of every run's reach besides its state
+    /// (see [`crate::decide::owned::owned`]): each path, what it is, and
+    /// whether runs may not even see it.
+    fn keeps(&self, config: &Config) -> Vec<(PathBuf, &'static str, bool)>;
+
+    /// The change sets held for review, where this executor keeps them.
+    #[cfg(target_os = "linux")]
+    fn changes(&self) -> Option<&Arc<crate::changes::Store>> {
+        None
+    }
+}
+
+/// The policy's decision on `request`: the run (and why a person must
+/// approve it first, if one must), or the refusal.
+pub fn decision(
+    policy: &Policy,
+    host: &Host,
+    context: &Context,
+    request: &RunRequest,
+) -> Result<(Box<Resolved>, Option<String>), ErrorReply> {
+    match policy.decide(host, context, request) {
+        palisade_policy::Decision::Allow(r) => Ok((r, None)),
+        palisade_policy::Decision::NeedsApproval { reason, resolved } => Ok((resolved, Some(reason))),
+        palisade_policy::Decision::Deny(d) => Err(ErrorReply::with_rule(d.kind, d.reason, d.rule)),
+    }
+}
