@@ -57,7 +57,7 @@ def main(argv):
             raise EOFError("the broker closed the connection")
         return json.loads(line)
 
-    send({"hello": {"magic": "palisade", "version": 11, "encoding": "json"}})
+    send({"hello": {"magic": "palisade", "version": 12, "encoding": "json"}})
     reply = receive()
     if "error" in reply:
         print(f"palisade: {reply['error']['kind']}: {reply['error']['message']}", file=sys.stderr)

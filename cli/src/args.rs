@@ -88,6 +88,10 @@ pub struct SandboxArgs {
     /// No new processes: fork and clone are refused.
     #[arg(long)]
     pub no_fork: bool,
+    /// Do not make the command's toolchain visible (its `#!` interpreters
+    /// and where they are installed under a home: pyenv, nvm, rustup, ...).
+    #[arg(long)]
+    pub no_toolchains: bool,
     /// Hold the run's writes as a change set for review instead of applying
     /// them (palisade changes show ID, apply ID, discard ID).
     #[arg(long)]
@@ -127,6 +131,7 @@ impl SandboxArgs {
         req.max_memory_mb = self.memory;
         req.max_processes = self.processes;
         req.no_fork = self.no_fork;
+        req.no_toolchains = self.no_toolchains;
         req.keep_changes = self.hold_changes.then_some(KeepChanges::AlwaysHold);
         req.on_conflict = self.on_conflict;
         req.direct = self.direct;

@@ -751,6 +751,11 @@ pub struct DefaultProfile {
     pub allowed_executables: Vec<Spanned<String>>,
     /// Programs in the workspace may be executed (builds run what they build).
     pub exec_in_workspace: bool,
+    /// The command's toolchain is visible read-only: its executable, each
+    /// `#!` interpreter it leads to, and the directory each is installed in
+    /// (a pyenv, nvm, asdf, rustup or uv installation, `~/.cargo/bin`,
+    /// `~/.local/bin`), never a sensitive path.
+    pub toolchains: bool,
     /// What becomes of a run's writes (the overlay's change set):
     /// "apply_unless_ended" (applied when the command exits by itself,
     /// held when palisade ends the run), "always_hold", "discard_when_ended".
@@ -788,6 +793,7 @@ impl Default for DefaultProfile {
             allow_inline_code: false,
             allowed_executables: vec![],
             exec_in_workspace: true,
+            toolchains: true,
             keep_changes: KeepChanges::default(),
             on_conflict: OnConflict::default(),
             allow_direct: false,

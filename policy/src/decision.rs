@@ -196,6 +196,9 @@ struct Profile {
     max_file_size_mb: u64,
     tmp_size_mb: u64,
     exec_in_writable: bool,
+    /// The command's toolchain (its `#!` interpreters and where they are
+    /// installed) is made visible read-only.
+    toolchains: bool,
     require_cgroup: bool,
     bindings: BTreeMap<String, Binding>,
 }
@@ -337,8 +340,11 @@ impl Policy {
         let TierChoice { tier, warnings, approval } =
             choose_tier(&self.config.policy, &host.capabilities, profile.egress)?;
         seatbelt_network(&host.capabilities, &profile.capabilities.network)?;
-        let grants = self.grants(&profile, &dirs, ctx, tier, &host.owned)?;
+        let mut grants = self.grants(&profile, &dirs, ctx, tier, &host.owned)?;
         asks::check_paths(&profile, req, &dirs, &grants, host)?;
+        if profile.toolchains {
+            self.grant_toolchains(host, req, &dirs, ctx.requester.uid, &mut grants);
+        }
         let mut view = SandboxView::new(req, &dirs, &grants, &profile);
         let egress = self.egress_plan(&profile, tier)?;
 
@@ -476,6 +482,7 @@ impl Policy {
                 max_file_size_mb: d.max_file_size_mb,
                 tmp_size_mb: d.tmp_size_mb,
                 exec_in_writable: d.exec_in_workspace,
+                toolchains: d.toolchains,
                 require_cgroup: self.config.policy.require_cgroup,
                 bindings: BTreeMap::new(),
             });
@@ -520,6 +527,8 @@ impl Policy {
             max_file_size_mb: d.max_file_size_mb,
             tmp_size_mb: d.tmp_size_mb,
             exec_in_writable: false,
+            // A tool gets what it declares.
+            toolchains: false,
             require_cgroup: self.config.policy.require_cgroup || tool.require_cgroup,
             bindings: tool.parameters.clone(),
         })
@@ -718,8 +727,62 @@ impl Policy {
                 format!("{} is outside the directories this sandbox may execute from", program.display()),
             );
         }
+        let chain = toolchains::chain(&*host.files, &program);
+        if let Some(hidden) = chain.iter().skip(1).find(|i| !exec_roots.iter().any(|r| i.starts_with(r))) {
+            let home = req.env.get("HOME").map(PathBuf::from);
+            let show = toolchains::roots(hidden, home.as_deref(), true).swap_remove(0);
+            let off = if profile.toolchains { "" } else { ", or leave toolchains on (no --no-toolchains)" };
+            return denied(
+                ErrorKind::PolicyDenied,
+                "executables.interpreter_hidden",
+                format!(
+                    "{} runs through the interpreter {}, which this sandbox does not see; show it with \
+                     `--read-only {}` (read_only = [\"{}\"]){off}",
+                    program.display(),
+                    hidden.display(),
+                    show.display(),
+                    show.display()
+                ),
+            );
+        }
         validate::check_allowed(&program, &profile.allowed_executables)?;
         Ok(program)
+    }
+
+    /// Makes the command's toolchain visible read-only: for each link of
+    /// its chain (the executable, its `#!` interpreters) that the sandbox
+    /// would not see, the directories it is installed in, unless one is
+    /// sensitive or the broker's own (the executable's check then says
+    /// what stays hidden).
+    fn grant_toolchains(
+        &self,
+        host: &Host,
+        req: &RunRequest,
+        dirs: &RequestDirs,
+        uid: u32,
+        grants: &mut Grants,
+    ) {
+        let Some(Ok(program)) = req.argv.first().map(|c| resolve_program(&*host.files, c, &dirs.cwd)) else {
+            return;
+        };
+        let seen = |p: &Path, g: &Grants| {
+            host.layout.canonical.iter().chain(&g.read_only).chain(&g.read_write).any(|r| p.starts_with(r))
+        };
+        let home = dirs.home.as_deref();
+        for (i, link) in toolchains::chain(&*host.files, &program).into_iter().enumerate() {
+            if seen(&link, grants) {
+                continue;
+            }
+            for root in toolchains::roots(&link, home, i > 0) {
+                let granted = self.granted_path(&root.to_string_lossy(), false, home, uid);
+                if let Ok(Some(p)) = granted {
+                    if check_not_owned(&p, &host.owned).is_ok() {
+                        grants.read_only.push(p);
+                    }
+                }
+            }
+        }
+        drop_nested(&mut grants.read_only);
     }
 
     /// Interpreters (through launchers and `#!` lines) and inline code.
@@ -1601,6 +1664,7 @@ pub fn resolve_program(files: &dyn HostFiles, command: &str, cwd: &Path) -> Resu
 mod asks;
 mod cedar_run;
 pub mod explain;
+mod toolchains;
 
 #[cfg(test)]
 pub(crate) mod table;

@@ -527,7 +527,7 @@ pub(crate) fn through_launchers(argv: &[String]) -> (String, Vec<String>) {
 }
 
 /// The interpreter named on a script's `#!` line (through `env`).
-fn shebang(files: &dyn HostFiles, path: &Path) -> Option<(PathBuf, String)> {
+pub(crate) fn shebang(files: &dyn HostFiles, path: &Path) -> Option<(PathBuf, String)> {
     let head = files.read_head(path, SHEBANG_BYTES)?;
     let line = head.strip_prefix(b"#!")?;
     let line = String::from_utf8_lossy(line.split(|b| *b == b'\n').next()?).into_owned();

@@ -32,7 +32,7 @@ pub const MAGIC: &str = "palisade";
 /// `Explain` and `Explained`; 10: the rlimit `DATA`, and `memory` naming
 /// RLIMIT_DATA and RLIMIT_AS; 11: the result's `changes`, a plugin
 /// result's `store`, `Status`).
-pub const PROTOCOL_VERSION: u32 = 11;
+pub const PROTOCOL_VERSION: u32 = 12;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
 /// Largest frame (or JSON line) of a client message other than a `run`
@@ -176,6 +176,11 @@ pub struct RunRequest {
     /// the broker's own umask.
     #[serde(default)]
     pub umask: Option<u32>,
+    /// The command's toolchain (its `#!` interpreters and where they are
+    /// installed under a home) is not made visible, whatever the profile's
+    /// `toolchains` says.
+    #[serde(default)]
+    pub no_toolchains: bool,
 }
 
 /// The largest umask a request may carry: permission bits only.

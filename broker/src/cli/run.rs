@@ -41,6 +41,7 @@ pub fn edit(
     profile.max_memory_mb = flags.memory.unwrap_or(profile.max_memory_mb);
     profile.max_processes = flags.processes.unwrap_or(profile.max_processes);
     profile.no_fork |= flags.no_fork;
+    profile.toolchains &= !flags.no_toolchains;
     if flags.hold_changes {
         profile.keep_changes = KeepChanges::AlwaysHold;
     }

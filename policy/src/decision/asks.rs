@@ -68,6 +68,7 @@ pub(super) fn narrow(profile: &mut Profile, req: &RunRequest) -> Result<(), Deni
     process.max_memory_mb = req.max_memory_mb.unwrap_or(process.max_memory_mb);
     process.max_processes = req.max_processes.unwrap_or(process.max_processes);
     process.no_fork |= req.no_fork;
+    profile.toolchains &= !req.no_toolchains;
     for name in &req.pass_env {
         let passes = match profile.capabilities.environment {
             EnvironmentCapability::Full => true,

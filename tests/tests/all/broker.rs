@@ -93,7 +93,7 @@ fn the_hello_timeout_answers_in_the_clients_encoding() {
         got
     };
     let (json, silent) = std::thread::scope(|t| {
-        let json = t.spawn(|| answer(br#"{"hello": {"magic": "palisade", "version": 11"#));
+        let json = t.spawn(|| answer(br#"{"hello": {"magic": "palisade", "version": 12"#));
         let silent = t.spawn(|| answer(b""));
         (json.join().unwrap(), silent.join().unwrap())
     });

@@ -181,3 +181,56 @@ fn explain_asks_the_daemon_and_says_which_policy_decided() {
 fn the_flags_suite_passes_as_an_unprivileged_user() {
     rerun_unprivileged(module_path!(), "the_flags_suite_passes_as_an_unprivileged_user");
 }
+
+/// `contents` as an executable file at `path`, its directories made.
+fn executable(path: &std::path::Path, contents: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, contents).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A toolchain installed under a home (pyenv-shaped: a venv in the
+/// workspace whose python links to pyenv's; nvm-shaped: a script whose `#!`
+/// names nvm's node) is visible to the command that runs through it, read
+/// only; without toolchains the command is refused before it runs, naming
+/// the interpreter and the `--read-only` that would show it. Outside a
+/// sandbox both run, and write their installation (the interpreters here
+/// are shell scripts standing in for python and node, which try to).
+#[test]
+fn a_toolchain_under_a_home_is_visible_to_the_command_that_runs_through_it() {
+    let (home, ws) = (TempDir::new("home"), TempDir::new("toolchain"));
+    let stand_in = |name: &str| {
+        format!(
+            "#!/bin/sh\necho \"{name} ran $*\"\n\
+             if echo x >> \"$(dirname \"$(readlink -f \"$0\")\")/../written\" 2>/dev/null; then echo wrote its installation; fi\n"
+        )
+    };
+    let python = home.join(".pyenv/versions/3.12.1/bin/python3.12");
+    executable(&python, &stand_in("pyenv python"));
+    std::fs::create_dir_all(ws.join(".venv/bin")).unwrap();
+    std::os::unix::fs::symlink(&python, ws.join(".venv/bin/python")).unwrap();
+    executable(&ws.join(".venv/bin/pytest"), &format!("#!{}\n", ws.join(".venv/bin/python").display()));
+    let node = home.join(".nvm/versions/node/v20.11.0/bin/node");
+    executable(&node, &stand_in("nvm node"));
+    executable(&ws.join("tool.js"), &format!("#!{}\n", node.display()));
+    let pyenv = (home.join(".pyenv"), home.join(".pyenv/versions/3.12.1/written"));
+    let nvm = (home.join(".nvm/versions/node/v20.11.0"), home.join(".nvm/versions/node/v20.11.0/written"));
+    for (command, ran, (root, written)) in
+        [(".venv/bin/pytest", "pyenv python ran", pyenv), ("./tool.js", "nvm node ran", nvm)]
+    {
+        let outside = std::process::Command::new(ws.join(command)).arg("-q").output().unwrap();
+        assert!(text(&outside.stdout).contains(&format!("{ran} ")), "outside: {outside:?}");
+        assert!(text(&outside.stdout).contains("wrote its installation"), "outside: {outside:?}");
+        std::fs::remove_file(&written).unwrap();
+        let (code, out, err) = status(&embedded(&ws, &["--allow-interpreters"], &[command, "-q"]));
+        assert_eq!(code, Some(0), "{command}: {err}");
+        assert!(out.contains(ran) && out.contains("-q"), "{command}: {out}");
+        // Read-only: the run cannot change the toolchain.
+        assert!(!out.contains("wrote") && !written.exists(), "{command}: {out}");
+        let (code, _, err) = status(&embedded(&ws, &["--allow-interpreters", "--no-toolchains"], &[command]));
+        assert_eq!(code, Some(125), "{command}: {err}");
+        let show = format!("--read-only {}", root.canonicalize().unwrap().display());
+        assert!(err.contains("PolicyDenied") && err.contains("does not see") && err.contains(&show), "{err}");
+    }
+}
