@@ -756,6 +756,10 @@ pub struct DefaultProfile {
     /// (a pyenv, nvm, asdf, rustup or uv installation, `~/.cargo/bin`,
     /// `~/.local/bin`), never a sensitive path.
     pub toolchains: bool,
+    /// The requester's git identity (`user.name`, `user.email` of its
+    /// global git configuration, nothing else) is given to the run as
+    /// git's `GIT_AUTHOR_*` and `GIT_COMMITTER_*` variables.
+    pub git_identity: bool,
     /// What becomes of a run's writes (the overlay's change set):
     /// "apply_unless_ended" (applied when the command exits by itself,
     /// held when palisade ends the run), "always_hold", "discard_when_ended".
@@ -794,6 +798,7 @@ impl Default for DefaultProfile {
             allowed_executables: vec![],
             exec_in_workspace: true,
             toolchains: true,
+            git_identity: true,
             keep_changes: KeepChanges::default(),
             on_conflict: OnConflict::default(),
             allow_direct: false,

@@ -199,6 +199,8 @@ struct Profile {
     /// The command's toolchain (its `#!` interpreters and where they are
     /// installed) is made visible read-only.
     toolchains: bool,
+    /// The requester's git `user.name` and `user.email` are given to the run.
+    git_identity: bool,
     require_cgroup: bool,
     bindings: BTreeMap<String, Binding>,
 }
@@ -346,6 +348,9 @@ impl Policy {
             self.grant_toolchains(host, req, &dirs, ctx.requester.uid, &mut grants);
         }
         let mut view = SandboxView::new(req, &dirs, &grants, &profile);
+        if profile.git_identity && profile.capabilities.environment != EnvironmentCapability::None {
+            git::add_identity(&mut view.env, files, &req.env);
+        }
         let egress = self.egress_plan(&profile, tier)?;
 
         // The checks, in order.
@@ -483,6 +488,7 @@ impl Policy {
                 tmp_size_mb: d.tmp_size_mb,
                 exec_in_writable: d.exec_in_workspace,
                 toolchains: d.toolchains,
+                git_identity: d.git_identity,
                 require_cgroup: self.config.policy.require_cgroup,
                 bindings: BTreeMap::new(),
             });
@@ -529,6 +535,7 @@ impl Policy {
             exec_in_writable: false,
             // A tool gets what it declares.
             toolchains: false,
+            git_identity: false,
             require_cgroup: self.config.policy.require_cgroup || tool.require_cgroup,
             bindings: tool.parameters.clone(),
         })
@@ -1664,6 +1671,7 @@ pub fn resolve_program(files: &dyn HostFiles, command: &str, cwd: &Path) -> Resu
 mod asks;
 mod cedar_run;
 pub mod explain;
+mod git;
 mod toolchains;
 
 #[cfg(test)]

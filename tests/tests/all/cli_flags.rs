@@ -234,3 +234,50 @@ fn a_toolchain_under_a_home_is_visible_to_the_command_that_runs_through_it() {
         assert!(err.contains("PolicyDenied") && err.contains("does not see") && err.contains(&show), "{err}");
     }
 }
+
+/// The requester's git identity reaches the run (the sandbox's home is the
+/// workspace, so git would not find `~/.gitconfig`): `git commit` works
+/// and records it. Nothing else of the configuration comes along: its
+/// credential helper, which git outside a sandbox finds, is not there.
+/// Where the profile says no, the commit fails as it would without one.
+#[test]
+fn a_commit_in_a_run_carries_the_requesters_git_identity_and_nothing_else() {
+    let (home, ws) = (TempDir::new("home"), TempDir::new("git"));
+    std::fs::write(
+        home.join(".gitconfig"),
+        "[user]\n\tname = Ada Lovelace\n\temail = ada@example.org\n[credential]\n\thelper = store\n",
+    )
+    .unwrap();
+    let outside = std::process::Command::new("git")
+        .args(["config", "--global", "credential.helper"])
+        .env("HOME", home.path())
+        .output()
+        .unwrap();
+    assert_eq!(text(&outside.stdout).trim(), "store", "outside: {outside:?}");
+    let script = "git init -q . && git -c commit.gpgsign=false commit -q --allow-empty -m first \
+                  && git log -1 --format='%an <%ae> %cn'; echo helper=$(git config credential.helper)";
+    let run = |policy: &str| {
+        let (_journal, path) = scratch_journal(None);
+        let o = std::process::Command::new(bin("palisade"))
+            .args(["run", "--policy", policy, "--allow-interpreters", "--allow-inline-code", "--"])
+            .args(["/bin/sh", "-c", script])
+            .current_dir(ws.path())
+            .env("HOME", home.path())
+            .env("PALISADE_STATE", state_beside(&path))
+            .env("PALISADE_JOURNAL", path)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(ws.join(".git"));
+        o
+    };
+    let (code, out, err) = status(&run("/dev/null"));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("Ada Lovelace <ada@example.org> Ada Lovelace"), "{out}");
+    assert!(out.contains("helper=\n"), "the credential helper reached the run: {out}");
+    let no = ws.join("no-identity.toml");
+    std::fs::write(&no, "[defaults]\ngit_identity = false\n").unwrap();
+    let (_, out, err) = status(&run(no.to_str().unwrap()));
+    assert!(!out.contains("Ada Lovelace"), "{out}");
+    assert!(err.contains("Author identity unknown") || err.contains("empty ident"), "{err}");
+}
