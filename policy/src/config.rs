@@ -53,6 +53,11 @@ pub struct Config {
     /// The file it was loaded from (`None`: the built-in default policy).
     #[serde(skip)]
     pub source: Option<PathBuf>,
+    /// The policy is the person's own (the CLI's embedded broker, whose
+    /// flags edit it): a refusal names the flag that lifts it, not only
+    /// the key.
+    #[serde(skip)]
+    pub own: bool,
     /// The file's text, for the position of what is checked after it is
     /// read (a user or group name, see [`Config::resolve_ids`]).
     #[serde(skip)]

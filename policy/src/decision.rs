@@ -291,6 +291,22 @@ fn approved_path_text(path: &Path, writable: bool) -> String {
     format!("{} ({})", path.display(), if writable { "read-write" } else { "read-only" })
 }
 
+/// The fix of a refusal whose rule alone says what lifts it (the others
+/// carry theirs from where they are made: a path, a host).
+fn static_fix(d: Denial) -> Denial {
+    let (flag, key) = match d.rule {
+        "interpreters.denied" => (Some("--allow-interpreters"), "allow_interpreters = true"),
+        "interpreters.inline_code" => (Some("--allow-inline-code"), "allow_inline_code = true"),
+        "interpreters.loader" => (
+            Some("--allow-interpreters --allow-inline-code"),
+            "allow_interpreters = true and allow_inline_code = true",
+        ),
+        "fallback.deny" => (None, "[policy] fallback = \"warn_and_execute\" (or \"request_approval\")"),
+        _ => return d,
+    };
+    if d.fix.is_some() { d } else { d.with_fix(flag.map(String::from), key) }
+}
+
 fn denied<T>(kind: ErrorKind, rule: &'static str, reason: impl Into<String>) -> Result<T, Denial> {
     Err(Denial::new(kind, rule, reason))
 }
@@ -308,7 +324,7 @@ impl Policy {
         match self.resolve(host, ctx, req) {
             Ok((r, None)) => Decision::Allow(Box::new(r)),
             Ok((r, Some(reason))) => Decision::NeedsApproval { reason, resolved: Box::new(r) },
-            Err(d) => Decision::Deny(d),
+            Err(d) => Decision::Deny(static_fix(d).finish(self.config.own)),
         }
     }
 
@@ -728,28 +744,28 @@ impl Policy {
             exec_roots.extend(&grants.read_write);
         }
         if !exec_roots.iter().any(|r| program.starts_with(r)) {
-            return denied(
-                ErrorKind::PolicyDenied,
-                "executables.not_visible",
-                format!("{} is outside the directories this sandbox may execute from", program.display()),
+            let dir = program.parent().unwrap_or(&program).display().to_string();
+            let why =
+                format!("{} is outside the directories this sandbox may execute from", program.display());
+            let denial = Denial::new(ErrorKind::PolicyDenied, "executables.not_visible", why);
+            return Err(
+                denial.with_fix(Some(format!("--read-only {dir}")), format!("read_only = [\"{dir}\"]"))
             );
         }
         let chain = toolchains::chain(&*host.files, &program);
         if let Some(hidden) = chain.iter().skip(1).find(|i| !exec_roots.iter().any(|r| i.starts_with(r))) {
             let home = req.env.get("HOME").map(PathBuf::from);
             let show = toolchains::roots(hidden, home.as_deref(), true).swap_remove(0);
-            let off = if profile.toolchains { "" } else { ", or leave toolchains on (no --no-toolchains)" };
-            return denied(
-                ErrorKind::PolicyDenied,
-                "executables.interpreter_hidden",
-                format!(
-                    "{} runs through the interpreter {}, which this sandbox does not see; show it with \
-                     `--read-only {}` (read_only = [\"{}\"]){off}",
-                    program.display(),
-                    hidden.display(),
-                    show.display(),
-                    show.display()
-                ),
+            let off = if profile.toolchains { "" } else { " (toolchains are off: --no-toolchains)" };
+            let why = format!(
+                "{} runs through the interpreter {}, which this sandbox does not see{off}",
+                program.display(),
+                hidden.display(),
+            );
+            let show = show.display();
+            let denial = Denial::new(ErrorKind::PolicyDenied, "executables.interpreter_hidden", why);
+            return Err(
+                denial.with_fix(Some(format!("--read-only {show}")), format!("read_only = [\"{show}\"]"))
             );
         }
         validate::check_allowed(&program, &profile.allowed_executables)?;
@@ -1341,11 +1357,12 @@ fn check_egress(argv: &[String], profile: &Profile) -> Result<(), Denial> {
         hosts.extend(egress::hosts_in(&launched));
     }
     match hosts.into_iter().find(|h| !egress::allowed(h, allow)) {
-        Some(host) => denied(
-            ErrorKind::CapabilityDenied,
-            "egress.host_not_allowed",
-            format!("network access to {host} is not allowed (network: {network})"),
-        ),
+        Some(host) => {
+            let why = format!("network access to {host} is not allowed (network: {network})");
+            let denial = Denial::new(ErrorKind::CapabilityDenied, "egress.host_not_allowed", why);
+            let key = format!("network = {{ allow_domains = [\"{host}\"] }}");
+            Err(denial.with_fix(Some(format!("--allow-domain {host}")), key))
+        }
         None => Ok(()),
     }
 }

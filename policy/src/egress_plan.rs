@@ -197,11 +197,10 @@ pub fn narrow(network: &NetworkCapability, asked: Option<&[String]>) -> Result<N
     for name in asked {
         let name = host_name(name);
         if !crate::egress::within(&name, granted) {
-            return Err(Denial::new(
-                ErrorKind::CapabilityDenied,
-                "egress.domain_not_granted",
-                format!("the request asks for {name}, which its network ({network}) does not grant"),
-            ));
+            let why = format!("the request asks for {name}, which its network ({network}) does not grant");
+            let key = format!("network = {{ allow_domains = [\"{name}\"] }}");
+            let denial = Denial::new(ErrorKind::CapabilityDenied, "egress.domain_not_granted", why);
+            return Err(denial.with_fix(Some(format!("--allow-domain {name}")), key));
         }
         if !out.contains(&name) {
             out.push(name);

@@ -403,7 +403,7 @@ fn git_runs_command(args: &[String]) -> Option<String> {
 }
 
 fn deny(kind: ErrorKind, rule: &'static str, reason: String) -> Denial {
-    Denial { kind, rule, reason }
+    Denial::new(kind, rule, reason)
 }
 
 /// Command length, argument count and size, environment size, NUL bytes.
@@ -852,11 +852,14 @@ pub fn check_scope(
             let resolved = paths::resolve(candidate, cwd, home);
             let raw = paths::resolve_lexically(candidate, cwd, home);
             if rules.sensitive(&resolved, home) || rules.sensitive(&raw, home) {
-                return Err(deny(
-                    ErrorKind::WorkspaceScopeDenied,
-                    "scope.sensitive_path",
-                    format!("{candidate} ({}) is a sensitive path", resolved.display()),
-                ));
+                let what = match sensitive_word(rules, candidate, cwd, home) {
+                    // An inline script is not a path: the word of it that names one.
+                    Some("") => "an inline script names a sensitive path".to_string(),
+                    Some(word) => format!("the inline script names {word}, a sensitive path"),
+                    None => format!("{candidate} ({}) is a sensitive path", resolved.display()),
+                };
+                let why = format!("{what}: sensitive paths are never granted, by any flag or key");
+                return Err(deny(ErrorKind::WorkspaceScopeDenied, "scope.sensitive_path", why));
             }
             // The private /tmp itself is the sandbox's; in it, a name the host
             // has (its first component exists there) would refer to something
@@ -869,15 +872,31 @@ pub fn check_scope(
                 })
             };
             if !roots.iter().any(|r| paths::within(&resolved, r)) && !in_private() {
-                return Err(deny(
-                    ErrorKind::WorkspaceScopeDenied,
-                    "scope.outside_roots",
-                    format!("{candidate} resolves to {}, outside the allowed roots", resolved.display()),
-                ));
+                let p = resolved.display();
+                let why = format!("{candidate} resolves to {p}, outside the allowed roots");
+                let flag = format!("--read-only {p}");
+                let denial = deny(ErrorKind::WorkspaceScopeDenied, "scope.outside_roots", why);
+                return Err(denial.with_fix(Some(flag), format!("read_only = [\"{p}\"]")));
             }
         }
     }
     Ok(())
+}
+
+/// The word of an argument holding whitespace (an inline script, a
+/// sentence) that names a sensitive path, if it is one.
+fn sensitive_word<'a>(rules: &Rules, arg: &'a str, cwd: &Path, home: Option<&Path>) -> Option<&'a str> {
+    if !arg.contains(char::is_whitespace) {
+        return None;
+    }
+    let words = arg.split(|c: char| c.is_whitespace() || ";|&<>()'\"`=".contains(c));
+    words
+        .filter(|w| !w.is_empty())
+        .find(|w| {
+            rules.sensitive(&paths::resolve(w, cwd, home), home)
+                || rules.sensitive(&paths::resolve_lexically(w, cwd, home), home)
+        })
+        .or(Some(""))
 }
 
 /// Blocked command patterns, over the whole command line.

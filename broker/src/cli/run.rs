@@ -15,6 +15,8 @@ pub fn edit(
     cwd: &std::path::Path,
 ) -> Result<(), String> {
     use palisade_policy::capabilities::NetworkCapability;
+    // The person running the CLI owns this policy: its refusals name the flags.
+    config.own = true;
     let profile = match &flags.profile {
         None => &mut config.defaults,
         Some(name) => config

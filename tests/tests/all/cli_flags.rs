@@ -281,3 +281,62 @@ fn a_commit_in_a_run_carries_the_requesters_git_identity_and_nothing_else() {
     assert!(!out.contains("Ada Lovelace"), "{out}");
     assert!(err.contains("Author identity unknown") || err.contains("empty ident"), "{err}");
 }
+
+/// Every refusal a flag or a key could lift ends with the fix: with an
+/// embedded broker (the person's own policy) the flag and the key, in
+/// those words; through a daemon, whose policy a request can only narrow,
+/// that its policy does not allow it and the key an operator would set. A
+/// refusal nothing lifts says so, and an inline script is never shown as
+/// a path. Each command runs outside a sandbox (the refusal is the
+/// policy's, not the command failing).
+#[test]
+fn a_refusal_names_its_fix_embedded_and_through_a_daemon() {
+    let d = Daemon::start("");
+    let ws = project();
+    let cases: [(&[&str], &[&str], &str, &str); 4] = [
+        (&[], &["python3", "t.py"], "--allow-interpreters", "allow_interpreters = true"),
+        (
+            &["--allow-interpreters"],
+            &["python3", "-c", "print(1)"],
+            "--allow-inline-code",
+            "allow_inline_code = true",
+        ),
+        (
+            &[],
+            &["cat", "/var/lib/dpkg/status"],
+            "--read-only /var/lib/dpkg/status",
+            "read_only = [\"/var/lib/dpkg/status\"]",
+        ),
+        (
+            &[],
+            &["curl", "-s", "http://127.0.0.1:9/"],
+            "--allow-domain 127.0.0.1",
+            "network = { allow_domains = [\"127.0.0.1\"] }",
+        ),
+    ];
+    for (pre, command, flag, key) in cases {
+        let outside =
+            std::process::Command::new(command[0]).args(&command[1..]).current_dir(ws.path()).output();
+        assert!(outside.is_ok(), "{command:?} does not start outside");
+        let (code, _, err) = status(&embedded(&ws, pre, command));
+        assert_eq!(code, Some(125), "{command:?}: {err}");
+        assert!(err.contains(&format!("; allow it with `{flag}` / `{key}`")), "{command:?}: {err}");
+        let mut argv = vec!["run", "--socket", d.socket.to_str().unwrap()];
+        argv.extend_from_slice(pre);
+        let (code, _, err) = status(&palisade_cli(ws.path(), &argv, command, None));
+        assert_eq!(code, Some(125), "{command:?}: {err}");
+        let through = if pre.is_empty() {
+            format!("; this broker's policy does not allow it (an operator would set `{key}`)")
+        } else {
+            // The flag itself would widen the daemon's policy: refused, naming the flag and the key.
+            "allow_interpreters (--allow-interpreters) would widen the policy".to_string()
+        };
+        assert!(err.contains(&through), "{command:?}: {err}");
+    }
+    let script = "cat ~/.ssh/id_rsa | wc -c";
+    let (code, _, err) =
+        status(&embedded(&ws, &["--allow-interpreters", "--allow-inline-code"], &["/bin/sh", "-c", script]));
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("the inline script names ~/.ssh/id_rsa, a sensitive path"), "{err}");
+    assert!(err.contains("never granted, by any flag or key") && !err.contains(script), "{err}");
+}
