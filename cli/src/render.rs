@@ -91,7 +91,19 @@ impl Render {
                 RunStatus::Signaled { signal } => 128 + signal,
                 ended => {
                     let kind = ended.error_kind().unwrap_or(ErrorKind::RuntimeFailure);
-                    quiet_fail(self.json, kind, ended_by_palisade(ended))
+                    let limits = &r.attestation.enforcement;
+                    let message = match ended {
+                        RunStatus::QuotaExceeded => format!(
+                            "output exceeded its quota of {} bytes (max_output_bytes; --max-output); killed",
+                            limits.max_output_bytes
+                        ),
+                        RunStatus::TimedOut => format!(
+                            "killed at the deadline of {} s (max_execution_time; --timeout)",
+                            limits.deadline_secs
+                        ),
+                        other => ended_by_palisade(other).to_string(),
+                    };
+                    quiet_fail(self.json, kind, message)
                 }
             },
             Err(e) => quiet_fail(self.json, e.kind, e.message),

@@ -736,6 +736,12 @@ pub struct DefaultProfile {
     pub max_file_size_mb: u64,
     pub tmp_size_mb: u64,
     pub max_output_bytes: u64,
+    /// How far `palisade run --timeout` may raise `max_execution_time` with
+    /// an embedded broker (seconds); a daemon's policy is only narrowed.
+    pub timeout_ceiling_secs: u64,
+    /// How far `palisade run --max-output` may raise `max_output_bytes`
+    /// with an embedded broker.
+    pub max_output_ceiling_bytes: u64,
     /// Extra paths visible read-only (and executable) in the sandbox.
     pub read_only: Vec<PathBuf>,
     /// Extra paths writable in the sandbox, as the workspace is (each must
@@ -793,6 +799,8 @@ impl Default for DefaultProfile {
             max_file_size_mb: 1024,
             tmp_size_mb: 256,
             max_output_bytes: 64 << 20,
+            timeout_ceiling_secs: 3600,
+            max_output_ceiling_bytes: 1 << 30,
             read_only: vec![],
             read_write: vec![],
             pass_env: vec![],

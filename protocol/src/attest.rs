@@ -179,6 +179,14 @@ pub struct Enforcement {
     /// text, as `sandbox-exec -f` read it). `None` elsewhere.
     #[serde(default)]
     pub seatbelt_sha256: Option<String>,
+    /// The run's deadline, in seconds: `max_execution_time`, or the
+    /// request's lower `timeout_secs`.
+    #[serde(default)]
+    pub deadline_secs: u64,
+    /// The run's output quota (stdout and stderr together), in bytes:
+    /// `max_output_bytes`, or the request's lower one.
+    #[serde(default)]
+    pub max_output_bytes: u64,
 }
 
 /// What a run reached through the broker's egress listeners, and what it
@@ -879,6 +887,8 @@ mod tests {
             memory: Memory::Rlimit { data: 1 << 30, address_space: 4 << 30, tmpfs: None },
             egress_traffic: None,
             seatbelt_sha256: Some("ab".into()),
+            deadline_secs: 300,
+            max_output_bytes: 1 << 20,
         };
         let bytes = crate::wire::canonical_bytes(&e);
         let (back, _): (Enforcement, usize) =

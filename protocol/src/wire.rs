@@ -99,10 +99,12 @@ pub struct RunRequest {
     /// (UTF-8 text) or `{"base64": "..."}`.
     #[serde(default, with = "crate::bytes")]
     pub stdin: Vec<u8>,
-    /// Lowers the policy's deadline.
+    /// Lowers the policy's deadline (`max_execution_time`): a larger one is
+    /// refused (`request.widens`), 0 is invalid.
     #[serde(default)]
     pub timeout_secs: Option<u64>,
-    /// Lowers the policy's output quota (stdout and stderr together).
+    /// Lowers the policy's output quota (stdout and stderr together): a
+    /// larger one is refused (`request.widens`), 0 is invalid.
     #[serde(default)]
     pub max_output_bytes: Option<u64>,
     /// A tool declared in the configuration, instead of the default profile.

@@ -192,7 +192,8 @@ fn explain(args: ExplainArgs) -> i32 {
     };
     let edited = std::env::current_dir()
         .map_err(|e| format!("current directory: {e}"))
-        .and_then(|cwd| crate::cli::run::edit(&run_args.sandbox, &mut config, &cwd));
+        .and_then(|cwd| crate::cli::run::edit(&run_args.sandbox, &mut config, &cwd))
+        .and_then(|()| crate::cli::run::raise_limits(&run_args, &mut config));
     if let Err(e) = edited {
         return fail(ErrorKind::InvalidRequest, e);
     }
@@ -225,6 +226,7 @@ fn run(args: RunArgs) -> i32 {
         let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
         let mut config = config?;
         crate::cli::run::edit(&args.sandbox, &mut config, &cwd)?;
+        crate::cli::run::raise_limits(&args, &mut config)?;
         Ok::<_, String>(config)
     };
     if let Some(policy) = &args.policy {

@@ -54,6 +54,53 @@ pub fn edit(
     Ok(())
 }
 
+/// The embedded broker's profile, its deadline and output quota raised to
+/// what `--timeout` and `--max-output` ask (the person running the CLI owns
+/// it), up to the profile's ceilings (`timeout_ceiling_secs`,
+/// `max_output_ceiling_bytes`); past one, or 0, the run is refused, naming
+/// the ceiling. Never capped silently.
+pub fn raise_limits(args: &RunArgs, config: &mut palisade_policy::Config) -> Result<(), String> {
+    let Some(profile) = (match &args.sandbox.profile {
+        None => Some(&mut config.defaults),
+        Some(name) => config.profiles.get_mut(name),
+    }) else {
+        return Ok(());
+    };
+    // A declared tool keeps its own limits: its request is checked against them.
+    if args.tool.is_some() {
+        return Ok(());
+    }
+    let table = args.sandbox.profile.as_ref().map_or("[defaults]".to_string(), |p| format!("[profiles.{p}]"));
+    for (flag, asked, value, ceiling, key) in [
+        (
+            "--timeout",
+            args.timeout,
+            &mut profile.max_execution_time,
+            profile.timeout_ceiling_secs,
+            "timeout_ceiling_secs",
+        ),
+        (
+            "--max-output",
+            args.max_output,
+            &mut profile.max_output_bytes,
+            profile.max_output_ceiling_bytes,
+            "max_output_ceiling_bytes",
+        ),
+    ] {
+        match asked {
+            Some(0) => return Err(format!("{flag} 0: must be at least 1")),
+            Some(a) if a > ceiling => {
+                return Err(format!(
+                    "{flag} {a} is above the profile's ceiling of {ceiling} ({table} {key}); raise it there"
+                ));
+            }
+            Some(a) if a > *value => *value = a,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// A run's messages, shown by `Render` as the embedded broker sends them.
 pub struct RenderSink<'a>(pub &'a mut Render);
 

@@ -68,6 +68,8 @@ pub fn attestation(
             memory: resolved.memory.clone(),
             egress_traffic,
             seatbelt_sha256: None,
+            deadline_secs: resolved.timeout.as_secs(),
+            max_output_bytes: resolved.max_output_bytes,
         },
         warnings: resolved.warnings.clone(),
         journal: None,

@@ -76,6 +76,7 @@ pub fn palisade(cli: Cli) -> i32 {
     let edited = |mut c: Config| -> Result<Config, String> {
         let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
         crate::cli::run::edit(&args.sandbox, &mut c, &cwd)?;
+        crate::cli::run::raise_limits(&args, &mut c)?;
         Ok(c)
     };
     let (config, request) = match load(args.policy.as_deref())

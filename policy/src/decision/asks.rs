@@ -43,6 +43,8 @@ pub(super) fn narrow(profile: &mut Profile, req: &RunRequest) -> Result<(), Deni
     for (field, asked, limit) in [
         ("max_memory_mb", req.max_memory_mb, current.max_memory_mb),
         ("max_processes", req.max_processes, current.max_processes),
+        ("timeout_secs", req.timeout_secs, current.max_execution_time),
+        ("max_output_bytes", req.max_output_bytes, profile.max_output_bytes),
     ] {
         match asked {
             Some(0) => {
@@ -51,7 +53,8 @@ pub(super) fn narrow(profile: &mut Profile, req: &RunRequest) -> Result<(), Deni
             }
             Some(a) if a > limit => {
                 let why = format!("{a} is above the policy's {limit}");
-                return Err(widens(profile, field, &why, &format!("{field} = {a}")));
+                let key = if field == "timeout_secs" { "max_execution_time" } else { field };
+                return Err(widens(profile, field, &why, &format!("{key} = {a}")));
             }
             _ => {}
         }
@@ -159,12 +162,16 @@ fn widens(profile: &Profile, field: &str, why: &str, setting: &str) -> Denial {
         "pass_env" => "--env".to_string(),
         "max_memory_mb" => "--memory".to_string(),
         "max_processes" => "--processes".to_string(),
+        "timeout_secs" => "--timeout".to_string(),
+        "max_output_bytes" => "--max-output".to_string(),
         f => format!("--{}", f.replace('_', "-")),
     };
     let key = match &profile.tool {
         None => format!("[{}] {setting}", profile.table),
         Some(t) => match field {
-            "max_memory_mb" | "max_processes" => format!("[tools.{t}.overrides] process = {{ {setting} }}"),
+            "max_memory_mb" | "max_processes" | "timeout_secs" => {
+                format!("[tools.{t}.overrides] process = {{ {setting} }}")
+            }
             "read_only" | "read_write" => format!("[tools.{t}.overrides] filesystem (a {field} grant)"),
             "pass_env" => format!("[tools.{t}.overrides] environment = \"full\""),
             "direct" | "keep_changes" | "on_conflict" => format!("[defaults] {setting}"),

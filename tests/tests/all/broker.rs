@@ -322,13 +322,13 @@ fn the_deadline_kills_a_double_forked_setsid_sleeper() {
 
 #[test]
 fn a_client_that_stops_reading_cannot_hold_its_sandbox_past_the_deadline() {
-    let d = Daemon::start("");
+    // An output quota the flood cannot reach: the deadline ends the run.
+    let d = Daemon::start("max_output_bytes = 1099511627776\n");
     let ws = TempDir::new("ws");
     let tok = token("unread");
     let mut stalled = Client::connect(&d.socket).unwrap();
     let mut req = request(ws.path(), &["flood", &tok]);
     req.timeout_secs = Some(2);
-    req.max_output_bytes = Some(u64::MAX);
     stalled.send(&ClientMessage::Run(req)).unwrap();
     // It never reads: the socket's buffers fill and the broker's writes block.
     assert!(eventually(Duration::from_secs(10), || process_with_token(&tok).is_some()));
@@ -1248,12 +1248,12 @@ fn an_approval_answered_with_garbage_is_refused_saying_what_was_wrong() {
 
 #[test]
 fn wall_time_ends_when_the_processes_are_gone_not_when_a_slow_client_has_read() {
-    let d = Daemon::start("");
+    // An output quota the flood cannot reach: the deadline ends the run.
+    let d = Daemon::start("max_output_bytes = 1099511627776\n");
     let ws = TempDir::new("ws");
     let mut c = Client::connect(&d.socket).unwrap();
     let mut req = request(ws.path(), &["flood", "wall"]);
     req.timeout_secs = Some(1);
-    req.max_output_bytes = Some(u64::MAX);
     c.send(&ClientMessage::Run(req)).unwrap();
     // The client reads nothing past the deadline (within the grace the broker
     // gives a client that does not read: it is not given up).

@@ -132,6 +132,8 @@ fn through_a_daemon_the_flags_only_narrow_its_policy() {
         (&["--read-only", "/var/lib"][..], "[defaults] read_only = [\"/var/lib\"]"),
         (&["--env", "TERM_PROGRAM=x"][..], "[defaults] pass_env = [\"TERM_PROGRAM\"]"),
         (&["--profile", "py", "--memory", "512"][..], "[profiles.py] max_memory_mb = 512"),
+        (&["--timeout", "4000"][..], "[defaults] max_execution_time = 4000"),
+        (&["--max-output", "999999999999"][..], "[defaults] max_output_bytes = 999999999999"),
     ] {
         let (code, out, err) = via(flags, &["python3", "t.py"]);
         assert_eq!((code, out.as_str()), (Some(125), ""), "{flags:?}");
@@ -339,4 +341,45 @@ fn a_refusal_names_its_fix_embedded_and_through_a_daemon() {
     assert_eq!(code, Some(125), "{err}");
     assert!(err.contains("the inline script names ~/.ssh/id_rsa, a sensitive path"), "{err}");
     assert!(err.contains("never granted, by any flag or key") && !err.contains(script), "{err}");
+}
+
+/// With an embedded broker `--timeout` and `--max-output` raise the
+/// profile's deadline and quota up to its ceilings, and are refused past
+/// them or at 0, naming the ceiling: never capped silently. A run palisade
+/// ends names the limit it passed, its value and its key.
+#[test]
+fn the_limit_flags_raise_up_to_the_ceiling_and_name_what_ended_a_run() {
+    let ws = project();
+    let (code, _, err) = status(&embedded(&ws, &["--timeout", "4000"], &["true"]));
+    assert_eq!(code, Some(125), "{err}");
+    assert!(
+        err.contains(
+            "--timeout 4000 is above the profile's ceiling of 3600 ([defaults] timeout_ceiling_secs)"
+        ),
+        "{err}"
+    );
+    for flag in ["--timeout", "--max-output"] {
+        let (code, _, err) = status(&embedded(&ws, &[flag, "0"], &["true"]));
+        assert_eq!(code, Some(125), "{err}");
+        assert!(err.contains(&format!("InvalidRequest: {flag} 0: must be at least 1")), "{err}");
+    }
+    // Raised past the default's 300 s and 64 MiB: the run gets what was asked.
+    let o = embedded(&ws, &["--timeout", "400", "--max-output", "100000000", "--json"], &["true"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+    let enforcement = &v["result"]["attestation"]["enforcement"];
+    assert_eq!(
+        (enforcement["deadline_secs"].as_u64(), enforcement["max_output_bytes"].as_u64()),
+        (Some(400), Some(100000000)),
+        "{v}"
+    );
+    let (code, out, err) =
+        status(&embedded(&ws, &["--max-output", "10"], &["/bin/echo", "hello world and more"]));
+    assert_eq!((code, out.len()), (Some(125), 10), "{err}");
+    assert!(
+        err.contains("QuotaExceeded: output exceeded its quota of 10 bytes (max_output_bytes; --max-output)"),
+        "{err}"
+    );
+    let (code, _, err) = status(&embedded(&ws, &["--timeout", "1"], &["/bin/sleep", "30"]));
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("TimedOut: killed at the deadline of 1 s (max_execution_time; --timeout)"), "{err}");
 }

@@ -143,7 +143,7 @@ fn run_schema(declared_tool: bool) -> Value {
     );
     props.insert(
         "timeout_secs".into(),
-        json!({"type": "integer", "minimum": 1, "description": "A deadline, in seconds (the policy's is the most)."}),
+        json!({"type": "integer", "minimum": 1, "description": "A deadline, in seconds: at most the policy's max_execution_time (a larger one is refused, naming it)."}),
     );
     props.insert(
         "output_limit_bytes".into(),
