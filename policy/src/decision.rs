@@ -138,6 +138,9 @@ pub struct Resolved {
     /// What bounded the run's memory, tmpfs mounts included.
     pub memory: Memory,
     pub warnings: Vec<String>,
+    /// What the result says of the run beside its warnings, which the
+    /// broker does not log (every run without a cgroup has one).
+    pub notes: Vec<String>,
     /// What set off the question a tool's trust stage asks, if it asks one.
     pub escalation: Option<EscalationTrigger>,
     /// The request's workspace, canonical.
@@ -1023,6 +1026,15 @@ impl Policy {
         let network = labels.network(&profile.capabilities.network, profile.egress, egress.as_ref());
         let disk = labels.disk(grants.temp_workspace.is_some(), !grants.read_write.is_empty());
         let memory = labels.memory();
+        let mut notes = Vec::new();
+        if cgroup.is_none() && !host.capabilities.seatbelt {
+            notes.push(format!(
+                "memory: no cgroup holds this run, so its limit of {} MiB holds each process (RLIMIT_DATA), \
+                 not the process tree; an overrun fails an allocation in the program (a MemoryError) instead \
+                 of ending the run (`palisade doctor` says how to give runs a cgroup: [broker] cgroup_root)",
+                limits.memory_bytes >> 20
+            ));
+        }
         let writable = grants.read_write;
         let granted = writable.iter().chain(&spec.read_only).cloned().collect();
         Ok(Resolved {
@@ -1042,6 +1054,7 @@ impl Policy {
             disk,
             memory,
             warnings,
+            notes,
             escalation: None,
             workspace: dirs.workspace.clone(),
             requester: ctx.requester,

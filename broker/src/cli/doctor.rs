@@ -124,6 +124,9 @@ pub fn report(config: &Config) -> (String, bool) {
                 "require_cgroup is off"
             }
         );
+        for line in cgroup_lines(&Cgroups::host_layout()) {
+            let _ = writeln!(out, "                  {line}");
+        }
     }
 
     let tier_c = userns && seccomp;
@@ -145,6 +148,35 @@ pub fn report(config: &Config) -> (String, bool) {
     let _ = writeln!(out, "tier:             {tier}");
     let _ = writeln!(out, "warm pool:        {}", warm_pool(config, &cgroups, tier_c));
     (out, tier_c && abi > 0)
+}
+
+/// What gives runs a cgroup on a host of this `layout` ([`Cgroups::host_layout`]):
+/// the exact lines to add, and the commands that make the directory.
+fn cgroup_lines(layout: &str) -> Vec<String> {
+    let user =
+        nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten().map_or("USER".into(), |u| u.name);
+    if layout.starts_with("v2") {
+        vec![
+            "to give runs a cgroup (cgroup v2): start the broker in a cgroup systemd delegates to it, which it finds".into(),
+            "  by itself: `systemd-run --user --scope -p Delegate=yes -- palisaded` (the system unit has Delegate=yes);".into(),
+            "  or, for a broker running as root, a subtree made for it: `mkdir /sys/fs/cgroup/palisade`, then".into(),
+            "  [broker]".into(),
+            "  cgroup_root = \"/sys/fs/cgroup/palisade\"".into(),
+        ]
+    } else if layout.starts_with("v1") {
+        vec![
+            "to give runs a cgroup (cgroup v1 or hybrid): a directory of the same name in each hierarchy, the broker's:".into(),
+            format!(
+                "  for c in memory pids cpu cpuacct freezer; do sudo mkdir -p /sys/fs/cgroup/$c/palisade; \
+                 sudo chown -R {user} /sys/fs/cgroup/$c/palisade; done"
+            ),
+            "  then, in the policy:".into(),
+            "  [broker]".into(),
+            "  cgroup_root = \"/sys/fs/cgroup/memory/palisade\"".into(),
+        ]
+    } else {
+        Vec::new()
+    }
 }
 
 /// What the broker keeps started ahead of requests, and why no more.

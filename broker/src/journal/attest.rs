@@ -71,7 +71,7 @@ pub fn attestation(
             deadline_secs: resolved.timeout.as_secs(),
             max_output_bytes: resolved.max_output_bytes,
         },
-        warnings: resolved.warnings.clone(),
+        warnings: resolved.warnings.iter().chain(&resolved.notes).cloned().collect(),
         journal: None,
     }
 }

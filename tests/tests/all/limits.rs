@@ -87,17 +87,34 @@ fn doctor_the_attestation_and_require_cgroup_agree_about_this_host() {
     match line.trim_start_matches("cgroup for runs:").trim().strip_prefix("none: ") {
         Some(reason) => {
             assert_eq!(limits_by, "rlimits", "{report}");
-            let (code, v, _) = run_json("[policy]\nrequire_cgroup = true\n", &[&probe(), "echo", "x"]);
+            let (code, refused, _) = run_json("[policy]\nrequire_cgroup = true\n", &[&probe(), "echo", "x"]);
             assert_eq!(code, Some(125));
-            let message = v["error"]["message"].as_str().unwrap();
+            let message = refused["error"]["message"].as_str().unwrap();
             assert!(message.ends_with(reason), "doctor: {reason}\nrefusal: {message}");
             // Where the host mounts cgroups as v1 or a hybrid, that is the reason.
             if !layout.contains("v2 (pure)") {
                 assert!(reason.contains("not a pure cgroup v2 mount"), "{layout}: {reason}");
             }
+            // Doctor gives the lines that would change it, in this host's form.
+            let root = if layout.contains("v2 (pure)") {
+                "/sys/fs/cgroup/palisade"
+            } else {
+                "/sys/fs/cgroup/memory/palisade"
+            };
+            assert!(report.contains(&format!("cgroup_root = \"{root}\"")), "{report}");
+            assert!(warnings(&v).contains("memory: no cgroup holds this run"), "{v}");
         }
-        None => assert!(limits_by.starts_with("cgroup"), "{report}\n{limits_by}"),
+        None => {
+            assert!(limits_by.starts_with("cgroup"), "{report}\n{limits_by}");
+            assert!(!warnings(&v).contains("no cgroup holds this run"), "{v}");
+        }
     }
+}
+
+/// A run result's warnings, one per line.
+fn warnings(v: &serde_json::Value) -> String {
+    let all = v["result"]["attestation"]["warnings"].as_array().cloned().unwrap_or_default();
+    all.iter().filter_map(|w| w.as_str()).collect::<Vec<_>>().join("\n")
 }
 
 /// As root, the same file again as the unprivileged test user.
