@@ -87,14 +87,14 @@ pub fn list(args: &BrokerArgs, json: bool) -> i32 {
         Err(code) => return code,
     };
     if json {
-        println!("{}", serde_json::to_string(&pending).unwrap_or_default());
+        crate::outln!("{}", serde_json::to_string(&pending).unwrap_or_default());
         return 0;
     }
     if pending.is_empty() {
-        println!("no run is waiting for an approval");
+        crate::outln!("no run is waiting for an approval");
     }
     for p in &pending {
-        println!("{}: {}\n{}", p.id, p.reason, describe(p));
+        crate::outln!("{}: {}\n{}", p.id, p.reason, describe(p));
     }
     0
 }
@@ -103,7 +103,7 @@ pub fn list(args: &BrokerArgs, json: bool) -> i32 {
 pub fn answer(args: &BrokerArgs, approval: u64, approved: bool, reason: Option<String>) -> i32 {
     match ask_broker(args, &ClientMessage::Answer { approval, approved, reason }) {
         Ok(ServerMessage::Answered { approval, approved }) => {
-            println!("approval {approval}: {}", if approved { "approved" } else { "denied" });
+            crate::outln!("approval {approval}: {}", if approved { "approved" } else { "denied" });
             0
         }
         Ok(other) => fail(ErrorKind::ProtocolError, format!("unexpected reply {other:?}")),

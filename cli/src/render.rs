@@ -80,7 +80,7 @@ impl Render {
 
     pub fn finish(self, outcome: Result<RunResult, ErrorReply>) -> i32 {
         if self.json {
-            println!("{}", self.json_value(&outcome));
+            crate::outln!("{}", self.json_value(&outcome));
         } else if let Ok(r) = &outcome {
             say_changes(r);
         }
@@ -89,6 +89,15 @@ impl Render {
                 RunStatus::Exited { code } => code,
                 // As a shell reports a command killed by a signal.
                 RunStatus::Signaled { signal } => 128 + signal,
+                // Interrupted (^C, or a SIGTERM or SIGHUP to palisade): as a
+                // shell reports an interrupted command; the result says
+                // `cancelled`.
+                RunStatus::Cancelled => {
+                    if !self.json {
+                        eprintln!("palisade: cancelled: the run was interrupted and killed");
+                    }
+                    EXIT_INTERRUPTED
+                }
                 ended => {
                     let kind = ended.error_kind().unwrap_or(ErrorKind::RuntimeFailure);
                     let limits = &r.attestation.enforcement;
@@ -110,6 +119,9 @@ impl Render {
         }
     }
 }
+
+/// The exit status of a run interrupted (128 + SIGINT, as a shell's).
+pub const EXIT_INTERRUPTED: i32 = 130;
 
 /// What the CLI says of a run palisade ended (its kind is
 /// [`RunStatus::error_kind`]'s).

@@ -76,8 +76,8 @@ pub fn explain_by(found: Found, args: ExplainArgs) -> i32 {
 
 /// The decision, then which policy made it; 0 when the run is allowed.
 pub fn show_explanation(e: &palisade_protocol::wire::Explanation, by: &str) -> i32 {
-    print!("{}", e.text);
-    println!("policy:   {} ({by})", e.policy);
+    crate::out!("{}", e.text);
+    crate::outln!("policy:   {} ({by})", e.policy);
     if e.decision == "allow" { 0 } else { 1 }
 }
 

@@ -14,9 +14,9 @@ pub fn status(args: &BrokerArgs, json: bool) -> i32 {
         Err(code) => return code,
     };
     if json {
-        println!("{}", serde_json::to_string(&status).unwrap_or_default());
+        crate::outln!("{}", serde_json::to_string(&status).unwrap_or_default());
     } else {
-        print!("{}", render(&status, now_unix()));
+        crate::out!("{}", render(&status, now_unix()));
     }
     0
 }

@@ -61,7 +61,7 @@ pub fn tools(command: ToolsCommand) -> i32 {
     let mut found = false;
     for t in tools.iter().filter(|t| name.as_ref().is_none_or(|n| *n == t.name)) {
         found = true;
-        print!("{}", render_tool(t));
+        palisade_cli::out!("{}", render_tool(t));
     }
     match name {
         Some(n) if !found => fail(ErrorKind::InvalidRequest, format!("no tool {n:?} is declared")),

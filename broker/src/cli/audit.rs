@@ -209,18 +209,18 @@ fn verify_journal(at: &JournalDir, head: Option<&str>, allow_pruned: bool, json:
     }
     match verify::verify(&dir, head.as_deref(), allow_pruned) {
         Ok(v) if json => {
-            println!("{}", serde_json::json!({ "verified": v }));
+            palisade_cli::outln!("{}", serde_json::json!({ "verified": v }));
             0
         }
         Ok(v) => {
-            print!("{}", describe(&v));
+            palisade_cli::out!("{}", describe(&v));
             0
         }
         Err(failure) => {
             if json {
-                println!("{}", serde_json::json!(failure));
+                palisade_cli::outln!("{}", serde_json::json!(failure));
             } else {
-                println!("{failure}");
+                palisade_cli::outln!("{failure}");
             }
             match failure {
                 verify::Failure::Broken(_) => EXIT_BROKEN,
@@ -259,9 +259,9 @@ fn describe(v: &verify::Verified) -> String {
 fn print_head(at: &JournalDir, json: bool) -> Result<(), String> {
     let Some(last) = verify::head(&at.dir()?)? else { return Err("the journal is empty".into()) };
     if json {
-        println!("{}", serde_json::json!({ "seq": last.seq, "hash": last.hash }));
+        palisade_cli::outln!("{}", serde_json::json!({ "seq": last.seq, "hash": last.hash }));
     } else {
-        println!("{} {}", last.seq, last.hash);
+        palisade_cli::outln!("{} {}", last.seq, last.hash);
     }
     Ok(())
 }

@@ -94,7 +94,7 @@ pub fn main(command: ChangesCommand) -> i32 {
         return match reply {
             ServerMessage::Error(e) => fail(e.kind, e.message),
             other => {
-                println!("{}", serde_json::to_string(&reply_value(&other)).unwrap_or_default());
+                palisade_cli::outln!("{}", serde_json::to_string(&reply_value(&other)).unwrap_or_default());
                 0
             }
         };
@@ -154,10 +154,10 @@ fn ask(at: &At, message: ClientMessage) -> Result<ServerMessage, i32> {
 
 fn print(reply: ServerMessage) -> i32 {
     match reply {
-        ServerMessage::ChangeSets(sets) if sets.is_empty() => println!("no change set is held"),
-        ServerMessage::ChangeSets(sets) => sets.iter().for_each(|s| println!("{}", line(s))),
+        ServerMessage::ChangeSets(sets) if sets.is_empty() => palisade_cli::outln!("no change set is held"),
+        ServerMessage::ChangeSets(sets) => sets.iter().for_each(|s| palisade_cli::outln!("{}", line(s))),
         ServerMessage::ChangeSet(d) => {
-            println!("{}", line(&d.info));
+            palisade_cli::outln!("{}", line(&d.info));
             for e in &d.entries {
                 let mut notes = Vec::new();
                 if e.conflict {
@@ -166,17 +166,17 @@ fn print(reply: ServerMessage) -> i32 {
                 notes.extend(e.host_executed.iter().map(|w| format!("the host executes it: {w}")));
                 let notes =
                     if notes.is_empty() { String::new() } else { format!("  ({})", notes.join("; ")) };
-                println!("  {:<7} {}{notes}", e.kind, e.path);
+                palisade_cli::outln!("  {:<7} {}{notes}", e.kind, e.path);
             }
-            print!("{}", d.diff);
+            palisade_cli::out!("{}", d.diff);
         }
         ServerMessage::ChangesApplied(c) => {
-            println!(
+            palisade_cli::outln!(
                 "{}",
                 crate::cli::run::summary(&c, false).unwrap_or_else(|| "nothing was left to apply".into())
             )
         }
-        ServerMessage::ChangesDiscarded { id } => println!("change set {id}: discarded"),
+        ServerMessage::ChangesDiscarded { id } => palisade_cli::outln!("change set {id}: discarded"),
         ServerMessage::Error(e) => return fail(e.kind, e.message),
         other => return fail(ErrorKind::ProtocolError, format!("unexpected reply {other:?}")),
     }

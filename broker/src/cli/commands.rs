@@ -150,7 +150,7 @@ pub fn main(cli: Cli) -> i32 {
                 Err(e) => return fail(ErrorKind::InvalidRequest, e),
             };
             let (text, complete) = crate::cli::doctor::report(&config);
-            print!("{text}");
+            palisade_cli::out!("{text}");
             if complete { 0 } else { 1 }
         }
         Command::Approvals { broker, json } => palisade_cli::approve::list(&broker, json),

@@ -121,7 +121,7 @@ fn install(manifest: &std::path::Path, policy: Option<&PathBuf>) -> i32 {
     crate::plugins::sweep_cache(&index, None);
     match installed {
         Ok(m) => {
-            println!(
+            palisade_cli::outln!(
                 "installed {} {} ({}) in {}",
                 m.name,
                 m.version,
@@ -143,7 +143,7 @@ fn remove(name: &str, policy: Option<&PathBuf>) -> i32 {
     crate::plugins::sweep_cache(&index, None);
     match removed {
         Ok(()) => {
-            println!("removed {name} from {}", index.dir.display());
+            palisade_cli::outln!("removed {name} from {}", index.dir.display());
             0
         }
         Err(e) => fail(ErrorKind::InvalidRequest, e),
@@ -156,14 +156,21 @@ fn list(json: bool, policy: Option<&PathBuf>) -> i32 {
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),
     };
     if json {
-        println!("{}", serde_json::to_string(&skills).unwrap_or_default());
+        palisade_cli::outln!("{}", serde_json::to_string(&skills).unwrap_or_default());
         return 0;
     }
     for m in &skills {
         let c = &m.capabilities;
-        println!(
+        palisade_cli::outln!(
             "{} {} sha256:{} entry:{}\n  http_hosts: {:?}  secrets: {:?}  storage_prefixes: {:?}  log: {}",
-            m.name, m.version, m.sha256, m.entry, c.http_hosts, c.secrets, c.storage_prefixes, c.log
+            m.name,
+            m.version,
+            m.sha256,
+            m.entry,
+            c.http_hosts,
+            c.secrets,
+            c.storage_prefixes,
+            c.log
         );
     }
     0
@@ -235,12 +242,12 @@ fn render(reply: Result<ServerMessage, ErrorReply>, json: bool) -> i32 {
         Err(e) => ServerMessage::Error(e),
     };
     if json {
-        println!("{}", serde_json::to_string(&message).unwrap_or_default());
+        palisade_cli::outln!("{}", serde_json::to_string(&message).unwrap_or_default());
     }
     match message {
         ServerMessage::PluginResult { output, .. } => {
             if !json {
-                println!("{output}");
+                palisade_cli::outln!("{output}");
             }
             0
         }

@@ -383,3 +383,51 @@ fn the_limit_flags_raise_up_to_the_ceiling_and_name_what_ended_a_run() {
     assert_eq!(code, Some(125), "{err}");
     assert!(err.contains("TimedOut: killed at the deadline of 1 s (max_execution_time; --timeout)"), "{err}");
 }
+
+/// `palisade run --json` read by a reader that leaves (`| head`) ends
+/// quietly, as SIGPIPE ends other tools, with no panic; a run interrupted
+/// (^C) exits 130 and its result says `cancelled`.
+#[test]
+fn a_closed_pipe_ends_quietly_and_an_interrupt_exits_130() {
+    let ws = project();
+    let (_journal, path) = scratch_journal(None);
+    let shell = format!(
+        "{} run --policy /dev/null --json -- /usr/bin/seq 1 200000 | head -c 10 >/dev/null; echo status=${{PIPESTATUS[0]}}",
+        bin("palisade").display()
+    );
+    let o = std::process::Command::new("/bin/bash")
+        .args(["-c", &shell])
+        .current_dir(ws.path())
+        .env("PALISADE_STATE", state_beside(&path))
+        .env("PALISADE_JOURNAL", &path)
+        .output()
+        .unwrap();
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(out.trim(), "status=141", "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // A sleep of its own length: the token that finds its process.
+    let token = format!("29.{}", std::process::id());
+    let child = std::process::Command::new(bin("palisade"))
+        .args(["run", "--policy", "/dev/null", "--json", "--", "/bin/sleep", &token])
+        .current_dir(ws.path())
+        .env("PALISADE_STATE", state_beside(&path))
+        .env("PALISADE_JOURNAL", &path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    // Once the command runs (its sleep is a process of the sandbox's).
+    let sleeping = format!("/bin/sleep\0{token}\0");
+    let sleeps = || {
+        let mut procs = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+        procs.any(|p| std::fs::read(p.path().join("cmdline")).is_ok_and(|c| c == sleeping.as_bytes()))
+    };
+    let started = eventually(std::time::Duration::from_secs(10), sleeps);
+    assert!(started, "the run never started");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+}
