@@ -82,6 +82,7 @@ impl Render {
         if self.json {
             crate::outln!("{}", self.json_value(&outcome));
         } else if let Ok(r) = &outcome {
+            say_egress(r);
             say_changes(r);
         }
         match outcome {
@@ -139,6 +140,25 @@ pub fn ended_by_palisade(status: RunStatus) -> &'static str {
 /// With --json the error is in the object; otherwise it gets its line.
 pub fn quiet_fail(json: bool, kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
     if json { EXIT_PALISADE } else { fail(kind, message) }
+}
+
+/// Strict egress: one line per name (and reason) a run was refused, once:
+/// a refused connection is otherwise seen only by the program (curl
+/// without `-f` exits 0 on the proxy's 403). `--json` has them all in the
+/// attestation's `egress_traffic.denied`.
+fn say_egress(r: &RunResult) {
+    let Some(traffic) = &r.attestation.enforcement.egress_traffic else { return };
+    let mut said: Vec<(&str, &str)> = Vec::new();
+    for d in &traffic.denied {
+        if said.contains(&(d.host.as_str(), d.reason.as_str())) {
+            continue;
+        }
+        said.push((&d.host, &d.reason));
+        eprintln!("palisade: egress refused: {} ({}): {}", d.host, d.reason, d.detail);
+    }
+    if traffic.denied_omitted > 0 {
+        eprintln!("palisade: egress refused: {} more attempts (see --json)", traffic.denied_omitted);
+    }
 }
 
 /// The change set's line under a run's output. A run that filled its bound

@@ -126,6 +126,28 @@ fn curl_reaches_an_allowed_name_through_the_proxy() {
     let o =
         palisade_cli(ws.path(), &["run", "--socket", d.socket.to_str().unwrap()], &[curl, "-sS", &url], None);
     assert_eq!(text(&o.stdout), "origin saw GET /by-curl", "{}", text(&o.stderr));
+    assert!(!text(&o.stderr).contains("egress refused"), "{}", text(&o.stderr));
+    // A name not allowed (not on the command line, which the policy would
+    // refuse: the program finds it itself): the program sees the proxy's
+    // 403 and goes on, and palisade says once, on stderr, which name was
+    // refused and why.
+    let mut child = std::process::Command::new(bin("palisade"))
+        .args(["run", "--socket", d.socket.to_str().unwrap(), "--", &probe(), "egress", "-"])
+        .current_dir(ws.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let line = format!("proxy-connect denied.test:{0} x\nproxy-connect denied.test:{0} y\n", origin.port());
+    child.stdin.take().unwrap().write_all(line.as_bytes()).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(text(&o.stdout).starts_with("ok 403"), "{}\n{}", text(&o.stdout), text(&o.stderr));
+    let said: Vec<String> =
+        text(&o.stderr).lines().filter(|l| l.contains("egress refused")).map(String::from).collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].starts_with("palisade: egress refused: denied.test (domain_not_allowed): "), "{said:?}");
+    assert_eq!(origin.accepted(), 1, "only the allowed request reached the origin");
 }
 
 #[test]
