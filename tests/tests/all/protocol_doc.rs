@@ -358,3 +358,63 @@ fn no_crate_has_an_import_cycle() {
     let cycle = a_cycle(&imports(&rooms(("engine", "use crate::serve::socket::Frame;")), 1));
     assert_eq!(cycle.map(|c| c.join(" -> ")).as_deref(), Some("decide -> engine -> serve -> decide"));
 }
+
+/// The list of rules in docs/protocol.md is complete: every rule the
+/// policy and the broker can give (the rule argument of each refusal they
+/// make: `Denial::new`, `deny`, `denied`, `with_rule`, and the `*_RULE`
+/// constants) is in it. The check could fail: a rule it does not list is
+/// found.
+#[test]
+fn the_protocol_lists_every_rule_the_code_can_give() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("docs/protocol.md")).unwrap();
+    let start = doc.find("The rules (`rule`) are:").expect("the rules' paragraph");
+    let listed = &doc[start..start + doc[start..].find("\n\n").unwrap()];
+    let mut rules = std::collections::BTreeSet::new();
+    let sources = project_files(&root).into_iter().filter(|f| f.ends_with(".rs"));
+    for file in sources.filter(|f| f.starts_with("policy/src/") || f.starts_with("broker/src/")) {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        rules.extend(rules_in(&text));
+    }
+    assert!(rules.len() > 40, "{rules:?}");
+    let missing: Vec<&String> = rules.iter().filter(|r| !listed.contains(&format!("`{r}`"))).collect();
+    assert!(missing.is_empty(), "docs/protocol.md does not list the rules {missing:?}");
+    let made_up = "return denied(ErrorKind::PolicyDenied,\n \"nowhere.listed\", \"why\");";
+    assert_eq!(rules_in(made_up), ["nowhere.listed"]);
+}
+
+/// The rules `text` gives: the literals shaped like a rule (`word.word`)
+/// among the arguments of each refusal it makes, and its `*_RULE` constants.
+fn rules_in(text: &str) -> Vec<String> {
+    let shaped = |s: &str| {
+        let mut parts = s.split('.');
+        let ok = |p: Option<&str>| {
+            p.is_some_and(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        };
+        ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
+    };
+    let literals = |args: &str| -> Vec<String> {
+        args.split('"').skip(1).step_by(2).filter(|l| shaped(l)).map(String::from).collect()
+    };
+    let mut out = Vec::new();
+    for call in ["Denial::new(", "deny(", "denied(", "with_rule("] {
+        for (at, _) in text.match_indices(call) {
+            // The call's arguments: up to its closing parenthesis.
+            let args = &text[at + call.len()..];
+            let mut depth = 1;
+            let end = args.char_indices().find_map(|(i, c)| {
+                depth += match c {
+                    '(' => 1,
+                    ')' => -1,
+                    _ => 0,
+                };
+                (depth == 0).then_some(i)
+            });
+            out.extend(literals(&args[..end.unwrap_or(args.len())]));
+        }
+    }
+    for line in text.lines().filter(|l| l.contains("_RULE: &str")) {
+        out.extend(literals(line));
+    }
+    out
+}
