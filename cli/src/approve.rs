@@ -111,8 +111,9 @@ pub fn answer(args: &BrokerArgs, approval: u64, approved: bool, reason: Option<S
     }
 }
 
-/// A tool as `palisade tools show` prints it.
-pub fn render_tool(t: &ToolInfo) -> String {
+/// A tool as `palisade tools show` prints it; `policy`: the `--policy` it
+/// was shown under, which the hint to approve it keeps.
+pub fn render_tool(t: &ToolInfo, policy: Option<&std::path::Path>) -> String {
     let mut out = String::new();
     let progress = match t.stage.as_str() {
         "trial" => format!(" ({} of {} approved runs succeeded)", t.trial_successes, t.trial_runs),
@@ -124,7 +125,8 @@ pub fn render_tool(t: &ToolInfo) -> String {
         let _ = writeln!(out, "  {line}");
     }
     if t.stage == "draft" {
-        let _ = writeln!(out, "  approve it (an approver): palisade tools approve {}", t.name);
+        let under = policy.map(|p| format!(" --policy {}", p.display())).unwrap_or_default();
+        let _ = writeln!(out, "  approve it (an approver): palisade tools approve {}{under}", t.name);
     }
     out
 }

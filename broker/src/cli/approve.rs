@@ -41,6 +41,9 @@ pub enum ToolsCommand {
 
 /// `palisade tools show` and `palisade tools approve`.
 pub fn tools(command: ToolsCommand) -> i32 {
+    let policy = match &command {
+        ToolsCommand::Show { policy, .. } | ToolsCommand::Approve { policy, .. } => policy.clone(),
+    };
     let (shown, name) = match command {
         ToolsCommand::Show { name, broker, policy: None } => (show_remote(&broker), name),
         ToolsCommand::Show { name, policy: Some(p), .. } => (embedded(&p, None), name),
@@ -61,7 +64,7 @@ pub fn tools(command: ToolsCommand) -> i32 {
     let mut found = false;
     for t in tools.iter().filter(|t| name.as_ref().is_none_or(|n| *n == t.name)) {
         found = true;
-        palisade_cli::out!("{}", render_tool(t));
+        palisade_cli::out!("{}", render_tool(t, policy.as_deref()));
     }
     match name {
         Some(n) if !found => fail(ErrorKind::InvalidRequest, format!("no tool {n:?} is declared")),

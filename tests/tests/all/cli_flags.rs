@@ -431,3 +431,24 @@ fn a_closed_pipe_ends_quietly_and_an_interrupt_exits_130() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
     assert_eq!(v["result"]["status"], "cancelled", "{v}");
 }
+
+/// `palisade tools show --policy FILE` names a Draft tool's approval with
+/// the same `--policy`: the hint works as printed.
+#[test]
+fn the_approval_hint_of_a_tool_keeps_its_policy() {
+    let ws = project();
+    let policy = ws.join("tools.toml");
+    std::fs::write(&policy, "[tools.lint]\npreset = \"code_analyzer\"\n").unwrap();
+    let (_journal, path) = scratch_journal(None);
+    let o = std::process::Command::new(bin("palisade"))
+        .args(["tools", "show", "--policy", policy.to_str().unwrap()])
+        .current_dir(ws.path())
+        .env("PALISADE_STATE", state_beside(&path))
+        .env("PALISADE_JOURNAL", &path)
+        .output()
+        .unwrap();
+    let (code, out, err) = status(&o);
+    assert_eq!(code, Some(0), "{err}");
+    let hint = format!("approve it (an approver): palisade tools approve lint --policy {}", policy.display());
+    assert!(out.contains("tool lint: draft") && out.contains(&hint), "{out}");
+}
