@@ -101,18 +101,7 @@ impl Render {
                 }
                 ended => {
                     let kind = ended.error_kind().unwrap_or(ErrorKind::RuntimeFailure);
-                    let limits = &r.attestation.enforcement;
-                    let message = match ended {
-                        RunStatus::QuotaExceeded => format!(
-                            "output exceeded its quota of {} bytes (max_output_bytes; --max-output); killed",
-                            limits.max_output_bytes
-                        ),
-                        RunStatus::TimedOut => format!(
-                            "killed at the deadline of {} s (max_execution_time; --timeout)",
-                            limits.deadline_secs
-                        ),
-                        other => ended_by_palisade(other).to_string(),
-                    };
+                    let message = ended_by_palisade(&r);
                     quiet_fail(self.json, kind, message)
                 }
             },
@@ -125,15 +114,21 @@ impl Render {
 pub const EXIT_INTERRUPTED: i32 = 130;
 
 /// What the CLI says of a run palisade ended (its kind is
-/// [`RunStatus::error_kind`]'s).
-pub fn ended_by_palisade(status: RunStatus) -> &'static str {
-    match status {
-        RunStatus::TimedOut => "killed at the deadline",
-        RunStatus::QuotaExceeded => "output exceeded its quota; killed",
-        RunStatus::MemoryLimitExceeded => "killed by the memory limit",
-        RunStatus::DiskLimitExceeded => "the run's writes filled their bound; none was kept",
-        RunStatus::Cancelled => "the run was cancelled",
-        RunStatus::Exited { .. } | RunStatus::Signaled { .. } => "the command ended by itself",
+/// [`RunStatus::error_kind`]'s): the limit it passed names its value and key.
+pub fn ended_by_palisade(r: &RunResult) -> String {
+    let limits = &r.attestation.enforcement;
+    match r.status {
+        RunStatus::TimedOut => {
+            format!("killed at the deadline of {} s (max_execution_time; --timeout)", limits.deadline_secs)
+        }
+        RunStatus::QuotaExceeded => format!(
+            "output exceeded its quota of {} bytes (max_output_bytes; --max-output); killed",
+            limits.max_output_bytes
+        ),
+        RunStatus::MemoryLimitExceeded => "killed by the memory limit".into(),
+        RunStatus::DiskLimitExceeded => "the run's writes filled their bound; none was kept".into(),
+        RunStatus::Cancelled => "the run was cancelled".into(),
+        RunStatus::Exited { .. } | RunStatus::Signaled { .. } => "the command ended by itself".into(),
     }
 }
 

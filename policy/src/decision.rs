@@ -363,8 +363,12 @@ impl Policy {
         seatbelt_network(&host.capabilities, &profile.capabilities.network)?;
         let mut grants = self.grants(&profile, &dirs, ctx, tier, &host.owned)?;
         asks::check_paths(&profile, req, &dirs, &grants, host)?;
+        // The command's chain (its executable, each `#!` interpreter), read
+        // once: what the toolchains grant and what the executable's check sees.
+        let chain = req.argv.first().and_then(|c| resolve_program(files, c, &dirs.cwd).ok());
+        let chain = chain.map_or_else(Vec::new, |program| toolchains::chain(files, &program));
         if profile.toolchains {
-            self.grant_toolchains(host, req, &dirs, ctx.requester.uid, &mut grants);
+            self.grant_toolchains(host, &chain, &dirs, ctx.requester.uid, &mut grants);
         }
         let mut view = SandboxView::new(req, &dirs, &grants, &profile);
         if profile.git_identity && profile.capabilities.environment != EnvironmentCapability::None {
@@ -379,7 +383,7 @@ impl Policy {
             view.env.retain(|(k, _)| !EgressPlan::env().iter().any(|(p, _)| p == k));
             view.env.extend(EgressPlan::env());
         }
-        let program = self.executable(host, req, &view, &grants, &profile)?;
+        let program = self.executable(host, req, &view, &grants, &profile, chain)?;
         self.check_interpreters(files, req, &program, &profile)?;
         self.check_scope(host, req, &dirs, &view, &grants)?;
         validate::check_patterns(&self.rules, &req.argv)?;
@@ -740,6 +744,7 @@ impl Policy {
         view: &SandboxView,
         grants: &Grants,
         profile: &Profile,
+        chain: Vec<PathBuf>,
     ) -> Result<PathBuf, Denial> {
         let program = resolve_program(&*host.files, &req.argv[0], &view.cwd)?;
         let mut exec_roots: Vec<&PathBuf> = host.layout.canonical.iter().chain(&grants.read_only).collect();
@@ -755,7 +760,9 @@ impl Policy {
                 denial.with_fix(Some(format!("--read-only {dir}")), format!("read_only = [\"{dir}\"]"))
             );
         }
-        let chain = toolchains::chain(&*host.files, &program);
+        // Read already, unless the sandbox's cwd finds another program.
+        let chain =
+            if chain.first() == Some(&program) { chain } else { toolchains::chain(&*host.files, &program) };
         if let Some(hidden) = chain.iter().skip(1).find(|i| !exec_roots.iter().any(|r| i.starts_with(r))) {
             let home = req.env.get("HOME").map(PathBuf::from);
             let show = toolchains::roots(hidden, home.as_deref(), true).swap_remove(0);
@@ -776,30 +783,27 @@ impl Policy {
     }
 
     /// Makes the command's toolchain visible read-only: for each link of
-    /// its chain (the executable, its `#!` interpreters) that the sandbox
+    /// its `chain` (the executable, its `#!` interpreters) that the sandbox
     /// would not see, the directories it is installed in, unless one is
     /// sensitive or the broker's own (the executable's check then says
     /// what stays hidden).
     fn grant_toolchains(
         &self,
         host: &Host,
-        req: &RunRequest,
+        chain: &[PathBuf],
         dirs: &RequestDirs,
         uid: u32,
         grants: &mut Grants,
     ) {
-        let Some(Ok(program)) = req.argv.first().map(|c| resolve_program(&*host.files, c, &dirs.cwd)) else {
-            return;
-        };
         let seen = |p: &Path, g: &Grants| {
             host.layout.canonical.iter().chain(&g.read_only).chain(&g.read_write).any(|r| p.starts_with(r))
         };
         let home = dirs.home.as_deref();
-        for (i, link) in toolchains::chain(&*host.files, &program).into_iter().enumerate() {
-            if seen(&link, grants) {
+        for (i, link) in chain.iter().enumerate() {
+            if seen(link, grants) {
                 continue;
             }
-            for root in toolchains::roots(&link, home, i > 0) {
+            for root in toolchains::roots(link, home, i > 0) {
                 let granted = self.granted_path(&root.to_string_lossy(), false, home, uid);
                 if let Ok(Some(p)) = granted {
                     if check_not_owned(&p, &host.owned).is_ok() {

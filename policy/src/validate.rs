@@ -852,11 +852,13 @@ pub fn check_scope(
             let resolved = paths::resolve(candidate, cwd, home);
             let raw = paths::resolve_lexically(candidate, cwd, home);
             if rules.sensitive(&resolved, home) || rules.sensitive(&raw, home) {
-                let what = match sensitive_word(rules, candidate, cwd, home) {
-                    // An inline script is not a path: the word of it that names one.
-                    Some("") => "an inline script names a sensitive path".to_string(),
-                    Some(word) => format!("the inline script names {word}, a sensitive path"),
-                    None => format!("{candidate} ({}) is a sensitive path", resolved.display()),
+                // An inline script is not a path: the word of it that names one.
+                let what = if !candidate.contains(char::is_whitespace) {
+                    format!("{candidate} ({}) is a sensitive path", resolved.display())
+                } else if let Some(word) = sensitive_word(rules, candidate, cwd, home) {
+                    format!("the inline script names {word}, a sensitive path")
+                } else {
+                    "an inline script names a sensitive path".to_string()
                 };
                 let why = format!("{what}: sensitive paths are never granted, by any flag or key");
                 return Err(deny(ErrorKind::WorkspaceScopeDenied, "scope.sensitive_path", why));
@@ -884,19 +886,14 @@ pub fn check_scope(
 }
 
 /// The word of an argument holding whitespace (an inline script, a
-/// sentence) that names a sensitive path, if it is one.
+/// sentence) that names a sensitive path, if one does by itself.
 fn sensitive_word<'a>(rules: &Rules, arg: &'a str, cwd: &Path, home: Option<&Path>) -> Option<&'a str> {
-    if !arg.contains(char::is_whitespace) {
-        return None;
-    }
-    let words = arg.split(|c: char| c.is_whitespace() || ";|&<>()'\"`=".contains(c));
-    words
-        .filter(|w| !w.is_empty())
-        .find(|w| {
-            rules.sensitive(&paths::resolve(w, cwd, home), home)
-                || rules.sensitive(&paths::resolve_lexically(w, cwd, home), home)
-        })
-        .or(Some(""))
+    let mut words = arg.split(|c: char| c.is_whitespace() || ";|&<>()'\"`=".contains(c));
+    words.find(|w| {
+        !w.is_empty()
+            && (rules.sensitive(&paths::resolve(w, cwd, home), home)
+                || rules.sensitive(&paths::resolve_lexically(w, cwd, home), home))
+    })
 }
 
 /// Blocked command patterns, over the whole command line.

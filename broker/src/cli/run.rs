@@ -17,13 +17,7 @@ pub fn edit(
     use palisade_policy::capabilities::NetworkCapability;
     // The person running the CLI owns this policy: its refusals name the flags.
     config.own = true;
-    let profile = match &flags.profile {
-        None => &mut config.defaults,
-        Some(name) => config
-            .profiles
-            .get_mut(name)
-            .ok_or_else(|| format!("--profile {name}: the policy declares no [profiles.{name}]"))?,
-    };
+    let profile = profile_mut(config, flags.profile.as_deref())?;
     profile.allow_interpreters |= flags.allow_interpreters;
     profile.allow_inline_code |= flags.allow_inline_code;
     if !flags.allow_domains.is_empty() {
@@ -60,16 +54,11 @@ pub fn edit(
 /// `max_output_ceiling_bytes`); past one, or 0, the run is refused, naming
 /// the ceiling. Never capped silently.
 pub fn raise_limits(args: &RunArgs, config: &mut palisade_policy::Config) -> Result<(), String> {
-    let Some(profile) = (match &args.sandbox.profile {
-        None => Some(&mut config.defaults),
-        Some(name) => config.profiles.get_mut(name),
-    }) else {
-        return Ok(());
-    };
     // A declared tool keeps its own limits: its request is checked against them.
     if args.tool.is_some() {
         return Ok(());
     }
+    let profile = profile_mut(config, args.sandbox.profile.as_deref())?;
     let table = args.sandbox.profile.as_ref().map_or("[defaults]".to_string(), |p| format!("[profiles.{p}]"));
     for (flag, asked, value, ceiling, key) in [
         (
@@ -99,6 +88,20 @@ pub fn raise_limits(args: &RunArgs, config: &mut palisade_policy::Config) -> Res
         }
     }
     Ok(())
+}
+
+/// The profile `--profile` names (`[defaults]` without it), to edit.
+fn profile_mut<'a>(
+    config: &'a mut palisade_policy::Config,
+    name: Option<&str>,
+) -> Result<&'a mut palisade_policy::config::DefaultProfile, String> {
+    match name {
+        None => Ok(&mut config.defaults),
+        Some(name) => config
+            .profiles
+            .get_mut(name)
+            .ok_or_else(|| format!("--profile {name}: the policy declares no [profiles.{name}]")),
+    }
 }
 
 /// A run's messages, shown by `Render` as the embedded broker sends them.
