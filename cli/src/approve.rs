@@ -4,8 +4,11 @@
 
 use crate::client::ClientError;
 use crate::discovery::{BrokerArgs, Route};
+use crate::json_fail;
 use crate::render::fail;
-use palisade_protocol::wire::{ClientMessage, ErrorKind, PendingApproval, ServerMessage, ToolInfo};
+use palisade_protocol::wire::{
+    ClientMessage, ErrorKind, ErrorReply, PendingApproval, ServerMessage, ToolInfo,
+};
 use std::fmt::Write;
 
 /// What a run held for approval is about to do, one item a line.
@@ -65,26 +68,31 @@ fn shell_words(argv: &[String]) -> String {
 /// One request to the running broker (the user's own, else the system
 /// broker: see `discovery`); its reply, or the exit status of a failure.
 pub fn ask_broker(args: &BrokerArgs, msg: &ClientMessage) -> Result<ServerMessage, i32> {
+    ask(args, msg).map_err(|e| fail(e.kind, e.message))
+}
+
+/// As [`ask_broker`], the error as the broker (or its absence) gave it.
+pub fn ask(args: &BrokerArgs, msg: &ClientMessage) -> Result<ServerMessage, ErrorReply> {
     let mut found = match crate::discovery::find(args.socket.as_deref(), false) {
         Ok(Route::Broker(found)) => found,
         Ok(Route::Embedded { tried }) => {
-            return Err(fail(ErrorKind::Unavailable, format!("no broker answers on {tried}")));
+            return Err(ErrorReply::new(ErrorKind::Unavailable, format!("no broker answers on {tried}")));
         }
-        Err(e) => return Err(fail(e.kind(), e)),
+        Err(e) => return Err(ErrorReply::new(e.kind(), e.to_string())),
     };
     found.client.request(msg).map_err(|e| match e {
-        ClientError::Reply(e) => fail(e.kind, e.message),
-        ClientError::Io(e) => fail(ErrorKind::Unavailable, format!("{}: {e}", found.name())),
-        e => fail(ErrorKind::ProtocolError, e),
+        ClientError::Reply(e) => e,
+        ClientError::Io(e) => ErrorReply::new(ErrorKind::Unavailable, format!("{}: {e}", found.name())),
+        e => ErrorReply::new(ErrorKind::ProtocolError, e.to_string()),
     })
 }
 
 /// `palisade approvals`.
 pub fn list(args: &BrokerArgs, json: bool) -> i32 {
-    let pending = match ask_broker(args, &ClientMessage::ListApprovals) {
+    let pending = match ask(args, &ClientMessage::ListApprovals) {
         Ok(ServerMessage::Approvals(p)) => p,
-        Ok(other) => return fail(ErrorKind::ProtocolError, format!("unexpected reply {other:?}")),
-        Err(code) => return code,
+        Ok(other) => return json_fail(json, ErrorKind::ProtocolError, format!("unexpected reply {other:?}")),
+        Err(e) => return json_fail(json, e.kind, e.message),
     };
     if json {
         crate::outln!("{}", serde_json::to_string(&pending).unwrap_or_default());

@@ -228,6 +228,10 @@ pub struct ExplainArgs {
     /// A tool parameter, NAME=PATH (repeat NAME for a list).
     #[arg(long = "param", value_name = "NAME=PATH")]
     pub params: Vec<String>,
+    /// Print the decision as one JSON object (docs/protocol.md, "Explain",
+    /// and `by`: which broker decided); an error as `{"error": ...}`.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
     /// The command and its arguments.

@@ -164,6 +164,17 @@ pub fn fail(kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
     EXIT_PALISADE
 }
 
+/// As [`fail`], or with `json` as one object on stdout,
+/// `{"error": {"kind": ..., "message": ...}}`, for a program to read.
+pub fn json_fail(json: bool, kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
+    if !json {
+        return fail(kind, message);
+    }
+    let error = palisade_protocol::wire::ErrorReply::new(kind, message.to_string());
+    outln!("{}", serde_json::json!({ "error": error }));
+    EXIT_PALISADE
+}
+
 /// The first argument of `palisaded` that makes it serve a `palisade`
 /// command line (the rest of its arguments).
 pub const HANDED_OVER: &str = "cli";

@@ -5,7 +5,8 @@
 use crate::args::{ExplainArgs, RunArgs, explain_run, request};
 use crate::client::{Client, ClientError, Event};
 use crate::discovery::{self, Found, Route, Which};
-use crate::render::{Render, fail};
+use crate::json_fail;
+use crate::render::Render;
 use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest, Stream};
 use std::ffi::OsString;
 use std::io::Write;
@@ -48,14 +49,14 @@ pub fn explain(args: ExplainArgs, argv: &[OsString]) -> i32 {
     match discovery::find(args.socket.as_deref(), true) {
         Ok(Route::Broker(found)) => explain_by(found, args),
         Ok(Route::Embedded { .. }) => crate::hand_over(argv),
-        Err(e) => fail(e.kind(), e),
+        Err(e) => json_fail(args.json, e.kind(), e),
     }
 }
 
 /// `palisade explain` through the broker `found`: its policy decides.
 pub fn explain_by(found: Found, args: ExplainArgs) -> i32 {
     let name = found.name();
-    let (mut client, socket) = (found.client, found.socket);
+    let (mut client, socket, json) = (found.client, found.socket, args.json);
     let run_args = RunArgs {
         workspace: args.workspace,
         tool: args.tool,
@@ -64,20 +65,29 @@ pub fn explain_by(found: Found, args: ExplainArgs) -> i32 {
     };
     let request = match request(&run_args, false) {
         Ok(r) => r,
-        Err(e) => return fail(ErrorKind::InvalidRequest, e),
+        Err(e) => return json_fail(json, ErrorKind::InvalidRequest, e),
     };
     match client.request(&palisade_protocol::wire::ClientMessage::Explain(request)) {
-        Ok(palisade_protocol::wire::ServerMessage::Explained(e)) => show_explanation(&e, &name),
-        Ok(other) => fail(ErrorKind::RuntimeFailure, format!("the broker answered {other:?}")),
-        Err(ClientError::Reply(e)) => fail(e.kind, e.message),
-        Err(e) => fail(ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),
+        Ok(palisade_protocol::wire::ServerMessage::Explained(e)) => show_explanation(&e, &name, json),
+        Ok(other) => json_fail(json, ErrorKind::RuntimeFailure, format!("the broker answered {other:?}")),
+        Err(ClientError::Reply(e)) => json_fail(json, e.kind, e.message),
+        Err(e) => json_fail(json, ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),
     }
 }
 
-/// The decision, then which policy made it; 0 when the run is allowed.
-pub fn show_explanation(e: &palisade_protocol::wire::Explanation, by: &str) -> i32 {
-    crate::out!("{}", e.text);
-    crate::outln!("policy:   {} ({by})", e.policy);
+/// The decision, then which policy made it (`by`: which broker); 0 when
+/// the run is allowed. `json`: as one object, the explanation's fields and `by`.
+pub fn show_explanation(e: &palisade_protocol::wire::Explanation, by: &str, json: bool) -> i32 {
+    if json {
+        let mut value = serde_json::to_value(e).unwrap_or_default();
+        if let Some(object) = value.as_object_mut() {
+            object.insert("by".into(), by.into());
+        }
+        crate::outln!("{value}");
+    } else {
+        crate::out!("{}", e.text);
+        crate::outln!("policy:   {} ({by})", e.policy);
+    }
     if e.decision == "allow" { 0 } else { 1 }
 }
 

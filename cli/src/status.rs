@@ -1,17 +1,17 @@
 //! `palisade status`: the running broker's state, as its `Status` answer gives it.
 
-use crate::approve::ask_broker;
+use crate::approve::ask;
 use crate::discovery::BrokerArgs;
-use crate::render::fail;
+use crate::json_fail;
 use palisade_protocol::wire::{BrokerStatus, ClientMessage, ErrorKind, ServerMessage};
 use std::fmt::Write;
 
 /// `palisade status [--socket S] [--json]`.
 pub fn status(args: &BrokerArgs, json: bool) -> i32 {
-    let status = match ask_broker(args, &ClientMessage::Status) {
+    let status = match ask(args, &ClientMessage::Status) {
         Ok(ServerMessage::Status(s)) => s,
-        Ok(other) => return fail(ErrorKind::ProtocolError, format!("unexpected reply {other:?}")),
-        Err(code) => return code,
+        Ok(other) => return json_fail(json, ErrorKind::ProtocolError, format!("unexpected reply {other:?}")),
+        Err(e) => return json_fail(json, e.kind, e.message),
     };
     if json {
         crate::outln!("{}", serde_json::to_string(&status).unwrap_or_default());

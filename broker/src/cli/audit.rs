@@ -3,6 +3,7 @@
 
 use crate::journal::{self, Record, verify};
 use clap::{Args, Subcommand};
+use palisade_protocol::wire::{ErrorKind, ErrorReply};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -174,6 +175,12 @@ impl JournalDir {
 }
 
 pub fn main(command: AuditCommand) -> i32 {
+    let json = match &command {
+        AuditCommand::Verify { json, .. }
+        | AuditCommand::Head { json, .. }
+        | AuditCommand::Show { json, .. }
+        | AuditCommand::Tail { json, .. } => *json,
+    };
     let done = match command {
         AuditCommand::Verify { head, allow_pruned, at, json } => {
             return verify_journal(&at, head.as_deref(), allow_pruned, json);
@@ -186,6 +193,11 @@ pub fn main(command: AuditCommand) -> i32 {
     };
     match done {
         Ok(()) => 0,
+        Err(e) if json => {
+            let error = ErrorReply::new(ErrorKind::JournalUnavailable, e);
+            palisade_cli::outln!("{}", serde_json::json!({ "error": error }));
+            EXIT_UNREADABLE
+        }
         Err(e) => {
             eprintln!("palisade audit: {e}");
             EXIT_UNREADABLE

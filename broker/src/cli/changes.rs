@@ -8,8 +8,9 @@ use crate::cli::discovery::Route;
 use crate::cli::run::EXIT_PALISADE;
 use crate::host::requester::Requester;
 use clap::Subcommand;
+use palisade_cli::json_fail;
 use palisade_policy::Config;
-use palisade_protocol::wire::{ChangeSetInfo, ClientMessage, ErrorKind, ServerMessage};
+use palisade_protocol::wire::{ChangeSetInfo, ClientMessage, ErrorKind, ErrorReply, ServerMessage};
 use std::path::PathBuf;
 
 #[derive(Subcommand, Debug)]
@@ -88,11 +89,11 @@ pub fn main(command: ChangesCommand) -> i32 {
     };
     let reply = match ask(&at, message) {
         Ok(r) => r,
-        Err(code) => return code,
+        Err(e) => return json_fail(at.json, e.kind, e.message),
     };
     if at.json {
         return match reply {
-            ServerMessage::Error(e) => fail(e.kind, e.message),
+            ServerMessage::Error(e) => json_fail(true, e.kind, e.message),
             other => {
                 palisade_cli::outln!("{}", serde_json::to_string(&reply_value(&other)).unwrap_or_default());
                 0
@@ -124,7 +125,7 @@ fn reply_value(reply: &ServerMessage) -> serde_json::Value {
 }
 
 /// The reply of the running broker; else of the embedded broker's store.
-fn ask(at: &At, message: ClientMessage) -> Result<ServerMessage, i32> {
+fn ask(at: &At, message: ClientMessage) -> Result<ServerMessage, ErrorReply> {
     if at.policy.is_none() {
         // Only the user's own change sets are read here without a broker:
         // nothing runs, so a required system broker does not stop it.
@@ -133,21 +134,21 @@ fn ask(at: &At, message: ClientMessage) -> Result<ServerMessage, i32> {
                 return match found.client.request(&message) {
                     Ok(r) => Ok(r),
                     Err(ClientError::Reply(e)) => Ok(ServerMessage::Error(e)),
-                    Err(e) => Err(fail(ErrorKind::Unavailable, format!("{}: {e}", found.name()))),
+                    Err(e) => Err(ErrorReply::new(ErrorKind::Unavailable, format!("{}: {e}", found.name()))),
                 };
             }
             Ok(Route::Embedded { .. }) => {}
-            Err(e) => return Err(fail(e.kind(), e)),
+            Err(e) => return Err(ErrorReply::new(e.kind(), e.to_string())),
         }
     }
     let config = match at.policy.as_deref().map(Config::load).transpose() {
         Ok(c) => c.unwrap_or_default(),
-        Err(e) => return Err(fail(ErrorKind::InvalidRequest, e)),
+        Err(e) => return Err(ErrorReply::new(ErrorKind::InvalidRequest, e.to_string())),
     };
-    let store =
-        crate::engine::linux::changes_store(&config).map_err(|e| fail(ErrorKind::RuntimeFailure, e))?;
-    let journal =
-        crate::journal::Journal::from_config(&config).map_err(|e| fail(ErrorKind::JournalUnavailable, e))?;
+    let store = crate::engine::linux::changes_store(&config)
+        .map_err(|e| ErrorReply::new(ErrorKind::RuntimeFailure, e))?;
+    let journal = crate::journal::Journal::from_config(&config)
+        .map_err(|e| ErrorReply::new(ErrorKind::JournalUnavailable, e))?;
     // The embedded broker's user is the person at this terminal.
     Ok(crate::changes::review::serve(&store, &journal, &Requester::me(), true, message))
 }

@@ -11,6 +11,7 @@ use crate::decide::service::Broker;
 use crate::host::requester::Peer;
 use clap::{Parser, Subcommand};
 use palisade_cli::args::{ExplainArgs, explain_run};
+use palisade_cli::json_fail;
 use palisade_cli::run::{explain_by, show_explanation, terminal_answer, via_socket};
 use palisade_policy::Config;
 use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest};
@@ -44,6 +45,9 @@ pub enum Command {
         /// Policy file (for cgroup_root, require_cgroup and the fallback policy).
         #[arg(long, value_name = "FILE")]
         policy: Option<PathBuf>,
+        /// Print it as one JSON object (docs/cli.md lists its fields).
+        #[arg(long)]
+        json: bool,
     },
     /// List the runs waiting for an approval: all of them for an approver,
     /// your own otherwise. Exits 0, or 125 when the broker cannot be asked.
@@ -144,14 +148,18 @@ pub fn main(cli: Cli) -> i32 {
         Command::Run(args) => run(args),
         Command::Explain(args) => explain(args),
         Command::Audit(command) => crate::cli::audit::main(command),
-        Command::Doctor { policy } => {
+        Command::Doctor { policy, json } => {
             let config = match policy.as_deref().map(Config::load).transpose() {
                 Ok(c) => c.unwrap_or_default(),
-                Err(e) => return fail(ErrorKind::InvalidRequest, e),
+                Err(e) => return json_fail(json, ErrorKind::InvalidRequest, e),
             };
-            let (text, complete) = crate::cli::doctor::report(&config);
-            palisade_cli::out!("{text}");
-            if complete { 0 } else { 1 }
+            let report = crate::cli::doctor::report(&config);
+            if json {
+                palisade_cli::outln!("{}", serde_json::to_string(&report).unwrap_or_default());
+            } else {
+                palisade_cli::out!("{}", report.text());
+            }
+            if report.complete { 0 } else { 1 }
         }
         Command::Approvals { broker, json } => palisade_cli::approve::list(&broker, json),
         Command::Approve { id, broker } => palisade_cli::approve::answer(&broker, id, true, None),
@@ -165,17 +173,18 @@ pub fn main(cli: Cli) -> i32 {
 }
 
 fn explain(args: ExplainArgs) -> i32 {
+    let json = args.json;
     let mut by = "decided here".to_string();
     if args.policy.is_none() {
         match discovery::find(args.socket.as_deref(), true) {
             Ok(Route::Broker(found)) => return explain_by(found, args),
             Ok(Route::Embedded { tried }) => by = format!("no broker answers on {tried}: decided here"),
-            Err(e) => return fail(e.kind(), e),
+            Err(e) => return json_fail(json, e.kind(), e),
         }
     }
     let mut config = match args.policy.as_deref().map(Config::load).transpose() {
         Ok(c) => c.unwrap_or_default(),
-        Err(e) => return fail(ErrorKind::InvalidRequest, e),
+        Err(e) => return json_fail(json, ErrorKind::InvalidRequest, e),
     };
     // Nothing is written: the /etc entries are shown bound one by one, as the
     // CLI's embedded broker binds them (palisaded binds a copy of the same),
@@ -195,21 +204,21 @@ fn explain(args: ExplainArgs) -> i32 {
         .and_then(|cwd| crate::cli::run::edit(&run_args.sandbox, &mut config, &cwd))
         .and_then(|()| crate::cli::run::raise_limits(&run_args, &mut config));
     if let Err(e) = edited {
-        return fail(ErrorKind::InvalidRequest, e);
+        return json_fail(json, ErrorKind::InvalidRequest, e);
     }
     let request = match request(&run_args, false) {
         Ok(r) => r,
-        Err(e) => return fail(ErrorKind::InvalidRequest, e),
+        Err(e) => return json_fail(json, ErrorKind::InvalidRequest, e),
     };
     let broker = match Broker::assemble(config, None) {
         Ok(b) => b,
-        Err(e) => return fail(ErrorKind::RuntimeFailure, e),
+        Err(e) => return json_fail(json, ErrorKind::RuntimeFailure, e),
     };
     let settings = broker.settings();
     let decision = settings.policy.decide(&broker.host(&broker.context), &broker.context, &request);
     let source = settings.config().source_name();
     let explained = palisade_policy::explain::explanation(&decision, source);
-    show_explanation(&explained, &by)
+    show_explanation(&explained, &by, json)
 }
 
 fn run(args: RunArgs) -> i32 {

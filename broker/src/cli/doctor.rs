@@ -50,14 +50,89 @@ fn apparmor_userns(restrict: Option<&str>, profiles: Option<&str>, helper: &std:
     }
 }
 
-/// The report, and whether every mechanism of Tier C is there.
-pub fn report(config: &Config) -> (String, bool) {
-    let mut out = String::new();
-    let uname = nix::sys::utsname::uname().ok();
-    let release = uname.as_ref().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
-    let _ = writeln!(out, "kernel:           Linux {release} ({})", std::env::consts::ARCH);
+/// What `palisade doctor` found: printed as text, or as one JSON object
+/// with `--json` (docs/cli.md lists the fields).
+#[derive(serde::Serialize, Debug)]
+pub struct Report {
+    /// `uname -r`, and the machine (`x86_64`, `aarch64`).
+    pub kernel: String,
+    pub arch: &'static str,
+    /// Whether runs get user namespaces (there and not turned off), and why.
+    pub user_namespaces: bool,
+    pub user_namespaces_detail: Vec<String>,
+    /// The kernel's Landlock ABI (0: none) and what it covers.
+    pub landlock_abi: u32,
+    pub landlock_detail: String,
+    pub seccomp: bool,
+    pub overlay: bool,
+    /// The host's cgroup layout, and the cgroup runs get.
+    pub cgroups: String,
+    pub cgroup_for_runs: bool,
+    pub cgroup_detail: String,
+    /// Without a cgroup for runs: what happens, and the lines that give one.
+    pub cgroup_fix: Vec<String>,
+    /// The tier runs get (`linux-tier-c: ...`), and whether it is Tier C.
+    pub tier: String,
+    pub tier_c: bool,
+    pub warm_pool: String,
+    /// Every mechanism Tier C needs is there (the exit status is 0).
+    pub complete: bool,
+}
 
-    let userns = host::user_namespaces();
+/// What this host can enforce under `config`.
+pub fn report(config: &Config) -> Report {
+    let uname = nix::sys::utsname::uname().ok();
+    let kernel = uname.as_ref().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
+    let available = host::user_namespaces();
+    let detail = userns_detail(config);
+    let user_namespaces = available && config.broker.user_namespaces;
+    let abi = host::landlock_abi();
+    let landlock_detail = if abi == 0 {
+        "unavailable (not built in, or not in the lsm= list)".to_string()
+    } else {
+        format!("ABI {abi}: {}", LandlockFeatures::supported_by_abi(abi))
+    };
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let seccomp = status.lines().any(|l| l.starts_with("Seccomp:"));
+    let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    let overlay = filesystems.lines().any(|l| l.split_whitespace().last() == Some("overlay"));
+    let cgroups = Cgroups::discover(config.broker.cgroup_root.as_deref(), false);
+    let layout = Cgroups::host_layout();
+    let cgroup_fix = match cgroups.available() {
+        Ok(()) => Vec::new(),
+        Err(_) => {
+            let refused = if config.policy.require_cgroup {
+                "require_cgroup is set: runs will be refused"
+            } else {
+                "require_cgroup is off"
+            };
+            let first = format!("limits fall back to rlimits (a process tree can exceed them); {refused}");
+            std::iter::once(first).chain(cgroup_lines(&layout)).collect()
+        }
+    };
+    let tier_c = user_namespaces && seccomp;
+    Report {
+        kernel,
+        arch: std::env::consts::ARCH,
+        user_namespaces: available,
+        user_namespaces_detail: detail,
+        landlock_abi: abi,
+        landlock_detail,
+        seccomp,
+        overlay,
+        cgroups: layout,
+        cgroup_for_runs: cgroups.available().is_ok(),
+        cgroup_detail: cgroups.description.clone(),
+        cgroup_fix,
+        tier: tier(config, tier_c),
+        tier_c,
+        warm_pool: warm_pool(config, &cgroups, tier_c),
+        complete: tier_c && abi > 0,
+    }
+}
+
+/// What decides whether the helper may make user namespaces here.
+fn userns_detail(config: &Config) -> Vec<String> {
     let mut why = vec![];
     if let Some(v) = sysctl("kernel.unprivileged_userns_clone") {
         why.push(format!("kernel.unprivileged_userns_clone={v}"));
@@ -74,80 +149,50 @@ pub fn report(config: &Config) -> (String, bool) {
     if !config.broker.user_namespaces {
         why.push("not used: [broker] user_namespaces = false".into());
     }
-    let _ = writeln!(
-        out,
-        "user namespaces:  {} ({})",
-        if userns { "available" } else { "unavailable" },
-        why.join("; ")
-    );
-    let userns = userns && config.broker.user_namespaces;
+    why
+}
 
-    let abi = host::landlock_abi();
-    let _ = writeln!(
-        out,
-        "landlock:         {}",
-        if abi == 0 {
-            "unavailable (not built in, or not in the lsm= list)".to_string()
-        } else {
-            format!("ABI {abi}: {}", LandlockFeatures::supported_by_abi(abi))
+/// The tier runs get, with Tier C's mechanisms there or not.
+fn tier(config: &Config, tier_c: bool) -> String {
+    if tier_c {
+        return "linux-tier-c: namespaces, private root, Landlock, seccomp, rlimits".into();
+    }
+    match config.policy.fallback {
+        FallbackPolicy::Deny => {
+            "none: Tier C is unavailable and the fallback policy is deny (runs are refused)".into()
         }
-    );
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let seccomp = status.lines().any(|l| l.starts_with("Seccomp:"));
-    let _ = writeln!(
-        out,
-        "seccomp:          {}",
-        if seccomp { "available (filter mode)" } else { "unavailable" }
-    );
+        FallbackPolicy::RequestApproval => "linux-tier-b after approval (fallback = request_approval)".into(),
+        FallbackPolicy::WarnAndExecute => {
+            "linux-tier-b: Landlock, seccomp, rlimits, no namespaces (fallback = warn_and_execute)".into()
+        }
+    }
+}
 
-    let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
-    let overlay = filesystems.lines().any(|l| l.split_whitespace().last() == Some("overlay"));
-    let _ = writeln!(
-        out,
-        "overlay:          {}",
-        if overlay {
+impl Report {
+    /// The report as a person reads it, one line per mechanism.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "kernel:           Linux {} ({})", self.kernel, self.arch);
+        let userns = if self.user_namespaces { "available" } else { "unavailable" };
+        let _ = writeln!(out, "user namespaces:  {userns} ({})", self.user_namespaces_detail.join("; "));
+        let _ = writeln!(out, "landlock:         {}", self.landlock_detail);
+        let seccomp = if self.seccomp { "available (filter mode)" } else { "unavailable" };
+        let _ = writeln!(out, "seccomp:          {seccomp}");
+        let overlay = if self.overlay {
             "available (disk = \"overlay\" bounds a run's writes to its workspace)"
         } else {
             "not loaded (disk = \"overlay\" needs it: modprobe overlay, or set disk = \"direct\")"
-        }
-    );
-    let _ = writeln!(out, "cgroups:          {}", Cgroups::host_layout());
-    let cgroups = Cgroups::discover(config.broker.cgroup_root.as_deref(), false);
-    let _ = writeln!(out, "cgroup for runs:  {}", cgroups.description);
-    if cgroups.available().is_err() {
-        let _ = writeln!(
-            out,
-            "                  limits fall back to rlimits (a process tree can exceed them); {}",
-            if config.policy.require_cgroup {
-                "require_cgroup is set: runs will be refused"
-            } else {
-                "require_cgroup is off"
-            }
-        );
-        for line in cgroup_lines(&Cgroups::host_layout()) {
+        };
+        let _ = writeln!(out, "overlay:          {overlay}");
+        let _ = writeln!(out, "cgroups:          {}", self.cgroups);
+        let _ = writeln!(out, "cgroup for runs:  {}", self.cgroup_detail);
+        for line in &self.cgroup_fix {
             let _ = writeln!(out, "                  {line}");
         }
+        let _ = writeln!(out, "tier:             {}", self.tier);
+        let _ = writeln!(out, "warm pool:        {}", self.warm_pool);
+        out
     }
-
-    let tier_c = userns && seccomp;
-    let tier = if tier_c {
-        "linux-tier-c: namespaces, private root, Landlock, seccomp, rlimits".to_string()
-    } else {
-        match config.policy.fallback {
-            FallbackPolicy::Deny => {
-                "none: Tier C is unavailable and the fallback policy is deny (runs are refused)".into()
-            }
-            FallbackPolicy::RequestApproval => {
-                "linux-tier-b after approval (fallback = request_approval)".into()
-            }
-            FallbackPolicy::WarnAndExecute => {
-                "linux-tier-b: Landlock, seccomp, rlimits, no namespaces (fallback = warn_and_execute)".into()
-            }
-        }
-    };
-    let _ = writeln!(out, "tier:             {tier}");
-    let _ = writeln!(out, "warm pool:        {}", warm_pool(config, &cgroups, tier_c));
-    (out, tier_c && abi > 0)
 }
 
 /// What gives runs a cgroup on a host of this `layout` ([`Cgroups::host_layout`]):

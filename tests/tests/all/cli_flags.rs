@@ -452,3 +452,70 @@ fn the_approval_hint_of_a_tool_keeps_its_policy() {
     let hint = format!("approve it (an approver): palisade tools approve lint --policy {}", policy.display());
     assert!(out.contains("tool lint: draft") && out.contains(&hint), "{out}");
 }
+
+/// `palisade CMD ARGS`, no command after `--`, with the environment of
+/// [`palisade_cli`]; the output.
+fn palisade_plain(cwd: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let (_journal, path) = scratch_journal(None);
+    std::process::Command::new(bin("palisade"))
+        .args(args)
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::null())
+        .env("PALISADE_STATE", state_beside(&path))
+        .env("PALISADE_JOURNAL", path)
+        .output()
+        .unwrap()
+}
+
+/// One JSON object (or array) on stdout, whatever the exit status.
+fn json_of(o: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", text(&o.stdout), text(&o.stderr)))
+}
+
+/// `doctor`, `explain`, `approvals`, `changes` and `audit` print JSON with
+/// `--json`, errors included (`{"error": {"kind", "message"}}`), where
+/// without it they print text for a person.
+#[test]
+fn the_report_commands_print_json_when_asked() {
+    let d = Daemon::start("[profiles.py]\nallow_interpreters = true\n");
+    let ws = project();
+    let socket = d.socket.to_str().unwrap();
+    let doctor = palisade_plain(ws.path(), &["doctor", "--json"]);
+    let v = json_of(&doctor);
+    assert_eq!(v["complete"].as_bool().map(|c| if c { 0 } else { 1 }), doctor.status.code(), "{v}");
+    assert!(v["tier"].as_str().is_some_and(|t| t.starts_with("linux-tier")), "{v}");
+    assert!(!text(&palisade_plain(ws.path(), &["doctor"]).stdout).starts_with('{'));
+
+    let explain = |pre: &[&str]| palisade_cli(ws.path(), pre, &["python3", "t.py"], None);
+    let o = explain(&["explain", "--json", "--socket", socket, "--profile", "py"]);
+    let v = json_of(&o);
+    assert_eq!((o.status.code(), v["decision"].as_str()), (Some(0), Some("allow")), "{v}");
+    assert_eq!(v["by"], format!("the broker on {socket}"), "{v}");
+    let o = explain(&["explain", "--json", "--socket", socket]);
+    let v = json_of(&o);
+    assert_eq!((o.status.code(), v["rule"].as_str()), (Some(1), Some("interpreters.denied")), "{v}");
+    let missing = ws.join("no-broker.sock");
+    let o = explain(&["explain", "--json", "--socket", missing.to_str().unwrap()]);
+    let v = json_of(&o);
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(o.status.code() == Some(125) && message.contains("no-broker.sock"), "{v}");
+
+    let o = palisade_plain(ws.path(), &["approvals", "--json", "--socket", socket]);
+    assert_eq!((o.status.code(), json_of(&o)), (Some(0), serde_json::json!([])));
+    for command in ["approvals", "status"] {
+        let o = palisade_plain(ws.path(), &[command, "--json", "--socket", missing.to_str().unwrap()]);
+        assert!(o.status.code() == Some(125) && json_of(&o)["error"]["kind"].is_string(), "{o:?}");
+    }
+    let o = palisade_plain(ws.path(), &["changes", "list", "--json", "--socket", socket]);
+    assert!(o.status.success() && json_of(&o).is_array(), "{o:?}");
+    let o = palisade_plain(ws.path(), &["changes", "show", "nope", "--json", "--socket", socket]);
+    let v = json_of(&o);
+    assert_eq!((o.status.code(), v["error"]["kind"].as_str()), (Some(125), Some("InvalidRequest")), "{v}");
+    let journal = d.journal();
+    let o = palisade_plain(ws.path(), &["audit", "head", "--json", "--journal", journal.to_str().unwrap()]);
+    let v = json_of(&o);
+    assert!(o.status.success() && v["seq"].is_u64() && v["hash"].is_string(), "{v}");
+    let o = palisade_plain(ws.path(), &["audit", "head", "--json", "--journal", "/nonexistent/journal"]);
+    assert_eq!(json_of(&o)["error"]["kind"], "JournalUnavailable", "{o:?}");
+}
