@@ -171,8 +171,11 @@ for b in "${binaries[@]}"; do
 done
 # The documentation, where README.md's relative links expect it (under
 # /usr/share/doc/palisade).
-docs=(README.md ARCHITECTURE.md docs/*.md docs/palisade_client.py docs/palisade.cedarschema bench/README.md
-    fuzz/README.md deploy/kubernetes/README.md deploy/kubernetes/daemonset.yaml)
+docs=(README.md ARCHITECTURE.md docs/*.md docs/palisade.cedarschema bench/README.md
+    fuzz/README.md deploy/kubernetes/README.md deploy/kubernetes/daemonset.yaml
+    clients/python/README.md clients/python/pyproject.toml clients/python/src/palisade_client/__init__.py
+    clients/python/src/palisade_client/__main__.py clients/python/src/palisade_client/py.typed
+    clients/python/tests/check_client.py)
 for f in systemd/palisade.service systemd/palisade.socket systemd/user/palisade.service \
     systemd/user/palisade.socket apparmor/palisade-helper palisade.example.toml deploy/debian/palisade.toml \
     "${docs[@]}"; do

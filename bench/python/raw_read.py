@@ -1,5 +1,5 @@
 """The anchor of the JSON client's figure: one run through the broker over
-JSON lines (its output raw after each line, as the documented client asks),
+JSON lines (its output raw after each line, as clients/python asks),
 its bytes read from the socket as they come (recv_into one buffer),
 nothing decoded, until the last line (`finished`) has arrived.
 
@@ -15,8 +15,8 @@ import sys
 path, argv = sys.argv[2], sys.argv[4:]
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 sock.connect(path)
-hello = {"hello": {"magic": "palisade", "version": 12, "encoding": "json"}}
-# The wire the documented client reads: output raw after its lines.
+hello = {"hello": {"magic": "palisade", "version": 13, "min_version": 12, "encoding": "json"}}
+# The wire clients/python reads: output raw after its lines.
 run = {"run": {"argv": argv, "cwd": os.getcwd(), "raw_output": True}}
 sock.sendall((json.dumps(hello) + "\n" + json.dumps(run) + "\n").encode())
 buf = bytearray(1 << 20)

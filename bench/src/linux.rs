@@ -533,16 +533,21 @@ fn output(opts: &Opts, d: &Daemon, ws: &Path) -> String {
     )
 }
 
-/// A client in Python over JSON lines (the documented one, which decodes
+/// A client in Python over JSON lines (clients/python's, which decodes
 /// every line and its base64), against the socket read raw by Python for
 /// the same run: what the encoding costs a client in another language.
 fn json_client(opts: &Opts, d: &Daemon, ws: &Path) -> String {
     let size: u64 = if opts.quick { 16 << 20 } else { 100 << 20 };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    // A script of the tree, or a module of the Python client (clients/python).
     let time = |script: &str, command: &[&str], expect: &dyn Fn(&[u8]) -> bool| -> f64 {
+        let mut python = Command::new("python3");
+        match script.strip_prefix("-m ") {
+            Some(module) => python.args(["-m", module]).env("PYTHONPATH", root.join("clients/python/src")),
+            None => python.arg(root.join(script)),
+        };
         let t = Instant::now();
-        let o = Command::new("python3")
-            .arg(root.join(script))
+        let o = python
             .args(["--socket", d.socket.to_str().unwrap(), "--"])
             .args(command)
             .current_dir(ws)
@@ -570,7 +575,7 @@ fn json_client(opts: &Opts, d: &Daemon, ws: &Path) -> String {
             let whole =
                 |out: &[u8]| String::from_utf8_lossy(out).trim().parse::<u64>().is_ok_and(|n| n > size);
             raw.push(time("bench/python/raw_read.py", &argv, &whole));
-            client.push(time("docs/palisade_client.py", &argv, &|out| out.len() as u64 == size));
+            client.push(time("-m palisade_client", &argv, &|out| out.len() as u64 == size));
         }
         let (raw, client) = (median(&mut raw), median(&mut client));
         rows.push_str(&format!("| {what} | {:.0} | {:.0} | {:.2} |\n", mbs(raw), mbs(client), raw / client));
@@ -578,8 +583,8 @@ fn json_client(opts: &Opts, d: &Daemon, ws: &Path) -> String {
     format!(
         "### A Python client over JSON lines ({} MiB of output; median of {rounds})\n\n\
          Python reading the socket raw (`bench/python/raw_read.py`: nothing decoded), and \
-         `docs/palisade_client.py` (each line parsed, its data decoded, written to a pipe), for the same run.\n\n\
-         | output | raw read, MB/s | documented client, MB/s | client × raw |\n|---|---:|---:|---:|\n{rows}",
+         the client of `clients/python` (each line parsed, its data decoded, written to a pipe), for the same run.\n\n\
+         | output | raw read, MB/s | Python client, MB/s | client × raw |\n|---|---:|---:|---:|\n{rows}",
         size >> 20,
     )
 }

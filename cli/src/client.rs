@@ -1,8 +1,8 @@
 //! A blocking client for the broker's socket (what the CLI uses).
 
 use palisade_protocol::wire::{
-    ClientMessage, Decoder, Encoding, ErrorReply, Hello, PendingApproval, RunRequest, RunResult,
-    ServerMessage, Stream, encode,
+    ClientMessage, Decoder, Encoding, ErrorReply, Hello, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION,
+    PendingApproval, RunRequest, RunResult, ServerMessage, Stream, encode,
 };
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -153,7 +153,13 @@ impl Client {
             self.stream.write_all(&queued).map_err(ClientError::Io)?;
         }
         match self.receive()? {
-            ServerMessage::Hello(_) => Ok(()),
+            ServerMessage::Hello(h) if (OLDEST_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&h.version) => {
+                Ok(())
+            }
+            ServerMessage::Hello(h) => Err(ClientError::Protocol(format!(
+                "the broker answered in protocol version {}; this client speaks {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}",
+                h.version
+            ))),
             ServerMessage::Error(e) => Err(ClientError::Reply(e)),
             other => Err(ClientError::Protocol(format!("expected a hello, got {other:?}"))),
         }

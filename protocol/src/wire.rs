@@ -31,8 +31,13 @@ pub const MAGIC: &str = "palisade";
 /// attestation's `seatbelt_sha256`; 9: the request's asks and `profile`,
 /// `Explain` and `Explained`; 10: the rlimit `DATA`, and `memory` naming
 /// RLIMIT_DATA and RLIMIT_AS; 11: the result's `changes`, a plugin
-/// result's `store`, `Status`).
-pub const PROTOCOL_VERSION: u32 = 12;
+/// result's `store`, `Status`; 12: the request's `no_toolchains`, the
+/// enforcement's `deadline_secs` and `max_output_bytes`; 13: the hello's
+/// `min_version`, the range a client speaks).
+pub const PROTOCOL_VERSION: u32 = 13;
+/// The oldest version a broker still speaks: the one before its own, for
+/// one release (docs/protocol.md, "Versions").
+pub const OLDEST_PROTOCOL_VERSION: u32 = 12;
 /// Largest frame (or JSON line) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
 /// Largest frame (or JSON line) of a client message other than a `run`
@@ -56,17 +61,56 @@ pub enum Encoding {
     Json,
 }
 
+/// A client's hello: it speaks the versions from `min_version` (absent:
+/// `version` alone) to `version`.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
     pub magic: String,
     pub version: u32,
     pub encoding: Encoding,
+    #[serde(default)]
+    pub min_version: Option<u32>,
 }
 
 impl Hello {
     pub fn new(encoding: Encoding) -> Hello {
-        Hello { magic: MAGIC.into(), version: PROTOCOL_VERSION, encoding }
+        Hello {
+            magic: MAGIC.into(),
+            version: PROTOCOL_VERSION,
+            encoding,
+            min_version: Some(OLDEST_PROTOCOL_VERSION),
+        }
     }
+
+    /// The highest version both this hello's client and this broker speak,
+    /// or why there is none.
+    pub fn agreed_version(&self) -> Result<u32, String> {
+        let lowest = self.min_version.unwrap_or(self.version);
+        if lowest > self.version {
+            return Err(format!("min_version {lowest} is above version {}", self.version));
+        }
+        let agreed = self.version.min(PROTOCOL_VERSION);
+        if agreed < lowest.max(OLDEST_PROTOCOL_VERSION) {
+            let theirs = if lowest == self.version {
+                format!("{lowest}")
+            } else {
+                format!("{lowest} to {}", self.version)
+            };
+            return Err(format!(
+                "protocol version {theirs} is not supported; this broker speaks {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}"
+            ));
+        }
+        Ok(agreed)
+    }
+}
+
+/// A hello of version 12 in bincode, which has no `min_version` (its
+/// fields have no names: a shorter frame). A broker reads a first frame
+/// that is not a hello of its own version as one of these.
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum HelloBeforeRanges {
+    Hello { magic: String, version: u32, encoding: Encoding },
 }
 
 /// A parameter of a declared tool: one value or a list.
@@ -1127,6 +1171,23 @@ impl Decoder {
         let end = self.end;
         self.consume(self.buffered());
         Some((stream, &self.buf[start..end], data_len - here, header))
+    }
+
+    /// The client's first message, a hello: as [`Decoder::next_message`],
+    /// and a bincode hello of version 12 (without `min_version`) too.
+    pub fn next_hello(&mut self) -> Result<Option<ClientMessage>, WireError> {
+        match self.next_message::<ClientMessage>() {
+            Err(WireError::Malformed(why)) if self.encoding == Some(Encoding::Bincode) => {
+                match self.next_message::<HelloBeforeRanges>() {
+                    Ok(Some(HelloBeforeRanges::Hello { magic, version, encoding })) => {
+                        Ok(Some(ClientMessage::Hello(Hello { magic, version, encoding, min_version: None })))
+                    }
+                    Ok(None) => Ok(None),
+                    Err(_) => Err(WireError::Malformed(why)),
+                }
+            }
+            other => other,
+        }
     }
 
     /// The next complete message, `Ok(None)` when more bytes are needed.

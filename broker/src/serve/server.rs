@@ -292,17 +292,16 @@ impl<E: Executor> Server<E> {
         let hello = tokio::time::timeout(HELLO_TIMEOUT, inbound.next()).await;
         let encoding = inbound.encoding().unwrap_or(Encoding::Bincode);
         let mut sink = SocketSink::new(writer, encoding);
-        match self.greet(&peer, hello, encoding) {
-            Ok(true) => {}
-            Ok(false) => return,
+        let version = match self.greet(&peer, hello, encoding) {
+            Ok(Some(version)) => version,
+            Ok(None) => return,
             Err(e) => {
                 sink.send(e.into()).await;
                 return;
             }
-        }
+        };
         inbound.greeted(Duration::from_secs(self.broker.settings().config().broker.frame_timeout_secs));
-        let hello =
-            ServerHello { version: PROTOCOL_VERSION, broker: self.broker.executor.broker_name(), encoding };
+        let hello = ServerHello { version, broker: self.broker.executor.broker_name(), encoding };
         let hello = ServerMessage::Hello(hello);
         // A client that sent its request behind the hello gets the hello
         // with the first reply to it.
@@ -312,22 +311,21 @@ impl<E: Executor> Server<E> {
         }
     }
 
-    /// Whether a connection goes on after its first message: a hello this
-    /// broker takes (its peer was found to be served when it arrived).
-    /// `Ok(false)`: the client left without a word.
-    fn greet(&self, peer: &Peer, hello: HelloRead, encoding: Encoding) -> Result<bool, BrokerError> {
+    /// Whether a connection goes on after its first message, and in which
+    /// version: a hello this broker takes (its peer was found to be served
+    /// when it arrived). `Ok(None)`: the client left without a word.
+    fn greet(&self, peer: &Peer, hello: HelloRead, encoding: Encoding) -> Result<Option<u32>, BrokerError> {
         let checked = match hello {
             Err(_) => Err(BrokerError::Protocol(format!("no hello within {} s", HELLO_TIMEOUT.as_secs()))),
             Ok(Err(e)) => Err(e.into()),
-            Ok(Ok(None)) => return Ok(false),
+            Ok(Ok(None)) => return Ok(None),
             Ok(Ok(Some(ClientMessage::Hello(h)))) => check_hello(&h, encoding).map_err(BrokerError::Protocol),
             Ok(Ok(Some(_))) => Err(BrokerError::Protocol("the first message must be a hello".into())),
         };
-        if let Err(e) = checked {
+        if let Err(e) = &checked {
             tracing::info!(uid = peer.uid, pid = peer.pid, "refused: {e}");
-            return Err(e);
         }
-        Ok(true)
+        checked.map(Some)
     }
 
     /// Serves one request after another until the client leaves, falls

@@ -5,8 +5,8 @@
 use crate::engine::stream::Sink;
 use crate::serve::budget::{BudgetError, Draw, UNBUDGETED_BYTES};
 use palisade_protocol::wire::{
-    ClientMessage, Decoder, Encoding, ErrorKind, Hello, MAGIC, MAX_FRAME_BYTES, PROTOCOL_VERSION,
-    SMALL_FRAME_BYTES, ServerMessage, Stream, WireError, encode, output_frame_header,
+    ClientMessage, Decoder, Encoding, ErrorKind, Hello, MAGIC, MAX_FRAME_BYTES, SMALL_FRAME_BYTES,
+    ServerMessage, Stream, WireError, encode, output_frame_header,
 };
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -23,17 +23,16 @@ const READ_BYTES: usize = 16 * 1024;
 /// to go in one write; a larger one is written after it, not copied.
 const COPY_MAX_BYTES: usize = 16 * 1024;
 
-/// Why a hello is refused, if it is: its magic, version and encoding must be
-/// this broker's and the frame's.
-pub fn check_hello(h: &Hello, encoding: Encoding) -> Result<(), String> {
+/// The version the connection speaks (the highest both sides do), or why
+/// the hello is refused: its magic and encoding must be this broker's and
+/// the frame's, and its versions meet this broker's.
+pub fn check_hello(h: &Hello, encoding: Encoding) -> Result<u32, String> {
     if h.magic != MAGIC {
         Err(format!("bad magic {:?}", h.magic))
-    } else if h.version != PROTOCOL_VERSION {
-        Err(format!("protocol version {} is not supported; this broker speaks {PROTOCOL_VERSION}", h.version))
     } else if h.encoding != encoding {
         Err(format!("hello says {:?} but the frame is {encoding:?}", h.encoding))
     } else {
-        Ok(())
+        h.agreed_version()
     }
 }
 
@@ -183,7 +182,13 @@ impl Inbound {
     /// The next message of those buffered, checked against the small limit
     /// now that it is known to be a run or not.
     fn decoded(&mut self) -> Result<Option<ClientMessage>, ReadError> {
-        let Some(message) = self.decoder.next_message::<ClientMessage>()? else { return Ok(None) };
+        // Before [`Inbound::greeted`] the message is the hello, of any version this broker speaks.
+        let next = if self.frame_timeout.is_none() {
+            self.decoder.next_hello()
+        } else {
+            self.decoder.next_message::<ClientMessage>()
+        };
+        let Some(message) = next? else { return Ok(None) };
         let len = self.decoder.last_len();
         let stdin = match &message {
             ClientMessage::Run(r) => Some(r.stdin.len()),

@@ -4,7 +4,7 @@
 
 use palisade_broker::cli::client::{Client, ClientError};
 use palisade_protocol::wire::{
-    ClientMessage, Decoder, Encoding, ErrorKind, Hello, MAX_FRAME_BYTES, RunRequest, RunStatus,
+    self, ClientMessage, Decoder, Encoding, ErrorKind, Hello, MAX_FRAME_BYTES, RunRequest, RunStatus,
     ServerMessage, Stream, encode,
 };
 use palisade_tests::*;
@@ -402,6 +402,28 @@ fn exchange(socket: &Path, bytes: &[u8]) -> Vec<ServerMessage> {
     std::iter::from_fn(|| d.next_message::<ServerMessage>().ok().flatten()).collect()
 }
 
+/// Sends `bytes` and reads replies, the connection left open, until a run
+/// finishes or an error comes (or the broker closes it).
+fn converse(socket: &Path, bytes: &[u8]) -> Vec<ServerMessage> {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(bytes).unwrap();
+    let (mut d, mut got, mut buf) = (Decoder::default(), Vec::new(), [0u8; 4096]);
+    loop {
+        while let Ok(Some(m)) = d.next_message::<ServerMessage>() {
+            let last = matches!(m, ServerMessage::Finished(_) | ServerMessage::Error(_));
+            got.push(m);
+            if last {
+                return got;
+            }
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return got,
+            Ok(n) => d.push(&buf[..n]),
+        }
+    }
+}
+
 fn the_error(msgs: &[ServerMessage]) -> (ErrorKind, String) {
     match msgs.last() {
         Some(ServerMessage::Error(e)) => (e.kind, e.message.clone()),
@@ -411,6 +433,60 @@ fn the_error(msgs: &[ServerMessage]) -> (ErrorKind, String) {
 
 fn hello(encoding: Encoding) -> Vec<u8> {
     encode(&ClientMessage::Hello(Hello::new(encoding)), encoding).unwrap()
+}
+
+/// The hello carries the range of versions a client speaks; the broker
+/// answers with the highest both speak, and speaks the version before its
+/// own too: a client of version 12 (whose hello, in bincode, has no
+/// `min_version`) runs a command as it did.
+#[test]
+fn the_hello_agrees_on_the_highest_version_both_sides_speak() {
+    let d = Daemon::start("");
+    let ws = TempDir::new("ws");
+    let json = |hello: &str| {
+        let run = serde_json::json!({ "run": request(ws.path(), &["echo", "spoken"]) });
+        converse(&d.socket, format!("{{\"hello\": {hello}}}\n{run}\n").as_bytes())
+    };
+    let agreed = |msgs: &[ServerMessage]| match msgs.first() {
+        Some(ServerMessage::Hello(h)) => h.version,
+        other => panic!("{other:?} in {msgs:?}"),
+    };
+    let ran = |msgs: &[ServerMessage]| {
+        msgs.iter()
+            .any(|m| matches!(m, ServerMessage::Finished(r) if r.status == RunStatus::Exited { code: 0 }))
+    };
+    let (current, oldest) = (wire::PROTOCOL_VERSION, wire::OLDEST_PROTOCOL_VERSION);
+    let msgs = json(&format!(r#"{{"magic": "palisade", "version": {oldest}, "encoding": "json"}}"#));
+    assert!(agreed(&msgs) == oldest && ran(&msgs), "{msgs:?}");
+    let msgs = json(&format!(
+        r#"{{"magic": "palisade", "version": 40, "min_version": {oldest}, "encoding": "json"}}"#
+    ));
+    assert!(agreed(&msgs) == current && ran(&msgs), "{msgs:?}");
+    let old = oldest - 1;
+    let (kind, msg) =
+        the_error(&json(&format!(r#"{{"magic": "palisade", "version": {old}, "encoding": "json"}}"#)));
+    assert_eq!(kind, ErrorKind::ProtocolError);
+    assert_eq!(
+        msg,
+        format!("protocol version {old} is not supported; this broker speaks {oldest} to {current}")
+    );
+    let (_, msg) =
+        the_error(&json(r#"{"magic": "palisade", "version": 12, "min_version": 14, "encoding": "json"}"#));
+    assert_eq!(msg, "min_version 14 is above version 12");
+    // Version 12's bincode hello: magic, version and encoding, nothing after.
+    #[derive(serde::Serialize)]
+    enum Twelve {
+        Hello { magic: String, version: u32, encoding: Encoding },
+    }
+    let hello = Twelve::Hello { magic: "palisade".into(), version: oldest, encoding: Encoding::Bincode };
+    let body = bincode::serde::encode_to_vec(&hello, bincode::config::standard()).unwrap();
+    let mut bytes = (body.len() as u32).to_be_bytes().to_vec();
+    bytes.extend(body);
+    bytes.extend(
+        encode(&ClientMessage::Run(request(ws.path(), &["echo", "spoken"])), Encoding::Bincode).unwrap(),
+    );
+    let msgs = converse(&d.socket, &bytes);
+    assert!(agreed(&msgs) == oldest && ran(&msgs), "{msgs:?}");
 }
 
 #[test]
@@ -443,7 +519,7 @@ fn bad_frames_get_an_error_and_the_broker_keeps_serving() {
 
     // A protocol version this broker does not speak.
     let mut h = Hello::new(Encoding::Bincode);
-    h.version = 99;
+    (h.version, h.min_version) = (99, Some(99));
     let (kind, msg) =
         the_error(&exchange(&d.socket, &encode(&ClientMessage::Hello(h), Encoding::Bincode).unwrap()));
     assert_eq!(kind, ErrorKind::ProtocolError);
@@ -954,17 +1030,14 @@ fn the_json_lines_encoding_serves_a_whole_run() {
 fn the_documented_python_client_works() {
     let d = Daemon::start("");
     let ws = TempDir::new("ws");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/palisade_client.py");
-    let o = std::process::Command::new("python3")
-        .arg(&script)
+    let o = python_client(&[])
         .args(["--socket", d.socket.to_str().unwrap(), "--", &probe(), "echo", "from", "python"])
         .current_dir(ws.path())
         .output()
         .expect("python3");
     assert_eq!(stdout(&o), "ok from python\n", "{}", stderr(&o));
     assert_eq!(o.status.code(), Some(0));
-    let o = std::process::Command::new("python3")
-        .arg(&script)
+    let o = python_client(&[])
         .args(["--socket", d.socket.to_str().unwrap(), "--", &probe(), "exit", "3"])
         .current_dir(ws.path())
         .output()
@@ -972,9 +1045,8 @@ fn the_documented_python_client_works() {
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     // A run that needs approval, with no terminal to ask at: refused.
     let d = Daemon::start("[broker]\nuser_namespaces = false\n[policy]\nfallback = \"request_approval\"\n");
-    let mut cmd = std::process::Command::new("python3");
-    cmd.arg(&script)
-        .args(["--socket", d.socket.to_str().unwrap(), "--", &probe(), "echo", "x"])
+    let mut cmd = python_client(&[]);
+    cmd.args(["--socket", d.socket.to_str().unwrap(), "--", &probe(), "echo", "x"])
         .current_dir(ws.path())
         .stdin(std::process::Stdio::null());
     // SAFETY: setsid is async-signal-safe.

@@ -5,7 +5,7 @@
 //! runs again as the unprivileged test user (`rerun_unprivileged`).
 //!
 //! The slow tier (feature `slow`, what `.ci/run` adds) brings the soak and
-//! load tests and the official MCP SDK's client here, and the QEMU guests
+//! load tests, the official MCP SDK's client and the installed Python client here, and the QEMU guests
 //! in a binary of their own (`tests/tests/guest.rs`), which cargo runs after
 //! this one: a guest emulated without KVM is slow enough that sharing the
 //! two cores with the rest of the suite put it past its bound.
@@ -31,6 +31,7 @@ mod operations;
 mod plugins;
 mod policy;
 mod protocol_doc;
+mod python_client;
 mod system;
 mod warm;
 

@@ -1,5 +1,5 @@
 //! `palisade mcp` driven by a real client: the official Python MCP SDK
-//! (tests/mcp/drive.py, in the virtual environment `scripts/mcp-venv.sh`
+//! (tests/mcp/drive.py, in the virtual environment `scripts/py-venv.sh`
 //! makes) initializes, lists the tools, runs commands, is refused, answers
 //! an approval through elicitation (yes, no, and a client that cannot ask)
 //! and cancels a call, whose run must then be gone. Once with an embedded
@@ -14,8 +14,8 @@ fn python() -> PathBuf {
     if let Some(p) = std::env::var_os("PALISADE_TEST_MCP_PYTHON") {
         return PathBuf::from(p);
     }
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/mcp-venv/bin/python3");
-    assert!(p.exists(), "{} is missing: `bash scripts/mcp-venv.sh` makes it (.ci/run does)", p.display());
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/py-venv/bin/python3");
+    assert!(p.exists(), "{} is missing: `bash scripts/py-venv.sh` makes it (.ci/run does)", p.display());
     p
 }
 

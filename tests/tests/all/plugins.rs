@@ -166,9 +166,7 @@ fn refusals_before_the_plugin_host() {
     assert_eq!((e.kind, e.rule.as_deref()), (ErrorKind::PolicyDenied, Some("plugins.inline_not_allowed")));
     assert_eq!(call(&d, "nope", "{}").unwrap_err().kind, ErrorKind::InvalidRequest);
     // The Python client speaks it too (JSON lines).
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/palisade_client.py");
-    let out = std::process::Command::new("python3")
-        .arg(script)
+    let out = python_client(&[])
         .args(["--socket", d.socket.to_str().unwrap(), "--plugin", "nope", "{}"])
         .output()
         .unwrap();

@@ -113,9 +113,7 @@ fn the_documented_python_client_runs_against_a_broker() {
     let d = Daemon::start("");
     let ws = TempDir::new("doc");
     std::fs::write(ws.join("bytes"), b"a\xffb\n").unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/palisade_client.py");
-    let o = std::process::Command::new("python3")
-        .arg(&script)
+    let o = python_client(&[])
         .args(["--socket", d.socket.to_str().unwrap(), "--", "cat", "bytes"])
         .current_dir(ws.path())
         .output()
@@ -125,8 +123,7 @@ fn the_documented_python_client_runs_against_a_broker() {
     // Large output, raw after its lines (spliced by the broker), every byte in place.
     let big = pattern(3 << 20, 7);
     std::fs::write(ws.join("big"), &big).unwrap();
-    let o = std::process::Command::new("python3")
-        .arg(&script)
+    let o = python_client(&[])
         .args(["--socket", d.socket.to_str().unwrap(), "--", "cat", "big", "bytes"])
         .current_dir(ws.path())
         .output()

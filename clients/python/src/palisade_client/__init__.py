@@ -1,0 +1,275 @@
+"""A client for palisade's broker over its Unix socket (JSON lines).
+
+Standard library only. The protocol is docs/protocol.md of palisade; this
+package speaks versions 12 and 13 of it, and the broker answers with the
+highest both speak.
+
+    from palisade_client import Client
+
+    with Client() as broker:
+        result = broker.run(["make", "test"])
+        print(result.exit_code, result.stdout.decode())
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Callable, Dict, List, Mapping, Optional, Sequence, Union, cast
+
+__all__ = [
+    "Client",
+    "PalisadeError",
+    "RunResult",
+    "default_socket",
+    "PROTOCOL_VERSION",
+    "OLDEST_PROTOCOL_VERSION",
+    "EXIT_PALISADE",
+]
+
+#: The highest protocol version this package speaks.
+PROTOCOL_VERSION = 13
+#: The lowest.
+OLDEST_PROTOCOL_VERSION = 12
+#: The exit status of palisade refusing or failing, as `palisade run` uses it.
+EXIT_PALISADE = 125
+
+Json = Dict[str, Any]
+#: Called with each piece of output: its stream ("stdout" or "stderr") and bytes.
+OutputHandler = Callable[[str, bytes], None]
+#: Called with each approval question of a run (the `approval_required`
+#: object); when its `may_answer` is true, returns whether the person
+#: approves (otherwise an approver answers elsewhere, and the return is not used).
+ApprovalHandler = Callable[[Json], bool]
+
+
+class PalisadeError(Exception):
+    """The broker refused or failed: its error's `kind`, `message` and `rule`."""
+
+    def __init__(self, kind: str, message: str, rule: Optional[str] = None, reply: Optional[Json] = None):
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+        self.rule = rule
+        #: The error object as the broker sent it.
+        self.reply: Json = reply or {}
+
+    @classmethod
+    def of(cls, error: Json) -> "PalisadeError":
+        return cls(str(error.get("kind")), str(error.get("message")), error.get("rule"), error)
+
+
+@dataclass
+class RunResult:
+    """A finished run: the broker's `finished` object, and the output the
+    client gathered (when no output handler took it)."""
+
+    #: "exited", "signaled", "timed_out", "quota_exceeded",
+    #: "memory_limit_exceeded", "disk_limit_exceeded" or "cancelled".
+    status: str
+    #: The command's exit code ("exited") or signal ("signaled").
+    code: Optional[int]
+    signal: Optional[int]
+    #: The whole `finished` object: attestation, changes, figures.
+    result: Json
+    stdout: bytes = b""
+    stderr: bytes = b""
+    #: Approval questions the run put (`approval_required` objects).
+    approvals: List[Json] = field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int:
+        """As `palisade run` exits: the code, 128+N for signal N, 125 when
+        palisade ended the run."""
+        if self.code is not None:
+            return self.code
+        if self.signal is not None:
+            return 128 + self.signal
+        return EXIT_PALISADE
+
+
+def default_socket() -> str:
+    """$PALISADE_SOCKET, else the socket of this user's broker (root: the
+    system broker's)."""
+    configured = os.environ.get("PALISADE_SOCKET")
+    if configured:
+        return configured
+    if os.geteuid() == 0:
+        return "/run/palisade/palisade.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.geteuid()}"
+    return os.path.join(runtime, "palisade", "palisade.sock")
+
+
+def _decode_bytes(value: Union[str, Json]) -> bytes:
+    """A byte field: text, or {"base64": ...}."""
+    if isinstance(value, str):
+        return value.encode()
+    return base64.b64decode(value["base64"])
+
+
+def _encode_bytes(data: bytes) -> Union[str, Json]:
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode()}
+    if any(ord(c) < 32 and c not in "\t\n\r" for c in text):
+        return {"base64": base64.b64encode(data).decode()}
+    return text
+
+
+class Client:
+    """One connection to a broker. Requests go one at a time."""
+
+    def __init__(self, path: Optional[str] = None, *, connect_timeout: Optional[float] = 10.0):
+        self.path = path or default_socket()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(connect_timeout)
+        try:
+            self._sock.connect(self.path)
+        except OSError:
+            self._sock.close()
+            raise
+        self._sock.settimeout(None)
+        # A buffered reader of the socket: lines, and raw output after them.
+        self._lines = cast(BinaryIO, self._sock.makefile("rb", buffering=1 << 20))
+        hello = {"magic": "palisade", "version": PROTOCOL_VERSION, "min_version": OLDEST_PROTOCOL_VERSION,
+                 "encoding": "json"}
+        self._send({"hello": hello})
+        reply = self._receive()
+        if "error" in reply:
+            self.close()
+            raise PalisadeError.of(reply["error"])
+        answered = reply.get("hello", {})
+        #: The protocol version this connection speaks.
+        self.version: int = int(answered.get("version", 0))
+        #: The broker's name and version ("palisaded 0.1.0").
+        self.broker: str = str(answered.get("broker", ""))
+        if not OLDEST_PROTOCOL_VERSION <= self.version <= PROTOCOL_VERSION:
+            self.close()
+            raise PalisadeError("ProtocolError", f"the broker answered version {self.version}")
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._lines.close()
+        self._sock.close()
+
+    def _send(self, message: Union[Json, str]) -> None:
+        self._sock.sendall(json.dumps(message).encode() + b"\n")
+
+    def _receive(self) -> Json:
+        line = self._lines.readline()
+        if not line:
+            raise PalisadeError("Unavailable", "the broker closed the connection")
+        message = json.loads(line)
+        if isinstance(message, str):
+            return {message: None}
+        if not isinstance(message, dict):
+            raise PalisadeError("ProtocolError", f"not a message: {line!r}")
+        return message
+
+    def _ask(self, message: Union[Json, str], answer: str) -> Any:
+        self._send(message)
+        reply = self._receive()
+        if "error" in reply:
+            raise PalisadeError.of(reply["error"])
+        if answer not in reply:
+            raise PalisadeError("ProtocolError", f"expected {answer!r}, got {reply!r}")
+        return reply[answer]
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Optional[str] = None,
+        workspace: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        stdin: bytes = b"",
+        on_output: Optional[OutputHandler] = None,
+        on_approval: Optional[ApprovalHandler] = None,
+        **fields: Any,
+    ) -> RunResult:
+        """Runs `argv`; its working directory `cwd` (default: this process's)
+        is the workspace unless `workspace` says otherwise. `fields` are the
+        run request's other fields (`timeout_secs`, `allow_domains`,
+        `profile`, `read_only`, ...: docs/protocol.md). Output goes to
+        `on_output` as it comes, or is gathered in the result. A refusal
+        raises PalisadeError; a run palisade ended (a deadline, a quota)
+        returns, its `status` saying which."""
+        request: Json = {"argv": list(argv), "cwd": cwd or os.getcwd(), "raw_output": True}
+        if workspace is not None:
+            request["workspace"] = workspace
+        if env is not None:
+            request["env"] = dict(env)
+        if stdin:
+            request["stdin"] = _encode_bytes(stdin)
+        request.update(fields)
+        self._send({"run": request})
+        gathered: Dict[str, List[bytes]] = {"stdout": [], "stderr": []}
+        approvals: List[Json] = []
+        while True:
+            message = self._receive()
+            if "output" in message:
+                output = message["output"]
+                data = self._lines.read(output["bytes"]) if "bytes" in output else _decode_bytes(output["data"])
+                if on_output is not None:
+                    on_output(output["stream"], data)
+                else:
+                    gathered[output["stream"]].append(data)
+            elif "approval_required" in message:
+                question = message["approval_required"]
+                approvals.append(question)
+                approved = bool(on_approval(question)) if on_approval is not None else False
+                if question.get("may_answer"):
+                    self._send({"approve": {"approved": approved}})
+            elif "finished" in message:
+                return _result(message["finished"], gathered, approvals)
+            elif "error" in message:
+                raise PalisadeError.of(message["error"])
+
+    def explain(self, argv: Sequence[str], *, cwd: Optional[str] = None, **fields: Any) -> Json:
+        """The policy's decision on `argv` without running it (`explained`)."""
+        request: Json = {"argv": list(argv), "cwd": cwd or os.getcwd()}
+        request.update(fields)
+        explained: Json = self._ask({"explain": request}, "explained")
+        return explained
+
+    def run_plugin(self, skill: str, input: str = "{}", *, timeout_ms: Optional[int] = None) -> Json:
+        """Calls an installed WebAssembly skill (`plugin_result`)."""
+        call: Json = {"skill": skill, "input": input}
+        if timeout_ms is not None:
+            call["timeout_ms"] = timeout_ms
+        result: Json = self._ask({"run_plugin": call}, "plugin_result")
+        return result
+
+    def status(self) -> Json:
+        """The broker's state (`status`)."""
+        status: Json = self._ask("status", "status")
+        return status
+
+
+def _result(finished: Json, gathered: Dict[str, List[bytes]], approvals: List[Json]) -> RunResult:
+    status = finished.get("status")
+    code = signal = None
+    if isinstance(status, dict):
+        name = next(iter(status))
+        code = status[name].get("code") if name == "exited" else None
+        signal = status[name].get("signal") if name == "signaled" else None
+    else:
+        name = str(status)
+    return RunResult(
+        status=name,
+        code=code,
+        signal=signal,
+        result=finished,
+        stdout=b"".join(gathered["stdout"]),
+        stderr=b"".join(gathered["stderr"]),
+        approvals=approvals,
+    )

@@ -1,0 +1,74 @@
+//! The Python client of clients/python against a real broker: its API
+//! (clients/python/tests/check_client.py: a run's bytes, stdin, streaming,
+//! a deadline, a refusal with its rule, explain, status, and a client of
+//! the previous protocol version), from its source here; installed with pip
+//! as a user would, typed (`mypy --strict`) and its command line, in the
+//! slow tier (the virtual environment `scripts/py-venv.sh` makes).
+
+use palisade_tests::*;
+use std::path::Path;
+
+/// The profile check_client.py runs its shell line under.
+const SHELL: &str = "[profiles.sh]\nallow_interpreters = true\nallow_inline_code = true\n";
+
+fn check_script() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python/tests/check_client.py")
+}
+
+#[test]
+fn the_python_client_drives_a_broker_through_its_api() {
+    let d = Daemon::start(SHELL);
+    let ws = TempDir::new("pyclient");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python/src");
+    let o = std::process::Command::new("python3")
+        .arg(check_script())
+        .args([d.socket.as_os_str(), ws.path().as_os_str()])
+        .env("PYTHONPATH", src)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}{}\n{}", text(&o.stdout), text(&o.stderr), d.log());
+    assert!(text(&o.stdout).ends_with("still served\nok\n"), "{}", text(&o.stdout));
+}
+
+#[cfg(feature = "slow")]
+#[test]
+fn the_installed_python_client_is_typed_and_runs() {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/py-venv/bin");
+    assert!(
+        venv.exists(),
+        "{} is missing: `bash scripts/py-venv.sh` makes it (.ci/run does)",
+        venv.display()
+    );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let o = std::process::Command::new(venv.join("mypy"))
+        .args(["--strict", "--cache-dir", "/dev/null", "clients/python/src", "clients/python/tests"])
+        .current_dir(&root)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}{}", text(&o.stdout), text(&o.stderr));
+    let d = Daemon::start(SHELL);
+    let ws = TempDir::new("pyclient");
+    // The installed package, not the source: run from elsewhere, no PYTHONPATH.
+    let o = std::process::Command::new(venv.join("python3"))
+        .arg(check_script())
+        .args([d.socket.as_os_str(), ws.path().as_os_str()])
+        .env_remove("PYTHONPATH")
+        .current_dir(ws.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}{}\n{}", text(&o.stdout), text(&o.stderr), d.log());
+    let cli = |args: &[&str]| {
+        let mut argv = vec!["--socket", d.socket.to_str().unwrap(), "--"];
+        argv.extend_from_slice(args);
+        let o = std::process::Command::new(venv.join("palisade-client"))
+            .args(argv)
+            .current_dir(ws.path())
+            .output()
+            .unwrap();
+        (o.status.code(), text(&o.stdout), text(&o.stderr))
+    };
+    let (code, out, err) = cli(&[&probe(), "echo", "installed"]);
+    assert_eq!((code, out.as_str()), (Some(0), "ok installed\n"), "{err}");
+    assert_eq!(cli(&[&probe(), "exit", "7"]).0, Some(7));
+}
