@@ -109,6 +109,20 @@ async def refusals(s):
     check("explain: the sandbox", r.structured_content["decision"] == "allow" and "landlock" in r.structured_content["text"], r.structured_content["text"][:200])
 
 
+async def progress(s):
+    # The probe, in the workspace (where a run may execute it).
+    notes = []
+
+    async def on_progress(progress, total, message):
+        notes.append((progress, message or ""))
+
+    args = {"argv": ["./probe", "tick", "5", "600"]}
+    r = await s.call_tool("run_command", args, progress_callback=on_progress)
+    check("a long run's result", r.structured_content["exit_code"] == 0 and "tick 4" in r.structured_content["stdout"], r.structured_content)
+    check("progress while it ran, with its latest output", any("bytes of output so far; latest:\ntick " in m for _, m in notes), notes)
+    check("progress only grows", [p for p, _ in notes] == sorted(set(p for p, _ in notes)) and len(notes) >= 2, notes)
+
+
 async def cancellation(s):
     check("no sleeper before", processes_with(SLEEP_TOKEN) == [])
     seen = []
@@ -147,6 +161,17 @@ async def session(callback, body):
             await body(s)
 
 
+def answering_when_told(verb, told):
+    """A progress callback that answers a run waiting for approval as its
+    message says (`palisade approve ID --socket S`), with `verb`."""
+    async def on_progress(progress, total, message):
+        told.append(message or "")
+        command = (message or "").split("approve the run with ", 1)[-1].split(" (or ", 1)[0].split()
+        if command[:2] == ["palisade", "approve"]:
+            await anyio.run_process([PALISADE, verb, *command[2:]], check=True)
+    return on_progress
+
+
 def answering(approve, asked):
     async def callback(context, params):
         asked.append(params.message)
@@ -168,8 +193,10 @@ async def approvals(mode):
         check(f"{mode}: an approval answered no refuses the run", (e.code, e.data["kind"]) == (-32050, "NeedsApproval") and "Not approved" in e.data["message"], e.data)
 
     async def unasked(s):
-        e = await refused(s, "run_tool", run)
-        check(f"{mode}: without elicitation the run is refused", (e.code, e.data["kind"]) == (-32050, "NeedsApproval"), e.data)
+        told = []
+        r = await s.call_tool("run_tool", run, progress_callback=answering_when_told("approve", told))
+        check(f"{mode}: without elicitation the person is told how to approve", any("palisade approve " in m and "no elicitation" in m for m in told), told)
+        check(f"{mode}: and approved so, the run runs", r.structured_content["exit_code"] == 0, r.structured_content)
 
     await session(answering(True, asked), approved)
     await session(answering(False, []), denied)
@@ -191,14 +218,19 @@ async def parameters(s):
     e = await refused(s, "run_tool", {"tool": "lister", "argv": ["ls"], "params": {"dir": "../.."}})
     check("a parameter outside the server's workspace refused", (e.data["kind"], e.data["rule"]) == ("WorkspaceScopeDenied", "mcp.workspace"), e.data)
     os.makedirs(os.path.join(WORKSPACE, "sub"), exist_ok=True)
-    e = await refused(s, "run_tool", {"tool": "lister", "argv": ["ls"], "params": {"dir": "sub"}})
-    check("a parameter inside it goes on to the policy", e.data["rule"] != "mcp.workspace", e.data)
+    told = []
+    try:
+        await s.call_tool("run_tool", {"tool": "lister", "argv": ["ls"], "params": {"dir": "sub"}}, progress_callback=answering_when_told("deny", told))
+        raise AssertionError("an undeclared parameter ran")
+    except MCPError as e:
+        check("a parameter inside it goes on to the policy (an escalation, denied)", e.data["kind"] == "NeedsApproval" and "escalates" in " ".join(told), (e.data, told))
 
 
 async def main():
     mode = os.environ.get("DRIVE_MODE", "mcp")
     await session(None, basics)
     await session(None, refusals)
+    await session(None, progress)
     await session(None, cancellation)
     if os.environ.get("DRIVE_PLUGINS") == "1":
         await session(None, plugins)

@@ -142,7 +142,10 @@ pub fn main(cli: Cli) -> i32 {
     // embedded broker, explain and doctor set it up (warnings).
     let asked = std::env::var_os("PALISADE_LOG").is_some() || std::env::var_os("RUST_LOG").is_some();
     if asked || !matches!(cli.command, Command::Run(_)) {
-        crate::serve::daemon::init_tracing("warn");
+        // rmcp logs each error a call answers (a refusal, for the agent to
+        // read) as a warning: those are palisade mcp's own, at debug.
+        let mcp = matches!(cli.command, Command::Mcp(_));
+        crate::serve::daemon::init_tracing(if mcp { "warn,rmcp::service=error" } else { "warn" });
     }
     match cli.command {
         Command::Run(args) => run(args),

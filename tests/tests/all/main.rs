@@ -27,6 +27,7 @@ mod jail;
 mod journal;
 mod launchd;
 mod limits;
+mod mcp_wire;
 mod operations;
 mod plugins;
 mod policy;

@@ -55,6 +55,8 @@ fn install_echo(policy_file: &Path) {
 /// drive.py against `palisade mcp <options>`, in `ws`; panics with its
 /// output unless every check passed.
 fn drive(ws: &Path, options: &[&str]) -> String {
+    // The probe where a run may execute it: its `tick` writes output over time.
+    std::fs::copy(bin("probe"), ws.join("probe")).unwrap();
     let o = std::process::Command::new(python())
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/drive.py"))
         .arg(bin("palisade"))
@@ -73,6 +75,8 @@ fn drive(ws: &Path, options: &[&str]) -> String {
         "ok: a refusal is an MCP error",
         "ok: a cancelled call's run is killed",
         "ok: mcp: an approval answered yes",
+        "ok: progress while it ran, with its latest output",
+        "ok: mcp: without elicitation the person is told how to approve",
     ] {
         assert!(out.contains(want), "{want} is not in:\n{out}");
     }

@@ -2,6 +2,7 @@
 //! into a request, the run, its output cut to what an agent can use, and
 //! the result (or the MCP error carrying palisade's stable kind).
 
+use super::progress::Progress;
 use crate::cli::client::{Ask, Client, ClientError, Event};
 use crate::cli::run::SandboxArgs;
 use palisade_protocol::wire::{
@@ -260,11 +261,17 @@ pub struct Ran {
 
 /// Runs `call` over `stream` (connected to the broker), putting an
 /// approval to `ask`.
-pub fn run(stream: UnixStream, call: Call, ask: impl FnMut(Ask<'_>) -> Option<bool>) -> Ran {
+pub fn run(
+    stream: UnixStream,
+    call: Call,
+    ask: impl FnMut(Ask<'_>) -> Option<bool>,
+    progress: &Progress,
+) -> Ran {
     let (mut stdout, mut stderr) = (Capped::new(call.output_limit), Capped::new(call.output_limit));
     let outcome = Client::over(stream).and_then(|mut client| {
         let on = |event: Event<'_>| {
             if let Event::Output(s, data) = event {
+                progress.output(data);
                 match s {
                     Stream::Stdout => stdout.push(data),
                     Stream::Stderr => stderr.push(data),

@@ -6,6 +6,7 @@
 //! client cancels is a connection closed, which kills the run.
 
 mod call;
+mod progress;
 mod tools;
 
 use crate::cli::client::Ask;
@@ -17,6 +18,7 @@ use call::{Defaults, Shape};
 use clap::Args as ClapArgs;
 use palisade_policy::Config;
 use palisade_protocol::wire::ErrorKind;
+use progress::Progress;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ElicitRequestParams, ElicitationAction, ElicitationSchema,
     Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
@@ -274,6 +276,22 @@ impl ServerHandler for Palisade {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let name = request.name.clone();
+        let answer = self.call(request, context).await;
+        // A refusal is the agent's answer, not this server's trouble.
+        if let Err(e) = &answer {
+            tracing::debug!("{name}: {}", e.message);
+        }
+        answer
+    }
+}
+
+impl Palisade {
+    async fn call(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
         let arguments = request.arguments.unwrap_or_default();
         let shape = match request.name.as_ref() {
             "run_plugin" => {
@@ -300,29 +318,50 @@ impl ServerHandler for Palisade {
                 self.on_broker(&context, work).await
             }
             Shape::RunCommand | Shape::RunTool => {
-                let ask = elicit(context.clone());
-                let work =
-                    |stream, broker: &str| call::result(call::run(stream, call, ask), broker).map(Into::into);
-                self.on_broker(&context, work).await
+                let progress = Progress::of(&context);
+                let ask = elicit(context.clone(), progress.clone(), self.socket.clone());
+                let reporting = progress.reporting();
+                let work = move |stream, broker: &str| {
+                    call::result(call::run(stream, call, ask, &progress), broker).map(Into::into)
+                };
+                let done = self.on_broker(&context, work).await;
+                reporting.inspect(tokio::task::AbortHandle::abort);
+                done
             }
         }
     }
 }
 
 /// A run held for approval, put to the person through the client's
-/// elicitation (called on the call's blocking thread): `None` waits for an
-/// approver elsewhere when this requester may not answer; a client that
-/// cannot elicit refuses it.
-fn elicit(context: RequestContext<RoleServer>) -> impl FnMut(Ask<'_>) -> Option<bool> + Send + 'static {
+/// elicitation (called on the call's blocking thread). `None` waits for an
+/// answer from elsewhere (`palisade approve ID`, on the broker's `socket`):
+/// an approver's when this requester may not answer, or the person's when
+/// the client cannot ask (no elicitation); what it waits for is said on
+/// stderr and, when the client asked for progress, in a notification.
+fn elicit(
+    context: RequestContext<RoleServer>,
+    progress: Progress,
+    socket: Arc<PathBuf>,
+) -> impl FnMut(Ask<'_>) -> Option<bool> + Send + 'static {
     let runtime = tokio::runtime::Handle::current();
     move |ask: Ask<'_>| {
-        if !ask.may_answer {
-            tracing::info!("waiting for an approver: {}", ask.reason);
+        let id = ask.approval.id;
+        let how = format!("palisade approve {id} --socket {} (or palisade deny {id})", socket.display());
+        let waiting = if !ask.may_answer {
+            Some(format!("waiting for an approver: {}; an approver answers with {how}", ask.reason))
+        } else if context.client_capabilities().and_then(|c| c.elicitation).is_none() {
+            Some(format!(
+                "waiting for approval: {} This MCP client cannot ask you (it has no elicitation): \
+                 approve the run with {how}",
+                ask.reason
+            ))
+        } else {
+            None
+        };
+        if let Some(waiting) = waiting {
+            eprintln!("palisade mcp: {waiting}");
+            progress.say(waiting);
             return None;
-        }
-        if context.client_capabilities().and_then(|c| c.elicitation).is_none() {
-            tracing::info!("refused: the client cannot ask the person (no elicitation): {}", ask.reason);
-            return Some(false);
         }
         let message = format!(
             "palisade: {}\n{}Approve this run?",

@@ -117,6 +117,15 @@ fn run() -> Result<(), (Errno, String)> {
             std::thread::sleep(Duration::from_secs(3600));
         },
         "echo" => Ok(args[1..].join(" ")),
+        // N lines `tick I`, MS milliseconds apart: output while a run goes on.
+        "tick" => {
+            for i in 0..arg(1).parse().unwrap_or(1) {
+                println!("tick {i}");
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+                std::thread::sleep(Duration::from_millis(arg(2).parse().unwrap_or(100)));
+            }
+            Ok(String::new())
+        }
         "flood" => flood(),
         "pattern" => pattern(arg(1).parse().unwrap_or(0)),
         "readall" => Ok(readall(std::path::Path::new(&arg(1)))),
