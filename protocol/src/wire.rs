@@ -113,12 +113,78 @@ enum HelloBeforeRanges {
     Hello { magic: String, version: u32, encoding: Encoding },
 }
 
-/// A parameter of a declared tool: one value or a list.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
+/// A parameter of a declared tool: one value or a list. In JSON a string
+/// or a list of strings, as an MCP call gives them (`{"one": ...}` and
+/// `{"many": [...]}`, version 12's form, are read too); in bincode an enum.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ParamValue {
     One(String),
     Many(Vec<String>),
+}
+
+/// [`ParamValue`]'s bincode form (and version 12's JSON form).
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum TaggedParam {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl From<TaggedParam> for ParamValue {
+    fn from(t: TaggedParam) -> ParamValue {
+        match t {
+            TaggedParam::One(v) => ParamValue::One(v),
+            TaggedParam::Many(v) => ParamValue::Many(v),
+        }
+    }
+}
+
+impl Serialize for ParamValue {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match (self, s.is_human_readable()) {
+            (ParamValue::One(v), true) => v.serialize(s),
+            (ParamValue::Many(v), true) => v.serialize(s),
+            (ParamValue::One(v), false) => s.serialize_newtype_variant("ParamValue", 0, "one", v),
+            (ParamValue::Many(v), false) => s.serialize_newtype_variant("ParamValue", 1, "many", v),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ParamValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ParamValue, D::Error> {
+        if d.is_human_readable() {
+            d.deserialize_any(ParamVisitor)
+        } else {
+            TaggedParam::deserialize(d).map(Into::into)
+        }
+    }
+}
+
+/// A JSON parameter: a string, a list of strings, or version 12's object.
+struct ParamVisitor;
+
+impl<'de> serde::de::Visitor<'de> for ParamVisitor {
+    type Value = ParamValue;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a path (a string) or a list of paths")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ParamValue, E> {
+        Ok(ParamValue::One(v.into()))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<ParamValue, A::Error> {
+        let mut all = Vec::new();
+        while let Some(v) = seq.next_element::<String>()? {
+            all.push(v);
+        }
+        Ok(ParamValue::Many(all))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<ParamValue, A::Error> {
+        TaggedParam::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Into::into)
+    }
 }
 
 /// Run a command. `argv` and `cwd` are required (a request without `cwd` is
@@ -1434,6 +1500,33 @@ mod tests {
             timeout_secs: Some(5),
             ..RunRequest::default()
         })
+    }
+
+    #[test]
+    fn a_parameter_is_a_string_or_a_list_in_json_and_an_enum_in_bincode() {
+        let read = |json: &str| serde_json::from_str::<ParamValue>(json);
+        let one = ParamValue::One("sub".into());
+        let many = ParamValue::Many(vec!["a".into(), "b".into()]);
+        assert_eq!(read(r#""sub""#).unwrap(), one);
+        assert_eq!(read(r#"["a", "b"]"#).unwrap(), many);
+        // Version 12's form.
+        assert_eq!(read(r#"{"one": "sub"}"#).unwrap(), one);
+        assert_eq!(read(r#"{"many": ["a", "b"]}"#).unwrap(), many);
+        let bad = read("3").unwrap_err().to_string();
+        assert!(bad.contains("a path (a string) or a list of paths"), "{bad}");
+        assert!(read(r#"["a", 3]"#).is_err() && read(r#"{"two": "x"}"#).is_err());
+        assert_eq!(serde_json::to_string(&one).unwrap(), r#""sub""#);
+        assert_eq!(serde_json::to_string(&many).unwrap(), r#"["a","b"]"#);
+        // bincode: the enum it always was.
+        for (value, tagged) in
+            [(&one, TaggedParam::One("sub".into())), (&many, TaggedParam::Many(vec!["a".into(), "b".into()]))]
+        {
+            let bytes = bincode::serde::encode_to_vec(value, bincode::config::standard()).unwrap();
+            assert_eq!(bytes, bincode::serde::encode_to_vec(&tagged, bincode::config::standard()).unwrap());
+            let (back, _): (ParamValue, usize) =
+                bincode::serde::decode_from_slice(&bytes, bincode::config::standard()).unwrap();
+            assert_eq!(&back, value);
+        }
     }
 
     #[test]

@@ -22,16 +22,19 @@ const SHIPPED: [&str; 3] = ["palisade-helper", "palisade", "palisaded"];
 
 /// A binary built by cargo next to the test executables (`target/<profile>/NAME`),
 /// or a shipped one from `PALISADE_TEST_RELEASE_DIR`.
-/// `python3 -m palisade_client ARGS`: the Python client of
-/// clients/python, from its source (the system's Python; nothing installed).
-pub fn python_client(args: &[&str]) -> std::process::Command {
+/// `python3` that imports the Python client of clients/python from its
+/// source (the system's Python; nothing installed).
+pub fn python_with_client() -> std::process::Command {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python/src");
     let mut command = std::process::Command::new("python3");
+    command.env("PYTHONPATH", src).env("PYTHONDONTWRITEBYTECODE", "1");
     command
-        .args(["-m", "palisade_client"])
-        .args(args)
-        .env("PYTHONPATH", src)
-        .env("PYTHONDONTWRITEBYTECODE", "1");
+}
+
+/// `python3 -m palisade_client ARGS`: that client's command line.
+pub fn python_client(args: &[&str]) -> std::process::Command {
+    let mut command = python_with_client();
+    command.args(["-m", "palisade_client"]).args(args);
     command
 }
 

@@ -212,6 +212,24 @@ fn a_tool_gets_its_bound_paths_and_a_fresh_temporary_workspace_each_run() {
     let mut req = tool_request(work.path(), "convert", &[], &[]);
     req.argv = vec!["/usr/bin/true".into()];
     assert_eq!(run(&mut c, req).1.map_err(|e| e.0), Err(ErrorKind::PolicyDenied));
+    // In JSON a parameter is a path, as palisade mcp's run_tool takes it.
+    let script = "import sys, palisade_client as p\n\
+                  r = p.Client(sys.argv[1]).run([sys.argv[2], 'read', sys.argv[3]], cwd=sys.argv[4], tool='convert', \
+                  params={'input': sys.argv[3], 'out': sys.argv[5]})\n\
+                  sys.stdout.buffer.write(r.stdout)";
+    let probe = probe();
+    let o = python_with_client()
+        .args(["-c", script])
+        .args([
+            d.socket.as_os_str(),
+            probe.as_ref(),
+            input.as_os_str(),
+            work.path().as_os_str(),
+            out_dir.as_os_str(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(text(&o.stdout), "ok 10 bytes: input-data\n", "{}", text(&o.stderr));
 }
 
 #[test]

@@ -19,12 +19,9 @@ fn check_script() -> std::path::PathBuf {
 fn the_python_client_drives_a_broker_through_its_api() {
     let d = Daemon::start(SHELL);
     let ws = TempDir::new("pyclient");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python/src");
-    let o = std::process::Command::new("python3")
+    let o = python_with_client()
         .arg(check_script())
         .args([d.socket.as_os_str(), ws.path().as_os_str()])
-        .env("PYTHONPATH", src)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .unwrap();
     assert!(o.status.success(), "{}{}\n{}", text(&o.stdout), text(&o.stderr), d.log());
