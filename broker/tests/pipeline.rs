@@ -501,8 +501,9 @@ fn fallback_policy_where_tier_c_is_unavailable() {
     // Approval is asked for a run the pipeline allows, and carries that run (Tier B).
     let ask = policy("[policy]\nfallback = \"request_approval\"\n");
     match decide(&ask, &context(false, 7), &req_b) {
-        Decision::NeedsApproval { reason, resolved } => {
+        Decision::NeedsApproval { reason, rule, resolved } => {
             assert!(reason.contains("Tier B"), "{reason}");
+            assert_eq!(rule, "fallback.request_approval");
             assert_eq!(resolved.plan.tier(), Tier::B);
         }
         other => panic!("{other:?}"),

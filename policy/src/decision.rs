@@ -22,7 +22,7 @@ use crate::egress::{self, EgressMode};
 use crate::egress_plan::{self, EgressPlan};
 use crate::host::{Host, HostCapabilities, HostFiles, OwnedPath};
 use crate::jail::{ETC_ENTRIES, JailSpec, Limits, build_plan};
-use crate::trust::{self, EscalationReason, EscalationTrigger, ToolTrust, TrustStage};
+use crate::trust::{self, Approval, EscalationReason, EscalationTrigger, ToolTrust, TrustStage};
 use crate::validate::{self, HOME_SENSITIVE_NAMES, Rules, SENSITIVE_NAMES};
 use crate::{Preset, paths};
 use palisade_protocol::attest::{Disk, Memory, Network, Scratch, TmpfsBudget, UpperLayers, WritableDirs};
@@ -165,6 +165,8 @@ pub enum Decision {
     /// checked like any other (the validation pipeline has passed).
     NeedsApproval {
         reason: String,
+        /// The rule that asks: a tool's Trial or escalation, or the fallback.
+        rule: &'static str,
         resolved: Box<Resolved>,
     },
     Allow(Box<Resolved>),
@@ -326,7 +328,9 @@ impl Policy {
     pub fn decide(&self, host: &Host, ctx: &Context, req: &RunRequest) -> Decision {
         match self.resolve(host, ctx, req) {
             Ok((r, None)) => Decision::Allow(Box::new(r)),
-            Ok((r, Some(reason))) => Decision::NeedsApproval { reason, resolved: Box::new(r) },
+            Ok((r, Some(Approval { reason, rule }))) => {
+                Decision::NeedsApproval { reason, rule, resolved: Box::new(r) }
+            }
             Err(d) => Decision::Deny(static_fix(d).finish(self.config.own)),
         }
     }
@@ -337,7 +341,7 @@ impl Policy {
         host: &Host,
         ctx: &Context,
         req: &RunRequest,
-    ) -> Result<(Resolved, Option<String>), Denial> {
+    ) -> Result<(Resolved, Option<Approval>), Denial> {
         let (files, uid) = (&*host.files, ctx.requester.uid);
         let mut profile = self.profile(files, req)?;
         // A request may only narrow its profile: its domains, and its other asks.
@@ -396,6 +400,7 @@ impl Policy {
         let draft = Draft { profile, egress, warnings, grants, view, program, landlock, cgroup, hidden };
         let limits = self.limits(req, &draft);
         let mut resolved = self.plan(host, ctx, req, draft, limits, &dirs)?;
+        let approval = approval.map(|reason| Approval { reason, rule: trust::FALLBACK_RULE });
         let approval = self.trust_question(&mut resolved, trust, escalation, approval);
 
         // Cedar, last: it can only narrow what the built-in checks allow.
@@ -410,14 +415,19 @@ impl Policy {
         resolved: &mut Resolved,
         trust: Option<(String, ToolTrust)>,
         escalation: Option<EscalationTrigger>,
-        approval: Option<String>,
-    ) -> Option<String> {
+        approval: Option<Approval>,
+    ) -> Option<Approval> {
         let Some((tool, trust)) = trust else { return approval };
         let Some((question, trigger)) = trust::question(&tool, &trust, escalation) else { return approval };
+        // The tool's own question names the rule: Trial's first run asks as a Trial run does.
+        let rule = match &trigger {
+            Some(t) if t.reason != EscalationReason::FirstExecution => trust::ESCALATION_RULE,
+            _ => trust::TRIAL_RULE,
+        };
         resolved.escalation = trigger;
         Some(match approval {
-            Some(first) => format!("{first} {question}"),
-            None => question,
+            Some(first) => Approval { reason: format!("{} {question}", first.reason), rule },
+            None => Approval { reason: question, rule },
         })
     }
 

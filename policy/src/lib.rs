@@ -35,4 +35,4 @@ pub use egress_plan::{EgressPlan, PoolEntry};
 pub use host::{CgroupRoot, FileKind, FileStat, Host, HostCapabilities, HostFiles};
 pub use jail::{JailSpec, Layout, Limits, build_plan};
 pub use plugins::{Grants as PluginGrants, Manifest, PluginHostJail, plugin_host_plan};
-pub use trust::{ToolTrust, TrustStage};
+pub use trust::{Approval, ToolTrust, TrustStage};

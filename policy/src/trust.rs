@@ -11,6 +11,23 @@ pub const DRAFT_RULE: &str = "trust.draft";
 /// escalation `SensitiveDirectory`, which puts the tool back to Draft.
 pub const SENSITIVE_RULE: &str = "trust.sensitive_directory";
 
+/// The rule of a run held because its tool is in Trial.
+pub const TRIAL_RULE: &str = "trust.trial";
+/// The rule of a run held because it asks for more than its tool was
+/// approved for (an escalation, which puts the tool back to Draft).
+pub const ESCALATION_RULE: &str = "trust.escalation";
+/// The rule of a run held because the host lacks Tier C and the fallback
+/// policy is `request_approval`.
+pub const FALLBACK_RULE: &str = "fallback.request_approval";
+
+/// Why a person must approve a run before it starts: the question put to
+/// them, and the rule that asks it (a refusal for want of an answer carries it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approval {
+    pub reason: String,
+    pub rule: &'static str,
+}
+
 /// Where a declared tool stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TrustStage {

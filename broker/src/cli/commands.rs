@@ -296,8 +296,8 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
             let _ = tokio::signal::ctrl_c().await;
         };
         let mut decided = broker.decide(&peer, &request)?;
-        if let Some(reason) = &decided.approval {
-            let question = broker.pending_approval(&peer, &decided, &request, reason);
+        if let Some(approval) = &decided.approval {
+            let question = broker.pending_approval(&peer, &decided, &request, approval);
             ask_embedded(&broker, &peer, question).await?;
             // Only an approver answers here.
             decided.approver_approved = true;
@@ -319,6 +319,7 @@ async fn ask_embedded(
 ) -> Result<(), crate::error::BrokerError> {
     use crate::journal::Event;
     let (reason, run_id) = (question.pending.reason.clone(), question.pending.run_id);
+    let held = question.approval.clone();
     let ticket = broker.pending.open(question.pending, Some(question.run));
     let approval = ticket.pending.id;
     let approvers = broker.settings().approvers.clone();
@@ -328,7 +329,7 @@ async fn ask_embedded(
              a running broker (palisaded) with approvers is needed",
             peer.uid
         );
-        return Err(crate::decide::service::not_approved(&reason, &why).into());
+        return Err(crate::decide::service::not_approved(&held, &why).into());
     }
     // An approver still answers only where the Cedar policies' `approve` permits it.
     let run = ticket.run.as_deref();
@@ -347,7 +348,7 @@ async fn ask_embedded(
     let by_uid = answer.map(|_| peer.uid);
     let answered = Event::ApprovalAnswered { approval, run_id, by_uid, approved, why: why.into() };
     broker.journal.append(answered).await?;
-    if approved { Ok(()) } else { Err(crate::decide::service::not_approved(&reason, why).into()) }
+    if approved { Ok(()) } else { Err(crate::decide::service::not_approved(&held, why).into()) }
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use crate::host::paths;
 use crate::host::peer::Peer;
 pub use crate::journal::events::journal_refusal;
 use crate::journal::{Event, Journal, RefusalRecord, events};
+use palisade_policy::Approval;
 use palisade_policy::host::OwnedPath;
 use palisade_policy::trust::EscalationReason;
 use palisade_policy::{Config, ConfigError, Context, Host, Resolved};
@@ -61,6 +62,8 @@ pub struct Broker<E: Executor = Native> {
 /// A run held for approval: what is shown, and the run it would be.
 pub struct Question {
     pub pending: PendingApproval,
+    /// Why it is held, and the rule a refusal for want of an answer carries.
+    pub approval: Approval,
     pub run: Arc<Resolved>,
     /// How long it waits for an answer (`approval_timeout_secs` of the
     /// settings the run was decided with).
@@ -72,7 +75,7 @@ pub struct Decided<H> {
     pub run_id: u64,
     pub resolved: Box<Resolved>,
     /// Why a person must approve the run first, if one must.
-    pub approval: Option<String>,
+    pub approval: Option<Approval>,
     /// The approval was an approver's: only then does a tool's successful
     /// run count towards its Verified stage.
     pub approver_approved: bool,
@@ -84,12 +87,13 @@ pub struct Decided<H> {
     pending: Vec<Event>,
 }
 
-/// The refusal of a run that needed approval and did not get it.
-pub fn not_approved(reason: &str, why: &str) -> ErrorReply {
+/// The refusal of a run that needed `approval` and did not get it: the
+/// rule that asked (a tool's Trial or escalation, or the fallback).
+pub fn not_approved(approval: &Approval, why: &str) -> ErrorReply {
     ErrorReply::with_rule(
         ErrorKind::NeedsApproval,
-        format!("{reason} Not approved: {why}."),
-        "fallback.request_approval",
+        format!("{} Not approved: {why}.", approval.reason),
+        approval.rule,
     )
 }
 
@@ -226,7 +230,7 @@ impl<E: Executor> Broker<E> {
         peer: &Peer,
         decided: &Decided<E::Held>,
         request: &RunRequest,
-        reason: &str,
+        approval: &Approval,
     ) -> Question {
         let r = &decided.resolved;
         let timeout_secs = decided.settings.config().policy.approval_timeout_secs;
@@ -248,7 +252,7 @@ impl<E: Executor> Broker<E> {
             gid: peer.gid,
             pid: peer.pid,
             tool: r.tool.clone(),
-            reason: reason.into(),
+            reason: approval.reason.clone(),
             argv: request.argv.clone(),
             read_only: r.granted.iter().filter(|p| !r.writable.contains(p)).map(shown).collect(),
             read_write: r.writable.iter().map(shown).collect(),
@@ -259,7 +263,7 @@ impl<E: Executor> Broker<E> {
             created_unix: now,
             expires_unix: now + timeout_secs,
         };
-        Question { pending, run: Arc::new((**r).clone()), timeout_secs }
+        Question { pending, approval: approval.clone(), run: Arc::new((**r).clone()), timeout_secs }
     }
 
     /// The declared tools with their stage and declaration (`untracked`
@@ -398,8 +402,8 @@ impl<E: Executor> Broker<E> {
                 "approved by its requester: it counts for nothing towards Verified"
             );
         }
-        if let Some(reason) = approval {
-            tracing::info!(run_id, uid = peer.uid, "approved: {reason}");
+        if let Some(approval) = approval {
+            tracing::info!(run_id, uid = peer.uid, "approved: {}", approval.reason);
         }
         let Prepared { taken, started } =
             match self.executor.prepare(run_id, &mut resolved, request, settings.config()).await {

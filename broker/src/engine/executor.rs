@@ -14,6 +14,7 @@ use crate::error::BrokerError;
 use crate::host::paths::TempRoot;
 use crate::host::peer::Peer;
 use crate::journal::{Event, Journal};
+use palisade_policy::Approval;
 use palisade_policy::host::OwnedPath;
 use palisade_policy::host_executed::HostExecuted;
 use palisade_policy::ids::ResolvedIds;
@@ -41,7 +42,7 @@ pub struct Deciding<'a> {
 pub struct Opened<H> {
     pub resolved: Box<Resolved>,
     /// Why a person must approve the run first, if one must.
-    pub approval: Option<String>,
+    pub approval: Option<Approval>,
     pub held: H,
 }
 
@@ -138,10 +139,12 @@ pub fn decision(
     host: &Host,
     context: &Context,
     request: &RunRequest,
-) -> Result<(Box<Resolved>, Option<String>), ErrorReply> {
+) -> Result<(Box<Resolved>, Option<Approval>), ErrorReply> {
     match policy.decide(host, context, request) {
         palisade_policy::Decision::Allow(r) => Ok((r, None)),
-        palisade_policy::Decision::NeedsApproval { reason, resolved } => Ok((resolved, Some(reason))),
+        palisade_policy::Decision::NeedsApproval { reason, rule, resolved } => {
+            Ok((resolved, Some(Approval { reason, rule })))
+        }
         palisade_policy::Decision::Deny(d) => Err(ErrorReply::with_rule(d.kind, d.reason, d.rule)),
     }
 }

@@ -429,8 +429,8 @@ impl<E: Executor> Server<E> {
     ) -> Result<RunResult, BrokerError> {
         let (decided, request) = self.decide(peer, request).await;
         let mut decided = decided?;
-        if let Some(reason) = &decided.approval {
-            let question = self.broker.pending_approval(peer, &decided, &request, reason);
+        if let Some(approval) = &decided.approval {
+            let question = self.broker.pending_approval(peer, &decided, &request, approval);
             decided.approver_approved = self.ask_approval(peer, question, sink, inbound).await?;
         }
         // A slot, or a place in the bounded queue, or Busy.
@@ -555,7 +555,7 @@ impl<E: Executor> Server<E> {
         sink: &mut SocketSink,
         inbound: &mut Inbound,
     ) -> Result<bool, BrokerError> {
-        let reason = question.pending.reason.clone();
+        let (approval, reason) = (question.approval, question.pending.reason.clone());
         let timeout = Duration::from_secs(question.timeout_secs);
         let mut ticket = self.broker.pending.open(question.pending, Some(question.run));
         let (id, run_id) = (ticket.pending.id, ticket.pending.run_id);
@@ -601,7 +601,11 @@ impl<E: Executor> Server<E> {
             why: answer.why.clone(),
         };
         self.broker.journal.append(answered).await?;
-        if answer.approved { Ok(answer.by_approver) } else { Err(not_approved(&reason, &answer.why).into()) }
+        if answer.approved {
+            Ok(answer.by_approver)
+        } else {
+            Err(not_approved(&approval, &answer.why).into())
+        }
     }
 
     /// The first answer to the requester's pending approval, within

@@ -22,7 +22,9 @@ fn list(items: &[String]) -> String {
 pub fn explanation(decision: &Decision, policy: String) -> Explanation {
     let (word, kind, rule, reason) = match decision {
         Decision::Allow(_) => ("allow", None, None, None),
-        Decision::NeedsApproval { reason, .. } => ("needs_approval", None, None, Some(reason.clone())),
+        Decision::NeedsApproval { reason, rule, .. } => {
+            ("needs_approval", None, Some(rule.to_string()), Some(reason.clone()))
+        }
         Decision::Deny(d) => ("deny", Some(d.kind), Some(d.rule.to_string()), Some(d.reason.clone())),
     };
     Explanation { decision: word.into(), kind, rule, reason, text: render(decision), policy }
@@ -37,8 +39,9 @@ pub fn render(decision: &Decision) -> String {
             let _ = writeln!(out, "rule:     {}", d.rule);
             let _ = writeln!(out, "reason:   {}", d.reason);
         }
-        Decision::NeedsApproval { reason, resolved } => {
+        Decision::NeedsApproval { reason, rule, resolved } => {
             let _ = writeln!(out, "decision: needs approval");
+            let _ = writeln!(out, "rule:     {rule}");
             let _ = writeln!(out, "reason:   {reason}");
             let _ = writeln!(out, "if approved:");
             allow(&mut out, resolved);

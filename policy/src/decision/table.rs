@@ -1072,7 +1072,7 @@ fn decisions() {
         let decision = Policy::new(config, &*host.files).decide(&host, &context(row.on), &(row.request)(&f));
         match (row.want, decision) {
             (Want::Allow(check), Decision::Allow(r)) => check(&r, &f),
-            (Want::Approval(check), Decision::NeedsApproval { reason, resolved }) => {
+            (Want::Approval(check), Decision::NeedsApproval { reason, resolved, .. }) => {
                 assert!(reason.contains("Tier B"), "{}: {reason}", row.what);
                 check(&resolved, &f)
             }
@@ -1161,7 +1161,7 @@ fn trust_stages() {
         policy.decide(&host, &ctx, &tool("t", &["cat", "in.txt"], params)(&f))
     };
     let question = |d: Decision| match d {
-        Decision::NeedsApproval { reason, resolved } => (reason, resolved),
+        Decision::NeedsApproval { reason, resolved, .. } => (reason, resolved),
         other => panic!("{other:?}"),
     };
     let refusal = |d: Decision| match d {

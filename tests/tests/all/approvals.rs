@@ -137,7 +137,12 @@ impl Setup {
         let socket = self.d.socket.to_string_lossy().into_owned();
         let mut args = vec!["run", "--socket", &socket, "--tool", "show"];
         for p in params {
-            args.extend(["--param", p]);
+            // A flag (`--json`) goes as it is; anything else is a parameter.
+            if p.starts_with("--") {
+                args.push(p);
+            } else {
+                args.extend(["--param", p]);
+            }
         }
         let mut argv = user.map(as_user).unwrap_or_default();
         argv.push(bin("palisade").to_string_lossy().into_owned());
@@ -334,6 +339,14 @@ fn an_unanswered_run_expires_and_a_requester_gone_takes_its_approval_along() {
     assert!(text(&o.stderr).contains("expired after 3 s"), "{}", text(&o.stderr));
     assert!(o.stdout.is_empty());
     assert!(s.pending(None).is_empty());
+    // The refusal carries the rule that asked: the tool's Trial.
+    let o = s.spawn_show(&["file=in.txt", "--json"], "in.txt").wait_with_output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+    assert_eq!(
+        (v["error"]["kind"].as_str(), v["error"]["rule"].as_str()),
+        (Some("NeedsApproval"), Some("trust.trial")),
+        "{v}"
+    );
 
     let mut child = s.spawn_show(&["file=in.txt"], "in.txt");
     let p = s.next_pending();
@@ -446,6 +459,14 @@ fn each_escalation_puts_the_tool_back_to_draft_and_a_sensitive_path_is_never_gra
     assert_eq!(s.palisade(&["deny", &p.id.to_string()], None).status.code(), Some(0));
     assert_eq!(child.wait_with_output().unwrap().status.code(), Some(125));
     assert_eq!(s.stage(), "draft");
+    // Denied, an escalation's run carries its rule (with --json).
+    verified(&s);
+    let child = s.spawn_show(&["file=in.txt", "other=in.txt", "--json"], "in.txt");
+    let p = s.next_pending();
+    assert_eq!(s.palisade(&["deny", &p.id.to_string()], None).status.code(), Some(0));
+    let o = child.wait_with_output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+    assert_eq!(v["error"]["rule"], "trust.escalation", "{v}");
 
     // SensitiveDirectory: refused outright (never granted), and Draft.
     verified(&s);
