@@ -685,3 +685,49 @@ fn an_approver_by_a_supplementary_groups_name_answers_and_without_it_cannot() {
     );
     ran(&child.wait_with_output().unwrap());
 }
+
+/// README.md's worked example of a declared tool, run as written: its
+/// shell block, in an empty directory, at a terminal where the person
+/// answers `y` to the one question, the Trial run's.
+#[test]
+fn the_readmes_declared_tool_goes_from_draft_to_verified_as_written() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    let section =
+        &readme[readme.find("#### A declared tool, from declaration to Verified").expect("the section")..];
+    let block = &section[section.find("```sh\n").unwrap() + 6..];
+    let block = &block[..block.find("```").unwrap()];
+    let dir = TempDir::new("readme-tool");
+    let (_journal, journal) = scratch_journal(None);
+    let path = format!(
+        "{}:{}",
+        bin("palisade").parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = std::process::Command::new("/bin/bash");
+    cmd.args(["-e", "-c", block])
+        .current_dir(dir.path())
+        .env("PATH", path)
+        .env("PALISADE_STATE", state_beside(&journal))
+        .env("PALISADE_JOURNAL", &journal)
+        .env_remove("PALISADE_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (child, mut terminal, question) = spawn_at_terminal(cmd);
+    assert!(
+        question.contains("tool count is in Trial") && question.ends_with("Run it? [y/N] "),
+        "{question}"
+    );
+    std::io::Write::write_all(&mut terminal, b"y\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    // What else the terminal was shown: nothing but the answer's echo (no second question).
+    drop(terminal);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{out}{err}");
+    assert!(out.contains("tool count: draft") && out.contains("tool count: trial"), "{out}");
+    let notes = dir.join("count-demo/notes.txt");
+    let counted = format!("2 {}\n", notes.display());
+    assert_eq!(out.matches(&counted).count(), 2, "{out}{err}");
+    let stages = std::fs::read_to_string(state_beside(&journal).join("trust.json")).unwrap_or_default();
+    assert!(stages.contains("verified") || stages.contains("Verified"), "{stages}");
+}
