@@ -16,6 +16,10 @@ if [ ! -x "$venv/bin/python3" ] || ! "$venv/bin/python3" -c 'import mcp, mypy, s
   "$python" -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/python-requirements.txt
 fi
+# pytest's wheels (pure Python), which tests/tests/all/first_hour.rs installs from
+# offline when it runs docs/agents.md's first hour as written.
+ls target/py-wheels/pytest-*.whl >/dev/null 2>&1 ||
+  "$venv/bin/pip" download --quiet --disable-pip-version-check -d target/py-wheels pytest==8.3.3
 # The client, every time: it is part of the tree under test. Built with the
 # environment's setuptools (no download); a copy, not a link to the source.
 "$venv/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation --no-deps --force-reinstall \

@@ -37,6 +37,8 @@ mod system;
 mod warm;
 
 #[cfg(feature = "slow")]
+mod first_hour;
+#[cfg(feature = "slow")]
 mod mcp;
 #[cfg(feature = "slow")]
 mod soak;
