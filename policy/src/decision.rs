@@ -739,7 +739,10 @@ impl Policy {
             return denied(
                 ErrorKind::WorkspaceScopeDenied,
                 "scope.sensitive_path",
-                format!("{} is a sensitive path and cannot be granted", p.display()),
+                format!(
+                    "{} is a sensitive path: sensitive paths are never granted, by any flag or key",
+                    p.display()
+                ),
             );
         }
         Ok(Some(p))
@@ -891,7 +894,9 @@ impl Policy {
                     ErrorKind::WorkspaceScopeDenied,
                     "scope.sensitive_path",
                     format!(
-                        "{} holds {}, which Tier B cannot hide from the sandbox",
+                        "{} holds {}, which Tier B cannot hide from the sandbox: sensitive paths are never \
+                         granted, by any flag or key; run it where Tier C is available, or from a directory \
+                         that holds none",
                         root.display(),
                         p.display()
                     ),
@@ -1240,7 +1245,8 @@ fn required_landlock(
             ErrorKind::Unavailable,
             "landlock.unsupported",
             format!(
-                "the policy requires Landlock {missing}, which this kernel (Landlock ABI {abi}) cannot enforce"
+                "the policy requires Landlock {missing}, which this kernel (Landlock ABI {abi}) cannot enforce: \
+                 no flag makes the kernel enforce it (a newer kernel does)"
             ),
         );
     }
@@ -1267,8 +1273,12 @@ fn cgroup_plan(
         Err(why) if profile.require_cgroup => denied(
             ErrorKind::Unavailable,
             "cgroup.unavailable",
-            format!("the policy requires cgroup limits, and this broker has no usable cgroup: {why}"),
-        ),
+            format!(
+                "the policy requires cgroup limits, and this broker has no usable cgroup: {why} \
+                 (`palisade doctor` prints the lines that give runs one: [broker] cgroup_root)"
+            ),
+        )
+        .map_err(|d: Denial| d.with_fix(None, "require_cgroup = false")),
         Err(_) => Ok(None),
     }
 }
@@ -1473,7 +1483,9 @@ fn broker_owned_inside(host: &Host, grants: &Grants, disk: DiskMode) -> Result<V
             if let Ok(meta) = host.files.lstat(&owned.path) {
                 if grants.tier == Tier::B {
                     return refuse(format!(
-                        "{} holds {} ({}), which Tier B cannot hide from the sandbox",
+                        "{} holds {} ({}), which Tier B cannot hide from the sandbox: what the broker keeps \
+                         is nobody's workspace; run it where Tier C is available, or from a directory that \
+                         holds none",
                         grant.display(),
                         owned.what,
                         owned.path.display()

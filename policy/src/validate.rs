@@ -909,7 +909,10 @@ pub fn check_patterns(rules: &Rules, argv: &[String]) -> Result<(), Denial> {
         return Err(deny(
             ErrorKind::PolicyDenied,
             "patterns.blocked",
-            format!("the command line contains {}", b.what),
+            format!(
+                "the command line contains {}, a blocked pattern (built in, or [policy] blocked_patterns): no flag lifts it",
+                b.what
+            ),
         ));
     }
     Ok(())

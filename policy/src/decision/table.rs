@@ -1077,10 +1077,62 @@ fn decisions() {
                 check(&resolved, &f)
             }
             (Want::Deny(kind, rule), Decision::Deny(d)) => {
-                assert_eq!((d.kind, d.rule), (kind, rule), "{}: {}", row.what, d.reason)
+                assert_eq!((d.kind, d.rule), (kind, rule), "{}: {}", row.what, d.reason);
+                names_a_fix_or_why_none(&d);
             }
             (_, other) => panic!("{}: {other:?}", row.what),
         }
+    }
+}
+
+/// The refusals no flag or key lifts, and the words of each reason that say
+/// why (or what to change instead): the request itself is wrong, the host
+/// lacks the mechanism, or the policy never grants it.
+const NO_FIX: &[(&str, &[&str])] = &[
+    ("broker.sandbox_ids", &["[broker] sandbox_ids covers"]),
+    ("command.not_found", &["command not found"]),
+    ("egress.redirected", &["preflight checks only the hosts it names"]),
+    ("egress.strict_unavailable", &["which this host cannot create"]),
+    ("egress.too_many_listeners", &["allow fewer names or ports, or set [egress] transparent = false"]),
+    ("filesystem.missing", &["does not exist"]),
+    ("landlock.unsupported", &["no flag makes the kernel enforce it"]),
+    ("limits.empty_command", &["empty command"]),
+    ("limits.nul_byte", &["NUL byte"]),
+    ("patterns.blocked", &["no flag lifts it"]),
+    ("profiles.unknown", &["is declared (declared:"]),
+    ("request.cwd", &["the request names no cwd"]),
+    ("request.limit", &["must be at least"]),
+    ("request.pass_env", &["which env does not hold"]),
+    ("request.path", &["is not a directory", "does not exist"]),
+    ("request.profile_with_tool", &["not both"]),
+    ("request.umask", &["is not a umask"]),
+    ("request.widens", &["an operator would set"]),
+    ("scope.broker_state", &["the broker's state directory"]),
+    ("scope.not_allowed", &["cannot reach it"]),
+    ("scope.sensitive_path", &["never granted, by any flag or key"]),
+    ("tools.parameter_validation", &["is not an existing"]),
+    ("tools.undeclared_parameter", &["is not declared by tool"]),
+    ("tools.unknown", &["is declared (declared:"]),
+];
+
+/// A refusal a flag or key lifts ends with it (`Denial::finish`); any other
+/// says why none does, in words [`NO_FIX`] holds for its rule.
+fn names_a_fix_or_why_none(d: &crate::Denial) {
+    if d.fix.is_some() {
+        let end = d.reason.contains("; allow it with `") || d.reason.contains("(an operator would set `");
+        assert!(end, "{}: a fix that the reason does not end with: {}", d.rule, d.reason);
+        return;
+    }
+    match NO_FIX.iter().find(|(rule, _)| *rule == d.rule) {
+        Some((_, why)) => {
+            assert!(
+                why.iter().any(|w| d.reason.contains(w)),
+                "{}: does not say {why:?}: {}",
+                d.rule,
+                d.reason
+            )
+        }
+        None => panic!("{}: neither a fix nor a reason none exists: {}", d.rule, d.reason),
     }
 }
 

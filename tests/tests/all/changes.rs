@@ -240,8 +240,8 @@ fn hold_changes_shows_a_diff_and_is_applied_or_discarded() {
     let (discarded, _) = s.changes(&["discard", &id]);
     assert_eq!(discarded["id"], id.as_str(), "{discarded}");
     assert_eq!(s.read("notes.txt"), "one\n2\nthree\n");
-    let (v, _) = s.changes(&["show", &id]);
-    assert!(v.is_null());
+    let (v, o) = s.changes(&["show", &id]);
+    assert_eq!((o.status.code(), v["error"]["kind"].as_str()), (Some(125), Some("InvalidRequest")), "{v}");
 }
 
 #[test]

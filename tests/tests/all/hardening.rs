@@ -104,7 +104,8 @@ fn tier_b_without_landlock_is_refused() {
     );
     assert_eq!(
         text(&o.stderr),
-        "palisade: Unavailable: the policy requires Landlock fs, which this kernel (Landlock ABI 0) cannot enforce\n"
+        "palisade: Unavailable: the policy requires Landlock fs, which this kernel (Landlock ABI 0) cannot enforce: \
+         no flag makes the kernel enforce it (a newer kernel does)\n"
     );
     assert!(o.stdout.is_empty());
     // Counter-test: with Landlock, the same broker configuration runs it.

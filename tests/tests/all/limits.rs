@@ -90,7 +90,8 @@ fn doctor_the_attestation_and_require_cgroup_agree_about_this_host() {
             let (code, refused, _) = run_json("[policy]\nrequire_cgroup = true\n", &[&probe(), "echo", "x"]);
             assert_eq!(code, Some(125));
             let message = refused["error"]["message"].as_str().unwrap();
-            assert!(message.ends_with(reason), "doctor: {reason}\nrefusal: {message}");
+            assert!(message.contains(reason), "doctor: {reason}\nrefusal: {message}");
+            assert!(message.contains("`palisade doctor` prints the lines that give runs one"), "{message}");
             // Where the host mounts cgroups as v1 or a hybrid, that is the reason.
             if !layout.contains("v2 (pure)") {
                 assert!(reason.contains("not a pure cgroup v2 mount"), "{layout}: {reason}");

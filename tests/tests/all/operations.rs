@@ -259,7 +259,10 @@ fn status_reports_the_runs_the_pool_the_journal_and_the_configuration() {
     let gate = Gate::new(dir.path(), None);
     let d = Daemon::start(&gated_profile(&gate));
     let s = status(&d);
-    assert_eq!((s.version.as_str(), s.protocol), (env!("CARGO_PKG_VERSION"), 12));
+    assert_eq!(
+        (s.version.as_str(), s.protocol),
+        (env!("CARGO_PKG_VERSION"), palisade_protocol::wire::PROTOCOL_VERSION)
+    );
     assert_eq!((s.pid, s.uid), (d.child.id(), nix::unistd::geteuid().as_raw()));
     assert_eq!((s.runs_in_flight, s.runs_queued, s.max_concurrent, s.max_queued), (0, 0, 16, 128));
     assert!(
