@@ -4,8 +4,8 @@
 
 use crate::client::ClientError;
 use crate::discovery::{BrokerArgs, Route};
-use crate::json_fail;
 use crate::render::fail;
+use crate::{json_fail, json_reply};
 use palisade_protocol::wire::{
     ClientMessage, ErrorKind, ErrorReply, PendingApproval, ServerMessage, ToolInfo,
 };
@@ -92,7 +92,7 @@ pub fn list(args: &BrokerArgs, json: bool) -> i32 {
     let pending = match ask(args, &ClientMessage::ListApprovals) {
         Ok(ServerMessage::Approvals(p)) => p,
         Ok(other) => return json_fail(json, ErrorKind::ProtocolError, format!("unexpected reply {other:?}")),
-        Err(e) => return json_fail(json, e.kind, e.message),
+        Err(e) => return json_reply(json, e),
     };
     if json {
         crate::outln!("{}", serde_json::to_string(&pending).unwrap_or_default());

@@ -167,10 +167,15 @@ pub fn fail(kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
 /// As [`fail`], or with `json` as one object on stdout,
 /// `{"error": {"kind": ..., "message": ...}}`, for a program to read.
 pub fn json_fail(json: bool, kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
+    json_reply(json, palisade_protocol::wire::ErrorReply::new(kind, message.to_string()))
+}
+
+/// A broker's error as it came (its `rule` and `helper` too): its line, or
+/// with `json` the object `{"error": ...}` on stdout.
+pub fn json_reply(json: bool, error: palisade_protocol::wire::ErrorReply) -> i32 {
     if !json {
-        return fail(kind, message);
+        return fail(error.kind, error.message);
     }
-    let error = palisade_protocol::wire::ErrorReply::new(kind, message.to_string());
     outln!("{}", serde_json::json!({ "error": error }));
     EXIT_PALISADE
 }

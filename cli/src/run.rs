@@ -5,8 +5,8 @@
 use crate::args::{ExplainArgs, RunArgs, explain_run, request};
 use crate::client::{Client, ClientError, Event};
 use crate::discovery::{self, Found, Route, Which};
-use crate::json_fail;
 use crate::render::Render;
+use crate::{json_fail, json_reply};
 use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest, Stream};
 use std::ffi::OsString;
 use std::io::Write;
@@ -70,7 +70,7 @@ pub fn explain_by(found: Found, args: ExplainArgs) -> i32 {
     match client.request(&palisade_protocol::wire::ClientMessage::Explain(request)) {
         Ok(palisade_protocol::wire::ServerMessage::Explained(e)) => show_explanation(&e, &name, json),
         Ok(other) => json_fail(json, ErrorKind::RuntimeFailure, format!("the broker answered {other:?}")),
-        Err(ClientError::Reply(e)) => json_fail(json, e.kind, e.message),
+        Err(ClientError::Reply(e)) => json_reply(json, e),
         Err(e) => json_fail(json, ErrorKind::RuntimeFailure, format!("{}: {e}", socket.display())),
     }
 }

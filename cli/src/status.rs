@@ -2,7 +2,7 @@
 
 use crate::approve::ask;
 use crate::discovery::BrokerArgs;
-use crate::json_fail;
+use crate::{json_fail, json_reply};
 use palisade_protocol::wire::{BrokerStatus, ClientMessage, ErrorKind, ServerMessage};
 use std::fmt::Write;
 
@@ -11,7 +11,7 @@ pub fn status(args: &BrokerArgs, json: bool) -> i32 {
     let status = match ask(args, &ClientMessage::Status) {
         Ok(ServerMessage::Status(s)) => s,
         Ok(other) => return json_fail(json, ErrorKind::ProtocolError, format!("unexpected reply {other:?}")),
-        Err(e) => return json_fail(json, e.kind, e.message),
+        Err(e) => return json_reply(json, e),
     };
     if json {
         crate::outln!("{}", serde_json::to_string(&status).unwrap_or_default());

@@ -10,6 +10,7 @@ passed and exits 0, or fails with an assertion's message.
 
 import os
 import sys
+import tempfile
 import time
 
 import anyio
@@ -154,21 +155,36 @@ async def cancellation(s):
 
 
 async def session(callback, body):
-    async with stdio_client(SERVER) as (read, write):
+    with tempfile.NamedTemporaryFile("w+", prefix="palisade-mcp-log-") as log:
+        LOG["path"] = log.name
+        await logged_session(callback, body, log)
+
+
+async def logged_session(callback, body, log):
+    async with stdio_client(SERVER, errlog=log) as (read, write):
         async with ClientSession(read, write, elicitation_callback=callback) as s:
             if body is not basics:
                 await s.initialize()
             await body(s)
 
 
+# The server's stderr, its log, of the session in progress.
+LOG = {}
+
+
 def answering_when_told(verb, told):
-    """A progress callback that answers a run waiting for approval as its
-    message says (`palisade approve ID --socket S`), with `verb`."""
+    """A progress callback that, told a run waits for a person's approval,
+    answers it with `verb` as the server's log says (`palisade approve ID
+    --socket S`): the command is in the log, never in the notification."""
     async def on_progress(progress, total, message):
         told.append(message or "")
-        command = (message or "").split("approve the run with ", 1)[-1].split(" (or ", 1)[0].split()
-        if command[:2] == ["palisade", "approve"]:
-            await anyio.run_process([PALISADE, verb, *command[2:]], check=True)
+        if "waiting for a person's approval" not in (message or ""):
+            return
+        check("the notification does not carry the command", "palisade approve" not in message, message)
+        with open(LOG["path"]) as log:
+            lines = [l for l in log if "approve the run with " in l]
+        command = lines[-1].split("approve the run with ", 1)[1].split(" (or ", 1)[0].split()
+        await anyio.run_process([PALISADE, verb, *command[2:]], check=True)
     return on_progress
 
 
@@ -195,7 +211,7 @@ async def approvals(mode):
     async def unasked(s):
         told = []
         r = await s.call_tool("run_tool", run, progress_callback=answering_when_told("approve", told))
-        check(f"{mode}: without elicitation the person is told how to approve", any("palisade approve " in m and "no elicitation" in m for m in told), told)
+        check(f"{mode}: without elicitation the person is told the run waits", any("waiting for a person's approval" in m for m in told), told)
         check(f"{mode}: and approved so, the run runs", r.structured_content["exit_code"] == 0, r.structured_content)
 
     await session(answering(True, asked), approved)

@@ -20,8 +20,6 @@ use std::time::{Duration, Instant};
 /// `target/release`), so that what is shipped is what is tested.
 const SHIPPED: [&str; 3] = ["palisade-helper", "palisade", "palisaded"];
 
-/// A binary built by cargo next to the test executables (`target/<profile>/NAME`),
-/// or a shipped one from `PALISADE_TEST_RELEASE_DIR`.
 /// `python3` that imports the Python client of clients/python from its
 /// source (the system's Python; nothing installed).
 pub fn python_with_client() -> std::process::Command {
@@ -38,6 +36,8 @@ pub fn python_client(args: &[&str]) -> std::process::Command {
     command
 }
 
+/// A binary built by cargo next to the test executables (`target/<profile>/NAME`),
+/// or a shipped one from `PALISADE_TEST_RELEASE_DIR`.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let mut dir = exe.parent().expect("test binary directory").to_path_buf();

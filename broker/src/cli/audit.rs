@@ -188,21 +188,27 @@ pub fn main(command: AuditCommand) -> i32 {
         AuditCommand::Head { at, json } => print_head(&at, json),
         AuditCommand::Show { run_id: Some(run_id), at, json, .. } => show(&at, run_id, json),
         AuditCommand::Show { path: Some(path), at, json, .. } => show_path(&at, &path, json),
-        AuditCommand::Show { .. } => Err("a run's id or --path PATH".into()),
+        AuditCommand::Show { .. } => {
+            return audit_fail(json, ErrorKind::InvalidRequest, "a run's id or --path PATH", EXIT_UNREADABLE);
+        }
         AuditCommand::Tail { n, follow, at, json } => tail(&at, n, follow, json),
     };
     match done {
         Ok(()) => 0,
-        Err(e) if json => {
-            let error = ErrorReply::new(ErrorKind::JournalUnavailable, e);
-            palisade_cli::outln!("{}", serde_json::json!({ "error": error }));
-            EXIT_UNREADABLE
-        }
-        Err(e) => {
-            eprintln!("palisade audit: {e}");
-            EXIT_UNREADABLE
-        }
+        Err(e) => audit_fail(json, ErrorKind::JournalUnavailable, e, EXIT_UNREADABLE),
     }
+}
+
+/// Says why `palisade audit` failed (with `json`, as one `{"error": ...}`
+/// object on stdout); the exit status `status`.
+fn audit_fail(json: bool, kind: ErrorKind, why: impl std::fmt::Display, status: i32) -> i32 {
+    if json {
+        let error = ErrorReply::new(kind, why.to_string());
+        palisade_cli::outln!("{}", serde_json::json!({ "error": error }));
+    } else {
+        eprintln!("palisade audit: {why}");
+    }
+    status
 }
 
 fn verify_journal(at: &JournalDir, head: Option<&str>, allow_pruned: bool, json: bool) -> i32 {
@@ -210,14 +216,13 @@ fn verify_journal(at: &JournalDir, head: Option<&str>, allow_pruned: bool, json:
         Ok(d) => d,
         Err(e) => {
             let status = e.status();
-            eprintln!("palisade audit: {}", e.message());
-            return status;
+            return audit_fail(json, ErrorKind::JournalUnavailable, e.message(), status);
         }
     };
     let head = head.map(str::to_ascii_lowercase);
     if let Some(h) = head.as_deref().filter(|h| h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit())) {
-        eprintln!("palisade audit: --head {h:?} is not a record's hash (64 hex digits)");
-        return EXIT_UNREADABLE;
+        let why = format!("--head {h:?} is not a record's hash (64 hex digits)");
+        return audit_fail(json, ErrorKind::InvalidRequest, why, EXIT_UNREADABLE);
     }
     match verify::verify(&dir, head.as_deref(), allow_pruned) {
         Ok(v) if json => {

@@ -8,7 +8,7 @@ use crate::cli::discovery::Route;
 use crate::cli::run::EXIT_PALISADE;
 use crate::host::requester::Requester;
 use clap::Subcommand;
-use palisade_cli::json_fail;
+use palisade_cli::json_reply;
 use palisade_policy::Config;
 use palisade_protocol::wire::{ChangeSetInfo, ClientMessage, ErrorKind, ErrorReply, ServerMessage};
 use std::path::PathBuf;
@@ -89,11 +89,11 @@ pub fn main(command: ChangesCommand) -> i32 {
     };
     let reply = match ask(&at, message) {
         Ok(r) => r,
-        Err(e) => return json_fail(at.json, e.kind, e.message),
+        Err(e) => return json_reply(at.json, e),
     };
     if at.json {
         return match reply {
-            ServerMessage::Error(e) => json_fail(true, e.kind, e.message),
+            ServerMessage::Error(e) => json_reply(true, e),
             other => {
                 palisade_cli::outln!("{}", serde_json::to_string(&reply_value(&other)).unwrap_or_default());
                 0

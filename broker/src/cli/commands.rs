@@ -45,7 +45,7 @@ pub enum Command {
         /// Policy file (for cgroup_root, require_cgroup and the fallback policy).
         #[arg(long, value_name = "FILE")]
         policy: Option<PathBuf>,
-        /// Print it as one JSON object (docs/cli.md lists its fields).
+        /// Print it as one JSON object (README.md lists its fields).
         #[arg(long)]
         json: bool,
     },

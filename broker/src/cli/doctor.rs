@@ -51,14 +51,17 @@ fn apparmor_userns(restrict: Option<&str>, profiles: Option<&str>, helper: &std:
 }
 
 /// What `palisade doctor` found: printed as text, or as one JSON object
-/// with `--json` (docs/cli.md lists the fields).
+/// with `--json` (README.md, "Resource limits", lists the fields).
 #[derive(serde::Serialize, Debug)]
 pub struct Report {
     /// `uname -r`, and the machine (`x86_64`, `aarch64`).
     pub kernel: String,
     pub arch: &'static str,
-    /// Whether runs get user namespaces (there and not turned off), and why.
+    /// Whether runs get user namespaces (the host has them, and
+    /// `[broker] user_namespaces` does not turn them off), whether the host
+    /// has them, and what decides it.
     pub user_namespaces: bool,
+    pub user_namespaces_available: bool,
     pub user_namespaces_detail: Vec<String>,
     /// The kernel's Landlock ABI (0: none) and what it covers.
     pub landlock_abi: u32,
@@ -114,7 +117,8 @@ pub fn report(config: &Config) -> Report {
     Report {
         kernel,
         arch: std::env::consts::ARCH,
-        user_namespaces: available,
+        user_namespaces,
+        user_namespaces_available: available,
         user_namespaces_detail: detail,
         landlock_abi: abi,
         landlock_detail,
@@ -173,7 +177,7 @@ impl Report {
     pub fn text(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "kernel:           Linux {} ({})", self.kernel, self.arch);
-        let userns = if self.user_namespaces { "available" } else { "unavailable" };
+        let userns = if self.user_namespaces_available { "available" } else { "unavailable" };
         let _ = writeln!(out, "user namespaces:  {userns} ({})", self.user_namespaces_detail.join("; "));
         let _ = writeln!(out, "landlock:         {}", self.landlock_detail);
         let seccomp = if self.seccomp { "available (filter mode)" } else { "unavailable" };

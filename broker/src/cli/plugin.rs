@@ -153,7 +153,7 @@ fn remove(name: &str, policy: Option<&PathBuf>) -> i32 {
 fn list(json: bool, policy: Option<&PathBuf>) -> i32 {
     let skills = match index(policy).and_then(|i| i.list().map_err(|e| e.to_string())) {
         Ok(s) => s,
-        Err(e) => return fail(ErrorKind::RuntimeFailure, e),
+        Err(e) => return palisade_cli::json_fail(json, ErrorKind::RuntimeFailure, e),
     };
     if json {
         palisade_cli::outln!("{}", serde_json::to_string(&skills).unwrap_or_default());

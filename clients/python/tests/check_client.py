@@ -4,11 +4,37 @@ where the broker's profile `sh` allows interpreters and inline code and its
 default profile does not. Prints one line per check and exits 0 when every
 check held."""
 
+import json
 import os
+import socket
 import sys
+import tempfile
+import threading
 from typing import List, Tuple
 
 from palisade_client import OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, Client, PalisadeError
+
+
+def twelve_only(path: str) -> None:
+    """A broker of version 12 as it greets: any other version refused, no
+    range known; two connections."""
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen()
+
+    def serve() -> None:
+        for _ in range(2):
+            conn, _ = server.accept()
+            with conn, conn.makefile("rb") as lines:
+                hello = json.loads(lines.readline())["hello"]
+                if hello["version"] != 12 or "min_version" in hello:
+                    error = {"kind": "ProtocolError", "message": f"protocol version {hello['version']} is not supported; this broker speaks 12"}
+                    conn.sendall(json.dumps({"error": error}).encode() + b"\n")
+                else:
+                    conn.sendall(b'{"hello": {"version": 12, "broker": "palisaded 0.0.12", "encoding": "json"}}\n')
+        server.close()
+
+    threading.Thread(target=serve, daemon=True).start()
 
 
 def main() -> int:
@@ -60,6 +86,13 @@ def main() -> int:
         assert old.version == OLDEST_PROTOCOL_VERSION, old.version
         assert old.run(["/bin/echo", "old"]).stdout == b"old\n"
         print("version", old.version, "still served")
+    palisade_client.PROTOCOL_VERSION = PROTOCOL_VERSION
+    # A broker of version 12, which knows no range: asked again in 12 alone.
+    with tempfile.TemporaryDirectory() as d:
+        twelve_only(os.path.join(d, "s"))
+        with Client(os.path.join(d, "s")) as twelve:
+            assert (twelve.version, twelve.broker) == (12, "palisaded 0.0.12"), twelve.version
+            print("a broker of version 12 is met in 12")
     print("ok")
     return 0
 

@@ -516,6 +516,16 @@ fn the_report_commands_print_json_when_asked() {
     let o = palisade_plain(ws.path(), &["audit", "head", "--json", "--journal", journal.to_str().unwrap()]);
     let v = json_of(&o);
     assert!(o.status.success() && v["seq"].is_u64() && v["hash"].is_string(), "{v}");
-    let o = palisade_plain(ws.path(), &["audit", "head", "--json", "--journal", "/nonexistent/journal"]);
-    assert_eq!(json_of(&o)["error"]["kind"], "JournalUnavailable", "{o:?}");
+    for audit in ["head", "verify", "tail"] {
+        let o = palisade_plain(ws.path(), &["audit", audit, "--json", "--journal", "/nonexistent/journal"]);
+        assert_eq!(json_of(&o)["error"]["kind"], "JournalUnavailable", "{audit}: {o:?}");
+    }
+    let o = palisade_plain(
+        ws.path(),
+        &["audit", "verify", "--json", "--head", "nope", "--journal", journal.to_str().unwrap()],
+    );
+    assert_eq!(json_of(&o)["error"]["kind"], "InvalidRequest", "{o:?}");
+    // A broker's refusal comes as it was given, its rule with it.
+    let o = palisade_plain(ws.path(), &["changes", "show", "nope", "--json", "--socket", socket]);
+    assert_eq!(json_of(&o)["error"]["rule"], "changes.unknown", "{o:?}");
 }

@@ -76,7 +76,7 @@ fn drive(ws: &Path, options: &[&str]) -> String {
         "ok: a cancelled call's run is killed",
         "ok: mcp: an approval answered yes",
         "ok: progress while it ran, with its latest output",
-        "ok: mcp: without elicitation the person is told how to approve",
+        "ok: mcp: without elicitation the person is told the run waits",
     ] {
         assert!(out.contains(want), "{want} is not in:\n{out}");
     }

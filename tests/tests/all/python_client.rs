@@ -25,7 +25,11 @@ fn the_python_client_drives_a_broker_through_its_api() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}{}\n{}", text(&o.stdout), text(&o.stderr), d.log());
-    assert!(text(&o.stdout).ends_with("still served\nok\n"), "{}", text(&o.stdout));
+    assert!(
+        text(&o.stdout).ends_with("still served\na broker of version 12 is met in 12\nok\n"),
+        "{}",
+        text(&o.stdout)
+    );
 }
 
 #[cfg(feature = "slow")]

@@ -320,13 +320,12 @@ impl Palisade {
             Shape::RunCommand | Shape::RunTool => {
                 let progress = Progress::of(&context);
                 let ask = elicit(context.clone(), progress.clone(), self.socket.clone());
-                let reporting = progress.reporting();
+                // Stopped when the call is done, or dropped.
+                let _reporting = progress.reporting();
                 let work = move |stream, broker: &str| {
                     call::result(call::run(stream, call, ask, &progress), broker).map(Into::into)
                 };
-                let done = self.on_broker(&context, work).await;
-                reporting.inspect(tokio::task::AbortHandle::abort);
-                done
+                self.on_broker(&context, work).await
             }
         }
     }
@@ -336,8 +335,10 @@ impl Palisade {
 /// elicitation (called on the call's blocking thread). `None` waits for an
 /// answer from elsewhere (`palisade approve ID`, on the broker's `socket`):
 /// an approver's when this requester may not answer, or the person's when
-/// the client cannot ask (no elicitation); what it waits for is said on
-/// stderr and, when the client asked for progress, in a notification.
+/// the client cannot ask (no elicitation). The command that answers goes
+/// to stderr, the server's log, for a person: never to the client, whose
+/// model could run it; a progress notification says only that the run
+/// waits, and where the command is.
 fn elicit(
     context: RequestContext<RoleServer>,
     progress: Progress,
@@ -348,19 +349,19 @@ fn elicit(
         let id = ask.approval.id;
         let how = format!("palisade approve {id} --socket {} (or palisade deny {id})", socket.display());
         let waiting = if !ask.may_answer {
-            Some(format!("waiting for an approver: {}; an approver answers with {how}", ask.reason))
+            Some(("waiting for an approver", format!("an approver answers with {how}")))
         } else if context.client_capabilities().and_then(|c| c.elicitation).is_none() {
-            Some(format!(
-                "waiting for approval: {} This MCP client cannot ask you (it has no elicitation): \
-                 approve the run with {how}",
-                ask.reason
-            ))
+            let why = "this MCP client cannot ask you (it has no elicitation)";
+            Some(("waiting for a person's approval", format!("{why}: approve the run with {how}")))
         } else {
             None
         };
-        if let Some(waiting) = waiting {
-            eprintln!("palisade mcp: {waiting}");
-            progress.say(waiting);
+        if let Some((what, answer)) = waiting {
+            eprintln!("palisade mcp: {what}: {} {answer}", ask.reason);
+            progress.say(format!(
+                "{what}: {} (the command that answers it is in palisade mcp's log, its stderr)",
+                ask.reason
+            ));
             return None;
         }
         let message = format!(

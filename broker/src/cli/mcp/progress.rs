@@ -45,9 +45,8 @@ impl Tail {
         self.bytes += data.len() as u64;
         self.changed = true;
         for piece in String::from_utf8_lossy(data).split_inclusive('\n') {
-            if self.partial.chars().count() < LINE_CHARS {
-                self.partial.extend(piece.trim_end_matches('\n').chars().take(LINE_CHARS));
-            }
+            let room = LINE_CHARS.saturating_sub(self.partial.chars().count());
+            self.partial.extend(piece.trim_end_matches('\n').chars().take(room));
             if piece.ends_with('\n') {
                 self.lines.push_back(std::mem::take(&mut self.partial));
                 if self.lines.len() > LINES {
@@ -95,7 +94,7 @@ impl Progress {
     }
 
     /// Reports new output each [`EVERY`] until the returned guard is dropped.
-    pub fn reporting(&self) -> Option<tokio::task::AbortHandle> {
+    pub fn reporting(&self) -> Option<Reporting> {
         let shared = self.0.clone()?;
         let task = shared.runtime.clone().spawn(async move {
             loop {
@@ -109,7 +108,16 @@ impl Progress {
                 }
             }
         });
-        Some(task.abort_handle())
+        Some(Reporting(task.abort_handle()))
+    }
+}
+
+/// The task that reports a call's output: stopped when this is dropped.
+pub struct Reporting(tokio::task::AbortHandle);
+
+impl Drop for Reporting {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -140,7 +148,11 @@ mod tests {
         assert_eq!(tail.bytes, 1014);
         let message = tail.message();
         assert!(message.starts_with("1014 bytes of output so far; latest:\none\ntwo\nthree\n"), "{message}");
-        assert!(message.ends_with(&"x".repeat(LINE_CHARS)), "{message}");
+        assert!(message.ends_with(&format!("\n{}", "x".repeat(LINE_CHARS))), "{message}");
+        // A line written in pieces is bounded as a whole.
+        let mut pieces = Tail::default();
+        (0..3).for_each(|_| pieces.push(&[b'y'; 150]));
+        assert_eq!(pieces.partial.chars().count(), LINE_CHARS);
         for i in 0..20 {
             tail.push(format!("line {i}\n").as_bytes());
         }

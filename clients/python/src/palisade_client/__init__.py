@@ -125,20 +125,16 @@ class Client:
 
     def __init__(self, path: Optional[str] = None, *, connect_timeout: Optional[float] = 10.0):
         self.path = path or default_socket()
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.settimeout(connect_timeout)
-        try:
-            self._sock.connect(self.path)
-        except OSError:
-            self._sock.close()
-            raise
-        self._sock.settimeout(None)
-        # A buffered reader of the socket: lines, and raw output after them.
-        self._lines = cast(BinaryIO, self._sock.makefile("rb", buffering=1 << 20))
-        hello = {"magic": "palisade", "version": PROTOCOL_VERSION, "min_version": OLDEST_PROTOCOL_VERSION,
-                 "encoding": "json"}
-        self._send({"hello": hello})
-        reply = self._receive()
+        self._connect_timeout = connect_timeout
+        hello: Json = {"magic": "palisade", "version": PROTOCOL_VERSION, "min_version": OLDEST_PROTOCOL_VERSION,
+                       "encoding": "json"}
+        reply = self._greet(hello)
+        # A broker of version 12 knows no range and refuses any other version:
+        # it is asked again in version 12 alone.
+        refused = reply.get("error") or {}
+        if refused.get("kind") == "ProtocolError" and "is not supported" in str(refused.get("message")):
+            self.close()
+            reply = self._greet({"magic": "palisade", "version": OLDEST_PROTOCOL_VERSION, "encoding": "json"})
         if "error" in reply:
             self.close()
             raise PalisadeError.of(reply["error"])
@@ -150,6 +146,21 @@ class Client:
         if not OLDEST_PROTOCOL_VERSION <= self.version <= PROTOCOL_VERSION:
             self.close()
             raise PalisadeError("ProtocolError", f"the broker answered version {self.version}")
+
+    def _greet(self, hello: Json) -> Json:
+        """Connects and says `hello`; the broker's answer."""
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(self._connect_timeout)
+        try:
+            self._sock.connect(self.path)
+        except OSError:
+            self._sock.close()
+            raise
+        self._sock.settimeout(None)
+        # A buffered reader of the socket: lines, and raw output after them.
+        self._lines = cast(BinaryIO, self._sock.makefile("rb", buffering=1 << 20))
+        self._send({"hello": hello})
+        return self._receive()
 
     def __enter__(self) -> "Client":
         return self
@@ -168,7 +179,10 @@ class Client:
         line = self._lines.readline()
         if not line:
             raise PalisadeError("Unavailable", "the broker closed the connection")
-        message = json.loads(line)
+        try:
+            message = json.loads(line)
+        except ValueError as e:
+            raise PalisadeError("ProtocolError", f"not a JSON line: {e}: {line[:200]!r}") from e
         if isinstance(message, str):
             return {message: None}
         if not isinstance(message, dict):
@@ -218,7 +232,12 @@ class Client:
             message = self._receive()
             if "output" in message:
                 output = message["output"]
-                data = self._lines.read(output["bytes"]) if "bytes" in output else _decode_bytes(output["data"])
+                if "bytes" in output:
+                    data = self._lines.read(output["bytes"])
+                    if len(data) != output["bytes"]:
+                        raise PalisadeError("Unavailable", "the broker closed the connection in a piece of output")
+                else:
+                    data = _decode_bytes(output["data"])
                 if on_output is not None:
                     on_output(output["stream"], data)
                 else:
