@@ -29,6 +29,22 @@ pub fn python_with_client() -> std::process::Command {
     command
 }
 
+/// `target/REL`, which `scripts/py-venv.sh` makes (the virtual environment
+/// `py-venv`, pytest's wheels `py-wheels`): a test that needs it fails
+/// saying how to make it.
+pub fn made_by_py_venv(rel: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target").join(rel);
+    assert!(p.exists(), "{} is missing: `bash scripts/py-venv.sh` makes it (.ci/run does)", p.display());
+    p
+}
+
+/// PATH with the directory of the binaries under test first: a shell
+/// script's `palisade` is the one being tested.
+pub fn path_with_palisade() -> String {
+    let bins = bin("palisade").parent().expect("the binaries' directory").display().to_string();
+    format!("{bins}:{}", std::env::var("PATH").unwrap_or_default())
+}
+
 /// `python3 -m palisade_client ARGS`: that client's command line.
 pub fn python_client(args: &[&str]) -> std::process::Command {
     let mut command = python_with_client();

@@ -698,11 +698,7 @@ fn the_readmes_declared_tool_goes_from_draft_to_verified_as_written() {
     let block = &block[..block.find("```").unwrap()];
     let dir = TempDir::new("readme-tool");
     let (_journal, journal) = scratch_journal(None);
-    let path = format!(
-        "{}:{}",
-        bin("palisade").parent().unwrap().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = path_with_palisade();
     let mut cmd = std::process::Command::new("/bin/bash");
     cmd.args(["-e", "-c", block])
         .current_dir(dir.path())

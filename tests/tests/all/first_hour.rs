@@ -19,22 +19,13 @@ fn blocks() -> Vec<String> {
 
 #[test]
 fn the_first_hour_of_docs_agents_runs_as_written() {
-    let wheels = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/py-wheels");
-    assert!(
-        wheels.exists(),
-        "{} is missing: `bash scripts/py-venv.sh` makes it (.ci/run does)",
-        wheels.display()
-    );
+    let wheels = made_by_py_venv("py-wheels");
     let blocks = blocks();
     assert_eq!(blocks.len(), 4, "{blocks:?}");
     let home = TempDir::new("first-hour-home");
     std::fs::write(home.join(".gitconfig"), "[user]\n\tname = Ada Lovelace\n\temail = ada@example.org\n")
         .unwrap();
-    let path = format!(
-        "{}:{}",
-        bin("palisade").parent().unwrap().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = path_with_palisade();
     let expected = [
         ("1 passed", ""),
         ("node ok", ""),

@@ -14,9 +14,7 @@ fn python() -> PathBuf {
     if let Some(p) = std::env::var_os("PALISADE_TEST_MCP_PYTHON") {
         return PathBuf::from(p);
     }
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/py-venv/bin/python3");
-    assert!(p.exists(), "{} is missing: `bash scripts/py-venv.sh` makes it (.ci/run does)", p.display());
-    p
+    made_by_py_venv("py-venv/bin/python3")
 }
 
 /// A policy whose tool `lister` runs only with a person's approval each

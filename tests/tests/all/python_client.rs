@@ -35,12 +35,7 @@ fn the_python_client_drives_a_broker_through_its_api() {
 #[cfg(feature = "slow")]
 #[test]
 fn the_installed_python_client_is_typed_and_runs() {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/py-venv/bin");
-    assert!(
-        venv.exists(),
-        "{} is missing: `bash scripts/py-venv.sh` makes it (.ci/run does)",
-        venv.display()
-    );
+    let venv = made_by_py_venv("py-venv/bin");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let o = std::process::Command::new(venv.join("mypy"))
         .args(["--strict", "--cache-dir", "/dev/null", "clients/python/src", "clients/python/tests"])
