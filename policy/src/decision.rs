@@ -611,10 +611,7 @@ impl Policy {
                 "scope.sensitive_path" if trusted => Denial::new(
                     d.kind,
                     trust::SENSITIVE_RULE,
-                    format!(
-                        "{}: never granted (escalation SensitiveDirectory: tool {tool} is back to Draft)",
-                        d.reason
-                    ),
+                    format!("{} (escalation SensitiveDirectory: tool {tool} is back to Draft)", d.reason),
                 ),
                 _ => d,
             })?;
@@ -732,7 +729,11 @@ impl Policy {
             return Ok(None);
         };
         if p == Path::new("/") {
-            return denied(ErrorKind::WorkspaceScopeDenied, "scope.root", "/ cannot be granted as a whole");
+            return denied(
+                ErrorKind::WorkspaceScopeDenied,
+                "scope.root",
+                "/ cannot be granted as a whole, by any flag or key: grant the directories under it",
+            );
         }
         // Deny beats allow: a grant cannot open a sensitive path.
         if self.rules.sensitive(&p, home) {
@@ -1621,7 +1622,9 @@ impl Bound<'_> {
             return denied(
                 ErrorKind::WorkspaceScopeDenied,
                 "scope.sensitive_path",
-                format!("parameter {param}: {v} is a sensitive path"),
+                format!(
+                    "parameter {param}: {v} is a sensitive path: sensitive paths are never granted, by any flag or key"
+                ),
             );
         }
         let meta = files.stat(&p);
@@ -1651,7 +1654,7 @@ impl Bound<'_> {
             return denied(
                 ErrorKind::WorkspaceScopeDenied,
                 "scope.root",
-                format!("parameter {param}: / cannot be granted"),
+                format!("parameter {param}: / cannot be granted, by any flag or key"),
             );
         }
         Ok(p)

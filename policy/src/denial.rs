@@ -53,3 +53,67 @@ impl Denial {
         self
     }
 }
+
+/// The refusals no flag or key of a request lifts, and the words each says
+/// why (the request itself is wrong, the host lacks the mechanism, the
+/// policy never grants it) or who lifts it instead (an approver, the Cedar
+/// file it names). Every other refusal ends with its fix.
+const NO_FIX: &[(&str, &[&str])] = &[
+    ("broker.sandbox_ids", &["[broker] sandbox_ids covers"]),
+    ("cedar.error", &["failed to evaluate", "cannot be built"]),
+    ("cedar.forbid", &["a forbid overrides any permit"]),
+    ("cedar.no_permit", &["Cedar denies what no permit allows"]),
+    ("changes.host_executed", &["an operator names approvers in `[approvers] uids`"]),
+    ("changes.unknown", &["holds no change set"]),
+    ("command.not_found", &["command not found"]),
+    ("egress.domains_unenforced", &["cannot be enforced on macOS"]),
+    ("egress.redirected", &["preflight checks only the hosts it names"]),
+    ("egress.strict_unavailable", &["which this host cannot create"]),
+    ("egress.too_many_listeners", &["allow fewer names or ports, or set [egress] transparent = false"]),
+    ("fallback.request_approval", &["Not approved: "]),
+    ("filesystem.missing", &["does not exist"]),
+    ("landlock.unsupported", &["no flag makes the kernel enforce it"]),
+    ("limits.empty_command", &["empty command"]),
+    ("limits.nul_byte", &["NUL byte"]),
+    ("mcp.workspace", &["(palisade mcp --workspace", "--params-outside-workspace lets"]),
+    ("patterns.blocked", &["no flag lifts it"]),
+    ("plugins.inline_module", &["is neither WAT text nor base64"]),
+    ("profiles.unknown", &["is declared (declared:"]),
+    ("request.cwd", &["the request names no cwd"]),
+    ("request.limit", &["must be at least"]),
+    ("request.not_visible", &["the broker sees another file system"]),
+    ("request.pass_env", &["which env does not hold"]),
+    ("request.path", &["is not a directory", "does not exist"]),
+    ("request.profile_with_tool", &["not both"]),
+    ("request.umask", &["is not a umask"]),
+    ("request.widens", &["an operator would set"]),
+    ("scope.broker_state", &["the broker's state directory"]),
+    ("scope.changed", &["refused, not followed"]),
+    ("scope.not_allowed", &["cannot reach it"]),
+    ("scope.not_the_peers", &["no flag or key lifts that"]),
+    ("scope.root", &["by any flag or key"]),
+    ("scope.sensitive_path", &["never granted, by any flag or key"]),
+    ("tools.parameter_validation", &["is not an existing"]),
+    ("tools.undeclared_parameter", &["is not declared by tool"]),
+    ("tools.unknown", &["is declared (declared:"]),
+    ("trust.draft", &["and approves it (palisade tools approve"]),
+    ("trust.escalation", &["Not approved: "]),
+    ("trust.sensitive_directory", &["never granted"]),
+    ("trust.tampered", &["until an approver approves it again (palisade tools approve"]),
+    ("trust.trial", &["Not approved: "]),
+];
+
+/// Whether a refusal's `message` (as a client gets it) says what lifts it:
+/// it ends with its fix (`Denial::finish`), or its `rule` is one no flag or
+/// key lifts and the message says why in the words [`NO_FIX`] holds for it.
+/// The suite holds every refusal the policy and the broker give to this.
+pub fn names_a_fix_or_why_none(rule: &str, message: &str) -> Result<(), String> {
+    if message.contains("; allow it with `") || message.contains("(an operator would set `") {
+        return Ok(());
+    }
+    match NO_FIX.iter().find(|(r, _)| *r == rule) {
+        Some((_, why)) if why.iter().any(|w| message.contains(w)) => Ok(()),
+        Some((_, why)) => Err(format!("{rule}: does not say {why:?}: {message}")),
+        None => Err(format!("{rule}: neither a fix nor a reason none exists: {message}")),
+    }
+}

@@ -10,7 +10,7 @@ pub mod capabilities;
 pub mod cedar;
 pub mod config;
 pub(crate) mod decision;
-pub(crate) mod denial;
+pub mod denial;
 pub mod egress;
 pub(crate) mod egress_plan;
 pub mod host;

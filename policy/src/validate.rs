@@ -406,6 +406,13 @@ fn deny(kind: ErrorKind, rule: &'static str, reason: String) -> Denial {
     Denial::new(kind, rule, reason)
 }
 
+/// A request past a bound of its shape: the bound, its key of `[policy]`,
+/// and the value that would hold this request.
+fn over(d: Denial, key: &str, limit: usize, needed: usize) -> Denial {
+    let reason = format!("{}; the limit is {limit} (`[policy] {key}`)", d.reason);
+    Denial { reason, ..d }.with_fix(None, format!("[policy] {key} = {needed}"))
+}
+
 /// Command length, argument count and size, environment size, NUL bytes.
 pub fn check_shape(policy: &PolicyConfig, argv: &[String], env: &[(String, String)]) -> Result<(), Denial> {
     let Some(command) = argv.first() else {
@@ -416,33 +423,22 @@ pub fn check_shape(policy: &PolicyConfig, argv: &[String], env: &[(String, Strin
         let shown: String = s.chars().take(SHOWN_CHARS).collect::<String>().replace('\0', "\\0");
         return Err(deny(ErrorKind::InvalidRequest, "limits.nul_byte", format!("NUL byte in {shown:?}")));
     }
+    let invalid = |rule, what| deny(ErrorKind::InvalidRequest, rule, what);
     if command.len() > policy.max_command_bytes {
-        return Err(deny(
-            ErrorKind::InvalidRequest,
-            "limits.command_bytes",
-            format!("the command is {} bytes; the limit is {}", command.len(), policy.max_command_bytes),
-        ));
+        let d = invalid("limits.command_bytes", format!("the command is {} bytes", command.len()));
+        return Err(over(d, "max_command_bytes", policy.max_command_bytes, command.len()));
     }
     if argv.len() - 1 > policy.max_arguments {
-        return Err(deny(
-            ErrorKind::InvalidRequest,
-            "limits.arguments",
-            format!("{} arguments; the limit is {}", argv.len() - 1, policy.max_arguments),
-        ));
+        let d = invalid("limits.arguments", format!("{} arguments", argv.len() - 1));
+        return Err(over(d, "max_arguments", policy.max_arguments, argv.len() - 1));
     }
     if let Some((i, a)) = argv.iter().enumerate().skip(1).find(|(_, a)| a.len() > policy.max_argument_bytes) {
-        return Err(deny(
-            ErrorKind::InvalidRequest,
-            "limits.argument_bytes",
-            format!("argument {i} is {} bytes; the limit is {}", a.len(), policy.max_argument_bytes),
-        ));
+        let d = invalid("limits.argument_bytes", format!("argument {i} is {} bytes", a.len()));
+        return Err(over(d, "max_argument_bytes", policy.max_argument_bytes, a.len()));
     }
     if env.len() > policy.max_env_vars {
-        return Err(deny(
-            ErrorKind::InvalidRequest,
-            "limits.env_vars",
-            format!("{} environment variables; the limit is {}", env.len(), policy.max_env_vars),
-        ));
+        let d = invalid("limits.env_vars", format!("{} environment variables", env.len()));
+        return Err(over(d, "max_env_vars", policy.max_env_vars, env.len()));
     }
     Ok(())
 }
@@ -463,7 +459,8 @@ pub fn check_allowed(program: &Path, allowed: &[PathBuf]) -> Result<(), Denial> 
         ErrorKind::PolicyDenied,
         "executables.not_allowed",
         format!("{} is not on the executable allow-list", program.display()),
-    ))
+    )
+    .with_fix(None, format!("allowed_executables = [..., \"{}\"]", program.display())))
 }
 
 /// The command a launcher (env, nice, timeout, ...) would run, and its arguments.

@@ -1284,3 +1284,31 @@ pub fn as_the_unit(capabilities: &[String], user: &nix::unistd::User) -> Vec<Str
     let shell = ["sh", "-c", &start, "sh"];
     shell.iter().chain(&setpriv).chain(&sets).map(|s| s.to_string()).collect()
 }
+
+/// Starts `cmd` in a session of its own whose controlling terminal is a new
+/// pty; returns once a question ending in `[y/N] ` is at the terminal, with
+/// the terminal's other end and the question.
+pub fn spawn_at_terminal(mut cmd: std::process::Command) -> (std::process::Child, std::fs::File, String) {
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let tty = std::os::fd::AsRawFd::as_raw_fd(&pty.slave);
+    // SAFETY: setsid and ioctl are async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            if libc::ioctl(tty, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    drop(pty.slave);
+    let mut prompt = Vec::new();
+    let mut master = std::fs::File::from(pty.master);
+    while !prompt.ends_with(b"[y/N] ") {
+        let mut byte = [0u8; 1];
+        std::io::Read::read_exact(&mut master, &mut byte).unwrap();
+        prompt.push(byte[0]);
+    }
+    (child, master, text(&prompt))
+}

@@ -242,9 +242,13 @@ pub fn serve(
     let reply = match message {
         C::ListChanges => Ok(S::ChangeSets(list(store, requester.uid))),
         C::ShowChanges { id } => show(store, requester, &id).map(|d| S::ChangeSet(Box::new(d))),
-        C::ApplyChanges { host_executed: true, .. } if !approver => Err(ErrorReply::with_rule(
+        C::ApplyChanges { id, host_executed: true, .. } if !approver => Err(ErrorReply::with_rule(
             ErrorKind::Unauthorized,
-            format!("uid {} is not an approver: files the host executes are applied by one", requester.uid),
+            format!(
+                "uid {} is not an approver: files the host executes are applied by one (an approver runs \
+                 `palisade changes apply {id} --host-executed`; an operator names approvers in `[approvers] uids`)",
+                requester.uid,
+            ),
             "changes.host_executed",
         )),
         C::ApplyChanges { id, overwrite, host_executed } => {

@@ -478,4 +478,23 @@ mod tests {
         assert!(store.approve("nope", 0).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// An entry the broker did not write (a stage edited in the file) does
+    /// not verify: the tool is refused, and the refusal says who lifts it.
+    #[test]
+    fn an_edited_stage_is_refused_as_tampered() {
+        let dir = std::env::temp_dir().join(format!("palisade-trust-tampered-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = TrustStore::open(&config(&dir, ""), Journal::default()).unwrap().unwrap();
+        store.approve("t", 0).unwrap();
+        assert_eq!(store.stage("t").unwrap().stage, TrustStage::Trial);
+        let file = dir.join("trust.json");
+        let mut state: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        state["tools"]["t"]["stage"] = "verified".into();
+        std::fs::write(&file, serde_json::to_vec(&state).unwrap()).unwrap();
+        let Err(BrokerError::Reply(e)) = store.stage("t") else { panic!("an edited stage verified") };
+        assert_eq!(e.rule.as_deref(), Some(TAMPERED_RULE));
+        palisade_policy::denial::names_a_fix_or_why_none("trust.tampered", &e.message).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

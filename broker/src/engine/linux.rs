@@ -152,7 +152,12 @@ impl Linux {
             if writable && peer.uid != self.uid && peer.uid != 0 && owner != peer.uid {
                 return Err(ErrorReply::with_rule(
                     ErrorKind::WorkspaceScopeDenied,
-                    format!("{shown} is not owned by uid {} (the requesting peer)", peer.uid),
+                    format!(
+                        "{shown} is not owned by uid {0} (the requesting peer): a root broker writes for a \
+                         peer only in what the peer owns, and no flag or key lifts that; use a directory \
+                         uid {0} owns",
+                        peer.uid
+                    ),
                     "scope.not_the_peers",
                 ));
             }

@@ -498,7 +498,9 @@ mod tests {
         assert_eq!(inline_bytes("  (module)").unwrap(), b"(module)");
         assert_eq!(inline_bytes("AGFzbQEAAAA=").unwrap(), b"\0asm\x01\0\0\0");
         assert_eq!(base64_decode("aGk").unwrap(), b"hi");
-        assert!(inline_bytes("not base64!").is_err());
+        let e = inline_bytes("not base64!").unwrap_err();
+        assert_eq!(e.rule.as_deref(), Some("plugins.inline_module"));
+        palisade_policy::denial::names_a_fix_or_why_none("plugins.inline_module", &e.message).unwrap();
     }
 
     #[test]

@@ -808,6 +808,41 @@ fn refused_for_the_request() -> Vec<Row> {
             Deny(INVALID, "request.path"),
         ),
         row("an empty command", "", TierC, args(&[]), Deny(INVALID, "limits.empty_command")),
+        row(
+            "a command longer than max_command_bytes",
+            "[policy]\nmax_command_bytes = 1\n",
+            TierC,
+            args(&["ls"]),
+            Deny(INVALID, "limits.command_bytes"),
+        ),
+        row(
+            "more arguments than max_arguments",
+            "[policy]\nmax_arguments = 1\n",
+            TierC,
+            args(&["ls", "src", "src"]),
+            Deny(INVALID, "limits.arguments"),
+        ),
+        row(
+            "an argument longer than max_argument_bytes",
+            "[policy]\nmax_argument_bytes = 2\n",
+            TierC,
+            args(&["ls", "src"]),
+            Deny(INVALID, "limits.argument_bytes"),
+        ),
+        row(
+            "more variables than max_env_vars",
+            "[policy]\nmax_env_vars = 1\n",
+            TierC,
+            args(&["ls"]),
+            Deny(INVALID, "limits.env_vars"),
+        ),
+        row(
+            "a root broker, a cwd it does not find",
+            "",
+            RootFor(1000),
+            |f: &Fixture| f.request_in("ws/not-here", &["ls"]),
+            Deny(INVALID, "request.not_visible"),
+        ),
         row("a NUL byte", "", TierC, args(&["ls", "a\0b"]), Deny(INVALID, "limits.nul_byte")),
         // The tool and its parameters.
         row("an unknown tool", TOOLS, TierC, tool("nope", &["ls"], &[]), Deny(INVALID, "tools.unknown")),
@@ -946,21 +981,21 @@ fn broker_state() -> Vec<Row> {
             TOOLS,
             TierC,
             tool("convert", &["cat"], &[("input", "home/.local/state/palisade/journal/segment")]),
-            Deny(SCOPE, super::BROKER_STATE_RULE),
+            Deny(SCOPE, "scope.broker_state"),
         ),
         row(
             "a home holding the broker's state, written in place",
             "[defaults]\ndisk = \"direct\"\n",
             TierC,
             |f: &Fixture| f.request_in("home", &["ls"]),
-            Deny(SCOPE, super::BROKER_STATE_RULE),
+            Deny(SCOPE, "scope.broker_state"),
         ),
         row(
             "Tier B cannot hide the broker's state",
             WARN,
             NoUserNamespaces,
             |f: &Fixture| f.request_in("home/.local", &["ls"]),
-            Deny(SCOPE, super::BROKER_STATE_RULE),
+            Deny(SCOPE, "scope.broker_state"),
         ),
     ]
 }
@@ -993,6 +1028,13 @@ fn refused_for_paths_and_hosts() -> Vec<Row> {
             NoUserNamespaces,
             args(&["ls"]),
             Deny(SCOPE, "scope.sensitive_path"),
+        ),
+        row(
+            "/ granted as a whole",
+            "[defaults]\nread_only = [\"/\"]\n",
+            TierC,
+            args(&["ls"]),
+            Deny(SCOPE, "scope.root"),
         ),
         // Blocked patterns.
         row(
@@ -1032,6 +1074,13 @@ fn refused_for_paths_and_hosts() -> Vec<Row> {
             Deny(UNAVAILABLE, "egress.strict_unavailable"),
         ),
         // The host's mechanisms: fail closed.
+        row(
+            "allowed domains under Seatbelt: refused, never the host's network",
+            GITHUB,
+            Seatbelt,
+            args(&["ls"]),
+            Deny(UNAVAILABLE, "egress.domains_unenforced"),
+        ),
         row(
             "no user namespaces, fallback deny",
             "",
@@ -1085,55 +1134,15 @@ fn decisions() {
     }
 }
 
-/// The refusals no flag or key lifts, and the words of each reason that say
-/// why (or what to change instead): the request itself is wrong, the host
-/// lacks the mechanism, or the policy never grants it.
-const NO_FIX: &[(&str, &[&str])] = &[
-    ("broker.sandbox_ids", &["[broker] sandbox_ids covers"]),
-    ("command.not_found", &["command not found"]),
-    ("egress.redirected", &["preflight checks only the hosts it names"]),
-    ("egress.strict_unavailable", &["which this host cannot create"]),
-    ("egress.too_many_listeners", &["allow fewer names or ports, or set [egress] transparent = false"]),
-    ("filesystem.missing", &["does not exist"]),
-    ("landlock.unsupported", &["no flag makes the kernel enforce it"]),
-    ("limits.empty_command", &["empty command"]),
-    ("limits.nul_byte", &["NUL byte"]),
-    ("patterns.blocked", &["no flag lifts it"]),
-    ("profiles.unknown", &["is declared (declared:"]),
-    ("request.cwd", &["the request names no cwd"]),
-    ("request.limit", &["must be at least"]),
-    ("request.pass_env", &["which env does not hold"]),
-    ("request.path", &["is not a directory", "does not exist"]),
-    ("request.profile_with_tool", &["not both"]),
-    ("request.umask", &["is not a umask"]),
-    ("request.widens", &["an operator would set"]),
-    ("scope.broker_state", &["the broker's state directory"]),
-    ("scope.not_allowed", &["cannot reach it"]),
-    ("scope.sensitive_path", &["never granted, by any flag or key"]),
-    ("tools.parameter_validation", &["is not an existing"]),
-    ("tools.undeclared_parameter", &["is not declared by tool"]),
-    ("tools.unknown", &["is declared (declared:"]),
-];
-
-/// A refusal a flag or key lifts ends with it (`Denial::finish`); any other
-/// says why none does, in words [`NO_FIX`] holds for its rule.
+/// A refusal a flag or key lifts ends with it (`Denial::finish`), and only
+/// such a one; any other says why none does
+/// ([`crate::denial::names_a_fix_or_why_none`]).
 fn names_a_fix_or_why_none(d: &crate::Denial) {
     if d.fix.is_some() {
         let end = d.reason.contains("; allow it with `") || d.reason.contains("(an operator would set `");
         assert!(end, "{}: a fix that the reason does not end with: {}", d.rule, d.reason);
-        return;
     }
-    match NO_FIX.iter().find(|(rule, _)| *rule == d.rule) {
-        Some((_, why)) => {
-            assert!(
-                why.iter().any(|w| d.reason.contains(w)),
-                "{}: does not say {why:?}: {}",
-                d.rule,
-                d.reason
-            )
-        }
-        None => panic!("{}: neither a fix nor a reason none exists: {}", d.rule, d.reason),
-    }
+    crate::denial::names_a_fix_or_why_none(d.rule, &d.reason).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// A refused ask names the flag and the key an operator would change.
@@ -1189,7 +1198,10 @@ fn the_executable_allow_list() {
     let decide = |argv: &[&str]| policy.decide(&host, &context(On::TierC), &f.request(argv));
     assert!(matches!(decide(&["ls"]), Decision::Allow(_)));
     match decide(&["cat", "src/main.rs"]) {
-        Decision::Deny(d) => assert_eq!((d.kind, d.rule), (DENY, "executables.not_allowed")),
+        Decision::Deny(d) => {
+            assert_eq!((d.kind, d.rule), (DENY, "executables.not_allowed"));
+            crate::denial::names_a_fix_or_why_none("executables.not_allowed", &d.reason).unwrap();
+        }
         other => panic!("{other:?}"),
     }
 }
@@ -1217,7 +1229,10 @@ fn trust_stages() {
         other => panic!("{other:?}"),
     };
     let refusal = |d: Decision| match d {
-        Decision::Deny(d) => d,
+        Decision::Deny(d) => {
+            names_a_fix_or_why_none(&d);
+            d
+        }
         other => panic!("{other:?}"),
     };
     let input: &[(&str, &str)] = &[("input", "ws/in.txt")];
@@ -1225,6 +1240,7 @@ fn trust_stages() {
     // Draft: not executable, and the refusal says how to get it reviewed.
     let d = refusal(decide(Some(at(TrustStage::Draft, 0)), input));
     assert_eq!((d.kind, d.rule), (DENY, "trust.draft"));
+    crate::denial::names_a_fix_or_why_none("trust.draft", &d.reason).unwrap();
     assert!(d.reason.contains("palisade tools show t") && d.reason.contains("palisade tools approve t"));
     // Trial: every run asks; the first says it is the first.
     let (reason, r) = question(decide(Some(at(TrustStage::Trial, 0)), input));
@@ -1253,6 +1269,7 @@ fn trust_stages() {
     for stage in [TrustStage::Trial, TrustStage::Verified] {
         let d = refusal(decide(Some(at(stage, 0)), &[("input", "home/.ssh/id_ed25519")]));
         assert_eq!((d.kind, d.rule), (SCOPE, "trust.sensitive_directory"), "{}", d.reason);
+        crate::denial::names_a_fix_or_why_none("trust.sensitive_directory", &d.reason).unwrap();
     }
 
     // Counter-tests: stages off, the same requests are decided as before.
@@ -1521,6 +1538,7 @@ mod cedar {
             }
             let (rule, reason) = refused(what, decision);
             assert_eq!(rule, want, "{what}: {reason}");
+            crate::denial::names_a_fix_or_why_none(rule, &reason).unwrap_or_else(|e| panic!("{what}: {e}"));
             // The reason names the policies that decided, by their @id.
             for name in [
                 "no-network",

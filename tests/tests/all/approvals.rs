@@ -4,10 +4,9 @@
 //! (`palisade approve ID`); Draft → Trial → Verified across a restart; each
 //! escalation; a changed declaration back to Draft.
 
+use palisade_policy::denial::names_a_fix_or_why_none;
 use palisade_protocol::wire::{EscalationReason, PendingApproval};
 use palisade_tests::*;
-use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
 use std::time::Duration;
@@ -213,34 +212,6 @@ impl Setup {
     }
 }
 
-/// Starts `cmd` in a session of its own whose controlling terminal is a new
-/// pty; returns once a question ending in `[y/N] ` is at the terminal, with
-/// the terminal's other end and the question.
-fn spawn_at_terminal(mut cmd: std::process::Command) -> (Child, std::fs::File, String) {
-    let pty = nix::pty::openpty(None, None).unwrap();
-    let tty = pty.slave.as_raw_fd();
-    // SAFETY: setsid and ioctl are async-signal-safe.
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
-            if libc::ioctl(tty, libc::TIOCSCTTY, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().unwrap();
-    drop(pty.slave);
-    let mut prompt = Vec::new();
-    let mut master = std::fs::File::from(pty.master);
-    while !prompt.ends_with(b"[y/N] ") {
-        let mut byte = [0u8; 1];
-        std::io::Read::read_exact(&mut master, &mut byte).unwrap();
-        prompt.push(byte[0]);
-    }
-    (child, master, text(&prompt))
-}
-
 fn ran(o: &Output) {
     assert_eq!(
         (o.status.code(), text(&o.stdout).as_str()),
@@ -347,6 +318,7 @@ fn an_unanswered_run_expires_and_a_requester_gone_takes_its_approval_along() {
         (Some("NeedsApproval"), Some("trust.trial")),
         "{v}"
     );
+    names_a_fix_or_why_none("trust.trial", v["error"]["message"].as_str().unwrap()).unwrap();
 
     let mut child = s.spawn_show(&["file=in.txt"], "in.txt");
     let p = s.next_pending();
@@ -467,6 +439,7 @@ fn each_escalation_puts_the_tool_back_to_draft_and_a_sensitive_path_is_never_gra
     let o = child.wait_with_output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
     assert_eq!(v["error"]["rule"], "trust.escalation", "{v}");
+    names_a_fix_or_why_none("trust.escalation", v["error"]["message"].as_str().unwrap()).unwrap();
 
     // SensitiveDirectory: refused outright (never granted), and Draft.
     verified(&s);

@@ -6,6 +6,7 @@
 //! kind of entry is applied exactly. As root the file runs again as the
 //! unprivileged test user.
 
+use palisade_policy::denial::names_a_fix_or_why_none;
 use palisade_tests::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -244,6 +245,29 @@ fn hold_changes_shows_a_diff_and_is_applied_or_discarded() {
     assert_eq!((o.status.code(), v["error"]["kind"].as_str()), (Some(125), Some("InvalidRequest")), "{v}");
 }
 
+/// A held change set's workspace replaced by a symlink (to the same files,
+/// moved) is not followed when applied: refused, saying so, nothing
+/// written; put back, the change set applies.
+#[test]
+fn a_workspace_swapped_for_a_symlink_is_not_followed_when_applied() {
+    let s = Setup::new("changes-swapped", "");
+    std::fs::write(s.ws.join("notes.txt"), "before\n").unwrap();
+    let (v, o) = s.run(&["--hold-changes"], &["put", "notes.txt", "after\n"]);
+    let id = changes(&v)["id"].as_str().unwrap_or_else(|| panic!("{}", said(&o))).to_string();
+    let moved = s.ws.with_file_name("ws-moved");
+    std::fs::rename(&s.ws, &moved).unwrap();
+    std::os::unix::fs::symlink(&moved, &s.ws).unwrap();
+    let (v, o) = s.changes(&["apply", &id]);
+    assert_eq!(v["error"]["rule"], "scope.changed", "{}", said(&o));
+    names_a_fix_or_why_none("scope.changed", v["error"]["message"].as_str().unwrap()).unwrap();
+    assert_eq!(std::fs::read_to_string(moved.join("notes.txt")).unwrap(), "before\n");
+    std::fs::remove_file(&s.ws).unwrap();
+    std::fs::rename(&moved, &s.ws).unwrap();
+    let (_, o) = s.changes(&["apply", &id]);
+    assert!(o.status.success(), "{}", said(&o));
+    assert_eq!(s.read("notes.txt"), "after\n");
+}
+
 #[test]
 fn on_conflict_hold_applies_nothing_and_overwrite_applies_everything() {
     for (choice, expected_shared, expected_other) in
@@ -456,6 +480,23 @@ fn a_change_set_is_its_requesters_alone() {
         assert_eq!(o.status.code(), Some(125), "{verb}: {}", said(&o));
         assert!(text(&o.stderr).contains("holds no change set"), "{verb}: {}", said(&o));
     }
+    let o = as_user(attacker, &["changes", "show", &id, "--socket", socket, "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", said(&o)));
+    assert_eq!(v["error"]["rule"], "changes.unknown", "{v}");
+    names_a_fix_or_why_none("changes.unknown", v["error"]["message"].as_str().unwrap()).unwrap();
+    // Files the host executes take an approver, which the attacker is not
+    // (asked at a terminal, the person said yes).
+    let mut argv = palisade_tests::as_user(attacker);
+    argv.push(bin("palisade").to_string_lossy().into_owned());
+    let apply = ["changes", "apply", &id, "--host-executed", "--socket", socket, "--json"];
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]).args(apply).current_dir("/").stdout(Stdio::piped());
+    let (child, mut terminal, _) = spawn_at_terminal(cmd);
+    std::io::Write::write_all(&mut terminal, b"y\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", said(&o)));
+    assert_eq!(v["error"]["rule"], "changes.host_executed", "{v}");
+    names_a_fix_or_why_none("changes.host_executed", v["error"]["message"].as_str().unwrap()).unwrap();
     assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "mine\n");
     // Counter-test: its requester applies it, as itself.
     let o = as_user(victim, &["changes", "apply", &id, "--socket", socket]);

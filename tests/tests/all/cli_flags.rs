@@ -234,6 +234,7 @@ fn a_toolchain_under_a_home_is_visible_to_the_command_that_runs_through_it() {
         assert_eq!(code, Some(125), "{command}: {err}");
         let show = format!("--read-only {}", root.canonicalize().unwrap().display());
         assert!(err.contains("PolicyDenied") && err.contains("does not see") && err.contains(&show), "{err}");
+        palisade_policy::denial::names_a_fix_or_why_none("executables.interpreter_hidden", &err).unwrap();
     }
 }
 

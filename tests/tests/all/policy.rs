@@ -381,6 +381,9 @@ fn request_approval_puts_the_run_to_the_client_and_runs_it_in_tier_b_only_when_a
         Err(ClientError::Reply(e)) => {
             assert_eq!(e.kind, ErrorKind::NeedsApproval);
             assert!(e.message.contains("Not approved: refused"), "{}", e.message);
+            assert_eq!(e.rule.as_deref(), Some("fallback.request_approval"));
+            palisade_policy::denial::names_a_fix_or_why_none("fallback.request_approval", &e.message)
+                .unwrap();
         }
         other => panic!("{other:?}"),
     }

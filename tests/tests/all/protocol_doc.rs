@@ -383,6 +383,15 @@ fn the_protocol_lists_every_rule_the_code_can_give() {
 /// The rules `text` gives: the literals shaped like a rule (`word.word`)
 /// among the arguments of each refusal it makes, and its `*_RULE` constants.
 fn rules_in(text: &str) -> Vec<String> {
+    let mut out = rules_in_calls(text, &["Denial::new(", "deny(", "denied(", "with_rule("]);
+    for line in text.lines().filter(|l| l.contains("_RULE: &str")) {
+        out.extend(rule_literals(line));
+    }
+    out
+}
+
+/// The string literals in `text` shaped like a rule (`word.word`).
+fn rule_literals(text: &str) -> Vec<String> {
     let shaped = |s: &str| {
         let mut parts = s.split('.');
         let ok = |p: Option<&str>| {
@@ -390,11 +399,14 @@ fn rules_in(text: &str) -> Vec<String> {
         };
         ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
     };
-    let literals = |args: &str| -> Vec<String> {
-        args.split('"').skip(1).step_by(2).filter(|l| shaped(l)).map(String::from).collect()
-    };
+    text.split('"').skip(1).step_by(2).filter(|l| shaped(l)).map(String::from).collect()
+}
+
+/// The literals shaped like a rule (`word.word`) among the arguments of
+/// each call of one of `calls` in `text`.
+fn rules_in_calls(text: &str, calls: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
-    for call in ["Denial::new(", "deny(", "denied(", "with_rule("] {
+    for call in calls {
         for (at, _) in text.match_indices(call) {
             // The call's arguments: up to its closing parenthesis.
             let args = &text[at + call.len()..];
@@ -407,11 +419,36 @@ fn rules_in(text: &str) -> Vec<String> {
                 };
                 (depth == 0).then_some(i)
             });
-            out.extend(literals(&args[..end.unwrap_or(args.len())]));
+            let args = &args[..end.unwrap_or(args.len())];
+            out.extend(rule_literals(args));
         }
     }
-    for line in text.lines().filter(|l| l.contains("_RULE: &str")) {
-        out.extend(literals(line));
-    }
     out
+}
+
+/// Every refusal the code can give (as the test above finds them) is given
+/// by a test that checks it names its fix or says why none exists
+/// (`palisade_policy::denial::names_a_fix_or_why_none`): a row of the
+/// policy's decision table, whose every refusal is checked, or a test that
+/// calls the check with the rule's name. The check could fail: a rule no
+/// test gives is found.
+#[test]
+fn every_rule_the_code_can_give_is_checked_for_its_fix() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let (mut given, mut checked) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+    for file in project_files(&root).into_iter().filter(|f| f.ends_with(".rs")) {
+        let text = std::fs::read_to_string(root.join(&file)).unwrap();
+        if file.starts_with("policy/src/") || file.starts_with("broker/src/") {
+            given.extend(rules_in(&text));
+        }
+        if file == "policy/src/decision/table.rs" {
+            checked.extend(rules_in_calls(&text, &["Deny("]));
+        }
+        checked.extend(rules_in_calls(&text, &["names_a_fix_or_why_none("]));
+    }
+    assert!(checked.len() > 40, "{checked:?}");
+    let unchecked: Vec<&String> = given.difference(&checked).collect();
+    assert!(unchecked.is_empty(), "no test checks that these refusals name a fix: {unchecked:?}");
+    let made_up = "names_a_fix_or_why_none(\"some.rule\", &message)";
+    assert_eq!(rules_in_calls(made_up, &["names_a_fix_or_why_none("]), ["some.rule"]);
 }

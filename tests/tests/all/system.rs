@@ -368,6 +368,29 @@ fn paths_the_requester_cannot_reach_are_not_allowed_whether_or_not_they_exist() 
     }
 }
 
+/// A directory the requester may write but does not own (another user's,
+/// mode 0777) is no workspace of its: a run there would write as the
+/// sandbox into what someone else owns. The refusal says no flag lifts it;
+/// its owner runs there.
+#[test]
+fn a_workspace_another_user_owns_is_refused_though_the_requester_may_write_it() {
+    let Some(s) = System::start("") else { return };
+    let (attacker, victim) = (&s.users.attacker, &s.users.victim);
+    let ws = s.path("victims-open-dir");
+    owned_dir(&ws, victim, 0o777);
+    let pre = ["--json", "--workspace", ws.to_str().unwrap()];
+    let o = s.run_as(Some(attacker), &pre, &[&probe(), "ops", "put", "planted", "x"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+    assert_eq!(v["error"]["rule"], "scope.not_the_peers", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    palisade_policy::denial::names_a_fix_or_why_none("scope.not_the_peers", message).unwrap();
+    assert!(!ws.join("planted").exists());
+    // Counter-test: its owner writes there.
+    let o = s.run_as(Some(victim), &pre, &[&probe(), "ops", "put", "planted", "x"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(std::fs::read_to_string(ws.join("planted")).unwrap(), "x");
+}
+
 /// Unreachable paths refused alike, whatever is there; root is told.
 fn unreachable_paths_alike(s: &System) {
     let attacker = &s.users.attacker;

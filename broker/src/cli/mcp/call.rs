@@ -536,8 +536,14 @@ mod tests {
         ] {
             let e =
                 call(&defaults, refused.clone()).err().unwrap_or_else(|| panic!("{refused} was let through"));
+            palisade_policy::denial::names_a_fix_or_why_none("mcp.workspace", &e.message).unwrap();
             assert_eq!(rule(e), "mcp.workspace", "{refused}");
         }
+        // A call's workspace outside the server's, refused the same way.
+        let args = serde_json::json!({ "argv": ["ls"], "workspace": ".." });
+        let e = parse(args.as_object().unwrap(), Shape::RunCommand, &defaults).err().unwrap();
+        palisade_policy::denial::names_a_fix_or_why_none("mcp.workspace", &e.message).unwrap();
+        assert_eq!(rule(e), "mcp.workspace");
         // Counter-tests: inside it (existing or not yet), and anywhere when
         // the person started the server so.
         for allowed in [
