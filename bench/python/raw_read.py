@@ -15,7 +15,7 @@ import sys
 path, argv = sys.argv[2], sys.argv[4:]
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 sock.connect(path)
-hello = {"hello": {"magic": "palisade", "version": 13, "min_version": 12, "encoding": "json"}}
+hello = {"hello": {"magic": "palisade", "version": 14, "min_version": 12, "encoding": "json"}}
 # The wire clients/python reads: output raw after its lines.
 run = {"run": {"argv": argv, "cwd": os.getcwd(), "raw_output": True}}
 sock.sendall((json.dumps(hello) + "\n" + json.dumps(run) + "\n").encode())

@@ -33,7 +33,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub json: bool,
     /// Give the command an empty stdin. Without it, palisade's stdin, when it
-    /// is not a terminal, is read to its end and passed to the command.
+    /// is not a terminal or /dev/null, is streamed to the command while it
+    /// runs (any size, at the pace it reads; code on it is inline code).
     #[arg(short = 'n', long = "no-stdin")]
     pub no_stdin: bool,
     /// Run as a tool declared in the policy.
@@ -173,6 +174,31 @@ pub fn params(pairs: &[String]) -> Result<std::collections::BTreeMap<String, Par
         out.insert(k.into(), value);
     }
     Ok(out)
+}
+
+/// Whether `palisade run` gives the command its own stdin, streamed while
+/// it runs: unless `--no-stdin`, or the stdin is a terminal, `/dev/null`
+/// or closed (the command's is then empty: no code on stdin to judge).
+pub fn streams_stdin(args: &RunArgs) -> bool {
+    let stdin = std::io::stdin();
+    !args.no_stdin && !stdin.is_terminal() && !is_dev_null(&stdin)
+}
+
+/// Whether `stdin` is `/dev/null` (or closed: nothing to read either).
+#[cfg(unix)]
+fn is_dev_null(stdin: &std::io::Stdin) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let own = std::os::fd::AsFd::as_fd(stdin)
+        .try_clone_to_owned()
+        .and_then(|fd| std::fs::File::from(fd).metadata());
+    let Ok(own) = own else { return true };
+    let null = std::fs::metadata("/dev/null");
+    own.file_type().is_char_device() && null.is_ok_and(|n| n.rdev() == own.rdev())
+}
+
+#[cfg(not(unix))]
+fn is_dev_null(_: &std::io::Stdin) -> bool {
+    false
 }
 
 pub fn request(args: &RunArgs, read_stdin: bool) -> Result<RunRequest, String> {

@@ -8,6 +8,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -47,21 +48,71 @@ pub struct Ask<'a> {
 /// This client's `Approve`, to send from another thread (a prompt at a
 /// terminal that an approver elsewhere may answer first).
 pub struct Answerer {
-    stream: UnixStream,
-    encoding: Encoding,
+    writer: Writer,
 }
 
 impl Answerer {
     /// Sends the answer; the broker takes it only while the run still waits.
-    pub fn send(mut self, approved: bool) -> Result<(), ClientError> {
-        let bytes = encode(&ClientMessage::Approve { approved }, self.encoding)
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        self.stream.write_all(&bytes).map_err(ClientError::Io)
+    pub fn send(self, approved: bool) -> Result<(), ClientError> {
+        self.writer.send(&ClientMessage::Approve { approved })
     }
+}
+
+/// The connection's sending side, for another thread: each message is
+/// written whole under a lock the client's own sends take too, so that
+/// frames from two threads never interleave.
+#[derive(Clone)]
+struct Writer {
+    stream: Arc<UnixStream>,
+    lock: Arc<Mutex<()>>,
+    encoding: Encoding,
+}
+
+impl Writer {
+    fn send(&self, msg: &ClientMessage) -> Result<(), ClientError> {
+        let bytes = encode(msg, self.encoding).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.write(&bytes)
+    }
+
+    fn write(&self, bytes: &[u8]) -> Result<(), ClientError> {
+        let _held = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        (&*self.stream).write_all(bytes).map_err(ClientError::Io)
+    }
+}
+
+/// The protocol version that streams a run's stdin (`RunWithStdin`).
+const STREAMED_STDIN_VERSION: u32 = 14;
+/// The most one `Stdin` piece carries.
+const STDIN_PIECE_BYTES: usize = 64 * 1024;
+
+/// Sends what `source` gives as the run's stdin pieces, then its end (or
+/// nothing more once the connection fails: the run is over). Runs on a
+/// thread of its own from the run's `Started` on.
+fn feed_stdin(mut source: Box<dyn Read + Send>, writer: Writer) {
+    let mut buf = vec![0u8; STDIN_PIECE_BYTES];
+    loop {
+        let n = match source.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            // Unreadable: the command reads end of file, as at the end.
+            Err(_) => break,
+        };
+        if writer.send(&ClientMessage::Stdin { data: buf[..n].to_vec() }).is_err() {
+            return;
+        }
+    }
+    let _ = writer.send(&ClientMessage::StdinEnd);
 }
 
 pub struct Client {
     stream: UnixStream,
+    /// Taken by every write, here and on other threads (see [`Writer`]).
+    write_lock: Arc<Mutex<()>>,
+    /// The version the broker's hello agreed on, once it is read.
+    version: Option<u32>,
+    /// The next run's stdin, streamed while it runs (see [`Client::stream_stdin`]).
+    stdin: Option<Box<dyn Read + Send>>,
     decoder: Decoder,
     encoding: Encoding,
     /// The hello is sent (or queued) but its answer not yet read.
@@ -112,6 +163,9 @@ impl Client {
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
         Ok(Client {
             stream,
+            write_lock: Arc::new(Mutex::new(())),
+            version: None,
+            stdin: None,
             decoder: Decoder::new(Some(encoding)),
             encoding,
             hello_pending: true,
@@ -150,10 +204,11 @@ impl Client {
         }
         if !self.queued.is_empty() {
             let queued = std::mem::take(&mut self.queued);
-            self.stream.write_all(&queued).map_err(ClientError::Io)?;
+            self.write(&queued)?;
         }
         match self.receive()? {
             ServerMessage::Hello(h) if (OLDEST_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&h.version) => {
+                self.version = Some(h.version);
                 Ok(())
             }
             ServerMessage::Hello(h) => Err(ClientError::Protocol(format!(
@@ -172,7 +227,27 @@ impl Client {
             all.append(&mut bytes);
             bytes = all;
         }
-        self.stream.write_all(&bytes).map_err(ClientError::Io)
+        self.write(&bytes)
+    }
+
+    fn write(&self, bytes: &[u8]) -> Result<(), ClientError> {
+        let _held = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
+        (&self.stream).write_all(bytes).map_err(ClientError::Io)
+    }
+
+    fn writer(&self) -> Result<Writer, ClientError> {
+        let stream = Arc::new(self.stream.try_clone().map_err(ClientError::Io)?);
+        Ok(Writer { stream, lock: Arc::clone(&self.write_lock), encoding: self.encoding })
+    }
+
+    /// The next run's stdin is what `source` gives, streamed while the
+    /// command runs (for any size, at the pace the command reads it), from
+    /// a thread that sends it after the run's `Started`. A broker older
+    /// than protocol version 14 gets it read whole, in the request. The
+    /// thread ends at the source's end or once the run is over and a piece
+    /// cannot be sent; a source that never ends keeps it waiting.
+    pub fn stream_stdin(&mut self, source: Box<dyn Read + Send>) {
+        self.stdin = Some(source);
     }
 
     pub fn receive(&mut self) -> Result<ServerMessage, ClientError> {
@@ -224,6 +299,24 @@ impl Client {
         self.run_events(request, on, |ask: Ask<'_>| ask.may_answer.then(|| approve(ask.reason)))
     }
 
+    /// The message that starts a run whose stdin `source` gives: streamed
+    /// where the broker speaks a version that does (`source` is put back in
+    /// `stdin`, fed once the run starts), else read whole into the request.
+    fn with_stdin(
+        &mut self,
+        mut request: RunRequest,
+        mut source: Box<dyn Read + Send>,
+        stdin: &mut Option<Box<dyn Read + Send>>,
+    ) -> Result<ClientMessage, ClientError> {
+        self.finish_hello()?;
+        if self.version.is_some_and(|v| v >= STREAMED_STDIN_VERSION) {
+            *stdin = Some(source);
+            return Ok(ClientMessage::RunWithStdin(request));
+        }
+        source.read_to_end(&mut request.stdin).map_err(ClientError::Io)?;
+        Ok(ClientMessage::Run(request))
+    }
+
     /// Sends one message that is not a run (`ListApprovals`, `Answer`,
     /// `ListTools`, `ApproveTool`) and returns the broker's reply; an
     /// error reply is `ClientError::Reply`.
@@ -248,7 +341,12 @@ impl Client {
         mut on: impl FnMut(Event<'_>),
         mut approve: impl FnMut(Ask<'_>) -> Option<bool>,
     ) -> Result<RunResult, ClientError> {
-        let sent = self.send(&ClientMessage::Run(request));
+        let mut stdin = self.stdin.take();
+        let message = match stdin.take() {
+            Some(source) => self.with_stdin(request, source, &mut stdin)?,
+            None => ClientMessage::Run(request),
+        };
+        let sent = self.send(&message);
         // A refused hello explains a failed send (the broker hung up after refusing).
         self.finish_hello()?;
         sent?;
@@ -270,10 +368,7 @@ impl Client {
                 ServerMessage::Finished(r) => return Ok(*r),
                 ServerMessage::Error(e) => return Err(ClientError::Reply(e)),
                 ServerMessage::ApprovalRequired { reason, may_answer, approval } => {
-                    let answerer = Answerer {
-                        stream: self.stream.try_clone().map_err(ClientError::Io)?,
-                        encoding: self.encoding,
-                    };
+                    let answerer = Answerer { writer: self.writer()? };
                     if let Some(approved) =
                         approve(Ask { reason: &reason, may_answer, approval: &approval, answerer })
                     {
@@ -281,6 +376,14 @@ impl Client {
                     }
                 }
                 ServerMessage::Output { stream, data } => on(Event::Output(stream, &data)),
+                started @ ServerMessage::Started { .. } => {
+                    // The run is on: its stdin may flow.
+                    if let Some(source) = stdin.take() {
+                        let writer = self.writer()?;
+                        std::thread::spawn(move || feed_stdin(source, writer));
+                    }
+                    on(Event::Message(&started))
+                }
                 other => on(Event::Message(&other)),
             }
         }

@@ -26,18 +26,26 @@ pub fn run(args: RunArgs, argv: &[OsString]) -> i32 {
         Ok(Route::Embedded { .. }) => return crate::hand_over(argv),
         Err(e) => return refuse(e.kind(), e.to_string()),
     };
-    let request = match request(&args, !args.no_stdin) {
+    let request = match request(&args, false) {
         Ok(r) => r,
         Err(e) => return refuse(ErrorKind::InvalidRequest, e),
     };
+    let (name, which, mut client) = (found.name(), found.which, found.client);
+    // The command's stdin is this process's, streamed while it runs.
+    if crate::args::streams_stdin(&args) {
+        match std::os::fd::AsFd::as_fd(&std::io::stdin()).try_clone_to_owned() {
+            Ok(fd) => client.stream_stdin(Box::new(std::fs::File::from(fd))),
+            Err(e) => return refuse(ErrorKind::RuntimeFailure, format!("stdin: {e}")),
+        }
+    }
     // Said once, and only of a broker that is not the user's own
     // (with --json, the object's `broker` says it).
-    if found.which == Which::System && !args.json {
-        eprintln!("palisade: run by {}", found.name());
+    if which == Which::System && !args.json {
+        eprintln!("palisade: run by {name}");
     }
     let mut render = Render::new(args.json);
-    render.by(found.name());
-    via_socket(found.client, request, render)
+    render.by(name);
+    via_socket(client, request, render)
 }
 
 /// `palisade explain`: the running broker's policy decides; with none, or

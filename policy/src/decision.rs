@@ -842,7 +842,7 @@ impl Policy {
             files,
             program,
             &req.argv,
-            !req.stdin.is_empty(),
+            !req.stdin.is_empty() || req.stdin_streamed,
             profile.allow_interpreters,
             profile.allow_inline_code,
         )

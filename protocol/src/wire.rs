@@ -33,8 +33,9 @@ pub const MAGIC: &str = "palisade";
 /// RLIMIT_DATA and RLIMIT_AS; 11: the result's `changes`, a plugin
 /// result's `store`, `Status`; 12: the request's `no_toolchains`, the
 /// enforcement's `deadline_secs` and `max_output_bytes`; 13: the hello's
-/// `min_version`, the range a client speaks).
-pub const PROTOCOL_VERSION: u32 = 13;
+/// `min_version`, the range a client speaks; 14: `RunWithStdin`, `Stdin`
+/// and `StdinEnd`, a run's stdin streamed during it).
+pub const PROTOCOL_VERSION: u32 = 14;
 /// The oldest version a broker still speaks: the one before its own, for
 /// one release (docs/protocol.md, "Versions").
 pub const OLDEST_PROTOCOL_VERSION: u32 = 12;
@@ -209,6 +210,11 @@ pub struct RunRequest {
     /// (UTF-8 text) or `{"base64": "..."}`.
     #[serde(default, with = "crate::bytes")]
     pub stdin: Vec<u8>,
+    /// Not on the wire: the run's stdin is streamed while it runs (a
+    /// `RunWithStdin`), so the policy judges it as stdin given, whatever
+    /// `stdin` holds. Set by the broker that received it.
+    #[serde(skip)]
+    pub stdin_streamed: bool,
     /// Lowers the policy's deadline (`max_execution_time`): a larger one is
     /// refused (`request.widens`), 0 is invalid.
     #[serde(default)]
@@ -374,8 +380,24 @@ pub enum ClientMessage {
     },
     /// The broker's state (version, uptime, runs, pool, journal head,
     /// cgroups, configuration), for operators. Answered `Status`.
-    /// Last: the bincode index of every variant above stays what it was.
+    /// The bincode index of every variant above stays what it was.
     Status,
+    /// A run whose stdin comes as `Stdin` messages while it runs, ended by
+    /// `StdinEnd` (its `stdin` field must be empty). Answered as `Run` is.
+    RunWithStdin(RunRequest),
+    /// A piece of the running command's stdin (a `RunWithStdin`'s), sent
+    /// after `Started`. The broker reads the next message only once the
+    /// piece is on its way to the command: a command that does not read
+    /// holds the client back. Pieces after the command closed its stdin,
+    /// or after the run ended, are dropped. In JSON `data` is a string
+    /// (UTF-8 text) or `{"base64": "..."}`.
+    Stdin {
+        #[serde(with = "crate::bytes")]
+        data: Vec<u8>,
+    },
+    /// The end of a `RunWithStdin`'s stdin: the command reads end of file
+    /// once the pieces before it are read.
+    StdinEnd,
 }
 
 /// Why a tool's run escalated: it asks for more than its approved range.
@@ -1717,6 +1739,38 @@ mod tests {
         let mut d = Decoder::new(Some(Encoding::Json));
         d.push(json.as_bytes());
         assert_eq!(d.next_message::<ServerMessage>().unwrap(), Some(ServerMessage::Status(Box::new(status))));
+    }
+
+    /// The streamed stdin's messages, appended in version 14: after
+    /// `status`, small frames, read as docs/protocol.md shows them; the
+    /// broker's flag for a streamed stdin is on no wire.
+    #[cfg(feature = "json")]
+    #[test]
+    fn streamed_stdin_messages_come_after_status_and_read_as_documented() {
+        let bincode_index = |m: &ClientMessage| encode(m, Encoding::Bincode).unwrap()[4];
+        assert_eq!(bincode_index(&ClientMessage::RunWithStdin(RunRequest::default())), 15);
+        assert_eq!(bincode_index(&ClientMessage::Stdin { data: vec![1] }), 16);
+        assert_eq!(bincode_index(&ClientMessage::StdinEnd), 17);
+        let mut d = Decoder::new(Some(Encoding::Json));
+        d.push(b"{\"run_with_stdin\": {\"argv\": [\"wc\"], \"cwd\": \"/w\"}}\n");
+        d.push(b"{\"stdin\": {\"data\": \"a\\n\"}}\n{\"stdin\": {\"data\": {\"base64\": \"AP8K\"}}}\n\"stdin_end\"\n");
+        let Some(ClientMessage::RunWithStdin(r)) = d.next_message::<ClientMessage>().unwrap() else {
+            panic!()
+        };
+        assert_eq!((r.argv, r.stdin_streamed), (vec!["wc".to_string()], false));
+        assert_eq!(d.next_message().unwrap(), Some(ClientMessage::Stdin { data: b"a\n".to_vec() }));
+        assert_eq!(d.next_message().unwrap(), Some(ClientMessage::Stdin { data: vec![0, 0xff, b'\n'] }));
+        assert_eq!(d.next_message().unwrap(), Some(ClientMessage::StdinEnd));
+        let flagged = RunRequest { stdin_streamed: true, ..RunRequest::default() };
+        for encoding in [Encoding::Bincode, Encoding::Json] {
+            let mut d = Decoder::new(Some(encoding));
+            d.push(&encode(&ClientMessage::Run(flagged.clone()), encoding).unwrap());
+            let Some(ClientMessage::Run(r)) = d.next_message::<ClientMessage>().unwrap() else { panic!() };
+            assert!(!r.stdin_streamed, "{encoding:?}");
+        }
+        let mut d = Decoder::new(Some(Encoding::Json));
+        d.push(b"{\"run\": {\"argv\": [\"wc\"], \"stdin_streamed\": true}}\n");
+        assert!(d.next_message::<ClientMessage>().is_err());
     }
 
     /// The approval messages, appended in version 3: their bincode indexes

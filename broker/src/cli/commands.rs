@@ -229,8 +229,9 @@ fn run(args: RunArgs) -> i32 {
     // Failures before any run are reported like the broker's: one line, or the JSON object.
     let refuse =
         |kind: ErrorKind, message: String| Render::new(args.json).finish(Err(ErrorReply::new(kind, message)));
-    let request = match request(&args, !args.no_stdin) {
-        Ok(r) => r,
+    // Its stdin is streamed to the run, never read whole first.
+    let request = match request(&args, false) {
+        Ok(r) => RunRequest { stdin_streamed: palisade_cli::args::streams_stdin(&args), ..r },
         Err(e) => return refuse(ErrorKind::InvalidRequest, e),
     };
     // The embedded broker's policy, with the flags' edits.
@@ -302,7 +303,8 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
             // Only an approver answers here.
             decided.approver_approved = true;
         }
-        broker.execute(&peer, decided, &request, &mut RenderSink(&mut render), cancel).await
+        let stdin = request.stdin_streamed.then(crate::cli::run::own_stdin);
+        broker.execute(&peer, decided, &request, &mut RenderSink(&mut render, stdin), cancel).await
     });
     // Not waiting for an output write given up on (a reader that never reads).
     runtime.shutdown_background();

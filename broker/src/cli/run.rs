@@ -2,7 +2,7 @@
 //! the flags, and a run's messages shown as they come. The arguments, the
 //! request and how a run is shown are the CLI's own (`palisade_cli`).
 
-use crate::engine::stream::Sink;
+use crate::engine::stream::{Sink, StdinPieces};
 pub use palisade_cli::args::{RunArgs, SandboxArgs, own_umask, request};
 pub use palisade_cli::render::{EXIT_PALISADE, Render, fail, summary};
 use palisade_protocol::wire::{KeepChanges, ServerMessage, Stream};
@@ -104,10 +104,42 @@ fn profile_mut<'a>(
     }
 }
 
-/// A run's messages, shown by `Render` as the embedded broker sends them.
-pub struct RenderSink<'a>(pub &'a mut Render);
+/// A run's messages, shown by `Render` as the embedded broker sends them;
+/// and its stdin, when this process's own is streamed to it ([`own_stdin`]).
+pub struct RenderSink<'a>(pub &'a mut Render, pub Option<StdinPieces>);
+
+/// This process's stdin as a run's streamed input, read by a thread of its
+/// own at the pace the command takes it (any size: it is never held whole).
+pub fn own_stdin() -> StdinPieces {
+    let (tx, rx) = tokio::sync::mpsc::channel(OWN_STDIN_PIECES_QUEUED);
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = vec![0u8; OWN_STDIN_PIECE_BYTES];
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) if tx.blocking_send(buf[..n].to_vec()).is_err() => return,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // Unreadable: the command reads end of file, as at the end.
+                Err(_) => return,
+            }
+        }
+    });
+    rx
+}
+
+/// The most one piece of this process's stdin holds, and how many wait
+/// for the command ahead of its reading.
+const OWN_STDIN_PIECE_BYTES: usize = 64 * 1024;
+const OWN_STDIN_PIECES_QUEUED: usize = 4;
 
 impl Sink for RenderSink<'_> {
+    fn take_stdin(&mut self) -> Option<StdinPieces> {
+        self.1.take()
+    }
+
     async fn send(&mut self, msg: ServerMessage) -> bool {
         match msg {
             ServerMessage::Output { stream, data } => self.send_output(stream, &data).await,

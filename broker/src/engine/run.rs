@@ -9,7 +9,7 @@ use crate::engine::helper::{HelperChild, HelperCommand, Io, StatusRead, pidfd_ki
 use crate::engine::pool::{Pool, Slot};
 use crate::engine::spawn_thread::Spawner;
 pub use crate::engine::stream::Sink;
-use crate::engine::stream::{Bounds, Child, Run};
+use crate::engine::stream::{Bounds, Child, Input, Run};
 use crate::error::BrokerError;
 use crate::journal::attest::attestation;
 use palisade_policy::Resolved;
@@ -23,7 +23,6 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 
@@ -124,7 +123,7 @@ impl Engine {
 
     async fn spawn_fresh(
         &self,
-        request: &RunRequest,
+        piped_stdin: bool,
         cgroup: Option<&RunCgroup>,
     ) -> Result<HelperChild, BrokerError> {
         self.spawner
@@ -132,7 +131,7 @@ impl Engine {
                 warm: None,
                 helper: self.helper.clone(),
                 cgroup_dir: cgroup.map(RunCgroup::open_dir).transpose()?.flatten(),
-                stdin: if request.stdin.is_empty() { Io::Null } else { Io::Piped },
+                stdin: if piped_stdin { Io::Piped } else { Io::Null },
                 stdout: Io::Piped,
                 stderr: Io::Piped,
                 outer_limits: vec![],
@@ -154,12 +153,12 @@ impl Engine {
 
     /// A helper holding its plan, and the run's cgroup when it has one
     /// (`wanted`: its name and limits): the claimed slot's, or a fresh
-    /// helper in a new cgroup.
+    /// helper in a new cgroup; its stdin a pipe when `piped_stdin`.
     async fn launch(
         &self,
         resolved: &Resolved,
         grants: &Grants,
-        request: &RunRequest,
+        piped_stdin: bool,
         wanted: Option<(&str, CgroupLimits)>,
         claimed: Option<Slot>,
     ) -> Result<(HelperChild, Option<RunCgroup>), BrokerError> {
@@ -180,7 +179,7 @@ impl Engine {
                 }
                 let cgroup = wanted.map(|(name, limits)| self.cgroups.create(name, limits));
                 let cgroup = cgroup.transpose().map_err(BrokerError::CgroupCreate)?;
-                (self.spawn_fresh(request, cgroup.as_ref()).await?, cgroup)
+                (self.spawn_fresh(piped_stdin, cgroup.as_ref()).await?, cgroup)
             }
         };
         if let Some(channel) = helper.plan_channel.take() {
@@ -213,10 +212,11 @@ impl Engine {
     ) -> Result<RunResult, BrokerError> {
         let started = Instant::now();
         let since = crate::changes::coarse_now_ns();
+        let input = Input::of(request, sink.take_stdin());
         let (helper, cgroup) =
-            self.launch(planned.resolved, planned.grants, request, cgroup, claimed).await?;
+            self.launch(planned.resolved, planned.grants, input.piped(), cgroup, claimed).await?;
         let launched = Launched { helper, cgroup: cgroup.as_ref(), started, since };
-        let result = self.finish(planned, request, sink, cancel, launched).await;
+        let result = self.finish(planned, request, (sink, input), cancel, launched).await;
         if let Some(c) = cgroup {
             let _ = tokio::task::spawn_blocking(move || c.remove()).await;
         }
@@ -228,7 +228,7 @@ impl Engine {
         &self,
         planned: Planned<'_>,
         request: &RunRequest,
-        sink: &mut S,
+        (sink, input): (&mut S, Input),
         cancel: impl Future<Output = ()> + Send,
         launched: Launched<'_>,
     ) -> Result<RunResult, BrokerError> {
@@ -249,7 +249,7 @@ impl Engine {
         // SAFETY: an OwnedFd's descriptor stays open as long as the AsyncFd owns it.
         let pidfd = unsafe { AsyncFd::register(pidfd) }.map_err(std::io::Error::from)?;
         let pipes = [pipe_reader(stdout)?, pipe_reader(stderr)?];
-        feed_stdin(stdin, &request.stdin)?;
+        feed_stdin(stdin, input)?;
         crate::fault::panic_if_named(&request.argv);
         let bounds = Bounds {
             max_output_bytes: resolved.max_output_bytes,
@@ -336,16 +336,13 @@ fn exit_status(exit: Option<ExitReport>, usage: &Usage) -> Result<RunStatus, Bro
     }
 }
 
-/// Writes `data` to the command's stdin from a task of its own: a command
-/// that does not read its stdin must not hold up the run. Without data, the
-/// stdin is closed.
-fn feed_stdin(stdin: Option<std::fs::File>, data: &[u8]) -> std::io::Result<()> {
-    let Some(stdin) = stdin.filter(|_| !data.is_empty()) else { return Ok(()) };
-    let mut tx = pipe::Sender::from_owned_fd(OwnedFd::from(stdin))?;
-    let data = data.to_vec();
-    tokio::spawn(async move {
-        let _ = tx.write_all(&data).await;
-    });
+/// Writes the run's input to the command's stdin from a task of its own: a
+/// command that does not read its stdin must not hold up the run. Without
+/// input, the stdin is closed.
+fn feed_stdin(stdin: Option<std::fs::File>, input: Input) -> std::io::Result<()> {
+    let Some(stdin) = stdin.filter(|_| input.piped()) else { return Ok(()) };
+    let tx = pipe::Sender::from_owned_fd(OwnedFd::from(stdin))?;
+    tokio::spawn(input.feed(tx));
     Ok(())
 }
 

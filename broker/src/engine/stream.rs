@@ -33,6 +33,54 @@ const STARTED_HOLD: Duration = Duration::from_millis(20);
 /// on; less is read, to go out with its frame's header in one write.
 const SPLICE_MIN_BYTES: usize = 16 * 1024;
 
+/// Pieces of a run's stdin as its client streams them (`RunWithStdin`):
+/// the channel ends with the client's `StdinEnd`, or when it is gone.
+pub type StdinPieces = tokio::sync::mpsc::Receiver<Vec<u8>>;
+
+/// What a run's command reads on its stdin: the request's `stdin` field,
+/// the pieces its client streams, or nothing (end of file at once).
+pub enum Input {
+    Nothing,
+    Bytes(Vec<u8>),
+    Streamed(StdinPieces),
+}
+
+impl Input {
+    pub fn of(request: &palisade_protocol::wire::RunRequest, streamed: Option<StdinPieces>) -> Input {
+        match streamed {
+            Some(pieces) => Input::Streamed(pieces),
+            None if request.stdin.is_empty() => Input::Nothing,
+            None => Input::Bytes(request.stdin.clone()),
+        }
+    }
+
+    /// Whether the command's stdin is a pipe the broker writes.
+    pub fn piped(&self) -> bool {
+        !matches!(self, Input::Nothing)
+    }
+
+    /// Writes it all into `stdin`, then closes it. A piece waits for the
+    /// command to read the one before (the pipe's back-pressure reaches the
+    /// client through the bounded channel); once the command closed its
+    /// stdin the rest is dropped, and the channel with it.
+    pub async fn feed(self, mut stdin: impl tokio::io::AsyncWrite + Unpin) {
+        use tokio::io::AsyncWriteExt;
+        match self {
+            Input::Nothing => {}
+            Input::Bytes(data) => {
+                let _ = stdin.write_all(&data).await;
+            }
+            Input::Streamed(mut pieces) => {
+                while let Some(piece) = pieces.recv().await {
+                    if stdin.write_all(&piece).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Where a run's messages go. `false`: the client is gone.
 pub trait Sink {
     fn send(&mut self, msg: ServerMessage) -> impl Future<Output = bool> + Send;
@@ -46,6 +94,12 @@ pub trait Sink {
     /// Whether [`Sink::splice_output`] moves output without copying it.
     fn splices(&self) -> bool {
         false
+    }
+
+    /// The stdin its client streams for the run about to start, once
+    /// (`None`: the request's `stdin` field is the input).
+    fn take_stdin(&mut self) -> Option<StdinPieces> {
+        None
     }
 
     /// The next `len` bytes of `pipe` (a pipe holding at least that many,

@@ -14,7 +14,7 @@ use crate::seatbelt::executor::Macos;
 use crate::serve::server::Server;
 use clap::{Parser, Subcommand};
 use palisade_policy::Config;
-use palisade_protocol::wire::ErrorKind;
+use palisade_protocol::wire::{ErrorKind, RunRequest};
 use std::path::{Path, PathBuf};
 
 /// The name of the `Sockets` entry of the launchd plists.
@@ -79,10 +79,11 @@ pub fn palisade(cli: Cli) -> i32 {
         crate::cli::run::raise_limits(&args, &mut c)?;
         Ok(c)
     };
-    let (config, request) = match load(args.policy.as_deref())
-        .and_then(edited)
-        .and_then(|c| Ok((c, request(&args, !args.no_stdin)?)))
-    {
+    let (config, request) = match load(args.policy.as_deref()).and_then(edited).and_then(|c| {
+        // Its stdin is streamed to the run, never read whole first.
+        let streamed = palisade_cli::args::streams_stdin(&args);
+        Ok((c, RunRequest { stdin_streamed: streamed, ..request(&args, false)? }))
+    }) {
         Ok(both) => both,
         Err(e) => return fail(ErrorKind::InvalidRequest, e),
     };
@@ -110,7 +111,8 @@ pub fn palisade(cli: Cli) -> i32 {
         let cancel = async move {
             tokio::select! { _ = a.recv() => {}, _ = b.recv() => {}, _ = c.recv() => {} }
         };
-        let ran = broker.run(&me, &request, &mut RenderSink(&mut render), cancel).await;
+        let stdin = request.stdin_streamed.then(crate::cli::run::own_stdin);
+        let ran = broker.run(&me, &request, &mut RenderSink(&mut render, stdin), cancel).await;
         ran.map_err(palisade_protocol::wire::ErrorReply::from)
     });
     render.finish(outcome)

@@ -22,7 +22,7 @@ mod procs;
 #[cfg(all(test, target_os = "linux"))]
 pub(crate) mod tests;
 
-use crate::engine::stream::{Bounds, Child, Run, Sink};
+use crate::engine::stream::{Bounds, Child, Input, Run, Sink};
 use crate::host::paths::HostDirs;
 use palisade_policy::Resolved;
 use palisade_policy::seatbelt::SeatbeltError;
@@ -38,7 +38,6 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe;
 use tokio::sync::watch;
 
@@ -176,8 +175,8 @@ impl Seatbelt {
         // Declared before the run: dropped after it, once its processes are dead.
         let files = RunFiles::create(resolved, &self.profiles.join(name), &prepared.profile)?;
         let started = Instant::now();
-        let mut command =
-            self.command(resolved, &files.profile, request.stdin.is_empty(), prepared.processes);
+        let input = Input::of(request, sink.take_stdin());
+        let mut command = self.command(resolved, &files.profile, !input.piped(), prepared.processes);
         // Linux, under test: the stand-in's command is found by what it carries.
         #[cfg(not(target_os = "macos"))]
         command.env(procs::MARKS_ENV, prepared.marks.environment());
@@ -185,7 +184,7 @@ impl Seatbelt {
             command.spawn().map_err(|source| ExecError::Spawn { launcher: self.launcher.clone(), source })?;
         let mut group = Group::watch(spawned.id(), prepared.marks.clone());
         let pipes = (|| -> std::io::Result<[pipe::Receiver; 2]> {
-            feed_stdin(spawned.stdin.take(), &request.stdin)?;
+            feed_stdin(spawned.stdin.take(), input)?;
             Ok([receiver(spawned.stdout.take())?, receiver(spawned.stderr.take())?])
         })()
         .map_err(ExecError::Setup)?;
@@ -387,15 +386,12 @@ impl Drop for RunFiles {
     }
 }
 
-/// Writes `data` to the command's stdin from a task of its own (a command
-/// that does not read it must not hold up the run), then closes it.
-fn feed_stdin(stdin: Option<std::process::ChildStdin>, data: &[u8]) -> std::io::Result<()> {
+/// Writes the run's input to the command's stdin from a task of its own (a
+/// command that does not read it must not hold up the run), then closes it.
+fn feed_stdin(stdin: Option<std::process::ChildStdin>, input: Input) -> std::io::Result<()> {
     let Some(stdin) = stdin else { return Ok(()) };
-    let mut tx = pipe::Sender::from_owned_fd(OwnedFd::from(stdin))?;
-    let data = data.to_vec();
-    tokio::spawn(async move {
-        let _ = tx.write_all(&data).await;
-    });
+    let tx = pipe::Sender::from_owned_fd(OwnedFd::from(stdin))?;
+    tokio::spawn(input.feed(tx));
     Ok(())
 }
 

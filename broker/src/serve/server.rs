@@ -34,6 +34,10 @@ use tokio::task::{JoinError, JoinSet};
 
 /// How long a run's result may wait for a client that does not read.
 const RESULT_SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// Pieces of a streamed stdin received ahead of the command's reading: past
+/// them the broker reads no further message from the client until one is
+/// taken (each piece's frame is at most `SMALL_FRAME_BYTES`).
+const STDIN_PIECES_QUEUED: usize = 4;
 /// How long shutdown waits for killed runs to report.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// How long a refused connection (over the limits, or of a peer not
@@ -354,9 +358,23 @@ impl<E: Executor> Server<E> {
                     return;
                 }
             };
-            let request = match message {
-                ClientMessage::Run(r) => r,
-                ClientMessage::Cancel => continue,
+            let (request, streamed) = match message {
+                ClientMessage::Run(r) => (r, false),
+                ClientMessage::RunWithStdin(r) if r.stdin.is_empty() => {
+                    (RunRequest { stdin_streamed: true, ..r }, true)
+                }
+                ClientMessage::RunWithStdin(_) => {
+                    let e = ErrorReply::new(
+                        palisade_protocol::wire::ErrorKind::InvalidRequest,
+                        "a run_with_stdin's stdin comes as stdin messages: its stdin field must be empty",
+                    );
+                    if !sink.send(ServerMessage::Error(e)).await {
+                        return;
+                    }
+                    continue;
+                }
+                // A cancel, or stdin, sent as the last run ended: too late for it.
+                ClientMessage::Cancel | ClientMessage::Stdin { .. } | ClientMessage::StdinEnd => continue,
                 ClientMessage::Approve { .. } => {
                     let e = BrokerError::Protocol("no run is waiting for approval".into());
                     if !sink.send(e.into()).await {
@@ -380,8 +398,9 @@ impl<E: Executor> Server<E> {
                 }
             };
             sink.set_raw_output(request.raw_output);
-            let serving = self.serve_run(peer, request, sink, inbound, shutdown.clone());
+            let serving = self.serve_run(peer, (request, streamed), sink, inbound, shutdown.clone());
             let served = Caught::new(serving).await;
+            sink.set_stdin(None);
             inbound.run_done();
             let msg = match served {
                 Ok(Ok(result)) => ServerMessage::Finished(Box::new(result)),
@@ -419,10 +438,11 @@ impl<E: Executor> Server<E> {
         }
     }
 
+    /// `streamed`: the client streams the run's stdin (`RunWithStdin`).
     async fn serve_run(
         &self,
         peer: &Peer,
-        request: RunRequest,
+        (request, streamed): (RunRequest, bool),
         sink: &mut SocketSink,
         inbound: &mut Inbound,
         mut shutdown: watch::Receiver<bool>,
@@ -466,10 +486,25 @@ impl<E: Executor> Server<E> {
                 })?
             }
         };
-        // The run ends early if the client goes away, cancels, or the broker stops.
+        // The run ends early if the client goes away, cancels, or the broker
+        // stops; a streamed stdin's pieces reach the command meanwhile.
+        let (stdin, pieces) = match streamed {
+            true => {
+                let (tx, rx) = tokio::sync::mpsc::channel(STDIN_PIECES_QUEUED);
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
+        sink.set_stdin(pieces);
         let cancel = async {
+            let gone = async {
+                match stdin {
+                    Some(tx) => inbound.client_gone_feeding(tx).await,
+                    None => inbound.client_gone().await,
+                }
+            };
             tokio::select! {
-                _ = inbound.client_gone() => {}
+                _ = gone => {}
                 _ = shutdown.wait_for(|stop| *stop) => {}
             }
         };

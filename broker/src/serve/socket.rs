@@ -2,7 +2,7 @@
 //! and decoded within their limits ([`Inbound`]), its hello checked, and
 //! replies written ([`SocketSink`]).
 
-use crate::engine::stream::Sink;
+use crate::engine::stream::{Sink, StdinPieces};
 use crate::serve::budget::{BudgetError, Draw, UNBUDGETED_BYTES};
 use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, ErrorKind, Hello, MAGIC, MAX_FRAME_BYTES, SMALL_FRAME_BYTES,
@@ -223,6 +223,30 @@ impl Inbound {
     pub async fn client_gone(&mut self) {
         while let Ok(Some(ClientMessage::Approve { .. })) = self.next().await {}
     }
+
+    /// [`Inbound::client_gone`] for a run whose client streams its stdin
+    /// (`RunWithStdin`): each `Stdin` piece is passed to `stdin`, waiting
+    /// while the channel is full (no further message is read meanwhile: a
+    /// command that does not read its input holds the client back), until
+    /// `StdinEnd`. Pieces the command no longer takes, or sent after the
+    /// end, are dropped.
+    pub async fn client_gone_feeding(&mut self, stdin: tokio::sync::mpsc::Sender<Vec<u8>>) {
+        let mut stdin = Some(stdin);
+        loop {
+            match self.next().await {
+                Ok(Some(ClientMessage::Approve { .. })) => {}
+                Ok(Some(ClientMessage::Stdin { data })) => {
+                    if let Some(tx) = &stdin
+                        && tx.send(data).await.is_err()
+                    {
+                        stdin = None;
+                    }
+                }
+                Ok(Some(ClientMessage::StdinEnd)) => stdin = None,
+                _ => return,
+            }
+        }
+    }
 }
 
 pub struct SocketSink {
@@ -237,11 +261,27 @@ pub struct SocketSink {
     held: Vec<u8>,
     /// JSON: output as a header line and the raw bytes (the run's `raw_output`).
     raw_output: bool,
+    /// The stdin the client streams for the run about to start.
+    stdin: Option<StdinPieces>,
 }
 
 impl SocketSink {
     pub fn new(writer: OwnedWriteHalf, encoding: Encoding) -> SocketSink {
-        SocketSink { writer, encoding, broken: false, no_splice: false, held: Vec::new(), raw_output: false }
+        SocketSink {
+            writer,
+            encoding,
+            broken: false,
+            no_splice: false,
+            held: Vec::new(),
+            raw_output: false,
+            stdin: None,
+        }
+    }
+
+    /// The stdin of the run about to be served, streamed by its client
+    /// (`None`: none is, or the run is over).
+    pub fn set_stdin(&mut self, stdin: Option<StdinPieces>) {
+        self.stdin = stdin;
     }
 
     /// Whether the run about to be served asked for its output raw (JSON).
@@ -310,6 +350,10 @@ impl Sink for SocketSink {
     fn splices(&self) -> bool {
         let raw = self.encoding == Encoding::Bincode || self.raw_output;
         cfg!(target_os = "linux") && raw && !self.broken && !self.no_splice
+    }
+
+    fn take_stdin(&mut self) -> Option<StdinPieces> {
+        self.stdin.take()
     }
 
     #[cfg(target_os = "linux")]

@@ -4,13 +4,15 @@ where the broker's profile `sh` allows interpreters and inline code and its
 default profile does not. Prints one line per check and exits 0 when every
 check held."""
 
+import io
 import json
 import os
+import queue
 import socket
 import sys
 import tempfile
 import threading
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from palisade_client import OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, Client, PalisadeError
 
@@ -59,6 +61,30 @@ def main() -> int:
         assert streamed.stdout == b"", streamed
         print("run: stdin in, output streamed")
 
+        # A REPL through a streamed stdin: each line is sent once the
+        # output of the one before has come back.
+        lines: "queue.Queue[Optional[bytes]]" = queue.Queue()
+        script = [b"echo one\n", b"echo $((6 * 7))\n", b"exit 5\n"]
+        lines.put(script[0])
+        heard: List[bytes] = []
+
+        def answer(stream: str, data: bytes) -> None:
+            heard.append(data)
+            said = b"".join(heard)
+            if said == b"one\n":
+                lines.put(script[1])
+            elif said == b"one\n42\n":
+                lines.put(script[2])
+                lines.put(None)
+
+        repl = broker.run(["/bin/sh"], profile="sh", stdin=iter(lines.get, None), on_output=answer)
+        assert (repl.code, b"".join(heard)) == (5, b"one\n42\n"), (repl, heard)
+        print("run: a shell driven line by line through a streamed stdin")
+        big = 8 << 20
+        counted = broker.run(["/usr/bin/wc", "-c"], stdin=io.BytesIO(b"x" * big))
+        assert counted.stdout.strip() == str(big).encode(), counted
+        print("run: a streamed stdin of", big, "bytes")
+
         timed = broker.run(["/bin/sleep", "30"], timeout_secs=1)
         assert (timed.status, timed.exit_status) == ("timed_out", 125), timed
         print("run: timed_out at its deadline")
@@ -85,6 +111,8 @@ def main() -> int:
     with Client(socket_path) as old:
         assert old.version == OLDEST_PROTOCOL_VERSION, old.version
         assert old.run(["/bin/echo", "old"]).stdout == b"old\n"
+        # No streamed stdin before version 14: it goes whole, in the request.
+        assert old.run(["/bin/cat"], stdin=iter([b"whole ", b"stdin"])).stdout == b"whole stdin"
         print("version", old.version, "still served")
     palisade_client.PROTOCOL_VERSION = PROTOCOL_VERSION
     # A broker of version 12, which knows no range: asked again in 12 alone.

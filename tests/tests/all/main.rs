@@ -33,6 +33,7 @@ mod plugins;
 mod policy;
 mod protocol_doc;
 mod python_client;
+mod stdin;
 mod system;
 mod warm;
 

@@ -67,4 +67,15 @@ fn the_installed_python_client_is_typed_and_runs() {
     let (code, out, err) = cli(&[&probe(), "echo", "installed"]);
     assert_eq!((code, out.as_str()), (Some(0), "ok installed\n"), "{err}");
     assert_eq!(cli(&[&probe(), "exit", "7"]).0, Some(7));
+    // Its stdin, streamed to the command.
+    let mut child = std::process::Command::new(venv.join("palisade-client"))
+        .args(["--socket", d.socket.to_str().unwrap(), "--", "wc", "-c"])
+        .current_dir(ws.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), &vec![b'x'; 3 << 20]).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!((o.status.code(), text(&o.stdout).trim()), (Some(0), (3 << 20).to_string().as_str()));
 }

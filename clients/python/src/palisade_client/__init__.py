@@ -1,7 +1,7 @@
 """A client for palisade's broker over its Unix socket (JSON lines).
 
 Standard library only. The protocol is docs/protocol.md of palisade; this
-package speaks versions 12 and 13 of it, and the broker answers with the
+package speaks versions 12 to 14 of it, and the broker answers with the
 highest both speak.
 
     from palisade_client import Client
@@ -17,8 +17,9 @@ import base64
 import json
 import os
 import socket
+import threading
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable, Dict, List, Mapping, Optional, Sequence, Union, cast
+from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union, cast
 
 __all__ = [
     "Client",
@@ -28,18 +29,26 @@ __all__ = [
     "PROTOCOL_VERSION",
     "OLDEST_PROTOCOL_VERSION",
     "EXIT_PALISADE",
+    "Stdin",
 ]
 
 #: The highest protocol version this package speaks.
-PROTOCOL_VERSION = 13
+PROTOCOL_VERSION = 14
 #: The lowest.
 OLDEST_PROTOCOL_VERSION = 12
 #: The exit status of palisade refusing or failing, as `palisade run` uses it.
 EXIT_PALISADE = 125
+#: The protocol version that streams a run's stdin while it runs.
+STREAMED_STDIN_VERSION = 14
+#: The most one streamed piece of stdin carries.
+STDIN_PIECE_BYTES = 64 * 1024
 
 Json = Dict[str, Any]
 #: Called with each piece of output: its stream ("stdout" or "stderr") and bytes.
 OutputHandler = Callable[[str, bytes], None]
+#: A run's stdin: bytes sent with the request, or a binary file (read to its
+#: end) or an iterable of bytes, streamed while the command runs.
+Stdin = Union[bytes, BinaryIO, Iterable[bytes]]
 #: Called with each approval question of a run (the `approval_required`
 #: object); when its `may_answer` is true, returns whether the person
 #: approves (otherwise an approver answers elsewhere, and the return is not used).
@@ -157,6 +166,8 @@ class Client:
             self._sock.close()
             raise
         self._sock.settimeout(None)
+        # Taken by every send: a streamed stdin is sent from a thread of its own.
+        self._sending = threading.Lock()
         # A buffered reader of the socket: lines, and raw output after them.
         self._lines = cast(BinaryIO, self._sock.makefile("rb", buffering=1 << 20))
         self._send({"hello": hello})
@@ -173,7 +184,26 @@ class Client:
         self._sock.close()
 
     def _send(self, message: Union[Json, str]) -> None:
-        self._sock.sendall(json.dumps(message).encode() + b"\n")
+        line = json.dumps(message).encode() + b"\n"
+        with self._sending:
+            self._sock.sendall(line)
+
+    def _feed(self, stdin: Union[BinaryIO, Iterable[bytes]]) -> None:
+        """Sends `stdin` as the running command's pieces, then its end;
+        stops once the connection fails (the run is over)."""
+        pieces: Iterable[bytes]
+        if hasattr(stdin, "read"):
+            source = cast(BinaryIO, stdin)
+            pieces = iter(lambda: source.read(STDIN_PIECE_BYTES), b"")
+        else:
+            pieces = stdin
+        try:
+            for piece in pieces:
+                for at in range(0, len(piece), STDIN_PIECE_BYTES):
+                    self._send({"stdin": {"data": _encode_bytes(piece[at:at + STDIN_PIECE_BYTES])}})
+            self._send("stdin_end")
+        except OSError:
+            pass
 
     def _receive(self) -> Json:
         line = self._lines.readline()
@@ -205,7 +235,7 @@ class Client:
         cwd: Optional[str] = None,
         workspace: Optional[str] = None,
         env: Optional[Mapping[str, str]] = None,
-        stdin: bytes = b"",
+        stdin: Stdin = b"",
         on_output: Optional[OutputHandler] = None,
         on_approval: Optional[ApprovalHandler] = None,
         **fields: Any,
@@ -213,19 +243,34 @@ class Client:
         """Runs `argv`; its working directory `cwd` (default: this process's)
         is the workspace unless `workspace` says otherwise. `fields` are the
         run request's other fields (`timeout_secs`, `allow_domains`,
-        `profile`, `read_only`, ...: docs/protocol.md). Output goes to
-        `on_output` as it comes, or is gathered in the result. A refusal
-        raises PalisadeError; a run palisade ended (a deadline, a quota)
-        returns, its `status` saying which."""
+        `profile`, `read_only`, ...: docs/protocol.md). `stdin` as bytes
+        goes with the request; a binary file or an iterable of bytes is
+        streamed while the command runs, from a thread, at the pace it reads
+        (an iterable may wait for output first: a REPL's next line). Output
+        goes to `on_output` as it comes, or is gathered in the result. A
+        refusal raises PalisadeError; a run palisade ended (a deadline, a
+        quota) returns, its `status` saying which."""
         request: Json = {"argv": list(argv), "cwd": cwd or os.getcwd(), "raw_output": True}
         if workspace is not None:
             request["workspace"] = workspace
         if env is not None:
             request["env"] = dict(env)
-        if stdin:
-            request["stdin"] = _encode_bytes(stdin)
+        streamed: Optional[Union[BinaryIO, Iterable[bytes]]] = None
+        if isinstance(stdin, (bytes, bytearray)):
+            if stdin:
+                request["stdin"] = _encode_bytes(bytes(stdin))
+        elif self.version >= STREAMED_STDIN_VERSION:
+            streamed = stdin
+        else:
+            # An older broker takes stdin in the request alone.
+            if hasattr(stdin, "read"):
+                whole = cast(BinaryIO, stdin).read()
+            else:
+                whole = b"".join(stdin)
+            if whole:
+                request["stdin"] = _encode_bytes(whole)
         request.update(fields)
-        self._send({"run": request})
+        self._send({"run_with_stdin" if streamed is not None else "run": request})
         gathered: Dict[str, List[bytes]] = {"stdout": [], "stderr": []}
         approvals: List[Json] = []
         while True:
@@ -248,6 +293,9 @@ class Client:
                 approved = bool(on_approval(question)) if on_approval is not None else False
                 if question.get("may_answer"):
                     self._send({"approve": {"approved": approved}})
+            elif "started" in message and streamed is not None:
+                threading.Thread(target=self._feed, args=(streamed,), daemon=True).start()
+                streamed = None
             elif "finished" in message:
                 return _result(message["finished"], gathered, approvals)
             elif "error" in message:

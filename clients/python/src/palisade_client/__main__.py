@@ -4,7 +4,8 @@
     palisade-client [--socket PATH] --plugin SKILL [INPUT_JSON]
 
 (or `python3 -m palisade_client ...`). Runs CMD with the current directory as
-the workspace, streams its output, and exits with its status (128+N for
+the workspace, streams its output (and its stdin, when that is not a
+terminal or /dev/null), and exits with its status (128+N for
 signal N, 125 when palisade refused or failed). With --plugin, calls an
 installed WebAssembly skill with INPUT_JSON (default {}) and prints its output.
 """
@@ -12,10 +13,11 @@ installed WebAssembly skill with INPUT_JSON (default {}) and prints its output.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from typing import List, Optional
 
-from . import EXIT_PALISADE, Client, Json, PalisadeError
+from . import EXIT_PALISADE, Client, Json, PalisadeError, Stdin
 
 
 def _ask_terminal(question: Json) -> bool:
@@ -33,6 +35,20 @@ def _ask_terminal(question: Json) -> bool:
             return tty.readline().strip().lower() in ("y", "yes")
     except OSError:
         return False
+
+
+def _own_stdin() -> Stdin:
+    """This process's stdin, to stream to the command; none when it is a
+    terminal, /dev/null or closed."""
+    try:
+        if sys.stdin is None or sys.stdin.isatty():
+            return b""
+        own, null = os.fstat(0), os.stat(os.devnull)
+    except (OSError, ValueError):
+        return b""
+    if stat.S_ISCHR(own.st_mode) and own.st_rdev == null.st_rdev:
+        return b""
+    return sys.stdin.buffer
 
 
 def _write(stream: str, data: bytes) -> None:
@@ -59,8 +75,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             # This process's umask, for what the command creates (read by setting it back).
             umask = os.umask(0o022)
             os.umask(umask)
-            result = broker.run(args[1:], env=dict(os.environ), umask=umask, on_output=_write,
-                                on_approval=_ask_terminal)
+            result = broker.run(args[1:], env=dict(os.environ), umask=umask, stdin=_own_stdin(),
+                                on_output=_write, on_approval=_ask_terminal)
     except PalisadeError as e:
         print(f"palisade: {e.kind}: {e.message}", file=sys.stderr)
         return EXIT_PALISADE

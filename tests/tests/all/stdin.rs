@@ -1,0 +1,196 @@
+//! A run's stdin streamed while it runs (`RunWithStdin`): `palisade run`
+//! passes its own for any size, through a daemon and embedded; a shell
+//! reads its lines one at a time, each sent once the answer to the one
+//! before has come back; a command that reads nothing ends the run however
+//! much is offered; and code on a streamed stdin is inline code to the
+//! policy, as code in the request's `stdin` is.
+
+use palisade_broker::cli::client::{Client, ClientError};
+use palisade_protocol::wire::{ClientMessage, ErrorKind, RunRequest, RunStatus, ServerMessage};
+use palisade_tests::*;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+/// The profile whose runs may be a shell reading code on its stdin.
+const SHELL: &str = "[profiles.sh]\nallow_interpreters = true\nallow_inline_code = true\n\
+                     [profiles.interpreters]\nallow_interpreters = true\n";
+
+/// `palisade PRE -- ARGS` in `cwd`, its stdin what `feed` writes (then
+/// closed), under an outer bound of two minutes.
+fn palisade_fed(cwd: &Path, pre: &[&str], args: &[&str], feed: impl FnOnce(&mut dyn Write) + Send) -> Output {
+    let (_journal, path) = scratch_journal(None);
+    let mut child = Command::new("timeout")
+        .arg("120")
+        .arg(bin("palisade"))
+        .args(pre)
+        .arg("--")
+        .args(args)
+        .current_dir(cwd)
+        .env("PALISADE_STATE", state_beside(&path))
+        .env("PALISADE_JOURNAL", &path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    std::thread::scope(|s| {
+        s.spawn(move || feed(&mut stdin));
+        child.wait_with_output().unwrap()
+    })
+}
+
+/// `n` bytes of a pattern, written in pieces (a reader gone ends it).
+fn pattern_of(n: usize) -> impl FnOnce(&mut dyn Write) + Send {
+    move |w: &mut dyn Write| {
+        let piece = pattern(1 << 20, 7);
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(piece.len());
+            if w.write_all(&piece[..k]).is_err() {
+                return;
+            }
+            left -= k;
+        }
+    }
+}
+
+/// More than any frame holds (8 MiB): streamed, never read whole first.
+#[test]
+fn a_stdin_larger_than_any_frame_streams_through_a_daemon_and_embedded() {
+    let ws = TempDir::new("stdin-large");
+    let d = Daemon::start("");
+    let policy = ws.join("policy.toml");
+    std::fs::write(&policy, base_config()).unwrap();
+    let size = 24 << 20;
+    for pre in
+        [["run", "--socket", d.socket.to_str().unwrap()], ["run", "--policy", policy.to_str().unwrap()]]
+    {
+        let o = palisade_fed(ws.path(), &pre, &["wc", "-c"], pattern_of(size));
+        assert_eq!(
+            (o.status.code(), text(&o.stdout).trim()),
+            (Some(0), size.to_string().as_str()),
+            "{pre:?}: {o:?}"
+        );
+    }
+    // Outside a sandbox, the same count.
+    let o = palisade_fed_outside(&["wc", "-c"], pattern_of(size));
+    assert_eq!(text(&o.stdout).trim(), size.to_string());
+}
+
+fn palisade_fed_outside(args: &[&str], feed: impl FnOnce(&mut dyn Write) + Send) -> Output {
+    let mut child =
+        Command::new(args[0]).args(&args[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    std::thread::scope(|s| {
+        s.spawn(move || feed(&mut stdin));
+        child.wait_with_output().unwrap()
+    })
+}
+
+/// A command that reads nothing of an endless stdin (`yes`) ends the run
+/// when it exits; the broker holds no more of it than its queue.
+#[test]
+fn an_endless_stdin_the_command_does_not_read_ends_with_the_command() {
+    let ws = TempDir::new("stdin-endless");
+    let d = Daemon::start("");
+    let policy = ws.join("policy.toml");
+    std::fs::write(&policy, base_config()).unwrap();
+    let endless = |w: &mut dyn Write| {
+        let piece = vec![b'y'; 1 << 16];
+        while w.write_all(&piece).is_ok() {}
+    };
+    for pre in
+        [["run", "--socket", d.socket.to_str().unwrap()], ["run", "--policy", policy.to_str().unwrap()]]
+    {
+        let o = palisade_fed(ws.path(), &pre, &["sleep", "1"], endless);
+        assert_eq!(o.status.code(), Some(0), "{pre:?}: {o:?}");
+        // Reading some of it, then stopping: the same.
+        let o = palisade_fed(ws.path(), &pre, &["head", "-c", "5"], endless);
+        assert_eq!((o.status.code(), text(&o.stdout).as_str()), (Some(0), "yyyyy"), "{pre:?}: {o:?}");
+    }
+}
+
+/// A pipe whose read end is a run's stdin, written as the run's output
+/// asks: the next line of a script once the answer to the one before came.
+#[test]
+fn a_shell_reads_its_lines_one_at_a_time_each_sent_after_the_last_answer() {
+    let ws = TempDir::new("stdin-repl");
+    let d = Daemon::start(SHELL);
+    let (read, write) = std::io::pipe().unwrap();
+    let mut write = Some(write);
+    let script = ["echo one\n", "echo $((6 * 7))\n", "exit 5\n"];
+    write.as_mut().unwrap().write_all(script[0].as_bytes()).unwrap();
+    let mut client = Client::open(&d.socket).unwrap();
+    client.stream_stdin(Box::new(read));
+    let request =
+        RunRequest { argv: vec!["sh".into()], profile: Some("sh".into()), ..request(ws.path(), &[]) };
+    let mut heard = Vec::new();
+    let result = client.run(request, |m| {
+        if let ServerMessage::Output { data, .. } = m {
+            heard.extend_from_slice(data);
+            let next = match heard.as_slice() {
+                b"one\n" => Some(script[1]),
+                b"one\n42\n" => Some(script[2]),
+                _ => None,
+            };
+            if let (Some(line), Some(w)) = (next, write.as_mut()) {
+                w.write_all(line.as_bytes()).unwrap();
+            }
+            if next == Some(script[2]) {
+                write = None;
+            }
+        }
+    });
+    let result = result.unwrap_or_else(|e| panic!("{e}: {}", d.log()));
+    assert_eq!((result.status, text(&heard).as_str()), (RunStatus::Exited { code: 5 }, "one\n42\n"));
+}
+
+/// Code on a streamed stdin is inline code: a shell reading it is refused
+/// where inline code is not allowed, through a daemon and embedded, and
+/// runs where it is; with an empty stdin (`/dev/null`) the shell has no
+/// code to read and runs.
+#[test]
+fn code_on_a_streamed_stdin_is_inline_code_to_the_policy() {
+    let ws = TempDir::new("stdin-code");
+    let d = Daemon::start(SHELL);
+    let socket = d.socket.to_str().unwrap();
+    let code = |w: &mut dyn Write| {
+        let _ = w.write_all(b"echo from-stdin\n");
+    };
+    let refused =
+        palisade_fed(ws.path(), &["run", "--socket", socket, "--profile", "interpreters"], &["sh"], code);
+    let err = text(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(125), "{err}");
+    assert!(err.contains("PolicyDenied") && err.contains("code on stdin"), "{err}");
+    let o = palisade_fed(ws.path(), &["run", "--socket", socket, "--profile", "sh"], &["sh"], code);
+    assert_eq!((o.status.code(), text(&o.stdout).as_str()), (Some(0), "from-stdin\n"), "{o:?}");
+    let policy = ws.join("policy.toml");
+    std::fs::write(&policy, base_config()).unwrap();
+    let embedded = ["run", "--policy", policy.to_str().unwrap(), "--allow-interpreters"];
+    let refused = palisade_fed(ws.path(), &embedded, &["sh"], code);
+    assert_eq!(refused.status.code(), Some(125), "{refused:?}");
+    assert!(text(&refused.stderr).contains("code on stdin"), "{refused:?}");
+    let o = palisade_cli(ws.path(), &embedded, &["sh"], None);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+}
+
+/// A `run_with_stdin` carries no `stdin` field: one that does is refused,
+/// and the connection serves the next request.
+#[test]
+fn a_run_with_stdin_that_carries_stdin_is_refused() {
+    let ws = TempDir::new("stdin-field");
+    let d = Daemon::start("");
+    let mut client = Client::connect(&d.socket).unwrap();
+    let both = RunRequest { stdin: b"x".to_vec(), ..request(ws.path(), &["cat"]) };
+    match client.request(&ClientMessage::RunWithStdin(both)) {
+        Err(ClientError::Reply(e)) => {
+            assert_eq!(e.kind, ErrorKind::InvalidRequest);
+            assert!(e.message.contains("stdin messages"), "{}", e.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    let r = client.run(RunRequest { argv: vec!["true".into()], ..request(ws.path(), &[]) }, |_| {}).unwrap();
+    assert_eq!(r.status, RunStatus::Exited { code: 0 });
+}
