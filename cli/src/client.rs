@@ -60,23 +60,32 @@ impl Answerer {
 
 /// The connection's sending side, for another thread: each message is
 /// written whole under a lock the client's own sends take too, so that
-/// frames from two threads never interleave.
+/// frames from two threads never interleave. The lock holds the number of
+/// the runs ended on the connection: a run's stdin is sent only while it
+/// is the one in progress (see [`Writer::send_in`]).
 #[derive(Clone)]
 struct Writer {
     stream: Arc<UnixStream>,
-    lock: Arc<Mutex<()>>,
+    lock: Arc<Mutex<u64>>,
     encoding: Encoding,
 }
 
 impl Writer {
     fn send(&self, msg: &ClientMessage) -> Result<(), ClientError> {
-        let bytes = encode(msg, self.encoding).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        self.write(&bytes)
+        self.send_in(None, msg).map(|_| ())
     }
 
-    fn write(&self, bytes: &[u8]) -> Result<(), ClientError> {
-        let _held = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        (&*self.stream).write_all(bytes).map_err(ClientError::Io)
+    /// Sends `msg`, when `run` is given only while that run is the one in
+    /// progress (`false`: it ended, nothing was sent): a piece of its stdin
+    /// never reaches the connection's next run.
+    fn send_in(&self, run: Option<u64>, msg: &ClientMessage) -> Result<bool, ClientError> {
+        let bytes = encode(msg, self.encoding).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let ended = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        if run.is_some_and(|run| run != *ended) {
+            return Ok(false);
+        }
+        (&*self.stream).write_all(&bytes).map_err(ClientError::Io)?;
+        Ok(true)
     }
 }
 
@@ -85,10 +94,11 @@ const STREAMED_STDIN_VERSION: u32 = 14;
 /// The most one `Stdin` piece carries.
 const STDIN_PIECE_BYTES: usize = 64 * 1024;
 
-/// Sends what `source` gives as the run's stdin pieces, then its end (or
-/// nothing more once the connection fails: the run is over). Runs on a
-/// thread of its own from the run's `Started` on.
-fn feed_stdin(mut source: Box<dyn Read + Send>, writer: Writer) {
+/// Sends what `source` gives as the stdin pieces of `run` (the number of
+/// runs ended before it), then its end; nothing more once the run is over
+/// or the connection fails. Runs on a thread of its own from the run's
+/// `Started` on.
+fn feed_stdin(mut source: Box<dyn Read + Send>, writer: Writer, run: u64) {
     let mut buf = vec![0u8; STDIN_PIECE_BYTES];
     loop {
         let n = match source.read(&mut buf) {
@@ -98,17 +108,18 @@ fn feed_stdin(mut source: Box<dyn Read + Send>, writer: Writer) {
             // Unreadable: the command reads end of file, as at the end.
             Err(_) => break,
         };
-        if writer.send(&ClientMessage::Stdin { data: buf[..n].to_vec() }).is_err() {
+        if !matches!(writer.send_in(Some(run), &ClientMessage::Stdin { data: buf[..n].to_vec() }), Ok(true)) {
             return;
         }
     }
-    let _ = writer.send(&ClientMessage::StdinEnd);
+    let _ = writer.send_in(Some(run), &ClientMessage::StdinEnd);
 }
 
 pub struct Client {
     stream: UnixStream,
-    /// Taken by every write, here and on other threads (see [`Writer`]).
-    write_lock: Arc<Mutex<()>>,
+    /// Taken by every write, here and on other threads; it holds the
+    /// number of runs ended (see [`Writer`]).
+    write_lock: Arc<Mutex<u64>>,
     /// The version the broker's hello agreed on, once it is read.
     version: Option<u32>,
     /// The next run's stdin, streamed while it runs (see [`Client::stream_stdin`]).
@@ -163,7 +174,7 @@ impl Client {
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
         Ok(Client {
             stream,
-            write_lock: Arc::new(Mutex::new(())),
+            write_lock: Arc::new(Mutex::new(0)),
             version: None,
             stdin: None,
             decoder: Decoder::new(Some(encoding)),
@@ -350,12 +361,26 @@ impl Client {
         // A refused hello explains a failed send (the broker hung up after refusing).
         self.finish_hello()?;
         sent?;
+        let ended = self.events(stdin, &mut on, &mut approve);
+        // Whatever ended it, its stdin stops here.
+        *self.write_lock.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        ended
+    }
+
+    /// A run's messages to its end (see [`Client::run_events`]); its
+    /// streamed `stdin` is fed from `Started` on.
+    fn events(
+        &mut self,
+        mut stdin: Option<Box<dyn Read + Send>>,
+        on: &mut impl FnMut(Event<'_>),
+        approve: &mut impl FnMut(Ask<'_>) -> Option<bool>,
+    ) -> Result<RunResult, ClientError> {
         loop {
             if let Some((stream, bytes)) = self.decoder.next_output() {
                 on(Event::Output(stream, bytes));
                 continue;
             }
-            if self.pass_output(&mut on)? {
+            if self.pass_output(on)? {
                 continue;
             }
             let next = self.decoder.next_message().map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -380,7 +405,8 @@ impl Client {
                     // The run is on: its stdin may flow.
                     if let Some(source) = stdin.take() {
                         let writer = self.writer()?;
-                        std::thread::spawn(move || feed_stdin(source, writer));
+                        let run = *self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
+                        std::thread::spawn(move || feed_stdin(source, writer, run));
                     }
                     on(Event::Message(&started))
                 }

@@ -36,8 +36,10 @@ use tokio::task::{JoinError, JoinSet};
 const RESULT_SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Pieces of a streamed stdin received ahead of the command's reading: past
 /// them the broker reads no further message from the client until one is
-/// taken (each piece's frame is at most `SMALL_FRAME_BYTES`).
-const STDIN_PIECES_QUEUED: usize = 4;
+/// taken. With the piece waiting to join them and the one being written,
+/// a run holds at most 4 (each at most `SMALL_FRAME_BYTES`): what streamed
+/// stdin holds is bounded by the runs in progress (`max_concurrent`).
+const STDIN_PIECES_QUEUED: usize = 2;
 /// How long shutdown waits for killed runs to report.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// How long a refused connection (over the limits, or of a peer not

@@ -5,6 +5,7 @@ default profile does not. Prints one line per check and exits 0 when every
 check held."""
 
 import io
+import itertools
 import json
 import os
 import queue
@@ -84,6 +85,12 @@ def main() -> int:
         counted = broker.run(["/usr/bin/wc", "-c"], stdin=io.BytesIO(b"x" * big))
         assert counted.stdout.strip() == str(big).encode(), counted
         print("run: a streamed stdin of", big, "bytes")
+        # A run that ends while its stdin still streams: nothing of it
+        # reaches the next run on the connection.
+        for _ in range(3):
+            assert broker.run(["/bin/true"], stdin=itertools.repeat(b"y" * 65536)).exit_status == 0
+            assert broker.run(["/bin/cat"], stdin=b"its own").stdout == b"its own"
+        print("run: an endless stdin stops with its run")
 
         timed = broker.run(["/bin/sleep", "30"], timeout_secs=1)
         assert (timed.status, timed.exit_status) == ("timed_out", 125), timed

@@ -176,6 +176,30 @@ fn code_on_a_streamed_stdin_is_inline_code_to_the_policy() {
     assert_eq!(o.status.code(), Some(0), "{o:?}");
 }
 
+/// A run that ends while its client still streams (an endless stdin, a
+/// command that reads none of it) leaves nothing of it on the connection:
+/// the next run there gets its own stdin alone, and runs to its end.
+#[test]
+fn nothing_of_a_streamed_stdin_reaches_the_connections_next_run() {
+    let ws = TempDir::new("stdin-next");
+    let d = Daemon::start("");
+    let mut client = Client::connect(&d.socket).unwrap();
+    for _ in 0..3 {
+        client.stream_stdin(Box::new(std::io::repeat(b'x')));
+        let r = client.run(RunRequest { argv: vec!["true".into()], ..request(ws.path(), &[]) }, |_| {});
+        assert_eq!(r.unwrap().status, RunStatus::Exited { code: 0 });
+        let mut out = Vec::new();
+        let next =
+            RunRequest { argv: vec!["cat".into()], stdin: b"its own".to_vec(), ..request(ws.path(), &[]) };
+        let r = client.run(next, |m| {
+            if let ServerMessage::Output { data, .. } = m {
+                out.extend_from_slice(data)
+            }
+        });
+        assert_eq!((r.unwrap().status, text(&out).as_str()), (RunStatus::Exited { code: 0 }, "its own"));
+    }
+}
+
 /// A `run_with_stdin` carries no `stdin` field: one that does is refused,
 /// and the connection serves the next request.
 #[test]

@@ -166,8 +166,11 @@ class Client:
             self._sock.close()
             raise
         self._sock.settimeout(None)
-        # Taken by every send: a streamed stdin is sent from a thread of its own.
+        # Taken by every send: a streamed stdin is sent from a thread of its
+        # own, and only while its run is the one in progress (the runs ended
+        # on this connection are counted under the lock).
         self._sending = threading.Lock()
+        self._runs_ended = 0
         # A buffered reader of the socket: lines, and raw output after them.
         self._lines = cast(BinaryIO, self._sock.makefile("rb", buffering=1 << 20))
         self._send({"hello": hello})
@@ -183,14 +186,23 @@ class Client:
         self._lines.close()
         self._sock.close()
 
-    def _send(self, message: Union[Json, str]) -> None:
+    def _send(self, message: Union[Json, str], run: Optional[int] = None) -> bool:
+        """Sends `message`; with `run`, only while that run is in progress
+        (False: it ended, nothing was sent)."""
         line = json.dumps(message).encode() + b"\n"
         with self._sending:
+            if run is not None and run != self._runs_ended:
+                return False
             self._sock.sendall(line)
+            return True
 
-    def _feed(self, stdin: Union[BinaryIO, Iterable[bytes]]) -> None:
-        """Sends `stdin` as the running command's pieces, then its end;
-        stops once the connection fails (the run is over)."""
+    def _run_ended(self) -> None:
+        with self._sending:
+            self._runs_ended += 1
+
+    def _feed(self, stdin: Union[BinaryIO, Iterable[bytes]], run: int) -> None:
+        """Sends `stdin` as the pieces of `run`, then its end; stops once the
+        run is over (no piece reaches the next run) or the connection fails."""
         pieces: Iterable[bytes]
         if hasattr(stdin, "read"):
             source = cast(BinaryIO, stdin)
@@ -200,8 +212,9 @@ class Client:
         try:
             for piece in pieces:
                 for at in range(0, len(piece), STDIN_PIECE_BYTES):
-                    self._send({"stdin": {"data": _encode_bytes(piece[at:at + STDIN_PIECE_BYTES])}})
-            self._send("stdin_end")
+                    if not self._send({"stdin": {"data": _encode_bytes(piece[at:at + STDIN_PIECE_BYTES])}}, run):
+                        return
+            self._send("stdin_end", run)
         except OSError:
             pass
 
@@ -271,6 +284,18 @@ class Client:
                 request["stdin"] = _encode_bytes(whole)
         request.update(fields)
         self._send({"run_with_stdin" if streamed is not None else "run": request})
+        try:
+            return self._events(streamed, on_output, on_approval)
+        finally:
+            self._run_ended()
+
+    def _events(
+        self,
+        streamed: Optional[Union[BinaryIO, Iterable[bytes]]],
+        on_output: Optional[OutputHandler],
+        on_approval: Optional[ApprovalHandler],
+    ) -> RunResult:
+        """A run's messages to its end; its streamed stdin fed from `started` on."""
         gathered: Dict[str, List[bytes]] = {"stdout": [], "stderr": []}
         approvals: List[Json] = []
         while True:
@@ -294,7 +319,7 @@ class Client:
                 if question.get("may_answer"):
                     self._send({"approve": {"approved": approved}})
             elif "started" in message and streamed is not None:
-                threading.Thread(target=self._feed, args=(streamed,), daemon=True).start()
+                threading.Thread(target=self._feed, args=(streamed, self._runs_ended), daemon=True).start()
                 streamed = None
             elif "finished" in message:
                 return _result(message["finished"], gathered, approvals)
