@@ -4,7 +4,7 @@
 
 use clap::Args as ClapArgs;
 use palisade_protocol::wire::{KeepChanges, OnConflict, ParamValue, RunRequest};
-use std::io::{IsTerminal, Read};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]
@@ -201,18 +201,15 @@ fn is_dev_null(_: &std::io::Stdin) -> bool {
     false
 }
 
-pub fn request(args: &RunArgs, read_stdin: bool) -> Result<RunRequest, String> {
+/// The run `args` ask for; its stdin is streamed ([`streams_stdin`]), not
+/// part of it.
+pub fn request(args: &RunArgs) -> Result<RunRequest, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let mut stdin = Vec::new();
-    if read_stdin && !std::io::stdin().is_terminal() {
-        std::io::stdin().read_to_end(&mut stdin).map_err(|e| format!("reading stdin: {e}"))?;
-    }
     let mut req = RunRequest {
         argv: args.command.clone(),
         env: std::env::vars().collect(),
         cwd: Some(cwd.to_string_lossy().into_owned()),
         workspace: args.workspace.as_ref().map(|w| cwd.join(w).to_string_lossy().into_owned()),
-        stdin,
         timeout_secs: args.timeout,
         max_output_bytes: args.max_output,
         tool: args.tool.clone(),

@@ -21,6 +21,9 @@ pub enum ClientError {
     /// The broker said something that makes no sense here.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The streamed stdin could not be read: the run was cancelled.
+    #[error("reading the run's stdin: {0}")]
+    Stdin(String),
 }
 
 /// What a run sends before its result.
@@ -89,6 +92,26 @@ impl Writer {
     }
 }
 
+/// The end of a run on the client's side: dropped, it counts the run as
+/// ended, so that its stdin's thread sends nothing more. A run that ended
+/// otherwise than by the broker's answer (`answered`) may have left the
+/// broker not reading while that thread waits in a write: the connection
+/// (`stream`, where a stdin streams) is shut down first, which ends the wait.
+struct RunEnd {
+    lock: Arc<Mutex<u64>>,
+    stream: Option<UnixStream>,
+    answered: bool,
+}
+
+impl Drop for RunEnd {
+    fn drop(&mut self) {
+        if let Some(stream) = self.stream.as_ref().filter(|_| !self.answered) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+        *self.lock.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+    }
+}
+
 /// The protocol version that streams a run's stdin (`RunWithStdin`).
 const STREAMED_STDIN_VERSION: u32 = 14;
 /// The most one `Stdin` piece carries.
@@ -98,15 +121,25 @@ const STDIN_PIECE_BYTES: usize = 64 * 1024;
 /// runs ended before it), then its end; nothing more once the run is over
 /// or the connection fails. Runs on a thread of its own from the run's
 /// `Started` on.
-fn feed_stdin(mut source: Box<dyn Read + Send>, writer: Writer, run: u64) {
+fn feed_stdin(
+    mut source: Box<dyn Read + Send>,
+    writer: Writer,
+    run: u64,
+    failed: Arc<Mutex<Option<String>>>,
+) {
     let mut buf = vec![0u8; STDIN_PIECE_BYTES];
     loop {
         let n = match source.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            // Unreadable: the command reads end of file, as at the end.
-            Err(_) => break,
+            // Unreadable: the run is cancelled (never fed a truncated
+            // input as if it were whole), and the run's caller told why.
+            Err(e) => {
+                *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                let _ = writer.send_in(Some(run), &ClientMessage::Cancel);
+                return;
+            }
         };
         if !matches!(writer.send_in(Some(run), &ClientMessage::Stdin { data: buf[..n].to_vec() }), Ok(true)) {
             return;
@@ -124,6 +157,8 @@ pub struct Client {
     version: Option<u32>,
     /// The next run's stdin, streamed while it runs (see [`Client::stream_stdin`]).
     stdin: Option<Box<dyn Read + Send>>,
+    /// Why a run's streamed stdin could not be read, from its feeding thread.
+    stdin_failed: Arc<Mutex<Option<String>>>,
     decoder: Decoder,
     encoding: Encoding,
     /// The hello is sent (or queued) but its answer not yet read.
@@ -177,6 +212,7 @@ impl Client {
             write_lock: Arc::new(Mutex::new(0)),
             version: None,
             stdin: None,
+            stdin_failed: Arc::new(Mutex::new(None)),
             decoder: Decoder::new(Some(encoding)),
             encoding,
             hello_pending: true,
@@ -361,10 +397,21 @@ impl Client {
         // A refused hello explains a failed send (the broker hung up after refusing).
         self.finish_hello()?;
         sent?;
+        // Whatever ends the run (a panic of `on` included), its stdin stops
+        // there; ended otherwise than by the broker's answer, the broker may
+        // not be reading, and the connection is shut down first.
+        let mut end = RunEnd {
+            lock: Arc::clone(&self.write_lock),
+            stream: stdin.as_ref().map(|_| self.stream.try_clone()).transpose().map_err(ClientError::Io)?,
+            answered: false,
+        };
         let ended = self.events(stdin, &mut on, &mut approve);
-        // Whatever ended it, its stdin stops here.
-        *self.write_lock.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        ended
+        end.answered = matches!(ended, Ok(_) | Err(ClientError::Reply(_)));
+        drop(end);
+        match self.stdin_failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(why) => Err(ClientError::Stdin(why)),
+            None => ended,
+        }
     }
 
     /// A run's messages to its end (see [`Client::run_events`]); its
@@ -406,7 +453,8 @@ impl Client {
                     if let Some(source) = stdin.take() {
                         let writer = self.writer()?;
                         let run = *self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
-                        std::thread::spawn(move || feed_stdin(source, writer, run));
+                        let failed = Arc::clone(&self.stdin_failed);
+                        std::thread::spawn(move || feed_stdin(source, writer, run, failed));
                     }
                     on(Event::Message(&started))
                 }

@@ -142,7 +142,7 @@ fn holds_setuid() -> bool {
 
 /// Where a command goes.
 pub enum Route {
-    Broker(Found),
+    Broker(Box<Found>),
     /// No broker answers, and an embedded one may run; `tried` says where
     /// none answered.
     Embedded {
@@ -210,7 +210,7 @@ impl DiscoveryError {
 pub fn find(flag: Option<&Path>, runs: bool) -> Result<Route, DiscoveryError> {
     if let Some(socket) = flag {
         return match UnixStream::connect(socket) {
-            Ok(stream) => found(socket, Which::Named, stream).map(Route::Broker),
+            Ok(stream) => found(socket, Which::Named, stream).map(|f| Route::Broker(Box::new(f))),
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                 Err(refused(socket, Which::Named, e))
             }
@@ -220,7 +220,7 @@ pub fn find(flag: Option<&Path>, runs: bool) -> Result<Route, DiscoveryError> {
     if let Some(socket) = std::env::var_os("PALISADE_SOCKET").filter(|s| !s.is_empty()) {
         let socket = PathBuf::from(socket);
         if let Some(f) = answering(&socket, Which::Named)? {
-            return Ok(Route::Broker(f));
+            return Ok(Route::Broker(Box::new(f)));
         }
         if runs {
             may_embed(&format!(
@@ -232,13 +232,13 @@ pub fn find(flag: Option<&Path>, runs: bool) -> Result<Route, DiscoveryError> {
     }
     let own = own_socket();
     if let Some(f) = answering(&own, Which::Own)? {
-        return Ok(Route::Broker(f));
+        return Ok(Route::Broker(Box::new(f)));
     }
     let system = SystemConfig::load()?;
     let socket = system.clients.system_socket.clone();
     if socket != own {
         if let Some(f) = answering(&socket, Which::System)? {
-            return Ok(Route::Broker(f));
+            return Ok(Route::Broker(Box::new(f)));
         }
     }
     if runs && system.clients.require_system_broker {

@@ -26,7 +26,7 @@ pub fn run(args: RunArgs, argv: &[OsString]) -> i32 {
         Ok(Route::Embedded { .. }) => return crate::hand_over(argv),
         Err(e) => return refuse(e.kind(), e.to_string()),
     };
-    let request = match request(&args, false) {
+    let request = match request(&args) {
         Ok(r) => r,
         Err(e) => return refuse(ErrorKind::InvalidRequest, e),
     };
@@ -55,7 +55,7 @@ pub fn explain(args: ExplainArgs, argv: &[OsString]) -> i32 {
         return crate::hand_over(argv);
     }
     match discovery::find(args.socket.as_deref(), true) {
-        Ok(Route::Broker(found)) => explain_by(found, args),
+        Ok(Route::Broker(found)) => explain_by(*found, args),
         Ok(Route::Embedded { .. }) => crate::hand_over(argv),
         Err(e) => json_fail(args.json, e.kind(), e),
     }
@@ -71,7 +71,7 @@ pub fn explain_by(found: Found, args: ExplainArgs) -> i32 {
         params: args.params,
         ..explain_run(args.sandbox, args.command)
     };
-    let request = match request(&run_args, false) {
+    let request = match request(&run_args) {
         Ok(r) => r,
         Err(e) => return json_fail(json, ErrorKind::InvalidRequest, e),
     };

@@ -400,6 +400,33 @@ pub enum ClientMessage {
     StdinEnd,
 }
 
+impl ClientMessage {
+    /// The message's name, as JSON spells it (`run`, `stdin`, ...): what a
+    /// reply may quote of a message it did not expect, never its content.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ClientMessage::Hello(_) => "hello",
+            ClientMessage::Run(_) => "run",
+            ClientMessage::Cancel => "cancel",
+            ClientMessage::Approve { .. } => "approve",
+            ClientMessage::ListApprovals => "list_approvals",
+            ClientMessage::Answer { .. } => "answer",
+            ClientMessage::ListTools => "list_tools",
+            ClientMessage::ApproveTool { .. } => "approve_tool",
+            ClientMessage::RunPlugin { .. } => "run_plugin",
+            ClientMessage::Explain(_) => "explain",
+            ClientMessage::ListChanges => "list_changes",
+            ClientMessage::ShowChanges { .. } => "show_changes",
+            ClientMessage::ApplyChanges { .. } => "apply_changes",
+            ClientMessage::DiscardChanges { .. } => "discard_changes",
+            ClientMessage::Status => "status",
+            ClientMessage::RunWithStdin(_) => "run_with_stdin",
+            ClientMessage::Stdin { .. } => "stdin",
+            ClientMessage::StdinEnd => "stdin_end",
+        }
+    }
+}
+
 /// Why a tool's run escalated: it asks for more than its approved range.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EscalationReason {
@@ -1771,6 +1798,12 @@ mod tests {
         let mut d = Decoder::new(Some(Encoding::Json));
         d.push(b"{\"run\": {\"argv\": [\"wc\"], \"stdin_streamed\": true}}\n");
         assert!(d.next_message::<ClientMessage>().is_err());
+        // A message's name is its JSON key.
+        for m in [ClientMessage::RunWithStdin(RunRequest::default()), ClientMessage::Stdin { data: vec![] }] {
+            let json = String::from_utf8(encode(&m, Encoding::Json).unwrap()).unwrap();
+            assert!(json.starts_with(&format!("{{\"{}\"", m.name())), "{json}");
+        }
+        assert_eq!(ClientMessage::StdinEnd.name(), "stdin_end");
     }
 
     /// The approval messages, appended in version 3: their bincode indexes

@@ -180,7 +180,7 @@ fn explain(args: ExplainArgs) -> i32 {
     let mut by = "decided here".to_string();
     if args.policy.is_none() {
         match discovery::find(args.socket.as_deref(), true) {
-            Ok(Route::Broker(found)) => return explain_by(found, args),
+            Ok(Route::Broker(found)) => return explain_by(*found, args),
             Ok(Route::Embedded { tried }) => by = format!("no broker answers on {tried}: decided here"),
             Err(e) => return json_fail(json, e.kind(), e),
         }
@@ -209,7 +209,7 @@ fn explain(args: ExplainArgs) -> i32 {
     if let Err(e) = edited {
         return json_fail(json, ErrorKind::InvalidRequest, e);
     }
-    let request = match request(&run_args, false) {
+    let request = match request(&run_args) {
         Ok(r) => r,
         Err(e) => return json_fail(json, ErrorKind::InvalidRequest, e),
     };
@@ -230,7 +230,7 @@ fn run(args: RunArgs) -> i32 {
     let refuse =
         |kind: ErrorKind, message: String| Render::new(args.json).finish(Err(ErrorReply::new(kind, message)));
     // Its stdin is streamed to the run, never read whole first.
-    let request = match request(&args, false) {
+    let request = match request(&args) {
         Ok(r) => RunRequest { stdin_streamed: palisade_cli::args::streams_stdin(&args), ..r },
         Err(e) => return refuse(ErrorKind::InvalidRequest, e),
     };

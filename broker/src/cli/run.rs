@@ -122,8 +122,11 @@ pub fn own_stdin() -> StdinPieces {
                 Ok(n) if tx.blocking_send(buf[..n].to_vec()).is_err() => return,
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                // Unreadable: the command reads end of file, as at the end.
-                Err(_) => return,
+                // Unreadable: said, and the command reads end of file there.
+                Err(e) => {
+                    eprintln!("palisade: reading stdin: {e}: the command's stdin ends here");
+                    return;
+                }
             }
         }
     });

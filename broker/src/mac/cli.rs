@@ -82,7 +82,7 @@ pub fn palisade(cli: Cli) -> i32 {
     let (config, request) = match load(args.policy.as_deref()).and_then(edited).and_then(|c| {
         // Its stdin is streamed to the run, never read whole first.
         let streamed = palisade_cli::args::streams_stdin(&args);
-        Ok((c, RunRequest { stdin_streamed: streamed, ..request(&args, false)? }))
+        Ok((c, RunRequest { stdin_streamed: streamed, ..request(&args)? }))
     }) {
         Ok(both) => both,
         Err(e) => return fail(ErrorKind::InvalidRequest, e),

@@ -699,7 +699,7 @@ impl<E: Executor> Server<E> {
                 Ok(Some(ClientMessage::Cancel)) => {
                     Answer { approved: false, by_uid, by_approver, why: "cancelled".into() }
                 }
-                Ok(Some(other)) => refused(format!("the client answered {other:?}")),
+                Ok(Some(other)) => refused(format!("the client answered {}", other.name())),
                 Ok(None) => refused("the client is gone".into()),
                 Err(e) => refused(format!("the client's answer is not a message: {e}")),
             };

@@ -263,6 +263,9 @@ pub struct SocketSink {
     raw_output: bool,
     /// The stdin the client streams for the run about to start.
     stdin: Option<StdinPieces>,
+    /// The run in progress takes a streamed stdin: its client waits for
+    /// `Started` before it sends any, so `Started` is never held.
+    streaming: bool,
 }
 
 impl SocketSink {
@@ -275,12 +278,14 @@ impl SocketSink {
             held: Vec::new(),
             raw_output: false,
             stdin: None,
+            streaming: false,
         }
     }
 
     /// The stdin of the run about to be served, streamed by its client
     /// (`None`: none is, or the run is over).
     pub fn set_stdin(&mut self, stdin: Option<StdinPieces>) {
+        self.streaming = stdin.is_some();
         self.stdin = stdin;
     }
 
@@ -412,8 +417,12 @@ impl Sink for SocketSink {
 
     /// Only for a message the client is sure to be sent something after
     /// (the hello when its request is already here, `Started`), and
-    /// flushed before waiting on the client.
+    /// flushed before waiting on the client. A streamed run's `Started` is
+    /// what its client waits for before it sends the command's input.
     fn hold(&mut self, msg: &ServerMessage) -> bool {
+        if self.streaming && matches!(msg, ServerMessage::Started { .. }) {
+            return false;
+        }
         match encode(msg, self.encoding) {
             Ok(bytes) if !self.broken => {
                 self.held.extend_from_slice(&bytes);

@@ -13,7 +13,7 @@ import socket
 import sys
 import tempfile
 import threading
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 from palisade_client import OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, Client, PalisadeError
 
@@ -91,6 +91,18 @@ def main() -> int:
             assert broker.run(["/bin/true"], stdin=itertools.repeat(b"y" * 65536)).exit_status == 0
             assert broker.run(["/bin/cat"], stdin=b"its own").stdout == b"its own"
         print("run: an endless stdin stops with its run")
+
+        def failing() -> Iterator[bytes]:
+            yield b"begin\n"
+            raise OSError("the disk went away")
+
+        try:
+            broker.run(["/bin/cat"], stdin=failing())
+            raise AssertionError("a run whose stdin failed was passed off as whole")
+        except PalisadeError as e:
+            assert e.kind == "RuntimeFailure" and "the disk went away" in e.message, e
+        assert broker.run(["/bin/true"]).exit_status == 0
+        print("run: a stdin that cannot be read cancels the run")
 
         timed = broker.run(["/bin/sleep", "30"], timeout_secs=1)
         assert (timed.status, timed.exit_status) == ("timed_out", 125), timed

@@ -200,6 +200,34 @@ fn nothing_of_a_streamed_stdin_reaches_the_connections_next_run() {
     }
 }
 
+/// A stdin that fails to be read part way is never passed off as whole:
+/// the run is cancelled and its caller told why.
+#[test]
+fn a_stdin_that_cannot_be_read_cancels_the_run() {
+    struct Failing(bool);
+    impl std::io::Read for Failing {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if std::mem::replace(&mut self.0, true) {
+                return Err(std::io::Error::other("the disk went away"));
+            }
+            buf[..6].copy_from_slice(b"begin\n");
+            Ok(6)
+        }
+    }
+    let ws = TempDir::new("stdin-failing");
+    let d = Daemon::start("");
+    let mut client = Client::connect(&d.socket).unwrap();
+    client.stream_stdin(Box::new(Failing(false)));
+    let r = client.run(RunRequest { argv: vec!["cat".into()], ..request(ws.path(), &[]) }, |_| {});
+    match r {
+        Err(ClientError::Stdin(why)) => assert!(why.contains("the disk went away"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // The connection serves the next run.
+    let r = client.run(RunRequest { argv: vec!["true".into()], ..request(ws.path(), &[]) }, |_| {});
+    assert_eq!(r.unwrap().status, RunStatus::Exited { code: 0 });
+}
+
 /// A `run_with_stdin` carries no `stdin` field: one that does is refused,
 /// and the connection serves the next request.
 #[test]

@@ -171,6 +171,8 @@ class Client:
         # on this connection are counted under the lock).
         self._sending = threading.Lock()
         self._runs_ended = 0
+        # Why a run's streamed stdin could not be read (its thread's error).
+        self._stdin_failed: Optional[BaseException] = None
         # A buffered reader of the socket: lines, and raw output after them.
         self._lines = cast(BinaryIO, self._sock.makefile("rb", buffering=1 << 20))
         self._send({"hello": hello})
@@ -214,6 +216,16 @@ class Client:
                 for at in range(0, len(piece), STDIN_PIECE_BYTES):
                     if not self._send({"stdin": {"data": _encode_bytes(piece[at:at + STDIN_PIECE_BYTES])}}, run):
                         return
+        except Exception as e:
+            # Unreadable (or not bytes): the run is cancelled, never fed a
+            # truncated input as if it were whole, and its caller told why.
+            self._stdin_failed = e
+            try:
+                self._send("cancel", run)
+            except OSError:
+                pass
+            return
+        try:
             self._send("stdin_end", run)
         except OSError:
             pass
@@ -284,10 +296,25 @@ class Client:
                 request["stdin"] = _encode_bytes(whole)
         request.update(fields)
         self._send({"run_with_stdin" if streamed is not None else "run": request})
+        self._stdin_failed = None
         try:
-            return self._events(streamed, on_output, on_approval)
+            result = self._events(streamed, on_output, on_approval)
+        except BaseException as e:
+            # Ended otherwise than by the broker's answer (a broken
+            # connection, an interrupt): the broker may not be reading while
+            # the stdin's thread waits in a send; shutting the connection
+            # down ends that wait.
+            if streamed is not None and not (isinstance(e, PalisadeError) and e.reply):
+                try:
+                    self._sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            raise
         finally:
             self._run_ended()
+        if self._stdin_failed is not None:
+            raise PalisadeError("RuntimeFailure", f"reading the run's stdin: {self._stdin_failed}") from self._stdin_failed
+        return result
 
     def _events(
         self,
