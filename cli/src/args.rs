@@ -184,6 +184,29 @@ pub fn streams_stdin(args: &RunArgs) -> bool {
     !args.no_stdin && !stdin.is_terminal() && !is_dev_null(&stdin)
 }
 
+/// The most one piece of a streamed stdin holds.
+pub const STDIN_PIECE_BYTES: usize = 64 * 1024;
+
+/// Reads `source` in pieces of at most [`STDIN_PIECE_BYTES`], each passed
+/// to `each` as it comes (`false` from it: stop there). `Ok(true)`: read
+/// to its end; `Ok(false)`: stopped; a read error (an interruption is
+/// retried) ends it.
+pub fn read_pieces(
+    source: &mut dyn std::io::Read,
+    mut each: impl FnMut(&[u8]) -> bool,
+) -> std::io::Result<bool> {
+    let mut buf = vec![0u8; STDIN_PIECE_BYTES];
+    loop {
+        match source.read(&mut buf) {
+            Ok(0) => return Ok(true),
+            Ok(n) if !each(&buf[..n]) => return Ok(false),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Whether `stdin` is `/dev/null` (or closed: nothing to read either).
 #[cfg(unix)]
 fn is_dev_null(stdin: &std::io::Stdin) -> bool {
@@ -201,8 +224,8 @@ fn is_dev_null(_: &std::io::Stdin) -> bool {
     false
 }
 
-/// The run `args` ask for; its stdin is streamed ([`streams_stdin`]), not
-/// part of it.
+/// The run `args` ask for; its stdin is not part of it: it is streamed
+/// where [`streams_stdin`] says so (`stdin_streamed`).
 pub fn request(args: &RunArgs) -> Result<RunRequest, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let mut req = RunRequest {
@@ -210,6 +233,7 @@ pub fn request(args: &RunArgs) -> Result<RunRequest, String> {
         env: std::env::vars().collect(),
         cwd: Some(cwd.to_string_lossy().into_owned()),
         workspace: args.workspace.as_ref().map(|w| cwd.join(w).to_string_lossy().into_owned()),
+        stdin_streamed: streams_stdin(args),
         timeout_secs: args.timeout,
         max_output_bytes: args.max_output,
         tool: args.tool.clone(),

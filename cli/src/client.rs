@@ -114,8 +114,6 @@ impl Drop for RunEnd {
 
 /// The protocol version that streams a run's stdin (`RunWithStdin`).
 const STREAMED_STDIN_VERSION: u32 = 14;
-/// The most one `Stdin` piece carries.
-const STDIN_PIECE_BYTES: usize = 64 * 1024;
 
 /// Sends what `source` gives as the stdin pieces of `run` (the number of
 /// runs ended before it), then its end; nothing more once the run is over
@@ -127,25 +125,22 @@ fn feed_stdin(
     run: u64,
     failed: Arc<Mutex<Option<String>>>,
 ) {
-    let mut buf = vec![0u8; STDIN_PIECE_BYTES];
-    loop {
-        let n = match source.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            // Unreadable: the run is cancelled (never fed a truncated
-            // input as if it were whole), and the run's caller told why.
-            Err(e) => {
-                *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
-                let _ = writer.send_in(Some(run), &ClientMessage::Cancel);
-                return;
-            }
-        };
-        if !matches!(writer.send_in(Some(run), &ClientMessage::Stdin { data: buf[..n].to_vec() }), Ok(true)) {
-            return;
+    let sent = |piece: &[u8]| {
+        matches!(writer.send_in(Some(run), &ClientMessage::Stdin { data: piece.to_vec() }), Ok(true))
+    };
+    match crate::args::read_pieces(&mut source, sent) {
+        Ok(true) => {
+            let _ = writer.send_in(Some(run), &ClientMessage::StdinEnd);
+        }
+        // The run is over, or the connection failed.
+        Ok(false) => {}
+        // Unreadable: the run is cancelled (never fed a truncated input as
+        // if it were whole), and the run's caller told why.
+        Err(e) => {
+            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+            let _ = writer.send_in(Some(run), &ClientMessage::Cancel);
         }
     }
-    let _ = writer.send_in(Some(run), &ClientMessage::StdinEnd);
 }
 
 pub struct Client {

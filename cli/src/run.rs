@@ -32,7 +32,7 @@ pub fn run(args: RunArgs, argv: &[OsString]) -> i32 {
     };
     let (name, which, mut client) = (found.name(), found.which, found.client);
     // The command's stdin is this process's, streamed while it runs.
-    if crate::args::streams_stdin(&args) {
+    if request.stdin_streamed {
         match std::os::fd::AsFd::as_fd(&std::io::stdin()).try_clone_to_owned() {
             Ok(fd) => client.stream_stdin(Box::new(std::fs::File::from(fd))),
             Err(e) => return refuse(ErrorKind::RuntimeFailure, format!("stdin: {e}")),

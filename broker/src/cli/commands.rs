@@ -231,7 +231,7 @@ fn run(args: RunArgs) -> i32 {
         |kind: ErrorKind, message: String| Render::new(args.json).finish(Err(ErrorReply::new(kind, message)));
     // Its stdin is streamed to the run, never read whole first.
     let request = match request(&args) {
-        Ok(r) => RunRequest { stdin_streamed: palisade_cli::args::streams_stdin(&args), ..r },
+        Ok(r) => r,
         Err(e) => return refuse(ErrorKind::InvalidRequest, e),
     };
     // The embedded broker's policy, with the flags' edits.

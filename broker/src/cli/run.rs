@@ -113,29 +113,17 @@ pub struct RenderSink<'a>(pub &'a mut Render, pub Option<StdinPieces>);
 pub fn own_stdin() -> StdinPieces {
     let (tx, rx) = tokio::sync::mpsc::channel(OWN_STDIN_PIECES_QUEUED);
     std::thread::spawn(move || {
-        use std::io::Read;
-        let mut stdin = std::io::stdin().lock();
-        let mut buf = vec![0u8; OWN_STDIN_PIECE_BYTES];
-        loop {
-            match stdin.read(&mut buf) {
-                Ok(0) => return,
-                Ok(n) if tx.blocking_send(buf[..n].to_vec()).is_err() => return,
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                // Unreadable: said, and the command reads end of file there.
-                Err(e) => {
-                    eprintln!("palisade: reading stdin: {e}: the command's stdin ends here");
-                    return;
-                }
-            }
+        let sent = |piece: &[u8]| tx.blocking_send(piece.to_vec()).is_ok();
+        // Unreadable: said, and the command reads end of file there.
+        if let Err(e) = palisade_cli::args::read_pieces(&mut std::io::stdin().lock(), sent) {
+            eprintln!("palisade: reading stdin: {e}: the command's stdin ends here");
         }
     });
     rx
 }
 
-/// The most one piece of this process's stdin holds, and how many wait
-/// for the command ahead of its reading.
-const OWN_STDIN_PIECE_BYTES: usize = 64 * 1024;
+/// How many pieces of this process's stdin wait for the command ahead of
+/// its reading.
 const OWN_STDIN_PIECES_QUEUED: usize = 4;
 
 impl Sink for RenderSink<'_> {

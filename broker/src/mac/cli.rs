@@ -14,7 +14,7 @@ use crate::seatbelt::executor::Macos;
 use crate::serve::server::Server;
 use clap::{Parser, Subcommand};
 use palisade_policy::Config;
-use palisade_protocol::wire::{ErrorKind, RunRequest};
+use palisade_protocol::wire::ErrorKind;
 use std::path::{Path, PathBuf};
 
 /// The name of the `Sockets` entry of the launchd plists.
@@ -79,14 +79,11 @@ pub fn palisade(cli: Cli) -> i32 {
         crate::cli::run::raise_limits(&args, &mut c)?;
         Ok(c)
     };
-    let (config, request) = match load(args.policy.as_deref()).and_then(edited).and_then(|c| {
-        // Its stdin is streamed to the run, never read whole first.
-        let streamed = palisade_cli::args::streams_stdin(&args);
-        Ok((c, RunRequest { stdin_streamed: streamed, ..request(&args)? }))
-    }) {
-        Ok(both) => both,
-        Err(e) => return fail(ErrorKind::InvalidRequest, e),
-    };
+    let (config, request) =
+        match load(args.policy.as_deref()).and_then(edited).and_then(|c| Ok((c, request(&args)?))) {
+            Ok(both) => both,
+            Err(e) => return fail(ErrorKind::InvalidRequest, e),
+        };
     render.by(format!("embedded (policy: {})", config.source_name()));
     let broker = match broker(config) {
         Ok(b) => b,

@@ -360,10 +360,10 @@ impl<E: Executor> Server<E> {
                     return;
                 }
             };
-            let (request, streamed) = match message {
-                ClientMessage::Run(r) => (r, false),
+            let request = match message {
+                ClientMessage::Run(r) => r,
                 ClientMessage::RunWithStdin(r) if r.stdin.is_empty() => {
-                    (RunRequest { stdin_streamed: true, ..r }, true)
+                    RunRequest { stdin_streamed: true, ..r }
                 }
                 ClientMessage::RunWithStdin(_) => {
                     let e = ErrorReply::new(
@@ -400,7 +400,7 @@ impl<E: Executor> Server<E> {
                 }
             };
             sink.set_raw_output(request.raw_output);
-            let serving = self.serve_run(peer, (request, streamed), sink, inbound, shutdown.clone());
+            let serving = self.serve_run(peer, request, sink, inbound, shutdown.clone());
             let served = Caught::new(serving).await;
             sink.set_stdin(None);
             inbound.run_done();
@@ -440,11 +440,12 @@ impl<E: Executor> Server<E> {
         }
     }
 
-    /// `streamed`: the client streams the run's stdin (`RunWithStdin`).
+    /// A request marked `stdin_streamed` came as `RunWithStdin`: its client
+    /// streams its stdin (a `run`'s flag is never set: it is on no wire).
     async fn serve_run(
         &self,
         peer: &Peer,
-        (request, streamed): (RunRequest, bool),
+        request: RunRequest,
         sink: &mut SocketSink,
         inbound: &mut Inbound,
         mut shutdown: watch::Receiver<bool>,
@@ -490,7 +491,7 @@ impl<E: Executor> Server<E> {
         };
         // The run ends early if the client goes away, cancels, or the broker
         // stops; a streamed stdin's pieces reach the command meanwhile.
-        let (stdin, pieces) = match streamed {
+        let (stdin, pieces) = match request.stdin_streamed {
             true => {
                 let (tx, rx) = tokio::sync::mpsc::channel(STDIN_PIECES_QUEUED);
                 (Some(tx), Some(rx))

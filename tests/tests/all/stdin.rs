@@ -20,25 +20,32 @@ const SHELL: &str = "[profiles.sh]\nallow_interpreters = true\nallow_inline_code
 /// closed), under an outer bound of two minutes.
 fn palisade_fed(cwd: &Path, pre: &[&str], args: &[&str], feed: impl FnOnce(&mut dyn Write) + Send) -> Output {
     let (_journal, path) = scratch_journal(None);
-    let mut child = Command::new("timeout")
-        .arg("120")
-        .arg(bin("palisade"))
-        .args(pre)
-        .arg("--")
-        .args(args)
-        .current_dir(cwd)
-        .env("PALISADE_STATE", state_beside(&path))
-        .env("PALISADE_JOURNAL", &path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut cmd = Command::new("timeout");
+    cmd.arg("120").arg(bin("palisade")).args(pre).arg("--").args(args).current_dir(cwd);
+    cmd.env("PALISADE_STATE", state_beside(&path)).env("PALISADE_JOURNAL", &path);
+    fed(cmd, feed)
+}
+
+/// `cmd`'s output, its stdin what `feed` writes (then closed).
+fn fed(mut cmd: Command, feed: impl FnOnce(&mut dyn Write) + Send) -> Output {
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
     let mut stdin = child.stdin.take().unwrap();
     std::thread::scope(|s| {
         s.spawn(move || feed(&mut stdin));
         child.wait_with_output().unwrap()
     })
+}
+
+/// A daemon (`SHELL`'s profiles) and an embedded broker (the base policy,
+/// written in `ws`): `palisade run`'s arguments for each.
+fn both_brokers(ws: &TempDir) -> (Daemon, [Vec<String>; 2]) {
+    let d = Daemon::start(SHELL);
+    let policy = ws.join("policy.toml");
+    std::fs::write(&policy, base_config()).unwrap();
+    let run = |flag: &str, at: &Path| vec!["run".to_string(), flag.into(), at.to_string_lossy().into_owned()];
+    let pre = [run("--socket", &d.socket), run("--policy", &policy)];
+    (d, pre)
 }
 
 /// `n` bytes of a pattern, written in pieces (a reader gone ends it).
@@ -60,13 +67,10 @@ fn pattern_of(n: usize) -> impl FnOnce(&mut dyn Write) + Send {
 #[test]
 fn a_stdin_larger_than_any_frame_streams_through_a_daemon_and_embedded() {
     let ws = TempDir::new("stdin-large");
-    let d = Daemon::start("");
-    let policy = ws.join("policy.toml");
-    std::fs::write(&policy, base_config()).unwrap();
+    let (_d, routes) = both_brokers(&ws);
     let size = 24 << 20;
-    for pre in
-        [["run", "--socket", d.socket.to_str().unwrap()], ["run", "--policy", policy.to_str().unwrap()]]
-    {
+    for pre in routes {
+        let pre: Vec<&str> = pre.iter().map(String::as_str).collect();
         let o = palisade_fed(ws.path(), &pre, &["wc", "-c"], pattern_of(size));
         assert_eq!(
             (o.status.code(), text(&o.stdout).trim()),
@@ -75,18 +79,9 @@ fn a_stdin_larger_than_any_frame_streams_through_a_daemon_and_embedded() {
         );
     }
     // Outside a sandbox, the same count.
-    let o = palisade_fed_outside(&["wc", "-c"], pattern_of(size));
-    assert_eq!(text(&o.stdout).trim(), size.to_string());
-}
-
-fn palisade_fed_outside(args: &[&str], feed: impl FnOnce(&mut dyn Write) + Send) -> Output {
-    let mut child =
-        Command::new(args[0]).args(&args[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    std::thread::scope(|s| {
-        s.spawn(move || feed(&mut stdin));
-        child.wait_with_output().unwrap()
-    })
+    let mut wc = Command::new("wc");
+    wc.arg("-c");
+    assert_eq!(text(&fed(wc, pattern_of(size)).stdout).trim(), size.to_string());
 }
 
 /// A command that reads nothing of an endless stdin (`yes`) ends the run
@@ -94,16 +89,13 @@ fn palisade_fed_outside(args: &[&str], feed: impl FnOnce(&mut dyn Write) + Send)
 #[test]
 fn an_endless_stdin_the_command_does_not_read_ends_with_the_command() {
     let ws = TempDir::new("stdin-endless");
-    let d = Daemon::start("");
-    let policy = ws.join("policy.toml");
-    std::fs::write(&policy, base_config()).unwrap();
+    let (_d, routes) = both_brokers(&ws);
     let endless = |w: &mut dyn Write| {
         let piece = vec![b'y'; 1 << 16];
         while w.write_all(&piece).is_ok() {}
     };
-    for pre in
-        [["run", "--socket", d.socket.to_str().unwrap()], ["run", "--policy", policy.to_str().unwrap()]]
-    {
+    for pre in routes {
+        let pre: Vec<&str> = pre.iter().map(String::as_str).collect();
         let o = palisade_fed(ws.path(), &pre, &["sleep", "1"], endless);
         assert_eq!(o.status.code(), Some(0), "{pre:?}: {o:?}");
         // Reading some of it, then stopping: the same.
