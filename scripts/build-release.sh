@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Builds palisade for installation into target/release, with the binaries
 # that start on every run linked statically: without the dynamic loader's
-# work they start faster; see bench/README.md. Extra arguments go to
-# `cargo build`.
+# work they start faster; see bench/README.md.
 #
 #   palisade-helper, palisade   static, against musl when its Rust target is
 #                               installed or can be (rustup target add): glibc's
@@ -17,15 +16,25 @@
 #                               one it hands its process over to palisaded.
 #   palisaded                   static-pie against glibc: it starts once, and
 #                               glibc's allocator serves its runtime better.
+#   palisade-plugin-host        dynamic (glibc).
+#
+# Each is built on its own, so that the broker's dependencies are compiled
+# once, with the broker's features: packages built together unify their
+# dependencies' features (the plugin-host's wasmtime asks more of serde,
+# libc and rustix), and a build with other features is a second build of
+# everything that depends on them. Extra arguments go to one more `cargo
+# build` after these (for example -p palisade-bench, whose features are the
+# broker's: nothing is compiled twice).
 #
 # PALISADE_LIBC=glibc skips musl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked "$@"
-# crt-static is a property of the final link only, so each binary is linked
-# again with it; the libraries built above are reused.
+# crt-static is a property of the final link only: `cargo rustc` gives it
+# to the binary, and the libraries are the broker's ordinary ones.
 static=(-C target-feature=+crt-static)
-cargo rustc --release --locked --quiet -p palisade-broker --bin palisaded -- "${static[@]}"
+cargo rustc --release --locked -p palisade-broker --bin palisaded -- "${static[@]}"
+cargo build --release --locked -p palisade-plugins --bin palisade-plugin-host
+[ $# -eq 0 ] || cargo build --release --locked "$@"
 
 musl=x86_64-unknown-linux-musl
 libc=${PALISADE_LIBC:-musl}
