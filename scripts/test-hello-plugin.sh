@@ -8,4 +8,9 @@ if ! rustup target list --installed | grep -x wasm32-unknown-unknown >/dev/null;
   rustup target add wasm32-unknown-unknown
 fi
 cargo build --release --target wasm32-unknown-unknown --manifest-path examples/hello-plugin/Cargo.toml
-cargo test -p palisade-plugins --test host -- --ignored the_rust_example_plugin
+# The whole workspace's tests with the suite's features (.ci/run's), filtered
+# to the one test: the test binaries the suite built are the ones run, where
+# selecting one package or one target would build them again with other
+# features (each package's dev-dependencies' features are unified with the
+# others' only when all are built).
+cargo test --workspace --locked --features palisade-tests/slow -- --ignored --exact the_rust_example_plugin
