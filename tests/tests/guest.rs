@@ -59,7 +59,7 @@ fn cgroup_limits_hold_in_a_pure_cgroup_v2_guest() {
             "cpu share",
             "deadline kill",
             "quota and disconnect kill",
-            "200 runs",
+            "many runs",
             "landlock abi 2",
             "shutdown",
             "broker killed",
