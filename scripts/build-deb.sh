@@ -262,8 +262,11 @@ install -m 0644 apparmor/palisade-helper "$root/etc/apparmor.d/palisade-helper"
 
 # The manual pages, from the CLI's definitions (this tree's, whatever binaries
 # --release-dir names), dated as the rest of the package.
+# Without SOURCE_DATE_EPOCH in cargo's environment: the cc crate's build
+# scripts (psm, under Cedar) watch it, and a change rebuilds every crate
+# that depends on them, here and again in the next build without it.
 pages=$root/man.tmp
-cargo run --locked --quiet -p palisade-broker --example man -- "$pages" \
+env -u SOURCE_DATE_EPOCH cargo run --locked --quiet -p palisade-broker --example man -- "$pages" \
     --date "$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%d)" >/dev/null || die "broker/examples/man.rs failed"
 for page in "$pages"/*.[18]; do
     section=${page##*.}
