@@ -61,6 +61,20 @@ impl Answerer {
     }
 }
 
+/// Cancels one run of a connection from anywhere (a run's `on` included):
+/// see [`Client::canceller`].
+pub struct Canceller {
+    writer: Writer,
+    run: u64,
+}
+
+impl Canceller {
+    /// Sends `cancel` while the run is in progress; after its end, nothing.
+    pub fn cancel(&self) {
+        let _ = self.writer.send_in(Some(self.run), &ClientMessage::Cancel);
+    }
+}
+
 /// The connection's sending side, for another thread: each message is
 /// written whole under a lock the client's own sends take too, so that
 /// frames from two threads never interleave. The lock holds the number of
@@ -275,6 +289,12 @@ impl Client {
     fn write(&self, bytes: &[u8]) -> Result<(), ClientError> {
         let _held = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
         (&self.stream).write_all(bytes).map_err(ClientError::Io)
+    }
+
+    /// A [`Canceller`] of the next run this client starts.
+    pub fn canceller(&self) -> Result<Canceller, ClientError> {
+        let run = *self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(Canceller { writer: self.writer()?, run })
     }
 
     fn writer(&self) -> Result<Writer, ClientError> {

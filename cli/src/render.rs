@@ -6,12 +6,12 @@ use std::io::Write;
 
 pub use crate::{EXIT_PALISADE, fail};
 
-fn write_fd(fd: std::os::fd::RawFd, data: &[u8]) {
+fn write_fd(fd: std::os::fd::RawFd, data: &[u8]) -> std::io::Result<()> {
     // SAFETY: the descriptor is one of the process's standard streams, open for
     // its whole life; ManuallyDrop keeps this File from closing it.
     let mut file =
         std::mem::ManuallyDrop::new(unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) });
-    let _ = file.write_all(data);
+    file.write_all(data)
 }
 
 /// Shows a run's messages: output streamed as it comes, or gathered for --json.
@@ -22,6 +22,8 @@ pub struct Render {
     stderr: Vec<u8>,
     /// Which broker ran the command, for the JSON object.
     broker: Option<String>,
+    /// The reader of stdout left (a write met EPIPE: `palisade run ... | head`).
+    reader_gone: bool,
 }
 
 impl Render {
@@ -67,15 +69,33 @@ impl Render {
         }
     }
 
-    pub fn output(&mut self, stream: Stream, data: &[u8]) {
+    /// Shows a piece of output. `false` once the reader of stdout has left
+    /// (EPIPE): the caller ends the run, as SIGPIPE ends a command whose
+    /// reader left, and the stdout that still comes goes nowhere.
+    pub fn output(&mut self, stream: Stream, data: &[u8]) -> bool {
         match (self.json, stream) {
             (true, Stream::Stdout) => self.stdout.extend_from_slice(data),
             (true, Stream::Stderr) => self.stderr.extend_from_slice(data),
+            (false, Stream::Stdout) if self.reader_gone => {}
             // Straight to the descriptors: no line buffering to scan
             // output for newlines, and nothing held back.
-            (false, Stream::Stdout) => write_fd(libc::STDOUT_FILENO, data),
-            (false, Stream::Stderr) => write_fd(libc::STDERR_FILENO, data),
+            (false, Stream::Stdout) => {
+                let written = write_fd(libc::STDOUT_FILENO, data);
+                if written.is_err_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) {
+                    self.reader_gone();
+                }
+            }
+            (false, Stream::Stderr) => {
+                let _ = write_fd(libc::STDERR_FILENO, data);
+            }
         }
+        !self.reader_gone
+    }
+
+    /// The reader of stdout left: [`Render::finish`] ends the process as
+    /// SIGPIPE would, once it has said what became of the run's writes.
+    pub fn reader_gone(&mut self) {
+        self.reader_gone = true;
     }
 
     pub fn finish(self, outcome: Result<RunResult, ErrorReply>) -> i32 {
@@ -84,6 +104,11 @@ impl Render {
         } else if let Ok(r) = &outcome {
             say_egress(r);
             say_changes(r);
+        }
+        if self.reader_gone && outcome.is_ok() {
+            // The run was cancelled when its reader left (or had ended):
+            // palisade ends as the writer of a pipe nobody reads does.
+            crate::out::closed();
         }
         match outcome {
             Ok(r) => match r.status {

@@ -159,9 +159,18 @@ pub fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -
             client.splice_output_to(stream, unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) });
         }
     }
+    // Its reader gone (`palisade run ... | head`), the run is cancelled, as
+    // SIGPIPE ends a command whose reader left: its writes are held, as a
+    // cancelled run's are, and said on stderr.
+    let canceller = client.canceller();
+    let mut cancelled = false;
     let on = |event: Event<'_>| {
         if let Event::Output(stream, data) = event {
-            render.output(stream, data);
+            if !render.output(stream, data) && !std::mem::replace(&mut cancelled, true) {
+                if let Ok(c) = &canceller {
+                    c.cancel();
+                }
+            }
         }
     };
     let outcome = client.run_events(request, on, ask_requester);

@@ -151,16 +151,26 @@ impl Sink for RenderSink<'_> {
             return true;
         }
         // tokio hands the bytes to a blocking thread: the flush waits until they
-        // are written (in order across the two streams, and before exit). A
-        // reader gone (EPIPE) does not end the run: its output goes nowhere, as in a shell.
+        // are written (in order across the two streams, and before exit).
         async fn write(mut out: impl tokio::io::AsyncWrite + Unpin, data: &[u8]) -> std::io::Result<()> {
             out.write_all(data).await?;
             out.flush().await
         }
-        let _ = match stream {
-            Stream::Stdout => write(tokio::io::stdout(), data).await,
-            Stream::Stderr => write(tokio::io::stderr(), data).await,
-        };
-        true
+        match stream {
+            // The reader of stdout gone (EPIPE: `palisade run ... | head`)
+            // ends the run (cancelled, its writes held), as SIGPIPE ends a
+            // command whose reader left; Render says so and exits as SIGPIPE would.
+            Stream::Stdout => match write(tokio::io::stdout(), data).await {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                    self.0.reader_gone();
+                    false
+                }
+                _ => true,
+            },
+            Stream::Stderr => {
+                let _ = write(tokio::io::stderr(), data).await;
+                true
+            }
+        }
     }
 }

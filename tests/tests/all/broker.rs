@@ -262,7 +262,9 @@ fn large_output_arrives_whole_and_in_order_into_pipes_files_and_the_library() {
     assert_eq!(first_difference(&o.stdout, &out[..o.stdout.len()]), None);
     assert_eq!(first_difference(err_part, &err[..err_part.len()]), None);
 
-    // A reader that goes away early: the CLI still takes the run to its end.
+    // A reader that goes away early, in the middle of spliced output: the
+    // CLI cancels the run and ends as SIGPIPE would end it, and the daemon
+    // goes on serving.
     let mut cli = std::process::Command::new(bin("palisade"))
         .args(["run", "--socket", d.socket.to_str().unwrap(), "--"])
         .args(&args)
@@ -275,7 +277,15 @@ fn large_output_arrives_whole_and_in_order_into_pipes_files_and_the_library() {
     let mut head = [0u8; 100_000];
     cli.stdout.take().unwrap().read_exact(&mut head).unwrap();
     assert_eq!(first_difference(&head, &out[..head.len()]), None);
-    assert_eq!(cli.wait().unwrap().code(), Some(0), "{}", d.log());
+    let status = cli.wait().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGPIPE), "{}", d.log());
+    let o = palisade_cli(
+        ws.path(),
+        &["run", "--socket", d.socket.to_str().unwrap()],
+        &["/bin/echo", "next"],
+        None,
+    );
+    assert_eq!((o.status.code(), o.stdout.as_slice()), (Some(0), &b"next\n"[..]), "{}", stderr(&o));
 }
 
 #[test]

@@ -433,6 +433,43 @@ fn a_closed_pipe_ends_quietly_and_an_interrupt_exits_130() {
     assert_eq!(v["result"]["status"], "cancelled", "{v}");
 }
 
+/// A reader of the output that leaves (`palisade run ... | head`) ends the
+/// run, as SIGPIPE ends a command whose reader left: palisade exits as
+/// SIGPIPE would (141 to the shell) where the run, a line every 50 ms,
+/// would otherwise go on to its deadline (30 s: then the status would be
+/// 125, TimedOut), and what the run wrote is held, as a cancelled run's
+/// writes are, and said on stderr. Through a daemon and with an embedded
+/// broker.
+#[test]
+fn a_reader_that_leaves_ends_the_run_and_its_writes_are_held() {
+    let ws = project();
+    let d = Daemon::start("[profiles.sh]\nallow_interpreters = true\nallow_inline_code = true\n");
+    let (_journal, path) = scratch_journal(None);
+    let routes = [
+        format!("--socket {} --profile sh", d.socket.display()),
+        "--policy /dev/null --allow-interpreters --allow-inline-code".to_string(),
+    ];
+    for route in routes {
+        let shell = format!(
+            "timeout 120 {} run {route} --timeout 30 -- /bin/sh -c 'echo kept > written.txt; while :; do echo line; sleep 0.05; done' \
+             | head -n 1 >/dev/null; echo status=${{PIPESTATUS[0]}}",
+            bin("palisade").display()
+        );
+        let o = std::process::Command::new("/bin/bash")
+            .args(["-c", &shell])
+            .current_dir(ws.path())
+            .env("PALISADE_STATE", state_beside(&path))
+            .env("PALISADE_JOURNAL", &path)
+            .output()
+            .unwrap();
+        let (out, err) = (text(&o.stdout), text(&o.stderr));
+        assert_eq!(out.trim(), "status=141", "{route}: {err}");
+        assert!(err.contains("changes held as"), "{route}: {err}");
+        assert!(!err.contains("interrupted"), "{route}: {err}");
+        assert!(!ws.join("written.txt").exists(), "{route}: the cancelled run's write was applied");
+    }
+}
+
 /// `palisade tools show --policy FILE` names a Draft tool's approval with
 /// the same `--policy`: the hint works as printed.
 #[test]
