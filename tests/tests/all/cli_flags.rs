@@ -392,18 +392,8 @@ fn the_limit_flags_raise_up_to_the_ceiling_and_name_what_ended_a_run() {
 fn a_closed_pipe_ends_quietly_and_an_interrupt_exits_130() {
     let ws = project();
     let (_journal, path) = scratch_journal(None);
-    let shell = format!(
-        "{} run --policy /dev/null --json -- /usr/bin/seq 1 200000 | head -c 10 >/dev/null; echo status=${{PIPESTATUS[0]}}",
-        bin("palisade").display()
-    );
-    let o = std::process::Command::new("/bin/bash")
-        .args(["-c", &shell])
-        .current_dir(ws.path())
-        .env("PALISADE_STATE", state_beside(&path))
-        .env("PALISADE_JOURNAL", &path)
-        .output()
-        .unwrap();
-    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    let (out, err) =
+        piped_into(&ws, &path, "run --policy /dev/null --json -- /usr/bin/seq 1 200000", "head -c 10");
     assert_eq!(out.trim(), "status=141", "{err}");
     assert!(!err.contains("panicked"), "{err}");
     // A sleep of its own length: the token that finds its process.
@@ -450,24 +440,32 @@ fn a_reader_that_leaves_ends_the_run_and_its_writes_are_held() {
         "--policy /dev/null --allow-interpreters --allow-inline-code".to_string(),
     ];
     for route in routes {
-        let shell = format!(
-            "timeout 120 {} run {route} --timeout 30 -- /bin/sh -c 'echo kept > written.txt; while :; do echo line; sleep 0.05; done' \
-             | head -n 1 >/dev/null; echo status=${{PIPESTATUS[0]}}",
-            bin("palisade").display()
-        );
-        let o = std::process::Command::new("/bin/bash")
-            .args(["-c", &shell])
-            .current_dir(ws.path())
-            .env("PALISADE_STATE", state_beside(&path))
-            .env("PALISADE_JOURNAL", &path)
-            .output()
-            .unwrap();
-        let (out, err) = (text(&o.stdout), text(&o.stderr));
+        let writer = "/bin/sh -c 'echo kept > written.txt; while :; do echo line; sleep 0.05; done'";
+        let (out, err) =
+            piped_into(&ws, &path, &format!("run {route} --timeout 30 -- {writer}"), "head -n 1");
         assert_eq!(out.trim(), "status=141", "{route}: {err}");
         assert!(err.contains("changes held as"), "{route}: {err}");
         assert!(!err.contains("interrupted"), "{route}: {err}");
         assert!(!ws.join("written.txt").exists(), "{route}: the cancelled run's write was applied");
     }
+}
+
+/// `palisade ARGS | READER` by bash in `ws` (the journal at `journal`, the
+/// state beside it), under an outer bound of two minutes: bash's stdout,
+/// `status=` palisade's exit status as the shell saw it, and its stderr.
+fn piped_into(ws: &TempDir, journal: &std::path::Path, args: &str, reader: &str) -> (String, String) {
+    let shell = format!(
+        "timeout 120 {} {args} | {reader} >/dev/null; echo status=${{PIPESTATUS[0]}}",
+        bin("palisade").display()
+    );
+    let o = std::process::Command::new("/bin/bash")
+        .args(["-c", &shell])
+        .current_dir(ws.path())
+        .env("PALISADE_STATE", state_beside(journal))
+        .env("PALISADE_JOURNAL", journal)
+        .output()
+        .unwrap();
+    (text(&o.stdout), text(&o.stderr))
 }
 
 /// `palisade tools show --policy FILE` names a Draft tool's approval with
