@@ -37,6 +37,15 @@ pub struct RunArgs {
     /// runs (any size, at the pace it reads; code on it is inline code).
     #[arg(short = 'n', long = "no-stdin")]
     pub no_stdin: bool,
+    /// Run the command in a terminal of its own, this terminal's size
+    /// (the default, on Linux, when stdin and stdout are terminals and
+    /// neither --json nor --no-stdin is given): its output is what a
+    /// person sees, keys (Ctrl-C, Ctrl-Z) and resizes reach it.
+    #[arg(short = 't', long = "tty", conflicts_with = "no_tty")]
+    pub tty: bool,
+    /// No terminal: stdin, stdout and stderr stay pipes.
+    #[arg(short = 'T', long = "no-tty")]
+    pub no_tty: bool,
     /// Run as a tool declared in the policy.
     #[arg(long, value_name = "NAME")]
     pub tool: Option<String>,
@@ -224,16 +233,31 @@ fn is_dev_null(_: &std::io::Stdin) -> bool {
     false
 }
 
+/// The terminal a run asks for (see `tty::wanted`): none where palisade
+/// has no terminal to give.
+#[cfg(unix)]
+fn terminal(args: &RunArgs) -> Option<palisade_protocol::wire::WindowSize> {
+    crate::tty::wanted(args.tty, args.no_tty, args.json || args.no_stdin)
+}
+
+#[cfg(not(unix))]
+fn terminal(_: &RunArgs) -> Option<palisade_protocol::wire::WindowSize> {
+    None
+}
+
 /// The run `args` ask for; its stdin is not part of it: it is streamed
-/// where [`streams_stdin`] says so (`stdin_streamed`).
+/// where [`streams_stdin`] says so (`stdin_streamed`), and always in a
+/// terminal (its keyboard).
 pub fn request(args: &RunArgs) -> Result<RunRequest, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let terminal = terminal(args);
     let mut req = RunRequest {
         argv: args.command.clone(),
         env: std::env::vars().collect(),
         cwd: Some(cwd.to_string_lossy().into_owned()),
         workspace: args.workspace.as_ref().map(|w| cwd.join(w).to_string_lossy().into_owned()),
-        stdin_streamed: streams_stdin(args),
+        stdin_streamed: terminal.is_some() || streams_stdin(args),
+        terminal,
         timeout_secs: args.timeout,
         max_output_bytes: args.max_output,
         tool: args.tool.clone(),
@@ -296,6 +320,8 @@ pub fn explain_run(sandbox: SandboxArgs, command: Vec<String>) -> RunArgs {
         max_output: None,
         json: false,
         no_stdin: true,
+        tty: false,
+        no_tty: true,
         tool: None,
         params: vec![],
         sandbox,

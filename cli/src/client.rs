@@ -2,7 +2,7 @@
 
 use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, ErrorReply, Hello, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION,
-    PendingApproval, RunRequest, RunResult, ServerMessage, Stream, encode,
+    PendingApproval, RunRequest, RunResult, ServerMessage, Stream, WindowSize, encode,
 };
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -73,6 +73,12 @@ impl Canceller {
     pub fn cancel(&self) {
         let _ = self.writer.send_in(Some(self.run), &ClientMessage::Cancel);
     }
+
+    /// Sends the run's terminal its new window while the run is in
+    /// progress; `false` once it is over (nothing was sent).
+    pub fn resize(&self, size: WindowSize) -> bool {
+        matches!(self.writer.send_in(Some(self.run), &ClientMessage::Resize(size)), Ok(true))
+    }
 }
 
 /// The connection's sending side, for another thread: each message is
@@ -128,6 +134,8 @@ impl Drop for RunEnd {
 
 /// The protocol version that streams a run's stdin (`RunWithStdin`).
 const STREAMED_STDIN_VERSION: u32 = 14;
+/// The protocol version that runs a command in a terminal (`RunInTerminal`).
+const TERMINAL_VERSION: u32 = 15;
 
 /// Sends what `source` gives as the stdin pieces of `run` (the number of
 /// runs ended before it), then its end; nothing more once the run is over
@@ -371,6 +379,17 @@ impl Client {
         stdin: &mut Option<Box<dyn Read + Send>>,
     ) -> Result<ClientMessage, ClientError> {
         self.finish_hello()?;
+        if let Some(size) = request.terminal {
+            let version = self.version.unwrap_or(0);
+            if version < TERMINAL_VERSION {
+                return Err(ClientError::Protocol(format!(
+                    "this broker speaks protocol version {version}; a run in a terminal needs \
+                     {TERMINAL_VERSION} or later (palisade run -T runs it without one)"
+                )));
+            }
+            *stdin = Some(source);
+            return Ok(ClientMessage::RunInTerminal { run: request, size });
+        }
         if self.version.is_some_and(|v| v >= STREAMED_STDIN_VERSION) {
             *stdin = Some(source);
             return Ok(ClientMessage::RunWithStdin(request));
@@ -404,6 +423,10 @@ impl Client {
         mut approve: impl FnMut(Ask<'_>) -> Option<bool>,
     ) -> Result<RunResult, ClientError> {
         let mut stdin = self.stdin.take();
+        // A terminal's input is streamed, even when there is none to send.
+        if request.terminal.is_some() && stdin.is_none() {
+            stdin = Some(Box::new(std::io::empty()));
+        }
         let message = match stdin.take() {
             Some(source) => self.with_stdin(request, source, &mut stdin)?,
             None => ClientMessage::Run(request),

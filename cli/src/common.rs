@@ -26,6 +26,8 @@ pub fn parse_common_run(args: &[std::ffi::OsString]) -> Option<Cli> {
         max_output: None,
         json: false,
         no_stdin: false,
+        tty: false,
+        no_tty: false,
         tool: None,
         params: vec![],
         sandbox: SandboxArgs::default(),
@@ -40,6 +42,8 @@ pub fn parse_common_run(args: &[std::ffi::OsString]) -> Option<Cli> {
         let flag = |set: &mut bool| (!std::mem::replace(set, true) && inline.is_none()).then_some(());
         match name {
             "-n" | "--no-stdin" => flag(&mut run.no_stdin)?,
+            "-t" | "--tty" if !run.no_tty => flag(&mut run.tty)?,
+            "-T" | "--no-tty" if !run.tty => flag(&mut run.no_tty)?,
             "--json" => flag(&mut run.json)?,
             "--socket" | "--workspace" | "--timeout" | "--max-output" => {
                 let value = match inline {

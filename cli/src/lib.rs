@@ -23,6 +23,8 @@ pub mod render;
 pub mod run;
 #[cfg(target_os = "linux")]
 pub mod status;
+#[cfg(unix)]
+pub mod tty;
 
 use args::{BrokerArgs, ExplainArgs, RunArgs};
 use clap::{Parser, Subcommand};

@@ -30,14 +30,7 @@ pub fn run(args: RunArgs, argv: &[OsString]) -> i32 {
         Ok(r) => r,
         Err(e) => return refuse(ErrorKind::InvalidRequest, e),
     };
-    let (name, which, mut client) = (found.name(), found.which, found.client);
-    // The command's stdin is this process's, streamed while it runs.
-    if request.stdin_streamed {
-        match std::os::fd::AsFd::as_fd(&std::io::stdin()).try_clone_to_owned() {
-            Ok(fd) => client.stream_stdin(Box::new(std::fs::File::from(fd))),
-            Err(e) => return refuse(ErrorKind::RuntimeFailure, format!("stdin: {e}")),
-        }
-    }
+    let (name, which, client) = (found.name(), found.which, found.client);
     // Said once, and only of a broker that is not the user's own
     // (with --json, the object's `broker` says it).
     if which == Which::System && !args.json {
@@ -45,7 +38,7 @@ pub fn run(args: RunArgs, argv: &[OsString]) -> i32 {
     }
     let mut render = Render::new(args.json);
     render.by(name);
-    via_socket(client, request, render)
+    via_socket(client, request, render, &args)
 }
 
 /// `palisade explain`: the running broker's policy decides; with none, or
@@ -150,7 +143,12 @@ fn ask_requester(ask: crate::client::Ask<'_>) -> Option<bool> {
     None
 }
 
-pub fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -> i32 {
+/// A run through a broker's socket, shown by `render`. Its stdin is this
+/// process's, streamed while it runs (`request.stdin_streamed`; nothing
+/// with `--no-stdin`). A terminal the CLI chose by itself (no `-t`) that
+/// the broker cannot give (Tier B) is done without: the run is asked
+/// again, with pipes.
+pub fn via_socket(mut client: Client, mut request: RunRequest, mut render: Render, args: &RunArgs) -> i32 {
     if !render.json() {
         // Large output into a pipe (`palisade run ... | next`) is spliced:
         // the CLI does not copy it through its own memory.
@@ -159,24 +157,68 @@ pub fn via_socket(mut client: Client, request: RunRequest, mut render: Render) -
             client.splice_output_to(stream, unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) });
         }
     }
+    let outcome = loop {
+        match once(&mut client, request.clone(), &mut render, args.no_stdin) {
+            Err(ClientError::Reply(e))
+                if request.terminal.is_some()
+                    && !args.tty
+                    && e.rule.as_deref() == Some(crate::tty::UNAVAILABLE_RULE) =>
+            {
+                request.terminal = None;
+                request.stdin_streamed = crate::args::streams_stdin(args);
+            }
+            outcome => break outcome,
+        }
+    };
+    match outcome {
+        Ok(r) => render.finish(Ok(r)),
+        Err(ClientError::Reply(e)) => render.finish(Err(e)),
+        Err(e) => render.finish(Err(ErrorReply::new(ErrorKind::RuntimeFailure, e.to_string()))),
+    }
+}
+
+/// One run of [`via_socket`]. In a terminal, this one is in raw mode from
+/// the run's start to its end (an approval is asked before, in cooked
+/// mode), and its resizes are the run's.
+fn once(
+    client: &mut Client,
+    request: RunRequest,
+    render: &mut Render,
+    no_stdin: bool,
+) -> Result<palisade_protocol::wire::RunResult, ClientError> {
+    if request.stdin_streamed {
+        let source: Box<dyn std::io::Read + Send> = match no_stdin {
+            true => Box::new(std::io::empty()),
+            false => {
+                let own = std::os::fd::AsFd::as_fd(&std::io::stdin()).try_clone_to_owned();
+                Box::new(std::fs::File::from(own.map_err(ClientError::Io)?))
+            }
+        };
+        client.stream_stdin(source);
+    }
+    let terminal = request.terminal.is_some();
+    if terminal && let Ok(resizer) = client.canceller() {
+        crate::tty::on_resize(move |size| resizer.resize(size));
+    }
     // Its reader gone (`palisade run ... | head`), the run is cancelled, as
     // SIGPIPE ends a command whose reader left: its writes are held, as a
     // cancelled run's are, and said on stderr.
     let canceller = client.canceller();
-    let mut cancelled = false;
-    let on = |event: Event<'_>| {
-        if let Event::Output(stream, data) = event {
+    let (mut cancelled, mut raw) = (false, None);
+    let on = |event: Event<'_>| match event {
+        Event::Output(stream, data) => {
             if !render.output(stream, data) && !std::mem::replace(&mut cancelled, true) {
                 if let Ok(c) = &canceller {
                     c.cancel();
                 }
             }
         }
+        Event::Message(palisade_protocol::wire::ServerMessage::Started { .. }) if terminal => {
+            raw = crate::tty::Raw::enter();
+        }
+        Event::Message(_) => {}
     };
     let outcome = client.run_events(request, on, ask_requester);
-    match outcome {
-        Ok(r) => render.finish(Ok(r)),
-        Err(ClientError::Reply(e)) => render.finish(Err(e)),
-        Err(e) => render.finish(Err(ErrorReply::new(ErrorKind::RuntimeFailure, e.to_string()))),
-    }
+    drop(raw);
+    outcome
 }

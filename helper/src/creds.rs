@@ -119,16 +119,11 @@ fn drop_bounding_set() -> Result<()> {
         // SAFETY: prctl with integer arguments only.
         let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
         match Errno::result(rc) {
-            Ok(_) => {}
             Err(Errno::EINVAL) if cap > 0 => return Ok(()),
-            Err(e) => {
-                return Err(fail(
-                    Stage::Capabilities,
-                    e,
-                    format!("drop capability {cap} from the bounding set"),
-                ));
+            done => {
+                done.at(Stage::Capabilities, || format!("drop capability {cap} from the bounding set"))?
             }
-        }
+        };
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 use nix::errno::Errno;
 use palisade_protocol::status::encode_record;
 use palisade_protocol::{HelperFailure, HelperRecord, Stage};
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{BorrowedFd, RawFd};
 
 /// The status channel: a pipe (or file) from the caller, close-on-exec.
 pub const STATUS_FD: i32 = 4;
@@ -57,11 +57,6 @@ pub fn send(record: &HelperRecord) {
         // Nothing else can carry the report: the caller will see the exit status alone.
         eprintln!("palisade-helper: cannot write to the status channel: {record:?}");
     }
-}
-
-/// Writes one record with a descriptor attached (SCM_RIGHTS).
-pub fn send_with_fd(record: &HelperRecord, fd: &impl AsRawFd) -> nix::Result<()> {
-    send_with_fds(record, &[fd.as_raw_fd()])
 }
 
 /// Writes one record with descriptors attached, in order, in one message.

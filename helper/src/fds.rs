@@ -130,11 +130,8 @@ pub fn read_plan() -> Result<(JailPlan, Vec<OwnedFd>)> {
             }
         }
         if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
-            return Err(fail(
-                Stage::Plan,
-                Errno::EMSGSIZE,
-                "more descriptors came with the plan than allowed",
-            ));
+            let why = "more descriptors came with the plan than allowed";
+            return Err(fail(Stage::Plan, Errno::EMSGSIZE, why));
         }
         let n = msg.bytes;
         if n == 0 {
@@ -147,16 +144,10 @@ pub fn read_plan() -> Result<(JailPlan, Vec<OwnedFd>)> {
     }
     drop(socket);
     let plan = decode_plan(&bytes).map_err(|e| fail(Stage::Plan, Errno::EINVAL, e.to_string()))?;
-    if received.len() != plan.descriptors.len() {
-        return Err(fail(
-            Stage::Plan,
-            Errno::EINVAL,
-            format!(
-                "the plan names {} host paths but came with {} descriptors",
-                plan.descriptors.len(),
-                received.len()
-            ),
-        ));
+    let (named, came) = (plan.descriptors.len(), received.len());
+    if named != came {
+        let why = format!("the plan names {named} host paths but came with {came} descriptors");
+        return Err(fail(Stage::Plan, Errno::EINVAL, why));
     }
     Ok((plan, received))
 }

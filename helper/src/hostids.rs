@@ -28,12 +28,9 @@ pub fn clone_sources(
 ) -> Result<Vec<Option<OwnedFd>>> {
     let descriptors = descriptors.ok_or_else(|| fail(Stage::Plan, Errno::EINVAL, "no descriptors"))?;
     if !(creds::holds(creds::CAP_SYS_ADMIN)? && creds::holds(creds::CAP_SETUID)?) {
-        return Err(fail(
-            Stage::HostIds,
-            Errno::EINVAL,
-            "the plan names host ids but the helper does not hold both CAP_SYS_ADMIN and CAP_SETUID \
-             (a system broker runs it as root or as a user with them)",
-        ));
+        let why = "the plan names host ids but the helper does not hold both CAP_SYS_ADMIN and CAP_SETUID \
+                   (a system broker runs it as root or as a user with them)";
+        return Err(fail(Stage::HostIds, Errno::EINVAL, why));
     }
     let mut trees: Vec<Option<OwnedFd>> = plan.mounts.iter().map(|_| None).collect();
     let mut userns: Option<OwnedFd> = None;

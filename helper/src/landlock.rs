@@ -109,11 +109,8 @@ pub fn restrict_self(plan: &LandlockPlan, host: Option<&Descriptors>) -> Result<
     };
     let missing = plan.required.difference(enforced);
     if !missing.is_empty() {
-        return Err(fail(
-            Stage::Landlock,
-            Errno::EOPNOTSUPP,
-            format!("required Landlock features not enforced: {missing}"),
-        ));
+        let why = format!("required Landlock features not enforced: {missing}");
+        return Err(fail(Stage::Landlock, Errno::EOPNOTSUPP, why));
     }
     error::send(&HelperRecord::Landlock(LandlockReport { abi, enforced, ruleset }));
     Ok(())

@@ -28,11 +28,8 @@ pub fn arm_against_caller(expected_parent: u32, signal: Signal) -> Result<()> {
     request_death_signal(signal)?;
     let parent = getppid().as_raw();
     if u32::try_from(parent).ok() != Some(expected_parent) {
-        return Err(fail(
-            Stage::Lifeline,
-            Errno::ESRCH,
-            format!("parent is pid {parent}, the plan expects {expected_parent}: the caller is gone"),
-        ));
+        let why = format!("parent is pid {parent}, the plan expects {expected_parent}: the caller is gone");
+        return Err(fail(Stage::Lifeline, Errno::ESRCH, why));
     }
     Ok(())
 }
@@ -60,11 +57,8 @@ pub fn arm_in_child(child_end: &OwnedFd) -> Result<()> {
     let mut fds = [PollFd::new(child_end.as_fd(), PollFlags::POLLIN)];
     poll(&mut fds, PollTimeout::ZERO).at(Stage::Lifeline, || "poll the lifeline".into())?;
     if fds[0].revents().is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)) {
-        return Err(fail(
-            Stage::Lifeline,
-            Errno::ESRCH,
-            "the parent exited before the death signal was armed",
-        ));
+        let why = "the parent exited before the death signal was armed";
+        return Err(fail(Stage::Lifeline, Errno::ESRCH, why));
     }
     Ok(())
 }
@@ -86,11 +80,8 @@ pub fn wait_for_release(child_end: &OwnedFd) -> Result<()> {
         match nix::unistd::read(child_end, &mut byte) {
             Ok(1) => return Ok(()),
             Ok(_) => {
-                return Err(fail(
-                    Stage::Lifeline,
-                    Errno::ESRCH,
-                    "the parent exited before releasing the command",
-                ));
+                let why = "the parent exited before releasing the command";
+                return Err(fail(Stage::Lifeline, Errno::ESRCH, why));
             }
             Err(Errno::EINTR) => continue,
             Err(e) => return Err(fail(Stage::Lifeline, e, "wait for the parent's release")),

@@ -40,6 +40,8 @@ mod seccomp;
 #[cfg(target_os = "linux")]
 mod session;
 #[cfg(target_os = "linux")]
+mod terminal;
+#[cfg(target_os = "linux")]
 mod userns;
 #[cfg(target_os = "linux")]
 mod uts;
@@ -127,12 +129,17 @@ fn contain() -> Result<Infallible> {
     // The kernel clears the death signal when credentials change.
     lifeline::arm_in_child(&tether)?;
     drop(tether);
+    // As the command's ids, before Landlock: the terminal is the command's own.
+    let terminal = step(Stage::Terminal, || plan.terminal.map(terminal::open_and_send).transpose())?;
     // After the mounts (a Landlock-restricted process cannot mount), before
     // seccomp. Tier B's rules are on the broker's descriptors of host paths.
     step(Stage::Landlock, || landlock::restrict_self(&plan.landlock, descriptors.as_ref()))?;
     let command = exec::prepare(&plan)?;
     step(Stage::Cwd, || session::enter_cwd(&plan.cwd))?;
     step(Stage::Session, session::new_session)?;
+    if let Some(peer) = terminal {
+        step(Stage::Terminal, || terminal::take(peer))?;
+    }
     // The requester's umask, not the broker's (a unit's UMask=0077): what the command creates.
     if let Some(mask) = plan.umask {
         nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(mask));

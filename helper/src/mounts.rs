@@ -209,13 +209,10 @@ fn overlay(target: &str, size: u64, lower: OwnedFd, i: usize) -> Result<()> {
             }
             e
         })?;
-    let upper = open(
-        format!("{rw}/upper").as_str(),
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .at(Stage::Mounts, || format!("open the upper layer of {target}"))?;
-    error::send_with_fd(&HelperRecord::Overlay { target: target.to_string() }, &upper)
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let upper = open(format!("{rw}/upper").as_str(), flags, Mode::empty())
+        .at(Stage::Mounts, || format!("open the upper layer of {target}"))?;
+    error::send_with_fds(&HelperRecord::Overlay { target: target.to_string() }, &[upper.as_raw_fd()])
         .at(Stage::Mounts, || format!("hand the upper layer of {target} to the broker"))
 }
 

@@ -7,11 +7,8 @@ use palisade_protocol::{BpfInstruction, Stage};
 
 pub fn install(program: &[BpfInstruction]) -> Result<()> {
     if program.is_empty() || program.len() > usize::from(u16::MAX) {
-        return Err(fail(
-            Stage::Seccomp,
-            Errno::EINVAL,
-            format!("seccomp program of {} instructions", program.len()),
-        ));
+        let why = format!("seccomp program of {} instructions", program.len());
+        return Err(fail(Stage::Seccomp, Errno::EINVAL, why));
     }
     let filter: Vec<libc::sock_filter> =
         program.iter().map(|i| libc::sock_filter { code: i.code, jt: i.jt, jf: i.jf, k: i.k }).collect();

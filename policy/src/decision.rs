@@ -365,6 +365,7 @@ impl Policy {
         let TierChoice { tier, warnings, approval } =
             choose_tier(&self.config.policy, &host.capabilities, profile.egress)?;
         seatbelt_network(&host.capabilities, &profile.capabilities.network)?;
+        terminal(req, tier)?;
         let mut grants = self.grants(&profile, &dirs, ctx, tier, &host.owned)?;
         asks::check_paths(&profile, req, &dirs, &grants, host)?;
         // The command's chain (its executable, each `#!` interpreter), read
@@ -1017,6 +1018,7 @@ impl Policy {
                 None => vec![],
             },
             umask: req.umask,
+            terminal: req.terminal,
         })
     }
 
@@ -1156,6 +1158,24 @@ fn choose_tier(
         );
     }
     Ok(TierChoice { tier, warnings, approval })
+}
+
+/// A terminal is a pseudo-terminal of the sandbox's own devpts: Tier C's
+/// private /dev. Elsewhere it would be the host's, and it is refused.
+fn terminal(req: &RunRequest, tier: Tier) -> Result<(), Denial> {
+    let Some(size) = req.terminal else { return Ok(()) };
+    if let Err(e) = size.check() {
+        return denied(ErrorKind::InvalidRequest, "request.terminal", e);
+    }
+    if tier != Tier::C {
+        return denied(
+            ErrorKind::Unavailable,
+            "terminal.unavailable",
+            "a terminal is one of the sandbox's own, in Tier C's private /dev, and this run's \
+             sandbox has no /dev of its own: run it without one (palisade run -T)",
+        );
+    }
+    Ok(())
 }
 
 /// Under Seatbelt (macOS) allowed domains are refused: its profile could

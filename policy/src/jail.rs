@@ -134,6 +134,8 @@ pub struct JailSpec {
     pub files: Vec<(String, String)>,
     /// The command's umask (see [`JailPlan::umask`]).
     pub umask: Option<u32>,
+    /// Tier C: the command's terminal (see [`JailPlan::terminal`]).
+    pub terminal: Option<palisade_protocol::wire::WindowSize>,
 }
 
 fn s(p: &Path) -> String {
@@ -258,6 +260,7 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, BuildError> {
         cgroup: spec.cgroup.clone(),
         parent_pid: spec.parent_pid,
         umask: spec.umask,
+        terminal: spec.terminal,
     };
     plan.check()?;
     Ok(plan)
@@ -485,6 +488,7 @@ mod tests {
             tcp_connect: None,
             files: vec![],
             umask: None,
+            terminal: None,
         }
     }
 

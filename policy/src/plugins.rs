@@ -268,6 +268,7 @@ pub fn plugin_host_plan(jail: &PluginHostJail<'_>) -> Result<JailPlan, BuildErro
         files: vec![],
         // Writes nothing that outlives it.
         umask: None,
+        terminal: None,
     };
     build_plan(&spec)
 }

@@ -65,6 +65,11 @@ pub enum PlanInvariant {
     FileTooLarge(String, usize),
     #[error("a umask of {0:#o} (at most 0o777)")]
     Umask(u32),
+    /// The terminal is a pseudo-terminal of the sandbox's own devpts.
+    #[error("a terminal without Tier C's private /dev")]
+    TerminalWithoutDev,
+    #[error("a terminal's window: {0}")]
+    TerminalSize(String),
 }
 
 impl JailPlan {
@@ -90,9 +95,16 @@ impl JailPlan {
             (!not_handled.is_empty(), RequiredNotHandled(not_handled)),
             (self.descriptors.len() > PLAN_MAX_DESCRIPTORS, TooManyDescriptors(self.descriptors.len())),
             (self.umask.is_some_and(|m| m > crate::wire::MAX_UMASK), Umask(self.umask.unwrap_or(0))),
+            (
+                self.terminal.is_some() && !self.mounts.iter().any(|m| matches!(m, Mount::Dev { .. })),
+                TerminalWithoutDev,
+            ),
         ];
         if let Some((_, broken)) = rules.into_iter().find(|(broken, _)| *broken) {
             return Err(broken);
+        }
+        if let Some(Err(e)) = self.terminal.map(crate::plan::WindowSize::check) {
+            return Err(TerminalSize(e));
         }
         self.check_listeners()?;
         self.check_mounts()
@@ -175,7 +187,7 @@ mod tests {
     #[test]
     fn each_broken_rule_is_named() {
         type Break = fn(&mut JailPlan);
-        let cases: [(Break, PlanInvariant); 13] = [
+        let cases: [(Break, PlanInvariant); 15] = [
             (|p| p.namespaces.user = false, PlanInvariant::NamespacesWithoutUser),
             (|p| p.namespaces.pid = false, PlanInvariant::UserWithoutMountAndPid),
             (|p| p.acting_for = None, PlanInvariant::HostIdsWithoutRequester),
@@ -195,6 +207,19 @@ mod tests {
                 PlanInvariant::MountTarget("/bin/proc".into()),
             ),
             (|p| p.umask = Some(0o1022), PlanInvariant::Umask(0o1022)),
+            (
+                |p| {
+                    p.terminal = Some(crate::plan::WindowSize { rows: 24, cols: 80 });
+                    p.mounts.retain(|m| !matches!(m, Mount::Dev { .. }));
+                },
+                PlanInvariant::TerminalWithoutDev,
+            ),
+            (
+                |p| p.terminal = Some(crate::plan::WindowSize { rows: 0, cols: 80 }),
+                PlanInvariant::TerminalSize(
+                    "a terminal's rows and cols are 1 to 4096 (got 0 rows, 80 cols)".into(),
+                ),
+            ),
         ];
         for (i, (break_it, broken)) in cases.into_iter().enumerate() {
             let mut plan = sample();

@@ -87,6 +87,11 @@ pub struct JailPlan {
     /// The command's umask (the requester's, at most 0o777), set just
     /// before exec; `None`: the helper's own (the broker's).
     pub umask: Option<u32>,
+    /// The command's stdin, stdout and stderr are one pseudo-terminal of
+    /// the sandbox's devpts, of this window size, and its controlling
+    /// terminal; its master goes to the broker in a
+    /// [`crate::status::HelperRecord::Terminal`] record before exec.
+    pub terminal: Option<WindowSize>,
 }
 
 impl JailPlan {
@@ -98,6 +103,33 @@ impl JailPlan {
     /// The index of `path` among the plan's descriptors.
     pub fn descriptor(&self, path: &str) -> Option<usize> {
         self.descriptors.iter().position(|d| d.path == path)
+    }
+}
+
+/// A terminal's window: rows and columns of characters, each 1 to
+/// [`WINDOW_MAX`].
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct WindowSize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+/// The most rows, and the most columns, of a terminal's window.
+pub const WINDOW_MAX: u16 = 4096;
+
+impl WindowSize {
+    /// Why this size is not one a terminal takes, if it is not.
+    pub fn check(self) -> Result<(), String> {
+        let fits = |n: u16| (1..=WINDOW_MAX).contains(&n);
+        if fits(self.rows) && fits(self.cols) {
+            Ok(())
+        } else {
+            Err(format!(
+                "a terminal's rows and cols are 1 to {WINDOW_MAX} (got {} rows, {} cols)",
+                self.rows, self.cols
+            ))
+        }
     }
 }
 
@@ -626,6 +658,7 @@ pub(crate) mod tests {
             cgroup: None,
             parent_pid: 1,
             umask: Some(0o022),
+            terminal: None,
         }
     }
 

@@ -40,6 +40,8 @@ pub enum Stage {
     HostIds,
     /// Opening the strict egress listeners inside the network namespace.
     Listeners,
+    /// Opening the run's terminal and making it the command's.
+    Terminal,
 }
 
 impl Stage {
@@ -68,6 +70,7 @@ impl Stage {
             Stage::Exec => "exec",
             Stage::Monitor => "monitor",
             Stage::Listeners => "listeners",
+            Stage::Terminal => "terminal",
         }
     }
 }
@@ -142,6 +145,9 @@ pub enum HelperRecord {
     Peak {
         max_rss_kib: u64,
     },
+    /// The master of the run's terminal (the plan's `terminal`) travels
+    /// with this record, sent just before exec.
+    Terminal,
 }
 
 fn config() -> impl bincode::config::Config {

@@ -34,8 +34,11 @@ pub const MAGIC: &str = "palisade";
 /// result's `store`, `Status`; 12: the request's `no_toolchains`, the
 /// enforcement's `deadline_secs` and `max_output_bytes`; 13: the hello's
 /// `min_version`, the range a client speaks; 14: `RunWithStdin`, `Stdin`
-/// and `StdinEnd`, a run's stdin streamed during it).
-pub const PROTOCOL_VERSION: u32 = 14;
+/// and `StdinEnd`, a run's stdin streamed during it; 15: `RunInTerminal` and
+/// `Resize`, a run in a terminal).
+pub const PROTOCOL_VERSION: u32 = 15;
+
+pub use crate::plan::{WINDOW_MAX, WindowSize};
 /// The oldest version a broker still speaks: the one before its own, for
 /// one release (docs/protocol.md, "Versions").
 pub const OLDEST_PROTOCOL_VERSION: u32 = 12;
@@ -215,6 +218,10 @@ pub struct RunRequest {
     /// `stdin` holds. Set by the broker that received it.
     #[serde(skip)]
     pub stdin_streamed: bool,
+    /// Not on the wire: the run's stdio is a terminal of this size (a
+    /// `RunInTerminal`). Set by the broker that received it.
+    #[serde(skip)]
+    pub terminal: Option<WindowSize>,
     /// Lowers the policy's deadline (`max_execution_time`): a larger one is
     /// refused (`request.widens`), 0 is invalid.
     #[serde(default)]
@@ -396,8 +403,22 @@ pub enum ClientMessage {
         data: Vec<u8>,
     },
     /// The end of a `RunWithStdin`'s stdin: the command reads end of file
-    /// once the pieces before it are read.
+    /// once the pieces before it are read. In a `RunInTerminal`, nothing
+    /// more is written to the terminal (a command reads end of file when
+    /// it reads `^D`, which is a piece of input like any other).
     StdinEnd,
+    /// A run whose stdin, stdout and stderr are one terminal of the
+    /// sandbox's own, `size` to start with: its stdin comes as `Stdin`
+    /// messages (the terminal's keyboard: `\u0003` is Ctrl-C), its output
+    /// as stdout alone, and `Resize` changes its window. `run`'s `stdin`
+    /// field must be empty. Answered as `Run` is.
+    RunInTerminal {
+        run: RunRequest,
+        size: WindowSize,
+    },
+    /// The running `RunInTerminal`'s new window size (the command gets
+    /// SIGWINCH). Ignored in any other run, and after the run ended.
+    Resize(WindowSize),
 }
 
 impl ClientMessage {
@@ -423,6 +444,8 @@ impl ClientMessage {
             ClientMessage::RunWithStdin(_) => "run_with_stdin",
             ClientMessage::Stdin { .. } => "stdin",
             ClientMessage::StdinEnd => "stdin_end",
+            ClientMessage::RunInTerminal { .. } => "run_in_terminal",
+            ClientMessage::Resize(_) => "resize",
         }
     }
 }
@@ -1804,6 +1827,44 @@ mod tests {
             assert!(json.starts_with(&format!("{{\"{}\"", m.name())), "{json}");
         }
         assert_eq!(ClientMessage::StdinEnd.name(), "stdin_end");
+    }
+
+    /// The terminal's messages, appended in version 15, read as documented;
+    /// the broker's `terminal` is on no wire but in `run_in_terminal`.
+    #[cfg(feature = "json")]
+    #[test]
+    fn terminal_messages_come_after_stdin_end_and_read_as_documented() {
+        let bincode_index = |m: &ClientMessage| encode(m, Encoding::Bincode).unwrap()[4];
+        let size = WindowSize { rows: 24, cols: 80 };
+        let run = RunRequest::default();
+        assert_eq!(bincode_index(&ClientMessage::RunInTerminal { run: run.clone(), size }), 18);
+        assert_eq!(bincode_index(&ClientMessage::Resize(size)), 19);
+        let mut d = Decoder::new(Some(Encoding::Json));
+        d.push(b"{\"run_in_terminal\": {\"run\": {\"argv\": [\"sh\"], \"cwd\": \"/w\"}, \"size\": {\"rows\": 24, \"cols\": 80}}}\n");
+        d.push(b"{\"resize\": {\"rows\": 40, \"cols\": 132}}\n");
+        let Some(ClientMessage::RunInTerminal { run, size: got }) =
+            d.next_message::<ClientMessage>().unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!((run.argv, run.terminal, got), (vec!["sh".to_string()], None, size));
+        assert_eq!(
+            d.next_message().unwrap(),
+            Some(ClientMessage::Resize(WindowSize { rows: 40, cols: 132 }))
+        );
+        d.push(b"{\"resize\": {\"rows\": 40, \"columns\": 132}}\n");
+        assert!(d.next_message::<ClientMessage>().is_err(), "an unknown field is refused");
+        let flagged = RunRequest { terminal: Some(size), ..RunRequest::default() };
+        let json = String::from_utf8(encode(&ClientMessage::Run(flagged), Encoding::Json).unwrap()).unwrap();
+        assert!(!json.contains("terminal"), "{json}");
+        assert_eq!(ClientMessage::Resize(size).name(), "resize");
+        assert_eq!(
+            ClientMessage::RunInTerminal { run: RunRequest::default(), size }.name(),
+            "run_in_terminal"
+        );
+        assert!(WindowSize { rows: 1, cols: WINDOW_MAX }.check().is_ok());
+        assert!(WindowSize { rows: 0, cols: 1 }.check().is_err());
+        assert!(WindowSize { rows: 1, cols: WINDOW_MAX + 1 }.check().is_err());
     }
 
     /// The approval messages, appended in version 3: their bincode indexes

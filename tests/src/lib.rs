@@ -288,6 +288,7 @@ impl Jail {
             tcp_connect: None,
             files: vec![],
             umask: None,
+            terminal: None,
         };
         Jail { spec, timeout: Duration::from_secs(60), stdin: None, dir }
     }

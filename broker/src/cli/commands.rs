@@ -247,7 +247,7 @@ fn run(args: RunArgs) -> i32 {
             return refuse(e.kind(), e.to_string());
         }
         return match own_policy(Config::load(policy).map_err(|e| e.to_string())) {
-            Ok(config) => embedded(config, request, render),
+            Ok(config) => embedded(config, request, render, &args),
             Err(e) => refuse(ErrorKind::InvalidRequest, e),
         };
     }
@@ -259,12 +259,12 @@ fn run(args: RunArgs) -> i32 {
                 eprintln!("palisade: run by {}", found.name());
             }
             render.by(found.name());
-            via_socket(found.client, request, render)
+            via_socket(found.client, request, render, &args)
         }
         Ok(Route::Embedded { tried }) => {
             tracing::debug!("no broker answers on {tried}: running an embedded one");
             match own_policy(Ok(Config::default())) {
-                Ok(config) => embedded(config, request, render),
+                Ok(config) => embedded(config, request, render, &args),
                 Err(e) => refuse(ErrorKind::InvalidRequest, e),
             }
         }
@@ -273,7 +273,7 @@ fn run(args: RunArgs) -> i32 {
 }
 
 /// A broker inside this process, under `config`.
-fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 {
+fn embedded(mut config: Config, mut request: RunRequest, mut render: Render, args: &RunArgs) -> i32 {
     crate::serve::daemon::init_tracing("warn");
     // One run: its helper is started while the broker decides, and no other.
     config.broker.prespawn = 0;
@@ -286,6 +286,8 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),
     };
     let (uid, gid) = (broker.context.uid, broker.context.gid);
+    // Before the runtime's threads: a terminal's resizes are watched from here on.
+    let mut stdin = crate::cli::run::own_input(&request, args.no_stdin);
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),
@@ -296,15 +298,29 @@ fn embedded(mut config: Config, request: RunRequest, mut render: Render) -> i32 
         let cancel = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        let mut decided = broker.decide(&peer, &request)?;
+        let mut decided = match broker.decide(&peer, &request) {
+            // A terminal the CLI chose by itself that this host cannot give
+            // (Tier B): the run is done without, with pipes.
+            Err(e)
+                if request.terminal.is_some()
+                    && !args.tty
+                    && e.rule.as_deref() == Some(palisade_cli::tty::UNAVAILABLE_RULE) =>
+            {
+                request.terminal = None;
+                request.stdin_streamed = palisade_cli::args::streams_stdin(args);
+                stdin = stdin.filter(|_| request.stdin_streamed);
+                broker.decide(&peer, &request)?
+            }
+            decided => decided?,
+        };
         if let Some(approval) = &decided.approval {
             let question = broker.pending_approval(&peer, &decided, &request, approval);
             ask_embedded(&broker, &peer, question).await?;
             // Only an approver answers here.
             decided.approver_approved = true;
         }
-        let stdin = request.stdin_streamed.then(crate::cli::run::own_stdin);
-        broker.execute(&peer, decided, &request, &mut RenderSink(&mut render, stdin), cancel).await
+        let sink = &mut RenderSink::new(&mut render, stdin, request.terminal.is_some());
+        broker.execute(&peer, decided, &request, sink, cancel).await
     });
     // Not waiting for an output write given up on (a reader that never reads).
     runtime.shutdown_background();

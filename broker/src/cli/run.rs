@@ -2,10 +2,10 @@
 //! the flags, and a run's messages shown as they come. The arguments, the
 //! request and how a run is shown are the CLI's own (`palisade_cli`).
 
-use crate::engine::stream::{Sink, StdinPieces};
+use crate::engine::stream::{Piece, Sink, StdinPieces};
 pub use palisade_cli::args::{RunArgs, SandboxArgs, own_umask, request};
 pub use palisade_cli::render::{EXIT_PALISADE, Render, fail, summary};
-use palisade_protocol::wire::{KeepChanges, ServerMessage, Stream};
+use palisade_protocol::wire::{KeepChanges, RunRequest, ServerMessage, Stream};
 
 /// The embedded broker's policy, edited: the profile grants what the
 /// flags ask for (the person running the CLI owns it).
@@ -105,21 +105,59 @@ fn profile_mut<'a>(
 }
 
 /// A run's messages, shown by `Render` as the embedded broker sends them;
-/// and its stdin, when this process's own is streamed to it ([`own_stdin`]).
-pub struct RenderSink<'a>(pub &'a mut Render, pub Option<StdinPieces>);
+/// and its stdin, when this process's own is streamed to it ([`own_input`]).
+pub struct RenderSink<'a> {
+    render: &'a mut Render,
+    stdin: Option<StdinPieces>,
+    /// The run is in a terminal: this one is in raw mode from its start.
+    terminal: bool,
+    #[cfg(unix)]
+    raw: Option<palisade_cli::tty::Raw>,
+}
 
-/// This process's stdin as a run's streamed input, read by a thread of its
-/// own at the pace the command takes it (any size: it is never held whole).
-pub fn own_stdin() -> StdinPieces {
+impl<'a> RenderSink<'a> {
+    pub fn new(render: &'a mut Render, stdin: Option<StdinPieces>, terminal: bool) -> RenderSink<'a> {
+        RenderSink {
+            render,
+            stdin,
+            terminal,
+            #[cfg(unix)]
+            raw: None,
+        }
+    }
+}
+
+/// This process's stdin as a run's streamed input (`request.stdin_streamed`),
+/// read by a thread of its own at the pace the command takes it (any size:
+/// it is never held whole); with `no_stdin`, none. In a terminal, its end
+/// is said (the terminal takes no more input) and this terminal's resizes
+/// follow: call it before any other thread starts (see `tty::on_resize`).
+pub fn own_input(request: &RunRequest, no_stdin: bool) -> Option<StdinPieces> {
+    if !request.stdin_streamed {
+        return None;
+    }
     let (tx, rx) = tokio::sync::mpsc::channel(OWN_STDIN_PIECES_QUEUED);
+    let terminal = request.terminal.is_some();
+    #[cfg(unix)]
+    if terminal {
+        let resizes = tx.clone();
+        palisade_cli::tty::on_resize(move |size| resizes.blocking_send(Piece::Resize(size)).is_ok());
+    }
     std::thread::spawn(move || {
-        let sent = |piece: &[u8]| tx.blocking_send(piece.to_vec()).is_ok();
+        let sent = |piece: &[u8]| tx.blocking_send(Piece::Data(piece.to_vec())).is_ok();
         // Unreadable: said, and the command reads end of file there.
-        if let Err(e) = palisade_cli::args::read_pieces(&mut std::io::stdin().lock(), sent) {
+        let read = match no_stdin {
+            true => Ok(true),
+            false => palisade_cli::args::read_pieces(&mut std::io::stdin().lock(), sent),
+        };
+        if let Err(e) = read {
             eprintln!("palisade: reading stdin: {e}: the command's stdin ends here");
         }
+        if terminal {
+            let _ = tx.blocking_send(Piece::End);
+        }
     });
-    rx
+    Some(rx)
 }
 
 /// How many pieces of this process's stdin wait for the command ahead of
@@ -128,14 +166,18 @@ const OWN_STDIN_PIECES_QUEUED: usize = 4;
 
 impl Sink for RenderSink<'_> {
     fn take_stdin(&mut self) -> Option<StdinPieces> {
-        self.1.take()
+        self.stdin.take()
     }
 
     async fn send(&mut self, msg: ServerMessage) -> bool {
         match msg {
             ServerMessage::Output { stream, data } => self.send_output(stream, &data).await,
             other => {
-                self.0.on(&other);
+                #[cfg(unix)]
+                if self.terminal && matches!(other, ServerMessage::Started { .. }) {
+                    self.raw = palisade_cli::tty::Raw::enter();
+                }
+                self.render.on(&other);
                 true
             }
         }
@@ -146,8 +188,8 @@ impl Sink for RenderSink<'_> {
     /// deadline with it.
     async fn send_output(&mut self, stream: Stream, data: &[u8]) -> bool {
         use tokio::io::AsyncWriteExt;
-        if self.0.json() {
-            self.0.output(stream, data);
+        if self.render.json() {
+            self.render.output(stream, data);
             return true;
         }
         // tokio hands the bytes to a blocking thread: the flush waits until they
@@ -162,7 +204,7 @@ impl Sink for RenderSink<'_> {
             // command whose reader left; Render says so and exits as SIGPIPE would.
             Stream::Stdout => match write(tokio::io::stdout(), data).await {
                 Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-                    self.0.reader_gone();
+                    self.render.reader_gone();
                     false
                 }
                 _ => true,

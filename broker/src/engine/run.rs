@@ -213,8 +213,9 @@ impl Engine {
         let started = Instant::now();
         let since = crate::changes::coarse_now_ns();
         let input = Input::of(request, sink.take_stdin());
-        let (helper, cgroup) =
-            self.launch(planned.resolved, planned.grants, input.piped(), cgroup, claimed).await?;
+        // A terminal's input goes to its master, never to the helper's stdin.
+        let piped = input.piped() && planned.resolved.plan.terminal.is_none();
+        let (helper, cgroup) = self.launch(planned.resolved, planned.grants, piped, cgroup, claimed).await?;
         let launched = Launched { helper, cgroup: cgroup.as_ref(), started, since };
         let result = self.finish(planned, request, (sink, input), cancel, launched).await;
         if let Some(c) = cgroup {
@@ -246,10 +247,19 @@ impl Engine {
         // Nothing of the run outlives it, however this function is left.
         let abandon = Abandon::arm(pid, &pidfd, first_signal)?;
         let (status, early, egress) = serve_egress(resolved, status).await?;
+        let (status, early, terminal) = take_terminal(resolved, status, early).await?;
         // SAFETY: an OwnedFd's descriptor stays open as long as the AsyncFd owns it.
         let pidfd = unsafe { AsyncFd::register(pidfd) }.map_err(std::io::Error::from)?;
-        let pipes = [pipe_reader(stdout)?, pipe_reader(stderr)?];
-        feed_stdin(stdin, input)?;
+        let copying = terminal.is_some();
+        let (pipes, stdin) = match terminal {
+            // The command's stdin, stdout and stderr: all of it is stdout.
+            Some(master) => {
+                let writer = master.try_clone()?;
+                ([terminal_reader(master)?, pipe_reader(stderr)?], Some(std::fs::File::from(writer)))
+            }
+            None => ([pipe_reader(stdout)?, pipe_reader(stderr)?], stdin),
+        };
+        feed_stdin(stdin, input, copying)?;
         crate::fault::panic_if_named(&request.argv);
         let bounds = Bounds {
             max_output_bytes: resolved.max_output_bytes,
@@ -259,7 +269,9 @@ impl Engine {
         };
         let child = Helper { pidfd, cgroup, run_id, pid };
         let started_msg = ServerMessage::Started { run_id, executor: tier.into() };
-        let streamed = Run::new(sink, child, pipes, bounds, cancel).stream(started_msg).await;
+        let run = Run::new(sink, child, pipes, bounds, cancel);
+        let run = if copying { run.copying() } else { run };
+        let streamed = run.stream(started_msg).await;
         timeline.exited_us = streamed.exited_at.map_or(0, |at| at.duration_since(started).as_micros());
         let egress_traffic = match egress {
             Some(e) => Some(e.finish().await),
@@ -336,12 +348,18 @@ fn exit_status(exit: Option<ExitReport>, usage: &Usage) -> Result<RunStatus, Bro
     }
 }
 
-/// Writes the run's input to the command's stdin from a task of its own: a
-/// command that does not read its stdin must not hold up the run. Without
-/// input, the stdin is closed.
-fn feed_stdin(stdin: Option<std::fs::File>, input: Input) -> std::io::Result<()> {
+/// Writes the run's input to the command's stdin (or its terminal's
+/// master) from a task of its own: a command that does not read its stdin
+/// must not hold up the run. Without input, the stdin is closed.
+fn feed_stdin(stdin: Option<std::fs::File>, input: Input, terminal: bool) -> std::io::Result<()> {
     let Some(stdin) = stdin.filter(|_| input.piped()) else { return Ok(()) };
-    let tx = pipe::Sender::from_owned_fd(OwnedFd::from(stdin))?;
+    let tx = match terminal {
+        true => {
+            nonblocking(&stdin, true)?;
+            pipe::Sender::from_owned_fd_unchecked(OwnedFd::from(stdin))?
+        }
+        false => pipe::Sender::from_owned_fd(OwnedFd::from(stdin))?,
+    };
     tokio::spawn(input.feed(tx));
     Ok(())
 }
@@ -401,32 +419,9 @@ async fn read_listeners(
     wanted: &[Listener],
     within: Duration,
 ) -> Result<(std::fs::File, StatusRead, Option<Vec<(Listener, OwnedFd)>>), BrokerError> {
-    nonblocking(&channel, true)?;
-    // SAFETY: a File's descriptor stays open as long as the AsyncFd owns it.
-    let fd = unsafe { AsyncFd::register(channel) }.map_err(std::io::Error::from)?;
-    let mut read = StatusRead::default();
-    let found = tokio::time::timeout(within, async {
-        loop {
-            if let Some(at) = read.records.iter().position(|r| matches!(r, HelperRecord::Listeners(_))) {
-                return Ok(Some(at));
-            }
-            if read.ended || read.records.iter().any(|r| matches!(r, HelperRecord::Failed(_))) {
-                return Ok(None);
-            }
-            let mut ready = fd.readable().await?;
-            match ready.try_io(|inner| read.receive(inner.get_ref())) {
-                Ok(result) => result?,
-                Err(_would_block) => continue,
-            }
-        }
-    })
-    .await
-    .map_err(|_| {
-        BrokerError::Status(std::io::Error::other("the helper did not open the egress listeners in time"))
-    })?
-    .map_err(BrokerError::Status)?;
-    let channel = fd.into_inner();
-    nonblocking(&channel, false)?;
+    let is_listeners = |r: &HelperRecord| matches!(r, HelperRecord::Listeners(_));
+    let (channel, mut read, found) =
+        read_until(channel, StatusRead::default(), is_listeners, within, "open the egress listeners").await?;
     let Some(at) = found else { return Ok((channel, read, None)) };
     let HelperRecord::Listeners(sent) = read.records.remove(at) else { unreachable!("found above") };
     // The child may have sent an overlay's layer (a record with one
@@ -442,6 +437,70 @@ async fn read_listeners(
     }
     let fds: Vec<OwnedFd> = read.fds.drain(before..before + sent.len()).collect();
     Ok((channel, read, Some(sent.into_iter().zip(fds).collect())))
+}
+
+/// Reads the status channel, after what `read` holds, until a record that
+/// is `wanted` comes (its index), or the helper stopped before it (`None`:
+/// a failure record, or the channel's end). Bounded by `within`, the run's
+/// own deadline; `what` the helper did not do in time otherwise.
+async fn read_until(
+    channel: std::fs::File,
+    mut read: StatusRead,
+    wanted: impl Fn(&HelperRecord) -> bool,
+    within: Duration,
+    what: &str,
+) -> Result<(std::fs::File, StatusRead, Option<usize>), BrokerError> {
+    nonblocking(&channel, true)?;
+    // SAFETY: a File's descriptor stays open as long as the AsyncFd owns it.
+    let fd = unsafe { AsyncFd::register(channel) }.map_err(std::io::Error::from)?;
+    let found = tokio::time::timeout(within, async {
+        loop {
+            if let Some(at) = read.records.iter().position(&wanted) {
+                return Ok(Some(at));
+            }
+            if read.ended || read.records.iter().any(|r| matches!(r, HelperRecord::Failed(_))) {
+                return Ok(None);
+            }
+            let mut ready = fd.readable().await?;
+            match ready.try_io(|inner| read.receive(inner.get_ref())) {
+                Ok(result) => result?,
+                Err(_would_block) => continue,
+            }
+        }
+    })
+    .await
+    .map_err(|_| BrokerError::Status(std::io::Error::other(format!("the helper did not {what} in time"))))?
+    .map_err(BrokerError::Status)?;
+    let channel = fd.into_inner();
+    nonblocking(&channel, false)?;
+    Ok((channel, read, found))
+}
+
+/// The run's terminal: its master, which the helper sends just before the
+/// command's exec (after any egress listeners, whose record and descriptors
+/// `read` no longer holds). `None` without a terminal, or when the helper
+/// stopped before (the run ends with that failure).
+async fn take_terminal(
+    resolved: &Resolved,
+    channel: std::fs::File,
+    read: StatusRead,
+) -> Result<(std::fs::File, StatusRead, Option<OwnedFd>), BrokerError> {
+    if resolved.plan.terminal.is_none() {
+        return Ok((channel, read, None));
+    }
+    let is_terminal = |r: &HelperRecord| matches!(r, HelperRecord::Terminal);
+    let (channel, mut read, found) =
+        read_until(channel, read, is_terminal, resolved.timeout, "open the terminal").await?;
+    let Some(at) = found else { return Ok((channel, read, None)) };
+    read.records.remove(at);
+    let before = read.records[..at].iter().filter(|r| matches!(r, HelperRecord::Overlay { .. })).count();
+    if read.fds.len() <= before {
+        return Err(BrokerError::Status(std::io::Error::other(
+            "the helper sent a terminal without its master",
+        )));
+    }
+    let master = read.fds.remove(before);
+    Ok((channel, read, Some(master)))
 }
 
 /// What the helper reported on its status channel.
@@ -474,10 +533,15 @@ impl Report {
                 }
                 HelperRecord::Failed(f) if ended.is_none() => return Err(BrokerError::Helper(f)),
                 HelperRecord::Failed(_) => {}
-                // Read at the start of the run (strict egress), never here.
+                // Read at the start of the run (strict egress, a terminal), never here.
                 HelperRecord::Listeners(_) => {
                     return Err(BrokerError::Status(std::io::Error::other(
                         "egress listeners after the command started",
+                    )));
+                }
+                HelperRecord::Terminal => {
+                    return Err(BrokerError::Status(std::io::Error::other(
+                        "a terminal after the command started",
                     )));
                 }
                 HelperRecord::Overlay { target } => {
@@ -674,6 +738,15 @@ fn pipe_reader<T: Into<OwnedFd>>(end: Option<T>) -> std::io::Result<pipe::Receiv
     // Best effort: a smaller pipe only means more wake-ups.
     let _ = rustix::pipe::fcntl_setpipe_size(&fd, PIPE_BYTES);
     pipe::Receiver::from_owned_fd(fd)
+}
+
+/// The run's terminal's master, read as the command's output: tokio's pipe
+/// reader takes any descriptor epoll watches, non-blocking. It reads `EIO`
+/// once every process of the run has closed the terminal: its end.
+fn terminal_reader(master: OwnedFd) -> std::io::Result<pipe::Receiver> {
+    let master = std::fs::File::from(master);
+    nonblocking(&master, true)?;
+    pipe::Receiver::from_owned_fd_unchecked(OwnedFd::from(master))
 }
 
 /// Reaps the exited helper, with the resource usage of its whole waited-for tree.

@@ -33,9 +33,21 @@ const STARTED_HOLD: Duration = Duration::from_millis(20);
 /// on; less is read, to go out with its frame's header in one write.
 const SPLICE_MIN_BYTES: usize = 16 * 1024;
 
-/// Pieces of a run's stdin as its client streams them (`RunWithStdin`):
-/// the channel ends with the client's `StdinEnd`, or when it is gone.
-pub type StdinPieces = tokio::sync::mpsc::Receiver<Vec<u8>>;
+/// Pieces of a run's stdin as its client streams them (`RunWithStdin`,
+/// `RunInTerminal`): the channel ends with the client's `StdinEnd`, or
+/// when it is gone.
+pub type StdinPieces = tokio::sync::mpsc::Receiver<Piece>;
+
+/// What a client streams to its run's stdin.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Piece {
+    Data(Vec<u8>),
+    /// A terminal's new window (`Resize`); nothing to a stdin that is a pipe.
+    Resize(palisade_protocol::wire::WindowSize),
+    /// `StdinEnd`: a pipe is closed (the command reads end of file); a
+    /// terminal takes no more input, and still takes resizes.
+    End,
+}
 
 /// What a run's command reads on its stdin: the request's `stdin` field,
 /// the pieces its client streams, or nothing (end of file at once).
@@ -43,11 +55,14 @@ pub enum Input {
     Nothing,
     Bytes(Vec<u8>),
     Streamed(StdinPieces),
+    /// The run's terminal: the pieces are its keyboard and its resizes.
+    Terminal(StdinPieces),
 }
 
 impl Input {
     pub fn of(request: &palisade_protocol::wire::RunRequest, streamed: Option<StdinPieces>) -> Input {
         match streamed {
+            Some(pieces) if request.terminal.is_some() => Input::Terminal(pieces),
             Some(pieces) => Input::Streamed(pieces),
             None if request.stdin.is_empty() => Input::Nothing,
             None => Input::Bytes(request.stdin.clone()),
@@ -62,8 +77,9 @@ impl Input {
     /// Writes it all into `stdin`, then closes it. A piece waits for the
     /// command to read the one before (the pipe's back-pressure reaches the
     /// client through the bounded channel); once the command closed its
-    /// stdin the rest is dropped, and the channel with it.
-    pub async fn feed(self, mut stdin: impl tokio::io::AsyncWrite + Unpin) {
+    /// stdin the rest is dropped, and the channel with it. A terminal's
+    /// `stdin` is its master, whose window a resize sets.
+    pub async fn feed(self, mut stdin: impl tokio::io::AsyncWrite + AsFd + Unpin) {
         use tokio::io::AsyncWriteExt;
         match self {
             Input::Nothing => {}
@@ -72,13 +88,35 @@ impl Input {
             }
             Input::Streamed(mut pieces) => {
                 while let Some(piece) = pieces.recv().await {
-                    if stdin.write_all(&piece).await.is_err() {
-                        break;
+                    match piece {
+                        Piece::Data(data) if stdin.write_all(&data).await.is_ok() => {}
+                        Piece::Resize(_) => {}
+                        Piece::Data(_) | Piece::End => break,
+                    }
+                }
+            }
+            Input::Terminal(mut pieces) => {
+                let mut typing = true;
+                while let Some(piece) = pieces.recv().await {
+                    match piece {
+                        Piece::Data(data) if typing => typing = stdin.write_all(&data).await.is_ok(),
+                        Piece::Data(_) => {}
+                        Piece::Resize(size) => set_window(stdin.as_fd(), size),
+                        Piece::End => typing = false,
                     }
                 }
             }
         }
     }
+}
+
+/// Sets a terminal's window; the kernel sends SIGWINCH to its foreground
+/// process group. A stdin that is no terminal has no window (ENOTTY), and
+/// nothing happens.
+fn set_window(fd: BorrowedFd<'_>, size: palisade_protocol::wire::WindowSize) {
+    let window = libc::winsize { ws_row: size.rows, ws_col: size.cols, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: TIOCSWINSZ reads one winsize through the pointer, a local that outlives the call.
+    let _ = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::TIOCSWINSZ, &window) };
 }
 
 /// Where a run's messages go. `false`: the client is gone.
@@ -332,6 +370,14 @@ where
             splices,
             exited_at: None,
         }
+    }
+
+    /// Output is read and copied, never spliced: a terminal's master is no
+    /// pipe.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn copying(mut self) -> Self {
+        self.splices = false;
+        self
     }
 
     /// Announces the run with `started`, then passes its output on until

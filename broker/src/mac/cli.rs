@@ -108,8 +108,8 @@ pub fn palisade(cli: Cli) -> i32 {
         let cancel = async move {
             tokio::select! { _ = a.recv() => {}, _ = b.recv() => {}, _ = c.recv() => {} }
         };
-        let stdin = request.stdin_streamed.then(crate::cli::run::own_stdin);
-        let ran = broker.run(&me, &request, &mut RenderSink(&mut render, stdin), cancel).await;
+        let stdin = crate::cli::run::own_input(&request, false);
+        let ran = broker.run(&me, &request, &mut RenderSink::new(&mut render, stdin, false), cancel).await;
         ran.map_err(palisade_protocol::wire::ErrorReply::from)
     });
     render.finish(outcome)

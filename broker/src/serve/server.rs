@@ -365,10 +365,14 @@ impl<E: Executor> Server<E> {
                 ClientMessage::RunWithStdin(r) if r.stdin.is_empty() => {
                     RunRequest { stdin_streamed: true, ..r }
                 }
-                ClientMessage::RunWithStdin(_) => {
+                ClientMessage::RunInTerminal { run, size } if run.stdin.is_empty() => {
+                    RunRequest { stdin_streamed: true, terminal: Some(size), ..run }
+                }
+                ClientMessage::RunWithStdin(_) | ClientMessage::RunInTerminal { .. } => {
                     let e = ErrorReply::new(
                         palisade_protocol::wire::ErrorKind::InvalidRequest,
-                        "a run_with_stdin's stdin comes as stdin messages: its stdin field must be empty",
+                        "the stdin of a run_with_stdin or a run_in_terminal comes as stdin messages: \
+                         its stdin field must be empty",
                     );
                     if !sink.send(ServerMessage::Error(e)).await {
                         return;
@@ -376,7 +380,10 @@ impl<E: Executor> Server<E> {
                     continue;
                 }
                 // A cancel, or stdin, sent as the last run ended: too late for it.
-                ClientMessage::Cancel | ClientMessage::Stdin { .. } | ClientMessage::StdinEnd => continue,
+                ClientMessage::Cancel
+                | ClientMessage::Stdin { .. }
+                | ClientMessage::StdinEnd
+                | ClientMessage::Resize(_) => continue,
                 ClientMessage::Approve { .. } => {
                     let e = BrokerError::Protocol("no run is waiting for approval".into());
                     if !sink.send(e.into()).await {

@@ -2,7 +2,7 @@
 //! and decoded within their limits ([`Inbound`]), its hello checked, and
 //! replies written ([`SocketSink`]).
 
-use crate::engine::stream::{Sink, StdinPieces};
+use crate::engine::stream::{Piece, Sink, StdinPieces};
 use crate::serve::budget::{BudgetError, Draw, UNBUDGETED_BYTES};
 use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, ErrorKind, Hello, MAGIC, MAX_FRAME_BYTES, SMALL_FRAME_BYTES,
@@ -229,21 +229,29 @@ impl Inbound {
     /// while the channel is full (no further message is read meanwhile: a
     /// command that does not read its input holds the client back), until
     /// `StdinEnd`. Pieces the command no longer takes, or sent after the
-    /// end, are dropped.
-    pub async fn client_gone_feeding(&mut self, stdin: tokio::sync::mpsc::Sender<Vec<u8>>) {
-        let mut stdin = Some(stdin);
+    /// end, are dropped. A terminal's `Resize` goes the same way, in order
+    /// with the pieces (a resize after `StdinEnd` still reaches it).
+    pub async fn client_gone_feeding(&mut self, stdin: tokio::sync::mpsc::Sender<Piece>) {
+        let (mut stdin, mut ended) = (Some(stdin), false);
         loop {
-            match self.next().await {
-                Ok(Some(ClientMessage::Approve { .. })) => {}
-                Ok(Some(ClientMessage::Stdin { data })) => {
-                    if let Some(tx) = &stdin
-                        && tx.send(data).await.is_err()
-                    {
-                        stdin = None;
-                    }
+            let piece = match self.next().await {
+                Ok(Some(ClientMessage::Approve { .. })) => continue,
+                Ok(Some(ClientMessage::Stdin { data })) if !ended => Piece::Data(data),
+                Ok(Some(ClientMessage::Stdin { .. })) => continue,
+                Ok(Some(ClientMessage::Resize(size))) if size.check().is_ok() => Piece::Resize(size),
+                // A window no terminal takes changes nothing.
+                Ok(Some(ClientMessage::Resize(_))) => continue,
+                Ok(Some(ClientMessage::StdinEnd)) if !ended => {
+                    ended = true;
+                    Piece::End
                 }
-                Ok(Some(ClientMessage::StdinEnd)) => stdin = None,
+                Ok(Some(ClientMessage::StdinEnd)) => continue,
                 _ => return,
+            };
+            if let Some(tx) = &stdin
+                && tx.send(piece).await.is_err()
+            {
+                stdin = None;
             }
         }
     }

@@ -81,6 +81,33 @@ def main() -> int:
         repl = broker.run(["/bin/sh"], profile="sh", stdin=iter(lines.get, None), on_output=answer)
         assert (repl.code, b"".join(heard)) == (5, b"one\n42\n"), (repl, heard)
         print("run: a shell driven line by line through a streamed stdin")
+
+        # A terminal: its window read, then resized (SIGWINCH), and Ctrl-C
+        # typed into it (SIGINT to its foreground process group).
+        loop = "echo ready; while :; do sleep 0.05; done"
+        said: List[bytes] = []
+
+        def resize_when_ready(stream: str, data: bytes) -> None:
+            said.append(data)
+            if b"ready" in data:
+                assert broker.resize(40, 132)
+
+        sized = broker.run(["/bin/sh", "-c", f"trap 'stty size; exit 7' WINCH; stty size; {loop}"],
+                           profile="sh", terminal=(24, 80), on_output=resize_when_ready)
+        out = b"".join(said)
+        assert sized.code == 7 and out.startswith(b"24 80\r\n") and b"40 132\r\n" in out, (sized, out)
+        keys: "queue.Queue[Optional[bytes]]" = queue.Queue()
+
+        def interrupt_when_ready(stream: str, data: bytes) -> None:
+            if b"ready" in data:
+                keys.put(b"\x03")
+                keys.put(None)
+
+        interrupted = broker.run(["/bin/sh", "-c", f"trap 'echo got-INT; exit 9' INT; {loop}"], profile="sh",
+                                 terminal=(24, 80), stdin=iter(keys.get, None), on_output=interrupt_when_ready)
+        assert interrupted.code == 9, interrupted
+        assert not broker.resize(10, 10), "a resize with no run in progress"
+        print("run: a terminal's window, a resize and Ctrl-C")
         big = 8 << 20
         counted = broker.run(["/usr/bin/wc", "-c"], stdin=io.BytesIO(b"x" * big))
         assert counted.stdout.strip() == str(big).encode(), counted
@@ -130,6 +157,11 @@ def main() -> int:
     with Client(socket_path) as old:
         assert old.version == OLDEST_PROTOCOL_VERSION, old.version
         assert old.run(["/bin/echo", "old"]).stdout == b"old\n"
+        try:
+            old.run(["/bin/true"], terminal=(24, 80))
+            raise AssertionError("a terminal asked of version 12")
+        except PalisadeError as e:
+            assert e.kind == "ProtocolError" and "a terminal needs 15" in e.message, e
         # No streamed stdin before version 14: it goes whole, in the request.
         assert old.run(["/bin/cat"], stdin=iter([b"whole ", b"stdin"])).stdout == b"whole stdin"
         print("version", old.version, "still served")

@@ -9,7 +9,7 @@ use crate::config::Config;
 use crate::host::fake::{FakeFiles, elf_with_interpreter};
 use crate::host::{CgroupRoot, Host, HostCapabilities};
 use crate::jail::Layout;
-use palisade_protocol::wire::{ErrorKind, ParamValue, RunRequest};
+use palisade_protocol::wire::{ErrorKind, ParamValue, RunRequest, WindowSize};
 use palisade_protocol::{HostIds, Mount, Tier};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -261,6 +261,7 @@ fn rows() -> Vec<Row> {
         broker_state(),
         asks(),
         asks_refused(),
+        terminals(),
     ]
     .into_iter()
     .flatten()
@@ -535,6 +536,58 @@ fn strict_egress_refused() -> Vec<Row> {
             TierC,
             args(&["ls"]),
             Deny(INVALID, "egress.too_many_listeners"),
+        ),
+    ]
+}
+
+/// A terminal: the plan's in Tier C, refused where the sandbox has no /dev
+/// of its own, and of a window no terminal has.
+fn terminals() -> Vec<Row> {
+    use On::*;
+    use Want::*;
+    vec![
+        row(
+            "a terminal in Tier C: the plan's, of the asked window, with /dev",
+            "",
+            TierC,
+            |f: &Fixture| RunRequest {
+                terminal: Some(WindowSize { rows: 50, cols: 120 }),
+                ..f.request(&["ls"])
+            },
+            Allow(|r, _| {
+                assert_eq!(r.plan.terminal, Some(WindowSize { rows: 50, cols: 120 }));
+                assert!(r.plan.mounts.iter().any(|m| matches!(m, Mount::Dev { .. })));
+            }),
+        ),
+        row(
+            "a terminal in Tier B, which has no /dev of its own",
+            WARN,
+            NoUserNamespaces,
+            |f: &Fixture| RunRequest {
+                terminal: Some(WindowSize { rows: 24, cols: 80 }),
+                ..f.request(&["ls"])
+            },
+            Deny(UNAVAILABLE, "terminal.unavailable"),
+        ),
+        row(
+            "a terminal under Seatbelt",
+            "",
+            Seatbelt,
+            |f: &Fixture| RunRequest {
+                terminal: Some(WindowSize { rows: 24, cols: 80 }),
+                ..f.request(&["ls"])
+            },
+            Deny(UNAVAILABLE, "terminal.unavailable"),
+        ),
+        row(
+            "a terminal of no rows",
+            "",
+            TierC,
+            |f: &Fixture| RunRequest {
+                terminal: Some(WindowSize { rows: 0, cols: 80 }),
+                ..f.request(&["ls"])
+            },
+            Deny(ErrorKind::InvalidRequest, "request.terminal"),
         ),
     ]
 }

@@ -35,6 +35,7 @@ mod protocol_doc;
 mod python_client;
 mod stdin;
 mod system;
+mod terminal;
 mod warm;
 
 #[cfg(feature = "slow")]

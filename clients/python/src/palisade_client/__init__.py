@@ -1,7 +1,7 @@
 """A client for palisade's broker over its Unix socket (JSON lines).
 
 Standard library only. The protocol is docs/protocol.md of palisade; this
-package speaks versions 12 to 14 of it, and the broker answers with the
+package speaks versions 12 to 15 of it, and the broker answers with the
 highest both speak.
 
     from palisade_client import Client
@@ -19,7 +19,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union, cast
+from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 __all__ = [
     "Client",
@@ -33,13 +33,17 @@ __all__ = [
 ]
 
 #: The highest protocol version this package speaks.
-PROTOCOL_VERSION = 14
+PROTOCOL_VERSION = 15
 #: The lowest.
 OLDEST_PROTOCOL_VERSION = 12
 #: The exit status of palisade refusing or failing, as `palisade run` uses it.
 EXIT_PALISADE = 125
 #: The protocol version that streams a run's stdin while it runs.
 STREAMED_STDIN_VERSION = 14
+#: The protocol version that runs a command in a terminal.
+TERMINAL_VERSION = 15
+#: The most rows, and the most columns, of a terminal's window.
+WINDOW_MAX = 4096
 #: The most one streamed piece of stdin carries.
 STDIN_PIECE_BYTES = 64 * 1024
 
@@ -171,6 +175,8 @@ class Client:
         # on this connection are counted under the lock).
         self._sending = threading.Lock()
         self._runs_ended = 0
+        # Whether a run is in progress (sent, not yet answered).
+        self._running = False
         # Why a run's streamed stdin could not be read (its thread's error).
         self._stdin_failed: Optional[BaseException] = None
         # A buffered reader of the socket: lines, and raw output after them.
@@ -201,6 +207,7 @@ class Client:
     def _run_ended(self) -> None:
         with self._sending:
             self._runs_ended += 1
+            self._running = False
 
     def _feed(self, stdin: Union[BinaryIO, Iterable[bytes]], run: int) -> None:
         """Sends `stdin` as the pieces of `run`, then its end; stops once the
@@ -263,6 +270,7 @@ class Client:
         stdin: Stdin = b"",
         on_output: Optional[OutputHandler] = None,
         on_approval: Optional[ApprovalHandler] = None,
+        terminal: Optional[Tuple[int, int]] = None,
         **fields: Any,
     ) -> RunResult:
         """Runs `argv`; its working directory `cwd` (default: this process's)
@@ -274,14 +282,25 @@ class Client:
         (an iterable may wait for output first: a REPL's next line). Output
         goes to `on_output` as it comes, or is gathered in the result. A
         refusal raises PalisadeError; a run palisade ended (a deadline, a
-        quota) returns, its `status` saying which."""
+        quota) returns, its `status` saying which. `terminal=(rows, cols)`
+        runs it in a terminal of that window (protocol version 15): its
+        stdin is what is typed (b"\\x03" is Ctrl-C), always streamed, its
+        output all `stdout`; `resize` changes the window while it runs."""
         request: Json = {"argv": list(argv), "cwd": cwd or os.getcwd(), "raw_output": True}
         if workspace is not None:
             request["workspace"] = workspace
         if env is not None:
             request["env"] = dict(env)
         streamed: Optional[Union[BinaryIO, Iterable[bytes]]] = None
-        if isinstance(stdin, (bytes, bytearray)):
+        if terminal is not None:
+            if self.version < TERMINAL_VERSION:
+                raise PalisadeError(
+                    "ProtocolError",
+                    f"this broker speaks protocol version {self.version}; a terminal needs {TERMINAL_VERSION}",
+                )
+            # A terminal's input always streams: bytes are what is typed first.
+            streamed = [bytes(stdin)] if isinstance(stdin, (bytes, bytearray)) else stdin
+        elif isinstance(stdin, (bytes, bytearray)):
             if stdin:
                 request["stdin"] = _encode_bytes(bytes(stdin))
         elif self.version >= STREAMED_STDIN_VERSION:
@@ -295,7 +314,13 @@ class Client:
             if whole:
                 request["stdin"] = _encode_bytes(whole)
         request.update(fields)
-        self._send({"run_with_stdin" if streamed is not None else "run": request})
+        with self._sending:
+            self._running = True
+        if terminal is not None:
+            rows, cols = terminal
+            self._send({"run_in_terminal": {"run": request, "size": {"rows": rows, "cols": cols}}})
+        else:
+            self._send({"run_with_stdin" if streamed is not None else "run": request})
         self._stdin_failed = None
         try:
             result = self._events(streamed, on_output, on_approval)
@@ -315,6 +340,18 @@ class Client:
         if self._stdin_failed is not None:
             raise PalisadeError("RuntimeFailure", f"reading the run's stdin: {self._stdin_failed}") from self._stdin_failed
         return result
+
+    def resize(self, rows: int, cols: int) -> bool:
+        """The window of the terminal of the run in progress (`run`'s
+        `terminal`): the command gets SIGWINCH. From another thread, or an
+        `on_output` handler; False when no run is in progress."""
+        if not (1 <= rows <= WINDOW_MAX and 1 <= cols <= WINDOW_MAX):
+            raise ValueError(f"a terminal's rows and cols are 1 to {WINDOW_MAX} (got {rows} rows, {cols} cols)")
+        with self._sending:
+            if not self._running:
+                return False
+            run = self._runs_ended
+        return self._send({"resize": {"rows": rows, "cols": cols}}, run)
 
     def _events(
         self,

@@ -1,0 +1,219 @@
+//! A run in a terminal (`RunInTerminal`, `palisade run -t`): the command's
+//! stdin, stdout and stderr are one pseudo-terminal of the sandbox's own
+//! devpts; its window is the client's, and a `Resize` reaches it as
+//! SIGWINCH; Ctrl-C and Ctrl-Z typed into it signal its foreground process
+//! group; its output counts against the quota; TIOCSTI stays refused.
+
+use palisade_broker::cli::client::{Client, ClientError};
+use palisade_protocol::wire::{ClientMessage, ErrorKind, RunRequest, RunStatus, ServerMessage, WindowSize};
+use palisade_tests::*;
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+
+/// The profile whose runs may be a shell script.
+const SHELL: &str = "[profiles.sh]\nallow_interpreters = true\nallow_inline_code = true\n";
+
+const WINDOW: WindowSize = WindowSize { rows: 24, cols: 80 };
+
+/// `sh -c script` in a terminal of `WINDOW`, under `SHELL`'s profile.
+fn in_terminal(ws: &TempDir, script: &str) -> RunRequest {
+    RunRequest {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        profile: Some("sh".into()),
+        terminal: Some(WINDOW),
+        ..request(ws.path(), &[])
+    }
+}
+
+/// Runs `request` through `client`, its keyboard a pipe; `on_output` sees
+/// all the output so far after each piece, and says what to type (and
+/// whether to resize the window) next. Returns the status and the output.
+fn drive(
+    client: &mut Client,
+    request: RunRequest,
+    mut on_output: impl FnMut(&str) -> Option<(&'static [u8], Option<WindowSize>)>,
+) -> (RunStatus, String) {
+    let (keys, keyboard) = nix::unistd::pipe().unwrap();
+    let mut keyboard = std::fs::File::from(keyboard);
+    client.stream_stdin(Box::new(std::fs::File::from(keys)));
+    let control = client.canceller().unwrap();
+    let mut heard = Vec::new();
+    let result = client.run(request, |m| {
+        if let ServerMessage::Output { data, .. } = m {
+            heard.extend_from_slice(data);
+            if let Some((typed, window)) = on_output(&text(&heard)) {
+                if let Some(size) = window {
+                    assert!(control.resize(size), "the run is over");
+                }
+                keyboard.write_all(typed).unwrap();
+            }
+        }
+    });
+    (result.unwrap().status, text(&heard))
+}
+
+/// A program that reads its window (`stty size`) gets the client's, and a
+/// resize reaches it as SIGWINCH with the new size; its stdio is one
+/// terminal of the sandbox's devpts.
+#[test]
+fn a_terminal_program_reads_its_window_and_gets_a_resize() {
+    let ws = TempDir::new("tty-window");
+    let d = Daemon::start(SHELL);
+    let mut client = Client::connect(&d.socket).unwrap();
+    let script = "trap 'stty size; exit 7' WINCH; stty size; tty; [ -t 0 ] && [ -t 1 ] && [ -t 2 ] && \
+                  echo all-three; echo ready; while :; do sleep 0.05; done";
+    let mut resized = false;
+    let (status, out) = drive(&mut client, in_terminal(&ws, script), |heard| {
+        let ready = heard.contains("ready") && !std::mem::replace(&mut resized, true);
+        ready.then_some((&b""[..], Some(WindowSize { rows: 40, cols: 132 })))
+    });
+    assert_eq!(status, RunStatus::Exited { code: 7 }, "{out}\n{}", d.log());
+    // The terminal's own line discipline: "\r\n" at each line's end.
+    let lines: Vec<&str> = out.split("\r\n").collect();
+    assert_eq!(lines[0], "24 80", "{out:?}");
+    assert_eq!(lines[1], "/dev/pts/0", "the sandbox's own devpts: {out:?}");
+    assert_eq!(lines[2..4], ["all-three", "ready"], "{out:?}");
+    assert!(lines.contains(&"40 132"), "{out:?}");
+    // Without a terminal, the same script has none.
+    let piped = RunRequest { terminal: None, ..in_terminal(&ws, "tty; stty size") };
+    let mut out = Vec::new();
+    let r = client.run(piped, |m| {
+        if let ServerMessage::Output { data, .. } = m {
+            out.extend_from_slice(data)
+        }
+    });
+    assert_ne!(r.unwrap().status, RunStatus::Exited { code: 0 });
+    assert!(text(&out).contains("not a tty"), "{}", text(&out));
+}
+
+/// Ctrl-C typed into the terminal interrupts the foreground process group
+/// (SIGINT, by the terminal's line discipline), Ctrl-Z stops it (SIGTSTP);
+/// the same bytes on a pipe are only bytes.
+#[test]
+fn ctrl_c_and_ctrl_z_through_the_terminal_signal_the_command() {
+    let ws = TempDir::new("tty-signals");
+    let d = Daemon::start(SHELL);
+    let mut client = Client::connect(&d.socket).unwrap();
+    for (key, signal, code) in [(b"\x03", "INT", 9), (b"\x1a", "TSTP", 4)] {
+        let script = format!(
+            "trap 'echo got-{signal}; exit {code}' {signal}; echo ready; while :; do sleep 0.05; done"
+        );
+        let mut typed = false;
+        let (status, out) = drive(&mut client, in_terminal(&ws, &script), |heard| {
+            let ready = heard.contains("ready") && !std::mem::replace(&mut typed, true);
+            ready.then_some((&key[..], None))
+        });
+        assert_eq!(status, RunStatus::Exited { code }, "{out:?}\n{}", d.log());
+        assert!(out.contains(&format!("got-{signal}")), "{out:?}");
+    }
+    // On a pipe, Ctrl-C is a byte the command reads.
+    let piped = RunRequest { terminal: None, ..in_terminal(&ws, "head -c 1 | od -An -c") };
+    client.stream_stdin(Box::new(&b"\x03"[..]));
+    let mut out = Vec::new();
+    let r = client.run(piped, |m| {
+        if let ServerMessage::Output { data, .. } = m {
+            out.extend_from_slice(data)
+        }
+    });
+    assert_eq!(r.unwrap().status, RunStatus::Exited { code: 0 });
+    assert_eq!(text(&out).trim(), "003", "{}", text(&out));
+}
+
+/// What a command writes to its terminal counts against the output quota,
+/// as stdout would.
+#[test]
+fn output_through_a_terminal_counts_against_the_quota() {
+    let ws = TempDir::new("tty-quota");
+    let d = Daemon::start(SHELL);
+    let mut client = Client::connect(&d.socket).unwrap();
+    let flood = RunRequest { max_output_bytes: Some(4096), ..in_terminal(&ws, "timeout 60 yes") };
+    let (status, out) = drive(&mut client, flood, |_| None);
+    assert_eq!(status, RunStatus::QuotaExceeded, "{}", d.log());
+    assert_eq!(out.len(), 4096);
+}
+
+/// TIOCSTI on the run's own terminal is refused inside (seccomp), where
+/// the same probe on a terminal outside injects input.
+#[test]
+fn tiocsti_on_the_runs_terminal_fails() {
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let mut outside = Command::new(bin("probe"));
+    outside.arg("tiocsti").stdin(slave).stdout(Stdio::piped());
+    // SAFETY: setsid and ioctl(TIOCSCTTY) are async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut outside, || {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = outside.output().unwrap();
+    assert!(text(&out.stdout).starts_with("ok"), "outside: {out:?}");
+    let mut injected = [0u8; 1];
+    std::fs::File::from(pty.master).read_exact(&mut injected).unwrap();
+    assert_eq!(&injected, b"#");
+
+    let ws = TempDir::new("tty-tiocsti");
+    let d = Daemon::start("");
+    let mut client = Client::connect(&d.socket).unwrap();
+    let probe = RunRequest { terminal: Some(WINDOW), ..request(ws.path(), &["tiocsti"]) };
+    let (status, out) = drive(&mut client, probe, |_| None);
+    // The probe says what failed, and exits 1.
+    assert_eq!(status, RunStatus::Exited { code: 1 }, "{out:?}");
+    assert!(out.starts_with("err EPERM"), "TIOCSTI inside: {out:?}");
+}
+
+/// A window no terminal has is refused, naming the bounds, and the
+/// connection serves the next request; so is a terminal run that carries
+/// its stdin in the request.
+#[test]
+fn a_terminal_of_no_size_or_with_a_stdin_field_is_refused() {
+    let ws = TempDir::new("tty-refused");
+    let d = Daemon::start("");
+    let mut client = Client::connect(&d.socket).unwrap();
+    let run = request(ws.path(), &["env"]);
+    for (size, stdin, why) in [
+        (WindowSize { rows: 0, cols: 80 }, vec![], "rows and cols are 1 to 4096"),
+        (WindowSize { rows: 24, cols: 5000 }, vec![], "rows and cols are 1 to 4096"),
+        (WINDOW, b"x".to_vec(), "stdin messages"),
+    ] {
+        let run = RunRequest { stdin, ..run.clone() };
+        match client.request(&ClientMessage::RunInTerminal { run, size }) {
+            Err(ClientError::Reply(e)) => {
+                assert_eq!(e.kind, ErrorKind::InvalidRequest, "{e:?}");
+                assert!(e.message.contains(why), "{}", e.message);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let r = client.run(RunRequest { argv: vec!["true".into()], ..run }, |_| {}).unwrap();
+    assert_eq!(r.status, RunStatus::Exited { code: 0 });
+}
+
+/// `palisade run -t`, through a daemon and embedded: the command's stdio is
+/// a terminal (24x80 when palisade's own is none), and `-T` leaves pipes.
+#[test]
+fn palisade_run_t_gives_the_command_a_terminal() {
+    let ws = TempDir::new("tty-cli");
+    let d = Daemon::start(SHELL);
+    let policy = ws.join("policy.toml");
+    std::fs::write(&policy, format!("{}\n{SHELL}", base_config())).unwrap();
+    let script = "stty size; tty";
+    for route in [["--socket", d.socket.to_str().unwrap()], ["--policy", policy.to_str().unwrap()]] {
+        let pre = ["run", route[0], route[1], "--profile", "sh", "-t"];
+        let o = palisade_cli(ws.path(), &pre, &["sh", "-c", script], None);
+        assert_eq!((o.status.code(), text(&o.stdout)), (Some(0), "24 80\r\n/dev/pts/0\r\n".into()), "{o:?}");
+        let pre = ["run", route[0], route[1], "--profile", "sh", "-T"];
+        let o = palisade_cli(ws.path(), &pre, &["sh", "-c", "tty"], None);
+        assert_eq!((o.status.code(), text(&o.stdout)), (Some(1), "not a tty\n".into()), "{o:?}");
+    }
+}
+
+/// As root, the suite again as the unprivileged test user.
+#[test]
+fn the_terminal_suite_passes_as_an_unprivileged_user() {
+    rerun_unprivileged(module_path!(), "the_terminal_suite_passes_as_an_unprivileged_user");
+}
