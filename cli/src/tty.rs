@@ -36,11 +36,11 @@ pub fn window() -> Option<WindowSize> {
     })
 }
 
-/// Calls `each` with the new window whenever this terminal is resized
-/// (SIGWINCH), from a thread of its own, until `each` returns `false`.
-/// SIGWINCH is blocked in the calling thread and so in every thread it
-/// starts afterwards: call it before starting any other.
-pub fn on_resize(mut each: impl FnMut(WindowSize) -> bool + Send + 'static) {
+/// Blocks SIGWINCH in the calling thread, and so in every thread it starts
+/// afterwards, for [`on_resize`]'s thread alone to take: a thread that did
+/// not block it would take it and drop it (its default is to be ignored).
+/// Call it before any other thread starts; `None` if it could not be.
+pub fn block_resizes() -> Option<libc::sigset_t> {
     // SAFETY: an empty set is initialised by sigemptyset before any other use.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is a valid sigset_t for these calls, which only write
@@ -50,9 +50,15 @@ pub fn on_resize(mut each: impl FnMut(WindowSize) -> bool + Send + 'static) {
         libc::sigaddset(&mut set, libc::SIGWINCH);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
     };
-    if blocked != 0 {
-        return;
-    }
+    (blocked == 0).then_some(set)
+}
+
+/// Calls `each` with the new window whenever this terminal is resized
+/// (SIGWINCH), from a thread of its own, until `each` returns `false`.
+/// SIGWINCH is blocked ([`block_resizes`]) in the calling thread: call
+/// that before any other thread starts (a helper's spawn resets it).
+pub fn on_resize(mut each: impl FnMut(WindowSize) -> bool + Send + 'static) {
+    let Some(set) = block_resizes() else { return };
     std::thread::spawn(move || {
         loop {
             let mut signal = 0;

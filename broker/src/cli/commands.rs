@@ -275,6 +275,11 @@ fn run(args: RunArgs) -> i32 {
 /// A broker inside this process, under `config`.
 fn embedded(mut config: Config, mut request: RunRequest, mut render: Render, args: &RunArgs) -> i32 {
     crate::serve::daemon::init_tracing("warn");
+    // Before the broker's threads start: they must not take a resize (see tty::on_resize).
+    #[cfg(unix)]
+    if request.terminal.is_some() {
+        palisade_cli::tty::block_resizes();
+    }
     // One run: its helper is started while the broker decides, and no other.
     config.broker.prespawn = 0;
     // Nor a copy of /etc kept for runs to come: binding the entries is cheaper once.
@@ -286,7 +291,7 @@ fn embedded(mut config: Config, mut request: RunRequest, mut render: Render, arg
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),
     };
     let (uid, gid) = (broker.context.uid, broker.context.gid);
-    // Before the runtime's threads: a terminal's resizes are watched from here on.
+    // A terminal's resizes are watched from here on.
     let mut stdin = crate::cli::run::own_input(&request, args.no_stdin);
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,

@@ -8,6 +8,7 @@ use palisade_broker::cli::client::{Client, ClientError};
 use palisade_protocol::wire::{ClientMessage, ErrorKind, RunRequest, RunStatus, ServerMessage, WindowSize};
 use palisade_tests::*;
 use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 
 /// The profile whose runs may be a shell script.
@@ -216,4 +217,78 @@ fn palisade_run_t_gives_the_command_a_terminal() {
 #[test]
 fn the_terminal_suite_passes_as_an_unprivileged_user() {
     rerun_unprivileged(module_path!(), "the_terminal_suite_passes_as_an_unprivileged_user");
+}
+
+/// `palisade run` at a terminal (its stdin, stdout and stderr one, its
+/// controlling terminal) gives the command a terminal by itself, this
+/// terminal's size; a resize of this terminal reaches the command; keys
+/// go through raw (Ctrl-C is the command's, not palisade's); and this
+/// terminal is back in its own mode when palisade ends. Through a daemon
+/// and embedded.
+#[test]
+fn palisade_run_at_a_terminal_gives_the_command_one_and_passes_its_resizes() {
+    let ws = TempDir::new("tty-auto");
+    let d = Daemon::start(SHELL);
+    let policy = ws.join("policy.toml");
+    std::fs::write(&policy, format!("{}\n{SHELL}", base_config())).unwrap();
+    let script = "trap 'stty size; exit 7' WINCH; trap 'echo got-INT' INT; stty size; echo ready; \
+                  while :; do sleep 0.05; done";
+    for route in [["--socket", d.socket.to_str().unwrap()], ["--policy", policy.to_str().unwrap()]] {
+        let window = nix::pty::Winsize { ws_row: 30, ws_col: 100, ws_xpixel: 0, ws_ypixel: 0 };
+        let pty = nix::pty::openpty(Some(&window), None).unwrap();
+        let before = nix::sys::termios::tcgetattr(&pty.slave).unwrap();
+        let slave = std::fs::File::from(pty.slave);
+        let mut cmd = Command::new("timeout");
+        cmd.arg("120").arg(bin("palisade")).args(["run", route[0], route[1], "--profile", "sh", "--"]);
+        cmd.args(["sh", "-c", script]).current_dir(ws.path());
+        cmd.stdin(slave.try_clone().unwrap()).stdout(slave.try_clone().unwrap());
+        cmd.stderr(slave.try_clone().unwrap());
+        // SAFETY: setsid and ioctl(TIOCSCTTY) are async-signal-safe.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        drop(cmd);
+        let master = std::fs::File::from(pty.master);
+        let mut reader = master.try_clone().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = reader.read(&mut buf) {
+                let _ = tx.send(buf[..n].to_vec());
+            }
+        });
+        let mut heard = Vec::new();
+        let wait_for = |what: &str, heard: &mut Vec<u8>| {
+            while !text(heard).contains(what) {
+                match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+                    Ok(piece) => heard.extend(piece),
+                    Err(e) => panic!("{route:?}: {e} waiting for {what:?} in {:?}", text(heard)),
+                }
+            }
+        };
+        wait_for("ready", &mut heard);
+        // Ctrl-C typed here is the command's: it says so and goes on.
+        (&master).write_all(b"\x03").unwrap();
+        wait_for("got-INT", &mut heard);
+        let resized = nix::pty::Winsize { ws_row: 40, ws_col: 132, ws_xpixel: 0, ws_ypixel: 0 };
+        // SAFETY: TIOCSWINSZ reads one winsize through the pointer, a local that outlives the call.
+        assert_eq!(unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &resized) }, 0);
+        wait_for("40 132", &mut heard);
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(7), "{route:?}: {:?}", text(&heard));
+        assert!(text(&heard).contains("30 100\r\n"), "{route:?}: {:?}", text(&heard));
+        let after = nix::sys::termios::tcgetattr(&slave).unwrap();
+        assert_eq!(
+            (after.local_flags, after.input_flags),
+            (before.local_flags, before.input_flags),
+            "{route:?}"
+        );
+    }
 }
