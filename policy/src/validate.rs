@@ -628,7 +628,7 @@ fn inline_code(f: Family, args: &[String], stdin_given: bool) -> Option<String> 
     let (letters, stop, long, valued) = code_options(f);
     let mut i = 0;
     let mut operand = None;
-    while i < args.len() {
+    'args: while i < args.len() {
         let a = &args[i];
         let lower = a.to_ascii_lowercase();
         if a == "-" {
@@ -641,9 +641,15 @@ fn inline_code(f: Family, args: &[String], stdin_given: bool) -> Option<String> 
             return Some(a.clone());
         }
         if let Some(cluster) = a.strip_prefix('-').filter(|c| !c.starts_with('-') && !c.is_empty()) {
-            for ch in cluster.chars() {
+            for (at, ch) in cluster.char_indices() {
                 if letters.contains(ch) {
                     return Some(a.clone());
+                }
+                // `python -m MODULE`: the module is the script, whatever follows is its.
+                if f == Family::Python && ch == 'm' {
+                    let module = &cluster[at + 1..];
+                    operand = if module.is_empty() { args.get(i + 1).cloned() } else { Some(module.into()) };
+                    break 'args;
                 }
                 if stop.contains(ch) {
                     break;
@@ -1188,6 +1194,9 @@ mod tests {
             ("bash", &["-x", "build.sh"], true),
             ("sh", &["-o", "errexit", "build.sh"], false),
             ("python3", &["-m", "pytest"], false),
+            // A module to run is a script, with stdin given too (a terminal's).
+            ("python3", &["-m", "pytest", "-x"], true),
+            ("python3", &["-B", "-mjson.tool", "--help"], true),
             ("python3", &["-W", "ignore", "tool.py"], true),
             ("node", &["-r", "ts-node/register", "app.ts"], false),
             ("perl", &["-I", "lib", "script.pl"], false),

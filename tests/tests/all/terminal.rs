@@ -234,28 +234,11 @@ fn palisade_run_at_a_terminal_gives_the_command_one_and_passes_its_resizes() {
     let script = "trap 'stty size; exit 7' WINCH; trap 'echo got-INT' INT; stty size; echo ready; \
                   while :; do sleep 0.05; done";
     for route in [["--socket", d.socket.to_str().unwrap()], ["--policy", policy.to_str().unwrap()]] {
-        let window = nix::pty::Winsize { ws_row: 30, ws_col: 100, ws_xpixel: 0, ws_ypixel: 0 };
-        let pty = nix::pty::openpty(Some(&window), None).unwrap();
-        let before = nix::sys::termios::tcgetattr(&pty.slave).unwrap();
-        let slave = std::fs::File::from(pty.slave);
         let mut cmd = Command::new("timeout");
         cmd.arg("120").arg(bin("palisade")).args(["run", route[0], route[1], "--profile", "sh", "--"]);
         cmd.args(["sh", "-c", script]).current_dir(ws.path());
-        cmd.stdin(slave.try_clone().unwrap()).stdout(slave.try_clone().unwrap());
-        cmd.stderr(slave.try_clone().unwrap());
-        // SAFETY: setsid and ioctl(TIOCSCTTY) are async-signal-safe.
-        unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-                nix::unistd::setsid().map_err(std::io::Error::from)?;
-                if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().unwrap();
-        drop(cmd);
-        let master = std::fs::File::from(pty.master);
+        let (mut child, master, slave) = at_a_terminal(cmd, 30, 100);
+        let before = nix::sys::termios::tcgetattr(&slave).unwrap();
         let mut reader = master.try_clone().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -290,5 +273,66 @@ fn palisade_run_at_a_terminal_gives_the_command_one_and_passes_its_resizes() {
             (before.local_flags, before.input_flags),
             "{route:?}"
         );
+    }
+}
+
+/// `cmd` started at a terminal of its own of `rows` by `cols` (its stdin,
+/// stdout and stderr, and its controlling terminal, in a new session): the
+/// child, the terminal's master and its other end.
+fn at_a_terminal(
+    mut cmd: Command,
+    rows: u16,
+    cols: u16,
+) -> (std::process::Child, std::fs::File, std::fs::File) {
+    let window = nix::pty::Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+    let pty = nix::pty::openpty(Some(&window), None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    cmd.stdin(slave.try_clone().unwrap()).stdout(slave.try_clone().unwrap());
+    cmd.stderr(slave.try_clone().unwrap());
+    // SAFETY: setsid and ioctl(TIOCSCTTY) are async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    (child, std::fs::File::from(pty.master), slave)
+}
+
+/// Where the sandbox has no /dev of its own (Tier B: here a broker told
+/// not to use user namespaces), `-t` is refused with the reason and the
+/// way out, and the terminal `palisade run` would choose by itself is left
+/// out: the command runs with pipes. Through a daemon and embedded.
+#[test]
+fn without_a_dev_of_its_own_a_terminal_is_refused_when_asked_and_left_out_when_chosen() {
+    let dir = TempDir::new("tty-tier-b");
+    // Tier B runs a root broker's command as its sandbox ids, on the host: a workspace they reach.
+    let ws = shared_workspace(&dir, "ws");
+    let tier_b =
+        format!("[broker]\nuser_namespaces = false\n[policy]\nfallback = \"warn_and_execute\"\n{SHELL}");
+    let d = Daemon::start(&tier_b);
+    let policy = dir.join("policy.toml");
+    std::fs::write(&policy, tier_b.replacen("[policy]", &format!("{}\n[policy]", base_config()), 1)).unwrap();
+    for route in [["--socket", d.socket.to_str().unwrap()], ["--policy", policy.to_str().unwrap()]] {
+        let o = palisade_cli(&ws, &["run", route[0], route[1], "--profile", "sh", "-t"], &["true"], None);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{route:?}: {o:?}");
+        assert!(err.contains("Unavailable") && err.contains("palisade run -T"), "{route:?}: {err}");
+        let mut cmd = Command::new("timeout");
+        cmd.arg("120").arg(bin("palisade")).args(["run", route[0], route[1], "--profile", "sh", "--"]);
+        cmd.args(["sh", "-c", "tty; echo done"]).current_dir(&ws);
+        let (mut child, master, slave) = at_a_terminal(cmd, 24, 80);
+        let status = child.wait().unwrap();
+        // Its end of the terminal closed, the master reads what is left, then EIO.
+        drop(slave);
+        let mut out = Vec::new();
+        let _ = (&master).read_to_end(&mut out);
+        let out = text(&out);
+        assert_eq!(status.code(), Some(0), "{route:?}: {out:?}");
+        assert!(out.contains("not a tty") && out.contains("done"), "{route:?}: {out:?}");
     }
 }
