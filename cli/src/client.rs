@@ -262,6 +262,12 @@ impl Client {
         self.finish_hello()
     }
 
+    /// Whether the broker, greeted, runs commands in a terminal (protocol
+    /// version 15 or later).
+    pub fn speaks_terminal(&self) -> bool {
+        self.version.is_some_and(|v| v >= TERMINAL_VERSION)
+    }
+
     fn finish_hello(&mut self) -> Result<(), ClientError> {
         if !std::mem::take(&mut self.hello_pending) {
             return Ok(());

@@ -146,8 +146,8 @@ fn ask_requester(ask: crate::client::Ask<'_>) -> Option<bool> {
 /// A run through a broker's socket, shown by `render`. Its stdin is this
 /// process's, streamed while it runs (`request.stdin_streamed`; nothing
 /// with `--no-stdin`). A terminal the CLI chose by itself (no `-t`) that
-/// the broker cannot give (Tier B) is done without: the run is asked
-/// again, with pipes.
+/// the broker cannot give (Tier B, or a broker older than terminals) is
+/// done without: the run is asked again, with pipes.
 pub fn via_socket(mut client: Client, mut request: RunRequest, mut render: Render, args: &RunArgs) -> i32 {
     if !render.json() {
         // Large output into a pipe (`palisade run ... | next`) is spliced:
@@ -156,6 +156,11 @@ pub fn via_socket(mut client: Client, mut request: RunRequest, mut render: Rende
             // SAFETY: the standard streams stay open for the process's whole life.
             client.splice_output_to(stream, unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) });
         }
+    }
+    // A terminal chosen by itself is left out where the broker is older than terminals.
+    if request.terminal.is_some() && !args.tty && client.greet().is_ok() && !client.speaks_terminal() {
+        request.terminal = None;
+        request.stdin_streamed = crate::args::streams_stdin(args);
     }
     let outcome = loop {
         match once(&mut client, request.clone(), &mut render, args.no_stdin) {

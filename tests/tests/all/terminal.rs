@@ -336,3 +336,39 @@ fn without_a_dev_of_its_own_a_terminal_is_refused_when_asked_and_left_out_when_c
         assert!(out.contains("not a tty") && out.contains("done"), "{route:?}: {out:?}");
     }
 }
+
+/// A broker older than terminals (version 14, here a fake one on a socket
+/// of the test's own) is not asked for one: `palisade run` at a terminal
+/// sends it a `run`, with no stdin (a terminal's is not streamed without
+/// one), as before terminals.
+#[test]
+fn a_broker_older_than_terminals_is_not_asked_for_one() {
+    use palisade_protocol::wire::{Decoder, Encoding, ErrorReply, ServerHello, encode};
+    let dir = TempDir::new("tty-old-broker");
+    let socket = dir.join("old.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut d = Decoder::new(Some(Encoding::Bincode));
+        let mut next = |conn: &mut std::os::unix::net::UnixStream| loop {
+            if let Some(m) = d.next_message::<ClientMessage>().unwrap() {
+                return m;
+            }
+            assert!(d.read_from(conn, 4096).unwrap() > 0, "the client left");
+        };
+        assert!(matches!(next(&mut conn), ClientMessage::Hello(_)));
+        let hello =
+            ServerHello { version: 14, broker: "palisaded 0.0.14".into(), encoding: Encoding::Bincode };
+        conn.write_all(&encode(&ServerMessage::Hello(hello), Encoding::Bincode).unwrap()).unwrap();
+        let asked = next(&mut conn).name();
+        let refusal = ErrorReply::new(ErrorKind::Unavailable, "a fake broker runs nothing");
+        conn.write_all(&encode(&ServerMessage::Error(refusal), Encoding::Bincode).unwrap()).unwrap();
+        asked
+    });
+    let mut cmd = Command::new("timeout");
+    cmd.arg("60").arg(bin("palisade")).args(["run", "--socket", socket.to_str().unwrap(), "--", "true"]);
+    cmd.current_dir(dir.path());
+    let (mut child, _master, _slave) = at_a_terminal(cmd, 24, 80);
+    assert_eq!(child.wait().unwrap().code(), Some(125));
+    assert_eq!(server.join().unwrap(), "run");
+}
