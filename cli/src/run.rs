@@ -202,9 +202,15 @@ fn once(
         client.stream_stdin(source);
     }
     let terminal = request.terminal.is_some();
+    // Resizes go once the run has started (before, the broker may be
+    // asking for an approval); the window then is sent at `started`.
+    let started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     if terminal && let Ok(resizer) = client.canceller() {
-        crate::tty::on_resize(move |size| resizer.resize(size));
+        let started = std::sync::Arc::clone(&started);
+        let on = move |size| !started.load(std::sync::atomic::Ordering::Acquire) || resizer.resize(size);
+        crate::tty::on_resize(on);
     }
+    let at_start = client.canceller();
     // Its reader gone (`palisade run ... | head`), the run is cancelled, as
     // SIGPIPE ends a command whose reader left: its writes are held, as a
     // cancelled run's are, and said on stderr.
@@ -219,7 +225,14 @@ fn once(
             }
         }
         Event::Message(palisade_protocol::wire::ServerMessage::Started { .. }) if terminal => {
-            raw = crate::tty::Raw::enter();
+            started.store(true, std::sync::atomic::Ordering::Release);
+            if let (Some(size), Ok(c)) = (crate::tty::window(), &at_start) {
+                c.resize(size);
+            }
+            // Without input (`-t -n`), this terminal keeps its own keys: Ctrl-C ends palisade.
+            if !no_stdin {
+                raw = crate::tty::Raw::enter();
+            }
         }
         Event::Message(_) => {}
     };

@@ -619,6 +619,10 @@ fn code_options(f: Family) -> (&'static str, &'static str, &'static [&'static st
     }
 }
 
+/// Python modules that, run with `-m`, read code from their stdin: a REPL.
+const PYTHON_REPL_MODULES: &[&str] =
+    &["code", "pdb", "asyncio", "idlelib", "IPython", "ipython", "ptpython", "bpython", "jupyter_console"];
+
 /// Whether the arguments of an interpreter hand it code inline (`-c`, `-e`,
 /// `--eval`, ...), or on stdin (`-`, or no script operand with stdin given).
 fn inline_code(f: Family, args: &[String], stdin_given: bool) -> Option<String> {
@@ -645,10 +649,18 @@ fn inline_code(f: Family, args: &[String], stdin_given: bool) -> Option<String> 
                 if letters.contains(ch) {
                     return Some(a.clone());
                 }
-                // `python -m MODULE`: the module is the script, whatever follows is its.
+                // `python -m MODULE`: the module is the script, whatever follows
+                // is its; but a REPL's module reads code from its stdin.
                 if f == Family::Python && ch == 'm' {
                     let module = &cluster[at + 1..];
                     operand = if module.is_empty() { args.get(i + 1).cloned() } else { Some(module.into()) };
+                    let root = operand.as_deref().map(|m| m.split('.').next().unwrap_or(m));
+                    if stdin_given && root.is_some_and(|r| PYTHON_REPL_MODULES.contains(&r)) {
+                        return Some(format!(
+                            "-m {} (a REPL reading code on stdin)",
+                            operand.unwrap_or_default()
+                        ));
+                    }
                     break 'args;
                 }
                 if stop.contains(ch) {
@@ -1168,6 +1180,10 @@ mod tests {
             ("python3", &["-c", "print(1)"], false),
             ("python3", &["-Bc", "print(1)"], false),
             ("python3", &[], true),
+            ("python3", &["-m", "code"], true),
+            ("python3", &["-mpdb", "x.py"], true),
+            ("python3", &["-m", "asyncio"], true),
+            ("python3", &["-m", "IPython"], true),
             ("node", &["-e", "1"], false),
             ("node", &["--eval=1"], false),
             ("node", &["-p", "1"], false),

@@ -12,7 +12,7 @@ use std::fmt;
 /// First bytes of every encoded plan.
 pub const PLAN_MAGIC: [u8; 4] = *b"PJP\x01";
 /// Bumped on every incompatible change of [`JailPlan`].
-pub const PLAN_VERSION: u32 = 5;
+pub const PLAN_VERSION: u32 = 6;
 /// Largest encoded plan the helper accepts (seccomp program included).
 pub const PLAN_MAX_BYTES: usize = 1 << 20;
 /// Most descriptors a plan may come with: what one `SCM_RIGHTS` message

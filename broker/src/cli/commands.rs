@@ -292,7 +292,7 @@ fn embedded(mut config: Config, mut request: RunRequest, mut render: Render, arg
     };
     let (uid, gid) = (broker.context.uid, broker.context.gid);
     // A terminal's resizes are watched from here on.
-    let mut stdin = crate::cli::run::own_input(&request, args.no_stdin);
+    let mut own = crate::cli::run::own_input(&request, args.no_stdin);
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => return fail(ErrorKind::RuntimeFailure, e),
@@ -313,7 +313,7 @@ fn embedded(mut config: Config, mut request: RunRequest, mut render: Render, arg
             {
                 request.terminal = None;
                 request.stdin_streamed = palisade_cli::args::streams_stdin(args);
-                stdin = stdin.filter(|_| request.stdin_streamed);
+                own = own.filter(|_| request.stdin_streamed);
                 broker.decide(&peer, &request)?
             }
             decided => decided?,
@@ -324,7 +324,10 @@ fn embedded(mut config: Config, mut request: RunRequest, mut render: Render, arg
             // Only an approver answers here.
             decided.approver_approved = true;
         }
-        let sink = &mut RenderSink::new(&mut render, stdin, request.terminal.is_some());
+        let stdin = own.map(crate::cli::run::OwnInput::start);
+        // Without input (`-t -n`), this terminal keeps its own keys: Ctrl-C ends palisade.
+        let raw = request.terminal.is_some() && !args.no_stdin;
+        let sink = &mut RenderSink::new(&mut render, stdin, raw);
         broker.execute(&peer, decided, &request, sink, cancel).await
     });
     // Not waiting for an output write given up on (a reader that never reads).

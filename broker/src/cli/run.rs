@@ -128,11 +128,12 @@ impl<'a> RenderSink<'a> {
 }
 
 /// This process's stdin as a run's streamed input (`request.stdin_streamed`),
-/// read by a thread of its own at the pace the command takes it (any size:
-/// it is never held whole); with `no_stdin`, none. In a terminal, its end
-/// is said (the terminal takes no more input) and this terminal's resizes
-/// follow: call it before any other thread starts (see `tty::on_resize`).
-pub fn own_input(request: &RunRequest, no_stdin: bool) -> Option<StdinPieces> {
+/// read by a thread of its own from [`OwnInput::start`] on, at the pace the
+/// command takes it (any size: it is never held whole); with `no_stdin`,
+/// none. In a terminal, its end is said (the terminal takes no more input)
+/// and this terminal's resizes follow from now: call it before any other
+/// thread starts (see `tty::on_resize`).
+pub fn own_input(request: &RunRequest, no_stdin: bool) -> Option<OwnInput> {
     if !request.stdin_streamed {
         return None;
     }
@@ -143,21 +144,38 @@ pub fn own_input(request: &RunRequest, no_stdin: bool) -> Option<StdinPieces> {
         let resizes = tx.clone();
         palisade_cli::tty::on_resize(move |size| resizes.blocking_send(Piece::Resize(size)).is_ok());
     }
-    std::thread::spawn(move || {
-        let sent = |piece: &[u8]| tx.blocking_send(Piece::Data(piece.to_vec())).is_ok();
-        // Unreadable: said, and the command reads end of file there.
-        let read = match no_stdin {
-            true => Ok(true),
-            false => palisade_cli::args::read_pieces(&mut std::io::stdin().lock(), sent),
-        };
-        if let Err(e) = read {
-            eprintln!("palisade: reading stdin: {e}: the command's stdin ends here");
-        }
-        if terminal {
-            let _ = tx.blocking_send(Piece::End);
-        }
-    });
-    Some(rx)
+    Some(OwnInput { tx, rx, no_stdin, terminal })
+}
+
+/// This process's stdin, to be read for a run (see [`own_input`]).
+pub struct OwnInput {
+    tx: tokio::sync::mpsc::Sender<Piece>,
+    rx: StdinPieces,
+    no_stdin: bool,
+    terminal: bool,
+}
+
+impl OwnInput {
+    /// Reads this process's stdin from now on (not before: an approval's
+    /// question is answered on the terminal first), as the run's pieces.
+    pub fn start(self) -> StdinPieces {
+        let OwnInput { tx, rx, no_stdin, terminal } = self;
+        std::thread::spawn(move || {
+            let sent = |piece: &[u8]| tx.blocking_send(Piece::Data(piece.to_vec())).is_ok();
+            // Unreadable: said, and the command reads end of file there.
+            let read = match no_stdin {
+                true => Ok(true),
+                false => palisade_cli::args::read_pieces(&mut std::io::stdin().lock(), sent),
+            };
+            if let Err(e) = read {
+                eprintln!("palisade: reading stdin: {e}: the command's stdin ends here");
+            }
+            if terminal {
+                let _ = tx.blocking_send(Piece::End);
+            }
+        });
+        rx
+    }
 }
 
 /// How many pieces of this process's stdin wait for the command ahead of

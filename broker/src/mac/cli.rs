@@ -108,7 +108,7 @@ pub fn palisade(cli: Cli) -> i32 {
         let cancel = async move {
             tokio::select! { _ = a.recv() => {}, _ = b.recv() => {}, _ = c.recv() => {} }
         };
-        let stdin = crate::cli::run::own_input(&request, false);
+        let stdin = crate::cli::run::own_input(&request, false).map(crate::cli::run::OwnInput::start);
         let ran = broker.run(&me, &request, &mut RenderSink::new(&mut render, stdin, false), cancel).await;
         ran.map_err(palisade_protocol::wire::ErrorReply::from)
     });

@@ -707,6 +707,8 @@ impl<E: Executor> Server<E> {
                 Ok(Some(ClientMessage::Cancel)) => {
                     Answer { approved: false, by_uid, by_approver, why: "cancelled".into() }
                 }
+                // A terminal's window changed while the question waits: nothing to answer.
+                Ok(Some(ClientMessage::Resize(_))) => continue,
                 Ok(Some(other)) => refused(format!("the client answered {}", other.name())),
                 Ok(None) => refused("the client is gone".into()),
                 Err(e) => refused(format!("the client's answer is not a message: {e}")),

@@ -218,10 +218,10 @@ impl Inbound {
 
     /// Completes when the client disconnects or sends `Cancel` (or anything
     /// else: a run in progress accepts nothing but a cancel). A late
-    /// `Approve` (a prompt answered after an approver elsewhere did) is
-    /// passed over.
+    /// `Approve` (a prompt answered after an approver elsewhere did) and a
+    /// `Resize` (a run with no terminal has no window) are passed over.
     pub async fn client_gone(&mut self) {
-        while let Ok(Some(ClientMessage::Approve { .. })) = self.next().await {}
+        while let Ok(Some(ClientMessage::Approve { .. } | ClientMessage::Resize(_))) = self.next().await {}
     }
 
     /// [`Inbound::client_gone`] for a run whose client streams its stdin

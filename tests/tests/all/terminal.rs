@@ -372,3 +372,24 @@ fn a_broker_older_than_terminals_is_not_asked_for_one() {
     assert_eq!(child.wait().unwrap().code(), Some(125));
     assert_eq!(server.join().unwrap(), "run");
 }
+
+/// A `resize` sent during a run with no terminal changes nothing: the run
+/// goes on to its end (any other message would end it).
+#[test]
+fn a_resize_in_a_run_with_no_terminal_is_passed_over() {
+    let ws = TempDir::new("tty-resize-piped");
+    let d = Daemon::start(SHELL);
+    let mut client = Client::connect(&d.socket).unwrap();
+    let control = client.canceller().unwrap();
+    let piped = RunRequest { terminal: None, ..in_terminal(&ws, "echo ready; sleep 0.5; echo done") };
+    let mut out = Vec::new();
+    let r = client.run(piped, |m| {
+        if let ServerMessage::Output { data, .. } = m {
+            out.extend_from_slice(data);
+            if text(&out).contains("ready") {
+                control.resize(WindowSize { rows: 40, cols: 132 });
+            }
+        }
+    });
+    assert_eq!((r.unwrap().status, text(&out)), (RunStatus::Exited { code: 0 }, "ready\ndone\n".into()));
+}

@@ -175,7 +175,7 @@ class Client:
         # on this connection are counted under the lock).
         self._sending = threading.Lock()
         self._runs_ended = 0
-        # Whether a run is in progress (sent, not yet answered).
+        # Whether a run is in progress (started, not yet answered).
         self._running = False
         # Why a run's streamed stdin could not be read (its thread's error).
         self._stdin_failed: Optional[BaseException] = None
@@ -314,8 +314,6 @@ class Client:
             if whole:
                 request["stdin"] = _encode_bytes(whole)
         request.update(fields)
-        with self._sending:
-            self._running = True
         if terminal is not None:
             rows, cols = terminal
             self._send({"run_in_terminal": {"run": request, "size": {"rows": rows, "cols": cols}}})
@@ -344,7 +342,8 @@ class Client:
     def resize(self, rows: int, cols: int) -> bool:
         """The window of the terminal of the run in progress (`run`'s
         `terminal`): the command gets SIGWINCH. From another thread, or an
-        `on_output` handler; False when no run is in progress."""
+        `on_output` handler; False when no run has started and not ended
+        (before `started` the broker may be asking for an approval)."""
         if not (1 <= rows <= WINDOW_MAX and 1 <= cols <= WINDOW_MAX):
             raise ValueError(f"a terminal's rows and cols are 1 to {WINDOW_MAX} (got {rows} rows, {cols} cols)")
         with self._sending:
@@ -382,9 +381,12 @@ class Client:
                 approved = bool(on_approval(question)) if on_approval is not None else False
                 if question.get("may_answer"):
                     self._send({"approve": {"approved": approved}})
-            elif "started" in message and streamed is not None:
-                threading.Thread(target=self._feed, args=(streamed, self._runs_ended), daemon=True).start()
-                streamed = None
+            elif "started" in message:
+                with self._sending:
+                    self._running = True
+                if streamed is not None:
+                    threading.Thread(target=self._feed, args=(streamed, self._runs_ended), daemon=True).start()
+                    streamed = None
             elif "finished" in message:
                 return _result(message["finished"], gathered, approvals)
             elif "error" in message:
