@@ -237,7 +237,7 @@ fn palisade_run_at_a_terminal_gives_the_command_one_and_passes_its_resizes() {
         let mut cmd = Command::new("timeout");
         cmd.arg("120").arg(bin("palisade")).args(["run", route[0], route[1], "--profile", "sh", "--"]);
         cmd.args(["sh", "-c", script]).current_dir(ws.path());
-        let (mut child, master, slave) = at_a_terminal(cmd, 30, 100);
+        let (mut child, master, slave, _journal) = at_a_terminal(cmd, 30, 100);
         let before = nix::sys::termios::tcgetattr(&slave).unwrap();
         let mut reader = master.try_clone().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -277,13 +277,16 @@ fn palisade_run_at_a_terminal_gives_the_command_one_and_passes_its_resizes() {
 }
 
 /// `cmd` started at a terminal of its own of `rows` by `cols` (its stdin,
-/// stdout and stderr, and its controlling terminal, in a new session): the
-/// child, the terminal's master and its other end.
+/// stdout and stderr, and its controlling terminal, in a new session), its
+/// journal and state a scratch one, never the host's: the child, the
+/// terminal's master and its other end, and the scratch directory.
 fn at_a_terminal(
     mut cmd: Command,
     rows: u16,
     cols: u16,
-) -> (std::process::Child, std::fs::File, std::fs::File) {
+) -> (std::process::Child, std::fs::File, std::fs::File, TempDir) {
+    let (journal_dir, journal) = scratch_journal(None);
+    cmd.env("PALISADE_STATE", state_beside(&journal)).env("PALISADE_JOURNAL", &journal);
     let window = nix::pty::Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
     let pty = nix::pty::openpty(Some(&window), None).unwrap();
     let slave = std::fs::File::from(pty.slave);
@@ -300,7 +303,7 @@ fn at_a_terminal(
         });
     }
     let child = cmd.spawn().unwrap();
-    (child, std::fs::File::from(pty.master), slave)
+    (child, std::fs::File::from(pty.master), slave, journal_dir)
 }
 
 /// Where the sandbox has no /dev of its own (Tier B: here a broker told
@@ -325,7 +328,7 @@ fn without_a_dev_of_its_own_a_terminal_is_refused_when_asked_and_left_out_when_c
         let mut cmd = Command::new("timeout");
         cmd.arg("120").arg(bin("palisade")).args(["run", route[0], route[1], "--profile", "sh", "--"]);
         cmd.args(["sh", "-c", "tty; echo done"]).current_dir(&ws);
-        let (mut child, master, slave) = at_a_terminal(cmd, 24, 80);
+        let (mut child, master, slave, _journal) = at_a_terminal(cmd, 24, 80);
         let status = child.wait().unwrap();
         // Its end of the terminal closed, the master reads what is left, then EIO.
         drop(slave);
@@ -368,7 +371,7 @@ fn a_broker_older_than_terminals_is_not_asked_for_one() {
     let mut cmd = Command::new("timeout");
     cmd.arg("60").arg(bin("palisade")).args(["run", "--socket", socket.to_str().unwrap(), "--", "true"]);
     cmd.current_dir(dir.path());
-    let (mut child, _master, _slave) = at_a_terminal(cmd, 24, 80);
+    let (mut child, _master, _slave, _journal) = at_a_terminal(cmd, 24, 80);
     assert_eq!(child.wait().unwrap().code(), Some(125));
     assert_eq!(server.join().unwrap(), "run");
 }
