@@ -210,7 +210,6 @@ fn once(
         let on = move |size| !started.load(std::sync::atomic::Ordering::Acquire) || resizer.resize(size);
         crate::tty::on_resize(on);
     }
-    let at_start = client.canceller();
     // Its reader gone (`palisade run ... | head`), the run is cancelled, as
     // SIGPIPE ends a command whose reader left: its writes are held, as a
     // cancelled run's are, and said on stderr.
@@ -226,7 +225,7 @@ fn once(
         }
         Event::Message(palisade_protocol::wire::ServerMessage::Started { .. }) if terminal => {
             started.store(true, std::sync::atomic::Ordering::Release);
-            if let (Some(size), Ok(c)) = (crate::tty::window(), &at_start) {
+            if let (Some(size), Ok(c)) = (crate::tty::window(), &canceller) {
                 c.resize(size);
             }
             // Without input (`-t -n`), this terminal keeps its own keys: Ctrl-C ends palisade.

@@ -1286,22 +1286,30 @@ pub fn as_the_unit(capabilities: &[String], user: &nix::unistd::User) -> Vec<Str
     shell.iter().chain(&setpriv).chain(&sets).map(|s| s.to_string()).collect()
 }
 
-/// Starts `cmd` in a session of its own whose controlling terminal is a new
-/// pty; returns once a question ending in `[y/N] ` is at the terminal, with
-/// the terminal's other end and the question.
-pub fn spawn_at_terminal(mut cmd: std::process::Command) -> (std::process::Child, std::fs::File, String) {
-    let pty = nix::pty::openpty(None, None).unwrap();
-    let tty = std::os::fd::AsRawFd::as_raw_fd(&pty.slave);
+/// `cmd` will start in a session of its own, with `controlling` (a
+/// terminal open in the child: 0 when its stdin is one) as its controlling
+/// terminal, or none.
+pub fn in_own_session(cmd: &mut std::process::Command, controlling: Option<std::os::fd::RawFd>) {
     // SAFETY: setsid and ioctl are async-signal-safe.
     unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+        std::os::unix::process::CommandExt::pre_exec(cmd, move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
-            if libc::ioctl(tty, libc::TIOCSCTTY, 0) < 0 {
+            if let Some(tty) = controlling
+                && libc::ioctl(tty, libc::TIOCSCTTY, 0) < 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
+}
+
+/// Starts `cmd` in a session of its own whose controlling terminal is a new
+/// pty; returns once a question ending in `[y/N] ` is at the terminal, with
+/// the terminal's other end and the question.
+pub fn spawn_at_terminal(mut cmd: std::process::Command) -> (std::process::Child, std::fs::File, String) {
+    let pty = nix::pty::openpty(None, None).unwrap();
+    in_own_session(&mut cmd, Some(std::os::fd::AsRawFd::as_raw_fd(&pty.slave)));
     let child = cmd.spawn().unwrap();
     drop(pty.slave);
     let mut prompt = Vec::new();

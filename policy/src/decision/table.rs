@@ -203,6 +203,11 @@ fn args(argv: &'static [&'static str]) -> impl Fn(&Fixture) -> RunRequest + 'sta
     move |f: &Fixture| f.request(argv)
 }
 
+/// `ls` in a terminal of `rows` by `cols`.
+fn ls_in_terminal(rows: u16, cols: u16) -> impl Fn(&Fixture) -> RunRequest + 'static {
+    move |f: &Fixture| RunRequest { terminal: Some(WindowSize { rows, cols }), ..f.request(&["ls"]) }
+}
+
 /// A request for tool `name`, its parameters' paths relative to the fixture.
 pub(crate) fn tool(
     name: &'static str,
@@ -550,10 +555,7 @@ fn terminals() -> Vec<Row> {
             "a terminal in Tier C: the plan's, of the asked window, with /dev",
             "",
             TierC,
-            |f: &Fixture| RunRequest {
-                terminal: Some(WindowSize { rows: 50, cols: 120 }),
-                ..f.request(&["ls"])
-            },
+            ls_in_terminal(50, 120),
             Allow(|r, _| {
                 assert_eq!(r.plan.terminal, Some(WindowSize { rows: 50, cols: 120 }));
                 assert!(r.plan.mounts.iter().any(|m| matches!(m, Mount::Dev { .. })));
@@ -563,30 +565,21 @@ fn terminals() -> Vec<Row> {
             "a terminal in Tier B, which has no /dev of its own",
             WARN,
             NoUserNamespaces,
-            |f: &Fixture| RunRequest {
-                terminal: Some(WindowSize { rows: 24, cols: 80 }),
-                ..f.request(&["ls"])
-            },
+            ls_in_terminal(24, 80),
             Deny(UNAVAILABLE, "terminal.unavailable"),
         ),
         row(
             "a terminal under Seatbelt",
             "",
             Seatbelt,
-            |f: &Fixture| RunRequest {
-                terminal: Some(WindowSize { rows: 24, cols: 80 }),
-                ..f.request(&["ls"])
-            },
+            ls_in_terminal(24, 80),
             Deny(UNAVAILABLE, "terminal.unavailable"),
         ),
         row(
             "a terminal of no rows",
             "",
             TierC,
-            |f: &Fixture| RunRequest {
-                terminal: Some(WindowSize { rows: 0, cols: 80 }),
-                ..f.request(&["ls"])
-            },
+            ls_in_terminal(0, 80),
             Deny(ErrorKind::InvalidRequest, "request.terminal"),
         ),
     ]

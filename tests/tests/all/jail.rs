@@ -260,16 +260,7 @@ fn tiocsti_on_the_callers_terminal_fails() {
     // Outside: the terminal is the probe's controlling terminal, and injection works.
     let mut outside = Command::new(bin("probe"));
     outside.arg("tiocsti").stdin(slave.try_clone().unwrap()).stdout(Stdio::piped());
-    // SAFETY: setsid and ioctl(TIOCSCTTY) are async-signal-safe.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut outside, || {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
-            if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    in_own_session(&mut outside, Some(0));
     let out = outside.output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("ok"), "outside: {out:?}");
     let mut master = std::fs::File::from(pty.master);

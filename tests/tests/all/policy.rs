@@ -433,7 +433,6 @@ fn request_approval_puts_the_run_to_the_client_and_runs_it_in_tier_b_only_when_a
 #[test]
 fn the_cli_asks_at_its_terminal_and_refuses_without_one() {
     use std::io::{BufRead, Write};
-    use std::os::unix::process::CommandExt;
     let d = without_user_namespaces("request_approval", "");
     let ws = TempDir::new("ws");
     let ws_path = shared_workspace(&ws, "w");
@@ -444,17 +443,7 @@ fn the_cli_asks_at_its_terminal_and_refuses_without_one() {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
-        let tty = controlling.as_ref().map(std::os::fd::AsRawFd::as_raw_fd).unwrap_or(-1);
-        // SAFETY: setsid and ioctl are async-signal-safe.
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::unistd::setsid().map_err(std::io::Error::from)?;
-                if tty >= 0 && libc::ioctl(tty, libc::TIOCSCTTY, 0) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        in_own_session(&mut cmd, controlling.as_ref().map(std::os::fd::AsRawFd::as_raw_fd));
         let child = cmd.spawn().unwrap();
         drop(controlling);
         child

@@ -141,16 +141,7 @@ fn tiocsti_on_the_runs_terminal_fails() {
     let slave = std::fs::File::from(pty.slave);
     let mut outside = Command::new(bin("probe"));
     outside.arg("tiocsti").stdin(slave).stdout(Stdio::piped());
-    // SAFETY: setsid and ioctl(TIOCSCTTY) are async-signal-safe.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut outside, || {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
-            if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    in_own_session(&mut outside, Some(0));
     let out = outside.output().unwrap();
     assert!(text(&out.stdout).starts_with("ok"), "outside: {out:?}");
     let mut injected = [0u8; 1];
@@ -292,16 +283,7 @@ fn at_a_terminal(
     let slave = std::fs::File::from(pty.slave);
     cmd.stdin(slave.try_clone().unwrap()).stdout(slave.try_clone().unwrap());
     cmd.stderr(slave.try_clone().unwrap());
-    // SAFETY: setsid and ioctl(TIOCSCTTY) are async-signal-safe.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
-            if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    in_own_session(&mut cmd, Some(0));
     let child = cmd.spawn().unwrap();
     (child, std::fs::File::from(pty.master), slave, journal_dir)
 }
