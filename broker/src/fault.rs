@@ -13,7 +13,7 @@
 //!   applying `N` entries of a change set, as a broker that crashes in the
 //!   middle of an apply.
 
-/// The variable the helper reads (see `helper/src/fault.rs`).
+/// The variable the helper reads (see `helper/src/jail/fault.rs`).
 const HELPER_FAULT: &str = "PALISADE_HELPER_FAULT";
 
 /// Panics if this run is the one `PALISADE_FAULT_PANIC` names.

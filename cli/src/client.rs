@@ -174,6 +174,8 @@ pub struct Client {
     version: Option<u32>,
     /// The next run's stdin, streamed while it runs (see [`Client::stream_stdin`]).
     stdin: Option<Box<dyn Read + Send>>,
+    /// The session the next run is a command of (see [`Client::in_session`]).
+    session: Option<String>,
     /// Why a run's streamed stdin could not be read, from its feeding thread.
     stdin_failed: Arc<Mutex<Option<String>>>,
     decoder: Decoder,
@@ -229,6 +231,7 @@ impl Client {
             write_lock: Arc::new(Mutex::new(0)),
             version: None,
             stdin: None,
+            session: None,
             stdin_failed: Arc::new(Mutex::new(None)),
             decoder: Decoder::new(Some(encoding)),
             encoding,
@@ -322,6 +325,11 @@ impl Client {
     /// than protocol version 14 gets it read whole, in the request. The
     /// thread ends at the source's end or once the run is over and a piece
     /// cannot be sent; a source that never ends keeps it waiting.
+    /// The next run is a command in the session `name` (`RunInSession`).
+    pub fn in_session(&mut self, name: String) {
+        self.session = Some(name);
+    }
+
     pub fn stream_stdin(&mut self, source: Box<dyn Read + Send>) {
         self.stdin = Some(source);
     }
@@ -433,9 +441,17 @@ impl Client {
         if request.terminal.is_some() && stdin.is_none() {
             stdin = Some(Box::new(std::io::empty()));
         }
-        let message = match stdin.take() {
-            Some(source) => self.with_stdin(request, source, &mut stdin)?,
-            None => ClientMessage::Run(request),
+        let message = match (self.session.take(), stdin.take()) {
+            // A command in a session takes its stdin whole, in the request.
+            (Some(session), source) => {
+                let mut run = request;
+                if let Some(mut source) = source {
+                    source.read_to_end(&mut run.stdin).map_err(ClientError::Io)?;
+                }
+                ClientMessage::RunInSession { session, run }
+            }
+            (None, Some(source)) => self.with_stdin(request, source, &mut stdin)?,
+            (None, None) => ClientMessage::Run(request),
         };
         let sent = self.send(&message);
         // A refused hello explains a failed send (the broker hung up after refusing).

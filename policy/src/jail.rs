@@ -261,6 +261,7 @@ pub fn build_plan(spec: &JailSpec) -> Result<JailPlan, BuildError> {
         parent_pid: spec.parent_pid,
         umask: spec.umask,
         terminal: spec.terminal,
+        session: None,
     };
     plan.check()?;
     Ok(plan)

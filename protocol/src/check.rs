@@ -70,6 +70,13 @@ pub enum PlanInvariant {
     TerminalWithoutDev,
     #[error("a terminal's window: {0}")]
     TerminalSize(String),
+    /// A session is a Tier C sandbox: its namespaces are what it keeps.
+    #[error("a session without namespaces")]
+    SessionWithoutNamespaces,
+    /// A run in a held session builds nothing: the session's root and
+    /// listeners are in place, and no host path is opened for it.
+    #[error("a run in a session with mounts, host paths or listeners of its own")]
+    JoinBuilds,
 }
 
 impl JailPlan {
@@ -79,6 +86,7 @@ impl JailPlan {
         use PlanInvariant::*;
         let ns = &self.namespaces;
         let not_handled = self.landlock.required.difference(self.landlock.wanted);
+        let joins = self.session == Some(crate::plan::SessionRole::Join);
         let rules = [
             (!ns.user && (!ns.names().is_empty() || !self.mounts.is_empty()), NamespacesWithoutUser),
             (ns.user && !(ns.mount && ns.pid), UserWithoutMountAndPid),
@@ -96,8 +104,16 @@ impl JailPlan {
             (self.descriptors.len() > PLAN_MAX_DESCRIPTORS, TooManyDescriptors(self.descriptors.len())),
             (self.umask.is_some_and(|m| m > crate::wire::MAX_UMASK), Umask(self.umask.unwrap_or(0))),
             (
-                self.terminal.is_some() && !self.mounts.iter().any(|m| matches!(m, Mount::Dev { .. })),
+                self.terminal.is_some()
+                    && !joins
+                    && !self.mounts.iter().any(|m| matches!(m, Mount::Dev { .. })),
                 TerminalWithoutDev,
+            ),
+            (self.session.is_some() && !ns.user, SessionWithoutNamespaces),
+            (
+                joins
+                    && !(self.mounts.is_empty() && self.descriptors.is_empty() && self.listeners.is_empty()),
+                JoinBuilds,
             ),
         ];
         if let Some((_, broken)) = rules.into_iter().find(|(broken, _)| *broken) {

@@ -26,7 +26,7 @@ pub use plan::{
     BpfInstruction, DEV_LINKS, DEV_NODES, DEV_PTS, DEV_SHM, HostIds, HostPath, JailPlan, LandlockFeatures,
     LandlockPlan, Listener, ListenerKind, Mount, Namespaces, PLAN_ARCH, PLAN_MAX_BYTES, PLAN_MAX_DESCRIPTORS,
     PLAN_MAX_FILE_BYTES, PLAN_MAX_LISTENERS, PLAN_VERSION, PlanError, RLIM_INFINITY, Rlimit, RlimitName,
-    Rlimits, Tier, decode_plan, dev_entries, encode_plan, tmpfs_inodes,
+    Rlimits, SessionRole, Tier, decode_plan, dev_entries, encode_plan, tmpfs_inodes,
 };
 pub use status::{ExitReport, HelperFailure, HelperRecord, LandlockReport, RulesetState, Stage};
 pub use warm::{WARM_MAGIC, WARM_SPEC_BYTES, WarmSpec};

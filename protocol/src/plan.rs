@@ -12,7 +12,7 @@ use std::fmt;
 /// First bytes of every encoded plan.
 pub const PLAN_MAGIC: [u8; 4] = *b"PJP\x01";
 /// Bumped on every incompatible change of [`JailPlan`].
-pub const PLAN_VERSION: u32 = 6;
+pub const PLAN_VERSION: u32 = 7;
 /// Largest encoded plan the helper accepts (seccomp program included).
 pub const PLAN_MAX_BYTES: usize = 1 << 20;
 /// Most descriptors a plan may come with: what one `SCM_RIGHTS` message
@@ -92,6 +92,24 @@ pub struct JailPlan {
     /// terminal; its master goes to the broker in a
     /// [`crate::status::HelperRecord::Terminal`] record before exec.
     pub terminal: Option<WindowSize>,
+    /// A session's part (Tier C only): see [`SessionRole`].
+    pub session: Option<SessionRole>,
+}
+
+/// What a run is to a session, a sandbox that outlives one command.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionRole {
+    /// Builds the session's sandbox and keeps it: its process execs
+    /// nothing, and sends the namespaces it is in to the broker (a
+    /// [`crate::status::HelperRecord::Session`] record, before Landlock),
+    /// then waits under the command's filter until the sandbox is torn down.
+    Hold,
+    /// Runs the command in a held session: its namespaces come with the
+    /// plan after the descriptors of its host paths, in the order of
+    /// [`Namespaces::names`]; no root is built (the plan's mounts are the
+    /// session's, already in place), and the command's monitor stays
+    /// outside its pid namespace, whose pid 1 is the session's.
+    Join,
 }
 
 impl JailPlan {
@@ -659,6 +677,7 @@ pub(crate) mod tests {
             parent_pid: 1,
             umask: Some(0o022),
             terminal: None,
+            session: None,
         }
     }
 

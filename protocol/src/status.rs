@@ -42,6 +42,8 @@ pub enum Stage {
     Listeners,
     /// Opening the run's terminal and making it the command's.
     Terminal,
+    /// Joining a held session's namespaces (see [`crate::plan::SessionRole`]).
+    Join,
 }
 
 impl Stage {
@@ -71,6 +73,7 @@ impl Stage {
             Stage::Monitor => "monitor",
             Stage::Listeners => "listeners",
             Stage::Terminal => "terminal",
+            Stage::Join => "join",
         }
     }
 }
@@ -148,6 +151,10 @@ pub enum HelperRecord {
     /// The master of the run's terminal (the plan's `terminal`) travels
     /// with this record, sent just before exec.
     Terminal,
+    /// A session's namespaces (the plan's, in the order of
+    /// [`crate::plan::Namespaces::names`]) travel with this record, sent by
+    /// the process that holds the session (see [`crate::plan::SessionRole`]).
+    Session,
 }
 
 fn config() -> impl bincode::config::Config {

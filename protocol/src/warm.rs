@@ -42,6 +42,9 @@ impl WarmSpec {
         if plan.host_ids.is_some() || plan.acting_for.is_some() {
             return Err("a root broker's sandbox runs as the requester's own host ids");
         }
+        if plan.session.is_some() {
+            return Err("a session's sandbox is built for it, and its commands run in it");
+        }
         Ok(WarmSpec {
             uid: plan.uid,
             gid: plan.gid,

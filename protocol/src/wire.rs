@@ -35,8 +35,10 @@ pub const MAGIC: &str = "palisade";
 /// enforcement's `deadline_secs` and `max_output_bytes`; 13: the hello's
 /// `min_version`, the range a client speaks; 14: `RunWithStdin`, `Stdin`
 /// and `StdinEnd`, a run's stdin streamed during it; 15: `RunInTerminal` and
-/// `Resize`, a run in a terminal).
-pub const PROTOCOL_VERSION: u32 = 15;
+/// `Resize`, a run in a terminal; 16: sessions, `StartSession`,
+/// `RunInSession`, `ListSessions`, `StopSession`, `SessionStarted` and
+/// `Sessions`).
+pub const PROTOCOL_VERSION: u32 = 16;
 
 pub use crate::plan::{WINDOW_MAX, WindowSize};
 /// The oldest version a broker still speaks: the one before its own, for
@@ -419,6 +421,57 @@ pub enum ClientMessage {
     /// The running `RunInTerminal`'s new window size (the command gets
     /// SIGWINCH). Ignored in any other run, and after the run ended.
     Resize(WindowSize),
+    /// Starts a session: a sandbox that stays, for the commands of
+    /// `RunInSession`. Answered `SessionStarted` once it is built.
+    StartSession(StartSession),
+    /// Runs `run` in the requester's session `session`: decided by the
+    /// policy like a run, in the session's sandbox. Its `stdin` is the
+    /// one-field form. Answered as `Run` is.
+    RunInSession {
+        session: String,
+        run: RunRequest,
+    },
+    /// The requester's sessions. Answered `Sessions`.
+    ListSessions,
+    /// Ends the requester's session `session`, killing everything in it.
+    /// Answered `Finished`, with the session's own result.
+    StopSession {
+        session: String,
+    },
+}
+
+/// A session to start: `run` is what it may reach, as a run request
+/// without `argv` (see docs/protocol.md, "Sessions").
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StartSession {
+    /// Unique among the requester's sessions; `None`: the broker names it.
+    #[serde(default)]
+    pub name: Option<String>,
+    pub run: RunRequest,
+    /// Ends the session once no command has run in it for this long.
+    #[serde(default)]
+    pub idle_timeout_secs: Option<u64>,
+    /// Ends the session this long after it started, whatever runs in it.
+    #[serde(default)]
+    pub max_lifetime_secs: Option<u64>,
+}
+
+/// A live session, as listed.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct SessionInfo {
+    pub name: String,
+    /// The session's own run id: its records in the journal, and its result's.
+    pub run_id: u64,
+    /// Seconds since the epoch.
+    pub started_unix: u64,
+    pub idle_timeout_secs: u64,
+    pub max_lifetime_secs: u64,
+    /// Commands run in it so far, and running now.
+    pub runs: u64,
+    pub running: u64,
+    /// Where it runs: the workspace, as the session sees it.
+    pub workspace: String,
 }
 
 impl ClientMessage {
@@ -446,6 +499,10 @@ impl ClientMessage {
             ClientMessage::StdinEnd => "stdin_end",
             ClientMessage::RunInTerminal { .. } => "run_in_terminal",
             ClientMessage::Resize(_) => "resize",
+            ClientMessage::StartSession(_) => "start_session",
+            ClientMessage::RunInSession { .. } => "run_in_session",
+            ClientMessage::ListSessions => "list_sessions",
+            ClientMessage::StopSession { .. } => "stop_session",
         }
     }
 }
@@ -865,6 +922,10 @@ pub enum ServerMessage {
     },
     /// The answer to `Status`.
     Status(Box<BrokerStatus>),
+    /// A session started (`StartSession`).
+    SessionStarted(SessionInfo),
+    /// The requester's sessions (`ListSessions`).
+    Sessions(Vec<SessionInfo>),
 }
 
 /// The broker's state, as `palisade status` shows it (docs/protocol.md,

@@ -11,6 +11,8 @@ pub mod panics;
 #[cfg(unix)]
 pub mod service;
 #[cfg(unix)]
+pub mod sessions;
+#[cfg(unix)]
 pub mod settings;
 #[cfg(unix)]
 pub mod trust;

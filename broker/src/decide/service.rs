@@ -204,6 +204,29 @@ impl<E: Executor> Broker<E> {
         Ok(Decided { run_id, resolved, approval, approver_approved: false, held, settings, pending })
     }
 
+    /// Makes a decided run a session's held sandbox (see [`Executor::hold`]).
+    pub fn hold(
+        &self,
+        peer: &Peer,
+        decided: &mut Decided<E::Held>,
+        request: &RunRequest,
+    ) -> Result<(), ErrorReply> {
+        let held = self.executor.hold(&mut decided.resolved);
+        held.map_err(|e| self.record_refusal(decided.run_id, peer, request, e))
+    }
+
+    /// Makes a decided run a command of the session `sandbox` (see [`Executor::join`]).
+    pub fn join(
+        &self,
+        peer: &Peer,
+        decided: &mut Decided<E::Held>,
+        request: &RunRequest,
+        sandbox: &crate::engine::executor::Sandbox,
+    ) -> Result<(), ErrorReply> {
+        let joined = self.executor.join(&mut decided.resolved, &mut decided.held, sandbox);
+        joined.map_err(|e| self.record_refusal(decided.run_id, peer, request, e))
+    }
+
     /// Records the refusal `e` of a request, in bounded form and at its
     /// uid's rate (see [`Journal::refusal_blocking`]); the refusal to send,
     /// or `JournalUnavailable` when it cannot be recorded.

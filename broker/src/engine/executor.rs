@@ -125,11 +125,44 @@ pub trait Executor: Send + Sync + Sized + 'static {
     /// whether runs may not even see it.
     fn keeps(&self, config: &Config) -> Vec<(PathBuf, &'static str, bool)>;
 
+    /// Makes `resolved` a session's: a sandbox held until the session ends,
+    /// its command never run. `Unavailable` where sessions are not built.
+    fn hold(&self, _resolved: &mut Resolved) -> Result<(), ErrorReply> {
+        Err(sessions_unavailable())
+    }
+
+    /// Makes `resolved`, decided for a command of a session, a run in the
+    /// session's sandbox (`session`): refused if it would reach anything
+    /// the session's own plan does not.
+    fn join(
+        &self,
+        _resolved: &mut Resolved,
+        _held: &mut Self::Held,
+        _session: &Sandbox,
+    ) -> Result<(), ErrorReply> {
+        Err(sessions_unavailable())
+    }
+
     /// The change sets held for review, where this executor keeps them.
     #[cfg(target_os = "linux")]
     fn changes(&self) -> Option<&Arc<crate::changes::Store>> {
         None
     }
+}
+
+/// A held session's sandbox: the plan it was built from, and its namespaces.
+pub struct Sandbox {
+    pub plan: palisade_protocol::JailPlan,
+    pub namespaces: Vec<std::os::fd::OwnedFd>,
+}
+
+/// Sessions, where an executor has none.
+pub fn sessions_unavailable() -> ErrorReply {
+    ErrorReply::with_rule(
+        palisade_protocol::wire::ErrorKind::Unavailable,
+        "sessions need Tier C's namespaces (Linux), which this broker's executor does not have",
+        "session.unavailable",
+    )
 }
 
 /// The policy's decision on `request`: the run (and why a person must

@@ -291,6 +291,19 @@ impl Executor for Linux {
         keeps
     }
 
+    fn hold(&self, resolved: &mut Resolved) -> Result<(), ErrorReply> {
+        crate::engine::session::hold(resolved)
+    }
+
+    fn join(
+        &self,
+        resolved: &mut Resolved,
+        held: &mut Held,
+        session: &crate::engine::executor::Sandbox,
+    ) -> Result<(), ErrorReply> {
+        crate::engine::session::join(resolved, &mut held.grants, session)
+    }
+
     fn changes(&self) -> Option<&Arc<crate::changes::Store>> {
         Some(&self.changes)
     }

@@ -17,6 +17,8 @@ pub(crate) mod pool;
 #[cfg(target_os = "linux")]
 pub(crate) mod run;
 #[cfg(target_os = "linux")]
+pub(crate) mod session;
+#[cfg(target_os = "linux")]
 pub(crate) mod spawn_thread;
 #[cfg(unix)]
 pub(crate) mod stream;

@@ -16,7 +16,9 @@ use palisade_policy::Resolved;
 use palisade_protocol::attest::Built;
 use palisade_protocol::plan::Listener;
 use palisade_protocol::wire::{Changes, ChangesOutcome, RunRequest, RunResult, RunStatus, ServerMessage};
-use palisade_protocol::{ExitReport, HelperRecord, JailPlan, LandlockReport, Tier, WarmSpec, encode_plan};
+use palisade_protocol::{
+    ExitReport, HelperRecord, JailPlan, LandlockReport, SessionRole, Tier, WarmSpec, encode_plan,
+};
 use std::future::Future;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -248,6 +250,7 @@ impl Engine {
         let abandon = Abandon::arm(pid, &pidfd, first_signal)?;
         let (status, early, egress) = serve_egress(resolved, status).await?;
         let (status, early, terminal) = take_terminal(resolved, status, early).await?;
+        let (status, early) = take_session(resolved, status, early, sink).await?;
         // SAFETY: an OwnedFd's descriptor stays open as long as the AsyncFd owns it.
         let pidfd = unsafe { AsyncFd::register(pidfd) }.map_err(std::io::Error::from)?;
         let copying = terminal.is_some();
@@ -503,6 +506,34 @@ async fn take_terminal(
     Ok((channel, read, Some(master)))
 }
 
+/// A session's sandbox: its namespaces, which the helper sends once it is
+/// built (after any terminal's master), go to the session's sink. Nothing
+/// to wait for in any other run, or when the helper stopped before.
+async fn take_session<S: Sink + Send>(
+    resolved: &Resolved,
+    channel: std::fs::File,
+    read: StatusRead,
+    sink: &mut S,
+) -> Result<(std::fs::File, StatusRead), BrokerError> {
+    if resolved.plan.session != Some(SessionRole::Hold) {
+        return Ok((channel, read));
+    }
+    let is_session = |r: &HelperRecord| matches!(r, HelperRecord::Session);
+    let (channel, mut read, found) =
+        read_until(channel, read, is_session, resolved.timeout, "build the session").await?;
+    let Some(at) = found else { return Ok((channel, read)) };
+    read.records.remove(at);
+    let before = read.records[..at].iter().filter(|r| matches!(r, HelperRecord::Overlay { .. })).count();
+    let wanted = resolved.plan.namespaces.names().len();
+    if read.fds.len() < before + wanted {
+        return Err(BrokerError::Status(std::io::Error::other(
+            "the helper sent a session without its namespaces",
+        )));
+    }
+    sink.session_held(read.fds.drain(before..before + wanted).collect());
+    Ok((channel, read))
+}
+
 /// What the helper reported on its status channel.
 struct Report {
     landlock: Option<LandlockReport>,
@@ -539,9 +570,9 @@ impl Report {
                         "egress listeners after the command started",
                     )));
                 }
-                HelperRecord::Terminal => {
+                HelperRecord::Terminal | HelperRecord::Session => {
                     return Err(BrokerError::Status(std::io::Error::other(
-                        "a terminal after the command started",
+                        "a terminal or a session's namespaces after the command started",
                     )));
                 }
                 HelperRecord::Overlay { target } => {

@@ -179,6 +179,11 @@ pub trait Sink {
 
     /// A send was dropped half done: nothing more can go through this sink.
     fn abandon(&mut self) {}
+
+    /// A session's sandbox is built and held: `namespaces` are its own (see
+    /// `palisade_protocol::SessionRole::Hold`). Only a session's sink gets
+    /// them; any other drops them.
+    fn session_held(&mut self, _namespaces: Vec<std::os::fd::OwnedFd>) {}
 }
 
 /// Reads `buf.len()` bytes that `fd` (non-blocking) already holds.

@@ -12,6 +12,8 @@ pub mod memory;
 #[cfg(unix)]
 pub mod server;
 #[cfg(unix)]
+pub mod sessions;
+#[cfg(unix)]
 pub mod socket;
 #[cfg(target_os = "linux")]
 pub(crate) mod systemd;

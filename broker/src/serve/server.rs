@@ -99,7 +99,9 @@ impl Drop for Admitted {
 /// the connection limits at the next connection, the run slots and the
 /// request budgets at once ([`Server::reload`]).
 pub struct Server<E: Executor = Native> {
-    broker: Arc<Broker<E>>,
+    pub(super) broker: Arc<Broker<E>>,
+    /// The live sessions (see [`crate::serve::sessions`]).
+    pub(super) sessions: Arc<crate::decide::sessions::Sessions>,
     connections: Arc<Mutex<Connections>>,
     /// One permit per connection over the limits waiting for its hello.
     refusing_busy: Arc<Semaphore>,
@@ -144,6 +146,7 @@ impl<E: Executor> Server<E> {
             busy: Refusals::default(),
             not_allowed: Refusals::default(),
             broker: Arc::new(broker),
+            sessions: Arc::default(),
         }
     }
 
@@ -360,8 +363,37 @@ impl<E: Executor> Server<E> {
                     return;
                 }
             };
+            let mut session = None;
             let request = match message {
                 ClientMessage::Run(r) => r,
+                ClientMessage::RunInSession { session: name, run } => {
+                    let joined = self.sessions.get(peer.uid, &name).and_then(|s| {
+                        let request = crate::decide::sessions::command_request(&s.request, run)?;
+                        Ok((s, request))
+                    });
+                    match joined {
+                        Ok((s, request)) => {
+                            session = Some(s);
+                            request
+                        }
+                        Err(e) => {
+                            if !sink.send(ServerMessage::Error(e)).await {
+                                return;
+                            }
+                            continue;
+                        }
+                    }
+                }
+                ClientMessage::StartSession(start) => {
+                    let reply = match Caught::new(self.start_session(peer, start, shutdown.clone())).await {
+                        Ok(reply) => reply.unwrap_or_else(ServerMessage::from),
+                        Err(panic) => return after_panic(peer, "a session's start", panic, sink).await,
+                    };
+                    if !sink.send(reply).await {
+                        return;
+                    }
+                    continue;
+                }
                 ClientMessage::RunWithStdin(r) if r.stdin.is_empty() => {
                     RunRequest { stdin_streamed: true, ..r }
                 }
@@ -407,7 +439,7 @@ impl<E: Executor> Server<E> {
                 }
             };
             sink.set_raw_output(request.raw_output);
-            let serving = self.serve_run(peer, request, sink, inbound, shutdown.clone());
+            let serving = self.serve_run(peer, (request, session), sink, inbound, shutdown.clone());
             let served = Caught::new(serving).await;
             sink.set_stdin(None);
             inbound.run_done();
@@ -434,7 +466,7 @@ impl<E: Executor> Server<E> {
     /// Decides off the runtime's threads: the decision reads the host as the
     /// requester, and a read that blocks (a file on a stuck network
     /// filesystem, say) must hold up no other client.
-    async fn decide(
+    pub(super) async fn decide(
         &self,
         peer: &Peer,
         request: RunRequest,
@@ -449,16 +481,25 @@ impl<E: Executor> Server<E> {
 
     /// A request marked `stdin_streamed` came as `RunWithStdin`: its client
     /// streams its stdin (a `run`'s flag is never set: it is on no wire).
+    /// `session`: the session a `RunInSession` runs in.
     async fn serve_run(
         &self,
         peer: &Peer,
-        request: RunRequest,
+        (request, session): (RunRequest, Option<Arc<crate::decide::sessions::Session>>),
         sink: &mut SocketSink,
         inbound: &mut Inbound,
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<RunResult, BrokerError> {
         let (decided, request) = self.decide(peer, request).await;
         let mut decided = decided?;
+        // A command of a session runs in its sandbox, which stays in use meanwhile.
+        let _in_session = match &session {
+            Some(s) => {
+                self.broker.join(peer, &mut decided, &request, &s.sandbox)?;
+                Some(s.activity.enter())
+            }
+            None => None,
+        };
         if let Some(approval) = &decided.approval {
             let question = self.broker.pending_approval(peer, &decided, &request, approval);
             decided.approver_approved = self.ask_approval(peer, question, sink, inbound).await?;
@@ -554,6 +595,8 @@ impl<E: Executor> Server<E> {
                 Ok(explained.map_or_else(ServerMessage::Error, |e| ServerMessage::Explained(Box::new(e))))
             }
             ClientMessage::Status => Ok(ServerMessage::Status(Box::new(self.status()))),
+            ClientMessage::ListSessions => self.sessions(peer, None).await,
+            ClientMessage::StopSession { session } => self.sessions(peer, Some(session)).await,
             m @ (ClientMessage::ListChanges
             | ClientMessage::ShowChanges { .. }
             | ClientMessage::ApplyChanges { .. }

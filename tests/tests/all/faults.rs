@@ -8,7 +8,7 @@
 //!
 //! The hooks that place a fault (`PALISADE_FAULT_PANIC`,
 //! `PALISADE_HELPER_FAULT`, `PALISADE_FAULT_SPAWN`: broker/src/fault.rs,
-//! helper/src/fault.rs) exist
+//! helper/src/jail/fault.rs) exist
 //! in debug builds only, so this file runs against the debug binaries.
 
 use palisade_broker::cli::client::{Client, ClientError};

@@ -4,17 +4,20 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// Every Rust file under `helper/src`, its folders included.
 fn helper_sources() -> Vec<(PathBuf, String)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../helper/src");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
-        .map(|p| {
-            let text = std::fs::read_to_string(&p).unwrap();
-            (p, text)
-        })
-        .collect();
+    let (mut files, mut folders) = (Vec::new(), vec![dir.clone()]);
+    while let Some(folder) = folders.pop() {
+        for path in std::fs::read_dir(&folder).unwrap().map(|e| e.unwrap().path()) {
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                files.push((path, text));
+            }
+        }
+    }
     files.sort();
     assert!(files.len() > 5, "helper sources not found in {}", dir.display());
     files

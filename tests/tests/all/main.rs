@@ -33,6 +33,7 @@ mod plugins;
 mod policy;
 mod protocol_doc;
 mod python_client;
+mod sessions;
 mod stdin;
 mod system;
 mod terminal;

@@ -6,13 +6,16 @@
 //! - `Init`: pid 1 in Tier C, watching the command; when it exits the kernel
 //!   kills whatever is left in the namespace;
 //! - `Reaper`: the helper in Tier B, a child subreaper that kills every
-//!   remaining descendant when the command ends.
+//!   remaining descendant when the command ends;
+//! - `Visitor`: the helper of a command in a held session, outside its pid
+//!   namespace: what the command leaves running stays, the session's pid 1
+//!   its reaper.
 //!
 //! SIGTERM to the helper means "tear the sandbox down now"; it is also Tier
 //! B's death signal, so the reaper cleans up when its caller dies.
 
-use crate::error::{self, Context, Result};
-use crate::{creds, fds, lifeline};
+use super::error::{self, Context, Result};
+use super::{creds, fds, lifeline};
 use nix::errno::Errno;
 use nix::sys::prctl;
 use nix::sys::resource::{UsageWho, getrusage};
@@ -27,6 +30,7 @@ pub enum Role {
     Relay,
     Init,
     Reaper,
+    Visitor,
 }
 
 const WATCHED: [Signal; 7] = [
@@ -66,19 +70,20 @@ pub fn fork_watched(role: Role, in_parent: impl FnOnce() -> Result<()>) -> Resul
         }
         ForkResult::Parent { child } => {
             drop(tether.child_end);
-            // pid 1 needs no privilege to reap and relay.
-            let drop_caps = || if role == Role::Init { creds::drop_capabilities() } else { Ok(()) };
+            let inside = matches!(role, Role::Init | Role::Visitor);
+            // pid 1 (and a visitor, in the session's user namespace) needs no privilege to reap and relay.
+            let drop_caps = || if inside { creds::drop_capabilities() } else { Ok(()) };
             // pid 1 and the reaper stay beside the command: they keep nothing
             // it could reach through them (the Relay is outside its pid namespace).
             let close = || match role {
                 Role::Relay => Ok(()),
-                Role::Init | Role::Reaper => fds::keep_only_status_and(&tether.parent_end),
+                Role::Init | Role::Reaper | Role::Visitor => fds::keep_only_status_and(&tether.parent_end),
             };
             // pid 1 and the reaper release the command once they hold nothing
             // it could reach (pid 1 under its own filter): until then it waits.
             let release = || match role {
                 Role::Relay => Ok(()),
-                Role::Init | Role::Reaper => lifeline::release(&tether.parent_end),
+                Role::Init | Role::Reaper | Role::Visitor => lifeline::release(&tether.parent_end),
             };
             if let Err(e) =
                 drop_caps().and_then(|()| close()).and_then(|()| in_parent()).and_then(|()| release())

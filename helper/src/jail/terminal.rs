@@ -5,7 +5,7 @@
 //! stderr and controlling terminal. TIOCSTI and TIOCLINUX stay refused by
 //! the command's seccomp filter, whatever its stdio is.
 
-use crate::error::{self, Context, Result};
+use super::error::{self, Context, Result};
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, open};
 use nix::sys::stat::Mode;

@@ -3,11 +3,12 @@
 //! fd 4, the run's cgroup directory on fd 5 when the plan names one.
 //! Anything else the helper inherited is closed before the plan is read.
 
-use crate::error::{Context, Result, STATUS_FD, fail};
+use super::error::{Context, Result, STATUS_FD, fail};
 use nix::errno::Errno;
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
 use palisade_protocol::{
-    JailPlan, PLAN_MAX_BYTES, PLAN_MAX_DESCRIPTORS, Stage, WARM_MAGIC, WARM_SPEC_BYTES, WarmSpec, decode_plan,
+    JailPlan, PLAN_MAX_BYTES, PLAN_MAX_DESCRIPTORS, SessionRole, Stage, WARM_MAGIC, WARM_SPEC_BYTES,
+    WarmSpec, decode_plan,
 };
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -144,9 +145,12 @@ pub fn read_plan() -> Result<(JailPlan, Vec<OwnedFd>)> {
     }
     drop(socket);
     let plan = decode_plan(&bytes).map_err(|e| fail(Stage::Plan, Errno::EINVAL, e.to_string()))?;
-    let (named, came) = (plan.descriptors.len(), received.len());
+    // A run in a held session gets the session's namespaces after them.
+    let joined = if plan.session == Some(SessionRole::Join) { plan.namespaces.names().len() } else { 0 };
+    let (named, came) = (plan.descriptors.len() + joined, received.len());
     if named != came {
-        let why = format!("the plan names {named} host paths but came with {came} descriptors");
+        let why =
+            format!("the plan names {named} host paths and namespaces but came with {came} descriptors");
         return Err(fail(Stage::Plan, Errno::EINVAL, why));
     }
     Ok((plan, received))
@@ -217,6 +221,11 @@ pub struct Descriptors {
 impl Descriptors {
     pub fn new(plan: &JailPlan, fds: Vec<OwnedFd>) -> Descriptors {
         Descriptors { paths: plan.descriptors.iter().map(|d| d.path.clone()).collect(), fds }
+    }
+
+    /// The descriptors after those of the host paths: a joined session's namespaces.
+    pub fn rest(mut self) -> Vec<OwnedFd> {
+        self.fds.split_off(self.paths.len())
     }
 
     /// The descriptor of `path`, which the plan must have named.

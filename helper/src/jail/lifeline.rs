@@ -9,7 +9,7 @@
 //! to take the sandbox down with it, it asks for SIGTERM, which its reaper
 //! loop waits for, and kills every process the command left before it exits.
 
-use crate::error::{Context, Result, fail};
+use super::error::{Context, Result, fail};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};

@@ -15,9 +15,9 @@
 //! copy, recursively, before it is attached: the sandbox never sees a
 //! writable moment of a read-only bind.
 
-use crate::error;
-use crate::error::{Context, Result, fail};
-use crate::fds::Descriptors;
+use super::error;
+use super::error::{Context, Result, fail};
+use super::fds::Descriptors;
 use nix::errno::Errno;
 use nix::fcntl::{AT_FDCWD, OFlag, OpenHow, ResolveFlag, open, openat2};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};

@@ -1,8 +1,8 @@
 //! Joining the run's cgroup. The broker creates it, sets its limits and kills
 //! it; the helper only moves itself in.
 
-use crate::error::{Context, Result};
-use crate::fds;
+use super::error::{Context, Result};
+use super::fds;
 use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::Mode;
 use palisade_protocol::Stage;

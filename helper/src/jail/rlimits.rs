@@ -2,7 +2,7 @@
 //! exist, so RLIMIT_NPROC counts only the sandbox's processes in its user
 //! namespace, and the helper's own checks run unlimited.
 
-use crate::error::{Context, Result};
+use super::error::{Context, Result};
 use nix::sys::resource::{Resource, setrlimit};
 use palisade_protocol::{RlimitName, Rlimits, Stage};
 

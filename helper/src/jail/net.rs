@@ -13,7 +13,7 @@
 //! user namespace (ports below 1024), and it keeps none of them: they are
 //! closed once handed over, before the command is forked.
 
-use crate::error::{self, Context, Result, fail};
+use super::error::{self, Context, Result, fail};
 use nix::errno::Errno;
 use nix::sched::{CloneFlags, setns, unshare};
 use nix::sys::socket::{

@@ -4,7 +4,7 @@
 //! is dropped capability by capability (there is no call for all of it), the
 //! ambient set is cleared at once, and one capset empties the rest.
 
-use crate::error::{Context, Result, fail};
+use super::error::{Context, Result, fail};
 use nix::errno::Errno;
 use nix::unistd::{Gid, Uid, geteuid, getgroups, setgroups, setresgid, setresuid};
 use palisade_protocol::{HostIds, Stage};

@@ -1,6 +1,6 @@
 //! The user namespace and the other namespaces it owns.
 
-use crate::error::{Context, HelperError, Result};
+use super::error::{Context, HelperError, Result};
 use nix::errno::Errno;
 use nix::sched::{CloneFlags, unshare};
 use nix::unistd::{getgid, getuid};
@@ -35,7 +35,7 @@ fn hint(mut e: HelperError) -> HelperError {
 }
 
 /// Creates the namespaces at once (all but the network one, which
-/// [`crate::net`] makes alongside), owned by a new user namespace, and maps
+/// [`super::net`] makes alongside), owned by a new user namespace, and maps
 /// the sandbox's uid and gid onto the caller's: one id each, nothing else exists.
 pub fn enter(ns: &Namespaces, uid: u32, gid: u32) -> Result<()> {
     let (outer_uid, outer_gid) = (getuid(), getgid());

@@ -1,7 +1,7 @@
 //! The final step. Everything execve needs is prepared before seccomp, so
 //! nothing but execve and the failure report runs under the filter.
 
-use crate::error::{self, HelperError, Result, fail};
+use super::error::{self, HelperError, Result, fail};
 use nix::errno::Errno;
 use palisade_protocol::{JailPlan, Stage};
 use std::ffi::CString;

@@ -2,16 +2,15 @@
 //! before seccomp. The plan's required features are hard requirements; the
 //! rest is best effort, and what the kernel actually enforced is reported.
 
-use crate::error::{self, Context, HelperError, Result, fail};
-use crate::fds::Descriptors;
+use super::error::{self, Context, HelperError, Result, fail};
+use super::fds::Descriptors;
 use landlock::{
     ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, LandlockStatus, NetPort,
     PathBeneath, RulesetAttr, RulesetCreatedAttr, RulesetError, RulesetStatus, Scope,
 };
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, open};
-use nix::sys::stat::Mode;
-use nix::sys::stat::{SFlag, fstat};
+use nix::sys::stat::{Mode, SFlag, fstat};
 use palisade_protocol::{
     HelperRecord, LandlockFeatures as F, LandlockPlan, LandlockReport, RulesetState, Stage,
 };
@@ -34,26 +33,15 @@ pub fn restrict_self(plan: &LandlockPlan, host: Option<&Descriptors>) -> Result<
 
     let mut ruleset = landlock::Ruleset::default();
     let mut handled = BitFlags::<AccessFs>::empty();
-    if want(F::FS) {
-        handled |= AccessFs::from_all(ABI::V1);
-        ruleset = ruleset
-            .set_compatibility(level(F::FS))
-            .handle_access(AccessFs::from_all(ABI::V1))
-            .map_err(failed(F::FS))?;
-    }
-    if want(F::FS_REFER) {
-        handled |= AccessFs::Refer;
-        ruleset = ruleset
-            .set_compatibility(level(F::FS_REFER))
-            .handle_access(AccessFs::Refer)
-            .map_err(failed(F::FS_REFER))?;
-    }
-    if want(F::FS_TRUNCATE) {
-        handled |= AccessFs::Truncate;
-        ruleset = ruleset
-            .set_compatibility(level(F::FS_TRUNCATE))
-            .handle_access(AccessFs::Truncate)
-            .map_err(failed(F::FS_TRUNCATE))?;
+    // Each feature's rights, handled at the plan's level for it.
+    let fs = [
+        (F::FS, AccessFs::from_all(ABI::V1)),
+        (F::FS_REFER, AccessFs::Refer.into()),
+        (F::FS_TRUNCATE, AccessFs::Truncate.into()),
+    ];
+    for (f, access) in fs.into_iter().filter(|(f, _)| want(*f)) {
+        handled |= access;
+        ruleset = ruleset.set_compatibility(level(f)).handle_access(access).map_err(failed(f))?;
     }
     if want(F::NET_TCP) {
         ruleset = ruleset
@@ -61,17 +49,9 @@ pub fn restrict_self(plan: &LandlockPlan, host: Option<&Descriptors>) -> Result<
             .handle_access(AccessNet::from_all(ABI_USED))
             .map_err(failed(F::NET_TCP))?;
     }
-    if want(F::SCOPE_ABSTRACT_UNIX) {
-        ruleset = ruleset
-            .set_compatibility(level(F::SCOPE_ABSTRACT_UNIX))
-            .scope(Scope::AbstractUnixSocket)
-            .map_err(failed(F::SCOPE_ABSTRACT_UNIX))?;
-    }
-    if want(F::SCOPE_SIGNAL) {
-        ruleset = ruleset
-            .set_compatibility(level(F::SCOPE_SIGNAL))
-            .scope(Scope::Signal)
-            .map_err(failed(F::SCOPE_SIGNAL))?;
+    let scopes = [(F::SCOPE_ABSTRACT_UNIX, Scope::AbstractUnixSocket), (F::SCOPE_SIGNAL, Scope::Signal)];
+    for (f, scope) in scopes.into_iter().filter(|(f, _)| want(*f)) {
+        ruleset = ruleset.set_compatibility(level(f)).scope(scope).map_err(failed(f))?;
     }
     // Rules grant within what is handled; rights the kernel lacks were dealt with above.
     let mut created = ruleset.create().map_err(general)?.set_compatibility(CompatLevel::BestEffort);

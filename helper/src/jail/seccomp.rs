@@ -1,7 +1,7 @@
 //! Installing the seccomp program the broker compiled. The helper does not
 //! interpret it: policy lives in the broker, and the program is in the plan.
 
-use crate::error::{Context, Result, fail};
+use super::error::{Context, Result, fail};
 use nix::errno::Errno;
 use palisade_protocol::{BpfInstruction, Stage};
 

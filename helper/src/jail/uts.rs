@@ -1,6 +1,6 @@
 //! Host name inside the new UTS namespace.
 
-use crate::error::{Context, Result};
+use super::error::{Context, Result};
 use palisade_protocol::Stage;
 
 pub fn set_hostname(name: &str) -> Result<()> {
