@@ -22,6 +22,8 @@ pub mod render;
 #[cfg(target_os = "linux")]
 pub mod run;
 #[cfg(target_os = "linux")]
+pub mod session;
+#[cfg(target_os = "linux")]
 pub mod status;
 #[cfg(unix)]
 pub mod tty;
@@ -98,6 +100,11 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Sessions: sandboxes that stay for the commands run in them, through
+    /// the running broker: start, exec, list, stop.
+    #[cfg(target_os = "linux")]
+    #[command(subcommand)]
+    Session(session::SessionCommand),
     /// The declared tools' trust stages (Draft, Trial, Verified) and declarations.
     Tools(Handed),
     /// Change sets: a run's writes held for review (a run palisade ended,
@@ -139,6 +146,7 @@ pub fn main(cli: Cli, argv: &[OsString]) -> i32 {
         Command::Approve { id, broker } => approve::answer(&broker, id, true, None),
         Command::Deny { id, reason, broker } => approve::answer(&broker, id, false, reason),
         Command::Status { broker, json } => status::status(&broker, json),
+        Command::Session(command) => session::main(command),
         Command::Doctor(_)
         | Command::Tools(_)
         | Command::Changes(_)

@@ -118,7 +118,7 @@ fn prompt(mut tty: std::fs::File, question: &str) -> bool {
 /// A run held for approval, put to the requester: at its terminal when it
 /// may answer, while an approver elsewhere may answer first (no terminal:
 /// refused, as nobody here can answer); otherwise it says who can, and waits.
-fn ask_requester(ask: crate::client::Ask<'_>) -> Option<bool> {
+pub(crate) fn ask_requester(ask: crate::client::Ask<'_>) -> Option<bool> {
     let details = crate::approve::describe(ask.approval);
     let id = ask.approval.id;
     if !ask.may_answer {

@@ -89,6 +89,11 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Sessions: sandboxes that stay for the commands run in them, through
+    /// the running broker: start, exec, list, stop.
+    #[cfg(target_os = "linux")]
+    #[command(subcommand)]
+    Session(palisade_cli::session::SessionCommand),
     /// The declared tools' trust stages (Draft, Trial, Verified) and declarations.
     #[command(subcommand)]
     Tools(ToolsCommand),
@@ -169,6 +174,8 @@ pub fn main(cli: Cli) -> i32 {
         Command::Deny { id, reason, broker } => palisade_cli::approve::answer(&broker, id, false, reason),
         Command::Tools(command) => crate::cli::approve::tools(command),
         Command::Status { broker, json } => palisade_cli::status::status(&broker, json),
+        #[cfg(target_os = "linux")]
+        Command::Session(command) => palisade_cli::session::main(command),
         Command::Changes(command) => crate::cli::changes::main(command),
         Command::Plugin(command) => crate::cli::plugin::main(command),
         Command::Mcp(args) => crate::cli::mcp::main(args),

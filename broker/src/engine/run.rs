@@ -296,8 +296,15 @@ impl Engine {
         if cg_usage.is_some_and(|u| u.oom_kills > 0) && ended.is_none() {
             ended = Some(RunStatus::MemoryLimitExceeded);
         }
+        // A session its requester stopped ended as a command that exits by
+        // itself does: its writes are settled so (its result says cancelled).
+        let stopped = ended == Some(RunStatus::Cancelled) && sink.session_stopped();
+        let mut settle = if stopped { None } else { ended };
         let (written_bytes, changes) =
-            keep_writes(resolved, grants, report.overlays, &mut ended, (run_id, since)).await?;
+            keep_writes(resolved, grants, report.overlays, &mut settle, (run_id, since)).await?;
+        if settle.is_some() || !stopped {
+            ended = settle;
+        }
         let status = match ended {
             Some(ended) => ended,
             None => exit_status(report.exit, &usage)?,

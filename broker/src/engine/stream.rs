@@ -184,6 +184,13 @@ pub trait Sink {
     /// `palisade_protocol::SessionRole::Hold`). Only a session's sink gets
     /// them; any other drops them.
     fn session_held(&mut self, _namespaces: Vec<std::os::fd::OwnedFd>) {}
+
+    /// A session's run that its requester stopped (a cancel that is not
+    /// palisade's: no deadline, idle timeout or shutdown). Only a session's
+    /// sink says so.
+    fn session_stopped(&self) -> bool {
+        false
+    }
 }
 
 /// Reads `buf.len()` bytes that `fd` (non-blocking) already holds.

@@ -16,6 +16,7 @@ use crate::serve::server::Server;
 use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest, ServerMessage, SessionInfo, StartSession};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 
@@ -26,7 +27,11 @@ pub const SESSION_START_PROGRAM: &str = "true";
 /// Where a held session's run sends its messages: nowhere (its process
 /// writes nothing, and its commands have their own runs), but its
 /// namespaces, once it is built, to whoever waits for them.
-struct HoldSink(Option<oneshot::Sender<Vec<OwnedFd>>>);
+struct HoldSink {
+    held: Option<oneshot::Sender<Vec<OwnedFd>>>,
+    /// Its requester stopped it.
+    stopped: Arc<AtomicBool>,
+}
 
 impl Sink for HoldSink {
     async fn send(&mut self, _msg: ServerMessage) -> bool {
@@ -34,9 +39,13 @@ impl Sink for HoldSink {
     }
 
     fn session_held(&mut self, namespaces: Vec<OwnedFd>) {
-        if let Some(tx) = self.0.take() {
+        if let Some(tx) = self.held.take() {
             let _ = tx.send(namespaces);
         }
+    }
+
+    fn session_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
     }
 }
 
@@ -120,11 +129,13 @@ impl<E: Executor> Server<E> {
             (self.broker.clone(), self.sessions.clone(), peer.clone(), activity.clone());
         let (held_request, held_name) = (request.clone(), name.to_string());
         tokio::spawn(async move {
-            let mut sink = HoldSink(Some(held_tx));
+            let stopped = Arc::new(AtomicBool::new(false));
+            let mut sink = HoldSink { held: Some(held_tx), stopped: stopped.clone() };
             let (uid, idle_name) = (who.uid, held_name.clone());
             let cancel = async move {
                 tokio::select! {
-                    _ = stop_rx => {}
+                    // Its sender dropped unused: the session was never listed.
+                    asked = stop_rx => stopped.store(asked.is_ok(), Ordering::SeqCst),
                     () = watching.idle_for(idle) => {
                         tracing::info!(uid, session = idle_name, "session idle: ending it");
                     }

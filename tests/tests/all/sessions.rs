@@ -103,3 +103,215 @@ fn a_background_process_outlives_its_command_and_dies_with_the_session() {
         "{gone:?}"
     );
 }
+
+/// What a command of session `name` printed (`probe` commands print `ok
+/// ...` or `err ERRNO ...`), trimmed.
+fn probe_in(client: &mut Client, name: &str, args: &[&str]) -> String {
+    let mut argv = vec![probe()];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    let (_, out) = run_in(client, name, &argv.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+    out.trim().to_string()
+}
+
+/// `sh -c SCRIPT` in session `name`: its result.
+fn sh_in(client: &mut Client, name: &str, script: &str) -> RunResult {
+    run_in(client, name, &["sh", "-c", script]).unwrap().0
+}
+
+#[test]
+fn a_server_started_by_one_command_is_reached_by_the_next_and_by_nothing_outside() {
+    let d = Daemon::start(&shell());
+    let ws = TempDir::new("session-ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    start(&mut client, ws.path(), "web", None).unwrap();
+    let port = 20000 + std::process::id() % 20000;
+    let addr = format!("127.0.0.1:{port}");
+    // The address in a file: the policy's egress preflight reads a command's arguments.
+    std::fs::write(ws.join("addr"), &addr).unwrap();
+    let serve = format!("true; {} serve \"$(cat addr)\" >/dev/null 2>&1 &", probe());
+    assert_eq!(sh_in(&mut client, "web", &serve).status, RunStatus::Exited { code: 0 });
+    let connect = format!("true; {} connect \"$(cat addr)\"", probe());
+    let mut reached = String::new();
+    let up = eventually(Duration::from_secs(10), || {
+        let argv = sh(&connect);
+        reached = run_in(&mut client, "web", &argv.iter().map(String::as_str).collect::<Vec<_>>()).unwrap().1;
+        reached.trim() == "ok"
+    });
+    assert!(up, "the next command reaches the server: {reached}");
+    // A run of its own has a loopback of its own; the host has its own too.
+    let mut fresh = Vec::new();
+    let own = RunRequest { profile: Some("sh".into()), argv: sh(&connect), ..request(ws.path(), &[]) };
+    let r = client.run(own, |m| {
+        if let ServerMessage::Output { stream: Stream::Stdout, data } = m {
+            fresh.extend_from_slice(data);
+        }
+    });
+    assert_eq!(r.unwrap().status, RunStatus::Exited { code: 1 }, "{}", text(&fresh));
+    assert!(std::net::TcpStream::connect(&addr).is_err(), "the session's loopback is not the host's");
+}
+
+#[test]
+fn an_idle_session_ends_and_takes_its_processes_with_it() {
+    let d = Daemon::start(&shell());
+    let ws = TempDir::new("session-ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    start(&mut client, ws.path(), "idle", Some(2)).unwrap();
+    let token = format!("session-idle-{}", std::process::id());
+    sh_in(&mut client, "idle", &format!("true; {} sleep {token} >/dev/null 2>&1 &", probe()));
+    assert!(eventually(Duration::from_secs(10), || sleeper_with_token(&token).is_some()), "no sleeper");
+    assert!(
+        eventually(Duration::from_secs(30), || sleeper_with_token(&token).is_none()),
+        "the sleeper lives on"
+    );
+    // Its run's end (the copy-back) comes after its processes are gone.
+    let ended = eventually(Duration::from_secs(10), || {
+        client.request(&ClientMessage::ListSessions).unwrap() == ServerMessage::Sessions(vec![])
+    });
+    assert!(ended, "the idle session is still listed");
+    assert!(d.log().contains("session idle: ending it"), "{}", d.log());
+}
+
+#[test]
+fn a_broker_that_dies_takes_its_sessions_with_it() {
+    let mut d = Daemon::start(&shell());
+    let ws = TempDir::new("session-ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    start(&mut client, ws.path(), "doomed", None).unwrap();
+    let token = format!("session-doomed-{}", std::process::id());
+    sh_in(&mut client, "doomed", &format!("true; {} sleep {token} >/dev/null 2>&1 &", probe()));
+    assert!(eventually(Duration::from_secs(10), || sleeper_with_token(&token).is_some()), "no sleeper");
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || sleeper_with_token(&token).is_none()),
+        "the sleeper lives on"
+    );
+}
+
+#[test]
+fn the_escape_probes_still_fail_in_a_session() {
+    let d = Daemon::start(&shell());
+    let ws = TempDir::new("session-ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    start(&mut client, ws.path(), "jail", None).unwrap();
+    let mut victim = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = victim.id().to_string();
+    // Outside, each succeeds (see the jail's own tests for bpf).
+    for check in [
+        vec!["mount"],
+        vec!["chroot"],
+        vec!["userns"],
+        vec!["keyctl"],
+        vec!["io_uring"],
+        vec!["ptrace", &pid],
+    ] {
+        assert!(probe_outside(&check).is_ok(), "{check:?} fails even outside: {:?}", probe_outside(&check));
+    }
+    for check in ["mount", "chroot", "userns", "keyctl", "bpf", "io_uring"] {
+        assert_eq!(probe_in(&mut client, "jail", &[check]), "err EPERM", "{check}");
+    }
+    for check in ["signal", "ptrace"] {
+        let got = probe_in(&mut client, "jail", &[check, &pid]);
+        assert!(["err ESRCH", "err EPERM"].contains(&got.as_str()), "{check}: {got}");
+    }
+    let status = probe_in(&mut client, "jail", &["status"]);
+    for held in ["NoNewPrivs=1", "Seccomp=2", "CapEff=0000000000000000", "CapBnd=0000000000000000"] {
+        assert!(status.contains(held), "{held}: {status}");
+    }
+    // The session's holder and pid 1 are nothing a command can reach.
+    for pid in ["1", "2"] {
+        let got = probe_in(&mut client, "jail", &["ptrace", pid]);
+        assert!(got.starts_with("err "), "ptrace {pid}: {got}");
+    }
+    let _ = victim.kill();
+    let _ = victim.wait();
+}
+
+#[test]
+fn stopping_a_session_applies_its_writes_as_a_command_that_exited_would() {
+    let d = Daemon::start(&shell());
+    let ws = TempDir::new("session-ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    start(&mut client, ws.path(), "w", None).unwrap();
+    let r = sh_in(&mut client, "w", "echo one > made.txt");
+    assert_eq!(r.status, RunStatus::Exited { code: 0 });
+    let read = probe_in(&mut client, "w", &["read", "made.txt"]);
+    assert!(read.starts_with("ok") && read.ends_with("one"), "{read}");
+    assert!(!ws.join("made.txt").exists(), "a session's writes are its own until it ends");
+    let result = match client.request(&ClientMessage::StopSession { session: "w".into() }).unwrap() {
+        ServerMessage::Finished(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(result.status, RunStatus::Cancelled);
+    assert_eq!(result.changes.files, 1, "{:?}", result.changes);
+    assert_eq!(std::fs::read_to_string(ws.join("made.txt")).unwrap(), "one\n");
+}
+
+#[test]
+fn another_requester_can_neither_run_in_a_session_nor_list_it() {
+    if !is_root() {
+        return skipped("another requester needs a broker serving two uids (run as root)");
+    }
+    let user = test_user();
+    let d = Daemon::start(&format!(
+        "{}[broker]\nallowed_uids = [0, {}]\nsocket_mode = 0o666\n",
+        shell(),
+        user.uid
+    ));
+    let ws = TempDir::new("session-ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    start(&mut client, ws.path(), "mine", None).unwrap();
+    let socket = d.socket.to_str().unwrap();
+    let theirs = shared_workspace(&ws, "theirs");
+    let o = palisade_cli(
+        &theirs,
+        &["session", "exec", "mine", "--socket", socket],
+        &[&probe(), "echo", "x"],
+        Some(&user),
+    );
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o.stdout));
+    assert!(text(&o.stderr).contains("you have no session named mine"), "{}", text(&o.stderr));
+    let listed = std::process::Command::new("setpriv")
+        .args(as_user(&user).iter().skip(1))
+        .arg(bin("palisade"))
+        .args(["session", "list", "--socket", socket])
+        .output()
+        .unwrap();
+    assert_eq!(text(&listed.stdout), "no sessions\n", "{}", text(&listed.stderr));
+    // Counter-test: its requester runs in it, and lists it.
+    let o = palisade_cli(
+        ws.path(),
+        &["session", "exec", "mine", "--socket", socket],
+        &[&probe(), "echo", "x"],
+        None,
+    );
+    assert_eq!((o.status.code(), text(&o.stdout)), (Some(0), "ok x\n".into()), "{}", text(&o.stderr));
+}
+
+#[test]
+fn the_cli_starts_runs_in_lists_and_stops_a_session() {
+    let d = Daemon::start(&shell());
+    let ws = TempDir::new("session-ws");
+    let socket = d.socket.to_str().unwrap();
+    let cli = |args: &[&str]| {
+        std::process::Command::new(bin("palisade")).args(args).current_dir(ws.path()).output().unwrap()
+    };
+    let o = cli(&["session", "start", "--socket", socket, "--name", "c", "--profile", "sh"]);
+    assert_eq!((o.status.code(), text(&o.stdout)), (Some(0), "c\n".into()), "{}", text(&o.stderr));
+    let o = cli(&["session", "exec", "c", "--socket", socket, "--", "sh", "-c", "echo $((6*7)); exit 3"]);
+    assert_eq!((o.status.code(), text(&o.stdout)), (Some(3), "42\n".into()), "{}", text(&o.stderr));
+    let o = cli(&["session", "list", "--socket", socket, "--json"]);
+    let listed: Vec<SessionInfo> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((listed.len(), listed[0].name.as_str(), listed[0].runs), (1, "c", 1));
+    let o = cli(&["session", "stop", "c", "--socket", socket]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).starts_with("session c stopped (run "), "{}", text(&o.stdout));
+    let o = cli(&["session", "exec", "c", "--socket", socket, "--", "true"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(text(&o.stderr).contains("InvalidRequest: you have no session named c"), "{}", text(&o.stderr));
+}
+
+#[test]
+fn the_session_suite_passes_as_an_unprivileged_user() {
+    rerun_unprivileged(module_path!(), "the_session_suite_passes_as_an_unprivileged_user");
+}

@@ -73,6 +73,7 @@ fn run() -> Result<(), (Errno, String)> {
         "limits" => limits(),
         "ifaces" => ifaces(),
         "pids" => pids(),
+        "serve" => serve(&arg(1)),
         "signal" => nix::sys::signal::kill(pid(&arg(1)), nix::sys::signal::Signal::SIGCONT)
             .map(|_| String::new())
             .map_err(errno),
@@ -342,6 +343,15 @@ pub(crate) fn connect(addr: &str) -> Outcome {
     let addr: std::net::SocketAddr =
         addr.parse().map_err(|_| (Errno::EINVAL, format!("bad address {addr}")))?;
     std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map(|_| String::new()).map_err(io)
+}
+
+/// A server on `addr` (TCP) that says `hello` to each connection, forever.
+fn serve(addr: &str) -> Outcome {
+    let listener = std::net::TcpListener::bind(addr).map_err(io)?;
+    for mut stream in listener.incoming().flatten() {
+        let _ = stream.write_all(b"hello\n");
+    }
+    Ok(String::new())
 }
 
 /// Connects to a unix socket: a path, or `@name` for the abstract namespace.
