@@ -1928,6 +1928,39 @@ mod tests {
         assert!(WindowSize { rows: 1, cols: WINDOW_MAX + 1 }.check().is_err());
     }
 
+    /// The sessions' messages, appended in version 16, read as documented.
+    #[cfg(feature = "json")]
+    #[test]
+    fn session_messages_come_after_resize_and_read_as_documented() {
+        let client_index = |m: &ClientMessage| encode(m, Encoding::Bincode).unwrap()[4];
+        let server_index = |m: &ServerMessage| encode(m, Encoding::Bincode).unwrap()[4];
+        let run = RunRequest::default();
+        assert_eq!(client_index(&ClientMessage::StartSession(StartSession::default())), 20);
+        assert_eq!(client_index(&ClientMessage::RunInSession { session: "s".into(), run }), 21);
+        assert_eq!(client_index(&ClientMessage::ListSessions), 22);
+        assert_eq!(client_index(&ClientMessage::StopSession { session: "s".into() }), 23);
+        assert_eq!(server_index(&ServerMessage::SessionStarted(SessionInfo::default())), 16);
+        assert_eq!(server_index(&ServerMessage::Sessions(vec![])), 17);
+        let mut d = Decoder::new(Some(Encoding::Json));
+        d.push(b"{\"start_session\": {\"name\": \"dev\", \"run\": {\"argv\": [], \"cwd\": \"/w\"}}}\n");
+        d.push(b"\"list_sessions\"\n");
+        d.push(b"{\"start_session\": {\"run\": {\"argv\": []}, \"idle\": 5}}\n");
+        let Some(ClientMessage::StartSession(start)) = d.next_message::<ClientMessage>().unwrap() else {
+            panic!()
+        };
+        assert_eq!((start.name.as_deref(), start.idle_timeout_secs), (Some("dev"), None));
+        assert_eq!(d.next_message().unwrap(), Some(ClientMessage::ListSessions));
+        assert!(d.next_message::<ClientMessage>().is_err(), "an unknown field is refused");
+        for m in [ClientMessage::ListSessions, ClientMessage::StopSession { session: "s".into() }] {
+            let json = String::from_utf8(encode(&m, Encoding::Json).unwrap()).unwrap();
+            assert!(
+                json.starts_with(&format!("{{\"{}\"", m.name()))
+                    || json.starts_with(&format!("\"{}\"", m.name())),
+                "{json}"
+            );
+        }
+    }
+
     /// The approval messages, appended in version 3: their bincode indexes
     /// follow the older ones (which did not move), and their JSON is the
     /// one docs/protocol.md shows.

@@ -251,24 +251,37 @@ pub fn command_request(session: &RunRequest, run: RunRequest) -> Result<RunReque
 #[cfg(test)]
 mod tests {
     use super::*;
+    use palisade_policy::denial::names_a_fix_or_why_none;
+
+    /// The refusal's rule and message.
+    fn rule(e: ErrorReply) -> (String, String) {
+        (e.rule.unwrap_or_default(), e.message)
+    }
 
     #[test]
     fn names_are_checked_and_each_requester_has_its_own() {
         let s = Sessions::default();
         assert_eq!(s.reserve(1000, Some("dev".into())).unwrap(), "dev");
-        assert_eq!(s.reserve(1000, Some("dev".into())).unwrap_err().rule.as_deref(), Some("session.name"));
+        let (taken, why) = rule(s.reserve(1000, Some("dev".into())).unwrap_err());
+        assert_eq!(taken, "session.name");
+        names_a_fix_or_why_none("session.name", &why).unwrap();
         assert_eq!(s.reserve(1001, Some("dev".into())).unwrap(), "dev", "another uid's names are its own");
         for bad in ["", ".x", "-x", "a/b", "a b", &"x".repeat(NAME_MAX + 1)] {
-            assert!(s.reserve(1000, Some(bad.into())).is_err(), "{bad:?}");
+            let (refused, why) = rule(s.reserve(1000, Some(bad.into())).unwrap_err());
+            assert_eq!(refused, "session.name", "{bad:?}");
+            names_a_fix_or_why_none("session.name", &why).unwrap();
         }
         s.release(1000, "dev");
         assert_eq!(s.reserve(1000, Some("dev".into())).unwrap(), "dev");
-        let unknown = s.get(1001, "dev").err().and_then(|e| e.rule);
-        assert_eq!(unknown.as_deref(), Some("session.unknown"), "another uid's session is not found");
+        let (unknown, why) = rule(s.get(1001, "dev").err().unwrap());
+        assert_eq!(unknown, "session.unknown", "another uid's session is not found");
+        names_a_fix_or_why_none("session.unknown", &why).unwrap();
         for _ in 1..MAX_SESSIONS_PER_UID {
             s.reserve(1000, None).unwrap();
         }
-        assert_eq!(s.reserve(1000, None).unwrap_err().rule.as_deref(), Some("session.limit"));
+        let (limit, why) = rule(s.reserve(1000, None).unwrap_err());
+        assert_eq!(limit, "session.limit");
+        names_a_fix_or_why_none("session.limit", &why).unwrap();
     }
 
     #[test]
@@ -288,6 +301,8 @@ mod tests {
         assert_eq!(merged.env.len(), 2);
         let wider =
             RunRequest { argv: vec!["ls".into()], read_write: vec!["/etc".into()], ..RunRequest::default() };
-        assert_eq!(command_request(&session, wider).unwrap_err().rule.as_deref(), Some("session.field"));
+        let (field, why) = rule(command_request(&session, wider).unwrap_err());
+        assert_eq!(field, "session.field");
+        names_a_fix_or_why_none("session.field", &why).unwrap();
     }
 }

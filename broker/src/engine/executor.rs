@@ -160,7 +160,7 @@ pub struct Sandbox {
 pub fn sessions_unavailable() -> ErrorReply {
     ErrorReply::with_rule(
         palisade_protocol::wire::ErrorKind::Unavailable,
-        "sessions need Tier C's namespaces (Linux), which this broker's executor does not have",
+        "a session is a Tier C sandbox (Linux's namespaces), which this broker's executor does not have",
         "session.unavailable",
     )
 }

@@ -301,7 +301,7 @@ impl Executor for Linux {
         held: &mut Held,
         session: &crate::engine::executor::Sandbox,
     ) -> Result<(), ErrorReply> {
-        crate::engine::session::join(resolved, &mut held.grants, session)
+        crate::engine::session::join(resolved, &mut held.grants.descriptors, session)
     }
 
     fn changes(&self) -> Option<&Arc<crate::changes::Store>> {

@@ -245,7 +245,10 @@ impl Engine {
         // Tier C: SIGKILL to the helper takes pid 1 of the sandbox with it, and
         // with it the whole pid namespace. Tier B: SIGTERM lets the helper (a
         // subreaper) kill every descendant before it exits.
-        let first_signal = if tier == Tier::C { libc::SIGKILL } else { libc::SIGTERM };
+        // A command of a session: SIGTERM has its helper kill the command's
+        // process group, and nothing else of the session.
+        let joins = resolved.plan.session == Some(SessionRole::Join);
+        let first_signal = if tier == Tier::C && !joins { libc::SIGKILL } else { libc::SIGTERM };
         // Nothing of the run outlives it, however this function is left.
         let abandon = Abandon::arm(pid, &pidfd, first_signal)?;
         let (status, early, egress) = serve_egress(resolved, status).await?;

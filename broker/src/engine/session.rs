@@ -4,10 +4,10 @@
 //! by a helper that joins its namespaces instead of building its own.
 
 use crate::engine::executor::Sandbox;
-use crate::engine::run::Grants;
 use palisade_policy::Resolved;
 use palisade_protocol::wire::{ErrorKind, ErrorReply};
 use palisade_protocol::{JailPlan, Mount, SessionRole, Tier};
+use std::os::fd::OwnedFd;
 
 /// Makes `resolved` a session's held sandbox; refused where its plan is
 /// not one a session can be.
@@ -29,8 +29,13 @@ pub fn hold(resolved: &mut Resolved) -> Result<(), ErrorReply> {
 /// Makes `resolved`, decided for a command of the session `session`, a run
 /// in its sandbox: the policy must have decided the same sandbox the
 /// session has (a command cannot widen it), and the helper gets the
-/// session's namespaces in place of the host paths the plan named.
-pub fn join(resolved: &mut Resolved, grants: &mut Grants, session: &Sandbox) -> Result<(), ErrorReply> {
+/// session's namespaces in place of the host paths the plan named
+/// (`descriptors`, what goes to the helper with the plan).
+pub fn join(
+    resolved: &mut Resolved,
+    descriptors: &mut Vec<OwnedFd>,
+    session: &Sandbox,
+) -> Result<(), ErrorReply> {
     if let Some(what) = differs(&resolved.plan, &session.plan) {
         let why = format!(
             "the policy decided this command a sandbox other than the session's ({what} differ): a \
@@ -50,7 +55,7 @@ pub fn join(resolved: &mut Resolved, grants: &mut Grants, session: &Sandbox) -> 
     // The session's own run serves its egress listeners.
     plan.listeners.clear();
     resolved.egress_plan = None;
-    grants.descriptors = namespaces;
+    *descriptors = namespaces;
     Ok(())
 }
 
@@ -75,4 +80,53 @@ fn differs(mine: &JailPlan, theirs: &JailPlan) -> Option<&'static str> {
         (mine.hostname != theirs.hostname, "hostnames"),
     ];
     checks.into_iter().find(|(differ, _)| *differ).map(|(_, what)| what)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::attest::tests::{request, resolve};
+    use palisade_policy::denial::names_a_fix_or_why_none;
+    use palisade_protocol::Namespaces;
+
+    #[test]
+    fn a_session_is_a_tier_c_sandbox_without_a_cgroup_for_now() {
+        let mut held = resolve(&request(&["/usr/bin/true"]));
+        hold(&mut held).unwrap();
+        assert_eq!(held.plan.session, Some(SessionRole::Hold));
+        let mut tier_b = resolve(&request(&["/usr/bin/true"]));
+        tier_b.plan.namespaces = Namespaces::default();
+        let e = hold(&mut tier_b).unwrap_err();
+        assert_eq!(e.rule.as_deref(), Some("session.unavailable"));
+        names_a_fix_or_why_none("session.unavailable", &e.message).unwrap();
+        let mut in_cgroup = resolve(&request(&["/usr/bin/true"]));
+        in_cgroup.cgroup = Some(palisade_policy::CgroupPlan {
+            name: "run-1".into(),
+            path: "/sys/fs/cgroup/palisade/run-1".into(),
+            v1: false,
+            memory_bytes: 1 << 30,
+            processes: 256,
+            cpu_percent: 100,
+        });
+        let e = hold(&mut in_cgroup).unwrap_err();
+        assert_eq!(e.rule.as_deref(), Some("session.cgroup"));
+        names_a_fix_or_why_none("session.cgroup", &e.message).unwrap();
+    }
+
+    #[test]
+    fn a_command_joins_only_a_session_with_its_own_sandbox() {
+        let session = Sandbox { plan: resolve(&request(&["/usr/bin/true"])).plan, namespaces: vec![] };
+        let mut command = resolve(&request(&["/usr/bin/echo", "hi"]));
+        let mut descriptors = vec![];
+        join(&mut command, &mut descriptors, &session).unwrap();
+        assert_eq!(command.plan.session, Some(SessionRole::Join));
+        assert!(command.plan.mounts.is_empty() && command.plan.descriptors.is_empty());
+        assert!(command.plan.check().is_ok(), "{:?}", command.plan.check());
+        let mut wider = resolve(&request(&["/usr/bin/echo", "hi"]));
+        wider.plan.landlock.write.push("/etc".into());
+        let e = join(&mut wider, &mut descriptors, &session).unwrap_err();
+        assert_eq!(e.rule.as_deref(), Some("session.differs"));
+        assert!(e.message.contains("(Landlock rules differ)"), "{}", e.message);
+        names_a_fix_or_why_none("session.differs", &e.message).unwrap();
+    }
 }

@@ -77,7 +77,7 @@ pub fn attestation(
 }
 
 #[cfg(all(test, target_os = "linux"))]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use palisade_policy::{Config, Context, Decision, HostCapabilities, Policy};
     use palisade_protocol::RlimitName;
@@ -85,7 +85,8 @@ mod tests {
     use palisade_protocol::{Rlimit, RulesetState};
     use std::path::PathBuf;
 
-    fn resolve(request: &RunRequest) -> Resolved {
+    /// `request` as the default policy decides it on a Tier C host without cgroups.
+    pub(crate) fn resolve(request: &RunRequest) -> Resolved {
         let host = crate::host::gather(
             &HostCapabilities {
                 user_namespaces: true,
@@ -116,7 +117,8 @@ mod tests {
         }
     }
 
-    fn request(argv: &[&str]) -> RunRequest {
+    /// A request for `argv` in the temporary directory.
+    pub(crate) fn request(argv: &[&str]) -> RunRequest {
         let cwd = std::env::temp_dir().canonicalize().unwrap();
         RunRequest {
             argv: argv.iter().map(|s| s.to_string()).collect(),

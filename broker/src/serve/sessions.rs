@@ -190,3 +190,36 @@ impl<E: Executor> Server<E> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use palisade_policy::denial::names_a_fix_or_why_none;
+
+    /// The refusal's rule and message.
+    fn refused(start: StartSession) -> (String, String) {
+        let e = ErrorReply::from(bounds(&start).unwrap_err());
+        (e.rule.unwrap_or_default(), e.message)
+    }
+
+    #[test]
+    fn a_start_has_bounds_and_no_command() {
+        let fine = StartSession::default();
+        let (idle, lifetime) = bounds(&fine).unwrap();
+        assert_eq!(
+            (idle.as_secs(), lifetime.as_secs()),
+            (IDLE_TIMEOUT_DEFAULT_SECS, MAX_LIFETIME_DEFAULT_SECS)
+        );
+        let zero = StartSession { idle_timeout_secs: Some(0), ..StartSession::default() };
+        let (rule, why) = refused(zero);
+        assert_eq!(rule, "session.bounds");
+        names_a_fix_or_why_none("session.bounds", &why).unwrap();
+        let long =
+            StartSession { max_lifetime_secs: Some(MAX_LIFETIME_CAP_SECS + 1), ..StartSession::default() };
+        assert_eq!(refused(long).0, "session.bounds");
+        let run = RunRequest { argv: vec!["ls".into()], ..RunRequest::default() };
+        let (rule, why) = refused(StartSession { run, ..StartSession::default() });
+        assert_eq!(rule, "session.argv");
+        names_a_fix_or_why_none("session.argv", &why).unwrap();
+    }
+}

@@ -146,6 +146,21 @@ def main() -> int:
         assert explained["decision"] == "deny" and explained["rule"], explained
         print("explain:", explained["rule"])
 
+        session = broker.start_session(name="py", profile="sh", idle_timeout_secs=60)
+        assert (session["name"], session["runs"]) == ("py", 0), session
+        broker.run(["/bin/sh", "-c", "echo kept > note.txt"], session="py")
+        assert broker.run(["/bin/cat", "note.txt"], session="py").stdout == b"kept\n"
+        assert [(s["name"], s["runs"]) for s in broker.list_sessions()] == [("py", 2)]
+        stopped = broker.stop_session("py")
+        assert (stopped.status, stopped.result["run_id"]) == ("cancelled", session["run_id"]), stopped
+        assert broker.list_sessions() == []
+        try:
+            broker.run(["/bin/true"], session="py")
+            raise AssertionError("a command ran in a stopped session")
+        except PalisadeError as e:
+            assert (e.kind, e.rule) == ("InvalidRequest", "session.unknown"), e.reply
+        print("session: a file one command wrote, read by the next; then stopped")
+
         status = broker.status()
         assert status["protocol"] == PROTOCOL_VERSION and status["runs_in_flight"] == 0, status
         print("status: protocol", status["protocol"])
@@ -162,6 +177,11 @@ def main() -> int:
             raise AssertionError("a terminal asked of version 12")
         except PalisadeError as e:
             assert e.kind == "ProtocolError" and "a terminal needs 15" in e.message, e
+        try:
+            old.start_session()
+            raise AssertionError("a session asked of version 12")
+        except PalisadeError as e:
+            assert e.kind == "ProtocolError" and "sessions need 16" in e.message, e
         # No streamed stdin before version 14: it goes whole, in the request.
         assert old.run(["/bin/cat"], stdin=iter([b"whole ", b"stdin"])).stdout == b"whole stdin"
         print("version", old.version, "still served")

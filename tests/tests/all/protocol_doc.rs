@@ -336,9 +336,13 @@ fn no_crate_has_an_import_cycle() {
     for krate in ["protocol", "policy", "helper", "broker", "cli", "plugins"] {
         let modules = modules(&root, &files, krate);
         assert!(modules.len() > 3, "{krate}: {} modules", modules.len());
+        // A crate whose modules are all in one folder (the helper's `jail/`)
+        // has its imports one level down.
+        let tops: std::collections::BTreeSet<&String> =
+            modules.iter().filter(|(name, _)| name.len() > 1).map(|(name, _)| &name[0]).collect();
         for depth in [1, 2] {
             let edges = imports(&modules, depth);
-            assert!(!edges.is_empty(), "{krate}: no imports found");
+            assert!(!edges.is_empty() || depth == 1 && tops.len() == 1, "{krate}: no imports found");
             let cycle = a_cycle(&edges);
             assert!(cycle.is_none(), "{krate} imports in a circle: {}", cycle.unwrap().join(" -> "));
         }

@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 #: The highest protocol version this package speaks.
-PROTOCOL_VERSION = 15
+PROTOCOL_VERSION = 16
 #: The lowest.
 OLDEST_PROTOCOL_VERSION = 12
 #: The exit status of palisade refusing or failing, as `palisade run` uses it.
@@ -42,6 +42,8 @@ EXIT_PALISADE = 125
 STREAMED_STDIN_VERSION = 14
 #: The protocol version that runs a command in a terminal.
 TERMINAL_VERSION = 15
+#: The protocol version that has sessions, sandboxes that stay.
+SESSION_VERSION = 16
 #: The most rows, and the most columns, of a terminal's window.
 WINDOW_MAX = 4096
 #: The most one streamed piece of stdin carries.
@@ -271,6 +273,7 @@ class Client:
         on_output: Optional[OutputHandler] = None,
         on_approval: Optional[ApprovalHandler] = None,
         terminal: Optional[Tuple[int, int]] = None,
+        session: Optional[str] = None,
         **fields: Any,
     ) -> RunResult:
         """Runs `argv`; its working directory `cwd` (default: this process's)
@@ -285,7 +288,13 @@ class Client:
         quota) returns, its `status` saying which. `terminal=(rows, cols)`
         runs it in a terminal of that window (protocol version 15): its
         stdin is what is typed (b"\\x03" is Ctrl-C), always streamed, its
-        output all `stdout`; `resize` changes the window while it runs."""
+        output all `stdout`; `resize` changes the window while it runs.
+        `session=NAME` runs it in that session of yours (`start_session`,
+        protocol version 16): `cwd` defaults to the session's, `stdin` is
+        bytes, and `fields` only the command's own (docs/protocol.md,
+        "Sessions")."""
+        if session is not None:
+            return self._run_in_session(session, argv, cwd, env, stdin, on_output, on_approval, fields)
         request: Json = {"argv": list(argv), "cwd": cwd or os.getcwd(), "raw_output": True}
         if workspace is not None:
             request["workspace"] = workspace
@@ -338,6 +347,75 @@ class Client:
         if self._stdin_failed is not None:
             raise PalisadeError("RuntimeFailure", f"reading the run's stdin: {self._stdin_failed}") from self._stdin_failed
         return result
+
+    def _run_in_session(
+        self,
+        session: str,
+        argv: Sequence[str],
+        cwd: Optional[str],
+        env: Optional[Mapping[str, str]],
+        stdin: Stdin,
+        on_output: Optional[OutputHandler],
+        on_approval: Optional[ApprovalHandler],
+        fields: Dict[str, Any],
+    ) -> RunResult:
+        self._needs_sessions()
+        if not isinstance(stdin, (bytes, bytearray)):
+            raise PalisadeError("InvalidRequest", "a command in a session takes its stdin as bytes")
+        request: Json = {"argv": list(argv), "raw_output": True}
+        for name, value in (("cwd", cwd), ("env", dict(env) if env is not None else None)):
+            if value is not None:
+                request[name] = value
+        if stdin:
+            request["stdin"] = _encode_bytes(bytes(stdin))
+        request.update(fields)
+        self._send({"run_in_session": {"session": session, "run": request}})
+        try:
+            return self._events(None, on_output, on_approval)
+        finally:
+            self._run_ended()
+
+    def _needs_sessions(self) -> None:
+        if self.version < SESSION_VERSION:
+            raise PalisadeError(
+                "ProtocolError", f"this broker speaks protocol version {self.version}; sessions need {SESSION_VERSION}"
+            )
+
+    def start_session(
+        self,
+        *,
+        name: Optional[str] = None,
+        cwd: Optional[str] = None,
+        idle_timeout_secs: Optional[int] = None,
+        max_lifetime_secs: Optional[int] = None,
+        **fields: Any,
+    ) -> Json:
+        """Starts a session, a sandbox that stays for the commands `run(...,
+        session=NAME)` runs in it; `fields` are a run request's (`profile`,
+        `read_only`, `workspace`, ...) but `argv` and `stdin`. Returns it as
+        `list_sessions` lists it (its `name`)."""
+        self._needs_sessions()
+        run: Json = {"argv": [], "cwd": cwd or os.getcwd()}
+        run.update(fields)
+        start: Json = {"run": run}
+        for key, value in (("name", name), ("idle_timeout_secs", idle_timeout_secs),
+                           ("max_lifetime_secs", max_lifetime_secs)):
+            if value is not None:
+                start[key] = value
+        started: Json = self._ask({"start_session": start}, "session_started")
+        return started
+
+    def list_sessions(self) -> List[Json]:
+        """Your live sessions (`sessions`)."""
+        self._needs_sessions()
+        sessions: List[Json] = self._ask("list_sessions", "sessions")
+        return sessions
+
+    def stop_session(self, name: str) -> RunResult:
+        """Ends session `name`, killing everything in it: its own result."""
+        self._needs_sessions()
+        finished: Json = self._ask({"stop_session": {"session": name}}, "finished")
+        return _result(finished, {"stdout": [], "stderr": []}, [])
 
     def resize(self, rows: int, cols: int) -> bool:
         """The window of the terminal of the run in progress (`run`'s
