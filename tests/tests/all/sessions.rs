@@ -312,6 +312,50 @@ fn the_cli_starts_runs_in_lists_and_stops_a_session() {
 }
 
 #[test]
+fn a_command_past_its_deadline_ends_with_its_process_group_and_the_session_stays() {
+    let d = Daemon::start(&shell());
+    let ws = TempDir::new("session-ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    start(&mut client, ws.path(), "slow", None).unwrap();
+    let token = format!("session-group-{}", std::process::id());
+    let script = format!("true; {} sleep {token} & sleep 100", probe());
+    client.in_session("slow".into());
+    let run = RunRequest { argv: sh(&script), timeout_secs: Some(1), ..RunRequest::default() };
+    let r = client.run(run, |_| {}).unwrap();
+    assert_eq!(r.status, RunStatus::TimedOut);
+    assert!(
+        eventually(Duration::from_secs(10), || sleeper_with_token(&token).is_none()),
+        "its group lives on"
+    );
+    assert_eq!(probe_in(&mut client, "slow", &["echo", "still"]), "ok still", "the session stays");
+}
+
+#[test]
+fn a_tier_b_broker_starts_no_session() {
+    let d = Daemon::start(&format!(
+        "{}[broker]\nuser_namespaces = false\n[policy]\nfallback = \"warn_and_execute\"\n",
+        shell()
+    ));
+    let dir = TempDir::new("session-ws");
+    // A root broker's Tier B runs as the sandbox's host ids: a workspace they can enter.
+    let ws = shared_workspace(&dir, "w");
+    let mut client = Client::connect(&d.socket).unwrap();
+    match start(&mut client, &ws, "b", None) {
+        Err(ClientError::Reply(e)) => {
+            assert_eq!(
+                (e.kind, e.rule.as_deref()),
+                (ErrorKind::Unavailable, Some("session.unavailable")),
+                "{e:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Counter-test: the same broker runs a command of its own (Tier B).
+    let r = client.run(request(&ws, &["echo", "x"]), |_| {}).unwrap();
+    assert_eq!(r.status, RunStatus::Exited { code: 0 });
+}
+
+#[test]
 fn the_session_suite_passes_as_an_unprivileged_user() {
     rerun_unprivileged(module_path!(), "the_session_suite_passes_as_an_unprivileged_user");
 }
