@@ -103,8 +103,10 @@ pub fn contain() -> Result<Infallible> {
     // Last before execve, so the filter need not allow anything the helper does.
     step(Stage::Seccomp, || seccomp::install(&plan.seccomp))?;
     // A session's holder, under the command's filter, execs nothing: it waits until the sandbox is torn down.
-    while holds {
-        nix::unistd::pause();
+    if holds {
+        loop {
+            nix::unistd::pause();
+        }
     }
     exec::exec(command)
 }

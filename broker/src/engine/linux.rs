@@ -228,7 +228,11 @@ impl Executor for Linux {
     ) -> Result<Prepared<Option<Slot>>, BrokerError> {
         // A warm slot with a cgroup brings it: the run's cgroup is that one,
         // in the plan, its record and its attestation.
-        let claimed = self.engine.claim(&resolved.plan, resolved.cgroup.is_some()).await;
+        // A session's sandbox, and a command in one, are never a warm slot's.
+        let claimed = match resolved.plan.session {
+            Some(_) => None,
+            None => self.engine.claim(&resolved.plan, resolved.cgroup.is_some()).await,
+        };
         if let Some(cgroup) = claimed.as_ref().and_then(|s| s.cgroup.as_ref()) {
             take_cgroup(resolved, cgroup);
         }

@@ -102,6 +102,8 @@ pub struct Server<E: Executor = Native> {
     pub(super) broker: Arc<Broker<E>>,
     /// The live sessions (see [`crate::serve::sessions`]).
     pub(super) sessions: Arc<crate::decide::sessions::Sessions>,
+    /// The tasks holding them: a shutdown waits for each (its writes settled).
+    pub(super) session_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     connections: Arc<Mutex<Connections>>,
     /// One permit per connection over the limits waiting for its hello.
     refusing_busy: Arc<Semaphore>,
@@ -147,6 +149,7 @@ impl<E: Executor> Server<E> {
             not_allowed: Refusals::default(),
             broker: Arc::new(broker),
             sessions: Arc::default(),
+            session_tasks: Mutex::default(),
         }
     }
 
@@ -196,9 +199,15 @@ impl<E: Executor> Server<E> {
         // Requests still waiting for a slot are answered now instead of starting.
         self.slots.close();
         tracing::info!(connections = connections.len(), "shutting down: killing the runs in progress");
-        let _ =
-            tokio::time::timeout(SHUTDOWN_GRACE, async { while connections.join_next().await.is_some() {} })
-                .await;
+        // The sessions end with the runs, their writes held as any ended run's.
+        let tasks = std::mem::take(&mut *self.session_tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        let ended = async {
+            while connections.join_next().await.is_some() {}
+            for task in tasks {
+                let _ = task.await;
+            }
+        };
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, ended).await;
         connections.abort_all();
     }
 

@@ -128,7 +128,7 @@ impl<E: Executor> Server<E> {
         let (broker, sessions, who, watching) =
             (self.broker.clone(), self.sessions.clone(), peer.clone(), activity.clone());
         let (held_request, held_name) = (request.clone(), name.to_string());
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let stopped = Arc::new(AtomicBool::new(false));
             let mut sink = HoldSink { held: Some(held_tx), stopped: stopped.clone() };
             let (uid, idle_name) = (who.uid, held_name.clone());
@@ -146,6 +146,11 @@ impl<E: Executor> Server<E> {
             let _ = end_tx.send(Some(result.map_err(ErrorReply::from)));
             sessions.remove(who.uid, &held_name);
         });
+        {
+            let mut tasks = self.session_tasks.lock().unwrap_or_else(|e| e.into_inner());
+            tasks.retain(|t| !t.is_finished());
+            tasks.push(task);
+        }
         let Ok(namespaces) = held_rx.await else {
             // The run ended before its sandbox was held: why.
             let ended = end_rx.wait_for(Option::is_some).await.map(|e| e.clone()).ok().flatten();

@@ -39,10 +39,8 @@ pub fn send_namespaces(ns: &Namespaces) -> Result<()> {
     let mut held = Vec::new();
     for name in ns.names() {
         let path = format!("/proc/self/ns/{}", if name == "mount" { "mnt" } else { name });
-        held.push(
-            open(path.as_str(), OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
-                .at(Stage::Session, || format!("open {path}"))?,
-        );
+        let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+        held.push(open(path.as_str(), flags, Mode::empty()).at(Stage::Session, || format!("open {path}"))?);
     }
     let raw: Vec<_> = held.iter().map(AsRawFd::as_raw_fd).collect();
     error::send_with_fds(&HelperRecord::Session, &raw).at(Stage::Session, || "send the namespaces".into())
@@ -57,11 +55,12 @@ pub fn join(plan: &JailPlan, namespaces: Vec<OwnedFd>) -> Result<()> {
         // The kernel clears the death signal when credentials change.
         lifeline::arm_against_caller(plan.parent_pid, Signal::SIGKILL)?;
     }
+    // It holds the capabilities of the session's user namespace until it
+    // forks: nothing of the session may reach it (it is outside the pid namespace too).
+    prctl::set_dumpable(false).at(Stage::Join, || "PR_SET_DUMPABLE(0)".into())?;
     for (fd, name) in namespaces.iter().zip(plan.namespaces.names()) {
         setns(fd, CloneFlags::empty())
             .at(Stage::Join, || format!("setns into the session's {name} namespace"))?;
     }
-    // It holds the capabilities of the session's user namespace until it
-    // forks: nothing of the session may reach it (it is outside the pid namespace too).
-    prctl::set_dumpable(false).at(Stage::Join, || "PR_SET_DUMPABLE(0)".into())
+    Ok(())
 }

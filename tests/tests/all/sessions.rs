@@ -189,6 +189,33 @@ fn a_broker_that_dies_takes_its_sessions_with_it() {
 }
 
 #[test]
+fn a_broker_that_stops_ends_its_sessions_and_holds_their_writes() {
+    let mut d = Daemon::start(&shell());
+    let ws = TempDir::new("session-ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    let info = start(&mut client, ws.path(), "kept", None).unwrap();
+    assert_eq!(sh_in(&mut client, "kept", "echo mine > note.txt").status, RunStatus::Exited { code: 0 });
+    drop(client);
+    assert!(d.stop().is_some_and(|s| s.success()), "{}", d.log());
+    assert!(!ws.join("note.txt").exists(), "palisade ended it: its writes are held, not applied");
+    let log = d.log();
+    let finished =
+        log.lines().find(|l| l.contains("run finished") && l.contains(&format!("run_id={}", info.run_id)));
+    assert!(finished.is_some_and(|l| l.contains("Cancelled")), "the session's end is recorded: {log}");
+    // The journal's `changes` record of the session's run says they are held.
+    let o = std::process::Command::new(bin("palisade"))
+        .args(["audit", "tail", "-n", "100", "--json"])
+        .env("PALISADE_JOURNAL", d.journal())
+        .output()
+        .unwrap();
+    let held = text(&o.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .any(|r| r["event"] == "changes" && r["run_id"] == info.run_id && r["outcome"] == "held");
+    assert!(held, "its writes are held: {}", text(&o.stdout));
+}
+
+#[test]
 fn the_escape_probes_still_fail_in_a_session() {
     let d = Daemon::start(&shell());
     let ws = TempDir::new("session-ws");
