@@ -145,6 +145,8 @@ impl<E: Executor> Server<E> {
             let result = broker.execute(&who, decided, &held_request, &mut sink, cancel).await;
             let _ = end_tx.send(Some(result.map_err(ErrorReply::from)));
             sessions.remove(who.uid, &held_name);
+            // A start that was given up before its session was listed leaves no name taken.
+            sessions.release(who.uid, &held_name);
         });
         {
             let mut tasks = self.session_tasks.lock().unwrap_or_else(|e| e.into_inner());
