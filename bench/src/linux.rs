@@ -97,6 +97,48 @@ impl Launch for SocketClient {
     }
 }
 
+/// An agent's call in a session: a connection, one command in the
+/// session the broker holds (its sandbox built once, at the start), its
+/// result.
+struct SessionClient {
+    name: &'static str,
+    socket: PathBuf,
+    session: String,
+}
+
+impl SessionClient {
+    /// Starts the session `name` in `cwd` on the broker at `socket`.
+    fn start(name: &'static str, socket: &Path, cwd: &Path) -> SessionClient {
+        let mut c = Client::connect(socket).expect("connect to palisaded");
+        let run = RunRequest { cwd: Some(cwd.to_string_lossy().into_owned()), ..Default::default() };
+        let start = palisade_protocol::wire::StartSession {
+            name: Some("bench".into()),
+            run,
+            idle_timeout_secs: Some(3600),
+            max_lifetime_secs: None,
+        };
+        match c.request(&palisade_protocol::wire::ClientMessage::StartSession(start)) {
+            Ok(ServerMessage::SessionStarted(info)) => {
+                SessionClient { name, socket: socket.to_path_buf(), session: info.name }
+            }
+            other => panic!("the benchmark's session did not start: {other:?}"),
+        }
+    }
+}
+
+impl Launch for SessionClient {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn once(&self, payload: &[&str]) {
+        let mut c = Client::connect(&self.socket).expect("connect to palisaded");
+        c.in_session(self.session.clone());
+        let req = RunRequest { argv: payload.iter().map(|s| s.to_string()).collect(), ..Default::default() };
+        let r = c.run(req, |_| {}).expect("run in the session");
+        assert_eq!(r.status, RunStatus::Exited { code: 0 }, "{}", self.name);
+    }
+}
+
 /// palisade-helper run directly with a plan resolved by the default policy.
 struct Helper {
     name: &'static str,
@@ -397,6 +439,17 @@ fn latency(opts: &Opts, launchers: &[&dyn Launch], payloads: &[&[&str]]) -> Stri
                 percentile(&samples[i], 0.99),
                 median(i) / median(0),
                 vs_bwrap
+            ));
+        }
+        // A command in a live session against a fresh run of it, the same way.
+        let at = |name: &str| launchers.iter().position(|l| l.name() == name);
+        if let (Some(session), Some(fresh)) =
+            (at("palisade, socket client, in a session"), at("palisade, socket client"))
+        {
+            out.push_str(&format!(
+                "\n`{}` in a session: {:.2}× a fresh run through the socket client (median).\n\n",
+                payload.join(" "),
+                median(session) / median(fresh)
             ));
         }
     }
@@ -842,6 +895,7 @@ struct Launchers {
     helpers: [Helper; 2],
     cli: [Prefix; 3],
     sockets: [SocketClient; 3],
+    session: SessionClient,
 }
 
 impl Launchers {
@@ -881,6 +935,7 @@ impl Launchers {
                 socket("palisade, socket client, journal off", &b.no_journal),
                 socket("palisade, socket client, journal off, warm = false", &b.cold),
             ],
+            session: SessionClient::start("palisade, socket client, in a session", &b.journal.socket, ws),
         }
     }
 
@@ -904,6 +959,7 @@ impl Launchers {
             helper_like_bwrap,
             cli,
             socket,
+            &self.session,
             cli_no_journal,
             socket_no_journal,
             socket_cold,
