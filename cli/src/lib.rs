@@ -116,7 +116,7 @@ pub enum Command {
     /// WebAssembly skill plugins (Tier A): install, list, run, secrets.
     Plugin(Handed),
     /// Serve palisade's tools to an agent over the Model Context Protocol
-    /// (stdio): run_command, run_tool, run_plugin and explain, forwarded to the running
+    /// (stdio): run_command, run_tool, run_plugin, explain and sessions, forwarded to the running
     /// broker, or to one embedded in this process when none answers.
     ///
     /// The sandbox flags are the person's, as for `palisade run`: with an

@@ -56,7 +56,7 @@ async def basics(s):
     check("initialize names the server", init.server_info.name == "palisade", init.server_info)
     check("the instructions say what palisade is", "sandbox" in (init.instructions or ""))
     tools = {t.name: t for t in (await s.list_tools()).tools}
-    check("the tools", sorted(tools) == ["apply_changes", "discard_changes", "explain", "list_changes", "run_command", "run_plugin", "run_tool", "show_changes"], sorted(tools))
+    check("the tools", sorted(tools) == ["apply_changes", "discard_changes", "explain", "list_changes", "run_command", "run_plugin", "run_tool", "session_exec", "session_list", "session_start", "session_stop", "show_changes"], sorted(tools))
     props = tools["run_command"].input_schema["properties"]
     check("run_command's schema", {"argv", "command", "workspace", "stdin", "timeout_secs", "output_limit_bytes"} <= set(props), props)
     check("a description written for a model", "refusal" in tools["run_command"].description)

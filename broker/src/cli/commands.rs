@@ -109,7 +109,7 @@ pub enum Command {
     #[command(subcommand)]
     Plugin(crate::cli::plugin::PluginCommand),
     /// Serve palisade's tools to an agent over the Model Context Protocol
-    /// (stdio): run_command, run_tool, run_plugin and explain, forwarded to the running
+    /// (stdio): run_command, run_tool, run_plugin, explain and sessions, forwarded to the running
     /// broker, or to one embedded in this process when none answers.
     ///
     /// The sandbox flags are the person's, as for `palisade run`: with an

@@ -35,6 +35,17 @@ fn server(ws: &TempDir) -> (std::process::ChildStdin, mpsc::Receiver<Value>, std
     (child.stdin.take().unwrap(), rx, child)
 }
 
+/// [`server`], past MCP's initialization (request 1).
+fn initialized(ws: &TempDir) -> (std::process::ChildStdin, mpsc::Receiver<Value>, std::process::Child) {
+    let (mut stdin, rx, child) = server(ws);
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "wire", "version": "0"}}});
+    send(&mut stdin, init);
+    until_response(&rx, 1);
+    send(&mut stdin, json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    (stdin, rx, child)
+}
+
 fn send(stdin: &mut std::process::ChildStdin, message: Value) {
     writeln!(stdin, "{message}").unwrap();
 }
@@ -61,12 +72,7 @@ fn call(id: u64, argv: &[&str]) -> Value {
 fn a_cancelled_call_gets_no_response_and_a_refusal_is_no_warning() {
     let ws = TempDir::new("mcp-wire");
     std::fs::copy(bin("probe"), ws.join("probe")).unwrap();
-    let (mut stdin, rx, mut child) = server(&ws);
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "wire", "version": "0"}}});
-    send(&mut stdin, init);
-    until_response(&rx, 1);
-    send(&mut stdin, json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let (mut stdin, rx, mut child) = initialized(&ws);
     // A refusal: an error response.
     send(&mut stdin, call(2, &["python3", "-c", "1"]));
     let refused = until_response(&rx, 2);
@@ -98,4 +104,67 @@ fn a_cancelled_call_gets_no_response_and_a_refusal_is_no_warning() {
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(status.success(), "{stderr}");
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
+/// A tool call's result (its structured content), or the error it got.
+fn tool(
+    stdin: &mut std::process::ChildStdin,
+    rx: &mpsc::Receiver<Value>,
+    id: u64,
+    name: &str,
+    args: Value,
+) -> Value {
+    send(
+        stdin,
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": args}}),
+    );
+    let reply = until_response(rx, id).pop().unwrap();
+    if reply["error"].is_null() {
+        reply["result"]["structuredContent"].clone()
+    } else {
+        reply["error"].clone()
+    }
+}
+
+#[test]
+fn a_session_started_over_mcp_keeps_its_files_and_ends_with_the_server() {
+    let ws = TempDir::new("mcp-session");
+    std::fs::copy(bin("probe"), ws.join("probe")).unwrap();
+    let (mut stdin, rx, mut child) = initialized(&ws);
+    let started = tool(&mut stdin, &rx, 2, "session_start", json!({"name": "agent"}));
+    assert_eq!(started["name"], "agent", "{started}");
+    let ran = tool(
+        &mut stdin,
+        &rx,
+        3,
+        "session_exec",
+        json!({"session": "agent", "argv": ["./probe", "put", "made.txt", "x"]}),
+    );
+    assert_eq!(ran["exit_code"], 0, "{ran}");
+    let seen = tool(
+        &mut stdin,
+        &rx,
+        4,
+        "run_command",
+        json!({"session": "agent", "argv": ["./probe", "read", "made.txt"]}),
+    );
+    assert!(seen["stdout"].as_str().is_some_and(|s| s.starts_with("ok")), "the next command sees it: {seen}");
+    assert!(!ws.join("made.txt").exists(), "the session's writes are its own until it ends");
+    let listed = tool(&mut stdin, &rx, 5, "session_list", json!({}));
+    assert_eq!(listed["sessions"][0]["runs"], 2, "{listed}");
+    let wider = tool(
+        &mut stdin,
+        &rx,
+        6,
+        "run_command",
+        json!({"session": "agent", "argv": ["true"], "workspace": "."}),
+    );
+    assert_eq!(wider["code"], -32602, "a session's command names no workspace: {wider}");
+    drop(stdin);
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stderr}");
+    // Its session ended with it, stopped: its writes applied.
+    assert_eq!(std::fs::read_to_string(ws.join("made.txt")).unwrap_or_default(), "x", "{stderr}");
 }

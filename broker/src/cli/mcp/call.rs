@@ -40,6 +40,8 @@ pub struct Defaults {
 pub struct Call {
     pub request: RunRequest,
     pub output_limit: u64,
+    /// The session the command runs in, if it names one.
+    pub session: Option<String>,
 }
 
 /// What a call's arguments may hold.
@@ -55,6 +57,7 @@ impl Shape {
         match key {
             "argv" | "command" | "workspace" => true,
             "stdin" | "timeout_secs" | "output_limit_bytes" => self != Shape::Explain,
+            "session" => self == Shape::RunCommand,
             "tool" | "params" => self != Shape::RunCommand,
             _ => false,
         }
@@ -90,6 +93,19 @@ pub fn parse(args: &JsonObject, shape: Shape, defaults: &Defaults) -> Result<Cal
         (None, Some(line)) => argv_of(&line),
         _ => return Err(invalid("give argv or command (one of them)".into())),
     };
+    let output_limit = number("output_limit_bytes")?
+        .unwrap_or(super::tools::DEFAULT_OUTPUT_LIMIT)
+        .clamp(256, super::tools::MAX_OUTPUT_LIMIT);
+    if let Some(session) = text("session")? {
+        // The session's sandbox is decided: only the command's own fields go.
+        if args.contains_key("workspace") {
+            return Err(invalid("a command in a session runs in the session's workspace: give none".into()));
+        }
+        let stdin = text("stdin")?.unwrap_or_default().into_bytes();
+        let request =
+            RunRequest { argv, stdin, timeout_secs: number("timeout_secs")?, ..RunRequest::default() };
+        return Ok(Call { request, output_limit, session: Some(session) });
+    }
     let workspace = match text("workspace")? {
         Some(w) => within_workspace(&defaults.workspace, &w)?,
         None => defaults.workspace.clone(),
@@ -128,10 +144,7 @@ pub fn parse(args: &JsonObject, shape: Shape, defaults: &Defaults) -> Result<Cal
         return Err(invalid("run_tool needs the tool's name (tool)".into()));
     }
     defaults.sandbox.ask(&mut request, &defaults.workspace).map_err(invalid)?;
-    let output_limit = number("output_limit_bytes")?
-        .unwrap_or(super::tools::DEFAULT_OUTPUT_LIMIT)
-        .clamp(256, super::tools::MAX_OUTPUT_LIMIT);
-    Ok(Call { request, output_limit })
+    Ok(Call { request, output_limit, session: None })
 }
 
 /// A call's workspace: inside the server's, which the person chose. A
@@ -269,6 +282,9 @@ pub fn run(
 ) -> Ran {
     let (mut stdout, mut stderr) = (Capped::new(call.output_limit), Capped::new(call.output_limit));
     let outcome = Client::over(stream).and_then(|mut client| {
+        if let Some(session) = call.session {
+            client.in_session(session);
+        }
         let on = |event: Event<'_>| {
             if let Event::Output(s, data) = event {
                 progress.output(data);
@@ -424,6 +440,85 @@ pub fn result(ran: Ran, broker: &str) -> Result<CallToolResult, ErrorData> {
     let mut result = CallToolResult::structured(structured);
     result.content = vec![ContentBlock::text(summary)];
     result.is_error = Some(error_kind.is_some());
+    Ok(result)
+}
+
+/// A session call's message: `session_start` (the server's workspace and
+/// flags, as a run of `run_command` gets them), `session_stop` or `session_list`.
+pub fn session_call(name: &str, args: &JsonObject, defaults: &Defaults) -> Result<ClientMessage, ErrorData> {
+    let allowed: &[&str] = match name {
+        "session_start" => &["name", "idle_timeout_secs", "max_lifetime_secs"],
+        "session_stop" => &["session"],
+        _ => &[],
+    };
+    if let Some(key) = args.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(invalid(format!("unknown argument {key:?}")));
+    }
+    let number = |key: &str| match args.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| invalid(format!("{key} must be a whole number"))),
+    };
+    let text = |key: &str| args.get(key).and_then(Value::as_str).map(String::from);
+    match name {
+        "session_start" => {
+            let workspace = defaults.workspace.to_string_lossy().into_owned();
+            let mut run = RunRequest {
+                env: std::env::vars().collect(),
+                cwd: Some(workspace.clone()),
+                workspace: Some(workspace),
+                umask: defaults.umask,
+                ..RunRequest::default()
+            };
+            defaults.sandbox.ask(&mut run, &defaults.workspace).map_err(invalid)?;
+            Ok(ClientMessage::StartSession(palisade_protocol::wire::StartSession {
+                name: text("name"),
+                run,
+                idle_timeout_secs: number("idle_timeout_secs")?,
+                max_lifetime_secs: number("max_lifetime_secs")?,
+            }))
+        }
+        "session_stop" => {
+            let session = text("session").ok_or_else(|| invalid("session must be a string".into()))?;
+            Ok(ClientMessage::StopSession { session })
+        }
+        _ => Ok(ClientMessage::ListSessions),
+    }
+}
+
+/// A session call through the broker on `stream`, as a tool result.
+pub fn sessions(stream: UnixStream, message: ClientMessage) -> Result<CallToolResult, ErrorData> {
+    let reply = Client::over(stream).and_then(|mut c| c.request(&message)).map_err(client_error)?;
+    let (value, text) = match &reply {
+        ServerMessage::SessionStarted(info) => (
+            serde_json::to_value(info).unwrap_or(Value::Null),
+            format!(
+                "session {} started in {}: run commands in it with session_exec (or run_command's `session`)",
+                info.name, info.workspace
+            ),
+        ),
+        ServerMessage::Sessions(list) => {
+            let lines: Vec<String> = list
+                .iter()
+                .map(|s| format!("{} ({} commands, in {})", s.name, s.runs, s.workspace))
+                .collect();
+            (
+                json!({ "sessions": list }),
+                if lines.is_empty() { "no sessions".into() } else { lines.join("\n") },
+            )
+        }
+        ServerMessage::Finished(r) => {
+            let changes =
+                crate::cli::run::summary(&r.changes, false).map(|c| format!("; {c}")).unwrap_or_default();
+            (
+                json!({ "run_id": r.run_id, "changes": r.changes }),
+                format!("session stopped (run {}){changes}", r.run_id),
+            )
+        }
+        ServerMessage::Error(e) => return Err(refusal(e)),
+        other => return Err(failure(format!("the broker answered {other:?}"))),
+    };
+    let mut result = CallToolResult::structured(value);
+    result.content = vec![ContentBlock::text(text)];
     Ok(result)
 }
 

@@ -9,7 +9,7 @@ mod call;
 mod progress;
 mod tools;
 
-use crate::cli::client::Ask;
+use crate::cli::client::{Ask, Client};
 use crate::cli::discovery::{Route, Which};
 use crate::cli::run::{EXIT_PALISADE, SandboxArgs, fail};
 use crate::decide::service::Broker;
@@ -17,7 +17,7 @@ use crate::serve::server::Server;
 use call::{Defaults, Shape};
 use clap::Args as ClapArgs;
 use palisade_policy::Config;
-use palisade_protocol::wire::ErrorKind;
+use palisade_protocol::wire::{ClientMessage, ErrorKind};
 use progress::Progress;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ElicitRequestParams, ElicitationAction, ElicitationSchema,
@@ -65,6 +65,8 @@ struct Palisade {
     /// Which broker serves the calls, for people.
     broker: Arc<String>,
     defaults: Arc<Defaults>,
+    /// The sessions this server started and has not stopped: they end with it.
+    started: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 /// `palisade mcp`.
@@ -110,6 +112,7 @@ pub fn main(args: McpArgs) -> i32 {
                     socket: Arc::new(socket),
                     broker: Arc::new(broker),
                     defaults: Arc::new(defaults),
+                    started: Arc::default(),
                 })
                 .await
             }
@@ -160,7 +163,12 @@ async fn serve_embedded(broker: Broker, defaults: Defaults) -> Result<(), String
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(Arc::new(Server::new(broker)).serve(listener, stopped));
     let name = format!("an embedded broker (policy: {source})");
-    let mcp = Palisade { socket: Arc::new(socket), broker: Arc::new(name), defaults: Arc::new(defaults) };
+    let mcp = Palisade {
+        socket: Arc::new(socket),
+        broker: Arc::new(name),
+        defaults: Arc::new(defaults),
+        started: Arc::default(),
+    };
     // An agent host ends its server with SIGTERM (or SIGINT) as often as by
     // closing stdin: either way the runs are killed and the directory goes.
     let served = tokio::select! {
@@ -210,14 +218,27 @@ fn private_dir() -> std::io::Result<PathBuf> {
 }
 
 async fn serve(server: Palisade) -> Result<(), String> {
+    let (socket, started) = (server.socket.clone(), server.started.clone());
     let running = match server.serve(rmcp::transport::stdio()).await {
         Ok(r) => r,
         // The client went away before it began: nothing to say.
         Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => return Ok(()),
         Err(e) => return Err(format!("MCP: {e}")),
     };
-    running.waiting().await.map_err(|e| format!("MCP: {e}"))?;
-    Ok(())
+    let waited = running.waiting().await.map_err(|e| format!("MCP: {e}"));
+    // This server's sessions end with it, as their agent's stop would end them.
+    let names = std::mem::take(&mut *started.lock().unwrap_or_else(|e| e.into_inner()));
+    let stopping = tokio::task::spawn_blocking(move || {
+        for session in names {
+            let stop = ClientMessage::StopSession { session: session.clone() };
+            let stopped = Client::connect(&socket).and_then(|mut c| c.request(&stop));
+            if let Err(e) = stopped {
+                eprintln!("palisade mcp: session {session} was not stopped: {e}");
+            }
+        }
+    });
+    let _ = stopping.await;
+    waited.map(drop)
 }
 
 impl Palisade {
@@ -304,7 +325,33 @@ impl Palisade {
                 let work = |stream, _: &str| call::changes(stream, message).map(Into::into);
                 return self.on_broker(&context, work).await;
             }
-            "run_command" => Shape::RunCommand,
+            name @ ("session_start" | "session_stop" | "session_list") => {
+                let message = call::session_call(name, &arguments, &self.defaults)?;
+                let started = self.started.clone();
+                let work = move |stream, _: &str| {
+                    let (starts, stops) = match &message {
+                        ClientMessage::StartSession(_) => (true, None),
+                        ClientMessage::StopSession { session } => (false, Some(session.clone())),
+                        _ => (false, None),
+                    };
+                    let result = call::sessions(stream, message)?;
+                    let name = result.structured_content.as_ref().and_then(|v| v["name"].as_str());
+                    let mut held = started.lock().unwrap_or_else(|e| e.into_inner());
+                    if let (true, Some(name)) = (starts, name) {
+                        held.insert(name.to_string());
+                    }
+                    if let Some(session) = stops {
+                        held.remove(&session);
+                    }
+                    drop(held);
+                    Ok(result.into())
+                };
+                return self.on_broker(&context, work).await;
+            }
+            "session_exec" if !arguments.contains_key("session") => {
+                return Err(ErrorData::invalid_params("session_exec needs the session (session)", None));
+            }
+            "run_command" | "session_exec" => Shape::RunCommand,
             "run_tool" => Shape::RunTool,
             "explain" => Shape::Explain,
             other => return Err(ErrorData::invalid_params(format!("no tool {other:?}"), None)),

@@ -96,7 +96,57 @@ pub fn all() -> Vec<Tool> {
             id_schema(),
         ),
         tool("discard_changes", "Drop a held change set: its writes are not applied.", id_schema()),
+        tool(
+            "session_start",
+            "Start a session: a sandbox that stays, in this server's workspace with its policy, for \
+             the commands session_exec runs in it. What one command leaves running (a dev server) \
+             or writes, the next finds; nothing else of the machine reaches it. It ends when \
+             stopped, idle (`idle_timeout_secs`, default 900), too old (`max_lifetime_secs`), or \
+             with this server. Returns its `name`.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "description": "Its name (default: the broker's choice)."},
+                    "idle_timeout_secs": {"type": "integer", "minimum": 1},
+                    "max_lifetime_secs": {"type": "integer", "minimum": 1}
+                },
+                "additionalProperties": false
+            }),
+        ),
+        tool(
+            "session_exec",
+            &format!(
+                "Run a command in a session (session_start) and get its stdout, stderr and exit \
+                 status, as run_command does; the policy decides it like a run, in the session's \
+                 sandbox. {REFUSALS}"
+            ),
+            session_exec_schema(),
+        ),
+        tool(
+            "session_stop",
+            "Stop a session, killing everything in it; its writes are settled as a run's that ended by itself.",
+            json!({
+                "type": "object",
+                "properties": {"session": {"type": "string", "description": "The session's name."}},
+                "required": ["session"],
+                "additionalProperties": false
+            }),
+        ),
+        tool(
+            "session_list",
+            "List your sessions.",
+            json!({ "type": "object", "properties": {}, "additionalProperties": false }),
+        ),
     ]
+}
+
+/// `session_exec`'s arguments: the session, the command and its own fields.
+fn session_exec_schema() -> Value {
+    let Value::Object(mut props) = run_schema(false)["properties"].clone() else { unreachable!() };
+    props.remove("workspace");
+    props.remove("session");
+    props.insert("session".into(), json!({"type": "string", "description": "The session's name."}));
+    json!({"type": "object", "properties": props, "required": ["session"], "additionalProperties": false})
 }
 
 fn id_schema() -> Value {
@@ -154,6 +204,12 @@ fn run_schema(declared_tool: bool) -> Value {
         }),
     );
     let mut required = vec![];
+    if !declared_tool {
+        props.insert(
+            "session".into(),
+            json!({"type": "string", "description": "Run it in this session (session_start), in its sandbox; no workspace then."}),
+        );
+    }
     if declared_tool {
         props.insert("tool".into(), json!({"type": "string", "description": "The declared tool's name."}));
         props.insert(
