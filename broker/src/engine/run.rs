@@ -489,6 +489,29 @@ async fn read_until(
     Ok((channel, read, found))
 }
 
+/// Reads the status channel until the record `is` picks (see
+/// [`read_until`]), takes it out of what was read, and with it the `count`
+/// descriptors that came with it (after those of the overlays' records
+/// before it). `None` when the helper stopped before it.
+async fn take_record(
+    (channel, read): (std::fs::File, StatusRead),
+    is: impl Fn(&HelperRecord) -> bool,
+    count: usize,
+    within: Duration,
+    what: &str,
+) -> Result<(std::fs::File, StatusRead, Option<Vec<OwnedFd>>), BrokerError> {
+    let (channel, mut read, found) = read_until(channel, read, is, within, what).await?;
+    let Some(at) = found else { return Ok((channel, read, None)) };
+    read.records.remove(at);
+    let before = read.records[..at].iter().filter(|r| matches!(r, HelperRecord::Overlay { .. })).count();
+    if read.fds.len() < before + count {
+        let why = format!("the helper did {what} without sending its {count} descriptor(s)");
+        return Err(BrokerError::Status(std::io::Error::other(why)));
+    }
+    let fds = read.fds.drain(before..before + count).collect();
+    Ok((channel, read, Some(fds)))
+}
+
 /// The run's terminal: its master, which the helper sends just before the
 /// command's exec (after any egress listeners, whose record and descriptors
 /// `read` no longer holds). `None` without a terminal, or when the helper
@@ -502,18 +525,9 @@ async fn take_terminal(
         return Ok((channel, read, None));
     }
     let is_terminal = |r: &HelperRecord| matches!(r, HelperRecord::Terminal);
-    let (channel, mut read, found) =
-        read_until(channel, read, is_terminal, resolved.timeout, "open the terminal").await?;
-    let Some(at) = found else { return Ok((channel, read, None)) };
-    read.records.remove(at);
-    let before = read.records[..at].iter().filter(|r| matches!(r, HelperRecord::Overlay { .. })).count();
-    if read.fds.len() <= before {
-        return Err(BrokerError::Status(std::io::Error::other(
-            "the helper sent a terminal without its master",
-        )));
-    }
-    let master = read.fds.remove(before);
-    Ok((channel, read, Some(master)))
+    let (channel, read, master) =
+        take_record((channel, read), is_terminal, 1, resolved.timeout, "open the terminal").await?;
+    Ok((channel, read, master.and_then(|mut fds| fds.pop())))
 }
 
 /// A session's sandbox: its namespaces, which the helper sends once it is
@@ -529,18 +543,12 @@ async fn take_session<S: Sink + Send>(
         return Ok((channel, read));
     }
     let is_session = |r: &HelperRecord| matches!(r, HelperRecord::Session);
-    let (channel, mut read, found) =
-        read_until(channel, read, is_session, resolved.timeout, "build the session").await?;
-    let Some(at) = found else { return Ok((channel, read)) };
-    read.records.remove(at);
-    let before = read.records[..at].iter().filter(|r| matches!(r, HelperRecord::Overlay { .. })).count();
-    let wanted = resolved.plan.namespaces.names().len();
-    if read.fds.len() < before + wanted {
-        return Err(BrokerError::Status(std::io::Error::other(
-            "the helper sent a session without its namespaces",
-        )));
+    let count = resolved.plan.namespaces.names().len();
+    let (channel, read, namespaces) =
+        take_record((channel, read), is_session, count, resolved.timeout, "build the session").await?;
+    if let Some(namespaces) = namespaces {
+        sink.session_held(namespaces);
     }
-    sink.session_held(read.fds.drain(before..before + wanted).collect());
     Ok((channel, read))
 }
 
