@@ -8,7 +8,7 @@ use crate::render::Render;
 use crate::{json_fail, json_reply};
 use clap::{Args as ClapArgs, Subcommand};
 use palisade_protocol::wire::{
-    ClientMessage, ErrorKind, ErrorReply, RunRequest, ServerMessage, SessionInfo, StartSession,
+    ClientMessage, ErrorKind, ErrorReply, PublishedPort, RunRequest, ServerMessage, SessionInfo, StartSession,
 };
 use std::fmt::Write;
 use std::io::IsTerminal;
@@ -25,6 +25,19 @@ pub enum SessionCommand {
     /// run`, in the session's sandbox, never a wider one. Its stdin is this
     /// one's, read whole (unless a terminal, or -n). Exits as `palisade run` does.
     Exec(ExecArgs),
+    /// Publish PORT of session NAME's own loopback to you: a Unix socket on
+    /// the host that only you may connect to (`curl --unix-socket SOCKET
+    /// http://localhost/`), each connection reaching PORT from inside the
+    /// session, until it ends. Prints the socket's path.
+    Publish {
+        name: String,
+        port: u16,
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// Print it as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// List your sessions.
     List {
         #[command(flatten)]
@@ -59,9 +72,13 @@ pub struct StartArgs {
     /// The writable workspace [default: the current directory].
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
+    /// Publish PORT of the session's loopback to you, as `palisade session
+    /// publish` does (repeatable); each socket's path goes to stderr.
+    #[arg(long, value_name = "PORT")]
+    pub publish: Vec<u16>,
     #[command(flatten)]
     pub broker: BrokerArgs,
-    /// Print the session as one JSON object.
+    /// Print the session as one JSON object (with `published`, each port's socket).
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -96,6 +113,7 @@ pub fn main(command: SessionCommand) -> i32 {
     match command {
         SessionCommand::Start(args) => start(args),
         SessionCommand::Exec(args) => exec(args),
+        SessionCommand::Publish { name, port, broker, json } => publish_one(&broker, name, port, json),
         SessionCommand::List { broker, json } => list(&broker, json),
         SessionCommand::Stop { name, broker, json } => stop(&broker, name, json),
     }
@@ -145,16 +163,63 @@ fn start(args: StartArgs) -> i32 {
         idle_timeout_secs: args.idle_timeout,
         max_lifetime_secs: args.max_lifetime,
     };
-    match crate::approve::ask(&args.broker, &ClientMessage::StartSession(start)) {
-        Ok(ServerMessage::SessionStarted(info)) if json => {
-            crate::outln!("{}", serde_json::to_string(&info).unwrap_or_default());
+    let info = match crate::approve::ask(&args.broker, &ClientMessage::StartSession(start)) {
+        Ok(ServerMessage::SessionStarted(info)) => info,
+        Ok(other) => return json_reply(json, unexpected(&other)),
+        Err(e) => return json_reply(json, e),
+    };
+    let published = match publish_all(&args.broker, &info.name, &args.publish) {
+        Ok(p) => p,
+        Err(e) => return json_reply(json, e),
+    };
+    if json {
+        let mut value = serde_json::to_value(&info).unwrap_or_default();
+        value["published"] = serde_json::to_value(&published).unwrap_or_default();
+        crate::outln!("{value}");
+        return 0;
+    }
+    crate::outln!("{}", info.name);
+    for p in &published {
+        eprintln!("palisade: port {} of session {} published at {}", p.port, p.session, p.socket);
+    }
+    0
+}
+
+/// Publishes `ports` of the session just started; a port refused stops
+/// the session (nothing half made is left) and is the error.
+fn publish_all(broker: &BrokerArgs, name: &str, ports: &[u16]) -> Result<Vec<PublishedPort>, ErrorReply> {
+    let mut published = Vec::new();
+    for &port in ports {
+        match publish(broker, name, port) {
+            Ok(p) => published.push(p),
+            Err(e) => {
+                let _ = crate::approve::ask(broker, &ClientMessage::StopSession { session: name.into() });
+                let why = format!("{} (session {name} stopped: it was to publish port {port})", e.message);
+                return Err(ErrorReply { message: why, ..e });
+            }
+        }
+    }
+    Ok(published)
+}
+
+fn publish(broker: &BrokerArgs, name: &str, port: u16) -> Result<PublishedPort, ErrorReply> {
+    match crate::approve::ask(broker, &ClientMessage::Publish { session: name.into(), port })? {
+        ServerMessage::Published(p) => Ok(p),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// `palisade session publish`: prints the socket's path (or the JSON object).
+fn publish_one(broker: &BrokerArgs, name: String, port: u16, json: bool) -> i32 {
+    match publish(broker, &name, port) {
+        Ok(p) if json => {
+            crate::outln!("{}", serde_json::to_string(&p).unwrap_or_default());
             0
         }
-        Ok(ServerMessage::SessionStarted(info)) => {
-            crate::outln!("{}", info.name);
+        Ok(p) => {
+            crate::outln!("{}", p.socket);
             0
         }
-        Ok(other) => json_reply(json, unexpected(&other)),
         Err(e) => json_reply(json, e),
     }
 }

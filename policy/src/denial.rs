@@ -101,6 +101,16 @@ const NO_FIX: &[(&str, &[&str])] = &[
     ("session.field", &["the rest is the session's"]),
     ("session.limit", &["the most one requester may have"]),
     ("session.name", &["a session's name is", "you already have a session named"]),
+    (
+        "session.publish",
+        &[
+            "publishes no port",
+            "is no port: publish the one",
+            "the most one session may publish",
+            "give the session a shorter name",
+            "where its ports are the host's own",
+        ],
+    ),
     ("session.unavailable", &["a session is a Tier C sandbox"]),
     ("session.unknown", &["you have no session named"]),
     ("terminal.unavailable", &["has no /dev of its own"]),

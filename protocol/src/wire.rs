@@ -37,8 +37,9 @@ pub const MAGIC: &str = "palisade";
 /// and `StdinEnd`, a run's stdin streamed during it; 15: `RunInTerminal` and
 /// `Resize`, a run in a terminal; 16: sessions, `StartSession`,
 /// `RunInSession`, `ListSessions`, `StopSession`, `SessionStarted` and
-/// `Sessions`).
-pub const PROTOCOL_VERSION: u32 = 16;
+/// `Sessions`; 17: `Publish` and `Published`, a session's port published
+/// to its requester).
+pub const PROTOCOL_VERSION: u32 = 17;
 
 pub use crate::plan::{WINDOW_MAX, WindowSize};
 /// The oldest version a broker still speaks: the one before its own, for
@@ -438,6 +439,14 @@ pub enum ClientMessage {
     StopSession {
         session: String,
     },
+    /// Publishes `port` of the loopback of the requester's session
+    /// `session` to the requester, as a Unix socket on the host that only
+    /// the requester may connect to, until the session ends. Answered
+    /// `Published` (again for a port published already).
+    Publish {
+        session: String,
+        port: u16,
+    },
 }
 
 /// A session to start: `run` is what it may reach, as a run request
@@ -503,6 +512,7 @@ impl ClientMessage {
             ClientMessage::RunInSession { .. } => "run_in_session",
             ClientMessage::ListSessions => "list_sessions",
             ClientMessage::StopSession { .. } => "stop_session",
+            ClientMessage::Publish { .. } => "publish",
         }
     }
 }
@@ -926,6 +936,18 @@ pub enum ServerMessage {
     SessionStarted(SessionInfo),
     /// The requester's sessions (`ListSessions`).
     Sessions(Vec<SessionInfo>),
+    /// A session's port, published (`Publish`).
+    Published(PublishedPort),
+}
+
+/// A port of a session's loopback, reached from the host through `socket`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct PublishedPort {
+    pub session: String,
+    pub port: u16,
+    /// The Unix socket on the host: a connection to it is a connection to
+    /// the port, from the session's own loopback.
+    pub socket: String,
 }
 
 /// The broker's state, as `palisade status` shows it (docs/protocol.md,
@@ -1941,15 +1963,21 @@ mod tests {
         assert_eq!(client_index(&ClientMessage::StopSession { session: "s".into() }), 23);
         assert_eq!(server_index(&ServerMessage::SessionStarted(SessionInfo::default())), 16);
         assert_eq!(server_index(&ServerMessage::Sessions(vec![])), 17);
+        // Version 17's, after them.
+        assert_eq!(client_index(&ClientMessage::Publish { session: "s".into(), port: 3000 }), 24);
+        assert_eq!(server_index(&ServerMessage::Published(PublishedPort::default())), 18);
         let mut d = Decoder::new(Some(Encoding::Json));
         d.push(b"{\"start_session\": {\"name\": \"dev\", \"run\": {\"argv\": [], \"cwd\": \"/w\"}}}\n");
         d.push(b"\"list_sessions\"\n");
+        d.push(b"{\"publish\": {\"session\": \"dev\", \"port\": 3000}}\n");
         d.push(b"{\"start_session\": {\"run\": {\"argv\": []}, \"idle\": 5}}\n");
         let Some(ClientMessage::StartSession(start)) = d.next_message::<ClientMessage>().unwrap() else {
             panic!()
         };
         assert_eq!((start.name.as_deref(), start.idle_timeout_secs), (Some("dev"), None));
         assert_eq!(d.next_message().unwrap(), Some(ClientMessage::ListSessions));
+        let publish = ClientMessage::Publish { session: "dev".into(), port: 3000 };
+        assert_eq!(d.next_message().unwrap(), Some(publish));
         assert!(d.next_message::<ClientMessage>().is_err(), "an unknown field is refused");
         for m in [ClientMessage::ListSessions, ClientMessage::StopSession { session: "s".into() }] {
             let json = String::from_utf8(encode(&m, Encoding::Json).unwrap()).unwrap();

@@ -42,7 +42,8 @@ impl Activity {
         Entered(self.clone())
     }
 
-    fn touch(&self) {
+    /// The session was used: its idle time starts again.
+    pub fn touch(&self) {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
     }
 
@@ -80,6 +81,8 @@ pub struct Session {
     pub request: RunRequest,
     pub sandbox: Sandbox,
     pub activity: Arc<Activity>,
+    /// Its published ports, and the socket on the host of each.
+    pub published: Mutex<BTreeMap<u16, String>>,
     stop: Mutex<Option<oneshot::Sender<()>>>,
     ended: watch::Receiver<Ended>,
 }
@@ -93,7 +96,8 @@ impl Session {
         activity: Arc<Activity>,
         (stop, ended): (oneshot::Sender<()>, watch::Receiver<Ended>),
     ) -> Session {
-        Session { uid, info, request, sandbox, activity, stop: Mutex::new(Some(stop)), ended }
+        let published = Mutex::default();
+        Session { uid, info, request, sandbox, activity, published, stop: Mutex::new(Some(stop)), ended }
     }
 
     /// Ends the session (everything in it is killed); its result.
@@ -106,6 +110,11 @@ impl Session {
             Ok(result) => result.clone().unwrap_or_else(|| Err(gone(&self.info.name))),
             Err(_) => Err(gone(&self.info.name)),
         }
+    }
+
+    /// Completes once the session has ended.
+    pub async fn ended(&self) {
+        let _ = self.ended.clone().wait_for(Option::is_some).await;
     }
 
     pub fn has_ended(&self) -> bool {

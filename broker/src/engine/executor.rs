@@ -143,6 +143,13 @@ pub trait Executor: Send + Sync + Sized + 'static {
         Err(sessions_unavailable())
     }
 
+    /// Unconnected TCP sockets of the session's own network (IPv4, then
+    /// IPv6 where it has it): a port of its loopback, published, is
+    /// reached through them. Blocking. `Unavailable` where sessions are not built.
+    fn loopback_sockets(&self, _session: &Sandbox) -> Result<Vec<std::os::fd::OwnedFd>, ErrorReply> {
+        Err(sessions_unavailable())
+    }
+
     /// The change sets held for review, where this executor keeps them.
     #[cfg(target_os = "linux")]
     fn changes(&self) -> Option<&Arc<crate::changes::Store>> {

@@ -308,6 +308,13 @@ impl Executor for Linux {
         crate::engine::session::join(resolved, &mut held.grants.descriptors, session)
     }
 
+    fn loopback_sockets(
+        &self,
+        session: &crate::engine::executor::Sandbox,
+    ) -> Result<Vec<std::os::fd::OwnedFd>, ErrorReply> {
+        crate::engine::publish::loopback_sockets(session)
+    }
+
     fn changes(&self) -> Option<&Arc<crate::changes::Store>> {
         Some(&self.changes)
     }

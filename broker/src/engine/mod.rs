@@ -15,6 +15,8 @@ pub mod linux;
 #[cfg(target_os = "linux")]
 pub(crate) mod pool;
 #[cfg(target_os = "linux")]
+pub(crate) mod publish;
+#[cfg(target_os = "linux")]
 pub(crate) mod run;
 #[cfg(target_os = "linux")]
 pub(crate) mod session;

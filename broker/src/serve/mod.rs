@@ -10,6 +10,8 @@ pub mod daemon;
 #[cfg(unix)]
 pub mod memory;
 #[cfg(unix)]
+pub mod publish;
+#[cfg(unix)]
 pub mod server;
 #[cfg(unix)]
 pub mod sessions;

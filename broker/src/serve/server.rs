@@ -104,6 +104,8 @@ pub struct Server<E: Executor = Native> {
     pub(super) sessions: Arc<crate::decide::sessions::Sessions>,
     /// The tasks holding them: a shutdown waits for each (its writes settled).
     pub(super) session_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Where sessions' published ports listen (see [`crate::serve::publish`]).
+    pub(super) published_dir: std::sync::OnceLock<std::path::PathBuf>,
     connections: Arc<Mutex<Connections>>,
     /// One permit per connection over the limits waiting for its hello.
     refusing_busy: Arc<Semaphore>,
@@ -150,12 +152,14 @@ impl<E: Executor> Server<E> {
             broker: Arc::new(broker),
             sessions: Arc::default(),
             session_tasks: Mutex::default(),
+            published_dir: std::sync::OnceLock::new(),
         }
     }
 
     /// Serves until `shutdown` flips to true; then stops accepting, kills the
     /// runs in progress (each client gets its `Cancelled` result) and returns.
     pub async fn serve(self: Arc<Self>, listener: UnixListener, mut shutdown: watch::Receiver<bool>) {
+        let published = self.publish_beside(&listener);
         let mut connections = JoinSet::new();
         let mut trim = tokio::time::interval(IDLE_TRIM_EVERY);
         // Ticks missed while nothing was served are not made up at once.
@@ -209,6 +213,9 @@ impl<E: Executor> Server<E> {
         };
         let _ = tokio::time::timeout(SHUTDOWN_GRACE, ended).await;
         connections.abort_all();
+        if let Some(dir) = published {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 
     /// Why `peer` may not use this broker, if it may not. A broker that does
@@ -606,6 +613,7 @@ impl<E: Executor> Server<E> {
             ClientMessage::Status => Ok(ServerMessage::Status(Box::new(self.status()))),
             ClientMessage::ListSessions => self.sessions(peer, None).await,
             ClientMessage::StopSession { session } => self.sessions(peer, Some(session)).await,
+            ClientMessage::Publish { session, port } => self.publish(peer, &session, port).await,
             m @ (ClientMessage::ListChanges
             | ClientMessage::ShowChanges { .. }
             | ClientMessage::ApplyChanges { .. }

@@ -40,6 +40,27 @@ def twelve_only(path: str) -> None:
     threading.Thread(target=serve, daemon=True).start()
 
 
+def fetch_over(path: str) -> bytes:
+    """An HTTP GET of / over the Unix socket at `path`, retried for 10 s
+    while the server behind it is not listening yet: its reply."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        reply = b""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(path)
+            try:
+                s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                reply = b"".join(iter(lambda: s.recv(65536), b""))
+            except ConnectionResetError:
+                pass  # closed unserved: nothing listens yet
+        if reply or time.monotonic() > deadline:
+            return reply
+        time.sleep(0.1)
+
+
 def main() -> int:
     socket_path, workspace = sys.argv[1], sys.argv[2]
     os.chdir(workspace)
@@ -151,6 +172,13 @@ def main() -> int:
         broker.run(["/bin/sh", "-c", "echo kept > note.txt"], session="py")
         assert broker.run(["/bin/cat", "note.txt"], session="py").stdout == b"kept\n"
         assert [(s["name"], s["runs"]) for s in broker.list_sessions()] == [("py", 2)]
+        port = 20000 + os.getpid() % 20000
+        served = f"exec /usr/bin/python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 &"
+        broker.run(["/bin/sh", "-c", served], session="py")
+        published = broker.publish("py", port)
+        assert broker.publish("py", port) == published
+        assert fetch_over(published).startswith(b"HTTP/1.0 200"), published
+        print("session: a file one command wrote, read by the next; a server reached through", "its socket")
         stopped = broker.stop_session("py")
         assert (stopped.status, stopped.result["run_id"]) == ("cancelled", session["run_id"]), stopped
         assert broker.list_sessions() == []
@@ -159,7 +187,8 @@ def main() -> int:
             raise AssertionError("a command ran in a stopped session")
         except PalisadeError as e:
             assert (e.kind, e.rule) == ("InvalidRequest", "session.unknown"), e.reply
-        print("session: a file one command wrote, read by the next; then stopped")
+        assert not os.path.exists(published), published
+        print("session: stopped, its socket gone")
 
         status = broker.status()
         assert status["protocol"] == PROTOCOL_VERSION and status["runs_in_flight"] == 0, status
@@ -177,6 +206,11 @@ def main() -> int:
             raise AssertionError("a terminal asked of version 12")
         except PalisadeError as e:
             assert e.kind == "ProtocolError" and "a terminal needs 15" in e.message, e
+        try:
+            old.publish("py", 1)
+            raise AssertionError("a port published in version 12")
+        except PalisadeError as e:
+            assert e.kind == "ProtocolError" and "publishing needs 17" in e.message, e
         try:
             old.start_session()
             raise AssertionError("a session asked of version 12")

@@ -274,17 +274,19 @@ fn stopping_a_session_applies_its_writes_as_a_command_that_exited_would() {
     assert_eq!(std::fs::read_to_string(ws.join("made.txt")).unwrap(), "one\n");
 }
 
+/// The test user, and a broker of root's that serves it and root.
+fn serving_two() -> (nix::unistd::User, Daemon) {
+    let user = test_user();
+    let config = format!("{}[broker]\nallowed_uids = [0, {}]\nsocket_mode = 0o666\n", shell(), user.uid);
+    (user, Daemon::start(&config))
+}
+
 #[test]
 fn another_requester_can_neither_run_in_a_session_nor_list_it() {
     if !is_root() {
         return skipped("another requester needs a broker serving two uids (run as root)");
     }
-    let user = test_user();
-    let d = Daemon::start(&format!(
-        "{}[broker]\nallowed_uids = [0, {}]\nsocket_mode = 0o666\n",
-        shell(),
-        user.uid
-    ));
+    let (user, d) = serving_two();
     let ws = TempDir::new("session-ws");
     let mut client = Client::connect(&d.socket).unwrap();
     start(&mut client, ws.path(), "mine", None).unwrap();
@@ -323,8 +325,11 @@ fn the_cli_starts_runs_in_lists_and_stops_a_session() {
     let cli = |args: &[&str]| {
         std::process::Command::new(bin("palisade")).args(args).current_dir(ws.path()).output().unwrap()
     };
-    let o = cli(&["session", "start", "--socket", socket, "--name", "c", "--profile", "sh"]);
+    let o =
+        cli(&["session", "start", "--socket", socket, "--name", "c", "--profile", "sh", "--publish", "8080"]);
     assert_eq!((o.status.code(), text(&o.stdout)), (Some(0), "c\n".into()), "{}", text(&o.stderr));
+    let published = text(&o.stderr);
+    assert!(published.starts_with("palisade: port 8080 of session c published at /"), "{published}");
     let o = cli(&["session", "exec", "c", "--socket", socket, "--", "sh", "-c", "echo $((6*7)); exit 3"]);
     assert_eq!((o.status.code(), text(&o.stdout)), (Some(3), "42\n".into()), "{}", text(&o.stderr));
     let o = cli(&["session", "list", "--socket", socket, "--json"]);
@@ -385,4 +390,129 @@ fn a_tier_b_broker_starts_no_session() {
 #[test]
 fn the_session_suite_passes_as_an_unprivileged_user() {
     rerun_unprivileged(module_path!(), "the_session_suite_passes_as_an_unprivileged_user");
+}
+
+/// `Publish`s `port` of session `name`: the socket on the host, or the refusal.
+fn publish(client: &mut Client, name: &str, port: u16) -> Result<String, ClientError> {
+    match client.request(&ClientMessage::Publish { session: name.into(), port })? {
+        ServerMessage::Published(p) => {
+            assert_eq!((p.session.as_str(), p.port), (name, port));
+            Ok(p.socket)
+        }
+        other => panic!("not published: {other:?}"),
+    }
+}
+
+/// What comes from the Unix socket at `path` until it closes, read as its
+/// requester: `None` if it cannot connect.
+fn fetch(path: &str) -> Option<String> {
+    use std::io::Read;
+    let mut stream = std::os::unix::net::UnixStream::connect(path).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = String::new();
+    let _ = stream.read_to_string(&mut got);
+    Some(got)
+}
+
+/// Starts `probe serve` on a loopback port of session `name`; the port.
+fn serve_in(client: &mut Client, ws: &Path, name: &str) -> u16 {
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    // The address in a file: the policy's egress preflight reads a command's arguments.
+    std::fs::write(ws.join("addr"), format!("127.0.0.1:{port}")).unwrap();
+    let serve = format!("true; {} serve \"$(cat addr)\" >/dev/null 2>&1 &", probe());
+    assert_eq!(sh_in(client, name, &serve).status, RunStatus::Exited { code: 0 });
+    port
+}
+
+#[test]
+fn a_published_port_reaches_the_sessions_server_from_the_host() {
+    use std::os::unix::fs::MetadataExt;
+    let d = Daemon::start(&shell());
+    let ws = TempDir::new("session-ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    start(&mut client, ws.path(), "web", None).unwrap();
+    let port = serve_in(&mut client, ws.path(), "web");
+    let socket = publish(&mut client, "web", port).unwrap();
+    let meta = std::fs::metadata(&socket).unwrap();
+    assert_eq!((meta.mode() & 0o777, meta.uid()), (0o600, nix::unistd::geteuid().as_raw()), "{socket}");
+    let mut got = None;
+    let up = eventually(Duration::from_secs(10), || {
+        got = fetch(&socket);
+        got.as_deref() == Some("hello\n")
+    });
+    assert!(up, "the host reaches the session's server through {socket}: {got:?}");
+    // Counter-test: the port is the session's loopback's, not the host's.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err(), "the host has no such port");
+    // Published twice: the same socket. A port nothing listens on: closed at once.
+    assert_eq!(publish(&mut client, "web", port).unwrap(), socket);
+    let idle = publish(&mut client, "web", port + 1).unwrap();
+    assert_eq!(fetch(&idle).as_deref(), Some(""), "nothing listens on {}", port + 1);
+    // The CLI's publish names the same socket.
+    let o = std::process::Command::new(bin("palisade"))
+        .args(["session", "publish", "web", &port.to_string(), "--socket", d.socket.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!((o.status.code(), text(&o.stdout)), (Some(0), format!("{socket}\n")), "{}", text(&o.stderr));
+    let Err(ClientError::Reply(e)) = publish(&mut client, "web", 0) else { panic!("port 0 published") };
+    assert_eq!(e.rule.as_deref(), Some("session.publish"), "{}", e.message);
+    palisade_policy::denial::names_a_fix_or_why_none("session.publish", &e.message).unwrap();
+    let Err(ClientError::Reply(e)) = publish(&mut client, "nosuch", port) else { panic!("published") };
+    assert_eq!(e.rule.as_deref(), Some("session.unknown"), "{}", e.message);
+    // The session stopped: its sockets go with it.
+    client.request(&ClientMessage::StopSession { session: "web".into() }).unwrap();
+    let gone =
+        eventually(Duration::from_secs(10), || !Path::new(&socket).exists() && !Path::new(&idle).exists());
+    assert!(gone, "{socket} outlived its session");
+}
+
+#[test]
+fn a_published_port_is_its_requesters_alone() {
+    if !is_root() {
+        return skipped("another requester needs a broker serving two uids (run as root)");
+    }
+    let (user, d) = serving_two();
+    let socket = d.socket.to_str().unwrap();
+    let dir = TempDir::new("session-ws");
+    let theirs = shared_workspace(&dir, "theirs");
+    owned_dir(&theirs, &user, 0o755);
+    let as_them = |args: &[&str]| {
+        std::process::Command::new("setpriv")
+            .args(as_user(&user).iter().skip(1))
+            .args(args)
+            .current_dir(&theirs)
+            .output()
+            .unwrap()
+    };
+    let palisade = bin("palisade").to_string_lossy().into_owned();
+    let o =
+        as_them(&[&palisade, "session", "start", "--socket", socket, "--name", "theirs", "--profile", "sh"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    std::fs::write(theirs.join("addr"), format!("127.0.0.1:{port}")).unwrap();
+    let serve = format!("true; {} serve \"$(cat addr)\" >/dev/null 2>&1 &", probe());
+    let o = as_them(&[
+        &palisade, "session", "exec", "theirs", "--socket", socket, "-n", "--", "sh", "-c", &serve,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let o = as_them(&[&palisade, "session", "publish", "theirs", &port.to_string(), "--socket", socket]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let published = text(&o.stdout).trim().to_string();
+    // Its requester reaches the server...
+    let mut got = String::new();
+    let up = eventually(Duration::from_secs(10), || {
+        got = text(&as_them(&[&probe(), "fetch", &published]).stdout);
+        got.trim() == "ok hello"
+    });
+    assert!(up, "{} reaches its session's server: {got}", user.name);
+    // ... and nobody else: root passes the socket's mode 0600, and the
+    // broker, which checks every peer's uid, closes the connection unserved.
+    assert_eq!(fetch(&published).as_deref(), Some(""), "root was relayed to {}'s server", user.name);
+    // A session of root's, published: the other user may not connect at all.
+    let ws = TempDir::new("session-ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    start(&mut client, ws.path(), "mine", None).unwrap();
+    let mine = publish(&mut client, "mine", port).unwrap();
+    let o = as_them(&[&probe(), "fetch", &mine]);
+    assert!(text(&o.stdout).starts_with("err EACCES"), "{}", text(&o.stdout));
+    assert_eq!(fetch(&mine).as_deref(), Some(""), "nothing listens in root's session: closed, but reached");
 }

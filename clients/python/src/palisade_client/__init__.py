@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 #: The highest protocol version this package speaks.
-PROTOCOL_VERSION = 16
+PROTOCOL_VERSION = 17
 #: The lowest.
 OLDEST_PROTOCOL_VERSION = 12
 #: The exit status of palisade refusing or failing, as `palisade run` uses it.
@@ -44,6 +44,8 @@ STREAMED_STDIN_VERSION = 14
 TERMINAL_VERSION = 15
 #: The protocol version that has sessions, sandboxes that stay.
 SESSION_VERSION = 16
+#: The protocol version that publishes a session's port to its requester.
+PUBLISH_VERSION = 17
 #: The most rows, and the most columns, of a terminal's window.
 WINDOW_MAX = 4096
 #: The most one streamed piece of stdin carries.
@@ -410,6 +412,19 @@ class Client:
         self._needs_sessions()
         sessions: List[Json] = self._ask("list_sessions", "sessions")
         return sessions
+
+    def publish(self, session: str, port: int) -> str:
+        """Publishes `port` of session `session`'s own loopback to you: the
+        path of a Unix socket on the host, yours alone, each connection to
+        which reaches the port from inside the session, until it ends."""
+        if self.version < PUBLISH_VERSION:
+            raise PalisadeError(
+                "ProtocolError",
+                f"this broker speaks protocol version {self.version}; publishing needs {PUBLISH_VERSION}",
+            )
+        published: Json = self._ask({"publish": {"session": session, "port": port}}, "published")
+        socket: str = published["socket"]
+        return socket
 
     def stop_session(self, name: str) -> RunResult:
         """Ends session `name`, killing everything in it: its own result."""

@@ -68,6 +68,7 @@ fn run() -> Result<(), (Errno, String)> {
         "egress" => egress::run(&arg(1)),
         "egress-bind" => egress::bind(&arg(1)),
         "unix" => unix(&arg(1)),
+        "fetch" => fetch(&arg(1)),
         "hold" => hold(&arg(1), arg(2).parse().unwrap_or(0), &arg(3)),
         "socketpair" => std::os::unix::net::UnixStream::pair().map(|_| String::new()).map_err(io),
         "limits" => limits(),
@@ -363,6 +364,16 @@ fn unix(addr: &str) -> Outcome {
         None => UnixStream::connect(addr),
     };
     stream.map(|_| String::new()).map_err(io)
+}
+
+/// Connects to the unix socket at `path` and reads what comes until it
+/// closes (5 s at most): `ok` and that, trimmed.
+fn fetch(path: &str) -> Outcome {
+    let mut stream = std::os::unix::net::UnixStream::connect(path).map_err(io)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(io)?;
+    let mut got = String::new();
+    stream.read_to_string(&mut got).map_err(io)?;
+    Ok(got.trim().to_string())
 }
 
 /// A client of a broker's socket that never gets through: `n` connections,
