@@ -172,6 +172,37 @@ fn an_idle_session_ends_and_takes_its_processes_with_it() {
 }
 
 #[test]
+fn a_session_past_its_lifetime_ends_and_takes_its_processes_with_it() {
+    let d = Daemon::start(&shell());
+    let ws = TempDir::new("session-ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    let run = RunRequest { profile: Some("sh".into()), argv: vec![], ..request(ws.path(), &[]) };
+    let start =
+        StartSession { name: Some("brief".into()), run, max_lifetime_secs: Some(3), ..Default::default() };
+    match client.request(&ClientMessage::StartSession(start)).unwrap() {
+        ServerMessage::SessionStarted(info) => assert_eq!(info.max_lifetime_secs, 3),
+        other => panic!("not a session: {other:?}"),
+    }
+    let token = format!("session-life-{}", std::process::id());
+    sh_in(&mut client, "brief", &format!("true; {} sleep {token} >/dev/null 2>&1 &", probe()));
+    assert!(eventually(Duration::from_secs(10), || sleeper_with_token(&token).is_some()), "no sleeper");
+    let socket = publish(&mut client, "brief", 8080).unwrap();
+    // Kept busy past its lifetime: the lifetime, not idleness, ends it.
+    let long = format!("true; {} sleep {token}-fg", probe());
+    let r = sh_in(&mut client, "brief", &long);
+    assert_eq!(r.status, RunStatus::Signaled { signal: 9 }, "the command ends with its session");
+    assert!(
+        eventually(Duration::from_secs(10), || sleeper_with_token(&token).is_none()),
+        "the background process outlives its session's lifetime"
+    );
+    let ended = eventually(Duration::from_secs(10), || {
+        client.request(&ClientMessage::ListSessions).unwrap() == ServerMessage::Sessions(vec![])
+            && !Path::new(&socket).exists()
+    });
+    assert!(ended, "the session (or its published socket) outlives its lifetime");
+}
+
+#[test]
 fn a_broker_that_dies_takes_its_sessions_with_it() {
     let mut d = Daemon::start(&shell());
     let ws = TempDir::new("session-ws");
