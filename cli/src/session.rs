@@ -103,6 +103,12 @@ pub struct ExecArgs {
     /// Give the command no stdin.
     #[arg(short = 'n', long)]
     pub no_stdin: bool,
+    /// Run COMMAND (its words joined by spaces) as a line of the session's
+    /// shell: the working directory and the exported variables one line
+    /// leaves, the next `--shell` line starts with (`cd src`, then `make`).
+    /// It runs as `sh -c`: the policy must allow interpreters and inline code.
+    #[arg(long)]
+    pub shell: bool,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -235,8 +241,12 @@ fn exec(args: ExecArgs) -> i32 {
         }
         Err(e) => return render.finish(Err(ErrorReply::new(e.kind(), e.to_string()))),
     };
+    let argv = match args.shell {
+        true => palisade_protocol::shell::argv(&args.command.join(" ")),
+        false => args.command,
+    };
     let request = RunRequest {
-        argv: args.command,
+        argv,
         timeout_secs: args.timeout,
         max_output_bytes: args.max_output,
         ..RunRequest::default()

@@ -17,6 +17,7 @@ pub mod clients;
 pub mod kind;
 pub mod plan;
 pub mod plugin;
+pub mod shell;
 pub mod status;
 pub mod warm;
 pub mod wire;

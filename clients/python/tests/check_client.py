@@ -179,6 +179,10 @@ def main() -> int:
         assert broker.publish("py", port) == published
         assert fetch_over(published).startswith(b"HTTP/1.0 200"), published
         print("session: a file one command wrote, read by the next; a server reached through", "its socket")
+        broker.run("mkdir -p deep && cd deep && export KEPT=1", session="py", shell=True)
+        assert broker.run("echo ${PWD##*/} $KEPT", session="py", shell=True).stdout == b"deep 1\n"
+        assert broker.run(["/bin/sh", "-c", "echo ${KEPT-none}"], session="py").stdout == b"none\n"
+        print("session: a shell line's directory and exports, the next's")
         stopped = broker.stop_session("py")
         assert (stopped.status, stopped.result["run_id"]) == ("cancelled", session["run_id"]), stopped
         assert broker.list_sessions() == []

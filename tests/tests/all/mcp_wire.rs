@@ -7,14 +7,19 @@
 use palisade_tests::*;
 use serde_json::{Value, json};
 use std::io::{BufRead, Write};
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
-/// `palisade mcp --policy /dev/null` in `ws`: its stdin, its stdout's
+/// `palisade mcp --policy POLICY` in `ws`: its stdin, its stdout's
 /// messages, and the process.
-fn server(ws: &TempDir) -> (std::process::ChildStdin, mpsc::Receiver<Value>, std::process::Child) {
+fn server_with(
+    ws: &TempDir,
+    policy: &Path,
+) -> (std::process::ChildStdin, mpsc::Receiver<Value>, std::process::Child) {
     let mut child = std::process::Command::new(bin("palisade"))
-        .args(["mcp", "--policy", "/dev/null"])
+        .args(["mcp", "--policy"])
+        .arg(policy)
         .current_dir(ws.path())
         .env("PALISADE_JOURNAL", ws.join("journal"))
         .env("PALISADE_STATE", state_beside(ws.join("journal")))
@@ -37,7 +42,15 @@ fn server(ws: &TempDir) -> (std::process::ChildStdin, mpsc::Receiver<Value>, std
 
 /// [`server`], past MCP's initialization (request 1).
 fn initialized(ws: &TempDir) -> (std::process::ChildStdin, mpsc::Receiver<Value>, std::process::Child) {
-    let (mut stdin, rx, child) = server(ws);
+    initialized_with(ws, Path::new("/dev/null"))
+}
+
+/// [`initialized`], with the policy `policy`.
+fn initialized_with(
+    ws: &TempDir,
+    policy: &Path,
+) -> (std::process::ChildStdin, mpsc::Receiver<Value>, std::process::Child) {
+    let (mut stdin, rx, child) = server_with(ws, policy);
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "wire", "version": "0"}}});
     send(&mut stdin, init);
@@ -130,7 +143,11 @@ fn tool(
 fn a_session_started_over_mcp_keeps_its_files_and_ends_with_the_server() {
     let ws = TempDir::new("mcp-session");
     std::fs::copy(bin("probe"), ws.join("probe")).unwrap();
-    let (mut stdin, rx, mut child) = initialized(&ws);
+    std::fs::create_dir(ws.join("sub")).unwrap();
+    let etc = TempDir::new("mcp-policy");
+    let policy = etc.join("policy.toml");
+    std::fs::write(&policy, "[defaults]\nallow_interpreters = true\nallow_inline_code = true\n").unwrap();
+    let (mut stdin, rx, mut child) = initialized_with(&ws, &policy);
     let started = tool(&mut stdin, &rx, 2, "session_start", json!({"name": "agent"}));
     assert_eq!(started["name"], "agent", "{started}");
     let ran = tool(
@@ -160,6 +177,21 @@ fn a_session_started_over_mcp_keeps_its_files_and_ends_with_the_server() {
         json!({"session": "agent", "argv": ["true"], "workspace": "."}),
     );
     assert_eq!(wider["code"], -32602, "a session's command names no workspace: {wider}");
+    // The session's shell: one line's directory and exported variables, the next's.
+    let mut line = |id, command: &str| {
+        tool(
+            &mut stdin,
+            &rx,
+            id,
+            "session_exec",
+            json!({"session": "agent", "shell": true, "command": command}),
+        )
+    };
+    assert_eq!(line(7, "cd sub && export X=kept")["exit_code"], 0);
+    let shown = line(8, "echo ${PWD##*/} $X");
+    assert_eq!(shown["stdout"], "sub kept\n", "{shown}");
+    let alone = tool(&mut stdin, &rx, 9, "run_command", json!({"shell": true, "command": "pwd"}));
+    assert_eq!(alone["code"], -32602, "a shell line needs a session: {alone}");
     drop(stdin);
     let status = child.wait().unwrap();
     let mut stderr = String::new();

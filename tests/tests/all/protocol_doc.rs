@@ -456,3 +456,22 @@ fn every_rule_the_code_can_give_is_checked_for_its_fix() {
     let made_up = "names_a_fix_or_why_none(\"some.rule\", &message)";
     assert_eq!(rules_in_calls(made_up, &["names_a_fix_or_why_none("]), ["some.rule"]);
 }
+
+/// A session's shell is a convention of the clients: the script the
+/// document gives is the one `palisade` sends, and clients/python's.
+#[test]
+fn the_shell_script_is_the_documented_one_in_every_client() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("docs/protocol.md")).unwrap();
+    let from = doc.find("- A session's shell").expect("the document's section");
+    let block = &doc[from..];
+    let start = block.find("  ```sh\n").unwrap() + "  ```sh\n".len();
+    let end = block[start..].find("  ```\n").unwrap();
+    let documented: Vec<&str> =
+        block[start..start + end].lines().map(|l| l.strip_prefix("  ").unwrap_or(l)).collect();
+    assert_eq!(documented.join("\n"), palisade_protocol::shell::SCRIPT);
+    let python =
+        std::fs::read_to_string(root.join("clients/python/src/palisade_client/__init__.py")).unwrap();
+    let quoted = format!("SHELL_SCRIPT = r'''{}'''", palisade_protocol::shell::SCRIPT);
+    assert!(python.contains(&quoted), "clients/python's SHELL_SCRIPT is not the script");
+}

@@ -363,9 +363,27 @@ fn the_cli_starts_runs_in_lists_and_stops_a_session() {
     assert!(published.starts_with("palisade: port 8080 of session c published at /"), "{published}");
     let o = cli(&["session", "exec", "c", "--socket", socket, "--", "sh", "-c", "echo $((6*7)); exit 3"]);
     assert_eq!((o.status.code(), text(&o.stdout)), (Some(3), "42\n".into()), "{}", text(&o.stderr));
+    // The session's shell: a line's directory and exported variables, the next line's.
+    std::fs::create_dir(ws.join("sub")).unwrap();
+    let line = |words: &[&str]| {
+        cli(&[&["session", "exec", "--shell", "c", "--socket", socket, "--"], words].concat())
+    };
+    let o = line(&["cd sub && export X=kept; Y=lost"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let o = line(&["echo", "${PWD##*/}", "$X", "${Y-none}"]);
+    assert_eq!(
+        (o.status.code(), text(&o.stdout)),
+        (Some(0), "sub kept none\n".into()),
+        "{}",
+        text(&o.stderr)
+    );
+    // Counter-test: a command not of the shell starts where the session does.
+    let o = cli(&["session", "exec", "c", "--socket", socket, "--", "sh", "-c", "echo ${PWD##*/} ${X-none}"]);
+    let here = ws.path().file_name().unwrap().to_string_lossy().into_owned();
+    assert_eq!(text(&o.stdout), format!("{here} none\n"), "{}", text(&o.stderr));
     let o = cli(&["session", "list", "--socket", socket, "--json"]);
     let listed: Vec<SessionInfo> = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!((listed.len(), listed[0].name.as_str(), listed[0].runs), (1, "c", 1));
+    assert_eq!((listed.len(), listed[0].name.as_str(), listed[0].runs), (1, "c", 4));
     let o = cli(&["session", "stop", "c", "--socket", socket]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert!(text(&o.stdout).starts_with("session c stopped (run "), "{}", text(&o.stdout));

@@ -57,7 +57,7 @@ impl Shape {
         match key {
             "argv" | "command" | "workspace" => true,
             "stdin" | "timeout_secs" | "output_limit_bytes" => self != Shape::Explain,
-            "session" => self == Shape::RunCommand,
+            "session" | "shell" => self == Shape::RunCommand,
             "tool" | "params" => self != Shape::RunCommand,
             _ => false,
         }
@@ -96,6 +96,17 @@ pub fn parse(args: &JsonObject, shape: Shape, defaults: &Defaults) -> Result<Cal
     let output_limit = number("output_limit_bytes")?
         .unwrap_or(super::tools::DEFAULT_OUTPUT_LIMIT)
         .clamp(256, super::tools::MAX_OUTPUT_LIMIT);
+    let shell = match args.get("shell") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::Bool(true)) => true,
+        Some(_) => return Err(invalid("shell must be true or false".into())),
+    };
+    let argv = match (shell, text("command")?, args.contains_key("session")) {
+        (false, _, _) => argv,
+        (true, Some(line), true) => palisade_protocol::shell::argv(&line),
+        (true, None, _) => return Err(invalid("shell runs a command line: give command, not argv".into())),
+        (true, _, false) => return Err(invalid("shell is a session's: give session too".into())),
+    };
     if let Some(session) = text("session")? {
         // The session's sandbox is decided: only the command's own fields go.
         if args.contains_key("workspace") {

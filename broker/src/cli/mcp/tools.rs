@@ -146,6 +146,12 @@ fn session_exec_schema() -> Value {
     props.remove("workspace");
     props.remove("session");
     props.insert("session".into(), json!({"type": "string", "description": "The session's name."}));
+    props.insert(
+        "shell".into(),
+        json!({"type": "boolean", "description": "Run `command` as a line of the session's shell: the \
+               working directory and exported variables one shell line leaves, the next starts with \
+               (`cd src`, then `make`). Runs as `sh -c`."}),
+    );
     json!({"type": "object", "properties": props, "required": ["session"], "additionalProperties": false})
 }
 

@@ -26,6 +26,7 @@ __all__ = [
     "PalisadeError",
     "RunResult",
     "default_socket",
+    "shell_argv",
     "PROTOCOL_VERSION",
     "OLDEST_PROTOCOL_VERSION",
     "EXIT_PALISADE",
@@ -46,6 +47,20 @@ TERMINAL_VERSION = 15
 SESSION_VERSION = 16
 #: The protocol version that publishes a session's port to its requester.
 PUBLISH_VERSION = 17
+#: The script that runs a line of a session's shell (docs/protocol.md,
+#: "Sessions": a session's shell), exactly.
+SHELL_SCRIPT = r'''__p=/tmp/.palisade-shell
+if [ -f "$__p.env" ]; then
+  while IFS= read -r __l; do case $__l in "export "*) __l=${__l#export }; unset "${__l%%=*}" 2>/dev/null;; esac; done <<__PALISADE__
+$(export -p)
+__PALISADE__
+  . "$__p.env"
+fi
+if [ -f "$__p.cwd" ]; then IFS= read -r __l < "$__p.cwd" && cd "$__l" 2>/dev/null; fi
+unset __l
+trap 'pwd > "$__p.cwd"; export -p > "$__p.env"' EXIT
+eval "$1"'''
+
 #: The most rows, and the most columns, of a terminal's window.
 WINDOW_MAX = 4096
 #: The most one streamed piece of stdin carries.
@@ -106,6 +121,11 @@ class RunResult:
         if self.signal is not None:
             return 128 + self.signal
         return EXIT_PALISADE
+
+
+def shell_argv(line: str) -> List[str]:
+    """The command that runs `line` in a session's shell."""
+    return ["/bin/sh", "-c", SHELL_SCRIPT, "palisade-shell", line]
 
 
 def default_socket() -> str:
@@ -276,6 +296,7 @@ class Client:
         on_approval: Optional[ApprovalHandler] = None,
         terminal: Optional[Tuple[int, int]] = None,
         session: Optional[str] = None,
+        shell: bool = False,
         **fields: Any,
     ) -> RunResult:
         """Runs `argv`; its working directory `cwd` (default: this process's)
@@ -294,7 +315,13 @@ class Client:
         `session=NAME` runs it in that session of yours (`start_session`,
         protocol version 16): `cwd` defaults to the session's, `stdin` is
         bytes, and `fields` only the command's own (docs/protocol.md,
-        "Sessions")."""
+        "Sessions"); with `shell=True`, `argv` (a string, or words joined by
+        spaces) is a line of the session's shell: the directory and the
+        exported variables one line leaves, the next starts with."""
+        if shell:
+            if session is None:
+                raise PalisadeError("InvalidRequest", "a shell line runs in a session: give session=")
+            argv = shell_argv(argv if isinstance(argv, str) else " ".join(argv))
         if session is not None:
             return self._run_in_session(session, argv, cwd, env, stdin, on_output, on_approval, fields)
         request: Json = {"argv": list(argv), "cwd": cwd or os.getcwd(), "raw_output": True}
