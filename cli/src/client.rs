@@ -136,6 +136,8 @@ impl Drop for RunEnd {
 const STREAMED_STDIN_VERSION: u32 = 14;
 /// The protocol version that runs a command in a terminal (`RunInTerminal`).
 const TERMINAL_VERSION: u32 = 15;
+/// The protocol version that streams the stdin of a command in a session.
+const SESSION_STDIN_VERSION: u32 = 17;
 
 /// Sends what `source` gives as the stdin pieces of `run` (the number of
 /// runs ended before it), then its end; nothing more once the run is over
@@ -412,6 +414,24 @@ impl Client {
         Ok(ClientMessage::Run(request))
     }
 
+    /// A command of `session` whose stdin is `source`: streamed where the
+    /// broker speaks version 17, else read whole into the request.
+    fn in_session_with_stdin(
+        &mut self,
+        session: String,
+        mut run: RunRequest,
+        mut source: Box<dyn Read + Send>,
+        stdin: &mut Option<Box<dyn Read + Send>>,
+    ) -> Result<ClientMessage, ClientError> {
+        self.finish_hello()?;
+        if self.version.is_some_and(|v| v >= SESSION_STDIN_VERSION) {
+            *stdin = Some(source);
+            return Ok(ClientMessage::RunInSessionWithStdin { session, run });
+        }
+        source.read_to_end(&mut run.stdin).map_err(ClientError::Io)?;
+        Ok(ClientMessage::RunInSession { session, run })
+    }
+
     /// Sends one message that is not a run (`ListApprovals`, `Answer`,
     /// `ListTools`, `ApproveTool`) and returns the broker's reply; an
     /// error reply is `ClientError::Reply`.
@@ -442,14 +462,10 @@ impl Client {
             stdin = Some(Box::new(std::io::empty()));
         }
         let message = match (self.session.take(), stdin.take()) {
-            // A command in a session takes its stdin whole, in the request.
-            (Some(session), source) => {
-                let mut run = request;
-                if let Some(mut source) = source {
-                    source.read_to_end(&mut run.stdin).map_err(ClientError::Io)?;
-                }
-                ClientMessage::RunInSession { session, run }
+            (Some(session), Some(source)) => {
+                self.in_session_with_stdin(session, request, source, &mut stdin)?
             }
+            (Some(session), None) => ClientMessage::RunInSession { session, run: request },
             (None, Some(source)) => self.with_stdin(request, source, &mut stdin)?,
             (None, None) => ClientMessage::Run(request),
         };

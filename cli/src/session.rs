@@ -23,7 +23,8 @@ pub enum SessionCommand {
     Start(StartArgs),
     /// Run a command in session NAME: decided by the policy like `palisade
     /// run`, in the session's sandbox, never a wider one. Its stdin is this
-    /// one's, read whole (unless a terminal, or -n). Exits as `palisade run` does.
+    /// one's, streamed as the command reads it (unless a terminal, or -n);
+    /// it has no terminal. Exits as `palisade run` does.
     Exec(ExecArgs),
     /// Publish PORT of session NAME's own loopback to you: a Unix socket on
     /// the host that only you may connect to (`curl --unix-socket SOCKET

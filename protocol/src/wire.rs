@@ -38,7 +38,7 @@ pub const MAGIC: &str = "palisade";
 /// `Resize`, a run in a terminal; 16: sessions, `StartSession`,
 /// `RunInSession`, `ListSessions`, `StopSession`, `SessionStarted` and
 /// `Sessions`; 17: `Publish` and `Published`, a session's port published
-/// to its requester).
+/// to its requester, and `RunInSessionWithStdin`).
 pub const PROTOCOL_VERSION: u32 = 17;
 
 pub use crate::plan::{WINDOW_MAX, WindowSize};
@@ -447,6 +447,12 @@ pub enum ClientMessage {
         session: String,
         port: u16,
     },
+    /// `RunInSession`, its stdin streamed as `RunWithStdin`'s is (`Stdin`
+    /// pieces, then `StdinEnd`); `run`'s `stdin` field must be empty.
+    RunInSessionWithStdin {
+        session: String,
+        run: RunRequest,
+    },
 }
 
 /// A session to start: `run` is what it may reach, as a run request
@@ -513,6 +519,7 @@ impl ClientMessage {
             ClientMessage::ListSessions => "list_sessions",
             ClientMessage::StopSession { .. } => "stop_session",
             ClientMessage::Publish { .. } => "publish",
+            ClientMessage::RunInSessionWithStdin { .. } => "run_in_session_with_stdin",
         }
     }
 }
@@ -1966,6 +1973,9 @@ mod tests {
         // Version 17's, after them.
         assert_eq!(client_index(&ClientMessage::Publish { session: "s".into(), port: 3000 }), 24);
         assert_eq!(server_index(&ServerMessage::Published(PublishedPort::default())), 18);
+        let streamed =
+            ClientMessage::RunInSessionWithStdin { session: "s".into(), run: RunRequest::default() };
+        assert_eq!(client_index(&streamed), 25);
         let mut d = Decoder::new(Some(Encoding::Json));
         d.push(b"{\"start_session\": {\"name\": \"dev\", \"run\": {\"argv\": [], \"cwd\": \"/w\"}}}\n");
         d.push(b"\"list_sessions\"\n");

@@ -20,8 +20,8 @@ use crate::serve::budget::RequestBudget;
 use crate::serve::memory;
 use crate::serve::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, Inbound, ReadError, SocketSink, check_hello};
 use palisade_protocol::wire::{
-    BrokerStatus, ClientMessage, ConfigStatus, Decoder, Encoding, ErrorReply, JournalHead, PROTOCOL_VERSION,
-    RunRequest, RunResult, ServerHello, ServerMessage, encode,
+    BrokerStatus, ClientMessage, ConfigStatus, Decoder, Encoding, ErrorKind, ErrorReply, JournalHead,
+    PROTOCOL_VERSION, RunRequest, RunResult, ServerHello, ServerMessage, encode,
 };
 use std::collections::HashMap;
 use std::path::Path;
@@ -382,12 +382,8 @@ impl<E: Executor> Server<E> {
             let mut session = None;
             let request = match message {
                 ClientMessage::Run(r) => r,
-                ClientMessage::RunInSession { session: name, run } => {
-                    let joined = self.sessions.get(peer.uid, &name).and_then(|s| {
-                        let request = crate::decide::sessions::command_request(&s.request, run)?;
-                        Ok((s, request))
-                    });
-                    match joined {
+                m @ (ClientMessage::RunInSession { .. } | ClientMessage::RunInSessionWithStdin { .. }) => {
+                    match self.in_session(peer, m) {
                         Ok((s, request)) => {
                             session = Some(s);
                             request
@@ -493,6 +489,32 @@ impl<E: Executor> Server<E> {
             Ok((decided, request)) => (decided.map_err(BrokerError::from), request),
             Err(e) => (Err(BrokerError::Decision(e)), RunRequest::default()),
         }
+    }
+
+    /// The requester's session a `RunInSession` or a
+    /// `RunInSessionWithStdin` names, and the request of its command.
+    fn in_session(
+        &self,
+        peer: &Peer,
+        message: ClientMessage,
+    ) -> Result<(Arc<crate::decide::sessions::Session>, RunRequest), ErrorReply> {
+        let (name, run, streamed) = match message {
+            ClientMessage::RunInSession { session, run } => (session, run, false),
+            ClientMessage::RunInSessionWithStdin { session, run } => (session, run, true),
+            other => {
+                return Err(ErrorReply::new(
+                    ErrorKind::ProtocolError,
+                    format!("not a session's: {}", other.name()),
+                ));
+            }
+        };
+        if streamed && !run.stdin.is_empty() {
+            let why = "the stdin of a run_in_session_with_stdin comes as stdin messages: its stdin field must be empty";
+            return Err(ErrorReply::new(ErrorKind::InvalidRequest, why));
+        }
+        let session = self.sessions.get(peer.uid, &name)?;
+        let request = crate::decide::sessions::command_request(&session.request, run)?;
+        Ok((session, RunRequest { stdin_streamed: streamed, ..request }))
     }
 
     /// A request marked `stdin_streamed` came as `RunWithStdin`: its client

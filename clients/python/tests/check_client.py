@@ -182,6 +182,8 @@ def main() -> int:
         broker.run("mkdir -p deep && cd deep && export KEPT=1", session="py", shell=True)
         assert broker.run("echo ${PWD##*/} $KEPT", session="py", shell=True).stdout == b"deep 1\n"
         assert broker.run(["/bin/sh", "-c", "echo ${KEPT-none}"], session="py").stdout == b"none\n"
+        streamed = broker.run(["/bin/cat"], session="py", stdin=iter([b"in ", b"pieces"]))
+        assert streamed.stdout == b"in pieces", streamed
         print("session: a shell line's directory and exports, the next's")
         stopped = broker.stop_session("py")
         assert (stopped.status, stopped.result["run_id"]) == ("cancelled", session["run_id"]), stopped

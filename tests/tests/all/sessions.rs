@@ -565,3 +565,26 @@ fn a_published_port_is_its_requesters_alone() {
     assert!(text(&o.stdout).starts_with("err EACCES"), "{}", text(&o.stdout));
     assert_eq!(fetch(&mine).as_deref(), Some(""), "nothing listens in root's session: closed, but reached");
 }
+
+/// A command of a session reads its stdin as it comes (`RunInSessionWithStdin`):
+/// a shell answers each line before the next is sent, in the session (what
+/// the line before left in its /tmp, it finds).
+#[test]
+fn a_shell_in_a_session_reads_its_lines_one_at_a_time() {
+    let d = Daemon::start(&shell());
+    let ws = TempDir::new("session-ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    start(&mut client, ws.path(), "repl", None).unwrap();
+    sh_in(&mut client, "repl", "echo left > /tmp/note");
+    let script = ["cat /tmp/note\n", "echo $((6 * 7))\n", "exit 5\n"];
+    client.in_session("repl".into());
+    let request = RunRequest { argv: vec!["sh".into()], ..RunRequest::default() };
+    let result = crate::stdin::converse(&mut client, request, script, [b"left\n", b"left\n42\n"]);
+    let (result, heard) = result.unwrap_or_else(|e| panic!("{e}: {}", d.log()));
+    assert_eq!((result.status, text(&heard).as_str()), (RunStatus::Exited { code: 5 }, "left\n42\n"));
+    // Its stdin field set as well: refused, and the session serves on.
+    let run = RunRequest { argv: vec!["cat".into()], stdin: b"x".to_vec(), ..RunRequest::default() };
+    let e = client.request(&ClientMessage::RunInSessionWithStdin { session: "repl".into(), run });
+    assert!(matches!(e, Err(ClientError::Reply(ref e)) if e.kind == ErrorKind::InvalidRequest), "{e:?}");
+    assert_eq!(sh_in(&mut client, "repl", "true").status, RunStatus::Exited { code: 0 });
+}

@@ -6,7 +6,7 @@
 //! policy, as code in the request's `stdin` is.
 
 use palisade_broker::cli::client::{Client, ClientError};
-use palisade_protocol::wire::{ClientMessage, ErrorKind, RunRequest, RunStatus, ServerMessage};
+use palisade_protocol::wire::{ClientMessage, ErrorKind, RunRequest, RunResult, RunStatus, ServerMessage};
 use palisade_tests::*;
 use std::io::Write;
 use std::path::Path;
@@ -110,23 +110,33 @@ fn an_endless_stdin_the_command_does_not_read_ends_with_the_command() {
 fn a_shell_reads_its_lines_one_at_a_time_each_sent_after_the_last_answer() {
     let ws = TempDir::new("stdin-repl");
     let d = Daemon::start(SHELL);
-    let (read, write) = std::io::pipe().unwrap();
-    let mut write = Some(write);
-    let script = ["echo one\n", "echo $((6 * 7))\n", "exit 5\n"];
-    write.as_mut().unwrap().write_all(script[0].as_bytes()).unwrap();
     let mut client = Client::open(&d.socket).unwrap();
-    client.stream_stdin(Box::new(read));
     let request =
         RunRequest { argv: vec!["sh".into()], profile: Some("sh".into()), ..request(ws.path(), &[]) };
+    let script = ["echo one\n", "echo $((6 * 7))\n", "exit 5\n"];
+    let result = converse(&mut client, request, script, [b"one\n", b"one\n42\n"]);
+    let (result, heard) = result.unwrap_or_else(|e| panic!("{e}: {}", d.log()));
+    assert_eq!((result.status, text(&heard).as_str()), (RunStatus::Exited { code: 5 }, "one\n42\n"));
+}
+
+/// Runs `request` with `client`, its stdin a script sent a line at a time:
+/// `script[0]` at once, each next line once the output so far is the
+/// answer before it, the stdin closed after the last. Its result and output.
+pub(crate) fn converse(
+    client: &mut Client,
+    request: RunRequest,
+    script: [&str; 3],
+    answers: [&[u8]; 2],
+) -> Result<(RunResult, Vec<u8>), ClientError> {
+    let (write, read) = std::os::unix::net::UnixStream::pair().unwrap();
+    let mut write = Some(write);
+    write.as_mut().unwrap().write_all(script[0].as_bytes()).unwrap();
+    client.stream_stdin(Box::new(read));
     let mut heard = Vec::new();
     let result = client.run(request, |m| {
         if let ServerMessage::Output { data, .. } = m {
             heard.extend_from_slice(data);
-            let next = match heard.as_slice() {
-                b"one\n" => Some(script[1]),
-                b"one\n42\n" => Some(script[2]),
-                _ => None,
-            };
+            let next = answers.iter().position(|a| *a == heard.as_slice()).map(|i| script[i + 1]);
             if let (Some(line), Some(w)) = (next, write.as_mut()) {
                 w.write_all(line.as_bytes()).unwrap();
             }
@@ -134,9 +144,8 @@ fn a_shell_reads_its_lines_one_at_a_time_each_sent_after_the_last_answer() {
                 write = None;
             }
         }
-    });
-    let result = result.unwrap_or_else(|e| panic!("{e}: {}", d.log()));
-    assert_eq!((result.status, text(&heard).as_str()), (RunStatus::Exited { code: 5 }, "one\n42\n"));
+    })?;
+    Ok((result, heard))
 }
 
 /// Code on a streamed stdin is inline code: a shell reading it is refused

@@ -47,6 +47,8 @@ TERMINAL_VERSION = 15
 SESSION_VERSION = 16
 #: The protocol version that publishes a session's port to its requester.
 PUBLISH_VERSION = 17
+#: The protocol version that streams the stdin of a command in a session.
+SESSION_STDIN_VERSION = 17
 #: The script that runs a line of a session's shell (docs/protocol.md,
 #: "Sessions": a session's shell), exactly.
 SHELL_SCRIPT = r'''__p=/tmp/.palisade-shell
@@ -313,8 +315,8 @@ class Client:
         stdin is what is typed (b"\\x03" is Ctrl-C), always streamed, its
         output all `stdout`; `resize` changes the window while it runs.
         `session=NAME` runs it in that session of yours (`start_session`,
-        protocol version 16): `cwd` defaults to the session's, `stdin` is
-        bytes, and `fields` only the command's own (docs/protocol.md,
+        protocol version 16): `cwd` defaults to the session's, `stdin`
+        streams from version 17 (bytes before), and `fields` only the command's own (docs/protocol.md,
         "Sessions"); with `shell=True`, `argv` (a string, or words joined by
         spaces) is a line of the session's shell: the directory and the
         exported variables one line leaves, the next starts with."""
@@ -357,6 +359,15 @@ class Client:
             self._send({"run_in_terminal": {"run": request, "size": {"rows": rows, "cols": cols}}})
         else:
             self._send({"run_with_stdin" if streamed is not None else "run": request})
+        return self._answered(streamed, on_output, on_approval)
+
+    def _answered(
+        self,
+        streamed: Optional[Union[BinaryIO, Iterable[bytes]]],
+        on_output: Optional[OutputHandler],
+        on_approval: Optional[ApprovalHandler],
+    ) -> RunResult:
+        """The messages of the run just sent, to its end; its streamed stdin fed meanwhile."""
         self._stdin_failed = None
         try:
             result = self._events(streamed, on_output, on_approval)
@@ -389,20 +400,25 @@ class Client:
         fields: Dict[str, Any],
     ) -> RunResult:
         self._needs_sessions()
+        streamed: Optional[Union[BinaryIO, Iterable[bytes]]] = None
         if not isinstance(stdin, (bytes, bytearray)):
-            raise PalisadeError("InvalidRequest", "a command in a session takes its stdin as bytes")
+            if self.version < SESSION_STDIN_VERSION:
+                raise PalisadeError(
+                    "ProtocolError",
+                    f"this broker speaks protocol version {self.version}; a session's command takes a "
+                    f"streamed stdin from {SESSION_STDIN_VERSION} (give bytes)",
+                )
+            streamed = stdin
         request: Json = {"argv": list(argv), "raw_output": True}
         for name, value in (("cwd", cwd), ("env", dict(env) if env is not None else None)):
             if value is not None:
                 request[name] = value
-        if stdin:
-            request["stdin"] = _encode_bytes(bytes(stdin))
+        if stdin and streamed is None:
+            request["stdin"] = _encode_bytes(bytes(cast(bytes, stdin)))
         request.update(fields)
-        self._send({"run_in_session": {"session": session, "run": request}})
-        try:
-            return self._events(None, on_output, on_approval)
-        finally:
-            self._run_ended()
+        kind = "run_in_session" if streamed is None else "run_in_session_with_stdin"
+        self._send({kind: {"session": session, "run": request}})
+        return self._answered(streamed, on_output, on_approval)
 
     def _needs_sessions(self) -> None:
         if self.version < SESSION_VERSION:
