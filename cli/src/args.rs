@@ -218,7 +218,7 @@ pub fn read_pieces(
 
 /// Whether `stdin` is `/dev/null` (or closed: nothing to read either).
 #[cfg(unix)]
-fn is_dev_null(stdin: &std::io::Stdin) -> bool {
+pub(crate) fn is_dev_null(stdin: &std::io::Stdin) -> bool {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let own = std::os::fd::AsFd::as_fd(stdin)
         .try_clone_to_owned()
@@ -229,7 +229,7 @@ fn is_dev_null(stdin: &std::io::Stdin) -> bool {
 }
 
 #[cfg(not(unix))]
-fn is_dev_null(_: &std::io::Stdin) -> bool {
+pub(crate) fn is_dev_null(_: &std::io::Stdin) -> bool {
     false
 }
 

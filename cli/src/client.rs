@@ -415,7 +415,8 @@ impl Client {
     }
 
     /// A command of `session` whose stdin is `source`: streamed where the
-    /// broker speaks version 17, else read whole into the request.
+    /// broker speaks version 17 (in a terminal, if `run` asks for one), else
+    /// read whole into the request.
     fn in_session_with_stdin(
         &mut self,
         session: String,
@@ -426,7 +427,10 @@ impl Client {
         self.finish_hello()?;
         if self.version.is_some_and(|v| v >= SESSION_STDIN_VERSION) {
             *stdin = Some(source);
-            return Ok(ClientMessage::RunInSessionWithStdin { session, run });
+            return Ok(match run.terminal {
+                Some(size) => ClientMessage::RunInSessionInTerminal { session, run, size },
+                None => ClientMessage::RunInSessionWithStdin { session, run },
+            });
         }
         source.read_to_end(&mut run.stdin).map_err(ClientError::Io)?;
         Ok(ClientMessage::RunInSession { session, run })

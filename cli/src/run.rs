@@ -182,10 +182,10 @@ pub fn via_socket(mut client: Client, mut request: RunRequest, mut render: Rende
     }
 }
 
-/// One run of [`via_socket`]. In a terminal, this one is in raw mode from
-/// the run's start to its end (an approval is asked before, in cooked
-/// mode), and its resizes are the run's.
-fn once(
+/// One run of [`via_socket`] (or of `palisade session exec`). In a
+/// terminal, this one is in raw mode from the run's start to its end (an
+/// approval is asked before, in cooked mode), and its resizes are the run's.
+pub fn once(
     client: &mut Client,
     request: RunRequest,
     render: &mut Render,

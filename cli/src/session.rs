@@ -2,7 +2,7 @@
 //! through a running broker (an embedded one would end with this process).
 
 use crate::args::{SandboxArgs, own_umask};
-use crate::client::{ClientError, Event};
+use crate::client::ClientError;
 use crate::discovery::{BrokerArgs, Route};
 use crate::render::Render;
 use crate::{json_fail, json_reply};
@@ -24,7 +24,8 @@ pub enum SessionCommand {
     /// Run a command in session NAME: decided by the policy like `palisade
     /// run`, in the session's sandbox, never a wider one. Its stdin is this
     /// one's, streamed as the command reads it (unless a terminal, or -n);
-    /// it has no terminal. Exits as `palisade run` does.
+    /// in a terminal of the session's when this one is a terminal (or -t).
+    /// Exits as `palisade run` does.
     Exec(ExecArgs),
     /// Publish PORT of session NAME's own loopback to you: a Unix socket on
     /// the host that only you may connect to (`curl --unix-socket SOCKET
@@ -104,6 +105,14 @@ pub struct ExecArgs {
     /// Give the command no stdin.
     #[arg(short = 'n', long)]
     pub no_stdin: bool,
+    /// Run the command in a terminal of the session's, this terminal's
+    /// size (the default when stdin and stdout are terminals and neither
+    /// --json nor --no-stdin is given), as `palisade run -t` does.
+    #[arg(short = 't', long = "tty", conflicts_with = "no_tty")]
+    pub tty: bool,
+    /// No terminal: stdin, stdout and stderr stay pipes.
+    #[arg(short = 'T', long = "no-tty")]
+    pub no_tty: bool,
     /// Run COMMAND (its words joined by spaces) as a line of the session's
     /// shell: the working directory and the exported variables one line
     /// leaves, the next `--shell` line starts with (`cd src`, then `make`).
@@ -246,31 +255,24 @@ fn exec(args: ExecArgs) -> i32 {
         true => palisade_protocol::shell::argv(&args.command.join(" ")),
         false => args.command,
     };
+    #[cfg(unix)]
+    let terminal = crate::tty::wanted(args.tty, args.no_tty, args.json || args.no_stdin);
+    #[cfg(not(unix))]
+    let terminal = None;
+    let stdin = std::io::stdin();
     let request = RunRequest {
         argv,
         timeout_secs: args.timeout,
         max_output_bytes: args.max_output,
+        stdin_streamed: terminal.is_some()
+            || (!args.no_stdin && !stdin.is_terminal() && !crate::args::is_dev_null(&stdin)),
+        terminal,
         ..RunRequest::default()
     };
     let client = &mut found.client;
     client.in_session(args.name);
-    let stdin = std::io::stdin();
-    if !args.no_stdin && !stdin.is_terminal() {
-        match std::os::fd::AsFd::as_fd(&stdin).try_clone_to_owned() {
-            Ok(own) => client.stream_stdin(Box::new(std::fs::File::from(own))),
-            Err(e) => {
-                return render.finish(Err(ErrorReply::new(ErrorKind::RuntimeFailure, format!("stdin: {e}"))));
-            }
-        }
-    }
     let mut render = render;
-    let on = |event: Event<'_>| {
-        if let Event::Output(stream, data) = event {
-            render.output(stream, data);
-        }
-    };
-    let outcome = client.run_events(request, on, crate::run::ask_requester);
-    match outcome {
+    match crate::run::once(client, request, &mut render, args.no_stdin) {
         Ok(r) => render.finish(Ok(r)),
         Err(ClientError::Reply(e)) => render.finish(Err(e)),
         Err(e) => render.finish(Err(ErrorReply::new(ErrorKind::RuntimeFailure, e.to_string()))),

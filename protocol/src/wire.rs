@@ -38,7 +38,7 @@ pub const MAGIC: &str = "palisade";
 /// `Resize`, a run in a terminal; 16: sessions, `StartSession`,
 /// `RunInSession`, `ListSessions`, `StopSession`, `SessionStarted` and
 /// `Sessions`; 17: `Publish` and `Published`, a session's port published
-/// to its requester, and `RunInSessionWithStdin`).
+/// to its requester, `RunInSessionWithStdin` and `RunInSessionInTerminal`).
 pub const PROTOCOL_VERSION: u32 = 17;
 
 pub use crate::plan::{WINDOW_MAX, WindowSize};
@@ -453,6 +453,14 @@ pub enum ClientMessage {
         session: String,
         run: RunRequest,
     },
+    /// `RunInSession` in a terminal of `size`, as `RunInTerminal` runs on
+    /// its own: its stdin streamed (what is typed), its output all stdout,
+    /// `Resize` its window; `run`'s `stdin` field must be empty.
+    RunInSessionInTerminal {
+        session: String,
+        run: RunRequest,
+        size: WindowSize,
+    },
 }
 
 /// A session to start: `run` is what it may reach, as a run request
@@ -520,6 +528,7 @@ impl ClientMessage {
             ClientMessage::StopSession { .. } => "stop_session",
             ClientMessage::Publish { .. } => "publish",
             ClientMessage::RunInSessionWithStdin { .. } => "run_in_session_with_stdin",
+            ClientMessage::RunInSessionInTerminal { .. } => "run_in_session_in_terminal",
         }
     }
 }
@@ -1976,6 +1985,10 @@ mod tests {
         let streamed =
             ClientMessage::RunInSessionWithStdin { session: "s".into(), run: RunRequest::default() };
         assert_eq!(client_index(&streamed), 25);
+        let size = WindowSize { rows: 24, cols: 80 };
+        let in_terminal =
+            ClientMessage::RunInSessionInTerminal { session: "s".into(), run: RunRequest::default(), size };
+        assert_eq!(client_index(&in_terminal), 26);
         let mut d = Decoder::new(Some(Encoding::Json));
         d.push(b"{\"start_session\": {\"name\": \"dev\", \"run\": {\"argv\": [], \"cwd\": \"/w\"}}}\n");
         d.push(b"\"list_sessions\"\n");

@@ -382,20 +382,20 @@ impl<E: Executor> Server<E> {
             let mut session = None;
             let request = match message {
                 ClientMessage::Run(r) => r,
-                m @ (ClientMessage::RunInSession { .. } | ClientMessage::RunInSessionWithStdin { .. }) => {
-                    match self.in_session(peer, m) {
-                        Ok((s, request)) => {
-                            session = Some(s);
-                            request
-                        }
-                        Err(e) => {
-                            if !sink.send(ServerMessage::Error(e)).await {
-                                return;
-                            }
-                            continue;
-                        }
+                m @ (ClientMessage::RunInSession { .. }
+                | ClientMessage::RunInSessionWithStdin { .. }
+                | ClientMessage::RunInSessionInTerminal { .. }) => match self.in_session(peer, m) {
+                    Ok((s, request)) => {
+                        session = Some(s);
+                        request
                     }
-                }
+                    Err(e) => {
+                        if !sink.send(ServerMessage::Error(e)).await {
+                            return;
+                        }
+                        continue;
+                    }
+                },
                 ClientMessage::StartSession(start) => {
                     let reply = match Caught::new(self.start_session(peer, start, shutdown.clone())).await {
                         Ok(reply) => reply.unwrap_or_else(ServerMessage::from),
@@ -491,16 +491,17 @@ impl<E: Executor> Server<E> {
         }
     }
 
-    /// The requester's session a `RunInSession` or a
-    /// `RunInSessionWithStdin` names, and the request of its command.
+    /// The requester's session a `RunInSession`, `RunInSessionWithStdin` or
+    /// `RunInSessionInTerminal` names, and the request of its command.
     fn in_session(
         &self,
         peer: &Peer,
         message: ClientMessage,
     ) -> Result<(Arc<crate::decide::sessions::Session>, RunRequest), ErrorReply> {
-        let (name, run, streamed) = match message {
-            ClientMessage::RunInSession { session, run } => (session, run, false),
-            ClientMessage::RunInSessionWithStdin { session, run } => (session, run, true),
+        let (name, run, streamed, terminal) = match message {
+            ClientMessage::RunInSession { session, run } => (session, run, false, None),
+            ClientMessage::RunInSessionWithStdin { session, run } => (session, run, true, None),
+            ClientMessage::RunInSessionInTerminal { session, run, size } => (session, run, true, Some(size)),
             other => {
                 return Err(ErrorReply::new(
                     ErrorKind::ProtocolError,
@@ -509,12 +510,15 @@ impl<E: Executor> Server<E> {
             }
         };
         if streamed && !run.stdin.is_empty() {
-            let why = "the stdin of a run_in_session_with_stdin comes as stdin messages: its stdin field must be empty";
+            let why = format!(
+                "the stdin of a {} comes as stdin messages: its stdin field must be empty",
+                if terminal.is_some() { "run_in_session_in_terminal" } else { "run_in_session_with_stdin" }
+            );
             return Err(ErrorReply::new(ErrorKind::InvalidRequest, why));
         }
         let session = self.sessions.get(peer.uid, &name)?;
         let request = crate::decide::sessions::command_request(&session.request, run)?;
-        Ok((session, RunRequest { stdin_streamed: streamed, ..request }))
+        Ok((session, RunRequest { stdin_streamed: streamed, terminal, ..request }))
     }
 
     /// A request marked `stdin_streamed` came as `RunWithStdin`: its client

@@ -184,6 +184,8 @@ def main() -> int:
         assert broker.run(["/bin/sh", "-c", "echo ${KEPT-none}"], session="py").stdout == b"none\n"
         streamed = broker.run(["/bin/cat"], session="py", stdin=iter([b"in ", b"pieces"]))
         assert streamed.stdout == b"in pieces", streamed
+        in_tty = broker.run(["/bin/sh", "-c", "stty size; tty"], session="py", terminal=(30, 100))
+        assert in_tty.stdout.startswith(b"30 100\r\n/dev/pts/"), in_tty.stdout
         print("session: a shell line's directory and exports, the next's")
         stopped = broker.stop_session("py")
         assert (stopped.status, stopped.result["run_id"]) == ("cancelled", session["run_id"]), stopped

@@ -588,3 +588,44 @@ fn a_shell_in_a_session_reads_its_lines_one_at_a_time() {
     assert!(matches!(e, Err(ClientError::Reply(ref e)) if e.kind == ErrorKind::InvalidRequest), "{e:?}");
     assert_eq!(sh_in(&mut client, "repl", "true").status, RunStatus::Exited { code: 0 });
 }
+
+/// A command of a session in a terminal (`RunInSessionInTerminal`): the
+/// session's own devpts, its window and a resize, Ctrl-C to its foreground
+/// process group, and TIOCSTI refused on it.
+#[test]
+fn a_command_of_a_session_runs_in_a_terminal_of_the_sessions() {
+    use palisade_protocol::wire::WindowSize;
+    let d = Daemon::start(&shell());
+    let ws = TempDir::new("session-ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    start(&mut client, ws.path(), "tty", None).unwrap();
+    let window = WindowSize { rows: 24, cols: 80 };
+    let in_terminal =
+        |argv: Vec<String>| RunRequest { argv, terminal: Some(window), ..RunRequest::default() };
+    let script = "trap 'stty size; exit 7' WINCH; stty size; tty; echo ready; while :; do sleep 0.05; done";
+    let mut resized = false;
+    client.in_session("tty".into());
+    let (status, out) = crate::terminal::drive(&mut client, in_terminal(sh(script)), |heard| {
+        let ready = heard.contains("ready") && !std::mem::replace(&mut resized, true);
+        ready.then_some((&b""[..], Some(WindowSize { rows: 40, cols: 132 })))
+    });
+    assert_eq!(status, RunStatus::Exited { code: 7 }, "{out:?}\n{}", d.log());
+    let lines: Vec<&str> = out.split("\r\n").collect();
+    assert_eq!(lines[0], "24 80", "{out:?}");
+    assert!(lines[1].starts_with("/dev/pts/"), "the session's own devpts: {out:?}");
+    assert!(lines.contains(&"40 132"), "{out:?}");
+    let script = "trap 'echo got-INT; exit 9' INT; echo ready; while :; do sleep 0.05; done";
+    let mut typed = false;
+    client.in_session("tty".into());
+    let (status, out) = crate::terminal::drive(&mut client, in_terminal(sh(script)), |heard| {
+        let ready = heard.contains("ready") && !std::mem::replace(&mut typed, true);
+        ready.then_some((&b"\x03"[..], None))
+    });
+    assert_eq!(status, RunStatus::Exited { code: 9 }, "{out:?}");
+    assert!(out.contains("got-INT"), "{out:?}");
+    client.in_session("tty".into());
+    let tiocsti = in_terminal(vec![probe(), "tiocsti".into()]);
+    let (status, out) = crate::terminal::drive(&mut client, tiocsti, |_| None);
+    assert_eq!(status, RunStatus::Exited { code: 1 }, "{out:?}");
+    assert!(out.starts_with("err EPERM"), "TIOCSTI inside the session: {out:?}");
+}

@@ -29,7 +29,7 @@ fn in_terminal(ws: &TempDir, script: &str) -> RunRequest {
 /// Runs `request` through `client`, its keyboard a pipe; `on_output` sees
 /// all the output so far after each piece, and says what to type (and
 /// whether to resize the window) next. Returns the status and the output.
-fn drive(
+pub(crate) fn drive(
     client: &mut Client,
     request: RunRequest,
     mut on_output: impl FnMut(&str) -> Option<(&'static [u8], Option<WindowSize>)>,

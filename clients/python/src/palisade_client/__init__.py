@@ -316,7 +316,8 @@ class Client:
         output all `stdout`; `resize` changes the window while it runs.
         `session=NAME` runs it in that session of yours (`start_session`,
         protocol version 16): `cwd` defaults to the session's, `stdin`
-        streams from version 17 (bytes before), and `fields` only the command's own (docs/protocol.md,
+        streams and `terminal` works from version 17 (bytes and no terminal
+        before), and `fields` are only the command's own (docs/protocol.md,
         "Sessions"); with `shell=True`, `argv` (a string, or words joined by
         spaces) is a line of the session's shell: the directory and the
         exported variables one line leaves, the next starts with."""
@@ -325,7 +326,8 @@ class Client:
                 raise PalisadeError("InvalidRequest", "a shell line runs in a session: give session=")
             argv = shell_argv(argv if isinstance(argv, str) else " ".join(argv))
         if session is not None:
-            return self._run_in_session(session, argv, cwd, env, stdin, on_output, on_approval, fields)
+            call = (argv, cwd, env, stdin, terminal)
+            return self._run_in_session(session, call, on_output, on_approval, fields)
         request: Json = {"argv": list(argv), "cwd": cwd or os.getcwd(), "raw_output": True}
         if workspace is not None:
             request["workspace"] = workspace
@@ -391,17 +393,27 @@ class Client:
     def _run_in_session(
         self,
         session: str,
-        argv: Sequence[str],
-        cwd: Optional[str],
-        env: Optional[Mapping[str, str]],
-        stdin: Stdin,
+        call: Tuple[
+            Sequence[str], Optional[str], Optional[Mapping[str, str]], Stdin, Optional[Tuple[int, int]]
+        ],
         on_output: Optional[OutputHandler],
         on_approval: Optional[ApprovalHandler],
         fields: Dict[str, Any],
     ) -> RunResult:
+        """`run(..., session=...)`: `call` is its argv, cwd, env, stdin and terminal."""
         self._needs_sessions()
+        argv, cwd, env, stdin, terminal = call
         streamed: Optional[Union[BinaryIO, Iterable[bytes]]] = None
-        if not isinstance(stdin, (bytes, bytearray)):
+        if terminal is not None and self.version < SESSION_STDIN_VERSION:
+            raise PalisadeError(
+                "ProtocolError",
+                f"this broker speaks protocol version {self.version}; a session's command has a "
+                f"terminal from {SESSION_STDIN_VERSION}",
+            )
+        if terminal is not None:
+            # A terminal's input always streams: bytes are what is typed first.
+            streamed = [bytes(stdin)] if isinstance(stdin, (bytes, bytearray)) else stdin
+        elif not isinstance(stdin, (bytes, bytearray)):
             if self.version < SESSION_STDIN_VERSION:
                 raise PalisadeError(
                     "ProtocolError",
@@ -416,8 +428,13 @@ class Client:
         if stdin and streamed is None:
             request["stdin"] = _encode_bytes(bytes(cast(bytes, stdin)))
         request.update(fields)
-        kind = "run_in_session" if streamed is None else "run_in_session_with_stdin"
-        self._send({kind: {"session": session, "run": request}})
+        if terminal is not None:
+            rows, cols = terminal
+            size = {"rows": rows, "cols": cols}
+            self._send({"run_in_session_in_terminal": {"session": session, "run": request, "size": size}})
+        else:
+            kind = "run_in_session" if streamed is None else "run_in_session_with_stdin"
+            self._send({kind: {"session": session, "run": request}})
         return self._answered(streamed, on_output, on_approval)
 
     def _needs_sessions(self) -> None:
