@@ -78,6 +78,9 @@ impl<E: Executor> Server<E> {
         let addr = listener.local_addr().ok()?;
         match prepare_dir(addr.as_pathname()?) {
             Ok(dir) => {
+                // Out of every run's reach, as the broker's socket is (where
+                // the socket's directory is a shared one, it is not).
+                self.broker.keep_out_of_reach(&dir, "the sessions' published sockets");
                 let _ = self.published_dir.set(dir.clone());
                 Some(dir)
             }

@@ -629,3 +629,41 @@ fn a_command_of_a_session_runs_in_a_terminal_of_the_sessions() {
     assert_eq!(status, RunStatus::Exited { code: 1 }, "{out:?}");
     assert!(out.starts_with("err EPERM"), "TIOCSTI inside the session: {out:?}");
 }
+
+/// A published socket is the requester's, not its runs': where the broker's
+/// socket is in a shared directory (so only the socket itself is kept from
+/// runs), its published sockets' directory is kept from them too, even
+/// from a run given that directory (a read-only bind: a socket in it is
+/// still connected to).
+#[test]
+fn no_run_reaches_a_published_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    let shared = TempDir::new("session-shared");
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let socket = shared.join("palisade.sock");
+    let probes = Path::new(&probe()).parent().unwrap().display().to_string();
+    let config = format!(
+        "{}[profiles.shared]\nread_only = [{probes:?}, {:?}]\n[broker]\nsocket = {:?}\n",
+        shell(),
+        shared.path().display().to_string(),
+        socket.display().to_string()
+    );
+    let d = Daemon::start_with(DaemonOptions { config, default_socket: Some(socket), ..Default::default() });
+    let ws = TempDir::new("session-ws");
+    let mut client = Client::connect(&d.socket).unwrap();
+    start(&mut client, ws.path(), "web", None).unwrap();
+    let port = serve_in(&mut client, ws.path(), "web");
+    let published = publish(&mut client, "web", port).unwrap();
+    assert!(published.starts_with(&shared.path().display().to_string()), "{published}");
+    // Counter-test: its requester reaches the server.
+    assert!(eventually(Duration::from_secs(10), || fetch(&published).as_deref() == Some("hello\n")));
+    let mut out = Vec::new();
+    let run = RunRequest { profile: Some("shared".into()), ..request(ws.path(), &["fetch", &published]) };
+    let r = client.run(run, |m| {
+        if let ServerMessage::Output { stream: Stream::Stdout, data } = m {
+            out.extend_from_slice(data);
+        }
+    });
+    assert_eq!(r.unwrap().status, RunStatus::Exited { code: 1 }, "a run reached {published}: {}", text(&out));
+    assert!(text(&out).starts_with("err "), "{}", text(&out));
+}
