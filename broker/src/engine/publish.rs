@@ -37,11 +37,12 @@ pub fn loopback_sockets(session: &Sandbox) -> Result<Vec<OwnedFd>, ErrorReply> {
     let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
         .map_err(|e| failed("socketpair", e))?;
     let mut control = Control([0; 64]);
-    // SAFETY: the child calls only async-signal-safe system calls (prctl,
-    // setns, socket, sendmsg, _exit) on memory made before the fork, takes
-    // no lock and allocates nothing (`in_child`), so the other threads of
-    // the broker, absent in the child, hold nothing it needs.
-    let child = match unsafe { nix::unistd::fork() }.map_err(|e| failed("fork", e))? {
+    // The child (`in_child`) calls only async-signal-safe system calls
+    // (prctl, setns, socket, sendmsg, _exit) on memory made before the fork.
+    // SAFETY: it takes no lock and allocates nothing, so the broker's other
+    // threads, absent in the child, hold nothing it needs.
+    let forked = unsafe { nix::unistd::fork() };
+    let child = match forked.map_err(|e| failed("fork", e))? {
         nix::unistd::ForkResult::Child => {
             let code = in_child(user.as_fd(), net.as_fd(), theirs.as_raw_fd(), &mut control);
             // SAFETY: ends the child at once, running nothing of the
@@ -106,10 +107,10 @@ fn send(to: RawFd, fds: &[RawFd], control: &mut Control) -> i32 {
     msg.msg_iovlen = 1;
     msg.msg_control = control.0.as_mut_ptr().cast();
     msg.msg_controllen = space as _;
-    // SAFETY: `control` is aligned for a cmsghdr and at least `space`
-    // bytes long (64 for two descriptors' 24), so the first header and its
-    // `data_len` bytes of data lie inside it; the pointers in `msg` point to
-    // locals that outlive the sendmsg call.
+    // `control` is aligned for a cmsghdr and 64 bytes long (two
+    // descriptors' header and data take 24).
+    // SAFETY: so the first header and its `data_len` bytes lie inside it;
+    // `msg` points to locals that outlive the sendmsg call.
     let rc = unsafe {
         let header = libc::CMSG_FIRSTHDR(&msg);
         (*header).cmsg_level = libc::SOL_SOCKET;

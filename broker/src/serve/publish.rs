@@ -91,7 +91,8 @@ impl<E: Executor> Server<E> {
         }
     }
 
-    /// `Publish`: answered once the socket listens.
+    /// `Publish`: answered once the socket listens (a port another request
+    /// is publishing already: with its socket, at once).
     pub(super) async fn publish(
         &self,
         peer: &Peer,
@@ -103,57 +104,80 @@ impl<E: Executor> Server<E> {
             let socket = socket.to_string();
             Ok(ServerMessage::Published(PublishedPort { session: name.to_string(), port, socket }))
         };
-        if let Some(socket) = session.published.lock().unwrap_or_else(|e| e.into_inner()).get(&port) {
-            return answer(socket);
-        }
         let dir = self.published_dir.get().ok_or_else(|| {
             let why = "this broker publishes no port: it listens on no socket of a path of its own, \
                        beside which the published ones would be";
             refused(ErrorKind::Unavailable, why)
         })?;
-        let path = self.check_publish(&session, dir, port)?;
-        // Reachable at all: the session has a network of its own.
-        let (broker, probe) = (self.broker.clone(), session.clone());
-        tokio::task::spawn_blocking(move || broker.executor.loopback_sockets(&probe.sandbox)).await??;
-        let listener = listen_for(&path, peer.uid).map_err(|e| {
-            BrokerError::from(ErrorReply::new(ErrorKind::RuntimeFailure, format!("{}: {e}", path.display())))
+        // Taken under one lock: two publishes of a port never bind twice.
+        let socket = match take_port(&session, dir, port)? {
+            Taken::Already(socket) => return answer(&socket),
+            Taken::Now(path) => path,
+        };
+        let listened = self.listen(peer, &session, &socket).await;
+        let listener = listened.inspect_err(|_| {
+            session.published.lock().unwrap_or_else(|e| e.into_inner()).remove(&port);
         })?;
-        let socket = path.display().to_string();
-        session.published.lock().unwrap_or_else(|e| e.into_inner()).insert(port, socket.clone());
-        tracing::info!(uid = peer.uid, session = name, port, socket, "published");
-        tokio::spawn(serve_port(self.broker.clone(), session, listener, port, path));
-        answer(&socket)
+        let shown = socket.display().to_string();
+        tracing::info!(uid = peer.uid, session = name, port, socket = shown, "published");
+        tokio::spawn(serve_port(self.broker.clone(), session, listener, port, socket));
+        answer(&shown)
     }
 
-    /// The published socket's path, if `port` may be published.
-    fn check_publish(&self, session: &Session, dir: &Path, port: u16) -> Result<PathBuf, BrokerError> {
-        if port == 0 {
-            return Err(refused(
-                ErrorKind::InvalidRequest,
-                "port 0 is no port: publish the one the server listens on",
-            ));
-        }
-        let published = session.published.lock().unwrap_or_else(|e| e.into_inner()).len();
-        if published >= MAX_PUBLISHED_PER_SESSION {
-            let why = format!(
-                "the session has published {MAX_PUBLISHED_PER_SESSION} ports, the most one session may \
-                 publish: start another session for more"
-            );
-            return Err(refused(ErrorKind::InvalidRequest, why));
-        }
-        let path = dir.join(format!("{}.{}.{port}.sock", session.uid, session.info.name));
-        if path.as_os_str().len() > SOCKET_PATH_MAX {
-            let why = format!(
-                "the published socket's path {} is longer than a Unix socket's {SOCKET_PATH_MAX} bytes: \
-                 give the session a shorter name",
-                path.display()
-            );
-            return Err(refused(ErrorKind::InvalidRequest, why));
-        }
-        Ok(path)
+    /// The listener of the published socket `path` of `session`, once its
+    /// network is reached (the session has a network of its own).
+    async fn listen(
+        &self,
+        peer: &Peer,
+        session: &Arc<Session>,
+        path: &Path,
+    ) -> Result<UnixListener, BrokerError> {
+        let (broker, probe) = (self.broker.clone(), session.clone());
+        tokio::task::spawn_blocking(move || broker.executor.loopback_sockets(&probe.sandbox)).await??;
+        listen_for(path, peer.uid).map_err(|e| {
+            BrokerError::from(ErrorReply::new(ErrorKind::RuntimeFailure, format!("{}: {e}", path.display())))
+        })
     }
 }
 
+/// A port of a session: published already (its socket), or taken now for
+/// the socket at this path.
+enum Taken {
+    Already(String),
+    Now(PathBuf),
+}
+
+/// Takes `port` of `session` for publishing, if it may be published.
+fn take_port(session: &Session, dir: &Path, port: u16) -> Result<Taken, BrokerError> {
+    if port == 0 {
+        return Err(refused(
+            ErrorKind::InvalidRequest,
+            "port 0 is no port: publish the one the server listens on",
+        ));
+    }
+    let path = dir.join(format!("{}.{}.{port}.sock", session.uid, session.info.name));
+    if path.as_os_str().len() > SOCKET_PATH_MAX {
+        let why = format!(
+            "the published socket's path {} is longer than a Unix socket's {SOCKET_PATH_MAX} bytes: \
+             give the session a shorter name",
+            path.display()
+        );
+        return Err(refused(ErrorKind::InvalidRequest, why));
+    }
+    let mut published = session.published.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(socket) = published.get(&port) {
+        return Ok(Taken::Already(socket.clone()));
+    }
+    if published.len() >= MAX_PUBLISHED_PER_SESSION {
+        let why = format!(
+            "the session has published {MAX_PUBLISHED_PER_SESSION} ports, the most one session may \
+             publish: start another session for more"
+        );
+        return Err(refused(ErrorKind::InvalidRequest, why));
+    }
+    published.insert(port, path.display().to_string());
+    Ok(Taken::Now(path))
+}
 /// Accepts the requester's connections to the published `port` until the
 /// session ends; then the socket goes, and every relay with it.
 async fn serve_port<E: Executor>(
