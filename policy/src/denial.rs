@@ -96,7 +96,7 @@ const NO_FIX: &[(&str, &[&str])] = &[
     ("scope.sensitive_path", &["never granted, by any flag or key"]),
     ("session.argv", &["a session starts with no command"]),
     ("session.bounds", &["idle_timeout_secs and max_lifetime_secs are 1 to"]),
-    ("session.cgroup", &["is not available yet"]),
+    ("session.cgroup", &["cannot be joined"]),
     ("session.differs", &["never a wider one"]),
     ("session.field", &["the rest is the session's"]),
     ("session.limit", &["the most one requester may have"]),

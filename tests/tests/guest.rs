@@ -66,6 +66,7 @@ fn cgroup_limits_hold_in_a_pure_cgroup_v2_guest() {
             "helper killed in its cgroup",
             "plugin-host cgroup",
             "plugin-host memory limit",
+            "session in a cgroup",
         ] {
             assert!(
                 text.contains(&format!("vmcheck PASS [{who}] {check}:")),
@@ -88,7 +89,13 @@ fn vmcheck_refuses_to_run_outside_the_guest() {
 #[test]
 fn cgroup_v1_is_used_under_a_configured_root() {
     let (ok, text) = boot(&["--keep-v1", "--controllers", "", "--as", "root"], &["--v1"]);
-    for check in ["v1 memory bomb", "v1 fork bomb", "v1 plugin-host cgroup", "v1 runs removed"] {
+    for check in [
+        "v1 memory bomb",
+        "v1 fork bomb",
+        "v1 session in a cgroup",
+        "v1 plugin-host cgroup",
+        "v1 runs removed",
+    ] {
         assert!(text.contains(&format!("vmcheck PASS [root] {check}:")), "{check} did not pass:\n{text}");
     }
     assert!(ok, "{text}");

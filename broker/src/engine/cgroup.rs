@@ -411,6 +411,73 @@ impl Cgroups {
     }
 }
 
+/// A session's cgroup, as each command of the session joins it: the
+/// command's helper goes in as a run's does (through fd 5 on cgroup v2,
+/// placed by the broker on v1), and the session's own run, which made the
+/// cgroup, kills and removes it when the session ends. Its figures are the
+/// whole session's, never one command's; its OOM kills say whether the
+/// memory limit ended a command.
+#[derive(Debug)]
+pub struct Membership {
+    cg: Cgroup,
+    dir: Option<PathBuf>,
+    v1: bool,
+    display: String,
+}
+
+impl Membership {
+    /// The directory to hand a command's helper as fd 5 (cgroup v2).
+    pub fn open_dir(&self) -> std::io::Result<Option<OwnedFd>> {
+        open_dir(self.dir.as_deref())
+    }
+
+    /// cgroup v1: moves a command's helper (`pid`) into the session's cgroup.
+    pub fn place(&self, pid: u32) -> Result<(), CgroupError> {
+        place(&self.cg, self.dir.is_some(), pid)
+    }
+
+    /// The processes the memory limit has killed in the session so far.
+    pub fn oom_kills(&self) -> u64 {
+        let file = if self.v1 { "memory.oom_control" } else { "memory.events" };
+        field(&memory_file(&self.cg, self.dir.as_deref(), file), "oom_kill ")
+    }
+
+    /// Where it is, as plans and attestations name a run's cgroup.
+    pub fn display(&self) -> &str {
+        &self.display
+    }
+}
+
+fn open_dir(dir: Option<&std::path::Path>) -> std::io::Result<Option<OwnedFd>> {
+    let Some(dir) = dir else { return Ok(None) };
+    let file =
+        std::fs::File::options().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(dir)?;
+    Ok(Some(OwnedFd::from(file)))
+}
+
+/// cgroup v1 (no directory of v2's): moves `pid` into `cg` in every hierarchy.
+fn place(cg: &Cgroup, v2: bool, pid: u32) -> Result<(), CgroupError> {
+    if v2 {
+        return Ok(());
+    }
+    cg.add_task_by_tgid(CgroupPid::from(pid as u64)).map_err(|source| CgroupError::Place { pid, source })
+}
+
+/// A file of the memory controller's: in the v2 directory, or the v1
+/// memory hierarchy's; empty where it cannot be read.
+fn memory_file(cg: &Cgroup, dir: Option<&std::path::Path>, file: &str) -> String {
+    let path = match dir {
+        Some(d) => Some(d.join(file)),
+        None => cg.controller_of::<MemController>().map(|m| m.path().join(file)),
+    };
+    path.and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default()
+}
+
+/// The number after `key` on its line of a cgroup file; 0 where it is missing.
+fn field(text: &str, key: &str) -> u64 {
+    text.lines().find_map(|l| l.strip_prefix(key)?.trim().parse::<u64>().ok()).unwrap_or(0)
+}
+
 /// One run's cgroup. Removed by [`RunCgroup::remove`] after the run; one
 /// dropped without it (a run cut short) is removed by a thread of its own.
 pub struct RunCgroup {
@@ -480,12 +547,13 @@ impl RunCgroup {
 
     /// The directory to hand the helper as fd 5 (cgroup v2).
     pub fn open_dir(&self) -> std::io::Result<Option<OwnedFd>> {
-        let Some(dir) = &self.dir else { return Ok(None) };
-        let file = std::fs::File::options()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
-            .open(dir)?;
-        Ok(Some(OwnedFd::from(file)))
+        open_dir(self.dir.as_deref())
+    }
+
+    /// The cgroup as a session's commands join it: see [`Membership`].
+    pub fn membership(&self) -> Option<Membership> {
+        let cg = self.owner.load(&self.name)?;
+        Some(Membership { cg, dir: self.dir.clone(), v1: self.v1, display: self.display() })
     }
 
     /// `run-...`, under the broker's cgroup root.
@@ -503,12 +571,7 @@ impl RunCgroup {
 
     /// cgroup v1: moves `pid` into the run's cgroup in every hierarchy.
     pub fn place(&self, pid: u32) -> Result<(), CgroupError> {
-        if self.dir.is_some() {
-            return Ok(());
-        }
-        self.cg
-            .add_task_by_tgid(CgroupPid::from(pid as u64))
-            .map_err(|source| CgroupError::Place { pid, source })
+        place(&self.cg, self.dir.is_some(), pid)
     }
 
     /// Kills every process in the cgroup: `cgroup.kill` where the kernel has
@@ -536,9 +599,6 @@ impl RunCgroup {
     pub fn usage(&self) -> CgroupUsage {
         let mem: Option<&MemController> = self.cg.controller_of();
         let stat = mem.map(|m| m.memory_stat());
-        let field = |text: &str, key: &str| {
-            text.lines().find_map(|l| l.strip_prefix(key)?.trim().parse::<u64>().ok()).unwrap_or(0)
-        };
         let read =
             |file: &str| self.path(file).and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
         if self.v1 {

@@ -9,7 +9,7 @@
 //! and macOS's (`seatbelt/executor.rs`'s `Macos`: Seatbelt). One request, one
 //! implementation per system.
 
-use crate::engine::stream::Sink;
+use crate::engine::stream::{SessionCgroup, Sink};
 use crate::error::BrokerError;
 use crate::host::paths::TempRoot;
 use crate::host::peer::Peer;
@@ -161,6 +161,9 @@ pub trait Executor: Send + Sync + Sized + 'static {
 pub struct Sandbox {
     pub plan: palisade_protocol::JailPlan,
     pub namespaces: Vec<std::os::fd::OwnedFd>,
+    /// The session's cgroup where its runs get one: the limits decided for
+    /// it (a command decided others is refused), and how its commands join it.
+    pub cgroup: Option<(palisade_policy::CgroupPlan, Option<Arc<SessionCgroup>>)>,
 }
 
 /// Sessions, where an executor has none.

@@ -8,7 +8,7 @@ use crate::engine::cgroup::{CgroupLimits, Cgroups};
 use crate::engine::etc_view::EtcView;
 use crate::engine::executor::{Deciding, Executor, Opened, Parts, Prepared, decision};
 use crate::engine::pool::Slot;
-use crate::engine::run::{Engine, Grants, Planned, Sink};
+use crate::engine::run::{Engine, Grants, InCgroup, Planned, Sink};
 use crate::engine::spawn_thread::Spawner;
 use crate::error::BrokerError;
 use crate::host::paths::HostDirs;
@@ -45,6 +45,8 @@ pub struct Held {
     _dirs: HostDirs,
     /// The /etc snapshot it sees, kept on disk meanwhile.
     _etc: Option<Arc<crate::engine::etc_view::Snapshot>>,
+    /// A command of a session in a cgroup: the session's, which it joins.
+    session_cgroup: Option<Arc<crate::engine::cgroup::Membership>>,
 }
 
 impl Linux {
@@ -216,7 +218,7 @@ impl Executor for Linux {
             journal: deciding.journal.clone(),
         };
         let grants = Grants { requester, descriptors, keep_out };
-        Ok(Opened { resolved, approval, held: Held { grants, _dirs: dirs, _etc: etc } })
+        Ok(Opened { resolved, approval, held: Held { grants, _dirs: dirs, _etc: etc, session_cgroup: None } })
     }
 
     async fn prepare(
@@ -260,9 +262,13 @@ impl Executor for Linux {
             processes: c.processes,
             cpu_percent: c.cpu_percent,
         };
-        let cgroup = resolved.cgroup.as_ref().map(|c| (c.name.as_str(), limits(c)));
+        let cgroup = match (&held.session_cgroup, &resolved.cgroup) {
+            (Some(session), _) => InCgroup::Session(session),
+            (None, Some(c)) => InCgroup::Own(c.name.as_str(), limits(c)),
+            (None, None) => InCgroup::None,
+        };
         let planned = Planned { id: run_id, resolved, grants: &held.grants };
-        // The run's cgroup, if it has one, is made (or the slot's limited) and removed by the engine.
+        // The run's own cgroup, if it has one, is made (or the slot's limited) and removed by the engine.
         self.engine.execute(planned, request, sink, cancel, cgroup, taken).await
     }
 
@@ -305,7 +311,8 @@ impl Executor for Linux {
         held: &mut Held,
         session: &crate::engine::executor::Sandbox,
     ) -> Result<(), ErrorReply> {
-        crate::engine::session::join(resolved, &mut held.grants.descriptors, session)
+        held.session_cgroup = crate::engine::session::join(resolved, &mut held.grants.descriptors, session)?;
+        Ok(())
     }
 
     fn loopback_sockets(

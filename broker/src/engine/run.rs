@@ -4,7 +4,7 @@
 //! and its attestation.
 
 use crate::egress::Egress;
-use crate::engine::cgroup::{CgroupLimits, Cgroups, RunCgroup};
+use crate::engine::cgroup::{CgroupLimits, Cgroups, Membership, RunCgroup};
 use crate::engine::helper::{HelperChild, HelperCommand, Io, StatusRead, pidfd_kill, send_plan};
 use crate::engine::pool::{Pool, Slot};
 use crate::engine::spawn_thread::Spawner;
@@ -50,10 +50,25 @@ pub struct Planned<'a> {
     pub grants: &'a Grants,
 }
 
+/// The cgroup a run goes in.
+pub enum InCgroup<'a> {
+    /// None: its limits are rlimits.
+    None,
+    /// Its own, of this name and limits: made (or a claimed slot's
+    /// limited), and removed after the run.
+    Own(&'a str, CgroupLimits),
+    /// Its session's (a command of a session): joined, never made, limited
+    /// or removed by this run.
+    Session(&'a Membership),
+}
+
 /// A helper holding its plan, in the run's cgroup if it has one.
 struct Launched<'a> {
     helper: HelperChild,
     cgroup: Option<&'a RunCgroup>,
+    /// A command in its session's cgroup: the cgroup, and its OOM kills
+    /// before the command started.
+    session: Option<(&'a Membership, u64)>,
     started: Instant,
     /// The coarse real-time clock before the sandbox was made (ns): what
     /// the host changes from then on is someone else's change.
@@ -123,16 +138,17 @@ impl Engine {
         Arc::clone(&self.pool)
     }
 
+    /// A helper started now, given `cgroup_dir` (cgroup v2: the cgroup it joins).
     async fn spawn_fresh(
         &self,
         piped_stdin: bool,
-        cgroup: Option<&RunCgroup>,
+        cgroup_dir: Option<OwnedFd>,
     ) -> Result<HelperChild, BrokerError> {
         self.spawner
             .spawn(HelperCommand {
                 warm: None,
                 helper: self.helper.clone(),
-                cgroup_dir: cgroup.map(RunCgroup::open_dir).transpose()?.flatten(),
+                cgroup_dir,
                 stdin: if piped_stdin { Io::Piped } else { Io::Null },
                 stdout: Io::Piped,
                 stderr: Io::Piped,
@@ -153,43 +169,57 @@ impl Engine {
         self.pool.claim(plan, in_cgroup).await
     }
 
-    /// A helper holding its plan, and the run's cgroup when it has one
-    /// (`wanted`: its name and limits): the claimed slot's, or a fresh
-    /// helper in a new cgroup; its stdin a pipe when `piped_stdin`.
+    /// A helper holding its plan, and the run's own cgroup when it has one
+    /// (`wanted`): the claimed slot's, or a fresh helper in a new cgroup (or
+    /// in its session's); its stdin a pipe when `piped_stdin`.
     async fn launch(
         &self,
         resolved: &Resolved,
         grants: &Grants,
         piped_stdin: bool,
-        wanted: Option<(&str, CgroupLimits)>,
+        wanted: &InCgroup<'_>,
         claimed: Option<Slot>,
     ) -> Result<(HelperChild, Option<RunCgroup>), BrokerError> {
         let plan = encode_plan(&resolved.plan)?;
         let (mut helper, cgroup) = match (claimed, wanted) {
-            (Some(Slot { helper, cgroup: Some(cgroup) }), Some((name, limits))) if cgroup.name() == name => {
-                if let Err(e) = cgroup.set_limits(limits) {
+            (Some(Slot { helper, cgroup: Some(cgroup) }), InCgroup::Own(name, limits))
+                if cgroup.name() == *name =>
+            {
+                if let Err(e) = cgroup.set_limits(*limits) {
                     helper.discard();
                     return Err(BrokerError::CgroupCreate(e));
                 }
                 (helper, Some(cgroup))
             }
-            (Some(Slot { helper, cgroup: None }), None) => (helper, None),
+            (Some(Slot { helper, cgroup: None }), InCgroup::None) => (helper, None),
             (claimed, wanted) => {
                 // A slot claimed for another cgroup than the plan's: not used.
                 if let Some(slot) = claimed {
                     slot.discard();
                 }
-                let cgroup = wanted.map(|(name, limits)| self.cgroups.create(name, limits));
+                let cgroup = match wanted {
+                    InCgroup::Own(name, limits) => Some(self.cgroups.create(name, *limits)),
+                    _ => None,
+                };
                 let cgroup = cgroup.transpose().map_err(BrokerError::CgroupCreate)?;
-                (self.spawn_fresh(piped_stdin, cgroup.as_ref()).await?, cgroup)
+                let dir = match (wanted, &cgroup) {
+                    (InCgroup::Session(session), _) => session.open_dir()?,
+                    (_, Some(own)) => own.open_dir()?,
+                    _ => None,
+                };
+                (self.spawn_fresh(piped_stdin, dir).await?, cgroup)
             }
         };
         if let Some(channel) = helper.plan_channel.take() {
             // cgroup v1: the broker places the helper before it has its plan.
-            let handed =
-                cgroup.as_ref().map_or(Ok(()), |c| c.place(helper.pid)).map_err(BrokerError::from).and_then(
-                    |()| hand_over(channel, plan, &grants.descriptors).map_err(BrokerError::HandOver),
-                );
+            let placed = match (wanted, &cgroup) {
+                (InCgroup::Session(session), _) => session.place(helper.pid),
+                (_, Some(own)) => own.place(helper.pid),
+                _ => Ok(()),
+            };
+            let handed = placed
+                .map_err(BrokerError::from)
+                .and_then(|()| hand_over(channel, plan, &grants.descriptors).map_err(BrokerError::HandOver));
             if let Err(e) = handed {
                 let _ = pidfd_kill(&helper.pidfd, libc::SIGKILL);
                 let _ = reap(helper.pid);
@@ -209,7 +239,7 @@ impl Engine {
         request: &RunRequest,
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
-        cgroup: Option<(&str, CgroupLimits)>,
+        wanted: InCgroup<'_>,
         claimed: Option<Slot>,
     ) -> Result<RunResult, BrokerError> {
         let started = Instant::now();
@@ -217,8 +247,12 @@ impl Engine {
         let input = Input::of(request, sink.take_stdin());
         // A terminal's input goes to its master, never to the helper's stdin.
         let piped = input.piped() && planned.resolved.plan.terminal.is_none();
-        let (helper, cgroup) = self.launch(planned.resolved, planned.grants, piped, cgroup, claimed).await?;
-        let launched = Launched { helper, cgroup: cgroup.as_ref(), started, since };
+        let session = match wanted {
+            InCgroup::Session(m) => Some((m, m.oom_kills())),
+            _ => None,
+        };
+        let (helper, cgroup) = self.launch(planned.resolved, planned.grants, piped, &wanted, claimed).await?;
+        let launched = Launched { helper, cgroup: cgroup.as_ref(), session, started, since };
         let result = self.finish(planned, request, (sink, input), cancel, launched).await;
         if let Some(c) = cgroup {
             let _ = tokio::task::spawn_blocking(move || c.remove()).await;
@@ -236,7 +270,7 @@ impl Engine {
         launched: Launched<'_>,
     ) -> Result<RunResult, BrokerError> {
         let Planned { id: run_id, resolved, grants } = planned;
-        let Launched { helper, cgroup, started, since } = launched;
+        let Launched { helper, cgroup, session, started, since } = launched;
         let tier = resolved.plan.tier();
         let built = if helper.warm.is_some() { Built::Warm } else { Built::Cold };
         let HelperChild { pid, pidfd, status, stdin, stdout, stderr, .. } = helper;
@@ -253,7 +287,7 @@ impl Engine {
         let abandon = Abandon::arm(pid, &pidfd, first_signal)?;
         let (status, early, egress) = serve_egress(resolved, status).await?;
         let (status, early, terminal) = take_terminal(resolved, status, early).await?;
-        let (status, early) = take_session(resolved, status, early, sink).await?;
+        let (status, early) = take_session(resolved, (status, early), cgroup, sink).await?;
         // SAFETY: an OwnedFd's descriptor stays open as long as the AsyncFd owns it.
         let pidfd = unsafe { AsyncFd::register(pidfd) }.map_err(std::io::Error::from)?;
         let copying = terminal.is_some();
@@ -296,7 +330,10 @@ impl Engine {
         let mut ended = streamed.ended;
         let report = Report::read(records, fds, ended)?;
         let cg_usage = cgroup.map(RunCgroup::usage);
-        if cg_usage.is_some_and(|u| u.oom_kills > 0) && ended.is_none() {
+        // A command in its session's cgroup: killed by the kernel as the cgroup counted an OOM kill.
+        let killed = matches!(report.exit, Some(ExitReport::Signal(libc::SIGKILL)));
+        let session_oom = session.is_some_and(|(m, before)| killed && m.oom_kills() > before);
+        if (cg_usage.is_some_and(|u| u.oom_kills > 0) || session_oom) && ended.is_none() {
             ended = Some(RunStatus::MemoryLimitExceeded);
         }
         // A session its requester stopped ended as a command that exits by
@@ -531,12 +568,13 @@ async fn take_terminal(
 }
 
 /// A session's sandbox: its namespaces, which the helper sends once it is
-/// built (after any terminal's master), go to the session's sink. Nothing
-/// to wait for in any other run, or when the helper stopped before.
+/// built (after any terminal's master), go to the session's sink with its
+/// cgroup (`cgroup`, the run's) for its commands to join. Nothing to wait
+/// for in any other run, or when the helper stopped before.
 async fn take_session<S: Sink + Send>(
     resolved: &Resolved,
-    channel: std::fs::File,
-    read: StatusRead,
+    (channel, read): (std::fs::File, StatusRead),
+    cgroup: Option<&RunCgroup>,
     sink: &mut S,
 ) -> Result<(std::fs::File, StatusRead), BrokerError> {
     if resolved.plan.session != Some(SessionRole::Hold) {
@@ -547,7 +585,8 @@ async fn take_session<S: Sink + Send>(
     let (channel, read, namespaces) =
         take_record((channel, read), is_session, count, resolved.timeout, "build the session").await?;
     if let Some(namespaces) = namespaces {
-        sink.session_held(namespaces);
+        let cgroup = cgroup.and_then(RunCgroup::membership).map(Arc::new);
+        sink.session_held(crate::engine::stream::Built { namespaces, cgroup });
     }
     Ok((channel, read))
 }

@@ -3,11 +3,13 @@
 //! `palisade_protocol::SessionRole`), and each command of the session run
 //! by a helper that joins its namespaces instead of building its own.
 
+use crate::engine::cgroup::Membership;
 use crate::engine::executor::Sandbox;
-use palisade_policy::Resolved;
+use palisade_policy::{CgroupPlan, Resolved};
 use palisade_protocol::wire::{ErrorKind, ErrorReply};
 use palisade_protocol::{JailPlan, Mount, SessionRole, Tier};
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 
 /// Makes `resolved` a session's held sandbox; refused where its plan is
 /// not one a session can be.
@@ -17,11 +19,6 @@ pub fn hold(resolved: &mut Resolved) -> Result<(), ErrorReply> {
                    user namespaces are unavailable or `[broker] user_namespaces = false`";
         return Err(ErrorReply::with_rule(ErrorKind::Unavailable, why, "session.unavailable"));
     }
-    if resolved.cgroup.is_some() {
-        // Its commands would have to join the session's cgroup, which is not built yet.
-        let why = "a session in a cgroup (this host's runs get cgroup limits) is not available yet";
-        return Err(ErrorReply::with_rule(ErrorKind::Unavailable, why, "session.cgroup"));
-    }
     resolved.plan.session = Some(SessionRole::Hold);
     Ok(())
 }
@@ -30,13 +27,18 @@ pub fn hold(resolved: &mut Resolved) -> Result<(), ErrorReply> {
 /// in its sandbox: the policy must have decided the same sandbox the
 /// session has (a command cannot widen it), and the helper gets the
 /// session's namespaces in place of the host paths the plan named
-/// (`descriptors`, what goes to the helper with the plan).
+/// (`descriptors`, what goes to the helper with the plan). In a cgroup, the
+/// command joins the session's: returned, and named in the plan.
 pub fn join(
     resolved: &mut Resolved,
     descriptors: &mut Vec<OwnedFd>,
     session: &Sandbox,
-) -> Result<(), ErrorReply> {
-    if let Some(what) = differs(&resolved.plan, &session.plan) {
+) -> Result<Option<Arc<Membership>>, ErrorReply> {
+    let limits = |c: &CgroupPlan| (c.v1, c.memory_bytes, c.processes, c.cpu_percent);
+    let cgroup_differs =
+        resolved.cgroup.as_ref().map(limits) != session.cgroup.as_ref().map(|(c, _)| limits(c));
+    let differ = differs(&resolved.plan, &session.plan).or(cgroup_differs.then_some("cgroup limits"));
+    if let Some(what) = differ {
         let why = format!(
             "the policy decided this command a sandbox other than the session's ({what} differ): a \
              command runs in its session's sandbox, never a wider one; run it on its own, or in a \
@@ -48,6 +50,19 @@ pub fn join(
     let namespaces = namespaces.map_err(|e| {
         ErrorReply::new(ErrorKind::RuntimeFailure, format!("holding the session's namespaces: {e}"))
     })?;
+    let joined = match (&mut resolved.cgroup, &session.cgroup) {
+        (Some(planned), Some((theirs, Some(membership)))) => {
+            (planned.name, planned.path) = (theirs.name.clone(), theirs.path.clone());
+            resolved.plan.cgroup = (!theirs.v1).then(|| membership.display().to_string());
+            Some(membership.clone())
+        }
+        (Some(_), _) => {
+            let why = "the session's cgroup cannot be joined (its run could not hold it): stop the \
+                       session and start another";
+            return Err(ErrorReply::with_rule(ErrorKind::RuntimeFailure, why, "session.cgroup"));
+        }
+        (None, _) => None,
+    };
     let plan = &mut resolved.plan;
     plan.session = Some(SessionRole::Join);
     plan.mounts.clear();
@@ -56,7 +71,7 @@ pub fn join(
     plan.listeners.clear();
     resolved.egress_plan = None;
     *descriptors = namespaces;
-    Ok(())
+    Ok(joined)
 }
 
 /// What of `mine` is not the session's `theirs`, in words; `None`: the same
@@ -89,8 +104,13 @@ mod tests {
     use palisade_policy::denial::names_a_fix_or_why_none;
     use palisade_protocol::Namespaces;
 
+    fn cgroup(memory_bytes: u64) -> CgroupPlan {
+        let (name, path) = ("run-1".to_string(), "/sys/fs/cgroup/palisade/run-1".into());
+        CgroupPlan { name, path, v1: false, memory_bytes, processes: 256, cpu_percent: 100 }
+    }
+
     #[test]
-    fn a_session_is_a_tier_c_sandbox_without_a_cgroup_for_now() {
+    fn a_session_is_a_tier_c_sandbox_in_a_cgroup_or_not() {
         let mut held = resolve(&request(&["/usr/bin/true"]));
         hold(&mut held).unwrap();
         assert_eq!(held.plan.session, Some(SessionRole::Hold));
@@ -100,25 +120,18 @@ mod tests {
         assert_eq!(e.rule.as_deref(), Some("session.unavailable"));
         names_a_fix_or_why_none("session.unavailable", &e.message).unwrap();
         let mut in_cgroup = resolve(&request(&["/usr/bin/true"]));
-        in_cgroup.cgroup = Some(palisade_policy::CgroupPlan {
-            name: "run-1".into(),
-            path: "/sys/fs/cgroup/palisade/run-1".into(),
-            v1: false,
-            memory_bytes: 1 << 30,
-            processes: 256,
-            cpu_percent: 100,
-        });
-        let e = hold(&mut in_cgroup).unwrap_err();
-        assert_eq!(e.rule.as_deref(), Some("session.cgroup"));
-        names_a_fix_or_why_none("session.cgroup", &e.message).unwrap();
+        in_cgroup.cgroup = Some(cgroup(1 << 30));
+        hold(&mut in_cgroup).unwrap();
+        assert_eq!(in_cgroup.plan.session, Some(SessionRole::Hold));
     }
 
     #[test]
     fn a_command_joins_only_a_session_with_its_own_sandbox() {
-        let session = Sandbox { plan: resolve(&request(&["/usr/bin/true"])).plan, namespaces: vec![] };
+        let plan = resolve(&request(&["/usr/bin/true"])).plan;
+        let session = Sandbox { plan, namespaces: vec![], cgroup: None };
         let mut command = resolve(&request(&["/usr/bin/echo", "hi"]));
         let mut descriptors = vec![];
-        join(&mut command, &mut descriptors, &session).unwrap();
+        assert!(join(&mut command, &mut descriptors, &session).unwrap().is_none());
         assert_eq!(command.plan.session, Some(SessionRole::Join));
         assert!(command.plan.mounts.is_empty() && command.plan.descriptors.is_empty());
         assert!(command.plan.check().is_ok(), "{:?}", command.plan.check());
@@ -128,5 +141,26 @@ mod tests {
         assert_eq!(e.rule.as_deref(), Some("session.differs"));
         assert!(e.message.contains("(Landlock rules differ)"), "{}", e.message);
         names_a_fix_or_why_none("session.differs", &e.message).unwrap();
+    }
+
+    #[test]
+    fn a_command_in_a_cgroup_joins_only_its_sessions_with_the_same_limits() {
+        let plan = resolve(&request(&["/usr/bin/true"])).plan;
+        let session = Sandbox { plan, namespaces: vec![], cgroup: Some((cgroup(1 << 30), None)) };
+        let mut descriptors = vec![];
+        // More memory than the session's (or none of a cgroup's at all) is another sandbox.
+        for other in [Some(cgroup(2 << 30)), None] {
+            let mut command = resolve(&request(&["/usr/bin/echo", "hi"]));
+            command.cgroup = other;
+            let e = join(&mut command, &mut descriptors, &session).unwrap_err();
+            assert_eq!(e.rule.as_deref(), Some("session.differs"));
+            assert!(e.message.contains("(cgroup limits differ)"), "{}", e.message);
+        }
+        // The same limits, but a session whose run could not hold its cgroup: never outside it.
+        let mut command = resolve(&request(&["/usr/bin/echo", "hi"]));
+        command.cgroup = Some(cgroup(1 << 30));
+        let e = join(&mut command, &mut descriptors, &session).unwrap_err();
+        assert_eq!((e.kind, e.rule.as_deref()), (ErrorKind::RuntimeFailure, Some("session.cgroup")));
+        names_a_fix_or_why_none("session.cgroup", &e.message).unwrap();
     }
 }

@@ -119,6 +119,20 @@ fn set_window(fd: BorrowedFd<'_>, size: palisade_protocol::wire::WindowSize) {
     let _ = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::TIOCSWINSZ, &window) };
 }
 
+/// What a held session's run hands over once its sandbox is built: its
+/// namespaces, and its cgroup for the commands to join.
+pub struct Built {
+    pub namespaces: Vec<std::os::fd::OwnedFd>,
+    pub cgroup: Option<std::sync::Arc<SessionCgroup>>,
+}
+
+/// A session's cgroup, as its commands join it (Linux's; no other executor
+/// has sessions).
+#[cfg(target_os = "linux")]
+pub use crate::engine::cgroup::Membership as SessionCgroup;
+#[cfg(not(target_os = "linux"))]
+pub enum SessionCgroup {}
+
 /// Where a run's messages go. `false`: the client is gone.
 pub trait Sink {
     fn send(&mut self, msg: ServerMessage) -> impl Future<Output = bool> + Send;
@@ -180,10 +194,10 @@ pub trait Sink {
     /// A send was dropped half done: nothing more can go through this sink.
     fn abandon(&mut self) {}
 
-    /// A session's sandbox is built and held: `namespaces` are its own (see
-    /// `palisade_protocol::SessionRole::Hold`). Only a session's sink gets
-    /// them; any other drops them.
-    fn session_held(&mut self, _namespaces: Vec<std::os::fd::OwnedFd>) {}
+    /// A session's sandbox is built and held: its namespaces and its cgroup
+    /// (see `palisade_protocol::SessionRole::Hold`). Only a session's sink
+    /// gets them; any other drops them.
+    fn session_held(&mut self, _built: Built) {}
 
     /// A session's run that its requester stopped (a cancel that is not
     /// palisade's: no deadline, idle timeout or shutdown). Only a session's

@@ -9,12 +9,12 @@ use crate::decide::sessions::{
     Activity, Ended, IDLE_TIMEOUT_DEFAULT_SECS, MAX_LIFETIME_CAP_SECS, MAX_LIFETIME_DEFAULT_SECS, Session,
 };
 use crate::engine::executor::{Executor, Sandbox};
+use crate::engine::stream::Built;
 use crate::engine::stream::Sink;
 use crate::error::BrokerError;
 use crate::host::peer::Peer;
 use crate::serve::server::Server;
 use palisade_protocol::wire::{ErrorKind, ErrorReply, RunRequest, ServerMessage, SessionInfo, StartSession};
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -28,7 +28,7 @@ pub const SESSION_START_PROGRAM: &str = "true";
 /// writes nothing, and its commands have their own runs), but its
 /// namespaces, once it is built, to whoever waits for them.
 struct HoldSink {
-    held: Option<oneshot::Sender<Vec<OwnedFd>>>,
+    held: Option<oneshot::Sender<Built>>,
     /// Its requester stopped it.
     stopped: Arc<AtomicBool>,
 }
@@ -38,9 +38,9 @@ impl Sink for HoldSink {
         true
     }
 
-    fn session_held(&mut self, namespaces: Vec<OwnedFd>) {
+    fn session_held(&mut self, built: Built) {
         if let Some(tx) = self.held.take() {
-            let _ = tx.send(namespaces);
+            let _ = tx.send(built);
         }
     }
 
@@ -121,6 +121,7 @@ impl<E: Executor> Server<E> {
         // The session's deadline is its lifetime, not a command's.
         decided.resolved.timeout = lifetime;
         let (plan, run_id) = (decided.resolved.plan.clone(), decided.run_id);
+        let cgroup_plan = decided.resolved.cgroup.clone();
         let activity = Arc::new(Activity::default());
         let (held_tx, held_rx) = oneshot::channel();
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -153,7 +154,7 @@ impl<E: Executor> Server<E> {
             tasks.retain(|t| !t.is_finished());
             tasks.push(task);
         }
-        let Ok(namespaces) = held_rx.await else {
+        let Ok(Built { namespaces, cgroup }) = held_rx.await else {
             // The run ended before its sandbox was held: why.
             let ended = end_rx.wait_for(Option::is_some).await.map(|e| e.clone()).ok().flatten();
             return Err(match ended {
@@ -178,7 +179,7 @@ impl<E: Executor> Server<E> {
             workspace: plan.cwd.clone(),
         };
         let request = RunRequest { argv: Vec::new(), ..request };
-        let sandbox = Sandbox { plan, namespaces };
+        let sandbox = Sandbox { plan, namespaces, cgroup: cgroup_plan.map(|p| (p, cgroup)) };
         Ok(Arc::new(Session::new(peer.uid, info, request, sandbox, activity, (stop_tx, end_rx))))
     }
 

@@ -5,7 +5,7 @@ use palisade_protocol::RulesetState;
 use palisade_protocol::attest::{Built, LimitsBy};
 use palisade_protocol::plugin::PluginAttestation;
 use palisade_protocol::wire::{
-    ClientMessage, ErrorKind, MemorySource, RunRequest, RunResult, RunStatus, ServerMessage,
+    ClientMessage, ErrorKind, MemorySource, RunRequest, RunResult, RunStatus, ServerMessage, StartSession,
 };
 use palisade_tests::{bin, eventually, process_with_token};
 use std::path::{Path, PathBuf};
@@ -27,15 +27,17 @@ fn probe() -> String {
 }
 
 impl Guest {
-    /// The guest's configuration (its tools are not about trust stages: they are off).
+    /// The guest's configuration (its tools are not about trust stages: they
+    /// are off). Interpreters are allowed: a session's start is decided as
+    /// `true`, which in the guest is busybox's.
     fn config(&self, extra_defaults: &str, cgroup_root: Option<&Path>) -> PathBuf {
         let dir = bin("probe").parent().unwrap().to_path_buf();
         let broker = cgroup_root.map(|r| format!("[broker]\ncgroup_root = {:?}\n", r)).unwrap_or_default();
         let text = format!(
-            "{broker}[defaults]\ndisk = \"direct\"\nread_only = [{dir:?}]\nmax_memory_mb = 64\nmax_processes = 32\nmax_cpu_percent = 20\n{extra_defaults}\n\
+            "{broker}[defaults]\ndisk = \"direct\"\nread_only = [{dir:?}]\nmax_memory_mb = 64\nmax_processes = 32\nmax_cpu_percent = 20\nallow_interpreters = true\n{extra_defaults}\n\
              [tools.spinfree]\npreset = \"data_transformer\"\nallowed_executables = [{p:?}]\n\
              [tools.spinfree.overrides]\nfilesystem = [{{ read_only = {dir:?} }}]\nprocess = {{ max_cpu_percent = 0, no_fork = false }}\n\
-             [tools.guest]\npreset = \"file_processor\"\n\
+             [tools.guest]\npreset = \"file_processor\"\nallow_interpreters = true\n\
              [tools.guest.overrides]\nfilesystem = [\"temp_workspace\", {{ read_only = {dir:?} }}]\n\
              process = {{ max_memory_mb = 64, max_processes = 32, max_cpu_percent = 20, no_fork = false }}\n\
              [trust]\nenabled = false\n",
@@ -305,6 +307,71 @@ fn quota_and_disconnect_kill_the_cgroup(g: &Guest, socket: &Path) -> Check {
         "the daemon survived its client".into()
     })?;
     Ok("a quota and a disconnect each took a setsid daemon with the run's cgroup".into())
+}
+
+/// A session in a cgroup: its commands join the session's (what one left
+/// running too), its memory limit ends a command that goes over it and
+/// leaves the rest, its pids.max counts the whole session, and its end
+/// kills everything in it and removes the cgroup.
+fn session_in_cgroup(g: &Guest, socket: &Path) -> Check {
+    let mut c = Client::connect(socket).map_err(|e| e.to_string())?;
+    let run = RunRequest { argv: vec![], ..g.request(&[]) };
+    let start = StartSession { name: Some("cg".into()), run, ..Default::default() };
+    match c.request(&ClientMessage::StartSession(start)).map_err(|e| e.to_string())? {
+        ServerMessage::SessionStarted(_) => {}
+        other => return Err(format!("the session did not start: {other:?}")),
+    }
+    let exec = |args: &[&str], timeout: Option<u64>| {
+        let argv = std::iter::once(probe()).chain(args.iter().map(|a| a.to_string())).collect();
+        let mut c = Client::connect(socket).map_err(|e| e.to_string())?;
+        c.in_session("cg".into());
+        let mut out = Vec::new();
+        let r = c.run(RunRequest { argv, timeout_secs: timeout, ..Default::default() }, |m| {
+            if let ServerMessage::Output { data, .. } = m {
+                out.extend_from_slice(data);
+            }
+        });
+        r.map(|r| (String::from_utf8_lossy(&out).into_owned(), r)).map_err(|e| format!("{args:?}: {e}"))
+    };
+    let checked = session_checks(exec);
+    let stopped = c.request(&ClientMessage::StopSession { session: "cg".into() });
+    let (token, cgroup) = checked?;
+    ensure(matches!(stopped, Ok(ServerMessage::Finished(_))), || format!("stop: {stopped:?}"))?;
+    ensure(eventually(Duration::from_secs(10), || process_with_token(&token).is_none()), || {
+        "a process of the session survived its end".into()
+    })?;
+    let gone =
+        !cgroup.starts_with('/') || eventually(Duration::from_secs(10), || !Path::new(&cgroup).exists());
+    ensure(gone, || format!("the session's cgroup {cgroup} was left behind"))?;
+    Ok(format!(
+        "every process of the session in {cgroup}: the bomb OOM-killed alone, forks stopped, all gone at stop"
+    ))
+}
+
+/// The checks in a started session (`exec` runs the probe in it): the
+/// token of the process left running, and the session's cgroup.
+fn session_checks(
+    exec: impl Fn(&[&str], Option<u64>) -> Result<(String, RunResult), String>,
+) -> Result<(String, String), String> {
+    let token = format!("vm-session-{}", std::process::id());
+    let (_, r) = exec(&["daemonize", &token], Some(3))?;
+    ensure(r.status == RunStatus::TimedOut, || format!("daemonize: {:?}", r.status))?;
+    let cgroup = r.attestation.enforcement.cgroup.clone().ok_or("the command names no cgroup")?;
+    let name = Path::new(&cgroup).file_name().unwrap_or_default().to_string_lossy().into_owned();
+    let pid = process_with_token(&token).ok_or("the process left running is gone")?;
+    let its = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    ensure(its.lines().any(|l| l.ends_with(&format!("/{name}"))), || {
+        format!("the process left running is in {its:?}, not the session's {name}")
+    })?;
+    let (out, r) = exec(&["membomb", "4096"], None)?;
+    ensure(r.status == RunStatus::MemoryLimitExceeded, || format!("membomb: {:?} {out}", r.status))?;
+    ensure(r.memory_source == MemorySource::Rusage, || format!("{:?}", r.memory_source))?;
+    ensure(process_with_token(&token) == Some(pid), || "the OOM kill took the process left running".into())?;
+    let (out, _) = exec(&["forkbomb"], None)?;
+    let n: u64 = out.rsplit(' ').nth(1).and_then(|n| n.parse().ok()).ok_or_else(|| format!("{out:?}"))?;
+    // The session's own processes count too: fewer forks than a run's.
+    ensure(out.starts_with("err EAGAIN stopped after") && n < 30, || out.clone())?;
+    Ok((token, cgroup))
 }
 
 /// A root broker with no cgroup_root uses the cgroup it starts in only when
@@ -692,6 +759,7 @@ fn v1_checks(g: &Guest) -> Vec<(&'static str, Check)> {
             })
         }),
         ("v1 fork bomb", fork_bomb(g, &socket)),
+        ("v1 session in a cgroup", session_in_cgroup(g, &socket)),
         ("v1 plugin-host cgroup", v1_plugin_host(g, &base)),
     ];
     out.push((
@@ -786,6 +854,7 @@ pub(crate) fn main() {
             ("quota and disconnect kill", quota_and_disconnect_kill_the_cgroup(&g, &socket)),
             ("many runs", many_runs(&g, &socket, &runs_dir)),
             ("landlock abi 2", landlock_abi2(&g, &socket)),
+            ("session in a cgroup", session_in_cgroup(&g, &socket)),
         ];
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(d.id() as i32),
