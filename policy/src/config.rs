@@ -396,7 +396,8 @@ pub struct BrokerConfig {
     pub max_queued: usize,
     /// Helpers started ahead of requests, waiting for a plan, so that a run
     /// without a cgroup does not wait for one to start: the warm pool's
-    /// size. 0: none.
+    /// size (and, once a session has run a command, one more for the next
+    /// command of a session). 0: none.
     pub prespawn: usize,
     /// Each of those builds its sandbox ahead, as far as nothing of the
     /// request is involved (user namespace and maps, the other namespaces,

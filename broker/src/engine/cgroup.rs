@@ -412,9 +412,10 @@ impl Cgroups {
 }
 
 /// A session's cgroup, as each command of the session joins it: the
-/// command's helper goes in as a run's does (through fd 5 on cgroup v2,
-/// placed by the broker on v1), and the session's own run, which made the
-/// cgroup, kills and removes it when the session ends. Its figures are the
+/// broker places the command's helper in it (v1 and v2 alike: the helper
+/// may be one started ahead, outside any cgroup), before the helper has
+/// its plan; the session's own run, which made the cgroup, kills and
+/// removes it when the session ends. Its figures are the
 /// whole session's, never one command's; its OOM kills say whether the
 /// memory limit ended a command.
 #[derive(Debug)]
@@ -422,18 +423,16 @@ pub struct Membership {
     cg: Cgroup,
     dir: Option<PathBuf>,
     v1: bool,
-    display: String,
 }
 
 impl Membership {
-    /// The directory to hand a command's helper as fd 5 (cgroup v2).
-    pub fn open_dir(&self) -> std::io::Result<Option<OwnedFd>> {
-        open_dir(self.dir.as_deref())
-    }
-
-    /// cgroup v1: moves a command's helper (`pid`) into the session's cgroup.
+    /// Moves a command's helper (`pid`) into the session's cgroup: on v2
+    /// through its `cgroup.procs`, on v1 in every hierarchy.
     pub fn place(&self, pid: u32) -> Result<(), CgroupError> {
-        place(&self.cg, self.dir.is_some(), pid)
+        let Some(dir) = &self.dir else { return place(&self.cg, false, pid) };
+        let procs = dir.join("cgroup.procs");
+        let value = pid.to_string();
+        std::fs::write(&procs, &value).map_err(|source| CgroupError::Write { path: procs, value, source })
     }
 
     /// The processes the memory limit has killed in the session so far.
@@ -441,18 +440,6 @@ impl Membership {
         let file = if self.v1 { "memory.oom_control" } else { "memory.events" };
         field(&memory_file(&self.cg, self.dir.as_deref(), file), "oom_kill ")
     }
-
-    /// Where it is, as plans and attestations name a run's cgroup.
-    pub fn display(&self) -> &str {
-        &self.display
-    }
-}
-
-fn open_dir(dir: Option<&std::path::Path>) -> std::io::Result<Option<OwnedFd>> {
-    let Some(dir) = dir else { return Ok(None) };
-    let file =
-        std::fs::File::options().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(dir)?;
-    Ok(Some(OwnedFd::from(file)))
 }
 
 /// cgroup v1 (no directory of v2's): moves `pid` into `cg` in every hierarchy.
@@ -547,13 +534,18 @@ impl RunCgroup {
 
     /// The directory to hand the helper as fd 5 (cgroup v2).
     pub fn open_dir(&self) -> std::io::Result<Option<OwnedFd>> {
-        open_dir(self.dir.as_deref())
+        let Some(dir) = &self.dir else { return Ok(None) };
+        let file = std::fs::File::options()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(dir)?;
+        Ok(Some(OwnedFd::from(file)))
     }
 
     /// The cgroup as a session's commands join it: see [`Membership`].
     pub fn membership(&self) -> Option<Membership> {
         let cg = self.owner.load(&self.name)?;
-        Some(Membership { cg, dir: self.dir.clone(), v1: self.v1, display: self.display() })
+        Some(Membership { cg, dir: self.dir.clone(), v1: self.v1 })
     }
 
     /// `run-...`, under the broker's cgroup root.

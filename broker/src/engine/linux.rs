@@ -230,9 +230,10 @@ impl Executor for Linux {
     ) -> Result<Prepared<Option<Slot>>, BrokerError> {
         // A warm slot with a cgroup brings it: the run's cgroup is that one,
         // in the plan, its record and its attestation.
-        // A session's sandbox, and a command in one, are never a warm slot's.
+        // A session's sandbox is never a warm slot's; a command in one takes a helper started ahead.
         let claimed = match resolved.plan.session {
-            Some(_) => None,
+            Some(palisade_protocol::SessionRole::Hold) => None,
+            Some(palisade_protocol::SessionRole::Join) => self.engine.claim_join(&resolved.plan).await,
             None => self.engine.claim(&resolved.plan, resolved.cgroup.is_some()).await,
         };
         if let Some(cgroup) = claimed.as_ref().and_then(|s| s.cgroup.as_ref()) {

@@ -14,7 +14,9 @@
 //! (cgroup v2 renames nothing) and its limits are set then. A helper that built nothing serves
 //! only a run without a cgroup (which must hold the helper from its start);
 //! a warm one only a run whose plan its spec admits. Any other run gets a
-//! cold helper. A dead one is skipped.
+//! cold helper. A dead one is skipped. The engine keeps a second pool of
+//! one helper that built nothing, for the commands of sessions
+//! (`Engine::claim_join`).
 
 use crate::engine::cgroup::{Cgroups, RunCgroup};
 use crate::engine::helper::{HelperChild, HelperCommand, Io};

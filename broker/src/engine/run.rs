@@ -79,6 +79,9 @@ pub struct Engine {
     spawner: Spawner,
     helper: PathBuf,
     pool: Arc<Pool>,
+    /// Helpers started ahead for sessions' commands (one, once a session
+    /// ran a command): they build nothing, and join a session's sandbox.
+    joins: Arc<Pool>,
     cgroups: Cgroups,
 }
 
@@ -110,7 +113,8 @@ impl Engine {
         cgroups: Cgroups,
     ) -> Engine {
         let pool = Pool::new(spawner.clone(), helper.clone(), prespawn, warm, cgroups.clone());
-        Engine { spawner, helper, pool, cgroups }
+        let joins = Pool::new(spawner.clone(), helper.clone(), prespawn.min(1), None, cgroups.clone());
+        Engine { spawner, helper, pool, joins, cgroups }
     }
 
     /// The thread that starts helpers (and the plugin-host).
@@ -133,9 +137,14 @@ impl Engine {
         self.pool.stop_warming();
     }
 
-    /// The pool, to close at shutdown ([`Pool::close`]).
+    /// The pool, for its status.
     pub fn pool(&self) -> Arc<Pool> {
         Arc::clone(&self.pool)
+    }
+
+    /// Both pools, to close at shutdown ([`Pool::close`]).
+    pub fn pools(&self) -> [Arc<Pool>; 2] {
+        [Arc::clone(&self.pool), Arc::clone(&self.joins)]
     }
 
     /// A helper started now, given `cgroup_dir` (cgroup v2: the cgroup it joins).
@@ -160,6 +169,12 @@ impl Engine {
 
     pub fn helper(&self) -> &std::path::Path {
         &self.helper
+    }
+
+    /// A helper started ahead for a command of a session (see
+    /// [`Engine::joins`]), if one is ready; another is started for the next.
+    pub async fn claim_join(&self, plan: &JailPlan) -> Option<Slot> {
+        self.joins.claim(plan, false).await
     }
 
     /// A slot of the pool for `plan`, run in a cgroup or not (see
@@ -191,7 +206,8 @@ impl Engine {
                 }
                 (helper, Some(cgroup))
             }
-            (Some(Slot { helper, cgroup: None }), InCgroup::None) => (helper, None),
+            // A helper started ahead, outside any cgroup: its session's is given it below.
+            (Some(Slot { helper, cgroup: None }), InCgroup::None | InCgroup::Session(_)) => (helper, None),
             (claimed, wanted) => {
                 // A slot claimed for another cgroup than the plan's: not used.
                 if let Some(slot) = claimed {
@@ -202,16 +218,12 @@ impl Engine {
                     _ => None,
                 };
                 let cgroup = cgroup.transpose().map_err(BrokerError::CgroupCreate)?;
-                let dir = match (wanted, &cgroup) {
-                    (InCgroup::Session(session), _) => session.open_dir()?,
-                    (_, Some(own)) => own.open_dir()?,
-                    _ => None,
-                };
+                let dir = cgroup.as_ref().map(RunCgroup::open_dir).transpose()?.flatten();
                 (self.spawn_fresh(piped_stdin, dir).await?, cgroup)
             }
         };
         if let Some(channel) = helper.plan_channel.take() {
-            // cgroup v1: the broker places the helper before it has its plan.
+            // cgroup v1, and a session's cgroup: the broker places the helper before it has its plan.
             let placed = match (wanted, &cgroup) {
                 (InCgroup::Session(session), _) => session.place(helper.pid),
                 (_, Some(own)) => own.place(helper.pid),

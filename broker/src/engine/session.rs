@@ -28,7 +28,7 @@ pub fn hold(resolved: &mut Resolved) -> Result<(), ErrorReply> {
 /// session has (a command cannot widen it), and the helper gets the
 /// session's namespaces in place of the host paths the plan named
 /// (`descriptors`, what goes to the helper with the plan). In a cgroup, the
-/// command joins the session's: returned, and named in the plan.
+/// command joins the session's: returned, for the broker to place its helper in.
 pub fn join(
     resolved: &mut Resolved,
     descriptors: &mut Vec<OwnedFd>,
@@ -53,7 +53,8 @@ pub fn join(
     let joined = match (&mut resolved.cgroup, &session.cgroup) {
         (Some(planned), Some((theirs, Some(membership)))) => {
             (planned.name, planned.path) = (theirs.name.clone(), theirs.path.clone());
-            resolved.plan.cgroup = (!theirs.v1).then(|| membership.display().to_string());
+            // The broker places its helper there (`Membership::place`): it joins nothing itself.
+            resolved.plan.cgroup = None;
             Some(membership.clone())
         }
         (Some(_), _) => {

@@ -177,13 +177,13 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32, config: Option<PathBu
     drop(broker.executor.etc.as_ref().and_then(|e| e.current()));
     systemd::notify("READY=1");
     let cgroups = broker.executor.cgroups.clone();
-    let pool = broker.executor.engine.pool();
+    let pools = broker.executor.engine.pools();
     let server = Arc::new(Server::new(broker));
     let reloads = tokio::spawn(reload_on_hangup(server.clone(), hangup, config));
     server.serve(listener, stopped).await;
     reloads.abort();
-    // The warm pool's sandboxes go before the cgroups are swept.
-    let _ = tokio::task::spawn_blocking(move || pool.close()).await;
+    // The pools' sandboxes and helpers go before the cgroups are swept.
+    let _ = tokio::task::spawn_blocking(move || pools.iter().for_each(|p| p.close())).await;
     systemd::notify("STOPPING=1");
     if let Err(e) = journal.append_last(Event::BrokerStopped { pid }).await {
         tracing::error!("{e}");
