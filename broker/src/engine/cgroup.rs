@@ -429,35 +429,33 @@ impl Membership {
     /// Moves a command's helper (`pid`) into the session's cgroup: on v2
     /// through its `cgroup.procs`, on v1 in every hierarchy.
     pub fn place(&self, pid: u32) -> Result<(), CgroupError> {
-        let Some(dir) = &self.dir else { return place(&self.cg, false, pid) };
-        let procs = dir.join("cgroup.procs");
-        let value = pid.to_string();
-        std::fs::write(&procs, &value).map_err(|source| CgroupError::Write { path: procs, value, source })
+        match &self.dir {
+            Some(dir) => write(&dir.join("cgroup.procs"), &pid.to_string()),
+            None => place_v1(&self.cg, pid),
+        }
     }
 
     /// The processes the memory limit has killed in the session so far.
     pub fn oom_kills(&self) -> u64 {
         let file = if self.v1 { "memory.oom_control" } else { "memory.events" };
-        field(&memory_file(&self.cg, self.dir.as_deref(), file), "oom_kill ")
+        let text =
+            file_path(&self.cg, self.dir.as_deref(), file).and_then(|p| std::fs::read_to_string(p).ok());
+        field(&text.unwrap_or_default(), "oom_kill ")
     }
 }
 
-/// cgroup v1 (no directory of v2's): moves `pid` into `cg` in every hierarchy.
-fn place(cg: &Cgroup, v2: bool, pid: u32) -> Result<(), CgroupError> {
-    if v2 {
-        return Ok(());
-    }
+/// cgroup v1: moves `pid` into `cg` in every hierarchy.
+fn place_v1(cg: &Cgroup, pid: u32) -> Result<(), CgroupError> {
     cg.add_task_by_tgid(CgroupPid::from(pid as u64)).map_err(|source| CgroupError::Place { pid, source })
 }
 
-/// A file of the memory controller's: in the v2 directory, or the v1
-/// memory hierarchy's; empty where it cannot be read.
-fn memory_file(cg: &Cgroup, dir: Option<&std::path::Path>, file: &str) -> String {
-    let path = match dir {
+/// Where a cgroup's `file` is: in its v2 directory, or (v1) its memory
+/// hierarchy's.
+fn file_path(cg: &Cgroup, dir: Option<&Path>, file: &str) -> Option<PathBuf> {
+    match dir {
         Some(d) => Some(d.join(file)),
         None => cg.controller_of::<MemController>().map(|m| m.path().join(file)),
-    };
-    path.and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default()
+    }
 }
 
 /// The number after `key` on its line of a cgroup file; 0 where it is missing.
@@ -521,10 +519,7 @@ impl RunCgroup {
     }
 
     fn path(&self, file: &str) -> Option<PathBuf> {
-        match &self.dir {
-            Some(d) => Some(d.join(file)),
-            None => self.cg.controller_of::<MemController>().map(|m| m.path().join(file)),
-        }
+        file_path(&self.cg, self.dir.as_deref(), file)
     }
 
     /// cgroup v2: the helper joins through fd 5; v1: the broker places it.
@@ -563,7 +558,10 @@ impl RunCgroup {
 
     /// cgroup v1: moves `pid` into the run's cgroup in every hierarchy.
     pub fn place(&self, pid: u32) -> Result<(), CgroupError> {
-        place(&self.cg, self.dir.is_some(), pid)
+        if self.dir.is_some() {
+            return Ok(());
+        }
+        place_v1(&self.cg, pid)
     }
 
     /// Kills every process in the cgroup: `cgroup.kill` where the kernel has
