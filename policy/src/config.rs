@@ -7,6 +7,7 @@ use crate::capabilities::{
 };
 use crate::cedar::{CedarError, CedarPolicies};
 use crate::egress::EgressMode;
+use crate::inspect::Inspection;
 pub mod ids;
 
 pub(crate) use crate::spans::line_column;
@@ -215,6 +216,9 @@ pub struct EgressConfig {
     pub max_bytes: u64,
     /// A connection silent both ways for this long is closed.
     pub idle_timeout_secs: u64,
+    /// Inspected domains: the trust roots the broker verifies origins
+    /// with (a PEM bundle); unset, the host's own bundle.
+    pub ca_bundle: Option<PathBuf>,
 }
 
 /// The address or addresses of a name in `[egress] hosts`, as written.
@@ -245,6 +249,7 @@ impl Default for EgressConfig {
             max_connections: DEFAULT_EGRESS_MAX_CONNECTIONS,
             max_bytes: DEFAULT_EGRESS_MAX_BYTES,
             idle_timeout_secs: DEFAULT_EGRESS_IDLE_TIMEOUT_SECS,
+            ca_bundle: None,
         }
     }
 }
@@ -783,6 +788,9 @@ pub struct DefaultProfile {
     /// A request may ask to write in place (`direct`, `palisade run
     /// --direct`) though `disk` is "overlay".
     pub allow_direct: bool,
+    /// Strict egress: domains whose TLS the broker terminates, and rules on
+    /// their requests (see `inspect.rs`).
+    pub inspect: Inspection,
 }
 
 impl Default for DefaultProfile {
@@ -816,6 +824,7 @@ impl Default for DefaultProfile {
             keep_changes: KeepChanges::default(),
             on_conflict: OnConflict::default(),
             allow_direct: false,
+            inspect: Inspection::default(),
         }
     }
 }
@@ -845,6 +854,10 @@ pub struct ToolConfig {
     /// Refuse this tool's runs where no cgroup enforces its limits.
     #[serde(default)]
     pub require_cgroup: bool,
+    /// Strict egress: domains whose TLS the broker terminates, and rules on
+    /// their requests.
+    #[serde(default)]
+    pub inspect: Inspection,
 }
 
 fn default_tool_output() -> u64 {
@@ -892,6 +905,17 @@ impl ToolConfig {
         let _ = writeln!(out, "allow_inline_code: {}", self.allow_inline_code);
         let _ = writeln!(out, "max_output_bytes: {}", self.max_output_bytes);
         let _ = writeln!(out, "require_cgroup: {}", self.require_cgroup);
+        for d in &self.inspect.domains {
+            let _ = writeln!(out, "inspect: {d}");
+        }
+        for r in &self.inspect.requests {
+            let _ = writeln!(out, "request rule: {}", r.text);
+        }
+        for c in &self.inspect.credentials {
+            let way =
+                c.header.as_deref().map_or_else(|| format!("env {:?}", c.env), |h| format!("header {h}"));
+            let _ = writeln!(out, "credential {}: {} to {}", c.name(), way, c.hosts.join(", "));
+        }
         out
     }
 }
@@ -1030,6 +1054,20 @@ impl Config {
         Ok(())
     }
 
+    /// Every profile's and tool's `inspect` table parses.
+    fn check_inspection(&self) -> Result<(), (usize, String)> {
+        let tables = std::iter::once(("defaults".to_string(), &self.defaults.inspect))
+            .chain(self.profiles.iter().map(|(n, p)| (format!("profiles.{n}"), &p.inspect)))
+            .chain(self.tools.iter().map(|(n, t)| (format!("tools.{n}"), &t.inspect)));
+        for (table, inspection) in tables {
+            inspection.check().map_err(|e| (0, format!("{table}.{e}")))?;
+        }
+        if let Some(bundle) = self.egress.ca_bundle.as_ref().filter(|p| !p.is_absolute()) {
+            return Err((0, format!("egress.ca_bundle must be an absolute path, not {}", bundle.display())));
+        }
+        Ok(())
+    }
+
     fn check(&self) -> Result<(), (usize, String)> {
         self.check_bounds()?;
         self.egress.check()?;
@@ -1044,6 +1082,7 @@ impl Config {
             return Err((0, "broker.frame_timeout_secs must be at least 1".into()));
         }
         self.journal.check()?;
+        self.check_inspection()?;
         if self.changes.max_sets == 0 || self.changes.max_age_days == 0 {
             return Err((0, "changes.max_sets and changes.max_age_days must be at least 1".into()));
         }

@@ -208,6 +208,8 @@ struct Profile {
     git_identity: bool,
     require_cgroup: bool,
     bindings: BTreeMap<String, Binding>,
+    /// Strict egress's inspected domains and their request rules.
+    inspect: crate::inspect::Inspection,
 }
 
 /// The directories a request names, canonical, and its `HOME` as given.
@@ -438,7 +440,9 @@ impl Policy {
     fn egress_plan(&self, profile: &Profile, tier: Tier) -> Result<Option<EgressPlan>, Denial> {
         match (&profile.capabilities.network, profile.egress, tier) {
             (NetworkCapability::AllowDomains(d), EgressMode::Strict, Tier::C) if !d.is_empty() => {
-                EgressPlan::new(&self.config.egress, d).map(Some)
+                let mut plan = EgressPlan::new(&self.config.egress, d, &profile.inspect)?;
+                plan.secrets_dir = self.config.plugins.secrets_dir.clone();
+                Ok(Some(plan))
             }
             _ => Ok(None),
         }
@@ -525,6 +529,7 @@ impl Policy {
                 git_identity: d.git_identity,
                 require_cgroup: self.config.policy.require_cgroup,
                 bindings: BTreeMap::new(),
+                inspect: d.inspect.clone(),
             });
         };
         if let Some(p) = &req.profile {
@@ -572,6 +577,7 @@ impl Policy {
             git_identity: false,
             require_cgroup: self.config.policy.require_cgroup || tool.require_cgroup,
             bindings: tool.parameters.clone(),
+            inspect: tool.inspect.clone(),
         })
     }
 

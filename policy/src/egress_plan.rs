@@ -6,6 +6,7 @@
 use crate::capabilities::NetworkCapability;
 use crate::config::{EgressConfig, host_name};
 use crate::denial::Denial;
+use crate::inspect::{CredentialGrant, Inspection, RequestRule};
 use palisade_protocol::wire::ErrorKind;
 use palisade_protocol::{Listener, ListenerKind, PLAN_MAX_LISTENERS};
 use std::collections::BTreeMap;
@@ -56,12 +57,39 @@ pub struct EgressPlan {
     pub max_bytes: u64,
     /// A connection with no byte either way for this long is closed.
     pub idle_timeout: Duration,
+    /// Allowed names whose connections the broker decrypts and whose
+    /// requests it checks (exact and `*.suffix`, within `domains`).
+    pub inspect: Vec<String>,
+    /// The rules on inspected requests.
+    pub requests: Vec<RequestRule>,
+    /// The trust roots for inspected origins (`[egress] ca_bundle`);
+    /// `None`: the host's.
+    pub ca_bundle: Option<std::path::PathBuf>,
+    /// Credentials the proxy adds to inspected requests.
+    pub credentials: Vec<Credential>,
+    /// The broker's secret store (`[plugins] secrets_dir`; `None`: the
+    /// state directory's).
+    pub secrets_dir: Option<std::path::PathBuf>,
+}
+
+/// A credential of the run: its grant, and (for an `env` grant) the
+/// placeholder the broker gives the run, unique to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credential {
+    pub grant: CredentialGrant,
+    /// Set by the broker when the run starts; empty until then.
+    pub placeholder: String,
 }
 
 impl EgressPlan {
     /// Whether `name` (lower case, no trailing dot) is allowed.
     pub fn allows(&self, name: &str) -> bool {
         crate::egress::allowed(name, &self.domains)
+    }
+
+    /// Whether the broker decrypts connections to `name`.
+    pub fn inspects(&self, name: &str) -> bool {
+        crate::egress::allowed(name, &self.inspect)
     }
 }
 
@@ -79,7 +107,11 @@ impl EgressPlan {
     /// sorted order from [`TRANSPARENT_POOL`] up, then the spare ones when a
     /// `*.suffix` is allowed. Refused when its listeners would not fit in a
     /// plan.
-    pub fn new(config: &EgressConfig, domains: &[String]) -> Result<EgressPlan, Denial> {
+    pub fn new(
+        config: &EgressConfig,
+        domains: &[String],
+        inspection: &Inspection,
+    ) -> Result<EgressPlan, Denial> {
         let mut domains: Vec<String> = domains.iter().map(|d| host_name(d)).collect();
         domains.sort();
         domains.dedup();
@@ -96,6 +128,15 @@ impl EgressPlan {
             max_connections: config.max_connections,
             max_bytes: config.max_bytes,
             idle_timeout: Duration::from_secs(config.idle_timeout_secs),
+            inspect: inspection.domains.iter().map(|d| host_name(d)).collect(),
+            requests: inspection.requests.clone(),
+            ca_bundle: config.ca_bundle.clone(),
+            credentials: inspection
+                .credentials
+                .iter()
+                .map(|grant| Credential { grant: grant.clone(), placeholder: String::new() })
+                .collect(),
+            secrets_dir: None,
         };
         let count = plan.listener_count();
         if count > PLAN_MAX_LISTENERS {

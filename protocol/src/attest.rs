@@ -210,6 +210,37 @@ pub struct EgressTraffic {
     /// The run's byte quota (`[egress] max_bytes`) was reached and ended
     /// the connections open then.
     pub quota_exceeded: bool,
+    /// Requests to inspected domains (decrypted by the broker), allowed and
+    /// refused, in order, at most [`EGRESS_LIST_MAX`].
+    #[serde(default)]
+    pub requests: Vec<InspectedRequest>,
+    /// Inspected requests left out of `requests`.
+    #[serde(default)]
+    pub requests_omitted: u64,
+}
+
+/// One request on a connection to an inspected domain.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct InspectedRequest {
+    pub method: String,
+    pub host: String,
+    /// The path, without its query (which may carry secrets).
+    pub path: String,
+    /// The origin's status; 403 for a request the broker refused, 502 for
+    /// an origin that failed.
+    pub status: u16,
+    /// Whether the broker let it through.
+    pub allowed: bool,
+    /// The `inspect.requests` rule that allowed it, or why it was refused;
+    /// null when no rule names the host.
+    #[serde(default)]
+    pub rule: Option<String>,
+    /// The response body's length, when the origin said it (else null).
+    #[serde(default)]
+    pub bytes_in: Option<u64>,
+    /// The credentials the broker added to it, by name (never a value).
+    #[serde(default)]
+    pub credentials: Vec<String>,
 }
 
 /// At most this many entries in each list of [`EgressTraffic`].

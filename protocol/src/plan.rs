@@ -291,9 +291,9 @@ pub enum Mount {
     File { target: String, contents: String },
 }
 
-/// Largest [`Mount::File`]: a resolv.conf's worth, well within the helper's
-/// 1 MiB staging tmpfs.
-pub const PLAN_MAX_FILE_BYTES: usize = 4096;
+/// Largest [`Mount::File`]: a host's bundle of trust roots (about 220 KiB)
+/// with room to spare, within the helper's 1 MiB staging tmpfs.
+pub const PLAN_MAX_FILE_BYTES: usize = 512 * 1024;
 
 /// Bytes of a tmpfs per file it may hold: half the kernel's default density
 /// (one inode per page of a tmpfs's default size), so inode memory stays in

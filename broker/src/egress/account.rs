@@ -3,7 +3,9 @@
 //! in order, both bounded.
 
 use super::refusal::Refusal;
-use palisade_protocol::attest::{EGRESS_LIST_MAX, EgressDenied, EgressPath, EgressTraffic, HostReached};
+use palisade_protocol::attest::{
+    EGRESS_LIST_MAX, EgressDenied, EgressPath, EgressTraffic, HostReached, InspectedRequest,
+};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -44,6 +46,27 @@ impl Account {
             });
         } else {
             traffic.denied_omitted += 1;
+        }
+    }
+
+    /// Records a request on an inspected connection.
+    pub fn inspected(&self, mut request: InspectedRequest) {
+        request.host = clip(&request.host, HOST_MAX);
+        request.path = clip(&request.path, DETAIL_MAX);
+        request.rule = request.rule.map(|r| clip(&r, DETAIL_MAX));
+        tracing::info!(
+            method = request.method,
+            host = request.host,
+            path = request.path,
+            status = request.status,
+            allowed = request.allowed,
+            "inspected request"
+        );
+        let traffic = &mut self.lock().traffic;
+        if traffic.requests.len() < EGRESS_LIST_MAX {
+            traffic.requests.push(request);
+        } else {
+            traffic.requests_omitted += 1;
         }
     }
 

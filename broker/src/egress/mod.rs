@@ -8,9 +8,14 @@
 
 mod account;
 pub mod addr;
+pub mod authority;
 pub(crate) mod connect;
+pub(crate) mod credentials;
 mod dns;
 mod dnswire;
+mod inspect;
+#[cfg(test)]
+mod inspect_tests;
 mod limits;
 mod name;
 mod pool;
@@ -78,6 +83,11 @@ struct Run {
     dns_connections: Arc<tokio::sync::Semaphore>,
     /// The port that requires SNI (443; the tests' origins are elsewhere).
     tls_port: u16,
+    /// The authority of inspected domains' leaves (`None` when the plan
+    /// inspects none).
+    authority: Option<Arc<authority::Authority>>,
+    /// The credentials of inspected requests, with their values.
+    credentials: Vec<credentials::Live>,
 }
 
 impl Egress {
@@ -85,16 +95,28 @@ impl Egress {
     /// them; each fd is a bound, listening TCP socket or a bound UDP socket,
     /// inside the sandbox's namespace) for one run, as tokio tasks. Must be
     /// called within a Tokio runtime.
-    pub fn start(plan: Arc<EgressPlan>, listeners: Vec<(Listener, OwnedFd)>) -> std::io::Result<Egress> {
-        Egress::start_with(plan, listeners, TLS_PORT)
+    /// `authority` is required when the plan inspects a domain.
+    pub fn start(
+        plan: Arc<EgressPlan>,
+        listeners: Vec<(Listener, OwnedFd)>,
+        authority: Option<Arc<authority::Authority>>,
+    ) -> std::io::Result<Egress> {
+        Egress::start_with(plan, listeners, TLS_PORT, authority)
     }
 
     fn start_with(
         plan: Arc<EgressPlan>,
         listeners: Vec<(Listener, OwnedFd)>,
         tls_port: u16,
+        authority: Option<Arc<authority::Authority>>,
     ) -> std::io::Result<Egress> {
+        if !plan.inspect.is_empty() && authority.is_none() {
+            return Err(std::io::Error::other("the plan inspects domains, and no authority was given"));
+        }
+        let credentials = credentials::load(&plan).map_err(std::io::Error::other)?;
         let run = Arc::new(Run {
+            authority,
+            credentials,
             account: Account::default(),
             quota: Quota::new(plan.max_bytes),
             slots: Slots::new(plan.max_connections),

@@ -6,6 +6,7 @@
 //! tunnel to that origin: the proxy parses one request head per
 //! connection, never a response.
 
+use super::inspect::{self, Inspected};
 use super::refusal::Refusal;
 use super::{Run, connect, name, sni, tunnel};
 use palisade_protocol::attest::EgressPath;
@@ -78,7 +79,7 @@ pub async fn serve(run: Arc<Run>, mut client: TcpStream) {
         }
     };
     let (host, port) = (request.host.clone(), request.port);
-    if let Err(refusal) = forward(&run, &mut client, request, buf[head_len..].to_vec()).await {
+    if let Err(refusal) = forward(&run, &mut client, request, buf, head_len).await {
         run.account.deny(&host, port, EgressPath::Proxy, &refusal);
         // A refused client that does not close holds no slot.
         drop(slot);
@@ -86,21 +87,33 @@ pub async fn serve(run: Arc<Run>, mut client: TcpStream) {
     }
 }
 
-/// Checks and opens the connection `request` asks for, and tunnels it.
-/// An error is for the proxy to answer; a refusal after the tunnel was
-/// granted (the SNI) is recorded here and the connection closed.
-async fn forward(run: &Run, client: &mut TcpStream, request: Request, rest: Vec<u8>) -> Result<(), Refusal> {
+/// Checks and opens the connection `request` asks for, and tunnels it (or,
+/// to an inspected name, serves it as HTTP: `inspect.rs`). `buf` is what
+/// was read, the head's `head_len` bytes first. An error is for the proxy
+/// to answer; a refusal after the tunnel was granted (the SNI) is recorded
+/// here and the connection closed.
+async fn forward(
+    run: &Run,
+    client: &mut TcpStream,
+    request: Request,
+    mut buf: Vec<u8>,
+    head_len: usize,
+) -> Result<(), Refusal> {
     let name = name::normalize(&request.host)?;
     let (mut origin, address) = connect::open(&run.plan, &name, request.port).await?;
+    let inspected = run.plan.inspects(&name);
     let prefix = match request.forward {
+        // The inspecting server reads the request as the sandbox sent it.
+        Some(_) if inspected => buf,
         Some(mut head) => {
-            head.extend_from_slice(&rest);
+            head.extend_from_slice(&buf[head_len..]);
             head
         }
         None => {
             if client.write_all(ESTABLISHED).await.is_err() {
                 return Ok(());
             }
+            let rest = buf.split_off(head_len);
             if request.port != run.tls_port {
                 rest
             } else {
@@ -114,6 +127,11 @@ async fn forward(run: &Run, client: &mut TcpStream, request: Request, rest: Vec<
             }
         }
     };
+    if inspected {
+        let to = Inspected { name: &name, port: request.port, via: EgressPath::Proxy, tls: None };
+        inspect::serve(run, client, prefix, origin, address, to).await;
+        return Ok(());
+    }
     let flow = run.account.reached(&name, request.port, address, EgressPath::Proxy);
     let end = tunnel::relay(client, &mut origin, &prefix, &run.quota, &flow, run.plan.idle_timeout).await;
     tracing::debug!(host = name, port = request.port, ?end, "proxy connection ended");

@@ -27,6 +27,10 @@ pub enum Refusal {
     QueryRefused(String),
     #[error("more than {0} name lookups a second")]
     RateLimited(u32),
+    #[error("{0}")]
+    RequestNotAllowed(String),
+    #[error("{0}")]
+    TlsFailed(String),
 }
 
 impl Refusal {
@@ -44,6 +48,8 @@ impl Refusal {
             Refusal::MalformedRequest(_) => "malformed_request",
             Refusal::QueryRefused(_) => "query_refused",
             Refusal::RateLimited(_) => "rate_limited",
+            Refusal::RequestNotAllowed(_) => "request_not_allowed",
+            Refusal::TlsFailed(_) => "tls_failed",
         }
     }
 
@@ -55,8 +61,9 @@ impl Refusal {
             | Refusal::PortNotAllowed(_)
             | Refusal::AddressRefused { .. }
             | Refusal::SniMismatch { .. }
-            | Refusal::QueryRefused(_) => 403,
-            Refusal::ResolveFailed { .. } | Refusal::ConnectFailed { .. } => 502,
+            | Refusal::QueryRefused(_)
+            | Refusal::RequestNotAllowed(_) => 403,
+            Refusal::ResolveFailed { .. } | Refusal::ConnectFailed { .. } | Refusal::TlsFailed(_) => 502,
             Refusal::TooManyConnections(_) | Refusal::QuotaExceeded(_) | Refusal::RateLimited(_) => 503,
             Refusal::MalformedRequest(_) => 400,
         }

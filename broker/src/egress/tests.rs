@@ -22,7 +22,7 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-fn plan(port: u16) -> EgressPlan {
+pub(super) fn plan(port: u16) -> EgressPlan {
     let mut hosts = BTreeMap::new();
     hosts.insert("allowed.test".to_owned(), vec![ip("127.0.0.1")]);
     hosts.insert("a.wild.test".to_owned(), vec![ip("127.0.0.1")]);
@@ -40,17 +40,22 @@ fn plan(port: u16) -> EgressPlan {
         max_connections: 16,
         max_bytes: 1 << 30,
         idle_timeout: Duration::from_secs(60),
+        inspect: vec![],
+        requests: vec![],
+        ca_bundle: None,
+        credentials: vec![],
+        secrets_dir: None,
     }
 }
 
 /// The listeners a test serves, by kind; transparent ones are
 /// `(bound address, the port their record names)`.
-struct Sandbox {
-    egress: Egress,
-    proxy: SocketAddr,
+pub(super) struct Sandbox {
+    pub egress: Egress,
+    pub proxy: SocketAddr,
     dns_udp: SocketAddr,
     dns_tcp: SocketAddr,
-    transparent: Vec<SocketAddr>,
+    pub transparent: Vec<SocketAddr>,
 }
 
 fn tcp_fd(address: &str) -> (OwnedFd, SocketAddr) {
@@ -65,6 +70,15 @@ fn record(kind: ListenerKind, bound: SocketAddr, port: u16) -> Listener {
 }
 
 fn start(plan: EgressPlan, tls_port: u16, transparent: &[(&str, u16)]) -> Sandbox {
+    start_with_authority(plan, tls_port, transparent, None)
+}
+
+pub(super) fn start_with_authority(
+    plan: EgressPlan,
+    tls_port: u16,
+    transparent: &[(&str, u16)],
+    authority: Option<Arc<authority::Authority>>,
+) -> Sandbox {
     let (proxy_fd, proxy) = tcp_fd("127.0.0.1:0");
     let (dns_tcp_fd, dns_tcp) = tcp_fd("127.0.0.1:0");
     let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -80,7 +94,7 @@ fn start(plan: EgressPlan, tls_port: u16, transparent: &[(&str, u16)]) -> Sandbo
         listeners.push((record(ListenerKind::Transparent, at, *port), fd));
         bound.push(at);
     }
-    let egress = Egress::start_with(Arc::new(plan), listeners, tls_port).unwrap();
+    let egress = Egress::start_with(Arc::new(plan), listeners, tls_port, authority).unwrap();
     Sandbox { egress, proxy, dns_udp, dns_tcp, transparent: bound }
 }
 
@@ -493,14 +507,14 @@ async fn a_descriptor_that_is_not_its_listener_is_refused() {
     let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let at = udp.local_addr().unwrap();
     let listeners = vec![(record(ListenerKind::Proxy, at, at.port()), OwnedFd::from(udp))];
-    assert!(Egress::start(Arc::new(plan(443)), listeners).is_err());
+    assert!(Egress::start(Arc::new(plan(443)), listeners, None).is_err());
     let (fd, at) = tcp_fd("127.0.0.1:0");
     let listeners = vec![(record(ListenerKind::DnsUdp, at, at.port()), fd)];
-    assert!(Egress::start(Arc::new(plan(443)), listeners).is_err());
+    assert!(Egress::start(Arc::new(plan(443)), listeners, None).is_err());
     let (_listening, at) = tcp_fd("127.0.0.1:0");
     let connected = OwnedFd::from(std::net::TcpStream::connect(at).unwrap());
     let listeners = vec![(record(ListenerKind::Proxy, at, at.port()), connected)];
-    assert!(Egress::start(Arc::new(plan(443)), listeners).is_err());
+    assert!(Egress::start(Arc::new(plan(443)), listeners, None).is_err());
 }
 
 /// Parser differentials: a NUL byte or another control character in a name

@@ -6,6 +6,7 @@
 //! sandbox dialled). Then the proxy's checks, SNI on the TLS port, and the
 //! tunnel.
 
+use super::inspect::{self, Inspected};
 use super::refusal::Refusal;
 use super::{Run, connect, sni, tunnel};
 use palisade_protocol::attest::EgressPath;
@@ -39,6 +40,11 @@ async fn forward(run: &Run, client: &mut TcpStream, name: &str, port: u16) -> Re
     // The server name first: a mismatch never reaches the origin.
     let prefix = if port == run.tls_port { sni::expect(client, Vec::new(), name).await? } else { Vec::new() };
     let (mut origin, address) = connect::open(&run.plan, name, port).await?;
+    if run.plan.inspects(name) {
+        let to = Inspected { name, port, via: EgressPath::Transparent, tls: None };
+        inspect::serve(run, client, prefix, origin, address, to).await;
+        return Ok(());
+    }
     let flow = run.account.reached(name, port, address, EgressPath::Transparent);
     let end = tunnel::relay(client, &mut origin, &prefix, &run.quota, &flow, run.plan.idle_timeout).await;
     tracing::debug!(host = name, port, ?end, "transparent connection ended");

@@ -228,6 +228,7 @@ impl Executor for Linux {
         request: &RunRequest,
         _config: &Config,
     ) -> Result<Prepared<Option<Slot>>, BrokerError> {
+        trust_authority(resolved)?;
         // A warm slot with a cgroup brings it: the run's cgroup is that one,
         // in the plan, its record and its attestation.
         // A session's sandbox is never a warm slot's; a command in one takes a helper started ahead.
@@ -438,6 +439,38 @@ fn sweep_changes(store: &crate::changes::Store, journal: &Journal) {
 /// made the broker's own). A broker running as root hands sandboxes another
 /// uid, which must reach the snapshot. `None`, with the reason logged, where
 /// a sandbox could not reach it.
+/// Strict egress with inspected domains: the run trusts the broker's
+/// authority beside the host's roots, in a bundle bound over the host's
+/// (`authority::run_bundle_path`) that the usual variables name.
+fn trust_authority(resolved: &mut Resolved) -> Result<(), BrokerError> {
+    use crate::egress::authority::{self, BUNDLE_VARIABLES};
+    let Some(plan) = resolved.egress_plan.as_ref().filter(|_| !resolved.plan.listeners.is_empty()) else {
+        return Ok(());
+    };
+    let failed = |e: String| BrokerError::Status(std::io::Error::other(format!("TLS inspection: {e}")));
+    let Some(authority) = authority::for_plan(plan).map_err(failed)? else { return Ok(()) };
+    let path = authority::run_bundle_path().map_err(failed)?;
+    let bundle = authority.run_bundle(std::path::Path::new(path)).map_err(failed)?;
+    let mut env: Vec<(String, String)> =
+        BUNDLE_VARIABLES.iter().map(|v| (v.to_string(), path.to_string())).collect();
+    // An env credential: the run's variable holds a placeholder of its own.
+    if let Some(egress) = resolved.egress_plan.as_mut() {
+        for c in egress.credentials.iter_mut() {
+            if let Some(var) = &c.grant.env {
+                c.placeholder = crate::egress::credentials::placeholder(&c.grant.name());
+                env.push((var.clone(), c.placeholder.clone()));
+            }
+        }
+    }
+    let plan = &mut resolved.plan;
+    plan.mounts.push(palisade_protocol::Mount::File { target: path.into(), contents: bundle });
+    for (var, value) in env {
+        plan.env.retain(|(k, _)| *k != var);
+        plan.env.push((var, value));
+    }
+    Ok(())
+}
+
 fn etc_view(temp_root: &std::path::Path) -> Option<EtcView> {
     let root = crate::host::privilege::serves_others();
     if let Some((dir, mode)) = crate::engine::etc_view::unreachable_on_the_way(temp_root).filter(|_| root) {

@@ -465,7 +465,11 @@ async fn serve_egress(
     let (status, early, listeners) =
         read_listeners(status, &resolved.plan.listeners, resolved.timeout).await?;
     let egress = match listeners {
-        Some(listeners) => Some(Egress::start(Arc::new(plan.clone()), listeners)?),
+        Some(listeners) => {
+            let authority = crate::egress::authority::for_plan(plan)
+                .map_err(|e| BrokerError::Status(std::io::Error::other(format!("strict egress: {e}"))))?;
+            Some(Egress::start(Arc::new(plan.clone()), listeners, authority)?)
+        }
         None => None,
     };
     Ok((status, early, egress))

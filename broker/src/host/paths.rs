@@ -108,6 +108,9 @@ impl Drop for TempRoot {
 
 /// The variable that names the broker's state directory instead of the default.
 pub const STATE_ENV: &str = "PALISADE_STATE";
+/// The secret store's directory under the state directory (the plugins'
+/// secrets, and the credentials of inspected requests).
+pub const SECRETS_DIR: &str = "secrets";
 
 /// Where the broker keeps what must outlive it (the audit journal, the
 /// tools' trust stages, the held change sets, the skills and secrets):

@@ -40,8 +40,7 @@ const DEADLINE_GRACE: Duration = Duration::from_secs(2);
 const COMPILE_TIMEOUT: Duration = Duration::from_secs(60);
 /// The skills index's directory under the state directory.
 pub const SKILLS_DIR: &str = "skills";
-/// The secret store's directory under the state directory.
-pub const SECRETS_DIR: &str = "secrets";
+pub use crate::host::paths::SECRETS_DIR;
 /// WebAssembly text starts with a parenthesis (after blanks); anything else inline is base64.
 const WAT_START: u8 = b'(';
 
@@ -474,6 +473,11 @@ fn egress_plan(grants: &PluginGrants, egress: &EgressConfig) -> EgressPlan {
         max_connections: egress.max_connections,
         max_bytes: egress.max_bytes,
         idle_timeout: Duration::from_secs(egress.idle_timeout_secs),
+        inspect: vec![],
+        requests: vec![],
+        ca_bundle: None,
+        credentials: vec![],
+        secrets_dir: None,
     }
 }
 

@@ -23,6 +23,7 @@ mod egress;
 mod faults;
 mod hardening;
 mod helper_audit;
+mod inspect;
 mod jail;
 mod journal;
 mod launchd;
