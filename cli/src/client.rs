@@ -284,6 +284,7 @@ impl Client {
         match self.receive()? {
             ServerMessage::Hello(h) if (OLDEST_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&h.version) => {
                 self.version = Some(h.version);
+                self.decoder.set_version(h.version);
                 Ok(())
             }
             ServerMessage::Hello(h) => Err(ClientError::Protocol(format!(

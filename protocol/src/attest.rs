@@ -190,8 +190,11 @@ pub struct Enforcement {
 }
 
 /// What a run reached through the broker's egress listeners, and what it
-/// was refused (strict egress).
+/// was refused (strict egress). On a connection of protocol version 17 or
+/// older it has that version's form: without `requests` and
+/// `requests_omitted` (see [`crate::form::in_form_of`]).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[serde(into = "EgressTrafficForm", from = "EgressTrafficForm")]
 pub struct EgressTraffic {
     /// Each host and port reached, in the order first reached.
     pub reached: Vec<HostReached>,
@@ -217,6 +220,116 @@ pub struct EgressTraffic {
     /// Inspected requests left out of `requests`.
     #[serde(default)]
     pub requests_omitted: u64,
+}
+
+/// [`EgressTraffic`] on the wire: its whole form, or version 17's, as the
+/// connection's version says (bincode carries no field names to tell).
+enum EgressTrafficForm {
+    Whole(EgressTrafficWhole),
+    V17(EgressTrafficV17),
+}
+
+impl Serialize for EgressTrafficForm {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            EgressTrafficForm::Whole(t) => t.serialize(s),
+            EgressTrafficForm::V17(t) => t.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EgressTrafficForm {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if crate::form::form_before(crate::form::INSPECTION_VERSION) {
+            EgressTrafficV17::deserialize(d).map(EgressTrafficForm::V17)
+        } else {
+            EgressTrafficWhole::deserialize(d).map(EgressTrafficForm::Whole)
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct EgressTrafficWhole {
+    reached: Vec<HostReached>,
+    #[serde(default)]
+    reached_omitted: u64,
+    denied: Vec<EgressDenied>,
+    denied_omitted: u64,
+    bytes_out: u64,
+    bytes_in: u64,
+    quota_exceeded: bool,
+    #[serde(default)]
+    requests: Vec<InspectedRequest>,
+    #[serde(default)]
+    requests_omitted: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct EgressTrafficV17 {
+    reached: Vec<HostReached>,
+    #[serde(default)]
+    reached_omitted: u64,
+    denied: Vec<EgressDenied>,
+    denied_omitted: u64,
+    bytes_out: u64,
+    bytes_in: u64,
+    quota_exceeded: bool,
+}
+
+impl From<EgressTraffic> for EgressTrafficForm {
+    fn from(t: EgressTraffic) -> Self {
+        if crate::form::form_before(crate::form::INSPECTION_VERSION) {
+            return EgressTrafficForm::V17(EgressTrafficV17 {
+                reached: t.reached,
+                reached_omitted: t.reached_omitted,
+                denied: t.denied,
+                denied_omitted: t.denied_omitted,
+                bytes_out: t.bytes_out,
+                bytes_in: t.bytes_in,
+                quota_exceeded: t.quota_exceeded,
+            });
+        }
+        EgressTrafficForm::Whole(EgressTrafficWhole {
+            reached: t.reached,
+            reached_omitted: t.reached_omitted,
+            denied: t.denied,
+            denied_omitted: t.denied_omitted,
+            bytes_out: t.bytes_out,
+            bytes_in: t.bytes_in,
+            quota_exceeded: t.quota_exceeded,
+            requests: t.requests,
+            requests_omitted: t.requests_omitted,
+        })
+    }
+}
+
+impl From<EgressTrafficForm> for EgressTraffic {
+    fn from(form: EgressTrafficForm) -> Self {
+        match form {
+            EgressTrafficForm::Whole(t) => EgressTraffic {
+                reached: t.reached,
+                reached_omitted: t.reached_omitted,
+                denied: t.denied,
+                denied_omitted: t.denied_omitted,
+                bytes_out: t.bytes_out,
+                bytes_in: t.bytes_in,
+                quota_exceeded: t.quota_exceeded,
+                requests: t.requests,
+                requests_omitted: t.requests_omitted,
+            },
+            EgressTrafficForm::V17(t) => EgressTraffic {
+                reached: t.reached,
+                reached_omitted: t.reached_omitted,
+                denied: t.denied,
+                denied_omitted: t.denied_omitted,
+                bytes_out: t.bytes_out,
+                bytes_in: t.bytes_in,
+                quota_exceeded: t.quota_exceeded,
+                requests: vec![],
+                requests_omitted: 0,
+            },
+        }
+    }
 }
 
 /// One request on a connection to an inspected domain.
@@ -716,6 +829,42 @@ fn parse_budget(parts: &str) -> Option<TmpfsBudget> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn egress_traffic_takes_the_form_of_the_connections_version() {
+        use crate::form::{INSPECTION_VERSION, in_form_of};
+        let request = InspectedRequest {
+            method: "GET".into(),
+            host: "a.test".into(),
+            path: "/".into(),
+            status: 200,
+            allowed: true,
+            rule: None,
+            bytes_in: Some(2),
+            credentials: vec!["gh".into()],
+        };
+        let traffic =
+            EgressTraffic { bytes_in: 7, requests: vec![request], requests_omitted: 3, ..Default::default() };
+        let config = bincode::config::standard();
+        let whole = bincode::serde::encode_to_vec(&traffic, config).unwrap();
+        let (back, used): (EgressTraffic, usize) = bincode::serde::decode_from_slice(&whole, config).unwrap();
+        assert_eq!((back, used), (traffic.clone(), whole.len()));
+        let old = INSPECTION_VERSION - 1;
+        let earlier = in_form_of(old, || bincode::serde::encode_to_vec(&traffic, config).unwrap());
+        let (back, used): (EgressTraffic, usize) =
+            in_form_of(old, || bincode::serde::decode_from_slice(&earlier, config).unwrap());
+        assert_eq!(used, earlier.len());
+        assert_eq!(back, EgressTraffic { requests: vec![], requests_omitted: 0, ..traffic.clone() });
+        // The earlier form is exactly the fields before: two bytes shorter
+        // than the whole form with nothing inspected (an empty list, a zero).
+        let none = EgressTraffic { requests: vec![], requests_omitted: 0, ..traffic };
+        let whole_none = bincode::serde::encode_to_vec(&none, config).unwrap();
+        assert_eq!(whole_none.len(), earlier.len() + 2);
+        assert_eq!(&whole_none[..earlier.len()], &earlier[..]);
+        let json = in_form_of(old, || serde_json::to_value(&none).unwrap());
+        assert!(json.get("requests").is_none() && json.get("bytes_in").is_some(), "{json}");
+    }
+
     use super::*;
 
     #[test]

@@ -14,6 +14,7 @@ pub mod attest;
 pub mod bytes;
 pub mod check;
 pub mod clients;
+pub mod form;
 pub mod kind;
 pub mod plan;
 pub mod plugin;

@@ -39,7 +39,7 @@ pub const MAGIC: &str = "palisade";
 /// `RunInSession`, `ListSessions`, `StopSession`, `SessionStarted` and
 /// `Sessions`; 17: `Publish` and `Published`, a session's port published
 /// to its requester, `RunInSessionWithStdin` and `RunInSessionInTerminal`).
-pub const PROTOCOL_VERSION: u32 = 17;
+pub const PROTOCOL_VERSION: u32 = 18;
 
 pub use crate::plan::{WINDOW_MAX, WindowSize};
 /// The oldest version a broker still speaks: the one before its own, for
@@ -1081,6 +1081,13 @@ fn bincode_config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<MAX_FRAME_BYTES>()
 }
 
+pub use crate::form::{INSPECTION_VERSION, in_form_of};
+
+/// [`encode`] in the form of protocol `version` (a connection's).
+pub fn encode_in<T: Serialize>(msg: &T, encoding: Encoding, version: u32) -> Result<Vec<u8>, WireError> {
+    in_form_of(version, || encode(msg, encoding))
+}
+
 /// Encodes one message as a frame (bincode) or a line (JSON).
 pub fn encode<T: Serialize>(msg: &T, encoding: Encoding) -> Result<Vec<u8>, WireError> {
     match encoding {
@@ -1216,6 +1223,8 @@ pub struct Decoder {
     /// The body's length of the last frame decoded (a JSON line's, without
     /// its newline).
     last_len: usize,
+    /// The protocol version whose form messages are read in.
+    version: u32,
     /// JSON: how many pending bytes are known to hold no newline, so that
     /// each byte of a long line is looked at once, however many reads it
     /// takes to arrive.
@@ -1242,6 +1251,7 @@ impl Decoder {
             max: MAX_FRAME_BYTES,
             small: None,
             last_len: 0,
+            version: PROTOCOL_VERSION,
             scanned: std::cell::Cell::new(0),
             #[cfg(test)]
             examined: std::cell::Cell::new(0),
@@ -1428,7 +1438,18 @@ impl Decoder {
     }
 
     /// The next complete message, `Ok(None)` when more bytes are needed.
+    /// Reads later messages in the form of protocol `version` (the
+    /// connection's, once the hellos agreed on it).
+    pub fn set_version(&mut self, version: u32) {
+        self.version = version;
+    }
+
     pub fn next_message<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
+        let version = self.version;
+        in_form_of(version, || self.next_message_in_form())
+    }
+
+    fn next_message_in_form<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
         let Some(&first) = self.pending().first() else { return Ok(None) };
         let encoding =
             *self.encoding.get_or_insert(if first == b'{' { Encoding::Json } else { Encoding::Bincode });

@@ -326,6 +326,7 @@ impl<E: Executor> Server<E> {
             }
         };
         inbound.greeted(Duration::from_secs(self.broker.settings().config().broker.frame_timeout_secs));
+        sink.set_version(version);
         let hello = ServerHello { version, broker: self.broker.executor.broker_name(), encoding };
         let hello = ServerMessage::Hello(hello);
         // A client that sent its request behind the hello gets the hello

@@ -6,7 +6,7 @@ use crate::engine::stream::{Piece, Sink, StdinPieces};
 use crate::serve::budget::{BudgetError, Draw, UNBUDGETED_BYTES};
 use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, ErrorKind, Hello, MAGIC, MAX_FRAME_BYTES, SMALL_FRAME_BYTES,
-    ServerMessage, Stream, WireError, encode, output_frame_header,
+    ServerMessage, Stream, WireError, encode_in, output_frame_header,
 };
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -260,6 +260,8 @@ impl Inbound {
 pub struct SocketSink {
     writer: OwnedWriteHalf,
     encoding: Encoding,
+    /// The protocol version the connection speaks, whose form replies take.
+    version: u32,
     /// A frame was left half written: the stream can carry nothing more.
     broken: bool,
     /// The socket refused a splice: output is copied.
@@ -281,6 +283,7 @@ impl SocketSink {
         SocketSink {
             writer,
             encoding,
+            version: palisade_protocol::wire::PROTOCOL_VERSION,
             broken: false,
             no_splice: false,
             held: Vec::new(),
@@ -295,6 +298,11 @@ impl SocketSink {
     pub fn set_stdin(&mut self, stdin: Option<StdinPieces>) {
         self.streaming = stdin.is_some();
         self.stdin = stdin;
+    }
+
+    /// Replies take the form of protocol `version` (the one the hellos agreed on).
+    pub fn set_version(&mut self, version: u32) {
+        self.version = version;
     }
 
     /// Whether the run about to be served asked for its output raw (JSON).
@@ -330,7 +338,7 @@ impl Sink for SocketSink {
         if let ServerMessage::Output { stream, data } = &msg {
             return self.send_output(*stream, data).await;
         }
-        match encode(&msg, self.encoding) {
+        match encode_in(&msg, self.encoding, self.version) {
             Ok(bytes) => {
                 let bytes = self.behind_held(bytes);
                 self.writer.write_all(&bytes).await.is_ok()
@@ -431,7 +439,7 @@ impl Sink for SocketSink {
         if self.streaming && matches!(msg, ServerMessage::Started { .. }) {
             return false;
         }
-        match encode(msg, self.encoding) {
+        match encode_in(msg, self.encoding, self.version) {
             Ok(bytes) if !self.broken => {
                 self.held.extend_from_slice(&bytes);
                 true

@@ -93,8 +93,13 @@ impl HttpsOrigin {
         bare
     }
 
-    fn head(&self, bare: &Path) -> String {
-        let o = Command::new(tool("git")).args(["rev-parse", "main"]).current_dir(bare).output().unwrap();
+    /// The commit a branch names (empty: no such branch).
+    fn head(&self, bare: &Path, branch: &str) -> String {
+        let o = Command::new(tool("git"))
+            .args(["rev-parse", "--verify", "-q", branch])
+            .current_dir(bare)
+            .output()
+            .unwrap();
         text(&o.stdout).trim().to_string()
     }
 }
@@ -356,7 +361,8 @@ fn a_credential_reaches_its_host_only_and_is_never_inside_the_run() {
 fn rules_let_a_clone_through_and_refuse_a_push_outside_the_allowed_paths() {
     let origin = HttpsOrigin::start();
     let (theirs, mine) = (origin.repository("theirs.git"), origin.repository("mine.git"));
-    let (theirs_before, mine_before) = (origin.head(&theirs), origin.head(&mine));
+    let theirs_before = origin.head(&theirs, "main");
+    assert_eq!(origin.head(&mine, "from-run"), "");
     let keep = TempDir::new("secret");
     let d = Daemon::start(&config(&origin, &secret_file(&keep)));
     let ws = TempDir::new("ws");
@@ -366,15 +372,15 @@ fn rules_let_a_clone_through_and_refuse_a_push_outside_the_allowed_paths() {
          export GIT_AUTHOR_NAME=t GIT_AUTHOR_EMAIL=t.example GIT_COMMITTER_NAME=t GIT_COMMITTER_EMAIL=t.example && \
          {git} commit -q --allow-empty -m second && \
          {{ {git} push -q origin HEAD:main; echo push-theirs=$?; \
-            {git} push -q https://git.test:{p}/git/mine.git HEAD:main; echo push-mine=$?; }}"
+            {git} push -q https://git.test:{p}/git/mine.git HEAD:refs/heads/from-run; echo push-mine=$?; }}"
     );
     let v = run(&d, ws.path(), &script);
     let out = stdout(&v);
     assert!(out.contains("cloned"), "{v}");
     assert!(out.contains("push-theirs=") && !out.contains("push-theirs=0"), "{v}");
     assert!(out.contains("push-mine=0"), "{v}");
-    assert_eq!(origin.head(&theirs), theirs_before, "the refused push changed nothing");
-    assert_ne!(origin.head(&mine), mine_before, "the allowed push landed");
+    assert_eq!(origin.head(&theirs, "main"), theirs_before, "the refused push changed nothing");
+    assert_ne!(origin.head(&mine, "from-run"), "", "the allowed push landed");
     let refused: Vec<serde_json::Value> = requests(&v).into_iter().filter(|r| r["status"] == 403).collect();
     assert!(
         refused.iter().any(|r| r["method"] == "POST" && r["path"] == "/git/theirs.git/git-receive-pack"),
@@ -391,7 +397,7 @@ fn rules_let_a_clone_through_and_refuse_a_push_outside_the_allowed_paths() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o.stderr));
-    assert_ne!(origin.head(&theirs), theirs_before);
+    assert_ne!(origin.head(&theirs, "main"), theirs_before);
 }
 
 #[test]

@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 #: The highest protocol version this package speaks.
-PROTOCOL_VERSION = 17
+PROTOCOL_VERSION = 18
 #: The lowest.
 OLDEST_PROTOCOL_VERSION = 12
 #: The exit status of palisade refusing or failing, as `palisade run` uses it.
@@ -49,6 +49,9 @@ SESSION_VERSION = 16
 PUBLISH_VERSION = 17
 #: The protocol version that streams the stdin of a command in a session.
 SESSION_STDIN_VERSION = 17
+#: The protocol version whose results list the requests to inspected
+#: domains (`egress_traffic.requests`).
+INSPECTION_VERSION = 18
 #: The script that runs a line of a session's shell (docs/protocol.md,
 #: "Sessions": a session's shell), exactly.
 SHELL_SCRIPT = r'''__p=/tmp/.palisade-shell
