@@ -1044,6 +1044,7 @@ fn sections(
     if wanted("egress") {
         let (bytes, rounds) = if quick { (8 << 20, 1) } else { (100 << 20, 5) };
         out.push(egress::download(dir, ws, bytes, rounds));
+        out.push(egress::tls_download(dir, ws, bytes, rounds));
     }
     if wanted("plugins") {
         out.push(plugins::calls(dir, ws, d, if quick { 5 } else { 500 }));

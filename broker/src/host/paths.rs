@@ -110,6 +110,7 @@ impl Drop for TempRoot {
 pub const STATE_ENV: &str = "PALISADE_STATE";
 /// The secret store's directory under the state directory (the plugins'
 /// secrets, and the credentials of inspected requests).
+#[cfg(target_os = "linux")]
 pub const SECRETS_DIR: &str = "secrets";
 
 /// Where the broker keeps what must outlive it (the audit journal, the
