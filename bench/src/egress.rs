@@ -43,21 +43,24 @@ fn origin(size: usize) -> u16 {
             std::thread::spawn(move || {
                 let mut head = [0u8; 4096];
                 let _ = conn.read(&mut head);
-                let _ =
-                    write!(conn, "HTTP/1.1 200 OK\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n");
-                let chunk = vec![b'x'; 1 << 20];
-                let mut left = size;
-                while left > 0 {
-                    let n = left.min(chunk.len());
-                    if conn.write_all(&chunk[..n]).is_err() {
-                        return;
-                    }
-                    left -= n;
-                }
+                let _ = respond(&mut conn, size);
             });
         }
     });
     port
+}
+
+/// An HTTP response of `size` bytes, written 1 MiB at a time.
+fn respond(w: &mut impl Write, size: usize) -> std::io::Result<()> {
+    write!(w, "HTTP/1.1 200 OK\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n")?;
+    let chunk = vec![b'x'; 1 << 20];
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        w.write_all(&chunk[..n])?;
+        left -= n;
+    }
+    Ok(())
 }
 
 /// Seconds for one download by `cmd`, which must print at least `size`.
@@ -180,15 +183,8 @@ fn tls_origin(dir: &Path, names: &[&str], size: usize) -> (u16, std::path::PathB
                         _ => return,
                     }
                 }
-                let _ = write!(tls, "HTTP/1.1 200 OK\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n");
-                let chunk = vec![b'x'; 1 << 20];
-                let mut left = size;
-                while left > 0 {
-                    let n = left.min(chunk.len());
-                    if tls.write_all(&chunk[..n]).is_err() {
-                        return;
-                    }
-                    left -= n;
+                if respond(&mut tls, size).is_err() {
+                    return;
                 }
                 tls.conn.send_close_notify();
                 let _ = tls.flush();

@@ -20,11 +20,11 @@ struct Scratch(PathBuf);
 
 impl Scratch {
     fn new(tag: &str) -> Scratch {
-        let n = std::sync::atomic::AtomicU64::new(0);
+        static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "palisade-inspect-{tag}-{}-{}",
             std::process::id(),
-            n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
