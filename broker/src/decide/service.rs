@@ -474,11 +474,11 @@ impl<E: Executor> Broker<E> {
         run_id: u64,
         result: Result<RunResult, BrokerError>,
     ) -> Result<RunResult, BrokerError> {
-        let event = match &result {
-            Ok(r) => events::run_finished(r),
-            Err(e) => events::run_failed(run_id, e.kind(), e.to_string(), e.helper_failure()),
+        let records = match &result {
+            Ok(r) => events::run_ended(r),
+            Err(e) => vec![events::run_failed(run_id, e.kind(), e.to_string(), e.helper_failure())],
         };
-        let receipt = self.journal.append(event).await?;
+        let receipt = self.journal.append_many(records).await?;
         let mut result = result?;
         if self.journal.enabled() {
             let record = palisade_protocol::attest::JournalRecord { seq: receipt.seq, hash: receipt.hash };

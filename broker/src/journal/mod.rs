@@ -134,6 +134,15 @@ pub enum Event {
         #[serde(skip_serializing_if = "Option::is_none")]
         egress: Option<palisade_protocol::attest::EgressTraffic>,
     },
+    /// A request on an inspected domain (strict egress with TLS
+    /// termination): one record each, the first `EGRESS_LIST_MAX` of a
+    /// run, before its `run_finished` (whose `egress.requests_omitted`
+    /// counts the rest).
+    InspectedRequest {
+        run_id: u64,
+        #[serde(flatten)]
+        request: palisade_protocol::attest::InspectedRequest,
+    },
     /// What became of a run's writes, or of a held change set: `outcome`
     /// `applied`, `held` or `discarded`; its paths (the first 256, and how
     /// many in all), those that conflicted with the host's, and the sha256
@@ -362,6 +371,12 @@ impl Journal {
     /// what is under way: written below the free-space floor too.
     pub async fn append_all(&self, events: Vec<Event>, durable: bool) -> Result<Vec<Receipt>, JournalError> {
         self.submit(events, durable, Class::Ongoing).await
+    }
+
+    /// Appends `events` together, in order, synced before this returns:
+    /// the receipt of the last (as [`Journal::append`] answers).
+    pub async fn append_many(&self, events: Vec<Event>) -> Result<Receipt, JournalError> {
+        last(self.append_all(events, true).await)
     }
 
     /// [`Journal::append_all`] for code that may block.

@@ -332,7 +332,21 @@ fn a_credential_reaches_its_host_only_and_is_never_inside_the_run() {
     let finished =
         shown.lines().find(|l| l.contains("\"event\":\"run_finished\"")).unwrap_or_else(|| panic!("{shown}"));
     let record: serde_json::Value = serde_json::from_str(finished).unwrap();
-    assert_eq!(record["egress"]["requests"].as_array().map(Vec::len), Some(2), "{finished}");
+    assert_eq!(record["egress"]["requests_omitted"], 0, "{finished}");
+    // One record per request, before the run's end, the credential by name.
+    let recorded: Vec<serde_json::Value> = shown
+        .lines()
+        .filter(|l| l.contains("\"event\":\"inspected_request\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(recorded.len(), 2, "{shown}");
+    assert_eq!((recorded[0]["host"].as_str(), recorded[0]["status"].as_u64()), (Some("git.test"), Some(200)));
+    assert_eq!(recorded[0]["credentials"], seen[0]["credentials"], "{shown}");
+    assert_eq!(
+        (recorded[1]["allowed"].as_bool(), recorded[1]["rule"].as_str()),
+        (Some(false), seen[1]["rule"].as_str())
+    );
+    assert!(recorded.iter().all(|r| r["seq"].as_u64() < record["seq"].as_u64()), "{shown}");
     assert!(!shown.contains(SECRET), "{shown}");
     let raw: Vec<u8> =
         journal_segments(&d.journal()).iter().flat_map(|p| std::fs::read(p).unwrap()).collect();
