@@ -23,7 +23,7 @@ use palisade_protocol::attest::{EgressPath, InspectedRequest};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, BufReader, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 
@@ -98,6 +98,14 @@ pub(super) async fn serve<C>(
     http(run, client, origin, &to).await
 }
 
+/// What is read from each side's socket at once under TLS: rustls reads
+/// 4 KiB at a time, a syscall each without a buffer between.
+const TLS_READ_BUFFER: usize = 128 * 1024;
+
+/// Both sides of an inspected connection under TLS.
+type Tls<C, O> =
+    (tokio_rustls::server::TlsStream<BufReader<C>>, tokio_rustls::client::TlsStream<BufReader<O>>);
+
 /// TLS with the sandbox (a leaf for `name`), then with the origin.
 async fn handshakes<C, O>(
     run: &Run,
@@ -105,11 +113,15 @@ async fn handshakes<C, O>(
     client: C,
     origin: O,
     name: &str,
-) -> Result<(tokio_rustls::server::TlsStream<C>, tokio_rustls::client::TlsStream<O>), Refusal>
+) -> Result<Tls<C, O>, Refusal>
 where
     C: AsyncRead + AsyncWrite + Unpin,
     O: AsyncRead + AsyncWrite + Unpin,
 {
+    let (client, origin) = (
+        BufReader::with_capacity(TLS_READ_BUFFER, client),
+        BufReader::with_capacity(TLS_READ_BUFFER, origin),
+    );
     let server = authority.server_config(name).map_err(Refusal::TlsFailed)?;
     let client = tokio_rustls::TlsAcceptor::from(server)
         .accept(client)
@@ -323,6 +335,16 @@ impl<C: AsyncWrite + Unpin> AsyncWrite for Prefixed<C> {
     ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_flush(cx)
     }
@@ -364,6 +386,17 @@ impl AsyncRead for Metered<'_> {
     }
 }
 
+impl Metered<'_> {
+    /// Counts what a write sent.
+    fn sent(&self, polled: Poll<std::io::Result<usize>>) -> Poll<std::io::Result<usize>> {
+        if let Poll::Ready(Ok(n)) = polled {
+            let room = self.quota.take(n);
+            count(&self.flow.out, room);
+        }
+        polled
+    }
+}
+
 impl AsyncWrite for Metered<'_> {
     fn poll_write(
         mut self: Pin<&mut Self>,
@@ -375,11 +408,22 @@ impl AsyncWrite for Metered<'_> {
             return Poll::Ready(Err(quota_used(this.quota)));
         }
         let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = polled {
-            let room = this.quota.take(n);
-            count(&this.flow.out, room);
+        this.sent(polled)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        if this.quota.is_exceeded() {
+            return Poll::Ready(Err(quota_used(this.quota)));
         }
-        polled
+        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.sent(polled)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_flush(cx)
