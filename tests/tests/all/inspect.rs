@@ -470,6 +470,61 @@ fn a_pinned_client_on_a_passthrough_domain_still_works_and_the_ca_key_stays_out(
     assert!(text(&o.stdout).contains("bytes:"), "{}\n{}", text(&o.stdout), text(&o.stderr));
 }
 
+/// `value` in `dir/name`, readable by its owner only.
+fn secret_in(dir: &Path, name: &str, value: &str) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f =
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(dir.join(name)).unwrap();
+    writeln!(f, "{value}").unwrap();
+}
+
+#[test]
+fn named_secrets_come_from_systemds_credentials_then_the_secret_store() {
+    let origin = HttpsOrigin::start();
+    // systemd's `LoadCredential=` directory holds `gh`; the secret store
+    // holds a stale `gh` (which the systemd credential overrides) and `api`.
+    let (credentials, store) = (TempDir::new("credentials"), TempDir::new("store"));
+    secret_in(credentials.path(), "gh", SECRET);
+    secret_in(store.path(), "gh", "stale-value");
+    secret_in(store.path(), "api", SECRET);
+    let p = origin.port;
+    let config = format!(
+        "egress = \"strict\"\n\
+         network = {{ allow_domains = [\"git.test\", \"other.test\"] }}\n\
+         allow_interpreters = true\nallow_inline_code = true\n\
+         [defaults.inspect]\n\
+         domains = [\"git.test\", \"other.test\"]\n\
+         credentials = [{{ secret = \"gh\", hosts = [\"git.test\"], header = \"Authorization\", format = \"Bearer {{}}\" }}, \
+         {{ secret = \"api\", hosts = [\"other.test\"], env = \"API_TOKEN\" }}]\n\
+         [plugins]\nsecrets_dir = {store:?}\n\
+         [egress]\nports = [{p}]\n\
+         hosts = {{ \"git.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
+         allow_addresses = [\"127.0.0.1/32\"]\nca_bundle = {ca:?}\n",
+        store = store.path().display().to_string(),
+        ca = origin.ca.display().to_string(),
+    );
+    let d = Daemon::start_with(DaemonOptions {
+        config,
+        env: vec![("CREDENTIALS_DIRECTORY".into(), credentials.path().display().to_string())],
+        ..Default::default()
+    });
+    let ws = TempDir::new("ws");
+    let curl = tool("curl");
+    // Without a header of its own, the request to git.test gets systemd's
+    // `gh`; the placeholder sent to other.test becomes the store's `api`.
+    // Counter-test: the same request with no credential is unauthorized.
+    let script = format!(
+        "{curl} -sS https://git.test:{p}/whoami; echo\n\
+         {curl} -sS -H \"Authorization: Bearer $API_TOKEN\" https://other.test:{p}/whoami; echo\n\
+         {curl} -sS https://other.test:{p}/whoami; echo"
+    );
+    let v = run(&d, ws.path(), &script);
+    assert_eq!(stdout(&v), "authorized\nauthorized\nunauthorized\n", "{v}\n{}", d.log());
+    let used: Vec<serde_json::Value> = requests(&v).iter().map(|r| r["credentials"].clone()).collect();
+    assert_eq!(used, [serde_json::json!(["gh"]), serde_json::json!(["api"]), serde_json::json!([])], "{v}");
+    assert!(!v.to_string().contains(SECRET), "{v}");
+}
+
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_inspection_suite_passes_as_an_unprivileged_user() {
