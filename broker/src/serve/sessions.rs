@@ -144,8 +144,9 @@ impl<E: Executor> Server<E> {
                 }
             };
             let result = broker.execute(&who, decided, &held_request, &mut sink, cancel).await;
-            let _ = end_tx.send(Some(result.map_err(ErrorReply::from)));
+            // Unlisted before its end is told: whoever stopped it lists it no more.
             sessions.remove(who.uid, &held_name);
+            let _ = end_tx.send(Some(result.map_err(ErrorReply::from)));
             // A start that was given up before its session was listed leaves no name taken.
             sessions.release(who.uid, &held_name);
         });
