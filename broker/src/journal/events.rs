@@ -120,14 +120,13 @@ pub fn run_failed(run_id: u64, kind: ErrorKind, message: String, helper: Option<
 /// The records of a run's end: one per inspected request, then its
 /// `run_finished` (whose `egress` leaves the requests to those records).
 pub fn run_ended(r: &RunResult) -> Vec<Event> {
-    let mut egress = r.attestation.enforcement.egress_traffic.clone();
-    let requests = egress.as_mut().map(|e| std::mem::take(&mut e.requests)).unwrap_or_default();
+    let mut finished = run_finished(r);
+    let requests = match &mut finished {
+        Event::RunFinished { egress: Some(e), .. } => std::mem::take(&mut e.requests),
+        _ => Vec::new(),
+    };
     let mut records: Vec<Event> =
         requests.into_iter().map(|request| Event::InspectedRequest { run_id: r.run_id, request }).collect();
-    let mut finished = run_finished(r);
-    if let Event::RunFinished { egress: e, .. } = &mut finished {
-        *e = egress;
-    }
     records.push(finished);
     records
 }
