@@ -167,17 +167,14 @@ pub enum CgroupError {
     /// The broker has no cgroups to create runs in (why, as discovery said).
     #[error("{0}")]
     Unavailable(String),
-    #[cfg(target_os = "linux")]
-    #[error("create cgroup {name}: {source}")]
-    Create { name: String, source: cgroups_rs::fs::error::Error },
     #[error("no {0} controller")]
     NoController(&'static str),
     #[cfg(target_os = "linux")]
     #[error("set {what}: {source}")]
-    Limit { what: &'static str, source: cgroups_rs::fs::error::Error },
+    Limit { what: &'static str, source: cgroups_rs::error::Error },
     #[cfg(target_os = "linux")]
     #[error("place pid {pid}: {source}")]
-    Place { pid: u32, source: cgroups_rs::fs::error::Error },
+    Place { pid: u32, source: cgroups_rs::error::Error },
 }
 
 #[cfg(test)]

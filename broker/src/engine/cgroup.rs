@@ -14,13 +14,11 @@
 //!
 //! Elsewhere, limits fall back to rlimits and the attestation says so.
 
-use cgroups_rs::CgroupPid;
-use cgroups_rs::fs::cgroup::Cgroup;
-use cgroups_rs::fs::cpu::CpuController;
-use cgroups_rs::fs::freezer::FreezerController;
-use cgroups_rs::fs::memory::MemController;
-use cgroups_rs::fs::pid::PidController;
-use cgroups_rs::fs::{Controller, Hierarchy, MaxValue, Subsystem, hierarchies};
+use cgroups_rs::cpu::CpuController;
+use cgroups_rs::freezer::FreezerController;
+use cgroups_rs::memory::MemController;
+use cgroups_rs::pid::PidController;
+use cgroups_rs::{Cgroup, CgroupPid, Controller, Hierarchy, MaxValue, Subsystem, hierarchies};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -65,12 +63,12 @@ impl Hierarchy for Subtree {
     fn subsystems(&self) -> Vec<Subsystem> {
         let enabled = std::fs::read_to_string(self.root.join("cgroup.subtree_control")).unwrap_or_default();
         let r = || self.root.clone();
-        let mut subs = vec![Subsystem::Freezer(FreezerController::new(r(), PathBuf::new(), true))];
+        let mut subs = vec![Subsystem::Freezer(FreezerController::new(r(), true))];
         for c in enabled.split_whitespace() {
             match c {
-                "memory" => subs.push(Subsystem::Mem(MemController::new(r(), PathBuf::new(), true))),
-                "pids" => subs.push(Subsystem::Pid(PidController::new(r(), PathBuf::new(), true))),
-                "cpu" => subs.push(Subsystem::Cpu(CpuController::new(r(), PathBuf::new(), true))),
+                "memory" => subs.push(Subsystem::Mem(MemController::new(r(), true))),
+                "pids" => subs.push(Subsystem::Pid(PidController::new(r(), true))),
+                "cpu" => subs.push(Subsystem::Cpu(CpuController::new(r(), true))),
                 _ => {}
             }
         }
@@ -246,16 +244,16 @@ impl Cgroups {
 
     fn prepare_v1(root: &Path, apply: bool) -> Result<Cgroups, CgroupError> {
         let mounts = hierarchies::V1::new();
-        let memory = mounts.get_mount_point(cgroups_rs::fs::Controllers::Mem);
-        let (point, _) = memory.ok_or(CgroupError::NoV1Hierarchy("memory"))?;
+        let memory = mounts.get_mount_point(cgroups_rs::Controllers::Mem);
+        let point = memory.ok_or(CgroupError::NoV1Hierarchy("memory"))?;
         let relative = root
             .strip_prefix(&point)
             .map_err(|_| CgroupError::NotInV1Memory { root: root.into(), memory: point.clone() })?;
         for (c, ctl) in [
-            ("pids", cgroups_rs::fs::Controllers::Pids),
-            ("cpu", cgroups_rs::fs::Controllers::Cpu),
-            ("cpuacct", cgroups_rs::fs::Controllers::CpuAcct),
-            ("freezer", cgroups_rs::fs::Controllers::Freezer),
+            ("pids", cgroups_rs::Controllers::Pids),
+            ("cpu", cgroups_rs::Controllers::Cpu),
+            ("cpuacct", cgroups_rs::Controllers::CpuAcct),
+            ("freezer", cgroups_rs::Controllers::Freezer),
         ] {
             mounts.get_mount_point(ctl).ok_or(CgroupError::NoV1Hierarchy(c))?;
         }
@@ -356,7 +354,16 @@ impl Cgroups {
                 Some(dir)
             }
             _ => {
-                cg.create().map_err(|source| CgroupError::Create { name: name.to_string(), source })?;
+                // The run's directory in each v1 hierarchy (cpu and cpuacct
+                // may share one), made here so that a failure in any of them
+                // fails the run: cgroups-rs 0.3's `create` does not report them.
+                for sub in cg.subsystems() {
+                    let path = sub.to_controller().path().to_path_buf();
+                    if let Err(source) = std::fs::create_dir_all(&path) {
+                        let _ = cg.delete();
+                        return Err(CgroupError::Mkdir { path, source });
+                    }
+                }
                 None
             }
         };
@@ -387,8 +394,8 @@ impl Cgroups {
         let dir = match &self.backend {
             Ok(Backend::V2 { root }) => root.clone(),
             Ok(Backend::V1 { relative }) => {
-                match hierarchies::V1::new().get_mount_point(cgroups_rs::fs::Controllers::Mem) {
-                    Some((point, _)) => point.join(relative),
+                match hierarchies::V1::new().get_mount_point(cgroups_rs::Controllers::Mem) {
+                    Some(point) => point.join(relative),
                     None => return,
                 }
             }
@@ -587,21 +594,20 @@ impl RunCgroup {
     }
 
     pub fn usage(&self) -> CgroupUsage {
-        let mem: Option<&MemController> = self.cg.controller_of();
-        let stat = mem.map(|m| m.memory_stat());
         let read =
             |file: &str| self.path(file).and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
+        let peak = |file: &str| read(file).trim().parse::<u64>().unwrap_or(0);
         if self.v1 {
             let cpuacct = |f: &str| {
                 let p = self
                     .cg
-                    .controller_of::<cgroups_rs::fs::cpuacct::CpuAcctController>()
+                    .controller_of::<cgroups_rs::cpuacct::CpuAcctController>()
                     .map(|c| c.path().join(f));
                 p.and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default()
             };
             let ticks = |key: &str| field(&cpuacct("cpuacct.stat"), key) * 1_000_000 / USER_HZ;
             return CgroupUsage {
-                peak_memory_bytes: stat.map_or(0, |s| s.max_usage_in_bytes),
+                peak_memory_bytes: peak("memory.max_usage_in_bytes"),
                 cpu_user_usec: ticks("user "),
                 cpu_system_usec: ticks("system "),
                 oom_kills: field(&read("memory.oom_control"), "oom_kill "),
@@ -609,7 +615,7 @@ impl RunCgroup {
         }
         let cpu = read("cpu.stat");
         CgroupUsage {
-            peak_memory_bytes: stat.map_or(0, |s| s.max_usage_in_bytes),
+            peak_memory_bytes: peak("memory.peak"),
             cpu_user_usec: field(&cpu, "user_usec "),
             cpu_system_usec: field(&cpu, "system_usec "),
             oom_kills: field(&read("memory.events"), "oom_kill "),
