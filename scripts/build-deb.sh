@@ -8,8 +8,11 @@
 # upstream, so its Debian changelog is /usr/share/doc/palisade/changelog.gz
 # (changelog.Debian.gz is the name for packages of someone else's source).
 #
-#   scripts/build-deb.sh [--release-dir DIR] [--out DIR] [--check]
+#   scripts/build-deb.sh [--release-dir DIR] [--out DIR] [--man-from PROGRAM] [--check]
 #   --release-dir  where the binaries are (default target/release)
+#   --man-from     the manual pages' generator, already built from this tree
+#                  (target/debug/examples/man after `cargo test --workspace`);
+#                  by default `cargo run --example man` builds it
 #   --out          where the .deb goes (default target/debian)
 #   --check        then run scripts/check-deb.sh on it (contents, modes,
 #                  conffiles, lintian)
@@ -28,7 +31,8 @@
 #   /usr/share/man/man8/palisaded.8.gz
 #       generated from the CLI's definitions by broker/examples/man.rs (an
 #       example, so that the generator is linked into no binary; this runs it
-#       with cargo), dated like everything else, gzip -9n
+#       with cargo, or the build --man-from names), dated like everything
+#       else, gzip -9n
 #   /usr/lib/systemd/system/palisade.{service,socket}  from systemd/
 #   /usr/lib/systemd/user/palisade.{service,socket}    from systemd/user/, the
 #       service's ExecStart= pointed at /usr/bin/palisaded (the file in the
@@ -115,6 +119,7 @@ die() { echo "build-deb: $*" >&2; exit 1; }
 
 release_dir=target/release
 out_dir=target/debian
+man_from=
 check=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -122,6 +127,8 @@ while [ $# -gt 0 ]; do
         --release-dir=*) release_dir=${1#*=}; shift ;;
         --out) [ $# -ge 2 ] || die "--out needs a directory"; out_dir=$2; shift 2 ;;
         --out=*) out_dir=${1#*=}; shift ;;
+        --man-from) [ $# -ge 2 ] || die "--man-from needs a program"; man_from=$2; shift 2 ;;
+        --man-from=*) man_from=${1#*=}; shift ;;
         --check) check=1; shift ;;
         -h | --help) usage; exit 0 ;;
         *) usage >&2; die "unknown argument: $1" ;;
@@ -130,6 +137,11 @@ done
 # Relative to where it was called from; then work from the repository.
 release_dir=$(realpath -m -- "$release_dir")
 out_dir=$(realpath -m -- "$out_dir")
+if [ -n "$man_from" ]; then
+    given=$man_from
+    man_from=$(realpath -e -- "$given" 2>/dev/null) && [ -x "$man_from" ] ||
+        die "--man-from: no program at $given"
+fi
 cd "$(dirname "$0")/.."
 
 for tool in dpkg-deb dpkg readelf strip gzip cargo; do
@@ -266,8 +278,10 @@ install -m 0644 apparmor/palisade-helper "$root/etc/apparmor.d/palisade-helper"
 # scripts (psm, under Cedar) watch it, and a change rebuilds every crate
 # that depends on them, here and again in the next build without it.
 pages=$root/man.tmp
-env -u SOURCE_DATE_EPOCH cargo run --locked --quiet -p palisade-broker --example man -- "$pages" \
-    --date "$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%d)" >/dev/null || die "broker/examples/man.rs failed"
+man=(env -u SOURCE_DATE_EPOCH cargo run --locked --quiet -p palisade-broker --example man --)
+[ -z "$man_from" ] || man=("$man_from")
+"${man[@]}" "$pages" --date "$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%d)" >/dev/null ||
+    die "broker/examples/man.rs failed"
 for page in "$pages"/*.[18]; do
     section=${page##*.}
     gzip -9n <"$page" >"$root/usr/share/man/man$section/${page##*/}.gz"

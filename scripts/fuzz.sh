@@ -2,7 +2,7 @@
 # Coverage-guided fuzzing (libFuzzer, through the libfuzzer-sys crate) of
 # every decoder of untrusted input: fuzz/fuzz_targets/*.rs.
 #
-#   scripts/fuzz.sh [--seconds N] [--jobs J] [--dev] [--minimize] [TARGET...]
+#   scripts/fuzz.sh [--seconds N] [--jobs J] [--dev] [--minimize] [--build-only] [TARGET...]
 #
 # Builds the targets with coverage instrumentation (on the stable toolchain:
 # the sancov pass, as cargo-fuzz does without a sanitizer), then runs each
@@ -17,13 +17,15 @@
 # --dev builds unoptimized (the dev profile, line tables only): about a third
 # of the release build's time, and some fifteen times fewer inputs a second.
 # It is for a quick check (.ci/run): every committed input replayed, then a
-# short run. Real runs use the optimized build.
+# short run. Real runs use the optimized build. --build-only builds and runs
+# nothing (.ci/run builds beside its tests, then fuzzes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=30
 jobs=1
 minimize=false
+build_only=false
 profile=release
 targets=()
 while [ $# -gt 0 ]; do
@@ -32,7 +34,8 @@ while [ $# -gt 0 ]; do
     --jobs) jobs=$2; shift 2 ;;
     --minimize) minimize=true; shift ;;
     --dev) profile=dev; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --build-only) build_only=true; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
@@ -53,6 +56,7 @@ bins=()
 for t in "${targets[@]}"; do bins+=(--bin "$t"); done
 cargo build --quiet --profile "$profile" --locked --manifest-path fuzz/Cargo.toml --target "$target_triple" \
   --target-dir fuzz/target "${bins[@]}"
+$build_only && exit 0
 bin=fuzz/target/$target_triple/$([ "$profile" = dev ] && echo debug || echo release)
 
 run_one() {
