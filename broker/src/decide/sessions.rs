@@ -72,6 +72,25 @@ impl Drop for Entered {
     }
 }
 
+/// A session's published ports, and the socket on the host of each:
+/// shared by the session and the task that runs it, which removes the
+/// sockets before the session's end is told.
+pub type Published = Arc<Mutex<BTreeMap<u16, String>>>;
+
+/// Removes every published socket of a session that has ended (a port's
+/// own task removes its socket too, once it sees the end: whichever is
+/// first).
+pub fn withdraw(published: &Published) {
+    let sockets = std::mem::take(&mut *published.lock().unwrap_or_else(|e| e.into_inner()));
+    for socket in sockets.values() {
+        if let Err(e) = std::fs::remove_file(socket)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!("removing the published socket {socket}: {e}");
+        }
+    }
+}
+
 /// A live session.
 pub struct Session {
     pub uid: u32,
@@ -82,7 +101,7 @@ pub struct Session {
     pub sandbox: Sandbox,
     pub activity: Arc<Activity>,
     /// Its published ports, and the socket on the host of each.
-    pub published: Mutex<BTreeMap<u16, String>>,
+    pub published: Published,
     stop: Mutex<Option<oneshot::Sender<()>>>,
     ended: watch::Receiver<Ended>,
 }
@@ -94,9 +113,9 @@ impl Session {
         request: RunRequest,
         sandbox: Sandbox,
         activity: Arc<Activity>,
+        published: Published,
         (stop, ended): (oneshot::Sender<()>, watch::Receiver<Ended>),
     ) -> Session {
-        let published = Mutex::default();
         Session { uid, info, request, sandbox, activity, published, stop: Mutex::new(Some(stop)), ended }
     }
 

@@ -129,6 +129,8 @@ impl<E: Executor> Server<E> {
         let (broker, sessions, who, watching) =
             (self.broker.clone(), self.sessions.clone(), peer.clone(), activity.clone());
         let (held_request, held_name) = (request.clone(), name.to_string());
+        let published = crate::decide::sessions::Published::default();
+        let withdrawn = published.clone();
         let task = tokio::spawn(async move {
             let stopped = Arc::new(AtomicBool::new(false));
             let mut sink = HoldSink { held: Some(held_tx), stopped: stopped.clone() };
@@ -144,6 +146,8 @@ impl<E: Executor> Server<E> {
                 }
             };
             let result = broker.execute(&who, decided, &held_request, &mut sink, cancel).await;
+            // Its published sockets are gone before its end is told.
+            crate::decide::sessions::withdraw(&withdrawn);
             // Unlisted before its end is told: whoever stopped it lists it no more.
             sessions.remove(who.uid, &held_name);
             let _ = end_tx.send(Some(result.map_err(ErrorReply::from)));
@@ -181,7 +185,7 @@ impl<E: Executor> Server<E> {
         };
         let request = RunRequest { argv: Vec::new(), ..request };
         let sandbox = Sandbox { plan, namespaces, cgroup: cgroup_plan.map(|p| (p, cgroup)) };
-        Ok(Arc::new(Session::new(peer.uid, info, request, sandbox, activity, (stop_tx, end_rx))))
+        Ok(Arc::new(Session::new(peer.uid, info, request, sandbox, activity, published, (stop_tx, end_rx))))
     }
 
     /// `ListSessions` and `StopSession`.
