@@ -16,9 +16,10 @@
 # -set_cover_merge=1), which is what is committed.
 # --dev builds unoptimized (the dev profile, line tables only): about a third
 # of the release build's time, and some fifteen times fewer inputs a second.
-# It is for a quick check (.ci/run): every committed input replayed, then a
-# short run. Real runs use the optimized build. --build-only builds and runs
-# nothing (.ci/run builds beside its tests, then fuzzes).
+# It is for a quick check: every committed input replayed, then a short
+# run. Real runs use the optimized build. --build-only builds and runs
+# nothing. (The test suite replays every committed input without libFuzzer:
+# tests/tests/all/fuzz_corpus.rs.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
     --minimize) minimize=true; shift ;;
     --dev) profile=dev; shift ;;
     --build-only) build_only=true; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
   esac
 done

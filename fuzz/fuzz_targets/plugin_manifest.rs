@@ -1,11 +1,5 @@
-//! A skill's manifest (TOML): a manifest or an error, never a panic.
+//! The fuzz target `plugin_manifest`: what it checks of an input is `palisade_fuzz::plugin_manifest`
+//! (fuzz/src/lib.rs), which the test suite replays the corpus through too.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use palisade_policy::Manifest;
-use std::path::Path;
-
-fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
-    let _ = Manifest::parse(text, Path::new("fuzz-skill.toml"));
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| palisade_fuzz::plugin_manifest(data));
