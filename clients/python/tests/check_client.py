@@ -54,8 +54,8 @@ def fetch_over(path: str) -> bytes:
             try:
                 s.sendall(b"GET / HTTP/1.0\r\n\r\n")
                 reply = b"".join(iter(lambda: s.recv(65536), b""))
-            except ConnectionResetError:
-                pass  # closed unserved: nothing listens yet
+            except (ConnectionResetError, BrokenPipeError):
+                pass  # closed unserved (before or after the request was sent): nothing listens yet
         if reply or time.monotonic() > deadline:
             return reply
         time.sleep(0.1)
