@@ -77,12 +77,19 @@ impl Drop for Entered {
 /// sockets before the session's end is told.
 pub type Published = Arc<Mutex<BTreeMap<u16, String>>>;
 
-/// Removes every published socket of a session that has ended (a port's
-/// own task removes its socket too, once it sees the end: whichever is
-/// first).
-pub fn withdraw(published: &Published) {
-    let sockets = std::mem::take(&mut *published.lock().unwrap_or_else(|e| e.into_inner()));
-    for socket in sockets.values() {
+/// Removes published sockets: every one (`None`: the session has ended) or
+/// `port`'s. A socket's file is removed by whoever takes its entry from the
+/// map, once: never a later socket at the same path (a new session of the
+/// same name publishing the same port).
+pub fn withdraw(published: &Published, port: Option<u16>) {
+    let sockets: Vec<String> = {
+        let mut map = published.lock().unwrap_or_else(|e| e.into_inner());
+        match port {
+            None => std::mem::take(&mut *map).into_values().collect(),
+            Some(port) => map.remove(&port).into_iter().collect(),
+        }
+    };
+    for socket in &sockets {
         if let Err(e) = std::fs::remove_file(socket)
             && e.kind() != std::io::ErrorKind::NotFound
         {

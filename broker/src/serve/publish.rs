@@ -120,7 +120,7 @@ impl<E: Executor> Server<E> {
         })?;
         let shown = socket.display().to_string();
         tracing::info!(uid = peer.uid, session = name, port, socket = shown, "published");
-        tokio::spawn(serve_port(self.broker.clone(), session, listener, port, socket));
+        tokio::spawn(serve_port(self.broker.clone(), session, listener, port));
         answer(&shown)
     }
 
@@ -185,7 +185,6 @@ async fn serve_port<E: Executor>(
     session: Arc<Session>,
     listener: UnixListener,
     port: u16,
-    path: PathBuf,
 ) {
     let mut relays = tokio::task::JoinSet::new();
     let room = Arc::new(Semaphore::new(MAX_CONNECTIONS_PER_PORT));
@@ -216,8 +215,9 @@ async fn serve_port<E: Executor>(
             }
         }
     }
-    let _ = std::fs::remove_file(&path);
-    session.published.lock().unwrap_or_else(|e| e.into_inner()).remove(&port);
+    // Removed here if the session's own end did not take it first (a port
+    // published as the session ended).
+    crate::decide::sessions::withdraw(&session.published, Some(port));
 }
 
 /// Relays `conn` to `port` on the session's loopback (127.0.0.1, else ::1)

@@ -147,7 +147,7 @@ impl<E: Executor> Server<E> {
             };
             let result = broker.execute(&who, decided, &held_request, &mut sink, cancel).await;
             // Its published sockets are gone before its end is told.
-            crate::decide::sessions::withdraw(&withdrawn);
+            crate::decide::sessions::withdraw(&withdrawn, None);
             // Unlisted before its end is told: whoever stopped it lists it no more.
             sessions.remove(who.uid, &held_name);
             let _ = end_tx.send(Some(result.map_err(ErrorReply::from)));

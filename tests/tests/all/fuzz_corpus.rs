@@ -3,7 +3,6 @@
 //! found new coverage once is a regression test of its decoder from then on.
 //! `scripts/fuzz.sh` is what searches for new inputs (fuzz/README.md).
 
-#[allow(dead_code)]
 #[path = "../../../fuzz/src/lib.rs"]
 mod properties;
 
