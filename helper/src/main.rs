@@ -24,9 +24,7 @@ fn main() {
 #[cfg(target_os = "linux")]
 fn main() {
     if std::env::args_os().len() > 1 {
-        eprintln!(
-            "palisade-helper takes no arguments: the broker passes the plan on fd 3 (see ARCHITECTURE.md)"
-        );
+        eprintln!("palisade-helper takes no arguments: the broker passes its plan on fd 3 (ARCHITECTURE.md)");
         std::process::exit(2);
     }
     let Err(err) = jail::contain();

@@ -44,6 +44,9 @@ pub enum Stage {
     Terminal,
     /// Joining a held session's namespaces (see [`crate::plan::SessionRole`]).
     Join,
+    /// Tier C's outer helper, once it has sent [`HelperRecord::Reaped`]:
+    /// nothing fails there; it names the place for the test hook.
+    Reaped,
 }
 
 impl Stage {
@@ -74,6 +77,7 @@ impl Stage {
             Stage::Listeners => "listeners",
             Stage::Terminal => "terminal",
             Stage::Join => "join",
+            Stage::Reaped => "reaped",
         }
     }
 }
@@ -155,6 +159,18 @@ pub enum HelperRecord {
     /// [`crate::plan::Namespaces::names`]) travel with this record, sent by
     /// the process that holds the session (see [`crate::plan::SessionRole`]).
     Session,
+    /// Tier C's outer helper has reaped pid 1, and so every process of the
+    /// sandbox (the kernel kills and reaps the rest of a pid namespace
+    /// before its pid 1 is reaped): the last record. `exit` is pid 1's
+    /// status; the CPU times (µs) are the helper's own and those of every
+    /// process it reaped, as `wait4` on the helper would give them. The
+    /// helper's exit, which tears the sandbox's namespaces and mounts down,
+    /// follows.
+    Reaped {
+        exit: ExitReport,
+        user_us: u64,
+        system_us: u64,
+    },
 }
 
 fn config() -> impl bincode::config::Config {

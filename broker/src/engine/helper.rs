@@ -8,7 +8,7 @@ use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags, posix_s
 use nix::sys::signal::SigSet;
 use nix::sys::stat::Mode;
 use palisade_protocol::status::decode_records;
-use palisade_protocol::{HelperRecord, WarmSpec};
+use palisade_protocol::{ExitReport, HelperRecord, WarmSpec};
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Write};
@@ -366,4 +366,54 @@ pub fn pidfd_kill(pidfd: &OwnedFd, signal: i32) -> io::Result<()> {
         Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The helper's resource usage, as `wait4` reported it.
+pub(crate) struct Usage {
+    pub user_ms: u64,
+    pub system_ms: u64,
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl Usage {
+    /// The usage the helper reported before its exit
+    /// ([`HelperRecord::Reaped`]): its exit status is pid 1's, as its
+    /// monitor passes it on (a signal as 128 + its number).
+    pub fn reported((exit, user_us, system_us): (ExitReport, u64, u64)) -> Usage {
+        let code = match exit {
+            ExitReport::Code(code) => code,
+            ExitReport::Signal(signal) => (128 + signal) & 0xff,
+        };
+        Usage { user_ms: user_us / 1000, system_ms: system_us / 1000, code: Some(code), signal: None }
+    }
+}
+
+/// Sets or clears `O_NONBLOCK` on `file`.
+pub(crate) fn nonblocking(file: &std::fs::File, on: bool) -> std::io::Result<()> {
+    let fd = std::os::fd::AsFd::as_fd(file);
+    let flags = nix::fcntl::OFlag::from_bits_truncate(nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL)?);
+    let flags =
+        if on { flags | nix::fcntl::OFlag::O_NONBLOCK } else { flags - nix::fcntl::OFlag::O_NONBLOCK };
+    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(flags))?;
+    Ok(())
+}
+
+/// Reaps the exited helper, with the resource usage of its whole waited-for tree.
+pub(crate) fn reap(pid: u32) -> std::io::Result<Usage> {
+    let mut status = 0;
+    // SAFETY: rusage is plain old data; all-zero is valid.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `status` and `ru` are valid for writing for the duration of the call.
+    let rc = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut ru) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let ms = |tv: libc::timeval| tv.tv_sec as u64 * 1000 + tv.tv_usec as u64 / 1000;
+    Ok(Usage {
+        user_ms: ms(ru.ru_utime),
+        system_ms: ms(ru.ru_stime),
+        code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+        signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+    })
 }

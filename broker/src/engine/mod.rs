@@ -9,6 +9,8 @@ pub mod etc_view;
 #[cfg(unix)]
 pub mod executor;
 #[cfg(target_os = "linux")]
+pub(crate) mod exiting;
+#[cfg(target_os = "linux")]
 pub mod helper;
 #[cfg(target_os = "linux")]
 pub mod linux;

@@ -5,7 +5,10 @@
 
 use crate::egress::Egress;
 use crate::engine::cgroup::{CgroupLimits, Cgroups, Membership, RunCgroup};
-use crate::engine::helper::{HelperChild, HelperCommand, Io, StatusRead, pidfd_kill, send_plan};
+use crate::engine::exiting::{Exiting, StatusWatch, Teardowns};
+use crate::engine::helper::{
+    HelperChild, HelperCommand, Io, StatusRead, Usage, nonblocking, pidfd_kill, reap, send_plan,
+};
 use crate::engine::pool::{Pool, Slot};
 use crate::engine::spawn_thread::Spawner;
 pub use crate::engine::stream::Sink;
@@ -83,14 +86,8 @@ pub struct Engine {
     /// ran a command): they build nothing, and join a session's sandbox.
     joins: Arc<Pool>,
     cgroups: Cgroups,
-}
-
-/// The helper's resource usage, as `wait4` reported it.
-struct Usage {
-    user_ms: u64,
-    system_ms: u64,
-    code: Option<i32>,
-    signal: Option<i32>,
+    /// Helpers exiting after their run was answered.
+    teardowns: Teardowns,
 }
 
 /// Microseconds since the run started, at each step (logged at debug level).
@@ -114,7 +111,7 @@ impl Engine {
     ) -> Engine {
         let pool = Pool::new(spawner.clone(), helper.clone(), prespawn, warm, cgroups.clone());
         let joins = Pool::new(spawner.clone(), helper.clone(), prespawn.min(1), None, cgroups.clone());
-        Engine { spawner, helper, pool, joins, cgroups }
+        Engine { spawner, helper, pool, joins, cgroups, teardowns: Teardowns::new() }
     }
 
     /// The thread that starts helpers (and the plugin-host).
@@ -140,6 +137,12 @@ impl Engine {
     /// The pool, for its status.
     pub fn pool(&self) -> Arc<Pool> {
         Arc::clone(&self.pool)
+    }
+
+    /// The sandboxes torn down after their run was answered, for a shutdown
+    /// to wait for.
+    pub(crate) fn teardowns(&self) -> Teardowns {
+        self.teardowns.clone()
     }
 
     /// Both pools, to close at shutdown ([`Pool::close`]).
@@ -265,14 +268,28 @@ impl Engine {
         };
         let (helper, cgroup) = self.launch(planned.resolved, planned.grants, piped, &wanted, claimed).await?;
         let launched = Launched { helper, cgroup: cgroup.as_ref(), session, started, since };
-        let result = self.finish(planned, request, (sink, input), cancel, launched).await;
-        if let Some(c) = cgroup {
-            let _ = tokio::task::spawn_blocking(move || c.remove()).await;
+        let mut exiting = None;
+        let result = self.finish(planned, request, (sink, input), cancel, launched, &mut exiting).await;
+        let after_answer = exiting.is_some();
+        let teardown = async move {
+            if let Some(helper) = exiting {
+                helper.reap().await;
+            }
+            if let Some(c) = cgroup {
+                let _ = tokio::task::spawn_blocking(move || c.remove()).await;
+            }
+        };
+        // A helper that reported its sandbox gone exits (and its cgroup goes) after the answer.
+        if after_answer {
+            self.teardowns.spawn(teardown)
+        } else {
+            teardown.await
         }
         result
     }
 
-    /// The run of a launched helper, to its result.
+    /// The run of a launched helper, to its result. A helper that reported
+    /// its sandbox gone before its exit is left in `exiting`, to be reaped.
     async fn finish<S: Sink + Send>(
         &self,
         planned: Planned<'_>,
@@ -280,6 +297,7 @@ impl Engine {
         (sink, input): (&mut S, Input),
         cancel: impl Future<Output = ()> + Send,
         launched: Launched<'_>,
+        exiting: &mut Option<Exiting>,
     ) -> Result<RunResult, BrokerError> {
         let Planned { id: run_id, resolved, grants } = planned;
         let Launched { helper, cgroup, session, started, since } = launched;
@@ -319,7 +337,8 @@ impl Engine {
             chunk_bytes: resolved.capture_chunk_bytes,
             first_signal,
         };
-        let child = Helper { pidfd, cgroup, run_id, pid };
+        let watch = StatusWatch::new(status, early)?;
+        let child = Helper { pidfd, status: &watch, cgroup, run_id, pid };
         let started_msg = ServerMessage::Started { run_id, executor: tier.into() };
         let run = Run::new(sink, child, pipes, bounds, cancel);
         let run = if copying { run.copying() } else { run };
@@ -334,10 +353,8 @@ impl Engine {
         let wall_ms =
             streamed.exited_at.unwrap_or_else(Instant::now).duration_since(started).as_millis() as u64;
         timeline.closed_us = started.elapsed().as_micros();
-        abandon.disarm();
-        let usage = reap(pid)?;
+        let (usage, records, fds) = helper_done(watch, abandon, pid, exiting).await?;
         self.pool.refill();
-        let (records, fds) = read_status_channel(status, early).await?;
         timeline.status_read_us = started.elapsed().as_micros();
         let mut ended = streamed.ended;
         let report = Report::read(records, fds, ended)?;
@@ -391,6 +408,32 @@ impl Engine {
             changes,
             attestation: attestation(request, resolved, report.landlock, egress_traffic, Some(built)),
         })
+    }
+}
+
+/// The helper's usage and every record it sent, with their descriptors:
+/// from its [`HelperRecord::Reaped`] when it sent one, the helper then left
+/// in `exiting`, to be reaped after the answer; else reaped now, its status
+/// channel read to its end.
+async fn helper_done(
+    watch: StatusWatch,
+    abandon: Abandon,
+    pid: u32,
+    exiting: &mut Option<Exiting>,
+) -> Result<(Usage, Vec<HelperRecord>, Vec<OwnedFd>), BrokerError> {
+    let (status, read) = watch.into_parts()?;
+    match crate::engine::exiting::reaped(&read.records) {
+        // Every record is in: the helper sends nothing after this one.
+        Some(reaped) => {
+            *exiting = abandon.exiting();
+            Ok((Usage::reported(reaped), read.records, read.fds))
+        }
+        None => {
+            abandon.disarm();
+            let usage = reap(pid)?;
+            let (records, fds) = read_status_channel(status, read).await?;
+            Ok((usage, records, fds))
+        }
     }
 }
 
@@ -631,6 +674,8 @@ impl Report {
         for r in records {
             match r {
                 HelperRecord::Landlock(l) => report.landlock = Some(l),
+                // Its figures are the run's usage (see `Engine::finish`).
+                HelperRecord::Reaped { .. } => {}
                 HelperRecord::Exit(e) => report.exit = Some(e),
                 HelperRecord::Peak { max_rss_kib } => {
                     report.peak_rss_bytes = Some(max_rss_kib.saturating_mul(1024))
@@ -707,6 +752,7 @@ async fn keep_writes(
 struct Helper<'a> {
     /// Readable once the helper has exited.
     pidfd: AsyncFd<OwnedFd>,
+    status: &'a StatusWatch,
     /// Holds every process of the run, whatever it did.
     cgroup: Option<&'a RunCgroup>,
     run_id: u64,
@@ -714,9 +760,16 @@ struct Helper<'a> {
 }
 
 impl Child for Helper<'_> {
+    /// The helper's exit, or its report that every process of the sandbox
+    /// is gone, whichever comes first (see [`crate::engine::exiting`]).
     async fn exited(&self) {
-        if let Ok(mut guard) = self.pidfd.readable().await {
-            guard.retain_ready();
+        tokio::select! {
+            ready = self.pidfd.readable() => {
+                if let Ok(mut guard) = ready {
+                    guard.retain_ready();
+                }
+            }
+            () = self.status.reaped() => {}
         }
     }
 
@@ -755,6 +808,12 @@ impl Abandon {
 
     fn disarm(mut self) {
         self.pidfd = None;
+    }
+
+    /// The helper reported its sandbox gone and exits by itself: it is
+    /// reaped after the answer ([`Exiting`]), not killed.
+    fn exiting(mut self) -> Option<Exiting> {
+        self.pidfd.take().map(|pidfd| Exiting { pid: self.pid, pidfd })
     }
 }
 
@@ -823,15 +882,6 @@ fn copy_back_targets(
     Ok(out)
 }
 
-fn nonblocking(file: &std::fs::File, on: bool) -> std::io::Result<()> {
-    let fd = std::os::fd::AsFd::as_fd(file);
-    let flags = nix::fcntl::OFlag::from_bits_truncate(nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL)?);
-    let flags =
-        if on { flags | nix::fcntl::OFlag::O_NONBLOCK } else { flags - nix::fcntl::OFlag::O_NONBLOCK };
-    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(flags))?;
-    Ok(())
-}
-
 /// Pipe capacity asked for the command's stdout and stderr: fewer wake-ups
 /// per byte than the default 64 KiB. Best effort (the kernel may refuse
 /// past the user's pipe-buffer allowance; the default then stays).
@@ -851,23 +901,4 @@ fn terminal_reader(master: OwnedFd) -> std::io::Result<pipe::Receiver> {
     let master = std::fs::File::from(master);
     nonblocking(&master, true)?;
     pipe::Receiver::from_owned_fd_unchecked(OwnedFd::from(master))
-}
-
-/// Reaps the exited helper, with the resource usage of its whole waited-for tree.
-fn reap(pid: u32) -> std::io::Result<Usage> {
-    let mut status = 0;
-    // SAFETY: rusage is plain old data; all-zero is valid.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `status` and `ru` are valid for writing for the duration of the call.
-    let rc = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut ru) };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let ms = |tv: libc::timeval| tv.tv_sec as u64 * 1000 + tv.tv_usec as u64 / 1000;
-    Ok(Usage {
-        user_ms: ms(ru.ru_utime),
-        system_ms: ms(ru.ru_stime),
-        code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
-        signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
-    })
 }

@@ -178,11 +178,16 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32, config: Option<PathBu
     systemd::notify("READY=1");
     let cgroups = broker.executor.cgroups.clone();
     let pools = broker.executor.engine.pools();
+    let teardowns = broker.executor.engine.teardowns();
     let server = Arc::new(Server::new(broker));
     let reloads = tokio::spawn(reload_on_hangup(server.clone(), hangup, config));
     server.serve(listener, stopped).await;
     reloads.abort();
-    // The pools' sandboxes and helpers go before the cgroups are swept.
+    // Sandboxes answered but still exiting, then the pools' sandboxes and
+    // helpers, go before the cgroups are swept.
+    if !teardowns.settle(std::time::Duration::from_secs(5)).await {
+        tracing::warn!("a sandbox is still being torn down after 5 s; stopping without it");
+    }
     let _ = tokio::task::spawn_blocking(move || pools.iter().for_each(|p| p.close())).await;
     systemd::notify("STOPPING=1");
     if let Err(e) = journal.append_last(Event::BrokerStopped { pid }).await {

@@ -44,7 +44,7 @@ pub fn check_conventions() -> Result<()> {
 /// file's. Each caller closes descriptors nothing owns or, in a monitor, ones
 /// whose owners stay untouched in frames that never return (Tier B's reaper
 /// still holds the plan's).
-fn close_range(first: u32, last: u32) -> Result<()> {
+pub fn close_range(first: u32, last: u32) -> Result<()> {
     // SAFETY: no pointer is passed, and no owner of a descriptor in the range
     // uses or closes it afterwards (see above).
     let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };

@@ -4,10 +4,8 @@
 //! for the requester. It then becomes the plan's unprivileged host ids
 //! (`creds::become_host_ids`) before creating any namespace.
 
-use super::creds;
 use super::error::{Context, Result, fail};
-use super::fds::Descriptors;
-use super::mounts;
+use super::{creds, fds::Descriptors, mounts};
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;

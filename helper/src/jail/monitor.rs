@@ -15,12 +15,12 @@
 //! B's death signal, so the reaper cleans up when its caller dies.
 
 use super::error::{self, Context, Result};
-use super::{creds, fds, lifeline};
+use super::{creds, fault, fds, lifeline};
 use nix::errno::Errno;
-use nix::sys::prctl;
 use nix::sys::resource::{UsageWho, getrusage};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::sys::{prctl, time::TimeVal};
 use nix::unistd::{ForkResult, Pid, fork, getpid};
 use palisade_protocol::{ExitReport, HelperRecord, Stage};
 use std::os::fd::OwnedFd;
@@ -142,6 +142,13 @@ fn finish(report: ExitReport, role: Role) -> ! {
             error::send(&HelperRecord::Peak { max_rss_kib: usage.max_rss().max(0) as u64 });
         }
         error::send(&HelperRecord::Exit(report));
+    } else if let Some((user_us, system_us)) = cpu_us() {
+        // pid 1 is reaped once the kernel has killed and reaped the rest of its namespace: the run is
+        // over, and the broker may answer it while this exit tears the namespaces and mounts down.
+        // The output pipes first: an exit closes its files only after that teardown.
+        let _ = fds::close_range(0, 2);
+        error::send(&HelperRecord::Reaped { exit: report, user_us, system_us });
+        fault::stop_after(Stage::Reaped);
     }
     if role == Role::Reaper {
         kill_descendants();
@@ -154,6 +161,14 @@ fn finish(report: ExitReport, role: Role) -> ! {
     // record went out in one write), and libc's exit would make system calls
     // pid 1's filter does not allow.
     unsafe { libc::_exit(code) }
+}
+
+/// CPU time (user, system) in µs of this process and of the processes it
+/// reaped: what `wait4` would report for it.
+fn cpu_us() -> Option<(u64, u64)> {
+    let (me, reaped) = (getrusage(UsageWho::RUSAGE_SELF).ok()?, getrusage(UsageWho::RUSAGE_CHILDREN).ok()?);
+    let us = |t: TimeVal| (t.tv_sec() * 1_000_000 + t.tv_usec()).max(0) as u64;
+    Some((us(me.user_time()) + us(reaped.user_time()), us(me.system_time()) + us(reaped.system_time())))
 }
 
 /// Kills what the command left behind. Each killed process's children are

@@ -15,8 +15,7 @@
 //! copy, recursively, before it is attached: the sandbox never sees a
 //! writable moment of a read-only bind.
 
-use super::error;
-use super::error::{Context, Result, fail};
+use super::error::{self, Context, Result, fail};
 use super::fds::Descriptors;
 use nix::errno::Errno;
 use nix::fcntl::{AT_FDCWD, OFlag, OpenHow, ResolveFlag, open, openat2};

@@ -9,8 +9,7 @@ use super::error::{self, Context, Result};
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, open};
 use nix::sys::stat::Mode;
-use palisade_protocol::wire::WindowSize;
-use palisade_protocol::{HelperRecord, Stage};
+use palisade_protocol::{HelperRecord, Stage, wire::WindowSize};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// `ioctl(fd, request, arg)`, where `arg` is an integer or the address of

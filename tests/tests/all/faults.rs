@@ -183,6 +183,32 @@ fn the_helper_killed_at_each_stage_leaves_nothing_and_the_client_is_answered() {
     }
 }
 
+/// The end of a run after its answer: a helper that has reported every
+/// process of its sandbox gone, and is held there by the hook before its
+/// exit (which tears the namespaces and mounts down), does not hold up
+/// the result. It is reaped once it exits, and nothing of the run is left.
+/// The answer would wait for that exit, and so never come, if the broker
+/// still waited for the helper's exit before answering.
+#[test]
+fn a_run_is_answered_before_its_helper_exits_and_the_helper_is_reaped_after() {
+    let (ws, temp) = (TempDir::new("ws"), TempDir::new("runs"));
+    let env = vec![("PALISADE_HELPER_FAULT".into(), Stage::Reaped.name().to_string())];
+    let d = daemon(temp.path(), env, vec![]);
+    let before = Census::of(&d, temp.path());
+    let mut req = request(ws.path(), &["write", "kept"]);
+    req.timeout_secs = Some(60);
+    let r =
+        Client::connect(&d.socket).unwrap().run(req, |_| {}).unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    assert_eq!(r.status, RunStatus::Exited { code: 0 }, "{}", d.log());
+    assert_eq!(std::fs::read_to_string(ws.path().join("kept")).unwrap(), "probe\n");
+    // Answered while the helper is still there, stopped after its report.
+    let helper = stopped_at(&d, Stage::Reaped).unwrap_or_else(|| panic!("no helper held\n{}", d.log()));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(helper as i32), nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    settles(&d, temp.path(), &before);
+    expect_echo(&d.socket, ws.path(), &d);
+}
+
 /// `count` clients, each on a thread of its own asking for `probe daemonize
 /// TOKEN` (a setsid sleeper left behind), with their tokens.
 fn daemonized(
