@@ -201,10 +201,16 @@ fn a_run_is_answered_before_its_helper_exits_and_the_helper_is_reaped_after() {
         Client::connect(&d.socket).unwrap().run(req, |_| {}).unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     assert_eq!(r.status, RunStatus::Exited { code: 0 }, "{}", d.log());
     assert_eq!(std::fs::read_to_string(ws.path().join("kept")).unwrap(), "probe\n");
-    // Answered while the helper is still there, stopped after its report.
-    let helper = stopped_at(&d, Stage::Reaped).unwrap_or_else(|| panic!("no helper held\n{}", d.log()));
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(helper as i32), nix::sys::signal::Signal::SIGKILL)
-        .unwrap();
+    // Answered while the helper is still there, held after its report (its
+    // hook names it there just after the record, maybe after the answer).
+    let mut held = None;
+    let found = eventually(Duration::from_secs(10), || {
+        held = stopped_at(&d, Stage::Reaped);
+        held.is_some()
+    });
+    assert!(found, "no helper held after its report\n{}", d.log());
+    let helper = nix::unistd::Pid::from_raw(held.unwrap() as i32);
+    nix::sys::signal::kill(helper, nix::sys::signal::Signal::SIGKILL).unwrap();
     settles(&d, temp.path(), &before);
     expect_echo(&d.socket, ws.path(), &d);
 }
