@@ -32,30 +32,45 @@ impl StatusWatch {
         Ok(StatusWatch { channel, read: Mutex::new(read) })
     }
 
-    /// Completes once the helper has reported every process of the sandbox
-    /// gone; never when the channel ends, or cannot be read, without that
-    /// report (the helper's exit then ends the run, as before there was one).
-    pub async fn reaped(&self) {
+    /// Reads the channel until a record that `stop` picks has come (its
+    /// index), or the channel's end (`None`).
+    pub async fn until(&self, stop: impl Fn(&HelperRecord) -> bool) -> std::io::Result<Option<usize>> {
         loop {
-            match self.read.lock() {
-                Ok(read) if reaped(&read.records).is_some() => return,
-                Ok(read) if !read.ended => {}
-                _ => break,
+            {
+                let read =
+                    self.read.lock().map_err(|_| std::io::Error::other("the status read was poisoned"))?;
+                if let Some(at) = read.records.iter().position(&stop) {
+                    return Ok(Some(at));
+                }
+                if read.ended {
+                    return Ok(None);
+                }
             }
-            let Ok(mut ready) = self.channel.readable().await else { break };
+            let mut ready = self.channel.readable().await?;
             let received = ready.try_io(|inner| match self.read.lock() {
                 Ok(mut read) => read.receive(inner.get_ref()),
                 Err(_) => Err(std::io::Error::other("the status read was poisoned")),
             });
             match received {
-                Ok(Ok(())) | Err(_) => continue,
-                Ok(Err(e)) => {
-                    tracing::debug!("the status channel, while the command runs: {e}");
-                    break;
-                }
+                Ok(result) => result?,
+                Err(_would_block) => continue,
             }
         }
-        std::future::pending().await
+    }
+
+    /// Completes once the helper has reported every process of the sandbox
+    /// gone; never when the channel ends, or cannot be read, without that
+    /// report (the helper's exit then ends the run, as before there was one).
+    pub async fn reaped(&self) {
+        let is_reaped = |r: &HelperRecord| matches!(r, HelperRecord::Reaped { .. });
+        match self.until(is_reaped).await {
+            Ok(Some(_)) => {}
+            Ok(None) => std::future::pending().await,
+            Err(e) => {
+                tracing::debug!("the status channel, while the command runs: {e}");
+                std::future::pending().await
+            }
+        }
     }
 
     /// The channel, blocking again, and what was read of it.

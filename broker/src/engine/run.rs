@@ -554,34 +554,22 @@ async fn read_listeners(
 /// own deadline; `what` the helper did not do in time otherwise.
 async fn read_until(
     channel: std::fs::File,
-    mut read: StatusRead,
+    read: StatusRead,
     wanted: impl Fn(&HelperRecord) -> bool,
     within: Duration,
     what: &str,
 ) -> Result<(std::fs::File, StatusRead, Option<usize>), BrokerError> {
-    nonblocking(&channel, true)?;
-    // SAFETY: a File's descriptor stays open as long as the AsyncFd owns it.
-    let fd = unsafe { AsyncFd::register(channel) }.map_err(std::io::Error::from)?;
-    let found = tokio::time::timeout(within, async {
-        loop {
-            if let Some(at) = read.records.iter().position(&wanted) {
-                return Ok(Some(at));
-            }
-            if read.ended || read.records.iter().any(|r| matches!(r, HelperRecord::Failed(_))) {
-                return Ok(None);
-            }
-            let mut ready = fd.readable().await?;
-            match ready.try_io(|inner| read.receive(inner.get_ref())) {
-                Ok(result) => result?,
-                Err(_would_block) => continue,
-            }
-        }
-    })
-    .await
-    .map_err(|_| BrokerError::Status(std::io::Error::other(format!("the helper did not {what} in time"))))?
-    .map_err(BrokerError::Status)?;
-    let channel = fd.into_inner();
-    nonblocking(&channel, false)?;
+    let watch = StatusWatch::new(channel, read)?;
+    let stops = |r: &HelperRecord| wanted(r) || matches!(r, HelperRecord::Failed(_));
+    tokio::time::timeout(within, watch.until(stops))
+        .await
+        .map_err(|_| {
+            BrokerError::Status(std::io::Error::other(format!("the helper did not {what} in time")))
+        })?
+        .map_err(BrokerError::Status)?;
+    let (channel, read) = watch.into_parts()?;
+    // A failure record stops the read, but the wanted record wins wherever it is.
+    let found = read.records.iter().position(&wanted);
     Ok((channel, read, found))
 }
 
