@@ -3,7 +3,7 @@
 use crate::{egress, plugins};
 use palisade_broker::cli::client::Client;
 use palisade_broker::engine::etc_view::{EtcView, Snapshot};
-use palisade_broker::engine::helper::{HelperCommand, Io, send_plan, spawn};
+use palisade_broker::engine::helper::{HelperCommand, Io, release, send_plan, spawn};
 use palisade_broker::host::requester::{self, Requester};
 use palisade_policy::{Config, Context, Decision, HostCapabilities, Policy};
 use palisade_protocol::wire::{RunRequest, RunStatus, ServerMessage};
@@ -302,6 +302,7 @@ impl Launch for Helper {
         .expect("spawn the helper");
         let fds: Vec<_> = plan.fds.iter().map(std::os::fd::AsFd::as_fd).collect();
         send_plan(child.plan_channel.take().unwrap(), &plan.bytes, &fds).expect("send the plan");
+        release(&child.status).expect("release the command");
         let st = child.wait().unwrap();
         assert!(st.success(), "palisade-helper failed: {st} {:?}", child.read_status());
     }

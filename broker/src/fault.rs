@@ -12,6 +12,9 @@
 //! - `PALISADE_FAULT_APPLY=N`: the broker dies (SIGKILL to itself) after
 //!   applying `N` entries of a change set, as a broker that crashes in the
 //!   middle of an apply.
+//! - `PALISADE_FAULT_RECORD=N`: the start records of the first `N` runs are
+//!   answered as not written, 1 s after the journal's own answer (as a sync
+//!   that fails late), while their sandboxes are built.
 
 /// The variable the helper reads (see `helper/src/jail/fault.rs`).
 const HELPER_FAULT: &str = "PALISADE_HELPER_FAULT";
@@ -70,4 +73,20 @@ pub fn die_after_applying(applied: usize) {
         // SAFETY: kill with this process's own pid; nothing is passed in memory.
         unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
     }
+}
+
+/// The error `PALISADE_FAULT_RECORD` puts in place of this run's start
+/// records being on disk, after a delay, while its count lasts.
+pub async fn start_not_recorded() -> Option<crate::journal::JournalError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static FAILED: AtomicUsize = AtomicUsize::new(0);
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    let count: usize = std::env::var("PALISADE_FAULT_RECORD").ok()?.parse().ok()?;
+    if FAILED.fetch_add(1, Ordering::Relaxed) >= count {
+        return None;
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    Some(crate::journal::JournalError::Io("fault injected (PALISADE_FAULT_RECORD)".into()))
 }

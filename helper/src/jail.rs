@@ -26,7 +26,7 @@ use nix::errno::Errno;
 use nix::sys::{prctl, signal::Signal};
 use palisade_protocol::{JailPlan, Namespaces, SessionRole, Stage};
 use std::convert::Infallible;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 /// The helper's order, one step after another; see [`step`].
 pub fn contain() -> Result<Infallible> {
@@ -76,7 +76,7 @@ pub fn contain() -> Result<Infallible> {
     step(Stage::Rlimits, || rlimits::apply(&plan.rlimits))?;
     step(Stage::Capabilities, || creds::switch_ids_and_drop_capabilities(plan.uid, plan.gid))?;
     // Its watcher (pid 1, or Tier B's reaper) has set itself up before the command goes on.
-    lifeline::wait_for_release(&tether)?;
+    lifeline::wait_for_release(tether.as_fd(), "the parent")?;
     // The kernel clears the death signal when credentials change.
     lifeline::arm_in_child(&tether)?;
     drop(tether);

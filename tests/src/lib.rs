@@ -4,7 +4,7 @@
 //! cannot hurt the machine.
 #![cfg(target_os = "linux")]
 
-use palisade_broker::engine::helper::{HelperCommand, Io, OuterLimit, Resource, send_plan, spawn};
+use palisade_broker::engine::helper::{HelperCommand, Io, OuterLimit, Resource, release, send_plan, spawn};
 use palisade_broker::host::requester::{self, Requester};
 use palisade_policy::{JailSpec, Limits, build_plan};
 use palisade_protocol::{
@@ -363,6 +363,7 @@ pub fn run_helper_with(
     let encoded = encode_plan(plan).expect("encode plan");
     // The helper reads while this writes: a plan over the socket's buffer does not block forever.
     send_plan(channel, &encoded, &fds).expect("hand the helper its plan");
+    release(&child.status).expect("release the command");
     let mut out = child.stdout.take().unwrap();
     let mut err = child.stderr.take().unwrap();
     let out_reader = std::thread::spawn(move || {

@@ -437,21 +437,31 @@ impl<E: Executor> Broker<E> {
                     return self.record_end(run_id, Err(e)).await;
                 }
             };
-        // Written before the sandbox starts: a run that cannot be recorded does not run.
+        // Synced while the sandbox is built, and on disk before the command's
+        // first instruction: a run that cannot be recorded does not run.
         pending.push(started);
-        if let Err(e) = self.journal.start_all(pending, false).await {
-            self.executor.discard(taken).await;
-            return Err(e.into());
-        }
+        let recording = self.journal.start_all(pending, true);
+        let (on_disk, recorded) = tokio::sync::oneshot::channel();
+        let recording = async move {
+            let outcome = recording.await;
+            #[cfg(target_os = "linux")]
+            let outcome = crate::fault::start_not_recorded().await.map_or(outcome, Err);
+            let _ = on_disk.send(outcome.is_ok());
+            outcome
+        };
         for w in &resolved.warnings {
             tracing::warn!(run_id, "{w}");
         }
-        let running = self.executor.execute(run_id, &resolved, &held, taken, request, sink, cancel);
-        let result = crate::decide::panics::Caught::new(running).await.unwrap_or_else(|panic| {
+        let recorded = async move { recorded.await.unwrap_or(false) };
+        let running = self.executor.execute(run_id, &resolved, &held, taken, request, sink, recorded, cancel);
+        let (recording, result) = tokio::join!(recording, crate::decide::panics::Caught::new(running));
+        let result = result.unwrap_or_else(|panic| {
             tracing::error!(run_id, uid = peer.uid, pid = peer.pid, "the run's handling panicked: {panic}");
             Err(BrokerError::Internal(format!("run {run_id}")))
         });
         drop(held);
+        // Not recorded: the command was never released, and the run is the journal's refusal.
+        recording?;
         if let (Some((trust, tool)), Ok(RunResult { status: RunStatus::Exited { code: 0 }, .. })) =
             (trial, &result)
         {

@@ -104,7 +104,10 @@ pub trait Executor: Send + Sync + Sized + 'static {
     fn discard(&self, taken: Self::Taken) -> impl Future<Output = ()> + Send;
 
     /// Runs run `run_id` to its result; `cancel` completing (the client
-    /// gone, a shutdown) kills it, and so does dropping the future.
+    /// gone, a shutdown) kills it, and so does dropping the future. The
+    /// command's first instruction waits for `recorded`: `true` once the
+    /// run's start is on disk; `false`, it is never run (and the result is
+    /// the journal's error, which the caller has).
     #[allow(clippy::too_many_arguments)]
     fn execute<S: Sink + Send>(
         &self,
@@ -114,6 +117,7 @@ pub trait Executor: Send + Sync + Sized + 'static {
         taken: Self::Taken,
         request: &RunRequest,
         sink: &mut S,
+        recorded: impl Future<Output = bool> + Send,
         cancel: impl Future<Output = ()> + Send,
     ) -> impl Future<Output = Result<RunResult, BrokerError>> + Send;
 

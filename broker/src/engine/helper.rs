@@ -45,7 +45,8 @@ pub enum Io {
 
 /// A helper to start. It does nothing before it has its plan, which the
 /// caller sends on [`HelperChild::plan_channel`] (with [`send_plan`]) once it
-/// has placed the helper where it belongs (a cgroup v1 hierarchy).
+/// has placed the helper where it belongs (a cgroup v1 hierarchy), and its
+/// command waits, the sandbox built, for the caller's [`release`].
 pub struct HelperCommand {
     pub helper: PathBuf,
     pub cgroup_dir: Option<OwnedFd>,
@@ -140,13 +141,23 @@ pub struct StatusRead {
 
 impl StatusRead {
     /// One `recvmsg` on `channel`: its bytes and descriptors, then every
-    /// whole record they complete. An end of file sets `ended`.
+    /// whole record they complete. An end of file sets `ended`, and so does
+    /// `ECONNRESET`: a helper that ended before reading the broker's
+    /// [`release`] closed the channel with that byte unread, which a Unix
+    /// socket reports so once every byte sent before is read.
     pub fn receive(&mut self, channel: &File) -> io::Result<()> {
         use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
         let mut buf = [0u8; 16 * 1024];
         let mut cmsg = nix::cmsg_space!([RawFd; STATUS_MAX_FDS]);
         let mut iov = [io::IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(channel.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
+        let msg =
+            match recvmsg::<()>(channel.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
+                Err(nix::errno::Errno::ECONNRESET) => {
+                    self.ended = true;
+                    return self.decode_whole(true);
+                }
+                other => other?,
+            };
         for c in msg.cmsgs()? {
             if let ControlMessageOwned::ScmRights(received) = c {
                 for fd in received {
@@ -231,6 +242,24 @@ pub fn send_plan(channel: UnixStream, plan: &[u8], fds: &[BorrowedFd<'_>]) -> io
         }
     };
     (&channel).write_all(&plan[sent..])
+}
+
+/// The broker's word that the run's start is on disk: one byte on the
+/// helper's status channel (`status`, the broker's end), which its pid 1
+/// (Tier B's reaper, a session command's helper) waits for before it
+/// releases the command. Every caller that sends a plan sends this too,
+/// once what must precede the command's first instruction is done. A
+/// helper that already ended (its own failure, reported on the channel)
+/// is not an error here.
+pub fn release(status: &impl AsFd) -> io::Result<()> {
+    use nix::sys::socket::{MsgFlags, send};
+    loop {
+        match send(status.as_fd().as_raw_fd(), &[1], MsgFlags::MSG_NOSIGNAL) {
+            Ok(_) | Err(nix::errno::Errno::EPIPE | nix::errno::Errno::ECONNRESET) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// The first piece of a plan, which carries its descriptors: what a Unix

@@ -257,6 +257,7 @@ impl Executor for Linux {
         taken: Option<Slot>,
         request: &RunRequest,
         sink: &mut S,
+        recorded: impl Future<Output = bool> + Send,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, BrokerError> {
         let limits = |c: &palisade_policy::CgroupPlan| CgroupLimits {
@@ -271,7 +272,7 @@ impl Executor for Linux {
         };
         let planned = Planned { id: run_id, resolved, grants: &held.grants };
         // The run's own cgroup, if it has one, is made (or the slot's limited) and removed by the engine.
-        self.engine.execute(planned, request, sink, cancel, cgroup, taken).await
+        self.engine.execute(planned, request, sink, recorded, cancel, cgroup, taken).await
     }
 
     fn status(&self) -> (PoolStatus, CgroupStatus) {

@@ -7,7 +7,7 @@ use crate::egress::Egress;
 use crate::engine::cgroup::{CgroupLimits, Cgroups, Membership, RunCgroup};
 use crate::engine::exiting::{Exiting, StatusWatch, Teardowns};
 use crate::engine::helper::{
-    HelperChild, HelperCommand, Io, StatusRead, Usage, nonblocking, pidfd_kill, reap, send_plan,
+    HelperChild, HelperCommand, Io, StatusRead, Usage, nonblocking, pidfd_kill, reap, release, send_plan,
 };
 use crate::engine::pool::{Pool, Slot};
 use crate::engine::spawn_thread::Spawner;
@@ -88,6 +88,15 @@ pub struct Engine {
     cgroups: Cgroups,
     /// Helpers exiting after their run was answered.
     teardowns: Teardowns,
+}
+
+/// Releases the command of `helper` once `recorded` says the run's start is
+/// on disk: before its first instruction, as docs/journal.md promises.
+async fn release_when(recorded: impl Future<Output = bool>, helper: &HelperChild) -> Result<(), BrokerError> {
+    if !recorded.await {
+        return Err(BrokerError::JournalUnavailable("the run's start could not be recorded".into()));
+    }
+    release(&helper.status).map_err(BrokerError::HandOver)
 }
 
 /// Microseconds since the run started, at each step (logged at debug level).
@@ -246,13 +255,18 @@ impl Engine {
 
     /// Runs `planned` on the slot `claimed` by [`Engine::claim`] or a fresh
     /// helper, in a cgroup of this name and limits when `cgroup` says so
-    /// (removed after the run, whatever happened in it). `cancel` completing
-    /// (a client gone, a shutdown) kills it.
+    /// (removed after the run, whatever happened in it). The helper builds
+    /// the sandbox while `recorded` waits for the run's start to be on disk;
+    /// its command is released once it is (`false`: it is never released,
+    /// and the run is not run). `cancel` completing (a client gone, a
+    /// shutdown) kills it.
+    #[allow(clippy::too_many_arguments)]
     pub async fn execute<S: Sink + Send>(
         &self,
         planned: Planned<'_>,
         request: &RunRequest,
         sink: &mut S,
+        recorded: impl Future<Output = bool> + Send,
         cancel: impl Future<Output = ()> + Send,
         wanted: InCgroup<'_>,
         claimed: Option<Slot>,
@@ -267,6 +281,11 @@ impl Engine {
             _ => None,
         };
         let (helper, cgroup) = self.launch(planned.resolved, planned.grants, piped, &wanted, claimed).await?;
+        if let Err(e) = release_when(recorded, &helper).await {
+            let _ = pidfd_kill(&helper.pidfd, libc::SIGKILL);
+            let _ = tokio::task::spawn_blocking(move || (reap(helper.pid), cgroup.map(|c| c.remove()))).await;
+            return Err(e);
+        }
         let launched = Launched { helper, cgroup: cgroup.as_ref(), session, started, since };
         let mut exiting = None;
         let result = self.finish(planned, request, (sink, input), cancel, launched, &mut exiting).await;

@@ -391,9 +391,15 @@ impl Journal {
     /// Appends the records that start a run (its request, its decision,
     /// its start): as [`Journal::append_all`], but refused
     /// ([`JournalError::BelowFloor`]) when the journal's filesystem is below
-    /// `min_free_bytes`, so the runs under way keep the room to end.
-    pub async fn start_all(&self, events: Vec<Event>, durable: bool) -> Result<Vec<Receipt>, JournalError> {
-        self.submit(events, durable, Class::Start).await
+    /// `min_free_bytes`, so the runs under way keep the room to end. The
+    /// records go to the writer when this is called, not when the future is
+    /// first polled: the caller may build the run's sandbox while they sync.
+    pub fn start_all(
+        &self,
+        events: Vec<Event>,
+        durable: bool,
+    ) -> impl Future<Output = Result<Vec<Receipt>, JournalError>> + Send + '_ {
+        self.submit(events, durable, Class::Start)
     }
 
     /// [`Journal::start_all`] for code that may block.
@@ -439,19 +445,23 @@ impl Journal {
         Ok(receipt)
     }
 
-    async fn submit(
+    /// Queues an append now; the future waits for the writer's answer.
+    fn submit(
         &self,
         events: Vec<Event>,
         durable: bool,
         class: Class,
-    ) -> Result<Vec<Receipt>, JournalError> {
+    ) -> impl Future<Output = Result<Vec<Receipt>, JournalError>> + Send + '_ {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let receipts = match self.send(Pending { events, durable, class, reply: Reply::Task(reply) })? {
-            true => answer.await.unwrap_or(Err(JournalError::Stopped)),
-            false => Ok(vec![]),
-        };
-        self.note_head(&receipts);
-        receipts
+        let sent = self.send(Pending { events, durable, class, reply: Reply::Task(reply) });
+        async move {
+            let receipts = match sent? {
+                true => answer.await.unwrap_or(Err(JournalError::Stopped)),
+                false => Ok(vec![]),
+            };
+            self.note_head(&receipts);
+            receipts
+        }
     }
 
     fn submit_blocking(

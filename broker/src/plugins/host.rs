@@ -142,6 +142,8 @@ pub async fn start(
     let placed = running.cgroup.as_ref().map_or(Ok(()), |c| c.place(pid)).map_err(|e| e.to_string());
     if let Err(e) = placed
         .and_then(|()| crate::engine::helper::send_plan(channel, &encoded, &fds).map_err(|e| e.to_string()))
+        // palisade's own program, released at once: each call it serves is recorded before it runs.
+        .and_then(|()| crate::engine::helper::release(&status).map_err(|e| e.to_string()))
     {
         running.kill();
         return Err(HostError::Start(format!("handing over the plan: {e}")));

@@ -128,8 +128,13 @@ impl Executor for Macos {
         taken: crate::seatbelt::Prepared,
         request: &RunRequest,
         sink: &mut S,
+        recorded: impl Future<Output = bool> + Send,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, BrokerError> {
+        // Nothing is built ahead here: the command starts once its start is on disk.
+        if !recorded.await {
+            return Err(BrokerError::JournalUnavailable("the run's start could not be recorded".into()));
+        }
         let ran = self.seatbelt.execute(run_id, resolved, request, taken, sink, cancel).await;
         ran.map_err(|e| failed(e, "seatbelt.run"))
     }

@@ -47,13 +47,17 @@ impl<T> Context<T> for std::io::Result<T> {
     }
 }
 
+/// The status channel, fd 4, which no step of the helper ever closes.
+pub fn status_channel() -> BorrowedFd<'static> {
+    // SAFETY: fd 4 is the status channel by the helper's calling convention;
+    // `fds::check_conventions` verified it is open before anything else ran.
+    unsafe { BorrowedFd::borrow_raw(STATUS_FD) }
+}
+
 /// Writes one record on the status channel with a single `write`.
 pub fn send(record: &HelperRecord) {
     let bytes = encode_record(record);
-    // SAFETY: fd 4 is the status channel by the helper's calling convention;
-    // `fds::check_conventions` verified it is open before anything else ran.
-    let fd = unsafe { BorrowedFd::borrow_raw(STATUS_FD) };
-    if nix::unistd::write(fd, &bytes) != Ok(bytes.len()) {
+    if nix::unistd::write(status_channel(), &bytes) != Ok(bytes.len()) {
         // Nothing else can carry the report: the caller will see the exit status alone.
         eprintln!("palisade-helper: cannot write to the status channel: {record:?}");
     }

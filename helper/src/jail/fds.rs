@@ -1,6 +1,8 @@
 //! The calling convention: the plan on fd 3 (a Unix stream socket, with the
 //! descriptors of the host paths it names attached), the status channel on
-//! fd 4, the run's cgroup directory on fd 5 when the plan names one.
+//! fd 4 (a Unix stream socket too: the caller writes on it the one byte that
+//! releases the command, once the run's start is on disk), the run's cgroup
+//! directory on fd 5 when the plan names one.
 //! Anything else the helper inherited is closed before the plan is read.
 
 use super::error::{Context, Result, STATUS_FD, fail};
@@ -67,9 +69,7 @@ pub fn read_warm_spec() -> Result<Option<WarmSpec>> {
     let peeked = loop {
         match nix::sys::socket::recv(PLAN_FD, &mut head[..WARM_MAGIC.len()], flags) {
             Err(Errno::EINTR) => continue,
-            other => {
-                break other.at(Stage::Plan, || "read the start of fd 3 (a Unix stream socket)".into())?;
-            }
+            other => break other.at(Stage::Plan, || "read the start of fd 3".into())?,
         }
     };
     // Fewer bytes: the socket was closed early, which read_plan reports.
@@ -88,7 +88,7 @@ pub fn read_warm_spec() -> Result<Option<WarmSpec>> {
     let spec = WarmSpec::decode(&head).map_err(|e| fail(Stage::Plan, Errno::EINVAL, e))?;
     match (spec.cgroup, is_open(CGROUP_FD)) {
         (true, false) => {
-            Err(fail(Stage::Cgroup, Errno::EBADF, "the warm spec names a cgroup but fd 5 is not open"))
+            Err(fail(Stage::Cgroup, Errno::EBADF, "the warm spec names a cgroup, fd 5 is closed"))
         }
         // Nothing of ours: it goes before anything could take its number.
         (false, true) => close_range(CGROUP_FD as u32, CGROUP_FD as u32).map(|()| Some(spec)),
@@ -131,8 +131,7 @@ pub fn read_plan() -> Result<(JailPlan, Vec<OwnedFd>)> {
             }
         }
         if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
-            let why = "more descriptors came with the plan than allowed";
-            return Err(fail(Stage::Plan, Errno::EMSGSIZE, why));
+            return Err(fail(Stage::Plan, Errno::EMSGSIZE, "too many descriptors came with the plan"));
         }
         let n = msg.bytes;
         if n == 0 {
@@ -162,9 +161,7 @@ pub fn read_plan() -> Result<(JailPlan, Vec<OwnedFd>)> {
 /// was read (a received descriptor may take the number 5).
 pub fn settle_cgroup_dir(plan: &JailPlan, had_cgroup_fd: bool) -> Result<()> {
     match (&plan.cgroup, had_cgroup_fd) {
-        (Some(_), false) => {
-            Err(fail(Stage::Cgroup, Errno::EBADF, "the plan names a cgroup but fd 5 is not open"))
-        }
+        (Some(_), false) => Err(fail(Stage::Cgroup, Errno::EBADF, "the plan names a cgroup, fd 5 is closed")),
         (None, true) => close_range(CGROUP_FD as u32, CGROUP_FD as u32),
         _ => Ok(()),
     }

@@ -16,7 +16,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::{prctl, signal::Signal};
 use nix::unistd::getppid;
 use palisade_protocol::Stage;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 fn request_death_signal(signal: Signal) -> Result<()> {
     prctl::set_pdeathsig(signal).at(Stage::Lifeline, || format!("PR_SET_PDEATHSIG({signal})"))
@@ -72,18 +72,19 @@ pub fn release(parent_end: &OwnedFd) -> Result<()> {
     }
 }
 
-/// Waits for the parent's [`release`]; fails if the parent is gone first.
-pub fn wait_for_release(child_end: &OwnedFd) -> Result<()> {
+/// Waits for one byte from `who` on `from`: the parent's [`release`] on the
+/// tether, or the broker's word on the status channel that the run's start
+/// is on disk. Fails if `who` is gone first.
+pub fn wait_for_release(from: BorrowedFd<'_>, who: &str) -> Result<()> {
     let mut byte = [0u8];
     loop {
-        match nix::unistd::read(child_end, &mut byte) {
+        match nix::unistd::read(from, &mut byte) {
             Ok(1) => return Ok(()),
             Ok(_) => {
-                let why = "the parent exited before releasing the command";
-                return Err(fail(Stage::Lifeline, Errno::ESRCH, why));
+                return Err(fail(Stage::Lifeline, Errno::ESRCH, format!("{who} ended before the release")));
             }
             Err(Errno::EINTR) => continue,
-            Err(e) => return Err(fail(Stage::Lifeline, e, "wait for the parent's release")),
+            Err(e) => return Err(fail(Stage::Lifeline, e, format!("wait for the release by {who}"))),
         }
     }
 }

@@ -80,10 +80,14 @@ pub fn fork_watched(role: Role, in_parent: impl FnOnce() -> Result<()>) -> Resul
                 Role::Init | Role::Reaper | Role::Visitor => fds::keep_only_status_and(&tether.parent_end),
             };
             // pid 1 and the reaper release the command once they hold nothing
-            // it could reach (pid 1 under its own filter): until then it waits.
+            // it could reach (pid 1 under its own filter), and once the broker
+            // says the run's start is on disk: until then it waits.
             let release = || match role {
                 Role::Relay => Ok(()),
-                Role::Init | Role::Reaper | Role::Visitor => lifeline::release(&tether.parent_end),
+                Role::Init | Role::Reaper | Role::Visitor => {
+                    lifeline::wait_for_release(error::status_channel(), "the broker")?;
+                    lifeline::release(&tether.parent_end)
+                }
             };
             if let Err(e) =
                 drop_caps().and_then(|()| close()).and_then(|()| in_parent()).and_then(|()| release())

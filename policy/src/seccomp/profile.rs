@@ -517,9 +517,12 @@ pub(super) const CONDITIONAL_NAMES: [(&str, i64); 5] = [
 ];
 
 /// Syscalls of the helper's monitor processes once the command runs (pid 1
-/// of a Tier C sandbox): waiting for signals and children, relaying signals,
-/// writing its status record, allocating for it, exiting.
+/// of a Tier C sandbox): reading the broker's word that releases the
+/// command (its one `read`, on the status channel, before the command
+/// runs), waiting for signals and children, relaying signals, writing its
+/// status record, allocating for it, exiting.
 pub(super) const MONITOR: &[(&str, i64)] = syscalls![
+    SYS_read,
     SYS_rt_sigtimedwait,
     SYS_rt_sigprocmask,
     SYS_rt_sigreturn,

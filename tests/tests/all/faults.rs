@@ -2,12 +2,12 @@
 //! helper killed at each stage of its order, the broker `kill -9`ed with
 //! runs in flight, the broker out of descriptors, a helper that cannot start
 //! (out of memory or processes), a full disk under the run directories,
-//! `SIGTERM` during a burst. After each, the client
+//! `SIGTERM` during a burst, a run's start not recorded. After each, the client
 //! has its answer, nothing of the run is left (processes, descriptors,
 //! mounts, run directories), and the daemon (or the next one) serves.
 //!
 //! The hooks that place a fault (`PALISADE_FAULT_PANIC`,
-//! `PALISADE_HELPER_FAULT`, `PALISADE_FAULT_SPAWN`: broker/src/fault.rs,
+//! `PALISADE_HELPER_FAULT`, `PALISADE_FAULT_SPAWN`, `PALISADE_FAULT_RECORD`: broker/src/fault.rs,
 //! helper/src/jail/fault.rs) exist
 //! in debug builds only, so this file runs against the debug binaries.
 
@@ -213,6 +213,39 @@ fn a_run_is_answered_before_its_helper_exits_and_the_helper_is_reaped_after() {
     nix::sys::signal::kill(helper, nix::sys::signal::Signal::SIGKILL).unwrap();
     settles(&d, temp.path(), &before);
     expect_echo(&d.socket, ws.path(), &d);
+}
+
+/// A run's start is on disk before its command's first instruction, and its
+/// sandbox is built while the start syncs: the command waits for the
+/// broker's word. A start that turns out not recorded (the hook answers it
+/// so 1 s after the journal did, long after the sandbox is built) refuses
+/// the run, and its command never ran: its write in place is not there.
+/// Held by nothing, the command would have made that write within the
+/// second. In both tiers (pid 1 holds Tier C's command, the reaper Tier B's).
+#[test]
+fn a_run_whose_start_is_not_recorded_never_runs_its_built_sandboxs_command() {
+    let tier_b = ("user_namespaces = false\n", "fallback = \"warn_and_execute\"\n");
+    for ((broker, policy), tier) in [(("", ""), "C"), (tier_b, "B")] {
+        let (dir, temp) = (TempDir::new("ws"), TempDir::new("runs"));
+        // Tier B as root runs its command as another uid.
+        let ws = shared_workspace(&dir, "ws");
+        let env = vec![("PALISADE_FAULT_RECORD".into(), "1".into())];
+        let d = daemon_with(temp.path(), ("disk = \"direct\"\n", broker, policy), env, vec![]);
+        let before = Census::of(&d, temp.path());
+        match run(&d.socket, &ws, &["write", "ran"]) {
+            Err(ClientError::Reply(e)) => {
+                assert_eq!(e.kind, ErrorKind::JournalUnavailable, "tier {tier}: {}", e.message);
+                assert!(e.message.contains("PALISADE_FAULT_RECORD"), "tier {tier}: {}", e.message);
+            }
+            other => panic!("tier {tier}: {other:?}\n{}", d.log()),
+        }
+        assert!(!ws.join("ran").exists(), "tier {tier}: the command ran unrecorded\n{}", d.log());
+        settles(&d, temp.path(), &before);
+        // The same run, recorded, makes its write.
+        let r = run(&d.socket, &ws, &["write", "ran"]).unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+        assert_eq!(r.status, RunStatus::Exited { code: 0 }, "tier {tier}\n{}", d.log());
+        assert_eq!(std::fs::read_to_string(ws.join("ran")).unwrap(), "probe\n", "tier {tier}");
+    }
 }
 
 /// `count` clients, each on a thread of its own asking for `probe daemonize

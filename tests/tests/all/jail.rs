@@ -513,6 +513,7 @@ fn a_corrupt_plan_is_refused_before_anything_happens() {
     })
     .unwrap();
     palisade_broker::engine::helper::send_plan(child.plan_channel.take().unwrap(), &bytes, &[]).unwrap();
+    palisade_broker::engine::helper::release(&child.status).unwrap();
     let out = child.wait_with_output_ref();
     let records = child.read_status().unwrap();
     assert!(out.is_empty(), "{out}");

@@ -332,6 +332,7 @@ fn caller(helper: &str) -> Outcome {
     let fds: Vec<_> = fds.iter().map(std::os::fd::AsFd::as_fd).collect();
     let channel = child.plan_channel.take().ok_or((Errno::EBADF, "no plan channel".to_string()))?;
     palisade_broker::engine::helper::send_plan(channel, &encoded, &fds).map_err(io)?;
+    palisade_broker::engine::helper::release(&child.status).map_err(io)?;
     let status = child.wait().map_err(io)?;
     Ok(format!("helper exited: {status}"))
 }
