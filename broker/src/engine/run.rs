@@ -281,7 +281,11 @@ impl Engine {
             _ => None,
         };
         let (helper, cgroup) = self.launch(planned.resolved, planned.grants, piped, &wanted, claimed).await?;
-        if let Err(e) = release_when(recorded, &helper).await {
+        // Killed and reaped if the run is left while its start syncs (a shutdown's abort, a panic).
+        let waiting = Abandon::arm(helper.pid, &helper.pidfd, libc::SIGKILL)?;
+        let released = release_when(recorded, &helper).await;
+        waiting.disarm();
+        if let Err(e) = released {
             let _ = pidfd_kill(&helper.pidfd, libc::SIGKILL);
             let _ = tokio::task::spawn_blocking(move || (reap(helper.pid), cgroup.map(|c| c.remove()))).await;
             return Err(e);
