@@ -170,6 +170,12 @@ pub struct Sandbox {
     pub cgroup: Option<(palisade_policy::CgroupPlan, Option<Arc<SessionCgroup>>)>,
 }
 
+/// What [`Executor::execute`] answers when its `recorded` says `false`: the
+/// caller answers the journal's own error in its place.
+pub fn not_recorded() -> BrokerError {
+    BrokerError::JournalUnavailable("the run's start could not be recorded".into())
+}
+
 /// Sessions, where an executor has none.
 pub fn sessions_unavailable() -> ErrorReply {
     ErrorReply::with_rule(

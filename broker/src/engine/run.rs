@@ -68,6 +68,8 @@ pub enum InCgroup<'a> {
 /// A helper holding its plan, in the run's cgroup if it has one.
 struct Launched<'a> {
     helper: HelperChild,
+    /// Kills and reaps `helper` if the run is left before its end.
+    abandon: Abandon,
     cgroup: Option<&'a RunCgroup>,
     /// A command in its session's cgroup: the cgroup, and its OOM kills
     /// before the command started.
@@ -94,7 +96,7 @@ pub struct Engine {
 /// on disk: before its first instruction, as docs/journal.md promises.
 async fn release_when(recorded: impl Future<Output = bool>, helper: &HelperChild) -> Result<(), BrokerError> {
     if !recorded.await {
-        return Err(BrokerError::JournalUnavailable("the run's start could not be recorded".into()));
+        return Err(crate::engine::executor::not_recorded());
     }
     release(&helper.status).map_err(BrokerError::HandOver)
 }
@@ -281,16 +283,15 @@ impl Engine {
             _ => None,
         };
         let (helper, cgroup) = self.launch(planned.resolved, planned.grants, piped, &wanted, claimed).await?;
-        // Killed and reaped if the run is left while its start syncs (a shutdown's abort, a panic).
-        let waiting = Abandon::arm(helper.pid, &helper.pidfd, libc::SIGKILL)?;
-        let released = release_when(recorded, &helper).await;
-        waiting.disarm();
-        if let Err(e) = released {
+        // Nothing of the run outlives it, however it is left from here (a shutdown's abort, a panic).
+        let abandon = Abandon::arm(helper.pid, &helper.pidfd, libc::SIGKILL)?;
+        if let Err(e) = release_when(recorded, &helper).await {
+            abandon.disarm();
             let _ = pidfd_kill(&helper.pidfd, libc::SIGKILL);
             let _ = tokio::task::spawn_blocking(move || (reap(helper.pid), cgroup.map(|c| c.remove()))).await;
             return Err(e);
         }
-        let launched = Launched { helper, cgroup: cgroup.as_ref(), session, started, since };
+        let launched = Launched { helper, abandon, cgroup: cgroup.as_ref(), session, started, since };
         let mut exiting = None;
         let result = self.finish(planned, request, (sink, input), cancel, launched, &mut exiting).await;
         let after_answer = exiting.is_some();
@@ -323,7 +324,7 @@ impl Engine {
         exiting: &mut Option<Exiting>,
     ) -> Result<RunResult, BrokerError> {
         let Planned { id: run_id, resolved, grants } = planned;
-        let Launched { helper, cgroup, session, started, since } = launched;
+        let Launched { helper, abandon, cgroup, session, started, since } = launched;
         let tier = resolved.plan.tier();
         let built = if helper.warm.is_some() { Built::Warm } else { Built::Cold };
         let HelperChild { pid, pidfd, status, stdin, stdout, stderr, .. } = helper;
@@ -336,8 +337,8 @@ impl Engine {
         // process group, and nothing else of the session.
         let joins = resolved.plan.session == Some(SessionRole::Join);
         let first_signal = if tier == Tier::C && !joins { libc::SIGKILL } else { libc::SIGTERM };
-        // Nothing of the run outlives it, however this function is left.
-        let abandon = Abandon::arm(pid, &pidfd, first_signal)?;
+        // From here, a run left kills its helper with `first_signal`.
+        let abandon = abandon.first(first_signal);
         let (status, early, egress) = serve_egress(resolved, status).await?;
         let (status, early, terminal) = take_terminal(resolved, status, early).await?;
         let (status, early) = take_session(resolved, (status, early), cgroup, sink).await?;
@@ -819,6 +820,12 @@ impl Abandon {
 
     fn disarm(mut self) {
         self.pidfd = None;
+    }
+
+    /// The same guard, which kills with `signal` first.
+    fn first(mut self, signal: i32) -> Abandon {
+        self.first_signal = signal;
+        self
     }
 
     /// The helper reported its sandbox gone and exits by itself: it is

@@ -2,7 +2,7 @@
 //! the host as a function describes it (`mac::host` on a Mac; a Linux
 //! layout with a stand-in for `sandbox-exec` in tests).
 
-use crate::engine::executor::{Deciding, Executor, Opened, Parts, Prepared, decision};
+use crate::engine::executor::{Deciding, Executor, Opened, Parts, Prepared, decision, not_recorded};
 use crate::engine::stream::Sink;
 use crate::error::BrokerError;
 use crate::host::peer::Peer;
@@ -133,7 +133,7 @@ impl Executor for Macos {
     ) -> Result<RunResult, BrokerError> {
         // Nothing is built ahead here: the command starts once its start is on disk.
         if !recorded.await {
-            return Err(BrokerError::JournalUnavailable("the run's start could not be recorded".into()));
+            return Err(not_recorded());
         }
         let ran = self.seatbelt.execute(run_id, resolved, request, taken, sink, cancel).await;
         ran.map_err(|e| failed(e, "seatbelt.run"))
