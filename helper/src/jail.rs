@@ -7,7 +7,6 @@ pub mod error;
 mod exec;
 mod fault;
 mod fds;
-mod hostids;
 mod landlock;
 mod lifeline;
 mod monitor;
@@ -57,13 +56,13 @@ pub fn contain() -> Result<Infallible> {
         }
     }
     let tether = if plan.session == Some(SessionRole::Join) {
-        let namespaces = descriptors.take().map(fds::Descriptors::rest).unwrap_or_default();
+        let namespaces = descriptors.take().map(|mut d| d.rest()).unwrap_or_default();
         step(Stage::Join, || session::join(&plan, namespaces))?;
         step(Stage::Monitor, || monitor::fork_watched(Role::Visitor, || Ok(())))?
     } else if plan.namespaces.user {
         let entered = step(Stage::Fork, || match entered {
             Some(built_ahead) => Ok(built_ahead),
-            None => enter_cold(&plan, descriptors.as_ref(), death_signal),
+            None => enter_cold(&plan, death_signal),
         })?;
         become_pid1(&plan, descriptors.take(), entered)?
     } else {
@@ -128,7 +127,10 @@ fn enter_warm(
         // The pool slot's cgroup, the run's once a plan claims it.
         cgroup::join("the pooled sandbox's cgroup")?;
     }
-    let entered = enter_namespaces(&spec.namespaces, spec.uid, spec.gid, Vec::new(), true)?;
+    if let Some(ids) = spec.host_ids {
+        become_host_ids(ids, spec.parent_pid, Signal::SIGKILL)?;
+    }
+    let entered = enter_namespaces(&spec.namespaces, spec.uid, spec.gid, true)?;
     let (plan, descriptors) = receive_plan()?;
     spec.admits(&plan).map_err(|e| fail(Stage::Plan, Errno::EINVAL, e))?;
     Ok((plan, descriptors, Some(entered)))
@@ -137,7 +139,7 @@ fn enter_warm(
 /// Tier C from its namespaces to pid 1's watch: the root, the hostname, the
 /// loopback, then pid 1 forks the command's process and stays as its init.
 fn become_pid1(plan: &JailPlan, descriptors: Option<fds::Descriptors>, entered: Entered) -> Result<OwnedFd> {
-    step(Stage::Mounts, || mounts::build_root(plan, descriptors, entered.captured))?;
+    step(Stage::Mounts, || mounts::build_root(plan, descriptors))?;
     if let Some(name) = &plan.hostname {
         step(Stage::Hostname, || uts::set_hostname(name))?;
     }
@@ -161,48 +163,39 @@ fn receive_plan() -> Result<(JailPlan, Option<fds::Descriptors>)> {
     let (plan, received) = fds::read_plan()?;
     // The broker checked it before sending; the helper builds nothing it has not checked itself.
     plan.check().map_err(|e| fail(Stage::Plan, Errno::EINVAL, format!("the plan asks for {e}")))?;
-    let descriptors = fds::Descriptors::new(&plan, received);
+    let descriptors = fds::Descriptors::new(&plan, received)?;
     Ok((plan, Some(descriptors)))
 }
 
 /// A Tier C sandbox up to its mounts: in a new user namespace and the
 /// others, the outer helper left behind as monitor, this process pid 1.
 struct Entered {
-    /// Mount trees a helper started by a system broker cloned on the host.
-    captured: Vec<Option<OwnedFd>>,
     net: Option<net::Pending>,
     to_relay: OwnedFd,
 }
 
 /// [`Entered`] for a plan in hand (a cold sandbox).
-fn enter_cold(plan: &JailPlan, descriptors: Option<&fds::Descriptors>, death: Signal) -> Result<Entered> {
-    // The plan names host ids and the requester they act for together, or neither.
-    let captured = match (plan.host_ids, plan.acting_for) {
-        (Some(ids), Some(requester)) => {
-            // With the broker's capabilities, in the host's mount namespace: the kernel clones only its own mounts.
-            let trees = hostids::clone_sources(plan, descriptors, requester, ids)?;
-            // Before any namespace: no process of the sandbox is ever host root.
-            creds::become_host_ids(ids)?;
-            fault::stop_after(Stage::HostIds);
-            // The kernel clears the death signal when credentials change.
-            lifeline::arm_against_caller(plan.parent_pid, death)?;
-            trees
-        }
-        _ => vec![],
-    };
-    enter_namespaces(&plan.namespaces, plan.uid, plan.gid, captured, false)
+fn enter_cold(plan: &JailPlan, death: Signal) -> Result<Entered> {
+    if let Some(ids) = plan.host_ids {
+        become_host_ids(ids, plan.parent_pid, death)?;
+    }
+    enter_namespaces(&plan.namespaces, plan.uid, plan.gid, false)
+}
+
+/// A helper started by a system broker becomes the sandbox's unprivileged
+/// host ids before any namespace: no process of the sandbox is ever host
+/// root. The broker cloned every host mount it needs (`JailPlan::captured`).
+fn become_host_ids(ids: palisade_protocol::HostIds, parent_pid: u32, death: Signal) -> Result<()> {
+    creds::become_host_ids(ids)?;
+    fault::stop_after(Stage::HostIds);
+    // The kernel clears the death signal when credentials change.
+    lifeline::arm_against_caller(parent_pid, death)
 }
 
 /// The namespaces and the fork into pid 1. The outer helper stays behind as
 /// monitor, and makes the network namespace while its child goes on; in a
 /// warm sandbox it first closes fd 3, which only pid 1 reads.
-fn enter_namespaces(
-    ns: &Namespaces,
-    uid: u32,
-    gid: u32,
-    captured: Vec<Option<OwnedFd>>,
-    warm: bool,
-) -> Result<Entered> {
+fn enter_namespaces(ns: &Namespaces, uid: u32, gid: u32, warm: bool) -> Result<Entered> {
     userns::enter(ns, uid, gid)?;
     fault::stop_after(Stage::Namespaces);
     let net = if ns.net { Some(net::prepare()?) } else { None };
@@ -212,5 +205,5 @@ fn enter_namespaces(
         }
         net.as_ref().map_or(Ok(()), net::Pending::create)
     })?;
-    Ok(Entered { captured, net, to_relay })
+    Ok(Entered { net, to_relay })
 }

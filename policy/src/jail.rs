@@ -176,7 +176,9 @@ fn system_paths(layout: &Layout, etc_entries: bool) -> (Vec<(String, String)>, V
 pub enum BuildError {
     #[error(transparent)]
     Seccomp(#[from] seccomp::SeccompError),
-    #[error("the sandbox would need {0} host paths; a plan carries at most {PLAN_MAX_DESCRIPTORS}")]
+    #[error(
+        "the sandbox would need {0} descriptors of host paths; a plan carries at most {PLAN_MAX_DESCRIPTORS}"
+    )]
     TooManyPaths(usize),
     /// A plan that breaks its own rules: a bug of the policy, never sent.
     #[error("the resolved plan asks for {0}")]
@@ -416,14 +418,17 @@ fn descriptors(
             .chain(&landlock.list)
             .collect(),
     };
+    // A system broker sends a cloned tree of each bind and overlay instead.
+    let trees = (spec.tier == Tier::C && spec.host_ids.is_some()).then_some(sources.len());
     let mut out: Vec<HostPath> = Vec::new();
     for path in sources {
         if !out.iter().any(|d| d.path == *path) {
             out.push(HostPath { path: path.clone(), host_layout: !granted.contains(path) });
         }
     }
-    if out.len() > PLAN_MAX_DESCRIPTORS {
-        return Err(BuildError::TooManyPaths(out.len()));
+    let sent = trees.unwrap_or(out.len());
+    if sent > PLAN_MAX_DESCRIPTORS {
+        return Err(BuildError::TooManyPaths(sent));
     }
     Ok(out)
 }

@@ -40,7 +40,7 @@ pub enum PlanInvariant {
     RelativeCwd,
     #[error("Landlock features it requires but does not handle ({0})")]
     RequiredNotHandled(LandlockFeatures),
-    #[error("{0} host paths (at most {PLAN_MAX_DESCRIPTORS} descriptors come with a plan)")]
+    #[error("{0} descriptors (at most {PLAN_MAX_DESCRIPTORS} come with a plan)")]
     TooManyDescriptors(usize),
     /// Every path must resolve inside the new root, as written.
     #[error(
@@ -101,7 +101,7 @@ impl JailPlan {
             (self.argv.is_empty(), EmptyArgv),
             (!self.cwd.starts_with('/'), RelativeCwd),
             (!not_handled.is_empty(), RequiredNotHandled(not_handled)),
-            (self.descriptors.len() > PLAN_MAX_DESCRIPTORS, TooManyDescriptors(self.descriptors.len())),
+            (self.descriptors_sent() > PLAN_MAX_DESCRIPTORS, TooManyDescriptors(self.descriptors_sent())),
             (self.umask.is_some_and(|m| m > crate::wire::MAX_UMASK), Umask(self.umask.unwrap_or(0))),
             (
                 self.terminal.is_some()

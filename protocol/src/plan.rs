@@ -12,7 +12,7 @@ use std::fmt;
 /// First bytes of every encoded plan.
 pub const PLAN_MAGIC: [u8; 4] = *b"PJP\x01";
 /// Bumped on every incompatible change of [`JailPlan`].
-pub const PLAN_VERSION: u32 = 7;
+pub const PLAN_VERSION: u32 = 8;
 /// Largest encoded plan the helper accepts (seccomp program included).
 pub const PLAN_MAX_BYTES: usize = 1 << 20;
 /// Most descriptors a plan may come with: what one `SCM_RIGHTS` message
@@ -121,6 +121,34 @@ impl JailPlan {
     /// The index of `path` among the plan's descriptors.
     pub fn descriptor(&self, path: &str) -> Option<usize> {
         self.descriptors.iter().position(|d| d.path == path)
+    }
+
+    /// Whether the plan comes with a system broker's trees of its mounts
+    /// ([`JailPlan::captured`]) instead of its host paths' descriptors: with
+    /// `host_ids`, for a root the helper builds (not a joined session's).
+    /// The helper, already the sandbox's unprivileged host ids, could
+    /// neither reach the requester's paths nor clone or idmap them.
+    pub fn sends_trees(&self) -> bool {
+        self.host_ids.is_some() && self.session != Some(SessionRole::Join)
+    }
+
+    /// The mounts whose detached trees come with the plan, by index, in
+    /// this order ([`JailPlan::sends_trees`]): every bind and overlay.
+    pub fn captured(&self) -> impl Iterator<Item = usize> + '_ {
+        let cloned = self.sends_trees();
+        self.mounts
+            .iter()
+            .enumerate()
+            .filter(move |(_, m)| cloned && matches!(m, Mount::Bind { .. } | Mount::Overlay { .. }))
+            .map(|(i, _)| i)
+    }
+
+    /// How many descriptors come with the plan: its host paths' (or the
+    /// trees of its mounts), then a joined session's namespaces.
+    pub fn descriptors_sent(&self) -> usize {
+        let joined = if self.session == Some(SessionRole::Join) { self.namespaces.names().len() } else { 0 };
+        let paths = if self.sends_trees() { self.captured().count() } else { self.descriptors.len() };
+        paths + joined
     }
 }
 
@@ -629,6 +657,26 @@ pub fn decode_plan(bytes: &[u8]) -> Result<JailPlan, PlanError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn a_system_brokers_plan_comes_with_one_tree_per_bind_and_overlay_instead_of_its_paths() {
+        let mut plan = sample();
+        plan.mounts.push(Mount::Overlay {
+            source: "/usr".into(),
+            target: "/work".into(),
+            size_bytes: 1 << 20,
+            owned: true,
+        });
+        assert!(plan.sends_trees());
+        assert_eq!(plan.captured().collect::<Vec<_>>(), [0, 5]);
+        assert_eq!(plan.descriptors_sent(), 2, "one tree per mount, though both are of /usr");
+        plan.session = Some(SessionRole::Join);
+        assert!(!plan.sends_trees() && plan.captured().next().is_none(), "a joined session builds no root");
+        assert_eq!(plan.descriptors_sent(), 1 + plan.namespaces.names().len());
+        (plan.session, plan.host_ids, plan.acting_for) = (None, None, None);
+        assert!(!plan.sends_trees());
+        assert_eq!(plan.descriptors_sent(), 1, "the host path's, once");
+    }
 
     pub(crate) fn sample() -> JailPlan {
         JailPlan {

@@ -7,15 +7,18 @@
 //! stage `plan` unless [`WarmSpec::admits`] it: a plan that differs in
 //! anything already built gets a cold helper from the broker instead. With
 //! `cgroup`, the helper first joins the cgroup on fd 5 (the pool slot's,
-//! which becomes the run's when a plan claims it).
+//! which becomes the run's when a plan claims it). With `host_ids` (a
+//! system broker's pool, one per requester), it first becomes those ids:
+//! the plan's bind and overlay sources come with it already cloned by the
+//! broker ([`JailPlan::captured`]).
 
-use crate::plan::{JailPlan, Namespaces, PLAN_VERSION};
+use crate::plan::{HostIds, JailPlan, Namespaces, PLAN_VERSION};
 
 /// First bytes on fd 3 of a helper that builds its sandbox ahead of the
 /// plan. A plan starts with `PJP\x01`, so the two never look alike.
 pub const WARM_MAGIC: [u8; 4] = *b"PJW\x01";
 /// Encoded size of a [`WarmSpec`].
-pub const WARM_SPEC_BYTES: usize = 22;
+pub const WARM_SPEC_BYTES: usize = 38;
 
 /// What a pooled sandbox is built with before its plan arrives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,17 +33,22 @@ pub struct WarmSpec {
     /// Joined the cgroup on fd 5 before its namespaces (cgroup v2): the
     /// plan must name a cgroup, and the broker gives the run that one.
     pub cgroup: bool,
+    /// A system broker's sandbox: the unprivileged host ids it runs as,
+    /// taken before its namespaces, and the requester they act for (the
+    /// plan's `host_ids` and `acting_for`; both or neither).
+    pub host_ids: Option<HostIds>,
+    pub acting_for: Option<HostIds>,
 }
 
 impl WarmSpec {
     /// The spec of a plan's sandbox, or why it cannot be built ahead: Tier
-    /// B, or a root broker's per-requester host ids.
+    /// B, or a session's.
     pub fn of(plan: &JailPlan) -> Result<WarmSpec, &'static str> {
         if !plan.namespaces.user {
             return Err("Tier B builds no namespaces");
         }
-        if plan.host_ids.is_some() || plan.acting_for.is_some() {
-            return Err("a root broker's sandbox runs as the requester's own host ids");
+        if plan.host_ids.is_some() != plan.acting_for.is_some() {
+            return Err("host ids come with the requester they act for");
         }
         if plan.session.is_some() {
             return Err("a session's sandbox is built for it, and its commands run in it");
@@ -51,6 +59,8 @@ impl WarmSpec {
             namespaces: plan.namespaces,
             parent_pid: plan.parent_pid,
             cgroup: plan.cgroup.is_some(),
+            host_ids: plan.host_ids,
+            acting_for: plan.acting_for,
         })
     }
 
@@ -72,7 +82,12 @@ impl WarmSpec {
         out[12..16].copy_from_slice(&self.gid.to_be_bytes());
         out[16..20].copy_from_slice(&self.parent_pid.to_be_bytes());
         out[20] = namespace_bits(&self.namespaces);
-        out[21] = u8::from(self.cgroup);
+        out[21] = u8::from(self.cgroup) | (u8::from(self.host_ids.is_some()) << 1);
+        if let (Some(ids), Some(requester)) = (self.host_ids, self.acting_for) {
+            for (at, word) in [(22, ids.uid), (26, ids.gid), (30, requester.uid), (34, requester.gid)] {
+                out[at..at + 4].copy_from_slice(&word.to_be_bytes());
+            }
+        }
         out
     }
 
@@ -85,15 +100,18 @@ impl WarmSpec {
             return Err(format!("warm spec version {}, this helper speaks version {PLAN_VERSION}", word(4)));
         }
         let namespaces = namespaces_of(bytes[20]).ok_or("warm spec names unknown namespaces")?;
-        if bytes[21] > 1 {
+        if bytes[21] > 3 {
             return Err("warm spec has unknown flags".into());
         }
+        let system = bytes[21] & 2 != 0;
         let spec = WarmSpec {
             uid: word(8),
             gid: word(12),
             namespaces,
             parent_pid: word(16),
-            cgroup: bytes[21] == 1,
+            cgroup: bytes[21] & 1 != 0,
+            host_ids: system.then(|| HostIds { uid: word(22), gid: word(26) }),
+            acting_for: system.then(|| HostIds { uid: word(30), gid: word(34) }),
         };
         if !spec.namespaces.user {
             return Err("a warm spec builds a user namespace (Tier C)".into());
@@ -133,7 +151,15 @@ mod tests {
     use super::*;
 
     fn spec() -> WarmSpec {
-        WarmSpec { uid: 1000, gid: 1001, namespaces: Namespaces::ALL, parent_pid: 42, cgroup: false }
+        WarmSpec {
+            uid: 1000,
+            gid: 1001,
+            namespaces: Namespaces::ALL,
+            parent_pid: 42,
+            cgroup: false,
+            host_ids: None,
+            acting_for: None,
+        }
     }
 
     #[test]
@@ -143,6 +169,9 @@ mod tests {
         s.namespaces.net = false;
         assert_eq!(WarmSpec::decode(&s.encode()), Ok(s));
         s.cgroup = true;
+        assert_eq!(WarmSpec::decode(&s.encode()), Ok(s));
+        s.host_ids = Some(HostIds { uid: 100_000, gid: 100_001 });
+        s.acting_for = Some(HostIds { uid: 1000, gid: 1002 });
         assert_eq!(WarmSpec::decode(&s.encode()), Ok(s));
     }
 
@@ -162,7 +191,7 @@ mod tests {
         bad[20] &= !1;
         assert!(WarmSpec::decode(&bad).unwrap_err().contains("user namespace"));
         let mut bad = good;
-        bad[21] = 2;
+        bad[21] = 4;
         assert!(WarmSpec::decode(&bad).unwrap_err().contains("flags"));
     }
 
@@ -173,14 +202,39 @@ mod tests {
         plan.acting_for = None;
         let warm = WarmSpec::of(&plan).expect("a non-root Tier C plan");
         assert_eq!(warm.admits(&plan), Ok(()));
-        let changes: [fn(&mut JailPlan); 7] = [
+        let changes: [fn(&mut JailPlan); 9] = [
             |p| p.uid += 1,
             |p| p.gid += 1,
             |p| p.parent_pid += 1,
             |p| p.namespaces.net = false,
             |p| p.cgroup = Some("/sys/fs/cgroup/run".into()),
             |p| p.host_ids = Some(crate::HostIds { uid: 100_000, gid: 100_000 }),
+            |p| {
+                p.host_ids = Some(crate::HostIds { uid: 100_000, gid: 100_000 });
+                p.acting_for = Some(crate::HostIds { uid: 1000, gid: 1000 });
+            },
             |p| p.namespaces = Namespaces::NONE,
+            |p| p.session = Some(crate::SessionRole::Hold),
+        ];
+        for change in changes {
+            let mut other = plan.clone();
+            change(&mut other);
+            assert!(warm.admits(&other).is_err(), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn a_system_brokers_sandbox_admits_only_its_requesters_plan() {
+        let mut plan = crate::plan::tests::sample();
+        plan.host_ids = Some(HostIds { uid: 100_000, gid: 100_000 });
+        plan.acting_for = Some(HostIds { uid: 1000, gid: 1000 });
+        let warm = WarmSpec::of(&plan).expect("a system broker's Tier C plan");
+        assert_eq!(warm.admits(&plan), Ok(()));
+        let changes: [fn(&mut JailPlan); 4] = [
+            |p| p.host_ids = Some(HostIds { uid: 165_536, gid: 165_536 }),
+            |p| p.acting_for = Some(HostIds { uid: 1001, gid: 1000 }),
+            |p| p.acting_for = Some(HostIds { uid: 1000, gid: 1001 }),
+            |p| (p.host_ids, p.acting_for) = (None, None),
         ];
         for change in changes {
             let mut other = plan.clone();

@@ -354,11 +354,18 @@ pub fn run_helper_with(
         stdin,
         stdout: Io::Piped,
         stderr: Io::Piped,
-        outer_limits: outer_limits(),
+        // A system broker's warm helper takes its host ids at once: a
+        // prlimit on it then needs CAP_SYS_RESOURCE, which root may lack
+        // (as here). Its plans in these tests bomb nothing.
+        outer_limits: if warm.is_some_and(|w| w.host_ids.is_some()) { vec![] } else { outer_limits() },
     })
     .expect("spawn palisade-helper");
     let descriptors = open_descriptors(plan);
-    let fds: Vec<_> = descriptors.iter().map(std::os::fd::AsFd::as_fd).collect();
+    // A plan the broker could not clone the mounts of goes with its host
+    // paths': the helper's own refusal is what a test of it looks at.
+    let sent = palisade_broker::engine::capture::sent(plan, &descriptors);
+    let sent = sent.unwrap_or(palisade_broker::engine::capture::Sent::Paths(&descriptors));
+    let fds = sent.fds();
     let channel = child.plan_channel.take().expect("the plan channel");
     let encoded = encode_plan(plan).expect("encode plan");
     // The helper reads while this writes: a plan over the socket's buffer does not block forever.
@@ -996,7 +1003,8 @@ impl Origin {
 pub struct Census {
     /// Processes descended from the daemon (its idle helpers included).
     pub processes: usize,
-    /// The daemon's open descriptors.
+    /// The daemon's open descriptors, but the user namespaces a system
+    /// broker keeps, one per requester, for idmapping its files (bounded).
     pub descriptors: usize,
     /// Mounts in the daemon's mount namespace.
     pub mounts: usize,
@@ -1018,7 +1026,12 @@ impl Census {
             .unwrap_or(0);
         Census {
             processes: descendants(pid).len(),
-            descriptors: std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count()),
+            descriptors: std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| {
+                let kept = |e: &std::fs::DirEntry| {
+                    std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("user:["))
+                };
+                d.flatten().filter(|e| !kept(e)).count()
+            }),
             mounts: std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
                 .map_or(0, |m| m.lines().count()),
             temp_entries: run_entries(temp_root),

@@ -238,17 +238,26 @@ fn warm_pool(config: &Config, cgroups: &Cgroups, tier_c: bool) -> String {
     if !config.broker.warm {
         return plain("warm = false");
     }
-    if crate::host::privilege::serves_others() {
-        return plain("a system broker's sandboxes run as each requester's own host ids");
-    }
     if !tier_c {
         return plain("no Tier C here");
     }
+    let each = if crate::host::privilege::serves_others() {
+        let most = crate::engine::requesters::MOST;
+        let idle = crate::engine::requesters::IDLE.as_secs() / 60;
+        format!(
+            " for each requester, as its own host ids (the last {most} requesters; \
+             a requester's dropped after {idle} min without a run)"
+        )
+    } else {
+        String::new()
+    };
     match crate::engine::linux::warm_spec(config, cgroups) {
         Some(spec) if spec.cgroup => {
-            format!("{n} sandboxes built ahead (namespaces, monitor, pid 1), each in a cgroup of its own")
+            format!(
+                "{n} sandboxes built ahead (namespaces, monitor, pid 1){each}, each in a cgroup of its own"
+            )
         }
-        Some(_) => format!("{n} sandboxes built ahead (namespaces, monitor, pid 1)"),
+        Some(_) => format!("{n} sandboxes built ahead (namespaces, monitor, pid 1){each}"),
         None => plain("cgroup v1: the broker places each run's helper in its cgroups itself"),
     }
 }

@@ -70,8 +70,8 @@ impl Linux {
         let userns = host::UserNsProbe::start();
         let spawner = Spawner::start().map_err(|e| format!("cannot start the spawner thread: {e}"))?;
         let warm = warm_spec(config, &cgroups);
-        let engine =
-            Engine::new(spawner.clone(), helper.clone(), config.broker.prespawn, warm, cgroups.clone());
+        let pooling = (config.broker.prespawn, warm, crate::host::privilege::serves_others());
+        let engine = Engine::new(spawner.clone(), helper.clone(), pooling, cgroups.clone());
         if one_run {
             engine.start_one();
         }
@@ -276,8 +276,11 @@ impl Executor for Linux {
     }
 
     fn status(&self) -> (PoolStatus, CgroupStatus) {
-        let pool = self.engine.pool();
-        let pool = PoolStatus { idle: pool.idle() as u64, size: pool.size() as u64, warm: pool.warm() };
+        let (pool, requesters) = (self.engine.pool(), self.engine.requesters());
+        // A system broker's: its helpers that built nothing, and every requester's sandboxes built ahead.
+        let idle = pool.idle() + requesters.as_ref().map_or(0, |r| r.idle());
+        let warm = pool.warm() || requesters.is_some();
+        let pool = PoolStatus { idle: idle as u64, size: pool.size() as u64, warm };
         let cgroup =
             CgroupStatus { mode: self.cgroups.mode().into(), description: self.cgroups.description.clone() };
         (pool, cgroup)
@@ -331,17 +334,18 @@ impl Executor for Linux {
 }
 
 /// What the warm pool's sandboxes are built with: the default plan's shape
-/// for a broker that is not root (Tier C, every namespace, its own ids, no
-/// host ids), in a cgroup of their own where runs get one (cgroup v2). A
-/// root broker's sandboxes run as each requester's own host ids, so it
-/// builds nothing ahead; nor does one with `warm = false`, nor on cgroup
-/// v1, where the broker places a run's helper itself after its start.
+/// (Tier C, every namespace, the broker's ids inside), in a cgroup of their
+/// own where runs get one (cgroup v2). A system broker's sandboxes run as
+/// each requester's own host ids: each requester's pool adds them to this.
+/// Nothing is built ahead with `warm = false`, nor on cgroup v1, where the
+/// broker places a run's helper itself after its start.
 pub(crate) fn warm_spec(config: &Config, cgroups: &Cgroups) -> Option<WarmSpec> {
     let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
-    let usable =
-        config.broker.warm && config.broker.user_namespaces && !crate::host::privilege::serves_others();
+    let usable = config.broker.warm && config.broker.user_namespaces;
     let cgroup = cgroups.available().is_ok();
-    let spec = WarmSpec { uid, gid, namespaces: Namespaces::ALL, parent_pid: std::process::id(), cgroup };
+    let parent_pid = std::process::id();
+    let (host_ids, acting_for) = (None, None);
+    let spec = WarmSpec { uid, gid, namespaces: Namespaces::ALL, parent_pid, cgroup, host_ids, acting_for };
     (usable && !(cgroup && cgroups.is_v1())).then_some(spec)
 }
 

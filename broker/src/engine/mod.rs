@@ -3,6 +3,8 @@
 //! streamed back to whoever asked.
 
 #[cfg(target_os = "linux")]
+pub mod capture;
+#[cfg(target_os = "linux")]
 pub(crate) mod cgroup;
 #[cfg(target_os = "linux")]
 pub mod etc_view;
@@ -18,6 +20,8 @@ pub mod linux;
 pub(crate) mod pool;
 #[cfg(target_os = "linux")]
 pub(crate) mod publish;
+#[cfg(target_os = "linux")]
+pub mod requesters;
 #[cfg(target_os = "linux")]
 pub(crate) mod run;
 #[cfg(target_os = "linux")]

@@ -1,9 +1,9 @@
 //! Helpers started ahead of requests: the warm pool.
 //!
-//! With a [`WarmSpec`] (a broker that is not root, with user namespaces),
-//! each one builds a sandbox as far as nothing request-specific is involved
-//! (its user namespace and maps, the other namespaces, the monitor and its
-//! pid 1) and waits there for its plan; without one, it has exec'd and waits,
+//! With a [`WarmSpec`] (user namespaces; a system broker keeps a pool per
+//! requester, `engine/requesters.rs`), each one builds a sandbox as far as
+//! nothing request-specific is involved (its user namespace and maps, the
+//! other namespaces, the monitor and its pid 1) and waits there for its plan; without one, it has exec'd and waits,
 //! having done nothing else. A run takes one and writes the plan, so
 //! starting a process, and building what the spec names, is not on the
 //! run's path. A sandbox serves exactly one run, then is gone with it.
@@ -77,8 +77,11 @@ pub struct Pool {
     warm: Mutex<Option<WarmSpec>>,
     /// Where warm slots' cgroups go, with `warm`'s `cgroup`.
     cgroups: Cgroups,
-    slots_made: AtomicU64,
 }
+
+/// Warm slots' cgroups made by this broker, in all its pools (a system
+/// broker has one per requester): each slot's name is its own.
+static SLOTS_MADE: AtomicU64 = AtomicU64::new(0);
 
 impl Pool {
     pub fn new(
@@ -99,7 +102,6 @@ impl Pool {
             helper,
             warm: Mutex::new(warm),
             cgroups,
-            slots_made: AtomicU64::new(0),
         })
     }
 
@@ -132,7 +134,7 @@ impl Pool {
         let warm = self.warm.lock().ok().and_then(|w| *w);
         let cgroup = match warm {
             Some(spec) if spec.cgroup => {
-                let n = self.slots_made.fetch_add(1, Ordering::Relaxed) + 1;
+                let n = SLOTS_MADE.fetch_add(1, Ordering::Relaxed) + 1;
                 let name = format!("run-{}-pool-{n}", crate::host::instance::tag());
                 Some(self.cgroups.create_unlimited(&name).map_err(std::io::Error::other)?)
             }

@@ -66,7 +66,7 @@ pub fn loopback_sockets(session: &Sandbox) -> Result<Vec<OwnedFd>, ErrorReply> {
 
 /// The buffer of the descriptors' control message, made before the fork.
 #[repr(C, align(8))]
-struct Control([u8; 64]);
+pub(crate) struct Control(pub(crate) [u8; 64]);
 
 /// The child: enters the namespaces, makes the sockets and sends them on
 /// `to`. Its exit status: 0, or the errno of what failed.
@@ -94,7 +94,7 @@ fn in_child(user: BorrowedFd<'_>, net: BorrowedFd<'_>, to: RawFd, control: &mut 
 
 /// `sendmsg` of `fds` with one byte, on a buffer of the parent's: the
 /// child allocates nothing. 0, or the errno.
-fn send(to: RawFd, fds: &[RawFd], control: &mut Control) -> i32 {
+pub(crate) fn send(to: RawFd, fds: &[RawFd], control: &mut Control) -> i32 {
     let data_len = std::mem::size_of_val(fds);
     let mut byte = [0u8; 1];
     let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
@@ -123,7 +123,7 @@ fn send(to: RawFd, fds: &[RawFd], control: &mut Control) -> i32 {
 }
 
 /// The sockets the child sent (none if it sent nothing).
-fn receive(from: &OwnedFd) -> nix::Result<Vec<OwnedFd>> {
+pub(crate) fn receive(from: &OwnedFd) -> nix::Result<Vec<OwnedFd>> {
     use std::os::fd::FromRawFd;
     let mut byte = [0u8; 1];
     let mut iov = [IoSliceMut::new(&mut byte)];

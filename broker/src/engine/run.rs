@@ -10,6 +10,7 @@ use crate::engine::helper::{
     HelperChild, HelperCommand, Io, StatusRead, Usage, nonblocking, pidfd_kill, reap, release, send_plan,
 };
 use crate::engine::pool::{Pool, Slot};
+use crate::engine::requesters::Requesters;
 use crate::engine::spawn_thread::Spawner;
 pub use crate::engine::stream::Sink;
 use crate::engine::stream::{Bounds, Child, Input, Run};
@@ -84,6 +85,9 @@ pub struct Engine {
     spawner: Spawner,
     helper: PathBuf,
     pool: Arc<Pool>,
+    /// A system broker's pools of sandboxes built ahead, one per requester
+    /// (its `pool` builds nothing ahead).
+    requesters: Option<Arc<Requesters>>,
     /// Helpers started ahead for sessions' commands (one, once a session
     /// ran a command): they build nothing, and join a session's sandbox.
     joins: Arc<Pool>,
@@ -112,17 +116,23 @@ struct Timeline {
 
 impl Engine {
     /// `prespawn`: helpers kept started ahead of requests, building `warm`
-    /// before their plan (see [`Pool`]); `cgroups`: where runs' cgroups go.
+    /// before their plan (see [`Pool`]), or for a system broker
+    /// (`per_requester`) building it with each requester's host ids in a
+    /// pool of the requester's own ([`Requesters`]); `cgroups`: where runs'
+    /// cgroups go.
     pub fn new(
         spawner: Spawner,
         helper: PathBuf,
-        prespawn: usize,
-        warm: Option<WarmSpec>,
+        (prespawn, warm, per_requester): (usize, Option<WarmSpec>, bool),
         cgroups: Cgroups,
     ) -> Engine {
-        let pool = Pool::new(spawner.clone(), helper.clone(), prespawn, warm, cgroups.clone());
+        let requesters = warm.filter(|_| per_requester).map(|base| {
+            Arc::new(Requesters::new(spawner.clone(), helper.clone(), prespawn, base, cgroups.clone()))
+        });
+        let shared = if per_requester { None } else { warm };
+        let pool = Pool::new(spawner.clone(), helper.clone(), prespawn, shared, cgroups.clone());
         let joins = Pool::new(spawner.clone(), helper.clone(), prespawn.min(1), None, cgroups.clone());
-        Engine { spawner, helper, pool, joins, cgroups, teardowns: Teardowns::new() }
+        Engine { spawner, helper, pool, requesters, joins, cgroups, teardowns: Teardowns::new() }
     }
 
     /// The thread that starts helpers (and the plugin-host).
@@ -133,6 +143,9 @@ impl Engine {
     /// Starts the helpers kept ahead of requests; call inside the runtime.
     pub fn warm_up(&self) {
         self.pool.refill();
+        if let Some(requesters) = &self.requesters {
+            requesters.sweep_idle();
+        }
     }
 
     /// Starts one helper for the next run, now (see [`Pool::start_one`]).
@@ -143,6 +156,9 @@ impl Engine {
     /// Helpers started from now on build nothing ahead of their plan.
     pub fn stop_warming(&self) {
         self.pool.stop_warming();
+        if let Some(requesters) = &self.requesters {
+            requesters.stop_warming();
+        }
     }
 
     /// The pool, for its status.
@@ -156,9 +172,28 @@ impl Engine {
         self.teardowns.clone()
     }
 
-    /// Both pools, to close at shutdown ([`Pool::close`]).
-    pub fn pools(&self) -> [Arc<Pool>; 2] {
-        [Arc::clone(&self.pool), Arc::clone(&self.joins)]
+    /// Once a run is over: its pool (and, for a system broker, its
+    /// requester's) starts what the run took.
+    fn refill(&self, plan: &JailPlan) {
+        self.pool.refill();
+        if let Some(requesters) = &self.requesters {
+            requesters.refill(plan);
+        }
+    }
+
+    /// A system broker's pools per requester, if it keeps them.
+    pub fn requesters(&self) -> Option<Arc<Requesters>> {
+        self.requesters.clone()
+    }
+
+    /// Every pool, to close at shutdown (blocking; [`Pool::close`]).
+    pub fn closer(&self) -> impl FnOnce() + Send + 'static {
+        let (pools, requesters) =
+            ([Arc::clone(&self.pool), Arc::clone(&self.joins)], self.requesters.clone());
+        move || {
+            requesters.iter().for_each(|r| r.close());
+            pools.iter().for_each(|p| p.close());
+        }
     }
 
     /// A helper started now, given `cgroup_dir` (cgroup v2: the cgroup it joins).
@@ -195,6 +230,11 @@ impl Engine {
     /// [`Pool::claim`]). A warm slot's cgroup becomes the run's: the caller
     /// names it in the plan before the run is recorded.
     pub async fn claim(&self, plan: &JailPlan, in_cgroup: bool) -> Option<Slot> {
+        if let Some(requesters) = &self.requesters
+            && let Some(slot) = requesters.claim(plan, in_cgroup).await
+        {
+            return Some(slot);
+        }
         self.pool.claim(plan, in_cgroup).await
     }
 
@@ -243,9 +283,9 @@ impl Engine {
                 (_, Some(own)) => own.place(helper.pid),
                 _ => Ok(()),
             };
-            let handed = placed
-                .map_err(BrokerError::from)
-                .and_then(|()| hand_over(channel, plan, &grants.descriptors).map_err(BrokerError::HandOver));
+            let handed = placed.map_err(BrokerError::from).and_then(|()| {
+                hand_over(channel, plan, &resolved.plan, &grants.descriptors).map_err(BrokerError::HandOver)
+            });
             if let Err(e) = handed {
                 let _ = pidfd_kill(&helper.pidfd, libc::SIGKILL);
                 let _ = reap(helper.pid);
@@ -378,7 +418,7 @@ impl Engine {
             streamed.exited_at.unwrap_or_else(Instant::now).duration_since(started).as_millis() as u64;
         timeline.closed_us = started.elapsed().as_micros();
         let (usage, records, fds) = helper_done(watch, abandon, pid, exiting).await?;
-        self.pool.refill();
+        self.refill(&resolved.plan);
         timeline.status_read_us = started.elapsed().as_micros();
         let mut ended = streamed.ended;
         let report = Report::read(records, fds, ended)?;
@@ -861,15 +901,22 @@ fn exits_within(pidfd: &OwnedFd, grace: Duration) -> bool {
     poll(&mut fds, timeout).is_ok_and(|n| n > 0)
 }
 
-/// Sends the plan and the descriptors of its host paths on the helper's fd 3.
-/// Into an empty socket a plan that fits its buffer goes at once; a larger
-/// one is written from a blocking thread while the helper reads it.
-fn hand_over(channel: UnixStream, plan: Vec<u8>, descriptors: &[OwnedFd]) -> std::io::Result<()> {
+/// Sends the plan (`plan`, encoded from `decoded`) and the descriptors of
+/// its host paths on the helper's fd 3, or a system broker's trees of its
+/// mounts ([`crate::engine::capture`]). Into an empty socket a plan that
+/// fits its buffer goes at once; a larger one is written from a blocking
+/// thread while the helper reads it.
+fn hand_over(
+    channel: UnixStream,
+    plan: Vec<u8>,
+    decoded: &JailPlan,
+    descriptors: &[OwnedFd],
+) -> std::io::Result<()> {
+    let sent = crate::engine::capture::sent(decoded, descriptors)?;
     if plan.len() <= PLAN_AT_ONCE_BYTES {
-        let fds: Vec<BorrowedFd<'_>> = descriptors.iter().map(AsFd::as_fd).collect();
-        return send_plan(channel, &plan, &fds);
+        return send_plan(channel, &plan, &sent.fds());
     }
-    let owned = descriptors.iter().map(OwnedFd::try_clone).collect::<std::io::Result<Vec<_>>>()?;
+    let owned = sent.owned()?;
     tokio::task::spawn_blocking(move || {
         let fds: Vec<BorrowedFd<'_>> = owned.iter().map(AsFd::as_fd).collect();
         send_plan(channel, &plan, &fds)

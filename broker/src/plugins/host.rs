@@ -119,7 +119,10 @@ pub async fn start(
         .await
         .map_err(|e| HostError::Start(format!("{}: {e}", helper.display())))?;
     let channel = child.plan_channel.take().ok_or_else(|| HostError::Start("no plan channel".into()))?;
-    let fds: Vec<_> = descriptors.iter().map(std::os::fd::AsFd::as_fd).collect();
+    // A system broker's clones of the plugin's mounts, or its host paths.
+    let sent = crate::engine::capture::sent(plan, &descriptors);
+    let sent = sent.map_err(|e| HostError::Start(format!("its mounts: {e}")))?;
+    let fds = sent.fds();
     let pidfd = child.pidfd.try_clone().map_err(|e| HostError::Start(e.to_string()))?;
     let pid = child.pid;
     let status = child.status.try_clone().map_err(|e| HostError::Start(e.to_string()))?;

@@ -177,7 +177,7 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32, config: Option<PathBu
     drop(broker.executor.etc.as_ref().and_then(|e| e.current()));
     systemd::notify("READY=1");
     let cgroups = broker.executor.cgroups.clone();
-    let pools = broker.executor.engine.pools();
+    let close_pools = broker.executor.engine.closer();
     let teardowns = broker.executor.engine.teardowns();
     let server = Arc::new(Server::new(broker));
     let reloads = tokio::spawn(reload_on_hangup(server.clone(), hangup, config));
@@ -188,7 +188,7 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32, config: Option<PathBu
     if !teardowns.settle(std::time::Duration::from_secs(5)).await {
         tracing::warn!("a sandbox is still being torn down after 5 s; stopping without it");
     }
-    let _ = tokio::task::spawn_blocking(move || pools.iter().for_each(|p| p.close())).await;
+    let _ = tokio::task::spawn_blocking(close_pools).await;
     systemd::notify("STOPPING=1");
     if let Err(e) = journal.append_last(Event::BrokerStopped { pid }).await {
         tracing::error!("{e}");

@@ -37,13 +37,11 @@ pub fn become_host_ids(ids: HostIds) -> Result<()> {
 }
 
 /// Whether the effective set holds `cap` (one of the first 32).
-pub fn holds(cap: u32) -> Result<bool> {
+fn holds(cap: u32) -> Result<bool> {
     Ok(capget()?[0] & (1 << cap) != 0)
 }
 
-pub const CAP_SETGID: u32 = 6;
-pub const CAP_SETUID: u32 = 7;
-pub const CAP_SYS_ADMIN: u32 = 21;
+const CAP_SETGID: u32 = 6;
 
 /// Leaves every supplementary group, where the helper may (it runs as root,
 /// or holds CAP_SETGID, in Tier B): the command's new uid must not keep the

@@ -9,8 +9,7 @@ use super::error::{Context, Result, STATUS_FD, fail};
 use nix::errno::Errno;
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
 use palisade_protocol::{
-    JailPlan, PLAN_MAX_BYTES, PLAN_MAX_DESCRIPTORS, SessionRole, Stage, WARM_MAGIC, WARM_SPEC_BYTES,
-    WarmSpec, decode_plan,
+    JailPlan, PLAN_MAX_BYTES, PLAN_MAX_DESCRIPTORS, Stage, WARM_MAGIC, WARM_SPEC_BYTES, WarmSpec, decode_plan,
 };
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -108,8 +107,8 @@ pub fn close_plan_socket() -> Result<()> {
     close_range(PLAN_FD as u32, PLAN_FD as u32)
 }
 
-/// The plan from fd 3 and the descriptors that came with it (close-on-exec),
-/// one per entry of `plan.descriptors`. fd 3 is closed afterwards.
+/// The plan from fd 3 and the descriptors that came with it (close-on-exec;
+/// counted against the plan by [`Descriptors::new`]). fd 3 is closed afterwards.
 pub fn read_plan() -> Result<(JailPlan, Vec<OwnedFd>)> {
     // SAFETY: fd 3 carries the plan by the calling convention and nothing else
     // in this process refers to it; the OwnedFd closes it when this returns.
@@ -144,14 +143,6 @@ pub fn read_plan() -> Result<(JailPlan, Vec<OwnedFd>)> {
     }
     drop(socket);
     let plan = decode_plan(&bytes).map_err(|e| fail(Stage::Plan, Errno::EINVAL, e.to_string()))?;
-    // A run in a held session gets the session's namespaces after them.
-    let joined = if plan.session == Some(SessionRole::Join) { plan.namespaces.names().len() } else { 0 };
-    let (named, came) = (plan.descriptors.len() + joined, received.len());
-    if named != came {
-        let why =
-            format!("the plan names {named} host paths and namespaces but came with {came} descriptors");
-        return Err(fail(Stage::Plan, Errno::EINVAL, why));
-    }
     Ok((plan, received))
 }
 
@@ -216,12 +207,21 @@ pub struct Descriptors {
 }
 
 impl Descriptors {
-    pub fn new(plan: &JailPlan, fds: Vec<OwnedFd>) -> Descriptors {
-        Descriptors { paths: plan.descriptors.iter().map(|d| d.path.clone()).collect(), fds }
+    /// Those of a checked plan: its host paths', then a held session's
+    /// namespaces; or a system broker's trees ([`JailPlan::sends_trees`]).
+    pub fn new(plan: &JailPlan, fds: Vec<OwnedFd>) -> Result<Descriptors> {
+        let (named, came) = (plan.descriptors_sent(), fds.len());
+        if named != came {
+            let why = format!("the plan names {named} descriptors but came with {came}");
+            return Err(fail(Stage::Plan, Errno::EINVAL, why));
+        }
+        let paths = plan.descriptors.iter().filter(|_| !plan.sends_trees()).map(|d| d.path.clone());
+        Ok(Descriptors { paths: paths.collect(), fds })
     }
 
-    /// The descriptors after those of the host paths: a joined session's namespaces.
-    pub fn rest(mut self) -> Vec<OwnedFd> {
+    /// The descriptors after those of the host paths: a joined session's
+    /// namespaces, or a system broker's trees (all there are).
+    pub fn rest(&mut self) -> Vec<OwnedFd> {
         self.fds.split_off(self.paths.len())
     }
 

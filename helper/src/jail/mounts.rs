@@ -38,23 +38,22 @@ const NEW_ROOT: &str = "/tmp/root";
 /// /dev's own tmpfs holds device mount points and symlinks only (it ends up read-only).
 const DEV_OPTIONS: &str = "size=64k,mode=0755";
 
-/// `captured`: trees cloned before the namespaces existed (by a helper
-/// started by root: every bind and overlay source), by mount index.
-pub fn build_root(
-    plan: &JailPlan,
-    descriptors: Option<Descriptors>,
-    captured: Vec<Option<OwnedFd>>,
-) -> Result<()> {
-    let descriptors = descriptors.ok_or_else(|| fail(Stage::Plan, Errno::EINVAL, "no descriptors"))?;
+/// The root from the plan's mounts: a system broker's trees of its binds
+/// and overlays ([`JailPlan::captured`]) are attached as they came; anything
+/// else is cloned here, from this namespace's copy of the host's.
+pub fn build_root(plan: &JailPlan, descriptors: Option<Descriptors>) -> Result<()> {
+    let mut descriptors = descriptors.ok_or_else(|| fail(Stage::Plan, Errno::EINVAL, "no descriptors"))?;
+    let (mut trees, captured) = (descriptors.rest().into_iter(), plan.captured().collect::<Vec<_>>());
     // Targets were checked with the plan: each resolves inside the new root, as written.
     let mounts = &plan.mounts;
     // Nothing mounted from here on may propagate back to the host.
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .at(Stage::Mounts, || "make / private".into())?;
-    let sources = mounts
-        .iter()
-        .zip(captured.into_iter().chain(std::iter::repeat_with(|| None)))
-        .map(|(m, early)| early.map_or_else(|| capture(plan, &descriptors, m), |tree| Ok(Source::Tree(tree))))
+    let sources = (mounts.iter().enumerate())
+        .map(|(i, m)| match captured.contains(&i) {
+            true => trees.next().map(Source::Tree).ok_or_else(|| fail(Stage::Plan, Errno::EINVAL, "no tree")),
+            false => capture(plan, &descriptors, m),
+        })
         .collect::<Result<Vec<_>>>()?;
     drop(descriptors);
     let fs_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
@@ -328,7 +327,7 @@ fn open_tree(path: &str, recursive: bool) -> Result<OwnedFd> {
 
 /// A detached copy of the tree at the descriptor `fd` and below it (`path`
 /// names it in errors only).
-pub fn clone_tree(fd: &OwnedFd, path: &str) -> Result<OwnedFd> {
+fn clone_tree(fd: &OwnedFd, path: &str) -> Result<OwnedFd> {
     let flags = libc::OPEN_TREE_CLONE
         | libc::OPEN_TREE_CLOEXEC
         | libc::AT_RECURSIVE as u32
@@ -358,23 +357,14 @@ fn attach(tree: &OwnedFd, rel: &str) -> nix::Result<()> {
     Errno::result(rc).map(drop)
 }
 
-/// Idmaps a detached tree with the mapping of `userns`.
-pub fn idmap(tree: &OwnedFd, userns: &OwnedFd) -> nix::Result<()> {
-    setattr(Some(tree), "", libc::MOUNT_ATTR_IDMAP, userns.as_raw_fd() as u64, true)
-}
-
 /// Sets mount attributes on `path` (relative to `dir`, or the cwd).
 fn set_attributes(dir: Option<&OwnedFd>, path: &str, set: u64, recursive: bool) -> nix::Result<()> {
-    setattr(dir, path, set, 0, recursive)
-}
-
-fn setattr(dir: Option<&OwnedFd>, path: &str, set: u64, userns_fd: u64, recursive: bool) -> nix::Result<()> {
     let c = CString::new(path).map_err(|_| Errno::EINVAL)?;
     let mut flags = if path.is_empty() { libc::AT_EMPTY_PATH } else { 0 };
     if recursive {
         flags |= libc::AT_RECURSIVE;
     }
-    let attr = libc::mount_attr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd };
+    let attr = libc::mount_attr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd: 0 };
     let dirfd = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
     // SAFETY: `c` and `attr` are valid for the duration of the call and `attr`'s size is passed.
     let rc = unsafe {

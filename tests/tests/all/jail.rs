@@ -584,17 +584,13 @@ fn the_command_runs_with_the_plans_ids_cwd_and_exit_status() {
 
 /// A warm pool's helper builds its namespaces, monitor and pid 1 before it
 /// has a plan, then runs the plan its spec admits, and refuses any other
-/// at stage `plan`, whatever the broker sends.
+/// at stage `plan`, whatever the broker sends. A root caller's (a system
+/// broker's) is built as the plan's host ids, for its requester alone.
 #[test]
 fn a_warm_helper_runs_only_a_plan_its_spec_admits() {
     let jail = Jail::new(Tier::C);
     let plan = jail.plan(&["ns"]);
-    if is_root() {
-        // A root caller's sandbox runs as its own host ids, so it is never
-        // built ahead; the unprivileged half of this suite runs the rest.
-        assert!(palisade_protocol::WarmSpec::of(&plan).is_err());
-        return;
-    }
+    assert_eq!(plan.host_ids.is_some(), is_root());
     let spec = palisade_protocol::WarmSpec::of(&plan).expect("a plan that can be built ahead");
     let warm = run_helper_with(&plan, Io::Null, Duration::from_secs(60), Some(spec));
     let namespaces = warm.expect_ran().probe().unwrap();
@@ -604,7 +600,13 @@ fn a_warm_helper_runs_only_a_plan_its_spec_admits() {
         ("other ids", (|p| p.uid += 1) as fn(&mut palisade_protocol::JailPlan)),
         ("no network namespace", |p| (p.namespaces.net, p.loopback) = (false, false)),
         ("another broker", |p| p.parent_pid = 1),
+        ("another requester", |p| p.acting_for = Some(palisade_protocol::HostIds { uid: 4242, gid: 4242 })),
+        ("other host ids", |p| p.host_ids = Some(palisade_protocol::HostIds { uid: 4242, gid: 4242 })),
     ] {
+        // A plan of host ids is a root caller's only.
+        if ["another requester", "other host ids"].contains(&what) && !is_root() {
+            continue;
+        }
         let mut other = plan.clone();
         change(&mut other);
         let o = run_helper_with(&other, Io::Null, Duration::from_secs(60), Some(spec));

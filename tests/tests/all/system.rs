@@ -460,9 +460,9 @@ const NEEDED: [(&str, Service, &str); 6] = [
     ("CAP_SETUID", Service::Write, "can act only as itself"),
     // setgroups and setfsgid, likewise.
     ("CAP_SETGID", Service::Write, "cannot act for uid"),
-    // open_tree: the helper clones the host's mounts (the /etc snapshot,
+    // open_tree: the broker clones the host's mounts (the /etc snapshot,
     // every bind) and idmaps the requester's directories for the sandbox.
-    ("CAP_SYS_ADMIN", Service::Write, "does not hold both CAP_SYS_ADMIN and CAP_SETUID"),
+    ("CAP_SYS_ADMIN", Service::Write, "clones the sandbox's mounts with CAP_SYS_ADMIN"),
     // The run's writes (its overlay's upper layer, the sandbox's uid's) are
     // read back by the broker.
     ("CAP_DAC_OVERRIDE", Service::Write, "copying the run's writes back"),
@@ -918,4 +918,79 @@ fn a_supplementary_group_named_in_allowed_gids_lets_its_members_in() {
     // Another group is no better.
     let o = echo_in_groups(&d.socket, &ws, member, &[users.victim.gid], "other");
     assert!(text(&o.stderr).contains("Unauthorized"), "{}", text(&o.stderr));
+}
+
+/// The system broker's pool idle now (`palisade status`, as root).
+fn pool_idle(s: &System) -> u64 {
+    let socket = s.daemon.socket.to_str().unwrap();
+    let o =
+        std::process::Command::new(bin("palisade")).args(["status", "--socket", socket, "--json"]).output();
+    let o = o.unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{o:?}"));
+    v["pool"]["idle"].as_u64().unwrap_or_else(|| panic!("{v}"))
+}
+
+/// `probe args` as `user` in `ws`: its stdout, whether its sandbox was
+/// built warm or cold, and the host uid it ran as.
+fn warm_run(s: &System, user: &nix::unistd::User, ws: &Path, args: &[&str]) -> (String, String, u64) {
+    let mut argv = vec![probe()];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let o = s.run_as(Some(user), &["--json", "--workspace", ws.to_str().unwrap()], &argv);
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{o:?}\n{}", s.daemon.log()));
+    let enforcement = &v["result"]["attestation"]["enforcement"];
+    let built =
+        enforcement["built"].as_str().unwrap_or_else(|| panic!("{v}\n{}", s.daemon.log())).to_string();
+    let host_uid = enforcement["host_uid"].as_u64().unwrap_or_else(|| panic!("{v}"));
+    (v["stdout"].as_str().unwrap_or_default().to_string(), built, host_uid)
+}
+
+/// A system broker pools too, one pool per requester: a requester's first
+/// run is cold and starts its pool; its next ones take a sandbox built
+/// ahead as its own host ids, with its own files as its own, and nothing of
+/// the run before. A sandbox built for one requester never serves another
+/// (whose first run is cold, as its own ids). When the broker dies, its
+/// pooled sandboxes go with it. Both for a root broker and for one run as
+/// the unit runs it.
+#[test]
+fn a_system_brokers_pool_builds_ahead_for_each_requester_alone() {
+    for mut s in System::root_and_unit("[broker]\nprespawn = 1\n") {
+        let (attacker, victim) = (s.users.attacker.clone(), s.users.victim.clone());
+        let (a_ws, v_ws) = (s.path("pool-a"), s.path("pool-v"));
+        owned_dir(&a_ws, &attacker, 0o755);
+        owned_dir(&v_ws, &victim, 0o755);
+        let a_uid = 0x7000_0000 + u64::from(attacker.uid.as_raw());
+        let v_uid = 0x7000_0000 + u64::from(victim.uid.as_raw());
+        let token = format!("sys-warm-{}", std::process::id());
+        let (first, built, host) = warm_run(&s, &attacker, &a_ws, &["traces", &token]);
+        assert_eq!((built.as_str(), host), ("cold", a_uid), "{first}\n{}", s.daemon.log());
+        // The attacker's pool fills (one sandbox), beside the helper that built nothing.
+        assert!(eventually(Duration::from_secs(20), || pool_idle(&s) == 2), "{}", s.daemon.log());
+        // The victim's first run: the attacker's sandbox is not for it.
+        let (out, built, host) = warm_run(&s, &victim, &v_ws, &["echo", "v1"]);
+        assert_eq!((out.as_str(), built.as_str(), host), ("ok v1\n", "cold", v_uid), "{}", s.daemon.log());
+        let (next, built, host) = warm_run(&s, &attacker, &a_ws, &["look", &token]);
+        assert_eq!((built.as_str(), host), ("warm", a_uid), "{next}\n{}", s.daemon.log());
+        for trace in ["file", "sysv", "shm", "process"] {
+            assert!(next.contains(&format!("{trace}=no")), "{trace} in {next}");
+        }
+        // The victim's own pool has filled meanwhile: its run is warm, as
+        // its own ids, and what it writes in its workspace is the victim's.
+        let full = || pool_idle(&s) == 3;
+        assert!(eventually(Duration::from_secs(20), full), "{}", s.daemon.log());
+        let (out, built, host) = warm_run(&s, &victim, &v_ws, &["write", "made-warm"]);
+        assert_eq!((out.as_str(), built.as_str(), host), ("ok \n", "warm", v_uid), "{}", s.daemon.log());
+        let made = std::fs::metadata(v_ws.join("made-warm")).unwrap();
+        assert_eq!((made.uid(), made.gid()), (victim.uid.as_raw(), victim.gid.as_raw()));
+        // The pools' sandboxes die with their broker.
+        assert!(eventually(Duration::from_secs(20), full), "{}", s.daemon.log());
+        let pooled = descendants(s.daemon.child.id());
+        assert!(pooled.len() >= 5, "{pooled:?}");
+        s.daemon.child.kill().unwrap();
+        s.daemon.child.wait().unwrap();
+        let alive = |p: &u32| std::path::Path::new(&format!("/proc/{p}")).exists();
+        let gone = eventually(Duration::from_secs(10), || !pooled.iter().any(alive));
+        assert!(gone, "left behind: {:?}", pooled.iter().filter(|p| alive(p)).collect::<Vec<_>>());
+    }
 }

@@ -329,7 +329,8 @@ fn caller(helper: &str) -> Outcome {
     })
     .map_err(io)?;
     let fds = palisade_tests::open_descriptors(&plan);
-    let fds: Vec<_> = fds.iter().map(std::os::fd::AsFd::as_fd).collect();
+    let sent = palisade_broker::engine::capture::sent(&plan, &fds).map_err(io)?;
+    let fds = sent.fds();
     let channel = child.plan_channel.take().ok_or((Errno::EBADF, "no plan channel".to_string()))?;
     palisade_broker::engine::helper::send_plan(channel, &encoded, &fds).map_err(io)?;
     palisade_broker::engine::helper::release(&child.status).map_err(io)?;
