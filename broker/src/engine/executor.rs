@@ -124,6 +124,12 @@ pub trait Executor: Send + Sync + Sized + 'static {
     /// The warm pool and the cgroups, for `status`.
     fn status(&self) -> (PoolStatus, CgroupStatus);
 
+    /// Sandboxes whose run was answered and which are still being torn
+    /// down (a Tier C helper's exit follows its answer), for `status`.
+    fn tearing_down(&self) -> usize {
+        0
+    }
+
     /// What the broker keeps out of every run's reach besides its state
     /// (see [`crate::decide::owned::owned`]): each path, what it is, and
     /// whether runs may not even see it.

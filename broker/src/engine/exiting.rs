@@ -138,6 +138,11 @@ impl Teardowns {
         });
     }
 
+    /// How many are under way now.
+    pub fn under_way(&self) -> usize {
+        *self.0.borrow()
+    }
+
     /// Waits, up to `within`, until none is under way; whether none is.
     pub async fn settle(&self, within: Duration) -> bool {
         let mut count = self.0.subscribe();

@@ -275,6 +275,10 @@ impl Executor for Linux {
         self.engine.execute(planned, request, sink, recorded, cancel, cgroup, taken).await
     }
 
+    fn tearing_down(&self) -> usize {
+        self.engine.teardowns().under_way()
+    }
+
     fn status(&self) -> (PoolStatus, CgroupStatus) {
         let (pool, requesters) = (self.engine.pool(), self.engine.requesters());
         // A system broker's: its helpers that built nothing, and every requester's sandboxes built ahead.

@@ -866,7 +866,8 @@ impl<E: Executor> Server<E> {
             uid: b.context.uid,
             started_unix: unix(self.started),
             uptime_secs: self.started.elapsed().map_or(0, |d| d.as_secs()),
-            runs_in_flight: self.running.load(Ordering::SeqCst) as u64,
+            // Until its sandbox is gone: a run answered before its helper's exit is counted until then.
+            runs_in_flight: (self.running.load(Ordering::SeqCst) + b.executor.tearing_down()) as u64,
             runs_queued: self.queued.load(Ordering::SeqCst) as u64,
             max_concurrent: *self.slot_count.lock().unwrap_or_else(|e| e.into_inner()) as u64,
             max_queued: settings.config().broker.max_queued as u64,

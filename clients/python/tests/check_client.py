@@ -13,6 +13,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from typing import Iterator, List, Optional, Tuple
 
 from palisade_client import OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, Client, PalisadeError
@@ -198,7 +199,12 @@ def main() -> int:
         assert not os.path.exists(published), published
         print("session: stopped, its socket gone")
 
+        # The last sandbox's teardown may follow its answer by a moment.
+        deadline = time.monotonic() + 10
         status = broker.status()
+        while status["runs_in_flight"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            status = broker.status()
         assert status["protocol"] == PROTOCOL_VERSION and status["runs_in_flight"] == 0, status
         print("status: protocol", status["protocol"])
 

@@ -4,11 +4,12 @@
 //! sent with the plan; each is cloned with `open_tree` before anything is
 //! mounted, so a source under the staging directory (a workspace in /tmp,
 //! say) stays reachable. The kernel clones only mounts of the caller's own
-//! mount namespace and the descriptors are the host's: a helper started by
-//! root clones them before it leaves the host's namespace (hostids.rs); one
-//! that is not root looks each path up again in its copy of the namespace
-//! and clones it only if it is the very file the descriptor is. The new root and the overlays' layers are assembled side by
-//! side in one staging tmpfs of the old root: detaching the old root after
+//! mount namespace and the descriptors are the host's: a system broker
+//! clones them itself and sends the trees instead (`JailPlan::sends_trees`);
+//! a helper of a broker that is not root looks each path up again in its
+//! copy of the namespace and clones it only if it is the very file the
+//! descriptor is. The new root and the overlays' layers are assembled side
+//! by side in one staging tmpfs of the old root: detaching the old root after
 //! `pivot_root` takes the layers' mounts with it, in one unmount (each
 //! unmount waits for an expedited RCU grace period, which interrupts every
 //! CPU). Attributes (read-only, nosuid, nodev) are set on each detached

@@ -188,7 +188,8 @@ fn the_helper_killed_at_each_stage_leaves_nothing_and_the_client_is_answered() {
 /// exit (which tears the namespaces and mounts down), does not hold up
 /// the result. It is reaped once it exits, and nothing of the run is left.
 /// The answer would wait for that exit, and so never come, if the broker
-/// still waited for the helper's exit before answering.
+/// still waited for the helper's exit before answering. Until it exits, the
+/// run is still counted in flight: the broker does not report itself idle.
 #[test]
 fn a_run_is_answered_before_its_helper_exits_and_the_helper_is_reaped_after() {
     let (ws, temp) = (TempDir::new("ws"), TempDir::new("runs"));
@@ -209,10 +210,23 @@ fn a_run_is_answered_before_its_helper_exits_and_the_helper_is_reaped_after() {
         held.is_some()
     });
     assert!(found, "no helper held after its report\n{}", d.log());
+    // Answered, but its sandbox is not gone yet: the broker does not report itself idle.
+    assert_eq!(runs_in_flight(&d), 1, "{}", d.log());
     let helper = nix::unistd::Pid::from_raw(held.unwrap() as i32);
     nix::sys::signal::kill(helper, nix::sys::signal::Signal::SIGKILL).unwrap();
     settles(&d, temp.path(), &before);
+    assert!(eventually(Duration::from_secs(10), || runs_in_flight(&d) == 0), "{}", d.log());
     expect_echo(&d.socket, ws.path(), &d);
+}
+
+/// `runs_in_flight` of `palisade status`.
+fn runs_in_flight(d: &Daemon) -> u64 {
+    let socket = d.socket.to_str().unwrap();
+    let o =
+        std::process::Command::new(bin("palisade")).args(["status", "--socket", socket, "--json"]).output();
+    let o = o.unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{o:?}"));
+    v["runs_in_flight"].as_u64().unwrap_or_else(|| panic!("{v}"))
 }
 
 /// A run's start is on disk before its command's first instruction, and its
