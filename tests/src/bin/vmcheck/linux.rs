@@ -216,7 +216,8 @@ fn memory_bomb(g: &Guest, socket: &Path, runs_dir: &Path) -> Check {
         || format!("{:?}", e.cgroup),
     )?;
     // The user's broker runs it in a warm pool slot's cgroup, limited when
-    // claimed; a root broker builds nothing ahead.
+    // claimed; a root broker's first run for a requester (this one) is cold,
+    // and starts that requester's pool.
     let (built, slot) = if g.root { (Built::Cold, false) } else { (Built::Warm, true) };
     ensure(e.built == Some(built), || format!("{:?}", e.built))?;
     let cgroup = e.cgroup.clone().unwrap_or_default();
@@ -226,11 +227,26 @@ fn memory_bomb(g: &Guest, socket: &Path, runs_dir: &Path) -> Check {
     ensure(gone, || format!("{cgroup} left behind"))?;
     let none_left = eventually(Duration::from_secs(10), || runs_left(runs_dir).is_empty());
     ensure(none_left, || format!("left behind: {:?}", runs_left(runs_dir)))?;
+    let root = if g.root { root_pool_slot(g, socket)? } else { String::new() };
     Ok(format!(
-        "4 GiB bomb under memory.max=64M: OOM-killed, peak {} MiB, {built:?} sandbox, cgroup {} removed",
+        "4 GiB bomb under memory.max=64M: OOM-killed, peak {} MiB, {built:?} sandbox, cgroup {} removed{root}",
         r.peak_memory_bytes >> 20,
         Path::new(&cgroup).file_name().unwrap_or_default().to_string_lossy()
     ))
+}
+
+/// A root broker's runs after a requester's first take a slot of that
+/// requester's pool, built as its host ids in a cgroup of its own.
+fn root_pool_slot(g: &Guest, socket: &Path) -> Result<String, String> {
+    let mut seen = None;
+    let warm = eventually(Duration::from_secs(60), || {
+        let (_, r) = run(socket, g.request(&["echo", "w"]));
+        seen = r.ok().map(|r| r.attestation.enforcement);
+        seen.as_ref().is_some_and(|e| e.built == Some(Built::Warm))
+    });
+    let e = seen.ok_or("no run")?;
+    ensure(warm && e.cgroup.as_deref().is_some_and(|c| c.contains("-pool-")), || format!("{e:?}"))?;
+    Ok(format!("; the next ones warm, as host uid {}, in a slot's cgroup", e.host_uid))
 }
 
 fn fork_bomb(g: &Guest, socket: &Path) -> Check {
