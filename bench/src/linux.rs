@@ -300,8 +300,10 @@ impl Launch for Helper {
             outer_limits: vec![],
         })
         .expect("spawn the helper");
-        let fds: Vec<_> = plan.fds.iter().map(std::os::fd::AsFd::as_fd).collect();
-        send_plan(child.plan_channel.take().unwrap(), &plan.bytes, &fds).expect("send the plan");
+        // As root: the trees of its mounts, cloned for each launch (a tree is attached once), as a system broker does.
+        let sent =
+            palisade_broker::engine::capture::sent(&plan.plan, &plan.fds).expect("clone the plan's mounts");
+        send_plan(child.plan_channel.take().unwrap(), &plan.bytes, &sent.fds()).expect("send the plan");
         release(&child.status).expect("release the command");
         let st = child.wait().unwrap();
         assert!(st.success(), "palisade-helper failed: {st} {:?}", child.read_status());
