@@ -164,7 +164,13 @@ fn idmap_userns(requester: HostIds, ids: HostIds) -> nix::Result<OwnedFd> {
         // SAFETY: as above; the child never returns.
         unsafe {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if libc::getppid() != parent.as_raw() || libc::prctl(libc::PR_SET_DUMPABLE, 1) != 0 {
+            // Nothing of the broker's but its end of the socket stays open in a dumpable process.
+            let end = theirs.as_raw_fd() as libc::c_uint;
+            if libc::getppid() != parent.as_raw()
+                || libc::syscall(libc::SYS_close_range, 0, end - 1, 0) != 0
+                || libc::syscall(libc::SYS_close_range, end + 1, libc::c_uint::MAX, 0) != 0
+                || libc::prctl(libc::PR_SET_DUMPABLE, 1) != 0
+            {
                 libc::_exit(0);
             }
             let ns = libc::open(c"/proc/self/ns/user".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);

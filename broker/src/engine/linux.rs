@@ -283,7 +283,7 @@ impl Executor for Linux {
         let (pool, requesters) = (self.engine.pool(), self.engine.requesters());
         // A system broker's: its helpers that built nothing, and every requester's sandboxes built ahead.
         let idle = pool.idle() + requesters.as_ref().map_or(0, |r| r.idle());
-        let warm = pool.warm() || requesters.is_some();
+        let warm = pool.warm() || requesters.as_ref().is_some_and(|r| r.warm());
         let pool = PoolStatus { idle: idle as u64, size: pool.size() as u64, warm };
         let cgroup =
             CgroupStatus { mode: self.cgroups.mode().into(), description: self.cgroups.description.clone() };

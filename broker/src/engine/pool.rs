@@ -255,6 +255,10 @@ impl Pool {
                     Err(e) => Err(e),
                 };
                 match started {
+                    // Closed meanwhile (a requester's pool dropped, a shutdown): not kept.
+                    Ok(slot) if pool.closed.load(Ordering::Acquire) => {
+                        let _ = tokio::task::spawn_blocking(move || slot.discard()).await;
+                    }
                     Ok(slot) => match pool.idle.lock() {
                         Ok(mut idle) => idle.push(slot),
                         Err(_) => break,

@@ -58,7 +58,14 @@ impl Requesters {
     /// A slot of the pool of `plan`'s requester, if one is ready; that
     /// pool is made (and starts filling) when the requester has none.
     pub async fn claim(&self, plan: &JailPlan, in_cgroup: bool) -> Option<Slot> {
-        let pool = self.pool_of(plan.host_ids?, plan.acting_for?)?;
+        let (ids, requester) = (plan.host_ids?, plan.acting_for?);
+        // A plan no slot of the requester's could run (a session's, the
+        // host's network) neither makes a pool nor keeps one in use.
+        let built = WarmSpec { host_ids: Some(ids), acting_for: Some(requester), ..self.base };
+        if built.admits(plan).is_err() {
+            return None;
+        }
+        let pool = self.pool_of(ids, requester)?;
         pool.claim(plan, in_cgroup).await
     }
 
@@ -100,6 +107,11 @@ impl Requesters {
     /// Slots idle now, in every pool.
     pub fn idle(&self) -> usize {
         self.pools.lock().map_or(0, |p| p.iter().map(|k| k.pool.idle()).sum())
+    }
+
+    /// Whether pools are made (not shut down, user namespaces here).
+    pub fn warm(&self) -> bool {
+        !self.stopped.load(Ordering::Acquire)
     }
 
     /// Requesters with a pool now.

@@ -106,6 +106,9 @@ pub async fn start(
     let encoded = palisade_protocol::plan::encode_plan(plan).map_err(|e| HostError::Start(e.to_string()))?;
     let cgroup_dir = cgroup.as_ref().map(RunCgroup::open_dir).transpose();
     let cgroup_dir = cgroup_dir.map_err(|e| HostError::Start(format!("its cgroup: {e}")))?.flatten();
+    // A system broker's clones of the plugin's mounts, or its host paths: before the helper starts.
+    let sent = crate::engine::capture::sent(plan, &descriptors);
+    let sent = sent.map_err(|e| HostError::Start(format!("its mounts: {e}")))?;
     let mut child = spawner
         .spawn(HelperCommand {
             warm: None,
@@ -119,9 +122,6 @@ pub async fn start(
         .await
         .map_err(|e| HostError::Start(format!("{}: {e}", helper.display())))?;
     let channel = child.plan_channel.take().ok_or_else(|| HostError::Start("no plan channel".into()))?;
-    // A system broker's clones of the plugin's mounts, or its host paths.
-    let sent = crate::engine::capture::sent(plan, &descriptors);
-    let sent = sent.map_err(|e| HostError::Start(format!("its mounts: {e}")))?;
     let fds = sent.fds();
     let pidfd = child.pidfd.try_clone().map_err(|e| HostError::Start(e.to_string()))?;
     let pid = child.pid;
