@@ -153,10 +153,10 @@ fn idmap_userns(requester: HostIds, ids: HostIds) -> nix::Result<OwnedFd> {
     let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
     let mut control = Control([0; 64]);
     let parent = nix::unistd::getpid();
-    // SAFETY: a fork-style clone (no new stack, no shared memory). The child
-    // of this many-threaded process makes only async-signal-safe raw system
-    // calls (prctl, getppid, open, sendmsg, pause, _exit) on memory made
-    // before the clone, and takes no lock and allocates nothing.
+    // The child of this many-threaded process makes only async-signal-safe
+    // raw system calls (prctl, getppid, close_range, open, sendmsg, pause,
+    // _exit) on memory made before the clone; it takes no lock and allocates nothing.
+    // SAFETY: a fork-style clone (no new stack, no shared memory), whose child does only that.
     let rc = unsafe {
         libc::syscall(libc::SYS_clone, libc::CLONE_NEWUSER | libc::SIGCHLD, 0usize, 0usize, 0usize, 0usize)
     };

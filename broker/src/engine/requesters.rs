@@ -71,10 +71,9 @@ impl Requesters {
 
     /// Refills the pool of `plan`'s requester, if it has one.
     pub fn refill(&self, plan: &JailPlan) {
-        let requester = plan.acting_for;
-        let pools = self.pools.lock().map(|p| p.iter().map(|k| (k.requester, k.pool.clone())).collect());
-        let pools: Vec<(HostIds, Arc<Pool>)> = pools.unwrap_or_default();
-        if let Some((_, pool)) = pools.into_iter().find(|(r, _)| Some(*r) == requester) {
+        let mine = |k: &&Kept| Some(k.requester) == plan.acting_for && Some(k.ids) == plan.host_ids;
+        let pool = self.pools.lock().ok().and_then(|p| p.iter().find(mine).map(|k| k.pool.clone()));
+        if let Some(pool) = pool {
             pool.refill();
         }
     }
