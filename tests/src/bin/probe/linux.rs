@@ -241,9 +241,14 @@ fn traces(token: &str) -> Outcome {
         sys(libc::shmget(TRACE_KEY, 4096, libc::IPC_CREAT | 0o600) as libc::c_long).map_err(step("shm"))?;
     }
     let child = detach_sleeper(token)?;
-    let _ = nix::sys::wait::waitpid(child, None);
+    match nix::sys::wait::waitpid(child, None) {
+        Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => {}
+        other => return Err((Errno::ECHILD, format!("sleeper's parent: {other:?}"))),
+    }
+    // The sleeper carries the token from its fork on; it is seen at once
+    // unless it died (its exec failed: it says so on stderr).
     let started = std::time::Instant::now();
-    while !look(token).contains("process=yes") && started.elapsed() < Duration::from_secs(10) {
+    while !look(token).contains("process=yes") && started.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(10));
     }
     Ok(look(token))
@@ -658,9 +663,15 @@ fn bigfile(path: &str, mib: usize) -> Outcome {
     Ok(format!("wrote {written} bytes"))
 }
 
+/// The exit codes of `detach_sleeper`'s middle child, and of its sleeper
+/// whose exec failed.
+const FORK_FAILED: i32 = 3;
+const EXEC_FAILED: i32 = 4;
+
 /// Double-forks a process that calls setsid and sleeps with `token` in its
 /// argv (so the host can find it); returns the pid of the first child, which
-/// exits at once.
+/// exits at once (0, or `FORK_FAILED`).
+
 fn detach_sleeper(token: &str) -> Result<nix::unistd::Pid, (Errno, String)> {
     use nix::unistd::{ForkResult, fork, setsid};
     let exe = std::env::current_exe().map_err(io)?;
@@ -669,11 +680,18 @@ fn detach_sleeper(token: &str) -> Result<nix::unistd::Pid, (Errno, String)> {
         ForkResult::Child => {
             let _ = setsid();
             // SAFETY: as above.
-            if let Ok(ForkResult::Child) = unsafe { fork() } {
-                let err = std::process::Command::new(&exe).args(["sleep", token]).exec_replace();
-                eprintln!("probe: exec failed: {err}");
+            match unsafe { fork() } {
+                Ok(ForkResult::Child) => {
+                    let err = std::process::Command::new(&exe).args(["sleep", token]).exec_replace();
+                    eprintln!("probe: exec failed: {err}");
+                    std::process::exit(EXEC_FAILED);
+                }
+                Ok(ForkResult::Parent { .. }) => std::process::exit(0),
+                Err(e) => {
+                    eprintln!("probe: fork the sleeper: {e}");
+                    std::process::exit(FORK_FAILED);
+                }
             }
-            std::process::exit(0);
         }
         ForkResult::Parent { child } => Ok(child),
     }
