@@ -671,7 +671,6 @@ const EXEC_FAILED: i32 = 4;
 /// Double-forks a process that calls setsid and sleeps with `token` in its
 /// argv (so the host can find it); returns the pid of the first child, which
 /// exits at once (0, or `FORK_FAILED`).
-
 fn detach_sleeper(token: &str) -> Result<nix::unistd::Pid, (Errno, String)> {
     use nix::unistd::{ForkResult, fork, setsid};
     let exe = std::env::current_exe().map_err(io)?;
