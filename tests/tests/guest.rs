@@ -91,6 +91,7 @@ fn cgroup_v1_is_used_under_a_configured_root() {
     let (ok, text) = boot(&["--keep-v1", "--controllers", "", "--as", "root"], &["--v1"]);
     for check in [
         "v1 memory bomb",
+        "v1 pool",
         "v1 fork bomb",
         "v1 session in a cgroup",
         "v1 plugin-host cgroup",
@@ -99,4 +100,5 @@ fn cgroup_v1_is_used_under_a_configured_root() {
         assert!(text.contains(&format!("vmcheck PASS [root] {check}:")), "{check} did not pass:\n{text}");
     }
     assert!(ok, "{text}");
+    println!("{}", text.lines().filter(|l| l.starts_with("vmcheck")).collect::<Vec<_>>().join("\n"));
 }

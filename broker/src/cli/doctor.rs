@@ -251,14 +251,14 @@ fn warm_pool(config: &Config, cgroups: &Cgroups, tier_c: bool) -> String {
     } else {
         String::new()
     };
+    let built = format!("{n} sandboxes built ahead (namespaces, monitor, pid 1){each}");
     match crate::engine::linux::warm_spec(config, cgroups) {
-        Some(spec) if spec.cgroup => {
-            format!(
-                "{n} sandboxes built ahead (namespaces, monitor, pid 1){each}, each in a cgroup of its own"
-            )
+        Some(_) if cgroups.available().is_ok() && cgroups.is_v1() => {
+            format!("{built}, each in a cgroup of its own (cgroup v1: placed there by the broker)")
         }
-        Some(_) => format!("{n} sandboxes built ahead (namespaces, monitor, pid 1){each}"),
-        None => plain("cgroup v1: the broker places each run's helper in its cgroups itself"),
+        Some(_) if cgroups.available().is_ok() => format!("{built}, each in a cgroup of its own"),
+        Some(_) => built,
+        None => plain("user namespaces are off"),
     }
 }
 

@@ -339,18 +339,19 @@ impl Executor for Linux {
 
 /// What the warm pool's sandboxes are built with: the default plan's shape
 /// (Tier C, every namespace, the broker's ids inside), in a cgroup of their
-/// own where runs get one (cgroup v2). A system broker's sandboxes run as
-/// each requester's own host ids: each requester's pool adds them to this.
-/// Nothing is built ahead with `warm = false`, nor on cgroup v1, where the
-/// broker places a run's helper itself after its start.
+/// own where runs get one. On cgroup v2 the helper joins it itself (the
+/// plan names it); on v1 the broker places the helper there before the spec
+/// is sent (`Pool::settle`), and the plan names none. A system broker's
+/// sandboxes run as each requester's own host ids: each requester's pool
+/// adds them to this. Nothing is built ahead with `warm = false`.
 pub(crate) fn warm_spec(config: &Config, cgroups: &Cgroups) -> Option<WarmSpec> {
     let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
     let usable = config.broker.warm && config.broker.user_namespaces;
-    let cgroup = cgroups.available().is_ok();
+    let cgroup = cgroups.available().is_ok() && !cgroups.is_v1();
     let parent_pid = std::process::id();
     let (host_ids, acting_for) = (None, None);
     let spec = WarmSpec { uid, gid, namespaces: Namespaces::ALL, parent_pid, cgroup, host_ids, acting_for };
-    (usable && !(cgroup && cgroups.is_v1())).then_some(spec)
+    usable.then_some(spec)
 }
 
 /// Checks `config` as a start does, before anything is made: its users and
@@ -516,6 +517,9 @@ fn take_cgroup(resolved: &mut Resolved, cgroup: &crate::engine::cgroup::RunCgrou
     if let Some(planned) = resolved.cgroup.as_mut() {
         planned.name = cgroup.name().to_string();
         planned.path = PathBuf::from(cgroup.display());
-        resolved.plan.cgroup = Some(cgroup.display());
+        // cgroup v1: the broker placed the helper; the plan names no cgroup to join.
+        if !cgroup.is_v1() {
+            resolved.plan.cgroup = Some(cgroup.display());
+        }
     }
 }

@@ -8,10 +8,13 @@
 //! starting a process, and building what the spec names, is not on the
 //! run's path. A sandbox serves exactly one run, then is gone with it.
 //!
-//! With cgroups (v2), each warm slot has a cgroup of its own from the start
-//! (`run-<instance>-pool-<n>`, no limits), which the helper joins before its
-//! namespaces; the run that claims the slot takes that cgroup for its own
-//! (cgroup v2 renames nothing) and its limits are set then. A helper that built nothing serves
+//! Where runs get cgroups, each warm slot has a cgroup of its own from the
+//! start (`run-<instance>-pool-<n>`, no limits): on v2 the helper joins it
+//! before its namespaces; on v1 the broker places the helper in it, in every
+//! hierarchy, before sending its spec ([`Pool::settle`]). Either way the
+//! monitor and pid 1 are born in it. The run that claims the slot takes that
+//! cgroup for its own (nothing is renamed) and its limits are set then,
+//! before its plan is sent. A helper that built nothing serves
 //! only a run without a cgroup (which must hold the helper from its start);
 //! a warm one only a run whose plan its spec admits. Any other run gets a
 //! cold helper. A dead one is skipped. The engine keeps a second pool of
@@ -27,6 +30,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 type Started = tokio::sync::oneshot::Receiver<std::io::Result<HelperChild>>;
+/// A helper being started for the next run: as [`Start`], being spawned.
+type Ahead = (Started, Option<RunCgroup>, Option<WarmSpec>);
+
+/// A helper to start ([`Pool::command`]): its command, its slot's cgroup,
+/// and on cgroup v1 the spec sent once it is placed there.
+struct Start {
+    command: HelperCommand,
+    cgroup: Option<RunCgroup>,
+    spec_after: Option<WarmSpec>,
+}
 
 /// How long [`Pool::close`] waits for a refill under way (one helper's start).
 const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -63,7 +76,7 @@ impl Slot {
 pub struct Pool {
     idle: Mutex<Vec<Slot>>,
     /// One helper being started for the next run only ([`Pool::start_one`]).
-    ahead: Mutex<Option<(Started, Option<RunCgroup>)>>,
+    ahead: Mutex<Option<Ahead>>,
     size: usize,
     /// One refill at a time.
     refilling: AtomicBool,
@@ -128,12 +141,14 @@ impl Pool {
         }
     }
 
-    /// What to start next: the helper's command and, for a warm slot with a
-    /// cgroup, that cgroup (its directory goes to the helper as fd 5).
-    fn command(&self) -> std::io::Result<(HelperCommand, Option<RunCgroup>)> {
+    /// What to start next: the helper's command and, for a warm slot where
+    /// runs get cgroups, that cgroup (v2: its directory goes to the helper
+    /// as fd 5). On cgroup v1 the spec is not in the command: the broker
+    /// sends it once it has placed the helper ([`Pool::settle`]).
+    fn command(&self) -> std::io::Result<Start> {
         let warm = self.warm.lock().ok().and_then(|w| *w);
         let cgroup = match warm {
-            Some(spec) if spec.cgroup => {
+            Some(_) if self.cgroups.available().is_ok() => {
                 let n = SLOTS_MADE.fetch_add(1, Ordering::Relaxed) + 1;
                 let name = format!("run-{}-pool-{n}", crate::host::instance::tag());
                 Some(self.cgroups.create_unlimited(&name).map_err(std::io::Error::other)?)
@@ -141,6 +156,7 @@ impl Pool {
             _ => None,
         };
         let cgroup_dir = cgroup.as_ref().map(RunCgroup::open_dir).transpose()?.flatten();
+        let placed_later = cgroup.as_ref().is_some_and(|c| !c.joins_itself());
         let command = HelperCommand {
             helper: self.helper.clone(),
             cgroup_dir,
@@ -148,9 +164,39 @@ impl Pool {
             stdout: Io::Piped,
             stderr: Io::Piped,
             outer_limits: vec![],
-            warm,
+            warm: if placed_later { None } else { warm },
         };
-        Ok((command, cgroup))
+        Ok(Start { command, cgroup, spec_after: if placed_later { warm } else { None } })
+    }
+
+    /// The slot of a helper just started from `start`'s command. On cgroup
+    /// v1 the helper has done nothing yet (it waits on fd 3): the broker
+    /// moves it into the slot's cgroup in every hierarchy, then sends its
+    /// spec, so that the monitor and pid 1 it forks are born there. (Moving
+    /// them at a claim would need the right to move processes of the
+    /// sandbox's host ids, which a system unit's broker lacks.) Blocking.
+    fn settle(
+        helper: HelperChild,
+        cgroup: Option<RunCgroup>,
+        spec_after: Option<WarmSpec>,
+    ) -> std::io::Result<Slot> {
+        let mut slot = Slot { helper, cgroup };
+        let (Some(spec), Some(cgroup)) = (spec_after, &slot.cgroup) else { return Ok(slot) };
+        let sent = cgroup.place(slot.helper.pid).map_err(std::io::Error::other).and_then(|()| {
+            let channel = slot.helper.plan_channel.as_ref().ok_or(std::io::ErrorKind::BrokenPipe)?;
+            // Into an empty socket's buffer: it cannot block.
+            std::io::Write::write_all(&mut &*channel, &spec.encode())
+        });
+        match sent {
+            Ok(()) => {
+                slot.helper.warm = Some(spec);
+                Ok(slot)
+            }
+            Err(e) => {
+                slot.discard();
+                Err(e)
+            }
+        }
     }
 
     /// An idle slot that can run `plan`, if one is ready. The caller calls
@@ -194,7 +240,7 @@ impl Pool {
     /// one) has its helper started while it decides. Call before any runtime.
     pub fn start_one(&self) {
         let submitted =
-            self.command().and_then(|(command, cgroup)| Ok((self.spawner.submit(command)?, cgroup)));
+            self.command().and_then(|s| Ok((self.spawner.submit(s.command)?, s.cgroup, s.spec_after)));
         match submitted {
             Ok(started) => {
                 if let Ok(mut ahead) = self.ahead.lock() {
@@ -210,17 +256,21 @@ impl Pool {
     /// it (else it is discarded); else an idle one that can.
     pub async fn claim(self: &Arc<Pool>, plan: &JailPlan, in_cgroup: bool) -> Option<Slot> {
         let ahead = self.ahead.lock().ok().and_then(|mut a| a.take());
-        if let Some((started, cgroup)) = ahead {
-            match started.await {
-                Ok(Ok(helper)) => {
-                    let mut slot = Slot { helper, cgroup };
+        if let Some((started, cgroup, spec_after)) = ahead {
+            let settled = match started.await {
+                Ok(Ok(helper)) => Some(Pool::settle(helper, cgroup, spec_after)),
+                Ok(Err(e)) => Some(Err(e)),
+                Err(_) => None,
+            };
+            match settled {
+                Some(Ok(mut slot)) => {
                     if slot.alive() && slot.fits(plan, in_cgroup) {
                         return Some(slot);
                     }
                     slot.discard();
                 }
-                Ok(Err(e)) => tracing::warn!("the helper started ahead of the run failed: {e}"),
-                Err(_) => {}
+                Some(Err(e)) => tracing::warn!("the helper started ahead of the run failed: {e}"),
+                None => {}
             }
         }
         self.take(plan, in_cgroup)
@@ -249,9 +299,14 @@ impl Pool {
                 && pool.idle.lock().is_ok_and(|idle| idle.len() < pool.size)
             {
                 let started = match pool.command() {
-                    Ok((command, cgroup)) => {
-                        pool.spawner.spawn(command).await.map(|helper| Slot { helper, cgroup })
-                    }
+                    Ok(Start { command, cgroup, spec_after }) => match pool.spawner.spawn(command).await {
+                        Ok(helper) => {
+                            tokio::task::spawn_blocking(move || Pool::settle(helper, cgroup, spec_after))
+                                .await
+                                .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+                        }
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 };
                 match started {

@@ -250,7 +250,8 @@ impl Engine {
         claimed: Option<Slot>,
     ) -> Result<(HelperChild, Option<RunCgroup>), BrokerError> {
         let plan = encode_plan(&resolved.plan)?;
-        let (mut helper, cgroup) = match (claimed, wanted) {
+        // A warm slot's helper is in its cgroup already (v1: placed before it built anything).
+        let (mut helper, cgroup, fresh) = match (claimed, wanted) {
             (Some(Slot { helper, cgroup: Some(cgroup) }), InCgroup::Own(name, limits))
                 if cgroup.name() == *name =>
             {
@@ -258,10 +259,12 @@ impl Engine {
                     helper.discard();
                     return Err(BrokerError::CgroupCreate(e));
                 }
-                (helper, Some(cgroup))
+                (helper, Some(cgroup), false)
             }
             // A helper started ahead, outside any cgroup: its session's is given it below.
-            (Some(Slot { helper, cgroup: None }), InCgroup::None | InCgroup::Session(_)) => (helper, None),
+            (Some(Slot { helper, cgroup: None }), InCgroup::None | InCgroup::Session(_)) => {
+                (helper, None, true)
+            }
             (claimed, wanted) => {
                 // A slot claimed for another cgroup than the plan's: not used.
                 if let Some(slot) = claimed {
@@ -273,14 +276,14 @@ impl Engine {
                 };
                 let cgroup = cgroup.transpose().map_err(BrokerError::CgroupCreate)?;
                 let dir = cgroup.as_ref().map(RunCgroup::open_dir).transpose()?.flatten();
-                (self.spawn_fresh(piped_stdin, dir).await?, cgroup)
+                (self.spawn_fresh(piped_stdin, dir).await?, cgroup, true)
             }
         };
         if let Some(channel) = helper.plan_channel.take() {
             // cgroup v1, and a session's cgroup: the broker places the helper before it has its plan.
             let placed = match (wanted, &cgroup) {
                 (InCgroup::Session(session), _) => session.place(helper.pid),
-                (_, Some(own)) => own.place(helper.pid),
+                (_, Some(own)) if fresh => own.place(helper.pid),
                 _ => Ok(()),
             };
             let handed = placed.map_err(BrokerError::from).and_then(|()| {

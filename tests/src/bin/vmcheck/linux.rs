@@ -779,6 +779,7 @@ fn v1_checks(g: &Guest) -> Vec<(&'static str, Check)> {
                 ))
             })
         }),
+        ("v1 pool", v1_pool(g, &socket, &base)),
         ("v1 fork bomb", fork_bomb(g, &socket)),
         ("v1 session in a cgroup", session_in_cgroup(g, &socket)),
         ("v1 plugin-host cgroup", v1_plugin_host(g, &base)),
@@ -794,6 +795,59 @@ fn v1_checks(g: &Guest) -> Vec<(&'static str, Check)> {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(d.id() as i32), nix::sys::signal::Signal::SIGTERM);
     let _ = d.wait();
     out
+}
+
+/// cgroup v1: the root broker's pool for the requester, after its first
+/// (cold) run. Each idle slot's monitor and pid 1 are in the slot's cgroup
+/// of every hierarchy before any run claims it. A warm run is limited there
+/// (the memory bomb is killed in the slot's cgroup, limited at the claim),
+/// and the next warm run sees none of the traces of the one before it.
+fn v1_pool(g: &Guest, socket: &Path, base: &Path) -> Check {
+    let hierarchies = [base.join("memory/palisade"), base.join("pids/palisade")];
+    let slots = || -> Vec<String> {
+        run_cgroups(&hierarchies[0]).into_iter().filter(|n| n.contains("-pool-")).collect()
+    };
+    let members = |slot: &str| -> Vec<usize> {
+        hierarchies.iter().map(|h| cgroup_file(&h.join(slot), "cgroup.procs").lines().count()).collect()
+    };
+    let filled = eventually(Duration::from_secs(60), || {
+        let slots = slots();
+        slots.len() == 2 && slots.iter().all(|s| members(s) == [2, 2])
+    });
+    ensure(filled, || {
+        let seen: Vec<_> = slots().into_iter().map(|s| (members(&s), s)).collect();
+        format!("idle slots (members in memory, pids): {seen:?}")
+    })?;
+    let (out, r) = run(socket, g.request(&["membomb", "4096"]));
+    let r = r.map_err(|e| format!("{e:?}"))?;
+    let e = &r.attestation.enforcement;
+    let cgroup = e.cgroup.clone().unwrap_or_default();
+    ensure(e.built == Some(Built::Warm) && cgroup.contains("-pool-"), || format!("{e:?}"))?;
+    ensure(
+        r.status == RunStatus::MemoryLimitExceeded
+            && r.memory_source == MemorySource::Cgroup
+            && e.limits_by == LimitsBy::CgroupV1,
+        || format!("{:?} {:?} {} {out}", r.status, r.memory_source, e.limits_by),
+    )?;
+    let token = format!("v1-trace-{}", std::process::id());
+    let warm_run = |args: &[&str]| -> Result<String, String> {
+        let (out, r) = run(socket, g.request(args));
+        let e = r.map_err(|e| format!("{args:?}: {e:?}"))?.attestation.enforcement;
+        ensure(e.built == Some(Built::Warm), || format!("{args:?}: {e:?}"))?;
+        Ok(out)
+    };
+    let first = warm_run(&["traces", &token])?;
+    ensure(first.contains("file=yes sysv=yes shm=yes process=yes"), || first.clone())?;
+    ensure(eventually(Duration::from_secs(10), || process_with_token(&token).is_none()), || {
+        "the first run's detached process outlived it".into()
+    })?;
+    let next = warm_run(&["look", &token])?;
+    ensure(next.contains("file=no sysv=no shm=no process=no"), || next.clone())?;
+    Ok(format!(
+        "2 idle slots, monitor and pid 1 in each one's memory and pids cgroups; a warm run OOM-killed \
+         in {}; the next warm run sees none of its traces",
+        Path::new(&cgroup).file_name().unwrap_or_default().to_string_lossy()
+    ))
 }
 
 /// cgroup v1: the broker places the plugin-host in its cgroup of every
