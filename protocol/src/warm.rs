@@ -32,6 +32,8 @@ pub struct WarmSpec {
     pub parent_pid: u32,
     /// Joined the cgroup on fd 5 before its namespaces (cgroup v2): the
     /// plan must name a cgroup, and the broker gives the run that one.
+    /// False for a cgroup v1 slot, which the broker placed in its cgroup
+    /// before sending the spec: its plan names none.
     pub cgroup: bool,
     /// A system broker's sandbox: the unprivileged host ids it runs as,
     /// taken before its namespaces, and the requester they act for (the

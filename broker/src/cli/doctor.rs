@@ -253,7 +253,7 @@ fn warm_pool(config: &Config, cgroups: &Cgroups, tier_c: bool) -> String {
     };
     let built = format!("{n} sandboxes built ahead (namespaces, monitor, pid 1){each}");
     match crate::engine::linux::warm_spec(config, cgroups) {
-        Some(_) if cgroups.available().is_ok() && cgroups.is_v1() => {
+        Some(_) if cgroups.is_v1() => {
             format!("{built}, each in a cgroup of its own (cgroup v1: placed there by the broker)")
         }
         Some(_) if cgroups.available().is_ok() => format!("{built}, each in a cgroup of its own"),

@@ -341,8 +341,9 @@ impl Cgroups {
         Ok(run)
     }
 
-    /// Creates the cgroup of a warm pool's slot (cgroup v2): its limits are
-    /// the run's, set when a run claims it ([`RunCgroup::set_limits`]).
+    /// Creates the cgroup of a warm pool's slot (v2, or v1 in every
+    /// hierarchy): its limits are the run's, set when a run claims it
+    /// ([`RunCgroup::set_limits`]).
     pub fn create_unlimited(&self, name: &str) -> Result<RunCgroup, CgroupError> {
         let unavailable = || CgroupError::Unavailable(self.available().err().unwrap_or("no cgroup").into());
         let cg = self.load(name).ok_or_else(unavailable)?;

@@ -11,7 +11,7 @@
 //! Where runs get cgroups, each warm slot has a cgroup of its own from the
 //! start (`run-<instance>-pool-<n>`, no limits): on v2 the helper joins it
 //! before its namespaces; on v1 the broker places the helper in it, in every
-//! hierarchy, before sending its spec ([`Pool::settle`]). Either way the
+//! hierarchy, before sending its spec ([`place_then_send`]). Either way the
 //! monitor and pid 1 are born in it. The run that claims the slot takes that
 //! cgroup for its own (nothing is renamed) and its limits are set then,
 //! before its plan is sent. A helper that built nothing serves
@@ -23,22 +23,20 @@
 
 use crate::engine::cgroup::{Cgroups, RunCgroup};
 use crate::engine::helper::{HelperChild, HelperCommand, Io};
-use crate::engine::spawn_thread::Spawner;
+use crate::engine::spawn_thread::{AfterSpawn, Spawner};
 use palisade_protocol::{JailPlan, WarmSpec};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 type Started = tokio::sync::oneshot::Receiver<std::io::Result<HelperChild>>;
-/// A helper being started for the next run: as [`Start`], being spawned.
-type Ahead = (Started, Option<RunCgroup>, Option<WarmSpec>);
 
 /// A helper to start ([`Pool::command`]): its command, its slot's cgroup,
-/// and on cgroup v1 the spec sent once it is placed there.
+/// and on cgroup v1 what the spawner thread does once it has started it.
 struct Start {
     command: HelperCommand,
     cgroup: Option<RunCgroup>,
-    spec_after: Option<WarmSpec>,
+    after: Option<AfterSpawn>,
 }
 
 /// How long [`Pool::close`] waits for a refill under way (one helper's start).
@@ -76,7 +74,7 @@ impl Slot {
 pub struct Pool {
     idle: Mutex<Vec<Slot>>,
     /// One helper being started for the next run only ([`Pool::start_one`]).
-    ahead: Mutex<Option<Ahead>>,
+    ahead: Mutex<Option<(Started, Option<RunCgroup>)>>,
     size: usize,
     /// One refill at a time.
     refilling: AtomicBool,
@@ -90,6 +88,34 @@ pub struct Pool {
     warm: Mutex<Option<WarmSpec>>,
     /// Where warm slots' cgroups go, with `warm`'s `cgroup`.
     cgroups: Cgroups,
+}
+
+/// cgroup v1: what the spawner thread does with a warm slot's helper just
+/// started. The helper has done nothing yet (it waits on fd 3): it is moved
+/// into the slot's cgroup in every hierarchy, then sent its spec, so that
+/// the monitor and pid 1 it forks are born there, before any run claims
+/// it. (Moving them at a claim would need the right to move processes of
+/// the sandbox's host ids, which a system unit's broker lacks on v1.) On a
+/// failure the helper is killed; the slot's cgroup goes with its owner.
+fn place_then_send(cgroup: &RunCgroup, spec: WarmSpec) -> std::io::Result<AfterSpawn> {
+    let membership = cgroup.membership().ok_or_else(|| std::io::Error::other("the slot's cgroup is gone"))?;
+    Ok(Box::new(move |mut helper: HelperChild| {
+        let sent = membership.place(helper.pid).map_err(std::io::Error::other).and_then(|()| {
+            let channel = helper.plan_channel.as_ref().ok_or(std::io::ErrorKind::BrokenPipe)?;
+            // Into an empty socket's buffer: it cannot block.
+            std::io::Write::write_all(&mut &*channel, &spec.encode())
+        });
+        match sent {
+            Ok(()) => {
+                helper.warm = Some(spec);
+                Ok(helper)
+            }
+            Err(e) => {
+                helper.discard();
+                Err(e)
+            }
+        }
+    }))
 }
 
 /// Warm slots' cgroups made by this broker, in all its pools (a system
@@ -143,12 +169,12 @@ impl Pool {
 
     /// What to start next: the helper's command and, for a warm slot where
     /// runs get cgroups, that cgroup (v2: its directory goes to the helper
-    /// as fd 5). On cgroup v1 the spec is not in the command: the broker
-    /// sends it once it has placed the helper ([`Pool::settle`]).
+    /// as fd 5). On cgroup v1 the spec is not in the command: the spawner
+    /// thread sends it once it has placed the helper ([`place_then_send`]).
     fn command(&self) -> std::io::Result<Start> {
         let warm = self.warm.lock().ok().and_then(|w| *w);
         let cgroup = match warm {
-            Some(_) if self.cgroups.available().is_ok() => {
+            Some(spec) if spec.cgroup || self.cgroups.is_v1() => {
                 let n = SLOTS_MADE.fetch_add(1, Ordering::Relaxed) + 1;
                 let name = format!("run-{}-pool-{n}", crate::host::instance::tag());
                 Some(self.cgroups.create_unlimited(&name).map_err(std::io::Error::other)?)
@@ -156,7 +182,10 @@ impl Pool {
             _ => None,
         };
         let cgroup_dir = cgroup.as_ref().map(RunCgroup::open_dir).transpose()?.flatten();
-        let placed_later = cgroup.as_ref().is_some_and(|c| !c.joins_itself());
+        let after = match (warm, &cgroup) {
+            (Some(spec), Some(c)) if !c.joins_itself() => Some(place_then_send(c, spec)?),
+            _ => None,
+        };
         let command = HelperCommand {
             helper: self.helper.clone(),
             cgroup_dir,
@@ -164,39 +193,9 @@ impl Pool {
             stdout: Io::Piped,
             stderr: Io::Piped,
             outer_limits: vec![],
-            warm: if placed_later { None } else { warm },
+            warm: if after.is_some() { None } else { warm },
         };
-        Ok(Start { command, cgroup, spec_after: if placed_later { warm } else { None } })
-    }
-
-    /// The slot of a helper just started from `start`'s command. On cgroup
-    /// v1 the helper has done nothing yet (it waits on fd 3): the broker
-    /// moves it into the slot's cgroup in every hierarchy, then sends its
-    /// spec, so that the monitor and pid 1 it forks are born there. (Moving
-    /// them at a claim would need the right to move processes of the
-    /// sandbox's host ids, which a system unit's broker lacks.) Blocking.
-    fn settle(
-        helper: HelperChild,
-        cgroup: Option<RunCgroup>,
-        spec_after: Option<WarmSpec>,
-    ) -> std::io::Result<Slot> {
-        let mut slot = Slot { helper, cgroup };
-        let (Some(spec), Some(cgroup)) = (spec_after, &slot.cgroup) else { return Ok(slot) };
-        let sent = cgroup.place(slot.helper.pid).map_err(std::io::Error::other).and_then(|()| {
-            let channel = slot.helper.plan_channel.as_ref().ok_or(std::io::ErrorKind::BrokenPipe)?;
-            // Into an empty socket's buffer: it cannot block.
-            std::io::Write::write_all(&mut &*channel, &spec.encode())
-        });
-        match sent {
-            Ok(()) => {
-                slot.helper.warm = Some(spec);
-                Ok(slot)
-            }
-            Err(e) => {
-                slot.discard();
-                Err(e)
-            }
-        }
+        Ok(Start { command, cgroup, after })
     }
 
     /// An idle slot that can run `plan`, if one is ready. The caller calls
@@ -239,8 +238,7 @@ impl Pool {
     /// alone (no refill after it): a broker of one run (the CLI's embedded
     /// one) has its helper started while it decides. Call before any runtime.
     pub fn start_one(&self) {
-        let submitted =
-            self.command().and_then(|s| Ok((self.spawner.submit(s.command)?, s.cgroup, s.spec_after)));
+        let submitted = self.command().and_then(|s| Ok((self.spawner.submit(s.command, s.after)?, s.cgroup)));
         match submitted {
             Ok(started) => {
                 if let Ok(mut ahead) = self.ahead.lock() {
@@ -256,21 +254,17 @@ impl Pool {
     /// it (else it is discarded); else an idle one that can.
     pub async fn claim(self: &Arc<Pool>, plan: &JailPlan, in_cgroup: bool) -> Option<Slot> {
         let ahead = self.ahead.lock().ok().and_then(|mut a| a.take());
-        if let Some((started, cgroup, spec_after)) = ahead {
-            let settled = match started.await {
-                Ok(Ok(helper)) => Some(Pool::settle(helper, cgroup, spec_after)),
-                Ok(Err(e)) => Some(Err(e)),
-                Err(_) => None,
-            };
-            match settled {
-                Some(Ok(mut slot)) => {
+        if let Some((started, cgroup)) = ahead {
+            match started.await {
+                Ok(Ok(helper)) => {
+                    let mut slot = Slot { helper, cgroup };
                     if slot.alive() && slot.fits(plan, in_cgroup) {
                         return Some(slot);
                     }
                     slot.discard();
                 }
-                Some(Err(e)) => tracing::warn!("the helper started ahead of the run failed: {e}"),
-                None => {}
+                Ok(Err(e)) => tracing::warn!("the helper started ahead of the run failed: {e}"),
+                Err(_) => {}
             }
         }
         self.take(plan, in_cgroup)
@@ -299,14 +293,9 @@ impl Pool {
                 && pool.idle.lock().is_ok_and(|idle| idle.len() < pool.size)
             {
                 let started = match pool.command() {
-                    Ok(Start { command, cgroup, spec_after }) => match pool.spawner.spawn(command).await {
-                        Ok(helper) => {
-                            tokio::task::spawn_blocking(move || Pool::settle(helper, cgroup, spec_after))
-                                .await
-                                .unwrap_or_else(|e| Err(std::io::Error::other(e)))
-                        }
-                        Err(e) => Err(e),
-                    },
+                    Ok(Start { command, cgroup, after }) => {
+                        pool.spawner.spawn_then(command, after).await.map(|helper| Slot { helper, cgroup })
+                    }
                     Err(e) => Err(e),
                 };
                 match started {

@@ -245,8 +245,8 @@ fn traces(token: &str) -> Outcome {
         Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => {}
         other => return Err((Errno::ECHILD, format!("sleeper's parent: {other:?}"))),
     }
-    // The sleeper carries the token from its fork on; it is seen at once
-    // unless it died (its exec failed: it says so on stderr).
+    // The sleeper is seen once it has exec'd `probe sleep TOKEN` (an exec
+    // that failed says so on stderr).
     let started = std::time::Instant::now();
     while !look(token).contains("process=yes") && started.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(10));
@@ -265,8 +265,12 @@ fn look(token: &str) -> String {
     let process = std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|e| {
         let name = e.file_name().to_string_lossy().into_owned();
         let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-        // Processes only ("self" is this one), and not this one.
-        name.parse::<u32>().is_ok() && name != me && cmdline.split(|b| *b == 0).any(|a| a == token.as_bytes())
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        // Processes only ("self" is this one), and not this one: a sleeper
+        // exec'd as `probe sleep TOKEN`, not a fork still running as another.
+        name.parse::<u32>().is_ok()
+            && name != me
+            && args.windows(2).any(|w| w == [b"sleep", token.as_bytes()])
     });
     let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
     format!(
@@ -674,7 +678,8 @@ const EXEC_FAILED: i32 = 4;
 fn detach_sleeper(token: &str) -> Result<nix::unistd::Pid, (Errno, String)> {
     use nix::unistd::{ForkResult, fork, setsid};
     let exe = std::env::current_exe().map_err(io)?;
-    // SAFETY: the children only call setsid, fork, exec and exit.
+    // SAFETY: the probe is single-threaded, so no lock is held across the
+    // fork; the children only call setsid, fork, exec, write to stderr and exit.
     match unsafe { fork() }.map_err(errno)? {
         ForkResult::Child => {
             let _ = setsid();
