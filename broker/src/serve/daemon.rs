@@ -141,6 +141,9 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32, config: Option<PathBu
         eprintln!("palisaded: {e}");
         return EXIT_FAILED;
     }
+    // The first /etc snapshot (and its inotify watch), before the socket
+    // accepts a request rather than during the first one.
+    drop(broker.executor.etc.as_ref().and_then(|e| e.current()));
     let (listener, owned_path) = match systemd::activated_listener() {
         Some(l) => {
             let _ = l.set_nonblocking(true);
@@ -173,8 +176,6 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32, config: Option<PathBu
         None => tracing::info!("listening on the socket passed by systemd"),
     }
     broker.executor.engine.warm_up();
-    // The first /etc snapshot, before the first request rather than during it.
-    drop(broker.executor.etc.as_ref().and_then(|e| e.current()));
     systemd::notify("READY=1");
     let cgroups = broker.executor.cgroups.clone();
     let close_pools = broker.executor.engine.closer();
