@@ -341,7 +341,7 @@ impl Executor for Linux {
 /// (Tier C, every namespace, the broker's ids inside), in a cgroup of their
 /// own where runs get one. On cgroup v2 the helper joins it itself (the
 /// plan names it); on v1 the broker places the helper there before the spec
-/// is sent (`Pool::settle`), and the plan names none. A system broker's
+/// is sent (`pool::place_then_send`), and the plan names none. A system broker's
 /// sandboxes run as each requester's own host ids: each requester's pool
 /// adds them to this. Nothing is built ahead with `warm = false`.
 pub(crate) fn warm_spec(config: &Config, cgroups: &Cgroups) -> Option<WarmSpec> {
