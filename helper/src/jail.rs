@@ -117,8 +117,9 @@ fn step<T>(stage: Stage, f: impl FnOnce() -> Result<T>) -> Result<T> {
     Ok(done)
 }
 
-/// A warm pool's sandbox: its namespaces, monitor and pid 1 come before the
-/// request, then the plan must be one they fit exactly.
+/// A warm pool's sandbox: its namespaces, monitor and pid 1, and the shared
+/// part of its root, come before the request; then the plan must be one
+/// they fit exactly.
 fn enter_warm(
     spec: palisade_protocol::WarmSpec,
 ) -> Result<(JailPlan, Option<fds::Descriptors>, Option<Entered>)> {
@@ -130,7 +131,8 @@ fn enter_warm(
     if let Some(ids) = spec.host_ids {
         become_host_ids(ids, spec.parent_pid, Signal::SIGKILL)?;
     }
-    let entered = enter_namespaces(&spec.namespaces, spec.uid, spec.gid, true)?;
+    let mut entered = enter_namespaces(&spec.namespaces, spec.uid, spec.gid, true)?;
+    entered.ahead = Some(mounts::build_ahead()?);
     let (plan, descriptors) = receive_plan()?;
     spec.admits(&plan).map_err(|e| fail(Stage::Plan, Errno::EINVAL, e))?;
     Ok((plan, descriptors, Some(entered)))
@@ -139,7 +141,7 @@ fn enter_warm(
 /// Tier C from its namespaces to pid 1's watch: the root, the hostname, the
 /// loopback, then pid 1 forks the command's process and stays as its init.
 fn become_pid1(plan: &JailPlan, descriptors: Option<fds::Descriptors>, entered: Entered) -> Result<OwnedFd> {
-    step(Stage::Mounts, || mounts::build_root(plan, descriptors))?;
+    step(Stage::Mounts, || mounts::build_root(plan, descriptors, entered.ahead))?;
     if let Some(name) = &plan.hostname {
         step(Stage::Hostname, || uts::set_hostname(name))?;
     }
@@ -168,10 +170,12 @@ fn receive_plan() -> Result<(JailPlan, Option<fds::Descriptors>)> {
 }
 
 /// A Tier C sandbox up to its mounts: in a new user namespace and the
-/// others, the outer helper left behind as monitor, this process pid 1.
+/// others, the outer helper left behind as monitor, this process pid 1; a
+/// warm one has built the shared part of its root too.
 struct Entered {
     net: Option<net::Pending>,
     to_relay: OwnedFd,
+    ahead: Option<mounts::Ahead>,
 }
 
 /// [`Entered`] for a plan in hand (a cold sandbox).
@@ -205,5 +209,5 @@ fn enter_namespaces(ns: &Namespaces, uid: u32, gid: u32, warm: bool) -> Result<E
         }
         net.as_ref().map_or(Ok(()), net::Pending::create)
     })?;
-    Ok(Entered { net, to_relay })
+    Ok(Entered { net, to_relay, ahead: None })
 }

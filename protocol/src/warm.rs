@@ -2,7 +2,9 @@
 //!
 //! A pooled helper gets a [`WarmSpec`] on fd 3 before any plan: what it may
 //! build with no request in hand (the user namespace and its maps, the other
-//! namespaces, the monitor and pid 1). It then waits on fd 3 for the plan,
+//! namespaces, the monitor and pid 1, and the part of the root no plan
+//! changes: the staging tmpfs, `/proc`, and `/dev` but for its `/dev/shm`).
+//! It then waits on fd 3 for the plan,
 //! which follows on the same socket as for any helper, and refuses it at
 //! stage `plan` unless [`WarmSpec::admits`] it: a plan that differs in
 //! anything already built gets a cold helper from the broker instead. With
@@ -12,7 +14,7 @@
 //! the plan's bind and overlay sources come with it already cloned by the
 //! broker ([`JailPlan::captured`]).
 
-use crate::plan::{HostIds, JailPlan, Namespaces, PLAN_VERSION};
+use crate::plan::{HostIds, JailPlan, Mount, Namespaces, PLAN_VERSION};
 
 /// First bytes on fd 3 of a helper that builds its sandbox ahead of the
 /// plan. A plan starts with `PJP\x01`, so the two never look alike.
@@ -54,6 +56,9 @@ impl WarmSpec {
         }
         if plan.session.is_some() {
             return Err("a session's sandbox is built for it, and its commands run in it");
+        }
+        if !builds_standard_dev_and_proc(&plan.mounts) {
+            return Err("its /dev or /proc is not the one built ahead (one of each, there, nothing in them)");
         }
         Ok(WarmSpec {
             uid: plan.uid,
@@ -120,6 +125,30 @@ impl WarmSpec {
         }
         Ok(spec)
     }
+}
+
+/// Whether the plan's root has `/proc` and `/dev` where a sandbox built
+/// ahead has them, once each, and nothing else of the plan at or under
+/// either: then building them first changes nothing the sandbox sees.
+fn builds_standard_dev_and_proc(mounts: &[Mount]) -> bool {
+    let (mut dev, mut proc) = (0, 0);
+    for m in mounts {
+        match m {
+            Mount::Dev { target, .. } if target == "/dev" => dev += 1,
+            Mount::Proc { target } if target == "/proc" => proc += 1,
+            Mount::Dev { .. } | Mount::Proc { .. } => return false,
+            m => {
+                let t = m.target();
+                let within = |dir: &str| {
+                    t.strip_prefix(dir).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+                };
+                if within("/dev") || within("/proc") {
+                    return false;
+                }
+            }
+        }
+    }
+    (dev, proc) == (1, 1)
 }
 
 const ORDER: [fn(&mut Namespaces) -> &mut bool; 7] = [
@@ -204,7 +233,7 @@ mod tests {
         plan.acting_for = None;
         let warm = WarmSpec::of(&plan).expect("a non-root Tier C plan");
         assert_eq!(warm.admits(&plan), Ok(()));
-        let changes: [fn(&mut JailPlan); 9] = [
+        let changes: [fn(&mut JailPlan); 14] = [
             |p| p.uid += 1,
             |p| p.gid += 1,
             |p| p.parent_pid += 1,
@@ -217,12 +246,27 @@ mod tests {
             },
             |p| p.namespaces = Namespaces::NONE,
             |p| p.session = Some(crate::SessionRole::Hold),
+            |p| p.mounts.retain(|m| !matches!(m, Mount::Dev { .. })),
+            |p| p.mounts.retain(|m| !matches!(m, Mount::Proc { .. })),
+            |p| p.mounts.push(Mount::Proc { target: "/run/proc".into() }),
+            |p| {
+                p.mounts.push(Mount::Tmpfs {
+                    target: "/dev/shm/big".into(),
+                    size_bytes: 1 << 20,
+                    mode: 0o700,
+                })
+            },
+            |p| p.mounts.push(Mount::Symlink { target: "/proc".into(), link: "dev".into() }),
         ];
         for change in changes {
             let mut other = plan.clone();
             change(&mut other);
             assert!(warm.admits(&other).is_err(), "{other:?}");
         }
+        // A neighbour's name is not within either.
+        let mut other = plan.clone();
+        other.mounts.push(Mount::Tmpfs { target: "/devices".into(), size_bytes: 1 << 20, mode: 0o700 });
+        assert_eq!(warm.admits(&other), Ok(()));
     }
 
     #[test]

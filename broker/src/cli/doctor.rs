@@ -251,7 +251,7 @@ fn warm_pool(config: &Config, cgroups: &Cgroups, tier_c: bool) -> String {
     } else {
         String::new()
     };
-    let built = format!("{n} sandboxes built ahead (namespaces, monitor, pid 1){each}");
+    let built = format!("{n} sandboxes built ahead (namespaces, monitor, pid 1, /proc, /dev){each}");
     match crate::engine::linux::warm_spec(config, cgroups) {
         Some(_) if cgroups.is_v1() => {
             format!("{built}, each in a cgroup of its own (cgroup v1: placed there by the broker)")

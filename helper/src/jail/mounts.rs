@@ -39,10 +39,36 @@ const NEW_ROOT: &str = "/tmp/root";
 /// /dev's own tmpfs holds device mount points and symlinks only (it ends up read-only).
 const DEV_OPTIONS: &str = "size=64k,mode=0755";
 
+/// The part of the root no plan changes, built by a warm sandbox before
+/// its plan: the staging tmpfs, the new root bound on itself, `/proc`, and
+/// `/dev` but for its `/dev/shm` (whose size is the plan's). Only a plan
+/// with those two where they are here, and nothing of its own in them, is
+/// admitted (`WarmSpec::admits`). The staging tmpfs covers the old root's
+/// `/tmp`, where bind sources may live: the old `/tmp` is held open, and
+/// such sources are looked up through it.
+pub struct Ahead {
+    old_tmp: OwnedFd,
+}
+
+pub fn build_ahead() -> Result<Ahead> {
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let old_tmp = open(STAGING, flags, Mode::empty()).at(Stage::Mounts, || format!("open {STAGING}"))?;
+    let nodes = DEV_NODES.iter().map(|n| open_tree(&format!("/dev/{n}"), false)).collect::<Result<_>>()?;
+    stage_new_root()?;
+    // Nothing of the staging tmpfs propagates anywhere; the rest of the
+    // namespace still receives the host's new mounts until the plan.
+    mount(None::<&str>, STAGING, None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .at(Stage::Mounts, || "make the staging tmpfs private".into())?;
+    place(&Mount::Proc { target: "/proc".into() }, Source::None)?;
+    build_dev("dev", "/dev", nodes)?;
+    Ok(Ahead { old_tmp })
+}
+
 /// The root from the plan's mounts: a system broker's trees of its binds
 /// and overlays ([`JailPlan::captured`]) are attached as they came; anything
-/// else is cloned here, from this namespace's copy of the host's.
-pub fn build_root(plan: &JailPlan, descriptors: Option<Descriptors>) -> Result<()> {
+/// else is cloned here, from this namespace's copy of the host's. With the
+/// shared part built `ahead`, only the plan's own part is left.
+pub fn build_root(plan: &JailPlan, descriptors: Option<Descriptors>, ahead: Option<Ahead>) -> Result<()> {
     let mut descriptors = descriptors.ok_or_else(|| fail(Stage::Plan, Errno::EINVAL, "no descriptors"))?;
     let (mut trees, captured) = (descriptors.rest().into_iter(), plan.captured().collect::<Vec<_>>());
     // Targets were checked with the plan: each resolves inside the new root, as written.
@@ -50,27 +76,32 @@ pub fn build_root(plan: &JailPlan, descriptors: Option<Descriptors>) -> Result<(
     // Nothing mounted from here on may propagate back to the host.
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .at(Stage::Mounts, || "make / private".into())?;
+    let old_tmp = ahead.as_ref().map(|a| &a.old_tmp);
     let sources = (mounts.iter().enumerate())
-        .map(|(i, m)| match captured.contains(&i) {
-            true => trees.next().map(Source::Tree).ok_or_else(|| fail(Stage::Plan, Errno::EINVAL, "no tree")),
-            false => capture(plan, &descriptors, m),
+        .map(|(i, m)| match (captured.contains(&i), m) {
+            (true, _) => {
+                trees.next().map(Source::Tree).ok_or_else(|| fail(Stage::Plan, Errno::EINVAL, "no tree"))
+            }
+            (false, Mount::Dev { .. } | Mount::Proc { .. }) if ahead.is_some() => Ok(Source::Ahead),
+            (false, _) => capture(plan, &descriptors, m, old_tmp),
         })
         .collect::<Result<Vec<_>>>()?;
-    drop(descriptors);
-    let fs_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    mount(Some("tmpfs"), STAGING, Some("tmpfs"), fs_flags, Some(STAGING_OPTIONS))
-        .at(Stage::Mounts, || "mount the staging tmpfs".into())?;
-    mkdir(NEW_ROOT, Mode::from_bits_truncate(0o755)).at(Stage::Mounts, || format!("mkdir {NEW_ROOT}"))?;
-    // pivot_root wants a mount point: the directory bound on itself.
-    mount(Some(NEW_ROOT), NEW_ROOT, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-        .at(Stage::Mounts, || "bind the new root on itself".into())?;
-    chdir(NEW_ROOT).at(Stage::Mounts, || "chdir to the new root".into())?;
+    let built_ahead = ahead.is_some();
+    drop((descriptors, ahead));
+    match built_ahead {
+        true => chdir(NEW_ROOT).at(Stage::Mounts, || "chdir to the new root".into())?,
+        false => stage_new_root()?,
+    }
     for (i, (m, source)) in mounts.iter().zip(sources).enumerate() {
         match (m, source) {
             (Mount::Overlay { target, size_bytes, .. }, Source::Tree(lower)) => {
                 overlay(target, *size_bytes, lower, i)?
             }
             (Mount::File { target, contents }, _) => file(target, contents, i)?,
+            (Mount::Dev { target, shm_bytes }, Source::Ahead) => {
+                finish_dev(&target[1..], target, *shm_bytes)?
+            }
+            (Mount::Proc { .. }, Source::Ahead) => {}
             (m, source) => place(m, source)?,
         }
     }
@@ -84,18 +115,37 @@ pub fn build_root(plan: &JailPlan, descriptors: Option<Descriptors>) -> Result<(
     chdir("/").at(Stage::Mounts, || "chdir /".into())
 }
 
+/// A staging tmpfs over the old root's `/tmp`, and in it the new root
+/// bound on itself (`pivot_root` wants a mount point) as the current directory.
+fn stage_new_root() -> Result<()> {
+    let fs_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount(Some("tmpfs"), STAGING, Some("tmpfs"), fs_flags, Some(STAGING_OPTIONS))
+        .at(Stage::Mounts, || "mount the staging tmpfs".into())?;
+    mkdir(NEW_ROOT, Mode::from_bits_truncate(0o755)).at(Stage::Mounts, || format!("mkdir {NEW_ROOT}"))?;
+    mount(Some(NEW_ROOT), NEW_ROOT, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .at(Stage::Mounts, || "bind the new root on itself".into())?;
+    chdir(NEW_ROOT).at(Stage::Mounts, || "chdir to the new root".into())
+}
+
 enum Source {
     None,
     Tree(OwnedFd),
     DevNodes(Vec<OwnedFd>),
+    /// Built before the plan ([`build_ahead`]).
+    Ahead,
 }
 
-fn capture(plan: &JailPlan, descriptors: &Descriptors, m: &Mount) -> Result<Source> {
+fn capture(
+    plan: &JailPlan,
+    descriptors: &Descriptors,
+    m: &Mount,
+    old_tmp: Option<&OwnedFd>,
+) -> Result<Source> {
     Ok(match m {
         Mount::Bind { source, .. } | Mount::Overlay { source, .. } => {
             let fd = descriptors.get(source, Stage::Mounts)?;
             let host_layout = plan.descriptor(source).is_some_and(|i| plan.descriptors[i].host_layout);
-            Source::Tree(clone_same(source, fd, host_layout)?)
+            Source::Tree(clone_same(source, fd, host_layout, old_tmp)?)
         }
         Mount::Dev { .. } => Source::DevNodes(
             DEV_NODES.iter().map(|n| open_tree(&format!("/dev/{n}"), false)).collect::<Result<_>>()?,
@@ -109,14 +159,20 @@ fn capture(plan: &JailPlan, descriptors: &Descriptors, m: &Mount) -> Result<Sour
 /// looks `path` up in its copy of the namespace, with no magic link (and, for
 /// a path the request named, no symlink) on the way, and clones what it finds
 /// only if it is the file the broker opened: same device, same inode. A path
-/// swapped since is refused, never followed.
-fn clone_same(path: &str, fd: &OwnedFd, host_layout: bool) -> Result<OwnedFd> {
+/// swapped since is refused, never followed. A path under `/tmp`, when the
+/// staging tmpfs covers it already, is looked up from the `old_tmp` under it.
+fn clone_same(path: &str, fd: &OwnedFd, host_layout: bool, old_tmp: Option<&OwnedFd>) -> Result<OwnedFd> {
     let mut resolve = ResolveFlag::RESOLVE_NO_MAGICLINKS;
     if !host_layout {
         resolve |= ResolveFlag::RESOLVE_NO_SYMLINKS;
     }
     let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_CLOEXEC).resolve(resolve);
-    let found = openat2(AT_FDCWD, path, how).at(Stage::Mounts, || format!("look up {path} again"))?;
+    let under_tmp = path.strip_prefix(STAGING).filter(|rest| rest.is_empty() || rest.starts_with('/'));
+    let found = match (old_tmp, under_tmp) {
+        (Some(tmp), Some(rest)) => openat2(tmp, format!(".{rest}").as_str(), how),
+        _ => openat2(AT_FDCWD, path, how),
+    };
+    let found = found.at(Stage::Mounts, || format!("look up {path} again"))?;
     let (want, got) = (fstat(fd), fstat(&found));
     let (want, got) = (
         want.at(Stage::Mounts, || format!("stat {path}"))?,
@@ -160,7 +216,8 @@ fn place(m: &Mount, source: Source) -> Result<()> {
                 .at(Stage::Mounts, || format!("mount proc on {target}"))
         }
         (Mount::Dev { target, shm_bytes }, Source::DevNodes(nodes)) => {
-            build_dev(rel, target, *shm_bytes, nodes)
+            build_dev(rel, target, nodes)?;
+            finish_dev(rel, target, *shm_bytes)
         }
         (Mount::Symlink { target, link }, _) => {
             make_parents(rel)?;
@@ -246,9 +303,9 @@ fn file(target: &str, contents: &str, i: usize) -> Result<()> {
     attach(&tree, rel).at(Stage::Mounts, || format!("bind the plan's file on {target}"))
 }
 
-/// A tmpfs with the host's harmless device nodes bound in, a private devpts
-/// and a writable /dev/shm of `shm` bytes; the tmpfs itself ends up read-only.
-fn build_dev(rel: &str, target: &str, shm: u64, nodes: Vec<OwnedFd>) -> Result<()> {
+/// A tmpfs with the host's harmless device nodes bound in and a private
+/// devpts; [`finish_dev`] adds /dev/shm and makes the tmpfs read-only.
+fn build_dev(rel: &str, target: &str, nodes: Vec<OwnedFd>) -> Result<()> {
     make_mount_point(rel, true)?;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
     mount(Some("tmpfs"), rel, Some("tmpfs"), flags, Some(DEV_OPTIONS))
@@ -266,12 +323,18 @@ fn build_dev(rel: &str, target: &str, shm: u64, nodes: Vec<OwnedFd>) -> Result<(
     }
     let (shm_dir, pts) = (format!("{rel}/{DEV_SHM}"), format!("{rel}/{DEV_PTS}"));
     make_mount_point(&shm_dir, true)?;
-    let data = format!("size={shm},nr_inodes={},mode=1777", tmpfs_inodes(shm));
-    mount(Some("tmpfs"), shm_dir.as_str(), Some("tmpfs"), flags | MsFlags::MS_NODEV, Some(data.as_str()))
-        .at(Stage::Mounts, || format!("mount tmpfs on {target}/{DEV_SHM}"))?;
     make_mount_point(&pts, true)?;
     mount(Some("devpts"), pts.as_str(), Some("devpts"), flags, Some("newinstance,ptmxmode=0666,mode=0620"))
-        .at(Stage::Mounts, || format!("mount devpts on {target}/{DEV_PTS}"))?;
+        .at(Stage::Mounts, || format!("mount devpts on {target}/{DEV_PTS}"))
+}
+
+/// A writable /dev/shm of `shm` bytes, then the rest of /dev read-only.
+fn finish_dev(rel: &str, target: &str, shm: u64) -> Result<()> {
+    let shm_dir = format!("{rel}/{DEV_SHM}");
+    let data = format!("size={shm},nr_inodes={},mode=1777", tmpfs_inodes(shm));
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NODEV;
+    mount(Some("tmpfs"), shm_dir.as_str(), Some("tmpfs"), flags, Some(data.as_str()))
+        .at(Stage::Mounts, || format!("mount tmpfs on {target}/{DEV_SHM}"))?;
     set_attributes(None, rel, libc::MOUNT_ATTR_RDONLY, false)
         .at(Stage::Mounts, || format!("make {target} read-only"))
 }

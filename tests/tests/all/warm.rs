@@ -16,13 +16,17 @@ struct Broker {
 
 impl Broker {
     fn start(config: &str) -> Broker {
+        Broker::start_in(config, TempDir::new("warm"))
+    }
+
+    /// With its workspace in `dir`.
+    fn start_in(config: &str, dir: TempDir) -> Broker {
         let user = is_root().then(test_user);
         let d = Daemon::start_with(DaemonOptions {
             config: config.into(),
             user: user.clone(),
             ..Default::default()
         });
-        let dir = TempDir::new("warm");
         let ws = shared_workspace(&dir, "w");
         Broker { d, user, ws, _dir: dir }
     }
@@ -112,6 +116,33 @@ fn a_warm_sandbox_shows_nothing_of_the_run_before_it() {
 }
 
 #[test]
+fn a_warm_sandboxs_dev_proc_and_workspace_are_a_cold_ones() {
+    // A pooled sandbox builds /dev and /proc before its plan, under a
+    // staging tmpfs that covers the old root's /tmp: a workspace under
+    // the host's /tmp must still be the host's, not the staging's.
+    let at_tmp = || TempDir::new_in(std::path::Path::new("/tmp"), "warm-tmp");
+    let warm = Broker::start_in("[broker]\nprespawn = 1\n", at_tmp());
+    let cold = Broker::start_in("[broker]\nprespawn = 1\nwarm = false\n", at_tmp());
+    assert!(pool_is_full(&warm, 1), "{}", warm.d.log());
+    let mut seen = Vec::new();
+    for (b, want) in [(&warm, "warm"), (&cold, "cold")] {
+        std::fs::write(b.ws.join("mark"), "the host's\n").unwrap();
+        let (read, built, _) = b.run(&["read", &b.ws.join("mark").display().to_string()]);
+        assert_eq!((read.as_str(), built.as_str()), ("ok 11 bytes: the host's\n\n", want), "{}", b.d.log());
+        let (root, built, _) = b.run(&["root"]);
+        assert_eq!(built, want, "{}", b.d.log());
+        seen.push(root);
+    }
+    let warm_root = &seen[0];
+    assert!(field(warm_root, "dev").split(',').any(|n| n == "null"), "{warm_root}");
+    assert_eq!(field(warm_root, "pts"), "ptmx", "{warm_root}");
+    assert_eq!(field(warm_root, "pids"), "1,2", "the sandbox's processes alone: {warm_root}");
+    assert_eq!(field(warm_root, "dev_write"), "EROFS", "{warm_root}");
+    assert_eq!(field(warm_root, "shm_write"), "yes", "{warm_root}");
+    assert_eq!(seen[0], seen[1], "warm, then cold");
+}
+
+#[test]
 fn a_plan_the_pool_was_not_built_for_gets_a_cold_sandbox() {
     let b = Broker::start("[broker]\nprespawn = 1\n");
     assert!(pool_is_full(&b, 1), "{}", b.d.log());
@@ -159,11 +190,13 @@ fn doctor_says_what_the_pool_builds_ahead() {
     };
     let user = is_root().then(test_user);
     let line = doctor(user.as_ref());
-    assert!(line.contains("2 sandboxes built ahead (namespaces, monitor, pid 1)"), "{line}");
+    assert!(line.contains("2 sandboxes built ahead (namespaces, monitor, pid 1, /proc, /dev)"), "{line}");
     if is_root() {
         let line = doctor(None);
         assert!(
-            line.contains("2 sandboxes built ahead (namespaces, monitor, pid 1) for each requester"),
+            line.contains(
+                "2 sandboxes built ahead (namespaces, monitor, pid 1, /proc, /dev) for each requester"
+            ),
             "{line}"
         );
     }

@@ -74,6 +74,7 @@ fn run() -> Result<(), (Errno, String)> {
         "limits" => limits(),
         "ifaces" => ifaces(),
         "pids" => pids(),
+        "root" => Ok(root_view()),
         "serve" => serve(&arg(1)),
         "signal" => nix::sys::signal::kill(pid(&arg(1)), nix::sys::signal::Signal::SIGCONT)
             .map(|_| String::new())
@@ -456,6 +457,32 @@ fn pids() -> Outcome {
         .collect();
     pids.sort();
     Ok(pids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+}
+
+/// The part of the root every sandbox has, as the command sees it: the
+/// names in /dev and /dev/pts (sorted), its processes, and whether /dev,
+/// /dev/shm and /proc take a new file (`yes`, or the error's name).
+fn root_view() -> String {
+    let names = |dir: &str| {
+        let mut found: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned())).collect())
+            .unwrap_or_default();
+        found.sort();
+        found.join(",")
+    };
+    let takes = |path: &str| match std::fs::write(path, b"x") {
+        Ok(()) => "yes".to_string(),
+        Err(e) => format!("{:?}", Errno::from_raw(e.raw_os_error().unwrap_or(0))),
+    };
+    format!(
+        "dev={} pts={} pids={} dev_write={} shm_write={} proc_write={}",
+        names("/dev"),
+        names("/dev/pts"),
+        pids().unwrap_or_default(),
+        takes("/dev/new"),
+        takes("/dev/shm/new"),
+        takes("/proc/new")
+    )
 }
 
 /// Tries every route to a mount: in a new user+mount namespace, in a new mount
