@@ -116,7 +116,7 @@ fn a_warm_sandbox_shows_nothing_of_the_run_before_it() {
 }
 
 #[test]
-fn a_warm_sandboxs_dev_proc_and_workspace_are_a_cold_ones() {
+fn a_warm_sandbox_has_the_dev_proc_and_workspace_of_a_cold_one() {
     // A pooled sandbox builds /dev and /proc before its plan, under a
     // staging tmpfs that covers the old root's /tmp: a workspace under
     // the host's /tmp must still be the host's, not the staging's.
