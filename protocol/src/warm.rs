@@ -57,6 +57,11 @@ impl WarmSpec {
         if plan.session.is_some() {
             return Err("a session's sandbox is built for it, and its commands run in it");
         }
+        if plan.mounts.iter().any(|m| {
+            matches!(m, Mount::Bind { source, .. } | Mount::Overlay { source, .. } if source == "/" || source == "/tmp")
+        }) {
+            return Err("it binds / or /tmp, which would carry the staging tmpfs built ahead over /tmp");
+        }
         if !builds_standard_dev_and_proc(&plan.mounts) {
             return Err("its /dev or /proc is not the one built ahead (one of each, there, nothing in them)");
         }
@@ -233,7 +238,7 @@ mod tests {
         plan.acting_for = None;
         let warm = WarmSpec::of(&plan).expect("a non-root Tier C plan");
         assert_eq!(warm.admits(&plan), Ok(()));
-        let changes: [fn(&mut JailPlan); 14] = [
+        let changes: [fn(&mut JailPlan); 16] = [
             |p| p.uid += 1,
             |p| p.gid += 1,
             |p| p.parent_pid += 1,
@@ -257,15 +262,37 @@ mod tests {
                 })
             },
             |p| p.mounts.push(Mount::Symlink { target: "/proc".into(), link: "dev".into() }),
+            |p| {
+                p.mounts.push(Mount::Bind {
+                    source: "/tmp".into(),
+                    target: "/mnt".into(),
+                    writable: false,
+                    owned: true,
+                })
+            },
+            |p| {
+                p.mounts.push(Mount::Overlay {
+                    source: "/".into(),
+                    target: "/mnt".into(),
+                    size_bytes: 1,
+                    owned: true,
+                })
+            },
         ];
         for change in changes {
             let mut other = plan.clone();
             change(&mut other);
             assert!(warm.admits(&other).is_err(), "{other:?}");
         }
-        // A neighbour's name is not within either.
+        // A neighbour's name is not within either, and a source under /tmp is no copy of it.
         let mut other = plan.clone();
         other.mounts.push(Mount::Tmpfs { target: "/devices".into(), size_bytes: 1 << 20, mode: 0o700 });
+        other.mounts.push(Mount::Bind {
+            source: "/tmp/w".into(),
+            target: "/tmp/w".into(),
+            writable: true,
+            owned: true,
+        });
         assert_eq!(warm.admits(&other), Ok(()));
     }
 

@@ -48,20 +48,44 @@ const DEV_OPTIONS: &str = "size=64k,mode=0755";
 /// such sources are looked up through it.
 pub struct Ahead {
     old_tmp: OwnedFd,
+    /// Where the old `/tmp` is on the host (a symlink's target, if it is one).
+    tmp_path: String,
 }
 
 pub fn build_ahead() -> Result<Ahead> {
     let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
     let old_tmp = open(STAGING, flags, Mode::empty()).at(Stage::Mounts, || format!("open {STAGING}"))?;
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", old_tmp.as_raw_fd()));
+    let tmp_path = link.at(Stage::Mounts, || format!("find where {STAGING} is"))?;
+    let tmp_path = (tmp_path.to_str().map(str::to_string))
+        .ok_or_else(|| fail(Stage::Mounts, Errno::EINVAL, format!("{STAGING} is {tmp_path:?}, not UTF-8")))?;
     let nodes = DEV_NODES.iter().map(|n| open_tree(&format!("/dev/{n}"), false)).collect::<Result<_>>()?;
     stage_new_root()?;
-    // Nothing of the staging tmpfs propagates anywhere; the rest of the
-    // namespace still receives the host's new mounts until the plan.
-    mount(None::<&str>, STAGING, None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .at(Stage::Mounts, || "make the staging tmpfs private".into())?;
     place(&Mount::Proc { target: "/proc".into() }, Source::None)?;
     build_dev("dev", "/dev", nodes)?;
-    Ok(Ahead { old_tmp })
+    // Nothing of it propagates anywhere (the device nodes' copies were
+    // slaves of the host's); the rest of the namespace still receives the
+    // host's new mounts until the plan.
+    mount(None::<&str>, STAGING, None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .at(Stage::Mounts, || "make the staging tmpfs private".into())?;
+    Ok(Ahead { old_tmp, tmp_path })
+}
+
+impl Ahead {
+    /// `path` relative to the old `/tmp` (`.` for itself), if it is under it.
+    fn under_tmp(&self, path: &str) -> Option<String> {
+        let rest = path.strip_prefix(self.tmp_path.as_str())?;
+        (rest.is_empty() || rest.starts_with('/')).then(|| format!(".{rest}"))
+    }
+
+    /// Whether a recursive copy of `path` would hold the staging tmpfs: the
+    /// old `/tmp` and every directory above it (a cold sandbox copies its
+    /// sources before the staging tmpfs is mounted; the broker sends such
+    /// plans to a cold one).
+    fn holds_staging(&self, path: &str) -> bool {
+        path == "/"
+            || self.tmp_path.strip_prefix(path).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
 }
 
 /// The root from the plan's mounts: a system broker's trees of its binds
@@ -76,14 +100,13 @@ pub fn build_root(plan: &JailPlan, descriptors: Option<Descriptors>, ahead: Opti
     // Nothing mounted from here on may propagate back to the host.
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .at(Stage::Mounts, || "make / private".into())?;
-    let old_tmp = ahead.as_ref().map(|a| &a.old_tmp);
     let sources = (mounts.iter().enumerate())
         .map(|(i, m)| match (captured.contains(&i), m) {
             (true, _) => {
                 trees.next().map(Source::Tree).ok_or_else(|| fail(Stage::Plan, Errno::EINVAL, "no tree"))
             }
             (false, Mount::Dev { .. } | Mount::Proc { .. }) if ahead.is_some() => Ok(Source::Ahead),
-            (false, _) => capture(plan, &descriptors, m, old_tmp),
+            (false, _) => capture(plan, &descriptors, m, ahead.as_ref()),
         })
         .collect::<Result<Vec<_>>>()?;
     let built_ahead = ahead.is_some();
@@ -135,17 +158,12 @@ enum Source {
     Ahead,
 }
 
-fn capture(
-    plan: &JailPlan,
-    descriptors: &Descriptors,
-    m: &Mount,
-    old_tmp: Option<&OwnedFd>,
-) -> Result<Source> {
+fn capture(plan: &JailPlan, descriptors: &Descriptors, m: &Mount, ahead: Option<&Ahead>) -> Result<Source> {
     Ok(match m {
         Mount::Bind { source, .. } | Mount::Overlay { source, .. } => {
             let fd = descriptors.get(source, Stage::Mounts)?;
             let host_layout = plan.descriptor(source).is_some_and(|i| plan.descriptors[i].host_layout);
-            Source::Tree(clone_same(source, fd, host_layout, old_tmp)?)
+            Source::Tree(clone_same(source, fd, host_layout, ahead)?)
         }
         Mount::Dev { .. } => Source::DevNodes(
             DEV_NODES.iter().map(|n| open_tree(&format!("/dev/{n}"), false)).collect::<Result<_>>()?,
@@ -159,27 +177,34 @@ fn capture(
 /// looks `path` up in its copy of the namespace, with no magic link (and, for
 /// a path the request named, no symlink) on the way, and clones what it finds
 /// only if it is the file the broker opened: same device, same inode. A path
-/// swapped since is refused, never followed. A path under `/tmp`, when the
-/// staging tmpfs covers it already, is looked up from the `old_tmp` under it.
-fn clone_same(path: &str, fd: &OwnedFd, host_layout: bool, old_tmp: Option<&OwnedFd>) -> Result<OwnedFd> {
+/// swapped since is refused, never followed. With the staging tmpfs built
+/// `ahead` over `/tmp`, a path under it is looked up from the old `/tmp`.
+fn clone_same(path: &str, fd: &OwnedFd, host_layout: bool, ahead: Option<&Ahead>) -> Result<OwnedFd> {
     let mut resolve = ResolveFlag::RESOLVE_NO_MAGICLINKS;
     if !host_layout {
         resolve |= ResolveFlag::RESOLVE_NO_SYMLINKS;
     }
     let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_CLOEXEC).resolve(resolve);
-    let under_tmp = path.strip_prefix(STAGING).filter(|rest| rest.is_empty() || rest.starts_with('/'));
-    let found = match (old_tmp, under_tmp) {
-        (Some(tmp), Some(rest)) => openat2(tmp, format!(".{rest}").as_str(), how),
-        _ => openat2(AT_FDCWD, path, how),
+    if ahead.is_some_and(|a| a.holds_staging(path)) {
+        let why =
+            format!("{path} holds the staging tmpfs of a sandbox built ahead: only a cold one can bind it");
+        return Err(fail(Stage::Mounts, Errno::EINVAL, why));
+    }
+    let under_tmp = ahead.and_then(|a| a.under_tmp(path).map(|rest| (&a.old_tmp, rest)));
+    let found = match &under_tmp {
+        Some((tmp, rest)) => openat2(tmp, rest.as_str(), how),
+        None => openat2(AT_FDCWD, path, how),
     };
-    let found = found.at(Stage::Mounts, || format!("look up {path} again"))?;
+    let via = if under_tmp.is_some() { " (through the /tmp held since the sandbox was built)" } else { "" };
+    let found = found.at(Stage::Mounts, || format!("look up {path} again{via}"))?;
     let (want, got) = (fstat(fd), fstat(&found));
     let (want, got) = (
         want.at(Stage::Mounts, || format!("stat {path}"))?,
         got.at(Stage::Mounts, || format!("stat {path}"))?,
     );
     if (want.st_dev, want.st_ino) != (got.st_dev, got.st_ino) {
-        return Err(fail(Stage::Mounts, Errno::ESTALE, format!("{path} changed since the broker opened it")));
+        let why = format!("{path} changed since the broker opened it{via}");
+        return Err(fail(Stage::Mounts, Errno::ESTALE, why));
     }
     clone_tree(&found, path)
 }
