@@ -329,6 +329,8 @@ fn a_reload_adds_a_user_while_another_users_run_goes_on() {
     assert!(d.log().contains("configuration reloaded"), "{}", d.log());
     let o = echo(&d, &ws_a, Some(attacker), "a");
     assert!(echoed(&o, "a"), "{}", said(&o));
+    // A run is answered before its sandbox is torn down, and counts until then.
+    in_flight(&d, 1);
     let s = status_as(&d, Some(attacker)).unwrap();
     assert_eq!((s.runs_in_flight, s.config.reloads), (1, 1));
     assert!(gate.open(WAIT), "the victim's run never reached its gate:\n{}", d.log());
