@@ -59,7 +59,7 @@ pub fn build_ahead() -> Result<Ahead> {
     let tmp_path = link.at(Stage::Mounts, || format!("find where {STAGING} is"))?;
     let tmp_path = (tmp_path.to_str().map(str::to_string))
         .ok_or_else(|| fail(Stage::Mounts, Errno::EINVAL, format!("{STAGING} is {tmp_path:?}, not UTF-8")))?;
-    let nodes = DEV_NODES.iter().map(|n| open_tree(&format!("/dev/{n}"), false)).collect::<Result<_>>()?;
+    let nodes = dev_nodes()?;
     stage_new_root()?;
     place(&Mount::Proc { target: "/proc".into() }, Source::None)?;
     build_dev("dev", "/dev", nodes)?;
@@ -165,9 +165,7 @@ fn capture(plan: &JailPlan, descriptors: &Descriptors, m: &Mount, ahead: Option<
             let host_layout = plan.descriptor(source).is_some_and(|i| plan.descriptors[i].host_layout);
             Source::Tree(clone_same(source, fd, host_layout, ahead)?)
         }
-        Mount::Dev { .. } => Source::DevNodes(
-            DEV_NODES.iter().map(|n| open_tree(&format!("/dev/{n}"), false)).collect::<Result<_>>()?,
-        ),
+        Mount::Dev { .. } => Source::DevNodes(dev_nodes()?),
         _ => Source::None,
     })
 }
@@ -326,6 +324,11 @@ fn file(target: &str, contents: &str, i: usize) -> Result<()> {
         })?;
     }
     attach(&tree, rel).at(Stage::Mounts, || format!("bind the plan's file on {target}"))
+}
+
+/// Copies of the host's harmless device nodes, to bind into /dev.
+fn dev_nodes() -> Result<Vec<OwnedFd>> {
+    DEV_NODES.iter().map(|n| open_tree(&format!("/dev/{n}"), false)).collect()
 }
 
 /// A tmpfs with the host's harmless device nodes bound in and a private
