@@ -25,6 +25,7 @@ pub(crate) mod sensitive;
 pub(crate) mod spans;
 pub mod trust;
 pub(crate) mod validate;
+pub mod windows;
 
 pub use capabilities::{Capabilities, Preset};
 pub use cedar::{CedarPolicies, CedarVerdict, Principal};

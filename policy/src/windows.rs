@@ -1,0 +1,151 @@
+//! Windows: a decided run's limits as a Job Object's, and its command as
+//! `CreateProcessW` takes it (one command line, one environment block).
+//!
+//! Data only, built and tested on every system; `palisade-windows` applies
+//! it. What the job holds of a run (see [`job_limits`]): its processes
+//! (`--no-fork` is one: the command itself), each process's committed
+//! memory (the plan's RLIMIT_DATA), the whole job's (the run's memory
+//! limit), each process's CPU time (RLIMIT_CPU). The job always kills every
+//! process when its handle closes, forbids breaking away, and restricts
+//! the user interface ([`UI_RESTRICTIONS`]); the deadline and the output
+//! quota are the executor's.
+
+use crate::decision::Resolved;
+use std::time::Duration;
+
+/// What a run's processes may not do to the desktop they share with the
+/// user, each a `JOB_OBJECT_UILIMIT_*` flag: read or write the clipboard,
+/// use global atoms or other processes' user handles, switch or create
+/// desktops, change display settings or system parameters, log off or shut down.
+pub const UI_RESTRICTIONS: [&str; 8] = [
+    "READCLIPBOARD",
+    "WRITECLIPBOARD",
+    "GLOBALATOMS",
+    "HANDLES",
+    "DESKTOP",
+    "DISPLAYSETTINGS",
+    "SYSTEMPARAMETERS",
+    "EXITWINDOWS",
+];
+
+/// A run's Job Object limits (`JOBOBJECT_EXTENDED_LIMIT_INFORMATION`).
+/// `None`: no limit of that kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobLimits {
+    /// `ActiveProcessLimit`: processes of the run alive at once, the
+    /// command's included (at least 1).
+    pub active_processes: u32,
+    /// `ProcessMemoryLimit`: bytes of memory each process may commit.
+    pub process_memory: Option<u64>,
+    /// `JobMemoryLimit`: bytes the run's processes may commit together.
+    pub job_memory: Option<u64>,
+    /// `PerProcessUserTimeLimit`: user-mode CPU time of each process.
+    pub process_cpu: Option<Duration>,
+}
+
+/// The job limits of `resolved`'s run: the process count (1 where the run
+/// may not fork), RLIMIT_DATA per process, the run's memory limit for the
+/// whole job, RLIMIT_CPU per process. An unlimited rlimit is no limit.
+pub fn job_limits(resolved: &Resolved) -> JobLimits {
+    let process = &resolved.capabilities.process;
+    let r = &resolved.plan.rlimits;
+    let finite = |v: u64| (v != u64::MAX && v != 0).then_some(v);
+    let active_processes =
+        if process.no_fork { 1 } else { u32::try_from(r.processes.hard).unwrap_or(u32::MAX).max(1) };
+    JobLimits {
+        active_processes,
+        process_memory: finite(r.data.hard),
+        job_memory: finite(process.max_memory_mb.saturating_mul(1 << 20)),
+        process_cpu: (r.cpu_seconds.hard != u64::MAX).then(|| Duration::from_secs(r.cpu_seconds.hard)),
+    }
+}
+
+/// Why a command cannot be given to `CreateProcessW` as it is.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CommandError {
+    #[error("the command has no program")]
+    Empty,
+    #[error("a NUL character cannot be passed to a Windows command: {0:?}")]
+    Nul(String),
+    #[error("an environment variable's name cannot be empty or hold '=' after its first character: {0:?}")]
+    Name(String),
+}
+
+/// `argv` as one command line, quoted as the Microsoft C runtime (and
+/// Rust's, and `CommandLineToArgvW`) splits it back: an argument with a
+/// space, a tab, a quote or nothing in it is quoted; backslashes are
+/// doubled only before a quote.
+pub fn command_line(argv: &[String]) -> Result<String, CommandError> {
+    if argv.is_empty() {
+        return Err(CommandError::Empty);
+    }
+    let mut line = String::new();
+    for (i, arg) in argv.iter().enumerate() {
+        if arg.contains('\0') {
+            return Err(CommandError::Nul(arg.clone()));
+        }
+        if i > 0 {
+            line.push(' ');
+        }
+        quote_into(arg, &mut line);
+    }
+    Ok(line)
+}
+
+fn quote_into(arg: &str, line: &mut String) {
+    if !arg.is_empty() && !arg.contains([' ', '\t', '\n', '\u{b}', '"']) {
+        line.push_str(arg);
+        return;
+    }
+    line.push('"');
+    let mut backslashes = 0;
+    for c in arg.chars() {
+        match c {
+            '\\' => backslashes += 1,
+            '"' => {
+                // Each backslash before a quote is doubled, and the quote escaped.
+                line.extend(std::iter::repeat_n('\\', backslashes * 2 + 1));
+                line.push('"');
+                backslashes = 0;
+            }
+            _ => {
+                line.extend(std::iter::repeat_n('\\', backslashes));
+                line.push(c);
+                backslashes = 0;
+            }
+        }
+    }
+    // Backslashes before the closing quote are doubled too.
+    line.extend(std::iter::repeat_n('\\', backslashes * 2));
+    line.push('"');
+}
+
+/// `env` as `CreateProcessW`'s Unicode environment block: `NAME=value`
+/// entries, sorted by name without regard to case as Windows keeps them,
+/// each ended by a NUL and the block by another. The command inherits
+/// nothing else.
+pub fn environment_block(env: &[(String, String)]) -> Result<Vec<u16>, CommandError> {
+    let mut entries: Vec<&(String, String)> = env.iter().collect();
+    for (name, value) in &entries {
+        if name.is_empty() || name[1..].contains('=') {
+            return Err(CommandError::Name(name.clone()));
+        }
+        if name.contains('\0') || value.contains('\0') {
+            return Err(CommandError::Nul(format!("{name}={value}")));
+        }
+    }
+    entries.sort_by_key(|(name, _)| name.to_uppercase());
+    let mut block = Vec::new();
+    for (name, value) in entries {
+        block.extend(format!("{name}={value}").encode_utf16());
+        block.push(0);
+    }
+    if block.is_empty() {
+        block.push(0);
+    }
+    block.push(0);
+    Ok(block)
+}
+
+#[cfg(test)]
+mod tests;
