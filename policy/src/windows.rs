@@ -5,7 +5,8 @@
 //! it. What the job holds of a run (see [`job_limits`]): its processes
 //! (`--no-fork` is one: the command itself), each process's committed
 //! memory (the plan's RLIMIT_DATA), the whole job's (the run's memory
-//! limit), each process's CPU time (RLIMIT_CPU). The job always kills every
+//! limit), each process's user-mode CPU time (RLIMIT_CPU's figure; the
+//! kernel-mode time a job cannot limit per process). The job always kills every
 //! process when its handle closes, forbids breaking away, and restricts
 //! the user interface ([`UI_RESTRICTIONS`]); the deadline and the output
 //! quota are the executor's.
@@ -39,7 +40,8 @@ pub struct JobLimits {
     pub process_memory: Option<u64>,
     /// `JobMemoryLimit`: bytes the run's processes may commit together.
     pub job_memory: Option<u64>,
-    /// `PerProcessUserTimeLimit`: user-mode CPU time of each process.
+    /// `PerProcessUserTimeLimit`: user-mode CPU time of each process
+    /// (kernel-mode time is not limited).
     pub process_cpu: Option<Duration>,
 }
 
@@ -69,24 +71,57 @@ pub enum CommandError {
     Nul(String),
     #[error("an environment variable's name cannot be empty or hold '=' after its first character: {0:?}")]
     Name(String),
+    #[error("two environment variables differ only in case, which Windows takes for one: {0:?} and {1:?}")]
+    Duplicate(String, String),
+    #[error("the program's name (argv[0]) cannot hold a '\"' on Windows: {0:?}")]
+    Argv0(String),
+    #[error("the program must be an absolute path: {0:?}")]
+    Relative(String),
+    #[error(
+        "{0:?} is a batch file, which Windows hands to cmd.exe to parse again (its quoting is not the \
+         C runtime's): run cmd.exe /c with the script's name instead"
+    )]
+    Batch(String),
 }
 
-/// `argv` as one command line, quoted as the Microsoft C runtime (and
-/// Rust's, and `CommandLineToArgvW`) splits it back: an argument with a
-/// space, a tab, a quote or nothing in it is quoted; backslashes are
-/// doubled only before a quote.
-pub fn command_line(argv: &[String]) -> Result<String, CommandError> {
-    if argv.is_empty() {
-        return Err(CommandError::Empty);
+/// Whether `program` can be started as it is: an absolute path (drive and
+/// root, or a UNC path), without a NUL, and not a batch file (`.bat` or
+/// `.cmd` in any case, trailing dots and spaces ignored as Windows ignores
+/// them), whose command line `cmd.exe` would parse again.
+pub fn check_program(program: &str) -> Result<(), CommandError> {
+    if program.contains('\0') {
+        return Err(CommandError::Nul(program.into()));
     }
-    let mut line = String::new();
-    for (i, arg) in argv.iter().enumerate() {
-        if arg.contains('\0') {
-            return Err(CommandError::Nul(arg.clone()));
-        }
-        if i > 0 {
-            line.push(' ');
-        }
+    let b = program.as_bytes();
+    let drive = b.len() > 2 && b[0].is_ascii_alphabetic() && b[1] == b':' && matches!(b[2], b'\\' | b'/');
+    let unc = program.starts_with("\\\\") || program.starts_with("//");
+    if !drive && !unc {
+        return Err(CommandError::Relative(program.into()));
+    }
+    let name = program.trim_end_matches(['.', ' ']).to_ascii_lowercase();
+    if name.ends_with(".bat") || name.ends_with(".cmd") {
+        return Err(CommandError::Batch(program.into()));
+    }
+    Ok(())
+}
+
+/// `argv` as one command line, split back by the Microsoft C runtime (and
+/// Rust's, and `CommandLineToArgvW`) into the same arguments: the
+/// program's name (`argv[0]`, read to the next quote with no escapes) is
+/// quoted as it is and may hold no quote; each other argument with a
+/// space, a tab, a quote or nothing in it is quoted, backslashes doubled
+/// only before a quote.
+pub fn command_line(argv: &[String]) -> Result<String, CommandError> {
+    let Some((argv0, rest)) = argv.split_first() else { return Err(CommandError::Empty) };
+    if let Some(arg) = argv.iter().find(|a| a.contains('\0')) {
+        return Err(CommandError::Nul(arg.clone()));
+    }
+    if argv0.contains('"') {
+        return Err(CommandError::Argv0(argv0.clone()));
+    }
+    let mut line = format!("\"{argv0}\"");
+    for arg in rest {
+        line.push(' ');
         quote_into(arg, &mut line);
     }
     Ok(line)
@@ -121,22 +156,26 @@ fn quote_into(arg: &str, line: &mut String) {
 }
 
 /// `env` as `CreateProcessW`'s Unicode environment block: `NAME=value`
-/// entries, sorted by name without regard to case as Windows keeps them,
-/// each ended by a NUL and the block by another. The command inherits
-/// nothing else.
+/// entries, sorted by name as Windows keeps them (UTF-16 units, upper-cased
+/// one by one), each ended by a NUL and the block by another. The command
+/// inherits nothing else. Two names Windows would take for one are refused.
 pub fn environment_block(env: &[(String, String)]) -> Result<Vec<u16>, CommandError> {
-    let mut entries: Vec<&(String, String)> = env.iter().collect();
-    for (name, value) in &entries {
-        if name.is_empty() || name[1..].contains('=') {
+    let mut entries: Vec<(Vec<u16>, &String, &String)> = Vec::with_capacity(env.len());
+    for (name, value) in env {
+        if name.is_empty() || name.chars().skip(1).any(|c| c == '=') {
             return Err(CommandError::Name(name.clone()));
         }
         if name.contains('\0') || value.contains('\0') {
             return Err(CommandError::Nul(format!("{name}={value}")));
         }
+        entries.push((upcased(name), name, value));
     }
-    entries.sort_by_key(|(name, _)| name.to_uppercase());
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    if let Some(w) = entries.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(CommandError::Duplicate(w[0].1.clone(), w[1].1.clone()));
+    }
     let mut block = Vec::new();
-    for (name, value) in entries {
+    for (_, name, value) in entries {
         block.extend(format!("{name}={value}").encode_utf16());
         block.push(0);
     }
@@ -145,6 +184,21 @@ pub fn environment_block(env: &[(String, String)]) -> Result<Vec<u16>, CommandEr
     }
     block.push(0);
     Ok(block)
+}
+
+/// `name`'s UTF-16 units, each upper-cased on its own where it has a
+/// single upper-case unit (as Windows compares names; `ß` stays `ß`).
+fn upcased(name: &str) -> Vec<u16> {
+    name.encode_utf16()
+        .map(|unit| {
+            let Some(c) = char::from_u32(u32::from(unit)) else { return unit };
+            let mut upper = c.to_uppercase();
+            match (upper.next(), upper.next()) {
+                (Some(u), None) => u16::try_from(u32::from(u)).unwrap_or(unit),
+                _ => unit,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

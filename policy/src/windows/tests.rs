@@ -1,7 +1,7 @@
 //! The plan-to-Windows translation: job limits of decided runs, command
 //! lines split back as Windows splits them, environment blocks.
 
-use super::{CommandError, JobLimits, command_line, environment_block, job_limits};
+use super::{CommandError, JobLimits, check_program, command_line, environment_block, job_limits};
 use crate::config::Config;
 use crate::decision::table::{Fixture, On, context};
 use crate::decision::{Decision, Policy, Resolved};
@@ -70,11 +70,18 @@ fn unlimited_rlimits_are_no_job_limit() {
     assert_eq!(limits.active_processes, u32::MAX);
 }
 
-/// How the Microsoft C runtime splits a command line into arguments
-/// (the rules of `CommandLineToArgvW` for every argument after the first).
+/// How the Microsoft C runtime splits a command line into arguments (the
+/// rules of `CommandLineToArgvW`): the first read to the next space, or
+/// when quoted to the next quote, with no escapes; then each other.
 fn split(line: &str) -> Vec<String> {
-    let mut args = Vec::new();
     let mut chars = line.chars().peekable();
+    let argv0: String = if chars.peek() == Some(&'"') {
+        chars.next();
+        chars.by_ref().take_while(|c| *c != '"').collect()
+    } else {
+        chars.by_ref().take_while(|c| *c != ' ' && *c != '\t').collect()
+    };
+    let mut args = vec![argv0];
     loop {
         while chars.peek().is_some_and(|c| *c == ' ' || *c == '\t') {
             chars.next();
@@ -119,6 +126,9 @@ fn command_lines_split_back_into_their_arguments() {
         &["prog", "a\"b", "\"", "\\\"", "a\\\\\"b"],
         &["C:\\Program Files\\x.exe", "C:\\dir with space\\", "C:\\dir\\", "\\\\server\\share"],
         &["prog", "tab\there", "new\nline", "trailing\\\\", "é ü"],
+        // The program's name is read without escapes: a backslash before its closing quote stays one.
+        &["C:\\odd dir\\", "x"],
+        &["C:\\a\\b.exe"],
     ];
     for argv in cases {
         let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
@@ -126,13 +136,17 @@ fn command_lines_split_back_into_their_arguments() {
         assert_eq!(split(&line), argv, "{line}");
     }
     let plain = command_line(&["prog".into(), "a\\b".into(), "x".into()]).unwrap();
-    assert_eq!(plain, "prog a\\b x", "an argument without spaces or quotes is left as it is");
-    assert_eq!(command_line(&["p".into(), "d\\".into(), "e f\\".into()]).unwrap(), "p d\\ \"e f\\\\\"");
+    assert_eq!(plain, "\"prog\" a\\b x", "an argument without spaces or quotes is left as it is");
+    assert_eq!(command_line(&["p".into(), "d\\".into(), "e f\\".into()]).unwrap(), "\"p\" d\\ \"e f\\\\\"");
 }
 
 #[test]
 fn commands_windows_cannot_take_are_refused() {
     assert_eq!(command_line(&[]), Err(CommandError::Empty));
+    // A quote in the program's name would turn the rest of the line's quoting around.
+    assert!(matches!(command_line(&["C:\\a\" b".into(), "c".into()]), Err(CommandError::Argv0(_))));
+    let same_but_case = [("Path".to_string(), "a".to_string()), ("PATH".into(), "b".into())];
+    assert!(matches!(environment_block(&same_but_case), Err(CommandError::Duplicate(..))));
     assert!(matches!(command_line(&["a\0b".into()]), Err(CommandError::Nul(_))));
     assert!(matches!(environment_block(&[("A=B".into(), "x".into())]), Err(CommandError::Name(_))));
     assert!(matches!(environment_block(&[(String::new(), "x".into())]), Err(CommandError::Name(_))));
@@ -150,4 +164,28 @@ fn the_environment_block_is_sorted_and_ends_with_two_nuls() {
     let text = String::from_utf16(&block).unwrap();
     assert_eq!(text, "=C:=C:\\\0HOME=h\0path=C:\\bin\0\0");
     assert_eq!(String::from_utf16(&environment_block(&[]).unwrap()).unwrap(), "\0\0");
+}
+
+#[test]
+fn only_absolute_programs_that_are_not_batch_files_are_started() {
+    for ok in ["C:\\Windows\\System32\\cmd.exe", "c:/tools/git.exe", "\\\\server\\share\\x.exe", "C:\\a.cmdx"]
+    {
+        assert_eq!(check_program(ok), Ok(()), "{ok}");
+    }
+    for relative in ["git.exe", "tools\\git.exe", "\\git.exe", "C:git.exe", ""] {
+        assert!(matches!(check_program(relative), Err(CommandError::Relative(_))), "{relative}");
+    }
+    for batch in ["C:\\x\\build.bat", "C:\\x\\BUILD.CMD", "C:\\x\\run.bat. . ", "C:\\x\\a.Cmd"] {
+        assert!(matches!(check_program(batch), Err(CommandError::Batch(_))), "{batch}");
+    }
+    assert!(matches!(check_program("C:\\a\0.exe"), Err(CommandError::Nul(_))));
+}
+
+#[test]
+fn names_are_sorted_and_compared_as_windows_does() {
+    // A name may start with any character; one Windows upper-cases to one unit sorts by it.
+    let env = [("éa".to_string(), "1".to_string()), ("b".into(), "2".into()), ("ß".into(), "3".into())];
+    let text = String::from_utf16(&environment_block(&env).unwrap()).unwrap();
+    // (`ß` is not `SS`: by full case mapping it would sort before `ÉA`.)
+    assert_eq!(text, "b=2\0éa=1\0ß=3\0\0");
 }
