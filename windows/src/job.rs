@@ -2,40 +2,43 @@
 //!
 //! [`Job::new`] makes the job with the run's [`JobLimits`]: kill every
 //! process when the job's last handle closes, no breaking away, the
-//! process count, memory per process and for the whole job, CPU time per
-//! process, and the user-interface restrictions. [`Job::spawn`] creates the
-//! command suspended, assigns it to the job and only then resumes it, so
-//! its first instruction already runs inside the job, and everything it
-//! starts is in the job too. [`Job::supervise`] streams its output within a
+//! process count, memory per process and for the whole job, user-mode CPU
+//! time per process, and the user-interface restrictions. [`Job::spawn`]
+//! creates the command suspended, assigns it to the job and only then
+//! resumes it, so its first instruction already runs inside the job, and
+//! every process it creates is in the job too (not what it asks another
+//! service to start). [`Job::supervise`] streams its output within a
 //! quota, ends the run at its deadline or when asked, and ends every
 //! process of the job when the command exits; [`Job::accounting`] reads
 //! what the job measured.
 
-use palisade_policy::windows::{JobLimits, command_line, environment_block};
+use palisade_policy::windows::{CommandError, JobLimits, check_program, command_line, environment_block};
 use std::ffi::c_void;
 use std::io::{self, Read};
 use std::os::windows::io::{AsRawHandle, FromRawHandle, OwnedHandle};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use windows_sys::Win32::Foundation::{HANDLE, HANDLE_FLAG_INHERIT, SetHandleInformation, WAIT_OBJECT_0};
+use windows_sys::Win32::Foundation::{
+    HANDLE, HANDLE_FLAG_INHERIT, SetHandleInformation, WAIT_OBJECT_0, WAIT_TIMEOUT,
+};
 use windows_sys::Win32::Security::SECURITY_ATTRIBUTES;
 use windows_sys::Win32::System::JobObjects::{
-    AssignProcessToJobObject, CreateJobObjectW, JOB_OBJECT_LIMIT_ACTIVE_PROCESS,
+    AssignProcessToJobObject, CreateJobObjectW, IsProcessInJob, JOB_OBJECT_LIMIT_ACTIVE_PROCESS,
     JOB_OBJECT_LIMIT_BREAKAWAY_OK, JOB_OBJECT_LIMIT_DIE_ON_UNHANDLED_EXCEPTION, JOB_OBJECT_LIMIT_JOB_MEMORY,
     JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE, JOB_OBJECT_LIMIT_PROCESS_MEMORY, JOB_OBJECT_LIMIT_PROCESS_TIME,
     JOB_OBJECT_LIMIT_SILENT_BREAKAWAY_OK, JOB_OBJECT_UILIMIT_DESKTOP, JOB_OBJECT_UILIMIT_DISPLAYSETTINGS,
     JOB_OBJECT_UILIMIT_EXITWINDOWS, JOB_OBJECT_UILIMIT_GLOBALATOMS, JOB_OBJECT_UILIMIT_HANDLES,
     JOB_OBJECT_UILIMIT_READCLIPBOARD, JOB_OBJECT_UILIMIT_SYSTEMPARAMETERS, JOB_OBJECT_UILIMIT_WRITECLIPBOARD,
     JOBOBJECT_BASIC_ACCOUNTING_INFORMATION, JOBOBJECT_BASIC_UI_RESTRICTIONS,
-    JOBOBJECT_EXTENDED_LIMIT_INFORMATION, JobObjectBasicAccountingInformation, JobObjectBasicUIRestrictions,
-    JobObjectExtendedLimitInformation, QueryInformationJobObject, SetInformationJobObject,
-    TerminateJobObject,
+    JOBOBJECT_EXTENDED_LIMIT_INFORMATION, JOBOBJECTINFOCLASS, JobObjectBasicAccountingInformation,
+    JobObjectBasicUIRestrictions, JobObjectExtendedLimitInformation, QueryInformationJobObject,
+    SetInformationJobObject, TerminateJobObject,
 };
 use windows_sys::Win32::System::Pipes::CreatePipe;
 use windows_sys::Win32::System::Threading::{
-    CREATE_NO_WINDOW, CREATE_SUSPENDED, CREATE_UNICODE_ENVIRONMENT, CreateProcessW,
-    DeleteProcThreadAttributeList, EXTENDED_STARTUPINFO_PRESENT, GetExitCodeProcess,
+    CREATE_SUSPENDED, CREATE_UNICODE_ENVIRONMENT, CreateProcessW, DETACHED_PROCESS,
+    DeleteProcThreadAttributeList, EXTENDED_STARTUPINFO_PRESENT, GetCurrentProcess, GetExitCodeProcess,
     InitializeProcThreadAttributeList, LPPROC_THREAD_ATTRIBUTE_LIST, PROC_THREAD_ATTRIBUTE_HANDLE_LIST,
     PROCESS_INFORMATION, ResumeThread, STARTF_USESTDHANDLES, STARTUPINFOEXW, STARTUPINFOW, TerminateProcess,
     UpdateProcThreadAttribute, WaitForSingleObject,
@@ -48,6 +51,10 @@ pub const ENDED_BY_PALISADE: u32 = 0xC000_013A;
 /// How often supervision looks at the command, the deadline and the
 /// cancellation between chunks of output.
 const POLL: Duration = Duration::from_millis(20);
+
+/// How long the output of a run's ended processes is still read: what
+/// they wrote is in the pipes' buffers, read in far less.
+pub const DRAIN: Duration = Duration::from_secs(2);
 
 /// The `JOB_OBJECT_UILIMIT_*` flags of `palisade_policy::windows::UI_RESTRICTIONS`.
 const UI_LIMITS: u32 = JOB_OBJECT_UILIMIT_READCLIPBOARD
@@ -111,6 +118,8 @@ pub struct Outcome {
 pub struct InForce {
     pub limits: JobLimits,
     pub kill_on_close: bool,
+    /// Whether a process that crashes ends at once (no error dialog waits).
+    pub die_on_unhandled_exception: bool,
     /// Whether a process may leave the job (never, for a run's).
     pub breakaway: bool,
     /// Whether every restriction of `UI_RESTRICTIONS` is set; `None`: the
@@ -148,24 +157,45 @@ fn raw(h: &OwnedHandle) -> HANDLE {
     h.as_raw_handle() as HANDLE
 }
 
-fn set_information<T>(job: &OwnedHandle, class: i32, info: &T, what: &str) -> io::Result<()> {
+/// A structure the system reads or writes for one information class of a
+/// job: implemented for those structures only, so that the size and the
+/// class passed together always agree.
+trait JobInformation: Default {
+    const CLASS: JOBOBJECTINFOCLASS;
+}
+
+impl JobInformation for JOBOBJECT_EXTENDED_LIMIT_INFORMATION {
+    const CLASS: JOBOBJECTINFOCLASS = JobObjectExtendedLimitInformation;
+}
+
+impl JobInformation for JOBOBJECT_BASIC_UI_RESTRICTIONS {
+    const CLASS: JOBOBJECTINFOCLASS = JobObjectBasicUIRestrictions;
+}
+
+impl JobInformation for JOBOBJECT_BASIC_ACCOUNTING_INFORMATION {
+    const CLASS: JOBOBJECTINFOCLASS = JobObjectBasicAccountingInformation;
+}
+
+fn set_information<T: JobInformation>(job: &OwnedHandle, info: &T, what: &str) -> io::Result<()> {
     let size = u32::try_from(std::mem::size_of::<T>()).expect("a job information structure is small");
-    // SAFETY: `info` is a live `T` of `size` bytes, the structure `class` names;
-    // the system only reads it during the call.
-    let ok =
-        unsafe { SetInformationJobObject(raw(job), class, std::ptr::from_ref(info).cast::<c_void>(), size) };
+    // SAFETY: `info` is a live `T` of `size` bytes, the structure
+    // `T::CLASS` names (JobInformation); the system only reads it during the call.
+    let ok = unsafe {
+        SetInformationJobObject(raw(job), T::CLASS, std::ptr::from_ref(info).cast::<c_void>(), size)
+    };
     check(ok, what)
 }
 
-fn query_information<T: Default>(job: &OwnedHandle, class: i32, what: &str) -> io::Result<T> {
+fn query_information<T: JobInformation>(job: &OwnedHandle, what: &str) -> io::Result<T> {
     let mut info = T::default();
     let size = u32::try_from(std::mem::size_of::<T>()).expect("a job information structure is small");
-    // SAFETY: `info` is a writable `T` of `size` bytes, the structure
-    // `class` names; the returned length may be null.
+    // SAFETY: `info` is a writable `T` of `size` bytes, the plain-data
+    // structure `T::CLASS` names (JobInformation), which any bytes the
+    // system writes leave valid; the returned length may be null.
     let ok = unsafe {
         QueryInformationJobObject(
             raw(job),
-            class,
+            T::CLASS,
             std::ptr::from_mut(&mut info).cast::<c_void>(),
             size,
             std::ptr::null_mut(),
@@ -205,20 +235,19 @@ impl Job {
             info.BasicLimitInformation.LimitFlags |= JOB_OBJECT_LIMIT_JOB_MEMORY;
             info.JobMemoryLimit = usize::try_from(bytes).unwrap_or(usize::MAX);
         }
-        set_information(&handle, JobObjectExtendedLimitInformation, &info, "cannot set the job's limits")?;
+        set_information(&handle, &info, "cannot set the job's limits")?;
         let ui = JOBOBJECT_BASIC_UI_RESTRICTIONS { UIRestrictionsClass: UI_LIMITS };
-        set_information(
-            &handle,
-            JobObjectBasicUIRestrictions,
-            &ui,
-            "cannot restrict the job's user interface",
-        )?;
+        set_information(&handle, &ui, "cannot restrict the job's user interface")?;
         Ok(Job { handle })
     }
 
     /// Starts `command` in the job: created suspended, assigned, then
     /// resumed. Its input is the null device; its output two pipes.
     pub fn spawn(&self, command: &Command<'_>) -> io::Result<Child> {
+        check_program(command.program).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        if command.cwd.contains('\0') {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, CommandError::Nul(command.cwd.into())));
+        }
         let (stdout, stdout_w) = pipe()?;
         let (stderr, stderr_w) = pipe()?;
         let null = std::fs::File::open("NUL")?;
@@ -228,15 +257,16 @@ impl Job {
         // SAFETY: both handles are live; the process has not run an instruction yet.
         let assigned = unsafe { AssignProcessToJobObject(raw(&self.handle), raw(&process)) };
         if let Err(e) = check(assigned, "cannot put the command in its job") {
-            // Never resumed: ended where it stands, outside any job.
+            // Never resumed: ended where it stands, outside palisade's job.
             // SAFETY: `process` is a live handle with terminate access.
             unsafe { TerminateProcess(raw(&process), ENDED_BY_PALISADE) };
-            return Err(e);
+            return Err(nested(e));
         }
         // SAFETY: `thread` is the suspended main thread of the process.
         if unsafe { ResumeThread(raw(&thread)) } == u32::MAX {
+            let e = io::Error::last_os_error();
             self.terminate();
-            return Err(io::Error::other(format!("ResumeThread: {}", io::Error::last_os_error())));
+            return Err(io::Error::other(format!("cannot resume the command: {e}")));
         }
         drop((stdout_w, stderr_w, null));
         Ok(Child { process, pid, stdout: stdout.into(), stderr: stderr.into() })
@@ -248,11 +278,13 @@ impl Job {
         unsafe { TerminateJobObject(raw(&self.handle), ENDED_BY_PALISADE) };
     }
 
-    /// Streams `child`'s output until the command has exited and every
-    /// process holding its pipes is gone, keeping at most `max_output`
-    /// bytes of both; the run is ended (every process of the job) when the
-    /// command exits, at `deadline`, past the quota, or once `cancel` is
-    /// set, whether or not its output is still open.
+    /// Streams `child`'s output, keeping at most `max_output` bytes of
+    /// both, until the run is over: every process of the job is ended
+    /// when the command exits, at `deadline`, past the quota, or once
+    /// `cancel` is set, whether or not the output is still open. What the
+    /// ended processes wrote is read for [`DRAIN`] at most: a pipe still
+    /// open after that is held by a process outside the job, and its
+    /// reader is left to end with it.
     pub fn supervise(
         &self,
         child: Child,
@@ -268,28 +300,38 @@ impl Job {
         });
         drop(tx);
         let mut out = [Vec::new(), Vec::new()];
-        let (mut ended, mut open) = (None, true);
+        // Why palisade ended the run, and when the job's processes were ended.
+        let (mut ended, mut over, mut open) = (None, None::<Instant>, true);
         loop {
             if open {
                 match rx.recv_timeout(POLL) {
                     Ok((which, chunk)) => {
                         if keep(&mut out, which, &chunk, max_output) && ended.is_none() {
                             ended = Some(Ended::OutputQuota);
-                            self.terminate();
                         }
                     }
                     Err(mpsc::RecvTimeoutError::Timeout) => {}
                     Err(mpsc::RecvTimeoutError::Disconnected) => open = false,
                 }
-            } else if ended.is_some() || wait_for(&child.process, POLL) {
-                // The output is closed and the command gone (or ended by palisade).
+            } else if over.is_some() {
                 break;
+            } else {
+                wait_for(&child.process, POLL)?;
             }
             if ended.is_none() {
-                ended = self.should_end(&child.process, start, deadline, cancel);
+                ended = why_end(start, deadline, cancel);
+            }
+            if over.is_none() && (ended.is_some() || wait_for(&child.process, Duration::ZERO)?) {
+                // The command's own exit code was set before this; ending the job cannot change it.
+                self.terminate();
+                over = Some(Instant::now());
+            }
+            if over.is_some_and(|t| t.elapsed() >= DRAIN) {
+                break;
             }
         }
-        for r in readers {
+        drop(rx);
+        for r in readers.into_iter().filter(|r| r.is_finished()) {
             let _ = r.join();
         }
         let ended = match ended {
@@ -300,42 +342,14 @@ impl Job {
         Ok(Outcome { ended, stdout, stderr })
     }
 
-    /// Why the run ends now, if it does: then every process of the job is ended.
-    fn should_end(
-        &self,
-        process: &OwnedHandle,
-        start: Instant,
-        deadline: Option<Duration>,
-        cancel: &AtomicBool,
-    ) -> Option<Ended> {
-        let why = if cancel.load(Ordering::Relaxed) {
-            Some(Ended::Cancelled)
-        } else if deadline.is_some_and(|d| start.elapsed() >= d) {
-            Some(Ended::Deadline)
-        } else {
-            if !wait_for(process, Duration::ZERO) {
-                return None;
-            }
-            // The command's exit ends the run: what it left running is ended
-            // (its code was set before this; terminating cannot change it).
-            self.terminate();
-            return None;
-        };
-        self.terminate();
-        why
-    }
-
     /// What the system holds the job to, read back from it (what an
     /// attestation may name): its limits, whether closing it kills its
-    /// processes, whether any may break away, and its UI restrictions.
+    /// processes, whether a crash ends a process at once, whether any may
+    /// break away, and its UI restrictions.
     pub fn in_force(&self) -> io::Result<InForce> {
-        let info: JOBOBJECT_EXTENDED_LIMIT_INFORMATION = query_information(
-            &self.handle,
-            JobObjectExtendedLimitInformation,
-            "cannot read the job's limits",
-        )?;
-        let ui: Option<JOBOBJECT_BASIC_UI_RESTRICTIONS> =
-            query_information(&self.handle, JobObjectBasicUIRestrictions, "").ok();
+        let info: JOBOBJECT_EXTENDED_LIMIT_INFORMATION =
+            query_information(&self.handle, "cannot read the job's limits")?;
+        let ui: Option<JOBOBJECT_BASIC_UI_RESTRICTIONS> = query_information(&self.handle, "").ok();
         let b = &info.BasicLimitInformation;
         let has = |flag: u32| b.LimitFlags & flag != 0;
         Ok(InForce {
@@ -349,10 +363,13 @@ impl Job {
                     .then_some(info.ProcessMemoryLimit as u64),
                 job_memory: has(JOB_OBJECT_LIMIT_JOB_MEMORY).then_some(info.JobMemoryLimit as u64),
                 process_cpu: has(JOB_OBJECT_LIMIT_PROCESS_TIME).then(|| {
-                    Duration::from_nanos(u64::try_from(b.PerProcessUserTimeLimit).unwrap_or(0) * 100)
+                    Duration::from_nanos(
+                        u64::try_from(b.PerProcessUserTimeLimit).unwrap_or(0).saturating_mul(100),
+                    )
                 }),
             },
             kill_on_close: has(JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE),
+            die_on_unhandled_exception: has(JOB_OBJECT_LIMIT_DIE_ON_UNHANDLED_EXCEPTION),
             breakaway: has(JOB_OBJECT_LIMIT_BREAKAWAY_OK) || has(JOB_OBJECT_LIMIT_SILENT_BREAKAWAY_OK),
             ui_restricted: ui.map(|ui| ui.UIRestrictionsClass & UI_LIMITS == UI_LIMITS),
         })
@@ -361,10 +378,8 @@ impl Job {
     /// What the job measured so far.
     pub fn accounting(&self) -> io::Result<Accounting> {
         let what = "cannot read the job's accounting";
-        let basic: JOBOBJECT_BASIC_ACCOUNTING_INFORMATION =
-            query_information(&self.handle, JobObjectBasicAccountingInformation, what)?;
-        let limits: JOBOBJECT_EXTENDED_LIMIT_INFORMATION =
-            query_information(&self.handle, JobObjectExtendedLimitInformation, what)?;
+        let basic: JOBOBJECT_BASIC_ACCOUNTING_INFORMATION = query_information(&self.handle, what)?;
+        let limits: JOBOBJECT_EXTENDED_LIMIT_INFORMATION = query_information(&self.handle, what)?;
         let ticks = u64::try_from(basic.TotalUserTime.saturating_add(basic.TotalKernelTime)).unwrap_or(0);
         let nonzero = |v: u64| (v != 0).then_some(v);
         Ok(Accounting {
@@ -379,7 +394,9 @@ impl Job {
 /// Creates `command`'s process suspended, with `stdio` (input, output,
 /// error) as its standard handles and the only handles it inherits (a
 /// handle list: a pipe of another run being started at the same time is
-/// not passed on). Its process, its main thread and its id.
+/// not passed on; a process started another way, without a list, while
+/// these are inheritable could take them, so runs start here only). Its
+/// process, its main thread and its id.
 fn create_suspended(
     command: &Command<'_>,
     stdio: [HANDLE; 3],
@@ -400,12 +417,15 @@ fn create_suspended(
     };
     let mut pi = PROCESS_INFORMATION::default();
     let (program, mut line, cwd) = (wide(command.program), wide(&line), wide(command.cwd));
+    // No console (DETACHED_PROCESS): a console host would be one more
+    // process of the job, counted against its process limit.
     let flags =
-        CREATE_SUSPENDED | CREATE_UNICODE_ENVIRONMENT | CREATE_NO_WINDOW | EXTENDED_STARTUPINFO_PRESENT;
+        CREATE_SUSPENDED | CREATE_UNICODE_ENVIRONMENT | DETACHED_PROCESS | EXTENDED_STARTUPINFO_PRESENT;
     // SAFETY: every string is NUL-terminated UTF-16 that outlives the call;
     // `line` is writable as CreateProcessW requires; `env` is a Unicode
-    // block ending in two NULs; `si` (with its attribute list, alive in
-    // `attributes`) and `pi` are live.
+    // block ending in two NULs; `si` is a whole STARTUPINFOEXW (its
+    // attribute list alive in `attributes`, whose handles, the caller's
+    // `stdio`, are open and inheritable for the call) and `pi` is live.
     let ok = unsafe {
         CreateProcessW(
             program.as_ptr(),
@@ -416,7 +436,7 @@ fn create_suspended(
             flags,
             env.as_ptr().cast::<c_void>(),
             cwd.as_ptr(),
-            &si.StartupInfo,
+            std::ptr::from_ref(&si).cast::<STARTUPINFOW>(),
             &mut pi,
         )
     };
@@ -476,6 +496,36 @@ impl Drop for HandleList<'_> {
     }
 }
 
+/// Why palisade ends the run now, if it does.
+fn why_end(start: Instant, deadline: Option<Duration>, cancel: &AtomicBool) -> Option<Ended> {
+    if cancel.load(Ordering::Relaxed) {
+        Some(Ended::Cancelled)
+    } else if deadline.is_some_and(|d| start.elapsed() >= d) {
+        Some(Ended::Deadline)
+    } else {
+        None
+    }
+}
+
+/// `e`, a failure to put the command in its job, with the likely reason
+/// where palisade itself runs in a job: a job with UI restrictions cannot
+/// be nested in another.
+fn nested(e: io::Error) -> io::Error {
+    let mut in_job = 0;
+    // SAFETY: the pseudo-handle of this process, no job (any job), a writable BOOL.
+    let known = unsafe { IsProcessInJob(GetCurrentProcess(), std::ptr::null_mut(), &mut in_job) } != 0;
+    if !(known && in_job != 0) {
+        return e;
+    }
+    io::Error::new(
+        e.kind(),
+        format!(
+            "{e}: palisade itself runs in a job (a scheduled task's, a CI runner's, a terminal's), and a job \
+             with UI restrictions cannot be nested in another; run palisaded outside any job (as a service)"
+        ),
+    )
+}
+
 /// Adds `chunk` to output `which` within `max_output` bytes of both;
 /// whether some of it did not fit.
 fn keep(out: &mut [Vec<u8>; 2], which: usize, chunk: &[u8], max_output: u64) -> bool {
@@ -486,10 +536,14 @@ fn keep(out: &mut [Vec<u8>; 2], which: usize, chunk: &[u8], max_output: u64) -> 
 }
 
 /// Whether `process` exits within `wait`.
-fn wait_for(process: &OwnedHandle, wait: Duration) -> bool {
+fn wait_for(process: &OwnedHandle, wait: Duration) -> io::Result<bool> {
     let ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX - 1);
     // SAFETY: a live process handle; the wait is bounded.
-    unsafe { WaitForSingleObject(raw(process), ms) == WAIT_OBJECT_0 }
+    match unsafe { WaitForSingleObject(raw(process), ms) } {
+        WAIT_OBJECT_0 => Ok(true),
+        WAIT_TIMEOUT => Ok(false),
+        _ => Err(io::Error::other(format!("cannot wait for the command: {}", io::Error::last_os_error()))),
+    }
 }
 
 /// The exit code of a process that has exited.

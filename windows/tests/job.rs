@@ -110,6 +110,31 @@ mod probe {
                 }
                 std::thread::sleep(Duration::from_secs(120));
             }
+            // Hands a copy of its output to the process PALISADE_PARENT (outside
+            // the job), says the copy's number there, and runs on.
+            "hand-out" => {
+                use windows_sys::Win32::Foundation::{CloseHandle, DUPLICATE_SAME_ACCESS, DuplicateHandle};
+                use windows_sys::Win32::System::Console::{GetStdHandle, STD_OUTPUT_HANDLE};
+                use windows_sys::Win32::System::Threading::{
+                    GetCurrentProcess, OpenProcess, PROCESS_DUP_HANDLE,
+                };
+                let parent: u32 = std::env::var("PALISADE_PARENT").unwrap().parse().unwrap();
+                let mut copy = std::ptr::null_mut();
+                // SAFETY: plain calls; the parent's handle is closed, the copy is the parent's to close.
+                unsafe {
+                    let p = OpenProcess(PROCESS_DUP_HANDLE, 0, parent);
+                    assert!(!p.is_null());
+                    let own = GetStdHandle(STD_OUTPUT_HANDLE);
+                    assert_ne!(
+                        DuplicateHandle(GetCurrentProcess(), own, p, &mut copy, 0, 0, DUPLICATE_SAME_ACCESS),
+                        0
+                    );
+                    CloseHandle(p);
+                }
+                writeln!(out, "{}", copy as usize).unwrap();
+                out.flush().unwrap();
+                std::thread::sleep(Duration::from_secs(120));
+            }
             "flood" => loop {
                 if out.write_all(&[b'x'; 8192]).is_err() {
                     return;
@@ -132,6 +157,7 @@ mod probe {
 mod checks {
     use palisade_policy::windows::JobLimits;
     use palisade_windows::job::{Child, Command, Ended, Job, Outcome};
+    use std::os::windows::io::{AsRawHandle, FromRawHandle, OwnedHandle};
     use std::sync::atomic::AtomicBool;
     use std::time::Duration;
 
@@ -188,26 +214,30 @@ mod checks {
         line
     }
 
-    /// Whether process `pid` still runs, and if so ends it.
-    fn alive(pid: u32) -> bool {
-        use windows_sys::Win32::Foundation::{CloseHandle, WAIT_TIMEOUT};
-        use windows_sys::Win32::System::Threading::{
-            OpenProcess, PROCESS_SYNCHRONIZE, PROCESS_TERMINATE, TerminateProcess, WaitForSingleObject,
-        };
-        // SAFETY: plain calls on a handle opened here and closed before returning.
-        unsafe {
-            let h = OpenProcess(PROCESS_SYNCHRONIZE | PROCESS_TERMINATE, 0, pid);
-            if h.is_null() {
-                return false;
-            }
-            // A process being ended is given a moment to be gone.
-            let running = WaitForSingleObject(h, 2000) == WAIT_TIMEOUT;
-            if running {
-                TerminateProcess(h, 1);
-            }
-            CloseHandle(h);
-            running
+    /// Process `pid`, opened now (before its number could be reused) to
+    /// be watched.
+    fn watch(pid: u32) -> OwnedHandle {
+        use windows_sys::Win32::System::Threading::{OpenProcess, PROCESS_SYNCHRONIZE, PROCESS_TERMINATE};
+        // SAFETY: a plain call; the handle is owned below.
+        let h = unsafe { OpenProcess(PROCESS_SYNCHRONIZE | PROCESS_TERMINATE, 0, pid) };
+        assert!(!h.is_null(), "process {pid} is not there to watch");
+        // SAFETY: a new handle, owned by nobody else.
+        unsafe { OwnedHandle::from_raw_handle(h) }
+    }
+
+    /// Whether the watched process still runs (given a moment to be
+    /// gone after being ended), and if so ends it.
+    fn alive(process: &OwnedHandle) -> bool {
+        use windows_sys::Win32::Foundation::WAIT_TIMEOUT;
+        use windows_sys::Win32::System::Threading::{TerminateProcess, WaitForSingleObject};
+        let h = process.as_raw_handle();
+        // SAFETY: a live process handle; the wait is bounded.
+        let running = unsafe { WaitForSingleObject(h, 2000) } == WAIT_TIMEOUT;
+        if running {
+            // SAFETY: a live process handle with terminate access.
+            unsafe { TerminateProcess(h, 1) };
         }
+        running
     }
 
     fn first_line_pid(child: &mut Child) -> u32 {
@@ -226,7 +256,7 @@ mod checks {
         };
         let f = Job::new(&asked).unwrap().in_force().unwrap();
         assert_eq!(f.limits, asked);
-        assert!(f.kill_on_close && !f.breakaway, "{f:?}");
+        assert!(f.kill_on_close && f.die_on_unhandled_exception && !f.breakaway, "{f:?}");
         assert_eq!(f.ui_restricted, Some(true), "{f:?}");
         let unlimited = Job::new(&limits(1)).unwrap().in_force().unwrap().limits;
         assert_eq!(
@@ -294,52 +324,72 @@ mod checks {
     fn closing_the_job_kills_what_it_holds() {
         let job = Job::new(&limits(4)).unwrap();
         let mut child = spawn(&job, "stay");
-        let grandchild = first_line_pid(&mut child);
-        let command = child.pid;
+        let grandchild = watch(first_line_pid(&mut child));
+        let command = watch(child.pid);
         drop(job);
-        assert!(!alive(grandchild), "the command's child outlived its job's handle");
-        assert!(!alive(command), "the command outlived its job's handle");
+        assert!(!alive(&grandchild), "the command's child outlived its job's handle");
+        assert!(!alive(&command), "the command outlived its job's handle");
     }
 
     fn the_commands_exit_ends_what_it_left_running() {
         let job = Job::new(&limits(4)).unwrap();
         let mut child = spawn(&job, "leave");
-        let grandchild = first_line_pid(&mut child);
+        let grandchild = watch(first_line_pid(&mut child));
         let o =
             job.supervise(child, Some(Duration::from_secs(60)), 1 << 20, &AtomicBool::new(false)).unwrap();
         assert_eq!(o.ended, Ended::Exited(0));
-        assert!(!alive(grandchild), "a process the command left outlived the run");
+        assert!(!alive(&grandchild), "a process the command left outlived the run");
         // Outside a job, what the command leaves keeps running.
-        let left: u32 = outside("leave").trim().parse().unwrap();
-        assert!(alive(left), "outside a job, the process left behind runs on");
+        let left = watch(outside("leave").trim().parse().unwrap());
+        assert!(alive(&left), "outside a job, the process left behind runs on");
     }
 
     fn the_deadline_ends_the_run() {
         let job = Job::new(&limits(4)).unwrap();
         let mut child = spawn(&job, "stay");
-        let grandchild = first_line_pid(&mut child);
-        let command = child.pid;
+        let grandchild = watch(first_line_pid(&mut child));
+        let command = watch(child.pid);
         let o = job.supervise(child, Some(Duration::from_secs(1)), 1 << 20, &AtomicBool::new(false)).unwrap();
         assert_eq!(o.ended, Ended::Deadline);
-        assert!(!alive(command) && !alive(grandchild), "the run outlived its deadline");
+        assert!(!alive(&command) && !alive(&grandchild), "the run outlived its deadline");
     }
 
     fn the_deadline_holds_a_command_that_closed_its_output() {
         let job = Job::new(&limits(4)).unwrap();
         let child = spawn(&job, "close-and-stay");
-        let command = child.pid;
+        let command = watch(child.pid);
         let o = job.supervise(child, Some(Duration::from_secs(1)), 1 << 20, &AtomicBool::new(false)).unwrap();
         assert_eq!(o.ended, Ended::Deadline);
-        assert!(!alive(command), "the command outlived its deadline");
+        assert!(!alive(&command), "the command outlived its deadline");
+    }
+
+    fn the_run_ends_though_a_process_outside_the_job_holds_its_output() {
+        let job = Job::new(&limits(4)).unwrap();
+        let parent = [("PALISADE_PARENT".to_string(), std::process::id().to_string())];
+        let child = spawn_with(&job, "hand-out", &parent);
+        let o = job.supervise(child, Some(Duration::from_secs(1)), 1 << 20, &AtomicBool::new(false)).unwrap();
+        assert_eq!(o.ended, Ended::Deadline);
+        let copy: usize = text(&o.stdout).trim().parse().expect("the command said its copy's number");
+        // SAFETY: the copy the command made in this process, closed once here.
+        drop(unsafe { OwnedHandle::from_raw_handle(copy as *mut std::ffi::c_void) });
+    }
+
+    fn programs_windows_would_misread_are_refused() {
+        let job = Job::new(&limits(4)).unwrap();
+        for program in ["cmd.exe", "C:\\build.bat"] {
+            let argv = [program.to_string()];
+            let e = job.spawn(&Command { program, argv: &argv, env: &[], cwd: "C:\\" }).err().expect(program);
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{program}: {e}");
+        }
     }
 
     fn cancelling_ends_the_run() {
         let job = Job::new(&limits(4)).unwrap();
         let child = spawn(&job, "sleep");
-        let command = child.pid;
+        let command = watch(child.pid);
         let o = job.supervise(child, Some(Duration::from_secs(60)), 1 << 20, &AtomicBool::new(true)).unwrap();
         assert_eq!(o.ended, Ended::Cancelled);
-        assert!(!alive(command));
+        assert!(!alive(&command));
     }
 
     fn the_output_quota_ends_the_run() {
@@ -384,7 +434,7 @@ mod checks {
     type Check = (&'static str, fn(), Option<&'static str>);
 
     /// The checks, and those Wine cannot show, each with why.
-    const CHECKS: [Check; 13] = [
+    const CHECKS: [Check; 15] = [
         ("the_job_holds_the_limits_it_was_given", the_job_holds_the_limits_it_was_given, Some(NO_READBACK)),
         ("output_and_exit_code_pass_through", output_and_exit_code_pass_through, None),
         ("the_command_inherits_only_its_own_handles", the_command_inherits_only_its_own_handles, None),
@@ -397,6 +447,12 @@ mod checks {
             the_deadline_holds_a_command_that_closed_its_output,
             None,
         ),
+        (
+            "the_run_ends_though_a_process_outside_the_job_holds_its_output",
+            the_run_ends_though_a_process_outside_the_job_holds_its_output,
+            None,
+        ),
+        ("programs_windows_would_misread_are_refused", programs_windows_would_misread_are_refused, None),
         ("cancelling_ends_the_run", cancelling_ends_the_run, None),
         ("the_output_quota_ends_the_run", the_output_quota_ends_the_run, None),
         ("no_process_breaks_away", no_process_breaks_away, None),
