@@ -69,7 +69,9 @@ pub enum CommandError {
     Empty,
     #[error("a NUL character cannot be passed to a Windows command: {0:?}")]
     Nul(String),
-    #[error("an environment variable's name cannot be empty or hold '=' after its first character: {0:?}")]
+    #[error(
+        "an environment variable's name must be ASCII, not empty, with no '=' after its first character: {0:?}"
+    )]
     Name(String),
     #[error("two environment variables differ only in case, which Windows takes for one: {0:?} and {1:?}")]
     Duplicate(String, String),
@@ -78,6 +80,11 @@ pub enum CommandError {
     #[error("the program must be an absolute path: {0:?}")]
     Relative(String),
     #[error(
+        "the program's path must name it plainly (no `.` or `..` component, no trailing separator, \
+         no `\\\\?\\` or `\\\\.\\` prefix): {0:?}"
+    )]
+    NotPlain(String),
+    #[error(
         "{0:?} is a batch file, which Windows hands to cmd.exe to parse again (its quoting is not the \
          C runtime's): run cmd.exe /c with the script's name instead"
     )]
@@ -85,7 +92,8 @@ pub enum CommandError {
 }
 
 /// Whether `program` can be started as it is: an absolute path (drive and
-/// root, or a UNC path), without a NUL, and not a batch file (`.bat` or
+/// root, or a UNC path) naming it plainly (see [`CommandError::NotPlain`]),
+/// without a NUL, and not a batch file (`.bat` or
 /// `.cmd` in any case, trailing dots and spaces ignored as Windows ignores
 /// them), whose command line `cmd.exe` would parse again.
 pub fn check_program(program: &str) -> Result<(), CommandError> {
@@ -95,8 +103,17 @@ pub fn check_program(program: &str) -> Result<(), CommandError> {
     let b = program.as_bytes();
     let drive = b.len() > 2 && b[0].is_ascii_alphabetic() && b[1] == b':' && matches!(b[2], b'\\' | b'/');
     let unc = program.starts_with("\\\\") || program.starts_with("//");
-    if !drive && !unc {
+    // Windows normalizes `.`, `..` and a trailing separator away before it
+    // decides what the program is (`run.bat\.` is `run.bat`): none is taken.
+    let plain = !program.ends_with(['\\', '/'])
+        && !program.starts_with("\\\\?\\")
+        && !program.starts_with("\\\\.\\")
+        && program.split(['\\', '/']).skip(1).all(|c| c != "." && c != "..");
+    if !(drive || unc) {
         return Err(CommandError::Relative(program.into()));
+    }
+    if !plain {
+        return Err(CommandError::NotPlain(program.into()));
     }
     let name = program.trim_end_matches(['.', ' ']).to_ascii_lowercase();
     if name.ends_with(".bat") || name.ends_with(".cmd") {
@@ -156,19 +173,21 @@ fn quote_into(arg: &str, line: &mut String) {
 }
 
 /// `env` as `CreateProcessW`'s Unicode environment block: `NAME=value`
-/// entries, sorted by name as Windows keeps them (UTF-16 units, upper-cased
-/// one by one), each ended by a NUL and the block by another. The command
-/// inherits nothing else. Two names Windows would take for one are refused.
+/// entries, sorted by name as Windows keeps them (upper-cased), each ended
+/// by a NUL and the block by another. The command inherits nothing else.
+/// Names are ASCII (Windows' own upper-casing of other letters is not
+/// Unicode's, so two names it takes for one could not be told apart
+/// here); two that differ only in case are refused.
 pub fn environment_block(env: &[(String, String)]) -> Result<Vec<u16>, CommandError> {
     let mut entries: Vec<(Vec<u16>, &String, &String)> = Vec::with_capacity(env.len());
     for (name, value) in env {
-        if name.is_empty() || name.chars().skip(1).any(|c| c == '=') {
+        if name.is_empty() || !name.is_ascii() || name.chars().skip(1).any(|c| c == '=') {
             return Err(CommandError::Name(name.clone()));
         }
         if name.contains('\0') || value.contains('\0') {
             return Err(CommandError::Nul(format!("{name}={value}")));
         }
-        entries.push((upcased(name), name, value));
+        entries.push((name.to_ascii_uppercase().encode_utf16().collect(), name, value));
     }
     entries.sort_by(|a, b| a.0.cmp(&b.0));
     if let Some(w) = entries.windows(2).find(|w| w[0].0 == w[1].0) {
@@ -184,21 +203,6 @@ pub fn environment_block(env: &[(String, String)]) -> Result<Vec<u16>, CommandEr
     }
     block.push(0);
     Ok(block)
-}
-
-/// `name`'s UTF-16 units, each upper-cased on its own where it has a
-/// single upper-case unit (as Windows compares names; `ß` stays `ß`).
-fn upcased(name: &str) -> Vec<u16> {
-    name.encode_utf16()
-        .map(|unit| {
-            let Some(c) = char::from_u32(u32::from(unit)) else { return unit };
-            let mut upper = c.to_uppercase();
-            match (upper.next(), upper.next()) {
-                (Some(u), None) => u16::try_from(u32::from(u)).unwrap_or(unit),
-                _ => unit,
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -175,6 +175,18 @@ fn only_absolute_programs_that_are_not_batch_files_are_started() {
     for relative in ["git.exe", "tools\\git.exe", "\\git.exe", "C:git.exe", ""] {
         assert!(matches!(check_program(relative), Err(CommandError::Relative(_))), "{relative}");
     }
+    // What Windows would normalize into another name before deciding what it runs.
+    for odd in [
+        "C:\\x\\run.bat\\.",
+        "c:/x/run.bat/.",
+        "C:\\x\\run.bat\\y\\..",
+        "C:\\",
+        "C:\\x\\",
+        "\\\\?\\C:\\x.exe",
+        "\\\\.\\C:\\x.exe",
+    ] {
+        assert!(matches!(check_program(odd), Err(CommandError::NotPlain(_))), "{odd}");
+    }
     for batch in ["C:\\x\\build.bat", "C:\\x\\BUILD.CMD", "C:\\x\\run.bat. . ", "C:\\x\\a.Cmd"] {
         assert!(matches!(check_program(batch), Err(CommandError::Batch(_))), "{batch}");
     }
@@ -182,10 +194,15 @@ fn only_absolute_programs_that_are_not_batch_files_are_started() {
 }
 
 #[test]
-fn names_are_sorted_and_compared_as_windows_does() {
-    // A name may start with any character; one Windows upper-cases to one unit sorts by it.
-    let env = [("éa".to_string(), "1".to_string()), ("b".into(), "2".into()), ("ß".into(), "3".into())];
+fn names_are_ascii_sorted_without_regard_to_case() {
+    let env = [("b".to_string(), "2".to_string()), ("A_b".into(), "1".into()), ("_".into(), "3".into())];
     let text = String::from_utf16(&environment_block(&env).unwrap()).unwrap();
-    // (`ß` is not `SS`: by full case mapping it would sort before `ÉA`.)
-    assert_eq!(text, "b=2\0éa=1\0ß=3\0\0");
+    // `_` (0x5F) sorts after the upper-case letters, as Windows sorts it, not before `b` as lower case.
+    assert_eq!(text, "A_b=1\0b=2\0_=3\0\0");
+    for name in ["é", "aé", "ſ"] {
+        assert!(
+            matches!(environment_block(&[(name.into(), "x".into())]), Err(CommandError::Name(_))),
+            "{name}"
+        );
+    }
 }
