@@ -23,6 +23,7 @@ use windows_sys::Win32::Foundation::{
     HANDLE, HANDLE_FLAG_INHERIT, SetHandleInformation, WAIT_OBJECT_0, WAIT_TIMEOUT,
 };
 use windows_sys::Win32::Security::SECURITY_ATTRIBUTES;
+use windows_sys::Win32::System::IO::CancelSynchronousIo;
 use windows_sys::Win32::System::JobObjects::{
     AssignProcessToJobObject, CreateJobObjectW, IsProcessInJob, JOB_OBJECT_LIMIT_ACTIVE_PROCESS,
     JOB_OBJECT_LIMIT_BREAKAWAY_OK, JOB_OBJECT_LIMIT_DIE_ON_UNHANDLED_EXCEPTION, JOB_OBJECT_LIMIT_JOB_MEMORY,
@@ -37,7 +38,7 @@ use windows_sys::Win32::System::JobObjects::{
 };
 use windows_sys::Win32::System::Pipes::CreatePipe;
 use windows_sys::Win32::System::Threading::{
-    CREATE_SUSPENDED, CREATE_UNICODE_ENVIRONMENT, CreateProcessW, DETACHED_PROCESS,
+    CREATE_NO_WINDOW, CREATE_SUSPENDED, CREATE_UNICODE_ENVIRONMENT, CreateProcessW, DETACHED_PROCESS,
     DeleteProcThreadAttributeList, EXTENDED_STARTUPINFO_PRESENT, GetCurrentProcess, GetExitCodeProcess,
     InitializeProcThreadAttributeList, LPPROC_THREAD_ATTRIBUTE_LIST, PROC_THREAD_ATTRIBUTE_HANDLE_LIST,
     PROCESS_INFORMATION, ResumeThread, STARTF_USESTDHANDLES, STARTUPINFOEXW, STARTUPINFOW, TerminateProcess,
@@ -70,6 +71,9 @@ const UI_LIMITS: u32 = JOB_OBJECT_UILIMIT_READCLIPBOARD
 /// handle, which kills every process still in it.
 pub struct Job {
     handle: OwnedHandle,
+    /// Whether the command gets a console (of its own, windowless): only
+    /// where the job has room for its console host beside the run's processes.
+    console: bool,
 }
 
 /// The command of a run, as it is started.
@@ -160,19 +164,27 @@ fn raw(h: &OwnedHandle) -> HANDLE {
 /// A structure the system reads or writes for one information class of a
 /// job: implemented for those structures only, so that the size and the
 /// class passed together always agree.
-trait JobInformation: Default {
+///
+/// # Safety
+///
+/// `CLASS` names the information class whose structure is `Self`, a plain
+/// C structure that any bytes the system writes leave valid.
+unsafe trait JobInformation: Default {
     const CLASS: JOBOBJECTINFOCLASS;
 }
 
-impl JobInformation for JOBOBJECT_EXTENDED_LIMIT_INFORMATION {
+// SAFETY: JobObjectExtendedLimitInformation's structure, plain integers.
+unsafe impl JobInformation for JOBOBJECT_EXTENDED_LIMIT_INFORMATION {
     const CLASS: JOBOBJECTINFOCLASS = JobObjectExtendedLimitInformation;
 }
 
-impl JobInformation for JOBOBJECT_BASIC_UI_RESTRICTIONS {
+// SAFETY: JobObjectBasicUIRestrictions's structure, one integer.
+unsafe impl JobInformation for JOBOBJECT_BASIC_UI_RESTRICTIONS {
     const CLASS: JOBOBJECTINFOCLASS = JobObjectBasicUIRestrictions;
 }
 
-impl JobInformation for JOBOBJECT_BASIC_ACCOUNTING_INFORMATION {
+// SAFETY: JobObjectBasicAccountingInformation's structure, plain integers.
+unsafe impl JobInformation for JOBOBJECT_BASIC_ACCOUNTING_INFORMATION {
     const CLASS: JOBOBJECTINFOCLASS = JobObjectBasicAccountingInformation;
 }
 
@@ -222,7 +234,10 @@ impl Job {
         basic.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE
             | JOB_OBJECT_LIMIT_DIE_ON_UNHANDLED_EXCEPTION
             | JOB_OBJECT_LIMIT_ACTIVE_PROCESS;
-        basic.ActiveProcessLimit = limits.active_processes.max(1);
+        // A job of more than one process counts one more: the console host
+        // of the command's console (a job of one gets no console).
+        let console = limits.active_processes > 1;
+        basic.ActiveProcessLimit = limits.active_processes.max(1).saturating_add(u32::from(console));
         if let Some(cpu) = limits.process_cpu {
             basic.LimitFlags |= JOB_OBJECT_LIMIT_PROCESS_TIME;
             basic.PerProcessUserTimeLimit = i64::try_from(cpu.as_nanos() / 100).unwrap_or(i64::MAX);
@@ -238,7 +253,7 @@ impl Job {
         set_information(&handle, &info, "cannot set the job's limits")?;
         let ui = JOBOBJECT_BASIC_UI_RESTRICTIONS { UIRestrictionsClass: UI_LIMITS };
         set_information(&handle, &ui, "cannot restrict the job's user interface")?;
-        Ok(Job { handle })
+        Ok(Job { handle, console })
     }
 
     /// Starts `command` in the job: created suspended, assigned, then
@@ -252,8 +267,11 @@ impl Job {
         let (stderr, stderr_w) = pipe()?;
         let null = std::fs::File::open("NUL")?;
         inheritable(null.as_raw_handle() as HANDLE)?;
-        let (process, thread, pid) =
-            create_suspended(command, [null.as_raw_handle() as HANDLE, raw(&stdout_w), raw(&stderr_w)])?;
+        let (process, thread, pid) = create_suspended(
+            command,
+            [null.as_raw_handle() as HANDLE, raw(&stdout_w), raw(&stderr_w)],
+            self.console,
+        )?;
         // SAFETY: both handles are live; the process has not run an instruction yet.
         let assigned = unsafe { AssignProcessToJobObject(raw(&self.handle), raw(&process)) };
         if let Err(e) = check(assigned, "cannot put the command in its job") {
@@ -284,7 +302,7 @@ impl Job {
     /// `cancel` is set, whether or not the output is still open. What the
     /// ended processes wrote is read for [`DRAIN`] at most: a pipe still
     /// open after that is held by a process outside the job, and its
-    /// reader is left to end with it.
+    /// reader's read is cancelled. On an error the job's processes are ended too.
     pub fn supervise(
         &self,
         child: Child,
@@ -292,21 +310,51 @@ impl Job {
         max_output: u64,
         cancel: &AtomicBool,
     ) -> io::Result<Outcome> {
-        let start = Instant::now();
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = mpsc::sync_channel(16);
         let readers = [(0usize, child.stdout), (1, child.stderr)].map(|(which, file)| {
             let tx = tx.clone();
             std::thread::spawn(move || relay(which, file, &tx))
         });
         drop(tx);
         let mut out = [Vec::new(), Vec::new()];
+        let ended = self.watch(&child.process, &rx, &mut out, (Instant::now(), deadline), max_output, cancel);
+        if ended.is_err() {
+            self.terminate();
+        }
+        // What the readers had read when the run was over is kept (within the quota).
+        while let Ok((which, chunk)) = rx.try_recv() {
+            keep(&mut out, which, &chunk, max_output);
+        }
+        drop(rx);
+        for reader in readers {
+            stop(reader);
+        }
+        let ended = match ended? {
+            Some(e) => e,
+            None => Ended::Exited(exit_code(&child.process)?),
+        };
+        let [stdout, stderr] = out;
+        Ok(Outcome { ended, stdout, stderr })
+    }
+
+    /// [`Job::supervise`]'s loop: why palisade ended the run (`None`: the
+    /// command exited, and the rest of the job was ended after it).
+    fn watch(
+        &self,
+        process: &OwnedHandle,
+        rx: &mpsc::Receiver<(usize, Vec<u8>)>,
+        out: &mut [Vec<u8>; 2],
+        (start, deadline): (Instant, Option<Duration>),
+        max_output: u64,
+        cancel: &AtomicBool,
+    ) -> io::Result<Option<Ended>> {
         // Why palisade ended the run, and when the job's processes were ended.
         let (mut ended, mut over, mut open) = (None, None::<Instant>, true);
         loop {
             if open {
                 match rx.recv_timeout(POLL) {
                     Ok((which, chunk)) => {
-                        if keep(&mut out, which, &chunk, max_output) && ended.is_none() {
+                        if keep(out, which, &chunk, max_output) && ended.is_none() && over.is_none() {
                             ended = Some(Ended::OutputQuota);
                         }
                     }
@@ -314,32 +362,26 @@ impl Job {
                     Err(mpsc::RecvTimeoutError::Disconnected) => open = false,
                 }
             } else if over.is_some() {
-                break;
+                return Ok(ended);
             } else {
-                wait_for(&child.process, POLL)?;
+                wait_for(process, POLL)?;
             }
-            if ended.is_none() {
-                ended = why_end(start, deadline, cancel);
-            }
-            if over.is_none() && (ended.is_some() || wait_for(&child.process, Duration::ZERO)?) {
-                // The command's own exit code was set before this; ending the job cannot change it.
-                self.terminate();
-                over = Some(Instant::now());
+            if over.is_none() {
+                // The command's exit comes first: once it has exited, the run is its.
+                let exited = wait_for(process, Duration::ZERO)?;
+                if !exited && ended.is_none() {
+                    ended = why_end(start, deadline, cancel);
+                }
+                if exited || ended.is_some() {
+                    // The command's own exit code was set before this; ending the job cannot change it.
+                    self.terminate();
+                    over = Some(Instant::now());
+                }
             }
             if over.is_some_and(|t| t.elapsed() >= DRAIN) {
-                break;
+                return Ok(ended);
             }
         }
-        drop(rx);
-        for r in readers.into_iter().filter(|r| r.is_finished()) {
-            let _ = r.join();
-        }
-        let ended = match ended {
-            Some(e) => e,
-            None => Ended::Exited(exit_code(&child.process)?),
-        };
-        let [stdout, stderr] = out;
-        Ok(Outcome { ended, stdout, stderr })
     }
 
     /// What the system holds the job to, read back from it (what an
@@ -355,7 +397,9 @@ impl Job {
         Ok(InForce {
             limits: JobLimits {
                 active_processes: if has(JOB_OBJECT_LIMIT_ACTIVE_PROCESS) {
+                    // Less the console host's room (see Job::new).
                     b.ActiveProcessLimit
+                        .saturating_sub(u32::from(self.console && b.ActiveProcessLimit != u32::MAX))
                 } else {
                     u32::MAX
                 },
@@ -400,6 +444,7 @@ impl Job {
 fn create_suspended(
     command: &Command<'_>,
     stdio: [HANDLE; 3],
+    console: bool,
 ) -> io::Result<(OwnedHandle, OwnedHandle, u32)> {
     let line = command_line(command.argv).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let env = environment_block(command.env).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -417,10 +462,11 @@ fn create_suspended(
     };
     let mut pi = PROCESS_INFORMATION::default();
     let (program, mut line, cwd) = (wide(command.program), wide(&line), wide(command.cwd));
-    // No console (DETACHED_PROCESS): a console host would be one more
-    // process of the job, counted against its process limit.
-    let flags =
-        CREATE_SUSPENDED | CREATE_UNICODE_ENVIRONMENT | DETACHED_PROCESS | EXTENDED_STARTUPINFO_PRESENT;
+    // A console of its own, without a window, which what it starts shares;
+    // a job of one process gets none (its console host would count against
+    // the limit): see Job::new.
+    let console = if console { CREATE_NO_WINDOW } else { DETACHED_PROCESS };
+    let flags = CREATE_SUSPENDED | CREATE_UNICODE_ENVIRONMENT | console | EXTENDED_STARTUPINFO_PRESENT;
     // SAFETY: every string is NUL-terminated UTF-16 that outlives the call;
     // `line` is writable as CreateProcessW requires; `env` is a Unicode
     // block ending in two NULs; `si` is a whole STARTUPINFOEXW (its
@@ -554,8 +600,24 @@ fn exit_code(process: &OwnedHandle) -> io::Result<u32> {
     Ok(code)
 }
 
+/// Ends `reader`: a read still blocked (on a pipe a process outside the
+/// job holds) is cancelled; a reader that does not end is left to end
+/// with its pipe.
+fn stop(reader: std::thread::JoinHandle<()>) {
+    use std::os::windows::io::AsRawHandle as _;
+    for _ in 0..50 {
+        if reader.is_finished() {
+            let _ = reader.join();
+            return;
+        }
+        // SAFETY: the reader thread's live handle; only its pending synchronous I/O is cancelled.
+        unsafe { CancelSynchronousIo(reader.as_raw_handle() as HANDLE) };
+        std::thread::sleep(POLL);
+    }
+}
+
 /// Sends what `file` gives, chunk by chunk, until it ends.
-fn relay(which: usize, mut file: std::fs::File, tx: &mpsc::Sender<(usize, Vec<u8>)>) {
+fn relay(which: usize, mut file: std::fs::File, tx: &mpsc::SyncSender<(usize, Vec<u8>)>) {
     let mut buf = vec![0u8; 64 * 1024];
     while let Ok(n @ 1..) = file.read(&mut buf) {
         if tx.send((which, buf[..n].to_vec())).is_err() {

@@ -32,6 +32,35 @@ mod probe {
         c
     }
 
+    /// Hands a copy of its output to the process PALISADE_PARENT (outside
+    /// the job), says the copy's number there, then exits with
+    /// PALISADE_EXIT where it is set, or runs on.
+    fn hand_out() {
+        use windows_sys::Win32::Foundation::{CloseHandle, DUPLICATE_SAME_ACCESS, DuplicateHandle};
+        use windows_sys::Win32::System::Console::{GetStdHandle, STD_OUTPUT_HANDLE};
+        use windows_sys::Win32::System::Threading::{GetCurrentProcess, OpenProcess, PROCESS_DUP_HANDLE};
+        let parent: u32 = std::env::var("PALISADE_PARENT").unwrap().parse().unwrap();
+        let mut copy = std::ptr::null_mut();
+        // SAFETY: plain calls; the parent's handle is closed, the copy is the parent's to close.
+        unsafe {
+            let p = OpenProcess(PROCESS_DUP_HANDLE, 0, parent);
+            assert!(!p.is_null());
+            let own = GetStdHandle(STD_OUTPUT_HANDLE);
+            assert_ne!(
+                DuplicateHandle(GetCurrentProcess(), own, p, &mut copy, 0, 0, DUPLICATE_SAME_ACCESS),
+                0
+            );
+            CloseHandle(p);
+        }
+        let mut out = std::io::stdout();
+        writeln!(out, "{}", copy as usize).unwrap();
+        out.flush().unwrap();
+        if let Ok(code) = std::env::var("PALISADE_EXIT") {
+            std::process::exit(code.parse().unwrap());
+        }
+        std::thread::sleep(Duration::from_secs(120));
+    }
+
     pub fn main(verb: &str) {
         let mut out = std::io::stdout();
         match verb {
@@ -110,31 +139,7 @@ mod probe {
                 }
                 std::thread::sleep(Duration::from_secs(120));
             }
-            // Hands a copy of its output to the process PALISADE_PARENT (outside
-            // the job), says the copy's number there, and runs on.
-            "hand-out" => {
-                use windows_sys::Win32::Foundation::{CloseHandle, DUPLICATE_SAME_ACCESS, DuplicateHandle};
-                use windows_sys::Win32::System::Console::{GetStdHandle, STD_OUTPUT_HANDLE};
-                use windows_sys::Win32::System::Threading::{
-                    GetCurrentProcess, OpenProcess, PROCESS_DUP_HANDLE,
-                };
-                let parent: u32 = std::env::var("PALISADE_PARENT").unwrap().parse().unwrap();
-                let mut copy = std::ptr::null_mut();
-                // SAFETY: plain calls; the parent's handle is closed, the copy is the parent's to close.
-                unsafe {
-                    let p = OpenProcess(PROCESS_DUP_HANDLE, 0, parent);
-                    assert!(!p.is_null());
-                    let own = GetStdHandle(STD_OUTPUT_HANDLE);
-                    assert_ne!(
-                        DuplicateHandle(GetCurrentProcess(), own, p, &mut copy, 0, 0, DUPLICATE_SAME_ACCESS),
-                        0
-                    );
-                    CloseHandle(p);
-                }
-                writeln!(out, "{}", copy as usize).unwrap();
-                out.flush().unwrap();
-                std::thread::sleep(Duration::from_secs(120));
-            }
+            "hand-out" => hand_out(),
             "flood" => loop {
                 if out.write_all(&[b'x'; 8192]).is_err() {
                     return;
@@ -374,9 +379,32 @@ mod checks {
         drop(unsafe { OwnedHandle::from_raw_handle(copy as *mut std::ffi::c_void) });
     }
 
+    /// A command that has exited while a process outside its job holds
+    /// its output: the run is its exit, though the output stays open past
+    /// the deadline (which passes while the output is drained).
+    fn an_exit_stays_an_exit_though_a_process_outside_holds_the_output() {
+        use windows_sys::Win32::System::Threading::WaitForSingleObject;
+        let job = Job::new(&limits(4)).unwrap();
+        let extra = [
+            ("PALISADE_PARENT".to_string(), std::process::id().to_string()),
+            ("PALISADE_EXIT".to_string(), "3".to_string()),
+        ];
+        let mut child = spawn_with(&job, "hand-out", &extra);
+        let copy = first_line_pid(&mut child) as usize;
+        let command = watch(child.pid);
+        // SAFETY: a live process handle; the wait is bounded.
+        let waited = unsafe { WaitForSingleObject(command.as_raw_handle(), 60_000) };
+        assert_eq!(waited, 0, "the command did not exit");
+        let o =
+            job.supervise(child, Some(Duration::from_millis(1)), 1 << 20, &AtomicBool::new(false)).unwrap();
+        assert_eq!(o.ended, Ended::Exited(3));
+        // SAFETY: the copy the command made in this process, closed once here.
+        drop(unsafe { OwnedHandle::from_raw_handle(copy as *mut std::ffi::c_void) });
+    }
+
     fn programs_windows_would_misread_are_refused() {
         let job = Job::new(&limits(4)).unwrap();
-        for program in ["cmd.exe", "C:\\build.bat"] {
+        for program in ["cmd.exe", "C:\\build.bat", "C:\\build.bat\\."] {
             let argv = [program.to_string()];
             let e = job.spawn(&Command { program, argv: &argv, env: &[], cwd: "C:\\" }).err().expect(program);
             assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{program}: {e}");
@@ -434,7 +462,7 @@ mod checks {
     type Check = (&'static str, fn(), Option<&'static str>);
 
     /// The checks, and those Wine cannot show, each with why.
-    const CHECKS: [Check; 15] = [
+    const CHECKS: [Check; 16] = [
         ("the_job_holds_the_limits_it_was_given", the_job_holds_the_limits_it_was_given, Some(NO_READBACK)),
         ("output_and_exit_code_pass_through", output_and_exit_code_pass_through, None),
         ("the_command_inherits_only_its_own_handles", the_command_inherits_only_its_own_handles, None),
@@ -450,6 +478,11 @@ mod checks {
         (
             "the_run_ends_though_a_process_outside_the_job_holds_its_output",
             the_run_ends_though_a_process_outside_the_job_holds_its_output,
+            None,
+        ),
+        (
+            "an_exit_stays_an_exit_though_a_process_outside_holds_the_output",
+            an_exit_stays_an_exit_though_a_process_outside_holds_the_output,
             None,
         ),
         ("programs_windows_would_misread_are_refused", programs_windows_would_misread_are_refused, None),
