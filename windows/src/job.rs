@@ -467,11 +467,11 @@ fn create_suspended(
     // the limit): see Job::new.
     let console = if console { CREATE_NO_WINDOW } else { DETACHED_PROCESS };
     let flags = CREATE_SUSPENDED | CREATE_UNICODE_ENVIRONMENT | console | EXTENDED_STARTUPINFO_PRESENT;
-    // SAFETY: every string is NUL-terminated UTF-16 that outlives the call;
-    // `line` is writable as CreateProcessW requires; `env` is a Unicode
-    // block ending in two NULs; `si` is a whole STARTUPINFOEXW (its
-    // attribute list alive in `attributes`, whose handles, the caller's
-    // `stdio`, are open and inheritable for the call) and `pi` is live.
+    // `si` is a whole STARTUPINFOEXW: its attribute list lives in
+    // `attributes`, and its handles (the caller's `stdio`) are open and
+    // inheritable for the call.
+    // SAFETY: the strings are NUL-terminated UTF-16 outliving the call,
+    // `line` writable; `env` ends in two NULs; `si` (above) and `pi` live.
     let ok = unsafe {
         CreateProcessW(
             program.as_ptr(),

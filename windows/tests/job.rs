@@ -200,6 +200,17 @@ mod checks {
         job.supervise(child, Some(deadline), max_output, &AtomicBool::new(false)).unwrap()
     }
 
+    /// `child` supervised to its end within `deadline`, its output under 1 MiB.
+    fn supervise(job: &Job, child: Child, deadline: Duration) -> Outcome {
+        job.supervise(child, Some(deadline), 1 << 20, &AtomicBool::new(false)).unwrap()
+    }
+
+    /// Closes the copy of a command's output that its `hand-out` made in this process.
+    fn close_copy(copy: usize) {
+        // SAFETY: a handle the command made in this process, owned by nothing else and closed once here.
+        drop(unsafe { OwnedHandle::from_raw_handle(copy as *mut std::ffi::c_void) });
+    }
+
     fn text(b: &[u8]) -> String {
         String::from_utf8_lossy(b).into_owned()
     }
@@ -245,11 +256,12 @@ mod checks {
         running
     }
 
-    fn first_line_pid(child: &mut Child) -> u32 {
+    /// The number the command printed first (a process id, a handle's number).
+    fn first_number<T: std::str::FromStr>(child: &mut Child) -> T {
         use std::io::BufRead;
         let mut line = String::new();
         std::io::BufReader::new(&mut child.stdout).read_line(&mut line).unwrap();
-        line.trim().parse().unwrap_or_else(|_| panic!("no pid in {line:?}"))
+        line.trim().parse().unwrap_or_else(|_| panic!("no number in {line:?}"))
     }
 
     fn the_job_holds_the_limits_it_was_given() {
@@ -289,8 +301,7 @@ mod checks {
         // An inheritable handle of the broker's, open while the command starts.
         let job = Job::new(&limits(4)).unwrap();
         let child = spawn_with(&job, "write-handle", &handle);
-        let o =
-            job.supervise(child, Some(Duration::from_secs(60)), 1 << 20, &AtomicBool::new(false)).unwrap();
+        let o = supervise(&job, child, Duration::from_secs(60));
         assert!(
             text(&o.stdout).starts_with("refused"),
             "the command wrote to the broker's handle: {}",
@@ -329,7 +340,7 @@ mod checks {
     fn closing_the_job_kills_what_it_holds() {
         let job = Job::new(&limits(4)).unwrap();
         let mut child = spawn(&job, "stay");
-        let grandchild = watch(first_line_pid(&mut child));
+        let grandchild = watch(first_number(&mut child));
         let command = watch(child.pid);
         drop(job);
         assert!(!alive(&grandchild), "the command's child outlived its job's handle");
@@ -339,9 +350,8 @@ mod checks {
     fn the_commands_exit_ends_what_it_left_running() {
         let job = Job::new(&limits(4)).unwrap();
         let mut child = spawn(&job, "leave");
-        let grandchild = watch(first_line_pid(&mut child));
-        let o =
-            job.supervise(child, Some(Duration::from_secs(60)), 1 << 20, &AtomicBool::new(false)).unwrap();
+        let grandchild = watch(first_number(&mut child));
+        let o = supervise(&job, child, Duration::from_secs(60));
         assert_eq!(o.ended, Ended::Exited(0));
         assert!(!alive(&grandchild), "a process the command left outlived the run");
         // Outside a job, what the command leaves keeps running.
@@ -352,9 +362,9 @@ mod checks {
     fn the_deadline_ends_the_run() {
         let job = Job::new(&limits(4)).unwrap();
         let mut child = spawn(&job, "stay");
-        let grandchild = watch(first_line_pid(&mut child));
+        let grandchild = watch(first_number(&mut child));
         let command = watch(child.pid);
-        let o = job.supervise(child, Some(Duration::from_secs(1)), 1 << 20, &AtomicBool::new(false)).unwrap();
+        let o = supervise(&job, child, Duration::from_secs(1));
         assert_eq!(o.ended, Ended::Deadline);
         assert!(!alive(&command) && !alive(&grandchild), "the run outlived its deadline");
     }
@@ -363,7 +373,7 @@ mod checks {
         let job = Job::new(&limits(4)).unwrap();
         let child = spawn(&job, "close-and-stay");
         let command = watch(child.pid);
-        let o = job.supervise(child, Some(Duration::from_secs(1)), 1 << 20, &AtomicBool::new(false)).unwrap();
+        let o = supervise(&job, child, Duration::from_secs(1));
         assert_eq!(o.ended, Ended::Deadline);
         assert!(!alive(&command), "the command outlived its deadline");
     }
@@ -372,11 +382,9 @@ mod checks {
         let job = Job::new(&limits(4)).unwrap();
         let parent = [("PALISADE_PARENT".to_string(), std::process::id().to_string())];
         let child = spawn_with(&job, "hand-out", &parent);
-        let o = job.supervise(child, Some(Duration::from_secs(1)), 1 << 20, &AtomicBool::new(false)).unwrap();
+        let o = supervise(&job, child, Duration::from_secs(1));
         assert_eq!(o.ended, Ended::Deadline);
-        let copy: usize = text(&o.stdout).trim().parse().expect("the command said its copy's number");
-        // SAFETY: the copy the command made in this process, closed once here.
-        drop(unsafe { OwnedHandle::from_raw_handle(copy as *mut std::ffi::c_void) });
+        close_copy(text(&o.stdout).trim().parse().expect("the command said its copy's number"));
     }
 
     /// A command that has exited while a process outside its job holds
@@ -390,16 +398,14 @@ mod checks {
             ("PALISADE_EXIT".to_string(), "3".to_string()),
         ];
         let mut child = spawn_with(&job, "hand-out", &extra);
-        let copy = first_line_pid(&mut child) as usize;
+        let copy: usize = first_number(&mut child);
         let command = watch(child.pid);
         // SAFETY: a live process handle; the wait is bounded.
         let waited = unsafe { WaitForSingleObject(command.as_raw_handle(), 60_000) };
         assert_eq!(waited, 0, "the command did not exit");
-        let o =
-            job.supervise(child, Some(Duration::from_millis(1)), 1 << 20, &AtomicBool::new(false)).unwrap();
+        let o = supervise(&job, child, Duration::from_millis(1));
         assert_eq!(o.ended, Ended::Exited(3));
-        // SAFETY: the copy the command made in this process, closed once here.
-        drop(unsafe { OwnedHandle::from_raw_handle(copy as *mut std::ffi::c_void) });
+        close_copy(copy);
     }
 
     fn programs_windows_would_misread_are_refused() {
