@@ -133,7 +133,6 @@ impl TempDir {
     pub fn new_in(base: &Path, tag: &str) -> TempDir {
         let template = base.join(format!("palisade-{tag}-XXXXXX"));
         let path = nix::unistd::mkdtemp(&template).expect("mkdtemp");
-        past_status_change(&path);
         TempDir(path)
     }
     pub fn path(&self) -> &Path {
@@ -141,26 +140,6 @@ impl TempDir {
     }
     pub fn join(&self, p: &str) -> PathBuf {
         self.0.join(p)
-    }
-}
-
-/// Returns once the coarse real-time clock has passed `path`'s status
-/// change time. A run's start is that clock's reading, and a change to a
-/// granted directory at or after it is someone else's (a conflict, which
-/// holds the run's version): a directory made in the same clock tick as a
-/// run starts would look changed during it.
-fn past_status_change(path: &Path) {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).expect("the directory just made");
-    let changed = i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec());
-    // A tick is a few milliseconds; a clock set back is not waited out.
-    for _ in 0..1000 {
-        let now =
-            nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME_COARSE).expect("the coarse clock");
-        if i128::from(now.tv_sec()) * 1_000_000_000 + i128::from(now.tv_nsec()) > changed {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 

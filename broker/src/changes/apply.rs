@@ -73,9 +73,11 @@ pub fn apply(
     blobs: &OwnedFd,
     act: &Acting,
     choice: Choice,
-    since: i128,
+    since: &super::clock::Since,
 ) -> io::Result<Applied> {
     let may_move = act.is_broker();
+    // What changed on each root's filesystem after the run's view is someone else's.
+    let thresholds: Vec<i128> = roots.iter().map(|r| since.threshold(super::clock::margin(r))).collect();
     let mut a = Apply { act, roots, blobs, may_move, serial: 0, done: Applied::default(), dirs: Vec::new() };
     let mut kept: Vec<(usize, PathBuf)> = Vec::new();
     let mut at: Option<OpenPath> = None;
@@ -100,8 +102,8 @@ pub fn apply(
             }
             continue;
         }
-        let moved =
-            now.as_ref().map(Base::of) != e.base || a.removes_changed(dir, &name, e, now.as_ref(), since)?;
+        let moved = now.as_ref().map(Base::of) != e.base
+            || a.removes_changed(dir, &name, e, now.as_ref(), thresholds[e.root])?;
         if (e.conflict || moved) && !choice.overwrite {
             a.keep(i, e, &mut kept, true);
             continue;
@@ -163,8 +165,8 @@ impl Apply<'_> {
     }
 
     /// Whether applying `e` removes a directory in which something changed
-    /// since the change set was taken: its own status says nothing of its
-    /// files' contents.
+    /// after the run's view (`since`, a threshold): its own status says
+    /// nothing of its files' contents.
     fn removes_changed(
         &self,
         dir: &OwnedFd,

@@ -85,8 +85,8 @@ struct Walk<'a, 'b> {
     act: &'a Acting,
     guard: &'a Guard<'a>,
     root: usize,
-    /// The coarse clock when the run started (ns): a host entry whose
-    /// status changed at or after it was changed by someone else meanwhile.
+    /// When the run took its view of the host (ns, [`super::clock::Since::threshold`]):
+    /// a host entry whose status changed after it was changed by someone else meanwhile.
     since: i128,
     blobs: Option<Blobs<'b>>,
     out: Captured,
@@ -107,12 +107,12 @@ pub fn capture(
     dest: &OwnedFd,
     act: &Acting,
     guard: &Guard<'_>,
-    (root, since): (usize, i128),
+    (root, since): (usize, &super::clock::Since),
     blobs: Option<Blobs<'_>>,
 ) -> io::Result<Captured> {
     let host = openat(dest, c".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?;
     let dev = nix::sys::stat::fstat(&host)?.st_dev;
-    let since = since - clock_margin(&host);
+    let since = since.threshold(super::clock::margin(&host));
     let up = upper.try_clone()?;
     // A page of slack per file would be generous; a mebibyte covers rounding.
     let max_bytes = act.as_broker(|| Ok(used_bytes(upper)))?.saturating_add(1 << 20);
@@ -178,7 +178,7 @@ impl Walk<'_, '_> {
         host_executed: Option<String>,
     ) -> io::Result<()> {
         let base = host_st.as_ref().map(Base::of);
-        let newer = |h: &FileStat| ns(h.st_ctime, h.st_ctime_nsec) >= self.since;
+        let newer = |h: &FileStat| super::clock::changed_after(h, self.since);
         let mut budget = CONFLICT_SCAN_ENTRIES;
         let (kind_, conflict) = match kind(st) {
             // A whiteout: the sandbox removed this name. Nothing there: nothing to do.
@@ -254,12 +254,11 @@ impl Walk<'_, '_> {
             (Some(h), Some(st)) if kind(st) == SFlag::S_IFDIR => {
                 changed_since(h, name, self.since, &mut budget)
             }
-            (Some(_), Some(st)) => Ok(ns(st.st_ctime, st.st_ctime_nsec) >= self.since),
+            (Some(_), Some(st)) => Ok(super::clock::changed_after(st, self.since)),
             // None there: someone removed it meanwhile if its directory
             // changed since (a spurious conflict only holds the run's version).
             (Some(h), None) if !broker_writes_here => {
-                let dir = nix::sys::stat::fstat(h)?;
-                Ok(ns(dir.st_ctime, dir.st_ctime_nsec) >= self.since)
+                Ok(super::clock::changed_after(&nix::sys::stat::fstat(h)?, self.since))
             }
             _ => self.up(|| Ok(origin_at(up, name))),
         }
@@ -413,29 +412,6 @@ fn origin_at(dir: &OwnedFd, name: &CStr) -> bool {
         libc::lgetxattr(path.as_ptr(), c"user.overlay.origin".as_ptr(), buf.as_mut_ptr().cast(), buf.len())
     };
     n >= 0 || Errno::last() == Errno::ERANGE
-}
-
-/// How far before the run's start a change still counts as during it: none
-/// where the filesystem keeps the broker's clock to the nanosecond (ext4,
-/// xfs, btrfs, tmpfs, ...); two seconds elsewhere (a network filesystem
-/// keeps its server's clock; FAT keeps two-second times): a spurious
-/// conflict only holds the run's version, a missed one would overwrite.
-fn clock_margin(dir: &OwnedFd) -> i128 {
-    use nix::sys::statfs::{BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, FsType, TMPFS_MAGIC, fstatfs};
-    // Named here: nix has no XFS constant against musl, which the release binaries are built for.
-    const XFS_SUPER_MAGIC: FsType = FsType(0x5846_5342);
-    const F2FS_SUPER_MAGIC: FsType = FsType(0xF2F5_2010);
-    const ZFS_SUPER_MAGIC: FsType = FsType(0x2FC1_2FC1);
-    let nanosecond = [
-        EXT4_SUPER_MAGIC,
-        XFS_SUPER_MAGIC,
-        BTRFS_SUPER_MAGIC,
-        TMPFS_MAGIC,
-        F2FS_SUPER_MAGIC,
-        ZFS_SUPER_MAGIC,
-    ];
-    let local = fstatfs(dir).is_ok_and(|s| nanosecond.contains(&s.filesystem_type()));
-    if local { 0 } else { 2_000_000_000 }
 }
 
 fn too_large(why: String) -> io::Error {

@@ -108,8 +108,8 @@ pub fn ns(sec: i64, nsec: i64) -> i128 {
 }
 
 /// Whether `name` in `dir`, or anything under it, changed (its status:
-/// contents, name, mode, links) at or after `since` (ns, the clock ctime
-/// is kept in). At most `budget` entries are looked at; past it, the
+/// contents, name, mode, links) after `since` (ns, a
+/// [`super::clock::Since::threshold`]). At most `budget` entries are looked at; past it, the
 /// answer is yes (a change is assumed rather than missed).
 pub fn changed_since(dir: &OwnedFd, name: &CStr, since: i128, budget: &mut u32) -> io::Result<bool> {
     let st = match stat_at(dir, name) {
@@ -117,7 +117,7 @@ pub fn changed_since(dir: &OwnedFd, name: &CStr, since: i128, budget: &mut u32) 
         Err(Errno::ENOENT) => return Ok(false),
         Err(e) => return Err(e.into()),
     };
-    if ns(st.st_ctime, st.st_ctime_nsec) >= since || *budget == 0 {
+    if super::clock::changed_after(&st, since) || *budget == 0 {
         return Ok(true);
     }
     *budget -= 1;

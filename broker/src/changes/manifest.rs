@@ -33,9 +33,12 @@ pub struct Manifest {
     pub reason: String,
     /// The granted directories (host paths) the entries are relative to.
     pub roots: Vec<String>,
-    /// When the change set was taken (ns, the clock a file's status change
-    /// time is kept in): what changed on the host since is someone else's.
+    /// When the run took its view of the host (ns, the real-time clock; see
+    /// [`super::clock`]): what changed on the host after it is someone else's.
     pub taken_ns: i128,
+    /// The real-time clock's distance from the boot-time clock then (0: not kept).
+    #[serde(default)]
+    pub taken_offset_ns: i128,
     pub entries: Vec<Entry>,
 }
 
@@ -98,6 +101,13 @@ impl Base {
             mtime_ns: super::fs::ns(st.st_mtime, st.st_mtime_nsec),
             ctime_ns: super::fs::ns(st.st_ctime, st.st_ctime_nsec),
         }
+    }
+}
+
+impl Manifest {
+    /// The run's view of the host, what conflicts are judged against.
+    pub fn since(&self) -> super::clock::Since {
+        super::clock::Since { ns: self.taken_ns, offset_ns: self.taken_offset_ns }
     }
 }
 

@@ -9,6 +9,7 @@
 
 pub mod apply;
 pub mod capture;
+pub mod clock;
 pub mod fs;
 pub mod manifest;
 pub mod review;
@@ -43,9 +44,9 @@ pub struct Settle<'a> {
     pub run_id: u64,
     pub requester: &'a Requester,
     pub keep_out: &'a KeepOut,
-    /// When the run started (ns, the clock a file's status change time is
-    /// kept in): what the host changed at or after it is a conflict.
-    pub since: i128,
+    /// When the run took its view of the host: what the host changed after
+    /// it is a conflict.
+    pub since: clock::Since,
     pub keep: KeepChanges,
     pub on_conflict: OnConflict,
     /// How palisade ended the run, if it did.
@@ -75,7 +76,6 @@ pub fn settle(s: &Settle<'_>, targets: Vec<Target>) -> Result<Settled, BrokerErr
     let store = &s.keep_out.store;
     let _lock = store.lock(s.requester.uid).map_err(copy_back)?;
     let draft = store.draft(s.requester.uid).map_err(copy_back)?;
-    let taken_ns = coarse_now_ns();
     let taken = take(s, &targets, Some(&draft));
     let (entries, withheld, bytes) = match taken {
         Ok(t) => t,
@@ -102,7 +102,8 @@ pub fn settle(s: &Settle<'_>, targets: Vec<Target>) -> Result<Settled, BrokerErr
         status: Status::Held,
         reason: String::new(),
         roots,
-        taken_ns,
+        taken_ns: s.since.ns,
+        taken_offset_ns: s.since.offset_ns,
         entries,
     };
     changes.conflicts = m.entries.iter().filter(|e| e.conflict).map(|e| e.host_path(&m.roots)).collect();
@@ -161,7 +162,7 @@ fn take(
         let blobs = draft.map(|d| capture::Blobs { dir: &d.blobs, next: &mut next });
         let taken = s
             .requester
-            .act(|act| capture::capture(upper, dest, act, &guard, (root, s.since), blobs))
+            .act(|act| capture::capture(upper, dest, act, &guard, (root, &s.since), blobs))
             .and_then(|r| r)?;
         entries.extend(taken.entries);
         withheld.extend(taken.withheld);
@@ -250,9 +251,9 @@ pub(crate) fn apply_and_keep(
     mut changes: Changes,
 ) -> std::io::Result<Settled> {
     let blobs = store.blobs(dir)?;
-    let since = m.taken_ns;
+    let since = m.since();
     let done =
-        requester.act(|act| apply::apply(&m.entries, dests, &blobs, act, choice, since)).and_then(|r| r)?;
+        requester.act(|act| apply::apply(&m.entries, dests, &blobs, act, choice, &since)).and_then(|r| r)?;
     let applied: Vec<Entry> = (m.entries.iter().enumerate())
         .filter(|(i, _)| !done.kept.contains(i))
         .map(|(_, e)| e.clone())
@@ -376,18 +377,6 @@ pub fn record(
 
 pub fn now_secs() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-/// The coarse real-time clock (ns): what a file's status change time is
-/// kept in, and never ahead of it (an earlier start only finds more conflicts).
-pub fn coarse_now_ns() -> i128 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is valid for writing for the duration of the call.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    fs::ns(ts.tv_sec, ts.tv_nsec)
 }
 
 /// Whether the run wrote nothing in an overlay (its upper layer is empty).

@@ -76,9 +76,9 @@ struct Launched<'a> {
     /// before the command started.
     session: Option<(&'a Membership, u64)>,
     started: Instant,
-    /// The coarse real-time clock before the sandbox was made (ns): what
-    /// the host changes from then on is someone else's change.
-    since: i128,
+    /// The run's view of the host's files, taken before the sandbox was
+    /// made: what the host changes after it is someone else's change.
+    since: crate::changes::clock::Since,
 }
 
 pub struct Engine {
@@ -98,10 +98,16 @@ pub struct Engine {
 
 /// Releases the command of `helper` once `recorded` says the run's start is
 /// on disk: before its first instruction, as docs/journal.md promises.
-async fn release_when(recorded: impl Future<Output = bool>, helper: &HelperChild) -> Result<(), BrokerError> {
+async fn release_when(
+    recorded: impl Future<Output = bool>,
+    helper: &HelperChild,
+    since: &crate::changes::clock::Since,
+) -> Result<(), BrokerError> {
     if !recorded.await {
         return Err(crate::engine::executor::not_recorded());
     }
+    // What the host changes from here on has a file time after the run's view.
+    since.fence().await;
     release(&helper.status).map_err(BrokerError::HandOver)
 }
 
@@ -317,7 +323,8 @@ impl Engine {
         claimed: Option<Slot>,
     ) -> Result<RunResult, BrokerError> {
         let started = Instant::now();
-        let since = crate::changes::coarse_now_ns();
+        // The run's view of the host's files: its command is released after it.
+        let since = crate::changes::clock::Since::now();
         let input = Input::of(request, sink.take_stdin());
         // A terminal's input goes to its master, never to the helper's stdin.
         let piped = input.piped() && planned.resolved.plan.terminal.is_none();
@@ -328,7 +335,7 @@ impl Engine {
         let (helper, cgroup) = self.launch(planned.resolved, planned.grants, piped, &wanted, claimed).await?;
         // Nothing of the run outlives it, however it is left from here (a shutdown's abort, a panic).
         let abandon = Abandon::arm(helper.pid, &helper.pidfd, libc::SIGKILL)?;
-        if let Err(e) = release_when(recorded, &helper).await {
+        if let Err(e) = release_when(recorded, &helper, &since).await {
             abandon.disarm();
             let _ = pidfd_kill(&helper.pidfd, libc::SIGKILL);
             let _ = tokio::task::spawn_blocking(move || (reap(helper.pid), cgroup.map(|c| c.remove()))).await;
@@ -768,7 +775,7 @@ async fn keep_writes(
     grants: &Grants,
     overlays: Vec<(String, OwnedFd)>,
     ended: &mut Option<RunStatus>,
-    (run_id, since): (u64, i128),
+    (run_id, since): (u64, crate::changes::clock::Since),
 ) -> Result<(u64, Changes), BrokerError> {
     if resolved.in_place {
         return Ok((0, Changes { outcome: ChangesOutcome::InPlace, ..Changes::default() }));
