@@ -12,6 +12,11 @@
 //! - `PALISADE_FAULT_APPLY=N`: the broker dies (SIGKILL to itself) after
 //!   applying `N` entries of a change set, as a broker that crashes in the
 //!   middle of an apply.
+//! - `PALISADE_FAULT_APPLY_WINDOW=FILE`: before each entry of a change set
+//!   replaces the host's (or removes it), the broker writes the entry's
+//!   path into `FILE` and waits (10 s at most) until `FILE` is removed: a
+//!   test edits the host's file in the window between the check and the
+//!   replacement.
 //! - `PALISADE_FAULT_RECORD=N`: the start records of the first `N` runs are
 //!   answered as not written, 1 s after the journal's own answer (as a sync
 //!   that fails late), while their sandboxes are built.
@@ -72,6 +77,22 @@ pub fn die_after_applying(applied: usize) {
     if applied >= n {
         // SAFETY: kill with this process's own pid; nothing is passed in memory.
         unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+}
+
+/// Holds the apply of `rel` while `PALISADE_FAULT_APPLY_WINDOW`'s file exists.
+pub fn apply_window(rel: &std::path::Path) {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    let Some(marker) = std::env::var_os("PALISADE_FAULT_APPLY_WINDOW") else { return };
+    let marker = std::path::PathBuf::from(marker);
+    if std::fs::write(&marker, rel.as_os_str().as_encoded_bytes()).is_err() {
+        return;
+    }
+    let start = std::time::Instant::now();
+    while marker.exists() && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 

@@ -167,6 +167,12 @@ pub fn main(_: Cli, argv: &[OsString]) -> i32 {
 /// Exit status when palisade refused or failed (not the command).
 pub const EXIT_PALISADE: i32 = 125;
 
+/// Exit status of a run whose command ended by itself but whose writes did
+/// not all land on the host as it left them: held for review, partly
+/// applied, or discarded (the command's own status is the result's, and
+/// the line on stderr says what became of the writes).
+pub const EXIT_NOT_APPLIED: i32 = 123;
+
 /// Says why palisade refused or failed, in one line naming the error kind;
 /// the exit status of that.
 pub fn fail(kind: ErrorKind, message: impl std::fmt::Display) -> i32 {

@@ -111,6 +111,13 @@ impl Render {
             crate::out::closed();
         }
         match outcome {
+            // The command ended by itself, but its writes did not all land: never as if they had.
+            Ok(r)
+                if matches!(r.status, RunStatus::Exited { .. } | RunStatus::Signaled { .. })
+                    && !r.changes.all_landed() =>
+            {
+                crate::EXIT_NOT_APPLIED
+            }
             Ok(r) => match r.status {
                 RunStatus::Exited { code } => code,
                 // As a shell reports a command killed by a signal.
@@ -151,7 +158,10 @@ pub fn ended_by_palisade(r: &RunResult) -> String {
             limits.max_output_bytes
         ),
         RunStatus::MemoryLimitExceeded => "killed by the memory limit".into(),
-        RunStatus::DiskLimitExceeded => "the run's writes filled their bound; none was kept".into(),
+        RunStatus::DiskLimitExceeded => match &r.changes.reason {
+            Some(why) => why.clone(),
+            None => "the run's writes reached their bound (max_disk_mb)".into(),
+        },
         RunStatus::Cancelled => "the run was cancelled".into(),
         RunStatus::Exited { .. } | RunStatus::Signaled { .. } => "the command ended by itself".into(),
     }
@@ -181,13 +191,22 @@ fn say_egress(r: &RunResult) {
     }
 }
 
-/// The change set's line under a run's output. A run that filled its bound
-/// says it kept nothing in its own line.
+/// The change set's line under a run's output, and, where the command
+/// ended by itself but its writes did not all land, its own status.
 #[cfg(target_os = "linux")]
 fn say_changes(r: &RunResult) {
-    let summary = summary(&r.changes, true);
-    if let Some(line) = summary.filter(|_| r.status != RunStatus::DiskLimitExceeded) {
-        eprintln!("palisade: {line}");
+    let Some(line) = summary(&r.changes, true) else { return };
+    eprintln!("palisade: {line}");
+    let status = match r.status {
+        RunStatus::Exited { code } => format!("exited with {code}"),
+        RunStatus::Signaled { signal } => format!("was killed by signal {signal}"),
+        _ => return,
+    };
+    if !r.changes.all_landed() {
+        eprintln!(
+            "palisade: the command {status}; palisade exits {} as its writes did not all land",
+            crate::EXIT_NOT_APPLIED
+        );
     }
 }
 
@@ -197,26 +216,25 @@ fn say_changes(_: &RunResult) {}
 
 /// The one line about a run's writes: `quiet` says nothing of writes
 /// simply applied (what `palisade run` does), only of what was held,
-/// discarded, conflicted or withheld.
+/// partly applied, discarded, conflicted or withheld.
 pub fn summary(c: &palisade_protocol::wire::Changes, quiet: bool) -> Option<String> {
     use palisade_protocol::wire::ChangesOutcome as O;
     let id = c.id.as_deref().unwrap_or("-");
-    let plain = c.conflicts.is_empty() && c.id.is_none() && c.withheld.is_empty();
+    let reason = c.reason.as_deref().unwrap_or("");
+    let applied = format!("{} file(s), {} dir(s), {} removed", c.files, c.dirs, c.removed);
     let mut line = match c.outcome {
         O::None | O::InPlace => return withheld_line(c),
-        O::Applied if plain && quiet => return None,
-        O::Applied if plain => format!("changes applied: {} file(s), {} removed", c.files, c.removed),
-        O::Applied => format!(
-            "changes applied: {} file(s), {} removed; change set {id} holds the rest: {}",
-            c.files,
-            c.removed,
-            c.reason.as_deref().unwrap_or("")
+        O::Applied if c.withheld.is_empty() && quiet => return None,
+        O::Applied => format!("changes applied: {applied}"),
+        O::Partial => format!(
+            "changes partly applied ({applied}); change set {id} holds {} more: {reason} (palisade changes show {id})",
+            c.held
         ),
         O::Held => format!(
-            "changes held as {id}: {} (palisade changes show {id})",
-            c.reason.as_deref().unwrap_or("")
+            "changes held as {id} ({} entries), none applied: {reason} (palisade changes show {id})",
+            c.held
         ),
-        O::Discarded => format!("changes discarded: {}", c.reason.as_deref().unwrap_or("")),
+        O::Discarded => format!("changes discarded ({} entries), none applied: {reason}", c.discarded),
     };
     if !c.conflicts.is_empty() {
         line.push_str(&format!("; the host's version kept (changed meanwhile): {}", c.conflicts.join(", ")));

@@ -351,13 +351,34 @@ pub struct ChangesConfig {
     pub max_sets: usize,
     /// Days a held change set is kept before it is removed (a journal record says so).
     pub max_age_days: u64,
+    /// The free space (MiB) the filesystem of the change sets keeps while
+    /// runs write there (their layers are on it): a run whose writes would
+    /// take it below this is stopped (`DiskLimitExceeded`), its writes held.
+    /// 0: no floor.
+    pub min_free_mb: u64,
 }
+
+/// How often the broker checks an overlay run's writes against
+/// `max_disk_mb` and `[changes] min_free_mb` (one `statvfs` each time; the
+/// layers are walked only when the filesystem grew by the rest of the bound).
+pub const DISK_CHECK_MS: u64 = 20;
+
+/// The default free-space floor of the change sets' filesystem: room for
+/// the host's own needs and the journal's floor (64 MiB) well clear of a
+/// full disk.
+pub const DEFAULT_CHANGES_MIN_FREE_MB: u64 = 1024;
 
 impl Default for ChangesConfig {
     fn default() -> Self {
         // A few large runs' writes, or thousands of small ones, per person;
         // two weeks to look at them.
-        ChangesConfig { dir: None, max_bytes: 4 << 30, max_sets: 200, max_age_days: 14 }
+        ChangesConfig {
+            dir: None,
+            max_bytes: 4 << 30,
+            max_sets: 200,
+            max_age_days: 14,
+            min_free_mb: DEFAULT_CHANGES_MIN_FREE_MB,
+        }
     }
 }
 
@@ -757,10 +778,15 @@ pub struct DefaultProfile {
     /// `environment` passes (by name, with the client's value).
     pub pass_env: Vec<String>,
     /// How writes to the workspace are bounded (Tier C): "overlay" holds them
-    /// in a tmpfs of `max_disk_mb` and copies them back when the command
-    /// exits by itself (a disk-fill ends at the bound, the host's disk
-    /// untouched); "direct" writes through, bounded by RLIMIT_FSIZE per file only.
+    /// in a layer on disk (in the broker's state) and applies them as a
+    /// change set when the run is over; "direct" writes through, bounded by
+    /// RLIMIT_FSIZE per file only.
     pub disk: DiskMode,
+    /// The bound of an overlay run's writes, all its layers together (and
+    /// of its files: one per 8 KiB of it): past it, the run is stopped
+    /// (`DiskLimitExceeded`) and its writes held. The broker checks it every
+    /// [`DISK_CHECK_MS`]; a run writing faster may pass it by what it writes
+    /// in that time.
     pub max_disk_mb: u64,
     pub allow_interpreters: bool,
     pub allow_inline_code: bool,
@@ -814,7 +840,8 @@ impl Default for DefaultProfile {
             read_write: vec![],
             pass_env: vec![],
             disk: DiskMode::Overlay,
-            max_disk_mb: 1024,
+            // A build's outputs (a crate's target/, a project's node_modules) reach gigabytes.
+            max_disk_mb: 16 << 10,
             allow_interpreters: false,
             allow_inline_code: false,
             allowed_executables: vec![],

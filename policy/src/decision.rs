@@ -25,7 +25,7 @@ use crate::jail::{ETC_ENTRIES, JailSpec, Limits, build_plan};
 use crate::trust::{self, Approval, EscalationReason, EscalationTrigger, ToolTrust, TrustStage};
 use crate::validate::{self, HOME_SENSITIVE_NAMES, Rules, SENSITIVE_NAMES};
 use crate::{Preset, paths};
-use palisade_protocol::attest::{Disk, Memory, Network, Scratch, TmpfsBudget, UpperLayers, WritableDirs};
+use palisade_protocol::attest::{Disk, Memory, Network, Scratch, TmpfsBudget, WritableDirs};
 use palisade_protocol::wire::{ErrorKind, KeepChanges, OnConflict, ParamValue, RunRequest};
 use palisade_protocol::{HostIds, JailPlan, LandlockFeatures, Tier};
 use std::collections::BTreeMap;
@@ -271,6 +271,8 @@ struct RunLimits {
     memory_bytes: u64,
     /// How many writable directories are overlays (Tier C, `disk = overlay`).
     overlays: u64,
+    /// The bound of the overlays' writes, on disk (`max_disk_mb`).
+    disk_bytes: u64,
     tmpfs: TmpfsSizes,
     rlimits: Limits,
 }
@@ -932,11 +934,11 @@ impl Policy {
         let tmpfs = TmpfsSizes {
             tmp: mib(profile.tmp_size_mb),
             workspace: u64::from(grants.temp_workspace.is_some() && tier == Tier::C),
-            upper: mib(profile.max_disk_mb),
-            overlays,
             // /dev/shm holds memory like any other: as much as the run may use.
             shm: memory_bytes,
         };
+        // The overlays' writes are on disk (the broker's layers), bounded apart from memory.
+        let disk_bytes = profile.max_disk_mb;
         let cgroup = draft.cgroup.is_some();
         let tmpfs = match (cgroup, tier) {
             // A cgroup charges tmpfs pages to the run; rlimits do not see them.
@@ -958,7 +960,15 @@ impl Policy {
             tmp_bytes: tmpfs.tmp,
             shm_bytes: tmpfs.shm,
         };
-        RunLimits { timeout_secs, max_output_bytes, memory_bytes, overlays, tmpfs, rlimits }
+        RunLimits {
+            timeout_secs,
+            max_output_bytes,
+            memory_bytes,
+            overlays,
+            disk_bytes: mib(disk_bytes),
+            tmpfs,
+            rlimits,
+        }
     }
 
     /// What the helper is to build: the sandbox's paths, ids, limits and
@@ -1011,7 +1021,7 @@ impl Policy {
             cgroup: draft.cgroup.as_ref().filter(|c| !c.v1).map(|c| c.path.to_string_lossy().into_owned()),
             no_fork: draft.profile.capabilities.process.no_fork,
             temp_workspace: if tier == Tier::C { grants.temp_workspace.clone() } else { None },
-            write_bound: (limits.overlays > 0).then_some(limits.tmpfs.upper),
+            write_bound: (limits.overlays > 0).then_some(limits.disk_bytes),
             hidden: draft.hidden.clone(),
             etc_view: ctx.etc_view.clone(),
             layout: host.layout.clone(),
@@ -1049,6 +1059,7 @@ impl Policy {
             memory_bytes: limits.memory_bytes,
             address_space_bytes: limits.rlimits.address_space_bytes,
             tmpfs: limits.tmpfs,
+            disk_bytes: limits.disk_bytes,
             disk: profile.disk,
         };
         let network = labels.network(&profile.capabilities.network, profile.egress, egress.as_ref());
@@ -1328,6 +1339,7 @@ struct Labels<'a> {
     memory_bytes: u64,
     address_space_bytes: u64,
     tmpfs: TmpfsSizes,
+    disk_bytes: u64,
     disk: DiskMode,
 }
 
@@ -1358,9 +1370,7 @@ impl Labels<'_> {
     fn disk(&self, temp_workspace: bool, writable: bool) -> Disk {
         let writable = match (self.tier, self.disk, writable) {
             (_, _, false) => None,
-            (Tier::C, DiskMode::Overlay, true) => {
-                Some(WritableDirs::Overlay { upper_bytes: self.tmpfs.upper })
-            }
+            (Tier::C, DiskMode::Overlay, true) => Some(WritableDirs::Layers { bound_bytes: self.disk_bytes }),
             (_, _, true) => Some(WritableDirs::Direct),
         };
         let scratch = match (self.tier, temp_workspace) {
@@ -1378,7 +1388,7 @@ impl Labels<'_> {
         let budget = TmpfsBudget {
             tmp: t.tmp,
             workspace: (t.workspace > 0).then(|| TEMP_WORKSPACE.to_string()),
-            upper_layers: (t.overlays > 0).then_some(UpperLayers { count: t.overlays, bytes_each: t.upper }),
+            upper_layers: None,
             shm: t.shm,
         };
         let (data, address_space) = (self.memory_bytes, self.address_space_bytes);
@@ -1437,23 +1447,17 @@ struct TmpfsSizes {
     /// `/tmp`, and a temporary workspace when there is one (`workspace` is 1).
     tmp: u64,
     workspace: u64,
-    /// Each overlay's upper layer (`overlays` of them).
-    upper: u64,
-    overlays: u64,
     shm: u64,
 }
 
 impl TmpfsSizes {
     fn total(&self) -> u64 {
-        self.tmp
-            .saturating_mul(1 + self.workspace)
-            .saturating_add(self.upper.saturating_mul(self.overlays))
-            .saturating_add(self.shm)
+        self.tmp.saturating_mul(1 + self.workspace).saturating_add(self.shm)
     }
 
     /// Within `budget` bytes together (0: no limit), for a run whose memory
     /// no cgroup bounds (rlimits do not count tmpfs pages): /tmp, the
-    /// temporary workspace and the overlays' upper layers keep their sizes
+    /// temporary workspace keep their sizes
     /// when they fit, and /dev/shm gets what is left of the budget; when they
     /// do not fit, all of them, /dev/shm included, are scaled down in
     /// proportion.
@@ -1471,7 +1475,7 @@ impl TmpfsSizes {
         }
         let total = self.total();
         let scale = |b: u64| round((u128::from(b) * u128::from(budget) / u128::from(total)) as u64);
-        TmpfsSizes { tmp: scale(self.tmp), upper: scale(self.upper), shm: scale(self.shm), ..self }
+        TmpfsSizes { tmp: scale(self.tmp), shm: scale(self.shm), ..self }
     }
 }
 
@@ -1768,38 +1772,35 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    fn sizes(tmp: u64, upper: u64, shm: u64) -> TmpfsSizes {
-        TmpfsSizes { tmp: tmp * MIB, workspace: 0, upper: upper * MIB, overlays: 1, shm: shm * MIB }
+    fn sizes(tmp: u64, shm: u64) -> TmpfsSizes {
+        TmpfsSizes { tmp: tmp * MIB, workspace: 0, shm: shm * MIB }
     }
 
     /// Without a cgroup the tmpfs mounts hold memory that no rlimit counts:
-    /// together they stay within the run's memory limit.
+    /// together they stay within the run's memory limit. (An overlay's
+    /// writes are on disk, bounded apart.)
     #[test]
     fn tmpfs_sizes_fit_the_memory_limit_together() {
         // All fit: unchanged.
-        let s = sizes(64, 64, 64).fit_within(512 * MIB);
-        assert_eq!((s.tmp, s.upper, s.shm), (64 * MIB, 64 * MIB, 64 * MIB));
-        // /tmp and the overlay fit: /dev/shm gets what is left.
-        let s = sizes(256, 16, 512).fit_within(512 * MIB);
-        assert_eq!((s.tmp, s.upper, s.shm), (256 * MIB, 16 * MIB, 240 * MIB));
+        let s = sizes(64, 64).fit_within(512 * MIB);
+        assert_eq!((s.tmp, s.shm), (64 * MIB, 64 * MIB));
+        // /tmp fits: /dev/shm gets what is left.
+        let s = sizes(256, 512).fit_within(512 * MIB);
+        assert_eq!((s.tmp, s.shm), (256 * MIB, 256 * MIB));
         // Nothing fits: all scaled, each at least a page, the sum within the limit.
         for budget in [4096, 64 * MIB, 512 * MIB, 3 * MIB + 17] {
-            let mut with_ws = sizes(256, 1024, 512);
+            let mut with_ws = sizes(1024, 512);
             with_ws.workspace = 1;
-            with_ws.overlays = 3;
-            for s in [sizes(256, 1024, 512), with_ws] {
+            for s in [sizes(1024, 512), with_ws] {
                 let f = s.fit_within(budget);
-                assert!(f.tmp >= 4096 && f.upper >= 4096 && f.shm >= 4096, "{f:?}");
+                assert!(f.tmp >= 4096 && f.shm >= 4096, "{f:?}");
                 // Whole MiB from one MiB up: the attestation names them so.
-                assert!([f.tmp, f.upper, f.shm].iter().all(|b| *b < MIB || b % MIB == 0), "{f:?}");
-                assert!(
-                    f.total() <= budget.max(4096 * (2 + s.workspace + s.overlays)),
-                    "{f:?} over {budget}"
-                );
+                assert!([f.tmp, f.shm].iter().all(|b| *b < MIB || b % MIB == 0), "{f:?}");
+                assert!(f.total() <= budget.max(4096 * (2 + s.workspace)), "{f:?} over {budget}");
             }
         }
         // No limit: unchanged.
-        let s = sizes(256, 1024, 0).fit_within(0);
-        assert_eq!((s.tmp, s.upper), (256 * MIB, 1024 * MIB));
+        let s = sizes(256, 0).fit_within(0);
+        assert_eq!(s.tmp, 256 * MIB);
     }
 }

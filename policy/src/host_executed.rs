@@ -151,6 +151,8 @@ const GIT_DATA: &[&str] = &[
     "rebase-apply",
     "rr-cache",
     "gitk.cache",
+    // Remotes' URLs by an older layout (what `git init` makes): as safe as `remote.*.url`.
+    "branches",
 ];
 
 /// What a path the run changed is, for the copy-back.
@@ -244,8 +246,9 @@ fn git_check(path: &Path, is_dir: bool, beside_head: bool) -> Check {
     if *last == ".git" && !is_dir {
         return Check::Withhold("a .git file or link (it names the repository git uses)");
     }
-    // A bare repository's files, by the HEAD beside them.
-    if beside_head {
+    // A bare repository's files, by the HEAD beside them (a `.git`
+    // directory's, below, are looked at one by one).
+    if beside_head && parents.last() != Some(&".git") {
         match *last {
             "hooks" => return Check::Withhold("git hooks"),
             "commondir" | "gitdir" => return Check::Withhold("a git directory's pointer to another"),
@@ -268,6 +271,10 @@ fn in_git_dir(inside: &[&str], is_dir: bool) -> Check {
         ["modules" | "worktrees", _, rest @ ..] => in_git_dir(rest, is_dir),
         ["config" | "config.worktree"] if !is_dir => Check::GitConfig,
         [first, ..] if GIT_DATA.contains(first) => Check::Apply,
+        // The directory runs nothing itself: each file made in it is looked
+        // at, and git runs no hook named `*.sample` (what `git init` writes).
+        ["hooks"] if is_dir => Check::Apply,
+        ["hooks", name] if !is_dir && name.ends_with(".sample") => Check::Apply,
         ["hooks", ..] => Check::Withhold("git hooks"),
         ["commondir" | "gitdir", ..] => Check::Withhold("a git directory's pointer to another"),
         _ => Check::Withhold("a file in a git directory that is not git's data"),
@@ -478,9 +485,10 @@ mod tests {
     #[test]
     fn hooks_git_files_and_listed_paths_are_held_and_ordinary_files_applied() {
         for held in [
-            (".git/hooks", true),
+            (".git/hooks/pre-commit", false),
+            (".git/hooks/pre-commit.sample/x", false),
             ("sub/.git/hooks", false),
-            (".git/modules/lib/hooks", true),
+            (".git/modules/lib/hooks/post-checkout", false),
             (".git/modules/lib/commondir", false),
             (".git/worktrees/w/gitdir", false),
             (".git/commondir", false),
@@ -514,6 +522,11 @@ mod tests {
             ("docs/.bashrc", false),
             ("config", false),
             ("hooks", true),
+            // The hooks directory itself runs nothing, and git runs no `*.sample` (`git init`'s).
+            (".git/hooks", true),
+            (".git/hooks/pre-commit.sample", false),
+            (".git/modules/lib/hooks", true),
+            (".git/branches", true),
         ] {
             assert_eq!(check(ordinary, dir), Check::Apply, "{ordinary}");
         }

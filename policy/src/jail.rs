@@ -323,7 +323,10 @@ fn tier_c_mounts(
     }
     mounts.extend(spec.read_only.iter().map(|p| bind(&s(p), false, true)));
     mounts.extend(spec.read_write.iter().map(|p| match spec.write_bound {
-        Some(size_bytes) => Mount::Overlay { source: s(p), target: s(p), size_bytes, owned: true },
+        Some(size_bytes) => {
+            // The broker gives the overlay its layer on disk (`layer`) once the run has an id.
+            Mount::Overlay { source: s(p), target: s(p), size_bytes, owned: true, layer: None }
+        }
         None => bind(&s(p), true, true),
     }));
     let tmp_bytes = spec.limits.tmp_bytes;

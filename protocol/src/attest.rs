@@ -608,8 +608,12 @@ pub enum Scratch {
 /// How writes to the writable directories were held.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WritableDirs {
-    /// An overlay each, its writes in a tmpfs of `upper_bytes`, copied back
-    /// when the command exits by itself.
+    /// An overlay each, its writes in a layer on disk in the broker's
+    /// state, at most `bound_bytes` together, applied as a change set when
+    /// the run is over.
+    Layers { bound_bytes: u64 },
+    /// An overlay each, its writes in a tmpfs of `upper_bytes` (the
+    /// attestations of earlier brokers).
     Overlay { upper_bytes: u64 },
     /// Written in place, bounded by RLIMIT_FSIZE per file only.
     Direct,
@@ -620,6 +624,10 @@ const DIRECT: &str = "direct, bounded by RLIMIT_FSIZE per file only";
 const OVERLAY: (&str, &str) = (
     "overlay, writes held in a ",
     " tmpfs, applied as a change set when the run is over (held when palisade ends it)",
+);
+const LAYERS: (&str, &str) = (
+    "overlay, writes held on disk (at most ",
+    "), applied as a change set when the run is over (held when palisade ends it)",
 );
 
 impl fmt::Display for Disk {
@@ -637,6 +645,9 @@ impl fmt::Display for Disk {
             Some(WritableDirs::Overlay { upper_bytes }) => {
                 write!(f, "{WRITABLE}{}{}{}", OVERLAY.0, exact_size(upper_bytes), OVERLAY.1)
             }
+            Some(WritableDirs::Layers { bound_bytes }) => {
+                write!(f, "{WRITABLE}{}{}{}", LAYERS.0, exact_size(bound_bytes), LAYERS.1)
+            }
         }
     }
 }
@@ -650,10 +661,13 @@ impl FromStr for Disk {
         let writable = match writes {
             None => None,
             Some(DIRECT) => Some(WritableDirs::Direct),
-            Some(w) => {
-                let size = w.strip_prefix(OVERLAY.0).and_then(|r| r.strip_suffix(OVERLAY.1));
-                Some(WritableDirs::Overlay { upper_bytes: size.and_then(parse_size).ok_or_else(err)? })
-            }
+            Some(w) => match w.strip_prefix(LAYERS.0).and_then(|r| r.strip_suffix(LAYERS.1)) {
+                Some(size) => Some(WritableDirs::Layers { bound_bytes: parse_size(size).ok_or_else(err)? }),
+                None => {
+                    let size = w.strip_prefix(OVERLAY.0).and_then(|r| r.strip_suffix(OVERLAY.1));
+                    Some(WritableDirs::Overlay { upper_bytes: size.and_then(parse_size).ok_or_else(err)? })
+                }
+            },
         };
         let scratch = if base == "host directories" {
             Scratch::Host
@@ -720,6 +734,8 @@ impl TmpfsBudget {
 /// `Memory::Rlimit`: around `DATA and RLIMIT_AS AS per process`.
 const RLIMITS: (&str, &str, &str) = ("RLIMIT_DATA ", " and RLIMIT_AS ", " per process");
 const TMPFS_TOGETHER: (&str, &str) = ("; /tmp, /dev/shm and overlay upper layers ", " together (");
+/// The same, where no overlay's writes are in memory (they are on disk).
+const TMPFS_TOGETHER_NO_UPPER: &str = "; /tmp and /dev/shm ";
 const UPPER_LAYERS: &str = " upper layer(s) of ";
 /// `Memory::Sampled`: around `SIZE resident, sampled every MS`.
 const SAMPLED: (&str, &str) = ("the run's processes together, ended above ", " ms (no kernel limit)");
@@ -744,14 +760,8 @@ impl fmt::Display for Memory {
         let (data, address_space) = (exact_size(*data), exact_size(*address_space));
         write!(f, "{}{data}{}{address_space}{}", RLIMITS.0, RLIMITS.1, RLIMITS.2)?;
         let Some(t) = t else { return Ok(()) };
-        write!(
-            f,
-            "{}{}{}/tmp {}",
-            TMPFS_TOGETHER.0,
-            exact_size(t.total()),
-            TMPFS_TOGETHER.1,
-            exact_size(t.tmp)
-        )?;
+        let together = if t.upper_layers.is_some() { TMPFS_TOGETHER.0 } else { TMPFS_TOGETHER_NO_UPPER };
+        write!(f, "{}{}{}/tmp {}", together, exact_size(t.total()), TMPFS_TOGETHER.1, exact_size(t.tmp))?;
         if let Some(w) = &t.workspace {
             write!(f, ", {w} {}", exact_size(t.tmp))?;
         }
@@ -791,7 +801,9 @@ impl FromStr for Memory {
         if tmpfs.is_empty() {
             return Ok(Memory::Rlimit { data, address_space, tmpfs: None });
         }
-        let tmpfs = tmpfs.strip_prefix(TMPFS_TOGETHER.0).and_then(|r| r.strip_suffix(')'));
+        let tmpfs =
+            (tmpfs.strip_prefix(TMPFS_TOGETHER.0).or_else(|| tmpfs.strip_prefix(TMPFS_TOGETHER_NO_UPPER)))
+                .and_then(|r| r.strip_suffix(')'));
         let (total, parts) = tmpfs.and_then(|t| t.split_once(TMPFS_TOGETHER.1)).ok_or_else(err)?;
         let budget = parse_budget(parts).ok_or_else(err)?;
         if parse_size(total) != Some(budget.total()) {
@@ -934,6 +946,14 @@ mod tests {
             ),
             (
                 Disk {
+                    scratch: Scratch::Tmp { bytes: 256 << 20 },
+                    writable: Some(WritableDirs::Layers { bound_bytes: 16 << 30 }),
+                },
+                "tmpfs /tmp of 256 MiB; writable directories: overlay, writes held on disk (at most 16 GiB), \
+                 applied as a change set when the run is over (held when palisade ends it)",
+            ),
+            (
+                Disk {
                     scratch: Scratch::WorkspaceAndTmp { workspace: "/workspace".into(), bytes: 12 << 10 },
                     writable: None,
                 },
@@ -974,7 +994,7 @@ mod tests {
                     address_space: 0,
                     tmpfs: Some(TmpfsBudget { workspace: None, upper_layers: None, ..budget }),
                 },
-                "RLIMIT_DATA 0 bytes and RLIMIT_AS 0 bytes per process; /tmp, /dev/shm and overlay upper layers 65540 KiB together \
+                "RLIMIT_DATA 0 bytes and RLIMIT_AS 0 bytes per process; /tmp and /dev/shm 65540 KiB together \
                  (/tmp 64 MiB, /dev/shm 4 KiB)",
             ),
             (

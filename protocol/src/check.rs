@@ -174,6 +174,11 @@ impl JailPlan {
                     return Err(PlanInvariant::MountWithoutDescriptor(source.clone()));
                 }
             }
+            if let Mount::Overlay { layer: Some(layer), .. } = m {
+                if self.descriptor(layer).is_none() {
+                    return Err(PlanInvariant::MountWithoutDescriptor(layer.clone()));
+                }
+            }
             if let Mount::File { target, contents } = m {
                 if contents.len() > PLAN_MAX_FILE_BYTES {
                     return Err(PlanInvariant::FileTooLarge(target.clone(), contents.len()));

@@ -9,6 +9,11 @@ use std::cell::Cell;
 /// (`requests`, `requests_omitted`): a connection of an older one has the
 /// form without them.
 pub const INSPECTION_VERSION: u32 = 18;
+/// The version that made a run's writes that did not all land say so
+/// (`Changes`' outcome `partial`, its counts `dirs`, `held` and
+/// `discarded`, and the withheld reason `not_carried`): a connection of an
+/// older one has the form without them.
+pub const LOUD_CHANGES_VERSION: u32 = 19;
 
 std::thread_local! {
     /// The version whose form messages take while [`in_form_of`] runs;

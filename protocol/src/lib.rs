@@ -12,6 +12,7 @@
 
 pub mod attest;
 pub mod bytes;
+pub mod changes;
 pub mod check;
 pub mod clients;
 pub mod form;

@@ -12,7 +12,7 @@ use std::fmt;
 /// First bytes of every encoded plan.
 pub const PLAN_MAGIC: [u8; 4] = *b"PJP\x01";
 /// Bumped on every incompatible change of [`JailPlan`].
-pub const PLAN_VERSION: u32 = 8;
+pub const PLAN_VERSION: u32 = 9;
 /// Largest encoded plan the helper accepts (seccomp program included).
 pub const PLAN_MAX_BYTES: usize = 1 << 20;
 /// Most descriptors a plan may come with: what one `SCM_RIGHTS` message
@@ -144,11 +144,19 @@ impl JailPlan {
     }
 
     /// How many descriptors come with the plan: its host paths' (or the
-    /// trees of its mounts), then a joined session's namespaces.
+    /// trees of its mounts, an overlay's layer after its lower layer), then
+    /// a joined session's namespaces.
     pub fn descriptors_sent(&self) -> usize {
         let joined = if self.session == Some(SessionRole::Join) { self.namespaces.names().len() } else { 0 };
-        let paths = if self.sends_trees() { self.captured().count() } else { self.descriptors.len() };
+        let paths = if self.sends_trees() { self.trees_sent() } else { self.descriptors.len() };
         paths + joined
+    }
+
+    /// How many trees a system broker sends ([`JailPlan::sends_trees`]):
+    /// one per captured mount, and an overlay's layer besides.
+    pub fn trees_sent(&self) -> usize {
+        let layers = |i: &usize| matches!(&self.mounts[*i], Mount::Overlay { layer: Some(_), .. });
+        self.captured().count() + self.captured().filter(layers).count()
     }
 }
 
@@ -305,11 +313,19 @@ pub enum Mount {
     Dev { target: String, shm_bytes: u64 },
     /// A symbolic link (for merged-/usr layouts: `/bin -> usr/bin`).
     Symlink { target: String, link: String },
-    /// A host directory seen read-write through an overlay whose upper layer
-    /// is a tmpfs of `size_bytes` (and [`tmpfs_inodes`] files): the run's writes never reach the host's
-    /// disk. The helper hands the broker the upper layer (a directory fd on
-    /// the status channel), and the broker copies the changes back.
-    Overlay { source: String, target: String, size_bytes: u64, owned: bool },
+    /// A host directory seen read-write through an overlay: the run's
+    /// writes go to an upper layer, never to the host directory, and the
+    /// broker takes them as a change set when the run is over.
+    ///
+    /// With `layer`, the upper layer is on disk: `layer` is a host directory
+    /// of the broker's (one of the plan's descriptors, or a system broker's
+    /// tree sent after the lower layer's) holding two empty directories,
+    /// `upper` and `work`, which the helper mounts as the overlay's upper and
+    /// work directories; it hands nothing back, and the broker bounds the
+    /// run's writes to `size_bytes`. Without, the upper layer is a tmpfs of
+    /// `size_bytes` (and [`tmpfs_inodes`] files), which the helper hands the
+    /// broker (a directory fd on the status channel).
+    Overlay { source: String, target: String, size_bytes: u64, owned: bool, layer: Option<String> },
     /// A read-only file of the plan's own (at most [`PLAN_MAX_FILE_BYTES`]),
     /// nosuid, nodev and noexec: the helper writes `contents` in its staging
     /// tmpfs, outside the new root, and binds it over `target` (strict
@@ -666,10 +682,16 @@ pub(crate) mod tests {
             target: "/work".into(),
             size_bytes: 1 << 20,
             owned: true,
+            layer: None,
         });
         assert!(plan.sends_trees());
         assert_eq!(plan.captured().collect::<Vec<_>>(), [0, 5]);
         assert_eq!(plan.descriptors_sent(), 2, "one tree per mount, though both are of /usr");
+        if let Mount::Overlay { layer, .. } = &mut plan.mounts[5] {
+            *layer = Some("/var/lib/palisade/changes/1000/.new-x/0".into());
+        }
+        assert_eq!(plan.descriptors_sent(), 3, "an overlay's layer is a tree of its own");
+        plan.mounts.pop();
         plan.session = Some(SessionRole::Join);
         assert!(!plan.sends_trees() && plan.captured().next().is_none(), "a joined session builds no root");
         assert_eq!(plan.descriptors_sent(), 1 + plan.namespaces.names().len());

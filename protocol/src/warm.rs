@@ -276,6 +276,7 @@ mod tests {
                     target: "/mnt".into(),
                     size_bytes: 1,
                     owned: true,
+                    layer: None,
                 })
             },
         ];

@@ -38,8 +38,11 @@ pub const MAGIC: &str = "palisade";
 /// `Resize`, a run in a terminal; 16: sessions, `StartSession`,
 /// `RunInSession`, `ListSessions`, `StopSession`, `SessionStarted` and
 /// `Sessions`; 17: `Publish` and `Published`, a session's port published
-/// to its requester, `RunInSessionWithStdin` and `RunInSessionInTerminal`).
-pub const PROTOCOL_VERSION: u32 = 18;
+/// to its requester, `RunInSessionWithStdin` and `RunInSessionInTerminal`;
+/// 18: inspected requests in the egress traffic; 19: a run's writes that
+/// did not all land say so: `Changes`' outcome `partial`, its counts
+/// `dirs`, `held` and `discarded`, the withheld reason `not_carried`).
+pub const PROTOCOL_VERSION: u32 = 19;
 
 pub use crate::plan::{WINDOW_MAX, WindowSize};
 /// The oldest version a broker still speaks: the one before its own, for
@@ -740,48 +743,6 @@ pub struct RunResult {
     pub attestation: Attestation,
 }
 
-/// What became of the files a run wrote (its change set, see
-/// docs/protocol.md, "Change sets").
-#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
-pub struct Changes {
-    pub outcome: ChangesOutcome,
-    /// The change set held: the whole run's (`held`), or what was kept of
-    /// it (`applied` with conflicts or files the host executes).
-    pub id: Option<String>,
-    /// Files and symbolic links written on the host.
-    pub files: u64,
-    /// Entries removed on the host.
-    pub removed: u64,
-    /// Bytes of the files written on the host.
-    pub bytes: u64,
-    /// The paths someone else changed on the host while the run ran: the
-    /// host's version is kept, the run's is in change set `id`.
-    pub conflicts: Vec<String>,
-    /// Why the change set was held or discarded.
-    pub reason: Option<String>,
-    /// Paths the run changed that were not applied (what the broker keeps:
-    /// dropped; files the host executes: held in change set `id`).
-    pub withheld: Vec<Withheld>,
-}
-
-/// What became of a run's writes.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum ChangesOutcome {
-    /// The run wrote nothing that is kept (or nothing at all).
-    #[default]
-    None,
-    /// Applied to the host (what conflicted, or the host executes, is held).
-    Applied,
-    /// Held whole, for `changes apply` or `changes discard`.
-    Held,
-    /// Not kept (the run was ended and `keep_changes = "discard_when_ended"`,
-    /// or the requester's held change sets are at their bound).
-    Discarded,
-    /// Written in place (`disk = "direct"`): nothing to apply or hold.
-    InPlace,
-}
-
 /// What to do with a path someone else changed on the host while the run ran.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -851,31 +812,6 @@ pub struct ChangeEntry {
     pub conflict: bool,
     /// What it is, when it is a file the host executes.
     pub host_executed: Option<String>,
-}
-
-/// A path a run changed that the copy-back did not apply.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-pub struct Withheld {
-    /// The path on the host.
-    pub path: String,
-    pub reason: WithheldReason,
-    /// What the path is, in words (`git hooks`, `the audit journal`, ...).
-    pub what: String,
-}
-
-/// Why a change was withheld.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum WithheldReason {
-    /// It is, or would replace or remove, what the broker keeps.
-    BrokerState,
-    /// It is a file the host executes (a git hook, a git setting naming a
-    /// command, `.envrc`, an editor's tasks, ...) or a place of credentials:
-    /// held for a person to apply.
-    HostExecuted,
-    /// The host has another filesystem mounted there, which the run never
-    /// saw (the overlay shows none): its change is dropped, never applied.
-    OtherFilesystem,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -1081,6 +1017,7 @@ fn bincode_config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<MAX_FRAME_BYTES>()
 }
 
+pub use crate::changes::{Changes, ChangesOutcome, Withheld, WithheldReason};
 pub use crate::form::{INSPECTION_VERSION, in_form_of};
 
 /// [`encode`] in the form of protocol `version` (a connection's).

@@ -1,22 +1,26 @@
-//! Taking a run's writes from the upper layer of its overlays into a change
+//! Taking a run's writes from the upper layer of its overlays as a change
 //! set: each entry with the host's state under it (its base), whether the
-//! host changed it since the run started (a conflict), and whether it is a
-//! file the host executes. The contents of its files are copied to the
-//! change set's blobs, so that what is applied, held or reviewed no longer
-//! needs the sandbox's tmpfs. What the broker keeps is not taken at all:
-//! it is withheld, and said.
+//! host changed it after the run took its view (a conflict), and whether it
+//! is a file the host executes. The upper layer is on disk, in the change
+//! set being made ([`super::layer`]): its entries stay where the run left
+//! them, and are the change set's contents ([`Layout::Tree`]) once
+//! overlayfs's own marks are removed, each file readable by the broker and
+//! hashed. What the broker keeps is not taken at all: it is removed from
+//! the layer (withheld, and said).
+//!
+//! [`Layout::Tree`]: super::manifest::Layout::Tree
 
-use super::fs::{changed_since, kind, names, ns, opaque, open_dir_at, open_file_at, stat_at};
+use super::fs::{changed_since, kind, names, open_dir_at, open_file_at, stat_at};
 use super::manifest::{Base, Entry, Kind};
-use crate::host::requester::Acting;
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, openat, readlinkat};
-use nix::sys::stat::{FileStat, Mode, SFlag};
+use nix::fcntl::readlinkat;
+use nix::sys::stat::{FchmodatFlags, FileStat, Mode, SFlag, fchmod, fchmodat};
 use palisade_policy::host_executed::{Check, HostExecuted};
 use palisade_protocol::wire::{Withheld, WithheldReason};
 use sha2::Digest;
+use std::collections::HashMap;
 use std::ffi::{CStr, OsStr};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -63,69 +67,68 @@ impl std::error::Error for TooLarge {}
 pub struct Captured {
     pub entries: Vec<Entry>,
     pub withheld: Vec<Withheld>,
-    /// Bytes of the files taken.
+    /// Bytes its files take on disk, each once however many names it has.
     pub bytes: u64,
+    /// What the run left that no change set carries (a device node, user
+    /// extended attributes past their bound).
+    pub not_carried: Vec<Withheld>,
 }
 
-/// Where blobs go: a directory of the change set's, and the next number.
-pub struct Blobs<'a> {
-    pub dir: &'a OwnedFd,
-    pub next: &'a mut u32,
+/// How far a capture goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    /// The change set's contents: overlayfs's marks removed, files made
+    /// readable by the broker and hashed.
+    Contents,
+    /// The entries only, the layer left as it is (a count of what is not kept).
+    Count,
 }
 
-/// What the overlay's upper layer holds for real (its tmpfs's used bytes):
-/// more than that taken means sparse files or hard links counted again.
-pub fn used_bytes(upper: &OwnedFd) -> u64 {
-    use std::os::fd::AsFd;
-    nix::sys::statvfs::fstatvfs(upper.as_fd())
-        .map_or(u64::MAX, |s| (s.blocks() - s.blocks_free()).saturating_mul(s.fragment_size()))
-}
-
-struct Walk<'a, 'b> {
-    act: &'a Acting,
+struct Walk<'a> {
     guard: &'a Guard<'a>,
     root: usize,
-    /// When the run took its view of the host (ns, [`super::clock::Since::threshold`]):
-    /// a host entry whose status changed after it was changed by someone else meanwhile.
+    /// [`super::clock::Since::threshold`] of the run's view: a host entry
+    /// whose status changed after it was changed by someone else meanwhile.
     since: i128,
-    blobs: Option<Blobs<'b>>,
+    take: Take,
     out: Captured,
     /// The host directory's filesystem: an entry on another (a mount inside
     /// the granted directory, which the overlay does not show) is not touched.
     dev: u64,
-    /// The most bytes the contents may take: what the upper layer really holds.
-    max_bytes: u64,
     path_bytes: usize,
+    /// The files of several names seen so far: inode to sha256.
+    linked: HashMap<u64, String>,
 }
 
 /// Takes what the upper layer `upper` holds over the host directory `dest`
-/// (the broker's descriptor of it, read as the requester `act` acts for;
-/// the upper layer is read as the broker). `blobs`: where the contents go;
-/// `None` takes the entries only (a count of what will not be kept).
+/// (the broker's descriptor of it), both read as the requester the calling
+/// thread acts for: the layer is the requester's own (a system broker's sandbox writes
+/// it through an idmap, as the requester); with [`Take::Contents`] it is
+/// made the change set's.
 pub fn capture(
     upper: &OwnedFd,
     dest: &OwnedFd,
-    act: &Acting,
     guard: &Guard<'_>,
     (root, since): (usize, &super::clock::Since),
-    blobs: Option<Blobs<'_>>,
+    take: Take,
 ) -> io::Result<Captured> {
-    let host = openat(dest, c".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?;
+    let flags = nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC;
+    let host = nix::fcntl::openat(dest, c".", flags, Mode::empty())?;
     let dev = nix::sys::stat::fstat(&host)?.st_dev;
     let since = since.threshold(super::clock::margin(&host));
     let up = upper.try_clone()?;
-    // A page of slack per file would be generous; a mebibyte covers rounding.
-    let max_bytes = act.as_broker(|| Ok(used_bytes(upper)))?.saturating_add(1 << 20);
     let out = Captured::default();
-    let mut walk = Walk { act, guard, root, since, blobs, out, dev, max_bytes, path_bytes: 0 };
+    let mut walk = Walk { guard, root, since, take, out, dev, path_bytes: 0, linked: HashMap::new() };
     walk.dir(&up, Some(&host), PathBuf::new(), None)?;
     Ok(walk.out)
 }
 
-impl Walk<'_, '_> {
-    /// Something of the upper layer, which the sandbox's uid wrote: read as the broker.
+impl Walk<'_> {
+    /// Something of the upper layer: the requester's own (the sandbox's
+    /// ids are mapped to the requester's on it), read and changed as the
+    /// requester.
     fn up<T>(&self, f: impl FnOnce() -> nix::Result<T>) -> io::Result<T> {
-        self.act.as_broker(|| f().map_err(io::Error::from))
+        f().map_err(io::Error::from)
     }
 
     fn dir(
@@ -138,8 +141,7 @@ impl Walk<'_, '_> {
         if rel.components().count() > MAX_DEPTH {
             return Err(too_large(format!("directories deeper than {MAX_DEPTH}")));
         }
-        let listed =
-            self.up(|| names(up).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))))?;
+        let listed = names(up)?;
         for name in listed {
             let st = self.up(|| stat_at(up, &name))?;
             let rel = rel.join(OsStr::from_bytes(name.as_bytes()));
@@ -155,6 +157,10 @@ impl Walk<'_, '_> {
                 let path = self.guard.root.join(&rel).to_string_lossy().into_owned();
                 tracing::warn!(%path, what, "a change withheld");
                 self.out.withheld.push(Withheld { path, reason, what });
+                if self.take == Take::Contents {
+                    // Never applied: not in the change set either.
+                    super::fs::remove(up, &name)?;
+                }
                 continue;
             }
             let host_executed = match &inherited {
@@ -178,61 +184,161 @@ impl Walk<'_, '_> {
         host_executed: Option<String>,
     ) -> io::Result<()> {
         let base = host_st.as_ref().map(Base::of);
-        let newer = |h: &FileStat| super::clock::changed_after(h, self.since);
         let mut budget = CONFLICT_SCAN_ENTRIES;
-        let (kind_, conflict) = match kind(st) {
+        let mode = st.st_mode & 0o777;
+        let (kind_, conflict, xattrs, link) = match kind(st) {
             // A whiteout: the sandbox removed this name. Nothing there: nothing to do.
             SFlag::S_IFCHR if st.st_rdev == 0 => {
                 let (Some(h), Some(_)) = (host, &host_st) else { return Ok(()) };
-                (Kind::Delete, changed_since(h, name, self.since, &mut budget)?)
+                (Kind::Delete, changed_since(h, name, self.since, &mut budget)?, vec![], None)
             }
-            SFlag::S_IFDIR => {
-                let sub_up = self.up(|| open_dir_at(up, name))?;
-                let opaque = self.up(|| Ok(opaque(&sub_up)))?;
-                let host_dir = host_st.as_ref().is_some_and(|h| kind(h) == SFlag::S_IFDIR);
-                let conflict = match (host, &host_st) {
-                    (Some(h), Some(_)) if opaque && host_dir => {
-                        changed_since(h, name, self.since, &mut budget)?
-                    }
-                    (Some(_), Some(hs)) if !host_dir => newer(hs),
-                    _ => false,
-                };
-                let mode = st.st_mode & 0o777;
-                let children = host_executed.clone();
-                self.push(rel.clone(), Kind::Dir { mode, opaque }, base, conflict, host_executed);
-                // The host's directory, where the run's merges into it.
-                let sub_host = match host {
-                    Some(h) if host_dir && !opaque => open_dir_at(h, name).ok(),
-                    _ => None,
-                };
-                return self.dir(&sub_up, sub_host.as_ref(), rel, children);
+            SFlag::S_IFDIR => return self.directory(up, host, name, st, host_st, rel, host_executed),
+            SFlag::S_IFREG => {
+                let (kind, xattrs) = self.file(up, name, st, &rel)?;
+                let link = (st.st_nlink > 1).then_some(st.st_ino);
+                (kind, self.replaces(host, name, &host_st, up, &rel)?, xattrs, link)
             }
-            SFlag::S_IFREG => (self.file(up, name, st)?, self.replaces(host, name, &host_st, up, &rel)?),
             SFlag::S_IFLNK => {
                 let target = self.up(|| readlinkat(up, name))?.as_bytes().to_vec();
-                (Kind::Symlink { target }, self.replaces(host, name, &host_st, up, &rel)?)
+                (Kind::Symlink { target }, self.replaces(host, name, &host_st, up, &rel)?, vec![], None)
             }
-            // FIFOs, sockets and device nodes are not carried over.
-            _ => return Ok(()),
+            SFlag::S_IFIFO => {
+                (Kind::Fifo { mode }, self.replaces(host, name, &host_st, up, &rel)?, vec![], None)
+            }
+            SFlag::S_IFSOCK => {
+                (Kind::Socket { mode }, self.replaces(host, name, &host_st, up, &rel)?, vec![], None)
+            }
+            // Device nodes: no sandbox can make one (it has no CAP_MKNOD on the host).
+            _ => {
+                self.not_carried(&rel, "a device node, which no change set carries".into());
+                return Ok(());
+            }
         };
-        self.push(rel, kind_, base, conflict, host_executed);
+        let path = rel.as_os_str().as_bytes().to_vec();
+        let root = self.root;
+        self.out.entries.push(Entry { root, path, kind: kind_, base, conflict, host_executed, xattrs, link });
         Ok(())
     }
 
-    fn push(
+    /// A directory of the upper layer: its entry (made where the host has
+    /// none, or replacing the host's when `opaque`), then what it holds.
+    #[allow(clippy::too_many_arguments)]
+    fn directory(
         &mut self,
+        up: &OwnedFd,
+        host: Option<&OwnedFd>,
+        name: &CStr,
+        st: &FileStat,
+        host_st: Option<FileStat>,
         rel: PathBuf,
-        kind: Kind,
-        base: Option<Base>,
-        conflict: bool,
         host_executed: Option<String>,
-    ) {
+    ) -> io::Result<()> {
+        let sub_up = self.open_dir(up, name, st)?;
+        let opaque = self.up(|| Ok(super::fs::opaque(&sub_up)))?;
+        let xattrs = self.xattrs(&sub_up, &rel)?;
+        let host_dir = host_st.as_ref().is_some_and(|h| kind(h) == SFlag::S_IFDIR);
+        let mut budget = CONFLICT_SCAN_ENTRIES;
+        let conflict = match (host, &host_st) {
+            (Some(h), Some(_)) if opaque && host_dir => changed_since(h, name, self.since, &mut budget)?,
+            (Some(_), Some(hs)) if !host_dir => super::clock::changed_after(hs, self.since),
+            _ => false,
+        };
+        let children = host_executed.clone();
+        let kind = Kind::Dir { mode: st.st_mode & 0o777, opaque };
         let path = rel.as_os_str().as_bytes().to_vec();
-        self.out.entries.push(Entry { root: self.root, path, kind, base, conflict, host_executed });
+        let (root, base) = (self.root, host_st.as_ref().map(Base::of));
+        self.out.entries.push(Entry { root, path, kind, base, conflict, host_executed, xattrs, link: None });
+        // The host's directory, where the run's merges into it.
+        let sub_host = match host {
+            Some(h) if host_dir && !opaque => open_dir_at(h, name).ok(),
+            _ => None,
+        };
+        self.dir(&sub_up, sub_host.as_ref(), rel, children)
+    }
+
+    /// A directory of the upper layer, opened: one the run left closed to
+    /// its owner (mode 0, 0300, ...) is opened to it first (an apply moves
+    /// what it holds); its entry keeps the run's mode, which an apply gives it.
+    fn open_dir(&self, up: &OwnedFd, name: &CStr, st: &FileStat) -> io::Result<OwnedFd> {
+        if self.opens_to_owner(st.st_mode, 0o700) {
+            let mode = Mode::from_bits_truncate((st.st_mode & 0o777) | 0o700);
+            self.up(|| fchmodat(up, name, mode, FchmodatFlags::NoFollowSymlink))?;
+        }
+        self.up(|| open_dir_at(up, name))
+    }
+
+    /// Whether an entry of `mode` is opened to its owner (`bits`) before
+    /// it is read: where the change set keeps it.
+    fn opens_to_owner(&self, mode: u32, bits: u32) -> bool {
+        self.take == Take::Contents && mode & bits != bits
+    }
+
+    /// The user extended attributes of `fd` (a file or a directory of the
+    /// upper layer), overlayfs's own marks removed from it when the change
+    /// set keeps it.
+    fn xattrs(&mut self, fd: &OwnedFd, rel: &Path) -> io::Result<Vec<super::manifest::Xattr>> {
+        let (xattrs, marked) = super::fs::user_xattrs(fd)?;
+        if marked && self.take == Take::Contents {
+            super::fs::strip_overlay_xattrs(fd)?;
+        }
+        Ok(xattrs.unwrap_or_else(|| {
+            let limit = super::fs::XATTRS_MAX_BYTES;
+            self.not_carried(rel, format!("its extended attributes, past {limit} bytes: not carried"));
+            vec![]
+        }))
+    }
+
+    fn not_carried(&mut self, rel: &Path, what: String) {
+        let path = self.guard.root.join(rel).to_string_lossy().into_owned();
+        tracing::warn!(%path, what, "not carried");
+        self.out.not_carried.push(Withheld { path, reason: WithheldReason::NotCarried, what });
+    }
+
+    /// A regular file of the upper layer: its size and mode and, when the
+    /// change set keeps it, its sha256 (a file the run left unreadable to
+    /// its owner is read all the same, and keeps its mode); counted once
+    /// however many names it has.
+    fn file(
+        &mut self,
+        up: &OwnedFd,
+        name: &CStr,
+        st: &FileStat,
+        rel: &Path,
+    ) -> io::Result<(Kind, Vec<super::manifest::Xattr>)> {
+        let (mode, size) = (st.st_mode & 0o777, st.st_size as u64);
+        let mtime_ns = super::fs::ns(st.st_mtime, st.st_mtime_nsec);
+        let first = !self.linked.contains_key(&st.st_ino);
+        if first {
+            self.out.bytes += super::fs::allocated(st);
+        }
+        if self.take == Take::Count {
+            return Ok((Kind::File { blob: 0, size, sha256: String::new(), mode, mtime_ns }, vec![]));
+        }
+        // Read and marked as its owner: a file closed to it is opened meanwhile
+        // (and one setuid, setgid or sticky never stays so).
+        let closed = self.opens_to_owner(st.st_mode, 0o600) || st.st_mode & 0o7000 != 0;
+        if closed {
+            let open = Mode::from_bits_truncate((st.st_mode & 0o777) | 0o600);
+            self.up(|| fchmodat(up, name, open, FchmodatFlags::NoFollowSymlink))?;
+        }
+        let fd = self.up(|| open_file_at(up, name))?;
+        let xattrs = self.xattrs(&fd, rel)?;
+        let sha256 = match self.linked.get(&st.st_ino) {
+            Some(sha) if !first => sha.clone(),
+            _ => sha256_of(&fd)?,
+        };
+        if st.st_nlink > 1 {
+            self.linked.insert(st.st_ino, sha256.clone());
+        }
+        // Its permission bits as the run left them, but never setuid, setgid or sticky.
+        if closed {
+            self.up(|| fchmod(&fd, Mode::from_bits_truncate(st.st_mode & 0o777)))?;
+        }
+        Ok((Kind::File { blob: 0, size, sha256, mode, mtime_ns }, xattrs))
     }
 
     /// Whether the run's file or link at `name` would replace someone
-    /// else's change: the host's entry changed since the run started, or
+    /// else's change: the host's entry changed after the run's view, or
     /// there is none and its directory on the host changed since (the host
     /// may have removed what the run changed; a rename in the sandbox leaves
     /// the host's directory as it was).
@@ -262,36 +368,6 @@ impl Walk<'_, '_> {
             }
             _ => self.up(|| Ok(origin_at(up, name))),
         }
-    }
-
-    /// The file's contents into a blob (with their sha256), or only its
-    /// size where no blob is kept.
-    fn file(&mut self, up: &OwnedFd, name: &CStr, st: &FileStat) -> io::Result<Kind> {
-        let mode = st.st_mode & 0o777;
-        let mtime_ns = ns(st.st_mtime, st.st_mtime_nsec);
-        let Some(blobs) = self.blobs.as_mut() else {
-            let size = st.st_size as u64;
-            self.out.bytes += size;
-            return Ok(Kind::File { blob: 0, size, sha256: String::new(), mode, mtime_ns });
-        };
-        let blob = *blobs.next;
-        *blobs.next += 1;
-        let dir = blobs.dir;
-        if self.out.bytes.saturating_add(st.st_size as u64) > self.max_bytes {
-            return Err(too_large(format!(
-                "its files take more than its upper layer holds ({} bytes): sparse files or hard links",
-                self.max_bytes
-            )));
-        }
-        let src = self.act.as_broker(|| open_file_at(up, name).map_err(io::Error::from))?;
-        let (size, sha256) = self.act.as_broker(|| {
-            let flags =
-                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-            let out = openat(dir, blob.to_string().as_str(), flags, Mode::from_bits_truncate(0o600))?;
-            copy_hashing(std::fs::File::from(src), std::fs::File::from(out)).map_err(io::Error::from)
-        })?;
-        self.out.bytes += size;
-        Ok(Kind::File { blob, size, sha256, mode, mtime_ns })
     }
 
     /// Why the entry at `rel` is not taken at all: it is, or leads to, what
@@ -330,7 +406,7 @@ impl Walk<'_, '_> {
                 // Only a directory merged into the host's (or made where
                 // there is none) is gone into; anything else would remove it.
                 let merged = kind(st) == SFlag::S_IFDIR
-                    && !self.up(|| Ok(opaque(&open_dir_at(up, name)?)))?
+                    && !self.up(|| Ok(super::fs::opaque(&open_dir_at(up, name)?)))?
                     && host_st.is_none_or(|h| kind(h) == SFlag::S_IFDIR);
                 if !merged {
                     return Ok(Some(format!("a directory holding {what}")));
@@ -418,21 +494,18 @@ fn too_large(why: String) -> io::Error {
     io::Error::other(TooLarge(why))
 }
 
-/// Copies `from` into `to`, hashing what passes: the bytes and their sha256 (hex).
-pub fn copy_hashing(mut from: std::fs::File, mut to: std::fs::File) -> nix::Result<(u64, String)> {
+/// The sha256 (hex) of the file `fd`, read from its start.
+pub fn sha256_of(fd: &OwnedFd) -> io::Result<String> {
+    let mut file = std::fs::File::from(fd.try_clone()?);
     let mut hash = sha2::Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut total = 0u64;
+    let mut buf = vec![0u8; 256 * 1024];
     loop {
-        let n = match from.read(&mut buf) {
+        match file.read(&mut buf) {
             Ok(0) => break,
-            Ok(n) => n,
+            Ok(n) => hash.update(&buf[..n]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))),
-        };
-        hash.update(&buf[..n]);
-        to.write_all(&buf[..n]).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
-        total += n as u64;
+            Err(e) => return Err(e),
+        }
     }
-    Ok((total, hash.finalize().iter().map(|b| format!("{b:02x}")).collect()))
+    Ok(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }

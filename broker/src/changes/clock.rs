@@ -47,7 +47,12 @@ fn read(clock: libc::clockid_t) -> i128 {
     if rc != 0 {
         return 0;
     }
-    super::fs::ns(ts.tv_sec, ts.tv_nsec)
+    ns(ts.tv_sec, ts.tv_nsec)
+}
+
+/// A timestamp in nanoseconds.
+pub fn ns(sec: i64, nsec: i64) -> i128 {
+    i128::from(sec) * 1_000_000_000 + i128::from(nsec)
 }
 
 /// `CLOCK_REALTIME - CLOCK_BOOTTIME` now.
@@ -129,7 +134,7 @@ pub fn margin(dir: &std::os::fd::OwnedFd) -> i128 {
 /// Whether a host entry of status `st` changed after `threshold` (see
 /// [`Since::threshold`]).
 pub fn changed_after(st: &nix::sys::stat::FileStat, threshold: i128) -> bool {
-    super::fs::ns(st.st_ctime, st.st_ctime_nsec) > threshold
+    ns(st.st_ctime, st.st_ctime_nsec) > threshold
 }
 
 #[cfg(test)]

@@ -102,10 +102,7 @@ pub fn remove(dir: &OwnedFd, name: &CStr) -> io::Result<u64> {
     Ok(removed)
 }
 
-/// A timestamp in nanoseconds.
-pub fn ns(sec: i64, nsec: i64) -> i128 {
-    i128::from(sec) * 1_000_000_000 + i128::from(nsec)
-}
+pub use super::clock::ns;
 
 /// Whether `name` in `dir`, or anything under it, changed (its status:
 /// contents, name, mode, links) after `since` (ns, a
@@ -131,4 +128,173 @@ pub fn changed_since(dir: &OwnedFd, name: &CStr, since: i128, budget: &mut u32) 
         }
     }
     Ok(false)
+}
+
+/// `renameat2`: `from` in `from_dir` to `to` in `to_dir`, with `flags`
+/// (`NOREPLACE`: never over an entry there; `EXCHANGE`: the two swapped).
+pub fn rename2(
+    from_dir: &OwnedFd,
+    from: &CStr,
+    to_dir: &OwnedFd,
+    to: &CStr,
+    flags: rustix::fs::RenameFlags,
+) -> io::Result<()> {
+    rustix::fs::renameat_with(from_dir, from, to_dir, to, flags).map_err(io::Error::from)
+}
+
+/// The prefix of overlayfs's own extended attributes on an upper layer
+/// mounted with `userxattr` (origin, opaque, impure, redirect, ...): never
+/// a file's own, never carried to the host.
+pub const OVERLAY_XATTRS: &[u8] = b"user.overlay.";
+/// The most bytes of user extended attributes one entry carries (names
+/// and values); past it, the rest is not carried, and said.
+pub const XATTRS_MAX_BYTES: usize = 64 * 1024;
+
+/// The names of the extended attributes of `fd`.
+fn xattr_names(fd: &OwnedFd) -> io::Result<Vec<Vec<u8>>> {
+    let len = match rustix::fs::flistxattr_query(fd) {
+        Ok(0) | Err(rustix::io::Errno::NOTSUP) => return Ok(vec![]),
+        Ok(n) => n,
+        Err(e) => return Err(e.into()),
+    };
+    let mut buf = vec![0u8; len];
+    let n = rustix::fs::flistxattr(fd, &mut buf[..])?;
+    Ok(buf[..n].split(|b| *b == 0).filter(|n| !n.is_empty()).map(<[u8]>::to_vec).collect())
+}
+
+/// The user extended attributes of `fd` (a regular file or a directory:
+/// no other kind has them) that are the file's own, and whether overlayfs
+/// left marks of its own on it (which [`strip_overlay_xattrs`] removes).
+/// `None` past [`XATTRS_MAX_BYTES`].
+pub fn user_xattrs(fd: &OwnedFd) -> io::Result<(Option<Vec<super::manifest::Xattr>>, bool)> {
+    let (mut out, mut overlay, mut bytes) = (Vec::new(), false, 0usize);
+    for name in xattr_names(fd)? {
+        if name.starts_with(OVERLAY_XATTRS) {
+            overlay = true;
+            continue;
+        }
+        if !name.starts_with(b"user.") {
+            continue;
+        }
+        let cname = CString::new(name.clone()).map_err(io::Error::other)?;
+        let len = match rustix::fs::fgetxattr_query(fd, cname.as_c_str()) {
+            Ok(n) => n,
+            Err(rustix::io::Errno::NODATA) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let mut value = vec![0u8; len];
+        let n = if len == 0 { 0 } else { rustix::fs::fgetxattr(fd, cname.as_c_str(), &mut value[..])? };
+        value.truncate(n);
+        bytes += name.len() + value.len();
+        if bytes > XATTRS_MAX_BYTES {
+            return Ok((None, overlay));
+        }
+        out.push(super::manifest::Xattr { name, value });
+    }
+    Ok((Some(out), overlay))
+}
+
+/// Removes overlayfs's own extended attributes from `fd`.
+pub fn strip_overlay_xattrs(fd: &OwnedFd) -> io::Result<()> {
+    for name in xattr_names(fd)?.into_iter().filter(|n| n.starts_with(OVERLAY_XATTRS)) {
+        let name = CString::new(name).map_err(io::Error::other)?;
+        match rustix::fs::fremovexattr(fd, name.as_c_str()) {
+            Ok(()) | Err(rustix::io::Errno::NODATA) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Sets `xattrs` on `fd`.
+pub fn set_xattrs(fd: &OwnedFd, xattrs: &[super::manifest::Xattr]) -> io::Result<()> {
+    for x in xattrs {
+        let name = CString::new(x.name.clone()).map_err(io::Error::other)?;
+        rustix::fs::fsetxattr(fd, name.as_c_str(), &x.value, rustix::fs::XattrFlags::empty())?;
+    }
+    Ok(())
+}
+
+/// Copies the file `from` into the empty file `to`, keeping its holes:
+/// only the ranges that hold data are copied (`SEEK_DATA`, `SEEK_HOLE`),
+/// and the size is set at the end. The bytes copied.
+pub fn copy_sparse(from: &OwnedFd, to: &OwnedFd) -> io::Result<u64> {
+    use rustix::fs::{SeekFrom, seek};
+    let size = nix::sys::stat::fstat(from)?.st_size as u64;
+    let (mut at, mut copied) = (0u64, 0u64);
+    while at < size {
+        let data = match seek(from, SeekFrom::Data(at)) {
+            Ok(d) => d,
+            // No data past `at`: the rest is a hole.
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let hole = seek(from, SeekFrom::Hole(data))?.min(size);
+        let mut pos = data;
+        while pos < hole {
+            let (mut src, mut dst) = (pos, pos);
+            let want = usize::try_from(hole - pos).unwrap_or(usize::MAX).min(1 << 30);
+            let n = match rustix::fs::copy_file_range(from, Some(&mut src), to, Some(&mut dst), want) {
+                Ok(0) => return Err(io::Error::other("the file shrank while it was copied")),
+                Ok(n) => n,
+                Err(rustix::io::Errno::XDEV | rustix::io::Errno::NOSYS | rustix::io::Errno::INVAL) => {
+                    copy_range(from, to, pos, hole - pos)?
+                }
+                Err(e) => return Err(e.into()),
+            };
+            pos += n as u64;
+            copied += n as u64;
+        }
+        at = hole;
+    }
+    rustix::fs::ftruncate(to, size)?;
+    Ok(copied)
+}
+
+/// Copies `len` bytes at `at` of `from` to the same place in `to`, by reads and writes.
+fn copy_range(from: &OwnedFd, to: &OwnedFd, at: u64, len: u64) -> io::Result<usize> {
+    let mut buf = vec![0u8; (len.min(1 << 20)) as usize];
+    let n = rustix::io::pread(from, &mut buf[..], at)?;
+    if n == 0 {
+        return Err(io::Error::other("the file shrank while it was copied"));
+    }
+    let mut done = 0;
+    while done < n {
+        done += rustix::io::pwrite(to, &buf[done..n], at + done as u64)?;
+    }
+    Ok(n)
+}
+
+/// Bytes a file of status `st` takes on its filesystem.
+pub fn allocated(st: &FileStat) -> u64 {
+    (st.st_blocks as u64).saturating_mul(512)
+}
+
+/// Removes the directory `path` and all it holds: a run's layers, whose
+/// directories the run (or overlayfs, its work directory) may have left
+/// closed to their owner, are opened to it on the way.
+pub fn remove_all(path: &std::path::Path) -> io::Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {}
+        other => return other,
+    }
+    open_to_owner(path)?;
+    std::fs::remove_dir_all(path)
+}
+
+/// Gives every directory under `path` (itself included) its owner's
+/// read, write and search permission, where it lacks them.
+fn open_to_owner(path: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::symlink_metadata(path)?;
+    if !meta.is_dir() {
+        return Ok(());
+    }
+    if meta.permissions().mode() & 0o700 != 0o700 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(meta.permissions().mode() | 0o700))?;
+    }
+    for e in std::fs::read_dir(path)? {
+        open_to_owner(&e?.path())?;
+    }
+    Ok(())
 }

@@ -39,7 +39,27 @@ pub struct Manifest {
     /// The real-time clock's distance from the boot-time clock then (0: not kept).
     #[serde(default)]
     pub taken_offset_ns: i128,
+    /// Where the contents of its entries are.
+    #[serde(default)]
+    pub layout: Layout,
+    /// Bytes its contents take on disk (each file's allocated blocks, once
+    /// per file however many names it has); with [`Layout::Blobs`], 0: the
+    /// blobs' sizes are counted instead.
+    #[serde(default)]
+    pub bytes: u64,
     pub entries: Vec<Entry>,
+}
+
+/// Where a change set keeps the contents of its entries.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    /// Each file's contents as `blobs/N` (a change set of an earlier broker).
+    #[default]
+    Blobs,
+    /// The run's layers as the overlays left them: root `i`'s entries under
+    /// `i/upper/`, at their own paths (the overlays' own marks removed).
+    Tree,
 }
 
 /// One change: a path (relative to its root) and what becomes of it.
@@ -61,12 +81,29 @@ pub struct Entry {
     /// A file the host executes (a git hook, ...): applied only by a
     /// person who asks for it.
     pub host_executed: Option<String>,
+    /// Its user extended attributes (`user.*`), name and value.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xattrs: Vec<Xattr>,
+    /// A file of several names in the change set: the inode they share
+    /// there (the entries of one value are one file, applied as hard links).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<u64>,
+}
+
+/// A user extended attribute.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Xattr {
+    #[serde(with = "b64")]
+    pub name: Vec<u8>,
+    #[serde(with = "b64")]
+    pub value: Vec<u8>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
-    /// A regular file whose contents are blob `blob` of the change set.
+    /// A regular file whose contents are blob `blob` of the change set
+    /// ([`Layout::Blobs`]), or at its path in the tree ([`Layout::Tree`]).
     File { blob: u32, size: u64, sha256: String, mode: u32, mtime_ns: i128 },
     Symlink {
         #[serde(with = "b64")]
@@ -77,6 +114,10 @@ pub enum Kind {
     Dir { mode: u32, opaque: bool },
     /// The run removed the path.
     Delete,
+    /// A named pipe (FIFO).
+    Fifo { mode: u32 },
+    /// A Unix socket's file (what a server leaves where it listened).
+    Socket { mode: u32 },
 }
 
 /// What identifies a host entry's state.
@@ -89,6 +130,9 @@ pub struct Base {
     pub size: i64,
     pub mtime_ns: i128,
     pub ctime_ns: i128,
+    /// Permission bits (`None`: not kept, in a change set of an earlier broker).
+    #[serde(default)]
+    pub perm: Option<u32>,
 }
 
 impl Base {
@@ -98,9 +142,25 @@ impl Base {
             dev: st.st_dev,
             ino: st.st_ino,
             size: st.st_size,
-            mtime_ns: super::fs::ns(st.st_mtime, st.st_mtime_nsec),
-            ctime_ns: super::fs::ns(st.st_ctime, st.st_ctime_nsec),
+            mtime_ns: super::clock::ns(st.st_mtime, st.st_mtime_nsec),
+            ctime_ns: super::clock::ns(st.st_ctime, st.st_ctime_nsec),
+            perm: Some(st.st_mode & 0o7777),
         }
+    }
+
+    /// Whether `st` is this entry still: the same file, unchanged.
+    pub fn matches(&self, st: &nix::sys::stat::FileStat) -> bool {
+        self.same_file(st) && self.ctime_ns == Base::of(st).ctime_ns
+    }
+
+    /// Whether `st` is this entry still, as far as a rename of it shows:
+    /// the same file (a rename changes only its status change time), with
+    /// the same size, modification time and permissions.
+    pub fn same_file(&self, st: &nix::sys::stat::FileStat) -> bool {
+        let now = Base::of(st);
+        (self.kind, self.dev, self.ino, self.size, self.mtime_ns)
+            == (now.kind, now.dev, now.ino, now.size, now.mtime_ns)
+            && self.perm.is_none_or(|p| Some(p) == now.perm)
     }
 }
 

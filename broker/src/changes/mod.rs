@@ -1,16 +1,21 @@
-//! A run's writes as a change set. The overlay holds what the run wrote;
-//! when the run is over its upper layer is taken into a change set in the
-//! broker's store (`capture`: each entry with the host's state under it,
-//! conflicts with what someone else changed meanwhile, files the host
-//! executes), which is then applied (`apply`: per file, through a temporary
-//! name and a rename, recoverable as a whole), held for review, or
-//! discarded, as the run's `keep_changes` and `on_conflict` say. Nothing is
-//! dropped without the result and the journal saying so.
+//! A run's writes as a change set. Each overlay's upper layer is on disk,
+//! in the change set being made for the run (`layer`); when the run is over
+//! its layers are taken as they lie (`capture`: each entry with the host's
+//! state under it, conflicts with what someone else changed after the run's
+//! view (`clock`), files the host executes), then applied (`apply`: each
+//! entry swapped in and checked, moved where it can be, recoverable as a
+//! whole), held for review, or discarded, as the run's `keep_changes` and
+//! `on_conflict` say. Nothing is dropped without the result and the
+//! journal saying so, and what is not applied is held: a bound reached, a
+//! conflict, a write that failed, a broker killed during the run (its
+//! layers are held at the next start: [`recover`]).
 
 pub mod apply;
+pub mod bound;
 pub mod capture;
 pub mod clock;
 pub mod fs;
+pub mod layer;
 pub mod manifest;
 pub mod review;
 pub mod store;
@@ -18,8 +23,9 @@ pub mod store;
 use crate::error::BrokerError;
 use crate::host::requester::Requester;
 use crate::journal::Event;
-use manifest::{Entry, Kind, Manifest, Status};
-use palisade_protocol::wire::{Changes, ChangesOutcome, KeepChanges, OnConflict, RunStatus};
+pub use layer::Layers;
+use manifest::{Entry, Kind, Layout, Manifest, Status};
+use palisade_protocol::wire::{Changes, ChangesOutcome, KeepChanges, OnConflict, RunStatus, Withheld};
 use std::os::fd::OwnedFd;
 use std::path::Path;
 pub use store::{Limits, Store};
@@ -51,6 +57,9 @@ pub struct Settle<'a> {
     pub on_conflict: OnConflict,
     /// How palisade ended the run, if it did.
     pub ended: Option<RunStatus>,
+    /// The bound the run's writes reached, in words with its key, where
+    /// that is what ended it (or, with no `ended`, why they are held).
+    pub bound: Option<String>,
 }
 
 /// What became of a run's writes, and the journal's records of it.
@@ -59,41 +68,60 @@ pub struct Settled {
     pub events: Vec<Event>,
 }
 
-/// One overlay: the granted directory (host path), its upper layer, and
-/// the broker's descriptor of the directory.
-pub type Target = (String, OwnedFd, OwnedFd);
-
-/// Settles the writes in `targets` (see the module's comment).
-pub fn settle(s: &Settle<'_>, targets: Vec<Target>) -> Result<Settled, BrokerError> {
-    let roots: Vec<String> = targets.iter().map(|(source, _, _)| source.clone()).collect();
-    let joined = roots.join(", ");
-    let copy_back = |e: std::io::Error| BrokerError::CopyBack { path: joined.clone(), source: e };
-    // A run that filled its bound: what it wrote is what it was stopped for.
-    let filled = s.ended == Some(RunStatus::DiskLimitExceeded);
-    if filled || s.ended.is_some() && s.keep == KeepChanges::DiscardWhenEnded {
-        return discard_ended(s, &targets).map_err(copy_back);
-    }
+/// Settles the writes in `layers`, whose granted directories the broker
+/// holds as `dests` (see the module's comment).
+pub fn settle(s: &Settle<'_>, mut layers: Layers, dests: Vec<OwnedFd>) -> Result<Settled, BrokerError> {
+    layers.settled = true;
+    let roots = layers.record.roots.clone();
+    let copy_back = |e: std::io::Error| BrokerError::CopyBack { path: roots.join(", "), source: e };
     let store = &s.keep_out.store;
+    if layers.untouched() {
+        store.remove(&layers.draft.dir).map_err(copy_back)?;
+        return Ok(Settled { changes: Changes::default(), events: vec![] });
+    }
+    if s.ended.is_some() && s.keep == KeepChanges::DiscardWhenEnded {
+        return discard_ended(s, &layers, &dests).map_err(copy_back);
+    }
     let _lock = store.lock(s.requester.uid).map_err(copy_back)?;
-    let draft = store.draft(s.requester.uid).map_err(copy_back)?;
-    let taken = take(s, &targets, Some(&draft));
-    let (entries, withheld, bytes) = match taken {
+    let draft = &layers.draft;
+    let taken = take(s, &layers, &dests, capture::Take::Contents);
+    layer::drop_work(&draft.dir, layers.uppers.len());
+    let Captured { entries, withheld, bytes } = match taken {
         Ok(t) => t,
-        Err(e) => {
-            let _ = store.remove(&draft.dir);
-            // Too large to take: not kept, and said (the host is untouched).
-            if let Some(why) = e.get_ref().and_then(|e| e.downcast_ref::<capture::TooLarge>()) {
-                return Ok(too_large(s, &targets, why));
-            }
-            return Err(copy_back(e));
+        // Too large to list: held as it lies, and said.
+        Err(e) if e.get_ref().and_then(|e| e.downcast_ref::<capture::TooLarge>()).is_some() => {
+            return hold_unlisted(s, &layers, &e.to_string()).map_err(copy_back);
         }
+        Err(e) => return Err(copy_back(e)),
     };
     let mut changes = Changes { withheld, ..Changes::default() };
     if entries.is_empty() {
-        let _ = store.remove(&draft.dir);
+        store.remove(&draft.dir).map_err(copy_back)?;
         return Ok(Settled { changes, events: vec![] });
     }
-    let mut m = Manifest {
+    let mut m = manifest_of(s, draft, &roots, Layout::Tree, entries);
+    m.bytes = bytes;
+    changes.conflicts = m.entries.iter().filter(|e| e.conflict).map(|e| e.host_path(&m.roots)).collect();
+    if let Some(reason) = hold_reason(s, &m) {
+        m.reason = reason;
+        return hold_whole(s, draft, m, changes).map_err(copy_back);
+    }
+    m.status = Status::Applying;
+    m.reason = "applying at the end of the run".into();
+    let dir = store.commit(draft, &m).map_err(copy_back)?;
+    let choice = apply::Choice { overwrite: s.on_conflict == OnConflict::Overwrite, host_executed: false };
+    apply_and_keep(store, &dir, m, &dests, s.requester, (choice, false), changes).map_err(copy_back)
+}
+
+/// A held change set's manifest, of the run `s` settles.
+fn manifest_of(
+    s: &Settle<'_>,
+    draft: &store::Draft,
+    roots: &[String],
+    layout: Layout,
+    entries: Vec<Entry>,
+) -> Manifest {
+    Manifest {
         id: draft.id.clone(),
         run_id: s.run_id,
         uid: s.requester.uid,
@@ -101,39 +129,59 @@ pub fn settle(s: &Settle<'_>, targets: Vec<Target>) -> Result<Settled, BrokerErr
         created: now_secs(),
         status: Status::Held,
         reason: String::new(),
-        roots,
+        roots: roots.to_vec(),
         taken_ns: s.since.ns,
         taken_offset_ns: s.since.offset_ns,
+        layout,
+        bytes: 0,
         entries,
-    };
-    changes.conflicts = m.entries.iter().filter(|e| e.conflict).map(|e| e.host_path(&m.roots)).collect();
-    if let Some(reason) = hold_reason(s, &m) {
-        m.reason = reason;
-        return hold_whole(s, &draft, m, bytes, changes).map_err(copy_back);
     }
-    m.status = Status::Applying;
-    m.reason = "applying at the end of the run".into();
-    let dir = store.commit(&draft, &m).map_err(copy_back)?;
-    let dests: Vec<OwnedFd> = targets.into_iter().map(|(_, _, dest)| dest).collect();
-    let choice = apply::Choice { overwrite: s.on_conflict == OnConflict::Overwrite, host_executed: false };
-    apply_and_keep(store, &dir, m, &dests, s.requester, choice, changes).map_err(copy_back)
 }
 
-/// A change set too large to take (see [`capture::MAX_ENTRIES`]): discarded, saying why.
-fn too_large(s: &Settle<'_>, targets: &[Target], why: &capture::TooLarge) -> Settled {
-    let roots: Vec<String> = targets.iter().map(|(r, _, _)| r.clone()).collect();
-    let reason = format!("the run's writes are too large to take as a change set: {why}");
-    let changes =
-        Changes { outcome: ChangesOutcome::Discarded, reason: Some(reason.clone()), ..Changes::default() };
-    tracing::warn!(run_id = s.run_id, "{reason}");
-    Settled { changes, events: vec![record(s.run_id, None, "discarded", &reason, &[], &roots)] }
+/// What the layers of a run held, together.
+struct Captured {
+    entries: Vec<Entry>,
+    withheld: Vec<Withheld>,
+    bytes: u64,
+}
+
+/// A change set past what a manifest lists ([`capture::MAX_ENTRIES`]):
+/// held as it lies, with no entries (nothing of it can be applied by
+/// palisade; its files are in the change set's directory), and said.
+fn hold_unlisted(s: &Settle<'_>, layers: &Layers, why: &str) -> std::io::Result<Settled> {
+    let store = &s.keep_out.store;
+    let draft = &layers.draft;
+    let kept = draft.dir.with_file_name(&draft.id);
+    let mut m = manifest_of(s, draft, &layers.record.roots, Layout::Tree, vec![]);
+    m.reason = format!(
+        "the run's writes are too many to list as a change set ({why}): they are held as the run \
+         left them in {}, and nothing of them is applied; `palisade changes discard {}` removes them",
+        kept.display(),
+        draft.id
+    );
+    store.commit(draft, &m)?;
+    tracing::warn!(run_id = s.run_id, "{}", m.reason);
+    let changes = Changes {
+        outcome: ChangesOutcome::Held,
+        id: Some(m.id.clone()),
+        reason: Some(m.reason.clone()),
+        ..Changes::default()
+    };
+    Ok(Settled { changes, events: vec![record(s.run_id, Some(&m.id), "held", &m.reason, &[], &m.roots)] })
 }
 
 /// Whether the whole change set is held rather than applied, and why.
 fn hold_reason(s: &Settle<'_>, m: &Manifest) -> Option<String> {
     if let Some(ended) = s.ended {
-        let how = ended.error_kind().map_or("ended".to_string(), |k| k.name().to_string());
-        return Some(format!("the run was ended ({how}): its writes are held, not applied"));
+        let how = match (ended, &s.bound) {
+            (RunStatus::DiskLimitExceeded, Some(bound)) => bound.clone(),
+            (other, _) => ended_how(other),
+        };
+        return Some(format!("the run's writes are held, not applied: {how}"));
+    }
+    // A run whose broker stopped: its bound says why (see [`recover`]).
+    if let Some(why) = &s.bound {
+        return Some(why.clone());
     }
     if s.keep == KeepChanges::AlwaysHold {
         return Some("held for review (keep_changes = always_hold)".into());
@@ -144,31 +192,41 @@ fn hold_reason(s: &Settle<'_>, m: &Manifest) -> Option<String> {
     None
 }
 
-/// The entries of every overlay, what was withheld, and the bytes taken.
-fn take(
-    s: &Settle<'_>,
-    targets: &[Target],
-    draft: Option<&store::Draft>,
-) -> std::io::Result<(Vec<Entry>, Vec<palisade_protocol::wire::Withheld>, u64)> {
-    let mut next = 0u32;
-    let (mut entries, mut withheld, mut bytes) = (Vec::new(), Vec::new(), 0);
-    for (root, (source, upper, dest)) in targets.iter().enumerate() {
+/// Why palisade ended a run, in words naming what bounds it.
+fn ended_how(status: RunStatus) -> String {
+    match status {
+        RunStatus::Cancelled => "it was cancelled before its end (by its client, or a signal to it)".into(),
+        RunStatus::TimedOut => "it was killed at its deadline (max_execution_time)".into(),
+        RunStatus::QuotaExceeded => {
+            "it was killed when its output passed its quota (max_output_bytes)".into()
+        }
+        RunStatus::MemoryLimitExceeded => "it was killed by its memory limit (max_memory_mb)".into(),
+        RunStatus::DiskLimitExceeded => "its writes reached their bound (max_disk_mb)".into(),
+        other => format!("it was ended ({})", other.error_kind().map_or("ended", |k| k.name())),
+    }
+}
+
+/// The entries of every layer, what was withheld, and the bytes they take.
+fn take(s: &Settle<'_>, layers: &Layers, dests: &[OwnedFd], how: capture::Take) -> std::io::Result<Captured> {
+    let mut all = Captured { entries: Vec::new(), withheld: Vec::new(), bytes: 0 };
+    for (root, (upper, dest)) in layers.uppers.iter().zip(dests).enumerate() {
+        let source = &layers.record.roots[root];
         let path = Path::new(source);
         let owned = (s.keep_out.owned.iter())
             .filter_map(|o| o.path.strip_prefix(path).ok().map(|rel| (rel.to_path_buf(), o.what.clone())))
             .collect();
         let hooks = s.requester.act(|_| hooks_path(dest)).unwrap_or_default();
         let guard = capture::Guard { root: path, owned, host_executed: &s.keep_out.host_executed, hooks };
-        let blobs = draft.map(|d| capture::Blobs { dir: &d.blobs, next: &mut next });
         let taken = s
             .requester
-            .act(|act| capture::capture(upper, dest, act, &guard, (root, &s.since), blobs))
+            .act(|_| capture::capture(upper, dest, &guard, (root, &s.since), how))
             .and_then(|r| r)?;
-        entries.extend(taken.entries);
-        withheld.extend(taken.withheld);
-        bytes += taken.bytes;
+        all.entries.extend(taken.entries);
+        all.withheld.extend(taken.withheld);
+        all.withheld.extend(taken.not_carried);
+        all.bytes += taken.bytes;
     }
-    Ok((entries, withheld, bytes))
+    Ok(all)
 }
 
 /// The host's own hooks directory, where the granted directory is a
@@ -194,80 +252,114 @@ fn hooks_path(dest: &OwnedFd) -> Vec<std::path::PathBuf> {
 }
 
 /// The writes of a run palisade ended, with `keep_changes =
-/// "discard_when_ended"`, or of one that filled its bound: counted, said,
-/// and not kept.
-fn discard_ended(s: &Settle<'_>, targets: &[Target]) -> std::io::Result<Settled> {
-    let (entries, withheld, _) = take(s, targets, None)?;
+/// "discard_when_ended"`: counted, said, and not kept.
+fn discard_ended(s: &Settle<'_>, layers: &Layers, dests: &[OwnedFd]) -> std::io::Result<Settled> {
+    let taken = take(s, layers, dests, capture::Take::Count);
+    let _ = s.keep_out.store.remove(&layers.draft.dir);
+    let Captured { entries, withheld, .. } = taken?;
     let mut changes = Changes { withheld, ..Changes::default() };
     if entries.is_empty() {
         return Ok(Settled { changes, events: vec![] });
     }
-    let roots: Vec<String> = targets.iter().map(|(r, _, _)| r.clone()).collect();
-    let reason = match s.ended {
-        Some(RunStatus::DiskLimitExceeded) => "the run's writes filled their bound (max_disk_mb)".to_string(),
-        _ => "the run was ended and keep_changes = discard_when_ended".to_string(),
-    };
+    let how = s.ended.map_or_else(|| "it was ended".into(), ended_how);
+    let reason = format!("{how}, and keep_changes = discard_when_ended: the run's writes are not kept");
     changes.outcome = ChangesOutcome::Discarded;
+    changes.discarded = entries.len() as u64;
     changes.reason = Some(reason.clone());
-    let event = record(s.run_id, None, "discarded", &reason, &entries, &roots);
+    let event = record(s.run_id, None, "discarded", &reason, &entries, &layers.record.roots);
     Ok(Settled { changes, events: vec![event] })
 }
 
-/// The whole change set held, where the requester's bound leaves room;
-/// else discarded, saying why.
+/// The whole change set held; where the requester's held change sets are
+/// past their bounds, held all the same (nothing of a run's is dropped to
+/// keep a bound), and said.
 fn hold_whole(
     s: &Settle<'_>,
     draft: &store::Draft,
-    m: Manifest,
-    bytes: u64,
+    mut m: Manifest,
     mut changes: Changes,
 ) -> std::io::Result<Settled> {
     let store = &s.keep_out.store;
-    if let Err(why) = store.room_for(s.requester.uid, bytes) {
-        let _ = store.remove(&draft.dir);
-        let reason = format!("{}; it could not be held: {why}", m.reason);
-        changes.outcome = ChangesOutcome::Discarded;
-        changes.reason = Some(reason.clone());
-        let event = record(s.run_id, None, "discarded", &reason, &m.entries, &m.roots);
-        return Ok(Settled { changes, events: vec![event] });
+    if let Err(why) = store.room_for(s.requester.uid, m.bytes) {
+        m.reason = format!("{}; {why}: it is held beyond that bound", m.reason);
     }
     store.commit(draft, &m)?;
     changes.outcome = ChangesOutcome::Held;
     changes.id = Some(m.id.clone());
+    changes.held = m.entries.len() as u64;
     changes.reason = Some(m.reason.clone());
     let event = record(s.run_id, Some(&m.id), "held", &m.reason, &m.entries, &m.roots);
     Ok(Settled { changes, events: vec![event] })
 }
 
 /// Applies the change set in `dir`, then holds what was kept (conflicts,
-/// files the host executes) or removes it when nothing was.
+/// files the host executes, what could not be written) or removes it when
+/// nothing was. `resuming`: an apply of it stopped part-way before.
 pub(crate) fn apply_and_keep(
     store: &Store,
     dir: &Path,
     mut m: Manifest,
     dests: &[OwnedFd],
     requester: &Requester,
-    choice: apply::Choice,
+    (choice, resuming): (apply::Choice, bool),
     mut changes: Changes,
 ) -> std::io::Result<Settled> {
-    let blobs = store.blobs(dir)?;
+    let contents = match m.layout {
+        Layout::Blobs => apply::Contents::Blobs(store.blobs(dir)?),
+        Layout::Tree => apply::Contents::Tree(
+            (0..m.roots.len())
+                .map(|i| store::open_dir(&layer::upper(dir, i)))
+                .collect::<std::io::Result<_>>()?,
+        ),
+    };
     let since = m.since();
-    let done =
-        requester.act(|act| apply::apply(&m.entries, dests, &blobs, act, choice, &since)).and_then(|r| r)?;
+    let done = requester
+        .act(|act| apply::apply(&m.entries, &contents, dests, act, choice, &since, &m.id, resuming))
+        .and_then(|r| r)?;
     let applied: Vec<Entry> = (m.entries.iter().enumerate())
         .filter(|(i, _)| !done.kept.contains(i))
         .map(|(_, e)| e.clone())
         .collect();
     changes.outcome = ChangesOutcome::Applied;
     (changes.files, changes.removed, changes.bytes) = (done.files, done.removed, done.bytes);
+    changes.dirs = applied.iter().filter(|e| e.is_dir()).count() as u64;
     changes.conflicts = done.conflicts.iter().map(|i| m.entries[*i].host_path(&m.roots)).collect();
     let mut events = vec![record(m.run_id, Some(&m.id), "applied", "", &applied, &m.roots)];
     if done.kept.is_empty() {
         store.remove(dir)?;
         return Ok(Settled { changes, events });
     }
-    // The files the host executes the run changed: said by name (the
-    // directories whole, not each file in them), and held.
+    withhold_host_executed(&m, &done, &mut changes);
+    let kept = with_ancestors(&m.entries, &done.kept);
+    changes.outcome = if applied.is_empty() { ChangesOutcome::Held } else { ChangesOutcome::Partial };
+    changes.held = kept.len() as u64;
+    m.reason = kept_reason(&m, &done);
+    m.entries = kept;
+    m.status = Status::Held;
+    if let Layout::Tree = m.layout {
+        m.bytes = held_bytes(dir, &m);
+    }
+    // What is kept counts against the requester's bound like any hold (the
+    // ones past their age go first); past the bound it is held all the same.
+    for id in store.sweep_uid(m.uid, now_secs()) {
+        events.push(record(0, Some(&id), "discarded", "held past [changes] max_age_days", &[], &[]));
+    }
+    if let Err(why) = store.room_for_more(m.uid, &m.id, m.bytes) {
+        m.reason = format!("{}; {why}: it is held beyond that bound", m.reason);
+    }
+    store.save(dir, &m)?;
+    if let apply::Contents::Blobs(blobs) = &contents {
+        drop_unused_blobs(blobs, &m.entries);
+    }
+    changes.id = Some(m.id.clone());
+    changes.reason = Some(m.reason.clone());
+    events.push(record(m.run_id, Some(&m.id), "held", &m.reason, &m.entries, &m.roots));
+    Ok(Settled { changes, events })
+}
+
+/// The files the host executes the run changed: said by name (the
+/// directories whole, not each file in them).
+fn withhold_host_executed(m: &Manifest, done: &apply::Applied, changes: &mut Changes) {
     let held_dirs: Vec<std::path::PathBuf> = (done.kept.iter().map(|i| &m.entries[*i]))
         .filter(|e| e.is_dir() && e.host_executed.is_some())
         .map(Entry::rel)
@@ -279,37 +371,50 @@ pub(crate) fn apply_and_keep(
         if !held_dirs.iter().any(|d| parent.starts_with(d)) {
             let path = e.host_path(&m.roots);
             let reason = palisade_protocol::wire::WithheldReason::HostExecuted;
-            changes.withheld.push(palisade_protocol::wire::Withheld { path, reason, what: what.clone() });
+            changes.withheld.push(Withheld { path, reason, what: what.clone() });
         }
     }
-    let kept = with_ancestors(&m.entries, &done.kept);
-    let kept_bytes: u64 =
-        kept.iter().map(|e| if let Kind::File { size, .. } = e.kind { size } else { 0 }).sum();
-    m.entries = kept;
-    m.status = Status::Held;
-    m.reason = if done.conflicts.is_empty() {
-        "files the host executes: a person applies them (palisade changes apply --host-executed)".into()
-    } else {
-        "someone else changed these paths meanwhile: the host's versions were kept".into()
-    };
-    // What is kept counts against the requester's bound like any hold (the
-    // ones past their age go first).
-    for id in store.sweep_uid(m.uid, now_secs()) {
-        events.push(record(0, Some(&id), "discarded", "held past [changes] max_age_days", &[], &[]));
+}
+
+/// Why what an apply kept is held, in words: each cause, the first
+/// failure named.
+fn kept_reason(m: &Manifest, done: &apply::Applied) -> String {
+    let mut why = Vec::new();
+    if !done.conflicts.is_empty() {
+        why.push(format!(
+            "someone else changed {} of its paths meanwhile: the host's versions were kept",
+            done.conflicts.len()
+        ));
     }
-    if let Err(why) = store.room_for_more(m.uid, &m.id, kept_bytes) {
-        store.remove(dir)?;
-        let reason = format!("{}; it could not be held: {why}", m.reason);
-        changes.reason = Some(reason.clone());
-        events.push(record(m.run_id, None, "discarded", &reason, &m.entries, &m.roots));
-        return Ok(Settled { changes, events });
+    if done.kept.iter().any(|i| m.entries[*i].host_executed.is_some()) {
+        why.push(
+            "files the host executes: a person applies them (palisade changes apply --host-executed)".into(),
+        );
     }
-    store.save(dir, &m)?;
-    drop_unused_blobs(&blobs, &m.entries);
-    changes.id = Some(m.id.clone());
-    changes.reason = Some(m.reason.clone());
-    events.push(record(m.run_id, Some(&m.id), "held", &m.reason, &m.entries, &m.roots));
-    Ok(Settled { changes, events })
+    if let Some((i, err)) = done.failed.first() {
+        why.push(format!(
+            "{} could not be written ({}: {err}): `palisade changes apply {}` finishes it",
+            done.failed.len(),
+            m.entries[*i].host_path(&m.roots),
+            m.id
+        ));
+    }
+    why.join("; ")
+}
+
+/// The bytes the kept entries' contents take in the change set's layers,
+/// each file once.
+fn held_bytes(dir: &Path, m: &Manifest) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0;
+    for e in m.entries.iter().filter(|e| matches!(e.kind, Kind::File { .. })) {
+        if let Ok(st) = nix::sys::stat::lstat(&layer::upper(dir, e.root).join(e.rel())) {
+            if seen.insert(st.st_ino) {
+                total += fs::allocated(&st);
+            }
+        }
+    }
+    total
 }
 
 /// The entries at `kept`, with the directories on their way (which an
@@ -391,12 +496,65 @@ pub fn untouched(upper: &OwnedFd) -> bool {
     dir.iter().all(|e| e.is_ok_and(|e| matches!(e.file_name().to_bytes(), b"." | b"..")))
 }
 
-/// Whether an overlay's upper layer (a tmpfs) is (all but) full, in bytes
-/// or in files: the run hit its bound.
-pub fn fs_full(upper: &OwnedFd) -> bool {
-    use std::os::fd::AsFd;
-    match nix::sys::statvfs::fstatvfs(upper.as_fd()) {
-        Ok(s) => s.blocks_available() * s.fragment_size() < 64 * 1024 || s.files_available() < 16,
-        Err(_) => false,
+/// Holds the writes of runs whose broker stopped before it settled them
+/// (killed, crashed, a failure on the way): each draft of a broker no
+/// longer running ([`Store::orphans`]; `only`: of this uid alone) whose
+/// run record says which run's layers it holds is taken as a held change
+/// set, as that run's requester, against its granted directories opened
+/// again (no symlink on the way); one without a record (half made, never
+/// written by a sandbox) is removed. The journal's records of it.
+pub fn recover(keep_out: &KeepOut, only: Option<u32>) -> Vec<Event> {
+    let store = &keep_out.store;
+    let mut events = Vec::new();
+    for (uid, dir) in store.orphans(only) {
+        let Some(draft) = store.draft_of(uid, &dir) else { continue };
+        let record = std::fs::read(dir.join(layer::RUN_RECORD))
+            .ok()
+            .and_then(|t| serde_json::from_slice::<layer::RunRecord>(&t).ok());
+        let Some(record) = record.filter(|r| r.uid == uid) else {
+            let _ = fs::remove_all(&dir);
+            continue;
+        };
+        let run_id = record.run_id;
+        match recover_one(keep_out, draft, record) {
+            Ok(settled) => {
+                tracing::warn!(run_id, uid, "the writes of a run its broker did not end are held");
+                events.extend(settled.events);
+            }
+            Err(e) => tracing::error!(run_id, uid, dir = %dir.display(), "cannot hold a run's writes: {e}"),
+        }
     }
+    events
+}
+
+/// One orphaned draft's layers, held (see [`recover`]).
+fn recover_one(
+    keep_out: &KeepOut,
+    draft: store::Draft,
+    record: layer::RunRecord,
+) -> std::io::Result<Settled> {
+    let requester = record.requester();
+    let uppers = (0..record.roots.len())
+        .map(|i| store::open_dir(&layer::upper(&draft.dir, i)))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let dests = requester.act(|act| review::open_roots(&record.roots, act, requester.uid)).and_then(|r| {
+        r.map_err(|e| std::io::Error::other(format!("{}: the run's writes stay in its draft", e.message)))
+    });
+    let (run_id, since) = (record.run_id, record.since);
+    let layers = Layers { draft, record, dirs: vec![], uppers, settled: false };
+    let held = format!(
+        "the broker stopped during run {run_id} (it was killed, or failed) before its writes were settled: \
+         they are held, not applied"
+    );
+    let s = Settle {
+        run_id,
+        requester: &requester,
+        keep_out,
+        since,
+        keep: KeepChanges::AlwaysHold,
+        on_conflict: OnConflict::Hold,
+        ended: None,
+        bound: Some(held),
+    };
+    settle(&s, layers, dests?).map_err(std::io::Error::other)
 }

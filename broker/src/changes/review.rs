@@ -61,7 +61,6 @@ pub fn list(store: &Store, uid: u32) -> Vec<ChangeSetInfo> {
 pub fn show(store: &Store, requester: &Requester, id: &str) -> Result<ChangeSetDetail, ErrorReply> {
     let dir = store.dir(requester.uid, id).ok_or_else(|| unknown(id, requester.uid))?;
     let m = store.load(&dir).map_err(|e| failed("the change set's manifest", e))?;
-    let blobs = store.blobs(&dir).map_err(|e| failed("the change set's files", e))?;
     let bytes = store.list(requester.uid).iter().find(|(x, _, _)| x.id == m.id).map_or(0, |(_, b, _)| *b);
     let entries = m
         .entries
@@ -73,6 +72,8 @@ pub fn show(store: &Store, requester: &Requester, id: &str) -> Result<ChangeSetD
                 Kind::Symlink { .. } => "symlink",
                 Kind::Dir { .. } => "dir",
                 Kind::Delete => "delete",
+                Kind::Fifo { .. } => "fifo",
+                Kind::Socket { .. } => "socket",
             }
             .into(),
             size: match e.kind {
@@ -83,19 +84,18 @@ pub fn show(store: &Store, requester: &Requester, id: &str) -> Result<ChangeSetD
             host_executed: e.host_executed.clone(),
         })
         .collect();
-    let diff =
-        requester.act(|act| diff(&m, &blobs, act)).map_err(|e| failed("acting for the requester", e))?;
+    let diff = requester.act(|act| diff(&m, &dir, act)).map_err(|e| failed("acting for the requester", e))?;
     Ok(ChangeSetDetail { info: info(&m, bytes), entries, diff })
 }
 
 /// A unified diff of the change set's text files against the host's, as
 /// far as [`DIFF_MAX_BYTES`].
-fn diff(m: &Manifest, blobs: &OwnedFd, act: &requester::Acting) -> String {
+fn diff(m: &Manifest, dir: &Path, act: &requester::Acting) -> String {
     let mut out = String::new();
     for e in &m.entries {
         let path = e.host_path(&m.roots);
         // The change set's files are the broker's to read; the host's, the requester's.
-        let theirs = |blob| act.as_broker(|| Ok(read_text(blobs, &apply::blob_name(blob)))).ok().flatten();
+        let theirs = |blob| act.as_broker(|| Ok(stored_text(m, dir, e, blob))).ok().flatten();
         let (new, old) = match &e.kind {
             Kind::File { blob, .. } => (theirs(*blob), host_text(&path)),
             Kind::Delete => (Some(String::new()), host_text(&path)),
@@ -121,6 +121,21 @@ fn diff(m: &Manifest, blobs: &OwnedFd, act: &requester::Acting) -> String {
         }
     }
     out
+}
+
+/// The change set's contents of file entry `e` (blob `blob` in a change
+/// set of an earlier broker), as text.
+fn stored_text(m: &Manifest, dir: &Path, e: &super::manifest::Entry, blob: u32) -> Option<String> {
+    let (parent, name) = match m.layout {
+        super::manifest::Layout::Blobs => (dir.join("blobs"), apply::blob_name(blob)),
+        super::manifest::Layout::Tree => {
+            let path = super::layer::upper(dir, e.root).join(e.rel());
+            (path.parent()?.to_path_buf(), CString::new(path.file_name()?.as_bytes()).ok()?)
+        }
+    };
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let parent = nix::fcntl::open(&parent, flags, nix::sys::stat::Mode::empty()).ok()?;
+    read_text(&parent, &name)
 }
 
 /// The host's file at `path`, as text (empty when there is none).
@@ -172,15 +187,21 @@ pub fn apply_held(
     let roots = requester
         .act(|act| open_roots(&m.roots, act, requester.uid))
         .map_err(|e| failed("acting for the requester", e))??;
+    // An apply that stopped part-way is finished: what it left is tidied.
+    let resuming = m.status == Status::Applying;
     m.status = Status::Applying;
     store.save(&dir, &m).map_err(|e| failed("the change set's manifest", e))?;
-    super::apply_and_keep(store, &dir, m, &roots, requester, choice, Changes::default())
+    super::apply_and_keep(store, &dir, m, &roots, requester, (choice, resuming), Changes::default())
         .map_err(|e| failed("applying the change set", e))
 }
 
 /// The change set's granted directories, opened again as the requester:
 /// no symlink on the way, readable, writable and its own.
-fn open_roots(roots: &[String], act: &requester::Acting, uid: u32) -> Result<Vec<OwnedFd>, ErrorReply> {
+pub(crate) fn open_roots(
+    roots: &[String],
+    act: &requester::Acting,
+    uid: u32,
+) -> Result<Vec<OwnedFd>, ErrorReply> {
     use std::os::unix::fs::MetadataExt;
     let _ = act;
     let mut out = Vec::new();

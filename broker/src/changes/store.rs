@@ -18,6 +18,8 @@ pub struct Limits {
     pub max_sets: usize,
     /// Age past which a held change set is removed (seconds).
     pub max_age_secs: u64,
+    /// Free space the store's filesystem keeps while runs write their layers there.
+    pub min_free_bytes: u64,
 }
 
 pub struct Store {
@@ -29,7 +31,6 @@ pub struct Store {
 pub struct Draft {
     pub id: String,
     pub dir: PathBuf,
-    pub blobs: std::os::fd::OwnedFd,
 }
 
 const MANIFEST: &str = "manifest.json";
@@ -45,6 +46,11 @@ impl Store {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Makes the store's directory (and those above it), private, if it is missing.
+    pub fn make_root(&self) -> io::Result<()> {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.root)
     }
 
     fn uid_dir(&self, uid: u32) -> io::Result<PathBuf> {
@@ -66,14 +72,12 @@ impl Store {
         Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| e.into())
     }
 
-    /// A new change set's directory, with its blobs' directory open.
+    /// A new change set's directory, as this broker's draft.
     pub fn draft(&self, uid: u32) -> io::Result<Draft> {
         let id = new_id()?;
         let dir = self.uid_dir(uid)?.join(format!("{DRAFT_PREFIX}{}-{id}", crate::host::instance::tag()));
         std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-        std::fs::DirBuilder::new().mode(0o700).create(dir.join(BLOBS))?;
-        let blobs = open_dir(&dir.join(BLOBS))?;
-        Ok(Draft { id, dir, blobs })
+        Ok(Draft { id, dir })
     }
 
     /// The draft under its id, with `manifest`.
@@ -82,6 +86,35 @@ impl Store {
         let dir = self.uid_dir(manifest.uid)?.join(&draft.id);
         std::fs::rename(&draft.dir, &dir)?;
         Ok(dir)
+    }
+
+    /// Drafts that a broker no longer running left: `(uid, directory)`.
+    pub fn orphans(&self, only: Option<u32>) -> Vec<(u32, PathBuf)> {
+        let mut out = Vec::new();
+        let Ok(uids) = std::fs::read_dir(&self.root) else { return out };
+        for u in uids.flatten() {
+            let Some(uid) = u.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+            if only.is_some_and(|o| o != uid) {
+                continue;
+            }
+            let Ok(sets) = std::fs::read_dir(u.path()) else { continue };
+            for s in sets.flatten() {
+                let name = s.file_name().to_string_lossy().into_owned();
+                if name.strip_prefix(DRAFT_PREFIX).is_some_and(|i| !crate::host::instance::alive(i)) {
+                    out.push((uid, s.path()));
+                }
+            }
+        }
+        out
+    }
+
+    /// The id a draft's directory holds, and what it becomes under it.
+    pub fn draft_of(&self, uid: u32, dir: &Path) -> Option<Draft> {
+        let name = dir.file_name()?.to_str()?;
+        let id = name.rsplit('-').next()?.to_string();
+        let valid = id.len() == 12 && id.bytes().all(|b| b.is_ascii_hexdigit());
+        (valid && dir.parent() == Some(self.root.join(uid.to_string()).as_path()))
+            .then(|| Draft { id, dir: dir.to_path_buf() })
     }
 
     /// A change set's directory; `None` when `uid` has none of that id
@@ -105,7 +138,7 @@ impl Store {
     }
 
     pub fn remove(&self, dir: &Path) -> io::Result<()> {
-        std::fs::remove_dir_all(dir)
+        super::fs::remove_all(dir)
     }
 
     /// `uid`'s change sets, oldest first, with the bytes of each.
@@ -116,7 +149,8 @@ impl Store {
             .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
             .filter_map(|e| {
                 let m = read_manifest(&e.path()).ok()?;
-                Some((m, bytes_in(&e.path().join(BLOBS)), e.path()))
+                let bytes = held_bytes(&m, &e.path());
+                Some((m, bytes, e.path()))
             })
             .collect();
         out.sort_by_key(|(m, _, _)| (m.created, m.id.clone()));
@@ -138,7 +172,10 @@ impl Store {
             .filter(|e| !e.file_name().to_string_lossy().starts_with('.') && e.file_name() != id)
             .map(|e| e.path())
             .collect();
-        let total: u64 = held.iter().map(|d| bytes_in(&d.join(BLOBS))).sum();
+        let total: u64 = held
+            .iter()
+            .map(|d| read_manifest(d).map_or_else(|_| bytes_in(&d.join(BLOBS)), |m| held_bytes(&m, d)))
+            .sum();
         if held.len() >= self.limits.max_sets {
             return Err(format!("uid {uid} holds {} change sets already ([changes] max_sets)", held.len()));
         }
@@ -159,16 +196,15 @@ impl Store {
         for s in sets.flatten() {
             let Ok(m) = read_manifest(&s.path()) else { continue };
             let old = m.status == Status::Held && now.saturating_sub(m.created) > self.limits.max_age_secs;
-            if old && std::fs::remove_dir_all(s.path()).is_ok() {
+            if old && super::fs::remove_all(&s.path()).is_ok() {
                 expired.push(m.id);
             }
         }
         expired
     }
 
-    /// Removes what a broker left half made (drafts) and the change sets
-    /// older than `max_age_secs`; the ones removed for their age, as
-    /// `(uid, id)`.
+    /// Removes the change sets older than `max_age_secs` (a broker's drafts
+    /// are [`Store::orphans`]'); the ones removed, as `(uid, id)`.
     pub fn sweep(&self, now: u64) -> Vec<(u32, String)> {
         let mut expired = Vec::new();
         let Ok(uids) = std::fs::read_dir(&self.root) else { return expired };
@@ -177,17 +213,14 @@ impl Store {
             let Ok(sets) = std::fs::read_dir(u.path()) else { continue };
             for s in sets.flatten() {
                 let name = s.file_name().to_string_lossy().into_owned();
-                if let Some(instance) = name.strip_prefix(DRAFT_PREFIX) {
-                    // One a live broker is making is its own.
-                    if !crate::host::instance::alive(instance) {
-                        let _ = std::fs::remove_dir_all(s.path());
-                    }
+                if name.starts_with(DRAFT_PREFIX) {
+                    // A live broker's draft is its own; a dead one's, its run's writes, is recovered.
                     continue;
                 }
                 let Ok(m) = read_manifest(&s.path()) else { continue };
                 let old =
                     m.status == Status::Held && now.saturating_sub(m.created) > self.limits.max_age_secs;
-                if old && std::fs::remove_dir_all(s.path()).is_ok() {
+                if old && super::fs::remove_all(&s.path()).is_ok() {
                     expired.push((uid, m.id));
                 }
             }
@@ -196,7 +229,16 @@ impl Store {
     }
 }
 
-fn open_dir(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
+/// The bytes a change set holds: its manifest's count, or (one of an
+/// earlier broker) its blobs' sizes.
+fn held_bytes(m: &Manifest, dir: &Path) -> u64 {
+    match m.layout {
+        super::manifest::Layout::Tree => m.bytes,
+        super::manifest::Layout::Blobs => bytes_in(&dir.join(BLOBS)),
+    }
+}
+
+pub(super) fn open_dir(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)

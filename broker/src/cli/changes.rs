@@ -149,8 +149,36 @@ fn ask(at: &At, message: ClientMessage) -> Result<ServerMessage, ErrorReply> {
         .map_err(|e| ErrorReply::new(ErrorKind::RuntimeFailure, e))?;
     let journal = crate::journal::Journal::from_config(&config)
         .map_err(|e| ErrorReply::new(ErrorKind::JournalUnavailable, e))?;
+    let store = std::sync::Arc::new(store);
+    recover(&config, &store, &journal);
     // The embedded broker's user is the person at this terminal.
     Ok(crate::changes::review::serve(&store, &journal, &Requester::me(), true, message))
+}
+
+/// The writes of this user's runs whose embedded broker was killed before
+/// it settled them, held first (see [`crate::changes::recover`]).
+fn recover(
+    config: &Config,
+    store: &std::sync::Arc<crate::changes::Store>,
+    journal: &crate::journal::Journal,
+) {
+    let me = nix::unistd::geteuid().as_raw();
+    if store.orphans(Some(me)).is_empty() {
+        return;
+    }
+    let Ok(temp_root) = crate::host::paths::temp_root(config.policy.temp_root.as_deref()) else { return };
+    let owned = crate::decide::owned::owned(config, journal.dir(), &temp_root.path, &[]);
+    let extra: Vec<String> = config.policy.host_executed.iter().map(|g| g.get_ref().clone()).collect();
+    let keep_out = crate::changes::KeepOut {
+        owned: owned.into(),
+        host_executed: std::sync::Arc::new(palisade_policy::host_executed::HostExecuted::new(&extra)),
+        store: store.clone(),
+        journal: journal.clone(),
+    };
+    let events = crate::changes::recover(&keep_out, Some(me));
+    if let Err(e) = journal.append_all_blocking(events, true) {
+        tracing::error!("what became of the writes of runs left unsettled is not recorded: {e}");
+    }
 }
 
 fn print(reply: ServerMessage) -> i32 {

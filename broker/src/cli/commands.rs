@@ -279,6 +279,29 @@ fn run(args: RunArgs) -> i32 {
     }
 }
 
+/// Completes at the first SIGINT, SIGTERM or SIGHUP this process gets (the
+/// handlers are in place once this is called, inside a runtime; a signal
+/// whose handler cannot be installed keeps its default).
+fn interrupted() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt()).ok();
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut hup = signal(SignalKind::hangup()).ok();
+    async move {
+        async fn got(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => drop(s.recv().await),
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            () = got(&mut int) => {}
+            () = got(&mut term) => {}
+            () = got(&mut hup) => {}
+        }
+    }
+}
+
 /// A broker inside this process, under `config`.
 fn embedded(mut config: Config, mut request: RunRequest, mut render: Render, args: &RunArgs) -> i32 {
     crate::serve::daemon::init_tracing("warn");
@@ -307,9 +330,9 @@ fn embedded(mut config: Config, mut request: RunRequest, mut render: Render, arg
     let groups = crate::host::requester::Requester::me().groups;
     let peer = Peer { uid, gid, pid: Some(std::process::id() as i32), groups };
     let outcome = runtime.block_on(async {
-        let cancel = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
+        // ^C, SIGTERM and SIGHUP end the run as a cancel does: its sandbox
+        // killed, its writes held and said (this process is its broker).
+        let cancel = interrupted();
         let mut decided = match broker.decide(&peer, &request) {
             // A terminal the CLI chose by itself that this host cannot give
             // (Tier B): the run is done without, with pipes.

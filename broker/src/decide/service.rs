@@ -119,7 +119,27 @@ impl Broker {
             crate::plugins::Plugins::new(&config, engine.spawner().clone(), engine.helper(), pid, cgroups)?;
         let mut broker = Broker::new(linux, config, parts)?;
         broker.plugins = Some(Arc::new(plugins));
+        // The CLI's embedded broker holds its own user's only: a look at one directory.
+        broker.recover_writes(one_run.then(|| nix::unistd::geteuid().as_raw()));
         Ok(broker)
+    }
+
+    /// Holds the writes of runs a broker killed meanwhile left unsettled
+    /// (see [`crate::changes::recover`]), and records them.
+    fn recover_writes(&self, only: Option<u32>) {
+        let Some(store) = self.executor.changes().cloned() else { return };
+        let keep_out = crate::changes::KeepOut {
+            owned: self.owned(),
+            host_executed: self.settings().host_executed.clone(),
+            store,
+            journal: self.journal.clone(),
+        };
+        let events = crate::changes::recover(&keep_out, only);
+        if !events.is_empty() {
+            if let Err(e) = self.journal.append_all_blocking(events, true) {
+                tracing::error!("what became of the writes of runs left unsettled is not recorded: {e}");
+            }
+        }
     }
 }
 
@@ -413,7 +433,7 @@ impl<E: Executor> Broker<E> {
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, BrokerError> {
-        let Decided { run_id, mut resolved, approval, approver_approved, held, settings, mut pending } =
+        let Decided { run_id, mut resolved, approval, approver_approved, mut held, settings, mut pending } =
             decided;
         // A run of a tool an approver approved: its success counts towards Verified.
         let counts = approval.is_some() && approver_approved;
@@ -429,7 +449,7 @@ impl<E: Executor> Broker<E> {
             tracing::info!(run_id, uid = peer.uid, "approved: {}", approval.reason);
         }
         let Prepared { taken, started } =
-            match self.executor.prepare(run_id, &mut resolved, request, settings.config()).await {
+            match self.executor.prepare(run_id, &mut resolved, &mut held, request, settings.config()).await {
                 Ok(prepared) => prepared,
                 Err(e) => {
                     // What could not be made ready is recorded as the run's failure.

@@ -57,10 +57,10 @@ fn trees(plan: &JailPlan, descriptors: &[OwnedFd]) -> io::Result<Vec<OwnedFd>> {
     let (Some(ids), Some(requester)) = (plan.host_ids, plan.acting_for) else { return Ok(vec![]) };
     let mut trees = Vec::new();
     for i in plan.captured() {
-        let (source, writable, owned) = match &plan.mounts[i] {
-            Mount::Bind { source, writable, owned, .. } => (source, *writable, *owned),
+        let (source, writable, owned, layer) = match &plan.mounts[i] {
+            Mount::Bind { source, writable, owned, .. } => (source, *writable, *owned, None),
             // The lower layer of an overlay is read-only; the sandbox writes to the upper.
-            Mount::Overlay { source, owned, .. } => (source, false, *owned),
+            Mount::Overlay { source, owned, layer, .. } => (source, false, *owned, layer.as_ref()),
             _ => continue,
         };
         let fd = plan.descriptor(source).and_then(|d| descriptors.get(d));
@@ -88,6 +88,20 @@ fn trees(plan: &JailPlan, descriptors: &[OwnedFd]) -> io::Result<Vec<OwnedFd>> {
             }
         }
         trees.push(tree);
+        // An overlay's layer on disk, after its lower layer: the requester's
+        // own, idmapped as a granted directory is, so that what the sandbox
+        // writes there is the requester's.
+        if let Some(layer) = layer {
+            let fd = plan.descriptor(layer).and_then(|d| descriptors.get(d));
+            let fd = fd.ok_or_else(|| io::Error::other(format!("no descriptor for {layer}")))?;
+            let tree = clone_tree(fd).map_err(|e| io::Error::other(format!("clone {layer}: {e}")))?;
+            if requester != ids {
+                idmap_userns(requester, ids)
+                    .and_then(|ns| idmap(&tree, &ns))
+                    .map_err(|e| io::Error::other(format!("idmap {layer} for the sandbox's uid: {e}")))?;
+            }
+            trees.push(tree);
+        }
     }
     Ok(trees)
 }

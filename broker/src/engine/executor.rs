@@ -90,12 +90,13 @@ pub trait Executor: Send + Sync + Sized + 'static {
     fn decide(&self, deciding: Deciding<'_>, request: &RunRequest) -> Result<Opened<Self::Held>, ErrorReply>;
 
     /// Takes what run `run_id` needs before it is recorded as started (the
-    /// record is the result's): `resolved` may change (a warm sandbox's
-    /// cgroup becomes the run's).
+    /// record is the result's): `resolved` and `held` may change (a warm
+    /// sandbox's cgroup becomes the run's; its overlays get their layers).
     fn prepare(
         &self,
         run_id: u64,
         resolved: &mut Resolved,
+        held: &mut Self::Held,
         request: &RunRequest,
         config: &Config,
     ) -> impl Future<Output = Result<Prepared<Self::Taken>, BrokerError>> + Send;

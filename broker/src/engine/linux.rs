@@ -94,6 +94,10 @@ impl Linux {
         let journal = Journal::from_config(config)?;
         let etc = config.broker.etc_snapshot.then(|| etc_view(&context.temp_root)).flatten();
         let changes = Arc::new(changes_store(config)?);
+        // Made before any decision: a run's layers are made there after its
+        // decision, and a workspace that holds the store hides it only if
+        // it exists when the run is decided.
+        changes.make_root().map_err(|e| format!("[changes] dir {}: {e}", changes.root().display()))?;
         // A daemon's start sweeps; a run of the CLI pays nothing for it.
         if !one_run {
             sweep_changes(&changes, &journal);
@@ -168,6 +172,50 @@ impl Linux {
     }
 }
 
+impl Linux {
+    /// Each overlay of the plan writes to a layer on disk, in the change set
+    /// made for the run ([`crate::changes::layer`]): its path named in the
+    /// plan, its descriptor sent with the others, the layers kept with the
+    /// run's grants until its writes are settled.
+    async fn give_layers(
+        &self,
+        run_id: u64,
+        resolved: &mut Resolved,
+        held: &mut Held,
+    ) -> Result<(), BrokerError> {
+        use palisade_protocol::Mount;
+        let plan = &mut resolved.plan;
+        let roots: Vec<String> = (plan.mounts.iter())
+            .filter_map(|m| match m {
+                Mount::Overlay { source, .. } => Some(source.clone()),
+                _ => None,
+            })
+            .collect();
+        if roots.is_empty() {
+            return Ok(());
+        }
+        let (store, requester) = (self.changes.clone(), held.grants.requester.clone());
+        // A system broker's layers are the requester's, which its sandbox writes through an idmap.
+        let owner = plan.host_ids.and(plan.acting_for);
+        let since = crate::changes::clock::Since::now();
+        let made =
+            tokio::task::spawn_blocking(move || store.layers(&requester, run_id, &roots, owner, since));
+        let layers = made.await.map_err(|e| BrokerError::Internal(e.to_string()))?.map_err(|e| {
+            BrokerError::CopyBack { path: format!("a layer in {}", self.changes.root().display()), source: e }
+        })?;
+        let mut dirs = layers.dirs.iter();
+        for m in plan.mounts.iter_mut() {
+            let Mount::Overlay { layer, .. } = m else { continue };
+            let (path, fd) = dirs.next().ok_or_else(|| BrokerError::Internal("a layer short".into()))?;
+            *layer = Some(path.clone());
+            plan.descriptors.push(palisade_protocol::HostPath { path: path.clone(), host_layout: true });
+            held.grants.descriptors.push(fd.try_clone()?);
+        }
+        *held.grants.layers.lock().unwrap_or_else(|e| e.into_inner()) = Some(layers);
+        Ok(())
+    }
+}
+
 /// A requester the broker cannot act for.
 fn cannot_act(peer: &Peer, e: std::io::Error) -> ErrorReply {
     ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot act for uid {}: {e}", peer.uid))
@@ -217,7 +265,7 @@ impl Executor for Linux {
             store: self.changes.clone(),
             journal: deciding.journal.clone(),
         };
-        let grants = Grants { requester, descriptors, keep_out };
+        let grants = Grants { requester, descriptors, keep_out, layers: std::sync::Mutex::new(None) };
         Ok(Opened { resolved, approval, held: Held { grants, _dirs: dirs, _etc: etc, session_cgroup: None } })
     }
 
@@ -225,10 +273,12 @@ impl Executor for Linux {
         &self,
         run_id: u64,
         resolved: &mut Resolved,
+        held: &mut Held,
         request: &RunRequest,
         _config: &Config,
     ) -> Result<Prepared<Option<Slot>>, BrokerError> {
         trust_authority(resolved)?;
+        self.give_layers(run_id, resolved, held).await?;
         // A warm slot with a cgroup brings it: the run's cgroup is that one,
         // in the plan, its record and its attestation.
         // A session's sandbox is never a warm slot's; a command in one takes a helper started ahead.
@@ -420,6 +470,7 @@ pub(crate) fn changes_store(config: &Config) -> Result<crate::changes::Store, St
         max_bytes: c.max_bytes,
         max_sets: c.max_sets,
         max_age_secs: c.max_age_days.saturating_mul(86_400),
+        min_free_bytes: c.min_free_mb.saturating_mul(1 << 20),
     };
     Ok(crate::changes::Store::new(dir, limits))
 }

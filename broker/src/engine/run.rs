@@ -39,6 +39,9 @@ pub struct Grants {
     pub descriptors: Vec<OwnedFd>,
     /// What the copy-back must not apply.
     pub keep_out: crate::changes::KeepOut,
+    /// The layers on disk the plan's overlays write to, taken when the run's
+    /// writes are settled.
+    pub layers: std::sync::Mutex<Option<crate::changes::Layers>>,
 }
 
 /// A plan up to this size is sent from the runtime's thread: an empty Unix
@@ -414,6 +417,8 @@ impl Engine {
         let watch = StatusWatch::new(status, early)?;
         let child = Helper { pidfd, status: &watch, cgroup, run_id, pid };
         let started_msg = ServerMessage::Started { run_id, executor: tier.into() };
+        // A run whose writes pass their bound on disk is stopped as a cancel stops it, and said so.
+        let (cancel, disk_bound) = bound_writes(grants, resolved, cancel);
         let run = Run::new(sink, child, pipes, bounds, cancel);
         let run = if copying { run.copying() } else { run };
         let streamed = run.stream(started_msg).await;
@@ -431,6 +436,10 @@ impl Engine {
         self.refill(&resolved.plan);
         timeline.status_read_us = started.elapsed().as_micros();
         let mut ended = streamed.ended;
+        let bound = disk_bound.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if bound.is_some() && ended == Some(RunStatus::Cancelled) {
+            ended = Some(RunStatus::DiskLimitExceeded);
+        }
         let report = Report::read(records, fds, ended)?;
         let cg_usage = cgroup.map(RunCgroup::usage);
         // A command in its session's cgroup: killed by the kernel as the cgroup counted an OOM kill.
@@ -444,7 +453,7 @@ impl Engine {
         let stopped = ended == Some(RunStatus::Cancelled) && sink.session_stopped();
         let mut settle = if stopped { None } else { ended };
         let (written_bytes, changes) =
-            keep_writes(resolved, grants, report.overlays, &mut settle, (run_id, since)).await?;
+            keep_writes(resolved, grants, report.overlays, (&mut settle, bound), (run_id, since)).await?;
         if settle.is_some() || !stopped {
             ended = settle;
         }
@@ -765,29 +774,28 @@ impl Report {
     }
 }
 
-/// What becomes of the writes held in overlays (see [`crate::changes`]):
-/// applied, held or discarded as the run's policy says, with what palisade
-/// ended the run for (a run that filled its bound is ended so, and its
-/// writes are held like any ended run's). The bytes written on the host,
-/// and what became of the rest.
+/// What becomes of the writes held in the run's layers (see
+/// [`crate::changes`]): applied, held or discarded as the run's policy
+/// says, with what palisade ended the run for (a run that filled its bound
+/// is ended so, and its writes are held like any ended run's). The bytes
+/// written on the host, and what became of the rest.
 async fn keep_writes(
     resolved: &Resolved,
     grants: &Grants,
     overlays: Vec<(String, OwnedFd)>,
-    ended: &mut Option<RunStatus>,
+    (ended, bound): (&mut Option<RunStatus>, Option<String>),
     (run_id, since): (u64, crate::changes::clock::Since),
 ) -> Result<(u64, Changes), BrokerError> {
+    if let Some((target, _)) = overlays.into_iter().next() {
+        // Every overlay the broker plans has its layer on disk, and no helper hands one over.
+        return Err(BrokerError::UnplannedOverlay(target));
+    }
     if resolved.in_place {
         return Ok((0, Changes { outcome: ChangesOutcome::InPlace, ..Changes::default() }));
     }
-    if overlays.iter().any(|(_, fd)| crate::changes::fs_full(fd)) && ended.is_none() {
-        *ended = Some(RunStatus::DiskLimitExceeded);
-    }
-    // Nothing written: not one call more than that check.
-    if overlays.iter().all(|(_, fd)| crate::changes::untouched(fd)) {
-        return Ok((0, Changes::default()));
-    }
-    let targets = copy_back_targets(&resolved.plan, grants, overlays)?;
+    let layers = grants.layers.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let Some(layers) = layers else { return Ok((0, Changes::default())) };
+    let dests = layer_targets(&resolved.plan, grants, &layers.record.roots)?;
     let (requester, keep_out) = (grants.requester.clone(), grants.keep_out.clone());
     let (keep, on_conflict, ended) = (resolved.keep_changes, resolved.on_conflict, *ended);
     let settled = tokio::task::spawn_blocking(move || {
@@ -799,8 +807,9 @@ async fn keep_writes(
             keep,
             on_conflict,
             ended,
+            bound,
         };
-        let settled = crate::changes::settle(&s, targets)?;
+        let settled = crate::changes::settle(&s, layers, dests)?;
         if let Err(e) = keep_out.journal.append_all_blocking(settled.events, true) {
             tracing::error!(run_id, "what became of the run's writes is not recorded: {e}");
         }
@@ -808,6 +817,35 @@ async fn keep_writes(
     })
     .await??;
     Ok((settled.bytes, settled))
+}
+
+/// `cancel`, or the run's writes passing their bound on disk (see
+/// [`crate::changes::bound`]), whichever comes first; in the second case
+/// the slot returned holds why, in words naming the key.
+fn bound_writes(
+    grants: &Grants,
+    resolved: &Resolved,
+    cancel: impl Future<Output = ()> + Send,
+) -> (impl Future<Output = ()> + Send, Arc<std::sync::Mutex<Option<String>>>) {
+    let bound = resolved.plan.mounts.iter().find_map(|m| match m {
+        palisade_protocol::Mount::Overlay { size_bytes, layer: Some(_), .. } => Some(*size_bytes),
+        _ => None,
+    });
+    let layers = grants.layers.lock().unwrap_or_else(|e| e.into_inner());
+    let watch = layers.as_ref().zip(bound).map(|(l, bound)| {
+        let uppers = l.uppers.iter().filter_map(|fd| fd.try_clone().ok()).collect();
+        crate::changes::bound::Watch::new(uppers, bound, grants.keep_out.store.limits.min_free_bytes)
+    });
+    let hit = Arc::new(std::sync::Mutex::new(None));
+    let slot = hit.clone();
+    let cancel = async move {
+        let Some(watch) = watch else { return cancel.await };
+        tokio::select! {
+            () = cancel => {}
+            why = watch.exceeded() => *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(why),
+        }
+    };
+    (cancel, hit)
 }
 
 /// A started helper.
@@ -934,25 +972,18 @@ fn hand_over(
     Ok(())
 }
 
-/// Each overlay the helper handed over, with the host directory it copies
-/// back to: the descriptor opened at decision time, never the path again.
-fn copy_back_targets(
+/// The granted directories of the run's layers (host paths, in order), as
+/// the descriptors opened at decision time, never the paths again.
+fn layer_targets(
     plan: &palisade_protocol::JailPlan,
     grants: &Grants,
-    overlays: Vec<(String, OwnedFd)>,
-) -> Result<Vec<(String, OwnedFd, OwnedFd)>, BrokerError> {
+    roots: &[String],
+) -> Result<Vec<OwnedFd>, BrokerError> {
     let mut out = Vec::new();
-    for (target, upper) in overlays {
-        let source = plan.mounts.iter().find_map(|m| match m {
-            palisade_protocol::Mount::Overlay { source, target: t, .. } if *t == target => Some(source),
-            _ => None,
-        });
-        let dest = source.and_then(|s| plan.descriptor(s)).and_then(|i| grants.descriptors.get(i));
-        let (Some(source), Some(dest)) = (source, dest) else {
-            return Err(BrokerError::UnplannedOverlay(target));
-        };
-        let dest = dest.try_clone()?;
-        out.push((source.clone(), upper, dest));
+    for source in roots {
+        let dest = plan.descriptor(source).and_then(|i| grants.descriptors.get(i));
+        let dest = dest.ok_or_else(|| BrokerError::UnplannedOverlay(source.clone()))?;
+        out.push(dest.try_clone()?);
     }
     Ok(out)
 }

@@ -76,12 +76,20 @@ pub fn join(
 }
 
 /// What of `mine` is not the session's `theirs`, in words; `None`: the same
-/// sandbox (a bind's source aside: the `/etc` view is a snapshot per decision).
+/// sandbox (a bind's source aside: the `/etc` view is a snapshot per
+/// decision; and an overlay's layer: the session's run was given its own).
 fn differs(mine: &JailPlan, theirs: &JailPlan) -> Option<&'static str> {
     let shape = |m: &Mount| match m {
         Mount::Bind { target, writable, owned, .. } => {
             Mount::Bind { source: String::new(), target: target.clone(), writable: *writable, owned: *owned }
         }
+        Mount::Overlay { source, target, size_bytes, owned, .. } => Mount::Overlay {
+            source: source.clone(),
+            target: target.clone(),
+            size_bytes: *size_bytes,
+            owned: *owned,
+            layer: None,
+        },
         other => other.clone(),
     };
     let mounts = |p: &JailPlan| p.mounts.iter().map(shape).collect::<Vec<_>>();

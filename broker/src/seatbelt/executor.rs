@@ -105,6 +105,7 @@ impl Executor for Macos {
         &self,
         run_id: u64,
         resolved: &mut Resolved,
+        _held: &mut Self::Held,
         request: &RunRequest,
         config: &Config,
     ) -> Result<Prepared<crate::seatbelt::Prepared>, BrokerError> {

@@ -100,11 +100,12 @@ pub fn build_root(plan: &JailPlan, descriptors: Option<Descriptors>, ahead: Opti
     // Nothing mounted from here on may propagate back to the host.
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .at(Stage::Mounts, || "make / private".into())?;
+    let mut tree = || trees.next().ok_or_else(|| fail(Stage::Plan, Errno::EINVAL, "no tree"));
     let sources = (mounts.iter().enumerate())
         .map(|(i, m)| match (captured.contains(&i), m) {
-            (true, _) => {
-                trees.next().map(Source::Tree).ok_or_else(|| fail(Stage::Plan, Errno::EINVAL, "no tree"))
-            }
+            // An overlay's layer on disk comes after its lower layer.
+            (true, Mount::Overlay { layer: Some(_), .. }) => Ok(Source::Layered(tree()?, tree()?)),
+            (true, _) => tree().map(Source::Tree),
             (false, Mount::Dev { .. } | Mount::Proc { .. }) if ahead.is_some() => Ok(Source::Ahead),
             (false, _) => capture(plan, &descriptors, m, ahead.as_ref()),
         })
@@ -118,7 +119,10 @@ pub fn build_root(plan: &JailPlan, descriptors: Option<Descriptors>, ahead: Opti
     for (i, (m, source)) in mounts.iter().zip(sources).enumerate() {
         match (m, source) {
             (Mount::Overlay { target, size_bytes, .. }, Source::Tree(lower)) => {
-                overlay(target, *size_bytes, lower, i)?
+                overlay(target, Upper::Tmpfs(*size_bytes), lower, i)?
+            }
+            (Mount::Overlay { target, .. }, Source::Layered(lower, layer)) => {
+                overlay(target, Upper::Layer(layer), lower, i)?
             }
             (Mount::File { target, contents }, _) => file(target, contents, i)?,
             (Mount::Dev { target, shm_bytes }, Source::Ahead) => {
@@ -153,6 +157,8 @@ fn stage_new_root() -> Result<()> {
 enum Source {
     None,
     Tree(OwnedFd),
+    /// An overlay's lower layer and its layer on disk.
+    Layered(OwnedFd, OwnedFd),
     DevNodes(Vec<OwnedFd>),
     /// Built before the plan ([`build_ahead`]).
     Ahead,
@@ -163,7 +169,14 @@ fn capture(plan: &JailPlan, descriptors: &Descriptors, m: &Mount, ahead: Option<
         Mount::Bind { source, .. } | Mount::Overlay { source, .. } => {
             let fd = descriptors.get(source, Stage::Mounts)?;
             let host_layout = plan.descriptor(source).is_some_and(|i| plan.descriptors[i].host_layout);
-            Source::Tree(clone_same(source, fd, host_layout, ahead)?)
+            let tree = clone_same(source, fd, host_layout, ahead)?;
+            match m {
+                Mount::Overlay { layer: Some(layer), .. } => {
+                    let fd = descriptors.get(layer, Stage::Mounts)?;
+                    Source::Layered(tree, clone_same(layer, fd, false, ahead)?)
+                }
+                _ => Source::Tree(tree),
+            }
         }
         Mount::Dev { .. } => Source::DevNodes(dev_nodes()?),
         _ => Source::None,
@@ -251,30 +264,50 @@ fn place(m: &Mount, source: Source) -> Result<()> {
     }
 }
 
-/// The run's writes to the host directory under `target` go to a tmpfs upper
-/// layer of `size` bytes: the host's disk is untouched, and a disk-fill ends
-/// at the bound. The broker receives the upper layer (a directory fd) and
-/// copies the changes back. The layers are mounted in the staging tmpfs,
+/// Where an overlay's writes go.
+enum Upper {
+    /// A tmpfs of this many bytes, handed to the broker after the mount.
+    Tmpfs(u64),
+    /// The broker's directory on disk (its `upper` and `work` made empty),
+    /// which the broker bounds and reads itself.
+    Layer(OwnedFd),
+}
+
+/// The run's writes to the host directory under `target` go to an upper
+/// layer, never to the host directory: a tmpfs (the host's disk untouched,
+/// a disk-fill ends at its size), whose directory fd the broker receives, or
+/// the broker's layer on disk. The layers are mounted in the staging tmpfs,
 /// outside the new root: the sandbox never sees them, and they are detached
 /// with the old root.
-fn overlay(target: &str, size: u64, lower: OwnedFd, i: usize) -> Result<()> {
+fn overlay(target: &str, upper: Upper, lower: OwnedFd, i: usize) -> Result<()> {
     // Relative to the new root, the current directory.
     let stage = format!("../overlay-{i}");
     let (low, rw) = (format!("{stage}/lower"), format!("{stage}/rw"));
     make_mount_point(&low, true)?;
     make_mount_point(&rw, true)?;
-    let ro = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
-    set_attributes(Some(&lower), "", ro, true)
+    let nosuid_nodev = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+    set_attributes(Some(&lower), "", libc::MOUNT_ATTR_RDONLY | nosuid_nodev, true)
         .at(Stage::Mounts, || format!("make the lower layer of {target} read-only"))?;
     attach(&lower, &low).at(Stage::Mounts, || format!("attach the lower layer of {target}"))?;
     let fs_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    let data = format!("size={size},nr_inodes={},mode=0755", tmpfs_inodes(size));
-    mount(Some("tmpfs"), rw.as_str(), Some("tmpfs"), fs_flags, Some(data.as_str()))
-        .at(Stage::Mounts, || format!("mount the upper tmpfs of {target}"))?;
-    for d in ["upper", "work"] {
-        mkdir(format!("{rw}/{d}").as_str(), Mode::from_bits_truncate(0o755))
-            .at(Stage::Mounts, || format!("mkdir {rw}/{d}"))?;
-    }
+    let tmpfs = match upper {
+        Upper::Layer(layer) => {
+            set_attributes(Some(&layer), "", nosuid_nodev, true)
+                .at(Stage::Mounts, || format!("make the upper layer of {target} nosuid, nodev"))?;
+            attach(&layer, &rw).at(Stage::Mounts, || format!("attach the upper layer of {target}"))?;
+            false
+        }
+        Upper::Tmpfs(size) => {
+            let data = format!("size={size},nr_inodes={},mode=0755", tmpfs_inodes(size));
+            mount(Some("tmpfs"), rw.as_str(), Some("tmpfs"), fs_flags, Some(data.as_str()))
+                .at(Stage::Mounts, || format!("mount the upper tmpfs of {target}"))?;
+            for d in ["upper", "work"] {
+                mkdir(format!("{rw}/{d}").as_str(), Mode::from_bits_truncate(0o755))
+                    .at(Stage::Mounts, || format!("mkdir {rw}/{d}"))?;
+            }
+            true
+        }
+    };
     let rel = &target[1..];
     make_mount_point(rel, true)?;
     let layers = format!("{STAGING}/overlay-{i}");
@@ -288,6 +321,9 @@ fn overlay(target: &str, size: u64, lower: OwnedFd, i: usize) -> Result<()> {
             }
             e
         })?;
+    if !tmpfs {
+        return Ok(());
+    }
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
     let upper = open(format!("{rw}/upper").as_str(), flags, Mode::empty())
         .at(Stage::Mounts, || format!("open the upper layer of {target}"))?;

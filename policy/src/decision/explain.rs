@@ -176,12 +176,13 @@ fn mount_line(m: &Mount) -> String {
         Mount::File { target, contents } => {
             format!("{target}  read-only file of the plan's: {:?}", contents.trim_end())
         }
-        Mount::Overlay { source, target, size_bytes, .. } => {
+        Mount::Overlay { source, target, size_bytes, layer, .. } => {
             let of = if source == target { String::new() } else { format!(" of {source}") };
-            format!(
-                "{target}  read-write overlay{of}: writes held in a {} tmpfs, copied back after the run",
-                size(*size_bytes)
-            )
+            let held = match layer {
+                Some(layer) => format!("held in {layer} (at most {})", size(*size_bytes)),
+                None => format!("held in a change set (at most {})", size(*size_bytes)),
+            };
+            format!("{target}  read-write overlay{of}: writes {held}, applied after the run")
         }
     }
 }

@@ -422,6 +422,10 @@ fn converse(socket: &Path, bytes: &[u8]) -> Vec<ServerMessage> {
     loop {
         while let Ok(Some(m)) = d.next_message::<ServerMessage>() {
             let last = matches!(m, ServerMessage::Finished(_) | ServerMessage::Error(_));
+            // Messages after the hello take the form of the version it agreed.
+            if let ServerMessage::Hello(h) = &m {
+                d.set_version(h.version);
+            }
             got.push(m);
             if last {
                 return got;

@@ -114,10 +114,17 @@ fn a_host_edit_during_a_run_is_kept_and_the_runs_version_is_held_for_review() {
     let o = run.join().unwrap();
     let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", said(&o)));
     let c = changes(&v);
-    // The host's edit stands; the rest of the run's writes are applied.
+    // The host's edit stands; the rest of the run's writes are applied, and
+    // the run says loudly that not all of them were.
     assert_eq!(s.read("shared.txt"), "host-edit\n", "{v}");
     assert_eq!(s.read("other.txt"), "the run's\n");
-    assert_eq!(c["outcome"], "applied", "{v}");
+    assert_eq!(
+        (c["outcome"].as_str(), c["files"].as_u64(), c["held"].as_u64()),
+        (Some("partial"), Some(1), Some(1)),
+        "{v}"
+    );
+    assert_eq!(o.status.code(), Some(123), "{}", said(&o));
+    assert_eq!(v["result"]["status"]["exited"]["code"], 0, "the command's own status stays in the result");
     assert_eq!(c["conflicts"][0], s.ws.join("shared.txt").display().to_string(), "{v}");
     let id = c["id"].as_str().unwrap().to_string();
     // The run's version is in the change set, and shown as a diff.
@@ -188,7 +195,7 @@ fn a_timed_out_run_holds_its_writes_and_they_are_applied_later() {
     assert!(text(&o.stderr).is_empty(), "--json says it all: {}", said(&o));
     let c = changes(&v);
     assert_eq!(c["outcome"], "held", "{v}");
-    assert!(c["reason"].as_str().unwrap().contains("TimedOut"), "{v}");
+    assert!(c["reason"].as_str().unwrap().contains("deadline (max_execution_time)"), "{v}");
     assert!(!s.ws.join("built.txt").exists());
     let id = c["id"].as_str().unwrap();
     let (listed, _) = s.changes(&["list"]);
@@ -213,6 +220,7 @@ fn hold_changes_shows_a_diff_and_is_applied_or_discarded() {
     let (v, o) =
         s.run(&["--hold-changes"], &["put", "notes.txt", "one\n2\nthree\n", "put", "new.txt", "new\n"]);
     assert!(text(&o.stderr).is_empty(), "{}", said(&o));
+    assert_eq!(o.status.code(), Some(123), "held, not applied: never as if applied");
     let id = changes(&v)["id"].as_str().unwrap().to_string();
     assert_eq!(s.read("notes.txt"), "one\ntwo\nthree\n");
     let (shown, _) = s.changes(&["show", &id]);
@@ -235,9 +243,15 @@ fn hold_changes_shows_a_diff_and_is_applied_or_discarded() {
         "notes.txt",
         "dropped\n",
     ]);
-    let line = text(&o.stderr);
-    assert!(line.starts_with("palisade: changes held as ") && line.lines().count() == 1, "{line}");
-    let id = line.split_whitespace().nth(4).unwrap().trim_end_matches(':').to_string();
+    let said_ = text(&o.stderr);
+    let lines: Vec<&str> = said_.lines().collect();
+    assert!(lines[0].starts_with("palisade: changes held as ") && lines.len() == 2, "{said_}");
+    assert_eq!(
+        lines[1],
+        "palisade: the command exited with 0; palisade exits 123 as its writes did not all land"
+    );
+    assert_eq!(o.status.code(), Some(123));
+    let id = lines[0].split_whitespace().nth(4).unwrap().to_string();
     let (discarded, _) = s.changes(&["discard", &id]);
     assert_eq!(discarded["id"], id.as_str(), "{discarded}");
     assert_eq!(s.read("notes.txt"), "one\n2\nthree\n");
@@ -352,7 +366,7 @@ fn every_kind_of_entry_is_applied_exactly() {
             "made/a/b/c.txt",
         ],
     );
-    assert!(o.status.success(), "{}", said(&o));
+    assert_eq!(o.status.code(), Some(123), "held: {}", said(&o));
     let id = changes(&v)["id"].as_str().unwrap().to_string();
     // A stop part-way: the broker dies after three entries are applied.
     let o = Command::new(bin("palisade"))
@@ -507,20 +521,45 @@ fn a_change_set_is_its_requesters_alone() {
 }
 
 #[test]
-fn writes_larger_than_what_the_overlay_holds_are_not_taken() {
-    // Sparse files: each takes nothing in the upper layer and its size in a copy.
+fn sparse_files_and_hard_links_are_carried_as_they_are() {
+    use std::os::unix::fs::MetadataExt;
+    // Two sparse files of 512 MiB take nothing on disk: within a 16 MiB
+    // bound, counted by what they take, once per file however many names.
     let s = Setup::new("changes-sparse", "max_disk_mb = 16\n");
-    let (v, o) =
-        s.run(&[], &["sparse", "a", "536870912", "sparse", "b", "536870912", "put", "small.txt", "s"]);
+    std::fs::write(s.ws.join("src.txt"), "before\n").unwrap();
+    let ops = [
+        "sparse",
+        "a",
+        "536870912",
+        "sparse",
+        "b",
+        "536870912",
+        "put",
+        "small.txt",
+        "s",
+        "link",
+        "small.txt",
+        "small-link",
+        "put",
+        "src.txt",
+        "after\n",
+    ];
+    let (v, o) = s.run(&[], &ops);
     assert!(o.status.success(), "{}", said(&o));
     let c = changes(&v);
-    assert_eq!(c["outcome"], "discarded", "{v}");
-    assert!(c["reason"].as_str().unwrap().contains("sparse"), "{v}");
-    assert!(!s.ws.join("a").exists() && !s.ws.join("small.txt").exists());
-    // Counter-test: a sparse file whose size fits is taken and applied.
-    let (v, _) = s.run(&[], &["sparse", "fits", "4096", "put", "small.txt", "s"]);
-    assert_eq!(changes(&v)["outcome"], "applied", "{v}");
-    assert_eq!(std::fs::metadata(s.ws.join("fits")).unwrap().len(), 4096);
+    assert_eq!((c["outcome"].as_str(), c["files"].as_u64()), (Some("applied"), Some(5)), "{v}");
+    let meta = |p: &str| std::fs::symlink_metadata(s.ws.join(p)).unwrap();
+    for sparse in ["a", "b"] {
+        assert_eq!(meta(sparse).len(), 512 << 20);
+        assert!(meta(sparse).blocks() * 512 < 1 << 20, "{sparse}'s holes are kept");
+    }
+    assert_eq!(meta("small.txt").ino(), meta("small-link").ino(), "a hard-link pair stays one file");
+    assert_eq!(meta("small.txt").nlink(), 2);
+    assert_eq!(s.read("src.txt"), "after\n");
+    // Counter-test: made on the host, the same sparse file takes its holes too.
+    let outside = s.ws.join("host-sparse");
+    std::fs::File::create(&outside).unwrap().set_len(512 << 20).unwrap();
+    assert!(meta("host-sparse").blocks() * 512 < 1 << 20);
 }
 
 #[test]
@@ -554,7 +593,7 @@ fn a_mount_inside_the_workspace_is_never_touched_by_a_copy_back() {
     std::fs::write(s.ws.join("plain.txt"), "x").unwrap();
     // The overlay shows an empty nas/: the run removes it and writes into it.
     let (v, o) = s.run(&[], &["rm", "nas", "mkdir", "nas", "put", "nas/new", "n", "rm", "plain.txt"]);
-    assert!(o.status.success(), "{}", said(&o));
+    assert_eq!(o.status.code(), Some(123), "not all of it landed: {}", said(&o));
     assert_eq!(std::fs::read_to_string(nas.join("precious")).unwrap(), "on another filesystem", "{v}");
     assert!(!nas.join("new").exists(), "{v}");
     assert_eq!(changes(&v)["withheld"][0]["reason"], "other_filesystem", "{v}");

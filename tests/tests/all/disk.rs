@@ -1,17 +1,14 @@
-//! A run's writes to its workspace are bounded: they are held in the upper
-//! layer (a size-limited tmpfs) of an overlay, and copied back to the host
-//! when the command exits by itself. A disk-fill attempt ends at the bound,
-//! with a clear error, and the host's disk is untouched.
+//! A run's writes to its workspace are bounded: they are held in an
+//! overlay's layer on disk, in the broker's state, and applied to the host
+//! when the command exits by itself. A run whose writes pass their bound
+//! (`max_disk_mb`), or would take the filesystem below its floor
+//! (`[changes] min_free_mb`), is stopped with a clear error naming the key,
+//! and its writes are held, never applied.
 
 use palisade_protocol::attest::Scratch;
 use palisade_tests::*;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
-
-fn free_bytes(p: &Path) -> u64 {
-    let s = nix::sys::statvfs::statvfs(p).unwrap();
-    s.blocks_available() as u64 * s.fragment_size()
-}
 
 /// `palisade run --policy` (an embedded broker) with `toml` added to the base configuration.
 fn run_with(ws: &Path, toml: &str, args: &[&str]) -> std::process::Output {
@@ -21,30 +18,42 @@ fn run_with(ws: &Path, toml: &str, args: &[&str]) -> std::process::Output {
     palisade_cli(ws, &["run", "--policy", path.to_str().unwrap()], args, None)
 }
 
+/// `palisade changes list --json --policy P` in `ws`, with the journal and state of `palisade_cli`.
+fn held(ws: &Path, policy: &Path, state: &Path) -> serde_json::Value {
+    let o = std::process::Command::new(bin("palisade"))
+        .args(["changes", "list", "--json", "--policy", policy.to_str().unwrap()])
+        .current_dir(ws)
+        .env("PALISADE_STATE", state)
+        .env("PALISADE_JOURNAL", state.join("journal"))
+        .output()
+        .unwrap();
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o.stderr)))
+}
+
 #[test]
-fn a_disk_fill_attempt_ends_with_a_clear_error_and_leaves_the_host_untouched() {
+fn a_disk_fill_attempt_is_stopped_at_its_bound_with_a_clear_error_and_its_writes_held() {
     let ws = TempDir::new("fill");
-    // The host's free space is shared with the tests that run beside this
-    // one: a loss is retried, as writes that passed the bound would lose
-    // at least 16 MiB on every attempt.
-    let mut lost = Vec::new();
-    while lost.len() < 3 {
-        let before = free_bytes(ws.path());
-        // One big file, then many small ones: both stop at the 16 MiB bound.
-        let o = run_with(ws.path(), "max_disk_mb = 16\n", &[&probe(), "bigfile", "fill", "256"]);
-        assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
-        assert_eq!(
-            text(&o.stderr).trim_end(),
-            "palisade: DiskLimitExceeded: the run's writes filled their bound; none was kept"
-        );
-        assert!(text(&o.stdout).starts_with("err ENOSPC"), "{}", text(&o.stdout));
-        assert!(!ws.join("fill").exists(), "a write of the failed run reached the host");
-        lost.push(before.saturating_sub(free_bytes(ws.path())));
-        if lost.last() < Some(&(8 << 20)) {
-            break;
-        }
-    }
-    assert!(lost.last() < Some(&(8 << 20)), "the host lost {lost:?} bytes");
+    let dir = TempDir::new("policy");
+    let (policy, state) = (dir.join("p.toml"), dir.join("state"));
+    std::fs::write(&policy, test_config("max_disk_mb = 16\n")).unwrap();
+    // 2 GiB, past a bound of 16 MiB: stopped long before its end.
+    let o = std::process::Command::new(bin("palisade"))
+        .args(["run", "--policy", policy.to_str().unwrap(), "--", &probe(), "bigfile", "fill", "2048"])
+        .current_dir(ws.path())
+        .env("PALISADE_STATE", &state)
+        .env("PALISADE_JOURNAL", state.join("journal"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    let last = err.lines().last().unwrap_or("");
+    assert!(last.starts_with("palisade: DiskLimitExceeded: ") && last.contains("(max_disk_mb)"), "{err}");
+    assert!(err.starts_with("palisade: changes held as "), "{err}");
+    assert!(!ws.join("fill").exists(), "a write of the stopped run reached the workspace");
+    let held = held(ws.path(), &policy, &state);
+    let bytes = held[0]["bytes"].as_u64().unwrap();
+    assert!((16 << 20..1 << 30).contains(&bytes), "{held}: stopped at its bound, not at the end");
+    assert!(held[0]["reason"].as_str().unwrap().contains("bound of 16 MiB (max_disk_mb)"), "{held}");
 
     // Counter-test: writing directly, the same command does reach the host's disk.
     let o = run_with(
@@ -54,6 +63,54 @@ fn a_disk_fill_attempt_ends_with_a_clear_error_and_leaves_the_host_untouched() {
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert_eq!(std::fs::metadata(ws.join("direct")).unwrap().len(), 48 << 20);
+}
+
+#[test]
+fn a_run_that_would_take_the_filesystem_below_its_floor_is_stopped_and_its_writes_held() {
+    if !is_root() {
+        skipped("not root: a small filesystem for the change sets cannot be mounted");
+        return;
+    }
+    // The change sets on a filesystem of 96 MiB that keeps 64 MiB free: a
+    // run writing 64 MiB is stopped at about 32, and the filesystem (a
+    // tmpfs here, the host's disk anywhere else) keeps its floor.
+    let ws = TempDir::new("floor");
+    let dir = TempDir::new("policy");
+    let small = Tmpfs::mount(&dir, "size=96m");
+    let (policy, state) = (dir.join("p.toml"), dir.join("state"));
+    let config = format!("[changes]\ndir = {:?}\nmin_free_mb = 64\n", small.path());
+    std::fs::write(&policy, test_config(&config)).unwrap();
+    let o = std::process::Command::new(bin("palisade"))
+        .args(["run", "--policy", policy.to_str().unwrap(), "--", &probe(), "bigfile", "fill", "64"])
+        .current_dir(ws.path())
+        .env("PALISADE_STATE", &state)
+        .env("PALISADE_JOURNAL", state.join("journal"))
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(err.contains("less than 64 MiB free ([changes] min_free_mb)"), "{err}");
+    assert!(!ws.join("fill").exists());
+    let held = held(ws.path(), &policy, &state);
+    assert_eq!(held.as_array().map(Vec::len), Some(1), "{held}");
+    // Counter-test, once the held writes are gone: a run that keeps the floor is applied.
+    let id = held[0]["id"].as_str().unwrap();
+    let o = std::process::Command::new(bin("palisade"))
+        .args(["changes", "discard", id, "--policy", policy.to_str().unwrap()])
+        .env("PALISADE_STATE", &state)
+        .env("PALISADE_JOURNAL", state.join("journal"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = std::process::Command::new(bin("palisade"))
+        .args(["run", "--policy", policy.to_str().unwrap(), "--", &probe(), "bigfile", "fits", "8"])
+        .current_dir(ws.path())
+        .env("PALISADE_STATE", &state)
+        .env("PALISADE_JOURNAL", state.join("journal"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(std::fs::metadata(ws.join("fits")).unwrap().len(), 8 << 20);
 }
 
 #[test]

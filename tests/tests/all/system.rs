@@ -94,10 +94,38 @@ impl System {
 /// Finding 1: copy-back made its temporary file as root and gave it the
 /// sandbox's mode (4755) before it gave it away by name; renamed in between,
 /// the file stayed root's, setuid. Now it is made by the requester and never
-/// carries setuid, setgid or sticky bits.
+/// carries setuid, setgid or sticky bits. Applied by a copy (the change sets
+/// on another filesystem than the workspace, here a tmpfs) the temporary
+/// file is stolen as it appears; applied by a move (the same filesystem),
+/// the file moved is the requester's and carries none of them either.
 #[test]
 fn copy_back_never_leaves_a_root_owned_or_setuid_file() {
+    if !is_root() {
+        return;
+    }
+    let elsewhere = TempDir::new("system-store");
+    std::fs::set_permissions(elsewhere.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let store = Tmpfs::mount(&elsewhere, "size=256m,mode=0755");
+    let copied = format!("[changes]\ndir = {:?}\n", store.path().join("changes"));
+    let Some(s) = System::start(&copied) else { return };
+    steal_and_check(&s);
+    // Moved: no temporary file to steal, and the same invariants.
     let Some(s) = System::start("") else { return };
+    let attacker = &s.users.attacker;
+    let ws = s.path("attacker-ws");
+    owned_dir(&ws, attacker, 0o755);
+    let o = s.run_as(
+        Some(attacker),
+        &["--workspace", ws.to_str().unwrap()],
+        &[&probe(), "setuid-file", "moved", "1"],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let m = std::fs::metadata(ws.join("moved")).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o7000), (attacker.uid.as_raw(), 0), "mode {:o}", m.mode());
+}
+
+/// The race of finding 1 against a copy, and what it leaves.
+fn steal_and_check(s: &System) {
     let attacker = &s.users.attacker;
     let ws = s.path("attacker-ws");
     owned_dir(&ws, attacker, 0o755);

@@ -30,15 +30,20 @@ __all__ = [
     "PROTOCOL_VERSION",
     "OLDEST_PROTOCOL_VERSION",
     "EXIT_PALISADE",
+    "EXIT_NOT_APPLIED",
     "Stdin",
 ]
 
 #: The highest protocol version this package speaks.
-PROTOCOL_VERSION = 18
+PROTOCOL_VERSION = 19
 #: The lowest.
 OLDEST_PROTOCOL_VERSION = 12
 #: The exit status of palisade refusing or failing, as `palisade run` uses it.
 EXIT_PALISADE = 125
+#: The exit status of a run whose command ended by itself but whose writes
+#: did not all land (held, partly applied or discarded), as `palisade run`
+#: uses it.
+EXIT_NOT_APPLIED = 123
 #: The protocol version that streams a run's stdin while it runs.
 STREAMED_STDIN_VERSION = 14
 #: The protocol version that runs a command in a terminal.
@@ -52,6 +57,9 @@ SESSION_STDIN_VERSION = 17
 #: The protocol version whose results list the requests to inspected
 #: domains (`egress_traffic.requests`).
 INSPECTION_VERSION = 18
+#: The protocol version whose results say when a run's writes did not all
+#: land (`changes.outcome` "partial", `changes.held`, ...).
+LOUD_CHANGES_VERSION = 19
 #: The script that runs a line of a session's shell (docs/protocol.md,
 #: "Sessions": a session's shell), exactly.
 SHELL_SCRIPT = r'''__p=/tmp/.palisade-shell
@@ -118,9 +126,20 @@ class RunResult:
     approvals: List[Json] = field(default_factory=list)
 
     @property
+    def writes_landed(self) -> bool:
+        """Whether every write of the run landed on the host as the command
+        left it: nothing held, partly applied, discarded or withheld."""
+        changes = self.result.get("changes") or {}
+        landed = changes.get("outcome", "none") in ("none", "applied", "in_place")
+        return landed and changes.get("id") is None and not changes.get("withheld")
+
+    @property
     def exit_status(self) -> int:
         """As `palisade run` exits: the code, 128+N for signal N, 125 when
-        palisade ended the run."""
+        palisade ended the run, 123 when the command ended by itself but its
+        writes did not all land."""
+        if (self.code is not None or self.signal is not None) and not self.writes_landed:
+            return EXIT_NOT_APPLIED
         if self.code is not None:
             return self.code
         if self.signal is not None:

@@ -6,7 +6,9 @@
 (or `python3 -m palisade_client ...`). Runs CMD with the current directory as
 the workspace, streams its output (and its stdin, when that is not a
 terminal or /dev/null), and exits with its status (128+N for
-signal N, 125 when palisade refused or failed). With --plugin, calls an
+signal N, 125 when palisade refused or failed, 123 when the command ended
+by itself but its writes did not all land: held, partly applied or
+discarded). With --plugin, calls an
 installed WebAssembly skill with INPUT_JSON (default {}) and prints its output.
 """
 
@@ -85,6 +87,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return EXIT_PALISADE
     if result.code is None and result.signal is None:
         print(f"palisade: {result.status}", file=sys.stderr)
+    if not result.writes_landed:
+        changes = result.result.get("changes") or {}
+        where = f" (change set {changes['id']})" if changes.get("id") else ""
+        print(f"palisade: the run's writes did not all land: {changes.get('outcome')}{where}: "
+              f"{changes.get('reason') or 'see withheld'}", file=sys.stderr)
     sys.stdout.flush()
     return result.exit_status
 

@@ -767,7 +767,7 @@ fn put(pairs: &[String]) -> Result<String, (Errno, String)> {
 
 /// `ops OP ARGS... [OP ARGS...]`, in order, the first failure ending them:
 /// `put PATH TEXT`, `rm PATH` (a file, link or tree), `mv FROM TO`, `ln
-/// TARGET LINK` (symbolic), `chmod OCTAL PATH`, `mkdir PATH`, `sparse PATH
+/// TARGET LINK` (symbolic), `link PATH NEW` (a hard link), `chmod OCTAL PATH`, `mkdir PATH`, `sparse PATH
 /// BYTES` (a file of that size that takes no block), `sleep SECS`.
 fn ops(args: &[String]) -> Result<String, (Errno, String)> {
     use std::os::unix::fs::PermissionsExt;
@@ -784,6 +784,7 @@ fn ops(args: &[String]) -> Result<String, (Errno, String)> {
             .map(drop),
             "mv" => std::fs::rename(&a, &b).map_err(io),
             "ln" => std::os::unix::fs::symlink(&a, &b).map_err(io),
+            "link" => std::fs::hard_link(&a, &b).map_err(io),
             "chmod" => {
                 let mode = u32::from_str_radix(&a, 8).unwrap_or(0o644);
                 std::fs::set_permissions(&b, std::fs::Permissions::from_mode(mode)).map_err(io)
@@ -799,7 +800,7 @@ fn ops(args: &[String]) -> Result<String, (Errno, String)> {
         };
         taken.map_err(|(e, m)| (e, format!("{op} {a}: {m}")))?;
         i += match op {
-            "put" | "mv" | "ln" | "chmod" | "sparse" => 3,
+            "put" | "mv" | "ln" | "link" | "chmod" | "sparse" => 3,
             _ => 2,
         };
     }
