@@ -49,6 +49,9 @@ pub enum Command {
     ///
     /// Exits with the command's status, 128+N if it died of signal N, and 125
     /// when palisade refused or failed (with a one-line message naming the error kind).
+    /// When the command ended by itself but its writes did not all land in the
+    /// workspace (held for review, partly applied, or discarded), 123: the
+    /// command's own status is in the line on stderr and in --json's result.
     Run(RunArgs),
     /// Print the policy's decision for a command and, when it is allowed, the
     /// sandbox it would get (mounts, Landlock rules, limits, seccomp) and the

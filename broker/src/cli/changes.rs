@@ -28,11 +28,12 @@ pub enum ChangesCommand {
         #[command(flatten)]
         at: At,
     },
-    /// Apply a change set to the workspace: each file through a temporary
-    /// name and a rename. A path someone else changed since stays as it is
-    /// (the change set keeps the run's version) unless --overwrite; a file
-    /// the host executes (a git hook, ...) stays unless --host-executed.
-    /// Applying a change set a stopped apply left finishes it.
+    /// Apply a change set to the workspace: each entry swapped into place
+    /// and checked. A path someone else changed since stays as it is (the
+    /// change set keeps the run's version) unless --overwrite; a file the
+    /// host executes (a git hook, ...) stays unless --host-executed.
+    /// Applying a change set a stopped apply left finishes it. Exits 123
+    /// when part of it stays held.
     Apply {
         id: String,
         /// Apply the run's version over paths someone else changed since.
@@ -96,7 +97,7 @@ pub fn main(command: ChangesCommand) -> i32 {
             ServerMessage::Error(e) => json_reply(true, e),
             other => {
                 palisade_cli::outln!("{}", serde_json::to_string(&reply_value(&other)).unwrap_or_default());
-                0
+                not_all_applied(&other)
             }
         };
     }
@@ -203,13 +204,24 @@ fn print(reply: ServerMessage) -> i32 {
             palisade_cli::outln!(
                 "{}",
                 crate::cli::run::summary(&c, false).unwrap_or_else(|| "nothing was left to apply".into())
-            )
+            );
+            return not_all_applied(&ServerMessage::ChangesApplied(c));
         }
         ServerMessage::ChangesDiscarded { id } => palisade_cli::outln!("change set {id}: discarded"),
         ServerMessage::Error(e) => return fail(e.kind, e.message),
         other => return fail(ErrorKind::ProtocolError, format!("unexpected reply {other:?}")),
     }
     0
+}
+
+/// The exit status of `reply`: an apply that left part of its change set
+/// held (a conflict, a file the host executes, a write that failed) exits
+/// as a run whose writes did not all land.
+fn not_all_applied(reply: &ServerMessage) -> i32 {
+    match reply {
+        ServerMessage::ChangesApplied(c) if !c.all_landed() => palisade_cli::EXIT_NOT_APPLIED,
+        _ => 0,
+    }
 }
 
 fn line(s: &ChangeSetInfo) -> String {

@@ -200,3 +200,31 @@ fn a_session_started_over_mcp_keeps_its_files_and_ends_with_the_server() {
     // Its session ended with it, stopped: its writes applied.
     assert_eq!(std::fs::read_to_string(ws.join("made.txt")).unwrap_or_default(), "x", "{stderr}");
 }
+
+/// A command that succeeds but whose writes did not all land (here held
+/// for review by the policy) is an error for the agent, with the change
+/// set's id: an agent reads `is_error`, not a line it may never parse.
+#[test]
+fn a_run_whose_writes_did_not_land_is_an_error_with_its_change_set() {
+    let ws = TempDir::new("mcp-held");
+    std::fs::copy(bin("probe"), ws.join("probe")).unwrap();
+    let policy = ws.join("hold.toml");
+    std::fs::write(&policy, "[defaults]\nkeep_changes = \"always_hold\"\n").unwrap();
+    let (mut stdin, rx, _child) = initialized_with(&ws, &policy);
+    send(&mut stdin, call(2, &["./probe", "ops", "put", "made.txt", "x"]));
+    let reply = until_response(&rx, 2).pop().unwrap();
+    let result = &reply["result"];
+    assert_eq!(result["isError"], true, "{reply}");
+    let s = &result["structuredContent"];
+    assert_eq!((s["exit_code"].as_i64(), s["writes_landed"].as_bool()), (Some(0), Some(false)), "{s}");
+    assert_eq!(s["changes"]["outcome"], "held", "{s}");
+    let id = s["changes"]["id"].as_str().unwrap();
+    let text = result["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains(id) && text.contains("NOT ALL OF THE RUN'S WRITES WERE APPLIED"), "{text}");
+    assert!(!ws.join("made.txt").exists());
+    // Counter-test: a run that writes nothing is no error.
+    send(&mut stdin, call(3, &["./probe", "echo", "fine"]));
+    let reply = until_response(&rx, 3).pop().unwrap();
+    assert_eq!(reply["result"]["isError"], false, "{reply}");
+    assert_eq!(reply["result"]["structuredContent"]["writes_landed"], true, "{reply}");
+}

@@ -429,6 +429,7 @@ pub fn result(ran: Ran, broker: &str) -> Result<CallToolResult, ErrorData> {
             "store": attestation["store"],
         },
         "changes": serde_json::to_value(&r.changes).unwrap_or(Value::Null),
+        "writes_landed": r.changes.all_landed(),
     });
     let mut summary = match (code, signal, error_kind) {
         (Some(c), _, _) => format!("exit status {c}"),
@@ -440,6 +441,11 @@ pub fn result(ran: Ran, broker: &str) -> Result<CallToolResult, ErrorData> {
     if let Some(line) = crate::cli::run::summary(&r.changes, false) {
         summary.push_str(&format!("{line}\n"));
     }
+    // The command may have succeeded; its writes did not all land, and an agent must not think they did.
+    let not_landed = !r.changes.all_landed();
+    if not_landed {
+        summary.push_str("NOT ALL OF THE RUN'S WRITES WERE APPLIED: see the line above\n");
+    }
     for (name, text) in [("stdout", &stdout), ("stderr", &stderr)] {
         if !text.is_empty() {
             summary.push_str(&format!("--- {name} ---\n{text}"));
@@ -450,7 +456,7 @@ pub fn result(ran: Ran, broker: &str) -> Result<CallToolResult, ErrorData> {
     }
     let mut result = CallToolResult::structured(structured);
     result.content = vec![ContentBlock::text(summary)];
-    result.is_error = Some(error_kind.is_some());
+    result.is_error = Some(error_kind.is_some() || not_landed);
     Ok(result)
 }
 
@@ -499,6 +505,8 @@ pub fn session_call(name: &str, args: &JsonObject, defaults: &Defaults) -> Resul
 /// A session call through the broker on `stream`, as a tool result.
 pub fn sessions(stream: UnixStream, message: ClientMessage) -> Result<CallToolResult, ErrorData> {
     let reply = Client::over(stream).and_then(|mut c| c.request(&message)).map_err(client_error)?;
+    // A session's writes are settled when it stops: one that did not all land is an error.
+    let landed = !matches!(&reply, ServerMessage::Finished(r) if !r.changes.all_landed());
     let (value, text) = match &reply {
         ServerMessage::SessionStarted(info) => (
             serde_json::to_value(info).unwrap_or(Value::Null),
@@ -521,7 +529,7 @@ pub fn sessions(stream: UnixStream, message: ClientMessage) -> Result<CallToolRe
             let changes =
                 crate::cli::run::summary(&r.changes, false).map(|c| format!("; {c}")).unwrap_or_default();
             (
-                json!({ "run_id": r.run_id, "changes": r.changes }),
+                json!({ "run_id": r.run_id, "changes": r.changes, "writes_landed": landed }),
                 format!("session stopped (run {}){changes}", r.run_id),
             )
         }
@@ -530,6 +538,7 @@ pub fn sessions(stream: UnixStream, message: ClientMessage) -> Result<CallToolRe
     };
     let mut result = CallToolResult::structured(value);
     result.content = vec![ContentBlock::text(text)];
+    result.is_error = Some(!landed);
     Ok(result)
 }
 
@@ -564,6 +573,8 @@ pub fn changes_call(name: &str, args: &JsonObject) -> Result<ClientMessage, Erro
 /// A change set call through the broker on `stream`, as a tool result.
 pub fn changes(stream: UnixStream, message: ClientMessage) -> Result<CallToolResult, ErrorData> {
     let reply = Client::over(stream).and_then(|mut c| c.request(&message)).map_err(client_error)?;
+    // An apply that left part of the change set held is an error: not everything landed.
+    let landed = !matches!(&reply, ServerMessage::ChangesApplied(c) if !c.all_landed());
     let (value, text) = match &reply {
         ServerMessage::ChangeSets(sets) => {
             let lines: Vec<String> =
@@ -586,6 +597,7 @@ pub fn changes(stream: UnixStream, message: ClientMessage) -> Result<CallToolRes
     };
     let mut result = CallToolResult::structured(value);
     result.content = vec![ContentBlock::text(text)];
+    result.is_error = Some(!landed);
     Ok(result)
 }
 

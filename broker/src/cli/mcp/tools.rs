@@ -36,7 +36,9 @@ pub fn all() -> Vec<Tool> {
                  Output beyond `output_limit_bytes` per stream is cut in the middle with a \
                  marker (the beginning and the end are kept). A run palisade ended (timed out, \
                  over its output or memory quota) is a result with `is_error` and its \
-                 `error_kind`. {REFUSALS}"
+                 `error_kind`; so is a run whose writes did not all land in the workspace \
+                 (held for review as a change set, partly applied, or discarded: \
+                 `writes_landed` false, and `changes` says which and why). {REFUSALS}"
             ),
             run_schema(false),
         ),
