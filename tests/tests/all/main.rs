@@ -21,6 +21,7 @@ mod discovery;
 mod disk;
 mod egress;
 mod faults;
+mod fidelity;
 mod fuzz_corpus;
 mod hardening;
 mod helper_audit;
