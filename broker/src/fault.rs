@@ -87,7 +87,11 @@ pub fn apply_window(rel: &std::path::Path) {
     }
     let Some(marker) = std::env::var_os("PALISADE_FAULT_APPLY_WINDOW") else { return };
     let marker = std::path::PathBuf::from(marker);
-    if std::fs::write(&marker, rel.as_os_str().as_encoded_bytes()).is_err() {
+    // Whole when it appears: written aside, then renamed.
+    let aside = marker.with_extension("new");
+    let written = std::fs::write(&aside, rel.as_os_str().as_encoded_bytes())
+        .and_then(|()| std::fs::rename(&aside, &marker));
+    if written.is_err() {
         return;
     }
     let start = std::time::Instant::now();

@@ -178,6 +178,14 @@ pub fn via_socket(mut client: Client, mut request: RunRequest, mut render: Rende
     match outcome {
         Ok(r) => render.finish(Ok(r)),
         Err(ClientError::Reply(e)) => render.finish(Err(e)),
+        // The broker went away mid-run (killed, crashed): what the run wrote is not lost.
+        Err(e @ ClientError::Protocol(_)) => render.finish(Err(ErrorReply::new(
+            ErrorKind::RuntimeFailure,
+            format!(
+                "{e}: if the run had started, its writes are held when the broker starts again \
+                 (`palisade changes list` shows them), never applied by themselves"
+            ),
+        ))),
         Err(e) => render.finish(Err(ErrorReply::new(ErrorKind::RuntimeFailure, e.to_string()))),
     }
 }
@@ -191,6 +199,11 @@ pub fn once(
     render: &mut Render,
     no_stdin: bool,
 ) -> Result<palisade_protocol::wire::RunResult, ClientError> {
+    let terminal = request.terminal.is_some();
+    // Before any thread of the run starts: they all leave these signals to one.
+    if !terminal && let Ok(canceller) = client.canceller() {
+        cancel_on_signals(canceller);
+    }
     if request.stdin_streamed {
         let source: Box<dyn std::io::Read + Send> = match no_stdin {
             true => Box::new(std::io::empty()),
@@ -201,7 +214,6 @@ pub fn once(
         };
         client.stream_stdin(source);
     }
-    let terminal = request.terminal.is_some();
     // Resizes go once the run has started (before, the broker may be
     // asking for an approval); the window then is sent at `started`.
     let started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -238,4 +250,44 @@ pub fn once(
     let outcome = client.run_events(request, on, ask_requester);
     drop(raw);
     outcome
+}
+
+/// SIGINT, SIGTERM and SIGHUP to palisade (not in a terminal, whose own
+/// handling is [`crate::tty`]'s) cancel the run, as its client leaving
+/// would: the broker kills it and holds its writes, and its result, which
+/// says so, is shown (exit 130). A second one ends palisade at once. Blocks
+/// them in the calling thread, and so in every thread it starts afterwards,
+/// for the one thread that waits for them.
+fn cancel_on_signals(canceller: crate::client::Canceller) {
+    static WATCHING: std::sync::Once = std::sync::Once::new();
+    WATCHING.call_once(move || {
+        // SAFETY: an empty set is initialised by sigemptyset before any other use.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid sigset_t for these calls, which only write
+        // it and this thread's signal mask.
+        let blocked = unsafe {
+            libc::sigemptyset(&mut set);
+            for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::sigaddset(&mut set, signal);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+        };
+        if blocked != 0 {
+            return;
+        }
+        std::thread::spawn(move || {
+            let mut cancelled = false;
+            loop {
+                let mut signal = 0;
+                // SAFETY: `set` and `signal` are valid for the call, which writes `signal`.
+                if unsafe { libc::sigwait(&set, &mut signal) } != 0 {
+                    return;
+                }
+                if std::mem::replace(&mut cancelled, true) {
+                    std::process::exit(128 + signal);
+                }
+                canceller.cancel();
+            }
+        });
+    });
 }

@@ -313,9 +313,12 @@ pub(crate) fn apply_and_keep(
         ),
     };
     let since = m.since();
+    // Marked while it applies: a broker that stops meanwhile leaves the mark (see `recover`).
+    std::fs::write(dir.join(APPLYING), b"")?;
     let done = requester
         .act(|act| apply::apply(&m.entries, &contents, dests, act, choice, &since, &m.id, resuming))
         .and_then(|r| r)?;
+    let _ = std::fs::remove_file(dir.join(APPLYING));
     let applied: Vec<Entry> = (m.entries.iter().enumerate())
         .filter(|(i, _)| !done.kept.contains(i))
         .map(|(_, e)| e.clone())
@@ -524,8 +527,53 @@ pub fn recover(keep_out: &KeepOut, only: Option<u32>) -> Vec<Event> {
             Err(e) => tracing::error!(run_id, uid, dir = %dir.display(), "cannot hold a run's writes: {e}"),
         }
     }
+    events.extend(stopped_applies(store, only));
     events
 }
+
+/// What an apply a broker stopped part-way (killed, crashed) left: each
+/// such change set (`Applying`, its requester's lock free: no apply is
+/// under way) says so, once, and is recorded; applying it again finishes it.
+pub fn stopped_applies(store: &Store, only: Option<u32>) -> Vec<Event> {
+    let mut events = Vec::new();
+    let Ok(uids) = std::fs::read_dir(store.root()) else { return events };
+    for u in uids.flatten() {
+        let Some(uid) = u.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        if only.is_some_and(|o| o != uid) {
+            continue;
+        }
+        let Ok(sets) = std::fs::read_dir(u.path()) else { continue };
+        let marked: Vec<std::path::PathBuf> =
+            sets.flatten().map(|s| s.path()).filter(|d| d.join(APPLYING).exists()).collect();
+        if marked.is_empty() {
+            continue;
+        }
+        let Ok(Some(_lock)) = store.try_lock(uid) else { continue };
+        for dir in marked {
+            let Ok(mut m) = store.load(&dir) else { continue };
+            let _ = std::fs::remove_file(dir.join(APPLYING));
+            if m.status != Status::Applying {
+                continue;
+            }
+            m.reason = format!(
+                "{STOPPED_APPLY} (it was killed, or failed): part of it is on the host; \
+                 `palisade changes apply {}` finishes it",
+                m.id
+            );
+            if store.save(&dir, &m).is_ok() {
+                tracing::warn!(uid, id = m.id, "a change set left part-applied");
+                events.push(record(m.run_id, Some(&m.id), "held", &m.reason, &m.entries, &m.roots));
+            }
+        }
+    }
+    events
+}
+
+/// How the reason of a change set a stopped apply left begins.
+const STOPPED_APPLY: &str = "its broker stopped while it applied it";
+/// A change set's mark while an apply of it is under way: found with no
+/// apply under way, its apply stopped part-way.
+const APPLYING: &str = ".applying";
 
 /// One orphaned draft's layers, held (see [`recover`]).
 fn recover_one(

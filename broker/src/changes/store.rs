@@ -72,6 +72,23 @@ impl Store {
         Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| e.into())
     }
 
+    /// The requester's lock, if nobody holds it now.
+    pub fn try_lock(&self, uid: u32) -> io::Result<Option<Flock<std::fs::File>>> {
+        let path = self.uid_dir(uid)?.join(".lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(path)?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(Some(lock)),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, e)) => Err(e.into()),
+        }
+    }
+
     /// A new change set's directory, as this broker's draft.
     pub fn draft(&self, uid: u32) -> io::Result<Draft> {
         let id = new_id()?;

@@ -165,6 +165,12 @@ fn recover(
 ) {
     let me = nix::unistd::geteuid().as_raw();
     if store.orphans(Some(me)).is_empty() {
+        let events = crate::changes::stopped_applies(store, Some(me));
+        if !events.is_empty() {
+            if let Err(e) = journal.append_all_blocking(events, true) {
+                tracing::error!("what became of an apply left part-way is not recorded: {e}");
+            }
+        }
         return;
     }
     let Ok(temp_root) = crate::host::paths::temp_root(config.policy.temp_root.as_deref()) else { return };
@@ -177,6 +183,9 @@ fn recover(
         journal: journal.clone(),
     };
     let events = crate::changes::recover(&keep_out, Some(me));
+    if events.is_empty() {
+        return;
+    }
     if let Err(e) = journal.append_all_blocking(events, true) {
         tracing::error!("what became of the writes of runs left unsettled is not recorded: {e}");
     }

@@ -497,6 +497,7 @@ fn a_run_whose_writes_are_held_differs_and_says_so() {
 /// A Rust toolchain the test user can read: the sysroot's `bin` and `lib`
 /// linked into `dir` (root's own is under its home, closed to others), or,
 /// not as root, the sysroot itself.
+#[cfg(feature = "slow")]
 fn toolchain(dir: &Path) -> PathBuf {
     let o = Command::new("rustc").args(["--print", "sysroot"]).output().expect("rustc");
     let sysroot = PathBuf::from(text(&o.stdout).trim());
@@ -545,6 +546,7 @@ fn cargo_new_and_cargo_build_of_a_crate_with_dependencies_land_as_they_do_withou
 }
 
 /// A wheel of one pure-Python module, made with the standard library.
+#[cfg(feature = "slow")]
 fn wheel(dir: &Path) {
     let script = r#"
 import base64, hashlib, sys, zipfile
@@ -578,6 +580,7 @@ fn a_venv_with_pip_install_of_a_local_wheel_lands_as_it_does_without_a_sandbox()
 }
 
 /// A package of one module, packed by npm.
+#[cfg(feature = "slow")]
 fn npm_package(dir: &Path) {
     let pkg = dir.join("pkg");
     std::fs::create_dir(&pkg).unwrap();

@@ -19,6 +19,7 @@ mod cli_flags;
 mod deploy;
 mod discovery;
 mod disk;
+mod durable;
 mod egress;
 mod faults;
 mod fidelity;
