@@ -624,6 +624,30 @@ fn through_a_daemon_a_request_may_only_hold_more_never_overwrite() {
     }
 }
 
+/// A requester past `[changes] max_sets` still has its run's writes held,
+/// never dropped to keep the bound, and is told which bound it passed;
+/// nothing held before is removed to make room.
+#[test]
+fn past_max_sets_a_runs_writes_are_held_all_the_same_and_it_is_said() {
+    let s = Setup::new("changes-max-sets", "");
+    let policy =
+        std::fs::read_to_string(&s.policy).unwrap().replace("[changes]\n", "[changes]\nmax_sets = 1\n");
+    std::fs::write(&s.policy, policy).unwrap();
+    let (first, _) = s.run(&["--hold-changes"], &["put", "one.txt", "1"]);
+    let first_id = changes(&first)["id"].as_str().unwrap().to_string();
+    assert!(!changes(&first)["reason"].as_str().unwrap().contains("max_sets"), "{first}");
+    let (second, o) = s.run(&["--hold-changes"], &["put", "two.txt", "2"]);
+    assert_eq!(o.status.code(), Some(123), "{}", said(&o));
+    let c = changes(&second);
+    assert_eq!(c["outcome"], "held", "{second}");
+    assert!(c["reason"].as_str().unwrap().contains("([changes] max_sets)"), "{second}");
+    let (listed, _) = s.changes(&["list"]);
+    let mut ids: Vec<&str> = listed.as_array().unwrap().iter().filter_map(|l| l["id"].as_str()).collect();
+    let mut want = [first_id.as_str(), c["id"].as_str().unwrap()];
+    (ids.sort(), want.sort());
+    assert_eq!(ids, want, "both held: {listed}");
+}
+
 #[test]
 fn the_changes_suite_passes_as_an_unprivileged_user() {
     rerun_unprivileged(module_path!(), "the_changes_suite_passes_as_an_unprivileged_user");

@@ -477,3 +477,57 @@ fn an_edit_made_as_an_applys_copy_appears_survives_and_the_runs_version_is_held(
         window_race(&b, &ws, None, edit, 64);
     }
 }
+
+/// How many pairs [`back_to_back_runs_and_a_host_edit_just_before_a_run_are_never_conflicts`]
+/// makes of each kind: `PALISADE_TEST_PAIRS`, else 50.
+fn pairs() -> usize {
+    std::env::var("PALISADE_TEST_PAIRS").ok().and_then(|n| n.parse().ok()).unwrap_or(50)
+}
+
+/// A run's `changes` after `palisade run --json ... -- probe ops put s.txt CONTENT`.
+fn put(b: &Broker, ws: &Path, content: &str) -> Value {
+    let o = b.run(ws, &["--json"], &["put", "s.txt", content]).output().unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", said(&o)));
+    assert_eq!(o.status.code(), Some(0), "{v}");
+    v["result"]["changes"].clone()
+}
+
+/// No spurious conflicts. A run right after another's apply (an agent's
+/// next tool call), and a run right after a person's edit, editing the same
+/// file, are never conflicts: a conflict is a host change after the run's
+/// view, which is split from the host's changes exactly. Through the
+/// embedded broker, the user's daemon and a root daemon acting for the
+/// user; a true concurrent edit is still one (`changes.rs`, the
+/// `a_host_edit_during_a_run...` tests, and the window tests above).
+#[cfg(feature = "slow")]
+#[test]
+fn back_to_back_runs_and_a_host_edit_just_before_a_run_are_never_conflicts() {
+    let (dir, user) = base("durable-pairs");
+    let mut brokers = vec![embedded(&dir, user.as_ref(), "")];
+    brokers.push(daemon(&dir, user.as_ref(), false, &dir.join("user-state"), &[]));
+    if is_root() {
+        brokers.push(daemon(&dir, user.as_ref(), true, &dir.join("root-state"), &[]));
+    }
+    for (i, b) in brokers.iter().enumerate() {
+        let ws = dir.join(&format!("ws-{i}"));
+        users_dir(&ws, user.as_ref());
+        let (mut spurious, n) = (Vec::new(), pairs());
+        for pair in 0..n {
+            for content in [format!("a{pair}"), format!("b{pair}")] {
+                let c = put(b, &ws, &content);
+                if c["outcome"] != "applied" || std::fs::read_to_string(ws.join("s.txt")).unwrap() != content
+                {
+                    spurious.push(c);
+                }
+            }
+            // The person's edit, and the run at once.
+            std::fs::write(ws.join("s.txt"), format!("host{pair}")).unwrap();
+            let content = format!("c{pair}");
+            let c = put(b, &ws, &content);
+            if c["outcome"] != "applied" || std::fs::read_to_string(ws.join("s.txt")).unwrap() != content {
+                spurious.push(c);
+            }
+        }
+        assert!(spurious.is_empty(), "{} of {} runs {}: {spurious:?}", spurious.len(), 3 * n, b.at[0]);
+    }
+}

@@ -384,7 +384,8 @@ truncate -s 300K small-sparse
 mkfifo pipe
 mkdir -p made/empty another/deep/empty
 chmod 600 private.txt; chmod 700 made; mkdir closed; chmod 000 closed
-echo x > ro; chmod 444 ro; echo s > secret; chmod 000 secret
+echo x > ro; chmod 444 ro; echo s > secret; chmod 000 secret; echo w > write-only; chmod 200 write-only
+mkdir search-only; echo in > search-only/in; chmod 300 search-only
 ln -s a relative-link; ln -s /etc/hostname absolute-link; ln -s missing dangling
 python3 - <<'PY'
 import os, socket

@@ -305,6 +305,39 @@ fn stopping_a_session_applies_its_writes_as_a_command_that_exited_would() {
     assert_eq!(std::fs::read_to_string(ws.join("made.txt")).unwrap(), "one\n");
 }
 
+/// A session whose commands made a hard link to a 3 MB file and a sparse
+/// file: its writes, every command's, are applied when it stops, the
+/// links and holes as they were (they were once counted too large, and all
+/// of it dropped).
+#[test]
+fn a_sessions_hard_links_and_holes_are_applied_when_it_stops() {
+    use std::os::unix::fs::MetadataExt;
+    let d = Daemon::start(&shell());
+    let ws = TempDir::new("session-links");
+    let mut client = Client::connect(&d.socket).unwrap();
+    start(&mut client, ws.path(), "l", None).unwrap();
+    let r = sh_in(&mut client, "l", "head -c 3000000 /dev/zero > big && ln big big-link && echo a > first");
+    assert_eq!(r.status, RunStatus::Exited { code: 0 });
+    let r = sh_in(&mut client, "l", "truncate -s 100M sparse && echo b > second");
+    assert_eq!(r.status, RunStatus::Exited { code: 0 });
+    let result = match client.request(&ClientMessage::StopSession { session: "l".into() }).unwrap() {
+        ServerMessage::Finished(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        result.changes.outcome,
+        palisade_protocol::wire::ChangesOutcome::Applied,
+        "{:?}",
+        result.changes
+    );
+    let m = |n: &str| std::fs::metadata(ws.join(n)).unwrap();
+    assert_eq!((m("big").len(), m("big").ino()), (3_000_000, m("big-link").ino()));
+    assert_eq!(m("sparse").len(), 100 << 20);
+    assert!(m("sparse").blocks() * 512 < 1 << 20, "its holes are kept");
+    assert_eq!(std::fs::read_to_string(ws.join("first")).unwrap(), "a\n");
+    assert_eq!(std::fs::read_to_string(ws.join("second")).unwrap(), "b\n");
+}
+
 /// The test user, and a broker of root's that serves it and root.
 fn serving_two() -> (nix::unistd::User, Daemon) {
     let user = test_user();
