@@ -644,7 +644,8 @@ fn past_max_sets_a_runs_writes_are_held_all_the_same_and_it_is_said() {
     let (listed, _) = s.changes(&["list"]);
     let mut ids: Vec<&str> = listed.as_array().unwrap().iter().filter_map(|l| l["id"].as_str()).collect();
     let mut want = [first_id.as_str(), c["id"].as_str().unwrap()];
-    (ids.sort(), want.sort());
+    ids.sort();
+    want.sort();
     assert_eq!(ids, want, "both held: {listed}");
 }
 
