@@ -112,7 +112,9 @@ pub struct SandboxArgs {
     #[arg(long, value_name = "WHAT", value_parser = on_conflict)]
     pub on_conflict: Option<OnConflict>,
     /// Write the workspace in place, live (no change set: nothing to review,
-    /// no conflict found); the profile must allow it (allow_direct).
+    /// no conflict found); the profile must allow it (allow_direct). What
+    /// the host executes there (git directories, .envrc, ...) stays
+    /// read-only, and what the run makes of it is held (exit 123).
     #[arg(long)]
     pub direct: bool,
 }

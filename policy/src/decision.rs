@@ -21,6 +21,7 @@ use crate::config::{Config, DiskMode, FallbackPolicy, PolicyConfig};
 use crate::egress::{self, EgressMode};
 use crate::egress_plan::{self, EgressPlan};
 use crate::host::{Host, HostCapabilities, HostFiles, OwnedPath};
+use crate::host_executed::{HostExecuted, InTree};
 use crate::jail::{ETC_ENTRIES, JailSpec, Limits, build_plan};
 use crate::trust::{self, Approval, EscalationReason, EscalationTrigger, ToolTrust, TrustStage};
 use crate::validate::{self, HOME_SENSITIVE_NAMES, Rules, SENSITIVE_NAMES};
@@ -54,6 +55,9 @@ const MIN_CAPTURE_CHUNK_BYTES: usize = 512;
 const RESOLV_CONF: &str = "/etc/resolv.conf";
 /// The hostname a Tier C sandbox has (its own UTS namespace).
 const HOSTNAME: &str = "palisade";
+/// The most paths the host executes that a tree written in place may hold:
+/// each is a read-only mount of its own, and a descriptor of the plan's.
+pub const MAX_HELD_IN_PLACE: usize = 64;
 
 /// Bytes in `v` MiB: the configuration gives sizes in MiB.
 fn mib(v: u64) -> u64 {
@@ -177,6 +181,8 @@ pub enum Decision {
 pub struct Policy {
     pub config: Config,
     rules: Rules,
+    /// What the host executes (`[policy] host_executed` added), compiled.
+    host_executed: HostExecuted,
 }
 
 /// Everything that varies between the default profile and a tool.
@@ -262,6 +268,8 @@ struct Draft {
     cgroup: Option<CgroupPlan>,
     /// Sensitive entries inside the grants, hidden (whether each is a directory).
     hidden: Vec<(PathBuf, bool)>,
+    /// What the host executes inside a tree written in place, read-only.
+    held: Vec<PathBuf>,
 }
 
 /// A run's limits, from its profile, its request and whether a cgroup holds it.
@@ -325,7 +333,8 @@ impl Policy {
     /// through `files`) are looked up once, here.
     pub fn new(config: Config, files: &dyn HostFiles) -> Policy {
         let rules = Rules::new(&config.policy).with_installed(files);
-        Policy { config, rules }
+        let extra: Vec<String> = config.policy.host_executed.iter().map(|g| g.get_ref().clone()).collect();
+        Policy { host_executed: HostExecuted::new(&extra), config, rules }
     }
 
     /// The decision on `req`, asked by `ctx.requester`, on `host`.
@@ -401,8 +410,10 @@ impl Policy {
         let cgroup = cgroup_plan(&host.capabilities, &grants.run_name, &profile)?;
         let mut hidden = self.hidden(host, &grants, dirs.home.as_deref())?;
         hidden.extend(broker_owned_inside(host, &grants, profile.disk)?);
+        let held = self.held_in_place(host, &grants, profile.disk, &hidden)?;
 
-        let draft = Draft { profile, egress, warnings, grants, view, program, landlock, cgroup, hidden };
+        let draft =
+            Draft { profile, egress, warnings, grants, view, program, landlock, cgroup, hidden, held };
         let limits = self.limits(req, &draft);
         let mut resolved = self.plan(host, ctx, req, draft, limits, &dirs)?;
         let approval = approval.map(|reason| Approval { reason, rule: trust::FALLBACK_RULE });
@@ -917,6 +928,58 @@ impl Policy {
         Ok(hidden)
     }
 
+    /// What the host executes inside a tree the run writes in place (Tier
+    /// C, `disk = "direct"`): each is mounted read-only over itself (see
+    /// [`HostExecuted::in_tree`]), or the run is refused where a mount
+    /// cannot hold it. What is hidden already needs none.
+    fn held_in_place(
+        &self,
+        host: &Host,
+        grants: &Grants,
+        disk: DiskMode,
+        hidden: &[(PathBuf, bool)],
+    ) -> Result<Vec<PathBuf>, Denial> {
+        if grants.tier != Tier::C || disk != DiskMode::Direct {
+            return Ok(vec![]);
+        }
+        let refuse = |why: String| {
+            let why =
+                format!("{why}: run it with a change set (without --direct), where such writes are held");
+            denied(ErrorKind::WorkspaceScopeDenied, "scope.host_executed", why)
+        };
+        let mut held: Vec<PathBuf> = Vec::new();
+        for root in &grants.read_write {
+            let room = MAX_HELD_IN_PLACE - held.len();
+            match self.host_executed.in_tree(&*host.files, root, room) {
+                Ok(found) => {
+                    held.extend(found.into_iter().filter(|p| !hidden.iter().any(|(h, _)| p.starts_with(h))))
+                }
+                Err(InTree::Itself(what)) => {
+                    return refuse(format!(
+                        "{} is {what}, which a run writing in place (disk = \"direct\") would write on the host",
+                        root.display()
+                    ));
+                }
+                Err(InTree::Link(link)) => {
+                    return refuse(format!(
+                        "{} is a symbolic link in place of a file the host executes, which a run writing in \
+                         place (disk = \"direct\") could replace: a mount holds what it names, not the link",
+                        link.display()
+                    ));
+                }
+                Err(InTree::TooMany(_)) => {
+                    return refuse(format!(
+                        "{} holds more than {MAX_HELD_IN_PLACE} paths the host executes (git directories, \
+                         .envrc, editors' and agents' settings, ...), each of which a run writing in place \
+                         (disk = \"direct\") finds read-only by a mount of its own",
+                        root.display()
+                    ));
+                }
+            }
+        }
+        Ok(held)
+    }
+
     /// The run's limits: its deadline and output quota, the rlimits, and
     /// the sizes of its tmpfs mounts.
     fn limits(&self, req: &RunRequest, draft: &Draft) -> RunLimits {
@@ -1023,6 +1086,7 @@ impl Policy {
             temp_workspace: if tier == Tier::C { grants.temp_workspace.clone() } else { None },
             write_bound: (limits.overlays > 0).then_some(limits.disk_bytes),
             hidden: draft.hidden.clone(),
+            held: draft.held.clone(),
             etc_view: ctx.etc_view.clone(),
             layout: host.layout.clone(),
             listeners: draft.egress.as_ref().map_or_else(Vec::new, EgressPlan::listeners),

@@ -90,6 +90,7 @@ const NO_FIX: &[(&str, &[&str])] = &[
     ("request.widens", &["an operator would set"]),
     ("scope.broker_state", &["the broker's state directory"]),
     ("scope.changed", &["refused, not followed"]),
+    ("scope.host_executed", &["run it with a change set (without --direct)"]),
     ("scope.not_allowed", &["cannot reach it"]),
     ("scope.not_the_peers", &["no flag or key lifts that"]),
     ("scope.root", &["by any flag or key"]),

@@ -116,6 +116,9 @@ pub struct JailSpec {
     /// Tier C: sensitive entries inside granted directories, hidden by an
     /// empty mount over each (a directory: an empty tmpfs; a file: /dev/null).
     pub hidden: Vec<(PathBuf, bool)>,
+    /// Tier C, a grant written in place: what the host executes in it,
+    /// bound read-only over itself.
+    pub held: Vec<PathBuf>,
     /// Tier C: a directory holding a copy of the [`ETC_ENTRIES`] (what others
     /// may read of them), bound read-only at `/etc` in one mount instead of
     /// one mount per entry. Not used when another mount lies under `/etc`
@@ -329,6 +332,7 @@ fn tier_c_mounts(
         }
         None => bind(&s(p), true, true),
     }));
+    mounts.extend(spec.held.iter().map(|p| bind(&s(p), false, true)));
     let tmp_bytes = spec.limits.tmp_bytes;
     mounts.push(Mount::Tmpfs { target: "/tmp".into(), size_bytes: tmp_bytes, mode: TMP_MODE });
     if let Some(t) = &spec.temp_workspace {
@@ -403,6 +407,7 @@ fn descriptors(
         .chain(&spec.read_only)
         .chain(&spec.exec_dirs)
         .chain(&spec.tmp_dir)
+        .chain(&spec.held)
         .map(|p| s(p))
         .collect();
     let sources: Vec<&String> = match spec.tier {
@@ -488,6 +493,7 @@ mod tests {
             temp_workspace: None,
             write_bound: None,
             hidden: vec![],
+            held: vec![],
             etc_view: None,
             layout: Layout {
                 devices: palisade_protocol::DEV_NODES.iter().map(|n| format!("/dev/{n}")).collect(),

@@ -32,7 +32,7 @@ pub use cedar::{CedarPolicies, CedarVerdict, Principal};
 pub use config::ids;
 pub use config::{Config, ConfigError, FallbackPolicy};
 pub use decision::explain;
-pub use decision::{CgroupPlan, Context, Decision, Denial, Policy, Resolved};
+pub use decision::{CgroupPlan, Context, Decision, Denial, MAX_HELD_IN_PLACE, Policy, Resolved};
 pub use egress_plan::{Credential, EgressPlan, PoolEntry};
 pub use host::{CgroupRoot, FileKind, FileStat, Host, HostCapabilities, HostFiles};
 pub use jail::{JailSpec, Layout, Limits, build_plan};

@@ -261,6 +261,7 @@ pub fn plugin_host_plan(jail: &PluginHostJail<'_>) -> Result<JailPlan, BuildErro
         temp_workspace: None,
         write_bound: None,
         hidden: vec![],
+        held: vec![],
         etc_view: None,
         layout: jail.layout.clone(),
         listeners: vec![],

@@ -277,6 +277,7 @@ impl Jail {
             // The test acts for itself: its own files are the sandbox's.
             acting_for: is_root().then_some(palisade_protocol::HostIds { uid: 0, gid: 0 }),
             hidden: vec![],
+            held: vec![],
             parent_pid: std::process::id(),
             cgroup: None,
             no_fork: false,
@@ -412,6 +413,11 @@ pub fn probe() -> String {
 }
 
 /// Bytes a command wrote, as text for assertions and messages.
+/// A command's exit status and output, for a failed assertion's message.
+pub fn said(o: &std::process::Output) -> String {
+    format!("status {:?}\nstdout: {}\nstderr: {}", o.status.code(), text(&o.stdout), text(&o.stderr))
+}
+
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }

@@ -15,6 +15,7 @@ pub mod bound;
 pub mod capture;
 pub mod clock;
 pub mod fs;
+pub mod in_place;
 pub mod layer;
 pub mod manifest;
 pub mod review;
@@ -46,6 +47,7 @@ pub struct KeepOut {
 pub const RECORDED_PATHS: usize = 256;
 
 /// How a run's writes are to be settled.
+#[derive(Clone)]
 pub struct Settle<'a> {
     pub run_id: u64,
     pub requester: &'a Requester,
@@ -233,7 +235,7 @@ fn take(s: &Settle<'_>, layers: &Layers, dests: &[OwnedFd], how: capture::Take) 
 /// repository whose configuration names one (`core.hooksPath`, relative
 /// to the repository, as husky and others set it): what the host runs
 /// from there is held like `.git/hooks`.
-fn hooks_path(dest: &OwnedFd) -> Vec<std::path::PathBuf> {
+pub(super) fn hooks_path(dest: &OwnedFd) -> Vec<std::path::PathBuf> {
     let Ok(git) = fs::open_dir_at(dest, c".git") else { return vec![] };
     let Ok(fd) = fs::open_file_at(&git, c"config") else { return vec![] };
     let mut text = String::new();

@@ -35,6 +35,10 @@ impl Fixture {
             std::fs::create_dir_all(root.join(d)).unwrap();
         }
         std::fs::write(root.join("ws/src/main.rs"), "fn main() {}").unwrap();
+        // What the host executes: direnv's file, an editor's settings.
+        std::fs::create_dir_all(root.join("ws/src/.vscode")).unwrap();
+        std::fs::write(root.join("ws/src/.vscode/settings.json"), "{}").unwrap();
+        std::fs::write(root.join("ws/.envrc"), "export A=1").unwrap();
         std::fs::write(root.join("outside/secret"), "s").unwrap();
         std::fs::write(root.join("home/.ssh/id_ed25519"), "key").unwrap();
         std::fs::write(root.join("home/.local/state/palisade/journal/segment"), "records").unwrap();
@@ -1035,6 +1039,49 @@ fn broker_state() -> Vec<Row> {
             TierC,
             |f: &Fixture| f.request_in("home", &["ls"]),
             Deny(SCOPE, "scope.broker_state"),
+        ),
+        row(
+            "what the host executes in a tree written in place is mounted read-only over itself",
+            "[defaults]\ndisk = \"direct\"\n",
+            TierC,
+            |f: &Fixture| f.request(&["ls"]),
+            Allow(|r, f| {
+                let ws = r.plan.mounts.iter().position(
+                    |m| matches!(m, Mount::Bind { target, writable: true, .. } if *target == f.p("ws")),
+                );
+                for held in [f.p("ws/.envrc"), f.p("ws/src/.vscode")] {
+                    let at = r.plan.mounts.iter().position(|m| matches!(m, Mount::Bind { source, target, writable: false, owned: true } if *source == held && *target == held));
+                    assert!(at.is_some() && at > ws, "{held}: {:?}", r.plan.mounts);
+                    assert!(
+                        r.plan.descriptors.iter().any(|d| d.path == held && !d.host_layout),
+                        "{held}: opened with no symlink on the way"
+                    );
+                }
+            }),
+        ),
+        row(
+            "a workspace written in place that is itself where the host executes from",
+            "[defaults]\ndisk = \"direct\"\n",
+            TierC,
+            |f: &Fixture| f.request_in("ws/src/.vscode", &["ls"]),
+            Deny(SCOPE, "scope.host_executed"),
+        ),
+        row(
+            "with a change set, nothing of the workspace is mounted over",
+            "",
+            TierC,
+            |f: &Fixture| f.request(&["ls"]),
+            Allow(|r, f| {
+                let envrc = f.p("ws/.envrc");
+                assert!(
+                    !r.plan
+                        .mounts
+                        .iter()
+                        .any(|m| matches!(m, Mount::Bind { target, .. } if *target == envrc)),
+                    "{:?}",
+                    r.plan.mounts
+                );
+            }),
         ),
         row(
             "Tier B cannot hide the broker's state",

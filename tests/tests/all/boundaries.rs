@@ -97,10 +97,6 @@ impl Home {
     }
 }
 
-fn said(o: &Output) -> String {
-    format!("status {:?}\nstdout: {}\nstderr: {}", o.status.code(), text(&o.stdout), text(&o.stderr))
-}
-
 fn bytes_of(p: &Path) -> Vec<u8> {
     std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }

@@ -85,10 +85,6 @@ impl Setup {
     }
 }
 
-fn said(o: &Output) -> String {
-    format!("status {:?}\nstdout: {}\nstderr: {}", o.status.code(), text(&o.stdout), text(&o.stderr))
-}
-
 fn changes(v: &Value) -> &Value {
     &v["result"]["changes"]
 }

@@ -117,10 +117,6 @@ fn daemon(
     Broker { at, user: user.cloned(), state: client_state, _daemon: Some(d) }
 }
 
-fn said(o: &Output) -> String {
-    format!("status {:?}\nstdout: {}\nstderr: {}", o.status.code(), text(&o.stdout), text(&o.stderr))
-}
-
 /// Whether a run's layer in the store under `state` holds `name` yet.
 fn layer_holds(store: &Path, name: &str) -> bool {
     let Ok(uids) = std::fs::read_dir(store) else { return false };
@@ -480,11 +476,13 @@ fn an_edit_made_as_an_applys_copy_appears_survives_and_the_runs_version_is_held(
 
 /// How many pairs [`back_to_back_runs_and_a_host_edit_just_before_a_run_are_never_conflicts`]
 /// makes of each kind: `PALISADE_TEST_PAIRS`, else 50.
+#[cfg(feature = "slow")]
 fn pairs() -> usize {
     std::env::var("PALISADE_TEST_PAIRS").ok().and_then(|n| n.parse().ok()).unwrap_or(50)
 }
 
 /// A run's `changes` after `palisade run --json ... -- probe ops put s.txt CONTENT`.
+#[cfg(feature = "slow")]
 fn put(b: &Broker, ws: &Path, content: &str) -> Value {
     let o = b.run(ws, &["--json"], &["put", "s.txt", content]).output().unwrap();
     let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", said(&o)));

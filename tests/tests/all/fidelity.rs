@@ -20,7 +20,7 @@ use std::process::{Command, Output, Stdio};
 
 /// One entry of a tree, as the comparison sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Node {
+pub(crate) struct Node {
     kind: char,
     mode: u32,
     size: u64,
@@ -209,16 +209,16 @@ fn differences(want: &Tree, again: &Tree, got: &Tree) -> Vec<String> {
 
 /// Where a run goes.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Mode {
+pub(crate) enum Mode {
     Embedded,
     UserDaemon,
     RootDaemon,
 }
 
 /// A case's workspace, its copy to start from, and what runs it.
-struct Fixture {
+pub(crate) struct Fixture {
     base: TempDir,
-    ws: PathBuf,
+    pub(crate) ws: PathBuf,
     initial: PathBuf,
     /// The unprivileged user the commands run as (as root), or `None` (this process's user).
     user: Option<nix::unistd::User>,
@@ -227,19 +227,29 @@ struct Fixture {
 }
 
 /// The profile every run of a case names (`--profile fidelity`): shells
-/// and inline code, and `read_only` paths besides the probe's.
-fn profile(read_only: &[&Path]) -> String {
+/// and inline code, `read_only` paths besides the probe's, and `extra` keys.
+fn profile(read_only: &[&Path], extra: &str) -> String {
     let mut ro: Vec<String> = vec![bin("probe").parent().unwrap().to_string_lossy().into_owned()];
     ro.extend(read_only.iter().map(|p| p.to_string_lossy().into_owned()));
     format!(
         "[profiles.fidelity]\nread_only = {ro:?}\nallow_interpreters = true\nallow_inline_code = true\n\
-         max_execution_time = 900\nmax_memory_mb = 2048\n"
+         max_execution_time = 900\nmax_memory_mb = 2048\n{extra}"
     )
 }
 
 impl Fixture {
     /// A workspace made by `setup` (as this process), given to the user the commands run as.
     fn new(tag: &str, read_only: &[&Path], setup: impl FnOnce(&Path)) -> Fixture {
+        Fixture::with_profile(tag, read_only, "", setup)
+    }
+
+    /// [`Fixture::new`], with `extra` keys in the profile.
+    pub(crate) fn with_profile(
+        tag: &str,
+        read_only: &[&Path],
+        extra: &str,
+        setup: impl FnOnce(&Path),
+    ) -> Fixture {
         use std::os::unix::fs::PermissionsExt;
         let base = TempDir::new(tag);
         std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -256,7 +266,7 @@ impl Fixture {
             assert!(o.status.success(), "{}", text(&o.stderr));
         }
         let policy = base.join("policy.toml");
-        let config = profile(read_only);
+        let config = profile(read_only, extra);
         std::fs::write(&policy, test_config(&config)).unwrap();
         std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o644)).unwrap();
         let mut daemons = vec![];
@@ -275,7 +285,7 @@ impl Fixture {
         Fixture { base, ws, initial, user, policy, daemons }
     }
 
-    fn modes(&self) -> Vec<Mode> {
+    pub(crate) fn modes(&self) -> Vec<Mode> {
         let mut modes = vec![Mode::Embedded];
         modes.extend(self.daemons.iter().map(|(m, _)| *m));
         if self.user.is_none() {
@@ -285,7 +295,7 @@ impl Fixture {
     }
 
     /// The workspace as the case made it, again.
-    fn reset(&self) {
+    pub(crate) fn reset(&self) {
         if self.ws.exists() {
             let o = Command::new("rm").arg("-rf").arg(&self.ws).output().unwrap();
             assert!(o.status.success(), "{}", text(&o.stderr));
@@ -295,7 +305,7 @@ impl Fixture {
     }
 
     /// `argv` as the user, with a clean environment (and `env`), in the workspace.
-    fn as_user(&self, env: &[(&str, &Path)], argv: &[&str]) -> Command {
+    pub(crate) fn as_user(&self, env: &[(&str, &Path)], argv: &[&str]) -> Command {
         let mut all: Vec<String> = self.user.as_ref().map(as_user).unwrap_or_default();
         all.extend(["env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"].map(String::from));
         all.push(format!("HOME={}", self.ws.join(".home").display()));
@@ -320,7 +330,7 @@ impl Fixture {
     }
 
     /// [`Fixture::sandboxed`], with `flags` for `palisade run`.
-    fn sandboxed_with(&self, mode: Mode, flags: &[&str], script: &str) -> (Output, Tree) {
+    pub(crate) fn sandboxed_with(&self, mode: Mode, flags: &[&str], script: &str) -> (Output, Tree) {
         self.reset();
         let state = self.base.join(&format!("state-{mode:?}"));
         if !state.exists() {

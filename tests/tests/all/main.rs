@@ -17,6 +17,7 @@ mod cedar;
 mod changes;
 mod cli_flags;
 mod deploy;
+mod direct;
 mod discovery;
 mod disk;
 mod durable;

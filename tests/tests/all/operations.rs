@@ -17,10 +17,6 @@ use std::time::Duration;
 /// gate): each takes well under a second.
 const WAIT: Duration = Duration::from_secs(30);
 
-fn said(o: &Output) -> String {
-    format!("exit {:?}\nstdout: {}\nstderr: {}", o.status.code(), text(&o.stdout), text(&o.stderr))
-}
-
 /// Sends the daemon `SIGHUP` and waits until its log has said what became
 /// of it: one more `configuration reloaded` or `configuration not reloaded`.
 fn reload(d: &Daemon) {
