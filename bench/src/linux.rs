@@ -1008,7 +1008,7 @@ fn launch_loop(args: &[String], launchers: &[&dyn Launch]) -> Result<(), String>
     Ok(())
 }
 
-/// The sections `--only latency,throughput,output,json,memory,egress,plugins,precision,copyback`
+/// The sections `--only latency,throughput,output,json,memory,egress,plugins,precision,copyback,builds`
 /// names (all without it), measured in that order.
 fn sections(
     opts: &Opts,
@@ -1057,6 +1057,9 @@ fn sections(
     }
     if wanted("copyback") {
         out.push(crate::copyback::copyback(dir, if quick { 1 } else { 5 }));
+    }
+    if wanted("builds") {
+        out.push(crate::builds::builds(dir, if quick { 1 } else { 3 }));
     }
     out
 }

@@ -22,7 +22,10 @@
 //!   without a sandbox.
 //! - plugins: a call to a trivial plugin through the socket, and its part
 //!   inside the plugin-host, against a Tier C launch of `/bin/true`.
-//! - `--only latency,throughput,output,memory,precision,egress,plugins,copyback`: some sections only;
+//! - builds: `cargo build` of a crate with dependencies, a venv with `pip
+//!   install`, `npm install`, 20,000 files: bare, bwrap, and palisade
+//!   (embedded and daemon), with where palisade's time goes.
+//! - `--only latency,throughput,output,memory,precision,egress,plugins,copyback,builds`: some sections only;
 //! - `--breakdown`: where the helper's time goes, by removing one mechanism
 //!   at a time from its plan;
 //! - `--loop LAUNCHER N [--clients K]`: N launches of `/bin/true` (by K
@@ -32,6 +35,8 @@
 //! Build as an installation would (`scripts/build-release.sh`, which
 //! `bench/run.sh` does): a dynamically linked helper and CLI start slower.
 
+#[cfg(target_os = "linux")]
+mod builds;
 #[cfg(target_os = "linux")]
 mod copyback;
 #[cfg(target_os = "linux")]

@@ -21,7 +21,7 @@ use crate::config::{Config, DiskMode, FallbackPolicy, PolicyConfig};
 use crate::egress::{self, EgressMode};
 use crate::egress_plan::{self, EgressPlan};
 use crate::host::{Host, HostCapabilities, HostFiles, OwnedPath};
-use crate::host_executed::{HostExecuted, InTree};
+use crate::host_executed::{HostExecuted, InPlace, InTree};
 use crate::jail::{ETC_ENTRIES, JailSpec, Limits, build_plan};
 use crate::trust::{self, Approval, EscalationReason, EscalationTrigger, ToolTrust, TrustStage};
 use crate::validate::{self, HOME_SENSITIVE_NAMES, Rules, SENSITIVE_NAMES};
@@ -160,6 +160,10 @@ pub struct Resolved {
     /// The run writes its workspace in place (Tier B, `disk = "direct"`):
     /// there is no change set.
     pub in_place: bool,
+    /// Written in place in Tier C: what git's configurations name as code
+    /// in the workspace (hooks directories, included files; there or not),
+    /// where what the run makes is held when it ends.
+    pub in_place_code: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -268,8 +272,8 @@ struct Draft {
     cgroup: Option<CgroupPlan>,
     /// Sensitive entries inside the grants, hidden (whether each is a directory).
     hidden: Vec<(PathBuf, bool)>,
-    /// What the host executes inside a tree written in place, read-only.
-    held: Vec<PathBuf>,
+    /// What the host executes inside a tree written in place.
+    held: InPlace,
 }
 
 /// A run's limits, from its profile, its request and whether a cgroup holds it.
@@ -410,7 +414,7 @@ impl Policy {
         let cgroup = cgroup_plan(&host.capabilities, &grants.run_name, &profile)?;
         let mut hidden = self.hidden(host, &grants, dirs.home.as_deref())?;
         hidden.extend(broker_owned_inside(host, &grants, profile.disk)?);
-        let held = self.held_in_place(host, &grants, profile.disk, &hidden)?;
+        let held = self.held_in_place(host, &grants, (profile.disk, dirs.home.as_deref()), &hidden)?;
 
         let draft =
             Draft { profile, egress, warnings, grants, view, program, landlock, cgroup, hidden, held };
@@ -929,55 +933,33 @@ impl Policy {
     }
 
     /// What the host executes inside a tree the run writes in place (Tier
-    /// C, `disk = "direct"`): each is mounted read-only over itself (see
-    /// [`HostExecuted::in_tree`]), or the run is refused where a mount
-    /// cannot hold it. What is hidden already needs none.
+    /// C, `disk = "direct"`): each is mounted read-only over itself, the
+    /// directories on the way to it pinned (see [`HostExecuted::in_tree`]),
+    /// or the run is refused where mounts cannot hold it. What is hidden
+    /// already needs none.
     fn held_in_place(
         &self,
         host: &Host,
         grants: &Grants,
-        disk: DiskMode,
+        (disk, home): (DiskMode, Option<&Path>),
         hidden: &[(PathBuf, bool)],
-    ) -> Result<Vec<PathBuf>, Denial> {
+    ) -> Result<InPlace, Denial> {
+        let mut all = InPlace::default();
         if grants.tier != Tier::C || disk != DiskMode::Direct {
-            return Ok(vec![]);
+            return Ok(all);
         }
-        let refuse = |why: String| {
-            let why =
-                format!("{why}: run it with a change set (without --direct), where such writes are held");
-            denied(ErrorKind::WorkspaceScopeDenied, "scope.host_executed", why)
-        };
-        let mut held: Vec<PathBuf> = Vec::new();
         for root in &grants.read_write {
-            let room = MAX_HELD_IN_PLACE - held.len();
-            match self.host_executed.in_tree(&*host.files, root, room) {
-                Ok(found) => {
-                    held.extend(found.into_iter().filter(|p| !hidden.iter().any(|(h, _)| p.starts_with(h))))
-                }
-                Err(InTree::Itself(what)) => {
-                    return refuse(format!(
-                        "{} is {what}, which a run writing in place (disk = \"direct\") would write on the host",
-                        root.display()
-                    ));
-                }
-                Err(InTree::Link(link)) => {
-                    return refuse(format!(
-                        "{} is a symbolic link in place of a file the host executes, which a run writing in \
-                         place (disk = \"direct\") could replace: a mount holds what it names, not the link",
-                        link.display()
-                    ));
-                }
-                Err(InTree::TooMany(_)) => {
-                    return refuse(format!(
-                        "{} holds more than {MAX_HELD_IN_PLACE} paths the host executes (git directories, \
-                         .envrc, editors' and agents' settings, ...), each of which a run writing in place \
-                         (disk = \"direct\") finds read-only by a mount of its own",
-                        root.display()
-                    ));
-                }
-            }
+            let room = MAX_HELD_IN_PLACE.saturating_sub(all.read_only.len() + all.pinned.len());
+            let found = self
+                .host_executed
+                .in_tree(&*host.files, root, home, room)
+                .map_err(|e| in_place_refusal(root, e))?;
+            let hidden = |p: &PathBuf| hidden.iter().any(|(h, _)| p.starts_with(h));
+            all.read_only.extend(found.read_only.into_iter().filter(|p| !hidden(p)));
+            all.pinned.extend(found.pinned);
+            all.code.extend(found.code);
         }
-        Ok(held)
+        Ok(all)
     }
 
     /// The run's limits: its deadline and output quota, the rlimits, and
@@ -1086,7 +1068,8 @@ impl Policy {
             temp_workspace: if tier == Tier::C { grants.temp_workspace.clone() } else { None },
             write_bound: (limits.overlays > 0).then_some(limits.disk_bytes),
             hidden: draft.hidden.clone(),
-            held: draft.held.clone(),
+            held: draft.held.read_only.clone(),
+            pinned: draft.held.pinned.clone(),
             etc_view: ctx.etc_view.clone(),
             layout: host.layout.clone(),
             listeners: draft.egress.as_ref().map_or_else(Vec::new, EgressPlan::listeners),
@@ -1115,7 +1098,7 @@ impl Policy {
     ) -> Result<Resolved, Denial> {
         let spec = self.jail_spec(host, ctx, req, &draft, &limits)?;
         let plan = build_plan(&spec).map_err(|e| Denial::new(e.kind(), e.rule(), e.to_string()))?;
-        let Draft { profile, egress, warnings, grants, cgroup, .. } = draft;
+        let Draft { profile, egress, warnings, grants, cgroup, held, .. } = draft;
         let labels = Labels {
             tier: grants.tier,
             host_network: spec.host_network,
@@ -1165,6 +1148,7 @@ impl Policy {
             keep_changes: profile.keep_changes,
             on_conflict: profile.on_conflict,
             in_place: grants.tier == Tier::B || profile.disk == DiskMode::Direct,
+            in_place_code: held.code,
         })
     }
 }
@@ -1541,6 +1525,35 @@ impl TmpfsSizes {
         let scale = |b: u64| round((u128::from(b) * u128::from(budget) / u128::from(total)) as u64);
         TmpfsSizes { tmp: scale(self.tmp), shm: scale(self.shm), ..self }
     }
+}
+
+/// Why a tree cannot be written in place: `scope.host_executed`, in words.
+fn in_place_refusal(root: &Path, e: InTree) -> Denial {
+    let how = "a run writing in place (disk = \"direct\")";
+    let why = match e {
+        InTree::Itself(what) => format!("{} is {what}, which {how} would write on the host", root.display()),
+        InTree::Link(link) => format!(
+            "{} is a symbolic link where the host executes, or on the way there, which {how} could \
+             replace: a mount holds what a link names, never the link",
+            link.display()
+        ),
+        InTree::Linked(file) => format!(
+            "{} is a file the host executes with another name (a hard link), through which {how} \
+             could write it",
+            file.display()
+        ),
+        InTree::Name(path) => {
+            format!("{} is a name that is not UTF-8, which no mount of a plan names", path.display())
+        }
+        InTree::TooMany(_) => format!(
+            "{} holds more paths the host executes than {MAX_HELD_IN_PLACE} mounts hold (git \
+             directories, .envrc, editors' and agents' settings, and the directories on the way \
+             to each), which {how} finds read-only by a mount each",
+            root.display()
+        ),
+    };
+    let why = format!("{why}: run it with a change set (without --direct), where such writes are held");
+    Denial::new(ErrorKind::WorkspaceScopeDenied, "scope.host_executed", why)
 }
 
 /// What the broker owns inside the grants (its state, journal, secrets,

@@ -108,6 +108,8 @@ pub struct FileStat {
     pub dev: u64,
     pub ino: u64,
     pub len: u64,
+    /// Its names (hard links).
+    pub nlink: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

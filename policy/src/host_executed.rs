@@ -14,8 +14,10 @@
 //! (`GIT_SAFE_KEYS`). The built-in globs are [`HOST_EXECUTED`];
 //! `[policy] host_executed` adds more.
 
-use crate::host::{FileKind, HostFiles};
 use globset::{GlobSet, GlobSetBuilder};
+
+mod in_place;
+pub use in_place::{InPlace, InTree, git_code_paths, normal};
 use std::path::{Component, Path, PathBuf};
 
 /// Globs (relative to a granted directory, or of the host path; `**/` for
@@ -26,14 +28,29 @@ pub const HOST_EXECUTED: &[&str] = &[
     "**/mise.toml",
     "**/.mise.toml",
     "**/.devcontainer/**",
+    "**/.devcontainer.json",
+    "**/mise.local.toml",
+    "**/.mise.local.toml",
+    "**/.mise/**",
+    "**/.envrc.local",
     // git hook managers and the hooks they install.
     "**/.husky/**",
     "**/.pre-commit-config.yaml",
+    "**/lefthook.yml",
+    "**/lefthook.yaml",
+    "**/.lefthook.yml",
+    "**/.lefthook.yaml",
+    "**/lefthook-local.yml",
+    "**/lefthook-local.yaml",
     // Editors run tasks, launch configurations and the commands their settings name.
     "**/.vscode/**",
     "**/*.code-workspace",
     "**/.idea/**",
     "**/.zed/**",
+    // Editors that run a project's own start-up file when they open it.
+    "**/.nvim.lua",
+    "**/.nvimrc",
+    "**/.exrc",
     // Shells, desktops and editors run their start-up files (a home used as a workspace).
     ".bashrc",
     ".bash_profile",
@@ -69,6 +86,13 @@ pub const HOST_EXECUTED: &[&str] = &[
     "**/.codex/**",
     "**/.gemini/**",
     "**/.continue/**",
+    "**/.opencode/**",
+    "**/opencode.json",
+    "**/opencode.jsonc",
+    "**/.kiro/**",
+    "**/.roo/**",
+    "**/.windsurf/**",
+    "**/.aider.conf.yml",
 ];
 
 /// git's configuration keys whose change runs nothing and points git at no
@@ -147,9 +171,6 @@ const GIT_DATA: &[&str] = &[
     "BISECT_EXPECTED_REV",
     "COMMIT_EDITMSG",
     "TAG_EDITMSG",
-    "sequencer",
-    "rebase-merge",
-    "rebase-apply",
     "rr-cache",
     "gitk.cache",
     // Remotes' URLs by an older layout (what `git init` makes): as safe as `remote.*.url`.
@@ -229,77 +250,12 @@ impl HostExecuted {
     }
 }
 
-/// Why a tree cannot be written in place with what the host executes in
-/// it held read-only (see [`HostExecuted::in_tree`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InTree {
-    /// The tree is itself a place the host executes from: what it is.
-    Itself(&'static str),
-    /// A symbolic link the host would follow to what it executes: a mount
-    /// over it would hold the file it names, never the link itself.
-    Link(PathBuf),
-    /// More such paths than this many mounts.
-    TooMany(usize),
-}
-
 impl HostExecuted {
     /// Whether everything the directory `rel` (in `root`) could hold is a
     /// path the host executes (`.vscode/`, `.claude/`, ...): held whole.
     pub fn holds_whole(&self, root: &Path, rel: &Path) -> bool {
         self.globs.is_match(rel.join("_")) || self.globs.is_match(root.join(rel).join("_"))
     }
-
-    /// What a run writing in place (`disk = "direct"`) must find read-only
-    /// in `root`: each path the host executes there, as [`Self::check`]
-    /// sees it (a directory whose contents would all be held, whole; a git
-    /// directory, whole), at most `max` of them, sorted. Read through
-    /// `files`, with no symbolic link followed.
-    pub fn in_tree(&self, files: &dyn HostFiles, root: &Path, max: usize) -> Result<Vec<PathBuf>, InTree> {
-        if let Check::Withhold(what) = self.check(root, Path::new(""), true, false, &[]) {
-            return Err(InTree::Itself(what));
-        }
-        let hooks = hooks_path(files, root);
-        let mut found = Vec::new();
-        let mut dirs = vec![PathBuf::new()];
-        while let Some(dir) = dirs.pop() {
-            let names = files.list_dir(&root.join(&dir));
-            let beside_head = names.iter().any(|n| n == "HEAD");
-            for name in names {
-                let rel = dir.join(&name);
-                let Ok(st) = files.lstat(&root.join(&rel)) else { continue };
-                let is_dir = st.is_dir();
-                let whole = is_dir && (name == ".git" || self.holds_whole(root, &rel));
-                if !whole && self.check(root, &rel, is_dir, beside_head, &hooks) == Check::Apply {
-                    if is_dir {
-                        dirs.push(rel);
-                    }
-                    continue;
-                }
-                if st.kind == FileKind::Symlink {
-                    return Err(InTree::Link(root.join(rel)));
-                }
-                if found.len() == max {
-                    return Err(InTree::TooMany(max));
-                }
-                found.push(root.join(rel));
-            }
-        }
-        found.sort();
-        Ok(found)
-    }
-}
-
-/// The hooks directories `root`'s own git configuration names
-/// (`core.hooksPath`, relative to the repository).
-fn hooks_path(files: &dyn HostFiles, root: &Path) -> Vec<PathBuf> {
-    let Some(text) = files.read_head(&root.join(".git/config"), 1 << 20) else { return vec![] };
-    let text = String::from_utf8_lossy(&text);
-    let settings = parse_git_config(&text).unwrap_or_default();
-    settings
-        .into_iter()
-        .filter(|(k, v)| k == "core.hookspath" && Path::new(v).is_relative())
-        .map(|(_, v)| PathBuf::from(v))
-        .collect()
 }
 
 /// The names of `path`, as strings (a name that is not UTF-8 is none of those checked).
@@ -351,6 +307,10 @@ fn in_git_dir(inside: &[&str], is_dir: bool) -> Check {
         ["hooks", name] if !is_dir && name.ends_with(".sample") => Check::Apply,
         ["hooks", ..] => Check::Withhold("git hooks"),
         ["commondir" | "gitdir", ..] => Check::Withhold("a git directory's pointer to another"),
+        // A rebase's or a cherry-pick's pending steps: `exec` lines run when it goes on.
+        ["sequencer" | "rebase-merge" | "rebase-apply", ..] => {
+            Check::Withhold("git's pending rebase or sequencer steps (they may name commands)")
+        }
         _ => Check::Withhold("a file in a git directory that is not git's data"),
     }
 }

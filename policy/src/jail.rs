@@ -119,6 +119,9 @@ pub struct JailSpec {
     /// Tier C, a grant written in place: what the host executes in it,
     /// bound read-only over itself.
     pub held: Vec<PathBuf>,
+    /// And the directories on the way to each, bound over themselves as
+    /// they are: a mount point is never renamed nor removed.
+    pub pinned: Vec<PathBuf>,
     /// Tier C: a directory holding a copy of the [`ETC_ENTRIES`] (what others
     /// may read of them), bound read-only at `/etc` in one mount instead of
     /// one mount per entry. Not used when another mount lies under `/etc`
@@ -332,7 +335,11 @@ fn tier_c_mounts(
         }
         None => bind(&s(p), true, true),
     }));
-    mounts.extend(spec.held.iter().map(|p| bind(&s(p), false, true)));
+    // Parents before children: the pinned directories, then what they lead to.
+    let mut in_place: Vec<(&PathBuf, bool)> =
+        spec.pinned.iter().map(|p| (p, true)).chain(spec.held.iter().map(|p| (p, false))).collect();
+    in_place.sort();
+    mounts.extend(in_place.into_iter().map(|(p, writable)| bind(&s(p), writable, true)));
     let tmp_bytes = spec.limits.tmp_bytes;
     mounts.push(Mount::Tmpfs { target: "/tmp".into(), size_bytes: tmp_bytes, mode: TMP_MODE });
     if let Some(t) = &spec.temp_workspace {
@@ -408,6 +415,7 @@ fn descriptors(
         .chain(&spec.exec_dirs)
         .chain(&spec.tmp_dir)
         .chain(&spec.held)
+        .chain(&spec.pinned)
         .map(|p| s(p))
         .collect();
     let sources: Vec<&String> = match spec.tier {
@@ -494,6 +502,7 @@ mod tests {
             write_bound: None,
             hidden: vec![],
             held: vec![],
+            pinned: vec![],
             etc_view: None,
             layout: Layout {
                 devices: palisade_protocol::DEV_NODES.iter().map(|n| format!("/dev/{n}")).collect(),

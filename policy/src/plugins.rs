@@ -262,6 +262,7 @@ pub fn plugin_host_plan(jail: &PluginHostJail<'_>) -> Result<JailPlan, BuildErro
         write_bound: None,
         hidden: vec![],
         held: vec![],
+        pinned: vec![],
         etc_view: None,
         layout: jail.layout.clone(),
         listeners: vec![],

@@ -278,6 +278,7 @@ impl Jail {
             acting_for: is_root().then_some(palisade_protocol::HostIds { uid: 0, gid: 0 }),
             hidden: vec![],
             held: vec![],
+            pinned: vec![],
             parent_pid: std::process::id(),
             cgroup: None,
             no_fork: false,

@@ -86,7 +86,9 @@ pub fn settle(s: &Settle<'_>, mut layers: Layers, dests: Vec<OwnedFd>) -> Result
     }
     let _lock = store.lock(s.requester.uid).map_err(copy_back)?;
     let draft = &layers.draft;
+    let started = std::time::Instant::now();
     let taken = take(s, &layers, &dests, capture::Take::Contents);
+    let capture_us = started.elapsed().as_micros();
     layer::drop_work(&draft.dir, layers.uppers.len());
     let Captured { entries, withheld, bytes } = match taken {
         Ok(t) => t,
@@ -112,7 +114,12 @@ pub fn settle(s: &Settle<'_>, mut layers: Layers, dests: Vec<OwnedFd>) -> Result
     m.reason = "applying at the end of the run".into();
     let dir = store.commit(draft, &m).map_err(copy_back)?;
     let choice = apply::Choice { overwrite: s.on_conflict == OnConflict::Overwrite, host_executed: false };
-    apply_and_keep(store, &dir, m, &dests, s.requester, (choice, false), changes).map_err(copy_back)
+    let entries = m.entries.len();
+    let applied = apply_and_keep(store, &dir, m, &dests, s.requester, (choice, false), changes);
+    let apply_us = started.elapsed().as_micros() - capture_us;
+    // Where a run's time past its command goes (the benchmark reads it).
+    tracing::debug!(run_id = s.run_id, entries, capture_us, apply_us, "settle timeline");
+    applied.map_err(copy_back)
 }
 
 /// A held change set's manifest, of the run `s` settles.
@@ -217,7 +224,7 @@ fn take(s: &Settle<'_>, layers: &Layers, dests: &[OwnedFd], how: capture::Take) 
         let owned = (s.keep_out.owned.iter())
             .filter_map(|o| o.path.strip_prefix(path).ok().map(|rel| (rel.to_path_buf(), o.what.clone())))
             .collect();
-        let hooks = s.requester.act(|_| hooks_path(dest)).unwrap_or_default();
+        let hooks = s.requester.act(|_| hooks_path(dest, path)).unwrap_or_default();
         let guard = capture::Guard { root: path, owned, host_executed: &s.keep_out.host_executed, hooks };
         let taken = s
             .requester
@@ -231,11 +238,11 @@ fn take(s: &Settle<'_>, layers: &Layers, dests: &[OwnedFd], how: capture::Take) 
     Ok(all)
 }
 
-/// The host's own hooks directory, where the granted directory is a
-/// repository whose configuration names one (`core.hooksPath`, relative
-/// to the repository, as husky and others set it): what the host runs
-/// from there is held like `.git/hooks`.
-pub(super) fn hooks_path(dest: &OwnedFd) -> Vec<std::path::PathBuf> {
+/// What the granted directory `root`'s own repository names as code
+/// inside it (relative to it): its hooks directory (`core.hooksPath`, as
+/// husky and others set it) and the configuration files it includes. What
+/// a run changes there is held like `.git/hooks`.
+pub(super) fn hooks_path(dest: &OwnedFd, root: &Path) -> Vec<std::path::PathBuf> {
     let Ok(git) = fs::open_dir_at(dest, c".git") else { return vec![] };
     let Ok(fd) = fs::open_file_at(&git, c"config") else { return vec![] };
     let mut text = String::new();
@@ -244,13 +251,9 @@ pub(super) fn hooks_path(dest: &OwnedFd) -> Vec<std::path::PathBuf> {
     if read.is_err() {
         return vec![];
     }
-    let settings = palisade_policy::host_executed::parse_git_config(&text).unwrap_or_default();
-    settings
-        .into_iter()
-        .filter(|(k, _)| k == "core.hookspath")
-        .map(|(_, v)| std::path::PathBuf::from(v))
-        .filter(|p| p.is_relative())
-        .collect()
+    let code = palisade_policy::host_executed::git_code_paths(&text, &root.join(".git"), root, None);
+    let inside = code.iter().filter_map(|(p, _)| p.strip_prefix(root).ok());
+    inside.filter(|rel| !rel.as_os_str().is_empty()).map(Path::to_path_buf).collect()
 }
 
 /// The writes of a run palisade ended, with `keep_changes =
@@ -591,7 +594,16 @@ fn recover_one(
         r.map_err(|e| std::io::Error::other(format!("{}: the run's writes stay in its draft", e.message)))
     });
     let (run_id, since) = (record.run_id, record.since);
+    let in_place = in_place::record_of(&draft.dir);
     let layers = Layers { draft, record, dirs: vec![], uppers, settled: false };
+    let dests = dests?;
+    // A run that wrote in place: what it made that the host executes, taken out first.
+    if let Some(in_place) = in_place {
+        let taken = in_place::take_made(&requester, &keep_out.host_executed, &layers, &dests, &in_place);
+        for left in taken.left.iter().chain(&taken.unchecked) {
+            tracing::error!(run_id, "a file the host executes that a run made in place stays: {left}");
+        }
+    }
     let held = format!(
         "the broker stopped during run {run_id} (it was killed, or failed) before its writes were settled: \
          they are held, not applied"
@@ -606,5 +618,5 @@ fn recover_one(
         ended: None,
         bound: Some(held),
     };
-    settle(&s, layers, dests?).map_err(std::io::Error::other)
+    settle(&s, layers, dests).map_err(std::io::Error::other)
 }

@@ -192,7 +192,7 @@ impl Linux {
             })
             .collect();
         if roots.is_empty() {
-            return Ok(());
+            return self.in_place_draft(run_id, resolved, held).await;
         }
         let (store, requester) = (self.changes.clone(), held.grants.requester.clone());
         // A system broker's layers are the requester's, which its sandbox writes through an idmap.
@@ -211,6 +211,42 @@ impl Linux {
             plan.descriptors.push(palisade_protocol::HostPath { path: path.clone(), host_layout: true });
             held.grants.descriptors.push(fd.try_clone()?);
         }
+        *held.grants.layers.lock().unwrap_or_else(|e| e.into_inner()) = Some(layers);
+        Ok(())
+    }
+}
+
+impl Linux {
+    /// A run writing its trees in place (Tier C, `disk = "direct"`): a
+    /// draft for what it makes there that the host executes, made before it
+    /// starts (with what the plan mounts in them: see
+    /// [`crate::changes::in_place`]), so that a broker killed meanwhile
+    /// leaves it for the next one.
+    async fn in_place_draft(
+        &self,
+        run_id: u64,
+        resolved: &Resolved,
+        held: &mut Held,
+    ) -> Result<(), BrokerError> {
+        let plan = &resolved.plan;
+        let joins = plan.session == Some(palisade_protocol::SessionRole::Join);
+        if !resolved.in_place || plan.tier() != palisade_protocol::Tier::C || joins {
+            return Ok(());
+        }
+        let (roots, record) = crate::changes::in_place::of_plan(plan, &resolved.in_place_code);
+        if roots.is_empty() {
+            return Ok(());
+        }
+        let (store, requester) = (self.changes.clone(), held.grants.requester.clone());
+        let owner = plan.host_ids.and(plan.acting_for);
+        let since = crate::changes::clock::Since::now();
+        let made = tokio::task::spawn_blocking(move || {
+            let layers = store.layers(&requester, run_id, &roots, owner, since)?;
+            crate::changes::in_place::begin(&layers, &record).map(|()| layers)
+        });
+        let layers = made.await.map_err(|e| BrokerError::Internal(e.to_string()))?.map_err(|e| {
+            BrokerError::CopyBack { path: format!("a draft in {}", self.changes.root().display()), source: e }
+        })?;
         *held.grants.layers.lock().unwrap_or_else(|e| e.into_inner()) = Some(layers);
         Ok(())
     }

@@ -821,41 +821,20 @@ async fn keep_writes(
 
 /// A run that wrote its trees in place (Tier C, `disk = "direct"`): what
 /// it made there that the host executes is taken out and held (see
-/// [`crate::changes::in_place`]); the rest is the host's already. Tier B
-/// holds nothing read-only, so nothing there tells what the run made.
+/// [`crate::changes::in_place`]), in the draft made for it before it
+/// started; the rest is the host's already. Tier B holds nothing
+/// read-only, so nothing there tells what the run made.
 async fn hold_made_in_place(
     resolved: &Resolved,
     grants: &Grants,
     (ended, bound): (Option<RunStatus>, Option<String>),
     (run_id, since): (u64, crate::changes::clock::Since),
 ) -> Result<(u64, Changes), BrokerError> {
-    use palisade_protocol::Mount;
     let in_place = Changes { outcome: ChangesOutcome::InPlace, ..Changes::default() };
-    let plan = &resolved.plan;
-    if plan.tier() != palisade_protocol::Tier::C {
-        return Ok((0, in_place));
-    }
-    let mut trees = Vec::new();
-    for m in &plan.mounts {
-        let Mount::Bind { source, writable: true, owned: true, .. } = m else { continue };
-        let Some(fd) = plan.descriptor(source).and_then(|i| grants.descriptors.get(i)) else { continue };
-        trees.push((source.clone(), fd.try_clone()?));
-    }
-    // What the plan mounts inside them (held read-only, hidden) was there before the run.
-    let before: Vec<std::path::PathBuf> = (plan.mounts.iter())
-        .filter_map(|m| match m {
-            Mount::Bind { target, .. } | Mount::Tmpfs { target, .. } | Mount::File { target, .. } => {
-                Some(target)
-            }
-            _ => None,
-        })
-        .filter(|t| trees.iter().any(|(root, _)| t.starts_with(&format!("{root}/"))))
-        .map(std::path::PathBuf::from)
-        .collect();
-    if trees.is_empty() {
-        return Ok((0, in_place));
-    }
-    let owner = plan.host_ids.and(plan.acting_for);
+    let layers = grants.layers.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let Some(layers) = layers else { return Ok((0, in_place)) };
+    let (_, record) = crate::changes::in_place::of_plan(&resolved.plan, &resolved.in_place_code);
+    let dests = layer_targets(&resolved.plan, grants, &layers.record.roots)?;
     let (requester, keep_out) = (grants.requester.clone(), grants.keep_out.clone());
     let (keep, on_conflict) = (resolved.keep_changes, resolved.on_conflict);
     let settled = tokio::task::spawn_blocking(move || {
@@ -869,7 +848,7 @@ async fn hold_made_in_place(
             ended,
             bound,
         };
-        let Some(settled) = crate::changes::in_place::hold_made(&s, trees, &before, owner)? else {
+        let Some(settled) = crate::changes::in_place::hold_made(&s, layers, dests, &record)? else {
             return Ok::<_, BrokerError>(in_place);
         };
         if let Err(e) = keep_out.journal.append_all_blocking(settled.events, true) {

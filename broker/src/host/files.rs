@@ -36,6 +36,7 @@ fn file_stat(m: std::fs::Metadata) -> FileStat {
         dev: m.dev(),
         ino: m.ino(),
         len: m.len(),
+        nlink: m.nlink(),
     }
 }
 

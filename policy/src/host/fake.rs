@@ -96,7 +96,7 @@ impl FakeFiles {
     }
 
     fn entry_stat(&self, entry: &Entry) -> Result<FileStat> {
-        let stat = |kind, mode, ino, len| Ok(FileStat { kind, mode, dev: 1, ino, len });
+        let stat = |kind, mode, ino, len| Ok(FileStat { kind, mode, dev: 1, ino, len, nlink: 1 });
         match entry {
             Entry::File { mode, ino, content } => stat(FileKind::File, *mode, *ino, content.len() as u64),
             Entry::Dir { ino } => stat(FileKind::Dir, 0o755, *ino, 0),
@@ -113,7 +113,14 @@ fn real_stat(m: std::fs::Metadata) -> FileStat {
         t if t.is_file() => FileKind::File,
         _ => FileKind::Other,
     };
-    FileStat { kind, mode: m.permissions().mode() & 0o7777, dev: m.dev(), ino: m.ino(), len: m.len() }
+    FileStat {
+        kind,
+        mode: m.permissions().mode() & 0o7777,
+        dev: m.dev(),
+        ino: m.ino(),
+        len: m.len(),
+        nlink: m.nlink(),
+    }
 }
 
 impl HostFiles for FakeFiles {

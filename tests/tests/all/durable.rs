@@ -161,6 +161,35 @@ fn a_broker_killed_during_a_run_holds_its_writes_at_its_next_start() {
 }
 
 #[test]
+fn a_broker_killed_during_a_run_in_place_takes_out_what_it_made_that_the_host_executes_at_its_next_start() {
+    let (dir, user) = base("durable-direct");
+    let ws = dir.join("ws");
+    users_dir(&ws, user.as_ref());
+    let b = embedded(
+        &dir,
+        user.as_ref(),
+        "allow_interpreters = true\nallow_inline_code = true\nallow_direct = true\n",
+    );
+    let mut argv = vec!["run".to_string()];
+    argv.extend(b.at.iter().cloned());
+    let script = "echo '{}' > .mcp.json; echo plain > plain.txt; sleep 30";
+    argv.extend(["--direct", "--", "sh", "-c", script].map(String::from));
+    let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let mut client = b.palisade(&ws, &args, &[]).stderr(Stdio::piped()).spawn().unwrap();
+    assert!(eventually(Duration::from_secs(20), || ws.join("plain.txt").exists()));
+    // The embedded broker is the CLI's own process.
+    client.kill().unwrap();
+    client.wait().unwrap();
+    assert!(ws.join(".mcp.json").exists(), "made in place while the run ran");
+    // Its next start takes it out and holds it, and says why.
+    let (listed, o) = b.changes(&ws, &["list"], &[]);
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{}", said(&o));
+    assert!(listed[0]["reason"].as_str().unwrap().contains("the broker stopped during run"), "{listed}");
+    assert!(!ws.join(".mcp.json").exists());
+    assert_eq!(std::fs::read_to_string(ws.join("plain.txt")).unwrap(), "plain\n");
+}
+
+#[test]
 fn a_broker_killed_during_an_apply_leaves_it_part_applied_and_said_and_applying_again_finishes_it() {
     let (dir, user) = base("durable-apply");
     let ws = dir.join("ws");

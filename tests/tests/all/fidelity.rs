@@ -329,6 +329,16 @@ impl Fixture {
         self.sandboxed_with(mode, &[], script)
     }
 
+    /// `palisade ARGS` as the user, with the state `mode`'s runs keep (embedded).
+    pub(crate) fn palisade(&self, mode: Mode, args: &[&str]) -> Output {
+        let state = self.base.join(&format!("state-{mode:?}"));
+        let journal = state.join("journal");
+        let env = [("PALISADE_STATE", state.as_path()), ("PALISADE_JOURNAL", journal.as_path())];
+        let palisade = bin("palisade").to_string_lossy().into_owned();
+        let argv: Vec<&str> = [palisade.as_str()].into_iter().chain(args.iter().copied()).collect();
+        self.as_user(&env, &argv).output().unwrap()
+    }
+
     /// [`Fixture::sandboxed`], with `flags` for `palisade run`.
     pub(crate) fn sandboxed_with(&self, mode: Mode, flags: &[&str], script: &str) -> (Output, Tree) {
         self.reset();
