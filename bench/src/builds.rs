@@ -29,8 +29,8 @@ const LAUNCHERS: [&str; 4] = ["bare", "bwrap", "palisade run (embedded)", "palis
 /// registry's cache holds, whatever the network).
 fn locked_version(name: &str) -> Option<String> {
     let lock = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.lock")).ok()?;
-    let at = lock.find(&format!("name = \"{name}\"\nversion = \""))?;
-    let rest = &lock[at + name.len() + 19..];
+    let pattern = format!("name = \"{name}\"\nversion = \"");
+    let rest = &lock[lock.find(&pattern)? + pattern.len()..];
     Some(rest[..rest.find('"')?].to_string())
 }
 
@@ -125,6 +125,8 @@ fn files_work() -> Work {
 /// What runs each launcher's command, on `ws`.
 struct Runner {
     ws: PathBuf,
+    /// bwrap is installed (bench/run.sh installs it): its column, else none.
+    has_bwrap: bool,
     bwrap: Vec<String>,
     policy: PathBuf,
     state: PathBuf,
@@ -252,7 +254,9 @@ pub fn builds(dir: &Path, rounds: usize) -> String {
     );
     let policy = base.join("policy.toml");
     let _ = std::fs::write(&policy, &profile);
+    let has_bwrap = Command::new("bwrap").arg("--version").output().is_ok_and(|o| o.status.success());
     let runner = Runner {
+        has_bwrap,
         bwrap: bwrap_args(&ws, &ro),
         policy,
         state: base.join("state"),
@@ -274,6 +278,9 @@ pub fn builds(dir: &Path, rounds: usize) -> String {
         let mut failed = None;
         for _ in 0..rounds {
             for (l, samples) in secs.iter_mut().enumerate() {
+                if l == 1 && !runner.has_bwrap {
+                    continue;
+                }
                 match runner.once(l, initial, &work.script) {
                     Ok((s, timeline)) => {
                         samples.push(s);
@@ -293,18 +300,17 @@ pub fn builds(dir: &Path, rounds: usize) -> String {
         for s in secs.iter_mut().chain([&mut capture, &mut apply]) {
             s.sort_by(f64::total_cmp);
         }
-        let m: Vec<f64> = secs.iter().map(|s| percentile(s, 0.5)).collect();
+        let m: Vec<Option<f64>> = secs.iter().map(|s| (!s.is_empty()).then(|| percentile(s, 0.5))).collect();
         let ms = |s: &[f64]| if s.is_empty() { "-".into() } else { format!("{:.0}", percentile(s, 0.5)) };
+        let bare = m[0].unwrap_or(f64::NAN);
+        let cell =
+            |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2} ({:.2})", v / bare));
         out.push_str(&format!(
-            "| {} | {:.2} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} ({:.2}) | {} | {} |\n",
+            "| {} | {bare:.2} | {} | {} | {} | {} | {} |\n",
             work.name,
-            m[0],
-            m[1],
-            m[1] / m[0],
-            m[2],
-            m[2] / m[0],
-            m[3],
-            m[3] / m[0],
+            cell(m[1]),
+            cell(m[2]),
+            cell(m[3]),
             ms(&capture),
             ms(&apply)
         ));

@@ -310,7 +310,8 @@ mod tests {
             ]
         );
         // Absolute, and `~/` with no home known (named nowhere).
-        let got = git_code_paths("[core]\n\thooksPath = /w/h\n[include]\n\tpath = ~/x\n", dir, worktree, None);
+        let got =
+            git_code_paths("[core]\n\thooksPath = /w/h\n[include]\n\tpath = ~/x\n", dir, worktree, None);
         assert_eq!(got, [(PathBuf::from("/w/h"), false)]);
         assert_eq!(normal(Path::new("/a/./b/../c")), PathBuf::from("/a/c"));
     }
