@@ -359,11 +359,24 @@ fn make(edit: Edit, ws: &Path) {
     }
 }
 
+/// How a test finds the window of an apply.
+#[derive(Clone, Copy)]
+enum Window<'a> {
+    /// The fault hook's file.
+    Marker(&'a Path),
+    /// A hold on the open of the change set's copy, in the broker's `state`.
+    Opening { state: &'a Path },
+}
+
 /// A held run rewrote `data.bin` (`mib` MiB) and `small.txt`; the person
 /// appends to `small.txt` before the apply (a conflict seen as ever) and
 /// edits `data.bin` in the window of the apply. Both edits survive; the
 /// run's versions are still held.
-fn window_race(b: &Broker, ws: &Path, marker: Option<&Path>, edit: Edit, mib: usize) {
+fn window_race(b: &Broker, ws: &Path, window: Window, edit: Edit, mib: usize) {
+    let marker = match window {
+        Window::Marker(m) => Some(m),
+        Window::Opening { .. } => None,
+    };
     std::fs::write(ws.join("data.bin"), vec![1u8; mib << 20]).unwrap();
     std::fs::write(ws.join("small.txt"), "original\n").unwrap();
     if let Some(u) = &b.user {
@@ -385,9 +398,11 @@ fn window_race(b: &Broker, ws: &Path, marker: Option<&Path>, edit: Edit, mib: us
         f.write_all(b"the person's line\n").unwrap();
     }
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watcher = match marker {
-        Some(marker) => edit_in_the_window(marker.to_path_buf(), ws.to_path_buf(), Some(edit), stop.clone()),
-        None => edit_as_the_copy_appears(ws.to_path_buf(), edit),
+    let watcher = match window {
+        Window::Marker(marker) => {
+            edit_in_the_window(marker.to_path_buf(), ws.to_path_buf(), Some(edit), stop.clone())
+        }
+        Window::Opening { state } => edit_as_the_copy_opens(state, mib, ws.to_path_buf(), edit),
     };
     let marker_env = marker.map(|m| m.to_string_lossy().into_owned()).unwrap_or_default();
     let env: &[(&str, &str)] = match marker {
@@ -455,38 +470,82 @@ fn an_edit_in_the_window_of_an_apply_survives_and_the_runs_version_is_held() {
         for edit in [Edit::Append, Edit::Replace] {
             let ws = dir.join(&format!("ws-{i}-{edit:?}"));
             users_dir(&ws, user.as_ref());
-            window_race(b, &ws, Some(&marker), edit, 8);
+            window_race(b, &ws, Window::Marker(&marker), edit, 8);
         }
     }
 }
 
-/// Watches `ws`: the moment an apply's temporary copy appears there
-/// (`.palisade-apply-*`, which a copy of 64 MiB keeps there a while), makes
-/// `edit` on the host's `data.bin`.
-fn edit_as_the_copy_appears(ws: PathBuf, edit: Edit) -> std::thread::JoinHandle<bool> {
-    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
-    let inotify = Inotify::init(InitFlags::IN_CLOEXEC).unwrap();
-    inotify.add_watch(&ws, AddWatchFlags::IN_CREATE).unwrap();
+/// Holds the next open of the change set's copy of `data.bin` (the one
+/// file of `mib` MiB under `state`; a fanotify permission event): the
+/// apply's open of it for its copy waits; in that window, after the apply's
+/// check and before its swap, `edit` is made on the host's `data.bin`, then
+/// the copy goes on. Returns once the hold is in place.
+fn edit_as_the_copy_opens(
+    state: &Path,
+    mib: usize,
+    ws: PathBuf,
+    edit: Edit,
+) -> std::thread::JoinHandle<bool> {
+    use std::io::{BufRead, Write};
+    let copy = files_under(state)
+        .into_iter()
+        .find(|p| {
+            p.file_name() == Some("data.bin".as_ref())
+                && std::fs::metadata(p).unwrap().len() == (mib << 20) as u64
+        })
+        .unwrap_or_else(|| panic!("no copy of data.bin under {}", state.display()));
+    let mut holder = Command::new(probe())
+        .args(["hold-open".as_ref(), copy.as_os_str()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = std::io::BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    said.read_line(&mut line).unwrap();
+    assert_eq!(line, "held\n", "the hold on {}", copy.display());
     std::thread::spawn(move || {
-        loop {
-            let events = inotify.read_events().unwrap();
-            let copy = |e: &nix::sys::inotify::InotifyEvent| {
-                e.name.as_ref().is_some_and(|n| n.to_string_lossy().starts_with(".palisade-apply-"))
-            };
-            if events.iter().any(copy) {
-                make(edit, &ws);
-                return true;
-            }
+        line.clear();
+        said.read_line(&mut line).unwrap();
+        let opened = line == "opened\n";
+        if opened {
+            make(edit, &ws);
         }
+        let _ = holder.stdin.take().unwrap().write_all(b"go\n");
+        let o = holder.wait_with_output().unwrap();
+        assert!(o.status.success(), "the hold: {line} {}", said_of(&o, &mut said));
+        opened
     })
 }
 
+/// What the hold's probe said past its first lines.
+fn said_of(o: &Output, rest: &mut impl std::io::BufRead) -> String {
+    let mut more = String::new();
+    let _ = rest.read_to_string(&mut more);
+    format!("{more}{}", said(o))
+}
+
+/// Every regular file under `dir`.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let t = e.file_type().unwrap();
+        if t.is_dir() {
+            found.extend(files_under(&e.path()));
+        } else if t.is_file() {
+            found.push(e.path());
+        }
+    }
+    found
+}
+
 /// Applied by a copy (the change sets on another filesystem than the
-/// workspace: a tmpfs here), the window is the copy's own: an inotify
-/// watcher edits the host's file the moment the temporary copy appears.
-/// A root daemon acting for the user.
+/// workspace: a tmpfs here), the window is the copy's own: a fanotify hold
+/// on the change set's file stops the copy's open of it while the host's
+/// file is edited (after the apply's check, before its swap). A root daemon acting
+/// for the user.
 #[test]
-fn an_edit_made_as_an_applys_copy_appears_survives_and_the_runs_version_is_held() {
+fn an_edit_made_while_an_apply_copies_survives_and_the_runs_version_is_held() {
     if !is_root() {
         skipped("not root: a filesystem for the change sets cannot be mounted");
         return;
@@ -499,7 +558,7 @@ fn an_edit_made_as_an_applys_copy_appears_survives_and_the_runs_version_is_held(
         let b = daemon(&dir, user.as_ref(), true, &state, &[]);
         let ws = dir.join(&format!("ws-{edit:?}"));
         users_dir(&ws, user.as_ref());
-        window_race(&b, &ws, None, edit, 64);
+        window_race(&b, &ws, Window::Opening { state: &state }, edit, 64);
     }
 }
 

@@ -101,6 +101,7 @@ fn run() -> Result<(), (Errno, String)> {
         "membomb" => membomb(arg(1).parse().unwrap_or(4096)),
         "spin" => spin(),
         "bigfile" => bigfile(&arg(1), arg(2).parse().unwrap_or(1024)),
+        "hold-open" => hold_open(&arg(1)),
         "setuid-file" => setuid_file(&arg(1), arg(2).parse().unwrap_or(1)),
         "write-sleep" => {
             std::fs::write(arg(1), b"probe\n").map_err(io)?;
@@ -692,6 +693,58 @@ fn bigfile(path: &str, mib: usize) -> Outcome {
         }
     }
     Ok(format!("wrote {written} bytes"))
+}
+
+/// Holds the next open of `path` (a fanotify permission event: the opener
+/// waits, whatever its flags): prints `held`; when a process opens the file,
+/// prints `opened` and reads a line on stdin before letting the open go on.
+/// A test acts at that moment, while the opener waits.
+fn hold_open(path: &str) -> Outcome {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let path = std::ffi::CString::new(path).map_err(|e| (Errno::EINVAL, e.to_string()))?;
+    let class = libc::FAN_CLASS_CONTENT | libc::FAN_CLOEXEC;
+    // SAFETY: fanotify_init takes flags only and returns a new descriptor or -1.
+    let fan = sys(unsafe { libc::fanotify_init(class, libc::O_RDONLY as u32) }.into())?;
+    // SAFETY: a descriptor fanotify_init just returned, owned by nobody else.
+    let fan = unsafe { OwnedFd::from_raw_fd(fan as i32) };
+    let mark = libc::FAN_MARK_ADD;
+    // SAFETY: a live descriptor and a NUL-terminated path that outlives the call.
+    let marked = unsafe {
+        libc::fanotify_mark(fan.as_raw_fd(), mark, libc::FAN_OPEN_PERM, libc::AT_FDCWD, path.as_ptr())
+    };
+    sys(marked.into())?;
+    say("held");
+    let mut ready = [libc::pollfd { fd: fan.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+    // SAFETY: one pollfd that lives through the call.
+    if sys(unsafe { libc::poll(ready.as_mut_ptr(), 1, 60_000) }.into())? == 0 {
+        return Err((Errno::ETIMEDOUT, "nobody opened the file".into()));
+    }
+    let mut event = std::mem::MaybeUninit::<libc::fanotify_event_metadata>::uninit();
+    let size = std::mem::size_of::<libc::fanotify_event_metadata>();
+    // SAFETY: reads at most `size` bytes into memory of that size.
+    let n = sys(unsafe { libc::read(fan.as_raw_fd(), event.as_mut_ptr().cast(), size) } as libc::c_long)?;
+    if n as usize != size {
+        return Err((Errno::EIO, format!("an event of {n} bytes")));
+    }
+    // SAFETY: the kernel filled all `size` bytes of one event's metadata.
+    let event = unsafe { event.assume_init() };
+    // SAFETY: the event's descriptor is this process's, to close.
+    let opened = unsafe { OwnedFd::from_raw_fd(event.fd) };
+    say("opened");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).map_err(io)?;
+    let answer = libc::fanotify_response { fd: opened.as_raw_fd(), response: libc::FAN_ALLOW };
+    let size = std::mem::size_of::<libc::fanotify_response>();
+    // SAFETY: writes `size` bytes from a response that lives through the call.
+    sys(unsafe { libc::write(fan.as_raw_fd(), (&raw const answer).cast(), size) } as libc::c_long)?;
+    Ok(String::new())
+}
+
+/// `line` on stdout at once.
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
 }
 
 /// The exit codes of `detach_sleeper`'s middle child, and of its sleeper
