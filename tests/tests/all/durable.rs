@@ -372,7 +372,7 @@ enum Window<'a> {
 /// appends to `small.txt` before the apply (a conflict seen as ever) and
 /// edits `data.bin` in the window of the apply. Both edits survive; the
 /// run's versions are still held.
-fn window_race(b: &Broker, ws: &Path, window: Window, edit: Edit, mib: usize) {
+fn window_race(b: &Broker, ws: &Path, window: Window<'_>, edit: Edit, mib: usize) {
     let marker = match window {
         Window::Marker(m) => Some(m),
         Window::Opening { .. } => None,
