@@ -115,12 +115,28 @@ async fn release_when(
 }
 
 /// Microseconds since the run started, at each step (logged at debug level).
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 struct Timeline {
     spawned_us: u128,
     exited_us: u128,
     closed_us: u128,
     status_read_us: u128,
+}
+
+impl Timeline {
+    /// Logs the steps of run `run_id`, started at `started`, at debug level.
+    fn log(&self, run_id: u64, started: Instant) {
+        let Timeline { spawned_us, exited_us, closed_us, status_read_us } = *self;
+        tracing::debug!(
+            run_id,
+            spawned_us,
+            exited_us,
+            closed_us,
+            status_read_us,
+            done_us = started.elapsed().as_micros(),
+            "run timeline"
+        );
+    }
 }
 
 impl Engine {
@@ -462,16 +478,7 @@ impl Engine {
             None => exit_status(report.exit, &usage)?,
         };
         tracing::info!(run_id, pid, ?status, wall_ms, "run finished");
-        let Timeline { spawned_us, exited_us, closed_us, status_read_us } = timeline;
-        tracing::debug!(
-            run_id,
-            spawned_us,
-            exited_us,
-            closed_us,
-            status_read_us,
-            done_us = started.elapsed().as_micros(),
-            "run timeline"
-        );
+        timeline.log(run_id, started);
         Ok(RunResult {
             run_id,
             status,
