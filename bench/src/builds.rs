@@ -4,7 +4,8 @@
 //! 20,000 small files written. Each bare, through bwrap (the same binds a
 //! sandbox would need: the system read-only, the workspace writable), and
 //! through `palisade run` (the embedded broker, and a daemon), on a fresh
-//! copy of the same workspace every time (the copy untimed), the launchers
+//! copy of the same workspace every time (the copy untimed; the last one
+//! moved aside, removed after the work's rounds), the launchers
 //! interleaved in every round; medians. palisade's runs write to a change
 //! set that is applied when they end: where its time past the command's
 //! goes is read from the embedded broker's own log (its `settle timeline`:
@@ -130,6 +131,8 @@ struct Runner {
     bwrap: Vec<String>,
     policy: PathBuf,
     state: PathBuf,
+    /// Where each run's workspace goes after it (see [`Runner::once`]).
+    trash: PathBuf,
     daemon: Daemon,
     /// The environment every launcher gives the command.
     env: Vec<(String, String)>,
@@ -177,7 +180,15 @@ impl Runner {
         initial: &Path,
         script: &str,
     ) -> Result<(f64, Option<(u64, u64)>), String> {
-        let _ = Command::new("rm").arg("-rf").arg(&self.ws).status();
+        // The last run's workspace moved aside, removed once the work's
+        // rounds are done: ext4 makes a file slowly right after many were
+        // removed (it passes over their inodes), which would time the
+        // removal and not the run.
+        if self.ws.exists() {
+            let aside =
+                self.trash.join(format!("{}", std::fs::read_dir(&self.trash).map_or(0, |d| d.count())));
+            std::fs::rename(&self.ws, aside).map_err(|e| format!("cannot move the workspace aside: {e}"))?;
+        }
         let copied = Command::new("cp").arg("-a").arg(initial).arg(&self.ws).status();
         if !copied.is_ok_and(|s| s.success()) {
             return Err("cannot copy the workspace".into());
@@ -260,6 +271,7 @@ pub fn builds(dir: &Path, rounds: usize) -> String {
         bwrap: bwrap_args(&ws, &ro),
         policy,
         state: base.join("state"),
+        trash: base.join("trash"),
         daemon: Daemon::start_with(&base, "builds", true, false, "", &profile),
         env: vec![
             ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
@@ -268,6 +280,7 @@ pub fn builds(dir: &Path, rounds: usize) -> String {
         ],
         ws,
     };
+    let _ = std::fs::create_dir(&runner.trash);
     out.push_str(
         "| work | bare s | bwrap s (×) | palisade embedded s (×) | palisade daemon s (×) | capture ms | apply ms |\n\
          |---|---:|---:|---:|---:|---:|---:|\n",
@@ -293,6 +306,8 @@ pub fn builds(dir: &Path, rounds: usize) -> String {
                 }
             }
         }
+        let _ = Command::new("rm").arg("-rf").arg(&runner.trash).status();
+        let _ = std::fs::create_dir(&runner.trash);
         if let Some(e) = failed {
             out.push_str(&format!("| {} | failed: {} |||||\n", work.name, e.lines().next().unwrap_or("")));
             continue;

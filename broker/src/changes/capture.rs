@@ -496,16 +496,23 @@ fn too_large(why: String) -> io::Error {
 
 /// The sha256 (hex) of the file `fd`, read from its start.
 pub fn sha256_of(fd: &OwnedFd) -> io::Result<String> {
+    // One buffer a thread: a capture hashes thousands of small files.
+    thread_local!(static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 256 * 1024]));
     let mut file = std::fs::File::from(fd.try_clone()?);
     let mut hash = sha2::Sha256::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    loop {
-        match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => hash.update(&buf[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+    BUF.with_borrow_mut(|buf| {
+        loop {
+            match file.read(buf) {
+                Ok(0) => return Ok(()),
+                Ok(n) => hash.update(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
         }
+    })?;
+    let mut hex = String::with_capacity(64);
+    for b in hash.finalize() {
+        let _ = std::fmt::Write::write_fmt(&mut hex, format_args!("{b:02x}"));
     }
-    Ok(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex)
 }
