@@ -47,9 +47,13 @@ pub struct Inspection {
 /// With `header`, the proxy sets that header (the value `format` with `{}`
 /// replaced by the secret) on every request to the hosts. With `env`, the
 /// run's variable holds a placeholder unique to the run, and the proxy
-/// replaces it with the secret wherever a request to the hosts carries it
-/// (a header, a Basic authorization's password, the target); a request
-/// that carries it to any other inspected host is refused.
+/// replaces it with the secret where the grant's `placeholder_in` puts it
+/// (default `["Authorization"]`: that header's value, a Basic
+/// authorization's decoded text included; a `?NAME` entry: the value of
+/// that query parameter) in a request to the hosts; a request that carries
+/// it anywhere else, or to any other host, is refused. Either way the
+/// secret is added only over TLS to an origin whose certificate was
+/// verified.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct CredentialGrant {
@@ -71,7 +75,14 @@ pub struct CredentialGrant {
     pub format: Option<String>,
     #[serde(default)]
     pub env: Option<String>,
+    /// Where an `env` grant's placeholder is swapped: header names, and
+    /// `?NAME` for a query parameter (default `["Authorization"]`).
+    #[serde(default)]
+    pub placeholder_in: Option<Vec<String>>,
 }
+
+/// Where a placeholder goes when the grant does not say.
+pub const DEFAULT_PLACEHOLDER_IN: &str = "Authorization";
 
 impl CredentialGrant {
     /// The name results and the journal use: the secret's, or the file's path.
@@ -106,6 +117,16 @@ impl CredentialGrant {
                 return Err(format!("{what}: format goes with header and holds \"{{}}\" once, on one line"));
             }
         }
+        if let Some(places) = &self.placeholder_in {
+            if self.env.is_none() || places.is_empty() {
+                return Err(format!("{what}: placeholder_in goes with env and names at least one place"));
+            }
+            if let Some(bad) = places.iter().find(|p| !placement(p)) {
+                return Err(format!(
+                    "{what}: placeholder_in: {bad:?} is neither a header name nor ?NAME (a query parameter)"
+                ));
+            }
+        }
         if self.hosts.is_empty() {
             return Err(format!("{what}: hosts is empty"));
         }
@@ -117,6 +138,16 @@ impl CredentialGrant {
         }
         Ok(())
     }
+}
+
+/// A header name, or `?` and a query parameter's name.
+fn placement(place: &str) -> bool {
+    let name = place.strip_prefix('?').unwrap_or(place);
+    let query = name.len() != place.len();
+    !name.is_empty()
+        && name.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || b == b'-' || (query && matches!(b, b'_' | b'.' | b'[' | b']'))
+        })
 }
 
 /// `read_only`'s methods: those that change nothing on a well-behaved origin.
@@ -257,7 +288,9 @@ pub fn judge(rules: &[RequestRule], method: &str, host: &str, target: &str) -> V
 }
 
 /// A path an origin might read as another one: not absolute, a `.` or
-/// `..` segment, a percent-encoded `.`, `/` or `\`, a backslash.
+/// `..` segment (also with a `;` parameter after it, which some servers
+/// drop before they resolve the path: `/..;/`), a percent-encoded `.`, `/`
+/// or `\`, a backslash.
 fn ambiguous(path: &str) -> Option<&'static str> {
     if !path.starts_with('/') {
         return Some("is not absolute");
@@ -269,7 +302,7 @@ fn ambiguous(path: &str) -> Option<&'static str> {
     if ["%2e", "%2f", "%5c"].iter().any(|e| lower.contains(e)) {
         return Some("holds an encoded '.', '/' or '\\'");
     }
-    if path.split('/').any(|s| s == "." || s == "..") {
+    if path.split('/').map(|s| s.split(';').next().unwrap_or_default()).any(|s| s == "." || s == "..") {
         return Some("holds a '.' or '..' segment");
     }
     None
@@ -328,11 +361,14 @@ mod tests {
             "/repos/ORG/%2F..",
             "/repos/ORG/.\\x",
             "/repos/ORG/./x",
+            "/repos/ORG/..;/EVIL/x",
+            "/repos/ORG/.;x=1/x",
             "*",
         ] {
             assert!(matches!(judge(&r, "GET", "a.test", path), Verdict::Refused(_)), "{path}");
         }
         assert!(matches!(judge(&r, "GET", "a.test", "/repos/ORG/a..b/c"), Verdict::Allowed(_)));
+        assert!(matches!(judge(&r, "GET", "a.test", "/repos/ORG/a;v=1/c"), Verdict::Allowed(_)));
     }
 
     #[test]
@@ -359,7 +395,23 @@ mod tests {
             Ok(())
         );
         assert_eq!(parse("file = \"/run/t\"\nhosts = [\"a.test\"]\nenv = \"GH_TOKEN\""), Ok(()));
+        assert_eq!(
+            parse(
+                "secret = \"k\"\nhosts = [\"a.test\"]\nenv = \"K\"\nplaceholder_in = [\"X-Api-Key\", \"?key\"]"
+            ),
+            Ok(())
+        );
         for (text, want) in [
+            (
+                "secret = \"k\"\nhosts = [\"a.test\"]\nheader = \"X\"\nplaceholder_in = [\"X\"]",
+                "placeholder_in goes with env",
+            ),
+            ("secret = \"k\"\nhosts = [\"a.test\"]\nenv = \"K\"\nplaceholder_in = []", "at least one place"),
+            (
+                "secret = \"k\"\nhosts = [\"a.test\"]\nenv = \"K\"\nplaceholder_in = [\"path\", \"a b\"]",
+                "\"a b\" is neither",
+            ),
+            ("secret = \"k\"\nhosts = [\"a.test\"]\nenv = \"K\"\nplaceholder_in = [\"?\"]", "is neither"),
             ("hosts = [\"a.test\"]\nenv = \"T\"", "exactly one of secret and file"),
             ("secret = \"gh\"\nhosts = [\"a.test\"]", "exactly one of header and env"),
             ("secret = \"gh\"\nhosts = [\"b.test\"]\nenv = \"T\"", "not in inspect.domains"),

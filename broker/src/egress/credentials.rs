@@ -1,16 +1,24 @@
 //! Credentials the run never sees: the proxy adds a secret to inspected
-//! requests to the hosts it is granted for (`inspect.credentials`). A
-//! header grant sets a header; an env grant swaps the run's placeholder
-//! for the secret wherever a request to the hosts carries it (a header
-//! value, a Basic authorization's decoded text, the target), and refuses a
-//! request that carries it anywhere else. Secret values live in this
-//! module's [`Live`] only: never in a plan, a record, a log or a result.
+//! requests to the hosts it is granted for (`inspect.credentials`), and
+//! only over TLS to an origin whose certificate it verified. A header
+//! grant sets a header; an env grant swaps the run's placeholder for the
+//! secret where the grant puts it (`placeholder_in`: headers, a Basic
+//! authorization's decoded text, query parameters), and refuses a request
+//! that carries it anywhere else or to another host. Every request the
+//! proxy reads is searched for the secret itself (and its encodings), and
+//! a granted host's answer has it replaced by the placeholder
+//! (`scrub.rs`): an origin that echoes what it was sent hands the run the
+//! placeholder back, never the secret. Secret values live in this module's
+//! [`Live`] and the [`Secrets`] finder only: never in a plan, a record, a
+//! log or a result.
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use base64::Engine as _;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::http::request::Parts;
 use palisade_policy::EgressPlan;
 use palisade_policy::egress::allowed;
+use palisade_policy::inspect::DEFAULT_PLACEHOLDER_IN;
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -19,6 +27,9 @@ use std::path::{Path, PathBuf};
 const MAX_SECRET_BYTES: u64 = 64 * 1024;
 /// systemd's credentials of the service (`LoadCredential=`).
 const CREDENTIALS_DIRECTORY: &str = "CREDENTIALS_DIRECTORY";
+/// Shortest encoded form searched for: a shorter one would match text
+/// that merely happens to hold it.
+const MIN_FORM: usize = 8;
 
 /// One credential with its value, for the run.
 pub struct Live {
@@ -26,8 +37,13 @@ pub struct Live {
     hosts: Vec<String>,
     /// A header grant: the header and its value, secret in place.
     header: Option<(HeaderName, HeaderValue)>,
-    /// An env grant: the run's placeholder (empty for a header grant).
+    /// What stands for the secret: the run's placeholder (an env grant),
+    /// or one of the broker's own (a header grant, for answers).
     placeholder: String,
+    /// An env grant: the headers where the placeholder is swapped.
+    in_headers: Vec<HeaderName>,
+    /// An env grant: the query parameters where the placeholder is swapped.
+    in_query: Vec<String>,
     value: String,
 }
 
@@ -37,41 +53,77 @@ impl std::fmt::Debug for Live {
     }
 }
 
-/// A fresh placeholder for the credential `name`, unique to a run.
-pub fn placeholder(name: &str) -> String {
+/// A run's credentials, and the finder of their secrets.
+#[derive(Debug, Default)]
+pub struct Credentials {
+    pub(super) live: Vec<Live>,
+    pub(super) secrets: Option<std::sync::Arc<Secrets>>,
+}
+
+/// Every form of every secret, found at once.
+pub struct Secrets {
+    finder: AhoCorasick,
+    /// For each pattern, the credential it is a form of.
+    owner: Vec<usize>,
+    /// For each credential, what replaces its secret in an answer.
+    stand_in: Vec<Vec<u8>>,
+    /// The longest pattern's length.
+    pub(super) longest: usize,
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secrets").field("patterns", &self.owner.len()).finish_non_exhaustive()
+    }
+}
+
+/// A fresh placeholder, unique to a run and opaque: it tells nothing of
+/// the credential or where its secret is kept.
+pub fn placeholder() -> String {
     let mut random = [0u8; 16];
     // A failing source of randomness leaves a placeholder that is still
-    // the run's own name and counter: never the secret.
+    // not the secret, only guessable.
     let _ = getrandom::fill(&mut random);
     let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
-    let name: String = name.chars().filter(char::is_ascii_alphanumeric).take(24).collect();
-    format!("palisade-credential-{name}-{hex}")
+    format!("palisade-credential-{hex}")
 }
 
 /// Reads every credential's secret.
-pub fn load(plan: &EgressPlan) -> Result<Vec<Live>, String> {
-    plan.credentials
-        .iter()
-        .map(|c| {
-            let g = &c.grant;
-            let name = g.name();
-            let value = read(plan, g).map_err(|e| format!("credential {name}: {e}"))?;
-            let header = match &g.header {
-                Some(h) => {
-                    let text = g.format.as_deref().unwrap_or("{}").replace("{}", &value);
-                    let name = HeaderName::from_bytes(h.as_bytes()).map_err(|e| format!("{h}: {e}"))?;
-                    let value = HeaderValue::from_str(&text)
-                        .map_err(|_| format!("credential {}: the secret is not a header's text", g.name()))?;
-                    Some((name, value))
-                }
-                None => None,
-            };
-            if g.env.is_some() && c.placeholder.is_empty() {
-                return Err(format!("credential {name}: the run was given no placeholder"));
-            }
-            Ok(Live { name, hosts: g.hosts.clone(), header, placeholder: c.placeholder.clone(), value })
-        })
-        .collect()
+pub fn load(plan: &EgressPlan) -> Result<Credentials, String> {
+    let live = plan.credentials.iter().map(|c| one(plan, c)).collect::<Result<Vec<Live>, String>>()?;
+    let secrets = if live.is_empty() { None } else { Some(std::sync::Arc::new(Secrets::new(&live)?)) };
+    Ok(Credentials { live, secrets })
+}
+
+fn one(plan: &EgressPlan, c: &palisade_policy::Credential) -> Result<Live, String> {
+    let g = &c.grant;
+    let name = g.name();
+    let value = read(plan, g).map_err(|e| format!("credential {name}: {e}"))?;
+    let header = match &g.header {
+        Some(h) => {
+            let text = g.format.as_deref().unwrap_or("{}").replace("{}", &value);
+            let name = HeaderName::from_bytes(h.as_bytes()).map_err(|e| format!("{h}: {e}"))?;
+            let value = HeaderValue::from_str(&text)
+                .map_err(|_| format!("credential {}: the secret is not a header's text", g.name()))?;
+            Some((name, value))
+        }
+        None => None,
+    };
+    if g.env.is_some() && c.placeholder.is_empty() {
+        return Err(format!("credential {name}: the run was given no placeholder"));
+    }
+    let places = g.placeholder_in.clone().unwrap_or_else(|| vec![DEFAULT_PLACEHOLDER_IN.into()]);
+    let (query, headers): (Vec<String>, Vec<String>) = places.into_iter().partition(|p| p.starts_with('?'));
+    let in_headers = match g.env {
+        Some(_) => headers
+            .iter()
+            .map(|h| HeaderName::from_bytes(h.as_bytes()).map_err(|e| format!("credential {name}: {h}: {e}")))
+            .collect::<Result<_, _>>()?,
+        None => vec![],
+    };
+    let in_query = if g.env.is_some() { query.iter().map(|q| q[1..].to_owned()).collect() } else { vec![] };
+    let placeholder = if c.placeholder.is_empty() { placeholder() } else { c.placeholder.clone() };
+    Ok(Live { name, hosts: g.hosts.clone(), header, placeholder, in_headers, in_query, value })
 }
 
 fn read(plan: &EgressPlan, grant: &palisade_policy::inspect::CredentialGrant) -> Result<String, String> {
@@ -124,16 +176,204 @@ fn secret_path(plan: &EgressPlan, name: &str) -> Result<PathBuf, String> {
     Ok(Path::new(&dir).join(name))
 }
 
-/// Adds the credentials granted for `host` to a request, and refuses one
-/// that carries a placeholder to a host it is not granted for. The names
-/// of the credentials used.
-pub fn apply(live: &[Live], host: &str, parts: &mut Parts) -> Result<Vec<String>, String> {
+/// The forms a secret travels in: itself, percent-encoded, JSON-escaped,
+/// and the part of its base64 (standard and URL-safe) that does not
+/// depend on what is beside it, at each of the three alignments.
+fn forms(secret: &str) -> Vec<Vec<u8>> {
+    let raw = secret.as_bytes();
+    let mut out = vec![raw.to_vec()];
+    let mut upper = String::new();
+    for &b in raw {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            upper.push(b as char);
+        } else {
+            upper.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out.push(lower_escapes(&upper).into_bytes());
+    out.push(upper.into_bytes());
+    let json = serde_json::to_string(secret).unwrap_or_default();
+    let json = json.trim_matches('"').to_owned();
+    out.push(json.replace('/', "\\/").into_bytes());
+    out.push(json.into_bytes());
+    for shift in 0..3 {
+        let mut bytes = vec![0u8; shift];
+        bytes.extend_from_slice(raw);
+        let (from, to) = ((8 * shift).div_ceil(6), (8 * bytes.len()) / 6);
+        for engine in [
+            &base64::engine::general_purpose::STANDARD_NO_PAD,
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+        ] {
+            let text = engine.encode(&bytes);
+            if let Some(core) = text.get(from..to) {
+                out.push(core.as_bytes().to_vec());
+            }
+        }
+    }
+    let first = out[0].clone();
+    out.retain(|f| f == &first || f.len() >= MIN_FORM);
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// `%AB` escapes in lower case.
+fn lower_escapes(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut hex = 0;
+    for c in text.chars() {
+        if c == '%' {
+            hex = 2;
+            out.push(c);
+        } else if hex > 0 {
+            hex -= 1;
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl Secrets {
+    fn new(live: &[Live]) -> Result<Secrets, String> {
+        let mut patterns = Vec::new();
+        let mut owner = Vec::new();
+        for (i, c) in live.iter().enumerate() {
+            for form in forms(&c.value) {
+                patterns.push(form);
+                owner.push(i);
+            }
+        }
+        let finder = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&patterns)
+            .map_err(|e| format!("the credentials' finder: {e}"))?;
+        let longest = patterns.iter().map(Vec::len).max().unwrap_or(1);
+        let stand_in = live.iter().map(|c| c.placeholder.clone().into_bytes()).collect();
+        Ok(Secrets { finder, owner, stand_in, longest })
+    }
+
+    /// The credential whose secret `text` holds, in any form.
+    fn found(&self, text: &[u8]) -> Option<usize> {
+        self.finder.find(text).map(|m| self.owner[m.pattern().as_usize()])
+    }
+
+    /// `text` with every secret replaced by what stands for it; `None`
+    /// when it holds none.
+    pub(super) fn replaced(&self, text: &[u8]) -> Option<Vec<u8>> {
+        self.finder.find(text)?;
+        let mut out = Vec::with_capacity(text.len());
+        let mut at = 0;
+        for m in self.finder.find_iter(text) {
+            out.extend_from_slice(&text[at..m.start()]);
+            out.extend_from_slice(&self.stand_in[self.owner[m.pattern().as_usize()]]);
+            at = m.end();
+        }
+        out.extend_from_slice(&text[at..]);
+        Some(out)
+    }
+
+    /// The front of `buf` that no secret can span into what comes next
+    /// (all of it at the `end`), with every secret in it replaced; it is
+    /// taken out of `buf`.
+    pub(super) fn take(&self, buf: &mut Vec<u8>, end: bool) -> Vec<u8> {
+        let mut cut = if end { buf.len() } else { buf.len().saturating_sub(self.longest - 1) };
+        let mut out = Vec::with_capacity(cut);
+        let mut at = 0;
+        for m in self.finder.find_iter(&buf[..]) {
+            if m.start() >= cut {
+                break;
+            }
+            out.extend_from_slice(&buf[at..m.start()]);
+            out.extend_from_slice(&self.stand_in[self.owner[m.pattern().as_usize()]]);
+            at = m.end();
+            cut = cut.max(at);
+        }
+        out.extend_from_slice(&buf[at..cut]);
+        buf.drain(..cut);
+        out
+    }
+}
+
+impl Credentials {
+    /// Whether a credential is granted for `host`: its answers are searched.
+    pub fn granted(&self, host: &str) -> bool {
+        self.live.iter().any(|c| allowed(host, &c.hosts))
+    }
+
+    /// The credential whose secret the request's head carries (its target,
+    /// a header, a Basic authorization's decoded text).
+    fn carried_secret(&self, parts: &Parts) -> Option<&str> {
+        let secrets = self.secrets.as_ref()?;
+        let values = parts.headers.values().map(|v| v.as_bytes().to_vec());
+        let decoded = parts.headers.values().filter_map(|v| basic(v.to_str().ok()?)).map(String::into_bytes);
+        std::iter::once(parts.uri.to_string().into_bytes())
+            .chain(values)
+            .chain(decoded)
+            .find_map(|text| secrets.found(&text))
+            .map(|i| self.live[i].name.as_str())
+    }
+
+    /// A plain HTTP request head the proxy passes on unread: refused when
+    /// it carries a secret.
+    pub fn check_head(&self, head: &[u8]) -> Result<(), String> {
+        match self.secrets.as_ref().and_then(|s| s.found(head)) {
+            Some(i) => Err(secret_carried(&self.live[i].name)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn secret_carried(name: &str) -> String {
+    format!(
+        "the request carries credential {name}'s secret itself (or an encoding of it): the broker adds it \
+         only where its grant says, and the run is never to send it"
+    )
+}
+
+/// Where a request carries a placeholder.
+#[derive(Debug, PartialEq, Eq)]
+enum Place {
+    Header(HeaderName),
+    Query(String),
+    Path,
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Place::Header(h) => write!(f, "the header {h}"),
+            Place::Query(q) => write!(f, "the query parameter ?{q}"),
+            Place::Path => write!(f, "the request's path"),
+        }
+    }
+}
+
+/// Adds the credentials granted for `host` to a request (`tls`: on a TLS
+/// connection to a verified origin), and refuses one that carries a
+/// secret, or a placeholder anywhere but where its grant puts it. The
+/// names of the credentials used.
+pub fn apply(creds: &Credentials, host: &str, tls: bool, parts: &mut Parts) -> Result<Vec<String>, String> {
+    if let Some(name) = creds.carried_secret(parts) {
+        return Err(secret_carried(name));
+    }
+    let plain = |c: &Live| {
+        format!(
+            "credential {} is added only over TLS to an origin whose certificate the broker verified; this \
+             request to {host} is plain HTTP",
+            c.name
+        )
+    };
     let mut used = Vec::new();
-    for c in live {
+    for c in &creds.live {
         let granted = allowed(host, &c.hosts);
-        if !c.placeholder.is_empty() {
-            let carried = swap(parts, &c.placeholder, granted.then_some(c.value.as_str()));
-            if carried && !granted {
+        if c.header.is_none() {
+            let places = carried(parts, &c.placeholder);
+            if places.is_empty() {
+                continue;
+            }
+            if !granted {
                 return Err(format!(
                     "the request carries credential {}'s placeholder to {host}, which it is not granted for \
                      (granted: {})",
@@ -141,11 +381,23 @@ pub fn apply(live: &[Live], host: &str, parts: &mut Parts) -> Result<Vec<String>
                     c.hosts.join(", ")
                 ));
             }
-            if carried {
-                used.push(c.name.clone());
+            if let Some(p) = places.iter().find(|p| !c.may_carry(p)) {
+                return Err(format!(
+                    "the request carries credential {}'s placeholder in {p}, where its grant does not put it \
+                     (placeholder_in: {})",
+                    c.name,
+                    c.places().join(", ")
+                ));
             }
-        }
-        if let (Some((name, value)), true) = (&c.header, granted) {
+            if !tls {
+                return Err(plain(c));
+            }
+            c.swap(parts);
+            used.push(c.name.clone());
+        } else if let (Some((name, value)), true) = (&c.header, granted) {
+            if !tls {
+                return Err(plain(c));
+            }
             parts.headers.insert(name.clone(), value.clone());
             used.push(c.name.clone());
         }
@@ -153,40 +405,74 @@ pub fn apply(live: &[Live], host: &str, parts: &mut Parts) -> Result<Vec<String>
     Ok(used)
 }
 
-/// Whether the request carries `placeholder` (a header value, a Basic
-/// authorization's decoded text, the target); with `value`, each is
-/// replaced by it.
-fn swap(parts: &mut Parts, placeholder: &str, value: Option<&str>) -> bool {
-    let mut carried = false;
-    for header in parts.headers.values_mut() {
-        let Ok(text) = header.to_str() else { continue };
-        let replaced = match basic(text) {
-            Some(decoded) if decoded.contains(placeholder) => {
-                carried = true;
-                value.map(|v| {
-                    let inner =
-                        base64::engine::general_purpose::STANDARD.encode(decoded.replace(placeholder, v));
-                    format!("Basic {inner}")
-                })
-            }
-            _ if text.contains(placeholder) => {
-                carried = true;
-                value.map(|v| text.replace(placeholder, v))
-            }
-            _ => None,
-        };
-        if let Some(new) = replaced.and_then(|t| HeaderValue::from_str(&t).ok()) {
-            *header = new;
+/// Everywhere the request's head carries `placeholder`.
+fn carried(parts: &Parts, placeholder: &str) -> Vec<Place> {
+    let mut places = Vec::new();
+    for (name, value) in &parts.headers {
+        let text = String::from_utf8_lossy(value.as_bytes());
+        if text.contains(placeholder) || basic(&text).is_some_and(|d| d.contains(placeholder)) {
+            places.push(Place::Header(name.clone()));
         }
     }
-    let target = parts.uri.to_string();
-    if target.contains(placeholder) {
-        carried = true;
-        if let Some(uri) = value.and_then(|v| target.replace(placeholder, v).parse().ok()) {
+    if parts.uri.path().contains(placeholder) {
+        places.push(Place::Path);
+    }
+    for pair in parts.uri.query().unwrap_or_default().split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key.contains(placeholder) {
+            places.push(Place::Path);
+        } else if value.contains(placeholder) {
+            places.push(Place::Query(key.to_owned()));
+        }
+    }
+    places
+}
+
+impl Live {
+    fn may_carry(&self, place: &Place) -> bool {
+        match place {
+            Place::Header(h) => self.in_headers.contains(h),
+            Place::Query(q) => self.in_query.contains(q),
+            Place::Path => false,
+        }
+    }
+
+    fn places(&self) -> Vec<String> {
+        let headers = self.in_headers.iter().map(|h| h.to_string());
+        headers.chain(self.in_query.iter().map(|q| format!("?{q}"))).collect()
+    }
+
+    /// The placeholder replaced by the secret where the grant puts it
+    /// (every place it is carried was checked to be one of those).
+    fn swap(&self, parts: &mut Parts) {
+        for (name, header) in parts.headers.iter_mut() {
+            if !self.in_headers.contains(name) {
+                continue;
+            }
+            let Ok(text) = header.to_str() else { continue };
+            let replaced = match basic(text) {
+                Some(decoded) if decoded.contains(&self.placeholder) => {
+                    let inner = base64::engine::general_purpose::STANDARD
+                        .encode(decoded.replace(&self.placeholder, &self.value));
+                    format!("Basic {inner}")
+                }
+                _ => text.replace(&self.placeholder, &self.value),
+            };
+            if let Ok(new) = HeaderValue::from_str(&replaced) {
+                *header = new;
+            }
+        }
+        let Some(query) = parts.uri.query().filter(|q| q.contains(&self.placeholder)) else { return };
+        let query = query.replace(&self.placeholder, &self.value);
+        let target = format!("{}?{query}", parts.uri.path());
+        let mut uri = hyper::http::uri::Builder::new();
+        if let (Some(scheme), Some(authority)) = (parts.uri.scheme(), parts.uri.authority()) {
+            uri = uri.scheme(scheme.clone()).authority(authority.clone());
+        }
+        if let Ok(uri) = uri.path_and_query(target).build() {
             parts.uri = uri;
         }
     }
-    carried
 }
 
 /// The decoded text of a `Basic` authorization.

@@ -200,7 +200,13 @@ async fn handle(
     };
     let verdict = match other_host(&req, to.name) {
         Some(other) => Verdict::Refused(format!("a request for {other} on a connection to {}", to.name)),
-        None => judge(&run.plan.requests, &method, to.name, &target),
+        None => match (judge(&run.plan.requests, &method, to.name, &target), overriding(&req)) {
+            (Verdict::Allowed(_), Some(header)) => Verdict::Refused(format!(
+                "the request carries {header}, which would have the origin act on another method than the \
+                 rules judged ({method})"
+            )),
+            (verdict, _) => verdict,
+        },
     };
     let rule = match verdict {
         Verdict::Refused(why) => {
@@ -214,7 +220,8 @@ async fn handle(
         Verdict::Unruled => None,
     };
     let (mut parts, body) = req.into_parts();
-    match super::credentials::apply(&run.credentials, to.name, &mut parts) {
+    let tls = to.tls == Some(true);
+    match super::credentials::apply(&run.credentials, to.name, tls, &mut parts) {
         Ok(used) => record.credentials = used,
         Err(why) => {
             run.account.deny(to.name, to.port, to.via, &Refusal::RequestNotAllowed(why.clone()));
@@ -225,6 +232,12 @@ async fn handle(
     }
     record.allowed = true;
     record.rule = rule;
+    // A granted host's answer is searched for the secrets it was sent.
+    let scrub = run.credentials.secrets.clone().filter(|_| run.credentials.granted(to.name));
+    if scrub.is_some() {
+        super::scrub::ask_identity(&mut parts.headers);
+    }
+    let method = parts.method.clone();
     let forwarded = origin_request(Request::from_parts(parts, body), to);
     let answer = match sender.lock().await.as_mut() {
         Some(sender) => sender.send_request(forwarded).await.map_err(|e| e.to_string()),
@@ -235,13 +248,26 @@ async fn handle(
             strip_hop_headers(response.headers_mut());
             record.bytes_in =
                 response.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
-            response.map(|b| b.boxed())
+            match &scrub {
+                Some(secrets) => super::scrub::answer(secrets, &method, response)
+                    .unwrap_or_else(|why| text(StatusCode::BAD_GATEWAY, format!("{why}\n"))),
+                None => response.map(|b| b.boxed()),
+            }
         }
         Err(e) => text(StatusCode::BAD_GATEWAY, format!("the origin {} failed: {e}\n", to.name)),
     };
     record.status = response.status().as_u16();
     run.account.inspected(record);
     Ok(response)
+}
+
+/// Headers by which a request asks the origin to act on another method
+/// than its own (frameworks honour them for clients that cannot send it).
+const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+
+/// The method-override header a request carries, if any.
+fn overriding<B>(req: &Request<B>) -> Option<&'static str> {
+    METHOD_OVERRIDES.into_iter().find(|h| req.headers().contains_key(*h))
 }
 
 /// The host a request names (`Host`, or an absolute-form target) when it is

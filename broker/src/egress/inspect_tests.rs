@@ -91,18 +91,52 @@ async fn origin(config: Option<Arc<rustls::ServerConfig>>) -> u16 {
 async fn answer_each<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) {
     while let Some(head) = read_head(&mut s).await {
         let line = head.lines().next().unwrap_or_default().to_owned();
+        let target = line.split(' ').nth(1).unwrap_or_default().to_owned();
         let keep = |name: &str| {
             head.lines()
                 .filter(|l| l.to_ascii_lowercase().starts_with(&format!("{name}:")))
                 .collect::<Vec<_>>()
                 .join("\n")
         };
-        let body = format!("{line}\n{}\n{}\n", keep("host"), keep("authorization"));
-        let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+        // What the origin was sent, in a form no answer is searched for.
+        let seen: String = head.bytes().map(|b| format!("{b:02x}")).collect();
+        let answer = if target.starts_with("/reflect") {
+            reflect(&head, &target)
+        } else if target.starts_with("/gzip") {
+            "HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\ngzip".to_owned()
+        } else {
+            let body = format!("{line}\n{}\n{}\nseen {seen}\n", keep("host"), keep("authorization"));
+            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+        };
         if s.write_all(answer.as_bytes()).await.is_err() {
             return;
         }
     }
+}
+
+/// What an origin that echoes its request answers: a redirect to the
+/// target with a slash, a body quoting the request head as it came, in
+/// base64 and JSON-escaped, in chunks of 5 bytes (a secret in it is split).
+fn reflect(head: &str, target: &str) -> String {
+    let b64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, head);
+    let body = format!("Not found: {head}\nb64 {b64}\njson {}\n", serde_json::to_string(head).unwrap());
+    let chunks: String = body
+        .as_bytes()
+        .chunks(5)
+        .map(|c| format!("{:x}\r\n{}\r\n", c.len(), String::from_utf8_lossy(c)))
+        .collect();
+    format!(
+        "HTTP/1.1 301 Moved\r\nLocation: {target}/\r\nX-Echo: {}\r\nTransfer-Encoding: chunked\r\n\r\n{chunks}0\r\n\r\n",
+        head.lines().find(|l| l.to_ascii_lowercase().starts_with("authorization")).unwrap_or("none")
+    )
+}
+
+/// The request head the origin said it was sent (its `seen` line).
+fn origin_saw(body: &str) -> String {
+    let hex = body.lines().find_map(|l| l.strip_prefix("seen ")).unwrap_or_default();
+    let bytes: Vec<u8> =
+        (0..hex.len() / 2).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 async fn read_head<S: AsyncRead + Unpin>(s: &mut S) -> Option<String> {
@@ -117,19 +151,50 @@ async fn read_head<S: AsyncRead + Unpin>(s: &mut S) -> Option<String> {
     Some(String::from_utf8_lossy(&head).into_owned())
 }
 
-/// Reads one response (its head and a `Content-Length` body): status and body.
+/// Reads one response (its head and a `Content-Length` or chunked body):
+/// status and body.
 async fn response<S: AsyncRead + Unpin>(s: &mut S) -> (u16, String) {
+    let (status, _, body) = response_with_head(s).await;
+    (status, body)
+}
+
+async fn response_with_head<S: AsyncRead + Unpin>(s: &mut S) -> (u16, String, String) {
     let head = timeout(WAIT, read_head(s)).await.unwrap().expect("a response head");
     let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let len: usize = head
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())
+    let field = |name: &str| {
+        head.lines().find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
         })
-        .unwrap_or(0);
-    let mut body = vec![0u8; len];
-    timeout(WAIT, s.read_exact(&mut body)).await.unwrap().unwrap();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    let mut body = Vec::new();
+    if field("transfer-encoding").is_some_and(|t| t.eq_ignore_ascii_case("chunked")) {
+        loop {
+            let size = timeout(WAIT, read_line(s)).await.unwrap();
+            let size = usize::from_str_radix(size.trim(), 16).unwrap();
+            let mut chunk = vec![0u8; size + 2];
+            timeout(WAIT, s.read_exact(&mut chunk)).await.unwrap().unwrap();
+            if size == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..size]);
+        }
+    } else {
+        let len: usize = field("content-length").map_or(0, |v| v.parse().unwrap());
+        body = vec![0u8; len];
+        timeout(WAIT, s.read_exact(&mut body)).await.unwrap().unwrap();
+    }
+    (status, head, String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn read_line<S: AsyncRead + Unpin>(s: &mut S) -> String {
+    let mut line = Vec::new();
+    while !line.ends_with(b"\r\n") {
+        let mut byte = [0u8];
+        assert_eq!(s.read(&mut byte).await.unwrap(), 1, "a chunk's size line");
+        line.push(byte[0]);
+    }
+    String::from_utf8_lossy(&line).into_owned()
 }
 
 struct Setup {
@@ -334,7 +399,7 @@ async fn a_placeholder_is_swapped_for_its_hosts_and_refused_elsewhere() {
     p.inspect = vec!["allowed.test".into(), "*.wild.test".into()];
     p.ca_bundle = Some(ca);
     let mut by_env = grant(&token, &["allowed.test"], "env = \"TOKEN\"");
-    by_env.placeholder = credentials::placeholder("token");
+    by_env.placeholder = credentials::placeholder();
     p.credentials =
         vec![by_env.clone(), grant(&token, &["allowed.test"], "header = \"X-Api-Key\"\nformat = \"k={}\"")];
     let sandbox = start_with_authority(p, 443, &[], Some(authority.clone()));
@@ -350,12 +415,16 @@ async fn a_placeholder_is_swapped_for_its_hosts_and_refused_elsewhere() {
     .await;
     let (status, body) = response(&mut tls).await;
     assert_eq!(status, 200);
-    assert!(body.contains("Bearer s3cr3t-value") && !body.contains(placeholder), "{body}");
+    // The origin was sent the secret; its echo reaches the run as the placeholder.
+    let saw = origin_saw(&body);
+    assert!(saw.contains("Bearer s3cr3t-value") && !saw.contains(placeholder), "{saw}");
+    assert!(!body.contains("s3cr3t") && body.contains(&format!("Bearer {placeholder}")), "{body}");
     send(&mut tls, &format!("GET /b HTTP/1.1\r\nHost: allowed.test\r\nAuthorization: Basic {basic}\r\n\r\n"))
         .await;
     let (_, body) = response(&mut tls).await;
     let want = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, "git:s3cr3t-value");
-    assert!(body.contains(&want), "{body}");
+    assert!(origin_saw(&body).contains(&want), "{body}");
+    assert!(!body.contains(&want), "the echoed Basic authorization is not the secret's: {body}");
     drop(tls);
     // Another inspected host: the placeholder is refused there, the secret never sent.
     let mut tls = connect_to(&s, "a.wild.test", &[b"http/1.1"]).await.unwrap();
@@ -374,4 +443,164 @@ async fn a_placeholder_is_swapped_for_its_hosts_and_refused_elsewhere() {
     assert_eq!(names, [vec![token.clone(), token.clone()], vec![token.clone(), token], vec![], vec![]]);
     let text = format!("{traffic:?}");
     assert!(!text.contains("s3cr3t"), "no secret in the record: {text}");
+}
+
+/// A sandbox inspecting `allowed.test` (HTTPS, or plain HTTP without TLS)
+/// with one env grant for it, `placeholder_in` as given: the setup and the
+/// run's placeholder.
+async fn granted(tag: &str, tls: bool, way: &str) -> (Setup, String) {
+    let dir = Scratch::new(tag);
+    let (ca, config) = origin_tls_for(&dir.0, &["allowed.test", "a.wild.test"]);
+    let port = origin(tls.then_some(config)).await;
+    let authority = Arc::new(Authority::open(&dir.0.join("tls")).unwrap());
+    let token = secret_file(&dir.0, SECRET);
+    let mut p = plan(port);
+    p.inspect = vec!["allowed.test".into()];
+    p.ca_bundle = Some(ca);
+    let mut by_env = grant(&token, &["allowed.test"], way);
+    by_env.placeholder = credentials::placeholder();
+    p.credentials = vec![by_env.clone()];
+    let sandbox = start_with_authority(p, 443, &[], Some(authority.clone()));
+    (Setup { sandbox, authority, port, _dir: dir }, by_env.placeholder)
+}
+
+const SECRET: &str = "s3cr3t/value+with=things";
+
+/// Every form of [`SECRET`] an answer is searched for, as the test knows them.
+fn secret_forms() -> Vec<String> {
+    let b64 = |t: &str| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, t);
+    vec![
+        SECRET.into(),
+        "s3cr3t%2Fvalue%2Bwith%3Dthings".into(),
+        "s3cr3t\\/value+with=things".into(),
+        b64(SECRET).trim_end_matches('=').into(),
+        b64(&format!("x:{SECRET}"))[4..20].into(),
+    ]
+}
+
+#[tokio::test]
+async fn an_origin_that_echoes_the_secret_hands_the_run_the_placeholder() {
+    let (s, placeholder) =
+        granted("echo", true, "env = \"TOKEN\"\nplaceholder_in = [\"Authorization\", \"?key\"]").await;
+    let mut tls = connect(&s, &[b"http/1.1"]).await.unwrap();
+    // The origin is sent the secret where the grant puts it.
+    send(
+        &mut tls,
+        &format!("GET /a?key={placeholder} HTTP/1.1\r\nHost: allowed.test\r\nAuthorization: Bearer {placeholder}\r\n\r\n"),
+    )
+    .await;
+    let (status, body) = response(&mut tls).await;
+    assert_eq!(status, 200, "{body}");
+    let saw = origin_saw(&body);
+    assert!(saw.contains(&format!("/a?key={SECRET} ")) && saw.contains(&format!("Bearer {SECRET}")), "{saw}");
+    // An origin that reflects it (a redirect, a header, an error page in
+    // 5-byte chunks, base64 and JSON): the run gets the placeholder.
+    send(
+        &mut tls,
+        &format!(
+            "GET /reflect?key={placeholder} HTTP/1.1\r\nHost: allowed.test\r\nAuthorization: Basic {}\r\n\r\n",
+            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, format!("x:{placeholder}"))
+        ),
+    )
+    .await;
+    let (status, head, body) = response_with_head(&mut tls).await;
+    assert_eq!(status, 301, "{head}");
+    let answer = format!("{head}{body}");
+    for form in secret_forms() {
+        assert!(!answer.contains(&form), "{form:?} reached the run: {answer}");
+    }
+    assert!(head.contains(&format!("/reflect?key={placeholder}/")), "{head}");
+    assert!(body.contains(&format!("GET /reflect?key={placeholder} ")), "{body}");
+    // Had the run the secret, it could send it nowhere, the granted host included.
+    for host in ["allowed.test", "a.wild.test"] {
+        send(&mut tls, &format!("GET /x HTTP/1.1\r\nHost: allowed.test\r\nX-Leak: {SECRET}\r\n\r\n")).await;
+        let (status, body) = response(&mut tls).await;
+        assert_eq!(status, 403, "{host}: {body}");
+        assert!(body.contains("secret itself"), "{body}");
+    }
+    // An answer the broker could not search is not passed on.
+    send(&mut tls, "GET /gzip HTTP/1.1\r\nHost: allowed.test\r\n\r\n").await;
+    let (status, body) = response(&mut tls).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("Content-Encoding: gzip"), "{body}");
+    drop(tls);
+    // Plain HTTP to a host not inspected: the head is searched before anything is opened.
+    let mut tcp = TcpStream::connect(s.sandbox.proxy).await.unwrap();
+    let leak =
+        format!("GET http://a.wild.test:{}/?t={} HTTP/1.1\r\nHost: a.wild.test\r\n\r\n", s.port, SECRET);
+    send(&mut tcp, &leak).await;
+    let (status, body) = response(&mut tcp).await;
+    assert_eq!(status, 403, "{body}");
+    drop(tcp);
+    let traffic = s.sandbox.egress.finish().await;
+    let text = format!("{traffic:?}");
+    assert!(!text.contains(SECRET), "no secret in the record: {text}");
+    assert!(traffic.denied.iter().any(|d| d.host == "a.wild.test" && d.detail.contains("secret itself")));
+}
+
+#[tokio::test]
+async fn a_placeholder_goes_only_where_its_grant_puts_it() {
+    let (s, placeholder) = granted("places", true, "env = \"TOKEN\"").await;
+    let mut tls = connect(&s, &[b"http/1.1"]).await.unwrap();
+    for (request, place) in [
+        (format!("GET /v1/{placeholder}/x HTTP/1.1\r\nHost: allowed.test\r\n\r\n"), "path"),
+        (format!("GET /v1?q={placeholder} HTTP/1.1\r\nHost: allowed.test\r\n\r\n"), "?q"),
+        (format!("GET /v1 HTTP/1.1\r\nHost: allowed.test\r\nX-Other: {placeholder}\r\n\r\n"), "x-other"),
+    ] {
+        send(&mut tls, &request).await;
+        let (status, body) = response(&mut tls).await;
+        assert_eq!(status, 403, "{place}: {body}");
+        assert!(body.contains(place) && body.contains("placeholder_in: authorization"), "{body}");
+    }
+    // Where the grant puts it, it is swapped.
+    send(
+        &mut tls,
+        &format!("GET /v1 HTTP/1.1\r\nHost: allowed.test\r\nAuthorization: token {placeholder}\r\n\r\n"),
+    )
+    .await;
+    let (status, body) = response(&mut tls).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(origin_saw(&body).contains(&format!("token {SECRET}")), "{body}");
+    drop(tls);
+    let traffic = s.sandbox.egress.finish().await;
+    assert_eq!(traffic.requests.iter().map(|r| r.status).collect::<Vec<_>>(), [403, 403, 403, 200]);
+}
+
+#[tokio::test]
+async fn a_secret_is_never_added_over_plain_http() {
+    for way in ["env = \"TOKEN\"", "header = \"Authorization\"\nformat = \"Bearer {}\""] {
+        let (s, placeholder) = granted("plain-cred", false, way).await;
+        let mut tcp = TcpStream::connect(s.sandbox.proxy).await.unwrap();
+        let target = format!("http://allowed.test:{}/v1/x", s.port);
+        send(
+            &mut tcp,
+            &format!(
+                "GET {target} HTTP/1.1\r\nHost: allowed.test\r\nAuthorization: Bearer {placeholder}\r\n\r\n"
+            ),
+        )
+        .await;
+        let (status, body) = response(&mut tcp).await;
+        assert_eq!(status, 403, "{way}: {body}");
+        assert!(body.contains("only over TLS") && body.contains("plain HTTP"), "{body}");
+        drop(tcp);
+        let traffic = s.sandbox.egress.finish().await;
+        assert!(traffic.requests.iter().all(|r| !r.allowed && r.credentials.is_empty()), "{traffic:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_method_override_header_is_refused_where_rules_judge_the_method() {
+    let s = setup("override", &["read_only allowed.test/ok/*"]).await;
+    let mut tls = connect(&s, &[b"http/1.1"]).await.unwrap();
+    send(&mut tls, "GET /ok/x HTTP/1.1\r\nHost: allowed.test\r\n\r\n").await;
+    assert_eq!(response(&mut tls).await.0, 200);
+    for header in ["X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"] {
+        send(&mut tls, &format!("GET /ok/x HTTP/1.1\r\nHost: allowed.test\r\n{header}: DELETE\r\n\r\n"))
+            .await;
+        let (status, body) = response(&mut tls).await;
+        assert_eq!(status, 403, "{header}: {body}");
+        assert!(body.to_ascii_lowercase().contains(&header.to_ascii_lowercase()), "{body}");
+    }
+    send(&mut tls, "GET /ok/..;/admin HTTP/1.1\r\nHost: allowed.test\r\n\r\n").await;
+    assert_eq!(response(&mut tls).await.0, 403);
 }

@@ -21,6 +21,7 @@ mod name;
 mod pool;
 mod proxy;
 pub mod refusal;
+mod scrub;
 mod sni;
 #[cfg(test)]
 mod tests;
@@ -87,7 +88,7 @@ struct Run {
     /// inspects none).
     authority: Option<Arc<authority::Authority>>,
     /// The credentials of inspected requests, with their values.
-    credentials: Vec<credentials::Live>,
+    credentials: credentials::Credentials,
 }
 
 impl Egress {

@@ -100,6 +100,11 @@ async fn forward(
     head_len: usize,
 ) -> Result<(), Refusal> {
     let name = name::normalize(&request.host)?;
+    // A plain request's head is searched for a secret before anything is
+    // opened (past it, a connection to a name not inspected is not read).
+    if let Some(head) = &request.forward {
+        run.credentials.check_head(head).map_err(Refusal::RequestNotAllowed)?;
+    }
     let (mut origin, address) = connect::open(&run.plan, &name, request.port).await?;
     let inspected = run.plan.inspects(&name);
     let prefix = match request.forward {

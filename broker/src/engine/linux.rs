@@ -554,7 +554,7 @@ fn trust_authority(resolved: &mut Resolved) -> Result<(), BrokerError> {
     if let Some(egress) = resolved.egress_plan.as_mut() {
         for c in egress.credentials.iter_mut() {
             if let Some(var) = &c.grant.env {
-                c.placeholder = crate::egress::credentials::placeholder(&c.grant.name());
+                c.placeholder = crate::egress::credentials::placeholder();
                 env.push((var.clone(), c.placeholder.clone()));
             }
         }
