@@ -1630,7 +1630,8 @@ pub const BROKER_STATE_RULE: &str = "scope.broker_state";
 /// The existing sensitive paths that granted directories would expose, each
 /// with its granted directory and whether it is a directory: the sensitive
 /// names at a granted directory's top and in every home directory inside it
-/// (the users' of /etc/passwd and the request's `HOME`), and the absolute
+/// (the users' of /etc/passwd and the request's `HOME`), a home's names
+/// under a grant inside that home (`~/.config` shows no `gh`), and the absolute
 /// sensitive paths under it (`/etc/shadow`, configured ones, ...). Deeper
 /// copies elsewhere in a tree are not searched for (that would walk the
 /// whole tree at every run); naming one in the command line is refused.
@@ -1658,6 +1659,15 @@ fn sensitive_inside<'a>(
             let home_names = if homes.contains(base) { HOME_SENSITIVE_NAMES } else { &[] };
             for name in SENSITIVE_NAMES.iter().chain(home_names) {
                 add(root, base.join(name));
+            }
+        }
+        // A grant inside a home (`~/.config`): the home's names under it.
+        for h in homes.iter().filter(|h| root.starts_with(h) && *h != root) {
+            for name in SENSITIVE_NAMES.iter().chain(HOME_SENSITIVE_NAMES) {
+                let p = h.join(name);
+                if p.starts_with(root) && p != *root {
+                    add(root, p);
+                }
             }
         }
         for pattern in &absolute {

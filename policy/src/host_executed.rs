@@ -42,6 +42,13 @@ pub const HOST_EXECUTED: &[&str] = &[
     "**/.lefthook.yaml",
     "**/lefthook-local.yml",
     "**/lefthook-local.yaml",
+    // Run by an installed hook at every commit: lint-staged's, simple-git-hooks', overcommit's commands.
+    "**/.lintstagedrc",
+    "**/.lintstagedrc.*",
+    "**/lint-staged.config.*",
+    "**/.simple-git-hooks.*",
+    "**/simple-git-hooks.*",
+    "**/.overcommit.yml",
     // Editors run tasks, launch configurations and the commands their settings name.
     "**/.vscode/**",
     "**/*.code-workspace",
@@ -92,6 +99,11 @@ pub const HOST_EXECUTED: &[&str] = &[
     "**/.kiro/**",
     "**/.roo/**",
     "**/.windsurf/**",
+    "**/.amazonq/**",
+    "**/.junie/**",
+    "**/.qwen/**",
+    "**/.crush.json",
+    "**/crush.json",
     "**/.aider.conf.yml",
 ];
 
@@ -538,6 +550,17 @@ mod tests {
             (".ssh/authorized_keys", false),
             (".aws/config", false),
             ("tools/run-on-open.sh", false),
+            (".roo/mcp.json", false),
+            (".kiro/settings/mcp.json", false),
+            (".amazonq/mcp.json", false),
+            (".junie/mcp/mcp.json", false),
+            ("opencode.json", false),
+            (".crush.json", false),
+            (".aider.conf.yml", false),
+            ("lefthook.yml", false),
+            (".lintstagedrc", false),
+            (".lintstagedrc.json", false),
+            ("lint-staged.config.js", false),
         ] {
             assert!(matches!(check(held.0, held.1), Check::Withhold(_)), "{held:?}");
         }

@@ -31,6 +31,7 @@ pub const SENSITIVE_NAMES: &[&str] = &[
     ".config/gcloud",
     ".docker",
     ".dockercfg",
+    ".config/containers/auth.json",
     ".tsh",
     ".boto",
     ".s3cfg",
@@ -42,6 +43,7 @@ pub const SENSITIVE_NAMES: &[&str] = &[
     // Forges, registries and package indexes.
     ".git-credentials",
     ".git-credential-cache",
+    ".config/git/credentials",
     ".config/gh",
     ".config/hub",
     ".config/glab-cli",
@@ -89,8 +91,28 @@ pub const SENSITIVE_NAMES: &[&str] = &[
 
 /// Credentials by name only in a home directory (the request's `HOME` and the
 /// homes of /etc/passwd): a project's own `.npmrc` or `.azure` holds its
-/// settings, a user's holds tokens.
-pub const HOME_SENSITIVE_NAMES: &[&str] = &[".npmrc", ".azure", ".azd", ".gcloud"];
+/// settings, a user's holds tokens. The user's git configuration is one:
+/// `url.<base>.insteadOf` and `http.extraHeader` carry tokens (the run is
+/// given git's identity by its environment).
+pub const HOME_SENSITIVE_NAMES: &[&str] = &[
+    ".npmrc",
+    ".azure",
+    ".azd",
+    ".gcloud",
+    ".gitconfig",
+    ".config/git/config",
+    ".config/pip/pip.conf",
+    ".pip/pip.conf",
+    ".m2/settings.xml",
+    ".m2/settings-security.xml",
+    ".gradle/gradle.properties",
+    ".yarnrc.yml",
+    ".yarnrc",
+    ".bundle/config",
+    ".composer/auth.json",
+    ".config/composer/auth.json",
+    ".nuget/NuGet/NuGet.Config",
+];
 
 /// Whether `path` leads to or through one of [`SENSITIVE_NAMES`] (one
 /// component, or several such as `.config/gh`), wherever it is.

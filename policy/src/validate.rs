@@ -1147,6 +1147,14 @@ mod tests {
             ".zsh_history",
             ".local/share/fish/fish_history",
             ".python_history",
+            ".gitconfig",
+            ".config/git/config",
+            ".config/git/credentials",
+            ".config/pip/pip.conf",
+            ".m2/settings.xml",
+            ".gradle/gradle.properties",
+            ".config/containers/auth.json",
+            ".yarnrc.yml",
         ] {
             assert!(rules.sensitive(&home.join(name), Some(home)), "~/{name}");
         }

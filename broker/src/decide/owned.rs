@@ -7,9 +7,13 @@ use std::path::PathBuf;
 
 /// What the broker keeps, by its real location (canonical as far as it
 /// exists): its state directory, the journal, the trust stages and their
-/// lock, the skills and secrets, `temp_root`, its configuration and Cedar
+/// lock, the skills and secrets (the inspection authority's key is in the
+/// state directory), every file a credential grant names and systemd's
+/// credentials of the service, `temp_root`, its configuration and Cedar
 /// file, and `extra` (the socket's directory, where it serves one). No run
-/// is granted any of it, and inside a granted tree it is hidden.
+/// is granted any of it, and inside a granted tree it is hidden: a home
+/// used as a workspace does not show a credential's file to the run its
+/// placeholder stands in.
 pub fn owned(
     config: &palisade_policy::Config,
     journal: Option<&std::path::Path>,
@@ -35,6 +39,16 @@ pub fn owned(
     if let Ok((skills, secrets)) = crate::plugins::dirs(&config.plugins) {
         add(skills, "the skills index");
         add(secrets, "the plugin secrets");
+    }
+    let grants =
+        config.profile_tables().map(|(_, p)| &p.inspect).chain(config.tools.values().map(|t| &t.inspect));
+    for grant in grants.flat_map(|i| &i.credentials) {
+        if let Some(file) = &grant.file {
+            add(file.clone(), "a credential's secret (inspect.credentials)");
+        }
+    }
+    if let Some(dir) = std::env::var_os("CREDENTIALS_DIRECTORY") {
+        add(PathBuf::from(dir), "the service's credentials ($CREDENTIALS_DIRECTORY)");
     }
     add(temp_root.to_path_buf(), "the run directories (temp_root)");
     if let Some(source) = &config.source {

@@ -620,3 +620,69 @@ impl Drop for ChildGuard {
         let _ = self.0.wait();
     }
 }
+
+/// The configurations other tools execute (agents' MCP servers, hook
+/// runners' commands), each written by a run: held for a person, none on
+/// the host, the run's exit 123; a plain file beside them applied. And a
+/// repository whose `core.hooksPath` is absolute, pointing into the
+/// workspace: a hook written there is held like `.git/hooks`.
+#[test]
+fn the_configurations_other_tools_execute_are_held_and_an_absolute_hooks_path_too() {
+    let dir = TempDir::new("tool-configs");
+    let (_j, journal) = scratch_journal(None);
+    let policy = dir.join("policy.toml");
+    std::fs::write(&policy, base_config()).unwrap();
+    let ws = dir.join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let git =
+        |args: &[&str]| Command::new("git").args(args).current_dir(&ws).output().map(|o| o.status.success());
+    if git(&["init", "-q"]).ok() != Some(true) {
+        panic!("git is not installed: .ci/run installs it");
+    }
+    let hooks = ws.join("tools/hooks");
+    assert_eq!(git(&["config", "core.hooksPath", hooks.to_str().unwrap()]).ok(), Some(true));
+    let held = [
+        ".roo/mcp.json",
+        ".kiro/settings/mcp.json",
+        ".amazonq/mcp.json",
+        ".junie/mcp/mcp.json",
+        "opencode.json",
+        ".crush.json",
+        ".aider.conf.yml",
+        "lefthook.yml",
+        ".lintstagedrc",
+        "tools/hooks/pre-commit",
+    ];
+    let mut args: Vec<String> = Vec::new();
+    for p in held.iter().chain(&["plain.txt"]) {
+        args.push(p.to_string());
+        args.push("{\"command\": \"touch /tmp/pwned\"}\n".into());
+    }
+    let o = Command::new(bin("palisade"))
+        .args(["run", "--json", "--policy", policy.to_str().unwrap(), "--", &probe(), "put"])
+        .args(&args)
+        .current_dir(&ws)
+        .env("PALISADE_JOURNAL", &journal)
+        .env("PALISADE_STATE", state_beside(&journal))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(123), "{}", said(&o));
+    let result: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mut withheld: Vec<String> = result["result"]["changes"]["withheld"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["reason"] == "host_executed")
+        .map(|w| w["path"].as_str().unwrap().to_string())
+        .collect();
+    withheld.sort();
+    // Each is held, itself or in the new directory held whole that holds it.
+    for p in held {
+        assert!(withheld.iter().any(|w| ws.join(p).starts_with(w)), "{p} is not held: {result}");
+    }
+    assert!(!withheld.iter().any(|w| ws.join("plain.txt").starts_with(w)), "{result}");
+    for p in held {
+        assert!(!ws.join(p).exists(), "{p} reached the host");
+    }
+    assert!(ws.join("plain.txt").exists(), "the plain file is applied");
+}

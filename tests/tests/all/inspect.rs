@@ -372,6 +372,35 @@ fn a_credential_reaches_its_host_only_and_is_never_inside_the_run() {
 }
 
 #[test]
+fn a_credentials_file_is_hidden_from_a_run_whose_workspace_holds_it() {
+    // A home used as the workspace, its palisade configuration in it.
+    let origin = HttpsOrigin::start();
+    let home = TempDir::new("home-ws");
+    let dir = home.join(".config/palisade");
+    std::fs::create_dir_all(&dir).unwrap();
+    let keep = TempDir::new_in(&dir, "keep");
+    let secret = secret_file(&keep);
+    let d = Daemon::start(&config(&origin, &secret));
+    let relative = secret.strip_prefix(home.path()).unwrap().display().to_string();
+    let v = run(
+        &d,
+        home.path(),
+        &format!("cat '{relative}'; echo \"rc=$?\"; ls -a .config/palisade; echo $API_TOKEN"),
+    );
+    let out = stdout(&v);
+    assert!(out.contains("rc=1") && !out.contains(SECRET), "the credential's file is hidden: {v}");
+    assert!(out.contains("palisade-credential-"), "the run has its placeholder: {out}");
+    // Outside, the same path is the secret.
+    let outside = std::fs::read_to_string(home.join(&relative)).unwrap();
+    assert_eq!(outside.trim(), SECRET);
+    // Under a granted parent of it inside the home too (the workspace `~/.config`).
+    let below = secret.strip_prefix(home.join(".config")).unwrap().display().to_string();
+    let v = run(&d, &home.join(".config"), &format!("cat '{below}'; echo \"rc=$?\""));
+    let out = stdout(&v);
+    assert!(out.contains("rc=1") && !out.contains(SECRET), "hidden under a granted parent: {v}");
+}
+
+#[test]
 fn rules_let_a_clone_through_and_refuse_a_push_outside_the_allowed_paths() {
     let origin = HttpsOrigin::start();
     let (theirs, mine) = (origin.repository("theirs.git"), origin.repository("mine.git"));

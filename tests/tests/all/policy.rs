@@ -573,6 +573,57 @@ fn common_credentials_are_refused_when_named_and_hidden_when_granted() {
     assert!(out.starts_with("decision: allow"), "{out}");
 }
 
+/// The credential stores of common tools, in a home: hidden when the home
+/// is the workspace, and under a granted parent of theirs (`~/.config`),
+/// each read by a walk from inside; the same walk outside reads them all.
+#[test]
+fn a_homes_credential_stores_are_hidden_as_the_workspace_and_under_a_granted_parent() {
+    let home = TempDir::new("home");
+    let d = Daemon::start("");
+    let stores = [
+        ".gitconfig",
+        ".config/git/config",
+        ".config/git/credentials",
+        ".config/pip/pip.conf",
+        ".config/containers/auth.json",
+        ".config/gh/hosts.yml",
+        ".m2/settings.xml",
+        ".gradle/gradle.properties",
+        ".yarnrc.yml",
+        ".git-credentials",
+        ".npmrc",
+    ];
+    for (i, name) in stores.iter().enumerate() {
+        let path = home.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, format!("stored-secret-{i}")).unwrap();
+    }
+    std::fs::write(home.join(".config/plain.txt"), "fine").unwrap();
+    let secrets = |out: &str| -> Vec<&str> {
+        stores
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| out.contains(&format!("stored-secret-{i}")))
+            .map(|(_, n)| *n)
+            .collect()
+    };
+    let outside = probe_outside(&["readall", home.path().to_str().unwrap()]).unwrap();
+    assert_eq!(secrets(&outside), stores, "outside, every store is read: {outside}");
+    let mut c = Client::connect(&d.socket).unwrap();
+    let mut req = request(home.path(), &["readall", home.path().to_str().unwrap()]);
+    req.env.insert("HOME".into(), home.path().to_string_lossy().into_owned());
+    let (out, r) = run(&mut c, req);
+    assert!(out.contains("plain.txt=fine"), "{out} {r:?}");
+    assert_eq!(secrets(&out), Vec::<&str>::new(), "the home as the workspace: {out}");
+    // A granted parent inside the home: `~/.config` as the workspace.
+    let config = home.join(".config");
+    let mut req = request(&config, &["readall", config.to_str().unwrap()]);
+    req.env.insert("HOME".into(), home.path().to_string_lossy().into_owned());
+    let (out, r) = run(&mut c, req);
+    assert!(out.contains("plain.txt=fine"), "{out} {r:?}");
+    assert_eq!(secrets(&out), Vec::<&str>::new(), "under a granted ~/.config: {out}");
+}
+
 /// As root, the same file again as the unprivileged test user.
 #[test]
 fn the_policy_suite_passes_as_an_unprivileged_user() {
