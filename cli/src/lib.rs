@@ -16,6 +16,7 @@ pub mod client;
 pub mod common;
 #[cfg(target_os = "linux")]
 pub mod discovery;
+pub mod escape;
 pub mod out;
 #[cfg(unix)]
 pub mod render;

@@ -184,7 +184,8 @@ fn say_egress(r: &RunResult) {
             continue;
         }
         said.push((&d.host, &d.reason));
-        eprintln!("palisade: egress refused: {} ({}): {}", d.host, d.reason, d.detail);
+        let (host, detail) = (crate::escape::name(&d.host), crate::escape::text(&d.detail));
+        eprintln!("palisade: egress refused: {host} ({}): {}", d.reason, detail.replace('\n', " "));
     }
     if traffic.denied_omitted > 0 {
         eprintln!("palisade: egress refused: {} more attempts (see --json)", traffic.denied_omitted);
@@ -216,7 +217,8 @@ fn say_changes(_: &RunResult) {}
 
 /// The one line about a run's writes: `quiet` says nothing of writes
 /// simply applied (what `palisade run` does), only of what was held,
-/// partly applied, discarded, conflicted or withheld.
+/// partly applied, discarded, conflicted or withheld. The run's names in
+/// it are escaped (see [`crate::escape`]).
 pub fn summary(c: &palisade_protocol::wire::Changes, quiet: bool) -> Option<String> {
     use palisade_protocol::wire::ChangesOutcome as O;
     let id = c.id.as_deref().unwrap_or("-");
@@ -237,7 +239,8 @@ pub fn summary(c: &palisade_protocol::wire::Changes, quiet: bool) -> Option<Stri
         O::Discarded => format!("changes discarded ({} entries), none applied: {reason}", c.discarded),
     };
     if !c.conflicts.is_empty() {
-        line.push_str(&format!("; the host's version kept (changed meanwhile): {}", c.conflicts.join(", ")));
+        let names: Vec<_> = c.conflicts.iter().map(|p| crate::escape::name(p)).collect();
+        line.push_str(&format!("; the host's version kept (changed meanwhile): {}", names.join(", ")));
     }
     if let Some(w) = withheld_line(c) {
         line.push_str("; ");
@@ -250,6 +253,7 @@ fn withheld_line(c: &palisade_protocol::wire::Changes) -> Option<String> {
     if c.withheld.is_empty() {
         return None;
     }
-    let each: Vec<String> = c.withheld.iter().map(|w| format!("{} ({})", w.path, w.what)).collect();
+    let each: Vec<String> =
+        c.withheld.iter().map(|w| format!("{} ({})", crate::escape::name(&w.path), w.what)).collect();
     Some(format!("not applied: {}", each.join(", ")))
 }

@@ -101,13 +101,15 @@ fn diff(m: &Manifest, dir: &Path, act: &requester::Acting) -> String {
             Kind::Delete => (Some(String::new()), host_text(&path)),
             _ => continue,
         };
+        // The header names the path escaped: a newline in it would forge a line of the diff.
+        let name = palisade_cli::escape::name(&path);
         match (old, new) {
             (Some(old), Some(new)) => {
                 let d = similar::TextDiff::from_lines(&old, &new);
-                out.push_str(&d.unified_diff().context_radius(3).header(&path, &path).to_string());
+                out.push_str(&d.unified_diff().context_radius(3).header(&name, &name).to_string());
             }
             _ => out.push_str(&format!(
-                "Binary files (or larger than {DIFF_FILE_MAX_BYTES} bytes) {path} differ\n"
+                "Binary files (or larger than {DIFF_FILE_MAX_BYTES} bytes) {name} differ\n"
             )),
         }
         if out.len() > DIFF_MAX_BYTES {

@@ -25,6 +25,11 @@ pub enum ChangesCommand {
     /// its text files against the workspace's.
     Show {
         id: String,
+        /// Print the run's names and the diff as they are, control
+        /// characters and all (by default they are shown escaped: a
+        /// terminal acts on them).
+        #[arg(long)]
+        raw: bool,
         #[command(flatten)]
         at: At,
     },
@@ -76,7 +81,10 @@ fn fail(kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
 pub fn main(command: ChangesCommand) -> i32 {
     let (message, at) = match command {
         ChangesCommand::List { at } => (ClientMessage::ListChanges, at),
-        ChangesCommand::Show { id, at } => (ClientMessage::ShowChanges { id }, at),
+        ChangesCommand::Show { id, raw, at } => {
+            RAW.store(raw, std::sync::atomic::Ordering::Relaxed);
+            (ClientMessage::ShowChanges { id }, at)
+        }
         ChangesCommand::Apply { id, overwrite, host_executed, at } => {
             if host_executed && !person_confirms(&id) {
                 return fail(
@@ -191,6 +199,18 @@ fn recover(
     }
 }
 
+/// `changes show --raw`: names and the diff printed as they are.
+static RAW: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A run's name as printed (see [`palisade_cli::escape`]).
+fn shown(name: &str) -> std::borrow::Cow<'_, str> {
+    if RAW.load(std::sync::atomic::Ordering::Relaxed) {
+        name.into()
+    } else {
+        palisade_cli::escape::name(name)
+    }
+}
+
 fn print(reply: ServerMessage) -> i32 {
     match reply {
         ServerMessage::ChangeSets(sets) if sets.is_empty() => palisade_cli::outln!("no change set is held"),
@@ -202,12 +222,15 @@ fn print(reply: ServerMessage) -> i32 {
                 if e.conflict {
                     notes.push("conflict: changed on the host since".to_string());
                 }
-                notes.extend(e.host_executed.iter().map(|w| format!("the host executes it: {w}")));
+                notes.extend(e.host_executed.iter().map(|w| format!("the host executes it: {}", shown(w))));
                 let notes =
                     if notes.is_empty() { String::new() } else { format!("  ({})", notes.join("; ")) };
-                palisade_cli::outln!("  {:<7} {}{notes}", e.kind, e.path);
+                palisade_cli::outln!("  {:<7} {}{notes}", e.kind, shown(&e.path));
             }
-            palisade_cli::out!("{}", d.diff);
+            match RAW.load(std::sync::atomic::Ordering::Relaxed) {
+                true => palisade_cli::out!("{}", d.diff),
+                false => palisade_cli::out!("{}", palisade_cli::escape::text(&d.diff)),
+            }
         }
         ServerMessage::ChangesApplied(c) => {
             palisade_cli::outln!(
@@ -242,6 +265,7 @@ fn line(s: &ChangeSetInfo) -> String {
         flags.push(format!("{} the host executes", s.host_executed));
     }
     let flags = if flags.is_empty() { String::new() } else { format!(", {}", flags.join(", ")) };
+    let roots: Vec<_> = s.roots.iter().map(|r| palisade_cli::escape::name(r)).collect();
     format!(
         "{} run {} {}: {} entries, {} bytes{flags} ({}) in {}",
         s.id,
@@ -249,7 +273,7 @@ fn line(s: &ChangeSetInfo) -> String {
         s.status,
         s.entries,
         s.bytes,
-        s.reason,
-        s.roots.join(", ")
+        palisade_cli::escape::text(&s.reason),
+        roots.join(", ")
     )
 }

@@ -649,3 +649,50 @@ fn past_max_sets_a_runs_writes_are_held_all_the_same_and_it_is_said() {
 fn the_changes_suite_passes_as_an_unprivileged_user() {
     rerun_unprivileged(module_path!(), "the_changes_suite_passes_as_an_unprivileged_user");
 }
+
+/// What a run names and writes reaches a person's terminal escaped: a
+/// file name with an OSC 52 (clipboard) sequence, a cursor-up-and-erase
+/// that would hide the line before it, and a newline that forges an entry
+/// line; a diff line with a title sequence and a carriage return. `--raw`
+/// keeps the bytes, `--json` the exact text.
+#[test]
+fn review_output_shows_a_runs_control_characters_escaped() {
+    let s = Setup::new("escaped", "");
+    std::fs::write(s.ws.join("notes.txt"), "before\n").unwrap();
+    let evil = "x\u{1b}]52;c;aGk=\u{7}\u{1b}[1A\u{1b}[2K\nA       forged.txt";
+    let (v, o) = s.run(
+        &["--hold-changes"],
+        &[
+            "put",
+            evil,
+            "new\n",
+            "put",
+            "notes.txt",
+            "after\u{1b}]0;title\u{7}\rforged\n",
+            "put",
+            ".claude/a\nb",
+            "x",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(123), "{}", said(&o));
+    let id = changes(&v)["id"].as_str().unwrap().to_string();
+    // The run's own line (stderr) names the held agent file escaped.
+    let policy = s.policy.to_str().unwrap();
+    let o = s.palisade(&["run", "--policy", policy, "--", &probe(), "put", ".claude/c\u{1b}[2Kd", "x"]);
+    let stderr = text(&o.stderr);
+    assert!(!stderr.contains('\u{1b}') && stderr.contains("\\x1b[2K"), "{stderr}");
+    let show = s.palisade(&["changes", "show", &id, "--policy", s.policy.to_str().unwrap()]);
+    let shown = text(&show.stdout);
+    assert!(show.status.success(), "{}", said(&show));
+    assert!(!shown.contains('\u{1b}') && !shown.contains('\r') && !shown.contains('\u{7}'), "{shown:?}");
+    assert!(shown.contains("/x\\x1b]52;c;aGk=\\x07\\x1b[1A\\x1b[2K\\nA       forged.txt\""), "{shown}");
+    assert!(shown.contains("+after\\x1b]0;title\\x07\\r"), "{shown}");
+    assert!(!shown.lines().any(|l| l.starts_with("A       forged.txt")), "a forged line: {shown}");
+    // The raw bytes on request, and exact in JSON.
+    let raw = s.palisade(&["changes", "show", &id, "--raw", "--policy", s.policy.to_str().unwrap()]);
+    assert!(text(&raw.stdout).contains("after\u{1b}]0;title\u{7}\r"), "{}", said(&raw));
+    let (j, _) = s.changes(&["show", &id]);
+    assert!(j.to_string().contains("\\u001b]52;c;aGk="), "{j}");
+    let list = s.palisade(&["changes", "list", "--policy", s.policy.to_str().unwrap()]);
+    assert!(!text(&list.stdout).contains('\u{1b}'), "{}", said(&list));
+}
