@@ -51,6 +51,17 @@ pub const SENSITIVE_NAMES: &[&str] = &[
     ".cargo/credentials.toml",
     ".gem/credentials",
     ".pypirc",
+    ".config/pypoetry/auth.toml",
+    ".ivy2/.credentials",
+    ".sbt/credentials",
+    ".terraformrc",
+    ".pulumi/credentials.json",
+    ".databrickscfg",
+    // Agents' and model hubs' sign-ins.
+    ".claude/.credentials.json",
+    ".codex/auth.json",
+    ".cache/huggingface/token",
+    ".huggingface/token",
     // Passwords for services.
     ".netrc",
     ".pgpass",

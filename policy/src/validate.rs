@@ -1155,6 +1155,10 @@ mod tests {
             ".gradle/gradle.properties",
             ".config/containers/auth.json",
             ".yarnrc.yml",
+            ".claude/.credentials.json",
+            ".codex/auth.json",
+            ".cache/huggingface/token",
+            ".config/pypoetry/auth.toml",
         ] {
             assert!(rules.sensitive(&home.join(name), Some(home)), "~/{name}");
         }

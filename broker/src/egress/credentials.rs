@@ -30,6 +30,10 @@ const CREDENTIALS_DIRECTORY: &str = "CREDENTIALS_DIRECTORY";
 /// Shortest encoded form searched for: a shorter one would match text
 /// that merely happens to hold it.
 const MIN_FORM: usize = 8;
+/// Longest piece of a secret searched for (one per byte of it).
+const MAX_PIECE: usize = 64;
+/// Shortest secret: a shorter one is guessed, and found in ordinary text.
+const MIN_SECRET_BYTES: usize = 16;
 
 /// One credential with its value, for the run.
 pub struct Live {
@@ -58,6 +62,10 @@ impl std::fmt::Debug for Live {
 pub struct Credentials {
     pub(super) live: Vec<Live>,
     pub(super) secrets: Option<std::sync::Arc<Secrets>>,
+    /// The run sent a secret itself: it has it, or guessed it. Its network
+    /// is closed from then on (each refusal would otherwise tell a guess
+    /// that hit from one that missed, as often as the run asked).
+    tripped: std::sync::atomic::AtomicBool,
 }
 
 /// Every form of every secret, found at once.
@@ -92,7 +100,7 @@ pub fn placeholder() -> String {
 pub fn load(plan: &EgressPlan) -> Result<Credentials, String> {
     let live = plan.credentials.iter().map(|c| one(plan, c)).collect::<Result<Vec<Live>, String>>()?;
     let secrets = if live.is_empty() { None } else { Some(std::sync::Arc::new(Secrets::new(&live)?)) };
-    Ok(Credentials { live, secrets })
+    Ok(Credentials { live, secrets, tripped: Default::default() })
 }
 
 fn one(plan: &EgressPlan, c: &palisade_policy::Credential) -> Result<Live, String> {
@@ -157,6 +165,14 @@ fn read(plan: &EgressPlan, grant: &palisade_policy::inspect::CredentialGrant) ->
     if value.is_empty() || value.contains(['\r', '\n', '\0']) {
         return Err(format!("{} holds an empty secret or more than one line", path.display()));
     }
+    if value.len() < MIN_SECRET_BYTES {
+        return Err(format!(
+            "{} holds a secret of {} bytes: one under {MIN_SECRET_BYTES} is guessed, and found in ordinary \
+             text, which the broker searches for it",
+            path.display(),
+            value.len()
+        ));
+    }
     Ok(value)
 }
 
@@ -176,22 +192,37 @@ fn secret_path(plan: &EgressPlan, name: &str) -> Result<PathBuf, String> {
     Ok(Path::new(&dir).join(name))
 }
 
-/// The forms a secret travels in: itself, percent-encoded, JSON-escaped,
-/// and the part of its base64 (standard and URL-safe) that does not
-/// depend on what is beside it, at each of the three alignments.
+/// The forms a secret travels in: itself and each run of half of it (an
+/// origin that echoes a value cut short shows a piece), percent-encoded as common encoders do (every reserved byte, or
+/// `/` kept, or a form's `+` for a space; either case of hex), JSON-escaped,
+/// and the part of its base64 (standard and URL-safe) that does not depend
+/// on what is beside it, at each of the three alignments.
 fn forms(secret: &str) -> Vec<Vec<u8>> {
     let raw = secret.as_bytes();
     let mut out = vec![raw.to_vec()];
-    let mut upper = String::new();
-    for &b in raw {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            upper.push(b as char);
-        } else {
-            upper.push_str(&format!("%{b:02X}"));
+    // Pieces: every run of half of it (at least MIN_FORM bytes, at most
+    // MAX_PIECE), which a longer piece holds: found in it, the rest of it
+    // is shorter than the run.
+    let piece = raw.len().div_ceil(2).clamp(MIN_FORM, MAX_PIECE);
+    if piece < raw.len() {
+        out.extend(raw.windows(piece).map(<[u8]>::to_vec));
+    }
+    for keep in ["", "/"] {
+        for form in [false, true] {
+            let mut upper = String::new();
+            for &b in raw {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) || keep.as_bytes().contains(&b) {
+                    upper.push(b as char);
+                } else if form && b == b' ' {
+                    upper.push('+');
+                } else {
+                    upper.push_str(&format!("%{b:02X}"));
+                }
+            }
+            out.push(lower_escapes(&upper).into_bytes());
+            out.push(upper.into_bytes());
         }
     }
-    out.push(lower_escapes(&upper).into_bytes());
-    out.push(upper.into_bytes());
     let json = serde_json::to_string(secret).unwrap_or_default();
     let json = json.trim_matches('"').to_owned();
     out.push(json.replace('/', "\\/").into_bytes());
@@ -302,42 +333,58 @@ impl Credentials {
         self.live.iter().any(|c| allowed(host, &c.hosts))
     }
 
-    /// The credential whose secret the request's head carries (its target,
-    /// a header, a Basic authorization's decoded text).
-    fn carried_secret(&self, parts: &Parts) -> Option<&str> {
-        let secrets = self.secrets.as_ref()?;
+    /// Why the run's network is closed, once it sent a secret itself.
+    pub fn closed(&self) -> Option<String> {
+        self.tripped.load(std::sync::atomic::Ordering::Relaxed).then(|| {
+            "the run sent a credential's secret itself: its network is closed for the rest of the run".into()
+        })
+    }
+
+    fn trip(&self) -> String {
+        self.tripped.store(true, std::sync::atomic::Ordering::Relaxed);
+        SECRET_CARRIED.into()
+    }
+
+    /// Whether the request's head carries a secret (its target, a header's
+    /// name or value, a Basic authorization's decoded text).
+    fn carries_secret(&self, parts: &Parts) -> bool {
+        let Some(secrets) = self.secrets.as_ref() else { return false };
+        let names = parts.headers.keys().map(|k| k.as_str().as_bytes().to_vec());
         let values = parts.headers.values().map(|v| v.as_bytes().to_vec());
         let decoded = parts.headers.values().filter_map(|v| basic(v.to_str().ok()?)).map(String::into_bytes);
         std::iter::once(parts.uri.to_string().into_bytes())
+            .chain(names)
             .chain(values)
             .chain(decoded)
-            .find_map(|text| secrets.found(&text))
-            .map(|i| self.live[i].name.as_str())
+            .any(|text| secrets.found(&text).is_some())
     }
 
     /// A plain HTTP request head the proxy passes on unread: refused when
-    /// it carries a secret.
+    /// it carries a secret (and the run's network closed).
     pub fn check_head(&self, head: &[u8]) -> Result<(), String> {
         match self.secrets.as_ref().and_then(|s| s.found(head)) {
-            Some(i) => Err(secret_carried(&self.live[i].name)),
+            Some(_) => Err(self.trip()),
             None => Ok(()),
         }
     }
 }
 
-fn secret_carried(name: &str) -> String {
-    format!(
-        "the request carries credential {name}'s secret itself (or an encoding of it): the broker adds it \
-         only where its grant says, and the run is never to send it"
-    )
-}
+/// Why a request carrying a secret is refused; which credential's is not
+/// said.
+const SECRET_CARRIED: &str = "the request carries a credential's secret itself (or an encoding or a piece of \
+                              it): the broker adds it only where a grant says, and a run is never to send it; \
+                              the run's network is closed";
 
 /// Where a request carries a placeholder.
 #[derive(Debug, PartialEq, Eq)]
 enum Place {
+    /// A header whose value is the placeholder alone, `SCHEME PLACEHOLDER`,
+    /// or `Basic` of `USER:PLACEHOLDER`.
     Header(HeaderName),
+    /// A query parameter whose value is the placeholder alone.
     Query(String),
-    Path,
+    /// Anywhere else: the path, a parameter's name, beside other text.
+    Around(String),
 }
 
 impl std::fmt::Display for Place {
@@ -345,7 +392,7 @@ impl std::fmt::Display for Place {
         match self {
             Place::Header(h) => write!(f, "the header {h}"),
             Place::Query(q) => write!(f, "the query parameter ?{q}"),
-            Place::Path => write!(f, "the request's path"),
+            Place::Around(what) => write!(f, "{what}"),
         }
     }
 }
@@ -355,8 +402,11 @@ impl std::fmt::Display for Place {
 /// secret, or a placeholder anywhere but where its grant puts it. The
 /// names of the credentials used.
 pub fn apply(creds: &Credentials, host: &str, tls: bool, parts: &mut Parts) -> Result<Vec<String>, String> {
-    if let Some(name) = creds.carried_secret(parts) {
-        return Err(secret_carried(name));
+    if let Some(closed) = creds.closed() {
+        return Err(closed);
+    }
+    if creds.carries_secret(parts) {
+        return Err(creds.trip());
     }
     let plain = |c: &Live| {
         format!(
@@ -405,24 +455,41 @@ pub fn apply(creds: &Credentials, host: &str, tls: bool, parts: &mut Parts) -> R
     Ok(used)
 }
 
-/// Everywhere the request's head carries `placeholder`.
+/// Everywhere the request's head carries `placeholder`. Where the grant
+/// may put it, it must stand alone (the whole value, after a scheme, or a
+/// Basic authorization's password): text the run puts beside the secret
+/// (`%2` before it, padding to be cut) would come back in an echo joined
+/// to it, in a form not searched for.
 fn carried(parts: &Parts, placeholder: &str) -> Vec<Place> {
     let mut places = Vec::new();
     for (name, value) in &parts.headers {
         let text = String::from_utf8_lossy(value.as_bytes());
-        if text.contains(placeholder) || basic(&text).is_some_and(|d| d.contains(placeholder)) {
-            places.push(Place::Header(name.clone()));
+        let decoded = basic(&text);
+        if !text.contains(placeholder) && !decoded.as_ref().is_some_and(|d| d.contains(placeholder)) {
+            continue;
         }
+        let alone = text == placeholder
+            || text.split_once(' ').is_some_and(|(scheme, rest)| {
+                rest == placeholder && !scheme.is_empty() && scheme.bytes().all(|b| b.is_ascii_alphanumeric())
+            })
+            || decoded
+                .is_some_and(|d| d.split_once(':').is_some_and(|(_, password)| password == placeholder));
+        places.push(match alone {
+            true => Place::Header(name.clone()),
+            false => Place::Around(format!("the header {name}, beside other text")),
+        });
     }
     if parts.uri.path().contains(placeholder) {
-        places.push(Place::Path);
+        places.push(Place::Around("the request's path".into()));
     }
     for pair in parts.uri.query().unwrap_or_default().split('&') {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         if key.contains(placeholder) {
-            places.push(Place::Path);
-        } else if value.contains(placeholder) {
+            places.push(Place::Around("a query parameter's name".into()));
+        } else if value == placeholder {
             places.push(Place::Query(key.to_owned()));
+        } else if value.contains(placeholder) {
+            places.push(Place::Around(format!("the query parameter ?{key}, beside other text")));
         }
     }
     places
@@ -433,7 +500,7 @@ impl Live {
         match place {
             Place::Header(h) => self.in_headers.contains(h),
             Place::Query(q) => self.in_query.contains(q),
-            Place::Path => false,
+            Place::Around(_) => false,
         }
     }
 

@@ -220,6 +220,9 @@ async fn handle(
         Verdict::Unruled => None,
     };
     let (mut parts, body) = req.into_parts();
+    // One hop's headers go first: a `Connection` naming a header the broker
+    // sets would otherwise take it away.
+    strip_hop_headers(&mut parts.headers);
     let tls = to.tls == Some(true);
     match super::credentials::apply(&run.credentials, to.name, tls, &mut parts) {
         Ok(used) => record.credentials = used,
@@ -245,13 +248,14 @@ async fn handle(
     };
     let response = match answer {
         Ok(mut response) => {
+            let unreadable = scrub.as_ref().and_then(|_| super::scrub::unreadable(response.headers()));
             strip_hop_headers(response.headers_mut());
             record.bytes_in =
                 response.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
-            match &scrub {
-                Some(secrets) => super::scrub::answer(secrets, &method, response)
-                    .unwrap_or_else(|why| text(StatusCode::BAD_GATEWAY, format!("{why}\n"))),
-                None => response.map(|b| b.boxed()),
+            match (&scrub, unreadable) {
+                (Some(_), Some(why)) => text(StatusCode::BAD_GATEWAY, format!("{why}\n")),
+                (Some(secrets), None) => super::scrub::answer(secrets, &method, response),
+                (None, _) => response.map(|b| b.boxed()),
             }
         }
         Err(e) => text(StatusCode::BAD_GATEWAY, format!("the origin {} failed: {e}\n", to.name)),
@@ -262,12 +266,20 @@ async fn handle(
 }
 
 /// Headers by which a request asks the origin to act on another method
-/// than its own (frameworks honour them for clients that cannot send it).
+/// than its own (frameworks honour them, and a `_method` parameter, for
+/// clients that cannot send it; one in a form's body is not seen).
 const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
 
-/// The method-override header a request carries, if any.
+/// The method-override header (or `_method` query parameter) a request
+/// carries, if any.
 fn overriding<B>(req: &Request<B>) -> Option<&'static str> {
-    METHOD_OVERRIDES.into_iter().find(|h| req.headers().contains_key(*h))
+    let query = req.uri().query().unwrap_or_default();
+    let by_query =
+        query.split('&').any(|p| p.split('=').next().is_some_and(|k| k.eq_ignore_ascii_case("_method")));
+    match METHOD_OVERRIDES.into_iter().find(|h| req.headers().contains_key(*h)) {
+        Some(h) => Some(h),
+        None => by_query.then_some("a _method parameter"),
+    }
 }
 
 /// The host a request names (`Host`, or an absolute-form target) when it is

@@ -103,7 +103,13 @@ async fn answer_each<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) {
         let answer = if target.starts_with("/reflect") {
             reflect(&head, &target)
         } else if target.starts_with("/gzip") {
-            "HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\ngzip".to_owned()
+            "HTTP/1.1 200 OK\r\nContent-Encoding: identity\r\nContent-Encoding: gzip\r\nConnection: content-encoding\r\n\
+             Content-Length: 4\r\n\r\nzzzz"
+                .to_owned()
+        } else if target.starts_with("/cut") {
+            // An error page that quotes the target, cut short.
+            let cut: String = target.chars().take(22).collect();
+            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{cut}", cut.len())
         } else {
             let body = format!("{line}\n{}\n{}\nseen {seen}\n", keep("host"), keep("authorization"));
             format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len())
@@ -115,7 +121,7 @@ async fn answer_each<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) {
 }
 
 /// What an origin that echoes its request answers: a redirect to the
-/// target with a slash, a body quoting the request head as it came, in
+/// target with a slash (the target in its reason phrase too), a body quoting the request head as it came, in
 /// base64 and JSON-escaped, in chunks of 5 bytes (a secret in it is split).
 fn reflect(head: &str, target: &str) -> String {
     let b64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, head);
@@ -126,7 +132,7 @@ fn reflect(head: &str, target: &str) -> String {
         .map(|c| format!("{:x}\r\n{}\r\n", c.len(), String::from_utf8_lossy(c)))
         .collect();
     format!(
-        "HTTP/1.1 301 Moved\r\nLocation: {target}/\r\nX-Echo: {}\r\nTransfer-Encoding: chunked\r\n\r\n{chunks}0\r\n\r\n",
+        "HTTP/1.1 301 Moved {target}\r\nLocation: {target}/\r\nX-Echo: {}\r\nTransfer-Encoding: chunked\r\n\r\n{chunks}0\r\n\r\n",
         head.lines().find(|l| l.to_ascii_lowercase().starts_with("authorization")).unwrap_or("none")
     )
 }
@@ -394,7 +400,7 @@ async fn a_placeholder_is_swapped_for_its_hosts_and_refused_elsewhere() {
     let (ca, config) = origin_tls_for(&dir.0, &["allowed.test", "a.wild.test"]);
     let port = origin(Some(config)).await;
     let authority = Arc::new(Authority::open(&dir.0.join("tls")).unwrap());
-    let token = secret_file(&dir.0, "s3cr3t-value");
+    let token = secret_file(&dir.0, "s3cr3t-value-of-24-bytes");
     let mut p = plan(port);
     p.inspect = vec!["allowed.test".into(), "*.wild.test".into()];
     p.ca_bundle = Some(ca);
@@ -417,12 +423,13 @@ async fn a_placeholder_is_swapped_for_its_hosts_and_refused_elsewhere() {
     assert_eq!(status, 200);
     // The origin was sent the secret; its echo reaches the run as the placeholder.
     let saw = origin_saw(&body);
-    assert!(saw.contains("Bearer s3cr3t-value") && !saw.contains(placeholder), "{saw}");
+    assert!(saw.contains("Bearer s3cr3t-value-of-24-bytes") && !saw.contains(placeholder), "{saw}");
     assert!(!body.contains("s3cr3t") && body.contains(&format!("Bearer {placeholder}")), "{body}");
     send(&mut tls, &format!("GET /b HTTP/1.1\r\nHost: allowed.test\r\nAuthorization: Basic {basic}\r\n\r\n"))
         .await;
     let (_, body) = response(&mut tls).await;
-    let want = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, "git:s3cr3t-value");
+    let want =
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, "git:s3cr3t-value-of-24-bytes");
     assert!(origin_saw(&body).contains(&want), "{body}");
     assert!(!body.contains(&want), "the echoed Basic authorization is not the secret's: {body}");
     drop(tls);
@@ -511,20 +518,48 @@ async fn an_origin_that_echoes_the_secret_hands_the_run_the_placeholder() {
     }
     assert!(head.contains(&format!("/reflect?key={placeholder}/")), "{head}");
     assert!(body.contains(&format!("GET /reflect?key={placeholder} ")), "{body}");
-    // Had the run the secret, it could send it nowhere, the granted host included.
-    for host in ["allowed.test", "a.wild.test"] {
-        send(&mut tls, &format!("GET /x HTTP/1.1\r\nHost: allowed.test\r\nX-Leak: {SECRET}\r\n\r\n")).await;
-        let (status, body) = response(&mut tls).await;
-        assert_eq!(status, 403, "{host}: {body}");
-        assert!(body.contains("secret itself"), "{body}");
-    }
-    // An answer the broker could not search is not passed on.
+    // An echo cut short shows a piece; a range asked for is not passed on.
+    send(
+        &mut tls,
+        &format!("GET /cut?key={placeholder} HTTP/1.1\r\nHost: allowed.test\r\nRange: bytes=9-30\r\n\r\n"),
+    )
+    .await;
+    let (status, body) = response(&mut tls).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("/cut?key=") && !body.contains(&SECRET[..12]), "{body}");
+    send(&mut tls, "GET /a HTTP/1.1\r\nHost: allowed.test\r\nRange: bytes=0-4\r\n\r\n").await;
+    let saw = origin_saw(&response(&mut tls).await.1).to_ascii_lowercase();
+    assert!(!saw.contains("range:") && saw.contains("accept-encoding: identity"), "{saw}");
+    // An answer the broker could not search is not passed on, however it
+    // says its coding (two headers, one named in Connection).
     send(&mut tls, "GET /gzip HTTP/1.1\r\nHost: allowed.test\r\n\r\n").await;
     let (status, body) = response(&mut tls).await;
     assert_eq!(status, 502, "{body}");
-    assert!(body.contains("Content-Encoding: gzip"), "{body}");
+    assert!(body.contains("Content-Encoding") && !body.contains("gzip"), "{body}");
+    // Had the run the secret, it could not send it; and from then on, nothing.
+    send(&mut tls, &format!("GET /x HTTP/1.1\r\nHost: allowed.test\r\nX-Leak: {SECRET}\r\n\r\n")).await;
+    let (status, body) = response(&mut tls).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("secret itself") && !body.contains("credential TOKEN"), "{body}");
+    send(&mut tls, "GET /y HTTP/1.1\r\nHost: allowed.test\r\n\r\n").await;
+    let (status, body) = response(&mut tls).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("network is closed"), "{body}");
     drop(tls);
-    // Plain HTTP to a host not inspected: the head is searched before anything is opened.
+    // A new connection after it, to another host.
+    let mut tcp = TcpStream::connect(s.sandbox.proxy).await.unwrap();
+    send(&mut tcp, &format!("CONNECT a.wild.test:{} HTTP/1.1\r\n\r\n", s.port)).await;
+    let (status, body) = response(&mut tcp).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("network is closed"), "{body}");
+    let traffic = s.sandbox.egress.finish().await;
+    let text = format!("{traffic:?}");
+    assert!(!text.contains(SECRET), "no secret in the record: {text}");
+}
+
+#[tokio::test]
+async fn a_plain_request_to_a_host_not_inspected_is_searched_for_the_secret() {
+    let (s, _) = granted("plain-head", true, "env = \"TOKEN\"").await;
     let mut tcp = TcpStream::connect(s.sandbox.proxy).await.unwrap();
     let leak =
         format!("GET http://a.wild.test:{}/?t={} HTTP/1.1\r\nHost: a.wild.test\r\n\r\n", s.port, SECRET);
@@ -533,9 +568,10 @@ async fn an_origin_that_echoes_the_secret_hands_the_run_the_placeholder() {
     assert_eq!(status, 403, "{body}");
     drop(tcp);
     let traffic = s.sandbox.egress.finish().await;
-    let text = format!("{traffic:?}");
-    assert!(!text.contains(SECRET), "no secret in the record: {text}");
-    assert!(traffic.denied.iter().any(|d| d.host == "a.wild.test" && d.detail.contains("secret itself")));
+    assert!(
+        traffic.denied.iter().any(|d| d.host == "a.wild.test" && d.detail.contains("secret itself")),
+        "{traffic:?}"
+    );
 }
 
 #[tokio::test]
@@ -546,6 +582,12 @@ async fn a_placeholder_goes_only_where_its_grant_puts_it() {
         (format!("GET /v1/{placeholder}/x HTTP/1.1\r\nHost: allowed.test\r\n\r\n"), "path"),
         (format!("GET /v1?q={placeholder} HTTP/1.1\r\nHost: allowed.test\r\n\r\n"), "?q"),
         (format!("GET /v1 HTTP/1.1\r\nHost: allowed.test\r\nX-Other: {placeholder}\r\n\r\n"), "x-other"),
+        (
+            format!(
+                "GET /v1 HTTP/1.1\r\nHost: allowed.test\r\nAuthorization: Bearer %2{placeholder}\r\n\r\n"
+            ),
+            "beside other text",
+        ),
     ] {
         send(&mut tls, &request).await;
         let (status, body) = response(&mut tls).await;
@@ -563,7 +605,7 @@ async fn a_placeholder_goes_only_where_its_grant_puts_it() {
     assert!(origin_saw(&body).contains(&format!("token {SECRET}")), "{body}");
     drop(tls);
     let traffic = s.sandbox.egress.finish().await;
-    assert_eq!(traffic.requests.iter().map(|r| r.status).collect::<Vec<_>>(), [403, 403, 403, 200]);
+    assert_eq!(traffic.requests.iter().map(|r| r.status).collect::<Vec<_>>(), [403, 403, 403, 403, 200]);
 }
 
 #[tokio::test]
@@ -601,6 +643,8 @@ async fn a_method_override_header_is_refused_where_rules_judge_the_method() {
         assert_eq!(status, 403, "{header}: {body}");
         assert!(body.to_ascii_lowercase().contains(&header.to_ascii_lowercase()), "{body}");
     }
+    send(&mut tls, "GET /ok/x?_method=DELETE HTTP/1.1\r\nHost: allowed.test\r\n\r\n").await;
+    assert_eq!(response(&mut tls).await.0, 403);
     send(&mut tls, "GET /ok/..;/admin HTTP/1.1\r\nHost: allowed.test\r\n\r\n").await;
     assert_eq!(response(&mut tls).await.0, 403);
 }

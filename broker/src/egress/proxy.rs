@@ -100,6 +100,9 @@ async fn forward(
     head_len: usize,
 ) -> Result<(), Refusal> {
     let name = name::normalize(&request.host)?;
+    if let Some(closed) = run.credentials.closed() {
+        return Err(Refusal::RequestNotAllowed(closed));
+    }
     // A plain request's head is searched for a secret before anything is
     // opened (past it, a connection to a name not inspected is not read).
     if let Some(head) = &request.forward {

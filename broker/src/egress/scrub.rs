@@ -5,7 +5,8 @@
 //! reads is found: the last bytes that could begin one wait for the
 //! next), every form [`super::credentials`] knows. A body the broker
 //! cannot read (a `Content-Encoding` other than `identity`, though the
-//! request asked for `identity`) is not passed on.
+//! request asked for `identity`, or a `Transfer-Encoding` other than
+//! `chunked`) is not passed on.
 
 use super::credentials::Secrets;
 use bytes::Bytes;
@@ -18,26 +19,56 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-/// What a request to a granted host asks for: an answer the broker can read.
+/// What a request to a granted host asks for: an answer the broker can
+/// read, whole (a range of an echo would be a piece of a secret placed
+/// where the run chose).
 pub fn ask_identity(headers: &mut hyper::HeaderMap) {
     headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    headers.remove(header::RANGE);
+    headers.remove(header::IF_RANGE);
 }
 
-/// The answer with its secrets replaced, or why it cannot be passed on.
+/// Why an answer cannot be searched, read from its headers as the origin
+/// sent them (before a `Connection` header could take one away): every
+/// `Content-Encoding` must be `identity`, every `Transfer-Encoding`
+/// `chunked`. The origin's own text is not repeated.
+pub fn unreadable(headers: &hyper::HeaderMap) -> Option<String> {
+    let values = |name| {
+        headers
+            .get_all(name)
+            .iter()
+            .flat_map(|v| {
+                String::from_utf8_lossy(v.as_bytes())
+                    .split(',')
+                    .map(|c| c.trim().to_ascii_lowercase())
+                    .collect::<Vec<_>>()
+            })
+            .filter(|c| !c.is_empty())
+            .collect::<Vec<String>>()
+    };
+    let coded = values(header::CONTENT_ENCODING).iter().any(|c| c != "identity")
+        || values(header::TRANSFER_ENCODING).iter().any(|c| c != "chunked");
+    coded.then(|| {
+        "the origin answered with a Content-Encoding or Transfer-Encoding other than identity and chunked, \
+         though asked for identity: an answer the broker cannot search for a credential's secret is not \
+         passed on"
+            .into()
+    })
+}
+
+/// The answer with its secrets replaced: headers (a name holding one goes),
+/// the reason phrase (dropped: the status's own is sent), the body.
 pub fn answer(
     secrets: &Arc<Secrets>,
     method: &Method,
     response: Response<Incoming>,
-) -> Result<Response<BoxBody<Bytes, hyper::Error>>, String> {
+) -> Response<BoxBody<Bytes, hyper::Error>> {
     let (mut parts, body) = response.into_parts();
-    if let Some(coding) = parts.headers.get(header::CONTENT_ENCODING) {
-        let coding = String::from_utf8_lossy(coding.as_bytes()).trim().to_ascii_lowercase();
-        if coding != "identity" {
-            return Err(format!(
-                "the origin answered with Content-Encoding: {coding}, though asked for identity: an answer \
-                 the broker cannot search for the credential's secret is not passed on"
-            ));
-        }
+    parts.extensions.remove::<hyper::ext::ReasonPhrase>();
+    let named: Vec<_> =
+        parts.headers.keys().filter(|k| secrets.replaced(k.as_str().as_bytes()).is_some()).cloned().collect();
+    for name in named {
+        parts.headers.remove(name);
     }
     for value in parts.headers.values_mut() {
         if let Some(new) = secrets.replaced(value.as_bytes()).and_then(|t| HeaderValue::from_bytes(&t).ok()) {
@@ -48,12 +79,12 @@ pub fn answer(
         || parts.status.is_informational()
         || matches!(parts.status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED);
     if bodiless {
-        return Ok(Response::from_parts(parts, body.boxed()));
+        return Response::from_parts(parts, body.boxed());
     }
     // A replaced secret changes the length: the body goes chunked.
     parts.headers.remove(header::CONTENT_LENGTH);
     let body = Scrubbed { inner: body, secrets: secrets.clone(), carry: Vec::new(), done: false };
-    Ok(Response::from_parts(parts, body.boxed()))
+    Response::from_parts(parts, body.boxed())
 }
 
 /// A body with its secrets replaced as it streams. Trailers are dropped.

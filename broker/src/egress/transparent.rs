@@ -37,6 +37,9 @@ pub async fn serve(run: Arc<Run>, mut client: TcpStream, listener: Listener) {
 
 async fn forward(run: &Run, client: &mut TcpStream, name: &str, port: u16) -> Result<(), Refusal> {
     let _slot = run.slots.admit(&run.quota)?;
+    if let Some(closed) = run.credentials.closed() {
+        return Err(Refusal::RequestNotAllowed(closed));
+    }
     // The server name first: a mismatch never reaches the origin.
     let prefix = if port == run.tls_port { sni::expect(client, Vec::new(), name).await? } else { Vec::new() };
     let (mut origin, address) = connect::open(&run.plan, name, port).await?;
