@@ -48,13 +48,7 @@ pub fn temp_root(configured: Option<&std::path::Path>) -> Result<TempRoot, Strin
             match runtime.filter(|r| std::fs::DirBuilder::new().recursive(true).mode(0o700).create(r).is_ok())
             {
                 Some(r) => (r, None),
-                None => {
-                    let template =
-                        std::env::temp_dir().join(format!("palisade-{}-XXXXXX", nix::unistd::geteuid()));
-                    let made = nix::unistd::mkdtemp(&template)
-                        .map_err(|e| format!("cannot make a directory like {}: {e}", template.display()))?;
-                    (made.join("runs"), Some(made))
-                }
+                None => in_temp_dir(&std::env::temp_dir())?,
             }
         }
     };
@@ -71,6 +65,32 @@ pub fn temp_root(configured: Option<&std::path::Path>) -> Result<TempRoot, Strin
     }
     check_private(&made.path).map_err(|e| format!("temp_root: {e}"))?;
     Ok(made)
+}
+
+/// `temp_root` in the system's temporary directory (macOS's per-user
+/// `$TMPDIR`, or `/tmp`): `palisade-<uid>/runs`, the same for every broker
+/// of this user, so that the next one finds and ends what a dead one left
+/// there; where that name is taken by something not privately ours (a
+/// shared `/tmp`), a fresh directory of a name nobody could predict,
+/// removed when the broker is done (what a dead broker leaves there is
+/// found by none).
+fn in_temp_dir(tmp: &std::path::Path) -> Result<(PathBuf, Option<PathBuf>), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    let uid = nix::unistd::geteuid();
+    let stable = tmp.join(format!("palisade-{uid}"));
+    let made = match std::fs::DirBuilder::new().mode(0o700).create(&stable) {
+        Ok(()) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::AlreadyExists,
+    };
+    let real_dir = std::fs::symlink_metadata(&stable).is_ok_and(|m| m.is_dir());
+    if made && real_dir && private_to_us(&stable) {
+        return Ok((stable.join("runs"), None));
+    }
+    tracing::warn!(path = %stable.display(), "not a private directory of this user: temp_root is a fresh one");
+    let template = tmp.join(format!("palisade-{uid}-XXXXXX"));
+    let made = nix::unistd::mkdtemp(&template)
+        .map_err(|e| format!("cannot make a directory like {}: {e}", template.display()))?;
+    Ok((made.join("runs"), Some(made)))
 }
 
 /// Creates `dir` and each missing directory on the way with `mode`, set
@@ -268,7 +288,33 @@ impl Drop for HostDirs {
 
 #[cfg(test)]
 mod tests {
-    use super::HostDirs;
+    use super::{HostDirs, in_temp_dir};
+
+    /// Every broker of a user finds the same temp_root in a temporary
+    /// directory (what a dead one left is found); a name someone else made
+    /// there, or one anybody may write, is not used.
+    #[test]
+    fn temp_root_in_a_temporary_directory_is_the_same_for_every_broker_unless_taken() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = std::env::temp_dir().join(format!("palisade-tmpdir-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        let (first, ephemeral) = in_temp_dir(&tmp).unwrap();
+        assert_eq!(ephemeral, None);
+        assert_eq!(in_temp_dir(&tmp).unwrap(), (first.clone(), None), "the next broker finds the same");
+        let stable = first.parent().unwrap().to_path_buf();
+        assert_eq!(std::fs::metadata(&stable).unwrap().permissions().mode() & 0o777, 0o700);
+        // Taken: writable by anybody; then a link to a directory of ours.
+        std::fs::set_permissions(&stable, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let (fresh, ephemeral) = in_temp_dir(&tmp).unwrap();
+        assert!(ephemeral.is_some() && fresh != first, "{fresh:?}");
+        std::fs::remove_dir_all(&stable).unwrap();
+        let ours = tmp.join("ours");
+        std::fs::create_dir(&ours).unwrap();
+        std::os::unix::fs::symlink(&ours, &stable).unwrap();
+        let (fresh, ephemeral) = in_temp_dir(&tmp).unwrap();
+        assert!(ephemeral.is_some() && !fresh.starts_with(&stable), "{fresh:?}");
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
 
     #[test]
     fn a_runs_host_directories_are_private_and_removed_afterwards() {

@@ -556,18 +556,32 @@ fn a_temp_root_that_is_not_the_brokers_own_is_refused_and_the_default_cannot_be_
     let o = run(&tier_b(&format!("temp_root = {own:?}\n")), &[]);
     assert!(o.status.success(), "{}", said(&o));
     assert!(text(&o.stdout).contains(&format!("TMPDIR={}/run-", own.display())), "{}", said(&o));
-    // Without XDG_RUNTIME_DIR, a user's default is not the name another user
-    // could make first (/tmp/palisade-UID/runs), and it goes with the run.
+    // Without XDG_RUNTIME_DIR, a user's default is the same for every broker
+    // (/tmp/palisade-UID/runs: the next finds what a dead one left), made
+    // private; where another has taken that name (a directory anybody may
+    // write), a fresh one nobody could predict, which goes with the run,
+    // and the taken one is not used.
     if !is_root() {
         let tmp = dir.join("tmp");
         std::fs::create_dir(&tmp).unwrap();
         let predictable = tmp.join(format!("palisade-{}", nix::unistd::geteuid()));
+        let tmpdir_of = |o: &std::process::Output| {
+            let out = text(&o.stdout);
+            out.lines().find_map(|l| l.strip_prefix("TMPDIR=")).unwrap_or_default().to_string()
+        };
         let o = run(&tier_b(""), &[("TMPDIR", tmp.to_str().unwrap())]);
         assert!(o.status.success(), "{}", said(&o));
-        let out = text(&o.stdout);
-        let tmpdir = out.lines().find_map(|l| l.strip_prefix("TMPDIR=")).unwrap_or_default();
-        assert!(tmpdir.starts_with(&format!("{}-", predictable.display())), "{out}");
-        assert!(std::fs::read_dir(&tmp).unwrap().next().is_none(), "the run's temp_root was left behind");
+        assert!(tmpdir_of(&o).starts_with(&format!("{}/runs/run-", predictable.display())), "{}", said(&o));
+        let mode = std::fs::metadata(&predictable).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        std::fs::remove_dir_all(&predictable).unwrap();
+        std::fs::create_dir(&predictable).unwrap();
+        std::fs::set_permissions(&predictable, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let o = run(&tier_b(""), &[("TMPDIR", tmp.to_str().unwrap())]);
+        assert!(o.status.success(), "{}", said(&o));
+        assert!(tmpdir_of(&o).starts_with(&format!("{}-", predictable.display())), "{}", said(&o));
+        assert_eq!(std::fs::read_dir(&predictable).unwrap().count(), 0, "the taken name was used");
+        assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 1, "the fresh temp_root was left behind");
     }
 }
 
