@@ -9,8 +9,11 @@
 //! allocated blocks counted once, however many names it has) only when the
 //! filesystem has grown by the rest of the bound since the last walk, or
 //! is below its floor. A run that writes faster than a check sees may pass
-//! its bound by what it writes in that time; a directory the run closed to
-//! its owner counts as all the filesystem grew by since the run started.
+//! its bound by what it writes in that time; one that wrote all it wrote
+//! between two checks is caught by the same check when it is over, before
+//! its writes are settled ([`Watch::passed_at_end`]). A directory the run
+//! closed to its owner counts as all the filesystem grew by since the run
+//! started.
 
 use palisade_policy::config::DISK_CHECK_MS;
 use palisade_protocol::tmpfs_inodes;
@@ -26,6 +29,8 @@ pub struct Watch {
     bound: u64,
     files: u64,
     floor: u64,
+    /// The filesystem's figures before the run wrote.
+    start: Option<Usage>,
 }
 
 /// What the layers hold: bytes on disk, entries, and whether every
@@ -60,15 +65,51 @@ impl Watch {
     /// descriptors of each layer's upper directory), on a filesystem that
     /// keeps `floor` bytes free.
     pub fn new(layers: Vec<OwnedFd>, bound: u64, floor: u64) -> Watch {
-        Watch { layers, bound, files: tmpfs_inodes(bound), floor }
+        let start = layers.first().and_then(|l| usage(l).ok());
+        Watch { layers, bound, files: tmpfs_inodes(bound), floor, start }
+    }
+
+    /// Another watch of the same layers, bound and start.
+    pub fn try_clone(&self) -> io::Result<Watch> {
+        let layers = self.layers.iter().map(OwnedFd::try_clone).collect::<io::Result<_>>()?;
+        Ok(Watch { layers, ..*self })
+    }
+
+    /// Why the run's writes are past a bound once it is over (`None`: they
+    /// are not, or the filesystem cannot be read): a run that wrote all it
+    /// wrote between two of [`Watch::exceeded`]'s looks is caught here.
+    pub async fn passed_at_end(self) -> Option<String> {
+        let (first, start) = (self.layers.first()?, self.start?);
+        let now = usage(first).ok()?;
+        let low = self.floor > 0 && now.free < self.floor;
+        if !low && now.used < start.used.saturating_add(self.bound) && now.files < start.files + self.files {
+            return None;
+        }
+        self.passed(&self.held(now, start).await, low)
+    }
+
+    /// What the layers hold, measured; what could not be read counts as
+    /// all the filesystem grew by since `start`.
+    async fn held(&self, now: Usage, start: Usage) -> Held {
+        let layers: Vec<OwnedFd> = self.layers.iter().filter_map(|l| l.try_clone().ok()).collect();
+        let held = tokio::task::spawn_blocking(move || measure(&layers)).await.unwrap_or_default();
+        match held.complete {
+            true => held,
+            false => Held {
+                bytes: held.bytes.max(now.used.saturating_sub(start.used)),
+                files: held.files.max(now.files.saturating_sub(start.files)),
+                complete: false,
+            },
+        }
     }
 
     /// Completes when the run's writes pass their bound, or the
     /// filesystem's floor: why, in words naming the key. Never, where the
     /// filesystem cannot be read.
     pub async fn exceeded(self) -> String {
-        let Some(first) = self.layers.first() else { return std::future::pending().await };
-        let Ok(start) = usage(first) else { return std::future::pending().await };
+        let (Some(first), Some(start)) = (self.layers.first(), self.start) else {
+            return std::future::pending().await;
+        };
         let (mut bytes_at, mut files_at) = (start.used.saturating_add(self.bound), start.files + self.files);
         let mut tick = tokio::time::interval(Duration::from_millis(DISK_CHECK_MS));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -79,17 +120,7 @@ impl Watch {
             if !low && now.used < bytes_at && now.files < files_at {
                 continue;
             }
-            let layers: Vec<OwnedFd> = self.layers.iter().filter_map(|l| l.try_clone().ok()).collect();
-            let held = tokio::task::spawn_blocking(move || measure(&layers)).await.unwrap_or_default();
-            // What could not be read counts as all the filesystem grew by.
-            let held = match held.complete {
-                true => held,
-                false => Held {
-                    bytes: held.bytes.max(now.used.saturating_sub(start.used)),
-                    files: held.files.max(now.files.saturating_sub(start.files)),
-                    complete: false,
-                },
-            };
+            let held = self.held(now, start).await;
             if let Some(why) = self.passed(&held, low) {
                 return why;
             }
@@ -170,4 +201,31 @@ fn walk(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Watch;
+    use std::os::fd::OwnedFd;
+
+    fn layer(dir: &std::path::Path) -> OwnedFd {
+        std::fs::File::open(dir).unwrap().into()
+    }
+
+    /// A run that wrote past its bound between two of the watch's looks
+    /// (here: no look at all while it ran) is caught when it is over; one
+    /// within its bound is not.
+    #[tokio::test]
+    async fn writes_past_the_bound_are_caught_when_the_run_is_over() {
+        let dir = std::env::temp_dir().join(format!("palisade-bound-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let watch = Watch::new(vec![layer(&dir)], 1 << 20, 0);
+        let within = watch.try_clone().unwrap();
+        std::fs::write(dir.join("small"), vec![1u8; 64 << 10]).unwrap();
+        assert_eq!(within.passed_at_end().await, None);
+        std::fs::write(dir.join("big"), vec![1u8; 4 << 20]).unwrap();
+        let why = watch.passed_at_end().await.expect("the bound passed");
+        assert!(why.contains("(max_disk_mb)"), "{why}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
