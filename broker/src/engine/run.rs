@@ -356,9 +356,16 @@ impl Engine {
         let abandon = Abandon::arm(helper.pid, &helper.pidfd, libc::SIGKILL)?;
         if let Err(e) = release_when(recorded, &helper, &since).await {
             abandon.disarm();
+            // Its end of the channel closed: the helper was gone (killed from outside) before its release.
+            let gone = matches!(&e, BrokerError::HandOver(io)
+                if matches!(io.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset));
             let _ = pidfd_kill(&helper.pidfd, libc::SIGKILL);
-            let _ = tokio::task::spawn_blocking(move || (reap(helper.pid), cgroup.map(|c| c.remove()))).await;
-            return Err(e);
+            let ended =
+                tokio::task::spawn_blocking(move || (reap(helper.pid), cgroup.map(|c| c.remove()))).await;
+            return Err(match ended {
+                Ok((Ok(usage), _)) if gone => lost(&usage),
+                _ => e,
+            });
         }
         let launched = Launched { helper, abandon, cgroup: cgroup.as_ref(), session, started, since };
         let mut exiting = None;
@@ -452,10 +459,7 @@ impl Engine {
         self.refill(&resolved.plan);
         timeline.status_read_us = started.elapsed().as_micros();
         let mut ended = streamed.ended;
-        let bound = disk_bound.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if bound.is_some() && ended == Some(RunStatus::Cancelled) {
-            ended = Some(RunStatus::DiskLimitExceeded);
-        }
+        let bound = disk_bound.passed(&mut ended).await;
         let report = Report::read(records, fds, ended)?;
         let cg_usage = cgroup.map(RunCgroup::usage);
         // A command in its session's cgroup: killed by the kernel as the cgroup counted an OOM kill.
@@ -535,12 +539,18 @@ fn exit_status(exit: Option<ExitReport>, usage: &Usage) -> Result<RunStatus, Bro
     match exit {
         Some(ExitReport::Code(code)) => Ok(RunStatus::Exited { code }),
         Some(ExitReport::Signal(signal)) => Ok(RunStatus::Signaled { signal }),
-        None => Err(BrokerError::SandboxLost(match (usage.code, usage.signal) {
-            (Some(code), _) => format!("exited with {code}"),
-            (_, Some(signal)) => format!("was killed by signal {signal}"),
-            _ => "ended".into(),
-        })),
+        None => Err(lost(usage)),
     }
+}
+
+/// The sandbox's supervisor gone before it said how the command ended:
+/// how it ended itself.
+fn lost(usage: &Usage) -> BrokerError {
+    BrokerError::SandboxLost(match (usage.code, usage.signal) {
+        (Some(code), _) => format!("exited with {code}"),
+        (_, Some(signal)) => format!("was killed by signal {signal}"),
+        _ => "ended".into(),
+    })
 }
 
 /// Writes the run's input to the command's stdin (or its terminal's
@@ -869,12 +879,12 @@ async fn hold_made_in_place(
 
 /// `cancel`, or the run's writes passing their bound on disk (see
 /// [`crate::changes::bound`]), whichever comes first; in the second case
-/// the slot returned holds why, in words naming the key.
+/// the [`DiskBound`] returned holds why, in words naming the key.
 fn bound_writes(
     grants: &Grants,
     resolved: &Resolved,
     cancel: impl Future<Output = ()> + Send,
-) -> (impl Future<Output = ()> + Send, Arc<std::sync::Mutex<Option<String>>>) {
+) -> (impl Future<Output = ()> + Send, DiskBound) {
     let bound = resolved.plan.mounts.iter().find_map(|m| match m {
         palisade_protocol::Mount::Overlay { size_bytes, layer: Some(_), .. } => Some(*size_bytes),
         _ => None,
@@ -884,6 +894,7 @@ fn bound_writes(
         let uppers = l.uppers.iter().filter_map(|fd| fd.try_clone().ok()).collect();
         crate::changes::bound::Watch::new(uppers, bound, grants.keep_out.store.limits.min_free_bytes)
     });
+    let at_end = watch.as_ref().and_then(|w| w.try_clone().ok());
     let hit = Arc::new(std::sync::Mutex::new(None));
     let slot = hit.clone();
     let cancel = async move {
@@ -893,7 +904,38 @@ fn bound_writes(
             why = watch.exceeded() => *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(why),
         }
     };
-    (cancel, hit)
+    (cancel, DiskBound { hit, at_end })
+}
+
+/// What [`bound_writes`] learns of the run's writes on disk: why they were
+/// stopped, if they were, and the look taken once the run is over.
+struct DiskBound {
+    hit: Arc<std::sync::Mutex<Option<String>>>,
+    at_end: Option<crate::changes::bound::Watch>,
+}
+
+impl DiskBound {
+    /// Why the writes passed their bound: while the run went on (it was
+    /// stopped), or, for a command that ended by itself (`ended` is
+    /// `None`), as it left them (the whole of it written between two
+    /// looks); `ended` then becomes `DiskLimitExceeded`.
+    async fn passed(self, ended: &mut Option<RunStatus>) -> Option<String> {
+        let hit = self.hit.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if hit.is_some() {
+            if *ended == Some(RunStatus::Cancelled) {
+                *ended = Some(RunStatus::DiskLimitExceeded);
+            }
+            return hit;
+        }
+        let why = match (&ended, self.at_end) {
+            (None, Some(watch)) => watch.passed_at_end().await,
+            _ => None,
+        };
+        if why.is_some() {
+            *ended = Some(RunStatus::DiskLimitExceeded);
+        }
+        why
+    }
 }
 
 /// A started helper.
