@@ -1654,17 +1654,13 @@ fn sensitive_inside<'a>(
         }
     };
     for &root in granted {
-        let bases = std::iter::once(root).chain(homes.iter().filter(|h| h.starts_with(root) && *h != root));
-        for base in bases {
+        // The grant, the homes inside it, and a home it lies inside
+        // (`~/.config`): each one's names that fall under the grant.
+        let around = homes.iter().filter(|h| *h != root && (h.starts_with(root) || root.starts_with(h)));
+        for base in std::iter::once(root).chain(around) {
             let home_names = if homes.contains(base) { HOME_SENSITIVE_NAMES } else { &[] };
             for name in SENSITIVE_NAMES.iter().chain(home_names) {
-                add(root, base.join(name));
-            }
-        }
-        // A grant inside a home (`~/.config`): the home's names under it.
-        for h in homes.iter().filter(|h| root.starts_with(h) && *h != root) {
-            for name in SENSITIVE_NAMES.iter().chain(HOME_SENSITIVE_NAMES) {
-                let p = h.join(name);
+                let p = base.join(name);
                 if p.starts_with(root) && p != *root {
                     add(root, p);
                 }

@@ -79,10 +79,11 @@ fn fail(kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
 
 /// `palisade changes`.
 pub fn main(command: ChangesCommand) -> i32 {
+    let mut raw = false;
     let (message, at) = match command {
         ChangesCommand::List { at } => (ClientMessage::ListChanges, at),
-        ChangesCommand::Show { id, raw, at } => {
-            RAW.store(raw, std::sync::atomic::Ordering::Relaxed);
+        ChangesCommand::Show { id, raw: bytes, at } => {
+            raw = bytes;
             (ClientMessage::ShowChanges { id }, at)
         }
         ChangesCommand::Apply { id, overwrite, host_executed, at } => {
@@ -109,7 +110,7 @@ pub fn main(command: ChangesCommand) -> i32 {
             }
         };
     }
-    print(reply)
+    print(reply, raw)
 }
 
 /// A person at this process's terminal says yes to applying what the host
@@ -199,19 +200,11 @@ fn recover(
     }
 }
 
-/// `changes show --raw`: names and the diff printed as they are.
-static RAW: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// A run's name as printed (see [`palisade_cli::escape`]).
-fn shown(name: &str) -> std::borrow::Cow<'_, str> {
-    if RAW.load(std::sync::atomic::Ordering::Relaxed) {
-        name.into()
-    } else {
-        palisade_cli::escape::name(name)
-    }
-}
-
-fn print(reply: ServerMessage) -> i32 {
+/// A reply printed for a person; `raw` (`changes show --raw`): the run's
+/// names and the diff as they are, else escaped (see [`palisade_cli::escape`]).
+fn print(reply: ServerMessage, raw: bool) -> i32 {
+    let shown =
+        |name: &str| if raw { name.to_owned() } else { palisade_cli::escape::name(name).into_owned() };
     match reply {
         ServerMessage::ChangeSets(sets) if sets.is_empty() => palisade_cli::outln!("no change set is held"),
         ServerMessage::ChangeSets(sets) => sets.iter().for_each(|s| palisade_cli::outln!("{}", line(s))),
@@ -227,7 +220,7 @@ fn print(reply: ServerMessage) -> i32 {
                     if notes.is_empty() { String::new() } else { format!("  ({})", notes.join("; ")) };
                 palisade_cli::outln!("  {:<7} {}{notes}", e.kind, shown(&e.path));
             }
-            match RAW.load(std::sync::atomic::Ordering::Relaxed) {
+            match raw {
                 true => palisade_cli::out!("{}", d.diff),
                 false => palisade_cli::out!("{}", palisade_cli::escape::text(&d.diff)),
             }

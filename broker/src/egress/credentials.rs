@@ -349,14 +349,13 @@ impl Credentials {
     /// name or value, a Basic authorization's decoded text).
     fn carries_secret(&self, parts: &Parts) -> bool {
         let Some(secrets) = self.secrets.as_ref() else { return false };
-        let names = parts.headers.keys().map(|k| k.as_str().as_bytes().to_vec());
-        let values = parts.headers.values().map(|v| v.as_bytes().to_vec());
-        let decoded = parts.headers.values().filter_map(|v| basic(v.to_str().ok()?)).map(String::into_bytes);
-        std::iter::once(parts.uri.to_string().into_bytes())
-            .chain(names)
-            .chain(values)
-            .chain(decoded)
-            .any(|text| secrets.found(&text).is_some())
+        let found = |text: &[u8]| secrets.found(text).is_some();
+        found(parts.uri.to_string().as_bytes())
+            || parts.headers.iter().any(|(name, value)| {
+                found(name.as_str().as_bytes())
+                    || found(value.as_bytes())
+                    || value.to_str().ok().and_then(basic).is_some_and(|d| found(d.as_bytes()))
+            })
     }
 
     /// A plain HTTP request head the proxy passes on unread: refused when

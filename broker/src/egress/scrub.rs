@@ -33,21 +33,13 @@ pub fn ask_identity(headers: &mut hyper::HeaderMap) {
 /// `Content-Encoding` must be `identity`, every `Transfer-Encoding`
 /// `chunked`. The origin's own text is not repeated.
 pub fn unreadable(headers: &hyper::HeaderMap) -> Option<String> {
-    let values = |name| {
-        headers
-            .get_all(name)
-            .iter()
-            .flat_map(|v| {
-                String::from_utf8_lossy(v.as_bytes())
-                    .split(',')
-                    .map(|c| c.trim().to_ascii_lowercase())
-                    .collect::<Vec<_>>()
-            })
-            .filter(|c| !c.is_empty())
-            .collect::<Vec<String>>()
+    // Any value (of any field of that name, split at its commas) but `plain`.
+    let other_than = |name, plain: &str| {
+        let codings = headers.get_all(name).iter().flat_map(|v| v.as_bytes().split(|&b| b == b','));
+        codings.map(<[u8]>::trim_ascii).any(|c| !c.is_empty() && !c.eq_ignore_ascii_case(plain.as_bytes()))
     };
-    let coded = values(header::CONTENT_ENCODING).iter().any(|c| c != "identity")
-        || values(header::TRANSFER_ENCODING).iter().any(|c| c != "chunked");
+    let coded =
+        other_than(header::CONTENT_ENCODING, "identity") || other_than(header::TRANSFER_ENCODING, "chunked");
     coded.then(|| {
         "the origin answered with a Content-Encoding or Transfer-Encoding other than identity and chunked, \
          though asked for identity: an answer the broker cannot search for a credential's secret is not \

@@ -396,6 +396,19 @@ fn repository(dir: &TempDir) -> Option<PathBuf> {
     Some(repo)
 }
 
+/// `palisade run --json -- probe put PATH TEXT...` in `dir` through the
+/// embedded broker, with the journal and state beside `journal`.
+fn put_as_a_run(policy: &Path, journal: &Path, dir: &Path, puts: &[String]) -> Output {
+    Command::new(bin("palisade"))
+        .args(["run", "--json", "--policy", policy.to_str().unwrap(), "--", &probe(), "put"])
+        .args(puts)
+        .current_dir(dir)
+        .env("PALISADE_JOURNAL", journal)
+        .env("PALISADE_STATE", state_beside(journal))
+        .output()
+        .unwrap()
+}
+
 /// `git commit` on the host, outside any sandbox, as the person would.
 fn commit_on_host(repo: &Path, home: &Path) -> Output {
     std::fs::write(repo.join("b.txt"), format!("{:?}", std::time::SystemTime::now())).unwrap();
@@ -423,24 +436,11 @@ fn a_run_cannot_plant_a_git_hook_or_fsmonitor_that_the_host_runs_later() {
     let config = bytes_of(&repo.join(".git/config"));
     let planted = format!("{}[core]\n\tfsmonitor = ./fsmonitor.sh\n", String::from_utf8_lossy(&config));
     let hook = "#!/bin/sh\necho ran > hook-ran.txt\n";
-    let o = Command::new(bin("palisade"))
-        .args(["run", "--json", "--policy", policy.to_str().unwrap(), "--", &probe(), "put"])
-        .args([
-            ".git/hooks/pre-commit",
-            hook,
-            ".git/config",
-            &planted,
-            "fsmonitor.sh",
-            hook,
-            "notes.txt",
-            "beside",
-        ])
-        .args([".git/commondir", "elsewhere"])
-        .current_dir(&repo)
-        .env("PALISADE_JOURNAL", &journal)
-        .env("PALISADE_STATE", state_beside(&journal))
-        .output()
-        .unwrap();
+    let puts =
+        [".git/hooks/pre-commit", hook, ".git/config", &planted, "fsmonitor.sh", hook, "notes.txt", "beside"];
+    let puts: Vec<String> =
+        puts.iter().chain(&[".git/commondir", "elsewhere"]).map(|p| p.to_string()).collect();
+    let o = put_as_a_run(&policy, &journal, &repo, &puts);
     // Held for a person, so not all of the run's writes landed: loudly so.
     assert_eq!(o.status.code(), Some(123), "{}", said(&o));
     let result: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -672,24 +672,16 @@ fn the_configurations_other_tools_execute_are_held_and_an_absolute_hooks_path_to
         args.push(p.to_string());
         args.push("{\"command\": \"touch /tmp/pwned\"}\n".into());
     }
-    let o = Command::new(bin("palisade"))
-        .args(["run", "--json", "--policy", policy.to_str().unwrap(), "--", &probe(), "put"])
-        .args(&args)
-        .current_dir(&ws)
-        .env("PALISADE_JOURNAL", &journal)
-        .env("PALISADE_STATE", state_beside(&journal))
-        .output()
-        .unwrap();
+    let o = put_as_a_run(&policy, &journal, &ws, &args);
     assert_eq!(o.status.code(), Some(123), "{}", said(&o));
     let result: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let mut withheld: Vec<String> = result["result"]["changes"]["withheld"]
+    let withheld: Vec<String> = result["result"]["changes"]["withheld"]
         .as_array()
         .unwrap()
         .iter()
         .filter(|w| w["reason"] == "host_executed")
         .map(|w| w["path"].as_str().unwrap().to_string())
         .collect();
-    withheld.sort();
     // Each is held, itself or in the new directory held whole that holds it.
     for p in held {
         assert!(withheld.iter().any(|w| ws.join(p).starts_with(w)), "{p} is not held: {result}");
