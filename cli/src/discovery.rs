@@ -123,10 +123,17 @@ pub fn own_socket() -> PathBuf {
     if euid.is_root() || holds_setuid() {
         return PathBuf::from(palisade_protocol::clients::SYSTEM_SOCKET);
     }
-    let runtime = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(format!("/run/user/{euid}")));
-    runtime.join("palisade/palisade.sock")
+    palisade_protocol::clients::user_socket(euid.as_raw())
+}
+
+/// Whether the user's own socket is where only the user could have put
+/// it: anywhere but the private directory of the temporary directory,
+/// which must be the user's and closed to others (one another user made
+/// first in a shared `/tmp` is not the user's broker, and is passed over).
+fn trusted_own(socket: &Path) -> bool {
+    let uid = nix::unistd::geteuid().as_raw();
+    let fallback = palisade_protocol::clients::user_temp_dir(uid);
+    socket.parent() != Some(fallback.as_path()) || palisade_protocol::clients::private_to(&fallback, uid)
 }
 
 /// Whether `CAP_SETUID` (7) is in this process's effective set, as
@@ -231,7 +238,8 @@ pub fn find(flag: Option<&Path>, runs: bool) -> Result<Route, DiscoveryError> {
         return Ok(Route::Embedded { tried: socket.display().to_string() });
     }
     let own = own_socket();
-    if let Some(f) = answering(&own, Which::Own)? {
+    let mine = if trusted_own(&own) { answering(&own, Which::Own)? } else { None };
+    if let Some(f) = mine {
         return Ok(Route::Broker(Box::new(f)));
     }
     let system = SystemConfig::load()?;

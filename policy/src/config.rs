@@ -405,7 +405,8 @@ impl Default for TrustConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerConfig {
-    /// Socket path; default `$XDG_RUNTIME_DIR/palisade/palisade.sock` for a user,
+    /// Socket path; default `$XDG_RUNTIME_DIR/palisade/palisade.sock` for a user
+    /// (else `/run/user/UID/...`, else the private `$TMPDIR/palisade-UID/`),
     /// `/run/palisade/palisade.sock` for root.
     pub socket: Option<PathBuf>,
     /// Permission bits of the socket.

@@ -32,3 +32,36 @@ impl Default for ClientsConfig {
         ClientsConfig { system_socket: PathBuf::from(SYSTEM_SOCKET), require_system_broker: false }
     }
 }
+
+/// Where a user's own broker listens by default on Linux, for `uid`:
+/// `$XDG_RUNTIME_DIR/palisade/palisade.sock`; without that variable,
+/// `/run/user/UID/palisade/palisade.sock` where `/run/user/UID` exists;
+/// else (a container, CI, SSH without logind) `palisade.sock` in the
+/// directory `palisade-UID` of the system's temporary directory
+/// (`$TMPDIR`, else `/tmp`), which must be the user's and private to it
+/// ([`private_to`]): the broker makes it so, the CLI trusts nothing else.
+pub fn user_socket(uid: u32) -> PathBuf {
+    if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR").filter(|r| !r.is_empty()) {
+        return PathBuf::from(runtime).join("palisade/palisade.sock");
+    }
+    let run_user = PathBuf::from(format!("/run/user/{uid}"));
+    if run_user.is_dir() {
+        return run_user.join("palisade/palisade.sock");
+    }
+    user_temp_dir(uid).join("palisade.sock")
+}
+
+/// `palisade-UID` in the system's temporary directory: a user's private
+/// directory where it has no runtime directory.
+pub fn user_temp_dir(uid: u32) -> PathBuf {
+    std::env::temp_dir().join(format!("palisade-{uid}"))
+}
+
+/// Whether `dir` is a directory (not a link to one) of `uid` that nobody
+/// else may enter or write to: one another user made first in a shared
+/// `/tmp` is not.
+#[cfg(unix)]
+pub fn private_to(dir: &std::path::Path, uid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0)
+}

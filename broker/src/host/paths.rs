@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 
 /// `/run/palisade/palisade.sock` for root (a system install), else
-/// `$XDG_RUNTIME_DIR/palisade/palisade.sock` (a user install); on macOS
+/// `$XDG_RUNTIME_DIR/palisade/palisade.sock` (a user install), or where
+/// there is none, `/run/user/UID/...` or the private `palisade-UID` of the
+/// temporary directory ([`palisade_protocol::clients::user_socket`]); on macOS
 /// `/var/run/palisade/palisade.sock` and `$TMPDIR/palisade/palisade.sock`.
 pub fn default_socket() -> PathBuf {
     if cfg!(target_os = "macos") {
@@ -17,10 +19,34 @@ pub fn default_socket() -> PathBuf {
     if crate::host::privilege::serves_others() {
         return PathBuf::from(palisade_policy::config::SYSTEM_SOCKET);
     }
-    let runtime = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(format!("/run/user/{}", nix::unistd::geteuid())));
-    runtime.join("palisade/palisade.sock")
+    palisade_protocol::clients::user_socket(nix::unistd::geteuid().as_raw())
+}
+
+/// Makes the private directory a user's socket falls back to (no runtime
+/// directory: [`palisade_protocol::clients::user_temp_dir`]) when
+/// `socket` is in it, and refuses one that is not the user's alone: the
+/// CLI would not trust a socket there.
+pub fn fallback_socket_dir(socket: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    let uid = nix::unistd::geteuid().as_raw();
+    let dir = palisade_protocol::clients::user_temp_dir(uid);
+    if cfg!(target_os = "macos") || socket.parent() != Some(dir.as_path()) {
+        return Ok(());
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot make the socket's directory {}: {e}", dir.display())),
+    }
+    if !palisade_protocol::clients::private_to(&dir, uid) {
+        return Err(format!(
+            "{} is not a directory of uid {uid} closed to others (someone else made it, or its mode \
+             lets others in), so no client would trust a socket there: remove it, or name a socket \
+             with --socket or [broker] socket",
+            dir.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Where per-run host directories go (Tier B's private /tmp and temporary

@@ -25,7 +25,9 @@ pub struct Args {
     /// Configuration file (TOML); see palisade.example.toml.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Socket path [default: $XDG_RUNTIME_DIR/palisade/palisade.sock, or
+    /// Socket path [default: $XDG_RUNTIME_DIR/palisade/palisade.sock, else
+    /// /run/user/UID/palisade/palisade.sock, else (no such directory)
+    /// $TMPDIR/palisade-UID/palisade.sock, private to the user; or
     /// /run/palisade/palisade.sock for root]. Ignored under socket activation.
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
@@ -58,6 +60,10 @@ pub fn main(args: Args) -> i32 {
     let socket =
         args.socket.clone().or_else(|| config.broker.socket.clone()).unwrap_or_else(paths::default_socket);
     let mode = config.broker.socket_mode;
+    if let Err(e) = paths::fallback_socket_dir(&socket) {
+        eprintln!("palisaded: {e}");
+        return EXIT_CONFIG;
+    }
     raise_open_file_limit();
     // Before any thread exists: the probe of user namespaces forks.
     let broker = match Broker::assemble(config, args.helper.clone()) {

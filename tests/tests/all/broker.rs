@@ -680,6 +680,85 @@ fn the_cli_finds_the_broker_at_the_default_socket_or_palisade_socket() {
     assert_eq!(d.runs_finished(), 2, "{}", d.log());
 }
 
+/// A user's daemon started by hand where there is no runtime directory
+/// (no `XDG_RUNTIME_DIR`, no `/run/user/UID`: containers, CI, SSH without
+/// logind) listens in the private `palisade-UID` of the temporary
+/// directory, and the CLI finds it there; one of that name someone else
+/// made is refused by the daemon and passed over by the CLI.
+#[test]
+fn a_user_daemon_without_a_runtime_directory_is_found_in_its_private_temporary_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let user = if is_root() { Some(test_user()) } else { None };
+    let uid = user.as_ref().map_or_else(|| nix::unistd::geteuid().as_raw(), |u| u.uid.as_raw());
+    assert!(
+        !Path::new(&format!("/run/user/{uid}")).exists(),
+        "uid {uid} has a runtime directory: this test needs a user without one"
+    );
+    // A shared temporary directory of the test's own, as /tmp is.
+    let tmp = TempDir::new("tmpdir");
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let private = tmp.join(&format!("palisade-{uid}"));
+    let tmpdir = tmp.path().to_string_lossy().into_owned();
+    let env = vec![("XDG_RUNTIME_DIR".to_string(), String::new()), ("TMPDIR".to_string(), tmpdir.clone())];
+
+    // Someone else's directory of that name: the daemon refuses it, naming it.
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut argv: Vec<String> = user.as_ref().map(as_user).unwrap_or_default();
+    argv.push(bin("palisaded").to_string_lossy().into_owned());
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]).envs(env.iter().cloned()).stdin(std::process::Stdio::null());
+    let (journal_dir, journal) = scratch_journal(user.as_ref());
+    cmd.env("PALISADE_JOURNAL", &journal).env("PALISADE_STATE", state_beside(&journal));
+    let o = cmd.output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("{} is not a directory of uid {uid}", private.display())),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir(&private).unwrap();
+    drop(journal_dir);
+
+    let socket = private.join("palisade.sock");
+    let d = Daemon::start_with(DaemonOptions {
+        user: user.clone(),
+        env: env.clone(),
+        default_socket: Some(socket.clone()),
+        ..Default::default()
+    });
+    let mode = std::fs::symlink_metadata(&private).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+    let ws = TempDir::new("ws");
+    let ws_path = shared_workspace(&ws, "w");
+    let (_journal, journal) = scratch_journal(user.as_ref());
+    let cli = |tmpdir: &str, command: &[&str]| {
+        let mut argv: Vec<String> = user.as_ref().map(as_user).unwrap_or_default();
+        argv.push(bin("palisade").to_string_lossy().into_owned());
+        argv.extend(["run", "--"].map(String::from));
+        argv.extend(command.iter().map(|a| a.to_string()));
+        let mut cmd = std::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..]).current_dir(&ws_path).stdin(std::process::Stdio::null());
+        cmd.env_remove("PALISADE_SOCKET").env("XDG_RUNTIME_DIR", "").env("TMPDIR", tmpdir);
+        cmd.env("PALISADE_JOURNAL", &journal).env("PALISADE_STATE", state_beside(&journal));
+        let o = cmd.output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let probe = probe();
+    assert_eq!(cli(&tmpdir, &[&probe, "echo", "found"]), "ok found\n");
+    assert!(eventually(Duration::from_secs(5), || d.runs_finished() == 1), "{}", d.log());
+    // Counter-test: another temporary directory, no broker there: an embedded one runs.
+    let elsewhere = TempDir::new("tmpdir2");
+    std::fs::set_permissions(elsewhere.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    assert_eq!(cli(&elsewhere.path().to_string_lossy(), &["/usr/bin/echo", "embedded"]), "embedded\n");
+    // The daemon's directory opened to others: the CLI no longer trusts it.
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert_eq!(cli(&tmpdir, &["/usr/bin/echo", "passed over"]), "passed over\n");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(d.runs_finished(), 1, "{}", d.log());
+}
+
 #[test]
 fn fifty_concurrent_runs_all_finish_with_the_right_outputs() {
     let d = Daemon::start("[broker]\nmax_concurrent = 8\nmax_queued = 64\n");
