@@ -552,14 +552,14 @@ mod tests {
 
     #[test]
     fn allow_list_matches_exact_names_and_suffixes_only() {
-        let allow = vec!["github.com".to_string(), "*.pypi.org".to_string()];
+        let allow = vec!["github.com".to_string(), "*.pkgs.example.org".to_string()];
         assert!(allowed("github.com", &allow));
         assert!(allowed("GitHub.com.", &allow));
-        assert!(allowed("files.pypi.org", &allow));
-        assert!(!allowed("pypi.org", &allow));
+        assert!(allowed("files.pkgs.example.org", &allow));
+        assert!(!allowed("pkgs.example.org", &allow));
         assert!(!allowed("evilgithub.com", &allow));
         assert!(!allowed("github.com.evil.net", &allow));
-        assert!(!allowed("xpypi.org", &allow));
+        assert!(!allowed("xpkgs.example.org", &allow));
         // Cyrillic "і" in place of the Latin "i".
         assert!(!allowed("gіthub.com", &allow));
     }

@@ -40,7 +40,7 @@ pub struct Inspection {
 /// ```toml
 /// credentials = [
 ///   { secret = "gh", hosts = ["api.github.com"], header = "Authorization", format = "Bearer {}" },
-///   { secret = "npm", hosts = ["registry.npmjs.org"], env = "NPM_TOKEN" },
+///   { secret = "npm", hosts = ["registry.example.net"], env = "NPM_TOKEN" },
 /// ]
 /// ```
 ///

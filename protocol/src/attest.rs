@@ -899,8 +899,8 @@ mod tests {
             (Network::Host, "host network (allow_all)".into()),
             (Network::HostDomains { domains: vec![], preflight: false }, "host network (allow_domains [])".into()),
             (
-                Network::HostDomains { domains: vec!["pypi.org".into(), "*.github.com".into()], preflight: true },
-                "host network (allow_domains [pypi.org, *.github.com]): preflight checked the hosts named on \
+                Network::HostDomains { domains: vec!["pkgs.example.org".into(), "*.github.com".into()], preflight: true },
+                "host network (allow_domains [pkgs.example.org, *.github.com]): preflight checked the hosts named on \
                  the command line; nothing stops a connection to any other address, host loopback included"
                     .into(),
             ),
@@ -908,12 +908,12 @@ mod tests {
         let strict = [
             (
                 Network::StrictDomains {
-                    domains: vec!["pypi.org".into(), "*.github.com".into()],
+                    domains: vec!["pkgs.example.org".into(), "*.github.com".into()],
                     ports: vec![443, 80],
                     transparent: true,
                 },
                 "a network namespace with only loopback; the broker's proxy, resolver and transparent \
-                 listeners reach allow_domains [pypi.org, *.github.com] on ports [443, 80]",
+                 listeners reach allow_domains [pkgs.example.org, *.github.com] on ports [443, 80]",
             ),
             (
                 Network::StrictDomains {
