@@ -249,6 +249,7 @@ impl Helper {
             run: 0,
             etc_view: etc.as_ref().map(|e| e.dir().to_path_buf()),
             trust: None,
+            homes: None,
         };
         let plans = payloads
             .iter()

@@ -92,6 +92,7 @@ fn context(user_namespaces: bool, landlock_abi: u32) -> On {
         instance: "1-1".into(),
         etc_view: None,
         trust: None,
+        homes: None,
         run: 7,
     };
     On { host, ctx }
@@ -432,20 +433,20 @@ fn blocked_command_patterns() {
 #[test]
 fn egress_preflight_and_strict() {
     let f = Fixture::new("egress");
-    let allow = "[defaults]\nnetwork = { allow_domains = [\"github.com\", \"*.pypi.org\"] }\n";
+    let allow = "[defaults]\nnetwork = { allow_domains = [\"github.com\", \"*.pkgs.example.org\"] }\n";
     let p = policy(allow);
     let table = vec![
         (v(&["git", "clone", "https://github.com/o/r"]), None),
         (v(&["git", "clone", "git@github.com:o/r.git"]), None),
-        (v(&["curl", "https://files.pypi.org/x"]), None),
-        (v(&["curl", "https://pypi.org/x"]), Some((CAP, "egress.host_not_allowed"))),
+        (v(&["curl", "https://files.pkgs.example.org/x"]), None),
+        (v(&["curl", "https://pkgs.example.org/x"]), Some((CAP, "egress.host_not_allowed"))),
         (v(&["curl", "https://github.com.evil.net/"]), Some((CAP, "egress.host_not_allowed"))),
         (v(&["curl", "--url=http://evil.net/"]), Some((CAP, "egress.host_not_allowed"))),
         (v(&["curl", "https://gіthub.com/"]), Some((CAP, "egress.host_not_allowed"))), // Cyrillic "і"
         (v(&["ssh", "-p", "22", "deploy@evil.net"]), Some((CAP, "egress.host_not_allowed"))),
         (v(&["scp", "f", "backup:/srv/f"]), Some((CAP, "egress.host_not_allowed"))),
         // Hosts without a scheme, where the tool takes URLs or repositories.
-        (v(&["curl", "-o", "out.txt", "files.pypi.org/simple"]), None),
+        (v(&["curl", "-o", "out.txt", "files.pkgs.example.org/simple"]), None),
         (v(&["curl", "-o", "out.txt", "evil.net/x"]), Some((CAP, "egress.host_not_allowed"))),
         (v(&["wget", "internal:8080"]), Some((CAP, "egress.host_not_allowed"))),
         (v(&["git", "clone", "evil.net:o/r.git"]), Some((CAP, "egress.host_not_allowed"))),

@@ -20,10 +20,15 @@ pub struct RunArgs {
     /// Policy file: run with an embedded broker under this policy.
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
-    /// Deadline in seconds (can only lower the policy's).
+    /// Deadline in seconds. Through a daemon it can only lower the
+    /// policy's; an embedded broker's is raised to it, up to the profile's
+    /// timeout_ceiling_secs (above that, or 0: refused).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
-    /// Output quota in bytes, stdout and stderr together (can only lower the policy's).
+    /// Output quota in bytes, stdout and stderr together. Through a daemon
+    /// it can only lower the policy's; an embedded broker's is raised to
+    /// it, up to the profile's max_output_ceiling_bytes (above that, or 0:
+    /// refused).
     #[arg(long = "max-output", value_name = "BYTES")]
     pub max_output: Option<u64>,
     /// Print the result and its attestation as one JSON object: "result"
@@ -80,6 +85,16 @@ pub struct SandboxArgs {
     /// through the egress proxy, enforced by the kernel (strict egress).
     #[arg(long = "allow-domain", value_name = "NAME")]
     pub allow_domains: Vec<String>,
+    /// Let strict egress connect to PORT too, beside `[egress] ports`
+    /// (443 and 80 unless set) (repeatable).
+    #[arg(long = "allow-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub allow_ports: Vec<u16>,
+    /// Let strict egress connect to ADDR, an IP address or CIDR range it
+    /// otherwise refuses as loopback, private, link-local, multicast or
+    /// unspecified (a dev server's 127.0.0.1, say), beside `[egress]
+    /// allow_addresses` (repeatable).
+    #[arg(long = "allow-address", value_name = "ADDR")]
+    pub allow_addresses: Vec<String>,
     /// Make PATH visible read-only (repeatable).
     #[arg(long = "read-only", value_name = "PATH")]
     pub read_only: Vec<PathBuf>,
@@ -129,6 +144,21 @@ fn on_conflict(s: &str) -> Result<OnConflict, String> {
 }
 
 impl SandboxArgs {
+    /// The flags a declared tool's run carries where these are a server's
+    /// for all its calls (`palisade mcp`): a tool runs as declared, under
+    /// its own table rather than `--profile`'s (a request naming both is
+    /// refused) and never widened, so of the rest only what can only make
+    /// its run smaller or keep its writes off the host goes with it:
+    /// `--hold-changes`, `--no-fork` and `--no-toolchains`.
+    pub fn for_tool(&self) -> SandboxArgs {
+        SandboxArgs {
+            hold_changes: self.hold_changes,
+            no_fork: self.no_fork,
+            no_toolchains: self.no_toolchains,
+            ..SandboxArgs::default()
+        }
+    }
+
     /// The request's asks: what the daemon checks against its policy.
     pub fn ask(&self, req: &mut RunRequest, cwd: &std::path::Path) -> Result<(), String> {
         let absolute = |paths: &[PathBuf]| -> Vec<String> {
@@ -138,6 +168,8 @@ impl SandboxArgs {
         req.allow_interpreters = self.allow_interpreters;
         req.allow_inline_code = self.allow_inline_code;
         req.allow_domains = (!self.allow_domains.is_empty()).then(|| self.allow_domains.clone());
+        req.allow_ports = self.allow_ports.clone();
+        req.allow_addresses = self.allow_addresses.clone();
         req.read_only = absolute(&self.read_only);
         req.read_write = absolute(&self.read_write);
         req.max_memory_mb = self.memory;
@@ -305,6 +337,12 @@ pub struct ExplainArgs {
     /// and `by`: which broker decided); an error as `{"error": ...}`.
     #[arg(long)]
     pub json: bool,
+    /// Deadline in seconds, as `palisade run --timeout`.
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<u64>,
+    /// Output quota in bytes, as `palisade run --max-output`.
+    #[arg(long = "max-output", value_name = "BYTES")]
+    pub max_output: Option<u64>,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
     /// The command and its arguments.
@@ -312,22 +350,23 @@ pub struct ExplainArgs {
     pub command: Vec<String>,
 }
 
-/// The run `palisade explain` asks about: no stdin, nothing else set.
-pub fn explain_run(sandbox: SandboxArgs, command: Vec<String>) -> RunArgs {
+/// The run `palisade explain` asks about: `args`' flags, as `palisade run`
+/// takes them, with no stdin and no terminal.
+pub fn explain_run(args: ExplainArgs) -> RunArgs {
     RunArgs {
-        socket: None,
-        workspace: None,
-        policy: None,
-        timeout: None,
-        max_output: None,
-        json: false,
+        socket: args.socket,
+        workspace: args.workspace,
+        policy: args.policy,
+        timeout: args.timeout,
+        max_output: args.max_output,
+        json: args.json,
         no_stdin: true,
         tty: false,
         no_tty: true,
-        tool: None,
-        params: vec![],
-        sandbox,
-        command,
+        tool: args.tool,
+        params: args.params,
+        sandbox: args.sandbox,
+        command: args.command,
     }
 }
 

@@ -2,7 +2,8 @@
 
 use palisade_protocol::wire::{
     ClientMessage, Decoder, Encoding, ErrorReply, Hello, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION,
-    PendingApproval, RunRequest, RunResult, ServerMessage, Stream, WindowSize, encode,
+    PendingApproval, REACH_VERSION, RunRequest, RunResult, ServerMessage, Stream, WindowSize, encode,
+    encode_in,
 };
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -296,8 +297,26 @@ impl Client {
         }
     }
 
+    /// Sends `msg` in the form of the version the hellos agreed on. Before
+    /// the broker's hello is read, a message goes out with this client's in
+    /// the form of the version before [`REACH_VERSION`], which a broker of
+    /// that version and a later one both read; but a run that asks what
+    /// only a later one reads (`allow_ports`, `allow_addresses`) waits for
+    /// the broker's hello, and is refused by an older broker's client here.
     pub fn send(&mut self, msg: &ClientMessage) -> Result<(), ClientError> {
-        let mut bytes = encode(msg, self.encoding).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        if msg.run_request().is_some_and(RunRequest::reaches) {
+            self.finish_hello()?;
+            let version = self.version.unwrap_or(0);
+            if version < REACH_VERSION {
+                return Err(ClientError::Protocol(format!(
+                    "this broker speaks protocol version {version}; a run's --allow-port and \
+                     --allow-address need {REACH_VERSION} or later (restart the broker after an upgrade)"
+                )));
+            }
+        }
+        let form = self.version.unwrap_or(REACH_VERSION - 1);
+        let mut bytes =
+            encode_in(msg, self.encoding, form).map_err(|e| ClientError::Protocol(e.to_string()))?;
         if !self.queued.is_empty() {
             let mut all = std::mem::take(&mut self.queued);
             all.append(&mut bytes);

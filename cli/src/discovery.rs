@@ -299,6 +299,21 @@ fn nothing_there(e: &std::io::Error) -> bool {
 /// others' goes with the first request.
 fn found(socket: &Path, which: Which, stream: UnixStream) -> Result<Found, DiscoveryError> {
     let broken = |why: String| DiscoveryError::Broken { socket: socket.to_path_buf(), why };
+    if which == Which::Own && socket != Path::new(palisade_protocol::clients::SYSTEM_SOCKET) {
+        // The user's own broker is the user's: a socket someone else listens on is not.
+        // (Root's own is the system broker's, which may run as the unit's user.)
+        use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+        let me = nix::unistd::geteuid().as_raw();
+        let peer =
+            getsockopt(&stream, PeerCredentials).map_err(|e| broken(format!("its credentials: {e}")))?;
+        if peer.uid() != me {
+            return Err(broken(format!(
+                "the broker listening there runs as uid {}, not as this user ({me}): it is not yours; \
+                 stop it, or name a broker with --socket",
+                peer.uid()
+            )));
+        }
+    }
     let mut client = Client::over(stream).map_err(|e| broken(e.to_string()))?;
     if which == Which::System {
         let socket = socket.to_path_buf();

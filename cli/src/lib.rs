@@ -17,6 +17,8 @@ pub mod common;
 #[cfg(target_os = "linux")]
 pub mod discovery;
 pub mod escape;
+#[cfg(unix)]
+pub mod init;
 pub mod out;
 #[cfg(unix)]
 pub mod render;
@@ -109,7 +111,8 @@ pub enum Command {
     #[cfg(target_os = "linux")]
     #[command(subcommand)]
     Session(session::SessionCommand),
-    /// The declared tools' trust stages (Draft, Trial, Verified) and declarations.
+    /// The declared tools' trust stages (Draft, Trial, Verified) and
+    /// declarations: list (what `palisade tools` alone does), show, approve.
     Tools(Handed),
     /// Change sets: a run's writes held for review (a run palisade ended,
     /// --hold-changes, paths someone else changed meanwhile, files the host
@@ -125,9 +128,19 @@ pub enum Command {
     ///
     /// The sandbox flags are the person's, as for `palisade run`: with an
     /// embedded broker they edit its profile; through a daemon each call
-    /// carries them as asks that can only narrow the daemon's policy. See
+    /// carries them as asks that can only narrow the daemon's policy. A
+    /// declared tool's call (run_tool, or explain naming a tool) runs the
+    /// tool as declared: without --profile and the flags that edit it, only
+    /// --hold-changes, --no-fork and --no-toolchains go with it. See
     /// docs/agents.md.
     Mcp(Handed),
+    /// Write the starter configuration of your own palisade (profiles the
+    /// documentation's examples use, such as `sh`) where your daemon and an
+    /// embedded broker read it: $XDG_CONFIG_HOME/palisade/palisade.toml, else
+    /// ~/.config/palisade/palisade.toml. An existing file is kept unless
+    /// --force. Exits 0, or 125.
+    #[cfg(unix)]
+    Init(init::InitArgs),
 }
 
 /// A command `palisaded cli` serves: its arguments, `--help` included, are
@@ -151,6 +164,7 @@ pub fn main(cli: Cli, argv: &[OsString]) -> i32 {
         Command::Deny { id, reason, broker } => approve::answer(&broker, id, false, reason),
         Command::Status { broker, json } => status::status(&broker, json),
         Command::Session(command) => session::main(command),
+        Command::Init(args) => init::main(args),
         Command::Doctor(_)
         | Command::Tools(_)
         | Command::Changes(_)
@@ -164,8 +178,12 @@ pub fn main(cli: Cli, argv: &[OsString]) -> i32 {
 /// broker and its client are its own (`mac/` of the broker), and a system
 /// without a sandbox refuses there, with the reason.
 #[cfg(not(target_os = "linux"))]
-pub fn main(_: Cli, argv: &[OsString]) -> i32 {
-    hand_over(argv)
+pub fn main(cli: Cli, argv: &[OsString]) -> i32 {
+    match cli.command {
+        #[cfg(unix)]
+        Command::Init(args) => init::main(args),
+        _ => hand_over(argv),
+    }
 }
 
 /// Exit status when palisade refused or failed (not the command).

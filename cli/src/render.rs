@@ -113,8 +113,10 @@ impl Render {
         match outcome {
             // The command ended by itself, but its writes did not all land: never as if they had.
             Ok(r)
-                if matches!(r.status, RunStatus::Exited { .. } | RunStatus::Signaled { .. })
-                    && !r.changes.all_landed() =>
+                if matches!(
+                    r.status,
+                    RunStatus::Exited { .. } | RunStatus::Signaled { .. } | RunStatus::Stopped
+                ) && !r.changes.all_landed() =>
             {
                 crate::EXIT_NOT_APPLIED
             }
@@ -122,6 +124,8 @@ impl Render {
                 RunStatus::Exited { code } => code,
                 // As a shell reports a command killed by a signal.
                 RunStatus::Signaled { signal } => 128 + signal,
+                // A session its requester stopped: done as asked.
+                RunStatus::Stopped => 0,
                 // Interrupted (^C, or a SIGTERM or SIGHUP to palisade): as a
                 // shell reports an interrupted command; the result says
                 // `cancelled`.
@@ -163,6 +167,7 @@ pub fn ended_by_palisade(r: &RunResult) -> String {
             None => "the run's writes reached their bound (max_disk_mb)".into(),
         },
         RunStatus::Cancelled => "the run was cancelled".into(),
+        RunStatus::Stopped => "the session was stopped by its requester".into(),
         RunStatus::Exited { .. } | RunStatus::Signaled { .. } => "the command ended by itself".into(),
     }
 }

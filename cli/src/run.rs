@@ -58,12 +58,7 @@ pub fn explain(args: ExplainArgs, argv: &[OsString]) -> i32 {
 pub fn explain_by(found: Found, args: ExplainArgs) -> i32 {
     let name = found.name();
     let (mut client, socket, json) = (found.client, found.socket, args.json);
-    let run_args = RunArgs {
-        workspace: args.workspace,
-        tool: args.tool,
-        params: args.params,
-        ..explain_run(args.sandbox, args.command)
-    };
+    let run_args = explain_run(args);
     let request = match request(&run_args) {
         Ok(r) => r,
         Err(e) => return json_fail(json, ErrorKind::InvalidRequest, e),

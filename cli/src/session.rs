@@ -20,7 +20,7 @@ pub enum SessionCommand {
     /// session exec` runs in it (their processes, files and loopback are the
     /// session's; what one leaves running, the next finds). Prints its
     /// name. It ends when stopped, idle or too old, or with the broker.
-    Start(StartArgs),
+    Start(Box<StartArgs>),
     /// Run a command in session NAME: decided by the policy like `palisade
     /// run`, in the session's sandbox, never a wider one. Its stdin is this
     /// one's, streamed as the command reads it (unless a terminal, or -n);
@@ -127,7 +127,7 @@ pub struct ExecArgs {
 /// `palisade session ...`; the exit status.
 pub fn main(command: SessionCommand) -> i32 {
     match command {
-        SessionCommand::Start(args) => start(args),
+        SessionCommand::Start(args) => start(*args),
         SessionCommand::Exec(args) => exec(args),
         SessionCommand::Publish { name, port, broker, json } => publish_one(&broker, name, port, json),
         SessionCommand::List { broker, json } => list(&broker, json),

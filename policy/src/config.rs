@@ -411,6 +411,14 @@ pub struct BrokerConfig {
     pub socket: Option<PathBuf>,
     /// Permission bits of the socket.
     pub socket_mode: u32,
+    /// A broker that serves only its own user (not root, not the system
+    /// service): its owner's requests may widen the profile they name, as
+    /// `palisade run`'s flags widen an embedded broker's (interpreters,
+    /// inline code, domains, paths, variables, limits up to the profile's
+    /// ceilings, how writes land), since the configuration is the owner's
+    /// too; `[policy]` and the Cedar rules still decide. false: every
+    /// request only narrows, as a system broker's always do.
+    pub owner_widens: bool,
     /// Peers allowed to connect, by uid or user name; empty: the broker's own uid only.
     pub allowed_uids: IdList,
     /// Peers allowed to connect, by a group they are in (primary or
@@ -605,6 +613,7 @@ impl Default for BrokerConfig {
             frame_timeout_secs: 10,
             cgroup_root: None,
             user_namespaces: true,
+            owner_widens: true,
         }
     }
 }
@@ -1018,6 +1027,18 @@ impl Config {
                 if known.is_empty() { "none".into() } else { known.join(", ") }
             )
         })
+    }
+
+    /// The user's own configuration
+    /// ([`palisade_protocol::clients::user_config`], which `palisade init`
+    /// writes) where it exists, else the built-in one: what a user's
+    /// daemon and the CLI's embedded broker run under unless told a file.
+    /// One that cannot be read or parsed is an error naming it.
+    pub fn own_or_default() -> Result<Config, ConfigError> {
+        match palisade_protocol::clients::user_config().filter(|p| p.exists()) {
+            Some(path) => Config::load(&path),
+            None => Ok(Config::default()),
+        }
     }
 
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -1444,5 +1465,15 @@ mod tests {
     fn the_example_configuration_parses() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../palisade.example.toml");
         Config::load(&path).unwrap();
+    }
+
+    /// `palisade init`'s starter parses, and declares the profile the
+    /// documentation's examples name (`--profile sh`).
+    #[test]
+    fn the_starter_configuration_parses_and_declares_sh() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/user/palisade.toml");
+        let config = Config::load(&path).unwrap();
+        let sh = config.profile_named(Some("sh")).unwrap().1;
+        assert!(sh.allow_interpreters && sh.allow_inline_code);
     }
 }

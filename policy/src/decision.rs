@@ -109,6 +109,11 @@ pub struct Context {
     /// The requested tool's trust stage; `None` where stages do not apply
     /// (they are off, the request names no tool, or `palisade explain`).
     pub trust: Option<ToolTrust>,
+    /// Where a broker that serves only its user keeps each workspace's own
+    /// `HOME` (a directory per workspace, kept between runs): the tools'
+    /// state and caches land there, not in the project. `None`: a run's
+    /// `HOME` is its workspace.
+    pub homes: Option<PathBuf>,
 }
 
 /// An allowed run, ready for the helper.
@@ -122,6 +127,12 @@ pub struct Resolved {
     pub granted: Vec<PathBuf>,
     /// Host directories the broker creates (mode 0700) before the run and removes after it.
     pub host_dirs: Vec<PathBuf>,
+    /// The workspace's own `HOME` (see [`Context::homes`]), which the broker
+    /// makes (mode 0700) before the run and keeps.
+    pub home: Option<PathBuf>,
+    /// The toolchains' installations shown read-only (the command's, and
+    /// those the caller's PATH leads to).
+    pub toolchains: Vec<PathBuf>,
     pub timeout: Duration,
     pub max_output_bytes: u64,
     pub capture_chunk_bytes: usize,
@@ -227,6 +238,8 @@ struct RequestDirs {
     cwd: PathBuf,
     workspace: PathBuf,
     home: Option<PathBuf>,
+    /// The caller's PATH and the toolchains it leads to.
+    tools: toolchains::CallerTools,
 }
 
 /// The tier a run gets and what choosing it added: a warning, or the
@@ -250,12 +263,18 @@ struct Grants {
     tier_b_tmp: PathBuf,
     /// The host directories the broker creates for the run (Tier B).
     host_dirs: Vec<PathBuf>,
+    /// The workspace's own `HOME`, written in place (see [`Context::homes`]).
+    home: Option<PathBuf>,
+    /// What of `read_only` the command's toolchains added.
+    toolchains: Vec<PathBuf>,
 }
 
 /// Where the command starts, and the environment it sees.
 struct SandboxView {
     cwd: PathBuf,
     env: Vec<(String, String)>,
+    /// Where a bare name is looked up: the caller's PATH, then the sandbox's default.
+    search: Vec<PathBuf>,
 }
 
 /// What the phases before the plan found.
@@ -341,6 +360,13 @@ impl Policy {
         Policy { host_executed: HostExecuted::new(&extra), config, rules }
     }
 
+    /// Whether the request is the owner's, of a broker that serves only its
+    /// owner and lets it widen (`[broker] owner_widens`), as an embedded
+    /// broker's flags do.
+    fn owner_widens(&self, ctx: &Context) -> bool {
+        self.config.broker.owner_widens && !ctx.serves_others && ctx.requester.uid == ctx.uid
+    }
+
     /// The decision on `req`, asked by `ctx.requester`, on `host`.
     pub fn decide(&self, host: &Host, ctx: &Context, req: &RunRequest) -> Decision {
         match self.resolve(host, ctx, req) {
@@ -348,7 +374,8 @@ impl Policy {
             Ok((r, Some(Approval { reason, rule }))) => {
                 Decision::NeedsApproval { reason, rule, resolved: Box::new(r) }
             }
-            Err(d) => Decision::Deny(static_fix(d).finish(self.config.own)),
+            // A refusal names the flag that lifts it where the flag would.
+            Err(d) => Decision::Deny(static_fix(d).finish(self.config.own || self.owner_widens(ctx))),
         }
     }
 
@@ -360,10 +387,12 @@ impl Policy {
         req: &RunRequest,
     ) -> Result<(Resolved, Option<Approval>), Denial> {
         let (files, uid) = (&*host.files, ctx.requester.uid);
-        let mut profile = self.profile(files, req)?;
+        let mut profile = self.profile(files, req, self.owner_widens(ctx))?;
         // A request may only narrow its profile: its domains, and its other asks.
         profile.capabilities.network =
             egress_plan::narrow(&profile.capabilities.network, req.allow_domains.as_deref())?;
+        let own = self.config.own || self.owner_widens(ctx);
+        let reach = egress_plan::Reach::asked(&self.config.egress, req, own)?;
         asks::narrow(&mut profile, req)?;
         let trust = profile.tool.clone().zip(ctx.trust);
         if let Some((tool, ToolTrust { stage: TrustStage::Draft, .. })) = &trust {
@@ -376,7 +405,7 @@ impl Policy {
                 ),
             );
         }
-        let dirs = RequestDirs::of(files, req, uid, ctx.serves_others)?;
+        let dirs = RequestDirs::of(files, req, (uid, ctx.serves_others), &host.homes)?;
         let (bound, escalation) = self.bound_grants(files, req, &profile, &dirs, uid, trust.is_some())?;
         profile.capabilities.filesystem.extend(bound);
         let TierChoice { tier, warnings, approval } =
@@ -387,16 +416,17 @@ impl Policy {
         asks::check_paths(&profile, req, &dirs, &grants, host)?;
         // The command's chain (its executable, each `#!` interpreter), read
         // once: what the toolchains grant and what the executable's check sees.
-        let chain = req.argv.first().and_then(|c| resolve_program(files, c, &dirs.cwd).ok());
+        let chain =
+            req.argv.first().and_then(|c| resolve_program(files, c, &dirs.cwd, &dirs.tools.path).ok());
         let chain = chain.map_or_else(Vec::new, |program| toolchains::chain(files, &program));
         if profile.toolchains {
             self.grant_toolchains(host, &chain, &dirs, ctx.requester.uid, &mut grants);
         }
-        let mut view = SandboxView::new(req, &dirs, &grants, &profile);
+        let mut view = SandboxView::new(host, req, &dirs, &grants, &profile);
         if profile.git_identity && profile.capabilities.environment != EnvironmentCapability::None {
             git::add_identity(&mut view.env, files, &req.env);
         }
-        let egress = self.egress_plan(&profile, tier)?;
+        let egress = self.egress_plan(&profile, tier)?.map(|plan| plan.reaching(&reach)).transpose()?;
 
         // The checks, in order.
         validate::check_shape(&self.config.policy, &req.argv, &view.env)?;
@@ -496,7 +526,7 @@ impl Policy {
 
     /// The profile: the named tool's (its preset with its overrides), or the
     /// defaults when the request names none.
-    fn profile(&self, files: &dyn HostFiles, req: &RunRequest) -> Result<Profile, Denial> {
+    fn profile(&self, files: &dyn HostFiles, req: &RunRequest, widen: bool) -> Result<Profile, Denial> {
         let resolve_all = |names: &[toml::Spanned<String>]| -> Vec<PathBuf> {
             names.iter().filter_map(|n| validate::resolve_executable(files, n.get_ref()).ok()).collect()
         };
@@ -505,6 +535,8 @@ impl Policy {
                 .config
                 .profile_named(req.profile.as_deref())
                 .map_err(|e| Denial::new(ErrorKind::InvalidRequest, "profiles.unknown", e))?;
+            let widened = if widen { Some(asks::widen(d, &table, req)?) } else { None };
+            let d = widened.as_ref().unwrap_or(d);
             let mut filesystem = vec![FsCapability::ReadWrite { path: "${WORKSPACE}".into() }];
             filesystem.extend(
                 d.read_write.iter().map(|p| FsCapability::ReadWrite { path: p.to_string_lossy().into() }),
@@ -724,7 +756,29 @@ impl Policy {
             Tier::B => [run_dir, tier_b_tmp.clone()].into_iter().chain(temp_workspace.clone()).collect(),
             Tier::C => vec![],
         };
-        Ok(Grants { tier, read_only, read_write, temp_workspace, run_name, tier_b_tmp, host_dirs })
+        // A temporary workspace is its own home; so is a run with no writable
+        // workspace, and one whose grants hold the homes (hidden there: the
+        // broker's state). One home per workspace and profile: what a run of
+        // one profile leaves there is no other profile's to run.
+        let holds = |h: &PathBuf| read_write.iter().chain(&read_only).any(|g| h.starts_with(g));
+        let home = match (&ctx.homes, &temp_workspace, read_write.first()) {
+            (Some(homes), None, Some(_)) if !ctx.serves_others && !holds(homes) => {
+                Some(homes.join(home_name(&dirs.workspace, &profile.table)))
+            }
+            _ => None,
+        };
+        let toolchains = Vec::new();
+        Ok(Grants {
+            tier,
+            read_only,
+            read_write,
+            temp_workspace,
+            run_name,
+            tier_b_tmp,
+            host_dirs,
+            home,
+            toolchains,
+        })
     }
 
     /// A granted path, canonical; `None` for a read-only one that does not
@@ -784,7 +838,7 @@ impl Policy {
         profile: &Profile,
         chain: Vec<PathBuf>,
     ) -> Result<PathBuf, Denial> {
-        let program = resolve_program(&*host.files, &req.argv[0], &view.cwd)?;
+        let program = resolve_program(&*host.files, &req.argv[0], &view.cwd, &view.search)?;
         let mut exec_roots: Vec<&PathBuf> = host.layout.canonical.iter().chain(&grants.read_only).collect();
         if profile.exec_in_writable {
             exec_roots.extend(&grants.read_write);
@@ -822,7 +876,8 @@ impl Policy {
 
     /// Makes the command's toolchain visible read-only: for each link of
     /// its `chain` (the executable, its `#!` interpreters) that the sandbox
-    /// would not see, the directories it is installed in, unless one is
+    /// would not see, and for each installation the caller's PATH leads to
+    /// ([`toolchains::CallerTools`]), the directories it is installed in, unless one is
     /// sensitive or the broker's own (the executable's check then says
     /// what stays hidden).
     fn grant_toolchains(
@@ -837,16 +892,16 @@ impl Policy {
             host.layout.canonical.iter().chain(&g.read_only).chain(&g.read_write).any(|r| p.starts_with(r))
         };
         let home = dirs.home.as_deref();
-        for (i, link) in chain.iter().enumerate() {
-            if seen(link, grants) {
-                continue;
-            }
-            for root in toolchains::roots(link, home, i > 0) {
-                let granted = self.granted_path(&root.to_string_lossy(), false, home, uid);
-                if let Ok(Some(p)) = granted {
-                    if check_not_owned(&p, &host.owned).is_ok() {
-                        grants.read_only.push(p);
-                    }
+        let links = chain.iter().enumerate().filter(|(_, link)| !seen(link, grants));
+        let from_links: Vec<PathBuf> =
+            links.flat_map(|(i, link)| toolchains::roots(link, home, i > 0)).collect();
+        // And the installations the caller's PATH leads to (a command run through `sh -c` or make).
+        for root in from_links.into_iter().chain(dirs.tools.roots.iter().cloned()) {
+            let granted = self.granted_path(&root.to_string_lossy(), false, home, uid);
+            if let Ok(Some(p)) = granted {
+                if check_not_owned(&p, &host.owned).is_ok() && !grants.read_only.contains(&p) {
+                    grants.toolchains.push(p.clone());
+                    grants.read_only.push(p);
                 }
             }
         }
@@ -1070,6 +1125,7 @@ impl Policy {
             hidden: draft.hidden.clone(),
             held: draft.held.read_only.clone(),
             pinned: draft.held.pinned.clone(),
+            home: grants.home.clone(),
             etc_view: ctx.etc_view.clone(),
             layout: host.layout.clone(),
             listeners: draft.egress.as_ref().map_or_else(Vec::new, EgressPlan::listeners),
@@ -1128,6 +1184,8 @@ impl Policy {
             writable,
             granted,
             host_dirs: grants.host_dirs,
+            home: grants.home,
+            toolchains: grants.toolchains,
             timeout: Duration::from_secs(limits.timeout_secs),
             max_output_bytes: limits.max_output_bytes,
             capture_chunk_bytes: self.config.policy.capture_chunk_bytes.max(MIN_CAPTURE_CHUNK_BYTES),
@@ -1157,7 +1215,12 @@ impl RequestDirs {
     /// The request's cwd (required) and workspace (the cwd by default),
     /// each an absolute directory, canonical. `root`: the broker serves
     /// other users (a system service, which may see another file system).
-    fn of(files: &dyn HostFiles, req: &RunRequest, uid: u32, root: bool) -> Result<RequestDirs, Denial> {
+    fn of(
+        files: &dyn HostFiles,
+        req: &RunRequest,
+        (uid, root): (u32, bool),
+        homes: &[PathBuf],
+    ) -> Result<RequestDirs, Denial> {
         let Some(cwd) = &req.cwd else {
             return denied(
                 ErrorKind::InvalidRequest,
@@ -1170,7 +1233,27 @@ impl RequestDirs {
             Some(w) => absolute_dir(files, &cwd.join(w).to_string_lossy(), "workspace", uid, root)?,
             None => cwd.clone(),
         };
-        Ok(RequestDirs { cwd, workspace, home: req.env.get("HOME").map(PathBuf::from) })
+        let tools = toolchains::CallerTools::of(files, &req.env, homes);
+        Ok(RequestDirs { cwd, workspace, home: req.env.get("HOME").map(PathBuf::from), tools })
+    }
+}
+
+/// The name of the home of `workspace` under the profile of `[table]`
+/// among the homes: the workspace's last component (for a person to
+/// recognise), then the profile's name unless it is the defaults, and a
+/// hash of both (FNV-1a, 64 bits: stable, so that the next run finds it).
+pub fn home_name(workspace: &Path, table: &str) -> String {
+    let bytes = workspace.as_os_str().as_encoded_bytes().iter().chain(&[0u8]).chain(table.as_bytes());
+    let hash =
+        bytes.fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3));
+    let clean = |s: &str| -> String {
+        s.chars().filter(|c| c.is_alphanumeric() || "_-".contains(*c)).take(40).collect()
+    };
+    let base = workspace.file_name().map(|n| clean(&n.to_string_lossy())).filter(|b| !b.is_empty());
+    let base = base.unwrap_or_else(|| "root".into());
+    match table.strip_prefix("defaults") {
+        Some("") => format!("{base}-{hash:016x}"),
+        _ => format!("{base}.{}-{hash:016x}", clean(table.rsplit('.').next().unwrap_or(table))),
     }
 }
 
@@ -1265,7 +1348,13 @@ fn seatbelt_network(host: &HostCapabilities, network: &NetworkCapability) -> Res
 impl SandboxView {
     /// The working directory inside (the client's when the sandbox can see
     /// it), and the environment the command will see.
-    fn new(req: &RunRequest, dirs: &RequestDirs, grants: &Grants, profile: &Profile) -> SandboxView {
+    fn new(
+        host: &Host,
+        req: &RunRequest,
+        dirs: &RequestDirs,
+        grants: &Grants,
+        profile: &Profile,
+    ) -> SandboxView {
         let Grants { read_only, read_write, temp_workspace, .. } = grants;
         let visible_dirs: Vec<&PathBuf> = read_write.iter().chain(read_only).chain(temp_workspace).collect();
         let cwd = if visible_dirs.iter().any(|d| dirs.cwd.starts_with(d)) {
@@ -1275,15 +1364,21 @@ impl SandboxView {
         } else {
             read_write.first().or(read_only.first()).cloned().unwrap_or_else(|| PathBuf::from("/"))
         };
-        let home =
-            temp_workspace.clone().or_else(|| read_write.first().cloned()).unwrap_or_else(|| cwd.clone());
+        let home = (temp_workspace.clone().or_else(|| grants.home.clone()))
+            .or_else(|| read_write.first().cloned())
+            .unwrap_or_else(|| cwd.clone());
         let env: Vec<(String, String)> = match profile.capabilities.environment {
             EnvironmentCapability::None => vec![],
             EnvironmentCapability::Restricted => {
                 let mut env = vec![
-                    ("PATH".to_string(), SANDBOX_PATH.to_string()),
+                    ("PATH".to_string(), sandbox_path(host, grants, &dirs.tools.path)),
                     ("HOME".to_string(), home.to_string_lossy().into_owned()),
                 ];
+                if profile.toolchains {
+                    let shown = |d: &PathBuf| read_only.iter().any(|r| r.starts_with(d) || d.starts_with(r));
+                    let vars = dirs.tools.env.iter().filter(|(_, d)| shown(d));
+                    env.extend(vars.map(|(k, d)| (k.to_string(), d.to_string_lossy().into_owned())));
+                }
                 for key in ["USER", "LANG", "TERM"] {
                     if let Some(v) = req.env.get(key) {
                         env.push((key.to_string(), v.clone()));
@@ -1304,8 +1399,28 @@ impl SandboxView {
             }
             EnvironmentCapability::Full => req.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         };
-        SandboxView { cwd, env }
+        SandboxView { cwd, env, search: dirs.tools.path.clone() }
     }
+}
+
+/// The sandbox's `PATH`: the caller's entries the sandbox sees (the
+/// system's, the grants, the toolchains shown), in the caller's order,
+/// then those of [`SANDBOX_PATH`] it lacks.
+fn sandbox_path(host: &Host, grants: &Grants, caller: &[PathBuf]) -> String {
+    let Grants { read_only, read_write, temp_workspace, .. } = grants;
+    let visible: Vec<&PathBuf> =
+        host.layout.canonical.iter().chain(read_only).chain(read_write).chain(temp_workspace).collect();
+    let sees =
+        |d: &PathBuf| host.files.canonicalize(d).is_ok_and(|c| visible.iter().any(|v| c.starts_with(v)));
+    let mut path: Vec<String> = Vec::new();
+    let defaults = SANDBOX_PATH.split(':').map(PathBuf::from);
+    for dir in caller.iter().filter(|d| sees(d)).cloned().chain(defaults) {
+        let dir = dir.to_string_lossy().into_owned();
+        if !dir.contains(':') && !path.contains(&dir) {
+            path.push(dir);
+        }
+    }
+    path.join(":")
 }
 
 /// Landlock features the policy requires, against what this kernel has.
@@ -1828,15 +1943,26 @@ fn absolute_dir(
 
 /// A bare name is looked up in the sandbox's PATH; a path is taken relative to
 /// the sandbox's working directory. The result is canonical.
-pub fn resolve_program(files: &dyn HostFiles, command: &str, cwd: &Path) -> Result<PathBuf, Denial> {
+pub fn resolve_program(
+    files: &dyn HostFiles,
+    command: &str,
+    cwd: &Path,
+    path: &[PathBuf],
+) -> Result<PathBuf, Denial> {
     let not_found = |why: String| Denial::new(ErrorKind::InvalidRequest, "command.not_found", why);
     if command.contains('/') {
         let p = cwd.join(command);
         let c = files.canonicalize(&p).map_err(|_| not_found(format!("command not found: {command}")))?;
         validate::resolve_executable(files, &c.to_string_lossy()).map_err(not_found)
     } else {
-        validate::resolve_executable(files, command)
-            .map_err(|_| not_found(format!("command not found: {command}")))
+        // As the caller's shell would: the first in its PATH, else in the sandbox's default one.
+        let is_executable = |p: &Path| files.stat(p).is_ok_and(|m| m.is_executable());
+        let first = path.iter().map(|d| d.join(command)).find(|p| is_executable(p));
+        match first.and_then(|p| files.canonicalize(&p).ok()) {
+            Some(found) if is_executable(&found) => Ok(found),
+            _ => validate::resolve_executable(files, command),
+        }
+        .map_err(|_| not_found(format!("command not found: {command}")))
     }
 }
 

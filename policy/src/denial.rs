@@ -79,6 +79,7 @@ const NO_FIX: &[(&str, &[&str])] = &[
     ("patterns.blocked", &["no flag lifts it"]),
     ("plugins.inline_module", &["is neither WAT text nor base64"]),
     ("profiles.unknown", &["is declared (declared:"]),
+    ("request.address", &["is not an address or CIDR range"]),
     ("request.cwd", &["the request names no cwd"]),
     ("request.limit", &["must be at least"]),
     ("request.not_visible", &["the broker sees another file system"]),

@@ -7,7 +7,7 @@ use crate::capabilities::NetworkCapability;
 use crate::config::{EgressConfig, host_name};
 use crate::denial::Denial;
 use crate::inspect::{CredentialGrant, Inspection, RequestRule};
-use palisade_protocol::wire::ErrorKind;
+use palisade_protocol::wire::{ErrorKind, RunRequest};
 use palisade_protocol::{Listener, ListenerKind, PLAN_MAX_LISTENERS};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
@@ -34,7 +34,7 @@ pub struct PoolEntry {
 /// Everything the broker needs to serve a run's strict egress.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EgressPlan {
-    /// Allowed names: exact (`pypi.org`) and `*.suffix` patterns, as the
+    /// Allowed names: exact (`pkgs.example.org`) and `*.suffix` patterns, as the
     /// preflight check reads them (`*.github.com` matches `api.github.com`,
     /// not `github.com`). Already narrowed by the request.
     pub domains: Vec<String>,
@@ -70,6 +70,10 @@ pub struct EgressPlan {
     /// The broker's secret store (`[plugins] secrets_dir`; `None`: the
     /// state directory's).
     pub secrets_dir: Option<std::path::PathBuf>,
+    /// The policy is the requester's own to widen (the CLI's embedded
+    /// broker, whose flags edit it): a refused port or address names the
+    /// flag that allows it beside the key ([`EgressPlan::port_fix`]).
+    pub own: bool,
 }
 
 /// A credential of the run: its grant, and (for an `env` grant) the
@@ -137,8 +141,14 @@ impl EgressPlan {
                 .map(|grant| Credential { grant: grant.clone(), placeholder: String::new() })
                 .collect(),
             secrets_dir: None,
+            own: false,
         };
-        let count = plan.listener_count();
+        plan.fits()
+    }
+
+    /// The plan, refused when its listeners would not fit in a plan.
+    fn fits(self) -> Result<EgressPlan, Denial> {
+        let count = self.listener_count();
         if count > PLAN_MAX_LISTENERS {
             return Err(Denial::new(
                 ErrorKind::InvalidRequest,
@@ -147,12 +157,60 @@ impl EgressPlan {
                     "strict egress would need {count} listeners ({} pool addresses × {} ports, the proxy and \
                      the resolver); a plan carries at most {PLAN_MAX_LISTENERS}: allow fewer names or \
                      ports, or set [egress] transparent = false",
-                    plan.pool.len(),
-                    plan.ports.len()
+                    self.pool.len(),
+                    self.ports.len()
                 ),
             ));
         }
-        Ok(plan)
+        Ok(self)
+    }
+
+    /// The plan with the request's [`Reach`]: where the policy is the
+    /// requester's own to widen, its ports and addresses are added (those
+    /// of an embedded broker's are there already: its flags edited
+    /// `[egress]`), and a refusal names the flags.
+    pub fn reaching(mut self, reach: &Reach) -> Result<EgressPlan, Denial> {
+        if !reach.own {
+            return Ok(self);
+        }
+        self.own = true;
+        for port in &reach.ports {
+            if !self.ports.contains(port) {
+                self.ports.push(*port);
+            }
+        }
+        for net in &reach.addresses {
+            if !self.allow_addresses.contains(net) {
+                self.allow_addresses.push(*net);
+            }
+        }
+        self.fits()
+    }
+
+    /// What lets a connection to `port` through, which the plan refuses,
+    /// worded as the policy's refusals end ([`Denial::finish`]): the flag
+    /// and the key where the policy is the requester's own, else the key
+    /// an operator would set.
+    pub fn port_fix(&self, port: u16) -> String {
+        let mut ports = self.ports.clone();
+        ports.push(port);
+        let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+        fix(self.own, format!("--allow-port {port}"), format!("[egress] ports = [{}]", ports.join(", ")))
+    }
+
+    /// What lets a connection to `address` through, which the plan refuses
+    /// as loopback, private, link-local, multicast or unspecified: as
+    /// [`EgressPlan::port_fix`].
+    pub fn address_fix(&self, address: IpAddr) -> String {
+        let address = address.to_canonical();
+        let mut nets: Vec<String> =
+            self.allow_addresses.iter().map(|n| format!("\"{}\"", net_text(n))).collect();
+        nets.push(format!("\"{address}\""));
+        fix(
+            self.own,
+            format!("--allow-address {address}"),
+            format!("[egress] allow_addresses = [{}]", nets.join(", ")),
+        )
     }
 
     fn listener_count(&self) -> usize {
@@ -248,4 +306,202 @@ pub fn narrow(network: &NetworkCapability, asked: Option<&[String]>) -> Result<N
         }
     }
     Ok(NetworkCapability::AllowDomains(out))
+}
+
+/// The end of a refusal that `flag` or `key` lifts (see [`Denial::finish`]).
+fn fix(own: bool, flag: String, key: String) -> String {
+    // The rule and kind are not shown: only the words the fix adds are kept.
+    let words = Denial::new(ErrorKind::CapabilityDenied, WIDENS_RULE, String::new());
+    words.with_fix(Some(flag), key).finish(own).reason
+}
+
+/// A range as `[egress] allow_addresses` would write it: one address alone
+/// without its prefix length.
+fn net_text(net: &ipnet::IpNet) -> String {
+    if net.prefix_len() == net.max_prefix_len() { net.addr().to_string() } else { net.to_string() }
+}
+
+/// The rule of an ask a policy does not allow (`asks.rs`'s).
+const WIDENS_RULE: &str = "request.widens";
+
+/// What a run request asks of strict egress besides its names: the ports
+/// (`allow_ports`, `palisade run --allow-port`) and the addresses that are
+/// otherwise refused (`allow_addresses`, `--allow-address`) it needs to
+/// connect to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reach {
+    pub ports: Vec<u16>,
+    pub addresses: Vec<ipnet::IpNet>,
+    /// The policy is the requester's own to widen: the asks are added to
+    /// the plan ([`EgressPlan::reaching`]).
+    pub own: bool,
+}
+
+impl Reach {
+    /// The asks of `req`, checked: a port must be at least 1 (`request.limit`)
+    /// and an address an IP address or a CIDR range (`request.address`).
+    /// Unless the policy is the requester's own to widen (`own`), each port
+    /// must be one `[egress] ports` lists and each address lie within a
+    /// range `[egress] allow_addresses` lists: a request can only narrow
+    /// the policy, and anything more is refused (`request.widens`), naming
+    /// the field, the flag and the key an operator would set.
+    pub fn asked(config: &EgressConfig, req: &RunRequest, own: bool) -> Result<Reach, Denial> {
+        let mut reach = Reach { own, ..Reach::default() };
+        for &port in &req.allow_ports {
+            if port == 0 {
+                let why = "allow_ports (--allow-port): 0 is not a port, which must be at least 1";
+                return Err(Denial::new(ErrorKind::InvalidRequest, "request.limit", why));
+            }
+            if !own && !config.ports.contains(&port) {
+                let mut ports: Vec<String> = config.ports.iter().map(u16::to_string).collect();
+                let why = format!(
+                    "allow_ports (--allow-port) would widen the policy: [egress] ports ([{}]) does not list {port}",
+                    ports.join(", ")
+                );
+                ports.push(port.to_string());
+                let key = format!("[egress] ports = [{}]", ports.join(", "));
+                let denial = Denial::new(ErrorKind::CapabilityDenied, WIDENS_RULE, why);
+                return Err(denial.with_fix(Some(format!("--allow-port {port}")), key));
+            }
+            if !reach.ports.contains(&port) {
+                reach.ports.push(port);
+            }
+        }
+        let granted = config.allowed_addresses();
+        for text in &req.allow_addresses {
+            let net = parse_net(text).ok_or_else(|| {
+                let why =
+                    format!("allow_addresses (--allow-address): {text:?} is not an address or CIDR range");
+                Denial::new(ErrorKind::InvalidRequest, "request.address", why)
+            })?;
+            if !own && !granted.iter().any(|g| g.contains(&net)) {
+                let mut nets: Vec<String> = granted.iter().map(|n| format!("\"{}\"", net_text(n))).collect();
+                let why = format!(
+                    "allow_addresses (--allow-address) would widen the policy: {} lies within no range of \
+                     [egress] allow_addresses ([{}])",
+                    net_text(&net),
+                    nets.join(", ")
+                );
+                nets.push(format!("\"{}\"", net_text(&net)));
+                let key = format!("[egress] allow_addresses = [{}]", nets.join(", "));
+                let denial = Denial::new(ErrorKind::CapabilityDenied, WIDENS_RULE, why);
+                return Err(denial.with_fix(Some(format!("--allow-address {}", net_text(&net))), key));
+            }
+            if !reach.addresses.contains(&net) {
+                reach.addresses.push(net);
+            }
+        }
+        Ok(reach)
+    }
+}
+
+/// An address (a range of one) or a CIDR range, as `[egress]
+/// allow_addresses` reads them; the range's host bits cleared.
+fn parse_net(text: &str) -> Option<ipnet::IpNet> {
+    let net =
+        text.parse::<ipnet::IpNet>().ok().or_else(|| text.parse::<IpAddr>().ok().map(ipnet::IpNet::from))?;
+    Some(net.trunc())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::denial::names_a_fix_or_why_none;
+
+    fn config(ports: &[u16], addresses: &[&str]) -> EgressConfig {
+        EgressConfig {
+            ports: ports.to_vec(),
+            allow_addresses: addresses.iter().map(|a| toml::Spanned::new(0..0, a.to_string())).collect(),
+            ..EgressConfig::default()
+        }
+    }
+
+    fn asks(ports: &[u16], addresses: &[&str]) -> RunRequest {
+        RunRequest {
+            allow_ports: ports.to_vec(),
+            allow_addresses: addresses.iter().map(|a| a.to_string()).collect(),
+            ..RunRequest::default()
+        }
+    }
+
+    /// The refusal as a client gets it (`own`: the CLI's embedded broker).
+    fn refused(config: &EgressConfig, req: &RunRequest, own: bool) -> (ErrorKind, &'static str, String) {
+        let d = Reach::asked(config, req, own).expect_err("refused").finish(own);
+        names_a_fix_or_why_none(d.rule, &d.reason).unwrap();
+        (d.kind, d.rule, d.reason)
+    }
+
+    /// A request asks for ports and addresses the policy lists: a broker's
+    /// policy is not widened, and anything more is refused naming the
+    /// field, the flag and the key an operator would set.
+    #[test]
+    fn a_request_asks_only_for_ports_and_addresses_the_policy_lists() {
+        let policy = config(&[443, 80, 3000], &["127.0.0.0/8", "10.1.2.3"]);
+        let within = asks(&[3000, 3000], &["127.0.0.1", "10.1.2.3/32"]);
+        let reach = Reach::asked(&policy, &within, false).unwrap();
+        assert_eq!(reach.ports, [3000]);
+        assert_eq!(reach.addresses.len(), 2);
+        assert!(!reach.own);
+
+        let policy = config(&[443, 80], &["127.0.0.1"]);
+        assert_eq!(
+            refused(&policy, &asks(&[18437], &[]), false),
+            (
+                ErrorKind::CapabilityDenied,
+                "request.widens",
+                "allow_ports (--allow-port) would widen the policy: [egress] ports ([443, 80]) does not list \
+                 18437; this broker's policy does not allow it (an operator would set `[egress] ports = [443, \
+                 80, 18437]`)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            refused(&policy, &asks(&[], &["127.0.0.0/24"]), false),
+            (
+                ErrorKind::CapabilityDenied,
+                "request.widens",
+                "allow_addresses (--allow-address) would widen the policy: 127.0.0.0/24 lies within no range \
+                 of [egress] allow_addresses ([\"127.0.0.1\"]); this broker's policy does not allow it (an \
+                 operator would set `[egress] allow_addresses = [\"127.0.0.1\", \"127.0.0.0/24\"]`)"
+                    .into()
+            )
+        );
+        // Whatever the policy, what is not a port or an address.
+        for own in [false, true] {
+            let (kind, rule, why) = refused(&policy, &asks(&[], &["localhost"]), own);
+            assert_eq!((kind, rule), (ErrorKind::InvalidRequest, "request.address"), "{why}");
+            assert!(why.contains("\"localhost\" is not an address or CIDR range"), "{why}");
+            names_a_fix_or_why_none("request.address", &why).unwrap();
+            let (kind, rule, why) = refused(&policy, &asks(&[0], &[]), own);
+            assert_eq!((kind, rule), (ErrorKind::InvalidRequest, "request.limit"), "{why}");
+        }
+    }
+
+    /// The requester's own policy (the CLI's embedded broker) takes the asks:
+    /// the plan gets them, and a refusal of the run's egress names the flag
+    /// beside the key; a broker's names the key an operator would set.
+    #[test]
+    fn the_requesters_own_policy_is_widened_and_refusals_name_the_flag() {
+        let policy = config(&[443, 80], &[]);
+        let plan = EgressPlan::new(&policy, &["dev.test".into()], &Inspection::default()).unwrap();
+        let theirs = plan.clone().reaching(&Reach::asked(&policy, &asks(&[], &[]), false).unwrap()).unwrap();
+        assert_eq!((theirs.ports.as_slice(), theirs.own), (&[443, 80][..], false));
+        assert_eq!(
+            theirs.port_fix(3000),
+            "; this broker's policy does not allow it (an operator would set `[egress] ports = [443, 80, 3000]`)"
+        );
+        let own = Reach::asked(&policy, &asks(&[3000, 443], &["127.0.0.1", "10.0.0.0/8"]), true).unwrap();
+        let mine = plan.reaching(&own).unwrap();
+        assert_eq!((mine.ports.as_slice(), mine.own), (&[443, 80, 3000][..], true));
+        assert_eq!(mine.allow_addresses.len(), 2);
+        assert_eq!(
+            mine.port_fix(8080),
+            "; allow it with `--allow-port 8080` / `[egress] ports = [443, 80, 3000, 8080]`"
+        );
+        assert_eq!(
+            mine.address_fix("::ffff:192.168.1.5".parse().unwrap()),
+            "; allow it with `--allow-address 192.168.1.5` / `[egress] allow_addresses = [\"127.0.0.1\", \
+             \"10.0.0.0/8\", \"192.168.1.5\"]`"
+        );
+    }
 }

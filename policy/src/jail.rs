@@ -122,6 +122,9 @@ pub struct JailSpec {
     /// And the directories on the way to each, bound over themselves as
     /// they are: a mount point is never renamed nor removed.
     pub pinned: Vec<PathBuf>,
+    /// The workspace's own `HOME`, outside it: written in place (no
+    /// change set), kept between runs.
+    pub home: Option<PathBuf>,
     /// Tier C: a directory holding a copy of the [`ETC_ENTRIES`] (what others
     /// may read of them), bound read-only at `/etc` in one mount instead of
     /// one mount per entry. Not used when another mount lies under `/etc`
@@ -292,7 +295,7 @@ fn landlock_rules(spec: &JailSpec, system: &[String]) -> LandlockPlan {
         wanted,
         required: spec.landlock_required.intersection(wanted),
         read: system.iter().cloned().chain(spec.read_only.iter().map(|p| s(p))).collect(),
-        write: spec.read_write.iter().map(|p| s(p)).collect(),
+        write: spec.read_write.iter().chain(&spec.home).map(|p| s(p)).collect(),
         execute,
         list: vec![],
         tcp_bind: vec![],
@@ -335,6 +338,7 @@ fn tier_c_mounts(
         }
         None => bind(&s(p), true, true),
     }));
+    mounts.extend(spec.home.iter().map(|p| bind(&s(p), true, true)));
     // Parents before children: the pinned directories, then what they lead to.
     let mut in_place: Vec<(&PathBuf, bool)> =
         spec.pinned.iter().map(|p| (p, true)).chain(spec.held.iter().map(|p| (p, false))).collect();
@@ -416,6 +420,7 @@ fn descriptors(
         .chain(&spec.tmp_dir)
         .chain(&spec.held)
         .chain(&spec.pinned)
+        .chain(&spec.home)
         .map(|p| s(p))
         .collect();
     let sources: Vec<&String> = match spec.tier {
@@ -503,6 +508,7 @@ mod tests {
             hidden: vec![],
             held: vec![],
             pinned: vec![],
+            home: None,
             etc_view: None,
             layout: Layout {
                 devices: palisade_protocol::DEV_NODES.iter().map(|n| format!("/dev/{n}")).collect(),

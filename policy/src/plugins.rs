@@ -263,6 +263,7 @@ pub fn plugin_host_plan(jail: &PluginHostJail<'_>) -> Result<JailPlan, BuildErro
         hidden: vec![],
         held: vec![],
         pinned: vec![],
+        home: None,
         etc_view: None,
         layout: jail.layout.clone(),
         listeners: vec![],

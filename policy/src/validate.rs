@@ -1094,6 +1094,34 @@ mod tests {
         }
     }
 
+    /// `npm test` (npm: a script node runs, through `env`) runs node with
+    /// no inline code: interpreters alone let it run (README.md, "What a run
+    /// may do", and docs/agents.md say so); the `sh -c` npm then runs the
+    /// package's script with is the sandbox's to bound, not this check's.
+    /// `node -e` is inline code, through npm's name or not.
+    #[test]
+    fn npm_test_needs_interpreters_and_no_inline_code() {
+        const NPM: &str = "/usr/lib/node_modules/npm/bin/npm-cli.js";
+        let files = FakeFiles::new(None)
+            .executable("/usr/bin/node", &elf_with_interpreter("/lib64/ld-linux-x86-64.so.2"))
+            .executable("/usr/bin/env", &elf_with_interpreter("/lib64/ld-linux-x86-64.so.2"))
+            .executable(NPM, b"#!/usr/bin/env node\nrequire('../lib/cli.js')(process)\n")
+            .symlink("/usr/bin/npm", NPM);
+        let rules = Rules::new(&PolicyConfig::default());
+        let check = |argv: &[&str], interpreters, inline| {
+            check_interpreters(&rules, &files, Path::new(NPM), &args(argv), false, interpreters, inline)
+                .map_err(|d| d.rule)
+        };
+        assert_eq!(check(&["npm", "test"], false, false), Err("interpreters.denied"));
+        assert_eq!(check(&["npm", "test"], true, false), Ok(()));
+        assert_eq!(check(&["npm", "run", "build", "--", "-e"], true, false), Ok(()));
+        let node = |argv: &[&str]| {
+            check_interpreters(&rules, &files, Path::new("/usr/bin/node"), &args(argv), false, true, false)
+                .map_err(|d| d.rule)
+        };
+        assert_eq!(node(&["node", "-e", "1"]), Err("interpreters.inline_code"));
+    }
+
     /// The host's loader is the `PT_INTERP` of its shell, found under any
     /// name: by inode (a link to it) and by content (a renamed copy).
     #[test]

@@ -65,3 +65,15 @@ pub fn private_to(dir: &std::path::Path, uid: u32) -> bool {
     use std::os::unix::fs::MetadataExt;
     std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0)
 }
+
+/// A user's own configuration, which `palisade init` writes and both the
+/// user's daemon (`palisaded` without `--config`) and the CLI's embedded
+/// broker (without `--policy`) read when it exists:
+/// `$XDG_CONFIG_HOME/palisade/palisade.toml`, else
+/// `$HOME/.config/palisade/palisade.toml`; `None` without either variable
+/// (as an absolute path).
+pub fn user_config() -> Option<PathBuf> {
+    let absolute = |var: &str| std::env::var_os(var).map(PathBuf::from).filter(|p| p.is_absolute());
+    let base = absolute("XDG_CONFIG_HOME").or_else(|| absolute("HOME").map(|h| h.join(".config")))?;
+    Some(base.join("palisade/palisade.toml"))
+}

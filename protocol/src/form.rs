@@ -14,6 +14,15 @@ pub const INSPECTION_VERSION: u32 = 18;
 /// `discarded`, and the withheld reason `not_carried`): a connection of an
 /// older one has the form without them.
 pub const LOUD_CHANGES_VERSION: u32 = 19;
+/// The version that added the run request's `allow_ports` and
+/// `allow_addresses` (at its end): a connection of an older one has the
+/// form without them.
+pub const REACH_VERSION: u32 = 20;
+/// The version that added the run status `stopped` (a session its
+/// requester stopped, said `cancelled` in an older form) and a change
+/// set's `broker` (at the end of its info, which an older form has not):
+/// the same version as [`REACH_VERSION`].
+pub const STOPPED_VERSION: u32 = 20;
 
 std::thread_local! {
     /// The version whose form messages take while [`in_form_of`] runs;
@@ -33,4 +42,44 @@ pub fn in_form_of<R>(version: u32, f: impl FnOnce() -> R) -> R {
 /// Whether messages take the form of a version older than `version`.
 pub(crate) fn form_before(version: u32) -> bool {
     FORM.with(|form| form.get() < version)
+}
+
+/// `skip_serializing_if` of a field [`REACH_VERSION`] added: not written in
+/// an older form.
+pub(crate) fn before_reach<T>(_: &T) -> bool {
+    form_before(REACH_VERSION)
+}
+
+/// `deserialize_with` of a field [`REACH_VERSION`] added (at the end of its
+/// message's bincode form): an older form has no bytes for it, and it is
+/// read as its default. JSON names its fields: one there is read in any form.
+pub(crate) fn reach_field<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de> + Default,
+{
+    if !d.is_human_readable() && form_before(REACH_VERSION) {
+        return Ok(T::default());
+    }
+    T::deserialize(d)
+}
+
+/// `skip_serializing_if` of a field [`STOPPED_VERSION`] added: not written
+/// in an older form.
+pub(crate) fn before_stopped<T>(_: &T) -> bool {
+    form_before(STOPPED_VERSION)
+}
+
+/// `deserialize_with` of a field [`STOPPED_VERSION`] added at the end of
+/// its message: an older bincode form has no bytes for it (read as its
+/// default); JSON names its fields, read in any form.
+pub(crate) fn stopped_field<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de> + Default,
+{
+    if !d.is_human_readable() && form_before(STOPPED_VERSION) {
+        return Ok(T::default());
+    }
+    T::deserialize(d)
 }

@@ -41,8 +41,10 @@ pub const MAGIC: &str = "palisade";
 /// to its requester, `RunInSessionWithStdin` and `RunInSessionInTerminal`;
 /// 18: inspected requests in the egress traffic; 19: a run's writes that
 /// did not all land say so: `Changes`' outcome `partial`, its counts
-/// `dirs`, `held` and `discarded`, the withheld reason `not_carried`).
-pub const PROTOCOL_VERSION: u32 = 19;
+/// `dirs`, `held` and `discarded`, the withheld reason `not_carried`; 20:
+/// the run request's `allow_ports` and `allow_addresses`, the run status
+/// `stopped` and a change set's `broker`).
+pub const PROTOCOL_VERSION: u32 = 20;
 
 pub use crate::plan::{WINDOW_MAX, WindowSize};
 /// The oldest version a broker still speaks: the one before its own, for
@@ -312,6 +314,35 @@ pub struct RunRequest {
     /// `toolchains` says.
     #[serde(default)]
     pub no_toolchains: bool,
+    /// Strict egress: ports the run needs to connect to, each one the
+    /// policy's `[egress] ports` lists, or the run is refused
+    /// (`CapabilityDenied`, rule `request.widens`). From version 20: an
+    /// older connection's form has neither this nor `allow_addresses`.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::form::before_reach",
+        deserialize_with = "crate::form::reach_field"
+    )]
+    pub allow_ports: Vec<u16>,
+    /// Strict egress: loopback, private, link-local, multicast or
+    /// unspecified addresses (or CIDR ranges) the run needs to connect to,
+    /// each within one the policy's `[egress] allow_addresses` lists, or
+    /// the run is refused (`CapabilityDenied`, rule `request.widens`; one
+    /// that is neither: `InvalidRequest`, rule `request.address`).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::form::before_reach",
+        deserialize_with = "crate::form::reach_field"
+    )]
+    pub allow_addresses: Vec<String>,
+}
+
+impl RunRequest {
+    /// Whether it asks for what only a broker of [`REACH_VERSION`] or later
+    /// reads (`allow_ports`, `allow_addresses`).
+    pub fn reaches(&self) -> bool {
+        !self.allow_ports.is_empty() || !self.allow_addresses.is_empty()
+    }
 }
 
 /// The largest umask a request may carry: permission bits only.
@@ -501,6 +532,21 @@ pub struct SessionInfo {
 }
 
 impl ClientMessage {
+    /// The run request it carries, if it carries one.
+    pub fn run_request(&self) -> Option<&RunRequest> {
+        match self {
+            ClientMessage::Run(run)
+            | ClientMessage::Explain(run)
+            | ClientMessage::RunWithStdin(run)
+            | ClientMessage::RunInTerminal { run, .. }
+            | ClientMessage::StartSession(StartSession { run, .. })
+            | ClientMessage::RunInSession { run, .. }
+            | ClientMessage::RunInSessionWithStdin { run, .. }
+            | ClientMessage::RunInSessionInTerminal { run, .. } => Some(run),
+            _ => None,
+        }
+    }
+
     /// The message's name, as JSON spells it (`run`, `stdin`, ...): what a
     /// reply may quote of a message it did not expect, never its content.
     pub fn name(&self) -> &'static str {
@@ -693,10 +739,50 @@ impl From<&HelperFailure> for HelperFailureReply {
     }
 }
 
-/// How a run ended.
+/// How a run ended. On a connection of a version before
+/// [`crate::form::STOPPED_VERSION`], `Stopped` is said as `Cancelled`.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "snake_case", into = "RunStatusForm")]
 pub enum RunStatus {
+    Exited {
+        code: i32,
+    },
+    Signaled {
+        signal: i32,
+    },
+    TimedOut,
+    QuotaExceeded,
+    MemoryLimitExceeded,
+    DiskLimitExceeded,
+    Cancelled,
+    /// A session its requester stopped (`StopSession`): every process of
+    /// it killed, its writes settled as a command's that exited.
+    Stopped,
+}
+
+impl RunStatus {
+    /// The error kind of a run palisade ended; `None` for a command that
+    /// ended by itself (an exit or a signal of its own) and for a session
+    /// its requester stopped. A cancelled run (its client gone, or the
+    /// broker shutting down) is a `RuntimeFailure`.
+    pub fn error_kind(self) -> Option<ErrorKind> {
+        match self {
+            RunStatus::Exited { .. } | RunStatus::Signaled { .. } | RunStatus::Stopped => None,
+            RunStatus::TimedOut => Some(ErrorKind::TimedOut),
+            RunStatus::QuotaExceeded => Some(ErrorKind::QuotaExceeded),
+            RunStatus::MemoryLimitExceeded => Some(ErrorKind::MemoryLimitExceeded),
+            RunStatus::DiskLimitExceeded => Some(ErrorKind::DiskLimitExceeded),
+            RunStatus::Cancelled => Some(ErrorKind::RuntimeFailure),
+        }
+    }
+}
+
+/// [`RunStatus`] as it is written: its own form, or on a connection of a
+/// version before [`crate::form::STOPPED_VERSION`], `Stopped` said as
+/// `Cancelled` (what that version said of a stopped session).
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum RunStatusForm {
     Exited { code: i32 },
     Signaled { signal: i32 },
     TimedOut,
@@ -704,20 +790,23 @@ pub enum RunStatus {
     MemoryLimitExceeded,
     DiskLimitExceeded,
     Cancelled,
+    Stopped,
 }
 
-impl RunStatus {
-    /// The error kind of a run palisade ended; `None` for a command that
-    /// ended by itself (an exit or a signal of its own). A cancelled run
-    /// (its client gone, or the broker shutting down) is a `RuntimeFailure`.
-    pub fn error_kind(self) -> Option<ErrorKind> {
-        match self {
-            RunStatus::Exited { .. } | RunStatus::Signaled { .. } => None,
-            RunStatus::TimedOut => Some(ErrorKind::TimedOut),
-            RunStatus::QuotaExceeded => Some(ErrorKind::QuotaExceeded),
-            RunStatus::MemoryLimitExceeded => Some(ErrorKind::MemoryLimitExceeded),
-            RunStatus::DiskLimitExceeded => Some(ErrorKind::DiskLimitExceeded),
-            RunStatus::Cancelled => Some(ErrorKind::RuntimeFailure),
+impl From<RunStatus> for RunStatusForm {
+    fn from(s: RunStatus) -> Self {
+        match s {
+            RunStatus::Exited { code } => RunStatusForm::Exited { code },
+            RunStatus::Signaled { signal } => RunStatusForm::Signaled { signal },
+            RunStatus::TimedOut => RunStatusForm::TimedOut,
+            RunStatus::QuotaExceeded => RunStatusForm::QuotaExceeded,
+            RunStatus::MemoryLimitExceeded => RunStatusForm::MemoryLimitExceeded,
+            RunStatus::DiskLimitExceeded => RunStatusForm::DiskLimitExceeded,
+            RunStatus::Stopped if crate::form::form_before(crate::form::STOPPED_VERSION) => {
+                RunStatusForm::Cancelled
+            }
+            RunStatus::Cancelled => RunStatusForm::Cancelled,
+            RunStatus::Stopped => RunStatusForm::Stopped,
         }
     }
 }
@@ -789,6 +878,17 @@ pub struct ChangeSetInfo {
     pub conflicts: u64,
     /// Entries that are files the host executes.
     pub host_executed: u64,
+    /// The broker that ran the run, `<pid>-<start time>` as the journal's
+    /// records name it: with `run_id`, which counts from 1 in each broker
+    /// (every embedded `palisade run` is one), the run. `None`: a change set
+    /// kept before brokers said it. From version 20 (at the end; an older
+    /// form has none).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::form::before_stopped",
+        deserialize_with = "crate::form::stopped_field"
+    )]
+    pub broker: Option<String>,
 }
 
 /// A held change set, shown.
@@ -1018,7 +1118,7 @@ fn bincode_config() -> impl bincode::config::Config {
 }
 
 pub use crate::changes::{Changes, ChangesOutcome, Withheld, WithheldReason};
-pub use crate::form::{INSPECTION_VERSION, in_form_of};
+pub use crate::form::{INSPECTION_VERSION, REACH_VERSION, in_form_of};
 
 /// [`encode`] in the form of protocol `version` (a connection's).
 pub fn encode_in<T: Serialize>(msg: &T, encoding: Encoding, version: u32) -> Result<Vec<u8>, WireError> {
@@ -1381,9 +1481,23 @@ impl Decoder {
         self.version = version;
     }
 
+    /// The next complete message, `Ok(None)` when more bytes are needed,
+    /// in the form of the version [`Decoder::set_version`] set. A bincode
+    /// run request in the form before [`REACH_VERSION`] (without
+    /// `allow_ports` and `allow_addresses`) is read on a connection of that
+    /// version or later too: a client sends a request that needs neither in
+    /// that form with its hello, before it knows the version it will speak.
     pub fn next_message<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
         let version = self.version;
-        in_form_of(version, || self.next_message_in_form())
+        match in_form_of(version, || self.next_message_in_form()) {
+            Err(WireError::Malformed(why))
+                if self.encoding == Some(Encoding::Bincode) && version >= REACH_VERSION =>
+            {
+                in_form_of(REACH_VERSION - 1, || self.next_message_in_form())
+                    .map_err(|_| WireError::Malformed(why))
+            }
+            other => other,
+        }
     }
 
     fn next_message_in_form<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
@@ -2088,6 +2202,69 @@ mod tests {
         assert_eq!(Cancelled.error_kind(), Some(ErrorKind::RuntimeFailure));
         assert_eq!(Exited { code: 3 }.error_kind(), None);
         assert_eq!(Signaled { signal: 9 }.error_kind(), None);
+        assert_eq!(Stopped.error_kind(), None, "a session its requester stopped is no error");
+    }
+
+    /// A stopped session says `stopped` from version 20, `cancelled` (what
+    /// it said before) on an older connection, in both encodings; the
+    /// other statuses are the same in both forms.
+    #[test]
+    fn a_stopped_session_is_said_cancelled_in_an_older_form() {
+        use crate::form::{STOPPED_VERSION, in_form_of};
+        let config = bincode::config::standard();
+        let old = STOPPED_VERSION - 1;
+        assert_eq!(serde_json::to_value(RunStatus::Stopped).unwrap(), "stopped");
+        assert_eq!(in_form_of(old, || serde_json::to_value(RunStatus::Stopped).unwrap()), "cancelled");
+        let bytes = bincode::serde::encode_to_vec(RunStatus::Stopped, config).unwrap();
+        let (back, _): (RunStatus, usize) = bincode::serde::decode_from_slice(&bytes, config).unwrap();
+        assert_eq!(back, RunStatus::Stopped);
+        let earlier = in_form_of(old, || bincode::serde::encode_to_vec(RunStatus::Stopped, config).unwrap());
+        let (back, _): (RunStatus, usize) =
+            in_form_of(old, || bincode::serde::decode_from_slice(&earlier, config).unwrap());
+        assert_eq!(back, RunStatus::Cancelled);
+        for s in [RunStatus::Exited { code: 2 }, RunStatus::TimedOut, RunStatus::Cancelled] {
+            let now = bincode::serde::encode_to_vec(s, config).unwrap();
+            assert_eq!(in_form_of(old, || bincode::serde::encode_to_vec(s, config).unwrap()), now, "{s:?}");
+            let (back, _): (RunStatus, usize) = bincode::serde::decode_from_slice(&now, config).unwrap();
+            assert_eq!(back, s);
+        }
+    }
+
+    /// A change set's `broker` is at the end of its info from version 20;
+    /// an older connection's form has none, in either encoding.
+    #[test]
+    fn a_change_sets_broker_is_not_in_an_older_form() {
+        use crate::form::{STOPPED_VERSION, in_form_of};
+        let info = ChangeSetInfo {
+            id: "0123456789ab".into(),
+            run_id: 1,
+            created: 1_800_000_000,
+            status: "held".into(),
+            reason: "held for review".into(),
+            roots: vec!["/w".into()],
+            entries: 1,
+            bytes: 2,
+            conflicts: 0,
+            host_executed: 0,
+            broker: Some("4121-1018522".into()),
+        };
+        let detail = ChangeSetDetail { info: info.clone(), entries: vec![], diff: "d".into() };
+        let config = bincode::config::standard();
+        let whole = bincode::serde::encode_to_vec(&detail, config).unwrap();
+        let (back, _): (ChangeSetDetail, usize) = bincode::serde::decode_from_slice(&whole, config).unwrap();
+        assert_eq!(back, detail);
+        let old = STOPPED_VERSION - 1;
+        let earlier = in_form_of(old, || bincode::serde::encode_to_vec(&detail, config).unwrap());
+        let (back, _): (ChangeSetDetail, usize) =
+            in_form_of(old, || bincode::serde::decode_from_slice(&earlier, config).unwrap());
+        let said = ChangeSetInfo { broker: None, ..info.clone() };
+        assert_eq!((back.info, back.diff.as_str()), (said, "d"));
+        let json = serde_json::to_value(&info).unwrap();
+        assert_eq!(json["broker"], "4121-1018522", "{json}");
+        let old_json = in_form_of(old, || serde_json::to_value(&info).unwrap());
+        assert!(old_json.get("broker").is_none(), "{old_json}");
+        let read: ChangeSetInfo = serde_json::from_value(old_json).unwrap();
+        assert_eq!(read.broker, None);
     }
 
     #[test]
@@ -2205,5 +2382,51 @@ mod tests {
         d.push(&bytes[..bytes.len() - 2]);
         assert_eq!(d.next_message::<ClientMessage>().unwrap(), None);
         assert!(matches!(d.finish(), Err(WireError::Truncated { .. })));
+    }
+
+    /// The run request's `allow_ports` and `allow_addresses` are at its end
+    /// from version 20: an older connection's bincode form has neither; a
+    /// decoder of 20 reads a request in that form too (what a client sends
+    /// with its hello), and one that has them in either encoding.
+    #[test]
+    fn a_run_requests_reach_is_not_in_an_older_form() {
+        use crate::form::REACH_VERSION;
+        let old = REACH_VERSION - 1;
+        let plain = RunRequest { argv: vec!["ls".into()], ..RunRequest::default() };
+        let reaching = RunRequest {
+            allow_ports: vec![3000],
+            allow_addresses: vec!["127.0.0.1".into()],
+            ..plain.clone()
+        };
+        let read = |bytes: &[u8], version: u32| {
+            let mut d = Decoder::new(Some(Encoding::Bincode));
+            d.set_version(version);
+            d.push(bytes);
+            d.next_message::<ClientMessage>()
+        };
+        let earlier = encode_in(&ClientMessage::Run(plain.clone()), Encoding::Bincode, old).unwrap();
+        let now = encode(&ClientMessage::Run(plain.clone()), Encoding::Bincode).unwrap();
+        assert_eq!(now.len(), earlier.len() + 2, "two empty lists at its end");
+        for (bytes, version) in [(&earlier, old), (&earlier, REACH_VERSION), (&now, REACH_VERSION)] {
+            assert_eq!(read(bytes, version).unwrap(), Some(ClientMessage::Run(plain.clone())), "{version}");
+        }
+        assert!(matches!(read(&now, old), Err(WireError::Malformed(_))), "trailing bytes in an older form");
+        let whole = encode(&ClientMessage::Run(reaching.clone()), Encoding::Bincode).unwrap();
+        assert_eq!(read(&whole, REACH_VERSION).unwrap(), Some(ClientMessage::Run(reaching.clone())));
+        // Not in an older form: an older broker would not know them.
+        let older = encode_in(&ClientMessage::Run(reaching.clone()), Encoding::Bincode, old).unwrap();
+        assert_eq!(older, earlier);
+        assert!(reaching.reaches() && !plain.reaches());
+        // JSON names them: read on a connection of any version.
+        #[cfg(feature = "json")]
+        {
+            let json = encode(&ClientMessage::Run(reaching.clone()), Encoding::Json).unwrap();
+            let text = String::from_utf8_lossy(&json);
+            assert!(text.contains(r#""allow_ports":[3000],"allow_addresses":["127.0.0.1"]"#), "{text}");
+            let mut d = Decoder::new(Some(Encoding::Json));
+            d.set_version(old);
+            d.push(&json);
+            assert_eq!(d.next_message::<ClientMessage>().unwrap(), Some(ClientMessage::Run(reaching)));
+        }
     }
 }

@@ -279,6 +279,7 @@ impl Jail {
             hidden: vec![],
             held: vec![],
             pinned: vec![],
+            home: None,
             parent_pid: std::process::id(),
             cgroup: None,
             no_fork: false,

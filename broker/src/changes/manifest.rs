@@ -24,6 +24,11 @@ pub enum Status {
 pub struct Manifest {
     pub id: String,
     pub run_id: u64,
+    /// The broker that ran run `run_id` (`<pid>-<start time>`, as the
+    /// journal names it): run ids count from 1 in each broker. `None` in a
+    /// change set an earlier broker kept.
+    #[serde(default)]
+    pub broker: Option<String>,
     pub uid: u32,
     pub gid: u32,
     /// Seconds since the epoch.

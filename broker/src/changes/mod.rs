@@ -133,6 +133,7 @@ fn manifest_of(
     Manifest {
         id: draft.id.clone(),
         run_id: s.run_id,
+        broker: Some(draft.broker.clone()),
         uid: s.requester.uid,
         gid: s.requester.gid,
         created: now_secs(),

@@ -48,6 +48,7 @@ pub fn info(m: &Manifest, bytes: u64) -> ChangeSetInfo {
         bytes,
         conflicts: m.entries.iter().filter(|e| e.conflict).count() as u64,
         host_executed: m.entries.iter().filter(|e| e.host_executed.is_some()).count() as u64,
+        broker: m.broker.clone(),
     }
 }
 

@@ -31,6 +31,9 @@ pub struct Store {
 pub struct Draft {
     pub id: String,
     pub dir: PathBuf,
+    /// The broker that made it (`<pid>-<start time>`, its instance; see
+    /// `crate::host::instance`): the one whose run's writes it holds.
+    pub broker: String,
 }
 
 const MANIFEST: &str = "manifest.json";
@@ -92,9 +95,10 @@ impl Store {
     /// A new change set's directory, as this broker's draft.
     pub fn draft(&self, uid: u32) -> io::Result<Draft> {
         let id = new_id()?;
-        let dir = self.uid_dir(uid)?.join(format!("{DRAFT_PREFIX}{}-{id}", crate::host::instance::tag()));
+        let broker = crate::host::instance::tag().to_string();
+        let dir = self.uid_dir(uid)?.join(format!("{DRAFT_PREFIX}{broker}-{id}"));
         std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-        Ok(Draft { id, dir })
+        Ok(Draft { id, dir, broker })
     }
 
     /// The draft under its id, with `manifest`.
@@ -125,13 +129,17 @@ impl Store {
         out
     }
 
-    /// The id a draft's directory holds, and what it becomes under it.
+    /// The id a draft's directory holds, and what it becomes under it
+    /// (`.new-<broker>-<id>`: the broker that made it, and its id).
     pub fn draft_of(&self, uid: u32, dir: &Path) -> Option<Draft> {
         let name = dir.file_name()?.to_str()?;
-        let id = name.rsplit('-').next()?.to_string();
+        let (broker, id) = name.strip_prefix(DRAFT_PREFIX)?.rsplit_once('-')?;
         let valid = id.len() == 12 && id.bytes().all(|b| b.is_ascii_hexdigit());
-        (valid && dir.parent() == Some(self.root.join(uid.to_string()).as_path()))
-            .then(|| Draft { id, dir: dir.to_path_buf() })
+        (valid && dir.parent() == Some(self.root.join(uid.to_string()).as_path())).then(|| Draft {
+            id: id.to_string(),
+            dir: dir.to_path_buf(),
+            broker: broker.to_string(),
+        })
     }
 
     /// A change set's directory; `None` when `uid` has none of that id

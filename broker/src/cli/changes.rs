@@ -259,10 +259,13 @@ fn line(s: &ChangeSetInfo) -> String {
     }
     let flags = if flags.is_empty() { String::new() } else { format!(", {}", flags.join(", ")) };
     let roots: Vec<_> = s.roots.iter().map(|r| palisade_cli::escape::name(r)).collect();
+    // Run ids count from 1 in each broker: the broker makes the run one.
+    let broker = s.broker.as_deref().map(|b| format!(" (broker {})", palisade_cli::escape::name(b)));
     format!(
-        "{} run {} {}: {} entries, {} bytes{flags} ({}) in {}",
+        "{} run {}{} {}: {} entries, {} bytes{flags} ({}) in {}",
         s.id,
         s.run_id,
+        broker.unwrap_or_default(),
         s.status,
         s.entries,
         s.bytes,

@@ -3,7 +3,7 @@
 //! with the built-in default policy when none answers. (Its help and manual
 //! pages are these definitions'; the CLI's own are checked against them.)
 
-use crate::cli::approve::ToolsCommand;
+use crate::cli::approve::ToolsArgs;
 use crate::cli::discovery::{self, BrokerArgs, Route, Which};
 pub use crate::cli::run::{EXIT_PALISADE, RunArgs, SandboxArgs};
 use crate::cli::run::{Render, RenderSink, fail, request};
@@ -97,9 +97,9 @@ pub enum Command {
     #[cfg(target_os = "linux")]
     #[command(subcommand)]
     Session(palisade_cli::session::SessionCommand),
-    /// The declared tools' trust stages (Draft, Trial, Verified) and declarations.
-    #[command(subcommand)]
-    Tools(ToolsCommand),
+    /// The declared tools' trust stages (Draft, Trial, Verified) and
+    /// declarations: list (what `palisade tools` alone does), show, approve.
+    Tools(ToolsArgs),
     /// Change sets: a run's writes held for review (a run palisade ended,
     /// --hold-changes, paths someone else changed meanwhile, files the host
     /// executes): list, show with a diff, apply, discard.
@@ -117,9 +117,18 @@ pub enum Command {
     ///
     /// The sandbox flags are the person's, as for `palisade run`: with an
     /// embedded broker they edit its profile; through a daemon each call
-    /// carries them as asks that can only narrow the daemon's policy. See
+    /// carries them as asks that can only narrow the daemon's policy. A
+    /// declared tool's call (run_tool, or explain naming a tool) runs the
+    /// tool as declared: without --profile and the flags that edit it, only
+    /// --hold-changes, --no-fork and --no-toolchains go with it. See
     /// docs/agents.md.
     Mcp(crate::cli::mcp::McpArgs),
+    /// Write the starter configuration of your own palisade (profiles the
+    /// documentation's examples use, such as `sh`) where your daemon and an
+    /// embedded broker read it: $XDG_CONFIG_HOME/palisade/palisade.toml, else
+    /// ~/.config/palisade/palisade.toml. An existing file is kept unless
+    /// --force. Exits 0, or 125.
+    Init(palisade_cli::init::InitArgs),
 }
 
 /// `palisaded cli ARGS...`: the command line `palisade` handed over
@@ -182,6 +191,7 @@ pub fn main(cli: Cli) -> i32 {
         Command::Changes(command) => crate::cli::changes::main(command),
         Command::Plugin(command) => crate::cli::plugin::main(command),
         Command::Mcp(args) => crate::cli::mcp::main(args),
+        Command::Init(args) => palisade_cli::init::main(args),
     }
 }
 
@@ -195,8 +205,9 @@ fn explain(args: ExplainArgs) -> i32 {
             Err(e) => return json_fail(json, e.kind(), e),
         }
     }
-    let mut config = match args.policy.as_deref().map(Config::load).transpose() {
-        Ok(c) => c.unwrap_or_default(),
+    let config = args.policy.as_deref().map_or_else(Config::own_or_default, Config::load);
+    let mut config = match config {
+        Ok(c) => c,
         Err(e) => return json_fail(json, ErrorKind::InvalidRequest, e),
     };
     // Nothing is written: the /etc entries are shown bound one by one, as the
@@ -206,12 +217,7 @@ fn explain(args: ExplainArgs) -> i32 {
     // Nothing runs, so nothing is recorded.
     config.journal.enabled = false;
     config.trust.enabled = false;
-    let run_args = RunArgs {
-        workspace: args.workspace,
-        tool: args.tool,
-        params: args.params,
-        ..explain_run(args.sandbox, args.command)
-    };
+    let run_args = explain_run(args);
     let edited = std::env::current_dir()
         .map_err(|e| format!("current directory: {e}"))
         .and_then(|cwd| crate::cli::run::edit(&run_args.sandbox, &mut config, &cwd))
@@ -273,7 +279,7 @@ fn run(args: RunArgs) -> i32 {
         }
         Ok(Route::Embedded { tried }) => {
             tracing::debug!("no broker answers on {tried}: running an embedded one");
-            match own_policy(Ok(Config::default())) {
+            match own_policy(Config::own_or_default().map_err(|e| e.to_string())) {
                 Ok(config) => embedded(config, request, render, &args),
                 Err(e) => refuse(ErrorKind::InvalidRequest, e),
             }

@@ -79,7 +79,7 @@ fn fail(kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
 }
 
 fn config(policy: Option<&PathBuf>) -> Result<Config, String> {
-    policy.map_or_else(|| Ok(Config::default()), |p| Config::load(p).map_err(|e| e.to_string()))
+    policy.map_or_else(Config::own_or_default, |p| Config::load(p)).map_err(|e| e.to_string())
 }
 
 pub fn main(command: PluginCommand) -> i32 {
@@ -200,7 +200,9 @@ fn through_broker(args: &BrokerArgs, message: ClientMessage) -> Result<ServerMes
         Ok(crate::cli::discovery::Route::Broker(found)) => found,
         Ok(crate::cli::discovery::Route::Embedded { tried }) => {
             tracing::debug!("no broker answers on {tried}: calling in an embedded one");
-            return embedded(Config::default(), message);
+            let config = Config::own_or_default()
+                .map_err(|e| ErrorReply::new(ErrorKind::InvalidRequest, e.to_string()))?;
+            return embedded(config, message);
         }
         Err(e) => return Err(ErrorReply::new(e.kind(), e.to_string())),
     };

@@ -17,6 +17,14 @@ pub fn edit(
     use palisade_policy::capabilities::NetworkCapability;
     // The person running the CLI owns this policy: its refusals name the flags.
     config.own = true;
+    // Strict egress's ports and refused addresses are `[egress]`'s, for every profile.
+    for port in &flags.allow_ports {
+        if !config.egress.ports.contains(port) {
+            config.egress.ports.push(*port);
+        }
+    }
+    let addresses = flags.allow_addresses.iter().map(|a| toml::Spanned::new(0..0, a.clone()));
+    config.egress.allow_addresses.extend(addresses);
     let profile = profile_mut(config, flags.profile.as_deref())?;
     profile.allow_interpreters |= flags.allow_interpreters;
     profile.allow_inline_code |= flags.allow_inline_code;

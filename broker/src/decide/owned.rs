@@ -51,6 +51,11 @@ pub fn owned(
         add(PathBuf::from(dir), "the service's credentials ($CREDENTIALS_DIRECTORY)");
     }
     add(temp_root.to_path_buf(), "the run directories (temp_root)");
+    // Whether it exists yet or not: a run that wrote it would decide the next.
+    if let Some(dir) = palisade_protocol::clients::user_config().as_deref().and_then(std::path::Path::parent)
+    {
+        add(dir.to_path_buf(), "the user's palisade configuration (palisade init's)");
+    }
     if let Some(source) = &config.source {
         add(source.clone(), "the broker's configuration");
         if let Some(cedar) = &config.policy.cedar {

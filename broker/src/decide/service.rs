@@ -313,25 +313,10 @@ impl<E: Executor> Broker<E> {
     /// where trust stages are off).
     pub fn tools(&self) -> Result<Vec<ToolInfo>, BrokerError> {
         let settings = self.settings();
-        if let Some(trust) = &settings.trust {
-            return trust.list();
+        match &settings.trust {
+            Some(trust) => trust.list(),
+            None => Ok(crate::decide::trust::untracked(settings.config())),
         }
-        let tools = &settings.config().tools;
-        let trial_runs = settings.config().trust.trial_runs;
-        Ok(tools
-            .iter()
-            .map(|(name, t)| {
-                let declaration = t.declaration();
-                ToolInfo {
-                    name: name.clone(),
-                    stage: "untracked".into(),
-                    trial_successes: 0,
-                    trial_runs,
-                    capabilities_sha256: crate::journal::attest::sha256_hex(declaration.as_bytes()),
-                    declaration,
-                }
-            })
-            .collect())
     }
 
     /// Approves `tool`'s declaration for `by_uid` (authorized by the caller): Draft → Trial.

@@ -72,6 +72,23 @@ struct Declared {
     sha256: String,
 }
 
+/// The declared tools of `config` where no trust stages are kept ([trust]
+/// enabled = false): each `untracked`, with its declaration.
+pub fn untracked(config: &Config) -> Vec<ToolInfo> {
+    let tools = config.tools.iter().map(|(name, t)| {
+        let declaration = t.declaration();
+        ToolInfo {
+            name: name.clone(),
+            stage: "untracked".into(),
+            trial_successes: 0,
+            trial_runs: config.trust.trial_runs,
+            capabilities_sha256: sha256_hex(declaration.as_bytes()),
+            declaration,
+        }
+    });
+    tools.collect()
+}
+
 /// The trust stages of this broker's declared tools.
 pub struct TrustStore {
     path: PathBuf,

@@ -168,7 +168,12 @@ mod tests {
         let account = Account::default();
         let at: SocketAddr = "127.0.0.1:80".parse().unwrap();
         for i in 0..EGRESS_LIST_MAX + 3 {
-            account.deny(&format!("h{i}.test"), 80, EgressPath::Proxy, &Refusal::PortNotAllowed(80));
+            account.deny(
+                &format!("h{i}.test"),
+                80,
+                EgressPath::Proxy,
+                &Refusal::PortNotAllowed { port: 80, fix: String::new() },
+            );
             let flow = account.reached(&format!("h{i}.test"), 80, at, EgressPath::Proxy);
             count(&flow.out, 2);
             count(&flow.inbound, 3);

@@ -22,7 +22,7 @@ pub async fn open(plan: &EgressPlan, name: &str, port: u16) -> Result<(TcpStream
         return Err(Refusal::DomainNotAllowed(name.to_owned()));
     }
     if !plan.ports.contains(&port) {
-        return Err(Refusal::PortNotAllowed(port));
+        return Err(Refusal::PortNotAllowed { port, fix: plan.port_fix(port) });
     }
     let addresses = acceptable(plan, name, &resolve(plan, name).await?)?;
     let mut why = String::new();
@@ -82,7 +82,9 @@ pub fn acceptable(plan: &EgressPlan, name: &str, resolved: &[IpAddr]) -> Result<
             .map(|ip| format!("{ip}: {}", addr::refused_class(*ip).unwrap_or("refused")))
             .collect::<Vec<_>>()
             .join(", ");
-        return Err(Refusal::AddressRefused { name: name.to_owned(), addresses });
+        // Allowing the first would do: the broker tries them in order.
+        let fix = resolved.first().map(|ip| plan.address_fix(*ip)).unwrap_or_default();
+        return Err(Refusal::AddressRefused { name: name.to_owned(), addresses, fix });
     }
     Ok(ok)
 }

@@ -1,16 +1,21 @@
 //! Why the broker refused a connection or a lookup: the module's typed
 //! error, with the stable reason the attestation records.
 
+#[cfg(doc)]
+use palisade_policy::EgressPlan;
+
 /// A refused attempt; `reason()` is the stable word, the message is for a
 /// person.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error("{0} is not an allowed name")]
     DomainNotAllowed(String),
-    #[error("port {0} is not an allowed port")]
-    PortNotAllowed(u16),
-    #[error("{name} resolves only to refused addresses ({addresses})")]
-    AddressRefused { name: String, addresses: String },
+    /// `fix`: what would let it through ([`EgressPlan::port_fix`]).
+    #[error("port {port} is not an allowed port{fix}")]
+    PortNotAllowed { port: u16, fix: String },
+    /// `fix`: what would let it through ([`EgressPlan::address_fix`]).
+    #[error("{name} resolves only to refused addresses ({addresses}){fix}")]
+    AddressRefused { name: String, addresses: String, fix: String },
     #[error("cannot resolve {name}: {why}")]
     ResolveFailed { name: String, why: String },
     #[error("cannot connect to {name}: {why}")]
@@ -38,7 +43,7 @@ impl Refusal {
     pub fn reason(&self) -> &'static str {
         match self {
             Refusal::DomainNotAllowed(_) => "domain_not_allowed",
-            Refusal::PortNotAllowed(_) => "port_not_allowed",
+            Refusal::PortNotAllowed { .. } => "port_not_allowed",
             Refusal::AddressRefused { .. } => "address_refused",
             Refusal::ResolveFailed { .. } => "resolve_failed",
             Refusal::ConnectFailed { .. } => "connect_failed",
@@ -58,7 +63,7 @@ impl Refusal {
     pub fn http_status(&self) -> u16 {
         match self {
             Refusal::DomainNotAllowed(_)
-            | Refusal::PortNotAllowed(_)
+            | Refusal::PortNotAllowed { .. }
             | Refusal::AddressRefused { .. }
             | Refusal::SniMismatch { .. }
             | Refusal::QueryRefused(_)

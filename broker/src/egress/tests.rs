@@ -45,6 +45,7 @@ pub(super) fn plan(port: u16) -> EgressPlan {
         ca_bundle: None,
         credentials: vec![],
         secrets_dir: None,
+        own: false,
     }
 }
 
@@ -221,6 +222,23 @@ async fn names_ports_and_addresses_not_allowed_are_refused_with_403() {
     assert_eq!(reasons(&traffic), cases.iter().map(|c| c.1).collect::<Vec<_>>());
     assert!(traffic.denied[3].detail.contains("169.254.169.254: link-local"), "{:?}", traffic.denied[3]);
     assert!(traffic.reached.is_empty());
+    // Each names the key that would let it through: under a broker's
+    // policy, as an operator would set it.
+    assert_eq!(
+        traffic.denied[2].detail,
+        format!(
+            "port 1 is not an allowed port; this broker's policy does not allow it (an operator would set \
+             `[egress] ports = [{port}, 1]`)"
+        )
+    );
+    assert!(
+        traffic.denied[3].detail.ends_with(
+            "; this broker's policy does not allow it (an operator would set `[egress] allow_addresses = \
+             [\"127.0.0.1\", \"127.0.0.3\"]`)"
+        ),
+        "{}",
+        traffic.denied[3].detail
+    );
 }
 
 #[tokio::test]
@@ -228,11 +246,19 @@ async fn loopback_is_refused_without_allow_addresses() {
     let port = echo_origin().await;
     let mut plan = plan(port);
     plan.allow_addresses.clear();
+    // The CLI's embedded broker: the refusal names the flag too.
+    plan.own = true;
     let sandbox = start(plan, 443, &[]);
     let (s, head) = connect_to(sandbox.proxy, &format!("allowed.test:{port}")).await;
     assert!(head.starts_with("HTTP/1.1 403"), "{head}");
     assert!(rest(s).await.contains("127.0.0.1: loopback"));
-    assert_eq!(reasons(&sandbox.egress.finish().await), ["address_refused"]);
+    let traffic = sandbox.egress.finish().await;
+    assert_eq!(reasons(&traffic), ["address_refused"]);
+    assert_eq!(
+        traffic.denied[0].detail,
+        "allowed.test resolves only to refused addresses (127.0.0.1: loopback); allow it with \
+         `--allow-address 127.0.0.1` / `[egress] allow_addresses = [\"127.0.0.1\"]`"
+    );
 }
 
 #[tokio::test]

@@ -89,6 +89,11 @@ impl Linux {
             run: 0,
             etc_view: None,
             trust: None,
+            // A broker serving only its user keeps each workspace's HOME in its state.
+            homes: match crate::host::privilege::serves_others() {
+                true => None,
+                false => paths::default_state_dir().ok().map(|s| paths::canonical_prefix(&s.join("homes"))),
+            },
         };
         crate::host::instance::remove_orphans(&context.temp_root, "run-");
         let journal = Journal::from_config(config)?;
@@ -132,6 +137,12 @@ impl Linux {
         let dirs = act.as_broker(|| HostDirs::create(&resolved.host_dirs, owner)).map_err(|e| {
             ErrorReply::new(ErrorKind::RuntimeFailure, format!("cannot create the run's directories: {e}"))
         })?;
+        if let Some(home) = &resolved.home {
+            crate::host::paths::create_dirs(home, 0o700).map_err(|e| {
+                let why = format!("cannot create the workspace's home {}: {e}", home.display());
+                ErrorReply::new(ErrorKind::RuntimeFailure, why)
+            })?;
+        }
         let peer = deciding.peer;
         let descriptors = requester::open_paths(&resolved.plan, &resolved.host_dirs, act, peer.uid)?;
         self.check_grants(peer, &resolved, &descriptors)?;

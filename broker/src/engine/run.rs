@@ -469,14 +469,15 @@ impl Engine {
             ended = Some(RunStatus::MemoryLimitExceeded);
         }
         // A session its requester stopped ended as a command that exits by
-        // itself does: its writes are settled so (its result says cancelled).
+        // itself does: its writes are settled so (its result says stopped).
         let stopped = ended == Some(RunStatus::Cancelled) && sink.session_stopped();
         let mut settle = if stopped { None } else { ended };
         let (written_bytes, changes) =
             keep_writes(resolved, grants, report.overlays, (&mut settle, bound), (run_id, since)).await?;
-        if settle.is_some() || !stopped {
-            ended = settle;
-        }
+        ended = match settle {
+            None if stopped => Some(RunStatus::Stopped),
+            settle => settle,
+        };
         let status = match ended {
             Some(ended) => ended,
             None => exit_status(report.exit, &usage)?,

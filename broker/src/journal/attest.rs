@@ -110,6 +110,7 @@ pub(crate) mod tests {
             run: 1,
             etc_view: None,
             trust: None,
+            homes: None,
         };
         match policy.decide(&host, &ctx, request) {
             Decision::Allow(r) => *r,

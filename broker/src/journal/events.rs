@@ -137,6 +137,7 @@ pub fn run_finished(r: &RunResult) -> Event {
     let status = match r.status {
         RunStatus::Exited { code } => format!("exited {code}"),
         RunStatus::Signaled { signal } => format!("signaled {signal}"),
+        RunStatus::Stopped => "stopped".into(),
         ended => ended.error_kind().map_or("ended".into(), |k| k.name().to_string()),
     };
     Event::RunFinished {

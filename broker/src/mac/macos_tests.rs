@@ -68,6 +68,7 @@ impl Mac {
             run: 1,
             etc_view: None,
             trust: None,
+            homes: None,
         };
         (Policy::new(config, &*host.files).decide(&host, &ctx, &request), request)
     }

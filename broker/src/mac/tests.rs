@@ -281,6 +281,7 @@ fn the_profile_a_mac_gets_is_golden_and_reads() {
         run: 7,
         etc_view: None,
         trust: None,
+        homes: None,
     };
     let request = RunRequest {
         argv: ["/bin/ls", "-la"].map(String::from).into(),

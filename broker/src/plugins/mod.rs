@@ -478,6 +478,7 @@ fn egress_plan(grants: &PluginGrants, egress: &EgressConfig) -> EgressPlan {
         ca_bundle: None,
         credentials: vec![],
         secrets_dir: None,
+        own: false,
     }
 }
 

@@ -56,6 +56,7 @@ impl Macos {
             run: 0,
             etc_view: None,
             trust: None,
+            homes: None,
         };
         let macos = Macos { seatbelt, host: Box::new(host) };
         Ok((macos, Parts { ids, context, temp_root: kept, journal }))

@@ -83,6 +83,7 @@ impl Setup {
             run: 1,
             etc_view: None,
             trust: None,
+            homes: None,
         };
         match Policy::new(config, &*host.files).decide(&host, &ctx, &request) {
             Decision::Allow(r) => (request, *r),

@@ -55,7 +55,15 @@ pub fn main(args: Args) -> i32 {
                 return EXIT_CONFIG;
             }
         },
-        None => Config::default(),
+        // A user's daemon: the user's own configuration where there is one.
+        None if crate::host::privilege::serves_others() => Config::default(),
+        None => match Config::own_or_default() {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("palisaded: {e}");
+                return EXIT_CONFIG;
+            }
+        },
     };
     let socket =
         args.socket.clone().or_else(|| config.broker.socket.clone()).unwrap_or_else(paths::default_socket);

@@ -189,7 +189,8 @@ def main() -> int:
         assert in_tty.stdout.startswith(b"30 100\r\n/dev/pts/"), in_tty.stdout
         print("session: a shell line's directory and exports, the next's")
         stopped = broker.stop_session("py")
-        assert (stopped.status, stopped.result["run_id"]) == ("cancelled", session["run_id"]), stopped
+        assert (stopped.status, stopped.result["run_id"]) == ("stopped", session["run_id"]), stopped
+        assert (stopped.writes_landed, stopped.exit_status) == (True, 0), stopped.result["changes"]
         assert broker.list_sessions() == []
         try:
             broker.run(["/bin/true"], session="py")

@@ -5,6 +5,7 @@
 
 use super::{Denial, Grants, Profile, RequestDirs};
 use crate::capabilities::EnvironmentCapability;
+use crate::config::DefaultProfile;
 use crate::host::Host;
 use crate::paths;
 use palisade_protocol::wire::{ErrorKind, RunRequest};
@@ -15,6 +16,69 @@ pub const WIDENS_RULE: &str = "request.widens";
 
 /// Variables `environment = "restricted"` passes without being asked.
 pub const RESTRICTED_ENV: [&str; 5] = ["PATH", "HOME", "USER", "LANG", "TERM"];
+
+/// The profile `d` (of `[table]`) as its owner's request widens it, as
+/// `palisade run`'s flags widen an embedded broker's (`[broker]
+/// owner_widens`): interpreters, inline code, domains, paths, variables,
+/// memory and processes as asked; the deadline and the output quota up to
+/// the profile's ceilings, past which the request is refused naming the
+/// ceiling; how writes land. The narrowing that follows then finds each
+/// ask within the profile.
+pub(super) fn widen(d: &DefaultProfile, table: &str, req: &RunRequest) -> Result<DefaultProfile, Denial> {
+    use crate::capabilities::NetworkCapability;
+    let mut w = d.clone();
+    w.allow_interpreters |= req.allow_interpreters;
+    w.allow_inline_code |= req.allow_inline_code;
+    if let Some(asked) = req.allow_domains.as_ref().filter(|a| !a.is_empty()) {
+        if let NetworkCapability::AllowDomains(domains) = &mut w.network {
+            domains.extend(asked.iter().filter(|a| !domains.contains(a)).cloned().collect::<Vec<_>>());
+        } else if w.network != NetworkCapability::AllowAll {
+            w.network = NetworkCapability::AllowDomains(asked.clone());
+        }
+        w.egress = crate::egress::EgressMode::Strict;
+    }
+    let cwd = req.cwd.as_deref().map(PathBuf::from).unwrap_or_default();
+    let home = req.env.get("HOME").map(PathBuf::from);
+    let resolve = |p: &String| paths::resolve(p, &cwd, home.as_deref());
+    w.read_only.extend(req.read_only.iter().map(resolve));
+    w.read_write.extend(req.read_write.iter().map(resolve));
+    w.pass_env.extend(req.pass_env.iter().filter(|n| !d.pass_env.contains(n)).cloned());
+    w.max_memory_mb = req.max_memory_mb.unwrap_or(w.max_memory_mb);
+    w.max_processes = req.max_processes.unwrap_or(w.max_processes);
+    for (field, asked, value, ceiling, key) in [
+        (
+            "timeout_secs",
+            req.timeout_secs,
+            &mut w.max_execution_time,
+            d.timeout_ceiling_secs,
+            "timeout_ceiling_secs",
+        ),
+        (
+            "max_output_bytes",
+            req.max_output_bytes,
+            &mut w.max_output_bytes,
+            d.max_output_ceiling_bytes,
+            "max_output_ceiling_bytes",
+        ),
+    ] {
+        match asked {
+            Some(a) if a > ceiling => {
+                let reason = format!(
+                    "{field} {a} is above the profile's ceiling of {ceiling} ([{table}] {key}); raise it there"
+                );
+                return Err(Denial::new(ErrorKind::CapabilityDenied, WIDENS_RULE, reason));
+            }
+            Some(a) if a > *value => *value = a,
+            _ => {}
+        }
+    }
+    if req.keep_changes.is_some() {
+        w.keep_changes = req.keep_changes.unwrap_or(w.keep_changes);
+    }
+    w.on_conflict = req.on_conflict.unwrap_or(w.on_conflict);
+    w.allow_direct |= req.direct;
+    Ok(w)
+}
 
 /// The asks that change the profile itself: interpreters, inline code,
 /// the process limits, the environment.

@@ -58,7 +58,16 @@ fn allow(out: &mut String, r: &Resolved) {
         let _ = writeln!(out, "warning:  {w}");
     }
     let _ = writeln!(out, "tool:     {}", r.tool.as_deref().unwrap_or("(default profile)"));
-    let _ = writeln!(out, "program:  {}", p.program);
+    let how = match p.argv.first().filter(|a| !a.contains('/')) {
+        Some(name) => format!(" (the first {name} in the caller's PATH, else the sandbox's)"),
+        None => String::new(),
+    };
+    let _ = writeln!(out, "program:  {}{how}", p.program);
+    if let Some(home) = &r.home {
+        let _ = writeln!(out, "home:     {} (this workspace's own HOME, kept between runs)", home.display());
+    }
+    let shown: Vec<String> = r.toolchains.iter().map(|t| t.display().to_string()).collect();
+    let _ = writeln!(out, "toolchains: {} (read-only)", list(&shown));
     let _ = writeln!(out, "argv:     {:?}", p.argv);
     let _ = writeln!(out, "cwd:      {}", p.cwd);
     let env: Vec<String> = p.env.iter().map(|(k, v)| format!("{k}={v}")).collect();

@@ -173,6 +173,7 @@ pub(crate) fn context(on: On) -> Context {
         run: 7,
         etc_view: None,
         trust: None,
+        homes: None,
     }
 }
 
@@ -360,8 +361,8 @@ fn allowed() -> Vec<Row> {
     ]
 }
 
-/// Strict egress with domains: github.com and every name below pypi.org.
-const STRICT: &str = "[defaults]\negress = \"strict\"\nnetwork = { allow_domains = [\"github.com\", \"*.pypi.org\", \"api.example\"] }\n";
+/// Strict egress with domains: github.com and every name below pkgs.example.org.
+const STRICT: &str = "[defaults]\negress = \"strict\"\nnetwork = { allow_domains = [\"github.com\", \"*.pkgs.example.org\", \"api.example\"] }\n";
 
 /// A request narrowing its profile's domains to `names`.
 fn narrowed(names: &'static [&'static str]) -> impl Fn(&Fixture) -> RunRequest + 'static {
@@ -385,7 +386,7 @@ fn strict_egress() -> Vec<Row> {
             args(&["ls"]),
             Allow(|r, _| {
                 let (p, e) = (&r.plan, r.egress_plan.as_ref().expect("an egress plan"));
-                assert_eq!(e.domains, ["*.pypi.org", "api.example", "github.com"]);
+                assert_eq!(e.domains, ["*.pkgs.example.org", "api.example", "github.com"]);
                 assert_eq!((e.ports.as_slice(), e.transparent), (&[443, 80][..], true));
                 let names: Vec<(Ipv4Addr, Option<&str>)> =
                     e.pool.iter().map(|p| (p.address, p.name.as_deref())).collect();
@@ -483,11 +484,11 @@ fn strict_egress() -> Vec<Row> {
             "a request narrows the domains: the plan has only those",
             STRICT,
             TierC,
-            narrowed(&["files.pypi.org", "*.cdn.pypi.org", "GitHub.com."]),
+            narrowed(&["files.pkgs.example.org", "*.cdn.pkgs.example.org", "GitHub.com."]),
             Allow(|r, _| {
                 let e = r.egress_plan.as_ref().expect("an egress plan");
-                assert_eq!(e.domains, ["*.cdn.pypi.org", "files.pypi.org", "github.com"]);
-                assert_eq!(e.pool[0].name.as_deref(), Some("files.pypi.org"));
+                assert_eq!(e.domains, ["*.cdn.pkgs.example.org", "files.pkgs.example.org", "github.com"]);
+                assert_eq!(e.pool[0].name.as_deref(), Some("files.pkgs.example.org"));
             }),
         ),
     ]
@@ -516,10 +517,10 @@ fn strict_egress_refused() -> Vec<Row> {
             Deny(CAP, "egress.domain_not_granted"),
         ),
         row(
-            "a request widens *.pypi.org to pypi.org",
+            "a request widens *.pkgs.example.org to pkgs.example.org",
             STRICT,
             TierC,
-            narrowed(&["pypi.org"]),
+            narrowed(&["pkgs.example.org"]),
             Deny(CAP, "egress.domain_not_granted"),
         ),
         row(
@@ -1209,7 +1210,10 @@ fn refused_for_paths_and_hosts() -> Vec<Row> {
 fn decisions() {
     let f = Fixture::new("table");
     for row in rows() {
-        let config = Config::parse(&row.config, Path::new("table.toml")).unwrap();
+        let mut config = Config::parse(&row.config, Path::new("table.toml")).unwrap();
+        // The table's requests only narrow, as a system broker's do (its
+        // requester is the broker's own uid; `owner_widens` is tested apart).
+        config.broker.owner_widens = false;
         let host = f.host(row.on);
         let decision = Policy::new(config, &*host.files).decide(&host, &context(row.on), &(row.request)(&f));
         match (row.want, decision) {
@@ -1243,7 +1247,8 @@ fn names_a_fix_or_why_none(d: &crate::Denial) {
 fn a_widening_ask_names_its_flag_and_key() {
     let f = Fixture::new("widens");
     let host = f.host(On::TierC);
-    let config = Config::parse(TOOLS, Path::new("t.toml")).unwrap();
+    let mut config = Config::parse(TOOLS, Path::new("t.toml")).unwrap();
+    config.broker.owner_widens = false;
     let policy = Policy::new(config, &*host.files);
     let reason = |edit: fn(&mut RunRequest)| {
         let mut r = f.request(&["ls"]);
@@ -1772,4 +1777,77 @@ mod cedar {
             other => panic!("{other:?}"),
         }
     }
+}
+
+/// A broker serving only its owner lets the owner's asks widen the profile
+/// (up to its ceilings), as an embedded broker's flags do; another
+/// requester's, or any with `owner_widens = false`, only narrow.
+#[test]
+fn the_owners_asks_widen_a_brokers_own_profile_and_no_one_elses() {
+    let f = Fixture::new("owner");
+    let host = f.host(On::TierC);
+    let decide = |text: &str, ctx: &Context, edit: fn(&mut RunRequest)| {
+        let policy = Policy::new(Config::parse(text, Path::new("o.toml")).unwrap(), &*host.files);
+        let mut r = f.request(&["ls"]);
+        edit(&mut r);
+        policy.decide(&host, ctx, &r)
+    };
+    let owner = context(On::TierC);
+    let other = Context { requester: HostIds { uid: 1001, gid: 1001 }, ..context(On::TierC) };
+    let interpreters: fn(&mut RunRequest) = |r| {
+        r.allow_interpreters = true;
+        r.timeout_secs = Some(1000);
+        r.pass_env = vec!["LANG".into(), "ANSWER".into()];
+        r.env.insert("ANSWER".into(), "42".into());
+    };
+    match decide("", &owner, interpreters) {
+        Decision::Allow(r) => {
+            assert_eq!(r.timeout, std::time::Duration::from_secs(1000));
+            assert!(r.plan.env.contains(&("ANSWER".into(), "42".into())), "{:?}", r.plan.env);
+        }
+        other => panic!("{other:?}"),
+    }
+    for (text, ctx) in [("", &other), ("[broker]\nowner_widens = false\n", &owner)] {
+        match decide(text, ctx, interpreters) {
+            Decision::Deny(d) => assert_eq!(d.rule, "request.widens", "{}", d.reason),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Past the profile's ceiling: refused, naming it.
+    match decide("", &owner, |r| r.timeout_secs = Some(4000)) {
+        Decision::Deny(d) => assert!(d.reason.contains("[defaults] timeout_ceiling_secs"), "{}", d.reason),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A broker that keeps homes gives the run its workspace's own `HOME`,
+/// outside the project, bound writable in place (no overlay); a system
+/// broker's run, and a run with a temporary workspace, keep theirs.
+#[test]
+fn a_workspace_gets_a_home_of_its_own_outside_it() {
+    let f = Fixture::new("homes");
+    let host = f.host(On::TierC);
+    let homes = f.root.join("state/homes");
+    let ctx = Context { homes: Some(homes.clone()), ..context(On::TierC) };
+    let policy = Policy::new(Config::default(), &*host.files);
+    let Decision::Allow(r) = policy.decide(&host, &ctx, &f.request(&["ls"])) else { panic!() };
+    let home = r.home.clone().expect("a home");
+    assert!(home.starts_with(&homes) && !home.starts_with(f.root.join("ws")), "{}", home.display());
+    assert_eq!(
+        home.file_name(),
+        Some(std::ffi::OsStr::new(&*crate::decision::home_name(&f.root.join("ws"), "defaults")))
+    );
+    let shown = home.to_string_lossy().into_owned();
+    assert!(r.plan.env.contains(&("HOME".into(), shown.clone())), "{:?}", r.plan.env);
+    let bound = r.plan.mounts.iter().any(|m| {
+        matches!(m, Mount::Bind { source, target, writable: true, .. } if *source == shown && *target == shown)
+    });
+    assert!(bound && r.plan.landlock.write.contains(&shown), "{:?}", r.plan.mounts);
+    // The same workspace, the same home.
+    let Decision::Allow(again) = policy.decide(&host, &ctx, &f.request(&["ls"])) else { panic!() };
+    assert_eq!(again.home, r.home);
+    // Counter-test: a system broker's run has none.
+    let root = Context { homes: Some(homes), serves_others: true, ..context(On::TierC) };
+    let Decision::Allow(r) = policy.decide(&host, &root, &f.request(&["ls"])) else { panic!() };
+    assert!(r.home.is_none());
 }

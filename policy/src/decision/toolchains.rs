@@ -78,6 +78,101 @@ pub(super) fn roots(path: &Path, home: Option<&Path>, any: bool) -> Vec<PathBuf>
     }
 }
 
+/// What the caller's environment says of its toolchains: the absolute
+/// entries of its `PATH`, in order (where a bare name is looked up, as
+/// its shell would), the installations they lead to that the sandbox must
+/// see read-only for a command to use them however it is started (`sh -c`,
+/// make, a script), and the variables those tools need to find themselves
+/// once `HOME` is not the caller's.
+#[derive(Debug, Default)]
+pub(super) struct CallerTools {
+    pub path: Vec<PathBuf>,
+    pub roots: Vec<PathBuf>,
+    pub env: Vec<(&'static str, PathBuf)>,
+}
+
+/// The variables a toolchain reads to find its installation, and where
+/// it is in a home when the caller sets none: rustup's toolchains, pyenv's
+/// root, nvm's, and where `pip --user` installed (its `lib`, with `bin`).
+const HOME_VARIABLES: [(&str, &str); 4] =
+    [("RUSTUP_HOME", ".rustup"), ("PYENV_ROOT", ".pyenv"), ("NVM_DIR", ".nvm"), ("PYTHONUSERBASE", ".local")];
+
+impl CallerTools {
+    /// From the caller's `env` (its `PATH`, `HOME` and the toolchains'
+    /// variables): each absolute `PATH` entry; for each that is a known
+    /// installation's (see [`roots`]), an npm prefix's `bin` (beside
+    /// `lib/node_modules`) or Go's `~/go/bin`, what to show; and the
+    /// variables of [`HOME_VARIABLES`] (the caller's value, else the
+    /// home's directory where it exists) and `NPM_CONFIG_PREFIX` (an npm
+    /// prefix on the `PATH`), when what they name is shown. A variable's
+    /// directory and an npm prefix count only strictly inside the caller's
+    /// home, which must be one: not `/`, nor a directory that holds the
+    /// home of a user of `homes` (the users' of /etc/passwd) but its own.
+    pub fn of(
+        files: &dyn HostFiles,
+        env: &std::collections::BTreeMap<String, String>,
+        homes: &[PathBuf],
+    ) -> CallerTools {
+        let home = env.get("HOME").map(PathBuf::from).filter(|h| h.is_absolute());
+        // A home, not what holds others' (`/`, `/home`).
+        let home = home.and_then(|h| files.canonicalize(&h).ok()).filter(|h| {
+            h.parent().is_some() && !homes.iter().any(|other| other != h && other.starts_with(h))
+        });
+        let mut tools = CallerTools::default();
+        let path = env.get("PATH").map(String::as_str).unwrap_or_default();
+        tools.path = path.split(':').map(PathBuf::from).filter(|p| p.is_absolute()).collect();
+        for dir in &tools.path {
+            let Ok(dir) = files.canonicalize(dir) else { continue };
+            let known = roots(&dir.join("palisade-x"), home.as_deref(), false);
+            if !known.is_empty() {
+                tools.roots.extend(known);
+            } else if dir.ends_with("bin")
+                && dir.parent().is_some_and(|p| {
+                    is_npm_prefix(files, p) && home.as_ref().is_some_and(|h| p.starts_with(h) && p != h)
+                })
+            {
+                let prefix = dir.parent().unwrap_or(&dir).to_path_buf();
+                tools.env.push(("NPM_CONFIG_PREFIX", prefix.clone()));
+                tools.roots.push(prefix);
+            } else if home.as_ref().is_some_and(|h| dir == h.join("go/bin")) {
+                tools.roots.push(dir);
+            }
+        }
+        for (var, in_home) in HOME_VARIABLES {
+            let given = env.get(var).map(PathBuf::from).filter(|p| p.is_absolute());
+            let dir = given.or_else(|| home.as_ref().map(|h| h.join(in_home)));
+            // Only ever inside the home (and not the home itself).
+            let in_home = |d: &PathBuf| home.as_ref().is_some_and(|h| d.starts_with(h) && d != h);
+            let Some(dir) = dir.and_then(|d| files.canonicalize(&d).ok()).filter(in_home) else { continue };
+            if var == "PYTHONUSERBASE" {
+                // What pip --user installed: its libraries, beside its scripts.
+                if files.stat(&dir.join("lib")).is_ok_and(|m| m.is_dir()) {
+                    tools.roots.extend([dir.join("lib"), dir.join("bin")]);
+                    tools.env.push((var, dir));
+                }
+            } else if tools.roots.iter().any(|r| r.starts_with(&dir) || dir.starts_with(r)) {
+                tools.env.push((var, dir));
+            }
+        }
+        tools.roots.sort();
+        tools.roots.dedup();
+        // The first of each variable: the PATH's first npm prefix.
+        let mut seen = Vec::new();
+        tools.env.retain(|(k, _)| {
+            !seen.contains(k) && {
+                seen.push(*k);
+                true
+            }
+        });
+        tools
+    }
+}
+
+/// Whether `dir` is an npm prefix: `lib/node_modules` in it.
+fn is_npm_prefix(files: &dyn HostFiles, dir: &Path) -> bool {
+    files.stat(&dir.join("lib/node_modules")).is_ok_and(|m| m.is_dir())
+}
+
 /// Where `marker`'s components start in `parts`, the first time.
 fn find(parts: &[&std::ffi::OsStr], marker: &[&str]) -> Option<usize> {
     parts.windows(marker.len()).position(|w| w.iter().zip(marker).all(|(a, b)| *a == *b))

@@ -363,6 +363,13 @@ fn writes_where_the_broker_keeps_its_state_are_withheld_from_the_copy_back() {
     assert!(withheld[0]["path"].as_str().unwrap().ends_with("trust.json"), "{result}");
     // Counter-test: the file beside it is applied.
     assert_eq!(bytes_of(&home.join("stages/other.txt")), b"kept");
+    // The user's own configuration (palisade init's), which the next
+    // embedded broker and the user's daemon read: never made by a run.
+    let (o, result) = run(&[".config/palisade/palisade.toml", "[broker]\n", ".config/other.toml", "kept"]);
+    assert_eq!(o.status.code(), Some(123), "not all of it landed: {}", said(&o));
+    assert!(!home.join(".config/palisade/palisade.toml").exists(), "{result}");
+    assert_eq!(result["result"]["changes"]["withheld"][0]["reason"], "broker_state", "{result}");
+    assert_eq!(bytes_of(&home.join(".config/other.toml")), b"kept");
     // The store of change sets (in the state directory) is made before any
     // run is decided: there from the start, it is hidden, and a run cannot
     // write there at all.

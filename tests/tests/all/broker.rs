@@ -487,7 +487,8 @@ fn the_hello_agrees_on_the_highest_version_both_sides_speak() {
     let (_, msg) =
         the_error(&json(r#"{"magic": "palisade", "version": 12, "min_version": 14, "encoding": "json"}"#));
     assert_eq!(msg, "min_version 14 is above version 12");
-    // Version 12's bincode hello: magic, version and encoding, nothing after.
+    // Version 12's bincode hello: magic, version and encoding, nothing after;
+    // then a run in version 12's form.
     #[derive(serde::Serialize)]
     enum Twelve {
         Hello { magic: String, version: u32, encoding: Encoding },
@@ -496,9 +497,8 @@ fn the_hello_agrees_on_the_highest_version_both_sides_speak() {
     let body = bincode::serde::encode_to_vec(&hello, bincode::config::standard()).unwrap();
     let mut bytes = (body.len() as u32).to_be_bytes().to_vec();
     bytes.extend(body);
-    bytes.extend(
-        encode(&ClientMessage::Run(request(ws.path(), &["echo", "spoken"])), Encoding::Bincode).unwrap(),
-    );
+    let run = ClientMessage::Run(request(ws.path(), &["echo", "spoken"]));
+    bytes.extend(wire::encode_in(&run, Encoding::Bincode, oldest).unwrap());
     let msgs = converse(&d.socket, &bytes);
     assert!(agreed(&msgs) == oldest && ran(&msgs), "{msgs:?}");
 }

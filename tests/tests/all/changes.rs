@@ -255,6 +255,37 @@ fn hold_changes_shows_a_diff_and_is_applied_or_discarded() {
     assert_eq!((o.status.code(), v["error"]["kind"].as_str()), (Some(125), Some("InvalidRequest")), "{v}");
 }
 
+/// Every embedded `palisade run` is a broker of its own, whose run ids
+/// start at 1: a held change set names the broker that ran it too, as the
+/// journal's records do, so two runs' change sets name two runs.
+#[test]
+fn each_embedded_runs_change_set_names_its_own_run() {
+    let s = Setup::new("changes-runs", "");
+    let (first, _) = s.run(&["--hold-changes"], &["put", "a.txt", "a\n"]);
+    let (second, _) = s.run(&["--hold-changes"], &["put", "b.txt", "b\n"]);
+    let ids = [&changes(&first)["id"], &changes(&second)["id"]];
+    let (list, o) = s.changes(&["list"]);
+    let sets = list.as_array().unwrap_or_else(|| panic!("{}", said(&o)));
+    let runs: Vec<(&Value, &Value)> = ids
+        .iter()
+        .map(|id| sets.iter().find(|c| c["id"] == **id).unwrap_or_else(|| panic!("{id}: {list}")))
+        .map(|c| (&c["run_id"], &c["broker"]))
+        .collect();
+    assert!(runs.iter().all(|(_, b)| b.as_str().is_some_and(|b| !b.is_empty())), "{list}");
+    assert_ne!(runs[0], runs[1], "two runs' change sets name one run: {list}");
+    let listed = s.palisade(&["changes", "list", "--policy", s.policy.to_str().unwrap()]);
+    let records = s.records();
+    for (id, (run_id, broker)) in ids.iter().zip(&runs) {
+        // The journal's record of what became of its writes names the same run.
+        let recorded =
+            records.iter().find(|r| r["id"] == **id).unwrap_or_else(|| panic!("{id}: {records:?}"));
+        assert_eq!((&recorded["run_id"], &recorded["broker"]), (*run_id, *broker), "{recorded}");
+        let line =
+            format!("{} run {run_id} (broker {}) held", id.as_str().unwrap(), broker.as_str().unwrap());
+        assert!(text(&listed.stdout).contains(&line), "{line}: {}", said(&listed));
+    }
+}
+
 /// A held change set's workspace replaced by a symlink (to the same files,
 /// moved) is not followed when applied: refused, saying so, nothing
 /// written; put back, the change set applies.
@@ -414,7 +445,7 @@ impl Ended for std::process::ExitStatus {
 #[test]
 fn direct_writes_in_place_only_where_the_policy_allows() {
     // Through a daemon whose profile does not allow it: refused, naming the key.
-    let d = Daemon::start("");
+    let d = Daemon::start("[broker]\nowner_widens = false\n");
     let dir = TempDir::new("changes-direct");
     let ws = shared_workspace(&dir, "ws");
     let socket = d.socket.to_str().unwrap();
@@ -599,7 +630,7 @@ fn a_mount_inside_the_workspace_is_never_touched_by_a_copy_back() {
 
 #[test]
 fn through_a_daemon_a_request_may_only_hold_more_never_overwrite() {
-    let d = Daemon::start("");
+    let d = Daemon::start("[broker]\nowner_widens = false\n");
     let dir = TempDir::new("changes-asks");
     let ws = shared_workspace(&dir, "ws");
     let socket = d.socket.to_str().unwrap();

@@ -118,7 +118,11 @@ fn variables_limits_and_fork_follow_the_flags() {
 
 #[test]
 fn through_a_daemon_the_flags_only_narrow_its_policy() {
-    let d = Daemon::start("[profiles.py]\nallow_interpreters = true\nmax_memory_mb = 256\n");
+    // Requests that only narrow, as a system broker's, or (run as the test user) a user's with
+    // owner_widens = false.
+    let d = Daemon::start(
+        "[profiles.py]\nallow_interpreters = true\nmax_memory_mb = 256\n[broker]\nowner_widens = false\n",
+    );
     let ws = project();
     let via = |pre: &[&str], args: &[&str]| {
         let mut argv = vec!["run", "--socket", d.socket.to_str().unwrap()];
@@ -152,7 +156,7 @@ fn through_a_daemon_the_flags_only_narrow_its_policy() {
 
 #[test]
 fn explain_asks_the_daemon_and_says_which_policy_decided() {
-    let d = Daemon::start("[profiles.py]\nallow_interpreters = true\n");
+    let d = Daemon::start("[profiles.py]\nallow_interpreters = true\n[broker]\nowner_widens = false\n");
     let ws = project();
     let socket = d.socket.to_str().unwrap();
     let explain = |pre: &[&str]| {
@@ -176,6 +180,30 @@ fn explain_asks_the_daemon_and_says_which_policy_decided() {
     let (code, out, _) = explain(&["--policy", "/dev/null", "--allow-interpreters"]);
     assert_eq!(code, Some(0));
     assert!(out.ends_with("policy:   /dev/null (decided here)\n"), "{out}");
+}
+
+/// `palisade explain` takes `palisade run`'s flags, `--timeout` and
+/// `--max-output` among them: here they raise the embedded broker's
+/// deadline and quota as a run's would (past the ceiling: refused, naming
+/// it); through a daemon the request carries them, as a run's.
+#[test]
+fn explain_takes_the_limit_flags_of_run() {
+    let ws = project();
+    let explain = |pre: &[&str]| {
+        let mut argv = vec!["explain"];
+        argv.extend_from_slice(pre);
+        status(&palisade_cli(ws.path(), &argv, &["true"], None))
+    };
+    let (code, out, err) = explain(&["--policy", "/dev/null", "--timeout", "400", "--max-output", "1000"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("deadline: 400 s; output quota 1000 bytes"), "{out}");
+    let (code, _, err) = explain(&["--policy", "/dev/null", "--timeout", "4000"]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("--timeout 4000 is above the profile's ceiling of 3600"), "{err}");
+    let d = Daemon::start("");
+    let (code, out, err) = explain(&["--socket", d.socket.to_str().unwrap(), "--timeout", "30"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("deadline: 30 s;"), "{out}");
 }
 
 /// As root, the same file again as the unprivileged test user.
@@ -294,7 +322,9 @@ fn a_commit_in_a_run_carries_the_requesters_git_identity_and_nothing_else() {
 /// policy's, not the command failing).
 #[test]
 fn a_refusal_names_its_fix_embedded_and_through_a_daemon() {
-    let d = Daemon::start("");
+    // A daemon whose requests only narrow, as a system broker's (run as root here) and a
+    // user's with owner_widens = false.
+    let d = Daemon::start("[broker]\nowner_widens = false\n");
     let ws = project();
     let cases: [(&[&str], &[&str], &str, &str); 4] = [
         (&[], &["python3", "t.py"], "--allow-interpreters", "allow_interpreters = true"),
@@ -489,6 +519,51 @@ fn the_approval_hint_of_a_tool_keeps_its_policy() {
     assert!(out.contains("tool lint: draft") && out.contains(&hint), "{out}");
 }
 
+/// `palisade tools list` (what `palisade tools` alone does) prints a line
+/// a declared tool, and with `--json` an array of each tool's fields (an
+/// error as `{"error": ...}`): under a policy file here, and a daemon's.
+#[test]
+fn tools_list_prints_each_declared_tool_and_json_when_asked() {
+    let ws = project();
+    let policy = ws.join("tools.toml");
+    std::fs::write(
+        &policy,
+        "[tools.lint]\npreset = \"code_analyzer\"\n[tools.fmt]\npreset = \"file_processor\"\n",
+    )
+    .unwrap();
+    let p = policy.to_str().unwrap();
+    for argv in [&["tools", "list", "--policy", p][..], &["tools", "--policy", p]] {
+        let (code, out, err) = status(&palisade_plain(ws.path(), argv));
+        assert_eq!(code, Some(0), "{argv:?}: {err}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert!(
+            lines[0].starts_with("fmt: draft (capabilities ") && lines[1].starts_with("lint: draft"),
+            "{out}"
+        );
+    }
+    let listed = json_of(&palisade_plain(ws.path(), &["tools", "list", "--json", "--policy", p]));
+    let tools = listed.as_array().unwrap_or_else(|| panic!("{listed}"));
+    let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(names, ["fmt", "lint"], "{listed}");
+    for t in tools {
+        assert_eq!((t["stage"].as_str(), t["trial_successes"].as_u64()), (Some("draft"), Some(0)), "{t}");
+        assert_eq!(t["capabilities_sha256"].as_str().map(str::len), Some(64), "{t}");
+        assert!(t["declaration"].as_str().is_some_and(|d| d.contains("preset: ")), "{t}");
+    }
+    let o = palisade_plain(ws.path(), &["tools", "show", "nope", "--json", "--policy", p]);
+    assert_eq!((o.status.code(), json_of(&o)["error"]["kind"].as_str()), (Some(125), Some("InvalidRequest")));
+    // A daemon's: its stages off, each tool untracked.
+    let d = Daemon::start("[tools.lint]\npreset = \"code_analyzer\"\n");
+    let listed =
+        json_of(&palisade_plain(ws.path(), &["tools", "--json", "--socket", d.socket.to_str().unwrap()]));
+    assert_eq!(
+        (listed[0]["name"].as_str(), listed[0]["stage"].as_str()),
+        (Some("lint"), Some("untracked")),
+        "{listed}"
+    );
+}
+
 /// `palisade CMD ARGS`, no command after `--`, with the environment of
 /// [`palisade_cli`]; the output.
 fn palisade_plain(cwd: &std::path::Path, args: &[&str]) -> std::process::Output {
@@ -564,4 +639,51 @@ fn the_report_commands_print_json_when_asked() {
     // A broker's refusal comes as it was given, its rule with it.
     let o = palisade_plain(ws.path(), &["changes", "show", "nope", "--json", "--socket", socket]);
     assert_eq!(json_of(&o)["error"]["rule"], "changes.unknown", "{o:?}");
+}
+
+/// A user's own daemon serves its owner, whose configuration it is: the
+/// owner's flags widen the profile as they widen an embedded broker's (up
+/// to the profile's ceilings, past which the refusal names the ceiling),
+/// unless `[broker] owner_widens = false`; another user's requests (root,
+/// let in by `allowed_uids`) only narrow.
+#[test]
+fn a_users_own_daemon_lets_its_owner_widen_as_the_embedded_broker_does() {
+    let user = if is_root() { Some(test_user()) } else { None };
+    let dir = TempDir::new("owner");
+    let ws = shared_workspace(&dir, "ws");
+    let start = |config: &str| {
+        Daemon::start_with(DaemonOptions { config: config.into(), user: user.clone(), ..Default::default() })
+    };
+    let uid = user.as_ref().map_or_else(|| nix::unistd::geteuid().as_raw(), |u| u.uid.as_raw());
+    let d = start(&format!("[broker]\nallowed_uids = [0, {uid}]\n"));
+    let run = |d: &Daemon, pre: &[&str], command: &[&str], who: Option<&nix::unistd::User>| {
+        let mut argv = vec!["run", "--socket", d.socket.to_str().unwrap()];
+        argv.extend_from_slice(pre);
+        status(&palisade_cli(&ws, &argv, command, who))
+    };
+    let python = ["--allow-interpreters", "--allow-inline-code"];
+    let (code, out, err) = run(&d, &python, &["python3", "-c", "print(6 * 7)"], user.as_ref());
+    assert_eq!((code, out.as_str()), (Some(0), "42\n"), "{err}");
+    let (code, out, err) = run(&d, &["--env", "ANSWER=42"], &["printenv", "ANSWER"], user.as_ref());
+    assert_eq!((code, out.as_str()), (Some(0), "42\n"), "{err}");
+    let (code, _, err) = run(&d, &["--timeout", "1000"], &["true"], user.as_ref());
+    assert_eq!(code, Some(0), "{err}");
+    // Past the ceiling: refused, naming it.
+    let (code, _, err) = run(&d, &["--timeout", "4000"], &["true"], user.as_ref());
+    assert_eq!(code, Some(125), "{err}");
+    assert!(
+        err.contains("is above the profile's ceiling of 3600 ([defaults] timeout_ceiling_secs)"),
+        "{err}"
+    );
+    // Counter-test: another user's request only narrows.
+    if user.is_some() {
+        let (code, _, err) = run(&d, &python, &["python3", "-c", "print(6 * 7)"], None);
+        assert_eq!(code, Some(125), "{err}");
+        assert!(err.contains("allow_interpreters (--allow-interpreters) would widen the policy"), "{err}");
+    }
+    // Counter-test: the key turns it off.
+    let off = start("[broker]\nowner_widens = false\n");
+    let (code, _, err) = run(&off, &python, &["python3", "-c", "print(6 * 7)"], user.as_ref());
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("allow_interpreters (--allow-interpreters) would widen the policy"), "{err}");
 }

@@ -143,17 +143,21 @@ fn a_broker_killed_during_a_run_holds_its_writes_at_its_next_start() {
         .unwrap();
     assert!(eventually(Duration::from_secs(20), || layer_holds(&state.join("changes"), "made.txt")));
     let mut d = first._daemon.unwrap();
+    let killed = d.child.id();
     d.child.kill().unwrap();
     d.child.wait().unwrap();
     let o = client.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(125), "{}", said(&o));
     assert!(text(&o.stderr).contains("its writes are held when the broker starts again"), "{}", said(&o));
     assert!(!ws.join("made.txt").exists());
-    // The next start holds them, and says why.
+    // The next start holds them, and says why; the change set names the
+    // broker that ran the run (the killed one), not the one that held it.
     let next = daemon(&dir, user.as_ref(), false, &state, &[]);
     let (listed, o) = next.changes(&ws, &["list"], &[]);
     assert_eq!(listed.as_array().map(Vec::len), Some(1), "{}", said(&o));
     assert!(listed[0]["reason"].as_str().unwrap().contains("the broker stopped during run"), "{listed}");
+    let broker = listed[0]["broker"].as_str().unwrap_or_default();
+    assert!(broker.starts_with(&format!("{killed}-")), "{listed}");
     let id = listed[0]["id"].as_str().unwrap().to_string();
     let (_, o) = next.changes(&ws, &["apply", &id], &[]);
     assert!(o.status.success(), "{}", said(&o));

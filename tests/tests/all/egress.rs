@@ -27,15 +27,25 @@ fn config(port: u16, extra: &str) -> String {
 
 /// One `probe egress` run through `d`: the probe's line, and the result.
 fn egress(d: &Daemon, pre: &[&str], line: &str) -> (String, serde_json::Value) {
+    egress_by(&["--socket", d.socket.to_str().unwrap()], pre, line)
+}
+
+/// One `probe egress` run by the broker `by` names (a socket, or a policy
+/// for an embedded one): the probe's line, and the result.
+fn egress_by(by: &[&str], pre: &[&str], line: &str) -> (String, serde_json::Value) {
     let ws = TempDir::new("egress");
-    let mut argv = vec!["run", "--json", "--socket", d.socket.to_str().unwrap()];
+    // Where an embedded broker's journal and state are: a directory the
+    // sandbox's helper may pass through (an unprivileged user's too).
+    let (_scratch, journal) = scratch_journal(None);
+    let mut argv = vec!["run", "--json"];
+    argv.extend_from_slice(by);
     argv.extend_from_slice(pre);
     let mut child = std::process::Command::new(bin("palisade"))
         .args(&argv)
         .args(["--", &probe(), "egress", "-"])
         .current_dir(ws.path())
-        .env("PALISADE_JOURNAL", ws.join("journal"))
-        .env("PALISADE_STATE", state_beside(ws.join("journal")))
+        .env("PALISADE_JOURNAL", &journal)
+        .env("PALISADE_STATE", state_beside(&journal))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -239,7 +249,8 @@ fn a_malformed_or_oversized_proxy_request_is_refused_and_the_broker_keeps_servin
 fn a_request_narrows_the_allowed_names_and_cannot_widen_them() {
     let origin = Origin::start("127.0.0.1", 0).unwrap();
     let port = origin.port();
-    let d = Daemon::start(&config(port, ""));
+    // A daemon whose requests only narrow (run as the test user, it is the requester's own).
+    let d = Daemon::start(&config(port, "[broker]\nowner_widens = false\n"));
     let (out, v) =
         egress(&d, &["--allow-domain", "a.wild.test"], &format!("proxy-connect allowed.test:{port} x"));
     assert!(out.starts_with("ok 403"), "{out} {v}");
@@ -256,6 +267,96 @@ fn a_request_narrows_the_allowed_names_and_cannot_widen_them() {
     assert!(text(&o.stderr).starts_with("palisade: CapabilityDenied: "), "{}", text(&o.stderr));
     assert!(o.stdout.is_empty());
     assert!(text(&o.stderr).contains("elsewhere.example"), "{}", text(&o.stderr));
+}
+
+/// The detail of the run's first refused attempt.
+fn first_denied(v: &serde_json::Value) -> &str {
+    traffic(v)["denied"][0]["detail"].as_str().unwrap_or_default()
+}
+
+/// A dev server on the host's loopback, on a port of its own: under a
+/// policy that says nothing of egress (the suite's base, which lets the
+/// probe run), the CLI's embedded broker reaches it only once
+/// `--allow-port` and `--allow-address` let it, and each refusal on the
+/// way names the flag and the key that would.
+#[test]
+fn a_loopback_server_on_a_port_of_its_own_is_reached_only_with_the_port_and_address_flags() {
+    let origin = Origin::start("127.0.0.1", 0).unwrap();
+    let port = origin.port().to_string();
+    let dir = TempDir::new("dev-server");
+    let policy = dir.join("p.toml");
+    std::fs::write(&policy, test_config("")).unwrap();
+    let embedded = ["--policy", policy.to_str().unwrap()];
+    let line = format!("proxy-get 127.0.0.1:{port} dev");
+    let name = ["--allow-domain", "127.0.0.1"];
+    let (out, v) = egress_by(&embedded, &name, &line);
+    assert!(out.starts_with("ok 403"), "{out} {v}");
+    assert_eq!(denied_reasons(&v), ["port_not_allowed"]);
+    assert_eq!(
+        first_denied(&v),
+        format!(
+            "port {port} is not an allowed port; allow it with `--allow-port {port}` / `[egress] ports = \
+             [443, 80, {port}]`"
+        )
+    );
+    let with_port = [&name[..], &["--allow-port", &port]].concat();
+    let (out, v) = egress_by(&embedded, &with_port, &line);
+    assert!(out.starts_with("ok 403"), "{out} {v}");
+    assert_eq!(denied_reasons(&v), ["address_refused"]);
+    assert_eq!(
+        first_denied(&v),
+        "127.0.0.1 resolves only to refused addresses (127.0.0.1: loopback); allow it with \
+         `--allow-address 127.0.0.1` / `[egress] allow_addresses = [\"127.0.0.1\"]`"
+    );
+    assert_eq!(origin.accepted(), 0, "nothing reached the server yet");
+    let both = [&with_port[..], &["--allow-address", "127.0.0.1"]].concat();
+    let (out, v) = egress_by(&embedded, &both, &line);
+    assert_eq!(out, "ok 200 origin saw GET /dev", "{v}");
+    assert_eq!(traffic(&v)["reached"][0]["port"].to_string(), port, "{v}");
+    assert_eq!(origin.accepted(), 1);
+}
+
+/// Through a daemon, `--allow-port` and `--allow-address` ask only for what
+/// its `[egress]` lists: more is refused before the run, naming the field,
+/// the flag and the key an operator would set; and a port the run was not
+/// given is refused naming that key.
+#[test]
+fn through_a_daemon_the_port_and_address_flags_cannot_widen_its_egress() {
+    let origin = Origin::start("127.0.0.1", 0).unwrap();
+    let port = origin.port();
+    // Requests only narrow here, the owner's too.
+    let d = Daemon::start(&config(port, "[broker]\nowner_widens = false\n"));
+    let ws = TempDir::new("widen-egress");
+    for (flag, value, key) in [
+        ("--allow-port", "9", format!("`[egress] ports = [{port}, 443, 9]`")),
+        (
+            "--allow-address",
+            "127.0.0.3",
+            "`[egress] allow_addresses = [\"127.0.0.1\", \"127.0.0.2\", \"127.0.0.3\"]`".to_string(),
+        ),
+    ] {
+        let argv =
+            ["run", "--socket", d.socket.to_str().unwrap(), "--allow-domain", "allowed.test", flag, value];
+        let o = palisade_cli(ws.path(), &argv, &[&probe(), "echo", "x"], None);
+        let err = text(&o.stderr);
+        assert!(err.starts_with("palisade: CapabilityDenied: "), "{err}");
+        assert!(err.contains(&format!("({flag}) would widen the policy")), "{err}");
+        assert!(err.contains(&format!("(an operator would set {key})")), "{err}");
+        assert!(o.stdout.is_empty());
+    }
+    let asked = ["--allow-port", &port.to_string(), "--allow-address", "127.0.0.1"].map(String::from);
+    let asked: Vec<&str> = asked.iter().map(String::as_str).collect();
+    let (out, v) = egress(&d, &asked, &format!("proxy-connect allowed.test:{port} asked"));
+    assert_eq!(out, "ok 200 asked", "{v}");
+    let (out, v) = egress(&d, &asked, "proxy-connect allowed.test:9 x");
+    assert!(out.starts_with("ok 403"), "{out} {v}");
+    assert_eq!(
+        first_denied(&v),
+        format!(
+            "port 9 is not an allowed port; this broker's policy does not allow it (an operator would set \
+             `[egress] ports = [{port}, 443, 9]`)"
+        )
+    );
 }
 
 #[test]

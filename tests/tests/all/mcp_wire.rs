@@ -11,15 +11,17 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
-/// `palisade mcp --policy POLICY` in `ws`: its stdin, its stdout's
+/// `palisade mcp --policy POLICY OPTIONS` in `ws`: its stdin, its stdout's
 /// messages, and the process.
 fn server_with(
     ws: &TempDir,
     policy: &Path,
+    options: &[&str],
 ) -> (std::process::ChildStdin, mpsc::Receiver<Value>, std::process::Child) {
     let mut child = std::process::Command::new(bin("palisade"))
         .args(["mcp", "--policy"])
         .arg(policy)
+        .args(options)
         .current_dir(ws.path())
         .env("PALISADE_JOURNAL", ws.join("journal"))
         .env("PALISADE_STATE", state_beside(ws.join("journal")))
@@ -50,7 +52,16 @@ fn initialized_with(
     ws: &TempDir,
     policy: &Path,
 ) -> (std::process::ChildStdin, mpsc::Receiver<Value>, std::process::Child) {
-    let (mut stdin, rx, child) = server_with(ws, policy);
+    initialized_with_options(ws, policy, &[])
+}
+
+/// [`initialized_with`], the server started with `options` too.
+fn initialized_with_options(
+    ws: &TempDir,
+    policy: &Path,
+    options: &[&str],
+) -> (std::process::ChildStdin, mpsc::Receiver<Value>, std::process::Child) {
+    let (mut stdin, rx, child) = server_with(ws, policy, options);
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "wire", "version": "0"}}});
     send(&mut stdin, init);
@@ -227,4 +238,40 @@ fn a_run_whose_writes_did_not_land_is_an_error_with_its_change_set() {
     let reply = until_response(&rx, 3).pop().unwrap();
     assert_eq!(reply["result"]["isError"], false, "{reply}");
     assert_eq!(reply["result"]["structuredContent"]["writes_landed"], true, "{reply}");
+}
+
+/// One server runs both: commands under its profile (`--profile sh`, which
+/// allows a shell's inline code) and the tools its policy declares, whose
+/// calls never carry the server's profile (a request naming a tool and a
+/// profile is refused).
+#[test]
+fn one_server_runs_commands_under_its_profile_and_declared_tools() {
+    let ws = TempDir::new("mcp-both");
+    std::fs::write(ws.join("notes.txt"), "one\ntwo\n").unwrap();
+    let etc = TempDir::new("mcp-both-policy");
+    let policy = etc.join("policy.toml");
+    std::fs::write(
+        &policy,
+        "[trust]\nenabled = false\n\n[profiles.sh]\nallow_interpreters = true\nallow_inline_code = true\n\n\
+         [tools.lister]\ndescription = \"lists the workspace\"\n\
+         [tools.lister.overrides]\nfilesystem = [{ read_only = \"${WORKSPACE}\" }]\n",
+    )
+    .unwrap();
+    let (mut stdin, rx, mut child) = initialized_with_options(&ws, &policy, &["--profile", "sh"]);
+    let listing = ["ls", ws.path().to_str().unwrap()];
+    let ran = tool(&mut stdin, &rx, 2, "run_command", json!({"command": "echo $((6 * 7)) | cat"}));
+    assert_eq!((ran["exit_code"].as_i64(), ran["stdout"].as_str()), (Some(0), Some("42\n")), "{ran}");
+    let listed = tool(&mut stdin, &rx, 3, "run_tool", json!({"tool": "lister", "argv": listing}));
+    assert_eq!(listed["exit_code"], 0, "{listed}");
+    assert!(listed["stdout"].as_str().is_some_and(|s| s.contains("notes.txt")), "{listed}");
+    let explained = tool(&mut stdin, &rx, 4, "explain", json!({"tool": "lister", "argv": listing}));
+    assert_eq!(explained["decision"], "allow", "{explained}");
+    // And the commands after it still run under the profile.
+    let again = tool(&mut stdin, &rx, 5, "run_command", json!({"command": "echo again | cat"}));
+    assert_eq!(again["stdout"], "again\n", "{again}");
+    drop(stdin);
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stderr}");
 }

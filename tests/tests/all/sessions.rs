@@ -300,9 +300,38 @@ fn stopping_a_session_applies_its_writes_as_a_command_that_exited_would() {
         ServerMessage::Finished(r) => r,
         other => panic!("{other:?}"),
     };
-    assert_eq!(result.status, RunStatus::Cancelled);
+    // Stopped as asked: no cancellation, no error (a connection of version
+    // 19 or older is told `cancelled`, as before).
+    assert_eq!((result.status, result.status.error_kind()), (RunStatus::Stopped, None));
     assert_eq!(result.changes.files, 1, "{:?}", result.changes);
     assert_eq!(std::fs::read_to_string(ws.join("made.txt")).unwrap(), "one\n");
+    // The journal says so too.
+    let o = std::process::Command::new(bin("palisade"))
+        .args(["audit", "tail", "-n", "100", "--json"])
+        .env("PALISADE_JOURNAL", d.journal())
+        .output()
+        .unwrap();
+    let recorded = text(&o.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .any(|r| r["event"] == "run_finished" && r["run_id"] == result.run_id && r["status"] == "stopped");
+    assert!(recorded, "{}", text(&o.stdout));
+    // A client of version 19 is told `cancelled`, what that version said.
+    start(&mut client, ws.path(), "older", None).unwrap();
+    let mut older = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+    older.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let hello = r#"{"hello": {"magic": "palisade", "version": 19, "encoding": "json"}}"#;
+    std::io::Write::write_all(
+        &mut older,
+        format!("{hello}\n{{\"stop_session\": {{\"session\": \"older\"}}}}\n").as_bytes(),
+    )
+    .unwrap();
+    let finished = std::io::BufRead::lines(std::io::BufReader::new(older))
+        .map_while(Result::ok)
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+        .find(|m| m.get("finished").is_some() || m.get("error").is_some())
+        .unwrap();
+    assert_eq!(finished["finished"]["status"], "cancelled", "{finished}");
 }
 
 /// A session whose commands made a hard link to a 3 MB file and a sparse

@@ -154,7 +154,13 @@ pub fn parse(args: &JsonObject, shape: Shape, defaults: &Defaults) -> Result<Cal
     if shape == Shape::RunTool && request.tool.is_none() {
         return Err(invalid("run_tool needs the tool's name (tool)".into()));
     }
-    defaults.sandbox.ask(&mut request, &defaults.workspace).map_err(invalid)?;
+    // A declared tool runs as declared: the server's profile (`--profile`)
+    // and the flags that edit it are its commands', never a tool's.
+    let sandbox = match request.tool {
+        Some(_) => defaults.sandbox.for_tool(),
+        None => defaults.sandbox.clone(),
+    };
+    sandbox.ask(&mut request, &defaults.workspace).map_err(invalid)?;
     Ok(Call { request, output_limit, session: None })
 }
 
@@ -402,6 +408,7 @@ pub fn result(ran: Ran, broker: &str) -> Result<CallToolResult, ErrorData> {
         RunStatus::MemoryLimitExceeded => ("memory_limit_exceeded", None, None),
         RunStatus::DiskLimitExceeded => ("disk_limit_exceeded", None, None),
         RunStatus::Cancelled => ("cancelled", None, None),
+        RunStatus::Stopped => ("stopped", None, None),
     };
     let error_kind = r.status.error_kind();
     let attestation = serde_json::to_value(&r.attestation).unwrap_or(Value::Null);
@@ -624,6 +631,42 @@ mod tests {
     fn call(defaults: &Defaults, params: Value) -> Result<Call, ErrorData> {
         let args = serde_json::json!({ "tool": "t", "argv": ["cat"], "params": params });
         parse(args.as_object().unwrap(), Shape::RunTool, defaults)
+    }
+
+    /// One server offers both: its profile and the flags that edit it go
+    /// with its commands, never with a declared tool's run (a request
+    /// naming a tool and a profile is refused), which keeps only what can
+    /// only narrow it.
+    #[test]
+    fn a_tool_call_carries_none_of_the_servers_profile() {
+        let sandbox = SandboxArgs {
+            profile: Some("sh".into()),
+            allow_interpreters: true,
+            allow_inline_code: true,
+            memory: Some(4096),
+            hold_changes: true,
+            no_fork: true,
+            ..SandboxArgs::default()
+        };
+        let defaults =
+            Defaults { workspace: std::env::temp_dir(), sandbox, params_anywhere: false, umask: None };
+        let parsed = |shape, args: Value| parse(args.as_object().unwrap(), shape, &defaults).ok().unwrap();
+        let command = parsed(Shape::RunCommand, serde_json::json!({ "command": "echo hi | cat" })).request;
+        assert_eq!(command.profile.as_deref(), Some("sh"));
+        assert!(
+            command.allow_interpreters && command.allow_inline_code && command.max_memory_mb == Some(4096)
+        );
+        for shape in [Shape::RunTool, Shape::Explain] {
+            let tool = parsed(shape, serde_json::json!({ "tool": "count", "argv": ["wc", "-l"] })).request;
+            assert_eq!((tool.tool.as_deref(), tool.profile.as_deref()), (Some("count"), None));
+            assert!(!tool.allow_interpreters && !tool.allow_inline_code && tool.max_memory_mb.is_none());
+            assert!(
+                tool.no_fork && tool.keep_changes == Some(palisade_protocol::wire::KeepChanges::AlwaysHold)
+            );
+        }
+        // An explanation of a command (no tool) is the server's command's.
+        let explained = parsed(Shape::Explain, serde_json::json!({ "argv": ["ls"] })).request;
+        assert_eq!(explained.profile.as_deref(), Some("sh"));
     }
 
     fn rule(e: ErrorData) -> String {

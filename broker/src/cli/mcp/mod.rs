@@ -141,7 +141,7 @@ fn embedded_broker(
     sandbox: &SandboxArgs,
     cwd: &std::path::Path,
 ) -> Result<Broker, String> {
-    let mut config = policy.map(Config::load).transpose().map_err(|e| e.to_string())?.unwrap_or_default();
+    let mut config = policy.map_or_else(Config::own_or_default, Config::load).map_err(|e| e.to_string())?;
     crate::cli::run::edit(sandbox, &mut config, cwd)?;
     // Before any thread exists: the probe of user namespaces forks.
     let broker = Broker::assemble(config, None).map_err(|e| e.to_string())?;

@@ -1,8 +1,8 @@
 """A client for palisade's broker over its Unix socket (JSON lines).
 
 Standard library only. The protocol is docs/protocol.md of palisade; this
-package speaks versions 12 to 15 of it, and the broker answers with the
-highest both speak.
+package speaks versions 12 to 20 of it (OLDEST_PROTOCOL_VERSION to
+PROTOCOL_VERSION), and the broker answers with the highest both speak.
 
     from palisade_client import Client
 
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 #: The highest protocol version this package speaks.
-PROTOCOL_VERSION = 19
+PROTOCOL_VERSION = 20
 #: The lowest.
 OLDEST_PROTOCOL_VERSION = 12
 #: The exit status of palisade refusing or failing, as `palisade run` uses it.
@@ -113,7 +113,9 @@ class RunResult:
     client gathered (when no output handler took it)."""
 
     #: "exited", "signaled", "timed_out", "quota_exceeded",
-    #: "memory_limit_exceeded", "disk_limit_exceeded" or "cancelled".
+    #: "memory_limit_exceeded", "disk_limit_exceeded", "cancelled", or
+    #: "stopped" (`stop_session`'s, from protocol version 20; a broker of
+    #: 19 or older says "cancelled").
     status: str
     #: The command's exit code ("exited") or signal ("signaled").
     code: Optional[int]
@@ -136,10 +138,14 @@ class RunResult:
     @property
     def exit_status(self) -> int:
         """As `palisade run` exits: the code, 128+N for signal N, 125 when
-        palisade ended the run, 123 when the command ended by itself but its
-        writes did not all land."""
-        if (self.code is not None or self.signal is not None) and not self.writes_landed:
+        palisade ended the run, 123 when the command ended by itself (or the
+        session was stopped) but its writes did not all land; 0 for a
+        session stopped whose writes did."""
+        ended_as_asked = self.code is not None or self.signal is not None or self.status == "stopped"
+        if ended_as_asked and not self.writes_landed:
             return EXIT_NOT_APPLIED
+        if self.status == "stopped":
+            return 0
         if self.code is not None:
             return self.code
         if self.signal is not None:
@@ -509,7 +515,9 @@ class Client:
         return socket
 
     def stop_session(self, name: str) -> RunResult:
-        """Ends session `name`, killing everything in it: its own result."""
+        """Ends session `name`, killing everything in it: its own result,
+        status "stopped" (from protocol version 20; "cancelled" before), its
+        `changes` what became of the session's writes."""
         self._needs_sessions()
         finished: Json = self._ask({"stop_session": {"session": name}}, "finished")
         return _result(finished, {"stdout": [], "stderr": []}, [])
