@@ -64,13 +64,16 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-/// What the sandbox may do. With an embedded broker, the person running
-/// the CLI owns the policy: these flags edit the profile (`[defaults]`, or
-/// `--profile`'s) before the run. Through a daemon, a request can only
-/// narrow the daemon's policy: a flag that would widen it is refused,
-/// naming the flag and the key an operator would change.
+/// What the sandbox may do. With an embedded broker, or the user's own
+/// daemon (`[broker] owner_widens`), the person running the CLI owns the
+/// policy: these flags edit the profile (`[defaults]`, or `--profile`'s)
+/// before the run. Through the system broker, a request can only narrow
+/// its policy: a flag that would widen it is refused, naming the flag and
+/// the key an operator would change.
 #[derive(ClapArgs, Debug, Default, Clone)]
-#[command(next_help_heading = "Sandbox (embedded: edits the profile; through a daemon: may only narrow it)")]
+#[command(
+    next_help_heading = "Sandbox (embedded or your own daemon: edits the profile; the system broker: may only narrow it)"
+)]
 pub struct SandboxArgs {
     /// Use the profile the configuration declares as [profiles.NAME] instead of [defaults].
     #[arg(long, value_name = "NAME")]

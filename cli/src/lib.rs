@@ -127,8 +127,9 @@ pub enum Command {
     /// broker, or to one embedded in this process when none answers.
     ///
     /// The sandbox flags are the person's, as for `palisade run`: with an
-    /// embedded broker they edit its profile; through a daemon each call
-    /// carries them as asks that can only narrow the daemon's policy. A
+    /// embedded broker, or your own daemon, they widen its profile; through
+    /// the system broker each call carries them as asks that can only narrow
+    /// its policy. A
     /// declared tool's call (run_tool, or explain naming a tool) runs the
     /// tool as declared: without --profile and the flags that edit it, only
     /// --hold-changes, --no-fork and --no-toolchains go with it. See

@@ -388,7 +388,7 @@ impl Policy {
     ) -> Result<(Resolved, Option<Approval>), Denial> {
         let (files, uid) = (&*host.files, ctx.requester.uid);
         let mut profile = self.profile(files, req, self.owner_widens(ctx))?;
-        // A request may only narrow its profile: its domains, and its other asks.
+        // A request may only narrow its profile (widened first for its owner): its domains, and its other asks.
         profile.capabilities.network =
             egress_plan::narrow(&profile.capabilities.network, req.allow_domains.as_deref())?;
         let own = self.config.own || self.owner_widens(ctx);
