@@ -31,6 +31,8 @@ pub const SYSTEM_JOURNAL: &str = "/var/lib/palisade/journal";
 #[derive(Debug, Clone)]
 pub struct SystemConfig {
     pub path: PathBuf,
+    /// The file exists: palisade is installed as a system service here.
+    pub installed: bool,
     pub clients: ClientsConfig,
     /// `[journal] path`: where the system broker keeps its journal.
     pub journal: Option<PathBuf>,
@@ -51,13 +53,18 @@ impl SystemConfig {
     /// [`SystemConfig::load`] from `path`.
     pub fn load_from(path: PathBuf) -> Result<SystemConfig, DiscoveryError> {
         let bad = |why: String| DiscoveryError::SystemConfig { path: path.clone(), why };
-        let mut config =
-            SystemConfig { path: path.clone(), clients: ClientsConfig::default(), journal: None };
+        let mut config = SystemConfig {
+            path: path.clone(),
+            installed: false,
+            clients: ClientsConfig::default(),
+            journal: None,
+        };
         let text = match std::fs::read_to_string(&config.path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(config),
             Err(e) => return Err(bad(format!("cannot read it ({e}); it must be readable by every user"))),
         };
+        config.installed = true;
         let table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
         if let Some(clients) = table.get("clients") {
             config.clients = clients.clone().try_into().map_err(|e| bad(format!("[clients]: {e}")))?;
@@ -263,6 +270,29 @@ pub fn find(flag: Option<&Path>, runs: bool) -> Result<Route, DiscoveryError> {
     };
     Ok(Route::Embedded { tried })
 }
+
+/// Where a run of this user goes, for people (`palisade doctor`): the
+/// broker that answers, or an embedded one and why, or why none may run.
+pub fn where_runs_go() -> String {
+    let own = palisade_protocol::clients::user_config().filter(|p| p.exists());
+    let policy = own.map_or_else(|| "the built-in policy".to_string(), |p| p.display().to_string());
+    match find(None, true) {
+        Ok(Route::Broker(found)) => found.name(),
+        Ok(Route::Embedded { tried }) => {
+            let mut said = format!("an embedded broker under {policy} (no broker answers on {tried})");
+            if SystemConfig::load().is_ok_and(|s| s.installed) {
+                said.push_str(FALLBACK);
+            }
+            said
+        }
+        Err(e) => format!("none: {e}"),
+    }
+}
+
+/// What a run that falls back to an embedded broker where a system broker
+/// is installed is told, every time.
+pub const FALLBACK: &str = ": the system broker's policy, approvals and journal do not apply to it \
+     ([clients] require_system_broker = true in the system configuration refuses such a run instead)";
 
 /// Why `--policy` is refused where the system broker is required.
 pub const POLICY_EMBEDS: &str = "--policy runs an embedded broker, which it does not allow: run without --policy \

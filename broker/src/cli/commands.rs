@@ -155,6 +155,11 @@ pub fn handed_over(args: impl Iterator<Item = std::ffi::OsString>) -> i32 {
 }
 
 pub fn main(cli: Cli) -> i32 {
+    // A broker this process embeds is its user's, root's included (the audit
+    // commands read the journals where they are).
+    if !matches!(cli.command, Command::Audit(_)) {
+        crate::host::privilege::mark_embedded();
+    }
     // A run through a broker logs nothing of its own unless asked to: the
     // subscriber's set-up is a good part of a short-lived CLI's start. The
     // embedded broker, explain and doctor set it up (warnings).
@@ -174,7 +179,8 @@ pub fn main(cli: Cli) -> i32 {
                 Ok(c) => c.unwrap_or_default(),
                 Err(e) => return json_fail(json, ErrorKind::InvalidRequest, e),
             };
-            let report = crate::cli::doctor::report(&config);
+            let mut report = crate::cli::doctor::report(&config);
+            report.runs_go_to = Some(discovery::where_runs_go());
             if json {
                 palisade_cli::outln!("{}", serde_json::to_string(&report).unwrap_or_default());
             } else {
@@ -280,6 +286,13 @@ fn run(args: RunArgs) -> i32 {
         }
         Ok(Route::Embedded { tried }) => {
             tracing::debug!("no broker answers on {tried}: running an embedded one");
+            // Where a system broker is installed, never silently without it.
+            if discovery::SystemConfig::load().is_ok_and(|s| s.installed) {
+                eprintln!(
+                    "palisade: no broker answers on {tried}: run by an embedded broker{}",
+                    discovery::FALLBACK
+                );
+            }
             match own_policy(Config::own_or_default().map_err(|e| e.to_string())) {
                 Ok(config) => embedded(config, request, render, &args),
                 Err(e) => refuse(ErrorKind::InvalidRequest, e),

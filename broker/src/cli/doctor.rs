@@ -80,6 +80,9 @@ pub struct Report {
     pub warm_pool: String,
     /// Every mechanism Tier C needs is there (the exit status is 0).
     pub complete: bool,
+    /// Where this user's runs go: the broker that answers, or an embedded
+    /// one and why (`palisade doctor` fills it in).
+    pub runs_go_to: Option<String>,
 }
 
 /// What this host can enforce under `config`.
@@ -132,6 +135,7 @@ pub fn report(config: &Config) -> Report {
         tier_c,
         warm_pool: warm_pool(config, &cgroups, tier_c),
         complete: tier_c && abi > 0,
+        runs_go_to: None,
     }
 }
 
@@ -195,6 +199,9 @@ impl Report {
         }
         let _ = writeln!(out, "tier:             {}", self.tier);
         let _ = writeln!(out, "warm pool:        {}", self.warm_pool);
+        if let Some(to) = &self.runs_go_to {
+            let _ = writeln!(out, "runs go to:       {to}");
+        }
         out
     }
 }

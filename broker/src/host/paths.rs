@@ -26,6 +26,7 @@ pub fn default_socket() -> PathBuf {
 /// directory: [`palisade_protocol::clients::user_temp_dir`]) when
 /// `socket` is in it, and refuses one that is not the user's alone: the
 /// CLI would not trust a socket there.
+#[cfg(target_os = "linux")]
 pub fn fallback_socket_dir(socket: &std::path::Path) -> Result<(), String> {
     use std::os::unix::fs::DirBuilderExt;
     let uid = nix::unistd::geteuid().as_raw();
@@ -62,7 +63,7 @@ pub fn temp_root(configured: Option<&std::path::Path>) -> Result<TempRoot, Strin
     let root = crate::host::privilege::serves_others();
     let (path, ephemeral) = match configured {
         Some(p) => (p.to_path_buf(), None),
-        None if root => {
+        None if crate::host::privilege::system_paths() => {
             let run = if cfg!(target_os = "macos") { "/var/run" } else { "/run" };
             (PathBuf::from(format!("{run}/palisade/runs")), None)
         }
@@ -170,7 +171,7 @@ pub fn default_state_dir() -> Result<PathBuf, String> {
     if let Some(state) = std::env::var_os(STATE_ENV).map(PathBuf::from).filter(|p| p.is_absolute()) {
         return Ok(state);
     }
-    if crate::host::privilege::serves_others() {
+    if crate::host::privilege::system_paths() {
         return Ok(PathBuf::from("/var/lib/palisade"));
     }
     let absolute = |var: &str| std::env::var_os(var).map(PathBuf::from).filter(|p| p.is_absolute());
@@ -238,13 +239,24 @@ pub fn canonical_prefix(path: &std::path::Path) -> PathBuf {
 /// Refuses `dir` unless [`private_to_us`]: the audit journal's directory
 /// must be the broker's alone, on a path nobody else can swap.
 pub fn check_private(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
     if private_to_us(dir) {
         return Ok(());
     }
+    let me = nix::unistd::geteuid();
+    let owner = std::fs::metadata(dir).ok().map(|m| m.uid()).filter(|o| *o != me.as_raw());
+    let fix = match owner {
+        Some(o) => format!(
+            "; it is uid {o}'s (another broker's, or what a palisade of that user made before this one \
+             started): if none of theirs uses it, give it to this broker (chown -R {me} {}), or name \
+             another in the configuration",
+            dir.display()
+        ),
+        None => String::new(),
+    };
     Err(format!(
-        "{} must be a directory owned by uid {} that nobody else can write to, on a path only it or root can change",
+        "{} must be a directory owned by uid {me} that nobody else can write to, on a path only it or root can change{fix}",
         dir.display(),
-        nix::unistd::geteuid()
     ))
 }
 
@@ -314,6 +326,25 @@ impl Drop for HostDirs {
 
 #[cfg(test)]
 mod tests {
+    /// A directory of another uid is refused, naming the fix.
+    #[test]
+    fn a_directory_of_another_uid_is_refused_naming_the_fix() {
+        use std::os::unix::fs::PermissionsExt;
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("palisade-other-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        nix::unistd::chown(&dir, Some(nix::unistd::Uid::from_raw(4242)), None).unwrap();
+        let e = super::check_private(&dir).unwrap_err();
+        std::fs::remove_dir(&dir).unwrap();
+        assert!(
+            e.contains("it is uid 4242's") && e.contains(&format!("chown -R 0 {}", dir.display())),
+            "{e}"
+        );
+    }
+
     use super::{HostDirs, in_temp_dir};
 
     /// Every broker of a user finds the same temp_root in a temporary

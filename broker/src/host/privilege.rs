@@ -24,3 +24,25 @@ fn holds_setuid() -> bool {
 fn holds_setuid() -> bool {
     false
 }
+
+static EMBEDDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// This process is the CLI's (`palisaded cli`): a broker it embeds keeps
+/// its state, journal and run directories where a user's would, root's
+/// included (root's `palisade run` is root's own, not the system broker's,
+/// whose directories a later start of the system unit must find its own).
+pub fn mark_embedded() {
+    EMBEDDED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether [`mark_embedded`] was called.
+pub fn embedded() -> bool {
+    EMBEDDED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether this process keeps the system broker's directories
+/// (`/var/lib/palisade`, `/run/palisade`): it serves others and is not
+/// the CLI's.
+pub fn system_paths() -> bool {
+    serves_others() && !embedded()
+}

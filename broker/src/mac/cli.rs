@@ -70,6 +70,8 @@ fn load(path: Option<&Path>) -> Result<Config, String> {
 /// `palisade`'s main.
 pub fn palisade(cli: Cli) -> i32 {
     let Command::Run(args) = cli.command;
+    // Its broker is its user's, root's included: never the system daemon's directories.
+    crate::host::privilege::mark_embedded();
     init_tracing("warn");
     let mut render = Render::new(args.json);
     if args.socket.is_some() {

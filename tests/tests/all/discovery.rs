@@ -267,4 +267,24 @@ fn an_admin_may_require_the_system_broker_for_every_run() {
     let optional = m.system_config("optional.toml", &format!("system_socket = {none:?}"));
     let o = m.palisade(user, &runtime, &optional, &["run"], &["/usr/bin/echo", "embedded"]);
     assert_eq!(text(&o.stdout), "embedded\n", "{}", text(&o.stderr));
+    // ... and says so, every time: never silently without the system broker.
+    let bypass = "run by an embedded broker: the system broker's policy, approvals and journal do not apply";
+    for _ in 0..2 {
+        let o = m.palisade(user, &runtime, &optional, &["run"], &["/usr/bin/echo", "embedded"]);
+        assert!(text(&o.stderr).contains(bypass), "{}", text(&o.stderr));
+    }
+    // doctor tells the user where runs go: there, and through the system broker when it answers.
+    let o = m.palisade(user, &runtime, &optional, &["doctor"], &[]);
+    assert!(
+        text(&o.stdout).contains("runs go to:       an embedded broker under the built-in policy"),
+        "{}",
+        text(&o.stdout)
+    );
+    let o = m.palisade(user, &runtime, &there, &["doctor"], &[]);
+    let by = format!("runs go to:       the system broker on {}", system.socket.display());
+    assert!(text(&o.stdout).contains(&by), "{}", text(&o.stdout));
+    // Counter-test: no system configuration (no install): an embedded run says nothing of it.
+    let absent = m.dir.join("absent.toml");
+    let o = m.palisade(user, &runtime, &absent, &["run"], &["/usr/bin/echo", "embedded"]);
+    assert_eq!((text(&o.stdout).as_str(), text(&o.stderr).as_str()), ("embedded\n", ""));
 }

@@ -1024,3 +1024,45 @@ fn a_system_brokers_pool_builds_ahead_for_each_requester_alone() {
         assert!(gone, "left behind: {:?}", pooled.iter().filter(|p| alive(p)).collect::<Vec<_>>());
     }
 }
+
+/// Root's own `palisade run` (before the package is installed, or while
+/// the service is down) keeps its journal, state and run directories where
+/// a user's would (root's home, its runtime directory), never the system
+/// broker's `/var/lib/palisade` and `/run/palisade`, which the unit's user
+/// must find its own when the service starts.
+#[test]
+fn roots_own_run_keeps_out_of_the_system_brokers_directories() {
+    if !is_root() {
+        return skipped("not root: root's own run is what this is about");
+    }
+    let dir = TempDir::new("roots-own");
+    let (home, runtime) = (dir.join("home"), dir.join("runtime"));
+    for d in [&home, &runtime] {
+        std::fs::create_dir(d).unwrap();
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let listing = |p: &str| std::fs::read_dir(p).map(|d| d.count()).ok();
+    let modified = |p: &str| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let before =
+        (listing("/var/lib/palisade"), modified("/var/lib/palisade/journal"), listing("/run/palisade"));
+    let o = std::process::Command::new(bin("palisade"))
+        .args(["run", "--", "/usr/bin/echo", "root's own"])
+        .current_dir(dir.path())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", &home)
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env(SYSTEM_CONFIG_ENV, test_system_config())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!((o.status.code(), text(&o.stdout).as_str()), (Some(0), "root's own\n"), "{}", text(&o.stderr));
+    // Root's own, where a user's are.
+    let journal = home.join(".local/state/palisade/journal");
+    assert!(std::fs::read_dir(&journal).is_ok_and(|d| d.count() > 0), "{}", journal.display());
+    assert!(runtime.join("palisade/runs").is_dir());
+    // The system broker's, untouched.
+    let after =
+        (listing("/var/lib/palisade"), modified("/var/lib/palisade/journal"), listing("/run/palisade"));
+    assert_eq!(before, after);
+}
