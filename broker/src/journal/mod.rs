@@ -9,6 +9,7 @@
 
 pub mod attest;
 pub mod bound;
+pub mod crash;
 pub mod events;
 mod rate;
 mod record;
@@ -72,6 +73,18 @@ pub enum Event {
     BrokerStarted { pid: u32, uid: u32, version: String },
     /// The broker stopped serving.
     BrokerStopped { pid: u32 },
+    /// Found at a daemon's start: the broker instance `lost` (a `broker`
+    /// tag) had started serving, is gone, and never recorded its stop (it
+    /// crashed or was killed).
+    BrokerLost { lost: String },
+    /// Found at a daemon's start: run `run_id` of the broker instance
+    /// `lost`, which is gone, started and never finished: it ended with its
+    /// broker (its writes are held as a change set when the store had them).
+    RunLost { lost: String, run_id: u64 },
+    /// `palisaded` was asked to read its configuration `path` again
+    /// (SIGHUP) and could not: the running one stays in force, and `error`
+    /// says why in the file's own words.
+    ConfigReloadFailed { path: String, error: String },
     /// A request came in (the peer from SO_PEERCRED; the command as asked).
     RequestReceived {
         run_id: u64,

@@ -65,6 +65,8 @@ pub fn main(args: Args) -> i32 {
             }
         },
     };
+    // What SIGHUP reads again: --config's file, or the user's own.
+    let source = config.source.clone();
     let socket =
         args.socket.clone().or_else(|| config.broker.socket.clone()).unwrap_or_else(paths::default_socket);
     let mode = config.broker.socket_mode;
@@ -96,7 +98,7 @@ pub fn main(args: Args) -> i32 {
     };
     // Served from a worker rather than this thread: each connection's task
     // then starts on the worker that accepted it, with no thread to wake.
-    let config = args.config.clone();
+    let config = source;
     runtime.block_on(
         async move { tokio::spawn(serve(broker, socket, mode, config)).await.unwrap_or(EXIT_FAILED) },
     )
@@ -131,7 +133,9 @@ async fn reload_on_hangup(server: Arc<Server>, mut hangup: Signal, config: Optio
                 server.reload(path).await;
             }
             None => {
-                tracing::warn!("SIGHUP: no configuration file (--config) to reload; the built-in one stays")
+                tracing::warn!(
+                    "SIGHUP: no configuration file (--config, or the user's own) to reload; the built-in one stays"
+                )
             }
         }
     }
@@ -149,9 +153,22 @@ async fn serve(broker: Broker, socket: PathBuf, mode: u32, config: Option<PathBu
     keep_socket_out_of_reach(&broker, &socket);
     let journal = broker.journal.clone();
     let pid = std::process::id();
-    let started =
-        Event::BrokerStarted { pid, uid: broker.context.uid, version: env!("CARGO_PKG_VERSION").into() };
-    if let Err(e) = journal.append(started).await {
+    // What a broker that died left unsaid: its unfinished runs, its missing stop.
+    let mut events = Vec::new();
+    for lost in journal.dir().map(crate::journal::crash::lost).unwrap_or_default() {
+        tracing::warn!(broker = %lost.broker, runs = ?lost.runs, "a broker ended without recording it");
+        let tag = lost.broker;
+        events.extend(lost.runs.into_iter().map(|run_id| Event::RunLost { lost: tag.clone(), run_id }));
+        if lost.unclean {
+            events.push(Event::BrokerLost { lost: tag });
+        }
+    }
+    events.push(Event::BrokerStarted {
+        pid,
+        uid: broker.context.uid,
+        version: env!("CARGO_PKG_VERSION").into(),
+    });
+    if let Err(e) = journal.append_many(events).await {
         eprintln!("palisaded: {e}");
         return EXIT_FAILED;
     }

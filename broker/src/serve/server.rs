@@ -826,10 +826,17 @@ impl<E: Executor> Server<E> {
                 self.resize_slots(b.max_concurrent.max(1));
                 tracing::info!(config = %path.display(), "configuration reloaded: new requests are decided with it");
             }
-            Err(e) => tracing::error!(
-                config = %path.display(),
-                "configuration not reloaded; the running one stays in force: {e}"
-            ),
+            Err(e) => {
+                // Recorded before it is logged: whoever reads the log finds the record.
+                let failed = Event::ConfigReloadFailed { path: path.display().to_string(), error: e.clone() };
+                if let Err(e) = self.broker.journal.append(failed).await {
+                    tracing::error!("the failed reload is not journaled: {e}");
+                }
+                tracing::error!(
+                    config = %path.display(),
+                    "configuration not reloaded; the running one stays in force: {e}"
+                );
+            }
         }
     }
 

@@ -134,7 +134,10 @@ fn a_broker_killed_during_a_run_holds_its_writes_at_its_next_start() {
     let ws = dir.join("ws");
     users_dir(&ws, user.as_ref());
     let state = dir.join("daemon-state");
-    let first = daemon(&dir, user.as_ref(), false, &state, &[]);
+    // One journal for both brokers, as a user's daemon keeps in its state.
+    let journal = state.join("journal");
+    let journal_env = [("PALISADE_JOURNAL", journal.to_str().unwrap())];
+    let first = daemon(&dir, user.as_ref(), false, &state, &journal_env);
     let client = first
         .run(&ws, &[], &["put", "made.txt", "by the run\n", "sleep", "30"])
         .stdout(Stdio::piped())
@@ -152,7 +155,25 @@ fn a_broker_killed_during_a_run_holds_its_writes_at_its_next_start() {
     assert!(!ws.join("made.txt").exists());
     // The next start holds them, and says why; the change set names the
     // broker that ran the run (the killed one), not the one that held it.
-    let next = daemon(&dir, user.as_ref(), false, &state, &[]);
+    let next = daemon(&dir, user.as_ref(), false, &state, &journal_env);
+    // Its journal says the killed broker ended without stopping, and its run with it.
+    let records: Vec<serde_json::Value> = std::fs::read_dir(&journal)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("segment-"))
+        .flat_map(|e| {
+            std::fs::read_to_string(e.path()).unwrap().lines().map(String::from).collect::<Vec<_>>()
+        })
+        .filter_map(|l| serde_json::from_str(&l).ok())
+        .collect();
+    let by_killed = |event: &str| {
+        records.iter().any(|r| {
+            r["event"] == event && r["lost"].as_str().is_some_and(|t| t.starts_with(&format!("{killed}-")))
+        })
+    };
+    assert!(by_killed("run_lost") && by_killed("broker_lost"), "{records:?}");
+    let lost = records.iter().find(|r| r["event"] == "run_lost").unwrap();
+    assert_eq!(lost["run_id"], 1, "{lost}");
     let (listed, o) = next.changes(&ws, &["list"], &[]);
     assert_eq!(listed.as_array().map(Vec::len), Some(1), "{}", said(&o));
     assert!(listed[0]["reason"].as_str().unwrap().contains("the broker stopped during run"), "{listed}");

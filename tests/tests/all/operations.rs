@@ -184,6 +184,12 @@ fn a_file_that_does_not_load_changes_nothing_and_the_log_says_why() {
     assert!(refused(&o), "{}", said(&o));
     assert_eq!(status(&d).config, loaded);
     assert!(reload_records(&d).is_empty());
+    // The journal records each failure, in the file's own words.
+    let failed: Vec<serde_json::Value> =
+        journal_records(&d.journal()).into_iter().filter(|r| r["event"] == "config_reload_failed").collect();
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    assert!(failed[0]["error"].as_str().unwrap().contains(&typo), "{}", failed[0]);
+    assert_eq!(failed[0]["path"], config.to_str().unwrap());
 
     // Counter-test: the same change without the typo takes effect.
     rewrite(&d, "allow_interpreters = true\nallow_inline_code = true\n");
