@@ -399,7 +399,11 @@ mod tests {
         let read = SystemConfig::load_from(path.clone()).unwrap();
         assert_eq!(
             read.clients,
-            ClientsConfig { system_socket: "/s.sock".into(), require_system_broker: true }
+            ClientsConfig {
+                system_socket: "/s.sock".into(),
+                require_system_broker: true,
+                announce_fallback: true
+            }
         );
         assert_eq!(read.journal_dir(), PathBuf::from("/srv/j"));
         for (tag, bad, why) in [

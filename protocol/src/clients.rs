@@ -20,6 +20,11 @@ pub struct ClientsConfig {
     /// named with `--socket` or `PALISADE_SOCKET`) takes goes to the system
     /// broker, or is refused with the reason; so is `--policy`.
     pub require_system_broker: bool,
+    /// Where this file exists and no broker answers, a run that an
+    /// embedded broker serves says so on stderr, every time (the system
+    /// broker's policy, approvals and journal do not apply to it). false:
+    /// it says nothing (the test suites' own system configuration).
+    pub announce_fallback: bool,
 }
 
 /// The system broker's socket, where `[clients] system_socket` does not
@@ -29,7 +34,11 @@ pub const SYSTEM_SOCKET: &str =
 
 impl Default for ClientsConfig {
     fn default() -> Self {
-        ClientsConfig { system_socket: PathBuf::from(SYSTEM_SOCKET), require_system_broker: false }
+        ClientsConfig {
+            system_socket: PathBuf::from(SYSTEM_SOCKET),
+            require_system_broker: false,
+            announce_fallback: true,
+        }
     }
 }
 

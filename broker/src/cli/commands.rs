@@ -287,7 +287,7 @@ fn run(args: RunArgs) -> i32 {
         Ok(Route::Embedded { tried }) => {
             tracing::debug!("no broker answers on {tried}: running an embedded one");
             // Where a system broker is installed, never silently without it.
-            if discovery::SystemConfig::load().is_ok_and(|s| s.installed) {
+            if discovery::SystemConfig::load().is_ok_and(|s| s.installed && s.clients.announce_fallback) {
                 eprintln!(
                     "palisade: no broker answers on {tried}: run by an embedded broker{}",
                     discovery::FALLBACK

@@ -53,7 +53,8 @@ pub fn fallback_socket_dir(socket: &std::path::Path) -> Result<(), String> {
 /// Where per-run host directories go (Tier B's private /tmp and temporary
 /// workspace, the /etc snapshot), made and checked: `temp_root` as
 /// configured, else `/run/palisade/runs` for root (`/var/run/palisade/runs`
-/// on macOS), else `$XDG_RUNTIME_DIR/palisade/runs` (where that can be
+/// on macOS; root's own CLI `/run/palisade-root/runs`, never the system
+/// broker's), else `$XDG_RUNTIME_DIR/palisade/runs` (where that can be
 /// made), else a directory of a name nobody can predict in the temporary directory
 /// (`palisade-UID-XXXXXX/runs`, removed with the broker). It must be the
 /// broker's own, that nobody else can write to or swap: anything else (a
@@ -63,9 +64,12 @@ pub fn temp_root(configured: Option<&std::path::Path>) -> Result<TempRoot, Strin
     let root = crate::host::privilege::serves_others();
     let (path, ephemeral) = match configured {
         Some(p) => (p.to_path_buf(), None),
-        None if crate::host::privilege::system_paths() => {
+        None if root => {
+            // Root's own runs (the CLI's) apart from the system broker's, whose
+            // directory the unit's user must find its own.
             let run = if cfg!(target_os = "macos") { "/var/run" } else { "/run" };
-            (PathBuf::from(format!("{run}/palisade/runs")), None)
+            let own = if crate::host::privilege::system_paths() { "palisade" } else { "palisade-root" };
+            (PathBuf::from(format!("{run}/{own}/runs")), None)
         }
         None => {
             let runtime = std::env::var_os("XDG_RUNTIME_DIR").filter(|r| !r.is_empty());

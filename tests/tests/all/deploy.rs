@@ -287,7 +287,11 @@ fn the_debian_configuration_is_minimal_and_serves_the_sockets_group() {
         }
     }
     keys.sort_unstable();
-    assert_eq!(keys, ["broker.allowed_gids", "broker.allowed_uids"], "what the minimal configuration sets");
+    assert_eq!(
+        keys,
+        ["broker.allowed_gids", "broker.allowed_uids", "clients.require_system_broker"],
+        "what the minimal configuration sets"
+    );
     let group = unit_setting("palisade.socket", "SocketGroup");
     assert_eq!(minimal["broker"]["allowed_gids"], toml::Value::Array(vec![group.clone().into()]));
     // The group the package makes (its sysusers.d line) is the socket's.

@@ -308,7 +308,9 @@ impl Fixture {
     pub(crate) fn as_user(&self, env: &[(&str, &Path)], argv: &[&str]) -> Command {
         let mut all: Vec<String> = self.user.as_ref().map(as_user).unwrap_or_default();
         all.extend(["env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"].map(String::from));
-        all.push(format!("HOME={}", self.ws.join(".home").display()));
+        // Beside the workspace, not in it: a home holds what the broker keeps
+        // (the user's configuration), which no workspace written in place may.
+        all.push(format!("HOME={}", self.ws.with_file_name("home").display()));
         all.extend(env.iter().map(|(k, v)| format!("{k}={}", v.display())));
         all.extend(argv.iter().map(|a| a.to_string()));
         let mut c = Command::new(&all[0]);

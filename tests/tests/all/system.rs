@@ -1027,7 +1027,7 @@ fn a_system_brokers_pool_builds_ahead_for_each_requester_alone() {
 
 /// Root's own `palisade run` (before the package is installed, or while
 /// the service is down) keeps its journal, state and run directories where
-/// a user's would (root's home, its runtime directory), never the system
+/// a user's would (root's home) or its own (`/run/palisade-root`), never the system
 /// broker's `/var/lib/palisade` and `/run/palisade`, which the unit's user
 /// must find its own when the service starts.
 #[test]
@@ -1060,7 +1060,7 @@ fn roots_own_run_keeps_out_of_the_system_brokers_directories() {
     // Root's own, where a user's are.
     let journal = home.join(".local/state/palisade/journal");
     assert!(std::fs::read_dir(&journal).is_ok_and(|d| d.count() > 0), "{}", journal.display());
-    assert!(runtime.join("palisade/runs").is_dir());
+    assert!(Path::new("/run/palisade-root/runs").is_dir());
     // The system broker's, untouched.
     let after =
         (listing("/var/lib/palisade"), modified("/var/lib/palisade/journal"), listing("/run/palisade"));
