@@ -99,6 +99,12 @@ pub struct Engine {
     teardowns: Teardowns,
 }
 
+/// Whether `e` is a hand-over whose other end was closed: the helper is gone.
+fn channel_closed(e: &BrokerError) -> bool {
+    matches!(e, BrokerError::HandOver(io)
+        if matches!(io.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset))
+}
+
 /// Releases the command of `helper` once `recorded` says the run's start is
 /// on disk: before its first instruction, as docs/journal.md promises.
 async fn release_when(
@@ -316,8 +322,13 @@ impl Engine {
             });
             if let Err(e) = handed {
                 let _ = pidfd_kill(&helper.pidfd, libc::SIGKILL);
-                let _ = reap(helper.pid);
-                return Err(e);
+                let usage = reap(helper.pid);
+                // Its end of the channel closed: the helper was gone (killed from outside) before
+                // it read its plan; answered with how it ended, as before its release.
+                return Err(match usage {
+                    Ok(usage) if channel_closed(&e) => lost(&usage),
+                    _ => e,
+                });
             }
         }
         Ok((helper, cgroup))
@@ -357,8 +368,7 @@ impl Engine {
         if let Err(e) = release_when(recorded, &helper, &since).await {
             abandon.disarm();
             // Its end of the channel closed: the helper was gone (killed from outside) before its release.
-            let gone = matches!(&e, BrokerError::HandOver(io)
-                if matches!(io.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset));
+            let gone = channel_closed(&e);
             let _ = pidfd_kill(&helper.pidfd, libc::SIGKILL);
             let ended =
                 tokio::task::spawn_blocking(move || (reap(helper.pid), cgroup.map(|c| c.remove()))).await;
