@@ -1371,7 +1371,7 @@ impl SandboxView {
             EnvironmentCapability::None => vec![],
             EnvironmentCapability::Restricted => {
                 let mut env = vec![
-                    ("PATH".to_string(), sandbox_path(host, grants, &dirs.tools.path)),
+                    ("PATH".to_string(), sandbox_path(host, grants, &dirs.tools)),
                     ("HOME".to_string(), home.to_string_lossy().into_owned()),
                 ];
                 if profile.toolchains {
@@ -1406,15 +1406,14 @@ impl SandboxView {
 /// The sandbox's `PATH`: the caller's entries the sandbox sees (the
 /// system's, the grants, the toolchains shown), in the caller's order,
 /// then those of [`SANDBOX_PATH`] it lacks.
-fn sandbox_path(host: &Host, grants: &Grants, caller: &[PathBuf]) -> String {
+fn sandbox_path(host: &Host, grants: &Grants, caller: &toolchains::CallerTools) -> String {
     let Grants { read_only, read_write, temp_workspace, .. } = grants;
     let visible: Vec<&PathBuf> =
         host.layout.canonical.iter().chain(read_only).chain(read_write).chain(temp_workspace).collect();
-    let sees =
-        |d: &PathBuf| host.files.canonicalize(d).is_ok_and(|c| visible.iter().any(|v| c.starts_with(v)));
+    let sees = |c: &Option<PathBuf>| c.as_ref().is_some_and(|c| visible.iter().any(|v| c.starts_with(v)));
+    let seen = caller.path.iter().zip(&caller.canonical).filter(|(_, c)| sees(c)).map(|(d, _)| d.clone());
     let mut path: Vec<String> = Vec::new();
-    let defaults = SANDBOX_PATH.split(':').map(PathBuf::from);
-    for dir in caller.iter().filter(|d| sees(d)).cloned().chain(defaults) {
+    for dir in seen.chain(SANDBOX_PATH.split(':').map(PathBuf::from)) {
         let dir = dir.to_string_lossy().into_owned();
         if !dir.contains(':') && !path.contains(&dir) {
             path.push(dir);

@@ -22,7 +22,7 @@ pub const REACH_VERSION: u32 = 20;
 /// requester stopped, said `cancelled` in an older form) and a change
 /// set's `broker` (at the end of its info, which an older form has not):
 /// the same version as [`REACH_VERSION`].
-pub const STOPPED_VERSION: u32 = 20;
+pub const STOPPED_VERSION: u32 = REACH_VERSION;
 
 std::thread_local! {
     /// The version whose form messages take while [`in_form_of`] runs;
@@ -44,41 +44,21 @@ pub(crate) fn form_before(version: u32) -> bool {
     FORM.with(|form| form.get() < version)
 }
 
-/// `skip_serializing_if` of a field [`REACH_VERSION`] added: not written in
-/// an older form.
-pub(crate) fn before_reach<T>(_: &T) -> bool {
+/// `skip_serializing_if` of a field version 20 added ([`REACH_VERSION`],
+/// [`STOPPED_VERSION`]): not written in an older form.
+pub(crate) fn before_20<T>(_: &T) -> bool {
     form_before(REACH_VERSION)
 }
 
-/// `deserialize_with` of a field [`REACH_VERSION`] added (at the end of its
-/// message's bincode form): an older form has no bytes for it, and it is
-/// read as its default. JSON names its fields: one there is read in any form.
-pub(crate) fn reach_field<'de, D, T>(d: D) -> Result<T, D::Error>
+/// `deserialize_with` of a field version 20 added at the end of its
+/// message: an older bincode form has no bytes for it, and it is read as
+/// its default. JSON names its fields: one there is read in any form.
+pub(crate) fn field_of_20<'de, D, T>(d: D) -> Result<T, D::Error>
 where
     D: serde::Deserializer<'de>,
     T: serde::Deserialize<'de> + Default,
 {
     if !d.is_human_readable() && form_before(REACH_VERSION) {
-        return Ok(T::default());
-    }
-    T::deserialize(d)
-}
-
-/// `skip_serializing_if` of a field [`STOPPED_VERSION`] added: not written
-/// in an older form.
-pub(crate) fn before_stopped<T>(_: &T) -> bool {
-    form_before(STOPPED_VERSION)
-}
-
-/// `deserialize_with` of a field [`STOPPED_VERSION`] added at the end of
-/// its message: an older bincode form has no bytes for it (read as its
-/// default); JSON names its fields, read in any form.
-pub(crate) fn stopped_field<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::Deserialize<'de> + Default,
-{
-    if !d.is_human_readable() && form_before(STOPPED_VERSION) {
         return Ok(T::default());
     }
     T::deserialize(d)

@@ -320,8 +320,8 @@ pub struct RunRequest {
     /// older connection's form has neither this nor `allow_addresses`.
     #[serde(
         default,
-        skip_serializing_if = "crate::form::before_reach",
-        deserialize_with = "crate::form::reach_field"
+        skip_serializing_if = "crate::form::before_20",
+        deserialize_with = "crate::form::field_of_20"
     )]
     pub allow_ports: Vec<u16>,
     /// Strict egress: loopback, private, link-local, multicast or
@@ -331,8 +331,8 @@ pub struct RunRequest {
     /// that is neither: `InvalidRequest`, rule `request.address`).
     #[serde(
         default,
-        skip_serializing_if = "crate::form::before_reach",
-        deserialize_with = "crate::form::reach_field"
+        skip_serializing_if = "crate::form::before_20",
+        deserialize_with = "crate::form::field_of_20"
     )]
     pub allow_addresses: Vec<String>,
 }
@@ -885,8 +885,8 @@ pub struct ChangeSetInfo {
     /// form has none).
     #[serde(
         default,
-        skip_serializing_if = "crate::form::before_stopped",
-        deserialize_with = "crate::form::stopped_field"
+        skip_serializing_if = "crate::form::before_20",
+        deserialize_with = "crate::form::field_of_20"
     )]
     pub broker: Option<String>,
 }

@@ -87,6 +87,8 @@ pub(super) fn roots(path: &Path, home: Option<&Path>, any: bool) -> Vec<PathBuf>
 #[derive(Debug, Default)]
 pub(super) struct CallerTools {
     pub path: Vec<PathBuf>,
+    /// Each entry of `path` with its links resolved, where it exists.
+    pub canonical: Vec<Option<PathBuf>>,
     pub roots: Vec<PathBuf>,
     pub env: Vec<(&'static str, PathBuf)>,
 }
@@ -121,8 +123,9 @@ impl CallerTools {
         let mut tools = CallerTools::default();
         let path = env.get("PATH").map(String::as_str).unwrap_or_default();
         tools.path = path.split(':').map(PathBuf::from).filter(|p| p.is_absolute()).collect();
-        for dir in &tools.path {
-            let Ok(dir) = files.canonicalize(dir) else { continue };
+        tools.canonical = tools.path.iter().map(|d| files.canonicalize(d).ok()).collect();
+        for dir in tools.canonical.iter().flatten() {
+            let dir = dir.clone();
             let known = roots(&dir.join("palisade-x"), home.as_deref(), false);
             if !known.is_empty() {
                 tools.roots.extend(known);
