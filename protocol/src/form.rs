@@ -23,6 +23,11 @@ pub const REACH_VERSION: u32 = 20;
 /// set's `broker` (at the end of its info, which an older form has not):
 /// the same version as [`REACH_VERSION`].
 pub const STOPPED_VERSION: u32 = REACH_VERSION;
+/// The version that added what operators and requesters of a shared
+/// broker see: the status's runs, sessions, shares and last reload (at the
+/// end of `BrokerStatus`), and the result's `approved` (at the end of
+/// `RunResult`): a connection of an older one has the form without them.
+pub const OPERATIONS_VERSION: u32 = 21;
 
 std::thread_local! {
     /// The version whose form messages take while [`in_form_of`] runs;
@@ -58,7 +63,31 @@ where
     D: serde::Deserializer<'de>,
     T: serde::Deserialize<'de> + Default,
 {
-    if !d.is_human_readable() && form_before(REACH_VERSION) {
+    field_since(REACH_VERSION, d)
+}
+
+/// `skip_serializing_if` of a field version 21 added ([`OPERATIONS_VERSION`]).
+pub(crate) fn before_21<T>(_: &T) -> bool {
+    form_before(OPERATIONS_VERSION)
+}
+
+/// `deserialize_with` of a field version 21 added at the end of its message.
+pub(crate) fn field_of_21<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de> + Default,
+{
+    field_since(OPERATIONS_VERSION, d)
+}
+
+/// A field `version` added at the end of its message, read in the form the
+/// connection's version gives it.
+fn field_since<'de, D, T>(version: u32, d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de> + Default,
+{
+    if !d.is_human_readable() && form_before(version) {
         return Ok(T::default());
     }
     T::deserialize(d)

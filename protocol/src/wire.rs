@@ -43,8 +43,9 @@ pub const MAGIC: &str = "palisade";
 /// did not all land say so: `Changes`' outcome `partial`, its counts
 /// `dirs`, `held` and `discarded`, the withheld reason `not_carried`; 20:
 /// the run request's `allow_ports` and `allow_addresses`, the run status
-/// `stopped` and a change set's `broker`).
-pub const PROTOCOL_VERSION: u32 = 20;
+/// `stopped` and a change set's `broker`; 21: the status's runs, sessions,
+/// shares and last reload, the result's `approved`).
+pub const PROTOCOL_VERSION: u32 = 21;
 
 pub use crate::plan::{WINDOW_MAX, WindowSize};
 /// The oldest version a broker still speaks: the one before its own, for
@@ -1118,7 +1119,7 @@ fn bincode_config() -> impl bincode::config::Config {
 }
 
 pub use crate::changes::{Changes, ChangesOutcome, Withheld, WithheldReason};
-pub use crate::form::{INSPECTION_VERSION, REACH_VERSION, in_form_of};
+pub use crate::form::{INSPECTION_VERSION, OPERATIONS_VERSION, REACH_VERSION, in_form_of};
 
 /// [`encode`] in the form of protocol `version` (a connection's).
 pub fn encode_in<T: Serialize>(msg: &T, encoding: Encoding, version: u32) -> Result<Vec<u8>, WireError> {
