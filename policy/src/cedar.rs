@@ -12,6 +12,13 @@
 //! evaluation fails refuses the run too (it might have been a `forbid`).
 //! `approve` is asked the same way for a person answering a waiting run
 //! ([`crate::Policy::authorize_approval`]).
+//!
+//! A `forbid` annotated `@ask("why")` puts the runs it matches to a person
+//! instead of refusing them: when every `forbid` that matches asks, and the
+//! others permit the run, it waits for approval (rule [`RULE_ASK`], the
+//! annotation's text the question). A matching `forbid` without `@ask`
+//! still refuses. `approve` is asked without them: the answer is the
+//! question's.
 
 use crate::denial::Denial;
 use cedar_policy::{
@@ -36,6 +43,12 @@ const CEDAR_STACK_BYTES: usize = 4 << 20;
 /// (`@id("no-network")`); without it, Cedar's own id (`policy0`, ...).
 const NAME_ANNOTATION: &str = "id";
 
+/// The annotation that makes a `forbid` ask a person instead of refusing
+/// (`@ask("pushes leave this machine")`); its text is the question.
+const ASK_ANNOTATION: &str = "ask";
+
+/// The rule of a run held for approval by a `forbid` with `@ask`.
+pub const RULE_ASK: &str = "cedar.ask";
 /// The rule of a refusal by a matching `forbid` policy.
 pub const RULE_FORBID: &str = "cedar.forbid";
 /// The rule of a refusal for want of a matching `permit` (Cedar denies by default).
@@ -50,6 +63,9 @@ pub struct CedarPolicies {
     /// The file, as the configuration resolved it.
     pub path: PathBuf,
     policies: PolicySet,
+    /// The same without the `forbid`s that ask (`@ask`): what decides a
+    /// run they hold for approval, and every `approve`.
+    plain: PolicySet,
     schema: Schema,
 }
 
@@ -117,6 +133,18 @@ pub struct CedarVerdict {
     /// `the request (User::"1000", Action::"run", Executable::"/usr/bin/ls")`.
     pub request: String,
     pub permitted_by: Vec<String>,
+    /// The `forbid`s with `@ask` that matched: the run waits for a
+    /// person's approval first. `None`: none matched.
+    pub asked: Option<CedarAsk>,
+}
+
+/// A question `forbid` policies with `@ask` put to a person.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CedarAsk {
+    /// The policies that asked, by name.
+    pub by: Vec<String>,
+    /// Their `@ask` texts, in the order of their names.
+    pub reason: String,
 }
 
 impl CedarPolicies {
@@ -139,11 +167,14 @@ impl CedarPolicies {
         let mut errors: Vec<CedarError> =
             validated.validation_errors().map(|e| at(offset_of(e), message_of(e))).collect();
         errors.extend(templates_and_names(&policies, text).into_iter().map(|(o, m)| at(o, m)));
+        errors.extend(asks_misplaced(&policies, text).into_iter().map(|(o, m)| at(o, m)));
         if !errors.is_empty() {
             errors.sort_by(|a, b| (a.line, a.column, &a.message).cmp(&(b.line, b.column, &b.message)));
             return Err(errors);
         }
-        Ok(CedarPolicies { path: path.to_path_buf(), policies, schema })
+        let plain = policies.policies().filter(|p| p.annotation(ASK_ANNOTATION).is_none()).cloned();
+        let plain = PolicySet::from_policies(plain).map_err(|e| vec![at(0, e.to_string())])?;
+        Ok(CedarPolicies { path: path.to_path_buf(), policies, plain, schema })
     }
 
     /// How many policies the file holds.
@@ -184,51 +215,103 @@ impl CedarPolicies {
         let described = format!("the request ({user}, {action_uid}, {resource})");
         let request =
             Request::new(user, action_uid, resource, context, Some(&self.schema)).map_err(|e| error(&e))?;
-        let response = Authorizer::new().is_authorized(&request, &self.policies, &entities);
+        let asked = Asked { request: &request, entities: &entities, described: &described };
+        // An approver's answer is the question's: what asks does not apply to it.
+        let set = if action == Action::Approve { &self.plain } else { &self.policies };
+        let (allowed, matched) = self.evaluate(set, &asked)?;
+        if allowed {
+            return Ok(CedarVerdict { request: described, permitted_by: self.names(&matched), asked: None });
+        }
+        // A forbid that refuses decides: those that ask are not named.
+        let refusing: Vec<PolicyId> =
+            matched.iter().filter(|id| self.ask_of(id).is_none()).cloned().collect();
+        if matched.is_empty() || !refusing.is_empty() {
+            return Err(self.refusal(&refusing, &described));
+        }
+        // Only forbids that ask matched: the run is put to a person if the rest permits it.
+        let (allowed, permits) = self.evaluate(&self.plain, &asked)?;
+        if !allowed {
+            return Err(self.refusal(&permits, &described));
+        }
+        let mut by: Vec<(String, &str)> =
+            matched.iter().map(|id| (self.name_of(id), self.ask_of(id).unwrap_or_default())).collect();
+        by.sort();
+        let mut reasons: Vec<&str> = by.iter().map(|(_, why)| why.trim()).collect();
+        reasons.dedup();
+        let ask = CedarAsk { by: by.iter().map(|(n, _)| n.clone()).collect(), reason: reasons.join(" ") };
+        Ok(CedarVerdict { request: described, permitted_by: self.names(&permits), asked: Some(ask) })
+    }
+
+    /// Cedar's decision on `asked` under `set`: allowed or not, and the
+    /// policies that decided it (the permits that matched, or the forbids).
+    fn evaluate(&self, set: &PolicySet, asked: &Asked<'_>) -> Result<(bool, Vec<PolicyId>), Denial> {
+        let response = Authorizer::new().is_authorized(asked.request, set, asked.entities);
         let diagnostics = response.diagnostics();
         if let Some(e) = diagnostics.errors().next() {
             return Err(Denial::new(
                 ErrorKind::PolicyDenied,
                 RULE_ERROR,
                 format!(
-                    "Cedar policy {} failed to evaluate for {described}, so the request is refused (a failing \
+                    "Cedar policy {} failed to evaluate for {}, so the request is refused (a failing \
                      policy might have been a forbid): {e}",
-                    self.name_of(first_error_policy(e))
+                    self.name_of(first_error_policy(e)),
+                    asked.described
                 ),
             ));
         }
-        let mut named: Vec<String> = diagnostics.reason().map(|id| self.name_of(id)).collect();
-        named.sort();
-        match response.decision() {
-            cedar_policy::Decision::Allow => Ok(CedarVerdict { request: described, permitted_by: named }),
-            cedar_policy::Decision::Deny if named.is_empty() => Err(Denial::new(
+        let matched = diagnostics.reason().cloned().collect();
+        Ok((response.decision() == cedar_policy::Decision::Allow, matched))
+    }
+
+    /// The refusal of a request Cedar denied: `forbids` matched, or (none)
+    /// no permit did.
+    fn refusal(&self, forbids: &[PolicyId], described: &str) -> Denial {
+        let named = self.names(forbids);
+        if named.is_empty() {
+            return Denial::new(
                 ErrorKind::PolicyDenied,
                 RULE_NO_PERMIT,
                 format!(
                     "no Cedar policy in {} permits {described} (Cedar denies what no permit allows)",
                     self.path.display()
                 ),
-            )),
-            cedar_policy::Decision::Deny => {
-                let (policy, verb) =
-                    if named.len() == 1 { ("policy", "forbids") } else { ("policies", "forbid") };
-                Err(Denial::new(
-                    ErrorKind::PolicyDenied,
-                    RULE_FORBID,
-                    format!(
-                        "Cedar {policy} {} {verb} {described} (in {}; a forbid overrides any permit)",
-                        named.join(", "),
-                        self.path.display()
-                    ),
-                ))
-            }
+            );
         }
+        let (policy, verb) = if named.len() == 1 { ("policy", "forbids") } else { ("policies", "forbid") };
+        Denial::new(
+            ErrorKind::PolicyDenied,
+            RULE_FORBID,
+            format!(
+                "Cedar {policy} {} {verb} {described} (in {}; a forbid overrides any permit)",
+                named.join(", "),
+                self.path.display()
+            ),
+        )
+    }
+
+    /// The question policy `id` asks (its `@ask`), if it asks one.
+    fn ask_of(&self, id: &PolicyId) -> Option<&str> {
+        self.policies.annotation(id, ASK_ANNOTATION)
+    }
+
+    /// The policies' names, sorted.
+    fn names(&self, ids: &[PolicyId]) -> Vec<String> {
+        let mut named: Vec<String> = ids.iter().map(|id| self.name_of(id)).collect();
+        named.sort();
+        named
     }
 
     /// A policy's name: its `@id` annotation, else Cedar's id; quoted.
     fn name_of(&self, id: &PolicyId) -> String {
         format!("{:?}", self.policies.annotation(id, NAME_ANNOTATION).unwrap_or(id.as_ref()))
     }
+}
+
+/// A request put to Cedar, with its entities and how refusals name it.
+struct Asked<'a> {
+    request: &'a Request,
+    entities: &'a Entities,
+    described: &'a str,
 }
 
 /// Runs `f` on a stack of [`CEDAR_STACK_BYTES`] whose bounds are known.
@@ -284,6 +367,44 @@ fn templates_and_names(policies: &PolicySet, text: &str) -> Vec<(usize, String)>
                 });
                 errors.push((offset, format!("two policies are named @id({name:?}): names must be unique")));
             }
+        }
+    }
+    errors
+}
+
+/// `@ask` where it cannot apply, as errors at the byte offset of its
+/// annotation: on a `permit` (only a forbid's refusal can become a
+/// question), or with no question to put.
+fn asks_misplaced(policies: &PolicySet, text: &str) -> Vec<(usize, String)> {
+    // The n-th policy that asks is the n-th `@ask` of the file (Cedar's ids count in its order).
+    let mut asking: Vec<(usize, &cedar_policy::Policy, &str)> = policies
+        .policies()
+        .filter_map(|p| {
+            let id: &str = p.id().as_ref();
+            let n = id.strip_prefix("policy").and_then(|n| n.parse().ok()).unwrap_or(usize::MAX);
+            p.annotation(ASK_ANNOTATION).map(|why| (n, p, why))
+        })
+        .collect();
+    asking.sort_by_key(|(n, _, _)| *n);
+    let mut at = text.match_indices("@ask").map(|(o, _)| o);
+    let mut errors = Vec::new();
+    for (_, p, why) in asking {
+        let offset = at.next().unwrap_or(0);
+        let id: &str = p.id().as_ref();
+        let name = format!("{:?}", p.annotation(NAME_ANNOTATION).unwrap_or(id));
+        if p.effect() == cedar_policy::Effect::Permit {
+            errors.push((
+                offset,
+                format!(
+                    "policy {name} is a permit with @ask: only a forbid asks (@ask on a forbid puts \
+                     the runs it matches to a person instead of refusing them)"
+                ),
+            ));
+        } else if why.trim().is_empty() {
+            errors.push((
+                offset,
+                format!("policy {name} has @ask without a question: give it one, @ask(\"why a person must approve\")"),
+            ));
         }
     }
     errors
@@ -383,6 +504,34 @@ mod tests {
             "@id(\"a\")\npermit(principal, action, resource);\n@id(\"a\")\nforbid(principal, action, resource);",
         );
         assert_eq!(e, ["3:5: two policies are named @id(\"a\"): names must be unique"]);
+    }
+
+    /// `@ask` turns a forbid's refusal into a question: on a permit, or
+    /// without a question, it is refused at load, naming the policy.
+    #[test]
+    fn asks_are_forbids_with_a_question() {
+        let forbid = "permit(principal, action, resource);\n@ask(\"pushes leave\") forbid(principal, action, resource);";
+        assert_eq!(errors(forbid), Vec::<String>::new());
+        let e = errors("@id(\"all\")\n@ask(\"why\") permit(principal, action, resource);");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].starts_with("2:1: policy \"all\" is a permit with @ask: only a forbid asks"), "{e:?}");
+        for ask in ["@ask", "@ask(\"\")", "@ask(\"  \")"] {
+            let e = errors(&format!(
+                "permit(principal, action, resource);\n{ask} forbid(principal, action, resource);"
+            ));
+            assert_eq!(
+                e,
+                [
+                    "2:1: policy \"policy1\" has @ask without a question: give it one, @ask(\"why a person must approve\")"
+                ],
+                "{ask}"
+            );
+        }
+        // Each error points at its own policy's @ask.
+        let e = errors(
+            "@ask(\"a\") forbid(principal, action, resource);\n@ask(\"b\") permit(principal, action, resource);",
+        );
+        assert!(e.len() == 1 && e[0].starts_with("2:1: policy \"policy1\" is a permit"), "{e:?}");
     }
 
     /// On a thread whose stack is smaller than Cedar's margin (as a static

@@ -184,7 +184,8 @@ pub enum Decision {
     /// checked like any other (the validation pipeline has passed).
     NeedsApproval {
         reason: String,
-        /// The rule that asks: a tool's Trial or escalation, or the fallback.
+        /// The rule that asks: a tool's Trial or escalation, the fallback,
+        /// or a Cedar `forbid` with `@ask` (`cedar.ask`).
         rule: &'static str,
         resolved: Box<Resolved>,
     },
@@ -347,6 +348,16 @@ fn static_fix(d: Denial) -> Denial {
     if d.fix.is_some() { d } else { d.with_fix(flag.map(String::from), key) }
 }
 
+/// The question Cedar's `forbid`s with `@ask` put (see [`cedar`]), after
+/// any the built-in checks asked, whose rule then stays the question's.
+fn cedar_question(approval: Option<Approval>, verdict: Option<&CedarVerdict>) -> Option<Approval> {
+    let Some(ask) = verdict.and_then(|v| v.asked.as_ref()) else { return approval };
+    Some(match approval {
+        Some(first) => Approval { reason: format!("{} {}", first.reason, ask.reason), rule: first.rule },
+        None => Approval { reason: ask.reason.clone(), rule: cedar::RULE_ASK },
+    })
+}
+
 fn denied<T>(kind: ErrorKind, rule: &'static str, reason: impl Into<String>) -> Result<T, Denial> {
     Err(Denial::new(kind, rule, reason))
 }
@@ -453,8 +464,9 @@ impl Policy {
         let approval = approval.map(|reason| Approval { reason, rule: trust::FALLBACK_RULE });
         let approval = self.trust_question(&mut resolved, trust, escalation, approval);
 
-        // Cedar, last: it can only narrow what the built-in checks allow.
+        // Cedar, last: it can only narrow what the built-in checks allow (or ask a person first).
         resolved.cedar = self.check_cedar(ctx, &resolved, approval.is_some())?;
+        let approval = cedar_question(approval, resolved.cedar.as_ref());
         Ok((resolved, approval))
     }
 

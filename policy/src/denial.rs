@@ -60,6 +60,7 @@ impl Denial {
 /// file it names). Every other refusal ends with its fix.
 const NO_FIX: &[(&str, &[&str])] = &[
     ("broker.sandbox_ids", &["[broker] sandbox_ids covers"]),
+    ("cedar.ask", &["Not approved: "]),
     ("cedar.error", &["failed to evaluate", "cannot be built"]),
     ("cedar.forbid", &["a forbid overrides any permit"]),
     ("cedar.no_permit", &["Cedar denies what no permit allows"]),

@@ -233,7 +233,12 @@ fn egress_plan(out: &mut String, e: &EgressPlan) {
 fn cedar_summary(r: &Resolved) -> String {
     match &r.cedar {
         None => "no Cedar policies configured".into(),
-        Some(v) => format!("permitted by {} for {}", v.permitted_by.join(", "), v.request),
+        Some(v) => {
+            let asked = v.asked.as_ref().map_or(String::new(), |a| {
+                format!("; held for approval by {} (cedar.ask): {}", a.by.join(", "), a.reason)
+            });
+            format!("permitted by {} for {}{asked}", v.permitted_by.join(", "), v.request)
+        }
     }
 }
 

@@ -1777,6 +1777,88 @@ mod cedar {
             other => panic!("{other:?}"),
         }
     }
+
+    /// A `forbid` with `@ask` holds what it matches for a person's
+    /// approval, with its text as the question; what it does not match
+    /// runs, a plain `forbid` that matches too still refuses, and so does
+    /// the want of a permit.
+    #[test]
+    fn a_forbid_that_asks_holds_the_run_for_approval() {
+        let f = Fixture::new("cedar-ask");
+        let push = "@id(\"all\") permit(principal, action, resource);\n@id(\"push\") @ask(\"git push publishes the workspace\")\nforbid(principal, action, resource) when { context.argv.contains(\"push\") };";
+        let asked = |what: &str, toml: &str, policies: &str, argv: &[&str]| match decide(
+            &f,
+            On::TierC,
+            toml,
+            Some(policies),
+            USER,
+            &f.request(argv),
+        ) {
+            Decision::NeedsApproval { reason, rule, resolved } => {
+                let verdict = resolved.cedar.unwrap_or_else(|| panic!("{what}: no verdict"));
+                (rule, reason, verdict)
+            }
+            other => panic!("{what}: not held for approval: {other:?}"),
+        };
+        let (rule, reason, verdict) = asked("git push", "", push, &["git", "push", "origin", "main"]);
+        assert_eq!((rule, reason.as_str()), ("cedar.ask", "git push publishes the workspace"));
+        assert_eq!(verdict.permitted_by, ["\"all\""]);
+        assert_eq!(verdict.asked.map(|a| a.by), Some(vec!["\"push\"".to_string()]));
+        // The control: what it does not match runs with nobody asked.
+        match decide(&f, On::TierC, "", Some(push), USER, &f.request(&["git", "status"])) {
+            Decision::Allow(r) => assert_eq!(r.cedar.and_then(|v| v.asked), None),
+            other => panic!("git status: {other:?}"),
+        }
+        // A domain the run may reach.
+        let github = "permit(principal, action, resource);\n@ask(\"reaches github.com\") forbid(principal, action, resource) when { context.allow_domains.contains(\"github.com\") };";
+        let (rule, reason, _) = asked("a domain", GITHUB, github, &["curl", "https://github.com/"]);
+        assert_eq!((rule, reason.as_str()), ("cedar.ask", "reaches github.com"));
+        // A plain forbid that matches as well refuses: asking never overrides a refusal.
+        let both = format!(
+            "{push}\n@id(\"no force\") forbid(principal, action, resource) when {{ context.argv.contains(\"--force\") }};"
+        );
+        let (rule, reason) = refused(
+            "force",
+            decide(&f, On::TierC, "", Some(&both), USER, &f.request(&["git", "push", "--force"])),
+        );
+        assert_eq!(rule, "cedar.forbid", "{reason}");
+        assert!(reason.contains("\"no force\"") && !reason.contains("\"push\""), "{reason}");
+        let (rule, reason, _) = asked("no force asked", "", &both, &["git", "push"]);
+        assert_eq!((rule, reason.as_str()), ("cedar.ask", "git push publishes the workspace"));
+        // With no permit, the question is not put: the run is refused.
+        let alone = "@ask(\"pushes\") forbid(principal, action, resource) when { context.argv.contains(\"push\") };\npermit(principal, action, resource) when { context.argv.contains(\"status\") };";
+        let (rule, reason) =
+            refused("no permit", decide(&f, On::TierC, "", Some(alone), USER, &f.request(&["git", "push"])));
+        assert_eq!(rule, "cedar.no_permit", "{reason}");
+        crate::denial::names_a_fix_or_why_none(rule, &reason).unwrap();
+    }
+
+    /// An approver's yes is not itself put to a person: `approve` is asked
+    /// without the forbids that ask; a plain forbid of `approve` still refuses.
+    #[test]
+    fn an_approval_is_not_asked_again() {
+        let f = Fixture::new("cedar-ask-approve");
+        let policies = "permit(principal, action, resource);\n@ask(\"pushes\") forbid(principal, action, resource) when { context.argv.contains(\"push\") };";
+        let file = f.root.join("ask.cedar");
+        std::fs::write(&file, policies).unwrap();
+        let toml = format!("[policy]\ncedar = {:?}\n", file.to_string_lossy());
+        let host = f.host(On::TierC);
+        let policy = Policy::new(Config::parse(&toml, Path::new("a.toml")).unwrap(), &*host.files);
+        let resolved = match policy.decide(&host, &context(On::TierC), &f.request(&["git", "push"])) {
+            Decision::NeedsApproval { resolved, rule: "cedar.ask", .. } => resolved,
+            other => panic!("{other:?}"),
+        };
+        let approver = Principal { uid: 0, gid: 0, groups: vec![] };
+        let verdict = policy.authorize_approval(&approver, &resolved).unwrap().unwrap();
+        assert_eq!(verdict.asked, None);
+        let no = format!(
+            "{policies}\n@id(\"nobody\") forbid(principal, action == Action::\"approve\", resource);"
+        );
+        std::fs::write(&file, no).unwrap();
+        let policy = Policy::new(Config::parse(&toml, Path::new("a.toml")).unwrap(), &*host.files);
+        let d = policy.authorize_approval(&approver, &resolved).unwrap_err();
+        assert_eq!((d.rule, d.reason.contains("\"nobody\"")), ("cedar.forbid", true), "{}", d.reason);
+    }
 }
 
 /// A broker serving only its owner lets the owner's asks widen the profile
