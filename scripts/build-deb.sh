@@ -38,14 +38,14 @@
 #       service's ExecStart= pointed at /usr/bin/palisaded (the file in the
 #       tree starts ~/.local/bin/palisaded, a per-user install's)
 #   /usr/lib/sysusers.d/palisade.conf   the system group `palisade`, the
-#       socket unit's SocketGroup=. No `palisade` user: the system service
-#       runs as root (it acts as each requester) and nothing runs as, or is
-#       owned by, such a user.
-#   /usr/lib/tmpfiles.d/palisade.conf   /var/lib/palisade, root 0700: the
-#       system broker's state directory (the audit journal, trust stages,
-#       change sets, skills and secrets), as the service's StateDirectory=
-#       makes it. With a journal reader_gid the readers need it 0711
-#       (docs/journal.md).
+#       socket unit's SocketGroup=, and the system user `palisade` in it, the
+#       service's User= (it holds the unit's capabilities and acts as each
+#       requester), with no login.
+#   /usr/lib/tmpfiles.d/palisade.conf   /var/lib/palisade, palisade:palisade
+#       0700: the system broker's state directory (the audit journal, trust
+#       stages, change sets, skills and secrets), as the service's
+#       StateDirectory= makes it. With a journal reader_gid the broker opens
+#       it to that group, search only (docs/journal.md).
 #   /etc/palisade/palisade.toml         deploy/debian/palisade.toml, a conffile:
 #       the keys an administrator must look at (who is served: the group
 #       palisade; the journal's readers), nothing else
@@ -78,11 +78,16 @@
 #             the users in allowed_uids and allowed_gids, which the operator
 #             checks in /etc/palisade/palisade.toml first, then
 #             `systemctl enable --now palisade.socket`.
-#   prerm     on removal stops palisade.socket and palisade.service and
-#             unloads the AppArmor profile.
+#   prerm     on removal stops palisade.socket and palisade.service, then
+#             any palisaded still running from /usr/bin (one started by hand
+#             on a host without systemd, a user's own, an embedded broker:
+#             start-stop-daemon --stop --exec, TERM then KILL after 30 s),
+#             and unloads the AppArmor profile.
 #   postrm    `systemctl daemon-reload`; on purge, removes the profile's
 #             compiled cache and the runtime directory /run/palisade (the
-#             socket's, and the runs' directories), and says what it keeps.
+#             socket's, and the runs' directories), after unmounting
+#             (umount -l, deepest first) whatever is mounted under it, and
+#             says what it keeps.
 #             dpkg itself removes the conffiles (/etc/palisade/palisade.toml,
 #             the profile) on purge, and keeps them on removal.
 #             Kept, even on purge: the state directory /var/lib/palisade
@@ -404,6 +409,14 @@ if [ "\$1" = remove ]; then
     if [ -d /run/systemd/system ] && command -v deb-systemd-invoke >/dev/null 2>&1; then
         deb-systemd-invoke stop palisade.socket palisade.service >/dev/null || true
     fi
+    # A broker started without systemd (by hand, an init script, a user's
+    # own): its program and the helper it spawns are about to go. TERM
+    # first, as systemd's stop does (TimeoutStopSec=30), then KILL; none
+    # running is not an error.
+    if command -v start-stop-daemon >/dev/null 2>&1; then
+        start-stop-daemon --stop --quiet --oknodo --retry TERM/30/KILL/5 --exec /usr/bin/palisaded ||
+            echo "palisade: a palisaded still runs (start-stop-daemon --stop failed)" >&2
+    fi
     if command -v apparmor_parser >/dev/null 2>&1 && apparmor_enabled; then
         apparmor_parser -R /etc/apparmor.d/palisade-helper >/dev/null 2>&1 || true
     fi
@@ -427,8 +440,31 @@ remove | purge)
 esac
 if [ "$1" = purge ]; then
     rm -f /var/cache/apparmor/*/palisade-helper /etc/apparmor.d/cache/palisade-helper
-    # The socket's directory and the runs' (the units keep it across restarts).
-    rm -rf --one-file-system /run/palisade
+    # The socket's directory and the runs' (the units keep it across
+    # restarts). What is mounted under it first (a run's mounts a crash left,
+    # a bind mount), deepest first, as this mount namespace sees it
+    # (/proc/self/mountinfo's fifth field, octal escapes undone): rm would
+    # stop at each, and fail the purge. Again while that uncovers more (a
+    # mount over /run/palisade hides those beneath it).
+    if [ -r /proc/self/mountinfo ] && command -v umount >/dev/null 2>&1; then
+        mounted() {
+            while read -r _id _parent _dev _root point _rest; do
+                case $point in /run/palisade | /run/palisade/*) printf '%s\n' "$point" ;; esac
+            done </proc/self/mountinfo | sed 's/\\040/ /g; s/\\011/\t/g; s/\\134/\\/g' | LC_ALL=C sort -r
+        }
+        left=$(mounted)
+        passes=0
+        while [ -n "$left" ] && [ "$passes" -lt 8 ]; do
+            printf '%s\n' "$left" | while IFS= read -r point; do
+                umount -l "$point" 2>/dev/null || true
+            done
+            passes=$((passes + 1))
+            left=$(mounted)
+        done
+        [ -z "$left" ] || echo "palisade: still mounted under /run/palisade: $left" >&2
+    fi
+    rm -rf --one-file-system /run/palisade ||
+        echo "palisade: /run/palisade is not removed entirely (above)" >&2
     if [ -d /var/lib/palisade ]; then
         echo "palisade: /var/lib/palisade is kept (the audit journal, held change sets): remove it by hand once archived" >&2
     fi

@@ -8,7 +8,12 @@
 # private (unshare -m --propagation private): dpkg, the maintainer scripts
 # (systemd-sysusers, systemd-tmpfiles) and the checks change only the
 # overlay, which goes with the namespace. No systemd runs there, so the
-# maintainer scripts' systemctl steps are skipped, as on any host without it.
+# maintainer scripts' systemctl steps are skipped, as on any host without it;
+# what they do instead is checked: a palisaded started by hand in the scratch
+# root is stopped by the removal (start-stop-daemon matches its program, the
+# scratch root's /usr/bin/palisaded, which no process outside runs), and the
+# purge unmounts what was left mounted under /run/palisade (the scratch
+# root's /proc/self/mountinfo lists only the mounts under that root).
 #
 # Usage (as root, in a private mount namespace):
 #   check-deb-install.sh DEB [SOURCE_ONLY...]
@@ -26,7 +31,7 @@ if [ "$(readlink /proc/self/ns/mnt)" = "$(readlink /proc/1/ns/mnt)" ]; then
     echo "check-deb-install: not in a mount namespace of its own (unshare -m --propagation private)" >&2
     exit 1
 fi
-for tool in chroot mount dpkg man getent; do
+for tool in chroot mount dpkg man getent awk; do
     command -v "$tool" >/dev/null || { echo "check-deb-install: $tool is missing" >&2; exit 1; }
 done
 
@@ -72,6 +77,19 @@ check() {
     fi
 }
 absent() { [ ! -e "$r$1" ] && [ ! -L "$r$1" ]; }
+not() { ! "$@"; }
+# Whether process $1 runs (a zombie, not yet waited for, does not).
+alive() {
+    local state
+    state=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+    [ -n "$state" ] && [ "$state" != Z ]
+}
+gone() { ! alive "$1"; }
+# Whether anything is mounted at or under $1 of the scratch root, in this
+# mount namespace (mountinfo's fifth field).
+mounted_under() {
+    awk -v top="$r$1" '$5 == top || index($5, top "/") == 1 { found = 1 } END { exit !found }' /proc/self/mountinfo
+}
 status() { in_root dpkg-query -W -f='${db:Status-Status}' palisade 2>/dev/null || echo not-installed; }
 status_is() { [ "$(status)" = "$1" ]; }
 has_group() { in_root getent group palisade >/dev/null; }
@@ -154,8 +172,23 @@ echo "# changed by the administrator" >>"$r/etc/palisade/palisade.toml"
 mkdir -p "$r/var/lib/palisade/journal"
 echo '{"seq":0}' >"$r/var/lib/palisade/journal/segment-00000000000000000000.jsonl"
 
+# A broker started by hand, as on a host without systemd (none runs here):
+# the removal stops it. Its own socket and state, under the scratch root's /tmp.
+chroot "$r" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 PALISADE_STATE=/tmp/by-hand \
+    /usr/bin/palisaded --socket /tmp/by-hand.sock >"$scratch/by-hand.log" 2>&1 &
+by_hand=$!
+for _ in $(seq 100); do
+    [ ! -S "$r/tmp/by-hand.sock" ] && alive "$by_hand" || break
+    sleep 0.1
+done
+check "a broker started by hand serves" test -S "$r/tmp/by-hand.sock"
+alive "$by_hand" || sed 's/^/    palisaded: /' "$scratch/by-hand.log" >&2
+
 echo "dpkg --remove"
 in_root dpkg --remove palisade >"$scratch/dpkg.log" 2>&1 || { cat "$scratch/dpkg.log" >&2; exit 1; }
+check "the broker started by hand is stopped" gone "$by_hand"
+kill -KILL "$by_hand" 2>/dev/null || true
+wait "$by_hand" 2>/dev/null || true
 mkdir -p "$r/run/palisade/runs"
 check "only its configuration is left (config-files)" status_is config-files
 check "the programs are gone" absent /usr/bin/palisaded
@@ -166,8 +199,21 @@ check "the journal is kept" test -s "$r/var/lib/palisade/journal/segment-0000000
 check "the group is kept" has_group
 check "the user is kept" has_user
 
+# What a broker that died can leave mounted under /run/palisade: a bind
+# mount with another mount inside it, and a mount over the directory itself
+# (hiding those beneath it until it is gone), with one more inside that.
+mkdir -p "$scratch/held/inner" "$r/run/palisade/runs/held"
+echo kept >"$scratch/held/inner/file"
+mount --bind "$scratch/held" "$r/run/palisade/runs/held"
+mount -t tmpfs tmpfs "$r/run/palisade/runs/held/inner"
+mount --bind "$scratch/held" "$r/run/palisade"
+mount -t tmpfs tmpfs "$r/run/palisade/inner"
+check "something is mounted under /run/palisade" mounted_under /run/palisade
+
 echo "dpkg --purge"
 in_root dpkg --purge palisade >"$scratch/dpkg.log" 2>&1 || { cat "$scratch/dpkg.log" >&2; exit 1; }
+check "nothing is mounted under /run/palisade any more" not mounted_under /run/palisade
+check "what was mounted there is unmounted, not emptied" grep -qx kept "$scratch/held/inner/file"
 check "purge says what it keeps" grep -q "/var/lib/palisade is kept" "$scratch/dpkg.log"
 check "dpkg knows it no more" status_is not-installed
 check "the configuration is gone" absent /etc/palisade

@@ -14,9 +14,11 @@
 #   relative link of the installed documentation resolves but those to
 #   source files (SOURCE_ONLY below); removed, the configuration (with the
 #   administrator's change) and the state are kept, the programs and
-#   documentation gone; purged, the configuration is gone too, and the
-#   state (a journal's record) and the group are kept. Not root: says that
-#   this part was not tried.
+#   documentation gone, and a broker started by hand (no systemd runs
+#   there) stopped; purged, with mounts left under /run/palisade, those are
+#   unmounted and the directory is gone, the configuration is gone too,
+#   and the state (a journal's record) and the group are kept. Not root:
+#   says that this part was not tried.
 # Exits non-zero, saying what is wrong, on any failure.
 # Usage: scripts/check-deb.sh [DEB, default the one target/debian/palisade_*.deb]
 set -euo pipefail

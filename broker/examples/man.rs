@@ -170,15 +170,19 @@ mod pages {
                 ),
                 (
                     "/run/palisade/palisade.sock",
-                    "The socket of a broker run as root, unless --socket names another.",
+                    "The system broker's socket (a broker that serves other users: root, or palisade.service's \
+                     user palisade holding CAP_SETUID), unless --socket names another; /var/run/palisade.sock \
+                     on macOS.",
                 ),
                 (
                     "/var/lib/palisade",
-                    "A root broker's state: the audit journal, trust stages, held change sets, skills and secrets.",
+                    "The system broker's state: the audit journal, trust stages, held change sets, skills and \
+                     secrets. The user palisade's, mode 0700 (the package's tmpfiles.d entry and the unit's \
+                     StateDirectory=); a journal reader_gid may pass through it, search only.",
                 ),
                 (
                     "$XDG_RUNTIME_DIR/palisade/palisade.sock, $XDG_STATE_HOME/palisade",
-                    "The socket and state of a broker that is not root, which serves its own uid only.",
+                    "The socket and state of a user's own broker, which serves its own uid only.",
                 ),
             ],
         )

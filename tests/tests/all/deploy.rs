@@ -303,3 +303,43 @@ fn the_debian_configuration_is_minimal_and_serves_the_sockets_group() {
     let exec = unit_setting("palisade.service", "ExecStart");
     assert!(exec.ends_with(" --config /etc/palisade/palisade.toml"), "{exec}");
 }
+
+/// Who owns /var/lib/palisade, said alike by what makes it (the package's
+/// tmpfiles.d and sysusers.d lines, the unit's `User=` and
+/// `StateDirectory=`) and by what describes it (README.md's "A Debian
+/// package", `man palisaded`'s FILES, build-deb.sh's own notes): the
+/// unit's user, 0700; never root's.
+#[test]
+fn the_state_directory_is_the_units_user_in_the_package_the_readme_and_the_manual() {
+    let user = unit_setting("palisade.service", "User");
+    assert_eq!(user, "palisade");
+    assert_eq!(unit_setting("palisade.service", "StateDirectory"), "palisade");
+    let mode = unit_setting("palisade.service", "StateDirectoryMode");
+    assert_eq!(mode, "0700");
+    let package = read("scripts/build-deb.sh");
+    let tmpfiles = format!("\nd {STATE_DIR} {mode} {user} {user} -\n");
+    assert!(package.contains(&tmpfiles), "build-deb.sh's tmpfiles.d line is not {tmpfiles:?}");
+    let sysusers = format!("\nu {user} - \"palisade sandbox broker\" {STATE_DIR} /usr/sbin/nologin\n");
+    assert!(package.contains(&sysusers), "build-deb.sh makes no user {user} at home in {STATE_DIR}");
+    assert!(package.contains(&format!("{STATE_DIR}, {user}:{user}\n#       {mode}")), "build-deb.sh's notes");
+    let installed = read("scripts/check-deb-install.sh");
+    assert!(
+        installed.contains(&format!("\"directory {} {user}:{user}\"", &mode[1..])),
+        "check-deb-install.sh"
+    );
+    let readme: String = read("README.md").split_whitespace().collect::<Vec<_>>().join(" ");
+    let said = format!("`{STATE_DIR}`, the user `{user}`'s, {mode}");
+    assert!(readme.contains(&said), "README.md does not say {said:?}");
+    let man: String = read("broker/examples/man.rs").split_whitespace().collect::<Vec<_>>().join(" ");
+    let said = format!("The user {user}'s, mode {mode}");
+    assert!(man.contains(&said), "man palisaded's FILES (broker/examples/man.rs) does not say {said:?}");
+    for wrong in
+        [format!("`{STATE_DIR}` (root, "), "A root broker's state".to_string(), "No `palisade` user".into()]
+    {
+        for (file, text) in
+            [("README.md", &readme), ("broker/examples/man.rs", &man), ("scripts/build-deb.sh", &package)]
+        {
+            assert!(!text.contains(&wrong), "{file} still says {wrong:?}");
+        }
+    }
+}
