@@ -342,18 +342,25 @@ impl Daemon {
         defaults: &str,
         tables: &str,
     ) -> Daemon {
-        let config = dir.join(format!("{name}.toml"));
         let journal = match journal {
             true => {
                 format!("[journal]\npath = {:?}\n", dir.join(format!("{name}-journal")).to_string_lossy())
             }
             false => "[journal]\nenabled = false\n".to_string(),
         };
-        std::fs::write(
-            &config,
-            format!("[broker]\nmax_concurrent = 64\nmax_queued = 256\nwarm = {warm}\n{journal}[defaults]\nmax_output_bytes = 17179869184\nallow_interpreters = true\nallow_inline_code = true\n{defaults}{tables}"),
-        )
-        .unwrap();
+        let text = format!("[broker]\nmax_concurrent = 64\nmax_queued = 256\nwarm = {warm}\n{journal}[defaults]\nmax_output_bytes = 17179869184\nallow_interpreters = true\nallow_inline_code = true\n{defaults}{tables}");
+        Daemon::spawn(dir, name, &text)
+    }
+
+    /// A broker named `name` whose configuration is `tables` (its journal off).
+    pub(crate) fn start_config(dir: &Path, name: &str, tables: &str) -> Daemon {
+        Daemon::spawn(dir, name, &format!("{tables}[journal]\nenabled = false\n"))
+    }
+
+    /// A broker named `name` of configuration `text`, its socket in `dir`.
+    fn spawn(dir: &Path, name: &str, text: &str) -> Daemon {
+        let config = dir.join(format!("{name}.toml"));
+        std::fs::write(&config, text).unwrap();
         // A directory of their own: a broker's socket directory is nobody's
         // workspace, and the workspace is in `dir`.
         let sockets = dir.join("sockets");
@@ -1061,6 +1068,9 @@ fn sections(
     }
     if wanted("builds") {
         out.push(crate::builds::builds(dir, if quick { 1 } else { 3 }));
+    }
+    if wanted("fairness") {
+        out.push(crate::fairness::fairness(dir, if quick { 3 } else { 40 }));
     }
     out
 }

@@ -25,7 +25,7 @@
 //! - builds: `cargo build` of a crate with dependencies, a venv with `pip
 //!   install`, `npm install`, 20,000 files: bare, bwrap, and palisade
 //!   (embedded and daemon), with where palisade's time goes.
-//! - `--only latency,throughput,output,memory,precision,egress,plugins,copyback,builds`: some sections only;
+//! - `--only latency,throughput,output,memory,precision,egress,plugins,copyback,builds,fairness`: some sections only;
 //! - `--breakdown`: where the helper's time goes, by removing one mechanism
 //!   at a time from its plan;
 //! - `--loop LAUNCHER N [--clients K]`: N launches of `/bin/true` (by K
@@ -41,6 +41,8 @@ mod builds;
 mod copyback;
 #[cfg(target_os = "linux")]
 mod egress;
+#[cfg(target_os = "linux")]
+mod fairness;
 #[cfg(target_os = "linux")]
 mod linux;
 #[cfg(target_os = "linux")]

@@ -429,6 +429,22 @@ pub struct BrokerConfig {
     pub max_concurrent: usize,
     /// Runs waiting for a slot; beyond this, requests get `Busy`.
     pub max_queued: usize,
+    /// Runs at once of one requester (uid); default: three quarters of
+    /// `max_concurrent` for a broker that serves other users, all of it for
+    /// a user's own. A freed slot goes to the waiting requester with the
+    /// fewest runs in progress.
+    pub max_concurrent_per_uid: Option<usize>,
+    /// Runs of one requester waiting for a slot; default: three quarters of
+    /// `max_queued` for a broker that serves other users, all of it for a
+    /// user's own.
+    pub max_queued_per_uid: Option<usize>,
+    /// Sessions one requester may have at once.
+    pub max_sessions_per_uid: usize,
+    /// MiB of memory one requester's runs in progress may be given together
+    /// (each run's cgroup limit counts); a run that would go over waits.
+    /// Where no cgroup bounds a run's memory, a run is refused while this is
+    /// set. 0: no share.
+    pub max_memory_mb_per_uid: u64,
     /// Helpers started ahead of requests, waiting for a plan, so that a run
     /// without a cgroup does not wait for one to start: the warm pool's
     /// size (and, once a session has run a command, one more for the next
@@ -600,6 +616,10 @@ impl Default for BrokerConfig {
             allowed_gids: vec![],
             max_concurrent: 16,
             max_queued: 128,
+            max_concurrent_per_uid: None,
+            max_queued_per_uid: None,
+            max_sessions_per_uid: 8,
+            max_memory_mb_per_uid: 0,
             prespawn: 2,
             warm: true,
             etc_snapshot: true,

@@ -1032,6 +1032,98 @@ pub struct BrokerStatus {
     pub journal: Option<JournalHead>,
     pub cgroup: CgroupStatus,
     pub config: ConfigStatus,
+    /// From version 21: what an operator of a shared broker looks at.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::form::before_21",
+        deserialize_with = "crate::form::field_of_21"
+    )]
+    pub operations: Option<Operations>,
+}
+
+/// The broker's socket, its shares, the runs and sessions in it and its
+/// last reload. Runs and sessions are listed to their own requester, and
+/// to an operator (root, the broker's uid, an approver) all of them; the
+/// others' are only counted.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct Operations {
+    /// The socket it serves.
+    pub socket: String,
+    /// Whether it serves other users than its own (a system broker).
+    pub system: bool,
+    /// What one requester may hold (`[broker]`'s `_per_uid` keys in force).
+    pub per_uid: PerUidLimits,
+    /// What each requester holds now (the asker's own, or everybody's for an operator).
+    pub requesters: Vec<RequesterShare>,
+    pub runs: Vec<LiveRun>,
+    /// Runs not listed (other requesters').
+    pub runs_omitted: u64,
+    pub sessions: Vec<LiveSession>,
+    /// Sessions not listed (other requesters').
+    pub sessions_omitted: u64,
+    /// The last reload, if there was one since the start.
+    pub last_reload: Option<ReloadOutcome>,
+}
+
+/// The per-requester limits in force.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct PerUidLimits {
+    pub max_concurrent: u64,
+    pub max_queued: u64,
+    pub max_sessions: u64,
+    /// MiB; 0: no memory share.
+    pub max_memory_mb: u64,
+}
+
+/// What one requester holds.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct RequesterShare {
+    pub uid: u32,
+    pub running: u64,
+    pub queued: u64,
+    /// MiB of its runs in progress that a cgroup bounds.
+    pub memory_mb: u64,
+}
+
+/// A run the broker holds: deciding, waiting for an approval, queued or running.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct LiveRun {
+    pub run_id: u64,
+    /// The requester.
+    pub uid: u32,
+    /// The requester's user name, where the broker's host knows it.
+    pub user: Option<String>,
+    pub argv: Vec<String>,
+    /// The session it runs in, if any.
+    pub session: Option<String>,
+    /// `approval` (waiting for an approver's answer), `queued` (for a run
+    /// slot) or `running`.
+    pub state: String,
+    /// Seconds since the broker took the request.
+    pub age_secs: u64,
+}
+
+/// A live session.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct LiveSession {
+    pub name: String,
+    pub uid: u32,
+    pub user: Option<String>,
+    pub age_secs: u64,
+    /// Commands running in it now.
+    pub running: u64,
+}
+
+/// How the last reload (SIGHUP) ended.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReloadOutcome {
+    /// When, in seconds since the epoch.
+    pub unix: u64,
+    /// Whether the file loaded and took effect.
+    pub ok: bool,
+    /// Why it did not, in the file's own words: shown to an operator
+    /// (others get `None` and `ok` alone).
+    pub error: Option<String>,
 }
 
 /// The warm pool.

@@ -11,8 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 
-/// Sessions one requester may have at once.
-pub const MAX_SESSIONS_PER_UID: usize = 8;
 /// A session with no command running and none started for this long ends.
 pub const IDLE_TIMEOUT_DEFAULT_SECS: u64 = 15 * 60;
 /// A session ends this long after it started, whatever runs in it.
@@ -180,7 +178,8 @@ impl Sessions {
 
     /// Takes `name` (or a name of the broker's) for a session of `uid` about
     /// to start; [`Sessions::started`] or [`Sessions::release`] gives it back.
-    pub fn reserve(&self, uid: u32, name: Option<String>) -> Result<String, ErrorReply> {
+    /// `max`: the sessions one requester may have (`[broker] max_sessions_per_uid`).
+    pub fn reserve(&self, uid: u32, name: Option<String>, max: usize) -> Result<String, ErrorReply> {
         let name = match name {
             Some(n) => check_name(&n).map(|()| n)?,
             None => format!("s{}", self.named.fetch_add(1, Ordering::Relaxed) + 1),
@@ -192,8 +191,10 @@ impl Sessions {
             return Err(ErrorReply::with_rule(ErrorKind::InvalidRequest, why, "session.name"));
         }
         let mine = state.live.keys().chain(state.starting.iter()).filter(|(u, _)| *u == uid).count();
-        if mine >= MAX_SESSIONS_PER_UID {
-            let why = format!("you have {mine} sessions, the most one requester may have: stop one first");
+        if mine >= max {
+            let why = format!(
+                "you have {mine} sessions, the most one requester may have (max_sessions_per_uid = {max}): stop one first"
+            );
             return Err(ErrorReply::with_rule(ErrorKind::Busy, why, "session.limit"));
         }
         state.starting.insert(key);
@@ -223,6 +224,11 @@ impl Sessions {
             let why = format!("you have no session named {name} (`palisade session list` lists yours)");
             ErrorReply::with_rule(ErrorKind::InvalidRequest, why, "session.unknown")
         })
+    }
+
+    /// Every live session, with its requester.
+    pub fn all(&self) -> Vec<(u32, SessionInfo)> {
+        self.state().live.values().map(|s| (s.uid, s.listed())).collect()
     }
 
     pub fn list(&self, uid: u32) -> Vec<SessionInfo> {
@@ -286,6 +292,9 @@ pub fn command_request(session: &RunRequest, run: RunRequest) -> Result<RunReque
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `[broker] max_sessions_per_uid`'s default.
+    const MAX_SESSIONS_PER_UID: usize = 8;
     use palisade_policy::denial::names_a_fix_or_why_none;
 
     /// The refusal's rule and message.
@@ -296,25 +305,29 @@ mod tests {
     #[test]
     fn names_are_checked_and_each_requester_has_its_own() {
         let s = Sessions::default();
-        assert_eq!(s.reserve(1000, Some("dev".into())).unwrap(), "dev");
-        let (taken, why) = rule(s.reserve(1000, Some("dev".into())).unwrap_err());
+        assert_eq!(s.reserve(1000, Some("dev".into()), MAX_SESSIONS_PER_UID).unwrap(), "dev");
+        let (taken, why) = rule(s.reserve(1000, Some("dev".into()), MAX_SESSIONS_PER_UID).unwrap_err());
         assert_eq!(taken, "session.name");
         names_a_fix_or_why_none("session.name", &why).unwrap();
-        assert_eq!(s.reserve(1001, Some("dev".into())).unwrap(), "dev", "another uid's names are its own");
+        assert_eq!(
+            s.reserve(1001, Some("dev".into()), MAX_SESSIONS_PER_UID).unwrap(),
+            "dev",
+            "another uid's names are its own"
+        );
         for bad in ["", ".x", "-x", "a/b", "a b", &"x".repeat(NAME_MAX + 1)] {
-            let (refused, why) = rule(s.reserve(1000, Some(bad.into())).unwrap_err());
+            let (refused, why) = rule(s.reserve(1000, Some(bad.into()), MAX_SESSIONS_PER_UID).unwrap_err());
             assert_eq!(refused, "session.name", "{bad:?}");
             names_a_fix_or_why_none("session.name", &why).unwrap();
         }
         s.release(1000, "dev");
-        assert_eq!(s.reserve(1000, Some("dev".into())).unwrap(), "dev");
+        assert_eq!(s.reserve(1000, Some("dev".into()), MAX_SESSIONS_PER_UID).unwrap(), "dev");
         let (unknown, why) = rule(s.get(1001, "dev").err().unwrap());
         assert_eq!(unknown, "session.unknown", "another uid's session is not found");
         names_a_fix_or_why_none("session.unknown", &why).unwrap();
         for _ in 1..MAX_SESSIONS_PER_UID {
-            s.reserve(1000, None).unwrap();
+            s.reserve(1000, None, MAX_SESSIONS_PER_UID).unwrap();
         }
-        let (limit, why) = rule(s.reserve(1000, None).unwrap_err());
+        let (limit, why) = rule(s.reserve(1000, None, MAX_SESSIONS_PER_UID).unwrap_err());
         assert_eq!(limit, "session.limit");
         names_a_fix_or_why_none("session.limit", &why).unwrap();
     }

@@ -8,11 +8,15 @@ pub mod budget;
 #[cfg(target_os = "linux")]
 pub mod daemon;
 #[cfg(unix)]
+pub mod live;
+#[cfg(unix)]
 pub mod memory;
 #[cfg(unix)]
 pub mod publish;
 #[cfg(unix)]
 pub mod server;
+#[cfg(unix)]
+pub mod slots;
 #[cfg(unix)]
 pub mod sessions;
 #[cfg(unix)]

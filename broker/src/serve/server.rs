@@ -7,6 +7,7 @@
 //! limits `Busy`, each kind of refusal within a room of its own
 //! ([`REFUSING_ROOM`]); only the others count against the limits.
 
+use super::slots::{Limits, Refused, Slot, Taken};
 use crate::decide::approvals::{ApproverAction, Ticket};
 use crate::decide::panics::{self, Caught};
 use crate::decide::service::{Broker, Decided, Native, Question, not_approved};
@@ -21,11 +22,11 @@ use crate::serve::memory;
 use crate::serve::socket::{HELLO_MAX_BYTES, HELLO_TIMEOUT, Inbound, ReadError, SocketSink, check_hello};
 use palisade_protocol::wire::{
     BrokerStatus, ClientMessage, ConfigStatus, Decoder, Encoding, ErrorKind, ErrorReply, JournalHead,
-    PROTOCOL_VERSION, RunRequest, RunResult, ServerHello, ServerMessage, encode,
+    LiveSession, Operations, PROTOCOL_VERSION, PerUidLimits, ReloadOutcome, RequesterShare, RunRequest,
+    RunResult, ServerHello, ServerMessage, encode,
 };
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::{UnixListener, UnixStream};
@@ -113,16 +114,14 @@ pub struct Server<E: Executor = Native> {
     refusing_not_allowed: Arc<Semaphore>,
     /// The bytes of requests held for the clients (`request_buffer_bytes`).
     requests: Arc<RequestBudget>,
-    /// The run slots: `max_concurrent` permits.
-    slots: Arc<Semaphore>,
-    /// How many slots there are (`max_concurrent` as last applied).
-    slot_count: Mutex<usize>,
-    /// Slots to take back as the runs holding them end: a reload lowered
-    /// `max_concurrent` below the runs in progress.
-    slots_owed: AtomicUsize,
-    /// Runs holding a slot now.
-    running: AtomicUsize,
-    queued: Arc<AtomicUsize>,
+    /// The run slots and their queue, shared fairly between requesters.
+    slots: Arc<super::slots::Slots>,
+    /// The runs held now, for `status`.
+    live: super::live::Live,
+    /// The socket served (set when serving starts).
+    socket: std::sync::OnceLock<String>,
+    /// How the last reload ended.
+    last_reload: Mutex<Option<ReloadOutcome>>,
     /// When the server started serving.
     started: std::time::SystemTime,
     /// Connections refused over the limits, logged a few at a time.
@@ -141,11 +140,10 @@ impl<E: Executor> Server<E> {
             refusing_busy: Arc::new(Semaphore::new(REFUSING_ROOM)),
             refusing_not_allowed: Arc::new(Semaphore::new(REFUSING_ROOM)),
             requests: RequestBudget::new(b.request_buffer_bytes, b.request_buffer_bytes_per_uid),
-            slots: Arc::new(Semaphore::new(b.max_concurrent.max(1))),
-            slot_count: Mutex::new(b.max_concurrent.max(1)),
-            slots_owed: AtomicUsize::new(0),
-            running: AtomicUsize::new(0),
-            queued: Arc::new(AtomicUsize::new(0)),
+            slots: super::slots::Slots::new(super::slots::Limits::of(b, broker.context.serves_others)),
+            live: super::live::Live::default(),
+            socket: std::sync::OnceLock::new(),
+            last_reload: Mutex::new(None),
             started: std::time::SystemTime::now(),
             busy: Refusals::default(),
             not_allowed: Refusals::default(),
@@ -160,6 +158,9 @@ impl<E: Executor> Server<E> {
     /// runs in progress (each client gets its `Cancelled` result) and returns.
     pub async fn serve(self: Arc<Self>, listener: UnixListener, mut shutdown: watch::Receiver<bool>) {
         let published = self.publish_beside(&listener);
+        if let Some(path) = listener.local_addr().ok().as_ref().and_then(|a| a.as_pathname()) {
+            let _ = self.socket.set(path.display().to_string());
+        }
         let mut connections = JoinSet::new();
         let mut trim = tokio::time::interval(IDLE_TRIM_EVERY);
         // Ticks missed while nothing was served are not made up at once.
@@ -535,6 +536,9 @@ impl<E: Executor> Server<E> {
     ) -> Result<RunResult, BrokerError> {
         let (decided, request) = self.decide(peer, request).await;
         let mut decided = decided?;
+        let state = if decided.approval.is_some() { "approval" } else { "queued" };
+        let session_name = session.as_ref().map(|s| s.info.name.as_str());
+        let tracked = self.live.track(decided.run_id, peer.uid, &request.argv, session_name, state);
         // A command of a session runs in its sandbox, which stays in use meanwhile.
         let _in_session = match &session {
             Some(s) => {
@@ -546,40 +550,10 @@ impl<E: Executor> Server<E> {
         if let Some(approval) = &decided.approval {
             let question = self.broker.pending_approval(peer, &decided, &request, approval);
             decided.approver_approved = self.ask_approval(peer, question, sink, inbound).await?;
+            tracked.now("queued");
         }
-        // A slot, or a place in the bounded queue, or Busy.
-        let permit = match self.slots.clone().try_acquire_owned() {
-            Ok(p) => p,
-            Err(_) => {
-                let max_queued = decided.settings.config().broker.max_queued;
-                if self.queued.fetch_add(1, Ordering::SeqCst) >= max_queued {
-                    self.queued.fetch_sub(1, Ordering::SeqCst);
-                    let slots = *self.slot_count.lock().unwrap_or_else(|e| e.into_inner());
-                    return Err(BrokerError::Busy(format!(
-                        "all {slots} run slots are in use and {max_queued} requests are already waiting; try again later"
-                    )));
-                }
-                tracing::debug!(uid = peer.uid, pid = peer.pid, "waiting in the queue for a run slot");
-                // A client that leaves the queue frees its place at once.
-                let waited = tokio::select! {
-                    p = self.slots.clone().acquire_owned() => p.ok(),
-                    _ = inbound.client_gone() => None,
-                    _ = shutdown.wait_for(|stop| *stop) => None,
-                };
-                self.queued.fetch_sub(1, Ordering::SeqCst);
-                if waited.is_none() {
-                    tracing::debug!(uid = peer.uid, pid = peer.pid, "a client left the queue");
-                }
-                waited.ok_or_else(|| {
-                    let why = if *shutdown.borrow() {
-                        "the broker is shutting down"
-                    } else {
-                        "the client left the queue"
-                    };
-                    BrokerError::Busy(why.into())
-                })?
-            }
-        };
+        let slot = self.slot(peer, &decided, inbound, shutdown.clone()).await?;
+        tracked.now("running");
         // The run ends early if the client goes away, cancels, or the broker
         // stops; a streamed stdin's pieces reach the command meanwhile.
         let (stdin, pieces) = match request.stdin_streamed {
@@ -602,10 +576,41 @@ impl<E: Executor> Server<E> {
                 _ = shutdown.wait_for(|stop| *stop) => {}
             }
         };
-        let slot = RunSlot::hold(self, permit);
         let result = self.broker.execute(peer, decided, &request, sink, cancel).await;
-        drop(slot);
+        drop((slot, tracked));
         result
+    }
+
+    /// A run slot for `decided` (see [`super::slots`]): at once, or after a
+    /// wait in the fair queue that ends early when the client leaves or the
+    /// broker stops. Refused `Busy` (no room in the queue) or `Unavailable`
+    /// (a memory share the run cannot meet), with the rule.
+    async fn slot(
+        &self,
+        peer: &Peer,
+        decided: &Decided<E::Held>,
+        inbound: &mut Inbound,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<Slot, BrokerError> {
+        let memory_mb = decided.resolved.cgroup.as_ref().map(|c| c.memory_bytes >> 20);
+        let refused = |r: Refused| {
+            let kind = if r.busy { ErrorKind::Busy } else { ErrorKind::Unavailable };
+            BrokerError::Reply(ErrorReply::with_rule(kind, r.why, r.rule))
+        };
+        let ticket = match self.slots.take(peer.uid, memory_mb).map_err(refused)? {
+            Taken::Now(slot) => return Ok(slot),
+            Taken::Queued(ticket) => ticket,
+        };
+        tracing::debug!(uid = peer.uid, pid = peer.pid, "waiting in the queue for a run slot");
+        // A client that leaves the queue frees its place at once.
+        tokio::select! {
+            slot = ticket.wait() => slot.map_err(refused),
+            _ = inbound.client_gone() => {
+                tracing::debug!(uid = peer.uid, pid = peer.pid, "a client left the queue");
+                Err(BrokerError::Busy("the client left the queue".into()))
+            }
+            _ = shutdown.wait_for(|stop| *stop) => Err(BrokerError::Busy("the broker is shutting down".into())),
+        }
     }
 
     /// The approvals, the answers and the tools' stages: what a client asks
@@ -637,7 +642,7 @@ impl<E: Executor> Server<E> {
                 let explained = tokio::task::spawn_blocking(move || broker.explain(&peer, &request)).await?;
                 Ok(explained.map_or_else(ServerMessage::Error, |e| ServerMessage::Explained(Box::new(e))))
             }
-            ClientMessage::Status => Ok(ServerMessage::Status(Box::new(self.status()))),
+            ClientMessage::Status => Ok(ServerMessage::Status(Box::new(self.status(peer)))),
             ClientMessage::ListSessions => self.sessions(peer, None).await,
             ClientMessage::StopSession { session } => self.sessions(peer, Some(session)).await,
             ClientMessage::Publish { session, port } => self.publish(peer, &session, port).await,
@@ -823,11 +828,13 @@ impl<E: Executor> Server<E> {
                 let settings = self.broker.settings();
                 let b = &settings.config().broker;
                 self.requests.set_limits(b.request_buffer_bytes, b.request_buffer_bytes_per_uid);
-                self.resize_slots(b.max_concurrent.max(1));
+                self.slots.set_limits(Limits::of(b, self.broker.context.serves_others));
+                self.reloaded(None);
                 tracing::info!(config = %path.display(), "configuration reloaded: new requests are decided with it");
             }
             Err(e) => {
                 // Recorded before it is logged: whoever reads the log finds the record.
+                self.reloaded(Some(e.clone()));
                 let failed = Event::ConfigReloadFailed { path: path.display().to_string(), error: e.clone() };
                 if let Err(e) = self.broker.journal.append(failed).await {
                     tracing::error!("the failed reload is not journaled: {e}");
@@ -840,32 +847,24 @@ impl<E: Executor> Server<E> {
         }
     }
 
-    /// Makes `want` run slots: more are free at once; fewer are taken back
-    /// from the free ones now and from runs in progress as they end.
-    fn resize_slots(&self, want: usize) {
-        let mut count = self.slot_count.lock().unwrap_or_else(|e| e.into_inner());
-        if want > *count {
-            let more = want - *count;
-            // Slots still owed by runs in progress are simply not taken back.
-            let owed =
-                self.slots_owed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| Some(o - o.min(more)));
-            self.slots.add_permits(more - owed.unwrap_or(0).min(more));
-        } else if want < *count {
-            let fewer = *count - want;
-            let taken = self.slots.forget_permits(fewer);
-            self.slots_owed.fetch_add(fewer - taken, Ordering::SeqCst);
-        }
-        *count = want;
+    fn reloaded(&self, error: Option<String>) {
+        let unix =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let outcome = ReloadOutcome { unix, ok: error.is_none(), error };
+        *self.last_reload.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
     }
 
-    /// The broker's state, for `palisade status`: any peer it serves may ask.
-    fn status(&self) -> BrokerStatus {
+    /// The broker's state, for `palisade status`: any peer it serves may
+    /// ask; the runs and sessions of others, and a failed reload's reason,
+    /// only an operator sees (see [`Operations`]).
+    fn status(&self, peer: &Peer) -> BrokerStatus {
         let b = &self.broker;
         let settings = b.settings();
         let unix =
             |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let (pool, cgroup) = b.executor.status();
         let connections = self.connections.lock().unwrap_or_else(|e| e.into_inner()).total;
+        let ((running, queued), limits) = (self.slots.counts(), self.slots.limits());
         BrokerStatus {
             version: env!("CARGO_PKG_VERSION").into(),
             protocol: PROTOCOL_VERSION,
@@ -874,10 +873,10 @@ impl<E: Executor> Server<E> {
             started_unix: unix(self.started),
             uptime_secs: self.started.elapsed().map_or(0, |d| d.as_secs()),
             // Until its sandbox is gone: a run answered before its helper's exit is counted until then.
-            runs_in_flight: (self.running.load(Ordering::SeqCst) + b.executor.tearing_down()) as u64,
-            runs_queued: self.queued.load(Ordering::SeqCst) as u64,
-            max_concurrent: *self.slot_count.lock().unwrap_or_else(|e| e.into_inner()) as u64,
-            max_queued: settings.config().broker.max_queued as u64,
+            runs_in_flight: (running + b.executor.tearing_down()) as u64,
+            runs_queued: queued as u64,
+            max_concurrent: limits.total as u64,
+            max_queued: limits.queued as u64,
             connections: connections as u64,
             approvals_pending: b.pending.count() as u64,
             pool,
@@ -892,32 +891,64 @@ impl<E: Executor> Server<E> {
                 loaded_unix: unix(settings.loaded),
                 reloads: b.reloads(),
             },
+            operations: Some(self.operations(peer, &settings)),
         }
     }
-}
 
-/// A run slot held: the run counts as in flight until it is dropped; then
-/// the slot is free again, unless a reload lowered `max_concurrent` below
-/// the runs in progress and this one is to be taken back.
-struct RunSlot<'a, E: Executor> {
-    server: &'a Server<E>,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-impl<E: Executor> RunSlot<'_, E> {
-    fn hold(server: &Server<E>, permit: tokio::sync::OwnedSemaphorePermit) -> RunSlot<'_, E> {
-        server.running.fetch_add(1, Ordering::SeqCst);
-        RunSlot { server, permit: Some(permit) }
-    }
-}
-
-impl<E: Executor> Drop for RunSlot<'_, E> {
-    fn drop(&mut self) {
-        self.server.running.fetch_sub(1, Ordering::SeqCst);
-        let owed =
-            self.server.slots_owed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| o.checked_sub(1));
-        if let (Some(permit), Ok(_)) = (self.permit.take(), owed) {
-            permit.forget();
+    /// What an operator looks at (see [`Operations`]): all of it for an
+    /// operator, the asker's own runs, sessions and share for the others.
+    fn operations(&self, peer: &Peer, settings: &crate::decide::settings::Settings) -> Operations {
+        let b = &self.broker;
+        let operator = peer.uid == 0 || peer.uid == b.context.uid || settings.approvers.is_approver(peer);
+        let shown = |uid: u32| operator || uid == peer.uid;
+        let user = |uid: u32| nix::unistd::User::from_uid(uid.into()).ok().flatten().map(|u| u.name);
+        let (runs, runs_omitted) = self.live.list(shown, user);
+        let (mut sessions, mut sessions_omitted) = (Vec::new(), 0);
+        for (uid, info) in self.sessions.all() {
+            if !shown(uid) {
+                sessions_omitted += 1;
+                continue;
+            }
+            let age_secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs().saturating_sub(info.started_unix));
+            sessions.push(LiveSession {
+                name: info.name,
+                uid,
+                user: user(uid),
+                age_secs,
+                running: info.running,
+            });
+        }
+        let limits = self.slots.limits();
+        let requesters = (self.slots.shares().into_iter())
+            .filter(|(uid, _)| shown(*uid))
+            .map(|(uid, s)| RequesterShare {
+                uid,
+                running: s.running as u64,
+                queued: s.queued as u64,
+                memory_mb: s.memory_mb,
+            })
+            .collect();
+        let mut last_reload = self.last_reload.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(r) = last_reload.as_mut().filter(|_| !operator) {
+            r.error = None;
+        }
+        Operations {
+            socket: self.socket.get().cloned().unwrap_or_default(),
+            system: b.context.serves_others,
+            per_uid: PerUidLimits {
+                max_concurrent: limits.per_uid as u64,
+                max_queued: limits.queued_per_uid as u64,
+                max_sessions: settings.config().broker.max_sessions_per_uid as u64,
+                max_memory_mb: limits.memory_mb_per_uid,
+            },
+            requesters,
+            runs,
+            runs_omitted,
+            sessions,
+            sessions_omitted,
+            last_reload,
         }
     }
 }

@@ -80,7 +80,8 @@ impl<E: Executor> Server<E> {
         shutdown: watch::Receiver<bool>,
     ) -> Result<ServerMessage, BrokerError> {
         let (idle, lifetime) = bounds(&start)?;
-        let name = self.sessions.reserve(peer.uid, start.name.clone())?;
+        let max = self.broker.settings().config().broker.max_sessions_per_uid;
+        let name = self.sessions.reserve(peer.uid, start.name.clone(), max)?;
         let started = self.build_session(peer, start.run, &name, (idle, lifetime), shutdown).await;
         match started {
             Ok(session) => {

@@ -1066,3 +1066,157 @@ fn roots_own_run_keeps_out_of_the_system_brokers_directories() {
         (listing("/var/lib/palisade"), modified("/var/lib/palisade/journal"), listing("/run/palisade"));
     assert_eq!(before, after);
 }
+
+/// `palisade ARGS` as `user` with the supplementary `groups`, started and
+/// left running (its output piped): one run of a flood.
+fn spawn_in_groups(
+    user: &nix::unistd::User,
+    groups: &[nix::unistd::Gid],
+    cwd: &Path,
+    args: &[&str],
+) -> std::process::Child {
+    let mut argv = as_user_in(user, groups);
+    argv.push(bin("palisade").to_string_lossy().into_owned());
+    argv.extend(args.iter().map(|a| a.to_string()));
+    std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .env_remove("PALISADE_SOCKET")
+        .spawn()
+        .unwrap()
+}
+
+/// `palisade status --json` as `user` (root when `None`).
+fn status_json(socket: &Path, user: Option<&nix::unistd::User>) -> serde_json::Value {
+    let mut argv = user.map(as_user).unwrap_or_default();
+    argv.push(bin("palisade").to_string_lossy().into_owned());
+    argv.extend(["status", "--json", "--socket", socket.to_str().unwrap()].map(String::from));
+    let o = std::process::Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{o:?}"))
+}
+
+/// What requester `uid` holds, as root's status shows it: (running, queued).
+fn held_by(socket: &Path, uid: u32) -> (u64, u64) {
+    let v = status_json(socket, None);
+    let all = v["operations"]["requesters"].as_array().cloned().unwrap_or_default();
+    let mine = all.iter().find(|r| r["uid"].as_u64() == Some(uid.into()));
+    mine.map_or((0, 0), |r| (r["running"].as_u64().unwrap(), r["queued"].as_u64().unwrap()))
+}
+
+/// Clients that are killed (their runs with them) when dropped.
+struct Flood(Vec<std::process::Child>);
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One developer (let in through a supplementary group) floods a system
+/// broker of two slots with runs that do not end; another's run still
+/// starts at once, since one requester holds at most its share of the
+/// slots (by default three quarters, rounded down: one of two) and of the
+/// queue, and a freed slot goes to the requester with the fewest runs.
+/// The flooder's run over its queue share is refused `Busy`, naming the
+/// key; `status` lists each developer's own runs to them and all of them,
+/// with the commands, to root. Counter-test: with a share of both slots,
+/// the flood holds them and the other developer's run waits in the queue.
+#[test]
+fn one_developers_flood_leaves_the_others_runs_a_slot() {
+    let (Some(users), Some(devs)) = (system_users(), system_group("palisade-devs")) else {
+        skipped("not root: a root broker serving other users cannot be tested as an ordinary user");
+        return;
+    };
+    let (dev1, dev2) = (&users.attacker, &users.victim);
+    let base = TempDir::new("fair");
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (ws1, ws2) = (base.join("ws1"), base.join("ws2"));
+    owned_dir(&ws1, dev1, 0o755);
+    owned_dir(&ws2, dev2, 0o755);
+    for share in ["", "max_concurrent_per_uid = 2\n"] {
+        let d = Daemon::start(&format!(
+            "[broker]\nallowed_gids = [\"palisade-devs\"]\nallowed_uids = [0, {}]\nsocket_mode = 0o666\n\
+             max_concurrent = 2\nmax_queued = 8\nmax_queued_per_uid = 3\n{share}",
+            dev2.uid
+        ));
+        let socket = d.socket.to_str().unwrap();
+        let (ws1_arg, probe) = (ws1.to_str().unwrap(), probe());
+        let flood_one = |i: usize| {
+            let token = format!("fair-{}-{i}", std::process::id());
+            let args = ["run", "--socket", socket, "--workspace", ws1_arg, "--timeout", "300", "--", &probe];
+            spawn_in_groups(dev1, &[devs.gid], &ws1, &[&args[..], &["sleep", &token]].concat())
+        };
+        let running: u64 = if share.is_empty() { 1 } else { 2 };
+        let mut flood = Flood(Vec::new());
+        for i in 0..running as usize + 3 {
+            flood.0.push(flood_one(i));
+        }
+        let want = (running, 3);
+        let reached = eventually(Duration::from_secs(60), || held_by(&d.socket, dev1.uid.as_raw()) == want);
+        assert!(reached, "{:?}, not {want:?}\n{}", held_by(&d.socket, dev1.uid.as_raw()), d.log());
+        // Over its share of the queue: refused, naming the key.
+        let over = flood_one(9).wait_with_output().unwrap();
+        assert_eq!(over.status.code(), Some(125), "{}", text(&over.stdout));
+        assert!(text(&over.stderr).contains("max_queued_per_uid = 3"), "{}", text(&over.stderr));
+        if share.is_empty() {
+            let o = echo_in_groups(&d.socket, &ws2, dev2, &[], "fair");
+            assert_eq!(
+                (o.status.code(), text(&o.stdout)),
+                (Some(0), "ok fair\n".into()),
+                "{}",
+                text(&o.stderr)
+            );
+            // The flood is still all there: the run did not wait for it.
+            assert_eq!(held_by(&d.socket, dev1.uid.as_raw()), want);
+            operators_and_requesters_see_the_runs(&d.socket, dev1, dev2);
+        } else {
+            let waiting = spawn_in_groups(
+                dev2,
+                &[],
+                &ws2,
+                &[
+                    "run",
+                    "--socket",
+                    socket,
+                    "--workspace",
+                    ws2.to_str().unwrap(),
+                    "--",
+                    &probe,
+                    "echo",
+                    "late",
+                ],
+            );
+            let queued =
+                eventually(Duration::from_secs(60), || held_by(&d.socket, dev2.uid.as_raw()) == (0, 1));
+            assert!(queued, "{:?}\n{}", held_by(&d.socket, dev2.uid.as_raw()), d.log());
+            drop(flood);
+            let o = waiting.wait_with_output().unwrap();
+            assert_eq!(text(&o.stdout), "ok late\n", "{}", text(&o.stderr));
+        }
+    }
+}
+
+/// What `status` shows dev2 (its own runs; dev1's only counted) and root
+/// (every run, with its requester and command) while dev1 floods.
+fn operators_and_requesters_see_the_runs(socket: &Path, dev1: &nix::unistd::User, dev2: &nix::unistd::User) {
+    let theirs = status_json(socket, Some(dev2));
+    let ops = &theirs["operations"];
+    assert_eq!(ops["runs"].as_array().map(Vec::len), Some(0), "{theirs}");
+    assert_eq!(ops["runs_omitted"].as_u64(), Some(4), "{theirs}");
+    assert_eq!(ops["system"].as_bool(), Some(true), "{theirs}");
+    let root = status_json(socket, None);
+    let runs = root["operations"]["runs"].as_array().cloned().unwrap_or_default();
+    let states: Vec<&str> = runs.iter().filter_map(|r| r["state"].as_str()).collect();
+    assert_eq!((runs.len(), states.iter().filter(|s| **s == "queued").count()), (4, 3), "{root}");
+    let first = &runs[0];
+    assert_eq!(first["uid"].as_u64(), Some(dev1.uid.as_raw().into()), "{root}");
+    assert_eq!(first["user"].as_str(), Some(dev1.name.as_str()), "{root}");
+    assert!(first["argv"][1] == "sleep", "{root}");
+    assert_eq!(root["operations"]["socket"].as_str(), Some(socket.to_str().unwrap()), "{root}");
+}

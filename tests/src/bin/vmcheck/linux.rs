@@ -373,8 +373,13 @@ fn session_checks(
     exec: impl Fn(&[&str], Option<u64>) -> Result<(String, RunResult), String>,
 ) -> Result<(String, String), String> {
     let token = format!("vm-session-{}", std::process::id());
-    let (_, r) = exec(&["daemonize", &token], Some(3))?;
+    // Its deadline comes after the sleeper is left running: a run under
+    // emulation takes seconds to start (the suite's guest has no KVM).
+    let (out, r) = exec(&["daemonize", &token], Some(20))?;
     ensure(r.status == RunStatus::TimedOut, || format!("daemonize: {:?}", r.status))?;
+    ensure(out.contains("ok daemonized"), || {
+        format!("the deadline came before the sleeper was left: {out:?}")
+    })?;
     let cgroup = r.attestation.enforcement.cgroup.clone().ok_or("the command names no cgroup")?;
     let name = Path::new(&cgroup).file_name().unwrap_or_default().to_string_lossy().into_owned();
     let pid = process_with_token(&token).ok_or("the process left running is gone")?;

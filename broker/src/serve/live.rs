@@ -1,0 +1,119 @@
+//! The runs the broker holds now, for `palisade status`: who asked, what,
+//! since when and in which state. A run is in it from its decision to its
+//! end ([`Tracked`] removes it when dropped).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use palisade_protocol::wire::LiveRun;
+
+struct Entry {
+    uid: u32,
+    argv: Vec<String>,
+    session: Option<String>,
+    state: &'static str,
+    since: Instant,
+}
+
+/// The runs in the broker, by run id.
+#[derive(Default)]
+pub struct Live {
+    runs: Mutex<BTreeMap<u64, Entry>>,
+}
+
+/// A run listed while it is held.
+pub struct Tracked<'a> {
+    live: &'a Live,
+    run_id: u64,
+}
+
+impl Live {
+    fn runs(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Entry>> {
+        self.runs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Lists run `run_id` of `uid` in `state` until the returned guard drops.
+    pub fn track(
+        &self,
+        run_id: u64,
+        uid: u32,
+        argv: &[String],
+        session: Option<&str>,
+        state: &'static str,
+    ) -> Tracked<'_> {
+        let entry = Entry {
+            uid,
+            argv: argv.to_vec(),
+            session: session.map(str::to_string),
+            state,
+            since: Instant::now(),
+        };
+        self.runs().insert(run_id, entry);
+        Tracked { live: self, run_id }
+    }
+
+    /// The runs `shown` lets the asker see, and how many others there are.
+    pub fn list(
+        &self,
+        shown: impl Fn(u32) -> bool,
+        user: impl Fn(u32) -> Option<String>,
+    ) -> (Vec<LiveRun>, u64) {
+        let runs = self.runs();
+        let mut omitted = 0;
+        let mut listed = Vec::new();
+        for (id, e) in runs.iter() {
+            if !shown(e.uid) {
+                omitted += 1;
+                continue;
+            }
+            listed.push(LiveRun {
+                run_id: *id,
+                uid: e.uid,
+                user: user(e.uid),
+                argv: e.argv.clone(),
+                session: e.session.clone(),
+                state: e.state.into(),
+                age_secs: e.since.elapsed().as_secs(),
+            });
+        }
+        (listed, omitted)
+    }
+}
+
+impl Tracked<'_> {
+    /// The run is now `state` (`queued`, `running`).
+    pub fn now(&self, state: &'static str) {
+        if let Some(e) = self.live.runs().get_mut(&self.run_id) {
+            e.state = state;
+        }
+    }
+}
+
+impl Drop for Tracked<'_> {
+    fn drop(&mut self) {
+        self.live.runs().remove(&self.run_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_is_listed_while_held_and_others_are_counted() {
+        let live = Live::default();
+        let argv = vec!["git".to_string(), "push".to_string()];
+        let mine = live.track(1, 1000, &argv, None, "approval");
+        let theirs = live.track(2, 1001, &argv, Some("s1"), "running");
+        mine.now("queued");
+        let (runs, omitted) = live.list(|uid| uid == 1000, |_| Some("dev".into()));
+        assert_eq!(omitted, 1);
+        assert_eq!((runs.len(), runs[0].state.as_str(), runs[0].user.as_deref()), (1, "queued", Some("dev")));
+        let (all, omitted) = live.list(|_| true, |_| None);
+        assert_eq!((all.len(), omitted, all[1].session.as_deref()), (2, 0, Some("s1")));
+        drop(theirs);
+        drop(mine);
+        assert!(live.list(|_| true, |_| None).0.is_empty());
+    }
+}
