@@ -117,15 +117,13 @@ fn name(which: Which, socket: &Path) -> String {
 
 /// The socket of the user's own broker: the one `palisaded` serves by
 /// default when this user starts it. A process that serves other users
-/// (root, or holding `CAP_SETUID`) owns the system broker's socket.
+/// (root, or holding `CAP_SETUID`) owns the system broker's socket
+/// ([`palisade_protocol::clients::SYSTEM_SOCKET`], this system's).
 pub fn own_socket() -> PathBuf {
     let euid = nix::unistd::geteuid();
-    if cfg!(target_os = "macos") {
-        // macOS: /var/run for root, else the user's private temporary directory.
-        return match euid.is_root() {
-            true => PathBuf::from("/var/run/palisade/palisade.sock"),
-            false => std::env::temp_dir().join("palisade/palisade.sock"),
-        };
+    if cfg!(target_os = "macos") && !euid.is_root() {
+        // macOS: the user's private temporary directory.
+        return std::env::temp_dir().join("palisade/palisade.sock");
     }
     if euid.is_root() || holds_setuid() {
         return PathBuf::from(palisade_protocol::clients::SYSTEM_SOCKET);

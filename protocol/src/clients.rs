@@ -28,9 +28,19 @@ pub struct ClientsConfig {
 }
 
 /// The system broker's socket, where `[clients] system_socket` does not
-/// name another: a root broker's default.
+/// name another: the default of a broker that serves other users, and the
+/// one every client tries after the user's own. One per system:
+/// [`LINUX_SYSTEM_SOCKET`], or on macOS [`MACOS_SYSTEM_SOCKET`].
 pub const SYSTEM_SOCKET: &str =
-    if cfg!(target_os = "macos") { "/var/run/palisade/palisade.sock" } else { "/run/palisade/palisade.sock" };
+    if cfg!(target_os = "macos") { MACOS_SYSTEM_SOCKET } else { LINUX_SYSTEM_SOCKET };
+
+/// The system socket on Linux: in the runtime directory the system unit
+/// keeps (`RuntimeDirectory=palisade`).
+pub const LINUX_SYSTEM_SOCKET: &str = "/run/palisade/palisade.sock";
+
+/// The system socket on macOS: the one launchd makes for the LaunchDaemon
+/// (launchd/daemon/, `SockPathName`), directly in `/var/run`.
+pub const MACOS_SYSTEM_SOCKET: &str = "/var/run/palisade.sock";
 
 impl Default for ClientsConfig {
     fn default() -> Self {
@@ -85,4 +95,23 @@ pub fn user_config() -> Option<PathBuf> {
     let absolute = |var: &str| std::env::var_os(var).map(PathBuf::from).filter(|p| p.is_absolute());
     let base = absolute("XDG_CONFIG_HOME").or_else(|| absolute("HOME").map(|h| h.join(".config")))?;
     Some(base.join("palisade/palisade.toml"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One system socket per system, and the default of `[clients]`: macOS's
+    /// where launchd's LaunchDaemon listens, Linux's in the unit's runtime
+    /// directory.
+    #[test]
+    fn the_system_socket_is_this_systems() {
+        let expected = match cfg!(target_os = "macos") {
+            true => "/var/run/palisade.sock",
+            false => "/run/palisade/palisade.sock",
+        };
+        assert_eq!(SYSTEM_SOCKET, expected);
+        assert_eq!(ClientsConfig::default().system_socket, PathBuf::from(expected));
+        assert_ne!(LINUX_SYSTEM_SOCKET, MACOS_SYSTEM_SOCKET);
+    }
 }

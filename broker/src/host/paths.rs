@@ -3,18 +3,16 @@
 
 use std::path::PathBuf;
 
-/// `/run/palisade/palisade.sock` for root (a system install), else
-/// `$XDG_RUNTIME_DIR/palisade/palisade.sock` (a user install), or where
-/// there is none, `/run/user/UID/...` or the private `palisade-UID` of the
-/// temporary directory ([`palisade_protocol::clients::user_socket`]); on macOS
-/// `/var/run/palisade/palisade.sock` and `$TMPDIR/palisade/palisade.sock`.
+/// The system socket for a broker that serves others (root, or the unit's
+/// user: [`palisade_protocol::clients::SYSTEM_SOCKET`], this system's),
+/// else `$XDG_RUNTIME_DIR/palisade/palisade.sock` (a user install), or
+/// where there is none, `/run/user/UID/...` or the private `palisade-UID`
+/// of the temporary directory ([`palisade_protocol::clients::user_socket`]);
+/// on macOS `$TMPDIR/palisade/palisade.sock`.
 pub fn default_socket() -> PathBuf {
-    if cfg!(target_os = "macos") {
-        // macOS: /var/run for root, else the user's private temporary directory.
-        return match nix::unistd::geteuid().is_root() {
-            true => PathBuf::from("/var/run/palisade/palisade.sock"),
-            false => std::env::temp_dir().join("palisade/palisade.sock"),
-        };
+    if cfg!(target_os = "macos") && !crate::host::privilege::serves_others() {
+        // macOS: the user's private temporary directory.
+        return std::env::temp_dir().join("palisade/palisade.sock");
     }
     if crate::host::privilege::serves_others() {
         return PathBuf::from(palisade_policy::config::SYSTEM_SOCKET);

@@ -32,7 +32,7 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Socket path [default: $TMPDIR/palisade/palisade.sock, or
-    /// /var/run/palisade/palisade.sock for root]. Ignored when launchd
+    /// /var/run/palisade.sock for root]. Ignored when launchd
     /// passes the socket.
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,

@@ -60,7 +60,8 @@ fn the_launch_daemon_runs_as_a_service_account_on_a_socket_it_checks() {
     let d = load(DAEMON, "@USER@", "agent");
     let socket = common(DAEMON, &d);
     assert_eq!(string(&d, "UserName"), "agent");
-    assert!(string(&socket, "SockPathName").starts_with("/var/run/"));
+    // Where every client looks for the system broker on macOS.
+    assert_eq!(string(&socket, "SockPathName"), palisade_protocol::clients::MACOS_SYSTEM_SOCKET);
     // Anyone may connect: palisaded answers every uid but its own Unauthorized.
     assert_eq!(socket.get("SockPathMode").and_then(Value::as_unsigned_integer), Some(0o666));
 }

@@ -32,6 +32,24 @@ fn the_python_client_drives_a_broker_through_its_api() {
     );
 }
 
+/// Which socket the client goes to (clients/python/tests/check_discovery.py):
+/// `$PALISADE_SOCKET`, the user's own, then the system broker's, on Linux
+/// and on macOS, whose system sockets are the Rust side's.
+#[test]
+fn the_python_client_finds_a_broker_in_the_one_order_on_both_systems() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python/tests/check_discovery.py");
+    let o = python_with_client()
+        .arg(script)
+        .args([
+            palisade_protocol::clients::LINUX_SYSTEM_SOCKET,
+            palisade_protocol::clients::MACOS_SYSTEM_SOCKET,
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}{}", text(&o.stdout), text(&o.stderr));
+    assert!(text(&o.stdout).ends_with("then the system broker\nok\n"), "{}", text(&o.stdout));
+}
+
 #[cfg(feature = "slow")]
 #[test]
 fn the_installed_python_client_is_typed_and_runs() {

@@ -14,9 +14,12 @@ PROTOCOL_VERSION), and the broker answers with the highest both speak.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import socket
+import stat
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, cast
@@ -26,6 +29,9 @@ __all__ = [
     "PalisadeError",
     "RunResult",
     "default_socket",
+    "own_socket",
+    "system_socket",
+    "SYSTEM_SOCKET",
     "shell_argv",
     "PROTOCOL_VERSION",
     "OLDEST_PROTOCOL_VERSION",
@@ -158,16 +164,98 @@ def shell_argv(line: str) -> List[str]:
     return ["/bin/sh", "-c", SHELL_SCRIPT, "palisade-shell", line]
 
 
+#: The system broker's socket where the system configuration names no
+#: other (`[clients] system_socket`): the system unit's on Linux, the
+#: LaunchDaemon's on macOS (palisade_protocol::clients::SYSTEM_SOCKET).
+SYSTEM_SOCKET = "/var/run/palisade.sock" if sys.platform == "darwin" else "/run/palisade/palisade.sock"
+#: The system configuration, where `[clients] system_socket` may name another.
+SYSTEM_CONFIG = "/etc/palisade/palisade.toml"
+
+
 def default_socket() -> str:
-    """$PALISADE_SOCKET, else the socket of this user's broker (root: the
-    system broker's)."""
+    """The broker a client goes to, in palisade's one order (README.md,
+    "Which broker runs a command"): $PALISADE_SOCKET; else this user's own
+    broker's socket when a broker listens there; else the system broker's
+    (`system_socket()`) when one listens there; else the user's own, which
+    the connection then says is not there. There is no embedded broker."""
     configured = os.environ.get("PALISADE_SOCKET")
     if configured:
         return configured
-    if os.geteuid() == 0:
-        return "/run/palisade/palisade.sock"
-    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.geteuid()}"
-    return os.path.join(runtime, "palisade", "palisade.sock")
+    own = own_socket()
+    if _trusted_own(own) and _listening(own):
+        return own
+    system = system_socket()
+    if system != own and _listening(system):
+        return system
+    return own
+
+
+def own_socket() -> str:
+    """Where this user's own broker listens: on Linux
+    $XDG_RUNTIME_DIR/palisade/palisade.sock, else /run/user/UID/... where
+    that directory exists, else $TMPDIR/palisade-UID/palisade.sock (only
+    while that directory is the user's and closed to others); on macOS
+    $TMPDIR/palisade/palisade.sock. Root's is the system socket."""
+    uid = os.geteuid()
+    temp = os.environ.get("TMPDIR") or "/tmp"
+    if uid == 0:
+        return SYSTEM_SOCKET
+    if sys.platform == "darwin":
+        return os.path.join(temp, "palisade", "palisade.sock")
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(runtime, "palisade", "palisade.sock")
+    if os.path.isdir(f"/run/user/{uid}"):
+        return os.path.join(f"/run/user/{uid}", "palisade", "palisade.sock")
+    return os.path.join(temp, f"palisade-{uid}", "palisade.sock")
+
+
+def _trusted_own(path: str) -> bool:
+    """Whether the user's own socket is where only the user could have put
+    it: anywhere but $TMPDIR/palisade-UID, which must be the user's and
+    closed to others (one another user made first in a shared /tmp is not)."""
+    uid = os.geteuid()
+    private = os.path.join(os.environ.get("TMPDIR") or "/tmp", f"palisade-{uid}")
+    if os.path.dirname(path) != private:
+        return True
+    try:
+        st = os.lstat(private)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and st.st_mode & 0o077 == 0
+
+
+def system_socket() -> str:
+    """The system broker's socket: `[clients] system_socket` of the system
+    configuration ($PALISADE_SYSTEM_CONFIG, else /etc/palisade/palisade.toml;
+    read with Python 3.11's tomllib, so not before), else SYSTEM_SOCKET."""
+    path = os.environ.get("PALISADE_SYSTEM_CONFIG") or SYSTEM_CONFIG
+    if sys.version_info < (3, 11):
+        return SYSTEM_SOCKET
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            clients = tomllib.load(f).get("clients", {})
+    except (OSError, ValueError):
+        return SYSTEM_SOCKET
+    named = clients.get("system_socket") if isinstance(clients, dict) else None
+    return named if isinstance(named, str) and named else SYSTEM_SOCKET
+
+
+def _listening(path: str) -> bool:
+    """Whether something is at `path` beyond "nothing there" (no socket, or
+    one nobody listens on): a broker, or one that refuses this user, which
+    the connection then says."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+        return True
+    except OSError as e:
+        return e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ECONNREFUSED)
+    finally:
+        probe.close()
 
 
 def _decode_bytes(value: Union[str, Json]) -> bytes:
