@@ -102,6 +102,7 @@ impl Render {
         if self.json {
             crate::outln!("{}", self.json_value(&outcome));
         } else if let Ok(r) = &outcome {
+            say_approved(r);
             say_egress(r);
             say_changes(r);
         }
@@ -175,6 +176,24 @@ pub fn ended_by_palisade(r: &RunResult) -> String {
 /// With --json the error is in the object; otherwise it gets its line.
 pub fn quiet_fail(json: bool, kind: ErrorKind, message: impl std::fmt::Display) -> i32 {
     if json { EXIT_PALISADE } else { fail(kind, message) }
+}
+
+/// Who approved a run that was held for approval, and the rule that held it.
+fn say_approved(r: &RunResult) {
+    if let Some(line) = approved_line(r) {
+        eprintln!("palisade: {line}");
+    }
+}
+
+/// `approved by alice (uid 1002): cedar.ask`, for a run that was held for
+/// approval (its name escaped, see [`crate::escape`]).
+pub fn approved_line(r: &RunResult) -> Option<String> {
+    let a = r.approved.as_ref()?;
+    let rule = crate::escape::name(&a.rule);
+    Some(match &a.name {
+        Some(name) => format!("approved by {} (uid {}): {rule}", crate::escape::name(name), a.uid),
+        None => format!("approved by uid {}: {rule}", a.uid),
+    })
 }
 
 /// Strict egress: one line per name (and reason) a run was refused, once:

@@ -831,6 +831,29 @@ pub struct RunResult {
     /// what was withheld from it, and why.
     pub changes: Changes,
     pub attestation: Attestation,
+    /// Who approved the run, where it was held for approval (`None`: it
+    /// was not). From version 21 (at the end; an older form has none).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::form::before_21",
+        deserialize_with = "crate::form::field_of_21"
+    )]
+    pub approved: Option<Approved>,
+}
+
+/// Who approved a run held for approval, and the rule that held it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Approved {
+    /// The uid of whoever answered yes: an approver, or the requester
+    /// itself where it may answer its own runs.
+    pub uid: u32,
+    /// Their user name, where the broker's host knows the uid.
+    pub name: Option<String>,
+    /// The rule that held the run (`cedar.ask`, `trust.trial`,
+    /// `trust.escalation`, `fallback.request_approval`).
+    pub rule: String,
+    /// The question put to them.
+    pub reason: String,
 }
 
 /// What to do with a path someone else changed on the host while the run ran.
@@ -2358,6 +2381,66 @@ mod tests {
         assert!(old_json.get("broker").is_none(), "{old_json}");
         let read: ChangeSetInfo = serde_json::from_value(old_json).unwrap();
         assert_eq!(read.broker, None);
+    }
+
+    /// A result of version 21's form: the documented run, approved.
+    fn approved_result() -> RunResult {
+        let json = serde_json::json!({
+            "run_id": 7, "status": {"exited": {"code": 0}}, "wall_ms": 4, "cpu_user_ms": 5,
+            "cpu_system_ms": 0, "peak_memory_bytes": 2056192, "memory_source": "rusage",
+            "stdout_bytes": 22, "stderr_bytes": 10, "written_bytes": 0,
+            "changes": {"outcome": "none", "id": null, "files": 0, "dirs": 0, "removed": 0, "bytes": 0,
+                        "held": 0, "discarded": 0, "conflicts": [], "reason": null, "withheld": []},
+            "attestation": {
+                "execution_sha256": "00", "executor": "linux-tier-c",
+                "enforcement": {
+                    "namespaces": ["user"], "built": "cold", "host_uid": 1000, "landlock": null,
+                    "seccomp_sha256": "00", "seccomp_instructions": 1, "rlimits": [], "cgroup": null,
+                    "limits_by": "rlimits", "network": "none: a network namespace with only loopback",
+                    "egress": "preflight", "disk": "tmpfs /tmp of 256 MiB",
+                    "memory": "RLIMIT_DATA 512 MiB and RLIMIT_AS 2 GiB per process; /tmp and /dev/shm 512 MiB together (/tmp 256 MiB, /dev/shm 256 MiB)"
+                },
+                "warnings": [], "journal": null
+            },
+            "approved": {"uid": 1002, "name": "alice", "rule": "cedar.ask", "reason": "git push publishes"}
+        });
+        serde_json::from_value(json).unwrap()
+    }
+
+    /// A result's `approved` is at its end from version 21; an older
+    /// connection's form has none, in either encoding.
+    #[test]
+    fn a_results_approved_is_not_in_an_older_form() {
+        use crate::form::{OPERATIONS_VERSION, in_form_of};
+        let result = approved_result();
+        let who = Approved {
+            uid: 1002,
+            name: Some("alice".into()),
+            rule: "cedar.ask".into(),
+            reason: "git push publishes".into(),
+        };
+        assert_eq!(result.approved.as_ref(), Some(&who));
+        let config = bincode::config::standard();
+        let whole = bincode::serde::encode_to_vec(&result, config).unwrap();
+        let (back, _): (RunResult, usize) = bincode::serde::decode_from_slice(&whole, config).unwrap();
+        assert_eq!(back, result);
+        let old = OPERATIONS_VERSION - 1;
+        let earlier = in_form_of(old, || bincode::serde::encode_to_vec(&result, config).unwrap());
+        assert!(earlier.len() < whole.len());
+        let (back, _): (RunResult, usize) =
+            in_form_of(old, || bincode::serde::decode_from_slice(&earlier, config).unwrap());
+        assert_eq!(back, RunResult { approved: None, ..result.clone() });
+        // A run nobody was asked about: the same bytes as before, but the option's one.
+        let unasked = RunResult { approved: None, ..result.clone() };
+        let now = bincode::serde::encode_to_vec(&unasked, config).unwrap();
+        assert_eq!(now.len(), earlier.len() + 1);
+        let json = serde_json::to_value(&result).unwrap();
+        assert_eq!(json["approved"]["name"], "alice", "{json}");
+        assert_eq!(serde_json::to_value(&unasked).unwrap()["approved"], serde_json::Value::Null);
+        let old_json = in_form_of(old, || serde_json::to_value(&result).unwrap());
+        assert!(old_json.get("approved").is_none(), "{old_json}");
+        let read: RunResult = serde_json::from_value(old_json).unwrap();
+        assert_eq!(read.approved, None);
     }
 
     #[test]

@@ -374,8 +374,8 @@ fn embedded(mut config: Config, mut request: RunRequest, mut render: Render, arg
         if let Some(approval) = &decided.approval {
             let question = broker.pending_approval(&peer, &decided, &request, approval);
             ask_embedded(&broker, &peer, question).await?;
-            // Only an approver answers here.
-            decided.approver_approved = true;
+            // Only an approver answers here: this terminal's.
+            (decided.approver_approved, decided.approved_by) = (true, Some(peer.uid));
         }
         let stdin = own.map(crate::cli::run::OwnInput::start);
         // Without input (`-t -n`), this terminal keeps its own keys: Ctrl-C ends palisade.

@@ -4,7 +4,7 @@
 
 use crate::engine::stream::{Piece, Sink, StdinPieces};
 pub use palisade_cli::args::{RunArgs, SandboxArgs, own_umask, request};
-pub use palisade_cli::render::{EXIT_PALISADE, Render, fail, summary};
+pub use palisade_cli::render::{EXIT_PALISADE, Render, approved_line, fail, summary};
 use palisade_protocol::wire::{KeepChanges, RunRequest, ServerMessage, Stream};
 
 /// The embedded broker's policy, edited: the profile grants what the

@@ -18,7 +18,7 @@ use palisade_policy::trust::EscalationReason;
 use palisade_policy::{Config, ConfigError, Context, Host, Resolved};
 use palisade_protocol::HostIds;
 use palisade_protocol::wire::{
-    ErrorKind, ErrorReply, Explanation, PendingApproval, RunRequest, RunResult, RunStatus, ToolInfo,
+    Approved, ErrorKind, ErrorReply, Explanation, PendingApproval, RunRequest, RunResult, RunStatus, ToolInfo,
 };
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -79,6 +79,8 @@ pub struct Decided<H> {
     /// The approval was an approver's: only then does a tool's successful
     /// run count towards its Verified stage.
     pub approver_approved: bool,
+    /// The uid that approved it (the result's `approved` names it).
+    pub approved_by: Option<u32>,
     /// What the run holds of the host until it ends (the executor's).
     held: H,
     /// The settings it was decided with, which its run keeps whatever a reload does.
@@ -221,7 +223,16 @@ impl<E: Executor> Broker<E> {
             // Recorded before anybody is asked.
             self.journal.start_all_blocking(std::mem::take(&mut pending), false).map_err(journal_refusal)?;
         }
-        Ok(Decided { run_id, resolved, approval, approver_approved: false, held, settings, pending })
+        Ok(Decided {
+            run_id,
+            resolved,
+            approval,
+            approver_approved: false,
+            approved_by: None,
+            held,
+            settings,
+            pending,
+        })
     }
 
     /// Makes a decided run a session's held sandbox (see [`Executor::hold`]).
@@ -418,8 +429,21 @@ impl<E: Executor> Broker<E> {
         sink: &mut S,
         cancel: impl Future<Output = ()> + Send,
     ) -> Result<RunResult, BrokerError> {
-        let Decided { run_id, mut resolved, approval, approver_approved, mut held, settings, mut pending } =
-            decided;
+        let Decided {
+            run_id,
+            mut resolved,
+            approval,
+            approver_approved,
+            approved_by,
+            mut held,
+            settings,
+            mut pending,
+        } = decided;
+        // Who approved it, for its result.
+        let approved = match (&approval, approved_by) {
+            (Some(a), Some(uid)) => Some(approved(uid, a).await),
+            _ => None,
+        };
         // A run of a tool an approver approved: its success counts towards Verified.
         let counts = approval.is_some() && approver_approved;
         let trial = counts.then(|| settings.trust.clone()).flatten().zip(resolved.tool.clone());
@@ -465,6 +489,7 @@ impl<E: Executor> Broker<E> {
             Err(BrokerError::Internal(format!("run {run_id}")))
         });
         drop(held);
+        let result = result.map(|r| RunResult { approved, ..r });
         // Not recorded: the command was never released, and the run is the journal's refusal.
         recording?;
         if let (Some((trust, tool)), Ok(RunResult { status: RunStatus::Exited { code: 0 }, .. })) =
@@ -500,6 +525,17 @@ impl<E: Executor> Broker<E> {
             result.attestation.journal = Some(record);
         }
         Ok(result)
+    }
+}
+
+/// Who approved a run held for `approval`: `uid`, and its name where the host knows it.
+async fn approved(uid: u32, approval: &Approval) -> Approved {
+    let name = tokio::task::spawn_blocking(move || crate::host::accounts::user_name(uid)).await;
+    Approved {
+        uid,
+        name: name.ok().flatten(),
+        rule: approval.rule.to_string(),
+        reason: approval.reason.clone(),
     }
 }
 

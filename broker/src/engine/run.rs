@@ -512,6 +512,8 @@ impl Engine {
             written_bytes,
             changes,
             attestation: attestation(request, resolved, report.landlock, egress_traffic, Some(built)),
+            // The broker's, once the run is over (`Broker::execute`).
+            approved: None,
         })
     }
 }

@@ -16,3 +16,9 @@ impl palisade_policy::ids::Accounts for Accounts {
         Ok(group.map(|g| g.gid.as_raw()))
     }
 }
+
+/// The user name of `uid`, where the host knows it (NSS may ask a
+/// directory service: call it off the runtime's threads).
+pub fn user_name(uid: u32) -> Option<String> {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten().map(|u| u.name)
+}

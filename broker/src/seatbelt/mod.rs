@@ -222,6 +222,8 @@ impl Seatbelt {
             written_bytes: 0,
             changes: Default::default(),
             attestation: prepared.attestation,
+            // The broker's, once the run is over (`Broker::execute`).
+            approved: None,
         })
     }
 

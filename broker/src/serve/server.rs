@@ -549,7 +549,8 @@ impl<E: Executor> Server<E> {
         };
         if let Some(approval) = &decided.approval {
             let question = self.broker.pending_approval(peer, &decided, &request, approval);
-            decided.approver_approved = self.ask_approval(peer, question, sink, inbound).await?;
+            let answer = self.ask_approval(peer, question, sink, inbound).await?;
+            (decided.approver_approved, decided.approved_by) = (answer.by_approver, answer.by_uid);
             tracked.now("queued");
         }
         let slot = self.slot(peer, &decided, inbound, shutdown.clone()).await?;
@@ -684,14 +685,15 @@ impl<E: Executor> Server<E> {
     /// for the first answer: the requester's own `Approve` where it may
     /// answer, or an approver's `Answer` from another connection. The
     /// requester gone, cancelling or refusing, or the time up, refuses the
-    /// run; so does anything but an approval. Nothing runs before.
+    /// run; so does anything but an approval. Nothing runs before. The
+    /// approval: who gave it.
     async fn ask_approval(
         &self,
         peer: &Peer,
         question: Question,
         sink: &mut SocketSink,
         inbound: &mut Inbound,
-    ) -> Result<bool, BrokerError> {
+    ) -> Result<Answer, BrokerError> {
         let (approval, reason) = (question.approval, question.pending.reason.clone());
         let timeout = Duration::from_secs(question.timeout_secs);
         let mut ticket = self.broker.pending.open(question.pending, Some(question.run));
@@ -738,11 +740,7 @@ impl<E: Executor> Server<E> {
             why: answer.why.clone(),
         };
         self.broker.journal.append(answered).await?;
-        if answer.approved {
-            Ok(answer.by_approver)
-        } else {
-            Err(not_approved(&approval, &answer.why).into())
-        }
+        if answer.approved { Ok(answer) } else { Err(not_approved(&approval, &answer.why).into()) }
     }
 
     /// The first answer to the requester's pending approval, within

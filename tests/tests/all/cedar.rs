@@ -357,3 +357,185 @@ fn cedar_approve_narrows_who_may_approve_a_waiting_run() {
     let (_, status) = second.join().unwrap();
     assert_eq!(status, Ok(RunStatus::Exited { code: 0 }));
 }
+
+/// `git push`'s stand-in: a forbid with `@ask` holds what it matches for an
+/// approver; a plain forbid beside it refuses at once.
+fn asking_policies() -> String {
+    "@id(\"everyone\")\npermit(principal, action, resource);\n\n\
+     @id(\"push\")\n@ask(\"pushing needs an approver\")\nforbid(principal, action, resource)\n\
+     when { context.argv.contains(\"push\") };\n\n\
+     @id(\"no force\")\nforbid(principal, action, resource)\nwhen { context.argv.contains(\"--force\") };\n"
+        .into()
+}
+
+/// A Cedar `@ask` holds a command for an approver, who is named in the
+/// result: the requester (root, not an approver here) waits; the test user
+/// approves one run (it runs, and its result's `approved` names them, on
+/// the CLI's stderr and in `--json`), denies another (refused, rule
+/// `cedar.ask`, nothing ran); a command the rule does not match runs
+/// unasked, and one a plain forbid matches too is refused unasked.
+#[test]
+fn a_cedar_ask_holds_a_command_for_an_approver_who_is_named() {
+    if !is_root() {
+        skipped("not root: a root broker serving the test user cannot be started");
+        return;
+    }
+    let user = test_user();
+    let dir = TempDir::new("cedar-ask");
+    let ws = shared_workspace(&dir, "w");
+    let file = cedar_file(&dir, &asking_policies());
+    let config = format!(
+        "[broker]\nallowed_uids = [0, {uid}]\nsocket_mode = 0o666\n[approvers]\nuids = [{uid}]\n\
+         [policy]\ncedar = {file:?}\n",
+        uid = user.uid,
+        file = file.to_string_lossy()
+    );
+    let d = Daemon::start(&config);
+    let socket = d.socket.to_string_lossy().into_owned();
+    let palisade = |args: &[&str], who: Option<&nix::unistd::User>| {
+        let mut argv = who.map(as_user).unwrap_or_default();
+        argv.push(bin("palisade").to_string_lossy().into_owned());
+        argv.extend(args.iter().map(|a| a.to_string()));
+        argv.extend(["--socket".into(), socket.clone()]);
+        std::process::Command::new(&argv[0]).args(&argv[1..]).output().unwrap()
+    };
+    let run = |pre: &'static [&'static str], word: &'static str| {
+        let (ws, socket) = (ws.clone(), socket.clone());
+        std::thread::spawn(move || {
+            let mut args = vec!["run", "--socket", &socket];
+            args.extend(pre);
+            palisade_cli(&ws, &args, &[&probe(), "echo", word], None)
+        })
+    };
+    let waiting = || {
+        let mut held = None;
+        let found = eventually(std::time::Duration::from_secs(20), || {
+            let o = palisade(&["approvals", "--json"], None);
+            let list: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            held = list.first().cloned();
+            held.is_some()
+        });
+        assert!(found, "no run was held:\n{}", d.log());
+        let held = held.unwrap();
+        assert_eq!(held["reason"], "pushing needs an approver", "{held}");
+        held["id"].as_u64().unwrap().to_string()
+    };
+
+    // The control: a command the rule does not match runs at once, nobody asked.
+    let o = run(&[], "status").join().unwrap();
+    assert_eq!((o.status.code(), text(&o.stdout).as_str()), (Some(0), "ok status\n"), "{}", text(&o.stderr));
+    assert!(!text(&o.stderr).contains("approved by"), "{}", text(&o.stderr));
+
+    // Held; the requester may not answer (root is no approver here); the test user approves.
+    let pushing = run(&[], "push");
+    let id = waiting();
+    let o = palisade(&["approve", &id], None);
+    assert_eq!(o.status.code(), Some(125), "root approved: {}", text(&o.stdout));
+    let o = palisade(&["approve", &id], Some(&user));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let o = pushing.join().unwrap();
+    let err = text(&o.stderr);
+    assert_eq!((o.status.code(), text(&o.stdout).as_str()), (Some(0), "ok push\n"), "{err}");
+    let named = format!("palisade: approved by {} (uid {}): cedar.ask\n", user.name, user.uid);
+    assert!(err.contains("waiting for an approver") && err.contains(&named), "{err}");
+
+    // --json: the result's `approved`.
+    let pushing = run(&["--json"], "push");
+    let id = waiting();
+    assert_eq!(palisade(&["approve", &id], Some(&user)).status.code(), Some(0));
+    let o = pushing.join().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["result"]["approved"],
+        serde_json::json!({"uid": user.uid.as_raw(), "name": user.name, "rule": "cedar.ask", "reason": "pushing needs an approver"}),
+        "{v}"
+    );
+    assert_eq!(v["stdout"], "ok push\n", "{v}");
+
+    // Denied: refused for want of an approval, and nothing ran.
+    let pushing = run(&[], "push");
+    let id = waiting();
+    assert_eq!(palisade(&["deny", &id], Some(&user)).status.code(), Some(0));
+    let o = pushing.join().unwrap();
+    let err = text(&o.stderr);
+    assert_eq!((o.status.code(), text(&o.stdout).as_str()), (Some(125), ""), "{err}");
+    assert!(
+        err.contains("NeedsApproval: pushing needs an approver") && err.contains("Not approved"),
+        "{err}"
+    );
+    let message = err.lines().last().unwrap_or_default().to_string();
+    palisade_policy::denial::names_a_fix_or_why_none("cedar.ask", &message).unwrap();
+
+    // A plain forbid that matches too refuses at once: asking never overrides a refusal.
+    let o = palisade_cli(&ws, &["run", "--socket", &socket], &[&probe(), "echo", "push", "--force"], None);
+    let err = text(&o.stderr);
+    assert_eq!((o.status.code(), text(&o.stdout).as_str()), (Some(125), ""), "{err}");
+    assert!(err.starts_with("palisade: PolicyDenied: Cedar policy \"no force\" forbids"), "{err}");
+    let o = palisade(&["approvals", "--json"], None);
+    assert_eq!(text(&o.stdout).trim(), "[]", "{}", d.log());
+}
+
+/// Without a daemon, the embedded broker puts a Cedar `@ask` to the
+/// person at the terminal (an approver of their own policy): "y" runs it,
+/// its result naming them; "n" refuses it, rule `cedar.ask`; a command the
+/// rule does not match is not asked.
+#[test]
+fn the_embedded_broker_asks_at_the_terminal_and_names_who_approved() {
+    use std::io::Write;
+    let dir = TempDir::new("cedar-ask-embedded");
+    let file = cedar_file(&dir, &asking_policies());
+    let policy = dir.join("palisade.toml");
+    std::fs::write(&policy, test_config(&format!("[policy]\ncedar = {:?}\n", file.to_string_lossy())))
+        .unwrap();
+    let ws = TempDir::new("ws");
+    let (_journal_dir, journal) = scratch_journal(None);
+    let p = probe();
+    let run = |json: bool, word: &str| {
+        let mut cmd = std::process::Command::new(bin("palisade"));
+        cmd.args(["run", "--policy", policy.to_str().unwrap()]);
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.args(["--", &p, "echo", word])
+            .current_dir(ws.path())
+            .env("PALISADE_JOURNAL", &journal)
+            .env("PALISADE_STATE", state_beside(&journal))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd
+    };
+    let me = nix::unistd::User::from_uid(nix::unistd::geteuid()).unwrap().unwrap();
+
+    let o = run(false, "status").output().unwrap();
+    assert_eq!((o.status.code(), text(&o.stdout).as_str()), (Some(0), "ok status\n"), "{}", text(&o.stderr));
+
+    // No terminal: nobody to ask, refused.
+    let o = run(false, "push").output().unwrap();
+    let err = text(&o.stderr);
+    assert_eq!((o.status.code(), text(&o.stdout).as_str()), (Some(125), ""), "{err}");
+    assert!(err.contains("Not approved: no terminal to ask"), "{err}");
+    let (child, mut terminal, prompt) = spawn_at_terminal(run(true, "push"));
+    assert!(prompt.contains("pushing needs an approver"), "{prompt}");
+    terminal.write_all(b"y\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["stdout"], "ok push\n", "{v}");
+    let approved = &v["result"]["approved"];
+    assert_eq!(
+        (approved["uid"].as_u64(), approved["name"].as_str()),
+        (Some(me.uid.as_raw().into()), Some(me.name.as_str())),
+        "{v}"
+    );
+    assert_eq!(
+        (approved["rule"].as_str(), approved["reason"].as_str()),
+        (Some("cedar.ask"), Some("pushing needs an approver"))
+    );
+
+    let (child, mut terminal, _) = spawn_at_terminal(run(false, "push"));
+    terminal.write_all(b"n\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = text(&o.stderr);
+    assert_eq!((o.status.code(), text(&o.stdout).as_str()), (Some(125), ""), "{err}");
+    assert!(err.contains("pushing needs an approver Not approved: refused."), "{err}");
+}

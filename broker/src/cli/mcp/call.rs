@@ -437,6 +437,7 @@ pub fn result(ran: Ran, broker: &str) -> Result<CallToolResult, ErrorData> {
         },
         "changes": serde_json::to_value(&r.changes).unwrap_or(Value::Null),
         "writes_landed": r.changes.all_landed(),
+        "approved": serde_json::to_value(&r.approved).unwrap_or(Value::Null),
     });
     let mut summary = match (code, signal, error_kind) {
         (Some(c), _, _) => format!("exit status {c}"),
@@ -445,6 +446,9 @@ pub fn result(ran: Ran, broker: &str) -> Result<CallToolResult, ErrorData> {
         _ => status.to_string(),
     };
     summary.push_str(&format!(" ({} ms; {})\n", r.wall_ms, structured["sandbox"]["executor"]));
+    if let Some(line) = crate::cli::run::approved_line(&r) {
+        summary.push_str(&format!("{line}\n"));
+    }
     if let Some(line) = crate::cli::run::summary(&r.changes, false) {
         summary.push_str(&format!("{line}\n"));
     }
