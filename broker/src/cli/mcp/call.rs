@@ -722,4 +722,47 @@ mod tests {
         assert!(call(&defaults, serde_json::json!({ "file": "../outside.txt" })).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// A run held for approval says who approved it, in `approved` and in
+    /// a line of its text; a run nobody was asked about has neither.
+    #[test]
+    fn the_result_names_who_approved_the_run() {
+        let result = |approved: Value| {
+            let json = serde_json::json!({
+                "run_id": 3, "status": {"exited": {"code": 0}}, "wall_ms": 4, "cpu_user_ms": 0,
+                "cpu_system_ms": 0, "peak_memory_bytes": 0, "memory_source": "rusage",
+                "stdout_bytes": 0, "stderr_bytes": 0, "written_bytes": 0,
+                "changes": {"outcome": "none", "id": null, "files": 0, "dirs": 0, "removed": 0, "bytes": 0,
+                            "held": 0, "discarded": 0, "conflicts": [], "reason": null, "withheld": []},
+                "attestation": {
+                    "execution_sha256": "00", "executor": "linux-tier-c",
+                    "enforcement": {
+                        "namespaces": ["user"], "built": "cold", "host_uid": 1000, "landlock": null,
+                        "seccomp_sha256": "00", "seccomp_instructions": 1, "rlimits": [], "cgroup": null,
+                        "limits_by": "rlimits", "network": "none: a network namespace with only loopback",
+                        "egress": "preflight", "disk": "tmpfs /tmp of 256 MiB",
+                        "memory": "RLIMIT_DATA 512 MiB and RLIMIT_AS 2 GiB per process; /tmp and /dev/shm 512 MiB together (/tmp 256 MiB, /dev/shm 256 MiB)"
+                    },
+                    "warnings": [], "journal": null
+                },
+                "approved": approved
+            });
+            let ran = Ran {
+                outcome: Ok(serde_json::from_value(json).unwrap()),
+                stdout: Capped::new(1024),
+                stderr: Capped::new(1024),
+            };
+            let r = super::result(ran, "b").unwrap();
+            let text =
+                r.content.first().and_then(|c| c.as_text()).map(|t| t.text.clone()).unwrap_or_default();
+            (r.structured_content.unwrap()["approved"].clone(), text)
+        };
+        let who = serde_json::json!({"uid": 1002, "name": "alice", "rule": "cedar.ask", "reason": "pushes"});
+        let (approved, text) = result(who.clone());
+        assert_eq!(approved, who);
+        assert!(text.contains("\napproved by alice (uid 1002): cedar.ask\n"), "{text}");
+        let (approved, text) = result(Value::Null);
+        assert_eq!(approved, Value::Null);
+        assert!(!text.contains("approved"), "{text}");
+    }
 }
