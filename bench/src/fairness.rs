@@ -47,8 +47,19 @@ pub fn fairness(dir: &Path, runs: usize) -> String {
         ("flooded, default shares (1 slot each)", "", true),
         ("flooded, a share of both slots (the fair queue only)", "max_concurrent_per_uid = 2\n", true),
     ] {
-        let name = format!("fair-{}", if !flood { "alone" } else if share.is_empty() { "shared" } else { "queue" });
-        let tables = format!("[broker]\nmax_concurrent = 2\nmax_queued = 64\nsocket_mode = 0o666\nallowed_uids = [0, {NOBODY}]\n{share}");
+        let name = format!(
+            "fair-{}",
+            if !flood {
+                "alone"
+            } else if share.is_empty() {
+                "shared"
+            } else {
+                "queue"
+            }
+        );
+        let tables = format!(
+            "[broker]\nmax_concurrent = 2\nmax_queued = 64\nsocket_mode = 0o666\nallowed_uids = [0, {NOBODY}]\n{share}"
+        );
         let d = Daemon::start_config(dir, &name, &tables);
         let times = measure(&d, &ws, &flood_ws, runs, flood);
         let (median, p95, max) = (percentile(&times, 0.5), percentile(&times, 0.95), percentile(&times, 1.0));

@@ -348,7 +348,9 @@ impl Daemon {
             }
             false => "[journal]\nenabled = false\n".to_string(),
         };
-        let text = format!("[broker]\nmax_concurrent = 64\nmax_queued = 256\nwarm = {warm}\n{journal}[defaults]\nmax_output_bytes = 17179869184\nallow_interpreters = true\nallow_inline_code = true\n{defaults}{tables}");
+        let text = format!(
+            "[broker]\nmax_concurrent = 64\nmax_queued = 256\nwarm = {warm}\n{journal}[defaults]\nmax_output_bytes = 17179869184\nallow_interpreters = true\nallow_inline_code = true\n{defaults}{tables}"
+        );
         Daemon::spawn(dir, name, &text)
     }
 

@@ -430,13 +430,13 @@ pub struct BrokerConfig {
     /// Runs waiting for a slot; beyond this, requests get `Busy`.
     pub max_queued: usize,
     /// Runs at once of one requester (uid); default: three quarters of
-    /// `max_concurrent` for a broker that serves other users, all of it for
-    /// a user's own. A freed slot goes to the waiting requester with the
+    /// `max_concurrent` (rounded down, at least 1) for a broker that serves
+    /// other users (`allowed_uids` or `allowed_gids` set), all of it for
+    /// one that serves its own user and root only. A freed slot goes to the waiting requester with the
     /// fewest runs in progress.
     pub max_concurrent_per_uid: Option<usize>,
     /// Runs of one requester waiting for a slot; default: three quarters of
-    /// `max_queued` for a broker that serves other users, all of it for a
-    /// user's own.
+    /// `max_queued`, likewise.
     pub max_queued_per_uid: Option<usize>,
     /// Sessions one requester may have at once.
     pub max_sessions_per_uid: usize,

@@ -16,9 +16,9 @@ pub mod publish;
 #[cfg(unix)]
 pub mod server;
 #[cfg(unix)]
-pub mod slots;
-#[cfg(unix)]
 pub mod sessions;
+#[cfg(unix)]
+pub mod slots;
 #[cfg(unix)]
 pub mod socket;
 #[cfg(target_os = "linux")]

@@ -27,10 +27,12 @@ pub struct Limits {
 
 impl Limits {
     /// The limits of `[broker]`. A requester's share defaults to three
-    /// quarters of the whole (rounded down, at least 1) on a broker that serves other users (a system
-    /// broker: one user never takes every slot), and to the whole on a
-    /// user's own broker (where every requester is its owner).
+    /// quarters of the whole (rounded down, at least 1) on a broker that
+    /// serves other users (a system broker, with `allowed_uids` or
+    /// `allowed_gids`: one user never takes every slot), and to the whole
+    /// on one that serves its own user (and root) only.
     pub fn of(b: &BrokerConfig, serves_others: bool) -> Limits {
+        let serves_others = serves_others && !(b.allowed_uids.is_empty() && b.allowed_gids.is_empty());
         let total = b.max_concurrent.max(1);
         let share = |n: usize| if serves_others { (n * 3 / 4).max(1) } else { n };
         Limits {
@@ -489,10 +491,13 @@ mod tests {
 
     #[test]
     fn a_system_broker_shares_by_default_and_a_users_own_does_not() {
-        let b = BrokerConfig { max_concurrent: 4, max_queued: 8, ..BrokerConfig::default() };
+        let alone = BrokerConfig { max_concurrent: 4, max_queued: 8, ..BrokerConfig::default() };
+        assert_eq!(Limits::of(&alone, true), limits(4, 8, 4, 8, 0), "root's broker serving root only");
+        let b: BrokerConfig =
+            toml::from_str("max_concurrent = 4\nmax_queued = 8\nallowed_gids = [\"devs\"]").unwrap();
         assert_eq!(Limits::of(&b, true), limits(4, 8, 3, 6, 0));
         assert_eq!(Limits::of(&b, false), limits(4, 8, 4, 8, 0));
-        let b = BrokerConfig { max_concurrent: 2, ..b };
+        let b = BrokerConfig { max_concurrent: 2, max_queued: 8, ..b };
         assert_eq!(Limits::of(&b, true).per_uid, 1, "one of two slots");
         let b = BrokerConfig { max_concurrent: 1, max_concurrent_per_uid: Some(9), ..b };
         assert_eq!(Limits::of(&b, true).per_uid, 1);

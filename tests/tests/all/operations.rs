@@ -179,6 +179,14 @@ fn a_file_that_does_not_load_changes_nothing_and_the_log_says_why() {
     reload(&d);
     assert!(d.log().contains("no group named \"palisade-no-such-group\" on this host"), "{}", d.log());
     assert_eq!(d.log().matches("configuration not reloaded; the running one stays in force").count(), 2);
+    // status shows the failure, with its reason to the broker's own user.
+    let last = status(&d).operations.and_then(|o| o.last_reload).expect("a last reload");
+    assert!(
+        !last.ok && last.error.as_deref().is_some_and(|e| e.contains("palisade-no-such-group")),
+        "{last:?}"
+    );
+    let shown = status_command(&d, None, &[]).output().unwrap();
+    assert!(text(&shown.stdout).contains("last reload: FAILED"), "{}", said(&shown));
     // The running policy stays: interpreters are still refused, nothing was recorded.
     let o = d.run(&ws, &shell);
     assert!(refused(&o), "{}", said(&o));
@@ -197,6 +205,10 @@ fn a_file_that_does_not_load_changes_nothing_and_the_log_says_why() {
     let o = d.run(&ws, &shell);
     assert_eq!((o.status.code(), text(&o.stdout)), (Some(0), "shell\n".into()), "{}", said(&o));
     assert_eq!(status(&d).config.reloads, 1);
+    assert_eq!(
+        status(&d).operations.and_then(|o| o.last_reload).map(|r| (r.ok, r.error)),
+        Some((true, None))
+    );
     let records = reload_records(&d);
     let text = std::fs::read(&config).unwrap();
     assert_eq!(records.len(), 1);
@@ -511,4 +523,29 @@ fn an_admin_serves_developers_from_the_system_broker_as_the_readme_says() {
     assert!(out.contains("verified: "), "{out}");
     let (code, out) = verify(dev1, &[devs.gid]);
     assert_eq!(code, Some(5), "{out}");
+}
+
+/// A memory share between requesters needs something that bounds each
+/// run's memory: on a host where runs get no cgroup (this one, whose
+/// cgroups the suite never writes), a broker with `max_memory_mb_per_uid`
+/// refuses every run `Unavailable`, naming the key, and runs nothing;
+/// without the key the same run goes.
+#[test]
+fn a_memory_share_where_no_cgroup_bounds_runs_is_refused() {
+    let dir = TempDir::new("memory-share");
+    let ws = shared_workspace(&dir, "ws");
+    let d = Daemon::start("[broker]\nmax_memory_mb_per_uid = 1024\n");
+    if status(&d).cgroup.mode != "none" {
+        skipped("runs get a cgroup here: the share is enforced, not refused (tests/vm checks it)");
+        return;
+    }
+    let o = d.run(&ws, &[&probe(), "put", "ran", "x"]);
+    assert_eq!(o.status.code(), Some(125), "{}", said(&o));
+    let e = text(&o.stderr);
+    assert!(e.contains("Unavailable") && e.contains("max_memory_mb_per_uid = 1024"), "{e}");
+    assert!(!ws.join("ran").exists(), "a refused run ran");
+    let d = Daemon::start("");
+    let o = d.run(&ws, &[&probe(), "put", "ran", "x"]);
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    assert!(ws.join("ran").exists(), "{}", said(&o));
 }
