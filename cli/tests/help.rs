@@ -46,7 +46,11 @@ fn the_cli_alone_names_the_palisaded_it_needs() {
     let dir = std::env::temp_dir().join(format!("palisade-cli-alone-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let alone = dir.join("palisade");
-    std::fs::copy(PALISADE, &alone).unwrap();
+    // Copied by `cp`, in a process of its own: a copy written here would
+    // have its descriptor inherited by what another test forks meanwhile,
+    // and executing it would fail with "Text file busy" until that child execs.
+    let copied = Command::new("cp").arg(PALISADE).arg(&alone).output().unwrap();
+    assert!(copied.status.success(), "cp {PALISADE}: {copied:?}");
     let run = |args: &[&str]| Command::new(&alone).args(args).output().unwrap();
     for args in [&["doctor"][..], &["run", "--policy", "p.toml", "--", "true"], &["help"]] {
         let o = run(args);

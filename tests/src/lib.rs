@@ -854,6 +854,42 @@ pub fn owned_file(path: &Path, user: &nix::unistd::User, mode: u32, contents: &s
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
+/// `from` copied to `to` (mode 0755) by `install`, in a process of its own,
+/// for a test to execute. Written from the test's own process, the copy's
+/// descriptor would be inherited by whatever another test forks in the
+/// meantime, and executing the copy would fail with `ETXTBSY` ("Text file
+/// busy") until that child execs: `install`'s descriptors are never in the
+/// test's process.
+pub fn copy_executable(from: &Path, to: &Path) {
+    let out = std::process::Command::new("install")
+        .args(["-m", "0755"])
+        .arg(from)
+        .arg(to)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run install");
+    assert!(
+        out.status.success(),
+        "install {} {}: {}",
+        from.display(),
+        to.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `contents` as an executable file (mode 0755) at `path`, its directories
+/// made: written to a file beside it that is never executed, then copied by
+/// [`copy_executable`] (why the executable itself is not written here).
+pub fn write_executable(path: &Path, contents: impl AsRef<[u8]>) {
+    let dir = path.parent().expect("a file in a directory");
+    std::fs::create_dir_all(dir).unwrap();
+    let name = path.file_name().expect("a file name").to_string_lossy();
+    let staged = dir.join(format!(".{name}.staged"));
+    std::fs::write(&staged, contents).unwrap();
+    copy_executable(&staged, path);
+    std::fs::remove_file(&staged).unwrap();
+}
+
 /// Swaps two names (`renameat2(RENAME_EXCHANGE)`) over and over in a thread
 /// until dropped: what a requester racing the broker's checks does.
 pub struct Swapper {

@@ -22,11 +22,23 @@ echo "$profile" > "$(dirname "$0")/last-path"
 exec "$@"
 "#;
 
-/// The stand-in, written in `dir` (where it keeps the last profile it was given).
+/// The stand-in, written in `dir` (where it keeps the last profile it was
+/// given). Written to a file beside it, then copied by `install` in a
+/// process of its own: written here, the launcher's descriptor would be
+/// inherited by whatever another test forks meanwhile, and executing it
+/// would fail with "Text file busy" until that child execs.
 pub(crate) fn stand_in(dir: &Path) -> PathBuf {
-    let launcher = dir.join("sandbox-exec");
-    std::fs::write(&launcher, STAND_IN).unwrap();
-    std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (staged, launcher) = (dir.join("sandbox-exec.staged"), dir.join("sandbox-exec"));
+    std::fs::write(&staged, STAND_IN).unwrap();
+    let out = std::process::Command::new("install")
+        .args(["-m", "0755"])
+        .arg(&staged)
+        .arg(&launcher)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "install {}: {out:?}", launcher.display());
+    std::fs::remove_file(&staged).unwrap();
     launcher
 }
 

@@ -505,11 +505,7 @@ fn a_run_cannot_plant_a_git_hook_or_fsmonitor_that_the_host_runs_later() {
         .unwrap();
     assert!(o.status.success(), "{}", said(&o));
     assert_eq!(bytes_of(&repo.join(".git/config")), with_email.as_bytes());
-    let hooks = repo.join(".git/hooks");
-    std::fs::create_dir_all(&hooks).unwrap();
-    std::fs::write(hooks.join("pre-commit"), hook).unwrap();
-    std::fs::set_permissions(hooks.join("pre-commit"), std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .unwrap();
+    write_executable(&repo.join(".git/hooks/pre-commit"), hook);
     assert!(commit_on_host(&repo, dir.path()).status.success());
     assert!(
         repo.join("hook-ran.txt").exists(),

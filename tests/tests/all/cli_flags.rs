@@ -212,14 +212,6 @@ fn the_flags_suite_passes_as_an_unprivileged_user() {
     rerun_unprivileged(module_path!(), "the_flags_suite_passes_as_an_unprivileged_user");
 }
 
-/// `contents` as an executable file at `path`, its directories made.
-fn executable(path: &std::path::Path, contents: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, contents).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
-
 /// A toolchain installed under a home (pyenv-shaped: a venv in the
 /// workspace whose python links to pyenv's; nvm-shaped: a script whose `#!`
 /// names nvm's node) is visible to the command that runs through it, read
@@ -237,13 +229,13 @@ fn a_toolchain_under_a_home_is_visible_to_the_command_that_runs_through_it() {
         )
     };
     let python = home.join(".pyenv/versions/3.12.1/bin/python3.12");
-    executable(&python, &stand_in("pyenv python"));
+    write_executable(&python, stand_in("pyenv python"));
     std::fs::create_dir_all(ws.join(".venv/bin")).unwrap();
     std::os::unix::fs::symlink(&python, ws.join(".venv/bin/python")).unwrap();
-    executable(&ws.join(".venv/bin/pytest"), &format!("#!{}\n", ws.join(".venv/bin/python").display()));
+    write_executable(&ws.join(".venv/bin/pytest"), format!("#!{}\n", ws.join(".venv/bin/python").display()));
     let node = home.join(".nvm/versions/node/v20.11.0/bin/node");
-    executable(&node, &stand_in("nvm node"));
-    executable(&ws.join("tool.js"), &format!("#!{}\n", node.display()));
+    write_executable(&node, stand_in("nvm node"));
+    write_executable(&ws.join("tool.js"), format!("#!{}\n", node.display()));
     let pyenv = (home.join(".pyenv"), home.join(".pyenv/versions/3.12.1/written"));
     let nvm = (home.join(".nvm/versions/node/v20.11.0"), home.join(".nvm/versions/node/v20.11.0/written"));
     for (command, ran, (root, written)) in

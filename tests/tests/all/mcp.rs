@@ -54,7 +54,7 @@ fn install_echo(policy_file: &Path) {
 /// output unless every check passed.
 fn drive(ws: &Path, options: &[&str]) -> String {
     // The probe where a run may execute it: its `tick` writes output over time.
-    std::fs::copy(bin("probe"), ws.join("probe")).unwrap();
+    copy_executable(&bin("probe"), &ws.join("probe"));
     let o = std::process::Command::new(python())
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/drive.py"))
         .arg(bin("palisade"))

@@ -95,7 +95,7 @@ fn call(id: u64, argv: &[&str]) -> Value {
 #[test]
 fn a_cancelled_call_gets_no_response_and_a_refusal_is_no_warning() {
     let ws = TempDir::new("mcp-wire");
-    std::fs::copy(bin("probe"), ws.join("probe")).unwrap();
+    copy_executable(&bin("probe"), &ws.join("probe"));
     let (mut stdin, rx, mut child) = initialized(&ws);
     // A refusal: an error response.
     send(&mut stdin, call(2, &["python3", "-c", "1"]));
@@ -153,7 +153,7 @@ fn tool(
 #[test]
 fn a_session_started_over_mcp_keeps_its_files_and_ends_with_the_server() {
     let ws = TempDir::new("mcp-session");
-    std::fs::copy(bin("probe"), ws.join("probe")).unwrap();
+    copy_executable(&bin("probe"), &ws.join("probe"));
     std::fs::create_dir(ws.join("sub")).unwrap();
     let etc = TempDir::new("mcp-policy");
     let policy = etc.join("policy.toml");
@@ -218,7 +218,7 @@ fn a_session_started_over_mcp_keeps_its_files_and_ends_with_the_server() {
 #[test]
 fn a_run_whose_writes_did_not_land_is_an_error_with_its_change_set() {
     let ws = TempDir::new("mcp-held");
-    std::fs::copy(bin("probe"), ws.join("probe")).unwrap();
+    copy_executable(&bin("probe"), &ws.join("probe"));
     let policy = ws.join("hold.toml");
     std::fs::write(&policy, "[defaults]\nkeep_changes = \"always_hold\"\n").unwrap();
     let (mut stdin, rx, _child) = initialized_with(&ws, &policy);

@@ -519,7 +519,7 @@ fn loaders_script_and_git_commands_in_arguments_are_refused() {
     let dir = TempDir::new("interp");
     let loader = std::path::PathBuf::from("/lib64/ld-linux-x86-64.so.2");
     let copy = dir.join("innocent");
-    std::fs::copy(&loader, &copy).unwrap();
+    copy_executable(&loader, &copy);
     let out =
         explain_with_home(dir.path(), dir.path(), &[loader.to_str().unwrap(), "/usr/bin/bash", "-c", "id"]);
     assert!(out.contains("rule:     interpreters.loader"), "{out}");
