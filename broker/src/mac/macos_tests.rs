@@ -136,8 +136,12 @@ fn files_the_host_runs_cannot_be_written() {
         let path = m.dir.join("ws").join(planted);
         assert!(!path.exists() || std::fs::read_to_string(&path).is_ok_and(|t| !t.contains("planted")));
     }
-    let (r, out) = m.run("mkdir -p .git/objects && echo data > .git/objects/x && echo ok > plain", "");
+    // The counter-check: the data git keeps inside `.git` is written. `.git`
+    // itself is held (a run may not make it), so the test makes it first.
+    std::fs::create_dir_all(m.dir.join("ws/.git/objects")).unwrap();
+    let (r, out) = m.run("echo data > .git/objects/x && echo ok > plain", "");
     assert_eq!(exited(&r), Some(0), "{out}");
+    assert_eq!(std::fs::read_to_string(m.dir.join("ws/.git/objects/x")).unwrap(), "data\n");
     std::fs::create_dir_all(m.dir.join("ws/.git/hooks")).unwrap();
     std::fs::write(m.dir.join("ws/.git/hooks/pre-commit"), "by the test").unwrap();
 }
@@ -305,10 +309,12 @@ fn launchctl_cannot_reach_outside_the_run() {
     assert!(launchctl(&["unsetenv", "PALISADE_PLANTED"]).status.success());
 }
 
-/// What `(deny default)` may leave open is denied by name: another
-/// process's details (`ps` of the test's own process), the hardware's
-/// serial number (`ioreg`) and the firmware's variables (`nvram`). The test
-/// itself reads all three.
+/// Another process's details (`ps` of the test's own process), the
+/// hardware's serial number (`ioreg`) and the firmware's variables
+/// (`nvram`) are not read from a run; the test itself reads all three.
+/// What stops `ps` is the `sysctl-read` list, which names nothing about
+/// processes (`ps` asks `kern.proc`), not the `process-info*` deny: that one
+/// is checked in the profile's text only (golden), as `file-map-executable` is.
 #[test]
 fn other_processes_the_hardware_and_the_firmware_are_not_read() {
     let m = Mac::new("process-info");
