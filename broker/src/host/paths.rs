@@ -24,7 +24,7 @@ pub fn default_socket() -> PathBuf {
 /// directory: [`palisade_protocol::clients::user_temp_dir`]) when
 /// `socket` is in it, and refuses one that is not the user's alone: the
 /// CLI would not trust a socket there.
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 pub fn fallback_socket_dir(socket: &std::path::Path) -> Result<(), String> {
     use std::os::unix::fs::DirBuilderExt;
     let uid = nix::unistd::geteuid().as_raw();

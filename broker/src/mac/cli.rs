@@ -1,5 +1,6 @@
 //! The binaries on macOS. `palisaded`: the broker with the [`Macos`]
-//! executor, served by the one server ([`Server`]) on the socket launchd
+//! executor, living the life every daemon shares ([`crate::serve::start`]:
+//! the one server, `SIGHUP` reloads, `SIGTERM` stops) on the socket launchd
 //! hands it (its plist's `Sockets` entry `Listeners`, see `launchd/`), or on
 //! one it binds. `palisade run`: a command run by that broker embedded in
 //! the CLI, under the policy `--policy` names (the built-in default without).
@@ -7,11 +8,10 @@
 use crate::cli::run::{Render, RenderSink, RunArgs, fail, request};
 use crate::decide::service::Broker;
 use crate::host::peer::Peer;
-use crate::journal::Event;
 use crate::logs::init_tracing;
 use crate::seatbelt::SANDBOX_EXEC;
 use crate::seatbelt::executor::Macos;
-use crate::serve::server::Server;
+use crate::serve::start::Daemon;
 use clap::{Parser, Subcommand};
 use palisade_policy::Config;
 use palisade_protocol::wire::ErrorKind;
@@ -19,10 +19,6 @@ use std::path::{Path, PathBuf};
 
 /// The name of the `Sockets` entry of the launchd plists.
 pub const LAUNCHD_SOCKETS: &str = "Listeners";
-/// Exit status when the configuration or the broker's set-up is refused.
-const EXIT_CONFIG: i32 = 2;
-/// Exit status when the broker cannot run (no runtime, no socket).
-const EXIT_FAILED: i32 = 1;
 
 /// palisade's broker: serves sandboxed runs on a Unix socket (macOS: Seatbelt).
 #[derive(Parser, Debug)]
@@ -120,100 +116,25 @@ pub fn palisade(cli: Cli) -> i32 {
     render.finish(outcome)
 }
 
-/// `palisaded`'s main.
+/// `palisaded`'s main: the life every daemon shares
+/// ([`crate::serve::start`]), SIGHUP's reload included.
 pub fn palisaded(args: DaemonArgs) -> i32 {
     init_tracing("info");
-    let config = match load(args.config.as_deref()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("palisaded: {e}");
-            return EXIT_CONFIG;
-        }
-    };
-    let socket = args
-        .socket
-        .or_else(|| config.broker.socket.clone())
-        .unwrap_or_else(crate::host::paths::default_socket);
-    let mode = config.broker.socket_mode;
-    crate::serve::socket::raise_open_file_limit();
-    let broker = match broker(config) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("palisaded: {e}");
-            return EXIT_CONFIG;
-        }
-    };
-    if let Err(e) = broker.journal.check_newest() {
-        eprintln!("palisaded: {e}");
-        return EXIT_CONFIG;
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("palisaded: cannot start the runtime: {e}");
-            return EXIT_FAILED;
-        }
-    };
-    runtime.block_on(daemon(broker, socket, mode))
+    crate::serve::start::main(args.config.as_deref(), args.socket, broker)
 }
 
-async fn daemon(broker: Broker<Macos>, socket: PathBuf, mode: u32) -> i32 {
-    let journal = broker.journal.clone();
-    let pid = std::process::id();
-    let uid = nix::unistd::getuid().as_raw();
-    if let Err(e) =
-        journal.append(Event::BrokerStarted { pid, uid, version: env!("CARGO_PKG_VERSION").into() }).await
-    {
-        eprintln!("palisaded: {e}");
-        return EXIT_FAILED;
-    }
-    let (listener, owned) = match listener(&socket, mode) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("palisaded: cannot listen on {}: {e}", socket.display());
-            return EXIT_FAILED;
-        }
-    };
-    let (stop, stopping) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-        else {
-            tracing::error!("cannot install signal handlers");
-            // Served on, with `stop` held: it is not dropped, which would stop the server.
-            return std::future::pending().await;
-        };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM"),
-            _ = int.recv() => tracing::info!("SIGINT"),
-        }
-        let _ = stop.send(true);
-    });
-    if let Some(socket) = &owned {
-        crate::serve::socket::keep_socket_out_of_reach(&broker, socket);
-    }
-    std::sync::Arc::new(Server::new(broker)).serve(listener, stopping).await;
-    if let Err(e) = journal.append_last(Event::BrokerStopped { pid }).await {
-        tracing::error!("{e}");
-    }
-    if let Some(p) = owned {
-        let _ = std::fs::remove_file(p);
-    }
-    tracing::info!("stopped");
-    0
-}
+/// macOS's part of a daemon's life: launchd's socket. Seatbelt keeps
+/// nothing between runs, so it has nothing to start or stop.
+impl Daemon for Macos {
+    const MANAGER: &'static str = "launchd";
 
-/// launchd's socket when it started this broker for one; otherwise `path`,
-/// bound here (and returned, to be removed at the end).
-fn listener(path: &Path, mode: u32) -> std::io::Result<(tokio::net::UnixListener, Option<PathBuf>)> {
-    #[cfg(target_os = "macos")]
-    if let Some(fd) = super::launchd::activated(LAUNCHD_SOCKETS)?.and_then(|fds| fds.into_iter().next()) {
-        tracing::info!("listening on the socket passed by launchd");
-        let listener = std::os::unix::net::UnixListener::from(fd);
-        listener.set_nonblocking(true)?;
-        return Ok((tokio::net::UnixListener::from_std(listener)?, None));
+    /// launchd's socket when it started this broker for one (the plists'
+    /// `Sockets` entry [`LAUNCHD_SOCKETS`]).
+    fn activated() -> std::io::Result<Option<std::os::unix::net::UnixListener>> {
+        #[cfg(target_os = "macos")]
+        if let Some(fd) = super::launchd::activated(LAUNCHD_SOCKETS)?.and_then(|fds| fds.into_iter().next()) {
+            return Ok(Some(std::os::unix::net::UnixListener::from(fd)));
+        }
+        Ok(None)
     }
-    let listener = crate::serve::socket::bind(path, mode)?;
-    tracing::info!(socket = %path.display(), "listening");
-    Ok((listener, Some(path.to_path_buf())))
 }

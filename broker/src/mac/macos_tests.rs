@@ -331,3 +331,19 @@ fn other_processes_the_hardware_and_the_firmware_are_not_read() {
         assert!(!outside.stdout.is_empty(), "{attempt}: nothing read outside a run either");
     }
 }
+
+/// SIGHUP reloads `palisaded`'s configuration on a Mac, as on Linux (what
+/// `launchctl kill HUP` sends): the daemon's life is the one both share.
+#[test]
+fn sighup_reloads_the_configuration() {
+    let dir =
+        std::env::temp_dir().canonicalize().unwrap().join(format!("palisade-mac-hup-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    super::hangup::sighup_reloads(&dir, |config| {
+        crate::mac::broker(config, PathBuf::from(SANDBOX_EXEC), || {
+            super::host::gather(Path::new(SANDBOX_EXEC))
+        })
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}

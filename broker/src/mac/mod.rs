@@ -17,6 +17,8 @@
 //! `sandbox-exec`, so what is tested there is the broker's side.
 
 pub mod cli;
+#[cfg(all(test, unix))]
+mod hangup;
 pub mod host;
 #[cfg(target_os = "macos")]
 pub mod launchd;

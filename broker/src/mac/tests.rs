@@ -309,3 +309,16 @@ fn the_profile_a_mac_gets_is_golden_and_reads() {
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(text, golden, "the profile differs from {}", path.display());
 }
+
+/// SIGHUP reloads the macOS broker's configuration, as it does Linux's: the
+/// daemon's life is the one both share.
+#[test]
+fn sighup_reloads_the_configuration() {
+    let dir =
+        std::env::temp_dir().canonicalize().unwrap().join(format!("palisade-mac-hup-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    let launcher = stand_in(&dir.join("bin"));
+    super::hangup::sighup_reloads(&dir, |config| crate::mac::broker(config, launcher, seatbelt_host));
+    let _ = std::fs::remove_dir_all(&dir);
+}

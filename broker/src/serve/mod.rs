@@ -1,4 +1,5 @@
-//! Where a request is accepted: the daemon, its socket server and each
+//! Where a request is accepted: the daemon (its life on every system in
+//! `start`, Linux's part in `daemon`), its socket server and each
 //! client's connection, the bounds on what clients may hold (frames in
 //! memory, refused connections, a panic in one request), and systemd's
 //! socket activation and readiness.
@@ -21,5 +22,7 @@ pub mod sessions;
 pub mod slots;
 #[cfg(unix)]
 pub mod socket;
+#[cfg(unix)]
+pub mod start;
 #[cfg(target_os = "linux")]
 pub(crate) mod systemd;
