@@ -76,6 +76,7 @@ def main() -> int:
         assert (result.status, result.code, result.exit_status) == ("exited", 3, 3), result
         assert (result.stdout, result.stderr) == (b"a\x00\xffb\n", b"err\n"), result
         assert result.result["attestation"]["executor"].startswith("linux"), result.result
+        assert result.approved is None and result.result["approved"] is None, result.result
         print("run: exit 3, bytes and stderr gathered")
 
         pieces: List[Tuple[str, bytes]] = []
@@ -207,6 +208,8 @@ def main() -> int:
             time.sleep(0.05)
             status = broker.status()
         assert status["protocol"] == PROTOCOL_VERSION and status["runs_in_flight"] == 0, status
+        operations = status["operations"]
+        assert operations["runs"] == [] and operations["socket"].endswith(".sock"), operations
         print("status: protocol", status["protocol"])
 
     # A client of the previous version only is still served, in that version.

@@ -1127,6 +1127,7 @@ impl Drop for Flood {
 /// key; `status` lists each developer's own runs to them and all of them,
 /// with the commands, to root. Counter-test: with a share of both slots,
 /// the flood holds them and the other developer's run waits in the queue.
+/// Through a root broker and one started as the system unit starts it.
 #[test]
 fn one_developers_flood_leaves_the_others_runs_a_slot() {
     let (Some(users), Some(devs)) = (system_users(), system_group("palisade-devs")) else {
@@ -1139,12 +1140,24 @@ fn one_developers_flood_leaves_the_others_runs_a_slot() {
     let (ws1, ws2) = (base.join("ws1"), base.join("ws2"));
     owned_dir(&ws1, dev1, 0o755);
     owned_dir(&ws2, dev2, 0o755);
-    for share in ["", "max_concurrent_per_uid = 2\n"] {
-        let d = Daemon::start(&format!(
-            "[broker]\nallowed_gids = [\"palisade-devs\"]\nallowed_uids = [0, {}]\nsocket_mode = 0o666\n\
+    let cases = [
+        (false, ""),
+        (false, "max_concurrent_per_uid = 2\n"),
+        (true, ""),
+        (true, "max_concurrent_per_uid = 2\n"),
+    ];
+    for (unit, share) in cases {
+        let Some(d) = fair_broker(
+            unit,
+            base.path(),
+            &format!(
+                "[broker]\nallowed_gids = [\"palisade-devs\"]\nallowed_uids = [0, {}]\nsocket_mode = 0o666\n\
              max_concurrent = 2\nmax_queued = 8\nmax_queued_per_uid = 3\n{share}",
-            dev2.uid
-        ));
+                dev2.uid
+            ),
+        ) else {
+            continue;
+        };
         let socket = d.socket.to_str().unwrap();
         let (ws1_arg, probe) = (ws1.to_str().unwrap(), probe());
         let flood_one = |i: usize| {
@@ -1200,6 +1213,19 @@ fn one_developers_flood_leaves_the_others_runs_a_slot() {
             assert_eq!(text(&o.stdout), "ok late\n", "{}", text(&o.stderr));
         }
     }
+}
+
+/// A system broker of `config`: root's, or (`unit`) one started as the
+/// system unit starts it (its user, capabilities and umask); `None` where
+/// the unit's user cannot be made.
+fn fair_broker(unit: bool, base: &Path, config: &str) -> Option<Daemon> {
+    if !unit {
+        return Some(Daemon::start(config));
+    }
+    let user = unit_user()?;
+    let config = with_temp_root(config, &unit_runs_dir(base, &user));
+    let prefix = as_the_unit(&unit_caps(), &user);
+    Some(Daemon::start_with(DaemonOptions { config, prefix, owner: Some(user), ..Default::default() }))
 }
 
 /// What `status` shows dev2 (its own runs; dev1's only counted) and root

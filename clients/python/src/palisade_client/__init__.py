@@ -1,7 +1,7 @@
 """A client for palisade's broker over its Unix socket (JSON lines).
 
 Standard library only. The protocol is docs/protocol.md of palisade; this
-package speaks versions 12 to 20 of it (OLDEST_PROTOCOL_VERSION to
+package speaks versions 12 to 21 of it (OLDEST_PROTOCOL_VERSION to
 PROTOCOL_VERSION), and the broker answers with the highest both speak.
 
     from palisade_client import Client
@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 #: The highest protocol version this package speaks.
-PROTOCOL_VERSION = 20
+PROTOCOL_VERSION = 21
 #: The lowest.
 OLDEST_PROTOCOL_VERSION = 12
 #: The exit status of palisade refusing or failing, as `palisade run` uses it.
@@ -132,6 +132,13 @@ class RunResult:
     stderr: bytes = b""
     #: Approval questions the run put (`approval_required` objects).
     approvals: List[Json] = field(default_factory=list)
+
+    @property
+    def approved(self) -> Optional[Json]:
+        """Who approved the run, where it was held for approval (from
+        protocol version 21): `uid`, `name`, `rule` and `reason`."""
+        approved = self.result.get("approved")
+        return approved if isinstance(approved, dict) else None
 
     @property
     def writes_landed(self) -> bool:
