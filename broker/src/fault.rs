@@ -17,6 +17,9 @@
 //!   path into `FILE` and waits (10 s at most) until `FILE` is removed: a
 //!   test edits the host's file in the window between the check and the
 //!   replacement.
+//! - `PALISADE_FAULT_NO_RENAME_FLAGS=1`: `renameat2` with a flag
+//!   (`RENAME_EXCHANGE`, `RENAME_NOREPLACE`) fails with `EINVAL`, as on a
+//!   filesystem without them: an apply takes its fallbacks.
 //! - `PALISADE_FAULT_RECORD=N`: the start records of the first `N` runs are
 //!   answered as not written, 1 s after the journal's own answer (as a sync
 //!   that fails late), while their sandboxes are built.
@@ -98,6 +101,11 @@ pub fn apply_window(rel: &std::path::Path) {
     while marker.exists() && start.elapsed() < std::time::Duration::from_secs(10) {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+}
+
+/// Whether `PALISADE_FAULT_NO_RENAME_FLAGS` takes `renameat2`'s flags away.
+pub fn no_rename_flags() -> bool {
+    cfg!(debug_assertions) && std::env::var_os("PALISADE_FAULT_NO_RENAME_FLAGS").is_some_and(|v| v == "1")
 }
 
 /// The error `PALISADE_FAULT_RECORD` puts in place of this run's start

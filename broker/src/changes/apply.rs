@@ -10,7 +10,11 @@
 //! meanwhile, swapped back (a conflict). A removal moves the host's entry
 //! aside first, and removes it only if it is still the base. So a host
 //! write made while an apply runs is never lost: it is either before the
-//! swap (and seen), or after it (and lands on the new file).
+//! swap (and seen), or after it (and lands on the new file). A filesystem
+//! without those flags (`EINVAL`) gets their nearest: `NOREPLACE` by a hard
+//! link ([`super::fs::rename2`]), `EXCHANGE` by a check right before a
+//! plain rename and another after it (`Apply::replace_checked`), which
+//! narrow the window without closing it.
 //!
 //! What is put in place comes from the change set: moved there, where the
 //! change set's layers (the requester's own: see [`super::layer`]) share
@@ -20,7 +24,7 @@
 //! attributes, permissions and times kept). Applying again after a stop part-way
 //! finishes it: what is already as the change set has it counts as applied.
 
-use super::fs::{changed_since, kind, open_dir_at, open_file_at, remove, rename2, stat_at};
+use super::fs::{changed_since, kind, open_dir_at, open_file_at, remove, rename2, stat_at, unsupported};
 use super::manifest::{Entry, Kind};
 use crate::host::requester::Acting;
 use nix::errno::Errno;
@@ -316,7 +320,7 @@ impl Apply<'_> {
 
     /// The temporary name of entry `i` beside its path on the host.
     fn temp_name(&self, i: usize) -> CString {
-        CString::new(format!(".palisade-apply-{}-{i}", self.id)).expect("no NUL")
+        CString::new(format!("{}{}-{i}", super::fs::TEMP_PREFIX, self.id)).expect("no NUL")
     }
 
     /// An apply that stopped part-way may have left entry `i`'s temporary
@@ -529,6 +533,7 @@ impl Apply<'_> {
             Ok(()) => {}
             // Removed meanwhile: the host's removal stands, the run's version is kept.
             Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(Done::Kept(true)),
+            Err(err) if unsupported(&err) => return self.replace_checked(dir, name, (src_dir, src), e),
             Err(err) => return Err(err),
         }
         let out = stat_at(src_dir, src)?;
@@ -538,6 +543,106 @@ impl Apply<'_> {
         }
         // What it replaced: a directory's entries count as removed, a file is only replaced.
         let removed = remove(src_dir, src)?;
+        if kind(&out) == SFlag::S_IFDIR {
+            self.done.removed += removed;
+        }
+        Ok(Done::Applied)
+    }
+
+    /// [`Self::swap_in`] where the filesystem has no `RENAME_EXCHANGE`: the
+    /// host's entry is checked once more right before a plain rename over
+    /// it. That narrows the window between the check and the replacement to
+    /// a few calls; it does not close it, so what the host does in it is
+    /// looked for after. The host's entry is hard-linked aside first:
+    /// checked there, and looked at again once the run's is in place; if the
+    /// host wrote it in between, the run's goes back where it came from and
+    /// the host's is put back (a conflict). What this cannot see: a host
+    /// entry replaced by another name between the check and the rename, and
+    /// on a filesystem that links nothing (then checked at its name) a
+    /// write in that window. A directory on either side: [`Self::replace_aside`].
+    fn replace_checked(
+        &mut self,
+        dir: &OwnedFd,
+        name: &CStr,
+        (src_dir, src): (&OwnedFd, &CStr),
+        e: &Entry,
+    ) -> io::Result<Done> {
+        let aside = CString::new(format!("{}{}-host", super::fs::TEMP_PREFIX, self.id)).expect("no NUL");
+        let _ = nix::unistd::unlinkat(dir, aside.as_c_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+        let host_dir = match stat_at(dir, name) {
+            Err(Errno::ENOENT) => return Ok(Done::Kept(true)),
+            Err(err) => return Err(err.into()),
+            Ok(st) => kind(&st) == SFlag::S_IFDIR,
+        };
+        if host_dir || kind(&stat_at(src_dir, src)?) == SFlag::S_IFDIR {
+            return self.replace_aside(dir, name, (src_dir, src), e, &aside);
+        }
+        let linked =
+            nix::unistd::linkat(dir, name, dir, aside.as_c_str(), nix::fcntl::AtFlags::empty()).is_ok();
+        let at = if linked { aside.as_c_str() } else { name };
+        let checked = stat_at(dir, at)?;
+        if !self.still_base(e, dir, at, &checked)? {
+            if linked {
+                nix::unistd::unlinkat(dir, aside.as_c_str(), nix::unistd::UnlinkatFlags::NoRemoveDir)?;
+            }
+            return Ok(Done::Kept(true));
+        }
+        if let Err(err) = rustix::fs::renameat(src_dir, src, dir, name) {
+            if linked {
+                let _ = nix::unistd::unlinkat(dir, aside.as_c_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+            }
+            return Err(err.into());
+        }
+        if !linked {
+            return Ok(Done::Applied);
+        }
+        let after = stat_at(dir, &aside)?;
+        if (after.st_size, after.st_mtime, after.st_mtime_nsec)
+            != (checked.st_size, checked.st_mtime, checked.st_mtime_nsec)
+            && !self.choice.overwrite
+        {
+            // Written between the check and the rename: the host's goes back.
+            rustix::fs::renameat(dir, name, src_dir, src)?;
+            rustix::fs::renameat(dir, &aside, dir, name)?;
+            return Ok(Done::Kept(true));
+        }
+        nix::unistd::unlinkat(dir, aside.as_c_str(), nix::unistd::UnlinkatFlags::NoRemoveDir)?;
+        Ok(Done::Applied)
+    }
+
+    /// [`Self::replace_checked`] where a directory is on either side (no
+    /// plain rename puts one over the other): the host's entry is moved
+    /// aside, checked there and put back if someone changed it (a
+    /// conflict); then the run's is renamed in, never over an entry made
+    /// meanwhile (that one stays, the run's is kept), and only once it is
+    /// in is the host's removed (put back if the rename fails: another
+    /// filesystem, where the caller copies instead).
+    fn replace_aside(
+        &mut self,
+        dir: &OwnedFd,
+        name: &CStr,
+        (src_dir, src): (&OwnedFd, &CStr),
+        e: &Entry,
+        aside: &CStr,
+    ) -> io::Result<Done> {
+        rename2(dir, name, dir, aside, RenameFlags::NOREPLACE)?;
+        let out = stat_at(dir, aside)?;
+        if !self.still_base(e, dir, aside, &out)? {
+            rename2(dir, aside, dir, name, RenameFlags::NOREPLACE)?;
+            return Ok(Done::Kept(true));
+        }
+        match rename2(src_dir, src, dir, name, RenameFlags::NOREPLACE) {
+            Ok(()) => {}
+            Err(err) => {
+                let made = err.raw_os_error() == Some(libc::EEXIST);
+                if let Err(back) = rename2(dir, aside, dir, name, RenameFlags::NOREPLACE) {
+                    let at = String::from_utf8_lossy(aside.to_bytes()).into_owned();
+                    tracing::warn!(path = %e.rel().display(), "the host's entry is left at {at}: {back}");
+                }
+                return if made { Ok(Done::Kept(true)) } else { Err(err) };
+            }
+        }
+        let removed = remove(dir, aside)?;
         if kind(&out) == SFlag::S_IFDIR {
             self.done.removed += removed;
         }

@@ -132,6 +132,9 @@ pub fn changed_since(dir: &OwnedFd, name: &CStr, since: i128, budget: &mut u32) 
 
 /// `renameat2`: `from` in `from_dir` to `to` in `to_dir`, with `flags`
 /// (`NOREPLACE`: never over an entry there; `EXCHANGE`: the two swapped).
+/// A filesystem without the flag answers `EINVAL` ([`unsupported`]); for
+/// `NOREPLACE` that is taken care of here ([`rename_noreplace_fallback`]),
+/// for `EXCHANGE` by the caller, who alone knows what may be replaced.
 pub fn rename2(
     from_dir: &OwnedFd,
     from: &CStr,
@@ -139,8 +142,52 @@ pub fn rename2(
     to: &CStr,
     flags: rustix::fs::RenameFlags,
 ) -> io::Result<()> {
-    rustix::fs::renameat_with(from_dir, from, to_dir, to, flags).map_err(io::Error::from)
+    let done = match crate::fault::no_rename_flags() && !flags.is_empty() {
+        true => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        false => rustix::fs::renameat_with(from_dir, from, to_dir, to, flags).map_err(io::Error::from),
+    };
+    match done {
+        Err(err) if unsupported(&err) && flags == rustix::fs::RenameFlags::NOREPLACE => {
+            rename_noreplace_fallback(from_dir, from, to_dir, to)
+        }
+        other => other,
+    }
 }
+
+/// Whether `err`, from [`rename2`], says the filesystem has no such flag.
+pub fn unsupported(err: &io::Error) -> bool {
+    err.raw_os_error() == Some(libc::EINVAL)
+}
+
+/// `RENAME_NOREPLACE` where the filesystem has no such flag. Into one of
+/// an apply's own temporary names ([`TEMP_PREFIX`], which nobody else
+/// makes), a plain rename once the name is seen free. Into any other name
+/// (a host's), a file, link, FIFO or socket is hard-linked there, which
+/// fails if anything is there exactly as the flag would, and its old name
+/// (the apply's own) removed; a filesystem that links nothing leaves it an
+/// error (the entry is kept, nothing replaced). A directory cannot be
+/// linked: the name is checked to be free right before a plain rename.
+/// That narrows the window to the two calls, it does not close it; but a
+/// directory renamed over an entry made in it replaces only an empty
+/// directory (rename refuses any other), so no data is lost.
+fn rename_noreplace_fallback(from_dir: &OwnedFd, from: &CStr, to_dir: &OwnedFd, to: &CStr) -> io::Result<()> {
+    let ours = to.to_bytes().starts_with(TEMP_PREFIX.as_bytes());
+    if !ours && kind(&stat_at(from_dir, from)?) != SFlag::S_IFDIR {
+        nix::unistd::linkat(from_dir, from, to_dir, to, AtFlags::empty())?;
+        unlinkat(from_dir, from, UnlinkatFlags::NoRemoveDir)?;
+        return Ok(());
+    }
+    match stat_at(to_dir, to) {
+        Ok(_) => return Err(io::Error::from_raw_os_error(libc::EEXIST)),
+        Err(Errno::ENOENT) => {}
+        Err(err) => return Err(err.into()),
+    }
+    rustix::fs::renameat(from_dir, from, to_dir, to)?;
+    Ok(())
+}
+
+/// How the temporary names an apply makes beside a host's entry begin.
+pub const TEMP_PREFIX: &str = ".palisade-apply-";
 
 /// The prefix of overlayfs's own extended attributes on an upper layer
 /// mounted with `userxattr` (origin, opaque, impure, redirect, ...): never

@@ -6,9 +6,12 @@
 //! writes held; the workspace's disk filling during an apply: what did not
 //! fit stays held and the run says so. A host edit made in the window
 //! between an apply's check of a file and its replacement (held open by the
-//! broker's fault hook, or the copy's own time) survives, and the run's
-//! version is held as a conflict: through the embedded broker, the user's
-//! daemon and a root daemon acting for the user.
+//! broker's fault hook, or the copy's own time, found by fanotify or by
+//! inotify as the apply's temporary file appears) survives, the file
+//! appended, replaced, or replaced by a directory or a symlink, and the
+//! run's version is held as a conflict: through the embedded broker, the
+//! user's daemon and a root daemon acting for the user; also where
+//! `renameat2` has no flags (the fault hook takes them away).
 
 use palisade_tests::*;
 use serde_json::Value;
@@ -22,6 +25,8 @@ struct Broker {
     at: Vec<String>,
     user: Option<nix::unistd::User>,
     state: PathBuf,
+    /// What `palisade` runs with besides (an embedded broker's faults).
+    env: Vec<(String, String)>,
     _daemon: Option<Daemon>,
 }
 
@@ -46,6 +51,7 @@ impl Broker {
             .env_remove("PALISADE_SOCKET")
             .env("PALISADE_STATE", &self.state)
             .env("PALISADE_JOURNAL", self.state.join("journal"))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .envs(env.iter().copied());
         c
     }
@@ -88,7 +94,7 @@ fn embedded(dir: &TempDir, user: Option<&nix::unistd::User>, config: &str) -> Br
     let state = dir.join("embedded-state");
     users_dir(&state, user);
     let at = vec!["--policy".into(), policy.to_string_lossy().into_owned()];
-    Broker { at, user: user.cloned(), state, _daemon: None }
+    Broker { at, user: user.cloned(), state, env: vec![], _daemon: None }
 }
 
 /// The user's own daemon (`root`: a root daemon acting for the user), its state in `state`, with `env`.
@@ -114,7 +120,7 @@ fn daemon(
     let client_state = dir.join(if root { "root-client" } else { "user-client" });
     users_dir(&client_state, user);
     let at = vec!["--socket".into(), d.socket.to_string_lossy().into_owned()];
-    Broker { at, user: user.cloned(), state: client_state, _daemon: Some(d) }
+    Broker { at, user: user.cloned(), state: client_state, env: vec![], _daemon: Some(d) }
 }
 
 /// Whether a run's layer in the store under `state` holds `name` yet.
@@ -339,6 +345,10 @@ fn write_ops(b: &Broker, ws: &Path, ops: &[&str]) -> Value {
 enum Edit {
     Append,
     Replace,
+    /// The file replaced by a directory holding the person's file.
+    Directory,
+    /// The file replaced by a symlink to the person's file.
+    Symlink,
 }
 
 /// Watches `marker` (the fault hook's): when the apply about to replace
@@ -370,6 +380,7 @@ fn edit_in_the_window(
 
 /// `edit` on the host's `data.bin` in `ws`.
 fn make(edit: Edit, ws: &Path) {
+    use std::os::unix::fs::MetadataExt;
     let data = ws.join("data.bin");
     match edit {
         Edit::Append => {
@@ -381,6 +392,31 @@ fn make(edit: Edit, ws: &Path) {
             std::fs::write(ws.join("saved.tmp"), b"the person's file").unwrap();
             std::fs::rename(ws.join("saved.tmp"), &data).unwrap();
         }
+        Edit::Directory => {
+            std::fs::remove_file(&data).unwrap();
+            std::fs::create_dir(&data).unwrap();
+            std::fs::write(data.join("inside"), b"the person's file").unwrap();
+            // The person's own, as the workspace is (a root test's user).
+            let owner = std::fs::metadata(ws).unwrap();
+            std::os::unix::fs::lchown(&data, Some(owner.uid()), Some(owner.gid())).unwrap();
+        }
+        Edit::Symlink => {
+            std::fs::write(ws.join("elsewhere.bin"), b"the person's file").unwrap();
+            std::os::unix::fs::symlink("elsewhere.bin", ws.join("link.tmp")).unwrap();
+            std::fs::rename(ws.join("link.tmp"), &data).unwrap();
+        }
+    }
+}
+
+/// Whether `edit` is what the host's `data.bin` (of `mib` MiB before) holds.
+fn edited(edit: Edit, ws: &Path, mib: usize) -> bool {
+    let data = ws.join("data.bin");
+    match edit {
+        Edit::Append => std::fs::read(&data)
+            .is_ok_and(|d| d.ends_with(b"the person's edit") && d.len() == (mib << 20) + 17),
+        Edit::Replace => std::fs::read(&data).is_ok_and(|d| d == b"the person's file"),
+        Edit::Directory => std::fs::read(data.join("inside")).is_ok_and(|d| d == b"the person's file"),
+        Edit::Symlink => std::fs::read_link(&data).is_ok_and(|t| t == Path::new("elsewhere.bin")),
     }
 }
 
@@ -391,6 +427,8 @@ enum Window<'a> {
     Marker(&'a Path),
     /// A hold on the open of the change set's copy, in the broker's `state`.
     Opening { state: &'a Path },
+    /// The apply's temporary file appearing beside `data.bin` (inotify).
+    Created,
 }
 
 /// A held run rewrote `data.bin` (`mib` MiB) and `small.txt`; the person
@@ -400,7 +438,7 @@ enum Window<'a> {
 fn window_race(b: &Broker, ws: &Path, window: Window<'_>, edit: Edit, mib: usize) {
     let marker = match window {
         Window::Marker(m) => Some(m),
-        Window::Opening { .. } => None,
+        Window::Opening { .. } | Window::Created => None,
     };
     std::fs::write(ws.join("data.bin"), vec![1u8; mib << 20]).unwrap();
     std::fs::write(ws.join("small.txt"), "original\n").unwrap();
@@ -428,6 +466,7 @@ fn window_race(b: &Broker, ws: &Path, window: Window<'_>, edit: Edit, mib: usize
             edit_in_the_window(marker.to_path_buf(), ws.to_path_buf(), Some(edit), stop.clone())
         }
         Window::Opening { state } => edit_as_the_copy_opens(state, mib, ws.to_path_buf(), edit),
+        Window::Created => edit_as_the_copy_appears(ws.to_path_buf(), edit, stop.clone()),
     };
     let marker_env = marker.map(|m| m.to_string_lossy().into_owned()).unwrap_or_default();
     let env: &[(&str, &str)] = match marker {
@@ -438,13 +477,7 @@ fn window_race(b: &Broker, ws: &Path, window: Window<'_>, edit: Edit, mib: usize
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     assert!(watcher.join().unwrap(), "{edit:?}: the window was never opened: {}", said(&o));
     assert_eq!(o.status.code(), Some(123), "{edit:?}: {}", said(&o));
-    let data = std::fs::read(ws.join("data.bin")).unwrap();
-    match edit {
-        Edit::Append => {
-            assert!(data.ends_with(b"the person's edit") && data.len() == (mib << 20) + 17, "{edit:?}")
-        }
-        Edit::Replace => assert_eq!(data, b"the person's file", "{edit:?}"),
-    }
+    assert!(edited(edit, ws, mib), "{edit:?}: the person's edit is gone: {}", said(&o));
     assert_eq!(std::fs::read_to_string(ws.join("small.txt")).unwrap(), "original\nthe person's line\n");
     let conflicts: Vec<&str> =
         applied["conflicts"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
@@ -460,7 +493,14 @@ fn window_race(b: &Broker, ws: &Path, window: Window<'_>, edit: Edit, mib: usize
         assert!(!opener.join().unwrap());
     }
     assert!(o.status.success(), "{}", said(&o));
-    assert_eq!(std::fs::read(ws.join("data.bin")).unwrap(), vec![7u8; mib << 20], "{edit:?}");
+    let data = std::fs::read(ws.join("data.bin")).unwrap();
+    let kind = std::fs::symlink_metadata(ws.join("data.bin")).unwrap().file_type();
+    assert!(
+        kind.is_file() && data == vec![7u8; mib << 20],
+        "{edit:?}: data.bin ({kind:?}, {} bytes) is not the run's: {}",
+        data.len(),
+        said(&o)
+    );
 }
 
 #[test]
@@ -492,12 +532,75 @@ fn an_edit_in_the_window_of_an_apply_survives_and_the_runs_version_is_held() {
         ));
     }
     for (i, b) in brokers.iter().enumerate() {
-        for edit in [Edit::Append, Edit::Replace] {
+        for edit in [Edit::Append, Edit::Replace, Edit::Directory, Edit::Symlink] {
             let ws = dir.join(&format!("ws-{i}-{edit:?}"));
             users_dir(&ws, user.as_ref());
             window_race(b, &ws, Window::Marker(&marker), edit, 8);
         }
     }
+}
+
+/// The same where the filesystem has no `RENAME_EXCHANGE` nor
+/// `RENAME_NOREPLACE` (the broker's fault hook takes them away): the apply
+/// checks the host's entry right before a plain rename and again after it,
+/// and an edit in the window still survives, the run's version held.
+/// Through the embedded broker and the user's daemon (a root daemon too, as root).
+#[test]
+fn without_renameat2_flags_an_edit_in_the_window_of_an_apply_still_survives() {
+    let (dir, user) = base("durable-noexchange");
+    let marks = dir.join("marks");
+    users_dir(&marks, user.as_ref());
+    let marker = marks.join("window");
+    let marker_env = marker.to_string_lossy().into_owned();
+    let faults =
+        [("PALISADE_FAULT_APPLY_WINDOW", marker_env.as_str()), ("PALISADE_FAULT_NO_RENAME_FLAGS", "1")];
+    let mut embedded = embedded(&dir, user.as_ref(), "allow_interpreters = true\nallow_inline_code = true\n");
+    embedded.env = vec![("PALISADE_FAULT_NO_RENAME_FLAGS".into(), "1".into())];
+    let mut brokers = vec![embedded, daemon(&dir, user.as_ref(), false, &dir.join("user-state"), &faults)];
+    if is_root() {
+        brokers.push(daemon(&dir, user.as_ref(), true, &dir.join("root-state"), &faults));
+    }
+    for (i, b) in brokers.iter().enumerate() {
+        for edit in [Edit::Append, Edit::Replace, Edit::Directory, Edit::Symlink] {
+            let ws = dir.join(&format!("ws-{i}-{edit:?}"));
+            users_dir(&ws, user.as_ref());
+            window_race(b, &ws, Window::Marker(&marker), edit, 8);
+        }
+    }
+}
+
+/// Watches `ws` (an inotify watch on `IN_CREATE`, in place before this
+/// returns): the moment the apply's temporary file (`.palisade-apply-*`)
+/// appears beside `data.bin`, as its copy begins, makes `edit` on the
+/// host's `data.bin`. Until `stop`; whether it edited.
+fn edit_as_the_copy_appears(
+    ws: PathBuf,
+    edit: Edit,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<bool> {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).unwrap();
+    inotify.add_watch(&ws, AddWatchFlags::IN_CREATE).unwrap();
+    std::thread::spawn(move || {
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let events = match inotify.read_events() {
+                Ok(e) => e,
+                Err(nix::errno::Errno::EAGAIN) => {
+                    std::thread::sleep(Duration::from_micros(100));
+                    continue;
+                }
+                Err(e) => panic!("inotify: {e}"),
+            };
+            let named = |e: &nix::sys::inotify::InotifyEvent| {
+                e.name.as_ref().is_some_and(|n| n.to_string_lossy().starts_with(".palisade-apply-"))
+            };
+            if events.iter().any(named) {
+                make(edit, &ws);
+                return true;
+            }
+        }
+        false
+    })
 }
 
 /// Holds the next open of the change set's copy of `data.bin` (the one
@@ -584,6 +687,14 @@ fn an_edit_made_while_an_apply_copies_survives_and_the_runs_version_is_held() {
         let ws = dir.join(&format!("ws-{edit:?}"));
         users_dir(&ws, user.as_ref());
         window_race(&b, &ws, Window::Opening { state: &state }, edit, 64);
+    }
+    // An inotify watcher edits the moment the apply's temporary file appears (its copy begun).
+    for edit in [Edit::Append, Edit::Replace, Edit::Directory, Edit::Symlink] {
+        let state = store.path().join(format!("state-created-{edit:?}"));
+        let b = daemon(&dir, user.as_ref(), true, &state, &[]);
+        let ws = dir.join(&format!("ws-created-{edit:?}"));
+        users_dir(&ws, user.as_ref());
+        window_race(&b, &ws, Window::Created, edit, 64);
     }
 }
 
