@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use palisade_protocol::wire::LiveRun;
+use palisade_protocol::wire::{LiveRun, Operations};
 
 struct Entry {
     uid: u32,
@@ -53,12 +53,9 @@ impl Live {
         Tracked { live: self, run_id }
     }
 
-    /// The runs `shown` lets the asker see, and how many others there are.
-    pub fn list(
-        &self,
-        shown: impl Fn(u32) -> bool,
-        user: impl Fn(u32) -> Option<String>,
-    ) -> (Vec<LiveRun>, u64) {
+    /// The runs `shown` lets the asker see (their `user` not yet named: see
+    /// [`name_users`]), and how many others there are.
+    pub fn list(&self, shown: impl Fn(u32) -> bool) -> (Vec<LiveRun>, u64) {
         let runs = self.runs();
         let mut omitted = 0;
         let mut listed = Vec::new();
@@ -70,7 +67,7 @@ impl Live {
             listed.push(LiveRun {
                 run_id: *id,
                 uid: e.uid,
-                user: user(e.uid),
+                user: None,
                 argv: e.argv.clone(),
                 session: e.session.clone(),
                 state: e.state.into(),
@@ -78,6 +75,27 @@ impl Live {
             });
         }
         (listed, omitted)
+    }
+}
+
+/// Gives the runs and sessions of `operations` their requesters' names,
+/// looked up on a blocking thread (the host's accounts may be a network
+/// service's: a slow lookup holds up no other client).
+pub async fn name_users(operations: &mut Operations) {
+    let mut uids: Vec<u32> =
+        operations.runs.iter().map(|r| r.uid).chain(operations.sessions.iter().map(|s| s.uid)).collect();
+    uids.sort_unstable();
+    uids.dedup();
+    let lookup = move || {
+        let name = |uid: u32| nix::unistd::User::from_uid(uid.into()).ok().flatten().map(|u| u.name);
+        uids.into_iter().map(|uid| (uid, name(uid))).collect::<BTreeMap<u32, Option<String>>>()
+    };
+    let Ok(names) = tokio::task::spawn_blocking(lookup).await else { return };
+    for run in &mut operations.runs {
+        run.user = names.get(&run.uid).cloned().flatten();
+    }
+    for session in &mut operations.sessions {
+        session.user = names.get(&session.uid).cloned().flatten();
     }
 }
 
@@ -107,13 +125,13 @@ mod tests {
         let mine = live.track(1, 1000, &argv, None, "approval");
         let theirs = live.track(2, 1001, &argv, Some("s1"), "running");
         mine.now("queued");
-        let (runs, omitted) = live.list(|uid| uid == 1000, |_| Some("dev".into()));
+        let (runs, omitted) = live.list(|uid| uid == 1000);
         assert_eq!(omitted, 1);
-        assert_eq!((runs.len(), runs[0].state.as_str(), runs[0].user.as_deref()), (1, "queued", Some("dev")));
-        let (all, omitted) = live.list(|_| true, |_| None);
+        assert_eq!((runs.len(), runs[0].state.as_str()), (1, "queued"));
+        let (all, omitted) = live.list(|_| true);
         assert_eq!((all.len(), omitted, all[1].session.as_deref()), (2, 0, Some("s1")));
         drop(theirs);
         drop(mine);
-        assert!(live.list(|_| true, |_| None).0.is_empty());
+        assert!(live.list(|_| true).0.is_empty());
     }
 }

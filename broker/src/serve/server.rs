@@ -643,7 +643,13 @@ impl<E: Executor> Server<E> {
                 let explained = tokio::task::spawn_blocking(move || broker.explain(&peer, &request)).await?;
                 Ok(explained.map_or_else(ServerMessage::Error, |e| ServerMessage::Explained(Box::new(e))))
             }
-            ClientMessage::Status => Ok(ServerMessage::Status(Box::new(self.status(peer)))),
+            ClientMessage::Status => {
+                let mut status = self.status(peer);
+                if let Some(operations) = status.operations.as_mut() {
+                    super::live::name_users(operations).await;
+                }
+                Ok(ServerMessage::Status(Box::new(status)))
+            }
             ClientMessage::ListSessions => self.sessions(peer, None).await,
             ClientMessage::StopSession { session } => self.sessions(peer, Some(session)).await,
             ClientMessage::Publish { session, port } => self.publish(peer, &session, port).await,
@@ -899,8 +905,8 @@ impl<E: Executor> Server<E> {
         let b = &self.broker;
         let operator = peer.uid == 0 || peer.uid == b.context.uid || settings.approvers.is_approver(peer);
         let shown = |uid: u32| operator || uid == peer.uid;
-        let user = |uid: u32| nix::unistd::User::from_uid(uid.into()).ok().flatten().map(|u| u.name);
-        let (runs, runs_omitted) = self.live.list(shown, user);
+        // Their requesters' names are given by `name_users`, off the runtime's threads.
+        let (runs, runs_omitted) = self.live.list(shown);
         let (mut sessions, mut sessions_omitted) = (Vec::new(), 0);
         for (uid, info) in self.sessions.all() {
             if !shown(uid) {
@@ -910,13 +916,7 @@ impl<E: Executor> Server<E> {
             let age_secs = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs().saturating_sub(info.started_unix));
-            sessions.push(LiveSession {
-                name: info.name,
-                uid,
-                user: user(uid),
-                age_secs,
-                running: info.running,
-            });
+            sessions.push(LiveSession { name: info.name, uid, user: None, age_secs, running: info.running });
         }
         let limits = self.slots.limits();
         let requesters = (self.slots.shares().into_iter())
