@@ -455,6 +455,8 @@ fn window_race(b: &Broker, ws: &Path, window: Window<'_>, edit: Edit, mib: usize
     let o = b.palisade(ws, &args, &[]).output().unwrap();
     let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", said(&o)));
     let id = v["result"]["changes"]["id"].as_str().unwrap_or_else(|| panic!("{v}")).to_string();
+    // Its files written whole: not stopped (a disk bound) part-way.
+    assert_eq!(v["result"]["status"]["exited"]["code"], 0, "{}", said(&o));
     {
         use std::io::Write;
         let mut f = std::fs::OpenOptions::new().append(true).open(ws.join("small.txt")).unwrap();
@@ -679,22 +681,26 @@ fn an_edit_made_while_an_apply_copies_survives_and_the_runs_version_is_held() {
         return;
     }
     let (dir, user) = base("durable-copy");
-    let store = Tmpfs::mount(&dir, "size=512m,mode=0755");
-    for edit in [Edit::Append, Edit::Replace] {
-        // Its state, and so its change sets, on the tmpfs: another filesystem than the workspace's.
-        let state = store.path().join(format!("state-{edit:?}"));
-        let b = daemon(&dir, user.as_ref(), true, &state, &[]);
-        let ws = dir.join(&format!("ws-{edit:?}"));
-        users_dir(&ws, user.as_ref());
-        window_race(&b, &ws, Window::Opening { state: &state }, edit, 64);
-    }
+    let opening = [Edit::Append, Edit::Replace].map(|e| (e, "opening"));
     // An inotify watcher edits the moment the apply's temporary file appears (its copy begun).
-    for edit in [Edit::Append, Edit::Replace, Edit::Directory, Edit::Symlink] {
-        let state = store.path().join(format!("state-created-{edit:?}"));
+    let created = [Edit::Append, Edit::Replace, Edit::Directory, Edit::Symlink].map(|e| (e, "created"));
+    for (edit, how) in opening.into_iter().chain(created) {
+        // Its state, and so its change sets, on a tmpfs of its own: another
+        // filesystem than the workspace's, with more free than `[changes]
+        // min_free_mb` (1 GiB) keeps, lest the run be stopped as it writes.
+        let fs = dir.join(&format!("fs-{how}-{edit:?}"));
+        std::fs::create_dir(&fs).unwrap();
+        let store = Tmpfs::mount_at(&fs, "size=2g,mode=0755");
+        let state = store.path().join("state");
         let b = daemon(&dir, user.as_ref(), true, &state, &[]);
-        let ws = dir.join(&format!("ws-created-{edit:?}"));
+        let ws = dir.join(&format!("ws-{how}-{edit:?}"));
         users_dir(&ws, user.as_ref());
-        window_race(&b, &ws, Window::Created, edit, 64);
+        let window = match how {
+            "opening" => Window::Opening { state: &state },
+            _ => Window::Created,
+        };
+        window_race(&b, &ws, window, edit, 64);
+        drop(b);
     }
 }
 
