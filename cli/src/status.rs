@@ -129,21 +129,21 @@ fn operations(out: &mut String, o: &Operations, now: u64) {
             let _ = writeln!(out, "last reload: took effect {} ago", duration(now.saturating_sub(r.unix)));
         }
         Some(r) => {
-            let why = r.error.as_deref().map_or(String::new(), |e| format!(": {}", escape::text(e)));
+            let why = r.error.as_deref().map_or(String::new(), |e| format!(": {}", escape::name(e)));
             let ago = duration(now.saturating_sub(r.unix));
             let _ = writeln!(out, "last reload: FAILED {ago} ago, the configuration before it stays{why}");
         }
     }
 }
 
-/// A command as a person reads it: each word escaped, one with a space or
-/// none in single quotes.
+/// A command as a person reads it: each word escaped, one that holds a
+/// space or a quote, or nothing, in single quotes as a shell reads them.
 fn command(argv: &[String]) -> String {
     let word = |a: &String| {
         let shown = escape::name(a);
         match shown {
-            std::borrow::Cow::Borrowed(w) if w.is_empty() || w.contains([' ', '\'', '\t']) => {
-                format!("'{w}'")
+            std::borrow::Cow::Borrowed(w) if w.is_empty() || w.contains([' ', '\'']) => {
+                format!("'{}'", w.replace('\'', "'\\''"))
             }
             other => other.into_owned(),
         }
@@ -250,5 +250,7 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want:?} not in\n{text}");
         }
+        let words = ["a' 'b", "two words", ""].map(String::from);
+        assert_eq!(command(&words), "'a'\\'' '\\''b' 'two words' ''");
     }
 }

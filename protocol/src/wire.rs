@@ -1108,7 +1108,7 @@ pub struct RequesterShare {
     pub memory_mb: u64,
 }
 
-/// A run the broker holds: deciding, waiting for an approval, queued or running.
+/// A run the broker holds: from its decision to its end: waiting for an approval, queued or running.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct LiveRun {
     pub run_id: u64,

@@ -8,6 +8,30 @@ use std::time::Instant;
 
 use palisade_protocol::wire::{LiveRun, Operations};
 
+/// What of a run's command is kept for `status`: its first words, each cut
+/// to its first bytes (a status must fit in a frame whatever the runs ask).
+const ARGV_WORDS: usize = 32;
+const WORD_BYTES: usize = 256;
+/// Runs listed at most in one status; the rest are counted as omitted.
+pub const LISTED_MAX: usize = 256;
+
+/// `argv` as kept: at most [`ARGV_WORDS`] words of at most [`WORD_BYTES`]
+/// bytes (cut on a character's boundary), a cut marked with `…`.
+fn kept(argv: &[String]) -> Vec<String> {
+    let word = |w: &String| match w.len() <= WORD_BYTES {
+        true => w.clone(),
+        false => {
+            let end = (0..=WORD_BYTES).rev().find(|i| w.is_char_boundary(*i)).unwrap_or(0);
+            format!("{}…", &w[..end])
+        }
+    };
+    let mut out: Vec<String> = argv.iter().take(ARGV_WORDS).map(word).collect();
+    if argv.len() > ARGV_WORDS {
+        out.push(format!("… ({} more words)", argv.len() - ARGV_WORDS));
+    }
+    out
+}
+
 struct Entry {
     uid: u32,
     argv: Vec<String>,
@@ -44,7 +68,7 @@ impl Live {
     ) -> Tracked<'_> {
         let entry = Entry {
             uid,
-            argv: argv.to_vec(),
+            argv: kept(argv),
             session: session.map(str::to_string),
             state,
             since: Instant::now(),
@@ -60,7 +84,7 @@ impl Live {
         let mut omitted = 0;
         let mut listed = Vec::new();
         for (id, e) in runs.iter() {
-            if !shown(e.uid) {
+            if !shown(e.uid) || listed.len() >= LISTED_MAX {
                 omitted += 1;
                 continue;
             }
@@ -132,6 +156,13 @@ mod tests {
         assert_eq!((all.len(), omitted, all[1].session.as_deref()), (2, 0, Some("s1")));
         drop(theirs);
         drop(mine);
+        let long: Vec<String> = (0..40).map(|i| format!("{i}{}", "é".repeat(200))).collect();
+        let long_run = live.track(3, 1, &long, None, "running");
+        let (runs, _) = live.list(|_| true);
+        let argv = &runs[0].argv;
+        assert_eq!((argv.len(), argv[32].as_str()), (33, "… (8 more words)"));
+        assert!(argv[0].len() <= 256 + "…".len() && argv[0].ends_with('…'), "{}", argv[0]);
+        drop(long_run);
         assert!(live.list(|_| true).0.is_empty());
     }
 }

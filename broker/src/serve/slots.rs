@@ -147,7 +147,9 @@ impl Slots {
         // Not at once: a place in the queue, if there is room.
         let queued = state.waiting.len() - 1;
         let mine = state.per_uid.get(&uid).map_or(0, |s| s.queued) - 1;
-        let full = if queued >= limits.queued {
+        // A full queue makes room for a requester with nothing waiting: the
+        // newest waiter of the one with the most waiting gives its place up.
+        let full = if queued >= limits.queued && !(mine == 0 && state.make_room(uid)) {
             Some((
                 "queue.full",
                 format!(
@@ -290,6 +292,26 @@ impl State {
             self.granted.insert(w.seq);
             let _ = w.tx.send(Ok(()));
         }
+    }
+
+    /// Refuses the newest waiter of the requester (not `uid`) with the most
+    /// waiting, two or more; whether there was one.
+    fn make_room(&mut self, uid: u32) -> bool {
+        let most = (self.per_uid.iter())
+            .filter(|(u, s)| **u != uid && s.queued >= 2)
+            .max_by_key(|(u, s)| (s.queued, std::cmp::Reverse(**u)))
+            .map(|(u, _)| *u);
+        let Some(victim) = most else { return false };
+        let Some(i) = self.waiting.iter().rposition(|w| w.uid == victim) else { return false };
+        let Some(w) = self.waiting.remove(i) else { return false };
+        if let Some(s) = self.per_uid.get_mut(&victim) {
+            s.queued -= 1;
+        }
+        let why = "the queue was full and another requester had nothing waiting: your newest waiting run \
+                   gave its place up to it; try again later"
+            .into();
+        let _ = w.tx.send(Err(Refused { busy: true, rule: "queue.full", why }));
+        true
     }
 
     /// Frees a slot of `uid` holding `memory_mb`.
@@ -443,6 +465,24 @@ mod tests {
         let _w = queued(slots.take(2, None));
         let e = slots.take(3, None).err().unwrap();
         assert_eq!((e.busy, e.rule), (true, "queue.full"));
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_makes_room_for_a_requester_with_nothing_waiting() {
+        let slots = Slots::new(limits(1, 3, 1, 3, 0));
+        let _a = now(slots.take(1, None));
+        let first = queued(slots.take(1, None));
+        let _second = queued(slots.take(1, None));
+        let newest = queued(slots.take(1, None));
+        // uid 2 has nothing waiting: uid 1's newest waiter gives its place up.
+        let b = queued(slots.take(2, None));
+        let e = newest.wait().await.err().unwrap();
+        assert_eq!(e.rule, "queue.full");
+        assert_eq!(slots.counts(), (1, 3));
+        // uid 2 with one waiting is refused as before; uid 1's older waiters keep theirs.
+        assert_eq!(slots.take(2, None).err().unwrap().rule, "queue.full");
+        drop((first, b));
+        assert_eq!(slots.counts(), (1, 1));
     }
 
     #[tokio::test]
