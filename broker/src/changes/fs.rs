@@ -345,3 +345,43 @@ fn open_to_owner(path: &std::path::Path) -> io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{TEMP_PREFIX, rename_noreplace_fallback};
+    use std::ffi::CString;
+    use std::os::fd::OwnedFd;
+
+    /// `RENAME_NOREPLACE`'s fallback never replaces an entry at a host's
+    /// name (a file, or a directory), and moves where nothing is; into the
+    /// apply's own names it moves a directory too.
+    #[test]
+    fn the_noreplace_fallback_never_replaces_an_entry() {
+        let dir = std::env::temp_dir().join(format!("palisade-noreplace-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fd: OwnedFd = std::fs::File::open(&dir).unwrap().into();
+        let c = |s: &str| CString::new(s).unwrap();
+        std::fs::write(dir.join("run"), "the run's").unwrap();
+        std::fs::write(dir.join("host"), "the host's").unwrap();
+        let err = rename_noreplace_fallback(&fd, &c("run"), &fd, &c("host")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EEXIST));
+        assert_eq!(std::fs::read_to_string(dir.join("host")).unwrap(), "the host's");
+        assert_eq!(std::fs::read_to_string(dir.join("run")).unwrap(), "the run's");
+        rename_noreplace_fallback(&fd, &c("run"), &fd, &c("new")).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join("new")).unwrap(), "the run's");
+        assert!(!dir.join("run").exists());
+        // A directory: not over a file there, moved where nothing is.
+        std::fs::create_dir(dir.join("d")).unwrap();
+        std::fs::write(dir.join("d/inside"), "kept").unwrap();
+        let err = rename_noreplace_fallback(&fd, &c("d"), &fd, &c("host")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EEXIST));
+        let aside = format!("{TEMP_PREFIX}test-0");
+        rename_noreplace_fallback(&fd, &c("d"), &fd, &c(&aside)).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join(&aside).join("inside")).unwrap(), "kept");
+        // Into one of the apply's own names, a file moves too, never over one there.
+        let err = rename_noreplace_fallback(&fd, &c("new"), &fd, &c(&aside)).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EEXIST));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
