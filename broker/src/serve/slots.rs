@@ -273,17 +273,7 @@ impl State {
     fn dispatch(&mut self) {
         let limits = self.limits();
         while self.running < limits.total {
-            let eligible = |w: &Waiter| {
-                let s = self.per_uid.get(&w.uid).copied().unwrap_or_default();
-                s.running < limits.per_uid
-                    && (limits.memory_mb_per_uid == 0
-                        || s.memory_mb + w.memory_mb <= limits.memory_mb_per_uid)
-            };
-            let next = (self.waiting.iter().enumerate())
-                .filter(|(_, w)| eligible(w))
-                .min_by_key(|(_, w)| (self.per_uid.get(&w.uid).map_or(0, |s| s.running), w.seq))
-                .map(|(i, _)| i);
-            let Some(w) = next.and_then(|i| self.waiting.remove(i)) else { break };
+            let Some(w) = self.next().and_then(|i| self.waiting.remove(i)) else { break };
             let share = self.per_uid.entry(w.uid).or_default();
             share.queued -= 1;
             share.running += 1;
@@ -292,6 +282,32 @@ impl State {
             self.granted.insert(w.seq);
             let _ = w.tx.send(Ok(()));
         }
+    }
+
+    /// The waiter a free slot goes to: of the requesters under their share
+    /// of runs, the one with the fewest runs in progress, its earliest
+    /// waiter; a requester whose earliest waiter does not fit its memory
+    /// share waits for it (its smaller runs never pass it for ever).
+    fn next(&self) -> Option<usize> {
+        let limits = self.limits();
+        let mut held_back = HashSet::new();
+        let mut best: Option<(usize, (usize, u64))> = None;
+        for (i, w) in self.waiting.iter().enumerate() {
+            let s = self.per_uid.get(&w.uid).copied().unwrap_or_default();
+            if held_back.contains(&w.uid) || s.running >= limits.per_uid {
+                continue;
+            }
+            let share = limits.memory_mb_per_uid;
+            if share != 0 && s.memory_mb + w.memory_mb > share {
+                held_back.insert(w.uid);
+                continue;
+            }
+            let key = (s.running, w.seq);
+            if best.is_none_or(|(_, k)| key < k) {
+                best = Some((i, key));
+            }
+        }
+        best.map(|(i, _)| i)
     }
 
     /// Refuses the newest waiter of the requester (not `uid`) with the most
@@ -499,6 +515,21 @@ mod tests {
         drop(a);
         let _w = w.wait().await.unwrap();
         assert_eq!(slots.shares()[0].1.memory_mb, 512);
+    }
+
+    #[tokio::test]
+    async fn a_run_waiting_for_memory_is_not_passed_by_its_requesters_smaller_ones() {
+        let slots = Slots::new(limits(8, 8, 8, 8, 1024));
+        let a = now(slots.take(1, Some(768)));
+        let big = queued(slots.take(1, Some(512)));
+        // It would fit now, but the larger run before it waits first.
+        let small = queued(slots.take(1, Some(100)));
+        assert_eq!(slots.counts(), (1, 2));
+        drop(a);
+        let big = big.wait().await.unwrap();
+        let small = small.wait().await.unwrap();
+        assert_eq!(slots.shares()[0].1.memory_mb, 612);
+        drop((big, small));
     }
 
     #[tokio::test]
