@@ -111,7 +111,7 @@ pub async fn name_users(operations: &mut Operations) {
     uids.sort_unstable();
     uids.dedup();
     let lookup = move || {
-        let name = crate::host::accounts::user_name;
+        let name = |uid: u32| nix::unistd::User::from_uid(uid.into()).ok().flatten().map(|u| u.name);
         uids.into_iter().map(|uid| (uid, name(uid))).collect::<BTreeMap<u32, Option<String>>>()
     };
     let Ok(names) = tokio::task::spawn_blocking(lookup).await else { return };

@@ -852,7 +852,9 @@ impl<E: Executor> Server<E> {
     }
 
     fn reloaded(&self, error: Option<String>) {
-        let outcome = ReloadOutcome { unix: crate::changes::now_secs(), ok: error.is_none(), error };
+        let unix =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let outcome = ReloadOutcome { unix, ok: error.is_none(), error };
         *self.last_reload.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
     }
 
@@ -893,32 +895,30 @@ impl<E: Executor> Server<E> {
                 loaded_unix: unix(settings.loaded),
                 reloads: b.reloads(),
             },
-            operations: Some(self.operations(peer, &settings, limits)),
+            operations: Some(self.operations(peer, &settings)),
         }
     }
 
     /// What an operator looks at (see [`Operations`]): all of it for an
     /// operator, the asker's own runs, sessions and share for the others.
-    fn operations(
-        &self,
-        peer: &Peer,
-        settings: &crate::decide::settings::Settings,
-        limits: Limits,
-    ) -> Operations {
+    fn operations(&self, peer: &Peer, settings: &crate::decide::settings::Settings) -> Operations {
         let b = &self.broker;
         let operator = peer.uid == 0 || peer.uid == b.context.uid || settings.approvers.is_approver(peer);
         let shown = |uid: u32| operator || uid == peer.uid;
         // Their requesters' names are given by `name_users`, off the runtime's threads.
         let (runs, runs_omitted) = self.live.list(shown);
-        let (mut sessions, mut sessions_omitted, now) = (Vec::new(), 0, crate::changes::now_secs());
+        let (mut sessions, mut sessions_omitted) = (Vec::new(), 0);
         for (uid, info) in self.sessions.all() {
             if !shown(uid) {
                 sessions_omitted += 1;
                 continue;
             }
-            let age_secs = now.saturating_sub(info.started_unix);
+            let age_secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs().saturating_sub(info.started_unix));
             sessions.push(LiveSession { name: info.name, uid, user: None, age_secs, running: info.running });
         }
+        let limits = self.slots.limits();
         let requesters = (self.slots.shares().into_iter())
             .filter(|(uid, _)| shown(*uid))
             .map(|(uid, s)| RequesterShare {

@@ -15,7 +15,7 @@ use palisade_policy::config::BrokerConfig;
 use tokio::sync::oneshot;
 
 /// The limits as configured (or their defaults; see [`Limits::of`]).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub total: usize,
     pub queued: usize,
@@ -72,7 +72,7 @@ struct Waiter {
 
 #[derive(Default)]
 struct State {
-    limits: Limits,
+    limits: Option<Limits>,
     running: usize,
     per_uid: HashMap<u32, Share>,
     waiting: VecDeque<Waiter>,
@@ -113,7 +113,7 @@ pub enum Taken {
 
 impl Slots {
     pub fn new(limits: Limits) -> Arc<Slots> {
-        let state = State { limits, ..State::default() };
+        let state = State { limits: Some(limits), ..State::default() };
         Arc::new(Slots { state: Mutex::new(state) })
     }
 
@@ -125,7 +125,7 @@ impl Slots {
     /// `memory_mb` MiB (`None`: nothing bounds it).
     pub fn take(self: &Arc<Self>, uid: u32, memory_mb: Option<u64>) -> Result<Taken, Refused> {
         let mut state = self.state();
-        let limits = state.limits;
+        let limits = state.limits();
         if state.closed {
             return Err(Refused {
                 busy: true,
@@ -183,17 +183,15 @@ impl Slots {
     /// longer fit is refused.
     pub fn set_limits(&self, limits: Limits) {
         let mut state = self.state();
-        state.limits = limits;
-        for w in std::mem::take(&mut state.waiting) {
-            match fits_at_all(&limits, Some(w.memory_mb)) {
-                Ok(_) => state.waiting.push_back(w),
-                Err(refused) => {
-                    if let Some(s) = state.per_uid.get_mut(&w.uid) {
-                        s.queued -= 1;
-                    }
-                    let _ = w.tx.send(Err(refused));
-                }
+        state.limits = Some(limits);
+        let (keep, refuse): (VecDeque<Waiter>, VecDeque<Waiter>) =
+            state.waiting.drain(..).partition(|w| fits_at_all(&limits, Some(w.memory_mb)).is_ok());
+        state.waiting = keep;
+        for w in refuse {
+            if let Some(s) = state.per_uid.get_mut(&w.uid) {
+                s.queued -= 1;
             }
+            let _ = w.tx.send(fits_at_all(&limits, Some(w.memory_mb)).map(|_| ()));
         }
         state.forget_idle();
         state.dispatch();
@@ -221,7 +219,7 @@ impl Slots {
 
     /// The limits in force.
     pub fn limits(&self) -> Limits {
-        self.state().limits
+        self.state().limits()
     }
 
     /// What each requester holds and waits for (those with anything).
@@ -260,10 +258,20 @@ fn fits_at_all(limits: &Limits, memory_mb: Option<u64>) -> Result<u64, Refused> 
 }
 
 impl State {
+    fn limits(&self) -> Limits {
+        self.limits.unwrap_or(Limits {
+            total: 1,
+            queued: 0,
+            per_uid: 1,
+            queued_per_uid: 0,
+            memory_mb_per_uid: 0,
+        })
+    }
+
     /// Gives the free slots to the waiters that may take one: each to the
     /// requester with the fewest runs in progress, its earliest waiter.
     fn dispatch(&mut self) {
-        let limits = self.limits;
+        let limits = self.limits();
         while self.running < limits.total {
             let Some(w) = self.next().and_then(|i| self.waiting.remove(i)) else { break };
             let share = self.per_uid.entry(w.uid).or_default();
@@ -281,7 +289,7 @@ impl State {
     /// waiter; a requester whose earliest waiter does not fit its memory
     /// share waits for it (its smaller runs never pass it for ever).
     fn next(&self) -> Option<usize> {
-        let limits = self.limits;
+        let limits = self.limits();
         let mut held_back = HashSet::new();
         let mut best: Option<(usize, (usize, u64))> = None;
         for (i, w) in self.waiting.iter().enumerate() {
